@@ -1,0 +1,112 @@
+#include "daemon/daemon.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <atomic>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace grps {
+
+std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
+                                             absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    std::string env = absl::StrCat("GRPS_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) continue;
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      std::fprintf(stderr, "error: %s=%s: %s\n", env.c_str(), value,
+                   error.c_str());
+      std::exit(1);
+    }
+  }
+  // Accept --result-json as well as --result_json.
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg(argv[i]);
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
+    for (char* p = argv[i] + 2; *p != '\0' && *p != '='; ++p)
+      if (*p == '-') *p = '_';
+  }
+  return absl::ParseCommandLine(argc, argv);
+}
+
+void InitLogging(absl::string_view process_name) {
+  auto logger = spdlog::stderr_color_mt(std::string(process_name));
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::flush_every(std::chrono::seconds(1));
+}
+
+absl::StatusOr<GrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  GrpcServer result;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           &result.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  result.server = builder.BuildAndStart();
+  if (result.server == nullptr || result.port == 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, " (port in use?)"));
+  return result;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Separate channels get separate TCP connections (see SPEC §8).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+namespace {
+std::atomic<bool> g_shutdown{false};
+void OnSignal(int) { g_shutdown.store(true); }
+}  // namespace
+
+void InstallShutdownHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+bool ShutdownRequested() { return g_shutdown.load(); }
+
+std::string WithPort(const std::string& address, int port) {
+  size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+}  // namespace grps

@@ -1,0 +1,237 @@
+#include "job/job_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+
+namespace grps {
+
+v1::JobConfig DefaultJobConfig() {
+  v1::JobConfig c;
+  c.set_job_id("grps-job");
+  c.set_mode(v1::MODE_SYNC);
+  c.set_staleness_bound(3);
+  c.set_model(v1::MODEL_MLP);
+  c.add_hidden_units(256);
+  c.add_hidden_units(128);
+  c.mutable_dataset()->set_format("idx");
+  c.mutable_dataset()->set_path("/usr/share/datasets/fashion-mnist");
+  v1::OptimizerConfig* opt = c.mutable_optimizer();
+  opt->set_kind(v1::OPTIMIZER_MOMENTUM);
+  opt->set_learning_rate(0.05f);
+  opt->set_momentum(0.9f);
+  opt->set_beta1(0.9f);
+  opt->set_beta2(0.999f);
+  opt->set_epsilon(1e-8f);
+  opt->set_decay_rate(1.0f);
+  c.set_batch_size(64);
+  c.set_epochs(3);
+  c.set_num_servers(2);
+  c.set_num_workers(2);
+  c.set_seed(42);
+  c.set_chunk_bytes(256 * 1024);
+  c.set_wire_dtype(v1::DTYPE_F32);
+  c.set_eval_every_steps(200);
+  c.set_heartbeat_interval_ms(500);
+  c.set_heartbeat_timeout_ms(5000);
+  c.set_input_features(784);
+  c.set_num_classes(10);
+  return c;
+}
+
+absl::Status ValidateJobConfig(const v1::JobConfig& c) {
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
+  };
+  if (c.job_id().empty()) return bad("job_id is empty");
+  if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC &&
+      c.mode() != v1::MODE_SSP)
+    return bad("mode must be sync, async or ssp");
+  if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX)
+    return bad("model must be mlp or softmax");
+  if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)
+    return bad("softmax regression has no hidden layers");
+  for (uint32_t h : c.hidden_units())
+    if (h == 0 || h > (1u << 16)) return bad("hidden_units must be in [1, 65536]");
+  if (c.dataset().format() != "idx") return bad("dataset.format must be idx");
+  if (c.dataset().path().empty()) return bad("dataset.path is empty");
+  const v1::OptimizerConfig& o = c.optimizer();
+  if (o.kind() < v1::OPTIMIZER_SGD || o.kind() > v1::OPTIMIZER_ADAGRAD)
+    return bad("optimizer kind is unknown");
+  if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate()))
+    return bad("learning_rate must be a positive number");
+  if (o.momentum() < 0 || o.momentum() >= 1) return bad("momentum must be in [0, 1)");
+  if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1)
+    return bad("beta1 and beta2 must be in [0, 1)");
+  if (o.weight_decay() < 0) return bad("weight_decay must be >= 0");
+  if (o.decay_steps() > 0 && !(o.decay_rate() > 0 && o.decay_rate() <= 1))
+    return bad("decay_rate must be in (0, 1]");
+  if (c.batch_size() == 0 || c.batch_size() > 65536)
+    return bad("batch_size must be in [1, 65536]");
+  if (c.steps() == 0 && c.epochs() == 0) return bad("set steps or epochs");
+  if (c.num_servers() == 0 || c.num_servers() > 256)
+    return bad("num_servers must be in [1, 256]");
+  if (c.num_workers() == 0 || c.num_workers() > 1024)
+    return bad("num_workers must be in [1, 1024]");
+  if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
+    return bad("chunk_bytes must be in [1 KiB, 64 MiB]");
+  if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
+      c.wire_dtype() != v1::DTYPE_BF16)
+    return bad("wire_dtype must be f32, f16 or bf16");
+  if (c.heartbeat_interval_ms() == 0 ||
+      c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms())
+    return bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
+  if (c.input_features() == 0 || c.input_features() > (1u << 24))
+    return bad("input_features must be in [1, 2^24]");
+  if (c.num_classes() < 2 || c.num_classes() > 100000)
+    return bad("num_classes must be in [2, 100000]");
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {
+  std::vector<int64_t> widths{config.input_features()};
+  if (config.model() == v1::MODEL_MLP)
+    for (uint32_t h : config.hidden_units()) widths.push_back(h);
+  widths.push_back(config.num_classes());
+  return widths;
+}
+
+std::vector<v1::TensorSpec> ModelTensors(const v1::JobConfig& config) {
+  std::vector<int64_t> widths = LayerWidths(config);
+  std::vector<v1::TensorSpec> tensors;
+  for (size_t l = 0; l + 1 < widths.size(); ++l) {
+    v1::TensorSpec w;
+    w.set_name(absl::StrCat("dense_", l, "/weight"));
+    w.add_shape(widths[l]);
+    w.add_shape(widths[l + 1]);
+    w.set_initializer("glorot_uniform");
+    tensors.push_back(w);
+    v1::TensorSpec b;
+    b.set_name(absl::StrCat("dense_", l, "/bias"));
+    b.add_shape(widths[l + 1]);
+    b.set_initializer("zeros");
+    tensors.push_back(b);
+  }
+  return tensors;
+}
+
+namespace {
+template <typename E>
+absl::StatusOr<E> Lookup(absl::string_view name, absl::string_view what,
+                         std::initializer_list<std::pair<const char*, E>> table) {
+  std::string lower = absl::AsciiStrToLower(name);
+  std::string known;
+  for (const auto& [n, e] : table) {
+    if (lower == n) return e;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ", what, " '", name, "' (one of: ", known, ")"));
+}
+}  // namespace
+
+absl::StatusOr<v1::ConsistencyMode> ParseMode(absl::string_view name) {
+  return Lookup<v1::ConsistencyMode>(
+      name, "mode",
+      {{"sync", v1::MODE_SYNC}, {"async", v1::MODE_ASYNC}, {"ssp", v1::MODE_SSP}});
+}
+
+absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {
+  return Lookup<v1::ModelKind>(
+      name, "model", {{"mlp", v1::MODEL_MLP}, {"softmax", v1::MODEL_SOFTMAX}});
+}
+
+absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {
+  return Lookup<v1::OptimizerKind>(name, "optimizer",
+                                   {{"sgd", v1::OPTIMIZER_SGD},
+                                    {"momentum", v1::OPTIMIZER_MOMENTUM},
+                                    {"nesterov", v1::OPTIMIZER_NESTEROV},
+                                    {"adam", v1::OPTIMIZER_ADAM},
+                                    {"adagrad", v1::OPTIMIZER_ADAGRAD}});
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv) {
+  std::vector<uint32_t> units;
+  for (absl::string_view part : absl::StrSplit(csv, ',', absl::SkipWhitespace())) {
+    uint32_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v == 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden units must be positive integers, got '", part, "'"));
+    units.push_back(v);
+  }
+  return units;
+}
+
+std::string ModeName(v1::ConsistencyMode mode) {
+  switch (mode) {
+    case v1::MODE_SYNC: return "sync";
+    case v1::MODE_ASYNC: return "async";
+    case v1::MODE_SSP: return "ssp";
+    default: return "unspecified";
+  }
+}
+
+std::string ModelName(v1::ModelKind model) {
+  switch (model) {
+    case v1::MODEL_MLP: return "mlp";
+    case v1::MODEL_SOFTMAX: return "softmax";
+    case v1::MODEL_EMBEDDING: return "embedding";
+    default: return "unspecified";
+  }
+}
+
+std::string OptimizerName(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_SGD: return "sgd";
+    case v1::OPTIMIZER_MOMENTUM: return "momentum";
+    case v1::OPTIMIZER_NESTEROV: return "nesterov";
+    case v1::OPTIMIZER_ADAM: return "adam";
+    case v1::OPTIMIZER_ADAGRAD: return "adagrad";
+    default: return "unspecified";
+  }
+}
+
+std::string JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_WAITING: return "waiting";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_COMPLETED: return "completed";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_STOPPED: return "stopped";
+    default: return "unspecified";
+  }
+}
+
+std::string MemberStateName(v1::MemberState state) {
+  switch (state) {
+    case v1::MEMBER_STATE_ALIVE: return "alive";
+    case v1::MEMBER_STATE_DEAD: return "dead";
+    case v1::MEMBER_STATE_FINISHED: return "finished";
+    default: return "unspecified";
+  }
+}
+
+float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step) {
+  double lr = opt.learning_rate();
+  if (opt.warmup_steps() > 0 && step < opt.warmup_steps())
+    lr *= static_cast<double>(step + 1) / opt.warmup_steps();
+  if (opt.decay_steps() > 0 && opt.decay_rate() > 0) {
+    uint64_t after = step >= opt.warmup_steps() ? step - opt.warmup_steps() : 0;
+    lr *= std::pow(static_cast<double>(opt.decay_rate()),
+                   static_cast<double>(after / opt.decay_steps()));
+  }
+  return static_cast<float>(lr);
+}
+
+uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples) {
+  if (config.steps() > 0) return config.steps();
+  uint64_t per_worker = train_examples / std::max<uint32_t>(1, config.num_workers());
+  uint64_t per_epoch = per_worker / std::max<uint32_t>(1, config.batch_size());
+  return std::max<uint64_t>(1, per_epoch * config.epochs());
+}
+
+}  // namespace grps

@@ -1,0 +1,53 @@
+// What a job is: its configuration (defaults and validation) and the dense
+// parameter tensors its model has. Shared by every daemon; knows no network.
+#ifndef GRPS_JOB_JOB_CONFIG_H_
+#define GRPS_JOB_JOB_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+namespace v1 = ::grps::v1;
+
+// The defaults a newcomer gets: Fashion-MNIST, an MLP 784-256-128-10, sync
+// mode, 2 servers and 2 workers, SGD with momentum.
+v1::JobConfig DefaultJobConfig();
+
+// Checks every field a daemon relies on; InvalidArgument names the field.
+absl::Status ValidateJobConfig(const v1::JobConfig& config);
+
+// The model's dense tensors in a fixed order: for each layer l,
+// "dense_<l>/weight" [in, out] (glorot_uniform) then "dense_<l>/bias" [out]
+// (zeros). Requires a valid config.
+std::vector<v1::TensorSpec> ModelTensors(const v1::JobConfig& config);
+
+// Layer widths input, hidden..., classes.
+std::vector<int64_t> LayerWidths(const v1::JobConfig& config);
+
+// Parsers for flag values; InvalidArgument on anything unknown.
+absl::StatusOr<v1::ConsistencyMode> ParseMode(absl::string_view name);
+absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name);
+absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name);
+absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);
+std::string ModeName(v1::ConsistencyMode mode);       // "sync", "async", ...
+std::string ModelName(v1::ModelKind model);           // "mlp", "softmax"
+std::string OptimizerName(v1::OptimizerKind kind);    // "sgd", "adam", ...
+std::string JobStateName(v1::JobState state);         // "running", ...
+std::string MemberStateName(v1::MemberState state);   // "alive", ...
+
+// Learning rate of update number `step` (0-based) under the schedule.
+float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step);
+
+// Steps per worker: config.steps if set, else
+// epochs * floor(floor(train_examples / num_workers) / batch_size), at least 1.
+uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples);
+
+}  // namespace grps
+
+#endif  // GRPS_JOB_JOB_CONFIG_H_

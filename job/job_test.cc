@@ -1,0 +1,136 @@
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "job/initializer.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+TEST(JobConfig, DefaultsAreValid) {
+  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig()).ok());
+}
+
+TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_batch_size(0);
+  absl::Status s = ValidateJobConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("batch_size"), std::string::npos);
+  c = DefaultJobConfig();
+  c.mutable_optimizer()->set_learning_rate(NAN);
+  EXPECT_FALSE(ValidateJobConfig(c).ok());
+  c = DefaultJobConfig();
+  c.set_heartbeat_timeout_ms(c.heartbeat_interval_ms());
+  EXPECT_FALSE(ValidateJobConfig(c).ok());
+}
+
+TEST(JobConfig, MlpTensorsFollowLayerWidths) {
+  v1::JobConfig c = DefaultJobConfig();
+  std::vector<v1::TensorSpec> t = ModelTensors(c);
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(t[0].name(), "dense_0/weight");
+  EXPECT_EQ(t[0].shape(0), 784);
+  EXPECT_EQ(t[0].shape(1), 256);
+  EXPECT_EQ(t[5].name(), "dense_2/bias");
+  EXPECT_EQ(t[5].shape(0), 10);
+  c.set_model(v1::MODEL_SOFTMAX);
+  c.clear_hidden_units();
+  EXPECT_EQ(ModelTensors(c).size(), 2u);
+}
+
+TEST(JobConfig, ParsersNameTheAllowedValues) {
+  EXPECT_EQ(*ParseMode("ASYNC"), v1::MODE_ASYNC);
+  absl::StatusOr<v1::ConsistencyMode> bad = ParseMode("bsp");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sync, async, ssp"), std::string::npos);
+  EXPECT_EQ(ParseHiddenUnits("256, 128")->size(), 2u);
+  EXPECT_FALSE(ParseHiddenUnits("256,x").ok());
+  EXPECT_EQ(*ParseOptimizer("adam"), v1::OPTIMIZER_ADAM);
+}
+
+TEST(JobConfig, TotalStepsDerivesFromEpochsPerWorkerPartition) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_num_workers(2);
+  c.set_batch_size(64);
+  c.set_epochs(3);
+  EXPECT_EQ(TotalSteps(c, 60000), 3u * (30000 / 64));
+  c.set_steps(17);
+  EXPECT_EQ(TotalSteps(c, 60000), 17u);
+}
+
+TEST(JobConfig, LearningRateWarmsUpThenDecays) {
+  v1::OptimizerConfig o;
+  o.set_learning_rate(1.0f);
+  o.set_warmup_steps(4);
+  o.set_decay_steps(10);
+  o.set_decay_rate(0.5f);
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(o, 0), 0.25f);
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(o, 3), 1.0f);
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(o, 13), 1.0f);
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(o, 14), 0.5f);
+}
+
+TEST(ShardMap, ChunksTileEveryTensorAndBalanceBytes) {
+  v1::JobConfig c = DefaultJobConfig();
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(c), 3, 64 * 1024);
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_TRUE(ValidateShardMap(*map).ok());
+  for (const v1::ChunkSpec& ch : map->chunks())
+    EXPECT_LE(ch.num_elements() * 4, 64u * 1024);
+  std::vector<uint64_t> bytes = BytesPerShard(*map);
+  uint64_t lo = *std::min_element(bytes.begin(), bytes.end());
+  uint64_t hi = *std::max_element(bytes.begin(), bytes.end());
+  EXPECT_LE(hi - lo, 64u * 1024) << "shards differ by more than one chunk";
+  size_t owned = 0;
+  for (uint32_t s = 0; s < 3; ++s) owned += ChunksOfShard(*map, s).size();
+  EXPECT_EQ(owned, static_cast<size_t>(map->chunks_size()));
+}
+
+TEST(ShardMap, IsDeterministic) {
+  v1::JobConfig c = DefaultJobConfig();
+  auto a = BuildShardMap(ModelTensors(c), 2, 256 * 1024);
+  auto b = BuildShardMap(ModelTensors(c), 2, 256 * 1024);
+  EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString());
+}
+
+TEST(ShardMap, ValidationRejectsGapsAndUnknownShards) {
+  v1::JobConfig c = DefaultJobConfig();
+  v1::ShardMap map = *BuildShardMap(ModelTensors(c), 2, 256 * 1024);
+  v1::ShardMap gap = map;
+  gap.mutable_chunks(1)->set_offset(gap.chunks(1).offset() + 1);
+  EXPECT_FALSE(ValidateShardMap(gap).ok());
+  v1::ShardMap shard = map;
+  shard.mutable_chunks(0)->set_shard(9);
+  EXPECT_FALSE(ValidateShardMap(shard).ok());
+}
+
+TEST(Initializer, ValuesDoNotDependOnChunking) {
+  v1::TensorSpec t;
+  t.add_shape(100);
+  t.add_shape(50);
+  t.set_initializer("glorot_uniform");
+  std::vector<float> whole(5000), parts(5000);
+  ASSERT_TRUE(InitializeRange(t, 7, 0, 0, 5000, whole.data()).ok());
+  ASSERT_TRUE(InitializeRange(t, 7, 0, 0, 1234, parts.data()).ok());
+  ASSERT_TRUE(InitializeRange(t, 7, 0, 1234, 5000 - 1234, parts.data() + 1234).ok());
+  EXPECT_EQ(whole, parts);
+  const float limit = std::sqrt(6.0f / 150.0f);
+  double mean = 0;
+  for (float v : whole) {
+    EXPECT_LE(std::fabs(v), limit);
+    mean += v;
+  }
+  EXPECT_NEAR(mean / whole.size(), 0.0, 0.02);
+  std::vector<float> other(5000);
+  ASSERT_TRUE(InitializeRange(t, 8, 0, 0, 5000, other.data()).ok());
+  EXPECT_NE(whole, other) << "a different seed must give different weights";
+  t.set_initializer("orthogonal");
+  EXPECT_FALSE(InitializeRange(t, 7, 0, 0, 10, whole.data()).ok());
+}
+
+}  // namespace
+}  // namespace grps

@@ -1,0 +1,111 @@
+#include "worker/mlp_model.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace grps {
+
+MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
+    : backend_(backend), widths_(std::move(widths)), max_batch_(max_batch) {
+  assert(widths_.size() >= 2 && max_batch_ > 0);
+  const size_t layers = widths_.size() - 1;
+  for (size_t l = 0; l < layers; ++l) {
+    weight_offset_.push_back(num_params_);
+    num_params_ += widths_[l] * widths_[l + 1];
+    bias_offset_.push_back(num_params_);
+    num_params_ += widths_[l + 1];
+  }
+  params_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
+  grads_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
+  labels_ = DeviceBuffer(backend_, max_batch_ * sizeof(int32_t));
+  for (size_t l = 0; l <= layers; ++l)
+    activations_.emplace_back(backend_, max_batch_ * widths_[l] * sizeof(float));
+  for (size_t l = 0; l < layers; ++l)
+    deltas_.emplace_back(backend_, max_batch_ * widths_[l + 1] * sizeof(float));
+  backend_->Fill(params_.f32(), 0.0f, num_params_);
+}
+
+void MlpModel::SetParameters(const float* host_params) {
+  backend_->CopyToDevice(params_.data(), host_params, num_params_ * sizeof(float));
+}
+
+void MlpModel::GetParameters(float* host_params) {
+  backend_->CopyToHost(host_params, params_.data(), num_params_ * sizeof(float));
+}
+
+void MlpModel::GetGradients(float* host_grads) {
+  backend_->CopyToHost(host_grads, grads_.data(), num_params_ * sizeof(float));
+}
+
+float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
+                                int batch, int64_t* correct) {
+  assert(batch > 0 && batch <= max_batch_);
+  backend_->CopyToDevice(activations_[0].data(), host_x,
+                         static_cast<size_t>(batch) * widths_[0] * sizeof(float));
+  backend_->CopyToDevice(labels_.data(), host_labels, batch * sizeof(int32_t));
+  return Run(batch, /*backward=*/true, correct);
+}
+
+EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
+                              int64_t count) {
+  EvalResult result;
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int64_t first = 0; first < count; first += max_batch_) {
+    const int batch = static_cast<int>(std::min<int64_t>(max_batch_, count - first));
+    backend_->CopyToDevice(activations_[0].data(), host_x + first * widths_[0],
+                           static_cast<size_t>(batch) * widths_[0] * sizeof(float));
+    backend_->CopyToDevice(labels_.data(), host_labels + first,
+                           batch * sizeof(int32_t));
+    int64_t correct = 0;
+    loss_sum += static_cast<double>(Run(batch, /*backward=*/false, &correct)) * batch;
+    hits += correct;
+  }
+  result.examples = count;
+  if (count > 0) {
+    result.loss = loss_sum / count;
+    result.accuracy = static_cast<double>(hits) / count;
+  }
+  return result;
+}
+
+float MlpModel::Run(int batch, bool backward, int64_t* correct) {
+  const size_t layers = widths_.size() - 1;
+  float* p = params_.f32();
+  // Forward: z = h W + b; h' = relu(z) except after the last layer.
+  for (size_t l = 0; l < layers; ++l) {
+    const int in = static_cast<int>(widths_[l]);
+    const int out = static_cast<int>(widths_[l + 1]);
+    float* h = activations_[l].f32();
+    float* z = activations_[l + 1].f32();
+    backend_->Gemm(false, false, batch, out, in, 1.0f, h, in, p + weight_offset_[l],
+                   out, 0.0f, z, out);
+    backend_->BiasAdd(z, p + bias_offset_[l], batch, out);
+    if (l + 1 < layers) backend_->Relu(z, z, static_cast<size_t>(batch) * out);
+  }
+  const int classes = static_cast<int>(widths_.back());
+  float loss = backend_->SoftmaxCrossEntropy(
+      activations_[layers].f32(), labels_.i32(), batch, classes,
+      backward ? deltas_[layers - 1].f32() : nullptr, correct);
+  if (!backward) return loss;
+  // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
+  float* g = grads_.f32();
+  for (size_t l = layers; l-- > 0;) {
+    const int in = static_cast<int>(widths_[l]);
+    const int out = static_cast<int>(widths_[l + 1]);
+    float* dz = deltas_[l].f32();
+    backend_->Gemm(true, false, in, out, batch, 1.0f, activations_[l].f32(), in,
+                   dz, out, 0.0f, g + weight_offset_[l], out);
+    backend_->BiasGrad(dz, g + bias_offset_[l], batch, out);
+    if (l > 0) {
+      float* dh = deltas_[l - 1].f32();
+      backend_->Gemm(false, true, batch, in, out, 1.0f, dz, out,
+                     p + weight_offset_[l], out, 0.0f, dh, in);
+      backend_->ReluGrad(activations_[l].f32(), dh, dh,
+                         static_cast<size_t>(batch) * in);
+    }
+  }
+  return loss;
+}
+
+}  // namespace grps

@@ -1,0 +1,75 @@
+// ParameterClient: a worker's view of the sharded parameters. Pushes
+// gradients to and pulls weights from every shard concurrently, cutting the
+// flat parameter array into the chunks of the shard map.
+#ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
+#define GRPS_WORKER_PARAMETER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/grps.grpc.pb.h"
+
+namespace grps {
+
+namespace v1 = ::grps::v1;
+
+// The flat array holds the map's tensors back to back in map order; a chunk
+// covers elements [tensor_offset + chunk.offset, + chunk.num_elements).
+//
+// Thread safety: Push and Pull may not run concurrently with each other on
+// one client (each fans out to the shards on its own threads).
+class ParameterClient {
+ public:
+  // `map` must be valid (ValidateShardMap) with every endpoint set.
+  ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
+                  uint32_t rank, uint64_t incarnation);
+
+  int64_t num_parameters() const { return num_params_; }
+
+  // Fills host_params (num_parameters() floats) with every chunk, waiting on
+  // each shard until its chunks reach min_version (0: no wait) or `timeout`
+  // passes (DEADLINE_EXCEEDED). Records each chunk's version for Push.
+  absl::Status Pull(uint64_t min_version, absl::Duration timeout,
+                    float* host_params);
+
+  // Sends the gradient of every chunk to its shard, tagged with `step` and
+  // the chunk version seen by the last Pull. Retries UNAVAILABLE with
+  // backoff for up to `retry_for`; a retried push is deduplicated by the
+  // shard. Other errors are returned as they are.
+  absl::Status Push(uint64_t step, const float* host_grads,
+                    uint32_t num_samples, absl::Duration retry_for);
+
+  // Smallest chunk version seen by the last Pull.
+  uint64_t min_pulled_version() const;
+
+  uint64_t bytes_pushed() const { return bytes_pushed_; }
+  uint64_t bytes_pulled() const { return bytes_pulled_; }
+
+ private:
+  struct Shard {
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+    std::vector<uint32_t> chunks;  // chunk ids owned by the shard
+  };
+  absl::Status PullShard(size_t shard, uint64_t min_version,
+                         absl::Duration timeout, float* host_params);
+  absl::Status PushShard(size_t shard, uint64_t step, const float* host_grads,
+                         uint32_t num_samples, absl::Duration retry_for);
+
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+  uint32_t rank_;
+  uint64_t incarnation_;
+  int64_t num_params_ = 0;
+  std::vector<int64_t> chunk_offset_;  // flat offset of each chunk
+  std::vector<uint64_t> chunk_version_;
+  std::vector<Shard> shards_;
+  uint64_t bytes_pushed_ = 0;
+  uint64_t bytes_pulled_ = 0;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_WORKER_PARAMETER_CLIENT_H_

@@ -1,0 +1,137 @@
+// grps-worker: registers with the coordinator, trains its data partition
+// against the shards, and exits 0 when the job is done.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "data/dataset.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "proto/grps.grpc.pb.h"
+#include "spdlog/spdlog.h"
+#include "tensor/backend.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
+ABSL_FLAG(int, rank, -1, "requested worker rank (-1: any free rank)");
+ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
+ABSL_FLAG(std::string, curve_csv, "", "write the training curve to this CSV");
+ABSL_FLAG(int, register_timeout_s, 120,
+          "give up if the coordinator does not register us within this time");
+
+namespace grps {
+namespace {
+
+namespace v1 = ::grps::v1;
+
+absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
+                                                    const std::string& backend) {
+  v1::RegisterWorkerRequest req;
+  req.set_requested_rank(absl::GetFlag(FLAGS_rank));
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  req.set_host(host);
+  req.set_backend(backend);
+  const absl::Time give_up =
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
+    v1::RegisterWorkerResponse resp;
+    grpc::Status st = stub->RegisterWorker(&ctx, req, &resp);
+    if (st.ok()) return resp;
+    const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retry || absl::Now() >= give_up || ShutdownRequested())
+      return absl::Status(ToAbsl(st).code(),
+                          absl::StrCat("cannot register with the coordinator at ",
+                                       absl::GetFlag(FLAGS_coordinator), ": ",
+                                       st.error_message()));
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit split,
+                                  uint64_t limit) {
+  absl::StatusOr<Dataset> data = LoadIdxDirectory(
+      config.dataset().path(), split, static_cast<int32_t>(config.num_classes()));
+  if (!data.ok()) return data.status();
+  if (data->num_features() != config.input_features())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset has ", data->num_features(), " features per example, the job's model ",
+        config.input_features()));
+  if (limit > 0 && static_cast<int64_t>(limit) < data->num_examples())
+    return data->Subset(0, limit);
+  return data;
+}
+
+int Main(int argc, char** argv) {
+  ParseFlagsWithEnvironment(argc, argv,
+                            "grps-worker --coordinator=HOST:PORT [--backend=auto]");
+  InitLogging("worker");
+  InstallShutdownHandlers();
+
+  absl::StatusOr<BackendKind> kind = ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!kind.ok()) {
+    spdlog::error("{}", std::string(kind.status().message()));
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(*kind);
+  if (!backend.ok()) {
+    spdlog::error("--backend={}: {}", absl::GetFlag(FLAGS_backend),
+                  std::string(backend.status().message()));
+    return 1;
+  }
+
+  auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
+  absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());
+  if (!reg.ok()) {
+    spdlog::error("{}", std::string(reg.status().message()));
+    return ShutdownRequested() ? 0 : 1;
+  }
+  absl::Status valid = ValidateJobConfig(reg->config());
+  if (valid.ok()) valid = ValidateShardMap(reg->shard_map());
+  if (!valid.ok()) {
+    spdlog::error("coordinator sent an unusable job: {}", std::string(valid.message()));
+    return 1;
+  }
+  for (const v1::ShardEndpoint& e : reg->shard_map().shards())
+    if (e.address().empty()) {
+      spdlog::error("coordinator sent a shard map without an address for shard {}",
+                    e.shard());
+      return 1;
+    }
+  spdlog::info("registered as rank {} (incarnation {}) of job {}", reg->rank(),
+               reg->incarnation(), reg->config().job_id());
+
+  const v1::JobConfig& config = reg->config();
+  absl::StatusOr<Dataset> train =
+      LoadSplit(config, DatasetSplit::kTrain, config.dataset().train_limit());
+  absl::StatusOr<Dataset> test =
+      LoadSplit(config, DatasetSplit::kTest, config.dataset().test_limit());
+  if (!train.ok() || !test.ok()) {
+    spdlog::error("dataset: {}", std::string((!train.ok() ? train : test).status().message()));
+    return 1;
+  }
+
+  TrainerOptions options;
+  options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
+  Trainer trainer(stub.get(), *reg, backend->get(), std::move(*train),
+                  std::move(*test), options);
+  absl::Status s = trainer.Run();
+  if (!s.ok()) {
+    spdlog::error("training failed: {}", std::string(s.message()));
+    return 1;
+  }
+  spdlog::info("done");
+  return 0;
+}
+
+}  // namespace
+}  // namespace grps
+
+int main(int argc, char** argv) { return grps::Main(argc, argv); }
