@@ -1,0 +1,160 @@
+// Sync data parallelism is exact: 2 workers of batch B produce the same
+// weights as 1 worker of batch 2B on the same data order, because each shard
+// applies the average of the step's gradients once. Runs real shards (the
+// ParameterServer service over gRPC on loopback) and the worker's own
+// MlpModel and ParameterClient.
+#include <cmath>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_store.h"
+#include "tensor/backend.h"
+#include "worker/mlp_model.h"
+#include "worker/parameter_client.h"
+
+namespace grps {
+namespace {
+
+constexpr int kFeatures = 12;
+constexpr int kClasses = 4;
+constexpr int kBatch = 8;   // B
+constexpr int kSteps = 6;   // k
+
+struct Data {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+Data MakeData(int n) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0, 1);
+  Data d;
+  for (int i = 0; i < n * kFeatures; ++i) d.x.push_back(g(rng));
+  for (int i = 0; i < n; ++i) d.y.push_back(rng() % kClasses);
+  return d;
+}
+
+// A running job: shards in this process, each behind its own gRPC server.
+class Shards {
+ public:
+  Shards(const v1::JobConfig& config, v1::ShardMap* map) {
+    for (uint32_t s = 0; s < config.num_servers(); ++s) {
+      ShardStore::Options o;
+      o.config = config;
+      o.shard_map = *map;
+      o.shard = s;
+      absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
+      EXPECT_TRUE(store.ok()) << store.status();
+      stores_.push_back(std::move(*store));
+      services_.push_back(std::make_unique<ParameterServerService>(stores_.back().get()));
+      absl::StatusOr<GrpcServer> server =
+          StartGrpcServer("127.0.0.1:0", {services_.back().get()});
+      EXPECT_TRUE(server.ok()) << server.status();
+      map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
+      servers_.push_back(std::move(server->server));
+    }
+  }
+  ~Shards() {
+    for (auto& store : stores_) store->Shutdown();
+    for (auto& server : servers_) server->Shutdown(std::chrono::system_clock::now());
+  }
+
+ private:
+  std::vector<std::unique_ptr<ShardStore>> stores_;
+  std::vector<std::unique_ptr<ParameterServerService>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+};
+
+v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_mode(v1::MODE_SYNC);
+  c.set_num_servers(2);
+  c.set_num_workers(workers);
+  c.set_batch_size(kBatch * 2 / workers);
+  c.set_input_features(kFeatures);
+  c.set_num_classes(kClasses);
+  c.clear_hidden_units();
+  c.add_hidden_units(16);
+  c.set_chunk_bytes(1024);  // several chunks per tensor, spread over shards
+  c.mutable_optimizer()->set_kind(optimizer);
+  c.mutable_optimizer()->set_learning_rate(0.1f);
+  return c;
+}
+
+// Trains kSteps with `workers` workers; step s uses examples
+// [s * 2B, (s + 1) * 2B), split evenly among the workers in rank order.
+std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
+                         const Data& data) {
+  v1::JobConfig config = Config(workers, optimizer);
+  v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+  Shards shards(config, &map);
+  const int per_worker = 2 * kBatch / workers;
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < workers; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::unique_ptr<Backend> backend = CreateCpuBackend();
+      MlpModel model(backend.get(), LayerWidths(config), per_worker);
+      ParameterClient client(config, map, rank, /*incarnation=*/1);
+      std::vector<float> params(client.num_parameters()), grads(params.size());
+      for (int step = 0; step < kSteps; ++step) {
+        ASSERT_TRUE(client.Pull(step, absl::Seconds(20), params.data()).ok());
+        model.SetParameters(params.data());
+        const int first = step * 2 * kBatch + rank * per_worker;
+        model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], per_worker,
+                              nullptr);
+        model.GetGradients(grads.data());
+        ASSERT_TRUE(client.Push(step, grads.data(), per_worker, absl::Seconds(5)).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ParameterClient reader(config, map, 0, 1);
+  std::vector<float> final_params(reader.num_parameters());
+  absl::Status s = reader.Pull(kSteps, absl::Seconds(20), final_params.data());
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(reader.min_pulled_version(), static_cast<uint64_t>(kSteps));
+  return final_params;
+}
+
+void ExpectSameWeights(v1::OptimizerKind optimizer) {
+  Data data = MakeData(2 * kBatch * kSteps);
+  std::vector<float> two = Train(2, optimizer, data);
+  std::vector<float> one = Train(1, optimizer, data);
+  ASSERT_EQ(two.size(), one.size());
+  // The weights must have moved, or the comparison proves nothing.
+  std::vector<float> initial(one.size());
+  {
+    v1::JobConfig config = Config(1, optimizer);
+    v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+    Shards shards(config, &map);
+    ParameterClient reader(config, map, 0, 1);
+    ASSERT_TRUE(reader.Pull(0, absl::Seconds(5), initial.data()).ok());
+  }
+  double moved = 0, worst = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    moved = std::max(moved, std::fabs(double(one[i]) - initial[i]));
+    worst = std::max(worst, std::fabs(double(one[i]) - two[i]) /
+                                (1e-3 + std::fabs(double(one[i]))));
+  }
+  EXPECT_GT(moved, 1e-2) << "training did not change the weights";
+  EXPECT_LT(worst, 1e-4) << "2 x B and 1 x 2B disagree";
+}
+
+TEST(SyncEquivalence, TwoWorkersOfBatchBEqualOneWorkerOfBatch2BWithSgd) {
+  ExpectSameWeights(v1::OPTIMIZER_SGD);
+}
+
+TEST(SyncEquivalence, TwoWorkersOfBatchBEqualOneWorkerOfBatch2BWithAdam) {
+  ExpectSameWeights(v1::OPTIMIZER_ADAM);
+}
+
+}  // namespace
+}  // namespace grps
