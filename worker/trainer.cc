@@ -237,7 +237,10 @@ absl::Status Trainer::Run() {
   {
     absl::MutexLock lock(&mu_);
     *done.mutable_progress() = progress_;
-    WriteCurveRow(progress_.step(), progress_, absl::ToDoubleSeconds(absl::Now() - start));
+    // The final evaluation gets a row of its own.
+    if (done.has_final_eval())
+      WriteCurveRow(progress_.step(), progress_,
+                    absl::ToDoubleSeconds(absl::Now() - start));
   }
   absl::Duration backoff = absl::Milliseconds(100);
   for (int attempt = 0;; ++attempt) {
