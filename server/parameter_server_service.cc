@@ -1,0 +1,285 @@
+#include "server/parameter_server_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "tensor/dtype.h"
+
+namespace grps {
+namespace {
+
+absl::Status NotReady() {
+  return absl::UnavailableError(
+      "shard not ready: still registering with the coordinator");
+}
+
+absl::Status CheckJob(const ShardStore& store, const std::string& job_id) {
+  if (job_id == store.config().job_id()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("request for job '", job_id, "' but this shard serves job '",
+                   store.config().job_id(), "'"));
+}
+
+absl::Status CheckRank(const ShardStore& store, uint32_t rank) {
+  if (rank < store.config().num_workers()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown worker rank ", rank, ": the job has ",
+                   store.config().num_workers(), " workers"));
+}
+
+// The spec of a chunk this shard holds; NOT_FOUND otherwise.
+absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
+                                                uint32_t chunk_id) {
+  const v1::ShardMap& map = store.shard_map();
+  if (chunk_id >= static_cast<uint32_t>(map.chunks_size()))
+    return absl::NotFoundError(absl::StrCat(
+        "unknown chunk ", chunk_id, ": the model has ", map.chunks_size(),
+        " chunks"));
+  const v1::ChunkSpec& spec = map.chunks(chunk_id);
+  if (spec.shard() != store.shard())
+    return absl::NotFoundError(absl::StrCat(
+        "chunk ", chunk_id, " is held by shard ", spec.shard(), ", not shard ",
+        store.shard()));
+  return &spec;
+}
+
+// A wire dtype; UNSPECIFIED means f32 only where `default_f32`.
+absl::StatusOr<DType> CheckDType(int wire, bool default_f32,
+                                 absl::string_view what) {
+  switch (wire) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_UNSPECIFIED:
+      if (default_f32) return DType::kF32;
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dtype is unspecified (use f32, f16 or bf16)"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": unknown dtype ", wire, " (use f32, f16 or bf16)"));
+  }
+}
+
+// Index of the first NaN or infinity in `values`, or -1. Looks at the
+// exponent bits so the loop has no branch and vectorizes.
+int64_t FirstNonFinite(absl::Span<const float> values) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t any = 0;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  if (any == 0) return -1;
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    if ((bits & kExponent) == kExponent) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Gradients converted to f32 live here between validation and the store.
+// One per gRPC thread, grown and reused, so a steady stream of pushes
+// allocates nothing.
+std::vector<float>& ScratchBuffer() {
+  thread_local std::vector<float> scratch;
+  return scratch;
+}
+
+// Validates a whole push and turns it into a typed one. The returned spans
+// point into the request (aligned f32 payloads, used in place) or into
+// `scratch`; both must outlive the result.
+absl::StatusOr<ShardStore::GradientPush> DecodePush(
+    const ShardStore& store, const v1::PushRequest& request,
+    std::vector<float>* scratch) {
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok())
+    return s;
+  if (request.chunks_size() == 0)
+    return absl::InvalidArgumentError("push carries no chunks");
+
+  struct Checked {
+    const v1::ChunkSpec* spec;
+    DType dtype;
+    bool in_place;  // aligned f32: read straight from the request
+  };
+  std::vector<Checked> checked;
+  checked.reserve(request.chunks_size());
+  absl::flat_hash_set<uint32_t> seen;
+  size_t scratch_floats = 0;
+  for (const v1::ChunkData& chunk : request.chunks()) {
+    const std::string what = absl::StrCat("chunk ", chunk.chunk_id());
+    absl::StatusOr<const v1::ChunkSpec*> spec =
+        CheckChunk(store, chunk.chunk_id());
+    if (!spec.ok()) return spec.status();
+    if (!seen.insert(chunk.chunk_id()).second)
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " appears twice in one push"));
+    absl::StatusOr<DType> dtype = CheckDType(chunk.dtype(), false, what);
+    if (!dtype.ok()) return dtype.status();
+    const uint64_t n = (*spec)->num_elements();
+    const uint64_t expected = n * DTypeSize(*dtype);
+    if (chunk.data().size() != expected)
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": expected ", expected, " bytes (", n, " x ",
+          std::string(DTypeName(*dtype)), "), got ", chunk.data().size()));
+    const bool in_place =
+        *dtype == DType::kF32 &&
+        reinterpret_cast<uintptr_t>(chunk.data().data()) % alignof(float) == 0;
+    if (!in_place) scratch_floats += n;
+    checked.push_back({*spec, *dtype, in_place});
+  }
+
+  // Sized once, so the spans below stay valid.
+  if (scratch->size() < scratch_floats) scratch->resize(scratch_floats);
+  ShardStore::GradientPush push;
+  push.worker_rank = request.worker_rank();
+  push.incarnation = request.incarnation();
+  push.step = request.step();
+  push.chunks.reserve(checked.size());
+  size_t used = 0;
+  for (int i = 0; i < request.chunks_size(); ++i) {
+    const v1::ChunkData& chunk = request.chunks(i);
+    const Checked& c = checked[i];
+    const size_t n = c.spec->num_elements();
+    absl::Span<const float> values;
+    if (c.in_place) {
+      values = absl::MakeConstSpan(
+          reinterpret_cast<const float*>(chunk.data().data()), n);
+    } else {
+      float* dst = scratch->data() + used;
+      used += n;
+      ConvertElements(chunk.data().data(), c.dtype, dst, DType::kF32, n);
+      values = absl::MakeConstSpan(dst, n);
+    }
+    if (int64_t bad = FirstNonFinite(values); bad >= 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunk.chunk_id(), ": gradient element ", bad, " is ",
+          values[bad], " (NaN and infinity are refused)"));
+    ShardStore::ChunkGradient& g = push.chunks.emplace_back();
+    g.chunk_id = chunk.chunk_id();
+    g.base_version = chunk.version();
+    g.values = values;
+    g.wire_bytes = chunk.data().size();
+  }
+  return push;
+}
+
+absl::Time PullDeadline(const grpc::ServerContext& context,
+                        uint32_t timeout_ms) {
+  const absl::Time now = absl::Now();
+  absl::Time deadline = now + ParameterServerService::kMaxPullWait;
+  if (timeout_ms > 0)
+    deadline = std::min(deadline, now + absl::Milliseconds(timeout_ms));
+  const auto call_deadline = context.deadline();
+  if (call_deadline != std::chrono::system_clock::time_point::max())
+    deadline = std::min(deadline, absl::FromChrono(call_deadline));
+  return deadline;
+}
+
+}  // namespace
+
+grpc::Status ParameterServerService::Push(grpc::ServerContext* context,
+                                          const v1::PushRequest* request,
+                                          v1::PushResponse* response) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  absl::StatusOr<ShardStore::GradientPush> push =
+      DecodePush(*store, *request, &ScratchBuffer());
+  if (!push.ok()) {
+    store->CountRejectedAtEdge(std::max(1, request->chunks_size()));
+    return ToGrpc(push.status());
+  }
+  absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
+  if (!result.ok()) return ToGrpc(result.status());
+  for (uint64_t v : result->versions) response->add_versions(v);
+  response->set_duplicates(result->duplicates);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
+                                          const v1::PullRequest* request,
+                                          v1::PullResponse* response) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok())
+    return ToGrpc(s);
+  if (absl::Status s = CheckRank(*store, request->worker_rank()); !s.ok())
+    return ToGrpc(s);
+  absl::StatusOr<DType> dtype = CheckDType(request->dtype(), true, "pull");
+  if (!dtype.ok()) return ToGrpc(dtype.status());
+
+  const std::vector<uint32_t>& all = store->chunk_ids();
+  std::vector<uint32_t> ids(request->chunk_ids().begin(),
+                            request->chunk_ids().end());
+  if (ids.empty()) ids = all;
+  absl::flat_hash_set<uint32_t> seen;
+  uint64_t reply_bytes = 0;
+  for (uint32_t id : ids) {
+    absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(*store, id);
+    if (!spec.ok()) return ToGrpc(spec.status());
+    if (!seen.insert(id).second)
+      return ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("chunk ", id, " appears twice in one pull")));
+    // Payload plus a generous allowance for the framing of each chunk.
+    reply_bytes += (*spec)->num_elements() * DTypeSize(*dtype) + 32;
+  }
+  if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))
+    return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+        "pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
+        "-byte message limit; pull fewer chunks per call")));
+
+  absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled = store->Pull(
+      ids, request->min_version(), PullDeadline(*context, request->timeout_ms()),
+      *dtype);
+  if (!pulled.ok()) return ToGrpc(pulled.status());
+  const v1::DType wire = static_cast<v1::DType>(*dtype);
+  for (ShardStore::PulledChunk& p : *pulled) {
+    v1::ChunkData* out = response->add_chunks();
+    out->set_chunk_id(p.chunk_id);
+    out->set_dtype(wire);
+    out->set_version(p.version);
+    out->set_data(std::move(p.data));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::PushSparse(
+    grpc::ServerContext* context, const v1::SparsePushRequest* request,
+    v1::SparsePushResponse* response) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                      "sparse tables are not supported by this server yet; "
+                      "push dense chunks with Push");
+}
+
+grpc::Status ParameterServerService::PullSparse(
+    grpc::ServerContext* context, const v1::SparsePullRequest* request,
+    v1::SparsePullResponse* response) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                      "sparse tables are not supported by this server yet; "
+                      "pull dense chunks with Pull");
+}
+
+grpc::Status ParameterServerService::GetShardStatus(
+    grpc::ServerContext* context, const v1::GetShardStatusRequest* request,
+    v1::ShardStatus* response) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok())
+    return ToGrpc(s);
+  *response = store->Status();
+  return grpc::Status::OK;
+}
+
+}  // namespace grps

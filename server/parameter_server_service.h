@@ -1,0 +1,70 @@
+// ParameterServerService: the gRPC edge of one shard. Every request is
+// validated here, once, and turned into typed values before the ShardStore
+// sees it; a bad request gets a clear status and changes no state (except
+// the shard's count of rejected pushes).
+//
+// Status codes:
+//   FAILED_PRECONDITION  wrong job_id; a push the store refuses (step not
+//                        current, late, stale incarnation, too stale)
+//   INVALID_ARGUMENT     unknown worker rank, bad dtype, wrong byte length,
+//                        NaN/Inf gradient, a chunk twice in one request,
+//                        a push without chunks
+//   NOT_FOUND            unknown chunk, or a chunk owned by another shard
+//   DEADLINE_EXCEEDED    a pull's version did not arrive in time
+//   RESOURCE_EXHAUSTED   a pull reply would exceed the message limit
+//   UNAVAILABLE          no store attached yet, or shutting down
+//   UNIMPLEMENTED        sparse tables (not built yet)
+//
+// Thread safety: gRPC calls the handlers from many threads at once; the
+// service keeps no mutable state besides the attached store pointer.
+#ifndef GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
+#define GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
+
+#include <atomic>
+
+#include "absl/time/time.h"
+#include "proto/grps.grpc.pb.h"
+#include "server/shard_store.h"
+
+namespace grps {
+
+class ParameterServerService final : public v1::ParameterServer::Service {
+ public:
+  // A pull with timeout_ms = 0 waits until the call's own deadline, and never
+  // longer than this, so that an abandoned pull does not hold a thread.
+  static constexpr absl::Duration kMaxPullWait = absl::Minutes(5);
+
+  // The daemon listens (to learn its port) before the coordinator tells it
+  // which shard it is, so the store arrives later through Attach(). Until
+  // then every RPC answers UNAVAILABLE.
+  ParameterServerService() = default;
+  // Convenience for tests and for callers that already have the store.
+  explicit ParameterServerService(ShardStore* store) : store_(store) {}
+
+  // Serves `store` from now on. `store` is not owned and must outlive every
+  // RPC (shut the gRPC server down before destroying it). Call at most once.
+  void Attach(ShardStore* store) { store_.store(store); }
+
+  grpc::Status Push(grpc::ServerContext* context,
+                    const v1::PushRequest* request,
+                    v1::PushResponse* response) override;
+  grpc::Status Pull(grpc::ServerContext* context,
+                    const v1::PullRequest* request,
+                    v1::PullResponse* response) override;
+  grpc::Status PushSparse(grpc::ServerContext* context,
+                          const v1::SparsePushRequest* request,
+                          v1::SparsePushResponse* response) override;
+  grpc::Status PullSparse(grpc::ServerContext* context,
+                          const v1::SparsePullRequest* request,
+                          v1::SparsePullResponse* response) override;
+  grpc::Status GetShardStatus(grpc::ServerContext* context,
+                              const v1::GetShardStatusRequest* request,
+                              v1::ShardStatus* response) override;
+
+ private:
+  std::atomic<ShardStore*> store_{nullptr};
+};
+
+}  // namespace grps
+
+#endif  // GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_

@@ -1,0 +1,451 @@
+#include "server/parameter_server_service.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "job/initializer.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "proto/grps.grpc.pb.h"
+#include "tensor/dtype.h"
+
+namespace grps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string F32Bytes(const std::vector<float>& values) {
+  std::string bytes(values.size() * sizeof(float), '\0');
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+std::string Encode(const std::vector<float>& values, DType dtype) {
+  std::string bytes(values.size() * DTypeSize(dtype), '\0');
+  ConvertElements(values.data(), DType::kF32, bytes.data(), dtype,
+                  values.size());
+  return bytes;
+}
+
+std::vector<float> Decode(const std::string& bytes, DType dtype) {
+  std::vector<float> values(bytes.size() / DTypeSize(dtype));
+  ConvertElements(bytes.data(), dtype, values.data(), DType::kF32,
+                  values.size());
+  return values;
+}
+
+v1::TensorSpec Tensor(const std::string& name, std::vector<int64_t> shape,
+                      const std::string& initializer) {
+  v1::TensorSpec t;
+  t.set_name(name);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_initializer(initializer);
+  return t;
+}
+
+// What a bad request must leave untouched: every chunk's values and version
+// and every counter except rejected_pushes.
+struct Snapshot {
+  std::vector<ShardStore::ChunkValues> chunks;
+  v1::ShardStatus status;
+};
+
+// A two-shard, two-worker sync job with SGD (lr 0.5); this process serves
+// shard 0 over real gRPC on a loopback port.
+class ParameterServerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(v1::MODE_SYNC); }
+  void TearDown() override {
+    if (server_.server != nullptr) server_.server->Shutdown();
+  }
+
+  void Start(v1::ConsistencyMode mode) {
+    config_ = DefaultJobConfig();
+    config_.set_job_id("test-job");
+    config_.set_mode(mode);
+    config_.set_num_workers(2);
+    config_.set_num_servers(2);
+    config_.set_chunk_bytes(1024);
+    config_.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+    config_.mutable_optimizer()->set_learning_rate(0.5f);
+    config_.mutable_optimizer()->set_momentum(0.0f);
+    // Chunks of 8, 8, 4 and 4 elements: two on each shard.
+    absl::StatusOr<v1::ShardMap> map = BuildShardMap(
+        {Tensor("w0", {2, 4}, "glorot_uniform"),
+         Tensor("w1", {2, 4}, "glorot_uniform"), Tensor("b0", {4}, "zeros"),
+         Tensor("b1", {4}, "zeros")},
+        2, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    own_ = ChunksOfShard(map_, 0);
+    ASSERT_EQ(own_.size(), 2u);
+    foreign_ = ChunksOfShard(map_, 1).at(0);
+
+    ShardStore::Options options;
+    options.config = config_;
+    options.shard_map = map_;
+    options.shard = 0;
+    options.incarnation = 1;
+    absl::StatusOr<std::unique_ptr<ShardStore>> store =
+        ShardStore::Create(std::move(options));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    service_ = std::make_unique<ParameterServerService>(store_.get());
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::ParameterServer::NewStub(
+        MakeChannel(absl::StrCat("127.0.0.1:", server_.port)));
+  }
+
+  uint64_t Elements(uint32_t chunk_id) const {
+    return map_.chunks(chunk_id).num_elements();
+  }
+
+  // A valid f32 push of gradient `value` for every chunk of shard 0.
+  v1::PushRequest GoodPush(uint32_t rank, uint64_t step, float value = 1.0f) {
+    v1::PushRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(rank);
+    request.set_incarnation(1);
+    request.set_step(step);
+    for (uint32_t id : own_) {
+      v1::ChunkData* c = request.add_chunks();
+      c->set_chunk_id(id);
+      c->set_dtype(v1::DTYPE_F32);
+      c->set_version(step);
+      c->set_data(F32Bytes(std::vector<float>(Elements(id), value)));
+    }
+    return request;
+  }
+
+  grpc::Status Push(const v1::PushRequest& request,
+                    v1::PushResponse* response = nullptr) {
+    v1::PushResponse ignored;
+    grpc::ClientContext context;
+    return stub_->Push(&context, request, response ? response : &ignored);
+  }
+
+  grpc::Status Pull(const v1::PullRequest& request, v1::PullResponse* response) {
+    grpc::ClientContext context;
+    return stub_->Pull(&context, request, response);
+  }
+
+  v1::PullRequest PullOf(std::vector<uint32_t> ids, uint64_t min_version = 0) {
+    v1::PullRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(0);
+    for (uint32_t id : ids) request.add_chunk_ids(id);
+    request.set_min_version(min_version);
+    request.set_timeout_ms(10000);
+    return request;
+  }
+
+  Snapshot Take() const {
+    Snapshot s;
+    for (uint32_t id : own_) s.chunks.push_back(*store_->ReadChunk(id));
+    s.status = store_->Status();
+    s.status.clear_rejected_pushes();
+    return s;
+  }
+
+  void ExpectUnchanged(const Snapshot& before) const {
+    const Snapshot after = Take();
+    for (size_t i = 0; i < own_.size(); ++i) {
+      EXPECT_EQ(after.chunks[i].version, before.chunks[i].version);
+      EXPECT_EQ(after.chunks[i].values, before.chunks[i].values);
+    }
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        after.status, before.status))
+        << "before: " << before.status.ShortDebugString()
+        << "\nafter: " << after.status.ShortDebugString();
+  }
+
+  // The push fails with `code` and a message containing `message`, changes
+  // nothing, and is counted as rejected.
+  void ExpectPushRefused(const v1::PushRequest& request, grpc::StatusCode code,
+                         const std::string& message) {
+    const Snapshot before = Take();
+    const uint64_t rejected = store_->Status().rejected_pushes();
+    const grpc::Status status = Push(request);
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+    ExpectUnchanged(before);
+    EXPECT_GT(store_->Status().rejected_pushes(), rejected);
+  }
+
+  // The pull fails with `code`, serves nothing and counts nothing.
+  void ExpectPullRefused(const v1::PullRequest& request, grpc::StatusCode code,
+                         const std::string& message) {
+    const Snapshot before = Take();
+    v1::PullResponse response;
+    const grpc::Status status = Pull(request, &response);
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+    EXPECT_EQ(response.chunks_size(), 0);
+    ExpectUnchanged(before);
+  }
+
+  std::vector<float> InitialValues(uint32_t chunk_id) const {
+    const v1::ChunkSpec& spec = map_.chunks(chunk_id);
+    std::vector<float> values(spec.num_elements());
+    EXPECT_TRUE(InitializeRange(map_.tensors(spec.tensor_index()),
+                                config_.seed(), spec.tensor_index(),
+                                spec.offset(), spec.num_elements(),
+                                values.data())
+                    .ok());
+    return values;
+  }
+
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+  std::vector<uint32_t> own_;
+  uint32_t foreign_ = 0;
+  // Destroyed in reverse: the server stops before the service and the store.
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<ParameterServerService> service_;
+  GrpcServer server_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+// ---- bad pushes ------------------------------------------------------------
+
+TEST_F(ParameterServerServiceTest, PushForAnotherJobIsFailedPrecondition) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.set_job_id("other-job");
+  ExpectPushRefused(request, grpc::StatusCode::FAILED_PRECONDITION,
+                    "job 'other-job'");
+}
+
+TEST_F(ParameterServerServiceTest, PushFromAnUnknownWorkerIsInvalidArgument) {
+  ExpectPushRefused(GoodPush(2, 0), grpc::StatusCode::INVALID_ARGUMENT,
+                    "unknown worker rank 2");
+}
+
+TEST_F(ParameterServerServiceTest, PushToAnUnknownChunkIsNotFound) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.mutable_chunks(1)->set_chunk_id(99);
+  ExpectPushRefused(request, grpc::StatusCode::NOT_FOUND, "unknown chunk 99");
+}
+
+TEST_F(ParameterServerServiceTest, PushToAChunkOfAnotherShardIsNotFound) {
+  v1::PushRequest request = GoodPush(0, 0);
+  v1::ChunkData* c = request.mutable_chunks(1);
+  c->set_chunk_id(foreign_);
+  c->set_data(F32Bytes(std::vector<float>(Elements(foreign_), 1.0f)));
+  ExpectPushRefused(request, grpc::StatusCode::NOT_FOUND,
+                    absl::StrCat("chunk ", foreign_, " is held by shard 1"));
+}
+
+TEST_F(ParameterServerServiceTest, PushWithTheWrongByteLengthIsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  const uint32_t id = own_[1];
+  request.mutable_chunks(1)->mutable_data()->pop_back();
+  const uint64_t n = Elements(id);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    absl::StrCat("expected ", n * 4, " bytes (", n,
+                                 " x f32), got ", n * 4 - 1));
+}
+
+TEST_F(ParameterServerServiceTest, PushWithAnUnspecifiedDTypeIsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.mutable_chunks(0)->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "dtype is unspecified");
+}
+
+TEST_F(ParameterServerServiceTest, PushWithAnUnknownDTypeIsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.mutable_chunks(0)->set_dtype(static_cast<v1::DType>(9));
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "unknown dtype 9");
+}
+
+TEST_F(ParameterServerServiceTest, PushWithANaNGradientIsInvalidArgument) {
+  // The first chunk is fine; the push is refused as a whole.
+  v1::PushRequest request = GoodPush(0, 0);
+  std::vector<float> bad(Elements(own_[1]), 1.0f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  request.mutable_chunks(1)->set_data(F32Bytes(bad));
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "gradient element 3 is nan");
+}
+
+TEST_F(ParameterServerServiceTest, PushWithAnInfinityInF16IsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  v1::ChunkData* c = request.mutable_chunks(0);
+  std::string half = Encode(std::vector<float>(Elements(own_[0]), 1.0f),
+                            DType::kF16);
+  const uint16_t infinity = 0x7c00;
+  std::memcpy(half.data() + 2, &infinity, 2);
+  c->set_dtype(v1::DTYPE_F16);
+  c->set_data(half);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "gradient element 1 is inf");
+}
+
+TEST_F(ParameterServerServiceTest, PushNamingAChunkTwiceIsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  *request.add_chunks() = request.chunks(0);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "appears twice");
+}
+
+TEST_F(ParameterServerServiceTest, PushWithoutChunksIsInvalidArgument) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.clear_chunks();
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "no chunks");
+}
+
+TEST_F(ParameterServerServiceTest,
+       SyncPushForAStepThatIsNotCurrentIsFailedPrecondition) {
+  ExpectPushRefused(GoodPush(0, 3), grpc::StatusCode::FAILED_PRECONDITION,
+                    "push for step 3 but chunk");
+}
+
+// ---- good pushes and pulls -------------------------------------------------
+
+TEST_F(ParameterServerServiceTest, SyncStepCompletesAndRetryIsAcknowledged) {
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(GoodPush(0, 0, 1.0f), &response).ok());
+  EXPECT_THAT(response.versions(), ::testing::ElementsAre(1, 1));
+  ASSERT_TRUE(Push(GoodPush(0, 0, 1.0f), &response).ok());
+  EXPECT_EQ(response.duplicates(), 2u);
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f), &response).ok());
+
+  v1::PullResponse pulled;
+  ASSERT_TRUE(Pull(PullOf({}, 1), &pulled).ok());
+  ASSERT_EQ(pulled.chunks_size(), 2);
+  for (const v1::ChunkData& c : pulled.chunks()) {
+    EXPECT_EQ(c.version(), 1u);
+    EXPECT_EQ(c.dtype(), v1::DTYPE_F32);
+    std::vector<float> expected = InitialValues(c.chunk_id());
+    for (float& v : expected) v -= 0.5f * 2.0f;  // average of 1 and 3
+    EXPECT_EQ(Decode(c.data(), DType::kF32), expected);
+  }
+}
+
+TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {
+  const std::vector<float> pattern = {0.5f, -1.25f, 2.0f, 0.125f};
+  auto push_f16 = [&](uint32_t rank) {
+    v1::PushRequest request = GoodPush(rank, 0);
+    for (v1::ChunkData& c : *request.mutable_chunks()) {
+      std::vector<float> g(Elements(c.chunk_id()));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = pattern[i % pattern.size()];
+      c.set_dtype(v1::DTYPE_F16);
+      c.set_data(Encode(g, DType::kF16));
+    }
+    return Push(request);
+  };
+  ASSERT_TRUE(push_f16(0).ok());
+  ASSERT_TRUE(push_f16(1).ok());
+
+  v1::PullRequest request = PullOf(own_, 1);
+  request.set_dtype(v1::DTYPE_BF16);
+  v1::PullResponse pulled;
+  ASSERT_TRUE(Pull(request, &pulled).ok());
+  ASSERT_EQ(pulled.chunks_size(), 2);
+  for (const v1::ChunkData& c : pulled.chunks()) {
+    EXPECT_EQ(c.dtype(), v1::DTYPE_BF16);
+    ASSERT_EQ(c.data().size(), Elements(c.chunk_id()) * 2);
+    // The f32 update of the f16 gradients, as bf16 on the way out.
+    std::vector<float> expected = InitialValues(c.chunk_id());
+    for (size_t i = 0; i < expected.size(); ++i)
+      expected[i] -= 0.5f * pattern[i % pattern.size()];
+    EXPECT_EQ(Decode(c.data(), DType::kBF16),
+              Decode(Encode(expected, DType::kBF16), DType::kBF16));
+  }
+  const v1::ShardStatus status = store_->Status();
+  EXPECT_EQ(status.bytes_in(), 2 * (8 + 4) * 2u);  // two f16 pushes
+  EXPECT_EQ(status.bytes_out(), (8 + 4) * 2u);     // one bf16 pull
+}
+
+TEST_F(ParameterServerServiceTest, PullWaitsThenTimesOutWithDeadlineExceeded) {
+  v1::PullRequest request = PullOf({own_[0]}, 1);
+  request.set_timeout_ms(100);
+  ExpectPullRefused(request, grpc::StatusCode::DEADLINE_EXCEEDED,
+                    "is at version 0, wanted >= 1");
+}
+
+TEST_F(ParameterServerServiceTest, PullOfAnotherShardsChunkIsNotFound) {
+  ExpectPullRefused(PullOf({own_[0], foreign_}), grpc::StatusCode::NOT_FOUND,
+                    "is held by shard 1");
+}
+
+TEST_F(ParameterServerServiceTest, PullForAnotherJobIsFailedPrecondition) {
+  v1::PullRequest request = PullOf({});
+  request.set_job_id("");
+  ExpectPullRefused(request, grpc::StatusCode::FAILED_PRECONDITION,
+                    "this shard serves job 'test-job'");
+}
+
+TEST_F(ParameterServerServiceTest, PullInAnUnknownDTypeIsInvalidArgument) {
+  v1::PullRequest request = PullOf({});
+  request.set_dtype(static_cast<v1::DType>(42));
+  ExpectPullRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "unknown dtype 42");
+}
+
+TEST_F(ParameterServerServiceTest, PullFromAnUnknownWorkerIsInvalidArgument) {
+  v1::PullRequest request = PullOf({});
+  request.set_worker_rank(5);
+  ExpectPullRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "unknown worker rank 5");
+}
+
+TEST_F(ParameterServerServiceTest, SparseRpcsAreUnimplemented) {
+  v1::SparsePushResponse push_response;
+  grpc::ClientContext push_context;
+  EXPECT_EQ(stub_->PushSparse(&push_context, v1::SparsePushRequest(),
+                              &push_response)
+                .error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  v1::SparsePullResponse pull_response;
+  grpc::ClientContext pull_context;
+  const grpc::Status status = stub_->PullSparse(
+      &pull_context, v1::SparsePullRequest(), &pull_response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("sparse"));
+}
+
+TEST_F(ParameterServerServiceTest, GetShardStatusReportsTheStore) {
+  ASSERT_TRUE(Push(GoodPush(0, 0)).ok());
+  v1::GetShardStatusRequest request;
+  request.set_job_id("test-job");
+  v1::ShardStatus status;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->GetShardStatus(&context, request, &status).ok());
+  EXPECT_EQ(status.shard(), 0u);
+  EXPECT_EQ(status.incarnation(), 1u);
+  EXPECT_EQ(status.num_chunks(), 2u);
+  EXPECT_EQ(status.num_elements(), 12u);
+  EXPECT_EQ(status.pushes(), 2u);
+  EXPECT_EQ(status.bytes_in(), 48u);
+}
+
+TEST(ParameterServerServiceWithoutStore, AnswersUnavailableUntilAttached) {
+  ParameterServerService service;
+  absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ParameterServer::NewStub(
+      MakeChannel(absl::StrCat("127.0.0.1:", server->port)));
+  v1::PullResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->Pull(&context, v1::PullRequest(), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("not ready"));
+  server->server->Shutdown();
+}
+
+}  // namespace
+}  // namespace grps

@@ -1,0 +1,625 @@
+#include "server/shard_store.h"
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/initializer.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "tensor/cpu_backend.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+v1::TensorSpec Tensor(const std::string& name, std::vector<int64_t> shape,
+                      const std::string& initializer = "glorot_uniform") {
+  v1::TensorSpec t;
+  t.set_name(name);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_initializer(initializer);
+  return t;
+}
+
+// One shard, plain SGD with lr 0.5 (products stay exact in float).
+v1::JobConfig Config(v1::ConsistencyMode mode, uint32_t workers) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_mode(mode);
+  c.set_num_workers(workers);
+  c.set_num_servers(1);
+  c.set_chunk_bytes(1024);
+  v1::OptimizerConfig* opt = c.mutable_optimizer();
+  opt->set_kind(v1::OPTIMIZER_SGD);
+  opt->set_learning_rate(0.5f);
+  opt->set_momentum(0.0f);
+  return c;
+}
+
+// Tensors of 4 elements each, one chunk per tensor.
+std::vector<v1::TensorSpec> SmallTensors(int count) {
+  std::vector<v1::TensorSpec> tensors;
+  for (int i = 0; i < count; ++i)
+    tensors.push_back(Tensor("t" + std::to_string(i), {2, 2}));
+  return tensors;
+}
+
+std::unique_ptr<ShardStore> MakeStore(
+    const v1::JobConfig& config, const std::vector<v1::TensorSpec>& tensors,
+    std::function<std::unique_ptr<Backend>()> make_backend = nullptr) {
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap(tensors, config.num_servers(), config.chunk_bytes());
+  EXPECT_TRUE(map.ok()) << map.status();
+  ShardStore::Options options;
+  options.config = config;
+  options.shard_map = *map;
+  options.shard = 0;
+  options.incarnation = 1;
+  options.address = "127.0.0.1:1";
+  options.make_backend = std::move(make_backend);
+  absl::StatusOr<std::unique_ptr<ShardStore>> store =
+      ShardStore::Create(std::move(options));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+std::vector<float> InitialValues(const ShardStore& store, uint32_t chunk_id) {
+  const v1::ChunkSpec& spec = store.shard_map().chunks(chunk_id);
+  std::vector<float> values(spec.num_elements());
+  EXPECT_TRUE(InitializeRange(store.shard_map().tensors(spec.tensor_index()),
+                              store.config().seed(), spec.tensor_index(),
+                              spec.offset(), spec.num_elements(), values.data())
+                  .ok());
+  return values;
+}
+
+std::vector<float> Values(const ShardStore& store, uint32_t chunk_id) {
+  absl::StatusOr<ShardStore::ChunkValues> v = store.ReadChunk(chunk_id);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? v->values : std::vector<float>{};
+}
+
+uint64_t Version(const ShardStore& store, uint32_t chunk_id) {
+  absl::StatusOr<ShardStore::ChunkValues> v = store.ReadChunk(chunk_id);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? v->version : 0;
+}
+
+struct Push {
+  uint32_t rank = 0;
+  uint64_t step = 0;
+  uint32_t chunk = 0;
+  std::vector<float> grad;
+  uint64_t base_version = 0;
+  uint64_t incarnation = 1;
+};
+
+absl::StatusOr<ShardStore::PushResult> Send(ShardStore& store, const Push& p) {
+  ShardStore::GradientPush push;
+  push.worker_rank = p.rank;
+  push.incarnation = p.incarnation;
+  push.step = p.step;
+  ShardStore::ChunkGradient& g = push.chunks.emplace_back();
+  g.chunk_id = p.chunk;
+  g.base_version = p.base_version;
+  g.values = p.grad;
+  g.wire_bytes = p.grad.size() * sizeof(float);
+  return store.Push(push);
+}
+
+// p - lr * g, element by element, in float as the optimizer computes it.
+std::vector<float> SgdStep(std::vector<float> p, const std::vector<float>& g,
+                           float lr) {
+  for (size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+  return p;
+}
+
+// ---- sync ------------------------------------------------------------------
+
+TEST(ShardStoreSync, StepWaitsForAllLiveWorkersAndAppliesTheAverageOnce) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+
+  auto first = Send(*store, {0, 0, 0, {1, 2, 3, 4}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(first->versions, ElementsAre(1));  // completes at version 1
+  EXPECT_EQ(Version(*store, 0), 0u);
+  EXPECT_EQ(Values(*store, 0), init);
+
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {3, 2, 1, 0}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+  // Average {2, 2, 2, 2}, lr 0.5.
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+  const v1::ShardStatus status = store->Status();
+  EXPECT_EQ(status.updates_applied(), 1u);
+  EXPECT_EQ(status.pushes(), 2u);
+  EXPECT_EQ(status.version(), 1u);
+  EXPECT_EQ(status.bytes_in(), 32u);
+}
+
+TEST(ShardStoreSync, EachStepUsesItsScheduledLearningRate) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  config.mutable_optimizer()->set_warmup_steps(2);  // lr 0.25, then 0.5
+  auto store = MakeStore(config, SmallTensors(1));
+  std::vector<float> expected = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  expected = SgdStep(expected, {1, 1, 1, 1}, 0.25f);
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}}).ok());
+  expected = SgdStep(expected, {1, 1, 1, 1}, 0.5f);
+  EXPECT_EQ(Values(*store, 0), expected);
+  EXPECT_EQ(Version(*store, 0), 2u);
+}
+
+TEST(ShardStoreSync, MomentumVelocityCarriesAcrossSteps) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_MOMENTUM);
+  config.mutable_optimizer()->set_momentum(0.5f);
+  auto store = MakeStore(config, SmallTensors(1));
+  std::vector<float> p = InitialValues(*store, 0);
+  const std::vector<float> g = {1, -2, 4, 0.5f};
+  ASSERT_TRUE(Send(*store, {0, 0, 0, g}).ok());
+  ASSERT_TRUE(Send(*store, {0, 1, 0, g}).ok());
+  // v1 = g, p1 = p0 - lr v1; v2 = 0.5 v1 + g, p2 = p1 - lr v2.
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float v1 = g[i];
+    p[i] -= 0.5f * v1;
+    const float v2 = 0.5f * v1 + g[i];
+    p[i] -= 0.5f * v2;
+  }
+  EXPECT_EQ(Values(*store, 0), p);
+}
+
+TEST(ShardStoreSync, AdamCountsStepsFromOne) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+  config.mutable_optimizer()->set_learning_rate(0.01f);
+  auto store = MakeStore(config, SmallTensors(1));
+  std::vector<float> p = InitialValues(*store, 0);
+  std::vector<float> m(4, 0.0f), v(4, 0.0f);
+  const std::vector<float> g = {0.1f, -0.2f, 0.3f, -0.4f};
+  CpuBackend reference;
+  for (int64_t t = 1; t <= 3; ++t) {
+    ASSERT_TRUE(Send(*store, {0, static_cast<uint64_t>(t - 1), 0, g}).ok());
+    AdamParams params;
+    params.lr = 0.01f;
+    params.beta1 = config.optimizer().beta1();
+    params.beta2 = config.optimizer().beta2();
+    params.epsilon = config.optimizer().epsilon();
+    params.step = t;
+    reference.AdamUpdate(params, p.data(), g.data(), m.data(), v.data(), 4);
+  }
+  EXPECT_EQ(Values(*store, 0), p);
+}
+
+TEST(ShardStoreSync, ShrinkingTheLiveSetCompletesAPendingStep) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 3), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 0, 0, {3, 3, 3, 3}}).ok());
+  EXPECT_EQ(Version(*store, 0), 0u);  // waiting for rank 1
+
+  const std::vector<uint32_t> live = {0, 2};
+  const std::vector<uint64_t> incarnations = {1, 1};
+  store->SetLiveWorkers(live, incarnations);
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+
+  // The next step needs only the live ranks, and rank 1's late gradient for
+  // step 0 is refused and counted.
+  auto late = Send(*store, {1, 0, 0, {9, 9, 9, 9}});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.status().message(), HasSubstr("late"));
+  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 1, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+}
+
+TEST(ShardStoreSync, StepWithNoContributorsDoesNotCompleteWhenNobodyIsLive) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  store->SetLiveWorkers({}, {});
+  EXPECT_EQ(Version(*store, 0), 0u);
+  EXPECT_EQ(store->Status().updates_applied(), 0u);
+}
+
+TEST(ShardStoreSync, DuplicatePushIsAppliedOnce) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  auto retry = Send(*store, {0, 0, 0, {1, 1, 1, 1}});
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->duplicates, 1u);
+  EXPECT_EQ(Version(*store, 0), 0u);  // the retry did not stand in for rank 1
+
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {3, 3, 3, 3}}).ok());
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+
+  // A retry that arrives after its step completed is acknowledged too.
+  auto after = Send(*store, {1, 0, 0, {3, 3, 3, 3}});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->duplicates, 1u);
+  EXPECT_THAT(after->versions, ElementsAre(1));
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+  const v1::ShardStatus status = store->Status();
+  EXPECT_EQ(status.duplicate_pushes(), 2u);
+  EXPECT_EQ(status.updates_applied(), 1u);
+  EXPECT_EQ(status.rejected_pushes(), 0u);
+}
+
+TEST(ShardStoreSync, PushForAFutureStepIsRefused) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  auto result = Send(*store, {0, 1, 0, {1, 1, 1, 1}});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("push for step 1 but chunk 0 is at step 0"));
+  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
+  EXPECT_EQ(store->Status().pushes(), 0u);
+}
+
+TEST(ShardStoreSync, MultiChunkPushIsAllOrNothing) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(2));
+  // Chunk 0 completes step 0; chunk 1 is still at step 0.
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_EQ(Version(*store, 0), 1u);
+  ASSERT_EQ(Version(*store, 1), 0u);
+
+  // Step 1 is current for chunk 0 but not for chunk 1: nothing is taken.
+  ShardStore::GradientPush push;
+  push.worker_rank = 0;
+  push.incarnation = 1;
+  push.step = 1;
+  const std::vector<float> g = {5, 5, 5, 5};
+  push.chunks.push_back({0, 0, g, 16});
+  push.chunks.push_back({1, 0, g, 16});
+  auto result = store->Push(push);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Status().rejected_pushes(), 2u);
+
+  // Had rank 0's step-1 gradient for chunk 0 been kept, rank 1 alone would
+  // now complete step 1.
+  ASSERT_TRUE(Send(*store, {1, 1, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+}
+
+TEST(ShardStoreSync, StaleIncarnationIsRefused) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1},
+                        std::vector<uint64_t>{5, 5});
+  auto old = Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0, /*incarnation=*/4});
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(old.status().message(), HasSubstr("stale incarnation"));
+
+  // A newer incarnation replaces the known one; the old one is then stale.
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0, 6}).ok());
+  auto previous = Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0, 5});
+  EXPECT_EQ(previous.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Status().rejected_pushes(), 2u);
+  EXPECT_EQ(store->Status().pushes(), 1u);
+}
+
+// ---- pull ------------------------------------------------------------------
+
+TEST(ShardStorePull, WaitsForItsVersionAndReturnsWhenTheStepCompletes) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  absl::Notification done;
+  absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled;
+  std::thread puller([&] {
+    pulled = store->Pull({}, 1, absl::Now() + absl::Seconds(30), DType::kF32);
+    done.Notify();
+  });
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {2, 2, 2, 2}}).ok());
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {2, 2, 2, 2}}).ok());
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  puller.join();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_EQ(pulled->size(), 1u);
+  EXPECT_EQ((*pulled)[0].version, 1u);
+  std::vector<float> got(4);
+  ASSERT_EQ((*pulled)[0].data.size(), 16u);
+  std::memcpy(got.data(), (*pulled)[0].data.data(), 16);
+  EXPECT_EQ(got, SgdStep(init, {2, 2, 2, 2}, 0.5f));
+  EXPECT_EQ(store->Status().pulls(), 1u);
+  EXPECT_EQ(store->Status().bytes_out(), 16u);
+}
+
+TEST(ShardStorePull, TimesOutWithDeadlineExceeded) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  const absl::Time start = absl::Now();
+  auto pulled =
+      store->Pull({}, 1, start + absl::Milliseconds(100), DType::kF32);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(pulled.status().message(),
+              HasSubstr("chunk 0 is at version 0, wanted >= 1"));
+  EXPECT_EQ(store->Status().pulls(), 0u);
+}
+
+TEST(ShardStorePull, PullThatTimesOutOnOneChunkServesAndCountsNothing) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 1), SmallTensors(2));
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());  // chunk 0 only
+  auto pulled = store->Pull({0, 1}, 1, absl::Now() + absl::Milliseconds(50),
+                            DType::kF32);
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(pulled.status().message(), HasSubstr("chunk 1 is at version 0"));
+  EXPECT_EQ(store->Status().pulls(), 0u);
+  EXPECT_EQ(store->Status().bytes_out(), 0u);
+}
+
+TEST(ShardStorePull, ShutdownWakesWaitingPullsWithUnavailable) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled;
+  std::thread puller([&] {
+    pulled = store->Pull({}, 1, absl::Now() + absl::Seconds(30), DType::kF32);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  store->Shutdown();
+  puller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(ShardStorePull, ConvertsToTheRequestedDType) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  auto store = MakeStore(config, {Tensor("b", {4}, "zeros")});
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, -2, 0.5f, 4}}).ok());
+  auto pulled = store->Pull({0}, 1, absl::Now(), DType::kBF16);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  const std::string& data = (*pulled)[0].data;
+  ASSERT_EQ(data.size(), 8u);
+  std::vector<float> got(4);
+  ConvertElements(data.data(), DType::kBF16, got.data(), DType::kF32, 4);
+  EXPECT_THAT(got, ElementsAre(-0.5f, 1.0f, -0.25f, -2.0f));
+}
+
+// ---- async -----------------------------------------------------------------
+
+TEST(ShardStoreAsync, AppliesEveryPushAndMeasuresStaleness) {
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 2), SmallTensors(1));
+  std::vector<float> expected = InitialValues(*store, 0);
+  // (rank, step, base version) -> staleness at apply: 0, 1, 1, 3.
+  const std::vector<Push> pushes = {{0, 0, 0, {1, 1, 1, 1}, 0},
+                                    {1, 0, 0, {2, 2, 2, 2}, 0},
+                                    {0, 1, 0, {1, 0, 1, 0}, 1},
+                                    {1, 1, 0, {0, 2, 0, 2}, 0}};
+  for (size_t i = 0; i < pushes.size(); ++i) {
+    auto result = Send(*store, pushes[i]);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_THAT(result->versions, ElementsAre(i + 1));
+    expected = SgdStep(expected, pushes[i].grad, 0.5f);
+  }
+  EXPECT_EQ(Values(*store, 0), expected);
+  const v1::ShardStatus status = store->Status();
+  EXPECT_EQ(status.updates_applied(), 4u);
+  EXPECT_EQ(status.version(), 4u);
+  EXPECT_EQ(status.staleness_max(), 3u);
+  EXPECT_DOUBLE_EQ(status.staleness_mean(), 1.25);
+  ASSERT_EQ(status.staleness_histogram_size(), ShardStore::kStalenessBuckets);
+  std::vector<uint64_t> histogram(ShardStore::kStalenessBuckets, 0);
+  histogram[0] = 1;
+  histogram[1] = 2;
+  histogram[3] = 1;
+  EXPECT_THAT(status.staleness_histogram(), ElementsAreArray(histogram));
+}
+
+TEST(ShardStoreAsync, VeryStaleUpdatesLandInTheLastBucket) {
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 1), SmallTensors(1));
+  const uint64_t n = ShardStore::kStalenessBuckets + 3;
+  for (uint64_t s = 0; s < n; ++s)
+    ASSERT_TRUE(Send(*store, {0, s, 0, {0, 0, 0, 0}, s}).ok());
+  ASSERT_TRUE(Send(*store, {0, n, 0, {0, 0, 0, 0}, 0}).ok());  // staleness n
+  const v1::ShardStatus status = store->Status();
+  EXPECT_EQ(status.staleness_max(), n);
+  EXPECT_EQ(status.staleness_histogram(ShardStore::kStalenessBuckets - 1), 1u);
+  EXPECT_EQ(status.staleness_histogram(0), n);
+}
+
+TEST(ShardStoreAsync, StalenessAwareLearningRateDividesByOnePlusStaleness) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 2);
+  config.set_staleness_aware_lr(true);
+  auto store = MakeStore(config, SmallTensors(1));
+  std::vector<float> expected = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0}).ok());
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0}).ok());  // staleness 1
+  expected = SgdStep(expected, {1, 1, 1, 1}, 0.5f);
+  expected = SgdStep(expected, {1, 1, 1, 1}, 0.25f);
+  EXPECT_EQ(Values(*store, 0), expected);
+}
+
+TEST(ShardStoreAsync, GradientStalerThanMaxStalenessIsRejectedAndCounted) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 2);
+  config.set_max_staleness(1);
+  auto store = MakeStore(config, SmallTensors(1));
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0}).ok());
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}, 1}).ok());
+  const std::vector<float> before = Values(*store, 0);
+
+  auto stale = Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0});  // staleness 2
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stale.status().message(), HasSubstr("too stale"));
+  EXPECT_EQ(Values(*store, 0), before);
+  EXPECT_EQ(Version(*store, 0), 2u);
+  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
+
+  EXPECT_TRUE(Send(*store, {1, 1, 0, {1, 1, 1, 1}, 1}).ok());  // staleness 1
+  EXPECT_EQ(store->Status().staleness_max(), 1u);
+}
+
+TEST(ShardStoreAsync, GradientFromAFutureVersionIsRejected) {
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 1), SmallTensors(1));
+  auto result = Send(*store, {0, 0, 0, {1, 1, 1, 1}, 3});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Version(*store, 0), 0u);
+}
+
+TEST(ShardStoreAsync, DuplicatePushIsAppliedOnce) {
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 1), SmallTensors(1));
+  ASSERT_TRUE(Send(*store, {0, 7, 0, {1, 1, 1, 1}, 0, 1}).ok());
+  const std::vector<float> after_first = Values(*store, 0);
+  auto retry = Send(*store, {0, 7, 0, {1, 1, 1, 1}, 0, 1});
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->duplicates, 1u);
+  EXPECT_THAT(retry->versions, ElementsAre(1));
+  auto older = Send(*store, {0, 6, 0, {1, 1, 1, 1}, 0, 1});
+  ASSERT_TRUE(older.ok());
+  EXPECT_EQ(older->duplicates, 1u);
+  EXPECT_EQ(Values(*store, 0), after_first);
+  EXPECT_EQ(Version(*store, 0), 1u);
+
+  // A restarted worker counts its steps again from 0 under a new incarnation.
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 1, 2}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+  EXPECT_EQ(store->Status().duplicate_pushes(), 2u);
+}
+
+// ---- concurrency -----------------------------------------------------------
+
+// A CPU backend whose SGD update, when gated, announces that it started and
+// then blocks until released, while the store holds that chunk's lock.
+class GatedBackend : public CpuBackend {
+ public:
+  struct Gate {
+    absl::Notification entered;
+    absl::Notification release;
+  };
+  explicit GatedBackend(Gate* gate) : gate_(gate) {}
+  void SgdUpdate(const SgdParams& p, float* param, const float* grad,
+                 size_t n) override {
+    if (gate_ != nullptr) {
+      gate_->entered.Notify();
+      gate_->release.WaitForNotification();
+    }
+    CpuBackend::SgdUpdate(p, param, grad, n);
+  }
+
+ private:
+  Gate* gate_;
+};
+
+TEST(ShardStoreConcurrency, PushesToDifferentChunksProceedInParallel) {
+  // Chunks 1 and 2 block inside their updates; chunk 0 does not.
+  GatedBackend::Gate gates[2];
+  int created = 0;
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 3), SmallTensors(3), [&] {
+    const int index = created++;
+    return std::make_unique<GatedBackend>(index == 0 ? nullptr
+                                                     : &gates[index - 1]);
+  });
+  ASSERT_EQ(created, 3);
+
+  std::thread push1([&] { EXPECT_TRUE(Send(*store, {1, 0, 1, {1, 1, 1, 1}}).ok()); });
+  std::thread push2([&] { EXPECT_TRUE(Send(*store, {2, 0, 2, {1, 1, 1, 1}}).ok()); });
+  // Both updates run at the same time, each holding its own chunk's lock:
+  // with one lock for the shard the second could not start.
+  const bool both_entered =
+      gates[0].entered.WaitForNotificationWithTimeout(absl::Seconds(10)) &&
+      gates[1].entered.WaitForNotificationWithTimeout(absl::Seconds(10));
+  EXPECT_TRUE(both_entered);
+
+  // Meanwhile a third chunk can be pushed and pulled.
+  absl::Notification third_done;
+  std::thread push0([&] {
+    EXPECT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+    EXPECT_TRUE(
+        store->Pull({0}, 1, absl::Now() + absl::Seconds(10), DType::kF32).ok());
+    third_done.Notify();
+  });
+  EXPECT_TRUE(third_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+
+  gates[0].release.Notify();
+  gates[1].release.Notify();
+  push0.join();
+  push1.join();
+  push2.join();
+  EXPECT_EQ(store->Status().updates_applied(), 3u);
+  EXPECT_EQ(store->Status().version(), 1u);
+}
+
+TEST(ShardStoreConcurrency, ManyConcurrentSyncPushersCompleteEveryStep) {
+  constexpr uint32_t kWorkers = 4;
+  constexpr uint64_t kSteps = 50;
+  auto store = MakeStore(Config(v1::MODE_SYNC, kWorkers), SmallTensors(3));
+  std::vector<std::thread> workers;
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    workers.emplace_back([&, r] {
+      for (uint64_t step = 0; step < kSteps; ++step) {
+        ShardStore::GradientPush push;
+        push.worker_rank = r;
+        push.incarnation = 1;
+        push.step = step;
+        const std::vector<float> g(4, 0.0f);
+        for (uint32_t c = 0; c < 3; ++c) push.chunks.push_back({c, 0, g, 16});
+        ASSERT_TRUE(store->Push(push).ok());
+        ASSERT_TRUE(store
+                        ->Pull({}, step + 1, absl::Now() + absl::Seconds(30),
+                               DType::kF32)
+                        .ok());
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  const v1::ShardStatus status = store->Status();
+  EXPECT_EQ(status.version(), kSteps);
+  EXPECT_EQ(status.updates_applied(), 3 * kSteps);
+  EXPECT_EQ(status.pushes(), 3 * kSteps * kWorkers);
+  EXPECT_EQ(status.duplicate_pushes(), 0u);
+}
+
+// ---- construction ----------------------------------------------------------
+
+TEST(ShardStoreCreate, RefusesAShardOutsideTheJob) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  ShardStore::Options options;
+  options.config = config;
+  options.shard_map = *BuildShardMap(SmallTensors(1), 1, 1024);
+  options.shard = 1;
+  auto store = ShardStore::Create(std::move(options));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(store.status().message(), HasSubstr("shard 1"));
+}
+
+TEST(ShardStoreCreate, RefusesAMapThatDisagreesWithTheConfig) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  ShardStore::Options options;
+  options.config = config;
+  options.shard_map = *BuildShardMap(SmallTensors(2), 2, 1024);
+  auto store = ShardStore::Create(std::move(options));
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardStoreCreate, HoldsOnlyItsOwnChunks) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1);
+  config.set_num_servers(2);
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap(SmallTensors(4), 2, 1024);
+  ASSERT_TRUE(map.ok());
+  ShardStore::Options options;
+  options.config = config;
+  options.shard_map = *map;
+  options.shard = 1;
+  auto store = ShardStore::Create(std::move(options));
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->chunk_ids(), ChunksOfShard(*map, 1));
+  for (uint32_t id : ChunksOfShard(*map, 0))
+    EXPECT_EQ((*store)->ReadChunk(id).status().code(),
+              absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Status().num_chunks(), ChunksOfShard(*map, 1).size());
+}
+
+}  // namespace
+}  // namespace grps
