@@ -13,7 +13,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
 
 // The defaults a newcomer gets: Fashion-MNIST, an MLP 784-256-128-10, sync
 // mode, 2 servers and 2 workers, SGD with momentum.

@@ -12,7 +12,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
 
 // Cuts each tensor into chunks of at most chunk_bytes / 4 elements (equal
 // sizes within a tensor, so no tiny tail chunk), then places chunks, largest

@@ -14,7 +14,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
 
 // The flat array holds the map's tensors back to back in map order; a chunk
 // covers elements [tensor_offset + chunk.offset, + chunk.num_elements).

@@ -13,17 +13,45 @@
 
 namespace grps {
 
+namespace {
+
+absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit split,
+                                  uint64_t limit) {
+  absl::StatusOr<Dataset> data = LoadIdxDirectory(
+      config.dataset().path(), split, static_cast<int32_t>(config.num_classes()));
+  if (!data.ok()) return data.status();
+  if (data->num_features() != config.input_features())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset has ", data->num_features(), " features per example, the job's model ",
+        config.input_features()));
+  if (limit > 0 && static_cast<int64_t>(limit) < data->num_examples())
+    return data->Subset(0, limit);
+  return data;
+}
+
+}  // namespace
+
+absl::Status LoadJobData(const v1::JobConfig& config, Dataset* train,
+                         Dataset* test) {
+  absl::StatusOr<Dataset> tr =
+      LoadSplit(config, DatasetSplit::kTrain, config.dataset().train_limit());
+  if (!tr.ok()) return tr.status();
+  absl::StatusOr<Dataset> te =
+      LoadSplit(config, DatasetSplit::kTest, config.dataset().test_limit());
+  if (!te.ok()) return te.status();
+  *train = std::move(*tr);
+  *test = std::move(*te);
+  return absl::OkStatus();
+}
+
 Trainer::Trainer(v1::Coordinator::Stub* coordinator,
                  const v1::RegisterWorkerResponse& registration,
-                 Backend* backend, Dataset train, Dataset test,
-                 TrainerOptions options)
+                 Backend* backend, TrainerOptions options)
     : coordinator_(coordinator),
       config_(registration.config()),
       rank_(registration.rank()),
       incarnation_(registration.incarnation()),
       backend_(backend),
-      train_(std::move(train)),
-      test_(std::move(test)),
       options_(std::move(options)),
       model_(backend, LayerWidths(config_), static_cast<int>(config_.batch_size())),
       params_(config_, registration.shard_map(), rank_, incarnation_) {
@@ -117,6 +145,8 @@ void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
 }
 
 absl::Status Trainer::Run() {
+  absl::Status loaded = LoadJobData(config_, &train_, &test_);
+  if (!loaded.ok()) return loaded;
   const bool sync = config_.mode() == v1::MODE_SYNC;
   const int64_t batch = config_.batch_size();
   const uint64_t total = TotalSteps(config_, train_.num_examples());

@@ -22,25 +22,30 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
 
 struct TrainerOptions {
   std::string curve_csv;  // training curve, one row per report; "" = none
 };
 
+// Loads the job's training and test splits (with the config's limits) and
+// checks that they fit the model.
+absl::Status LoadJobData(const v1::JobConfig& config, Dataset* train,
+                         Dataset* test);
+
 // Runs in the calling thread; a heartbeat thread runs beside it.
 class Trainer {
  public:
-  // `registration` is the coordinator's answer (validated by the caller);
-  // the datasets must match the config's input and class counts.
-  // *coordinator and *backend must outlive the trainer.
+  // `registration` is the coordinator's answer (validated by the caller).
+  // Heartbeats start at once, so a worker that is still loading its data is
+  // not taken for dead. *coordinator and *backend must outlive the trainer.
   Trainer(v1::Coordinator::Stub* coordinator,
           const v1::RegisterWorkerResponse& registration, Backend* backend,
-          Dataset train, Dataset test, TrainerOptions options);
+          TrainerOptions options);
   ~Trainer();
 
-  // Trains to the last step, runs the final evaluation (rank 0) and reports
-  // WorkerDone. Returns early with OK if the job is stopped, or on SIGTERM.
+  // Loads the data (LoadJobData), trains to the last step, runs the final
+  // evaluation (rank 0) and reports WorkerDone. Returns early with OK if the
+  // job is stopped, or on SIGTERM.
   absl::Status Run();
 
  private:

@@ -6,7 +6,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
-#include "data/dataset.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
@@ -24,7 +23,6 @@ ABSL_FLAG(int, register_timeout_s, 120,
 namespace grps {
 namespace {
 
-namespace v1 = ::grps::v1;
 
 absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
                                                     const std::string& backend) {
@@ -53,20 +51,6 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-}
-
-absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit split,
-                                  uint64_t limit) {
-  absl::StatusOr<Dataset> data = LoadIdxDirectory(
-      config.dataset().path(), split, static_cast<int32_t>(config.num_classes()));
-  if (!data.ok()) return data.status();
-  if (data->num_features() != config.input_features())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset has ", data->num_features(), " features per example, the job's model ",
-        config.input_features()));
-  if (limit > 0 && static_cast<int64_t>(limit) < data->num_examples())
-    return data->Subset(0, limit);
-  return data;
 }
 
 int Main(int argc, char** argv) {
@@ -108,20 +92,9 @@ int Main(int argc, char** argv) {
   spdlog::info("registered as rank {} (incarnation {}) of job {}", reg->rank(),
                reg->incarnation(), reg->config().job_id());
 
-  const v1::JobConfig& config = reg->config();
-  absl::StatusOr<Dataset> train =
-      LoadSplit(config, DatasetSplit::kTrain, config.dataset().train_limit());
-  absl::StatusOr<Dataset> test =
-      LoadSplit(config, DatasetSplit::kTest, config.dataset().test_limit());
-  if (!train.ok() || !test.ok()) {
-    spdlog::error("dataset: {}", std::string((!train.ok() ? train : test).status().message()));
-    return 1;
-  }
-
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
-  Trainer trainer(stub.get(), *reg, backend->get(), std::move(*train),
-                  std::move(*test), options);
+  Trainer trainer(stub.get(), *reg, backend->get(), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
     spdlog::error("training failed: {}", std::string(s.message()));

@@ -1,0 +1,205 @@
+// The grps-coordinator process: its exit codes, its port file, and how it
+// lingers after the job ends until the servers have heard.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/daemon.h"
+#include "gtest/gtest.h"
+#include "proto/grps.grpc.pb.h"
+
+extern char** environ;
+
+namespace grps {
+namespace {
+
+
+// $COORDINATOR_BINARY if set; else the path CMake bakes in; else the
+// binary in Bazel's runfiles (a test runs in the workspace's runfiles root).
+std::string CoordinatorBinary() {
+  if (const char* path = std::getenv("COORDINATOR_BINARY")) return path;
+#ifdef GRPS_COORDINATOR_BINARY
+  return GRPS_COORDINATOR_BINARY;
+#else
+  return "coordinator/grps-coordinator";
+#endif
+}
+
+// A grps-coordinator child process; killed if the test leaves it running.
+class CoordinatorProcess {
+ public:
+  explicit CoordinatorProcess(std::vector<std::string> flags) {
+    static int counter = 0;
+    port_file_ = absl::StrCat(::testing::TempDir(), "/coordinator-", getpid(), "-",
+                              ++counter, ".port");
+    std::remove(port_file_.c_str());
+    std::vector<std::string> args = {CoordinatorBinary(),
+                                     "--port_file=" + port_file_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0)
+      pid_ = -1;
+  }
+  ~CoordinatorProcess() {
+    if (pid_ > 0 && !exit_code_.has_value()) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::remove(port_file_.c_str());
+  }
+
+  bool started() const { return pid_ > 0; }
+
+  // The port from the port file, once the process has written it.
+  std::optional<int> WaitForPort(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      std::ifstream in(port_file_);
+      int port = 0;
+      if (in >> port && port > 0) return port;
+      if (ExitCode(absl::ZeroDuration()).has_value()) return std::nullopt;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return std::nullopt;
+  }
+
+  // The exit code if the process ends within `timeout` (-1 for a signal).
+  std::optional<int> ExitCode(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!exit_code_.has_value()) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_)
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      else if (absl::Now() >= deadline)
+        break;
+      else
+        absl::SleepFor(absl::Milliseconds(20));
+    }
+    return exit_code_;
+  }
+
+  void Signal(int sig) { kill(pid_, sig); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string port_file_;
+  std::optional<int> exit_code_;
+};
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return context;
+}
+
+TEST(CoordinatorProcess, InvalidJobExitsTwo) {
+  CoordinatorProcess p({"--mode=bsp"});
+  ASSERT_TRUE(p.started());
+  EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 2);
+  CoordinatorProcess q({"--workers=0"});
+  EXPECT_EQ(q.ExitCode(absl::Seconds(20)), 2);
+}
+
+TEST(CoordinatorProcess, CompletedJobExitsZeroOnceTheServerHeard) {
+  CoordinatorProcess p({"--job_id=proc-job", "--servers=1", "--workers=1",
+                        "--heartbeat_ms=100", "--linger_ms=20000"});
+  ASSERT_TRUE(p.started());
+  std::optional<int> port = p.WaitForPort(absl::Seconds(20));
+  ASSERT_TRUE(port.has_value());
+  auto stub = v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
+
+  v1::RegisterServerRequest server;
+  server.set_address("127.0.0.1:7000");
+  server.set_requested_shard(-1);
+  v1::RegisterServerResponse server_reg;
+  ASSERT_TRUE(stub->RegisterServer(Context().get(), server, &server_reg).ok());
+  v1::RegisterWorkerRequest worker;
+  worker.set_requested_rank(-1);
+  v1::RegisterWorkerResponse worker_reg;
+  ASSERT_TRUE(stub->RegisterWorker(Context().get(), worker, &worker_reg).ok());
+  EXPECT_EQ(worker_reg.config().job_id(), "proc-job");
+
+  v1::WorkerDoneRequest done;
+  done.set_job_id("proc-job");
+  done.set_worker_rank(worker_reg.rank());
+  done.set_incarnation(worker_reg.incarnation());
+  v1::WorkerDoneResponse done_reply;
+  ASSERT_TRUE(stub->WorkerDone(Context().get(), done, &done_reply).ok());
+
+  // The job is over, but the live server has not heard yet: still serving.
+  EXPECT_FALSE(p.ExitCode(absl::Milliseconds(500)).has_value());
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("proc-job");
+  beat.set_server_shard(server_reg.shard());
+  beat.set_incarnation(server_reg.incarnation());
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
+}
+
+// Starts a coordinator with one shard, registers a server for it and
+// returns its registration.
+v1::RegisterServerResponse StartWithServer(CoordinatorProcess* p,
+                                           std::unique_ptr<v1::Coordinator::Stub>* stub) {
+  v1::RegisterServerResponse reg;
+  std::optional<int> port = p->WaitForPort(absl::Seconds(20));
+  EXPECT_TRUE(port.has_value());
+  if (!port.has_value()) return reg;
+  *stub = v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
+  v1::RegisterServerRequest server;
+  server.set_address("127.0.0.1:7000");
+  server.set_requested_shard(-1);
+  grpc::Status st = (*stub)->RegisterServer(Context().get(), server, &reg);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return reg;
+}
+
+TEST(CoordinatorProcess, SigtermStopsTheJobAndExitsZero) {
+  CoordinatorProcess p({"--servers=1", "--workers=1", "--linger_ms=20000"});
+  ASSERT_TRUE(p.started());
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+  v1::RegisterServerResponse reg = StartWithServer(&p, &stub);
+  ASSERT_NE(stub, nullptr);
+
+  p.Signal(SIGTERM);
+  v1::HeartbeatRequest beat;
+  beat.set_job_id(reg.config().job_id());
+  beat.set_server_shard(reg.shard());
+  beat.set_incarnation(reg.incarnation());
+  v1::HeartbeatResponse reply;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline && reply.job_state() != v1::JOB_STATE_STOPPED) {
+    ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  // Heard by its only live member, it need not linger 20 s.
+  EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
+}
+
+TEST(CoordinatorProcess, ExitsZeroAfterLingeringForAServerThatNeverHears) {
+  CoordinatorProcess p({"--servers=1", "--workers=1", "--linger_ms=300"});
+  ASSERT_TRUE(p.started());
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+  StartWithServer(&p, &stub);
+  p.Signal(SIGINT);
+  EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
+}
+
+}  // namespace
+}  // namespace grps

@@ -1,0 +1,572 @@
+// CoordinatorService over real gRPC on 127.0.0.1 with real stubs. Liveness
+// runs on a fake clock, so no test waits for a heartbeat timeout.
+#include "coordinator/coordinator_service.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/daemon.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAre;
+
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'700'000'000);
+};
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  ~CoordinatorServiceTest() override {
+    if (service_ != nullptr) service_->Shutdown();
+    if (server_.server != nullptr) server_.server->Shutdown();
+  }
+
+  void StartJob(uint32_t servers, uint32_t workers) {
+    config_ = DefaultJobConfig();
+    config_.set_job_id("test-job");
+    config_.set_num_servers(servers);
+    config_.set_num_workers(workers);
+    config_.set_heartbeat_interval_ms(100);
+    config_.set_heartbeat_timeout_ms(1000);
+    ASSERT_TRUE(ValidateJobConfig(config_).ok());
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    service_ = std::make_unique<CoordinatorService>(
+        config_, *map, [this] { return clock_.Now(); });
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::Coordinator::NewStub(
+        MakeChannel(WithPort("127.0.0.1:0", server_.port)));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context(
+      absl::Duration timeout = absl::Seconds(10)) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return context;
+  }
+
+  grpc::Status RegisterServer(int32_t shard, const std::string& address,
+                              v1::RegisterServerResponse* response,
+                              const std::string& job_id = "test-job") {
+    v1::RegisterServerRequest request;
+    request.set_job_id(job_id);
+    request.set_address(address);
+    request.set_requested_shard(shard);
+    return stub_->RegisterServer(Context().get(), request, response);
+  }
+
+  // Registers servers for every shard at 127.0.0.1:7000 + shard.
+  std::vector<v1::RegisterServerResponse> RegisterAllServers() {
+    std::vector<v1::RegisterServerResponse> out(config_.num_servers());
+    for (uint32_t s = 0; s < config_.num_servers(); ++s) {
+      grpc::Status st = RegisterServer(-1, absl::StrCat("127.0.0.1:", 7000 + s), &out[s]);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+    }
+    return out;
+  }
+
+  grpc::Status RegisterWorker(int32_t rank, v1::RegisterWorkerResponse* response,
+                              absl::Duration timeout = absl::Seconds(10)) {
+    v1::RegisterWorkerRequest request;
+    request.set_job_id("test-job");
+    request.set_host("worker-host");
+    request.set_backend("cpu");
+    request.set_requested_rank(rank);
+    return stub_->RegisterWorker(Context(timeout).get(), request, response);
+  }
+
+  std::vector<v1::RegisterWorkerResponse> RegisterAllWorkers() {
+    std::vector<v1::RegisterWorkerResponse> out(config_.num_workers());
+    for (uint32_t r = 0; r < config_.num_workers(); ++r) {
+      grpc::Status st = RegisterWorker(-1, &out[r]);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+    }
+    return out;
+  }
+
+  grpc::Status WorkerBeat(uint32_t rank, uint64_t incarnation,
+                          const v1::WorkerProgress& progress,
+                          v1::HeartbeatResponse* response,
+                          uint64_t map_epoch = ~0ull) {
+    v1::HeartbeatRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    *request.mutable_progress() = progress;
+    request.set_shard_map_epoch(map_epoch);
+    return stub_->Heartbeat(Context().get(), request, response);
+  }
+
+  grpc::Status ServerBeat(uint32_t shard, uint64_t incarnation,
+                          v1::HeartbeatResponse* response,
+                          const v1::ShardStatus& status = v1::ShardStatus()) {
+    v1::HeartbeatRequest request;
+    request.set_job_id("test-job");
+    request.set_server_shard(shard);
+    request.set_incarnation(incarnation);
+    *request.mutable_shard() = status;
+    request.set_shard_map_epoch(~0ull);
+    return stub_->Heartbeat(Context().get(), request, response);
+  }
+
+  grpc::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step,
+                    bool final_eval = false) {
+    v1::WorkerDoneRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    request.mutable_progress()->set_step(step);
+    if (final_eval) {
+      request.set_has_final_eval(true);
+      request.set_final_test_accuracy(0.87f);
+      request.set_final_test_loss(0.36f);
+    }
+    v1::WorkerDoneResponse response;
+    return stub_->WorkerDone(Context().get(), request, &response);
+  }
+
+  v1::JobStatus Status() {
+    v1::JobStatus status;
+    grpc::Status st = stub_->GetJobStatus(Context().get(), v1::GetJobStatusRequest(),
+                                          &status);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return status;
+  }
+
+  FakeClock clock_;
+  v1::JobConfig config_;
+  std::unique_ptr<CoordinatorService> service_;
+  GrpcServer server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorServiceTest, ServersAndWorkersGetSlotsInRegistrationOrder) {
+  StartJob(2, 2);
+  v1::RegisterServerResponse s1, s0;
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7001", &s1).ok());
+  ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s0, /*job_id=*/"").ok());
+  EXPECT_EQ(s1.shard(), 1u);
+  EXPECT_EQ(s0.shard(), 0u);
+  EXPECT_NE(s0.incarnation(), s1.incarnation());
+  EXPECT_EQ(s0.config().job_id(), "test-job");
+  EXPECT_EQ(s0.shard_map().shards(1).address(), "127.0.0.1:7001");
+
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_EQ(w[0].rank(), 0u);
+  EXPECT_EQ(w[1].rank(), 1u);
+  EXPECT_EQ(w[1].config().num_workers(), 2u);
+  const v1::ShardMap& map = w[0].shard_map();
+  EXPECT_TRUE(ValidateShardMap(map).ok());
+  ASSERT_EQ(map.shards_size(), 2);
+  EXPECT_EQ(map.shards(0).address(), "127.0.0.1:7000");
+  EXPECT_EQ(map.shards(0).incarnation(), s0.incarnation());
+  EXPECT_EQ(map.shards(1).address(), "127.0.0.1:7001");
+
+  v1::ShardMap fetched;
+  ASSERT_TRUE(stub_->GetShardMap(Context().get(), v1::GetShardMapRequest(), &fetched).ok());
+  EXPECT_EQ(fetched.SerializeAsString(), map.SerializeAsString());
+
+  v1::RegisterWorkerResponse extra;
+  EXPECT_EQ(RegisterWorker(-1, &extra).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(CoordinatorServiceTest, RegisterWorkerBlocksUntilEveryShardRegisters) {
+  StartJob(2, 1);
+  std::atomic<bool> returned{false};
+  v1::RegisterWorkerResponse response;
+  grpc::Status status;
+  std::thread worker([&] {
+    status = RegisterWorker(-1, &response);
+    returned = true;
+  });
+  v1::RegisterServerResponse s0, s1;
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(returned);
+  ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s0).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(returned) << "returned with shard 1 still missing";
+  ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7001", &s1).ok());
+  worker.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.rank(), 0u);
+  EXPECT_EQ(response.shard_map().shards(1).address(), "127.0.0.1:7001");
+}
+
+TEST_F(CoordinatorServiceTest, RegisterWorkerGivesUpAtTheDeadlineHoldingNoRank) {
+  StartJob(2, 1);
+  v1::RegisterWorkerResponse response;
+  const absl::Time start = absl::Now();
+  grpc::Status st = RegisterWorker(-1, &response, absl::Milliseconds(300));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The worker that gave up holds no rank; the next one gets rank 0.
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_UNSPECIFIED);
+  RegisterAllServers();
+  ASSERT_TRUE(RegisterWorker(-1, &response).ok());
+  EXPECT_EQ(response.rank(), 0u);
+}
+
+TEST_F(CoordinatorServiceTest, ShutdownReleasesAWaitingRegistration) {
+  StartJob(1, 1);
+  grpc::Status status;
+  std::thread worker([&] {
+    v1::RegisterWorkerResponse response;
+    status = RegisterWorker(-1, &response, absl::Seconds(30));
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  service_->Shutdown();
+  worker.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(CoordinatorServiceTest, RequestsForAnotherJobAreRejected) {
+  StartJob(1, 1);
+  v1::RegisterServerResponse s;
+  grpc::Status st = RegisterServer(-1, "127.0.0.1:7000", &s, "other-job");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("test-job"));
+  ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s).ok());
+
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("other-job");
+  beat.set_server_shard(0);
+  beat.set_incarnation(s.incarnation());
+  v1::HeartbeatResponse reply;
+  EXPECT_EQ(stub_->Heartbeat(Context().get(), beat, &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  beat.set_job_id("");  // only registration may leave the job id out
+  EXPECT_EQ(stub_->Heartbeat(Context().get(), beat, &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  v1::WorkerDoneRequest done;
+  done.set_job_id("other-job");
+  v1::WorkerDoneResponse done_reply;
+  EXPECT_EQ(stub_->WorkerDone(Context().get(), done, &done_reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorServiceTest, MalformedHeartbeatsGetClearErrors) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("test-job");
+  v1::HeartbeatResponse reply;
+  EXPECT_EQ(stub_->Heartbeat(Context().get(), beat, &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(WorkerBeat(0, 1, v1::WorkerProgress(), &reply).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(ServerBeat(3, 1, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::RegisterServerResponse bad;
+  EXPECT_EQ(RegisterServer(-1, "no-port", &bad).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(CoordinatorServiceTest, HeartbeatsReportStateLiveWorkersAndNewerMaps) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w(2);
+  ASSERT_TRUE(RegisterWorker(-1, &w[0]).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(Status().message(), "waiting for worker 1 to register");
+  ASSERT_TRUE(RegisterWorker(-1, &w[1]).ok());
+
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, 0).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u));
+  EXPECT_THAT(reply.live_worker_incarnations(),
+              ElementsAre(w[0].incarnation(), w[1].incarnation()));
+  EXPECT_EQ(reply.membership_epoch(), Status().membership_epoch());
+  // The member knew map epoch 0: it gets the current map.
+  EXPECT_EQ(reply.shard_map().shards(1).address(), "127.0.0.1:7001");
+  const uint64_t map_epoch = reply.shard_map().epoch();
+  ASSERT_TRUE(
+      WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
+  EXPECT_FALSE(reply.has_shard_map());
+
+  // A server restarting elsewhere changes the map; members learn it.
+  v1::RegisterServerResponse moved;
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7101", &moved).ok());
+  ASSERT_TRUE(
+      WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
+  ASSERT_TRUE(reply.has_shard_map());
+  EXPECT_GT(reply.shard_map().epoch(), map_epoch);
+  EXPECT_EQ(reply.shard_map().shards(1).address(), "127.0.0.1:7101");
+  EXPECT_EQ(ServerBeat(1, s[1].incarnation(), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorServiceTest, HeartbeatsUpdateTheJobStatus) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(700));
+  v1::HeartbeatResponse reply;
+  v1::WorkerProgress p;
+  p.set_step(12);
+  p.set_total_steps(300);
+  p.set_loss(0.9f);
+  p.set_samples_per_sec(640);
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), p, &reply).ok());
+  v1::ShardStatus shard;
+  shard.set_version(11);
+  shard.set_num_chunks(5);
+  shard.set_bytes_in(1234);
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, shard).ok());
+  shard.set_version(12);
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply, shard).ok());
+  clock_.Advance(absl::Milliseconds(300));
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.job_id(), "test-job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.mode(), v1::MODE_SYNC);
+  EXPECT_EQ(status.config().num_servers(), 2u);
+  ASSERT_EQ(status.workers_size(), 2);
+  EXPECT_EQ(status.workers(1).progress().step(), 12u);
+  EXPECT_EQ(status.workers(1).last_heartbeat_ms_ago(), 300u);
+  EXPECT_EQ(status.workers(0).last_heartbeat_ms_ago(), 1000u);
+  EXPECT_EQ(status.workers(1).host(), "worker-host");
+  ASSERT_EQ(status.shards_size(), 2);
+  EXPECT_EQ(status.shards(0).bytes_in(), 1234u);
+  EXPECT_EQ(status.shards(0).address(), "127.0.0.1:7000");
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.global_step(), 11u);
+  EXPECT_EQ(status.total_steps(), 300u);
+  EXPECT_FLOAT_EQ(status.samples_per_sec(), 640);
+  EXPECT_DOUBLE_EQ(status.elapsed_seconds(), 1.0);
+}
+
+TEST_F(CoordinatorServiceTest, SilentWorkerIsDeclaredDeadAndLeavesTheLiveSet) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  const uint64_t epoch = reply.membership_epoch();
+
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(600));  // worker 1 silent for 1.2 s > 1 s
+  service_->DetectFailures();
+
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u));
+  EXPECT_THAT(reply.live_worker_incarnations(), ElementsAre(w[0].incarnation()));
+  EXPECT_GT(reply.membership_epoch(), epoch);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_DEAD);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.membership_epoch(), reply.membership_epoch());
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorServiceTest, ReturningWorkerGetsANewIncarnation) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Seconds(2));
+  service_->DetectFailures();  // both dead
+
+  v1::RegisterWorkerResponse again;
+  ASSERT_TRUE(RegisterWorker(1, &again).ok());
+  EXPECT_EQ(again.rank(), 1u);
+  EXPECT_GT(again.incarnation(), w[1].incarnation());
+  v1::HeartbeatResponse reply;
+  EXPECT_EQ(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(WorkerBeat(1, again.incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  EXPECT_THAT(reply.live_worker_incarnations(), ElementsAre(again.incarnation()));
+  EXPECT_EQ(Status().workers(1).incarnation(), again.incarnation());
+}
+
+TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
+  EXPECT_FLOAT_EQ(status.final_test_loss(), 0.36f);
+  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
+  EXPECT_TRUE(service_->WaitForEnd(absl::ZeroDuration()));
+
+  // The coordinator may exit once every live server has been told.
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_TRUE(reply.live_workers().empty());
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
+
+  v1::RegisterWorkerResponse late;
+  EXPECT_EQ(RegisterWorker(-1, &late).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorServiceTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  service_->DetectFailures();  // worker 1 dead
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
+}
+
+TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
+  StartJob(1, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  v1::StopJobRequest stop;
+  stop.set_reason("operator test");
+  v1::StopJobResponse stopped;
+  ASSERT_TRUE(stub_->StopJob(Context().get(), stop, &stopped).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_STOPPED);
+  EXPECT_EQ(status.message(), "operator test");
+
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
+  v1::RegisterWorkerResponse w;
+  EXPECT_EQ(RegisterWorker(-1, &w).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(stub_->StopJob(Context().get(), stop, &stopped).ok());  // idempotent
+}
+
+TEST_F(CoordinatorServiceTest, StopJobCannotStopACompletedJob) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  v1::StopJobResponse stopped;
+  EXPECT_EQ(stub_->StopJob(Context().get(), v1::StopJobRequest(), &stopped).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_COMPLETED);
+}
+
+TEST_F(CoordinatorServiceTest, WatchStreamsSnapshotsUntilTheJobCompletes) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  v1::WatchJobStatusRequest request;
+  request.set_interval_ms(20);
+  std::unique_ptr<grpc::ClientReader<v1::JobStatus>> reader =
+      stub_->WatchJobStatus(&context, request);
+  v1::JobStatus snapshot;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(reader->Read(&snapshot));
+    EXPECT_EQ(snapshot.state(), v1::JOB_STATE_RUNNING);
+  }
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  std::vector<v1::JobState> rest;
+  while (reader->Read(&snapshot)) rest.push_back(snapshot.state());
+  grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back(), v1::JOB_STATE_COMPLETED);
+}
+
+TEST_F(CoordinatorServiceTest, WatchEndsWhenTheClientCancels) {
+  StartJob(1, 1);
+  grpc::ClientContext context;
+  v1::WatchJobStatusRequest request;
+  request.set_interval_ms(60'000);
+  std::unique_ptr<grpc::ClientReader<v1::JobStatus>> reader =
+      stub_->WatchJobStatus(&context, request);
+  v1::JobStatus snapshot;
+  ASSERT_TRUE(reader->Read(&snapshot));
+  EXPECT_EQ(snapshot.state(), v1::JOB_STATE_WAITING);
+  context.TryCancel();
+  while (reader->Read(&snapshot)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // grpc::Server::Shutdown() waits for every handler: the watch must have
+  // noticed the cancellation rather than sleep out its minute.
+  const absl::Time start = absl::Now();
+  server_.server->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinatorServiceTest, StatusFlagsStragglersAndAggregatesLiveWorkers) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_FLOAT_EQ(Status().test_accuracy(), -1);
+
+  const uint64_t steps[] = {100, 95, 50};
+  const float losses[] = {0.3f, 0.4f, 0.8f};
+  v1::HeartbeatResponse reply;
+  for (uint32_t r = 0; r < 3; ++r) {
+    v1::WorkerProgress p;
+    p.set_step(steps[r]);
+    p.set_total_steps(1000);
+    p.set_loss(losses[r]);
+    p.set_samples_per_sec(100);
+    p.set_test_accuracy(-1);
+    if (r == 1) {
+      p.set_test_accuracy(0.7f);
+      p.set_test_loss(0.9f);
+    }
+    ASSERT_TRUE(WorkerBeat(r, w[r].incarnation(), p, &reply).ok());
+  }
+  v1::JobStatus status = Status();
+  EXPECT_FALSE(status.workers(0).straggler());
+  EXPECT_FALSE(status.workers(1).straggler());
+  EXPECT_TRUE(status.workers(2).straggler());
+  EXPECT_FLOAT_EQ(status.samples_per_sec(), 300);
+  EXPECT_FLOAT_EQ(status.loss(), 0.5f);
+  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.7f);
+  EXPECT_FLOAT_EQ(status.test_loss(), 0.9f);
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_EQ(status.global_step(), 100u);  // no shard has reported a version
+  EXPECT_EQ(status.total_steps(), 1000u);
+}
+
+}  // namespace
+}  // namespace grps

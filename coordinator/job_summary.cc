@@ -1,0 +1,72 @@
+#include "coordinator/job_summary.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace grps {
+
+namespace {
+
+bool Alive(v1::MemberState state) { return state == v1::MEMBER_STATE_ALIVE; }
+
+}  // namespace
+
+double MedianStep(std::vector<uint64_t> steps) {
+  if (steps.empty()) return 0;
+  std::sort(steps.begin(), steps.end());
+  const size_t n = steps.size();
+  if (n % 2 == 1) return static_cast<double>(steps[n / 2]);
+  return (static_cast<double>(steps[n / 2 - 1]) +
+          static_cast<double>(steps[n / 2])) / 2;
+}
+
+bool IsStraggler(uint64_t step, double median_step) {
+  const double allowed = std::max(3.0, 0.1 * median_step);
+  return median_step - static_cast<double>(step) > allowed;
+}
+
+void SummarizeJobStatus(v1::JobStatus* status) {
+  std::vector<uint64_t> live_steps;
+  uint64_t max_step = 0;
+  uint64_t total_steps = 0;
+  double samples_per_sec = 0;
+  double live_loss = 0, any_loss = 0;
+  int live_reports = 0, any_reports = 0;
+  for (const v1::WorkerStatus& w : status->workers()) {
+    const bool alive = Alive(w.state());
+    if (alive) live_steps.push_back(w.progress().step());
+    if (!w.has_progress()) continue;
+    const v1::WorkerProgress& p = w.progress();
+    max_step = std::max(max_step, p.step());
+    total_steps = std::max(total_steps, p.total_steps());
+    any_loss += p.loss();
+    ++any_reports;
+    if (alive) {
+      samples_per_sec += p.samples_per_sec();
+      live_loss += p.loss();
+      ++live_reports;
+    }
+  }
+
+  uint64_t min_version = std::numeric_limits<uint64_t>::max();
+  for (const v1::ShardStatus& s : status->shards())
+    if (Alive(s.state()) && s.num_chunks() > 0)
+      min_version = std::min(min_version, s.version());
+  status->set_global_step(min_version != std::numeric_limits<uint64_t>::max()
+                              ? min_version
+                              : max_step);
+  status->set_total_steps(total_steps);
+  status->set_samples_per_sec(static_cast<float>(samples_per_sec));
+  if (live_reports > 0)
+    status->set_loss(static_cast<float>(live_loss / live_reports));
+  else if (any_reports > 0)
+    status->set_loss(static_cast<float>(any_loss / any_reports));
+  else
+    status->set_loss(0);
+
+  const double median = MedianStep(live_steps);
+  for (v1::WorkerStatus& w : *status->mutable_workers())
+    w.set_straggler(Alive(w.state()) && IsStraggler(w.progress().step(), median));
+}
+
+}  // namespace grps

@@ -1,0 +1,106 @@
+#include "coordinator/job_summary.h"
+
+#include "gtest/gtest.h"
+
+namespace grps {
+namespace {
+
+v1::WorkerStatus* AddWorker(v1::JobStatus* status, v1::MemberState state,
+                            uint64_t step) {
+  v1::WorkerStatus* w = status->add_workers();
+  w->set_rank(status->workers_size() - 1);
+  w->set_state(state);
+  w->mutable_progress()->set_step(step);
+  return w;
+}
+
+v1::ShardStatus* AddShard(v1::JobStatus* status, v1::MemberState state,
+                          uint64_t version, uint64_t chunks) {
+  v1::ShardStatus* s = status->add_shards();
+  s->set_shard(status->shards_size() - 1);
+  s->set_state(state);
+  s->set_version(version);
+  s->set_num_chunks(chunks);
+  return s;
+}
+
+TEST(JobSummary, MedianAveragesTheMiddlePairOfAnEvenCount) {
+  EXPECT_EQ(MedianStep({}), 0);
+  EXPECT_EQ(MedianStep({7}), 7);
+  EXPECT_EQ(MedianStep({30, 10, 20}), 20);
+  EXPECT_EQ(MedianStep({10, 100}), 55);
+}
+
+TEST(JobSummary, StragglerIsMoreThanThreeStepsOrTenPercentBehindTheMedian) {
+  EXPECT_FALSE(IsStraggler(7, 10));   // 3 behind: allowed
+  EXPECT_TRUE(IsStraggler(6, 10));    // 4 behind
+  EXPECT_FALSE(IsStraggler(90, 100)); // 10 behind, 10% allowed
+  EXPECT_TRUE(IsStraggler(89, 100));
+  EXPECT_FALSE(IsStraggler(120, 100));  // ahead is never straggling
+}
+
+TEST(JobSummary, FlagsOnlyLiveWorkersFarBehindTheLiveMedian) {
+  v1::JobStatus status;
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 100);
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 95);
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 50);
+  AddWorker(&status, v1::MEMBER_STATE_DEAD, 3);      // not counted, not flagged
+  AddWorker(&status, v1::MEMBER_STATE_FINISHED, 0);  // likewise
+  SummarizeJobStatus(&status);
+  EXPECT_FALSE(status.workers(0).straggler());
+  EXPECT_FALSE(status.workers(1).straggler());
+  EXPECT_TRUE(status.workers(2).straggler());
+  EXPECT_FALSE(status.workers(3).straggler());
+  EXPECT_FALSE(status.workers(4).straggler());
+}
+
+TEST(JobSummary, GlobalStepIsTheLowestVersionOfLiveShardsHoldingChunks) {
+  v1::JobStatus status;
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 40);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 12, 4);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 11, 4);
+  AddShard(&status, v1::MEMBER_STATE_DEAD, 2, 4);    // dead: ignored
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 0, 0);   // holds nothing: ignored
+  SummarizeJobStatus(&status);
+  EXPECT_EQ(status.global_step(), 11u);
+}
+
+TEST(JobSummary, GlobalStepFallsBackToTheFurthestWorkerBeforeShardsReport) {
+  v1::JobStatus status;
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 40);
+  AddWorker(&status, v1::MEMBER_STATE_DEAD, 55);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 0, 0);  // no status reported yet
+  SummarizeJobStatus(&status);
+  EXPECT_EQ(status.global_step(), 55u);
+}
+
+TEST(JobSummary, RatesSumAndLossAveragesOverLiveWorkers) {
+  v1::JobStatus status;
+  v1::WorkerStatus* a = AddWorker(&status, v1::MEMBER_STATE_ALIVE, 10);
+  a->mutable_progress()->set_samples_per_sec(100);
+  a->mutable_progress()->set_loss(1.0f);
+  a->mutable_progress()->set_total_steps(500);
+  v1::WorkerStatus* b = AddWorker(&status, v1::MEMBER_STATE_ALIVE, 10);
+  b->mutable_progress()->set_samples_per_sec(50);
+  b->mutable_progress()->set_loss(0.5f);
+  b->mutable_progress()->set_total_steps(600);
+  v1::WorkerStatus* dead = AddWorker(&status, v1::MEMBER_STATE_DEAD, 10);
+  dead->mutable_progress()->set_samples_per_sec(1000);
+  dead->mutable_progress()->set_loss(9.0f);
+  SummarizeJobStatus(&status);
+  EXPECT_FLOAT_EQ(status.samples_per_sec(), 150);
+  EXPECT_FLOAT_EQ(status.loss(), 0.75f);
+  EXPECT_EQ(status.total_steps(), 600u);
+}
+
+TEST(JobSummary, FinishedJobKeepsTheLastReportedLoss) {
+  v1::JobStatus status;
+  AddWorker(&status, v1::MEMBER_STATE_FINISHED, 10)->mutable_progress()->set_loss(0.2f);
+  AddWorker(&status, v1::MEMBER_STATE_FINISHED, 10)->mutable_progress()->set_loss(0.4f);
+  SummarizeJobStatus(&status);
+  EXPECT_FLOAT_EQ(status.loss(), 0.3f);
+  EXPECT_FLOAT_EQ(status.samples_per_sec(), 0);
+}
+
+}  // namespace
+}  // namespace grps

@@ -1,0 +1,392 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace grps {
+
+namespace {
+
+// Longest address, host or backend name accepted from the network.
+constexpr size_t kMaxNameBytes = 256;
+// Longest staleness histogram accepted in a server's status.
+constexpr int kMaxHistogramBuckets = 4096;
+
+// Names from the network end up in logs and status tables: printable ASCII
+// only (spaces allowed where `allow_space`).
+bool Printable(absl::string_view text, bool allow_space) {
+  for (char c : text)
+    if (c < (allow_space ? 0x20 : 0x21) || c > 0x7e) return false;
+  return true;
+}
+
+absl::Status ValidateAddress(absl::string_view address) {
+  if (address.empty() || address.size() > kMaxNameBytes)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server address must be host:port of at most ", kMaxNameBytes,
+        " bytes, got '", absl::CHexEscape(address.substr(0, 64)), "'"));
+  size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (!Printable(address, /*allow_space=*/false) ||
+      colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port == 0 ||
+      port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server address must be host:port (printable, no spaces) with a "
+        "port in [1, 65535], got '",
+        absl::CHexEscape(address.substr(0, 64)), "'"));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateProgress(const v1::WorkerProgress& p) {
+  if (!std::isfinite(p.samples_per_sec()) || p.samples_per_sec() < 0)
+    return absl::InvalidArgumentError(
+        "progress.samples_per_sec must be a finite number >= 0");
+  if (!std::isfinite(p.test_accuracy()) || p.test_accuracy() < -1 ||
+      p.test_accuracy() > 1)
+    return absl::InvalidArgumentError(
+        "progress.test_accuracy must be in [0, 1], or -1 for none");
+  return absl::OkStatus();
+}
+
+// A progress message carries an evaluation when test_accuracy is not -1.
+// An all-zero pair is an unset field, not an evaluation (a real evaluation
+// has a positive loss or a positive accuracy).
+std::optional<Membership::Evaluation> EvaluationIn(const v1::WorkerProgress& p) {
+  if (p.test_accuracy() < 0) return std::nullopt;
+  if (p.test_accuracy() == 0 && p.test_loss() == 0) return std::nullopt;
+  return Membership::Evaluation{p.test_accuracy(), p.test_loss()};
+}
+
+uint64_t MillisSince(absl::Time then, absl::Time now) {
+  if (now <= then) return 0;
+  return static_cast<uint64_t>(absl::ToInt64Milliseconds(now - then));
+}
+
+}  // namespace
+
+Membership::Membership(v1::ShardMap shard_map, uint32_t num_workers,
+                       absl::Duration heartbeat_timeout)
+    : heartbeat_timeout_(heartbeat_timeout),
+      workers_(num_workers),
+      shard_map_(std::move(shard_map)) {
+  servers_.resize(shard_map_.shards_size());
+  shard_map_.clear_shards();
+  for (uint32_t s = 0; s < servers_.size(); ++s)
+    shard_map_.add_shards()->set_shard(s);
+  shard_map_.set_epoch(0);
+}
+
+absl::StatusOr<uint32_t> Membership::PickShard(int32_t requested,
+                                               absl::string_view address) const {
+  const uint32_t n = num_shards();
+  // The shard this address already serves, if any: a restarted server.
+  std::optional<uint32_t> own;
+  for (uint32_t s = 0; s < n; ++s)
+    if (servers_[s].registered && servers_[s].address == address) own = s;
+  if (requested != -1) {
+    if (requested < 0 || static_cast<uint32_t>(requested) >= n)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "requested shard ", requested, " is out of range; the job has ", n,
+          " shards (use -1 for any)"));
+    const uint32_t r = static_cast<uint32_t>(requested);
+    if (own.has_value() && *own != r &&
+        servers_[*own].state == v1::MEMBER_STATE_ALIVE)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "address ", address, " already serves live shard ", *own,
+          "; cannot also serve shard ", r));
+    return r;
+  }
+  if (own.has_value()) return *own;
+  for (uint32_t s = 0; s < n; ++s)
+    if (!servers_[s].registered) return s;
+  for (uint32_t s = 0; s < n; ++s)
+    if (servers_[s].state == v1::MEMBER_STATE_DEAD) return s;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "every one of the job's ", n, " shards has a live server"));
+}
+
+absl::Status Membership::ValidateWorkerRequest(int32_t requested_rank,
+                                               absl::string_view host,
+                                               absl::string_view backend) const {
+  if (requested_rank != -1 &&
+      (requested_rank < 0 || static_cast<uint32_t>(requested_rank) >= num_workers()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requested rank ", requested_rank, " is out of range; the job has ",
+        num_workers(), " workers (use -1 for any)"));
+  if (host.size() > kMaxNameBytes || backend.size() > kMaxNameBytes ||
+      !Printable(host, true) || !Printable(backend, true))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker host and backend must be printable ASCII of at most ",
+        kMaxNameBytes, " bytes"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Membership::PickRank(int32_t requested) const {
+  const uint32_t n = num_workers();
+  if (requested != -1) {
+    const uint32_t r = static_cast<uint32_t>(requested);
+    if (workers_[r].state == v1::MEMBER_STATE_FINISHED)
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", r, " has already finished"));
+    return r;
+  }
+  for (uint32_t r = 0; r < n; ++r)
+    if (!workers_[r].registered) return r;
+  for (uint32_t r = 0; r < n; ++r)
+    if (workers_[r].state == v1::MEMBER_STATE_DEAD) return r;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "every one of the job's ", n, " worker ranks is live or finished"));
+}
+
+uint64_t Membership::NextIncarnation(absl::Time now) {
+  uint64_t from_clock =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now)));
+  last_incarnation_ = std::max(last_incarnation_ + 1, from_clock);
+  return last_incarnation_;
+}
+
+absl::StatusOr<Membership::Registration> Membership::RegisterServer(
+    int32_t requested_shard, absl::string_view address, absl::Time now) {
+  if (absl::Status s = ValidateAddress(address); !s.ok()) return s;
+  absl::StatusOr<uint32_t> shard = PickShard(requested_shard, address);
+  if (!shard.ok()) return shard.status();
+  Server& server = servers_[*shard];
+  Registration reg;
+  reg.slot = *shard;
+  reg.rejoined = server.registered;
+  reg.incarnation = NextIncarnation(now);
+  server.registered = true;
+  server.incarnation = reg.incarnation;
+  server.address = std::string(address);
+  server.state = v1::MEMBER_STATE_ALIVE;
+  server.last_heartbeat = now;
+  server.status.reset();
+  v1::ShardEndpoint* endpoint = shard_map_.mutable_shards(*shard);
+  endpoint->set_address(server.address);
+  endpoint->set_incarnation(reg.incarnation);
+  shard_map_.set_epoch(shard_map_.epoch() + 1);
+  return reg;
+}
+
+absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
+    int32_t requested_rank, absl::string_view host, absl::string_view backend,
+    absl::Time now) {
+  if (absl::Status s = ValidateWorkerRequest(requested_rank, host, backend);
+      !s.ok())
+    return s;
+  absl::StatusOr<uint32_t> rank = PickRank(requested_rank);
+  if (!rank.ok()) return rank.status();
+  Worker& worker = workers_[*rank];
+  Registration reg;
+  reg.slot = *rank;
+  reg.rejoined = worker.registered;
+  reg.incarnation = NextIncarnation(now);
+  worker.registered = true;
+  worker.incarnation = reg.incarnation;
+  worker.host = std::string(host);
+  worker.backend = std::string(backend);
+  worker.state = v1::MEMBER_STATE_ALIVE;
+  worker.last_heartbeat = now;
+  worker.progress.reset();
+  // A new live worker, or a live rank with a new incarnation.
+  ++membership_epoch_;
+  return reg;
+}
+
+absl::Status Membership::ServerHeartbeat(uint32_t shard, uint64_t incarnation,
+                                         const v1::ShardStatus& status,
+                                         absl::Time now, bool* revived) {
+  *revived = false;
+  if (shard >= num_shards() || !servers_[shard].registered)
+    return absl::NotFoundError(
+        absl::StrCat("shard ", shard, " has no registered server; register first"));
+  Server& server = servers_[shard];
+  if (incarnation != server.incarnation)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server of shard ", shard, " has stale incarnation ", incarnation,
+        " (current ", server.incarnation, "); the shard was re-registered"));
+  if (status.staleness_histogram_size() > kMaxHistogramBuckets)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard status has more than ", kMaxHistogramBuckets,
+        " staleness histogram buckets"));
+  if (server.state == v1::MEMBER_STATE_DEAD) {
+    server.state = v1::MEMBER_STATE_ALIVE;
+    *revived = true;
+  }
+  server.last_heartbeat = now;
+  server.status = status;
+  server.status->set_shard(shard);
+  server.status->set_address(server.address);
+  server.status->set_incarnation(server.incarnation);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::CheckWorker(uint32_t rank, uint64_t incarnation) const {
+  if (rank >= num_workers() || !workers_[rank].registered)
+    return absl::NotFoundError(absl::StrCat(
+        "worker rank ", rank, " is not registered; register first"));
+  if (incarnation != workers_[rank].incarnation)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " has stale incarnation ", incarnation,
+        " (current ", workers_[rank].incarnation,
+        "); the rank was re-registered"));
+  return absl::OkStatus();
+}
+
+void Membership::RecordProgress(Worker* worker,
+                                const v1::WorkerProgress& progress) {
+  std::optional<Evaluation> eval = EvaluationIn(progress);
+  std::optional<Evaluation> before =
+      worker->progress.has_value() ? EvaluationIn(*worker->progress) : std::nullopt;
+  // Heartbeats repeat a worker's last evaluation; only a changed one is new.
+  if (eval.has_value() &&
+      (!before.has_value() || before->accuracy != eval->accuracy ||
+       before->loss != eval->loss))
+    latest_eval_ = eval;
+  worker->progress = progress;
+}
+
+absl::Status Membership::WorkerHeartbeat(uint32_t rank, uint64_t incarnation,
+                                         const v1::WorkerProgress* progress,
+                                         absl::Time now, bool* revived) {
+  *revived = false;
+  if (absl::Status s = CheckWorker(rank, incarnation); !s.ok()) return s;
+  if (progress != nullptr) {
+    if (absl::Status s = ValidateProgress(*progress); !s.ok()) return s;
+  }
+  Worker& worker = workers_[rank];
+  if (worker.state == v1::MEMBER_STATE_DEAD) {
+    worker.state = v1::MEMBER_STATE_ALIVE;
+    ++membership_epoch_;
+    *revived = true;
+  }
+  worker.last_heartbeat = now;
+  if (progress != nullptr) RecordProgress(&worker, *progress);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::FinishWorker(uint32_t rank, uint64_t incarnation,
+                                      const v1::WorkerProgress& progress,
+                                      absl::Time now) {
+  if (absl::Status s = CheckWorker(rank, incarnation); !s.ok()) return s;
+  if (absl::Status s = ValidateProgress(progress); !s.ok()) return s;
+  Worker& worker = workers_[rank];
+  if (worker.state == v1::MEMBER_STATE_ALIVE) ++membership_epoch_;
+  worker.state = v1::MEMBER_STATE_FINISHED;
+  worker.last_heartbeat = now;
+  RecordProgress(&worker, progress);
+  return absl::OkStatus();
+}
+
+void Membership::RecordEvaluation(Evaluation evaluation) {
+  latest_eval_ = evaluation;
+}
+
+Membership::Failures Membership::DetectFailures(absl::Time now) {
+  Failures failures;
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    Server& server = servers_[s];
+    if (server.state == v1::MEMBER_STATE_ALIVE &&
+        now - server.last_heartbeat > heartbeat_timeout_) {
+      server.state = v1::MEMBER_STATE_DEAD;
+      failures.shards.push_back(s);
+    }
+  }
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    Worker& worker = workers_[r];
+    if (worker.state == v1::MEMBER_STATE_ALIVE &&
+        now - worker.last_heartbeat > heartbeat_timeout_) {
+      worker.state = v1::MEMBER_STATE_DEAD;
+      failures.ranks.push_back(r);
+    }
+  }
+  if (!failures.ranks.empty()) ++membership_epoch_;
+  return failures;
+}
+
+bool Membership::AllShardsRegistered() const {
+  return UnregisteredShards().empty();
+}
+
+std::vector<uint32_t> Membership::UnregisteredShards() const {
+  std::vector<uint32_t> out;
+  for (uint32_t s = 0; s < num_shards(); ++s)
+    if (!servers_[s].registered) out.push_back(s);
+  return out;
+}
+
+std::vector<uint32_t> Membership::UnregisteredRanks() const {
+  std::vector<uint32_t> out;
+  for (uint32_t r = 0; r < num_workers(); ++r)
+    if (!workers_[r].registered) out.push_back(r);
+  return out;
+}
+
+std::vector<uint32_t> Membership::RanksInState(v1::MemberState state) const {
+  std::vector<uint32_t> out;
+  for (uint32_t r = 0; r < num_workers(); ++r)
+    if (workers_[r].registered && workers_[r].state == state) out.push_back(r);
+  return out;
+}
+
+std::vector<uint32_t> Membership::ShardsInState(v1::MemberState state) const {
+  std::vector<uint32_t> out;
+  for (uint32_t s = 0; s < num_shards(); ++s)
+    if (servers_[s].registered && servers_[s].state == state) out.push_back(s);
+  return out;
+}
+
+Membership::LiveWorkers Membership::live_workers() const {
+  LiveWorkers live;
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    if (workers_[r].state != v1::MEMBER_STATE_ALIVE) continue;
+    live.ranks.push_back(r);
+    live.incarnations.push_back(workers_[r].incarnation);
+  }
+  return live;
+}
+
+std::vector<v1::WorkerStatus> Membership::WorkerStatuses(absl::Time now) const {
+  std::vector<v1::WorkerStatus> out;
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    const Worker& worker = workers_[r];
+    v1::WorkerStatus status;
+    status.set_rank(r);
+    if (worker.registered) {
+      status.set_incarnation(worker.incarnation);
+      status.set_host(worker.host);
+      status.set_backend(worker.backend);
+      status.set_state(worker.state);
+      status.set_last_heartbeat_ms_ago(MillisSince(worker.last_heartbeat, now));
+      if (worker.progress.has_value()) *status.mutable_progress() = *worker.progress;
+    }
+    out.push_back(std::move(status));
+  }
+  return out;
+}
+
+std::vector<v1::ShardStatus> Membership::ShardStatuses(absl::Time now) const {
+  std::vector<v1::ShardStatus> out;
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    const Server& server = servers_[s];
+    v1::ShardStatus status;
+    if (server.status.has_value()) status = *server.status;
+    status.set_shard(s);
+    if (server.registered) {
+      status.set_address(server.address);
+      status.set_incarnation(server.incarnation);
+      status.set_state(server.state);
+      status.set_last_heartbeat_ms_ago(MillisSince(server.last_heartbeat, now));
+    }
+    out.push_back(std::move(status));
+  }
+  return out;
+}
+
+}  // namespace grps

@@ -1,0 +1,195 @@
+// Membership: who takes part in a job. Parameter servers by shard and workers
+// by rank, with their incarnations, liveness and latest reports, and the
+// shard map whose endpoints the servers' registrations fill in.
+//
+// Slots. A registration takes the requested slot (even a live one: a
+// restarted process may come back before its old incarnation timed out), or
+// else the lowest slot never registered, or else the lowest DEAD one. A server that registers
+// again from the address its shard already has gets that shard back. A slot
+// that is re-taken gets a new incarnation, which fences off the previous
+// process: its heartbeats and WorkerDone calls get FAILED_PRECONDITION.
+// Incarnations only grow, also across coordinator restarts (they start at
+// the registration's Unix time in milliseconds).
+//
+// Liveness. A member is ALIVE from registration until it is silent for
+// longer than the heartbeat timeout, when DetectFailures marks it DEAD. A
+// heartbeat from a DEAD member with its current incarnation makes it ALIVE
+// again: the process evidently lives (a restarted process registers instead).
+// A worker that calls WorkerDone is FINISHED and stays so.
+//
+// Epochs. membership_epoch() bumps whenever the set of live workers or their
+// incarnations changes; the shard map's epoch bumps whenever an endpoint
+// changes. Both start at 0.
+//
+// Time is passed in (`now`), so tests drive the clock.
+// Not thread-safe: the caller (CoordinatorService) serializes every call.
+#ifndef GRPS_COORDINATOR_MEMBERSHIP_H_
+#define GRPS_COORDINATOR_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+
+class Membership {
+ public:
+  // The slot a registration got.
+  struct Registration {
+    uint32_t slot = 0;  // shard or rank
+    uint64_t incarnation = 0;
+    // The slot had been registered before (a restart or a take-over).
+    bool rejoined = false;
+  };
+
+  // Members whose state DetectFailures changed to DEAD.
+  struct Failures {
+    std::vector<uint32_t> shards;
+    std::vector<uint32_t> ranks;
+    bool empty() const { return shards.empty() && ranks.empty(); }
+  };
+
+  // Live workers, ascending by rank, with their incarnations (parallel).
+  struct LiveWorkers {
+    std::vector<uint32_t> ranks;
+    std::vector<uint64_t> incarnations;
+  };
+
+  // A test evaluation a worker reported.
+  struct Evaluation {
+    float accuracy = 0;
+    float loss = 0;
+  };
+
+  // `shard_map` fixes the shards (its endpoint list is rebuilt, one empty
+  // endpoint per shard, epoch 0); `num_workers` the ranks. Requires
+  // num_workers > 0 and a timeout > 0.
+  Membership(v1::ShardMap shard_map, uint32_t num_workers,
+             absl::Duration heartbeat_timeout);
+
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Registers a server listening on `address` ("host:port") for
+  // `requested_shard` (-1: any). INVALID_ARGUMENT for a malformed address or
+  // a shard out of range; FAILED_PRECONDITION when the address already
+  // serves another live shard; RESOURCE_EXHAUSTED when no shard is free.
+  absl::StatusOr<Registration> RegisterServer(int32_t requested_shard,
+                                              absl::string_view address,
+                                              absl::Time now);
+
+  // INVALID_ARGUMENT for a rank out of range or an oversized host/backend:
+  // the checks of RegisterWorker that do not depend on the current members.
+  absl::Status ValidateWorkerRequest(int32_t requested_rank,
+                                     absl::string_view host,
+                                     absl::string_view backend) const;
+
+  // Registers a worker for `requested_rank` (-1: any). The errors of
+  // ValidateWorkerRequest; FAILED_PRECONDITION for a rank that already
+  // finished; RESOURCE_EXHAUSTED when no rank is free.
+  absl::StatusOr<Registration> RegisterWorker(int32_t requested_rank,
+                                              absl::string_view host,
+                                              absl::string_view backend,
+                                              absl::Time now);
+
+  // Records a heartbeat and the server's latest status (its shard, address
+  // and incarnation fields are replaced by the registered ones). NOT_FOUND
+  // for a shard that never registered, FAILED_PRECONDITION for a stale
+  // incarnation; on error nothing changes. Sets *revived when the server was
+  // DEAD.
+  absl::Status ServerHeartbeat(uint32_t shard, uint64_t incarnation,
+                               const v1::ShardStatus& status, absl::Time now,
+                               bool* revived);
+
+  // Records a heartbeat and, when `progress` is set, the worker's progress.
+  // Errors as for ServerHeartbeat, plus INVALID_ARGUMENT for implausible
+  // progress (negative or non-finite samples/s, accuracy outside [-1, 1]).
+  absl::Status WorkerHeartbeat(uint32_t rank, uint64_t incarnation,
+                               const v1::WorkerProgress* progress,
+                               absl::Time now, bool* revived);
+
+  // Marks the worker FINISHED with its final progress. Idempotent. Errors as
+  // for WorkerHeartbeat.
+  absl::Status FinishWorker(uint32_t rank, uint64_t incarnation,
+                            const v1::WorkerProgress& progress, absl::Time now);
+
+  // Records a final evaluation (from WorkerDone) as the latest evaluation.
+  void RecordEvaluation(Evaluation evaluation);
+
+  // Marks every ALIVE member silent for longer than the timeout as DEAD.
+  Failures DetectFailures(absl::Time now);
+
+  // Every shard has registered at least once (the map has every endpoint).
+  bool AllShardsRegistered() const;
+  // Shards / ranks that never registered, ascending.
+  std::vector<uint32_t> UnregisteredShards() const;
+  std::vector<uint32_t> UnregisteredRanks() const;
+  // Ranks / shards in `state`, ascending (never-registered ones have none).
+  std::vector<uint32_t> RanksInState(v1::MemberState state) const;
+  std::vector<uint32_t> ShardsInState(v1::MemberState state) const;
+
+  LiveWorkers live_workers() const;
+  uint64_t membership_epoch() const { return membership_epoch_; }
+  const v1::ShardMap& shard_map() const { return shard_map_; }
+  uint32_t num_shards() const { return static_cast<uint32_t>(servers_.size()); }
+  uint32_t num_workers() const { return static_cast<uint32_t>(workers_.size()); }
+
+  // The evaluation most recently reported (a new one in a worker's progress,
+  // or a final one), if any.
+  std::optional<Evaluation> latest_evaluation() const { return latest_eval_; }
+
+  // One entry per rank / shard, in order, as of `now`. Workers carry no
+  // straggler flag (see SummarizeJobStatus). A shard that never reported
+  // status has only shard/address/incarnation/state set.
+  std::vector<v1::WorkerStatus> WorkerStatuses(absl::Time now) const;
+  std::vector<v1::ShardStatus> ShardStatuses(absl::Time now) const;
+
+ private:
+  struct Server {
+    bool registered = false;
+    uint64_t incarnation = 0;
+    std::string address;
+    v1::MemberState state = v1::MEMBER_STATE_UNSPECIFIED;
+    absl::Time last_heartbeat;
+    std::optional<v1::ShardStatus> status;
+  };
+  struct Worker {
+    bool registered = false;
+    uint64_t incarnation = 0;
+    std::string host;
+    std::string backend;
+    v1::MemberState state = v1::MEMBER_STATE_UNSPECIFIED;
+    absl::Time last_heartbeat;
+    std::optional<v1::WorkerProgress> progress;
+  };
+
+  // The slot a registration takes, or an error.
+  absl::StatusOr<uint32_t> PickShard(int32_t requested,
+                                     absl::string_view address) const;
+  absl::StatusOr<uint32_t> PickRank(int32_t requested) const;
+  // Checks that (rank, incarnation) names the current worker of that rank.
+  absl::Status CheckWorker(uint32_t rank, uint64_t incarnation) const;
+  uint64_t NextIncarnation(absl::Time now);
+  // Records progress and notices a new evaluation in it.
+  void RecordProgress(Worker* worker, const v1::WorkerProgress& progress);
+
+  const absl::Duration heartbeat_timeout_;
+  std::vector<Server> servers_;  // by shard
+  std::vector<Worker> workers_;  // by rank
+  v1::ShardMap shard_map_;
+  uint64_t membership_epoch_ = 0;
+  uint64_t last_incarnation_ = 0;
+  std::optional<Evaluation> latest_eval_;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_COORDINATOR_MEMBERSHIP_H_

@@ -1,0 +1,327 @@
+#include "coordinator/membership.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAre;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+const absl::Duration kTimeout = absl::Seconds(5);
+
+v1::ShardMap MapWithShards(uint32_t shards) {
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap(ModelTensors(DefaultJobConfig()), shards, 64 * 1024);
+  EXPECT_TRUE(map.ok()) << map.status();
+  return *map;
+}
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  MembershipTest() : m_(MapWithShards(2), 3, kTimeout) {}
+
+  Membership::Registration Server(int32_t shard, const std::string& address,
+                                  absl::Time now = kT0) {
+    absl::StatusOr<Membership::Registration> r = m_.RegisterServer(shard, address, now);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : Membership::Registration{};
+  }
+  Membership::Registration Worker(int32_t rank, absl::Time now = kT0) {
+    absl::StatusOr<Membership::Registration> r = m_.RegisterWorker(rank, "host", "cpu", now);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : Membership::Registration{};
+  }
+  absl::Status Beat(uint32_t rank, uint64_t incarnation, absl::Time now,
+                    bool* revived = nullptr) {
+    bool ignored = false;
+    v1::WorkerProgress p;
+    return m_.WorkerHeartbeat(rank, incarnation, &p, now,
+                              revived != nullptr ? revived : &ignored);
+  }
+
+  Membership m_;
+};
+
+TEST_F(MembershipTest, ServerGetsRequestedShardOrLowestFree) {
+  EXPECT_EQ(Server(1, "10.0.0.1:5000").slot, 1u);
+  EXPECT_EQ(Server(-1, "10.0.0.2:5000").slot, 0u);
+  EXPECT_TRUE(m_.AllShardsRegistered());
+  absl::StatusOr<Membership::Registration> extra =
+      m_.RegisterServer(-1, "10.0.0.3:5000", kT0);
+  EXPECT_EQ(extra.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(MembershipTest, RegistrationsFillTheShardMapAndBumpItsEpoch) {
+  EXPECT_EQ(m_.shard_map().epoch(), 0u);
+  ASSERT_EQ(m_.shard_map().shards_size(), 2);
+  EXPECT_TRUE(m_.shard_map().shards(0).address().empty());
+  Membership::Registration a = Server(-1, "10.0.0.1:5000");
+  Server(-1, "10.0.0.2:5000");
+  EXPECT_EQ(m_.shard_map().epoch(), 2u);
+  EXPECT_EQ(m_.shard_map().shards(0).address(), "10.0.0.1:5000");
+  EXPECT_EQ(m_.shard_map().shards(0).incarnation(), a.incarnation);
+  EXPECT_EQ(m_.shard_map().shards(1).address(), "10.0.0.2:5000");
+  EXPECT_TRUE(ValidateShardMap(m_.shard_map()).ok());
+}
+
+TEST_F(MembershipTest, DeadShardIsRetakenWithNewIncarnationAndEndpoint) {
+  Membership::Registration old = Server(-1, "10.0.0.1:5000");
+  Server(-1, "10.0.0.2:5000", kT0 + absl::Seconds(4));
+  m_.DetectFailures(kT0 + absl::Seconds(6));
+  EXPECT_THAT(m_.ShardsInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u));
+  const uint64_t epoch = m_.shard_map().epoch();
+
+  Membership::Registration fresh = Server(-1, "10.0.0.9:6000", kT0 + absl::Seconds(7));
+  EXPECT_EQ(fresh.slot, 0u);
+  EXPECT_TRUE(fresh.rejoined);
+  EXPECT_GT(fresh.incarnation, old.incarnation);
+  EXPECT_EQ(m_.shard_map().epoch(), epoch + 1);
+  EXPECT_EQ(m_.shard_map().shards(0).address(), "10.0.0.9:6000");
+  EXPECT_EQ(m_.shard_map().shards(0).incarnation(), fresh.incarnation);
+}
+
+TEST_F(MembershipTest, ServerRestartingAtItsAddressGetsItsShardBack) {
+  Server(-1, "10.0.0.1:5000");
+  Membership::Registration b = Server(-1, "10.0.0.2:5000");
+  // Still ALIVE (restarted faster than the timeout), no shard requested.
+  Membership::Registration again = Server(-1, "10.0.0.2:5000");
+  EXPECT_EQ(again.slot, 1u);
+  EXPECT_TRUE(again.rejoined);
+  EXPECT_GT(again.incarnation, b.incarnation);
+}
+
+TEST_F(MembershipTest, AddressOfALiveShardCannotServeAnother) {
+  Server(0, "10.0.0.1:5000");
+  absl::StatusOr<Membership::Registration> r = m_.RegisterServer(1, "10.0.0.1:5000", kT0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m_.shard_map().shards(1).address().empty());
+}
+
+TEST_F(MembershipTest, MalformedServerRequestsAreRejectedAndChangeNothing) {
+  for (const char* address : {"", "nohost", ":5000", "host:", "host:0",
+                              "host:70000", "host:12ab", "ho st:5000",
+                              "host\n:5000"}) {
+    EXPECT_EQ(m_.RegisterServer(-1, address, kT0).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << address;
+  }
+  EXPECT_EQ(m_.RegisterServer(2, "h:1", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_.RegisterServer(-7, "h:1", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_.RegisterServer(-1, std::string(300, 'h') + ":1", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_.shard_map().epoch(), 0u);
+  EXPECT_EQ(m_.UnregisteredShards().size(), 2u);
+}
+
+TEST_F(MembershipTest, WorkerGetsRequestedRankOrLowestFree) {
+  EXPECT_EQ(Worker(2).slot, 2u);
+  EXPECT_EQ(Worker(-1).slot, 0u);
+  EXPECT_EQ(Worker(-1).slot, 1u);
+  EXPECT_EQ(m_.RegisterWorker(-1, "h", "cpu", kT0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(m_.RegisterWorker(3, "h", "cpu", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_.RegisterWorker(-1, std::string(1000, 'h'), "cpu", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m_.RegisterWorker(-1, "host", "cpu\x1b[31m", kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u, 2u));
+}
+
+TEST_F(MembershipTest, IncarnationsGrowAndStartFromTheClock) {
+  Membership::Registration a = Worker(-1);
+  Membership::Registration b = Worker(-1);
+  EXPECT_GE(a.incarnation, static_cast<uint64_t>(absl::ToUnixMillis(kT0)));
+  EXPECT_GT(b.incarnation, a.incarnation);
+}
+
+TEST_F(MembershipTest, ReturningWorkerGetsNewIncarnationAndFencesTheOldOne) {
+  Membership::Registration old = Worker(1);
+  const uint64_t epoch = m_.membership_epoch();
+  Membership::Registration fresh = Worker(1, kT0 + absl::Seconds(1));
+  EXPECT_TRUE(fresh.rejoined);
+  EXPECT_GT(fresh.incarnation, old.incarnation);
+  EXPECT_GT(m_.membership_epoch(), epoch);
+  EXPECT_THAT(m_.live_workers().incarnations, ElementsAre(fresh.incarnation));
+
+  absl::Status stale = Beat(1, old.incarnation, kT0 + absl::Seconds(2));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.message().find("stale incarnation"), std::string::npos);
+  EXPECT_TRUE(Beat(1, fresh.incarnation, kT0 + absl::Seconds(2)).ok());
+}
+
+TEST_F(MembershipTest, HeartbeatFromUnknownMemberIsNotFound) {
+  EXPECT_EQ(Beat(0, 1, kT0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Beat(99, 1, kT0).code(), absl::StatusCode::kNotFound);
+  bool revived = false;
+  EXPECT_EQ(m_.ServerHeartbeat(5, 1, v1::ShardStatus(), kT0, &revived).code(),
+            absl::StatusCode::kNotFound);
+  Membership::Registration s = Server(0, "h:1");
+  EXPECT_EQ(m_.ServerHeartbeat(0, s.incarnation + 1, v1::ShardStatus(), kT0, &revived)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MembershipTest, SilentWorkerIsDeadOnlyAfterTheTimeout) {
+  Membership::Registration w0 = Worker(0);
+  Worker(1);
+  Worker(2);
+  const uint64_t epoch = m_.membership_epoch();
+  ASSERT_TRUE(Beat(0, w0.incarnation, kT0 + absl::Seconds(3)).ok());
+
+  EXPECT_TRUE(m_.DetectFailures(kT0 + kTimeout).empty());
+  EXPECT_EQ(m_.membership_epoch(), epoch);
+
+  Membership::Failures f = m_.DetectFailures(kT0 + kTimeout + absl::Milliseconds(1));
+  EXPECT_THAT(f.ranks, ElementsAre(1u, 2u));
+  EXPECT_TRUE(f.shards.empty());
+  EXPECT_EQ(m_.membership_epoch(), epoch + 1);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u));
+  EXPECT_THAT(m_.live_workers().incarnations, ElementsAre(w0.incarnation));
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_DEAD), ElementsAre(1u, 2u));
+  // Ranks 1 and 2 are already dead and not reported again.
+  EXPECT_THAT(m_.DetectFailures(kT0 + absl::Seconds(60)).ranks, ElementsAre(0u));
+}
+
+TEST_F(MembershipTest, SilentServerIsDeadWithoutChangingLiveWorkers) {
+  Server(0, "h:1");
+  Worker(0, kT0 + absl::Seconds(4));
+  const uint64_t epoch = m_.membership_epoch();
+  Membership::Failures f = m_.DetectFailures(kT0 + absl::Seconds(6));
+  EXPECT_THAT(f.shards, ElementsAre(0u));
+  EXPECT_TRUE(f.ranks.empty());
+  EXPECT_EQ(m_.membership_epoch(), epoch);
+}
+
+TEST_F(MembershipTest, HeartbeatFromDeadMemberWithCurrentIncarnationRevivesIt) {
+  Membership::Registration w = Worker(0);
+  m_.DetectFailures(kT0 + absl::Seconds(6));
+  ASSERT_TRUE(m_.live_workers().ranks.empty());
+  const uint64_t epoch = m_.membership_epoch();
+  bool revived = false;
+  ASSERT_TRUE(Beat(0, w.incarnation, kT0 + absl::Seconds(7), &revived).ok());
+  EXPECT_TRUE(revived);
+  EXPECT_EQ(m_.membership_epoch(), epoch + 1);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u));
+}
+
+TEST_F(MembershipTest, DeadRankIsRetakenBeforeNoneIsFree) {
+  Worker(0);
+  Worker(1, kT0 + absl::Seconds(4));
+  Worker(2, kT0 + absl::Seconds(4));
+  m_.DetectFailures(kT0 + absl::Seconds(6));
+  Membership::Registration r = Worker(-1, kT0 + absl::Seconds(6));
+  EXPECT_EQ(r.slot, 0u);
+  EXPECT_TRUE(r.rejoined);
+}
+
+TEST_F(MembershipTest, FinishedWorkerLeavesTheLiveSetAndKeepsItsRank) {
+  Membership::Registration w = Worker(0);
+  Worker(1);
+  const uint64_t epoch = m_.membership_epoch();
+  v1::WorkerProgress done;
+  done.set_step(100);
+  ASSERT_TRUE(m_.FinishWorker(0, w.incarnation, done, kT0).ok());
+  ASSERT_TRUE(m_.FinishWorker(0, w.incarnation, done, kT0).ok());  // a retry
+  EXPECT_EQ(m_.membership_epoch(), epoch + 1);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(1u));
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
+  // Finished is not dead: silence does not change it, nor may it be retaken.
+  m_.DetectFailures(kT0 + absl::Minutes(1));
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
+  EXPECT_EQ(m_.RegisterWorker(0, "h", "cpu", kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MembershipTest, ImplausibleProgressIsRejectedAndChangesNothing) {
+  Membership::Registration w = Worker(0);
+  bool revived = false;
+  v1::WorkerProgress good;
+  good.set_step(7);
+  ASSERT_TRUE(m_.WorkerHeartbeat(0, w.incarnation, &good, kT0, &revived).ok());
+  for (auto bad : {+[](v1::WorkerProgress* p) { p->set_samples_per_sec(NAN); },
+                   +[](v1::WorkerProgress* p) { p->set_samples_per_sec(-1); },
+                   +[](v1::WorkerProgress* p) { p->set_test_accuracy(1.5f); }}) {
+    v1::WorkerProgress p;
+    p.set_step(99);
+    bad(&p);
+    EXPECT_EQ(m_.WorkerHeartbeat(0, w.incarnation, &p, kT0 + absl::Seconds(4), &revived)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(m_.WorkerStatuses(kT0)[0].progress().step(), 7u);
+  // The rejected heartbeats did not count as signs of life either.
+  EXPECT_THAT(m_.DetectFailures(kT0 + absl::Seconds(6)).ranks, ElementsAre(0u));
+}
+
+TEST_F(MembershipTest, OnlyANewEvaluationBecomesTheLatest) {
+  Membership::Registration a = Worker(0);
+  Membership::Registration b = Worker(1);
+  bool revived = false;
+  v1::WorkerProgress p;
+  p.set_test_accuracy(-1);
+  ASSERT_TRUE(m_.WorkerHeartbeat(0, a.incarnation, &p, kT0, &revived).ok());
+  v1::WorkerProgress unset;  // accuracy 0 and loss 0: no evaluation
+  ASSERT_TRUE(m_.WorkerHeartbeat(1, b.incarnation, &unset, kT0, &revived).ok());
+  EXPECT_FALSE(m_.latest_evaluation().has_value());
+
+  p.set_test_accuracy(0.80f);
+  p.set_test_loss(0.5f);
+  ASSERT_TRUE(m_.WorkerHeartbeat(0, a.incarnation, &p, kT0, &revived).ok());
+  v1::WorkerProgress q;
+  q.set_test_accuracy(0.85f);
+  q.set_test_loss(0.4f);
+  ASSERT_TRUE(m_.WorkerHeartbeat(1, b.incarnation, &q, kT0, &revived).ok());
+  // Worker 0 repeats its older evaluation: not new, so not the latest.
+  ASSERT_TRUE(m_.WorkerHeartbeat(0, a.incarnation, &p, kT0, &revived).ok());
+  ASSERT_TRUE(m_.latest_evaluation().has_value());
+  EXPECT_FLOAT_EQ(m_.latest_evaluation()->accuracy, 0.85f);
+  EXPECT_FLOAT_EQ(m_.latest_evaluation()->loss, 0.4f);
+}
+
+TEST_F(MembershipTest, StatusesCarryIdentityStateAndHeartbeatAge) {
+  Membership::Registration s = Server(1, "10.0.0.1:5000");
+  Membership::Registration w = Worker(2);
+  bool revived = false;
+  v1::ShardStatus reported;
+  reported.set_shard(7);  // the registered identity wins
+  reported.set_address("elsewhere:1");
+  reported.set_version(42);
+  reported.set_num_chunks(3);
+  ASSERT_TRUE(m_.ServerHeartbeat(1, s.incarnation, reported,
+                                 kT0 + absl::Milliseconds(500), &revived)
+                  .ok());
+  const absl::Time now = kT0 + absl::Seconds(2);
+  std::vector<v1::ShardStatus> shards = m_.ShardStatuses(now);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0].state(), v1::MEMBER_STATE_UNSPECIFIED);
+  EXPECT_TRUE(shards[0].address().empty());
+  EXPECT_EQ(shards[1].shard(), 1u);
+  EXPECT_EQ(shards[1].address(), "10.0.0.1:5000");
+  EXPECT_EQ(shards[1].incarnation(), s.incarnation);
+  EXPECT_EQ(shards[1].version(), 42u);
+  EXPECT_EQ(shards[1].state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(shards[1].last_heartbeat_ms_ago(), 1500u);
+
+  std::vector<v1::WorkerStatus> workers = m_.WorkerStatuses(now);
+  ASSERT_EQ(workers.size(), 3u);
+  EXPECT_EQ(workers[0].state(), v1::MEMBER_STATE_UNSPECIFIED);
+  EXPECT_EQ(workers[2].rank(), 2u);
+  EXPECT_EQ(workers[2].incarnation(), w.incarnation);
+  EXPECT_EQ(workers[2].host(), "host");
+  EXPECT_EQ(workers[2].backend(), "cpu");
+  EXPECT_EQ(workers[2].state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(workers[2].last_heartbeat_ms_ago(), 2000u);
+}
+
+}  // namespace
+}  // namespace grps
