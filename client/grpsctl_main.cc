@@ -1,0 +1,238 @@
+// grpsctl: the command-line client of a running job. Talks only to the
+// coordinator (client/job_client.h); prints tables (client/status_format.h)
+// or JSON.
+//
+// Exit status: 0 success; 1 an error (coordinator unreachable, RPC failed,
+// or `watch` saw the job fail or be stopped); 2 a usage error.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/job_client.h"
+#include "client/status_format.h"
+#include "daemon/daemon.h"
+#include "job/job_config.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "the job's coordinator, HOST:PORT (or set GRPS_COORDINATOR)");
+ABSL_FLAG(bool, json, false, "print JSON (proto field names) instead of tables");
+ABSL_FLAG(std::string, reason, "stopped by grpsctl",
+          "stop: why the job is stopped (shown in its status)");
+ABSL_FLAG(int32_t, interval_ms, 1000, "watch: milliseconds between snapshots");
+
+namespace grps {
+namespace {
+
+constexpr char kUsage[] =
+    "looks at and controls a running grps job through its coordinator.\n"
+    "\n"
+    "usage: grpsctl [--coordinator=HOST:PORT] [--json] COMMAND [flags]\n"
+    "\n"
+    "commands:\n"
+    "  status    job state and progress, the workers table, the shards table\n"
+    "  watch     stream the status until the job ends or Ctrl-C\n"
+    "            [--interval_ms=1000]\n"
+    "  workers   the workers table\n"
+    "  shards    per-shard counters and the shard map (chunk placement)\n"
+    "  stop      stop the job [--reason=TEXT]\n"
+    "\n"
+    "--coordinator defaults to $GRPS_COORDINATOR. Exit status: 0 ok, 1 error\n"
+    "(coordinator unreachable, RPC failed, watched job failed), 2 usage error.";
+
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "grpsctl: %s\nrun 'grpsctl --help' for usage\n",
+               message.c_str());
+  return kExitUsage;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "grpsctl: %s\n", std::string(status.message()).c_str());
+  return kExitError;
+}
+
+// Checks flag names and values before absl parses them, so that a usage
+// mistake exits 2 (absl's own parser would exit 1). Returns the problem, or
+// an empty string.
+std::string CheckCommandLine(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    size_t start = arg[1] == '-' ? 2 : 1;
+    size_t eq = arg.find('=');
+    std::string name = arg.substr(start, eq == std::string::npos ? eq : eq - start);
+    for (char& c : name)
+      if (c == '-') c = '_';
+    // absl's own flags (--help, --helpfull, --flagfile, ...) are not in the
+    // registry.
+    if (name.rfind("help", 0) == 0 || name == "version" || name == "flagfile" ||
+        name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
+        name == "only_check_args")
+      continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && name.rfind("no", 0) == 0 && eq == std::string::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag ", arg);
+    if (eq == std::string::npos) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) return absl::StrCat("flag ", arg, " needs a value");
+      ++i;
+      continue;
+    }
+    std::string error;
+    if (!flag->ParseFrom(arg.substr(eq + 1), &error))
+      return absl::StrCat("bad value for --", name, ": ", error);
+  }
+  return "";
+}
+
+// Prints one JSON document on stdout.
+int PrintJson(const google::protobuf::Message& message) {
+  absl::StatusOr<std::string> json = ToJson(message);
+  if (!json.ok()) return Fail(json.status());
+  std::printf("%s\n", json->c_str());
+  return 0;
+}
+
+int Status(const JobClient& client, bool json) {
+  absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  if (json) return PrintJson(*status);
+  std::fputs(FormatJobStatus(*status).c_str(), stdout);
+  return 0;
+}
+
+int Workers(const JobClient& client, bool json) {
+  absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  if (!json) {
+    std::printf("job %s: %d workers\n", status->job_id().c_str(),
+                status->workers_size());
+    std::fputs(FormatWorkersTable(*status).c_str(), stdout);
+    return 0;
+  }
+  std::vector<std::string> workers;
+  for (const v1::WorkerStatus& w : status->workers()) {
+    absl::StatusOr<std::string> one = ToJson(w);
+    if (!one.ok()) return Fail(one.status());
+    workers.push_back(*std::move(one));
+  }
+  std::printf("[%s]\n", absl::StrJoin(workers, ",").c_str());
+  return 0;
+}
+
+int Shards(const JobClient& client, bool json) {
+  absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  absl::StatusOr<v1::ShardMap> map = client.GetShardMap();
+  if (!map.ok()) return Fail(map.status());
+  if (!json) {
+    std::printf("job %s: %d shards\n", status->job_id().c_str(),
+                status->shards_size());
+    std::fputs(FormatShardsTable(*status).c_str(), stdout);
+    std::printf("\n%s", FormatShardMap(*map).c_str());
+    return 0;
+  }
+  std::vector<std::string> shards;
+  for (const v1::ShardStatus& s : status->shards()) {
+    absl::StatusOr<std::string> one = ToJson(s);
+    if (!one.ok()) return Fail(one.status());
+    shards.push_back(*std::move(one));
+  }
+  absl::StatusOr<std::string> map_json = ToJson(*map);
+  if (!map_json.ok()) return Fail(map_json.status());
+  std::printf("{\"shards\":[%s],\"shard_map\":%s}\n",
+              absl::StrJoin(shards, ",").c_str(), map_json->c_str());
+  return 0;
+}
+
+// Redraws the whole status on a terminal; prints one line (or one JSON
+// document) per snapshot otherwise. Ctrl-C ends it (default SIGINT action).
+int Watch(const JobClient& client, bool json) {
+  const bool tty = isatty(STDOUT_FILENO);
+  v1::JobStatus last;
+  bool any = false;
+  absl::Status render_error;
+  absl::Status s = client.Watch(
+      absl::Milliseconds(absl::GetFlag(FLAGS_interval_ms)),
+      [&](const v1::JobStatus& status) {
+        last = status;
+        any = true;
+        if (json) {
+          absl::StatusOr<std::string> line = ToJson(status);
+          if (!line.ok()) {
+            render_error = line.status();
+            return false;
+          }
+          std::printf("%s\n", line->c_str());
+        } else if (tty) {
+          std::printf("\033[H\033[2J%s", FormatJobStatus(status).c_str());
+        } else {
+          std::printf("%s\n", FormatStatusLine(status).c_str());
+        }
+        std::fflush(stdout);
+        return true;
+      });
+  if (!render_error.ok()) return Fail(render_error);
+  if (!s.ok()) return Fail(s);
+  if (any && (last.state() == v1::JOB_STATE_FAILED ||
+              last.state() == v1::JOB_STATE_STOPPED)) {
+    std::fprintf(stderr, "grpsctl: job %s %s%s%s\n", last.job_id().c_str(),
+                 JobStateName(last.state()).c_str(),
+                 last.message().empty() ? "" : ": ", last.message().c_str());
+    return kExitError;
+  }
+  return 0;
+}
+
+int Stop(const JobClient& client) {
+  absl::Status s = client.Stop(absl::GetFlag(FLAGS_reason));
+  if (!s.ok()) return Fail(s);
+  std::printf("stop requested (coordinator %s)\n", client.target().c_str());
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::string problem = CheckCommandLine(argc, argv);
+  if (!problem.empty()) return UsageError(problem);
+  std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
+  if (args.size() != 2)
+    return UsageError(args.size() < 2 ? "no command given"
+                                      : "expected exactly one command");
+  const std::string command = args[1];
+  const std::string target = absl::GetFlag(FLAGS_coordinator);
+  if (command != "status" && command != "watch" && command != "workers" &&
+      command != "shards" && command != "stop")
+    return UsageError(absl::StrCat("unknown command '", command, "'"));
+  if (target.empty())
+    return UsageError("set --coordinator=HOST:PORT or GRPS_COORDINATOR");
+  if (absl::GetFlag(FLAGS_interval_ms) <= 0)
+    return UsageError("--interval_ms must be positive");
+
+  JobClient client(target);
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (command == "status") return Status(client, json);
+  if (command == "watch") return Watch(client, json);
+  if (command == "workers") return Workers(client, json);
+  if (command == "shards") return Shards(client, json);
+  return Stop(client);
+}
+
+}  // namespace
+}  // namespace grps
+
+int main(int argc, char** argv) { return grps::Main(argc, argv); }

@@ -1,0 +1,216 @@
+#include "client/job_client.h"
+
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "daemon/daemon.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace grps {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A coordinator that serves canned answers: GetJobStatus returns `status`,
+// WatchJobStatus streams `stream` (then repeats its last entry until the
+// client leaves), StopJob records the reason.
+class FakeCoordinator final : public v1::Coordinator::Service {
+ public:
+  grpc::Status GetJobStatus(grpc::ServerContext*, const v1::GetJobStatusRequest*,
+                            v1::JobStatus* reply) override {
+    absl::MutexLock lock(&mu_);
+    *reply = status_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJobStatus(grpc::ServerContext* context,
+                              const v1::WatchJobStatusRequest* request,
+                              grpc::ServerWriter<v1::JobStatus>* writer) override {
+    std::vector<v1::JobStatus> stream;
+    {
+      absl::MutexLock lock(&mu_);
+      stream = stream_;
+      watch_interval_ms_ = request->interval_ms();
+    }
+    for (size_t i = 0; !context->IsCancelled(); ++i) {
+      if (!writer->Write(stream[std::min(i, stream.size() - 1)])) break;
+      absl::SleepFor(absl::Milliseconds(request->interval_ms()));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
+                           v1::ShardMap* reply) override {
+    reply->set_epoch(7);
+    reply->add_shards()->set_address("127.0.0.1:1234");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StopJob(grpc::ServerContext*, const v1::StopJobRequest* request,
+                       v1::StopJobResponse*) override {
+    absl::MutexLock lock(&mu_);
+    stop_reason_ = request->reason();
+    return grpc::Status::OK;
+  }
+
+  void SetStatus(v1::JobStatus s) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(s);
+  }
+  void SetStream(std::vector<v1::JobStatus> s) {
+    absl::MutexLock lock(&mu_);
+    stream_ = std::move(s);
+  }
+  std::string stop_reason() {
+    absl::MutexLock lock(&mu_);
+    return stop_reason_;
+  }
+  uint32_t watch_interval_ms() {
+    absl::MutexLock lock(&mu_);
+    return watch_interval_ms_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::JobStatus> stream_ ABSL_GUARDED_BY(mu_);
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  uint32_t watch_interval_ms_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+v1::JobStatus WithState(v1::JobState state, uint64_t step) {
+  v1::JobStatus s;
+  s.set_job_id("job-under-test");
+  s.set_state(state);
+  s.set_global_step(step);
+  return s;
+}
+
+class JobClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {&fake_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    target_ = absl::StrCat("127.0.0.1:", server_.port);
+  }
+  void TearDown() override {
+    if (server_.server) server_.server->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+
+  FakeCoordinator fake_;
+  GrpcServer server_;
+  std::string target_;
+};
+
+TEST_F(JobClientTest, GetStatusReturnsTheCoordinatorsSnapshot) {
+  fake_.SetStatus(WithState(v1::JOB_STATE_RUNNING, 42));
+  JobClient client(target_);
+  absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->job_id(), "job-under-test");
+  EXPECT_EQ(status->global_step(), 42u);
+}
+
+TEST_F(JobClientTest, WatchDeliversSnapshotsUntilOneShowsTheJobEnded) {
+  fake_.SetStream({WithState(v1::JOB_STATE_RUNNING, 1),
+                   WithState(v1::JOB_STATE_RUNNING, 2),
+                   WithState(v1::JOB_STATE_COMPLETED, 3)});
+  JobClient client(target_);
+  std::vector<uint64_t> steps;
+  absl::Status s = client.Watch(absl::Milliseconds(20), [&](const v1::JobStatus& st) {
+    steps.push_back(st.global_step());
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(steps, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(fake_.watch_interval_ms(), 20u);
+}
+
+TEST_F(JobClientTest, WatchStopsWhenTheCallbackReturnsFalse) {
+  fake_.SetStream({WithState(v1::JOB_STATE_RUNNING, 1)});  // never ends
+  JobClient client(target_);
+  int calls = 0;
+  absl::Status s = client.Watch(absl::Milliseconds(10), [&](const v1::JobStatus&) {
+    return ++calls < 3;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 3);
+}
+
+TEST_F(JobClientTest, WatchReportsACoordinatorThatGoesAwayMidStream) {
+  fake_.SetStream({WithState(v1::JOB_STATE_RUNNING, 1)});
+  JobClient client(target_);
+  int calls = 0;
+  absl::Status s = client.Watch(absl::Milliseconds(10), [&](const v1::JobStatus&) {
+    if (++calls == 2) {
+      server_.server->Shutdown(absl::ToChronoTime(absl::Now()));
+    }
+    return true;
+  });
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr(target_));
+  EXPECT_GE(calls, 2);
+}
+
+TEST_F(JobClientTest, GetShardMapReturnsTheMap) {
+  JobClient client(target_);
+  absl::StatusOr<v1::ShardMap> map = client.GetShardMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->epoch(), 7u);
+  EXPECT_EQ(map->shards(0).address(), "127.0.0.1:1234");
+}
+
+TEST_F(JobClientTest, StopCarriesTheReason) {
+  JobClient client(target_);
+  ASSERT_TRUE(client.Stop("operator says so").ok());
+  EXPECT_EQ(fake_.stop_reason(), "operator says so");
+}
+
+// A loopback port with nothing listening on it.
+int UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(JobClient, UnreachableCoordinatorFailsFastWithUnavailableNamingTheTarget) {
+  std::string target = absl::StrCat("127.0.0.1:", UnusedPort());
+  JobClient client(target, absl::Seconds(30));
+  absl::Time start = absl::Now();
+  absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(status.status().message()), HasSubstr(target));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the 30 s deadline
+  EXPECT_FALSE(client.Stop("x").ok());
+  EXPECT_FALSE(client.Watch(absl::Seconds(1), [](const v1::JobStatus&) {
+                       return true;
+                     }).ok());
+}
+
+TEST(JobClient, JobEndedOnlyForTerminalStates) {
+  EXPECT_FALSE(JobEnded(v1::JOB_STATE_WAITING));
+  EXPECT_FALSE(JobEnded(v1::JOB_STATE_RUNNING));
+  EXPECT_TRUE(JobEnded(v1::JOB_STATE_COMPLETED));
+  EXPECT_TRUE(JobEnded(v1::JOB_STATE_FAILED));
+  EXPECT_TRUE(JobEnded(v1::JOB_STATE_STOPPED));
+}
+
+}  // namespace
+}  // namespace grps

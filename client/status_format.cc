@@ -1,0 +1,308 @@
+#include "client/status_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+// Placement lists longer than this are cut, with the rest counted.
+constexpr int kMaxPlacementShown = 16;
+
+// A text table: a header row and data rows, columns padded to their widest
+// cell. Columns marked numeric are right aligned.
+class TextTable {
+ public:
+  struct Column {
+    std::string title;
+    bool numeric = false;
+  };
+
+  explicit TextTable(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+  // `cells` has one entry per column.
+  void AddRow(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+
+  std::string Render() const {
+    std::vector<size_t> width(columns_.size());
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      width[c] = columns_[c].title.size();
+      for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+    }
+    std::string out;
+    auto append_row = [&](const std::vector<std::string>& cells) {
+      std::string line;
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        if (c > 0) line += "  ";
+        const std::string& cell = cells[c];
+        std::string pad(width[c] - cell.size(), ' ');
+        line += columns_[c].numeric ? pad + cell : cell + pad;
+      }
+      line.erase(line.find_last_not_of(' ') + 1);
+      absl::StrAppend(&out, line, "\n");
+    };
+    std::vector<std::string> titles;
+    for (const Column& c : columns_) titles.push_back(c.title);
+    append_row(titles);
+    for (const auto& row : rows_) append_row(row);
+    return out;
+  }
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string Fixed(double value, int decimals) {
+  return absl::StrFormat("%.*f", decimals, value);
+}
+
+// An accuracy or loss from an evaluation; negative means "none yet".
+std::string Evaluation(float value) {
+  return value < 0 ? std::string("-") : Fixed(value, 4);
+}
+
+std::string Mib(uint64_t bytes) { return Fixed(bytes / 1048576.0, 2); }
+
+std::string Shape(const v1::TensorSpec& tensor) {
+  if (tensor.shape_size() == 0) return "scalar";
+  return absl::StrJoin(tensor.shape(), "x");
+}
+
+std::string ModeWithBound(const v1::JobStatus& status) {
+  std::string mode = ModeName(status.mode());
+  if (status.mode() == v1::MODE_SSP)
+    absl::StrAppend(&mode, " (s=", status.config().staleness_bound(), ")");
+  return mode;
+}
+
+std::string StepOfTotal(uint64_t step, uint64_t total) {
+  if (total == 0) return absl::StrCat(step);
+  std::string s = absl::StrCat(step, " / ", total);
+  if (step <= total)
+    absl::StrAppend(&s, absl::StrFormat(" (%.1f%%)", 100.0 * step / total));
+  return s;
+}
+
+}  // namespace
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = bytes / 1024.0;
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, kUnits[unit]);
+}
+
+std::string HumanDuration(double seconds) {
+  if (!(seconds >= 0)) seconds = 0;
+  if (seconds < 60) return absl::StrFormat("%.1fs", seconds);
+  uint64_t s = static_cast<uint64_t>(std::llround(seconds));
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm%02ds", s / 3600, s / 60 % 60, s % 60);
+}
+
+std::string FormatJobHeader(const v1::JobStatus& status) {
+  std::vector<std::pair<std::string, std::string>> lines = {
+      {"job", status.job_id().empty() ? "-" : status.job_id()},
+      {"state", JobStateName(status.state())},
+      {"mode", ModeWithBound(status)},
+      {"global step", StepOfTotal(status.global_step(), status.total_steps())},
+      {"samples/s", Fixed(status.samples_per_sec(), 1)},
+      {"loss", Fixed(status.loss(), 4)},
+      {"test accuracy", status.test_accuracy() < 0
+                            ? std::string("-")
+                            : absl::StrCat(Evaluation(status.test_accuracy()),
+                                           " (test loss ",
+                                           Evaluation(status.test_loss()), ")")},
+  };
+  if (status.has_final_eval())
+    lines.push_back({"final", absl::StrCat(
+                                  "test accuracy ",
+                                  Fixed(status.final_test_accuracy(), 4),
+                                  ", test loss ",
+                                  Fixed(status.final_test_loss(), 4))});
+  lines.push_back({"elapsed", HumanDuration(status.elapsed_seconds())});
+  if (!status.message().empty()) lines.push_back({"message", status.message()});
+
+  size_t width = 0;
+  for (const auto& [label, value] : lines) width = std::max(width, label.size());
+  std::string out;
+  for (const auto& [label, value] : lines)
+    absl::StrAppend(&out, label, std::string(width + 2 - label.size(), ' '),
+                    value, "\n");
+  return out;
+}
+
+std::string FormatWorkersTable(const v1::JobStatus& status) {
+  TextTable table({{"rank", true},
+                   {"state"},
+                   {"step", true},
+                   {"epoch", true},
+                   {"loss", true},
+                   {"samples/s", true},
+                   {"heartbeat", true},
+                   {"straggler"},
+                   {"backend"},
+                   {"host"}});
+  for (const v1::WorkerStatus& w : status.workers()) {
+    const v1::WorkerProgress& p = w.progress();
+    table.AddRow({absl::StrCat(w.rank()), MemberStateName(w.state()),
+                  p.total_steps() > 0
+                      ? absl::StrCat(p.step(), "/", p.total_steps())
+                      : absl::StrCat(p.step()),
+                  absl::StrCat(p.epoch()), Fixed(p.loss(), 4),
+                  Fixed(p.samples_per_sec(), 1),
+                  absl::StrCat(HumanDuration(w.last_heartbeat_ms_ago() / 1000.0),
+                               " ago"),
+                  w.straggler() ? "*" : "", w.backend().empty() ? "-" : w.backend(),
+                  w.host().empty() ? "-" : w.host()});
+  }
+  return table.Render();
+}
+
+std::string FormatShardsTable(const v1::JobStatus& status) {
+  TextTable table({{"shard", true},
+                   {"address"},
+                   {"version", true},
+                   {"chunks", true},
+                   {"MiB", true},
+                   {"in", true},
+                   {"out", true},
+                   {"updates", true},
+                   {"pushes", true},
+                   {"pulls", true},
+                   {"dups", true},
+                   {"rejected", true},
+                   {"staleness mean/max", true},
+                   {"checkpoint"}});
+  for (const v1::ShardStatus& s : status.shards()) {
+    table.AddRow({absl::StrCat(s.shard()),
+                  s.address().empty() ? "-" : s.address(),
+                  absl::StrCat(s.version()), absl::StrCat(s.num_chunks()),
+                  Mib(s.num_elements() * 4), HumanBytes(s.bytes_in()),
+                  HumanBytes(s.bytes_out()), absl::StrCat(s.updates_applied()),
+                  absl::StrCat(s.pushes()), absl::StrCat(s.pulls()),
+                  absl::StrCat(s.duplicate_pushes()),
+                  absl::StrCat(s.rejected_pushes()),
+                  absl::StrCat(Fixed(s.staleness_mean(), 2), "/",
+                               s.staleness_max()),
+                  s.checkpoint_state().empty() ? "-" : s.checkpoint_state()});
+  }
+  return table.Render();
+}
+
+std::string FormatJobStatus(const v1::JobStatus& status) {
+  return absl::StrCat(FormatJobHeader(status), "\nworkers (",
+                      status.workers_size(), ")\n", FormatWorkersTable(status),
+                      "\nshards (", status.shards_size(), ")\n",
+                      FormatShardsTable(status));
+}
+
+std::string FormatStatusLine(const v1::JobStatus& status) {
+  int alive = 0;
+  for (const v1::WorkerStatus& w : status.workers())
+    if (w.state() == v1::MEMBER_STATE_ALIVE) ++alive;
+  std::string line = absl::StrCat(
+      JobStateName(status.state()), "  step ", status.global_step());
+  if (status.total_steps() > 0) absl::StrAppend(&line, "/", status.total_steps());
+  absl::StrAppend(&line, "  loss ", Fixed(status.loss(), 4), "  test acc ",
+                  Evaluation(status.test_accuracy()), "  ",
+                  Fixed(status.samples_per_sec(), 1), " samples/s  workers ",
+                  alive, "/", status.workers_size(), " alive  elapsed ",
+                  HumanDuration(status.elapsed_seconds()));
+  if (status.has_final_eval())
+    absl::StrAppend(&line, "  final test acc ",
+                    Fixed(status.final_test_accuracy(), 4));
+  if (!status.message().empty()) absl::StrAppend(&line, "  (", status.message(), ")");
+  return line;
+}
+
+std::string FormatShardMap(const v1::ShardMap& map) {
+  // Chunks of each tensor in offset order, as shard numbers.
+  std::vector<std::vector<std::pair<uint64_t, uint32_t>>> placement(
+      map.tensors_size());
+  for (const v1::ChunkSpec& c : map.chunks())
+    if (c.tensor_index() < placement.size())
+      placement[c.tensor_index()].push_back({c.offset(), c.shard()});
+
+  TextTable tensors({{"tensor"},
+                     {"shape"},
+                     {"elements", true},
+                     {"chunks", true},
+                     {"shard of each chunk"}});
+  for (int t = 0; t < map.tensors_size(); ++t) {
+    auto& chunks = placement[t];
+    std::sort(chunks.begin(), chunks.end());
+    std::vector<std::string> shards;
+    for (size_t i = 0; i < chunks.size() && i < kMaxPlacementShown; ++i)
+      shards.push_back(absl::StrCat(chunks[i].second));
+    std::string shown = absl::StrJoin(shards, " ");
+    if (chunks.size() > kMaxPlacementShown)
+      absl::StrAppend(&shown, " ... (+", chunks.size() - kMaxPlacementShown, ")");
+    const v1::TensorSpec& spec = map.tensors(t);
+    tensors.AddRow({spec.name(), Shape(spec), absl::StrCat(NumElements(spec)),
+                    absl::StrCat(chunks.size()), shown});
+  }
+
+  // Per-shard totals over the shards the map names or its chunks use.
+  uint32_t num_shards = map.shards_size();
+  for (const v1::ChunkSpec& c : map.chunks())
+    num_shards = std::max(num_shards, c.shard() + 1);
+  std::vector<uint64_t> chunk_count(num_shards), elements(num_shards);
+  for (const v1::ChunkSpec& c : map.chunks()) {
+    ++chunk_count[c.shard()];
+    elements[c.shard()] += c.num_elements();
+  }
+  std::vector<std::string> address(num_shards, "-");
+  for (const v1::ShardEndpoint& e : map.shards())
+    if (e.shard() < num_shards && !e.address().empty())
+      address[e.shard()] = e.address();
+
+  TextTable shards({{"shard", true},
+                    {"address"},
+                    {"chunks", true},
+                    {"elements", true},
+                    {"MiB", true}});
+  uint64_t total_elements = 0;
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    shards.AddRow({absl::StrCat(s), address[s], absl::StrCat(chunk_count[s]),
+                   absl::StrCat(elements[s]), Mib(elements[s] * 4)});
+    total_elements += elements[s];
+  }
+  shards.AddRow({"total", "", absl::StrCat(map.chunks_size()),
+                 absl::StrCat(total_elements), Mib(total_elements * 4)});
+
+  return absl::StrCat("shard map epoch ", map.epoch(), ": ", map.tensors_size(),
+                      " tensors, ", map.chunks_size(), " chunks on ",
+                      num_shards, " shards\n\n", tensors.Render(), "\n",
+                      shards.Render());
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok())
+    return absl::InternalError(absl::StrCat("cannot render ",
+                                            message.GetTypeName(), " as JSON: ",
+                                            status.ToString()));
+  return json;
+}
+
+}  // namespace grps

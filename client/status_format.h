@@ -1,0 +1,63 @@
+// Renderings of a job's status and shard map for people (grpsctl's tables)
+// and for scripts (JSON). Pure functions: no I/O, no clock; the same message
+// always gives the same text.
+//
+// Tables are plain text, columns separated by two spaces, numbers right
+// aligned, one row per line, every line ending in '\n'.
+#ifndef GRPS_CLIENT_STATUS_FORMAT_H_
+#define GRPS_CLIENT_STATUS_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "google/protobuf/message.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+namespace v1 = ::grps::v1;
+
+// Binary units with one decimal above 1 KiB: "512 B", "1.5 KiB", "64.0 MiB",
+// "2.0 GiB".
+std::string HumanBytes(uint64_t bytes);
+
+// A duration for people: "0.4s", "42.0s", "3m07s", "1h02m05s".
+std::string HumanDuration(double seconds);
+
+// Header lines: job id, state, mode, global step / total, samples/s, loss,
+// test accuracy, final evaluation (when there is one), elapsed, message.
+std::string FormatJobHeader(const v1::JobStatus& status);
+
+// One row per worker: rank, state, step, epoch, loss, samples/s, last
+// heartbeat ("0.4s ago"), straggler ("*" when flagged), backend, host.
+std::string FormatWorkersTable(const v1::JobStatus& status);
+
+// One row per shard: shard, address, version, chunks, MiB held (f32), bytes
+// in/out, updates, pushes, pulls, duplicate and rejected pushes, staleness
+// mean/max, and checkpoint state.
+std::string FormatShardsTable(const v1::JobStatus& status);
+
+// Header, workers table and shards table, separated by blank lines: what
+// `grpsctl status` prints.
+std::string FormatJobStatus(const v1::JobStatus& status);
+
+// One line summing up a snapshot (state, step, loss, accuracy, throughput,
+// live workers, elapsed), without a trailing newline: what `grpsctl watch`
+// prints per snapshot when stdout is not a terminal.
+std::string FormatStatusLine(const v1::JobStatus& status);
+
+// Per tensor: name, shape, elements, number of chunks and the shard of each
+// chunk in offset order; then per shard: address, chunks, elements, MiB; then
+// totals. Requires nothing of the map (works on an invalid one too).
+std::string FormatShardMap(const v1::ShardMap& map);
+
+// `message` as one line of JSON with the .proto field names (job_id, not
+// jobId) and every field present, defaults included. Enums are their names
+// and 64-bit integers are strings, as in the proto3 JSON mapping, so
+// google::protobuf::util::JsonStringToMessage reads it back unchanged.
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
+
+}  // namespace grps
+
+#endif  // GRPS_CLIENT_STATUS_FORMAT_H_

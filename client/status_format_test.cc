@@ -1,0 +1,294 @@
+#include "client/status_format.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The line of `text` that starts with `prefix` (after leading spaces).
+std::string LineStartingWith(const std::string& text, const std::string& prefix) {
+  for (const std::string& line : Lines(text)) {
+    size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos && line.compare(first, prefix.size(), prefix) == 0)
+      return line;
+  }
+  return "";
+}
+
+v1::JobStatus RunningJob() {
+  v1::JobStatus s;
+  s.set_job_id("sync-20240101-120000");
+  s.set_state(v1::JOB_STATE_RUNNING);
+  s.set_mode(v1::MODE_SYNC);
+  *s.mutable_config() = DefaultJobConfig();
+  s.set_global_step(120);
+  s.set_total_steps(400);
+  s.set_samples_per_sec(2345.6f);
+  s.set_loss(0.4321f);
+  s.set_test_accuracy(0.8123f);
+  s.set_test_loss(0.5f);
+  s.set_elapsed_seconds(83);
+  s.set_membership_epoch(4);
+
+  v1::WorkerStatus* w0 = s.add_workers();
+  w0->set_rank(0);
+  w0->set_incarnation(1);
+  w0->set_host("node-a");
+  w0->set_backend("cpu");
+  w0->set_state(v1::MEMBER_STATE_ALIVE);
+  w0->set_last_heartbeat_ms_ago(400);
+  v1::WorkerProgress* p0 = w0->mutable_progress();
+  p0->set_step(121);
+  p0->set_total_steps(400);
+  p0->set_epoch(1);
+  p0->set_loss(0.43f);
+  p0->set_samples_per_sec(1200.5f);
+  p0->set_test_accuracy(-1);
+  p0->set_samples(7744);
+
+  v1::WorkerStatus* w1 = s.add_workers();
+  *w1 = *w0;
+  w1->set_rank(1);
+  w1->set_backend("cuda (NVIDIA H100)");
+  w1->set_straggler(true);
+  w1->set_last_heartbeat_ms_ago(2500);
+  w1->mutable_progress()->set_step(97);
+
+  v1::ShardStatus* sh = s.add_shards();
+  sh->set_shard(0);
+  sh->set_address("127.0.0.1:40001");
+  sh->set_incarnation(1);
+  sh->set_version(120);
+  sh->set_num_chunks(5);
+  sh->set_num_elements(1 << 20);  // 4 MiB of f32
+  sh->set_bytes_in(3 * 1024 * 1024 + 512 * 1024);
+  sh->set_bytes_out(1536);
+  sh->set_updates_applied(600);
+  sh->set_pushes(240);
+  sh->set_pulls(242);
+  sh->set_duplicate_pushes(2);
+  sh->set_rejected_pushes(7);
+  sh->set_staleness_mean(1.25);
+  sh->set_staleness_max(6);
+  sh->add_staleness_histogram(10);
+  sh->add_staleness_histogram(3);
+  return s;
+}
+
+TEST(HumanBytes, UsesBinaryUnitsWithOneDecimal) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(1023), "1023 B");
+  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(HumanBytes(64ull << 20), "64.0 MiB");
+  EXPECT_EQ(HumanBytes(5ull << 30), "5.0 GiB");
+}
+
+TEST(HumanDuration, ShowsSecondsThenMinutesThenHours) {
+  EXPECT_EQ(HumanDuration(0.4), "0.4s");
+  EXPECT_EQ(HumanDuration(42), "42.0s");
+  EXPECT_EQ(HumanDuration(187), "3m07s");
+  EXPECT_EQ(HumanDuration(3725), "1h02m05s");
+  EXPECT_EQ(HumanDuration(-1), "0.0s");
+}
+
+TEST(JobHeader, ShowsIdStateModeStepOfTotalAndEvaluation) {
+  std::string header = FormatJobHeader(RunningJob());
+  EXPECT_THAT(LineStartingWith(header, "job"), HasSubstr("sync-20240101-120000"));
+  EXPECT_THAT(LineStartingWith(header, "state"), HasSubstr("running"));
+  EXPECT_THAT(LineStartingWith(header, "mode"), HasSubstr("sync"));
+  EXPECT_THAT(LineStartingWith(header, "global step"), HasSubstr("120 / 400 (30.0%)"));
+  EXPECT_THAT(LineStartingWith(header, "samples/s"), HasSubstr("2345.6"));
+  EXPECT_THAT(LineStartingWith(header, "loss"), HasSubstr("0.4321"));
+  EXPECT_THAT(LineStartingWith(header, "test accuracy"), HasSubstr("0.8123"));
+  EXPECT_THAT(LineStartingWith(header, "elapsed"), HasSubstr("1m23s"));
+  EXPECT_EQ(LineStartingWith(header, "final"), "");
+  EXPECT_EQ(LineStartingWith(header, "message"), "");
+}
+
+TEST(JobHeader, ShowsDashBeforeTheFirstEvaluation) {
+  v1::JobStatus s = RunningJob();
+  s.set_test_accuracy(-1);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "test accuracy"),
+              ::testing::EndsWith("-"));
+}
+
+TEST(JobHeader, ShowsFinalEvaluationStalenessBoundAndMessage) {
+  v1::JobStatus s = RunningJob();
+  s.set_state(v1::JOB_STATE_COMPLETED);
+  s.set_mode(v1::MODE_SSP);
+  s.mutable_config()->set_staleness_bound(3);
+  s.set_has_final_eval(true);
+  s.set_final_test_accuracy(0.8567f);
+  s.set_final_test_loss(0.41f);
+  s.set_message("all workers finished");
+  std::string header = FormatJobHeader(s);
+  EXPECT_THAT(LineStartingWith(header, "mode"), HasSubstr("ssp (s=3)"));
+  EXPECT_THAT(LineStartingWith(header, "final"), HasSubstr("test accuracy 0.8567"));
+  EXPECT_THAT(LineStartingWith(header, "final"), HasSubstr("test loss 0.4100"));
+  EXPECT_THAT(LineStartingWith(header, "message"), HasSubstr("all workers finished"));
+}
+
+TEST(WorkersTable, HasEveryColumnAndOneRowPerWorker) {
+  std::vector<std::string> lines = Lines(FormatWorkersTable(RunningJob()));
+  ASSERT_EQ(lines.size(), 3u);
+  for (const char* column : {"rank", "state", "step", "epoch", "loss",
+                             "samples/s", "heartbeat", "straggler", "backend"})
+    EXPECT_THAT(lines[0], HasSubstr(column));
+  EXPECT_THAT(lines[1], HasSubstr("alive"));
+  EXPECT_THAT(lines[1], HasSubstr("121/400"));
+  EXPECT_THAT(lines[1], HasSubstr("0.4300"));
+  EXPECT_THAT(lines[1], HasSubstr("1200.5"));
+  EXPECT_THAT(lines[1], HasSubstr("0.4s ago"));
+  EXPECT_THAT(lines[2], HasSubstr("2.5s ago"));
+  EXPECT_THAT(lines[2], HasSubstr("cuda (NVIDIA H100)"));
+}
+
+TEST(WorkersTable, MarksOnlyStragglersWithAStar) {
+  std::vector<std::string> lines = Lines(FormatWorkersTable(RunningJob()));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1].find('*'), std::string::npos);
+  size_t star = lines[2].find('*');
+  ASSERT_NE(star, std::string::npos);
+  // The star sits under the straggler column's title.
+  size_t column = lines[0].find("straggler");
+  EXPECT_GE(star, column);
+  EXPECT_LT(star, column + std::string("straggler").size());
+}
+
+TEST(WorkersTable, AlignsColumnsAcrossRows) {
+  std::vector<std::string> lines = Lines(FormatWorkersTable(RunningJob()));
+  ASSERT_EQ(lines.size(), 3u);
+  // Right-aligned numbers end under their titles.
+  size_t title_end = lines[0].find("samples/s") + std::string("samples/s").size();
+  EXPECT_EQ(lines[1].substr(title_end - 6, 6), "1200.5");
+  EXPECT_EQ(lines[2].substr(title_end - 6, 6), "1200.5");
+}
+
+TEST(ShardsTable, ShowsCountersWithHumanBytesAndStaleness) {
+  std::vector<std::string> lines = Lines(FormatShardsTable(RunningJob()));
+  ASSERT_EQ(lines.size(), 2u);
+  for (const char* column : {"shard", "address", "version", "chunks", "MiB", "in",
+                             "out", "updates", "pushes", "pulls", "rejected",
+                             "staleness mean/max"})
+    EXPECT_THAT(lines[0], HasSubstr(column));
+  const std::string& row = lines[1];
+  EXPECT_THAT(row, HasSubstr("127.0.0.1:40001"));
+  EXPECT_THAT(row, HasSubstr("4.00"));      // 2^20 f32 elements
+  EXPECT_THAT(row, HasSubstr("3.5 MiB"));   // bytes in
+  EXPECT_THAT(row, HasSubstr("1.5 KiB"));   // bytes out
+  EXPECT_THAT(row, HasSubstr("600"));
+  EXPECT_THAT(row, HasSubstr("1.25/6"));
+}
+
+TEST(JobStatusText, HasHeaderThenWorkersThenShards) {
+  std::string text = FormatJobStatus(RunningJob());
+  size_t header = text.find("sync-20240101-120000");
+  size_t workers = text.find("workers (2)");
+  size_t shards = text.find("shards (1)");
+  ASSERT_NE(header, std::string::npos);
+  ASSERT_NE(workers, std::string::npos);
+  ASSERT_NE(shards, std::string::npos);
+  EXPECT_LT(header, workers);
+  EXPECT_LT(workers, shards);
+}
+
+TEST(StatusLine, IsOneLineWithStepLossAccuracyAndLiveWorkers) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_workers(1)->set_state(v1::MEMBER_STATE_DEAD);
+  std::string line = FormatStatusLine(s);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_THAT(line, HasSubstr("running"));
+  EXPECT_THAT(line, HasSubstr("step 120/400"));
+  EXPECT_THAT(line, HasSubstr("loss 0.4321"));
+  EXPECT_THAT(line, HasSubstr("test acc 0.8123"));
+  EXPECT_THAT(line, HasSubstr("workers 1/2 alive"));
+}
+
+TEST(ShardMapText, ListsPlacementPerTensorAndTotalsPerShard) {
+  v1::JobConfig config = DefaultJobConfig();
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+  ASSERT_TRUE(map.ok()) << map.status();
+  map->mutable_shards(0)->set_address("127.0.0.1:5000");
+  std::string text = FormatShardMap(*map);
+
+  // dense_0/weight is 784x256 f32 = 784 KiB: four chunks of 196 KiB, placed
+  // alternately so that neither shard is a hotspot.
+  std::string weight = LineStartingWith(text, "dense_0/weight");
+  EXPECT_THAT(weight, HasSubstr("784x256"));
+  EXPECT_THAT(weight, HasSubstr("200704"));
+  std::vector<std::string> placement;
+  for (const v1::ChunkSpec& c : map->chunks())
+    if (c.tensor_index() == 0) placement.push_back(std::to_string(c.shard()));
+  ASSERT_GT(placement.size(), 1u);
+  EXPECT_THAT(weight, ::testing::EndsWith(absl::StrCat(
+                          "  ", placement.size(), "  ", absl::StrJoin(placement, " "))));
+
+  std::string shard0 = LineStartingWith(text, "0  127.0.0.1:5000");
+  ASSERT_NE(shard0, "") << text;
+  std::vector<uint64_t> bytes = BytesPerShard(*map);
+  std::string total = LineStartingWith(text, "total");
+  EXPECT_THAT(total, HasSubstr(std::to_string(map->chunks_size())));
+  EXPECT_THAT(total, HasSubstr(std::to_string((bytes[0] + bytes[1]) / 4)));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(map->chunks_size(), " chunks on 2 shards")));
+}
+
+TEST(ShardMapText, CutsLongPlacementListsAndCountsTheRest) {
+  v1::ShardMap map;
+  v1::TensorSpec* t = map.add_tensors();
+  t->set_name("big");
+  t->add_shape(40);
+  for (int i = 0; i < 20; ++i) {
+    v1::ChunkSpec* c = map.add_chunks();
+    c->set_chunk_id(i);
+    c->set_offset(2 * i);
+    c->set_num_elements(2);
+    c->set_shard(i % 3);
+  }
+  EXPECT_THAT(LineStartingWith(FormatShardMap(map), "big"), HasSubstr("... (+4)"));
+}
+
+TEST(Json, UsesProtoFieldNamesAndPrintsDefaults) {
+  v1::JobStatus s = RunningJob();
+  absl::StatusOr<std::string> json = ToJson(s);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->find('\n'), std::string::npos);
+  EXPECT_THAT(*json, HasSubstr("\"job_id\":\"sync-20240101-120000\""));
+  EXPECT_THAT(*json, HasSubstr("\"state\":\"JOB_STATE_RUNNING\""));
+  EXPECT_THAT(*json, HasSubstr("\"last_heartbeat_ms_ago\""));
+  EXPECT_THAT(*json, HasSubstr("\"has_final_eval\":false"));  // a default
+  EXPECT_EQ(json->find("jobId"), std::string::npos);
+}
+
+TEST(Json, ParsesBackToTheSameMessage) {
+  v1::JobStatus original = RunningJob();
+  absl::StatusOr<std::string> json = ToJson(original);
+  ASSERT_TRUE(json.ok()) << json.status();
+  v1::JobStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &parsed).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(original, parsed))
+      << parsed.DebugString();
+}
+
+}  // namespace
+}  // namespace grps

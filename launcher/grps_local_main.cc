@@ -1,0 +1,177 @@
+// grps-local: runs a whole training job on this machine (a coordinator, N
+// servers and M workers on loopback), shows its progress and prints the
+// result. See launcher/local_launcher.h for what it does and leaves behind.
+//
+// Job settings (model, optimizer, steps, ...) are passed to the coordinator
+// only when set here (on the command line or as GRPS_<FLAG>); the others take
+// the coordinator's defaults, so the two never disagree.
+//
+// Exit status: 0 the job completed; 1 it failed (see the message and the run
+// dir's logs); 2 a usage error; 130 interrupted (Ctrl-C or SIGTERM).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/daemon.h"
+#include "job/job_config.h"
+#include "launcher/local_launcher.h"
+
+// Launcher settings.
+ABSL_FLAG(std::string, mode, "sync", "consistency mode: sync, async or ssp");
+ABSL_FLAG(uint32_t, servers, 2, "parameter server shards (grps-server processes)");
+ABSL_FLAG(uint32_t, workers, 2, "workers (grps-worker processes)");
+ABSL_FLAG(std::string, backend, "auto", "the workers' compute backend: auto, cpu or cuda");
+ABSL_FLAG(std::string, run_dir, "",
+          "where logs, the port file and training curves go "
+          "(default runs/<mode>-<YYYYmmdd-HHMMSS> under the current directory)");
+ABSL_FLAG(std::string, result_json, "",
+          "write the result (accuracy, throughput, wall time) as JSON here");
+ABSL_FLAG(std::string, bin_dir, "",
+          "directory of grps-coordinator, grps-server and grps-worker "
+          "(default: this program's directory)");
+ABSL_FLAG(double, timeout_s, 0, "fail the job after this many seconds (0 = never)");
+
+// Job settings, forwarded to the coordinator when set (see kJobFlags).
+ABSL_FLAG(std::optional<std::string>, model, std::nullopt,
+          "model: mlp or softmax (coordinator default: mlp)");
+ABSL_FLAG(std::optional<std::string>, hidden, std::nullopt,
+          "mlp hidden layer widths, e.g. 256,128 (coordinator default: 256,128)");
+ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
+          "sgd, momentum, nesterov, adam or adagrad (coordinator default: momentum)");
+ABSL_FLAG(std::optional<float>, lr, std::nullopt, "learning rate");
+ABSL_FLAG(std::optional<float>, momentum, std::nullopt, "momentum (momentum, nesterov)");
+ABSL_FLAG(std::optional<float>, weight_decay, std::nullopt, "weight decay");
+ABSL_FLAG(std::optional<uint32_t>, warmup_steps, std::nullopt,
+          "learning-rate warm-up updates");
+ABSL_FLAG(std::optional<uint32_t>, decay_steps, std::nullopt,
+          "decay the learning rate every this many updates");
+ABSL_FLAG(std::optional<float>, decay_rate, std::nullopt, "learning-rate decay factor");
+ABSL_FLAG(std::optional<uint32_t>, batch, std::nullopt, "examples per worker per step");
+ABSL_FLAG(std::optional<uint32_t>, epochs, std::nullopt,
+          "passes over each worker's data (when --steps is not set)");
+ABSL_FLAG(std::optional<uint64_t>, steps, std::nullopt, "steps per worker");
+ABSL_FLAG(std::optional<std::string>, dataset, std::nullopt,
+          "IDX dataset directory (coordinator default: "
+          "/usr/share/datasets/fashion-mnist)");
+ABSL_FLAG(std::optional<uint64_t>, train_limit, std::nullopt,
+          "use only the first N training examples");
+ABSL_FLAG(std::optional<uint64_t>, test_limit, std::nullopt,
+          "use only the first N test examples");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "seed for initialization and shuffling");
+ABSL_FLAG(std::optional<uint64_t>, chunk_kb, std::nullopt, "dense chunk size in KiB");
+ABSL_FLAG(std::optional<std::string>, wire_dtype, std::nullopt,
+          "dtype on the wire: f32, f16 or bf16");
+ABSL_FLAG(std::optional<uint32_t>, eval_every, std::nullopt,
+          "evaluate every this many steps (0 = only at the end)");
+ABSL_FLAG(std::optional<uint32_t>, heartbeat_ms, std::nullopt, "heartbeat interval (ms)");
+ABSL_FLAG(std::optional<uint32_t>, heartbeat_timeout_ms, std::nullopt,
+          "a member silent this long (ms) is dead");
+ABSL_FLAG(std::optional<uint32_t>, staleness, std::nullopt, "ssp staleness bound");
+ABSL_FLAG(std::optional<uint32_t>, max_staleness, std::nullopt,
+          "async: reject gradients staler than this");
+ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,
+          "async: scale the learning rate by 1 / (1 + staleness)");
+
+namespace grps {
+namespace {
+
+// The job flags above, named as grps-coordinator names them.
+constexpr const char* kJobFlags[] = {
+    "model",        "hidden",      "optimizer",  "lr",           "momentum",
+    "weight_decay", "warmup_steps", "decay_steps", "decay_rate",  "batch",
+    "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
+    "seed",         "chunk_kb",    "wire_dtype", "eval_every",   "heartbeat_ms",
+    "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
+};
+
+constexpr char kUsage[] =
+    "runs a whole grps training job on this machine: a coordinator, the\n"
+    "servers and the workers as separate processes on loopback; shows its\n"
+    "progress and prints the final test accuracy.\n"
+    "\n"
+    "usage: grps-local [--mode=sync|async|ssp] [--servers=2] [--workers=2]\n"
+    "                  [--steps=N] [--run_dir=DIR] [--result_json=FILE] ...\n"
+    "\n"
+    "Job settings left unset (shown as \"default: ;\") take grps-coordinator's\n"
+    "defaults. Every flag can also be set as GRPS_<FLAG>. Exit status: 0 completed,\n"
+    "1 failed, 2 usage error, 130 interrupted.";
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "grps-local: %s\n", message.c_str());
+  return 2;
+}
+
+// The directory this program lives in.
+std::string OwnDirectory() {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : self.parent_path().string();
+}
+
+// `base`, or base-2, base-3, ... if it exists (two launches in one second).
+std::string Unused(const std::string& base) {
+  std::string dir = base;
+  for (int i = 2; std::filesystem::exists(dir); ++i) dir = absl::StrCat(base, "-", i);
+  return dir;
+}
+
+int Main(int argc, char** argv) {
+  // --help lists this file's flags (absl looks for a file named like the
+  // program, grps-local, which has a dash).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "grps_local_main");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
+  if (args.size() > 1)
+    return UsageError(absl::StrCat("unexpected argument '", args[1], "'"));
+
+  LaunchOptions options;
+  options.mode = absl::GetFlag(FLAGS_mode);
+  if (absl::Status s = ParseMode(options.mode).status(); !s.ok())
+    return UsageError(absl::StrCat("--mode: ", s.message()));
+  options.servers = absl::GetFlag(FLAGS_servers);
+  options.workers = absl::GetFlag(FLAGS_workers);
+  if (options.servers == 0 || options.workers == 0)
+    return UsageError("--servers and --workers must be at least 1");
+  options.backend = absl::GetFlag(FLAGS_backend);
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (!(timeout_s >= 0)) return UsageError("--timeout_s must be >= 0");
+  options.timeout = absl::Seconds(timeout_s);
+
+  std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (run_dir.empty())
+    run_dir = Unused(DefaultRunDir(options.mode, absl::Now(), absl::LocalTimeZone()));
+  options.run_dir = std::filesystem::absolute(run_dir).lexically_normal().string();
+  options.job_id = std::filesystem::path(options.run_dir).filename().string();
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (options.bin_dir.empty()) options.bin_dir = OwnDirectory();
+  options.result_json = absl::GetFlag(FLAGS_result_json);
+
+  for (const char* name : kJobFlags) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string value = flag->CurrentValue();  // "" while unset
+    if (!value.empty()) options.job_flags.push_back({name, value});
+  }
+
+  InstallShutdownHandlers();
+  LocalLauncher launcher(std::move(options), stdout, ShutdownRequested);
+  return launcher.Run();
+}
+
+}  // namespace
+}  // namespace grps
+
+int main(int argc, char** argv) { return grps::Main(argc, argv); }

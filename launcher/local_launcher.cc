@@ -1,0 +1,438 @@
+#include "launcher/local_launcher.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/job_client.h"
+#include "client/status_format.h"
+#include "job/job_config.h"
+
+namespace grps {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kCoordinatorBinary[] = "grps-coordinator";
+constexpr char kServerBinary[] = "grps-server";
+constexpr char kWorkerBinary[] = "grps-worker";
+constexpr char kLoopbackAnyPort[] = "127.0.0.1:0";
+constexpr int kLogTailLines = 20;
+constexpr size_t kLogTailBytes = 64 * 1024;
+constexpr absl::Duration kSupervisePeriod = absl::Milliseconds(50);
+
+std::string InDir(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonNumber(std::optional<double> value) {
+  if (!value || !std::isfinite(*value)) return "null";
+  return absl::StrFormat("%.6g", *value);
+}
+
+// Writes `contents` to a temporary file beside `path`, then renames it over
+// `path`.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << contents;
+    f.flush();
+    if (!f)
+      return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ",
+                                                 std::strerror(errno)));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+int TerminalWidth(std::FILE* out) {
+  winsize ws = {};
+  if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
+
+const std::string* FindJobFlag(const LaunchOptions& options, const std::string& name) {
+  for (const auto& [n, v] : options.job_flags)
+    if (n == name) return &v;
+  return nullptr;
+}
+
+}  // namespace
+
+ChildSpec CoordinatorSpec(const LaunchOptions& options) {
+  ChildSpec spec{"coordinator",
+                 {InDir(options.bin_dir, kCoordinatorBinary),
+                  absl::StrCat("--listen=", kLoopbackAnyPort),
+                  absl::StrCat("--port_file=", CoordinatorPortFile(options))},
+                 InDir(options.run_dir, "coordinator.log")};
+  if (!options.job_id.empty())
+    spec.argv.push_back(absl::StrCat("--job_id=", options.job_id));
+  spec.argv.push_back(absl::StrCat("--mode=", options.mode));
+  spec.argv.push_back(absl::StrCat("--servers=", options.servers));
+  spec.argv.push_back(absl::StrCat("--workers=", options.workers));
+  for (const auto& [name, value] : options.job_flags)
+    spec.argv.push_back(absl::StrCat("--", name, "=", value));
+  return spec;
+}
+
+ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
+                     const std::string& coordinator) {
+  return ChildSpec{absl::StrCat("server-", shard),
+                   {InDir(options.bin_dir, kServerBinary),
+                    absl::StrCat("--coordinator=", coordinator),
+                    absl::StrCat("--listen=", kLoopbackAnyPort),
+                    absl::StrCat("--shard=", shard)},
+                   InDir(options.run_dir, absl::StrCat("server-", shard, ".log"))};
+}
+
+ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
+                     const std::string& coordinator) {
+  return ChildSpec{
+      absl::StrCat("worker-", rank),
+      {InDir(options.bin_dir, kWorkerBinary),
+       absl::StrCat("--coordinator=", coordinator), absl::StrCat("--rank=", rank),
+       absl::StrCat("--backend=", options.backend),
+       absl::StrCat("--curve_csv=",
+                    InDir(options.run_dir, absl::StrCat("curve-worker-", rank, ".csv")))},
+      InDir(options.run_dir, absl::StrCat("worker-", rank, ".log"))};
+}
+
+std::string CoordinatorPortFile(const LaunchOptions& options) {
+  return InDir(options.run_dir, "coordinator.port");
+}
+
+std::string DefaultRunDir(const std::string& mode, absl::Time now,
+                          absl::TimeZone zone) {
+  return absl::StrCat("runs/", mode, "-", absl::FormatTime("%Y%m%d-%H%M%S", now, zone));
+}
+
+absl::StatusOr<int> ParsePort(const std::string& contents) {
+  int port = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(contents), &port) || port < 1 ||
+      port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a port number: '", contents, "'"));
+  return port;
+}
+
+std::string TailOfFile(const std::string& path, int max_lines) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::StrCat("(cannot read ", path, ": ", std::strerror(errno), ")\n");
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  const std::streamoff start =
+      size > static_cast<std::streamoff>(kLogTailBytes) ? size - kLogTailBytes : 0;
+  f.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (text.empty()) return "(empty)\n";
+  if (text.back() != '\n') text += '\n';
+  // Walk back over max_lines line ends (the last one ends the last line).
+  size_t begin = text.size() - 1;
+  for (int lines = 0; begin > 0; --begin)
+    if (text[begin - 1] == '\n' && ++lines == max_lines) break;
+  return text.substr(begin);
+}
+
+RunResult ResultOf(const LaunchOptions& options,
+                   const std::optional<v1::JobStatus>& latest,
+                   const std::optional<v1::JobStatus>& final_eval,
+                   double wall_seconds) {
+  RunResult r;
+  r.mode = options.mode;
+  r.servers = options.servers;
+  r.workers = options.workers;
+  if (const std::string* model = FindJobFlag(options, "model")) r.model = *model;
+  if (const std::string* opt = FindJobFlag(options, "optimizer")) r.optimizer = *opt;
+  r.wall_seconds = wall_seconds;
+  r.run_dir = options.run_dir;
+  if (latest) {
+    const v1::JobConfig& config = latest->config();
+    if (config.mode() != v1::MODE_UNSPECIFIED) r.mode = ModeName(config.mode());
+    if (config.model() != v1::MODEL_UNSPECIFIED) r.model = ModelName(config.model());
+    if (config.optimizer().kind() != v1::OPTIMIZER_UNSPECIFIED)
+      r.optimizer = OptimizerName(config.optimizer().kind());
+    if (config.num_servers() > 0) r.servers = config.num_servers();
+    if (config.num_workers() > 0) r.workers = config.num_workers();
+    r.steps = static_cast<uint64_t>(std::llround(ProgressOf(*latest).step));
+    uint64_t samples = 0;
+    for (const v1::WorkerStatus& w : latest->workers()) samples += w.progress().samples();
+    if (wall_seconds > 0) r.samples_per_sec = samples / wall_seconds;
+  }
+  if (final_eval) {
+    r.final_test_accuracy = final_eval->final_test_accuracy();
+    r.final_test_loss = final_eval->final_test_loss();
+  }
+  return r;
+}
+
+std::string ResultJson(const RunResult& r) {
+  std::string json = absl::StrCat(
+      "{\"mode\":", JsonString(r.mode), ",\"servers\":", r.servers,
+      ",\"workers\":", r.workers, ",\"model\":", JsonString(r.model),
+      ",\"optimizer\":", JsonString(r.optimizer), ",\"steps\":", r.steps,
+      ",\"final_test_accuracy\":", JsonNumber(r.final_test_accuracy),
+      ",\"final_test_loss\":", JsonNumber(r.final_test_loss),
+      ",\"wall_seconds\":", JsonNumber(r.wall_seconds),
+      ",\"samples_per_sec\":", JsonNumber(r.samples_per_sec),
+      ",\"run_dir\":", JsonString(r.run_dir), ",\"exit\":", JsonString(r.exit));
+  if (r.exit != "ok") absl::StrAppend(&json, ",\"error\":", JsonString(r.error));
+  return json + "}\n";
+}
+
+LocalLauncher::LocalLauncher(LaunchOptions options, std::FILE* out,
+                             std::function<bool()> interrupted)
+    : options_(std::move(options)),
+      out_(out),
+      interrupted_(std::move(interrupted)),
+      tty_(isatty(fileno(out)) == 1) {}
+
+void LocalLauncher::Say(const std::string& message) {
+  if (bar_drawn_) std::fputc('\n', out_);
+  bar_drawn_ = false;
+  std::fprintf(out_, "%s\n", message.c_str());
+  std::fflush(out_);
+}
+
+absl::Status LocalLauncher::StartChild(const ChildSpec& spec) {
+  auto child = std::make_unique<ChildProcess>(spec.name, spec.argv, spec.log_path);
+  absl::Status s = child->Start();
+  children_.push_back(std::move(child));
+  return s;
+}
+
+void LocalLauncher::RefreshStatus() {
+  if (feed_ == nullptr) return;
+  if (auto latest = feed_->Latest()) latest_ = std::move(latest);
+  if (auto final_eval = feed_->WithFinalEval()) final_eval_ = std::move(final_eval);
+}
+
+void LocalLauncher::ShowProgress(absl::Time now) {
+  if (!latest_) return;
+  const uint64_t count = feed_->count();
+  const bool fresh = count != snapshots_seen_;
+  snapshots_seen_ = count;
+  JobProgress progress = ProgressOf(*latest_);
+  // The rate counts from the first step, not from start-up (loading data).
+  if (fresh && progress.state == v1::JOB_STATE_RUNNING && progress.step > 0)
+    eta_.Observe(now, progress.step);
+  std::optional<double> eta = eta_.SecondsLeft(progress.total);
+  if (tty_) {
+    if (!fresh) return;
+    std::fprintf(out_, "\r%s\033[K",
+                 ProgressBar(progress, eta, TerminalWidth(out_) - 1).c_str());
+    bar_drawn_ = true;
+  } else {
+    if (now < next_plain_line_) return;
+    std::fprintf(out_, "%s\n", ProgressLine(progress, eta).c_str());
+    next_plain_line_ = now + options_.plain_progress_period;
+  }
+  std::fflush(out_);
+}
+
+int LocalLauncher::Run() {
+  start_ = absl::Now();
+  std::error_code ec;
+  fs::create_directories(options_.run_dir, ec);
+  if (ec)
+    return Finish("failed",
+                  absl::StrCat("cannot create run dir ", options_.run_dir, ": ",
+                               ec.message()),
+                  nullptr);
+  std::fprintf(out_, "run dir: %s\n", options_.run_dir.c_str());
+  std::fflush(out_);
+
+  for (const char* binary : {kCoordinatorBinary, kServerBinary, kWorkerBinary}) {
+    const std::string path = InDir(options_.bin_dir, binary);
+    if (access(path.c_str(), X_OK) != 0)
+      return Finish("failed",
+                    absl::StrCat("cannot find ", binary, " in ", options_.bin_dir,
+                                 " (build it, or point --bin_dir at it)"),
+                    nullptr);
+  }
+
+  // The coordinator first; the others need its address.
+  const std::string port_file = CoordinatorPortFile(options_);
+  fs::remove(port_file, ec);
+  if (absl::Status s = StartChild(CoordinatorSpec(options_)); !s.ok())
+    return Finish("failed", std::string(s.message()), nullptr);
+  const ChildProcess& coordinator = *children_.front();
+  const absl::Time port_deadline = absl::Now() + options_.port_file_timeout;
+  std::string address;
+  while (address.empty()) {
+    if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
+    if (children_.front()->Poll())
+      return Finish("failed",
+                    absl::StrCat("coordinator ", coordinator.DescribeExit(),
+                                 " before it was listening"),
+                    &coordinator);
+    std::ifstream f(port_file);
+    std::stringstream contents;
+    contents << f.rdbuf();
+    if (absl::StatusOr<int> port = ParsePort(contents.str()); f && port.ok()) {
+      address = absl::StrCat("127.0.0.1:", *port);
+      break;
+    }
+    if (absl::Now() >= port_deadline)
+      return Finish("failed",
+                    absl::StrCat("coordinator wrote no port to ", port_file, " within ",
+                                 absl::FormatDuration(options_.port_file_timeout)),
+                    &coordinator);
+    absl::SleepFor(kSupervisePeriod);
+  }
+  Say(absl::StrCat("coordinator: ", address, "   (grpsctl --coordinator=", address,
+                   " status)"));
+
+  for (uint32_t shard = 0; shard < options_.servers; ++shard)
+    if (absl::Status s = StartChild(ServerSpec(options_, shard, address)); !s.ok())
+      return Finish("failed", std::string(s.message()), nullptr);
+  for (uint32_t rank = 0; rank < options_.workers; ++rank)
+    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address)); !s.ok())
+      return Finish("failed", std::string(s.message()), nullptr);
+  Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
+                   " workers; logs in ", options_.run_dir));
+  // Only now: every fork above happened before gRPC's client threads exist.
+  feed_ = std::make_unique<StatusFeed>(address, options_.status_interval);
+
+  // Supervise until every child has exited 0, or something goes wrong.
+  std::optional<absl::Time> ended_at;
+  while (true) {
+    if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
+    bool all_exited = true;
+    for (const auto& child : children_) {
+      if (!child->Poll()) {
+        all_exited = false;
+      } else if (!child->succeeded()) {
+        return Finish("failed", absl::StrCat(child->name(), " ", child->DescribeExit()),
+                      child.get());
+      }
+    }
+    if (all_exited) break;
+    const absl::Time now = absl::Now();
+    if (options_.timeout > absl::ZeroDuration() && now - start_ >= options_.timeout)
+      return Finish("timeout",
+                    absl::StrCat("timed out after ",
+                                 absl::FormatDuration(options_.timeout)),
+                    nullptr);
+    RefreshStatus();
+    ShowProgress(now);
+    if (!ended_at && (coordinator.exited() || (latest_ && JobEnded(latest_->state()))))
+      ended_at = now;
+    if (ended_at && now - *ended_at > options_.exit_grace) {
+      std::vector<std::string> running;
+      for (const auto& child : children_)
+        if (child->running()) running.push_back(child->name());
+      return Finish("failed",
+                    absl::StrCat(absl::StrJoin(running, ", "), " still running ",
+                                 absl::FormatDuration(options_.exit_grace),
+                                 " after the job ended"),
+                    nullptr);
+    }
+    absl::SleepFor(kSupervisePeriod);
+  }
+
+  // Every child exited 0. A job stopped by an operator ends that way too.
+  feed_->Stop();
+  RefreshStatus();
+  if (latest_ && (latest_->state() == v1::JOB_STATE_FAILED ||
+                  latest_->state() == v1::JOB_STATE_STOPPED))
+    return Finish(latest_->state() == v1::JOB_STATE_STOPPED ? "stopped" : "failed",
+                  absl::StrCat("job ", JobStateName(latest_->state()),
+                               latest_->message().empty() ? "" : ": ",
+                               latest_->message()),
+                  nullptr);
+  return Finish("ok", "", nullptr);
+}
+
+int LocalLauncher::Finish(const std::string& exit, const std::string& error,
+                          const ChildProcess* failed_child) {
+  const bool ok = exit == "ok";
+  if (!ok) Say(absl::StrCat("grps-local: ", error));
+  if (failed_child != nullptr)
+    Say(absl::StrCat("--- last lines of ", failed_child->log_path(), " (pid ",
+                     failed_child->pid(), ") ---\n",
+                     TailOfFile(failed_child->log_path(), kLogTailLines),
+                     "--- end of ", failed_child->name(), " log ---"));
+
+  int running = 0;
+  for (const auto& child : children_) running += child->running() ? 1 : 0;
+  if (running > 0) {
+    Say(absl::StrCat("grps-local: stopping ", running, " processes"));
+    std::vector<std::string> killed = StopChildren(children_, options_.stop_grace);
+    if (!killed.empty())
+      Say(absl::StrCat("grps-local: killed (no exit ",
+                       absl::FormatDuration(options_.stop_grace),
+                       " after SIGTERM): ", absl::StrJoin(killed, ", ")));
+  }
+  if (feed_ != nullptr) feed_->Stop();  // the coordinator is gone by now
+  RefreshStatus();
+
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start_);
+  RunResult result = ResultOf(options_, latest_, final_eval_, wall);
+  result.exit = exit;
+  result.error = error;
+  if (ok) {
+    Say(absl::StrCat("job completed: ", result.steps, " steps per worker, ",
+                     result.workers, " workers, ", result.servers, " servers, ",
+                     HumanDuration(wall), " wall, ",
+                     absl::StrFormat("%.1f", result.samples_per_sec),
+                     " samples/s (all workers)"));
+    if (result.final_test_accuracy) {
+      Say(absl::StrFormat("final test loss: %.4f", *result.final_test_loss));
+      Say(absl::StrFormat("final test accuracy: %.4f", *result.final_test_accuracy));
+    } else {
+      Say("final test accuracy: n/a (no worker reported a final evaluation)");
+    }
+  } else {
+    Say(absl::StrCat("grps-local: job ", exit, "; logs in ", options_.run_dir));
+  }
+  if (!options_.result_json.empty()) {
+    if (absl::Status s = WriteFileAtomically(options_.result_json, ResultJson(result));
+        !s.ok()) {
+      Say(absl::StrCat("grps-local: ", s.message()));
+      return kLaunchFailed;
+    }
+  }
+  if (ok) return kLaunchOk;
+  return exit == "interrupted" ? kLaunchInterrupted : kLaunchFailed;
+}
+
+}  // namespace grps

@@ -1,0 +1,546 @@
+#include "launcher/local_launcher.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "daemon/daemon.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "proto/grps.grpc.pb.h"
+
+namespace grps {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string base = dir != nullptr ? dir : "/tmp";
+  std::string tmpl = base + "/local_launcher_test.XXXXXX";
+  return mkdtemp(tmpl.data());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+LaunchOptions Options() {
+  LaunchOptions o;
+  o.bin_dir = "/opt/grps/bin";
+  o.run_dir = "/tmp/runs/sync-1";
+  o.job_id = "sync-1";
+  o.mode = "ssp";
+  o.servers = 3;
+  o.workers = 4;
+  o.backend = "cpu";
+  o.job_flags = {{"steps", "50"}, {"lr", "0.1"}};
+  return o;
+}
+
+// ---- Pure parts -------------------------------------------------------------
+
+TEST(CoordinatorSpec, ListensOnLoopbackWritesAPortFileAndPassesOnlySetJobFlags) {
+  ChildSpec spec = CoordinatorSpec(Options());
+  EXPECT_EQ(spec.name, "coordinator");
+  EXPECT_EQ(spec.log_path, "/tmp/runs/sync-1/coordinator.log");
+  EXPECT_EQ(spec.argv, (std::vector<std::string>{
+                           "/opt/grps/bin/grps-coordinator",
+                           "--listen=127.0.0.1:0",
+                           "--port_file=/tmp/runs/sync-1/coordinator.port",
+                           "--job_id=sync-1", "--mode=ssp", "--servers=3",
+                           "--workers=4", "--steps=50", "--lr=0.1"}));
+}
+
+TEST(ServerSpec, NamesTheCoordinatorItsShardAndLoopback) {
+  ChildSpec spec = ServerSpec(Options(), 2, "127.0.0.1:4000");
+  EXPECT_EQ(spec.name, "server-2");
+  EXPECT_EQ(spec.log_path, "/tmp/runs/sync-1/server-2.log");
+  EXPECT_EQ(spec.argv, (std::vector<std::string>{
+                           "/opt/grps/bin/grps-server", "--coordinator=127.0.0.1:4000",
+                           "--listen=127.0.0.1:0", "--shard=2"}));
+}
+
+TEST(WorkerSpec, NamesItsRankBackendAndCurveFileInTheRunDir) {
+  ChildSpec spec = WorkerSpec(Options(), 3, "127.0.0.1:4000");
+  EXPECT_EQ(spec.name, "worker-3");
+  EXPECT_EQ(spec.log_path, "/tmp/runs/sync-1/worker-3.log");
+  EXPECT_EQ(spec.argv,
+            (std::vector<std::string>{
+                "/opt/grps/bin/grps-worker", "--coordinator=127.0.0.1:4000",
+                "--rank=3", "--backend=cpu",
+                "--curve_csv=/tmp/runs/sync-1/curve-worker-3.csv"}));
+}
+
+TEST(DefaultRunDir, IsModeAndLocalTimestampUnderRuns) {
+  absl::TimeZone utc = absl::UTCTimeZone();
+  absl::Time t = absl::FromCivil(absl::CivilSecond(2024, 3, 9, 7, 5, 1), utc);
+  EXPECT_EQ(DefaultRunDir("async", t, utc), "runs/async-20240309-070501");
+}
+
+TEST(ParsePort, AcceptsOnlyAPortNumber) {
+  EXPECT_EQ(ParsePort("40123\n").value(), 40123);
+  EXPECT_FALSE(ParsePort("").ok());
+  EXPECT_FALSE(ParsePort("0\n").ok());
+  EXPECT_FALSE(ParsePort("70000").ok());
+  EXPECT_FALSE(ParsePort("12ab").ok());
+}
+
+TEST(TailOfFile, KeepsTheLastLines) {
+  std::string path = TempDir() + "/log";
+  {
+    std::ofstream f(path);
+    for (int i = 1; i <= 30; ++i) f << "line " << i << "\n";
+  }
+  EXPECT_EQ(TailOfFile(path, 3), "line 28\nline 29\nline 30\n");
+  EXPECT_EQ(Lines(TailOfFile(path, 100)).size(), 30u);
+  EXPECT_THAT(TailOfFile(path + ".missing", 3), HasSubstr("cannot read"));
+}
+
+v1::JobStatus FinishedJob() {
+  v1::JobStatus s;
+  s.set_job_id("sync-1");
+  s.set_state(v1::JOB_STATE_COMPLETED);
+  s.set_mode(v1::MODE_SYNC);
+  v1::JobConfig* c = s.mutable_config();
+  c->set_mode(v1::MODE_SYNC);
+  c->set_model(v1::MODEL_SOFTMAX);
+  c->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+  c->set_num_servers(2);
+  c->set_num_workers(2);
+  s.set_total_steps(50);
+  s.set_global_step(50);
+  for (int r = 0; r < 2; ++r) {
+    v1::WorkerStatus* w = s.add_workers();
+    w->set_rank(r);
+    w->set_state(v1::MEMBER_STATE_FINISHED);
+    w->mutable_progress()->set_step(50);
+    w->mutable_progress()->set_total_steps(50);
+    w->mutable_progress()->set_samples(3200);
+  }
+  s.set_has_final_eval(true);
+  s.set_final_test_accuracy(0.85f);
+  s.set_final_test_loss(0.42f);
+  return s;
+}
+
+TEST(ResultOf, TakesTheJobsFiguresFromItsLastStatus) {
+  RunResult r = ResultOf(Options(), FinishedJob(), FinishedJob(), 4.0);
+  EXPECT_EQ(r.mode, "sync");
+  EXPECT_EQ(r.model, "softmax");
+  EXPECT_EQ(r.optimizer, "adam");
+  EXPECT_EQ(r.servers, 2u);
+  EXPECT_EQ(r.workers, 2u);
+  EXPECT_EQ(r.steps, 50u);
+  v1::JobStatus stopped_early = FinishedJob();
+  stopped_early.mutable_workers(0)->mutable_progress()->set_step(20);
+  stopped_early.mutable_workers(1)->mutable_progress()->set_step(30);
+  EXPECT_EQ(ResultOf(Options(), stopped_early, std::nullopt, 4.0).steps, 25u);
+  EXPECT_DOUBLE_EQ(r.samples_per_sec, 6400 / 4.0);  // all workers' samples / wall
+  ASSERT_TRUE(r.final_test_accuracy.has_value());
+  EXPECT_NEAR(*r.final_test_accuracy, 0.85, 1e-6);
+  EXPECT_NEAR(*r.final_test_loss, 0.42, 1e-6);
+  EXPECT_EQ(r.run_dir, "/tmp/runs/sync-1");
+}
+
+TEST(ResultOf, FallsBackToTheLaunchOptionsWithoutAStatus) {
+  RunResult r = ResultOf(Options(), std::nullopt, std::nullopt, 1.0);
+  EXPECT_EQ(r.mode, "ssp");
+  EXPECT_EQ(r.servers, 3u);
+  EXPECT_EQ(r.workers, 4u);
+  EXPECT_FALSE(r.final_test_accuracy.has_value());
+}
+
+google::protobuf::Struct ParseJson(const std::string& json) {
+  google::protobuf::Struct parsed;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &parsed).ok()) << json;
+  return parsed;
+}
+
+TEST(ResultJson, HasEveryFieldOfTheResult) {
+  RunResult r = ResultOf(Options(), FinishedJob(), FinishedJob(), 4.0);
+  google::protobuf::Struct json = ParseJson(ResultJson(r));
+  const auto& f = json.fields();
+  for (const char* key : {"mode", "servers", "workers", "model", "optimizer", "steps",
+                          "final_test_accuracy", "final_test_loss", "wall_seconds",
+                          "samples_per_sec", "run_dir", "exit"})
+    EXPECT_EQ(f.count(key), 1u) << key;
+  EXPECT_EQ(f.count("error"), 0u);
+  EXPECT_EQ(f.at("mode").string_value(), "sync");
+  EXPECT_EQ(f.at("servers").number_value(), 2);
+  EXPECT_EQ(f.at("steps").number_value(), 50);
+  EXPECT_NEAR(f.at("final_test_accuracy").number_value(), 0.85, 1e-6);
+  EXPECT_EQ(f.at("wall_seconds").number_value(), 4);
+  EXPECT_EQ(f.at("samples_per_sec").number_value(), 1600);
+  EXPECT_EQ(f.at("run_dir").string_value(), "/tmp/runs/sync-1");
+  EXPECT_EQ(f.at("exit").string_value(), "ok");
+}
+
+TEST(ResultJson, UnknownFiguresAreNullAndAFailureSaysWhy) {
+  RunResult r = ResultOf(Options(), std::nullopt, std::nullopt, 1.0);
+  r.exit = "failed";
+  r.error = "worker-1 exited with status 3: \"quoted\"\n";
+  google::protobuf::Struct json = ParseJson(ResultJson(r));
+  const auto& f = json.fields();
+  EXPECT_TRUE(f.at("final_test_accuracy").has_null_value());
+  EXPECT_EQ(f.at("exit").string_value(), "failed");
+  EXPECT_EQ(f.at("error").string_value(), r.error);
+}
+
+// ---- The whole launch, with fake daemons --------------------------------------
+
+// A coordinator that streams canned snapshots: `stream`, each after
+// `interval`, ending the stream after the last.
+class FakeCoordinator final : public v1::Coordinator::Service {
+ public:
+  explicit FakeCoordinator(std::vector<v1::JobStatus> stream)
+      : stream_(std::move(stream)) {}
+  grpc::Status WatchJobStatus(grpc::ServerContext* context,
+                              const v1::WatchJobStatusRequest* request,
+                              grpc::ServerWriter<v1::JobStatus>* writer) override {
+    for (const v1::JobStatus& s : stream_) {
+      if (context->IsCancelled() || !writer->Write(s)) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::vector<v1::JobStatus> stream_;
+};
+
+// Every fake daemon records its argv (one per line) in $FAKE_DIR/<name>.args
+// and its pid in <name>.pid, prints a line, then runs its behaviour with
+// $id set to its name and $port_file to the coordinator's --port_file.
+constexpr char kFakePrologue[] = R"(#!/bin/sh
+id=coordinator
+for a in "$@"; do
+  case "$a" in
+    --rank=*) id="worker-${a#--rank=}";;
+    --shard=*) id="server-${a#--shard=}";;
+    --port_file=*) port_file="${a#--port_file=}";;
+  esac
+done
+printf '%s\n' "$@" > "$FAKE_DIR/$id.args"
+echo $$ > "$FAKE_DIR/$id.pid"
+echo "$id is up"
+)";
+
+// Writes the coordinator's port atomically, as grps-coordinator does.
+constexpr char kWritePort[] =
+    "printf '%s\\n' \"$FAKE_PORT\" > \"$port_file.tmp\" && "
+    "mv \"$port_file.tmp\" \"$port_file\"\n";
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("FAKE_DIR", fake_dir_.c_str(), 1);
+    options_.bin_dir = TempDir();
+    options_.run_dir = TempDir() + "/run";
+    options_.job_id = "test-job";
+    options_.mode = "async";
+    options_.servers = 2;
+    options_.workers = 2;
+    options_.job_flags = {{"steps", "50"}};
+    options_.status_interval = absl::Milliseconds(20);
+    options_.stop_grace = absl::Seconds(2);
+    options_.result_json = options_.run_dir + "/result.json";
+  }
+
+  void TearDown() override {
+    if (server_.server) server_.server->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+
+  // Serves `stream` from an in-process fake; the fake coordinator hands its
+  // port to the launcher.
+  void ServeStatus(std::vector<v1::JobStatus> stream) {
+    fake_ = std::make_unique<FakeCoordinator>(std::move(stream));
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {fake_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    setenv("FAKE_PORT", absl::StrCat(server_.port).c_str(), 1);
+  }
+
+  void WriteFake(const std::string& binary, const std::string& behaviour) {
+    std::string path = options_.bin_dir + "/" + binary;
+    std::ofstream(path) << kFakePrologue << behaviour;
+    chmod(path.c_str(), 0755);
+  }
+
+  // Runs the launcher; returns its exit code, its output in *out.
+  int Launch(std::string* out, std::function<bool()> interrupted = [] { return false; }) {
+    std::FILE* f = std::tmpfile();
+    LocalLauncher launcher(options_, f, std::move(interrupted));
+    int code = launcher.Run();
+    std::fflush(f);
+    std::rewind(f);
+    out->clear();
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out->append(buf, n);
+    std::fclose(f);
+    return code;
+  }
+
+  std::string Args(const std::string& name) {
+    return ReadFile(fake_dir_ + "/" + name + ".args");
+  }
+
+  // Every fake that started is gone (exited and reaped by the launcher).
+  void ExpectNoFakeLeft() {
+    std::vector<std::string> names = {"coordinator"};
+    for (uint32_t i = 0; i < options_.servers; ++i) names.push_back(absl::StrCat("server-", i));
+    for (uint32_t i = 0; i < options_.workers; ++i) names.push_back(absl::StrCat("worker-", i));
+    for (const std::string& name : names) {
+      std::string pid_text = ReadFile(fake_dir_ + "/" + name + ".pid");
+      if (pid_text.empty()) continue;
+      pid_t pid = std::atoi(pid_text.c_str());
+      errno = 0;
+      EXPECT_EQ(kill(pid, 0), -1) << name << " (pid " << pid << ") is still there";
+      EXPECT_EQ(errno, ESRCH) << name;
+    }
+  }
+
+  const std::string fake_dir_ = TempDir();
+  LaunchOptions options_;
+  std::unique_ptr<FakeCoordinator> fake_;
+  GrpcServer server_;
+};
+
+v1::JobStatus RunningJob() {
+  v1::JobStatus s = FinishedJob();
+  s.set_state(v1::JOB_STATE_RUNNING);
+  s.set_has_final_eval(false);
+  return s;
+}
+
+TEST_F(LaunchTest, CompletedJobPrintsRunDirFirstAndFinalAccuracyLast) {
+  ServeStatus({RunningJob(), FinishedJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");
+  WriteFake("grps-server", "exec sleep 0.5\n");
+  WriteFake("grps-worker", "exec sleep 0.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  std::vector<std::string> lines = Lines(out);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines.front(), "run dir: " + options_.run_dir);
+  EXPECT_EQ(lines.back(), "final test accuracy: 0.8500");
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("coordinator: 127.0.0.1:", server_.port)));
+  EXPECT_THAT(out, HasSubstr("final test loss: 0.4200"));
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, CompletedJobWritesTheResultJson) {
+  ServeStatus({RunningJob(), FinishedJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");
+  WriteFake("grps-server", "exec sleep 0.5\n");
+  WriteFake("grps-worker", "exec sleep 0.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  const auto& f = json.fields();
+  EXPECT_EQ(f.at("exit").string_value(), "ok");
+  EXPECT_NEAR(f.at("final_test_accuracy").number_value(), 0.85, 1e-6);
+  EXPECT_EQ(f.at("steps").number_value(), 50);
+  EXPECT_EQ(f.at("model").string_value(), "softmax");
+  EXPECT_GE(f.at("wall_seconds").number_value(), 1.0);  // the coordinator's sleep
+  EXPECT_GT(f.at("samples_per_sec").number_value(), 0);
+  EXPECT_EQ(f.at("run_dir").string_value(), options_.run_dir);
+}
+
+TEST_F(LaunchTest, EveryChildGetsItsFlagsAndItsOwnLog) {
+  ServeStatus({FinishedJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", "exit 0\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  const std::string coordinator = absl::StrCat("--coordinator=127.0.0.1:", server_.port);
+  std::vector<std::string> args = Lines(Args("coordinator"));
+  EXPECT_THAT(args, Contains("--mode=async"));
+  EXPECT_THAT(args, Contains("--steps=50"));
+  EXPECT_THAT(args, Contains("--job_id=test-job"));
+  EXPECT_THAT(args, Contains(absl::StrCat("--port_file=", options_.run_dir,
+                                          "/coordinator.port")));
+  EXPECT_THAT(args, Not(Contains(StartsWith("--lr"))));
+  for (int shard : {0, 1}) {
+    args = Lines(Args(absl::StrCat("server-", shard)));
+    EXPECT_THAT(args, Contains(coordinator));
+    EXPECT_THAT(args, Contains(absl::StrCat("--shard=", shard)));
+  }
+  for (int rank : {0, 1}) {
+    args = Lines(Args(absl::StrCat("worker-", rank)));
+    EXPECT_THAT(args, Contains(coordinator));
+    EXPECT_THAT(args, Contains(absl::StrCat("--rank=", rank)));
+    EXPECT_THAT(args, Contains(absl::StrCat("--curve_csv=", options_.run_dir,
+                                            "/curve-worker-", rank, ".csv")));
+  }
+  for (const char* name : {"coordinator", "server-0", "server-1", "worker-0", "worker-1"})
+    EXPECT_EQ(ReadFile(options_.run_dir + "/" + name + ".log"),
+              absl::StrCat(name, " is up\n"));
+}
+
+TEST_F(LaunchTest, FailingWorkerIsNamedWithItsLogAndEveryOtherChildIsStopped) {
+  ServeStatus({RunningJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker",
+            "if [ \"$id\" = worker-1 ]; then sleep 0.3; echo 'out of memory' >&2; "
+            "exit 3; fi\nexec sleep 30\n");
+
+  absl::Time start = absl::Now();
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(out, HasSubstr("worker-1"));
+  EXPECT_THAT(out, HasSubstr("exited with status 3"));
+  EXPECT_THAT(out, HasSubstr("out of memory"));  // the tail of its log
+  EXPECT_THAT(out, Not(HasSubstr("final test accuracy")));
+  ExpectNoFakeLeft();
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("exit").string_value(), "failed");
+  EXPECT_THAT(json.fields().at("error").string_value(), HasSubstr("worker-1"));
+}
+
+TEST_F(LaunchTest, ChildKilledBySignalIsAFailure) {
+  ServeStatus({RunningJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server",
+            "if [ \"$id\" = server-0 ]; then sleep 0.3; kill -SEGV $$; fi\n"
+            "exec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_THAT(out, HasSubstr("server-0"));
+  EXPECT_THAT(out, HasSubstr("killed by signal 11"));
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, InterruptStopsEveryChildAndReturns130) {
+  ServeStatus({RunningJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  absl::Time interrupt_at = absl::Now() + absl::Seconds(1);
+  std::string out;
+  EXPECT_EQ(Launch(&out, [&] { return absl::Now() >= interrupt_at; }),
+            kLaunchInterrupted)
+      << out;
+  EXPECT_LT(absl::Now() - interrupt_at, absl::Seconds(5));
+  EXPECT_THAT(out, HasSubstr("stopping 5 processes"));
+  ExpectNoFakeLeft();
+  EXPECT_EQ(ParseJson(ReadFile(options_.result_json)).fields().at("exit").string_value(),
+            "interrupted");
+}
+
+TEST_F(LaunchTest, ChildIgnoringSigtermIsKilledAfterTheGrace) {
+  ServeStatus({RunningJob()});
+  options_.stop_grace = absl::Milliseconds(500);
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "trap '' TERM\nexec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  absl::Time interrupt_at = absl::Now() + absl::Seconds(1);
+  std::string out;
+  EXPECT_EQ(Launch(&out, [&] { return absl::Now() >= interrupt_at; }),
+            kLaunchInterrupted);
+  EXPECT_THAT(out, HasSubstr("killed"));
+  EXPECT_THAT(out, HasSubstr("server-0, server-1"));
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, CoordinatorThatNeverWritesItsPortFailsTheLaunch) {
+  options_.port_file_timeout = absl::Seconds(1);
+  WriteFake("grps-coordinator", "echo 'cannot bind'\nexec sleep 30\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", "exit 0\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed);
+  EXPECT_THAT(out, HasSubstr("wrote no port"));
+  EXPECT_THAT(out, HasSubstr("cannot bind"));
+  EXPECT_EQ(ReadFile(fake_dir_ + "/server-0.pid"), "");  // never started
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, CoordinatorRejectingTheJobFailsTheLaunchWithItsMessage) {
+  WriteFake("grps-coordinator", "echo 'invalid job: --mode: unknown' >&2\nexit 2\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", "exit 0\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed);
+  EXPECT_THAT(out, HasSubstr("exited with status 2"));
+  EXPECT_THAT(out, HasSubstr("invalid job: --mode: unknown"));
+}
+
+TEST_F(LaunchTest, MissingDaemonIsNamedWithTheBinDir) {
+  WriteFake("grps-coordinator", "exit 0\n");
+  WriteFake("grps-server", "exit 0\n");
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed);
+  EXPECT_THAT(out, HasSubstr("cannot find grps-worker in " + options_.bin_dir));
+}
+
+TEST_F(LaunchTest, TimeoutFailsTheJobAndStopsEveryChild) {
+  ServeStatus({RunningJob()});
+  options_.timeout = absl::Seconds(1);
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed);
+  EXPECT_THAT(out, HasSubstr("timed out after 1s"));
+  ExpectNoFakeLeft();
+  EXPECT_EQ(ParseJson(ReadFile(options_.result_json)).fields().at("exit").string_value(),
+            "timeout");
+}
+
+TEST_F(LaunchTest, JobStoppedByAnOperatorIsAFailureEvenIfEveryoneExits0) {
+  v1::JobStatus stopped = RunningJob();
+  stopped.set_state(v1::JOB_STATE_STOPPED);
+  stopped.set_message("stopped by grpsctl");
+  ServeStatus({RunningJob(), stopped});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", "exit 0\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed);
+  EXPECT_THAT(out, HasSubstr("job stopped: stopped by grpsctl"));
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("exit").string_value(), "stopped");
+  EXPECT_EQ(json.fields().at("error").string_value(), "job stopped: stopped by grpsctl");
+}
+
+}  // namespace
+}  // namespace grps

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# End to end: a coordinator, 2 servers and 2 workers as separate processes on
+# loopback ports they pick themselves. Trains a few hundred sync steps on a
+# slice of Fashion-MNIST to well above chance, checks `grpsctl status --json`
+# against the live job, and checks that every process exits 0.
+set -euo pipefail
+BIN=${1:?usage: e2e_training_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 0; }
+
+STEPS=300
+start coordinator "$BIN/grps-coordinator" --listen=127.0.0.1:0 --port_file="$WORK/coordinator.port" \
+  --job_id=e2e --mode=sync --servers=2 --workers=2 --steps=$STEPS --batch=32 \
+  --train_limit=6000 --test_limit=2000 --eval_every=100 --hidden=64 \
+  --heartbeat_ms=200 --heartbeat_timeout_ms=3000 --linger_ms=3000
+wait_for_file "$WORK/coordinator.port" 20
+COORD=127.0.0.1:$(cat "$WORK/coordinator.port")
+for s in 0 1; do
+  start server-$s "$BIN/grps-server" --coordinator="$COORD" --listen=127.0.0.1:0
+done
+for w in 0 1; do
+  start worker-$w "$BIN/grps-worker" --coordinator="$COORD" --backend=cpu \
+    --curve_csv="$WORK/curve-$w.csv"
+done
+# Keep the last snapshot of the job: the coordinator exits when it is done.
+start watch "$BIN/grpsctl" --coordinator="$COORD" --json --interval_ms=200 watch
+
+# While it runs: grpsctl status agrees with the job.
+live=0
+for ((i = 0; i < 600; i++)); do
+  if "$BIN/grpsctl" --coordinator="$COORD" --json status >"$WORK/status.json" 2>/dev/null; then
+    step=$(json 'int(j.get("global_step", 0))' <"$WORK/status.json")
+    if [ "$step" -ge 20 ] && [ "$step" -lt $((STEPS - 20)) ]; then live=1; break; fi
+  fi
+  sleep 0.1
+done
+[ $live = 1 ] || fail "never saw the job running between steps 20 and $((STEPS - 20))"
+python3 - "$WORK/status.json" <<'PY' || fail "grpsctl status --json disagrees with the job"
+import json, sys
+j = json.load(open(sys.argv[1]))
+def check(cond, what):
+    if not cond:
+        print("status check failed:", what, json.dumps(j, indent=1)[:3000]); sys.exit(1)
+check(j["job_id"] == "e2e", "job id")
+check(j["state"] == "JOB_STATE_RUNNING", "state running")
+check(j["mode"] == "MODE_SYNC", "mode sync")
+step = int(j["global_step"])
+check(int(j["total_steps"]) == 300, "total steps 300")
+workers = j["workers"]
+check(sorted(w["rank"] for w in workers) == [0, 1], "two workers, ranks 0 and 1")
+for w in workers:
+    check(w["state"] == "MEMBER_STATE_ALIVE", "worker alive")
+    s = int(w["progress"]["step"])
+    # Worker steps and shard versions arrive in separate heartbeats, so they
+    # may be a heartbeat apart; the exact check comes at the end of the job.
+    check(step - 60 <= s <= step + 60, f"worker step {s} near global step {step}")
+    check(int(w["last_heartbeat_ms_ago"]) < 3000, "recent heartbeat")
+shards = j["shards"]
+check(sorted(s["shard"] for s in shards) == [0, 1], "two shards")
+for s in shards:
+    check(step <= int(s["version"]) <= step + 60, "global step is the lowest shard version")
+    check(int(s["bytes_in"]) > 0 and int(s["bytes_out"]) > 0, "bytes in/out")
+    check(int(s["updates_applied"]) > 0, "updates applied")
+    check(int(s["num_chunks"]) > 0, "chunks")
+print("status ok at step", step)
+PY
+
+# Every process exits 0 by itself.
+for name in worker_0 worker_1 server_0 server_1 coordinator watch; do
+  pid_var=PID_$name
+  wait_pid "${!pid_var}" 120
+  [ "$EXIT_CODE" = 0 ] || fail "$name exited with $EXIT_CODE"
+done
+
+# The last snapshot the coordinator streamed: the job as it ended.
+grep '^{' "$WORK/watch.log" | tail -n 1 >"$WORK/final.json"
+python3 - "$WORK/final.json" <<'PY' || fail "the final status is wrong"
+import json, sys
+j = json.load(open(sys.argv[1]))
+def check(cond, what):
+    if not cond:
+        print("final check failed:", what, json.dumps(j, indent=1)[:3000]); sys.exit(1)
+check(j["state"] == "JOB_STATE_COMPLETED", "state completed")
+check(int(j["global_step"]) == 300, "global step 300")
+for w in j["workers"]:
+    check(w["state"] == "MEMBER_STATE_FINISHED", "worker finished")
+    check(int(w["progress"]["step"]) == 300, "worker at step 300")
+for s in j["shards"]:
+    check(int(s["version"]) == 300, "shard version 300")
+    # sync: one update per chunk per step, two pushes per chunk per step
+    check(int(s["updates_applied"]) == 300 * int(s["num_chunks"]), "updates = steps x chunks")
+    check(int(s["pushes"]) == 2 * 300 * int(s["num_chunks"]), "pushes = workers x steps x chunks")
+    check(int(s["rejected_pushes"]) == 0, "no rejected pushes")
+check(j.get("has_final_eval") is True, "final evaluation present")
+print("final status ok")
+PY
+
+final=$(json 'j["final_test_accuracy"]' <"$WORK/final.json")
+echo "final test accuracy after $STEPS steps: $final"
+python3 -c "import sys; sys.exit(0 if float('$final') >= 0.6 else 1)" \
+  || fail "final accuracy $final is not well above chance (0.1)"
+[ "$(wc -l <"$WORK/curve-0.csv")" -gt 3 ] || fail "no training curve"
+echo "PASS"
