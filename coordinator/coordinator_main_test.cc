@@ -149,6 +149,9 @@ TEST(CoordinatorProcess, CompletedJobExitsZeroOnceTheServerHeard) {
   v1::HeartbeatResponse reply;
   ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  // Told, the server sends its final report; then the coordinator may go.
+  beat.set_final_report(true);
+  ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
   EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
 }
 
@@ -188,7 +191,9 @@ TEST(CoordinatorProcess, SigtermStopsTheJobAndExitsZero) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
-  // Heard by its only live member, it need not linger 20 s.
+  beat.set_final_report(true);
+  ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
+  // Its only live member has sent its final report: no 20 s linger.
   EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
 }
 

@@ -20,6 +20,8 @@ namespace {
 
 // How often a blocked RPC looks at its client (cancellation) while waiting.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+// How long the final watch snapshot waits for the servers' final reports.
+constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 constexpr absl::Duration kDefaultWatchInterval = absl::Seconds(1);
 constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(20);
 constexpr size_t kMaxReasonBytes = 1024;
@@ -231,8 +233,9 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   if (EndedLocked()) {
     if (request->member_case() == v1::HeartbeatRequest::kWorkerRank)
       ranks_told_end_.insert(request->worker_rank());
-    else
+    else if (request->final_report())
       shards_told_end_.insert(request->server_shard());
+    changed_.SignalAll();
   }
   return grpc::Status::OK;
 }
@@ -301,6 +304,16 @@ grpc::Status CoordinatorService::WatchJobStatus(
                             "coordinator is shutting down");
       snapshot = StatusLocked(clock_());
       ended = EndedLocked();
+    }
+    if (ended) {
+      // The last snapshot carries every live server's final report, so a
+      // watcher sees the job's true final figures (bounded wait).
+      const absl::Time give_up = absl::Now() + kFinalReportWait;
+      absl::MutexLock lock(&mu_);
+      while (!EveryLiveMemberSawEndLocked() && !shutting_down_ &&
+             absl::Now() < give_up && !context->IsCancelled())
+        changed_.WaitWithDeadline(&mu_, std::min(give_up, absl::Now() + kPollInterval));
+      snapshot = StatusLocked(clock_());
     }
     if (!writer->Write(snapshot))
       return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
@@ -409,6 +422,10 @@ bool CoordinatorService::WaitForEnd(absl::Duration timeout) const {
 
 bool CoordinatorService::EveryLiveMemberSawEnd() const {
   absl::MutexLock lock(&mu_);
+  return EveryLiveMemberSawEndLocked();
+}
+
+bool CoordinatorService::EveryLiveMemberSawEndLocked() const {
   if (!EndedLocked()) return false;
   for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE))
     if (shards_told_end_.count(shard) == 0) return false;

@@ -114,6 +114,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteRegistrationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EveryLiveMemberSawEndLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the job is still WAITING.

@@ -123,12 +123,14 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   grpc::Status ServerBeat(uint32_t shard, uint64_t incarnation,
                           v1::HeartbeatResponse* response,
-                          const v1::ShardStatus& status = v1::ShardStatus()) {
+                          const v1::ShardStatus& status = v1::ShardStatus(),
+                          bool final_report = false) {
     v1::HeartbeatRequest request;
     request.set_job_id("test-job");
     request.set_server_shard(shard);
     request.set_incarnation(incarnation);
     *request.mutable_shard() = status;
+    request.set_final_report(final_report);
     request.set_shard_map_epoch(~0ull);
     return stub_->Heartbeat(Context().get(), request, response);
   }
@@ -425,14 +427,17 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
   EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
   EXPECT_TRUE(service_->WaitForEnd(absl::ZeroDuration()));
 
-  // The coordinator may exit once every live server has been told.
+  // The coordinator may exit once every live server has learned the end and
+  // sent its final report.
   EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
   v1::HeartbeatResponse reply;
   ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
   EXPECT_TRUE(reply.live_workers().empty());
   EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
-  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply, v1::ShardStatus(), true).ok());
   EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
 
   v1::RegisterWorkerResponse late;
@@ -470,6 +475,7 @@ TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
   v1::HeartbeatResponse reply;
   ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
   EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
   v1::RegisterWorkerResponse w;
   EXPECT_EQ(RegisterWorker(-1, &w).error_code(), grpc::StatusCode::FAILED_PRECONDITION);

@@ -226,6 +226,12 @@ int Run() {
       const v1::JobState state = response.job_state();
       if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED) {
         reason = absl::StrCat("job ", JobStateName(state));
+        // Leave the coordinator this shard's final figures.
+        request.set_final_report(true);
+        *request.mutable_shard() = store->Status();
+        grpc::ClientContext last;
+        last.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+        coordinator->Heartbeat(&last, request, &response).ok();
         break;
       }
       if (state == v1::JOB_STATE_FAILED) {
