@@ -227,6 +227,14 @@ float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step) {
   return static_cast<float>(lr);
 }
 
+float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
+                        uint64_t staleness) {
+  const uint32_t workers = std::max<uint32_t>(1, config.num_workers());
+  float lr = ScheduledLearningRate(config.optimizer(), version / workers) / workers;
+  if (config.staleness_aware_lr()) lr /= static_cast<float>(1 + staleness);
+  return lr;
+}
+
 uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples) {
   if (config.steps() > 0) return config.steps();
   uint64_t per_worker = train_examples / std::max<uint32_t>(1, config.num_workers());

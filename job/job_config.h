@@ -43,6 +43,15 @@ std::string MemberStateName(v1::MemberState state);   // "alive", ...
 // Learning rate of update number `step` (0-based) under the schedule.
 float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step);
 
+// The learning rate is that of one sync step, whose gradient averages every
+// worker's batch. An async update carries one worker's batch, so it gets
+// lr / num_workers (the linear scaling rule), and its schedule advances once
+// per num_workers updates: one pass over the data then moves the weights as
+// far in either mode. With staleness_aware_lr it is further divided by
+// (1 + staleness). `version` is the chunk's count of updates so far.
+float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
+                        uint64_t staleness);
+
 // Steps per worker: config.steps if set, else
 // epochs * floor(floor(train_examples / num_workers) / batch_size), at least 1.
 uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples);

@@ -74,6 +74,19 @@ TEST(JobConfig, LearningRateWarmsUpThenDecays) {
   EXPECT_FLOAT_EQ(ScheduledLearningRate(o, 14), 0.5f);
 }
 
+TEST(JobConfig, AsyncUpdatesScaleTheStepLearningRateByWorkers) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_num_workers(4);
+  c.mutable_optimizer()->set_learning_rate(0.8f);
+  c.mutable_optimizer()->set_decay_steps(10);
+  c.mutable_optimizer()->set_decay_rate(0.5f);
+  EXPECT_FLOAT_EQ(AsyncLearningRate(c, 0, 0), 0.2f);
+  EXPECT_FLOAT_EQ(AsyncLearningRate(c, 39, 0), 0.2f) << "39 updates = 9 steps";
+  EXPECT_FLOAT_EQ(AsyncLearningRate(c, 40, 0), 0.1f) << "40 updates = 10 steps";
+  c.set_staleness_aware_lr(true);
+  EXPECT_FLOAT_EQ(AsyncLearningRate(c, 0, 3), 0.05f);
+}
+
 TEST(ShardMap, ChunksTileEveryTensorAndBalanceBytes) {
   v1::JobConfig c = DefaultJobConfig();
   absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(c), 3, 64 * 1024);

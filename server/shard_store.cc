@@ -376,9 +376,7 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::PushAsync(
       continue;
     }
     const uint64_t staleness = c.version - g.base_version;
-    float lr = ScheduledLearningRate(config_.optimizer(), c.version);
-    if (config_.staleness_aware_lr())
-      lr /= static_cast<float>(1 + staleness);
+    const float lr = AsyncLearningRate(config_, c.version, staleness);
     ApplyUpdate(c, g.values.data(), lr);
     ChunkCounters& k = c.counters;
     ++k.staleness_count;

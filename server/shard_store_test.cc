@@ -402,7 +402,8 @@ TEST(ShardStoreAsync, AppliesEveryPushAndMeasuresStaleness) {
     auto result = Send(*store, pushes[i]);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_THAT(result->versions, ElementsAre(i + 1));
-    expected = SgdStep(expected, pushes[i].grad, 0.5f);
+    // An async update uses the step lr / num_workers (AsyncLearningRate).
+    expected = SgdStep(expected, pushes[i].grad, 0.5f / 2);
   }
   EXPECT_EQ(Values(*store, 0), expected);
   const v1::ShardStatus status = store->Status();
@@ -437,8 +438,9 @@ TEST(ShardStoreAsync, StalenessAwareLearningRateDividesByOnePlusStaleness) {
   std::vector<float> expected = InitialValues(*store, 0);
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0}).ok());
   ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0}).ok());  // staleness 1
-  expected = SgdStep(expected, {1, 1, 1, 1}, 0.5f);
+  // lr 0.5 over 2 workers, then halved again for staleness 1.
   expected = SgdStep(expected, {1, 1, 1, 1}, 0.25f);
+  expected = SgdStep(expected, {1, 1, 1, 1}, 0.125f);
   EXPECT_EQ(Values(*store, 0), expected);
 }
 
