@@ -33,7 +33,7 @@ TEST(JobFlags, DefaultFlagsDescribeTheDefaultJob) {
 
 TEST(JobFlags, FlagsSetTheirFields) {
   absl::FlagSaver saver;
-  absl::SetFlag(&FLAGS_mode, "ssp");
+  absl::SetFlag(&FLAGS_mode, "async");
   absl::SetFlag(&FLAGS_hidden, "32");
   absl::SetFlag(&FLAGS_wire_dtype, "bf16");
   absl::SetFlag(&FLAGS_chunk_kb, 8);
@@ -41,7 +41,7 @@ TEST(JobFlags, FlagsSetTheirFields) {
   absl::SetFlag(&FLAGS_lr, 0.5f);
   absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->mode(), v1::MODE_SSP);
+  EXPECT_EQ(config->mode(), v1::MODE_ASYNC);
   ASSERT_EQ(config->hidden_units_size(), 1);
   EXPECT_EQ(config->hidden_units(0), 32u);
   EXPECT_EQ(config->wire_dtype(), v1::DTYPE_BF16);

@@ -48,9 +48,10 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
   };
   if (c.job_id().empty()) return bad("job_id is empty");
-  if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC &&
-      c.mode() != v1::MODE_SSP)
-    return bad("mode must be sync, async or ssp");
+  if (c.mode() == v1::MODE_SSP)
+    return bad("mode ssp (bounded staleness) is not available yet; use sync or async");
+  if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC)
+    return bad("mode must be sync or async");
   if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX)
     return bad("model must be mlp or softmax");
   if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)

@@ -26,6 +26,12 @@ TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
   c = DefaultJobConfig();
   c.set_heartbeat_timeout_ms(c.heartbeat_interval_ms());
   EXPECT_FALSE(ValidateJobConfig(c).ok());
+  // Bounded staleness is in the contract but not built: refuse it plainly
+  // rather than run it as async.
+  c = DefaultJobConfig();
+  c.set_mode(v1::MODE_SSP);
+  s = ValidateJobConfig(c);
+  EXPECT_NE(s.message().find("not available yet"), std::string::npos) << s;
 }
 
 TEST(JobConfig, MlpTensorsFollowLayerWidths) {
