@@ -11,20 +11,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tensor/host_memory.h"
 
 namespace grps {
 
 namespace {
 
-constexpr size_t kAlignment = 64;
-
-// See the class comment: a broken precondition is a caller bug, and carrying
-// on would read or write out of bounds.
+// See the class comment: a broken precondition is a caller bug.
 void CheckOrDie(bool condition, const char* what) {
-  if (!condition) {
-    std::fprintf(stderr, "grps::CpuBackend: %s\n", what);
-    std::abort();
-  }
+  grps::CheckOrDie(condition, "grps::CpuBackend", what);
 }
 
 // Sums in double over eight independent lanes: the lanes let the compiler
@@ -51,11 +46,7 @@ std::string CpuBackend::Name() const {
 }
 
 void* CpuBackend::Allocate(size_t bytes) {
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;  // never null, even for 0 bytes
-  void* ptr = std::aligned_alloc(kAlignment, rounded);
-  CheckOrDie(ptr != nullptr, "out of memory");
-  return ptr;
+  return AllocateAligned(bytes);
 }
 
 void CpuBackend::Free(void* ptr) { std::free(ptr); }

@@ -7,21 +7,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tensor/host_memory.h"
 
 namespace grps {
 
 namespace {
 
-constexpr size_t kAlignment = 64;
-
 // Shapes, offsets and dtypes reaching a Tensor were validated where they
-// entered the process; a violation here is a bug in the caller, and going on
-// would read or write out of bounds.
+// entered the process; a violation here is a bug in the caller.
 void CheckOrDie(bool condition, const char* what) {
-  if (!condition) {
-    std::fprintf(stderr, "grps::Tensor: %s\n", what);
-    std::abort();
-  }
+  grps::CheckOrDie(condition, "grps::Tensor", what);
 }
 
 int64_t CountElements(const std::vector<int64_t>& shape) {
@@ -40,14 +35,10 @@ Tensor Tensor::Zeros(std::vector<int64_t> shape, DType dtype) {
   t.num_elements_ = CountElements(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  // aligned_alloc wants a multiple of the alignment; a zero-element tensor
-  // still gets a (non-null) block so that it owns its data like any other.
-  size_t bytes = t.num_bytes();
-  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (bytes == 0) bytes = kAlignment;
-  void* data = std::aligned_alloc(kAlignment, bytes);
-  CheckOrDie(data != nullptr, "out of memory");
-  std::memset(data, 0, bytes);
+  // A zero-element tensor still gets a (non-null) block so that it owns its
+  // data like any other.
+  void* data = AllocateAligned(t.num_bytes());
+  std::memset(data, 0, t.num_bytes());
   t.data_ = data;
   t.owner_ = std::shared_ptr<void>(data, std::free);
   return t;
