@@ -112,8 +112,7 @@ absl::Status ParameterClient::PullShard(size_t shard, uint64_t min_version,
   for (uint32_t id : sh.chunks)
     if (!seen[id])
       return absl::DataLossError(absl::StrCat("shard ", shard, " omitted chunk ", id));
-  static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t));
-  __atomic_fetch_add(&bytes_pulled_, bytes, __ATOMIC_RELAXED);
+  bytes_pulled_ += bytes;
   return absl::OkStatus();
 }
 
@@ -168,7 +167,7 @@ absl::Status ParameterClient::PushShard(size_t shard, uint64_t step,
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
-  __atomic_fetch_add(&bytes_pushed_, bytes, __ATOMIC_RELAXED);
+  bytes_pushed_ += bytes;
   return absl::OkStatus();
 }
 

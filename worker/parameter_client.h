@@ -4,6 +4,7 @@
 #ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
 #define GRPS_WORKER_PARAMETER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -44,8 +45,8 @@ class ParameterClient {
   // Smallest chunk version seen by the last Pull.
   uint64_t min_pulled_version() const;
 
-  uint64_t bytes_pushed() const { return bytes_pushed_; }
-  uint64_t bytes_pulled() const { return bytes_pulled_; }
+  uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
+  uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
 
  private:
   struct Shard {
@@ -65,8 +66,9 @@ class ParameterClient {
   std::vector<int64_t> chunk_offset_;  // flat offset of each chunk
   std::vector<uint64_t> chunk_version_;
   std::vector<Shard> shards_;
-  uint64_t bytes_pushed_ = 0;
-  uint64_t bytes_pulled_ = 0;
+  // Added to by the per-shard threads.
+  std::atomic<uint64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
 };
 
 }  // namespace grps

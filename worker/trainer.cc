@@ -77,7 +77,7 @@ Trainer::~Trainer() {
 
 bool Trainer::Stopping() const {
   if (ShutdownRequested()) return true;
-  absl::MutexLock lock(const_cast<absl::Mutex*>(&mu_));
+  absl::MutexLock lock(&mu_);
   return job_state_ == v1::JOB_STATE_STOPPED || job_state_ == v1::JOB_STATE_FAILED;
 }
 

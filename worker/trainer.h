@@ -69,7 +69,7 @@ class Trainer {
   std::vector<float> host_grads_;
   FILE* curve_ = nullptr;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   v1::WorkerProgress progress_ ABSL_GUARDED_BY(mu_);
   v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::vector<uint32_t> live_workers_ ABSL_GUARDED_BY(mu_);
