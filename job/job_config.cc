@@ -27,7 +27,10 @@ v1::JobConfig DefaultJobConfig() {
   opt->set_beta1(0.9f);
   opt->set_beta2(0.999f);
   opt->set_epsilon(1e-8f);
-  opt->set_decay_rate(1.0f);
+  // Halve the learning rate about once an epoch of the default job
+  // (60,000 examples / 2 workers / batch 64 = 468 steps).
+  opt->set_decay_steps(468);
+  opt->set_decay_rate(0.5f);
   c.set_batch_size(64);
   c.set_epochs(3);
   c.set_num_servers(2);

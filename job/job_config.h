@@ -15,7 +15,8 @@ namespace grps {
 
 
 // The defaults a newcomer gets: Fashion-MNIST, an MLP 784-256-128-10, sync
-// mode, 2 servers and 2 workers, SGD with momentum.
+// mode, 2 servers and 2 workers, SGD with momentum 0.9 at lr 0.05, halved
+// every 468 steps (about one epoch of the default job), batch 64, 3 epochs.
 v1::JobConfig DefaultJobConfig();
 
 // Checks every field a daemon relies on; InvalidArgument names the field.
