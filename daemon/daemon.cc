@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <atomic>
 
 #include "absl/flags/parse.h"
@@ -92,6 +93,28 @@ void InstallShutdownHandlers() {
 }
 
 bool ShutdownRequested() { return g_shutdown.load(); }
+
+void SleepUnlessShutdown(absl::Duration d) {
+  const absl::Time until = absl::Now() + d;
+  while (!ShutdownRequested() && absl::Now() < until)
+    absl::SleepFor(std::min(absl::Milliseconds(50), until - absl::Now()));
+}
+
+absl::Status RetryTransient(const Backoff& policy,
+                            const std::function<absl::Status()>& attempt) {
+  const absl::Time give_up = absl::Now() + policy.give_up_after;
+  absl::Duration backoff = policy.initial;
+  while (true) {
+    absl::Status status = attempt();
+    const bool transient =
+        absl::IsUnavailable(status) ||
+        (policy.retry_deadline_exceeded && absl::IsDeadlineExceeded(status));
+    if (!transient || absl::Now() + backoff > give_up) return status;
+    SleepUnlessShutdown(backoff);
+    if (ShutdownRequested()) return absl::CancelledError("signal received");
+    backoff = std::min(backoff * 2, policy.max);
+  }
+}
 
 std::string WithPort(const std::string& address, int port) {
   size_t colon = address.rfind(':');

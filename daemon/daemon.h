@@ -4,6 +4,7 @@
 #ifndef GRPS_DAEMON_DAEMON_H_
 #define GRPS_DAEMON_DAEMON_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,30 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 void InstallShutdownHandlers();
 // True once SIGINT or SIGTERM arrived.
 bool ShutdownRequested();
+
+// Sleeps for `d`, waking early when SIGINT or SIGTERM arrives.
+void SleepUnlessShutdown(absl::Duration d);
+
+// How RetryTransient spaces its attempts: sleeps double from `initial` up to
+// `max`; no new attempt starts once `give_up_after` (from the first attempt)
+// would be passed.
+struct Backoff {
+  absl::Duration initial = absl::Milliseconds(100);
+  absl::Duration max = absl::Seconds(2);
+  absl::Duration give_up_after = absl::InfiniteDuration();
+  // UNAVAILABLE is always transient; DEADLINE_EXCEEDED only when this is set
+  // (a call that merely outlived its deadline, such as a registration that
+  // waits for the job to form).
+  bool retry_deadline_exceeded = false;
+};
+
+// Calls `attempt` until it returns OK, and retries it while it fails with a
+// transient status (see Backoff). Returns the first other status, the last
+// transient one when the policy gives up, or CANCELLED once SIGINT or SIGTERM
+// arrived. For calls to a peer that may be restarting; every grps call that
+// is retried is idempotent on the receiving side.
+absl::Status RetryTransient(const Backoff& policy,
+                            const std::function<absl::Status()>& attempt);
 
 // "host:port" with the host part of `address` and the given port.
 std::string WithPort(const std::string& address, int port);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 ABSL_FLAG(int, daemon_test_port, 1, "a flag for the test");
@@ -30,6 +31,54 @@ TEST(Daemon, StatusConversionKeepsCodeAndMessage) {
   absl::Status s = ToAbsl(ToGrpc(absl::NotFoundError("no chunk 7")));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(), "no chunk 7");
+}
+
+TEST(Daemon, RetryTransientRetriesUnavailableUntilItSucceeds) {
+  Backoff policy;
+  policy.initial = absl::Milliseconds(1);
+  int calls = 0;
+  absl::Status s = RetryTransient(policy, [&] {
+    return ++calls < 4 ? absl::UnavailableError("down") : absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 4);
+}
+
+TEST(Daemon, RetryTransientReturnsOtherErrorsAtOnce) {
+  Backoff policy;
+  policy.initial = absl::Milliseconds(1);
+  int calls = 0;
+  absl::Status s = RetryTransient(policy, [&] {
+    ++calls;
+    return absl::DeadlineExceededError("slow");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(calls, 1) << "DEADLINE_EXCEEDED is retried only when asked";
+  calls = 0;
+  s = RetryTransient(policy, [&] {
+    ++calls;
+    return absl::InvalidArgumentError("bad");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Daemon, RetryTransientGivesUpWithTheLastStatus) {
+  Backoff policy;
+  policy.initial = absl::Milliseconds(5);
+  policy.max = absl::Milliseconds(5);
+  policy.give_up_after = absl::Milliseconds(60);
+  policy.retry_deadline_exceeded = true;
+  int calls = 0;
+  const absl::Time start = absl::Now();
+  absl::Status s = RetryTransient(policy, [&] {
+    ++calls;
+    return absl::DeadlineExceededError(absl::StrCat("try ", calls));
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), absl::StrCat("try ", calls));
+  EXPECT_GT(calls, 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 }  // namespace

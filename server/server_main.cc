@@ -79,12 +79,6 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
 }
 
 // Sleeps up to `d`, returning early on SIGINT/SIGTERM.
-void SleepUnlessShutdown(absl::Duration d) {
-  const absl::Time until = absl::Now() + d;
-  while (!ShutdownRequested() && absl::Now() < until)
-    absl::SleepFor(std::min(absl::Milliseconds(50), until - absl::Now()));
-}
-
 // RegisterServer, retried with exponential backoff while the coordinator is
 // unreachable, for up to kRegisterPatience. CANCELLED if a signal arrived.
 absl::StatusOr<v1::RegisterServerResponse> Register(
@@ -93,29 +87,27 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
   v1::RegisterServerRequest request;
   request.set_address(address);
   request.set_requested_shard(shard);
-  const absl::Time give_up = absl::Now() + kRegisterPatience;
-  absl::Duration backoff = absl::Milliseconds(100);
-  for (int attempt = 1;; ++attempt) {
+  Backoff policy;
+  policy.max = absl::Seconds(5);
+  policy.give_up_after = kRegisterPatience;
+  policy.retry_deadline_exceeded = true;
+  v1::RegisterServerResponse response;
+  int attempts = 0;
+  absl::Status status = RetryTransient(policy, [&] {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    v1::RegisterServerResponse response;
-    absl::Status status =
-        ToAbsl(coordinator.RegisterServer(&context, request, &response));
-    if (status.ok()) return response;
-    const bool transient = absl::IsUnavailable(status) ||
-                           absl::IsDeadlineExceeded(status);
-    if (!transient) return status;
-    if (absl::Now() + backoff > give_up)
-      return absl::UnavailableError(absl::StrCat(
-          "coordinator unreachable for ", absl::FormatDuration(kRegisterPatience),
-          ": ", status.message()));
-    if (attempt == 1 || attempt % 10 == 0)
+    absl::Status s = ToAbsl(coordinator.RegisterServer(&context, request, &response));
+    if (!s.ok() && (++attempts == 1 || attempts % 10 == 0))
       spdlog::warn("coordinator not reachable yet ({}); retrying",
-                   std::string(status.message()));
-    SleepUnlessShutdown(backoff);
-    if (ShutdownRequested()) return absl::CancelledError("signal received");
-    backoff = std::min(backoff * 2, absl::Seconds(5));
-  }
+                   std::string(s.message()));
+    return s;
+  });
+  if (status.ok()) return response;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
+    return absl::UnavailableError(absl::StrCat(
+        "coordinator unreachable for ", absl::FormatDuration(kRegisterPatience),
+        ": ", status.message()));
+  return status;
 }
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }

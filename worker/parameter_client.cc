@@ -153,20 +153,18 @@ absl::Status ParameterClient::PushShard(size_t shard, uint64_t step,
     ConvertElements(host_grads + chunk_offset_[id], DType::kF32, data->data(), d, n);
     bytes += data->size();
   }
-  const absl::Time give_up = absl::Now() + retry_for;
-  absl::Duration backoff = absl::Milliseconds(50);
-  while (true) {
+  Backoff policy;
+  policy.initial = absl::Milliseconds(50);
+  policy.give_up_after = retry_for;
+  absl::Status st = RetryTransient(policy, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     v1::PushResponse resp;
-    grpc::Status st = sh.stub->Push(&ctx, req, &resp);
-    if (st.ok()) break;
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up)
-      return absl::Status(ToAbsl(st).code(), absl::StrCat("push to shard ", shard,
-                                                          ": ", st.error_message()));
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
+    return ToAbsl(sh.stub->Push(&ctx, req, &resp));
+  });
+  if (!st.ok())
+    return absl::Status(st.code(),
+                        absl::StrCat("push to shard ", shard, ": ", st.message()));
   bytes_pushed_ += bytes;
   return absl::OkStatus();
 }

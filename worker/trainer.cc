@@ -272,18 +272,16 @@ absl::Status Trainer::Run() {
       WriteCurveRow(progress_.step(), progress_,
                     absl::ToDoubleSeconds(absl::Now() - start));
   }
-  absl::Duration backoff = absl::Milliseconds(100);
-  for (int attempt = 0;; ++attempt) {
+  Backoff policy;
+  policy.give_up_after = absl::Seconds(90);
+  absl::Status st = RetryTransient(policy, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::WorkerDoneResponse resp;
-    grpc::Status st = coordinator_->WorkerDone(&ctx, done, &resp);
-    if (st.ok()) return absl::OkStatus();
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= 50 || Stopping())
-      return absl::UnavailableError(absl::StrCat("WorkerDone: ", st.error_message()));
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
+    return ToAbsl(coordinator_->WorkerDone(&ctx, done, &resp));
+  });
+  if (st.ok()) return absl::OkStatus();
+  return absl::Status(st.code(), absl::StrCat("WorkerDone: ", st.message()));
 }
 
 }  // namespace grps

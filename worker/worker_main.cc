@@ -32,25 +32,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
   gethostname(host, sizeof(host) - 1);
   req.set_host(host);
   req.set_backend(backend);
-  const absl::Time give_up =
-      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
+  Backoff policy;
+  policy.max = absl::Seconds(1);
+  policy.give_up_after = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  policy.retry_deadline_exceeded = true;  // the job may still be forming
+  const absl::Time give_up = absl::Now() + policy.give_up_after;
+  v1::RegisterWorkerResponse resp;
+  absl::Status st = RetryTransient(policy, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
-    v1::RegisterWorkerResponse resp;
-    grpc::Status st = stub->RegisterWorker(&ctx, req, &resp);
-    if (st.ok()) return resp;
-    const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!retry || absl::Now() >= give_up || ShutdownRequested())
-      return absl::Status(ToAbsl(st).code(),
-                          absl::StrCat("cannot register with the coordinator at ",
-                                       absl::GetFlag(FLAGS_coordinator), ": ",
-                                       st.error_message()));
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
-  }
+    return ToAbsl(stub->RegisterWorker(&ctx, req, &resp));
+  });
+  if (st.ok()) return resp;
+  return absl::Status(st.code(), absl::StrCat("cannot register with the coordinator at ",
+                                              absl::GetFlag(FLAGS_coordinator), ": ",
+                                              st.message()));
 }
 
 int Main(int argc, char** argv) {
