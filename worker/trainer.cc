@@ -31,19 +31,6 @@ absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit spli
 
 }  // namespace
 
-absl::Status LoadJobData(const v1::JobConfig& config, Dataset* train,
-                         Dataset* test) {
-  absl::StatusOr<Dataset> tr =
-      LoadSplit(config, DatasetSplit::kTrain, config.dataset().train_limit());
-  if (!tr.ok()) return tr.status();
-  absl::StatusOr<Dataset> te =
-      LoadSplit(config, DatasetSplit::kTest, config.dataset().test_limit());
-  if (!te.ok()) return te.status();
-  *train = std::move(*tr);
-  *test = std::move(*te);
-  return absl::OkStatus();
-}
-
 Trainer::Trainer(v1::Coordinator::Stub* coordinator,
                  const v1::RegisterWorkerResponse& registration,
                  Backend* backend, TrainerOptions options)
@@ -145,8 +132,16 @@ void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
 }
 
 absl::Status Trainer::Run() {
-  absl::Status loaded = LoadJobData(config_, &train_, &test_);
-  if (!loaded.ok()) return loaded;
+  absl::StatusOr<Dataset> train =
+      LoadSplit(config_, DatasetSplit::kTrain, config_.dataset().train_limit());
+  if (!train.ok()) return train.status();
+  train_ = std::move(*train);
+  if (rank_ == 0) {
+    absl::StatusOr<Dataset> test =
+        LoadSplit(config_, DatasetSplit::kTest, config_.dataset().test_limit());
+    if (!test.ok()) return test.status();
+    test_ = std::move(*test);
+  }
   const bool sync = config_.mode() == v1::MODE_SYNC;
   const int64_t batch = config_.batch_size();
   const uint64_t total = TotalSteps(config_, train_.num_examples());

@@ -27,11 +27,6 @@ struct TrainerOptions {
   std::string curve_csv;  // training curve, one row per report; "" = none
 };
 
-// Loads the job's training and test splits (with the config's limits) and
-// checks that they fit the model.
-absl::Status LoadJobData(const v1::JobConfig& config, Dataset* train,
-                         Dataset* test);
-
 // Runs in the calling thread; a heartbeat thread runs beside it.
 class Trainer {
  public:
@@ -43,8 +38,9 @@ class Trainer {
           TrainerOptions options);
   ~Trainer();
 
-  // Loads the data (LoadJobData), trains to the last step, runs the final
-  // evaluation (rank 0) and reports WorkerDone. Returns early with OK if the
+  // Loads the data (the test split on rank 0 only, which evaluates), trains
+  // to the last step, runs the final evaluation (rank 0) and reports
+  // WorkerDone. Returns early with OK if the
   // job is stopped, or on SIGTERM.
   absl::Status Run();
 
