@@ -77,9 +77,15 @@ ABSL_FLAG(uint32_t, heartbeat_ms, Defaults().heartbeat_interval_ms(),
 ABSL_FLAG(uint32_t, heartbeat_timeout_ms, Defaults().heartbeat_timeout_ms(),
           "a member silent this long (ms) is declared dead");
 ABSL_FLAG(uint32_t, max_staleness, Defaults().max_staleness(),
-          "async: reject gradients staler than this (0 = no limit)");
+          "async and ssp: reject gradients staler than this (0 = no limit)");
 ABSL_FLAG(bool, staleness_aware_lr, Defaults().staleness_aware_lr(),
-          "async: scale the learning rate by 1 / (1 + staleness)");
+          "async and ssp: scale the learning rate by 1 / (1 + staleness)");
+ABSL_FLAG(uint32_t, backup_workers, Defaults().backup_workers(),
+          "sync: complete a step with the first (live workers - this) gradients");
+ABSL_FLAG(std::string, late_gradients,
+          grps::LateGradientsName(Defaults().late_gradients()),
+          "sync: a gradient that arrives after its step completed is counted "
+          "and then folded into the next step (fold) or dropped (drop)");
 
 namespace grps {
 
@@ -158,6 +164,11 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   c.set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
   c.set_staleness_aware_lr(absl::GetFlag(FLAGS_staleness_aware_lr));
+  c.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
+  absl::StatusOr<v1::LateGradientPolicy> late =
+      ParseLateGradients(absl::GetFlag(FLAGS_late_gradients));
+  if (!late.ok()) return FlagError("late_gradients", late.status());
+  c.set_late_gradients(*late);
 
   if (absl::Status s = ValidateJobConfig(c); !s.ok()) return s;
   return c;

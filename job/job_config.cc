@@ -39,6 +39,7 @@ v1::JobConfig DefaultJobConfig() {
   c.set_chunk_bytes(256 * 1024);
   c.set_wire_dtype(v1::DTYPE_F32);
   c.set_eval_every_steps(200);
+  c.set_late_gradients(v1::LATE_GRADIENTS_FOLD);
   c.set_heartbeat_interval_ms(500);
   c.set_heartbeat_timeout_ms(5000);
   c.set_input_features(784);
@@ -51,10 +52,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
   };
   if (c.job_id().empty()) return bad("job_id is empty");
-  if (c.mode() == v1::MODE_SSP)
-    return bad("mode ssp (bounded staleness) is not available yet; use sync or async");
-  if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC)
-    return bad("mode must be sync or async");
+  if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC &&
+      c.mode() != v1::MODE_SSP)
+    return bad("mode must be sync, async or ssp");
+  if (c.mode() == v1::MODE_SSP && c.staleness_bound() > 1000000)
+    return bad("staleness_bound must be at most 1000000");
   if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX)
     return bad("model must be mlp or softmax");
   if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)
@@ -86,6 +88,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
       c.wire_dtype() != v1::DTYPE_BF16)
     return bad("wire_dtype must be f32, f16 or bf16");
+  if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
+    return bad("backup_workers applies to sync mode only");
+  if (c.backup_workers() >= c.num_workers())
+    return bad("backup_workers must be less than num_workers");
+  if (c.late_gradients() != v1::LATE_GRADIENTS_UNSPECIFIED &&
+      c.late_gradients() != v1::LATE_GRADIENTS_FOLD &&
+      c.late_gradients() != v1::LATE_GRADIENTS_DROP)
+    return bad("late_gradients must be fold or drop");
   if (c.heartbeat_interval_ms() == 0 ||
       c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms())
     return bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
@@ -142,6 +152,16 @@ absl::StatusOr<v1::ConsistencyMode> ParseMode(absl::string_view name) {
   return Lookup<v1::ConsistencyMode>(
       name, "mode",
       {{"sync", v1::MODE_SYNC}, {"async", v1::MODE_ASYNC}, {"ssp", v1::MODE_SSP}});
+}
+
+absl::StatusOr<v1::LateGradientPolicy> ParseLateGradients(absl::string_view name) {
+  return Lookup<v1::LateGradientPolicy>(
+      name, "late gradient policy",
+      {{"fold", v1::LATE_GRADIENTS_FOLD}, {"drop", v1::LATE_GRADIENTS_DROP}});
+}
+
+std::string LateGradientsName(v1::LateGradientPolicy policy) {
+  return policy == v1::LATE_GRADIENTS_DROP ? "drop" : "fold";
 }
 
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {

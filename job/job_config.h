@@ -33,6 +33,8 @@ std::vector<int64_t> LayerWidths(const v1::JobConfig& config);
 // Parsers for flag values; InvalidArgument on anything unknown.
 absl::StatusOr<v1::ConsistencyMode> ParseMode(absl::string_view name);
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name);
+absl::StatusOr<v1::LateGradientPolicy> ParseLateGradients(absl::string_view name);
+std::string LateGradientsName(v1::LateGradientPolicy policy);  // "fold", "drop"
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name);
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);
 std::string ModeName(v1::ConsistencyMode mode);       // "sync", "async", ...

@@ -26,12 +26,23 @@ TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
   c = DefaultJobConfig();
   c.set_heartbeat_timeout_ms(c.heartbeat_interval_ms());
   EXPECT_FALSE(ValidateJobConfig(c).ok());
-  // Bounded staleness is in the contract but not built: refuse it plainly
-  // rather than run it as async.
   c = DefaultJobConfig();
   c.set_mode(v1::MODE_SSP);
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  // Backup workers belong to sync mode and leave at least one gradient.
+  c = DefaultJobConfig();
+  c.set_backup_workers(1);
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  c.set_backup_workers(c.num_workers());
   s = ValidateJobConfig(c);
-  EXPECT_NE(s.message().find("not available yet"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("backup_workers"), std::string::npos) << s;
+  c.set_backup_workers(1);
+  c.set_mode(v1::MODE_ASYNC);
+  s = ValidateJobConfig(c);
+  EXPECT_NE(s.message().find("sync mode only"), std::string::npos) << s;
+  c = DefaultJobConfig();
+  c.set_late_gradients(static_cast<v1::LateGradientPolicy>(7));
+  EXPECT_FALSE(ValidateJobConfig(c).ok());
 }
 
 TEST(JobConfig, MlpTensorsFollowLayerWidths) {
