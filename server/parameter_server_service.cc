@@ -176,7 +176,7 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   return push;
 }
 
-absl::Time PullDeadline(const grpc::ServerContext& context,
+absl::Time PullDeadline(const grpc::ServerContextBase& context,
                         uint32_t timeout_ms) {
   const absl::Time now = absl::Now();
   absl::Time deadline = now + ParameterServerService::kMaxPullWait;
@@ -205,54 +205,86 @@ grpc::Status ParameterServerService::Push(grpc::ServerContext* context,
   if (!result.ok()) return ToGrpc(result.status());
   for (uint64_t v : result->versions) response->add_versions(v);
   response->set_duplicates(result->duplicates);
+  response->set_late(result->late);
+  response->set_too_stale(result->too_stale);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::Pull(grpc::ServerContext* context,
-                                          const v1::PullRequest* request,
-                                          v1::PullResponse* response) {
-  ShardStore* store = store_.load();
-  if (store == nullptr) return ToGrpc(NotReady());
-  if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok())
-    return ToGrpc(s);
-  if (absl::Status s = CheckRank(*store, request->worker_rank()); !s.ok())
-    return ToGrpc(s);
-  absl::StatusOr<DType> dtype = CheckDType(request->dtype(), true, "pull");
-  if (!dtype.ok()) return ToGrpc(dtype.status());
+namespace {
 
-  const std::vector<uint32_t>& all = store->chunk_ids();
-  std::vector<uint32_t> ids(request->chunk_ids().begin(),
-                            request->chunk_ids().end());
-  if (ids.empty()) ids = all;
+// The checks of a pull that need no waiting; the typed spec, or why not.
+absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
+                                                const v1::PullRequest& request,
+                                                absl::Time deadline) {
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok())
+    return s;
+  absl::StatusOr<DType> dtype = CheckDType(request.dtype(), true, "pull");
+  if (!dtype.ok()) return dtype.status();
+  ShardStore::PullSpec spec;
+  spec.worker_rank = request.worker_rank();
+  spec.chunk_ids.assign(request.chunk_ids().begin(), request.chunk_ids().end());
+  if (spec.chunk_ids.empty()) spec.chunk_ids = store.chunk_ids();
   absl::flat_hash_set<uint32_t> seen;
   uint64_t reply_bytes = 0;
-  for (uint32_t id : ids) {
-    absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(*store, id);
-    if (!spec.ok()) return ToGrpc(spec.status());
+  for (uint32_t id : spec.chunk_ids) {
+    absl::StatusOr<const v1::ChunkSpec*> chunk = CheckChunk(store, id);
+    if (!chunk.ok()) return chunk.status();
     if (!seen.insert(id).second)
-      return ToGrpc(absl::InvalidArgumentError(
-          absl::StrCat("chunk ", id, " appears twice in one pull")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", id, " appears twice in one pull"));
     // Payload plus a generous allowance for the framing of each chunk.
-    reply_bytes += (*spec)->num_elements() * DTypeSize(*dtype) + 32;
+    reply_bytes += (*chunk)->num_elements() * DTypeSize(*dtype) + 32;
   }
   if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))
-    return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+    return absl::ResourceExhaustedError(absl::StrCat(
         "pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
-        "-byte message limit; pull fewer chunks per call")));
+        "-byte message limit; pull fewer chunks per call"));
+  spec.min_version = request.min_version();
+  if (request.has_clock()) spec.clock = request.clock();
+  spec.deadline = deadline;
+  spec.dtype = *dtype;
+  return spec;
+}
 
-  absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled = store->Pull(
-      ids, request->min_version(), PullDeadline(*context, request->timeout_ms()),
-      *dtype);
-  if (!pulled.ok()) return ToGrpc(pulled.status());
-  const v1::DType wire = static_cast<v1::DType>(*dtype);
-  for (ShardStore::PulledChunk& p : *pulled) {
-    v1::ChunkData* out = response->add_chunks();
-    out->set_chunk_id(p.chunk_id);
-    out->set_dtype(wire);
-    out->set_version(p.version);
-    out->set_data(std::move(p.data));
+}  // namespace
+
+grpc::ServerUnaryReactor* ParameterServerService::Pull(
+    grpc::CallbackServerContext* context, const v1::PullRequest* request,
+    v1::PullResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ShardStore* store = store_.load();
+  if (store == nullptr) {
+    reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
   }
-  return grpc::Status::OK;
+  absl::StatusOr<ShardStore::PullSpec> spec = DecodePull(
+      *store, *request, PullDeadline(*context, request->timeout_ms()));
+  if (!spec.ok()) {
+    reactor->Finish(ToGrpc(spec.status()));
+    return reactor;
+  }
+  const v1::DType wire = static_cast<v1::DType>(spec->dtype);
+  // The reactor and the response live until Finish; the store calls back
+  // exactly once.
+  store->PullAsync(
+      std::move(*spec),
+      [reactor, response,
+       wire](absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
+        if (!pulled.ok()) {
+          reactor->Finish(ToGrpc(pulled.status()));
+          return;
+        }
+        for (ShardStore::PulledChunk& p : *pulled) {
+          v1::ChunkData* out = response->add_chunks();
+          out->set_chunk_id(p.chunk_id);
+          out->set_dtype(wire);
+          out->set_version(p.version);
+          out->set_data(std::move(p.data));
+        }
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::Status ParameterServerService::PushSparse(
@@ -278,7 +310,7 @@ grpc::Status ParameterServerService::GetShardStatus(
   if (store == nullptr) return ToGrpc(NotReady());
   if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok())
     return ToGrpc(s);
-  *response = store->Status();
+  *response = store->ShardStatus();
   return grpc::Status::OK;
 }
 

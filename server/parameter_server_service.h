@@ -4,8 +4,10 @@
 // the shard's count of rejected pushes).
 //
 // Status codes:
-//   FAILED_PRECONDITION  wrong job_id; a push the store refuses (step not
-//                        current, late, stale incarnation, too stale)
+//   FAILED_PRECONDITION  wrong job_id; a push the store refuses (stale
+//                        incarnation, a version the chunk never had). Late
+//                        and too-stale gradients are not errors: the push
+//                        is OK and its reply counts them.
 //   INVALID_ARGUMENT     unknown worker rank, bad dtype, wrong byte length,
 //                        NaN/Inf gradient, a chunk twice in one request,
 //                        a push without chunks
@@ -14,6 +16,10 @@
 //   RESOURCE_EXHAUSTED   a pull reply would exceed the message limit
 //   UNAVAILABLE          no store attached yet, or shutting down
 //   UNIMPLEMENTED        sparse tables (not built yet)
+//
+// Pull uses gRPC's callback API: a pull that has to wait is a waiter in the
+// store, not a gRPC thread parked on a condition variable, so any number of
+// waiting pulls costs no threads.
 //
 // Thread safety: gRPC calls the handlers from many threads at once; the
 // service keeps no mutable state besides the attached store pointer.
@@ -28,10 +34,12 @@
 
 namespace grps {
 
-class ParameterServerService final : public v1::ParameterServer::Service {
+class ParameterServerService final
+    : public v1::ParameterServer::WithCallbackMethod_Pull<
+          v1::ParameterServer::Service> {
  public:
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
-  // longer than this, so that an abandoned pull does not hold a thread.
+  // longer than this, so that an abandoned pull does not stay a waiter.
   static constexpr absl::Duration kMaxPullWait = absl::Minutes(5);
 
   // The daemon listens (to learn its port) before the coordinator tells it
@@ -48,9 +56,9 @@ class ParameterServerService final : public v1::ParameterServer::Service {
   grpc::Status Push(grpc::ServerContext* context,
                     const v1::PushRequest* request,
                     v1::PushResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* context,
-                    const v1::PullRequest* request,
-                    v1::PullResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const v1::PullRequest* request,
+                                 v1::PullResponse* response) override;
   grpc::Status PushSparse(grpc::ServerContext* context,
                           const v1::SparsePushRequest* request,
                           v1::SparsePushResponse* response) override;

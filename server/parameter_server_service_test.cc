@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/daemon.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -153,8 +155,8 @@ class ParameterServerServiceTest : public ::testing::Test {
 
   Snapshot Take() const {
     Snapshot s;
-    for (uint32_t id : own_) s.chunks.push_back(*store_->ReadChunk(id));
-    s.status = store_->Status();
+    for (uint32_t id : own_) s.chunks.push_back(*store_->TEST_ReadChunk(id));
+    s.status = store_->ShardStatus();
     s.status.clear_rejected_pushes();
     return s;
   }
@@ -176,12 +178,12 @@ class ParameterServerServiceTest : public ::testing::Test {
   void ExpectPushRefused(const v1::PushRequest& request, grpc::StatusCode code,
                          const std::string& message) {
     const Snapshot before = Take();
-    const uint64_t rejected = store_->Status().rejected_pushes();
+    const uint64_t rejected = store_->ShardStatus().rejected_pushes();
     const grpc::Status status = Push(request);
     EXPECT_EQ(status.error_code(), code) << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr(message));
     ExpectUnchanged(before);
-    EXPECT_GT(store_->Status().rejected_pushes(), rejected);
+    EXPECT_GT(store_->ShardStatus().rejected_pushes(), rejected);
   }
 
   // The pull fails with `code`, serves nothing and counts nothing.
@@ -308,9 +310,71 @@ TEST_F(ParameterServerServiceTest, PushWithoutChunksIsInvalidArgument) {
 }
 
 TEST_F(ParameterServerServiceTest,
-       SyncPushForAStepThatIsNotCurrentIsFailedPrecondition) {
+       SyncPushComputedOnAVersionNeverServedIsFailedPrecondition) {
   ExpectPushRefused(GoodPush(0, 3), grpc::StatusCode::FAILED_PRECONDITION,
-                    "push for step 3 but chunk");
+                    "computed on version 3 but the chunk is only at version 0");
+}
+
+// The threads of this process, as the kernel counts them.
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+
+TEST_F(ParameterServerServiceTest, SixtyFourWaitingPullsNeedNoThreadEach) {
+  constexpr int kPulls = 64;
+  // Warm gRPC's callback machinery up with a pull that is answered at once.
+  v1::PullRequest ready = PullOf({});
+  ready.set_clock(0);
+  v1::PullResponse warm;
+  ASSERT_TRUE(Pull(ready, &warm).ok());
+  const int threads_before = ThreadCount();
+
+  // Rank 0 contributes to step 0, then pulls for clock 1 64 times: each pull
+  // waits until step 0 completes, which needs rank 1.
+  ASSERT_TRUE(Push(GoodPush(0, 0, 1.0f)).ok());
+  v1::PullRequest waiting = PullOf({});
+  waiting.set_clock(1);
+  struct Call {
+    grpc::ClientContext context;
+    v1::PullResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kPulls; ++i) {
+    auto call = std::make_unique<Call>();
+    Call* c = call.get();
+    stub_->async()->Pull(&c->context, &waiting, &c->response,
+                         [c](grpc::Status status) {
+                           c->status = std::move(status);
+                           c->done.Notify();
+                         });
+    calls.push_back(std::move(call));
+  }
+  // Wait (on a condition, not a sleep) until the shard holds all of them.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(store_->ShardStatus().waiting_pulls(), static_cast<uint64_t>(kPulls));
+  const int threads_waiting = ThreadCount();
+  EXPECT_LT(threads_waiting - threads_before, 16)
+      << threads_before << " threads before, " << threads_waiting
+      << " with " << kPulls << " pulls waiting";
+  for (const auto& c : calls) EXPECT_FALSE(c->done.HasBeenNotified());
+
+  // Rank 1's gradient completes the step and releases every pull.
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  for (const auto& c : calls) {
+    ASSERT_TRUE(c->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    ASSERT_TRUE(c->status.ok()) << c->status.error_message();
+    ASSERT_EQ(c->response.chunks_size(), 2);
+    EXPECT_EQ(c->response.chunks(0).version(), 1u);
+  }
+  EXPECT_EQ(store_->ShardStatus().waiting_pulls(), 0u);
 }
 
 // ---- good pushes and pulls -------------------------------------------------
@@ -365,7 +429,7 @@ TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {
     EXPECT_EQ(Decode(c.data(), DType::kBF16),
               Decode(Encode(expected, DType::kBF16), DType::kBF16));
   }
-  const v1::ShardStatus status = store_->Status();
+  const v1::ShardStatus status = store_->ShardStatus();
   EXPECT_EQ(status.bytes_in(), 2 * (8 + 4) * 2u);  // two f16 pushes
   EXPECT_EQ(status.bytes_out(), (8 + 4) * 2u);     // one bf16 pull
 }

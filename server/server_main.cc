@@ -178,7 +178,7 @@ int Run() {
   service.Attach(store.get());
   const v1::JobConfig& config = store->config();
   {
-    const v1::ShardStatus s = store->Status();
+    const v1::ShardStatus s = store->ShardStatus();
     spdlog::info(
         "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
         "(job {}, mode {}, incarnation {})",
@@ -199,7 +199,7 @@ int Run() {
     request.set_job_id(config.job_id());
     request.set_server_shard(store->shard());
     request.set_incarnation(registration->incarnation());
-    *request.mutable_shard() = store->Status();
+    *request.mutable_shard() = store->ShardStatus();
     request.set_shard_map_epoch(map_epoch);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(
@@ -220,7 +220,7 @@ int Run() {
         reason = absl::StrCat("job ", JobStateName(state));
         // Leave the coordinator this shard's final figures.
         request.set_final_report(true);
-        *request.mutable_shard() = store->Status();
+        *request.mutable_shard() = store->ShardStatus();
         grpc::ClientContext last;
         last.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
         coordinator->Heartbeat(&last, request, &response).ok();
@@ -246,7 +246,7 @@ int Run() {
   }
 
   stop_server();
-  const v1::ShardStatus s = store->Status();
+  const v1::ShardStatus s = store->ShardStatus();
   spdlog::info(
       "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
       "duplicate, {} rejected), {} pulls, {:.1f} MiB in, {:.1f} MiB out",

@@ -5,37 +5,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "server/chunk_optimizer.h"
 
 namespace grps {
-
-// Consistency rules.
-//
-// Sync (BSP). A chunk at version v is aggregating step v. A gradient for
-// step s:
-//   s == v      added to the step's sum once per rank; a second push by the
-//               same rank is a duplicate (acknowledged, not added). When the
-//               contributors cover every live worker the step is applied once
-//               from sum / contributors and the version becomes v + 1.
-//   s == v - 1  a retry from a rank that contributed to step v - 1: a
-//               duplicate. From any other rank: a late gradient, rejected.
-//   otherwise   rejected (FAILED_PRECONDITION).
-// A rank outside the live set may still contribute (a restarted worker the
-// heartbeat has not reported yet); the average counts it.
-//
-// Async (ASP; SSP is handled the same way for now). Every gradient is
-// applied on arrival. Its staleness is the chunk's version minus the version
-// the gradient was computed on; with max_staleness > 0 a staler gradient is
-// rejected. A push whose (incarnation, step) is not newer than the last one
-// applied from the same rank to the chunk is a duplicate, so a worker pushes
-// a chunk's steps in order.
-
 namespace {
 
-// The newest push of one rank applied to one chunk (async deduplication).
-struct AppliedMark {
+// The newest push of one rank accepted for one chunk (deduplication).
+struct AcceptedMark {
   bool valid = false;
   uint64_t incarnation = 0;
   uint64_t step = 0;
@@ -48,10 +28,14 @@ struct ChunkCounters {
   uint64_t pulls = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  uint64_t late_folded = 0;
+  uint64_t late_dropped = 0;
+  uint64_t too_stale = 0;
   uint64_t staleness_count = 0;
   uint64_t staleness_sum = 0;
   uint64_t staleness_max = 0;
   uint64_t staleness_histogram[ShardStore::kStalenessBuckets] = {};
+  std::vector<uint64_t> late_by_worker;  // by rank
 
   void Add(const ChunkCounters& o) {
     pushes += o.pushes;
@@ -60,47 +44,71 @@ struct ChunkCounters {
     pulls += o.pulls;
     bytes_in += o.bytes_in;
     bytes_out += o.bytes_out;
+    late_folded += o.late_folded;
+    late_dropped += o.late_dropped;
+    too_stale += o.too_stale;
     staleness_count += o.staleness_count;
     staleness_sum += o.staleness_sum;
     staleness_max = std::max(staleness_max, o.staleness_max);
     for (int i = 0; i < ShardStore::kStalenessBuckets; ++i)
       staleness_histogram[i] += o.staleness_histogram[i];
+    if (late_by_worker.size() < o.late_by_worker.size())
+      late_by_worker.resize(o.late_by_worker.size(), 0);
+    for (size_t r = 0; r < o.late_by_worker.size(); ++r)
+      late_by_worker[r] += o.late_by_worker[r];
   }
 };
 
 }  // namespace
 
-struct ShardStore::Chunk {
-  Chunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backend> backend)
-      : id(id), num_elements(num_elements), backend(std::move(backend)) {}
+// One chunk: values, optimizer, the mode's policy, dedup marks, counters.
+// Every member past the constants is guarded by `mu`; the policy and the
+// optimizer are called with it held.
+class ShardStore::Chunk final : public UpdateTarget {
+ public:
+  Chunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backend> backend,
+        const v1::JobConfig& config)
+      : id(id), num_elements_(num_elements), backend_(std::move(backend)) {
+    absl::MutexLock lock(&mu);
+    values = DeviceBuffer(backend_.get(), num_elements_ * sizeof(float));
+    optimizer = std::make_unique<ChunkOptimizer>(config.optimizer(),
+                                                 backend_.get(), num_elements_);
+    policy = MakeChunkPolicy(config, num_elements_, backend_.get());
+    marks.assign(config.num_workers(), AcceptedMark{});
+    counters.late_by_worker.assign(config.num_workers(), 0);
+  }
+
+  // UpdateTarget (called with mu held, by the policy).
+  uint64_t version() const override { return version_; }
+  uint64_t num_elements() const override { return num_elements_; }
+  Backend& backend() override { return *backend_; }
+  void Apply(const float* grad, float lr, int64_t staleness) override {
+    optimizer->Apply(values.f32(), grad, lr, version_);
+    ++version_;
+    ++counters.updates;
+    if (staleness < 0) return;
+    const uint64_t st = static_cast<uint64_t>(staleness);
+    ++counters.staleness_count;
+    counters.staleness_sum += st;
+    counters.staleness_max = std::max(counters.staleness_max, st);
+    ++counters.staleness_histogram[std::min<uint64_t>(st, kStalenessBuckets - 1)];
+  }
 
   const uint32_t id;
-  const uint64_t num_elements;
-  // Declared before the buffers, which it allocated and must outlive.
-  const std::unique_ptr<Backend> backend;
-
   absl::Mutex mu;
-  // Signalled whenever `version` advances, and on shutdown.
-  absl::CondVar version_changed;
 
-  uint64_t version ABSL_GUARDED_BY(mu) = 0;
-  DeviceBuffer values ABSL_GUARDED_BY(mu);
-  // Optimizer state: momentum velocity, Adam first moment or AdaGrad
-  // accumulator (state_a); Adam second moment (state_b).
-  DeviceBuffer state_a ABSL_GUARDED_BY(mu);
-  DeviceBuffer state_b ABSL_GUARDED_BY(mu);
+ private:
+  const uint64_t num_elements_;
+  // Declared before the buffers, which it allocated and must outlive.
+  const std::unique_ptr<Backend> backend_;
+  uint64_t version_ = 0;
 
-  // Sync: the sum of step `version`'s gradients and who contributed (by
-  // rank), and who contributed to step `version - 1`.
-  DeviceBuffer sum ABSL_GUARDED_BY(mu);
-  std::vector<bool> contributed ABSL_GUARDED_BY(mu);
-  std::vector<bool> contributed_previous ABSL_GUARDED_BY(mu);
-  uint32_t num_contributors ABSL_GUARDED_BY(mu) = 0;
-
-  // Async: per rank, the newest push applied.
-  std::vector<AppliedMark> last_applied ABSL_GUARDED_BY(mu);
-
-  ChunkCounters counters ABSL_GUARDED_BY(mu);
+ public:
+  DeviceBuffer values;
+  std::unique_ptr<ChunkOptimizer> optimizer;
+  std::unique_ptr<ChunkPolicy> policy;
+  std::vector<AcceptedMark> marks;  // by rank
+  ChunkCounters counters;
 };
 
 // Holds the mutexes of a push's chunks, taken in ascending chunk id order so
@@ -123,6 +131,13 @@ class ShardStore::ChunkLocks {
   std::vector<Chunk*> chunks_;
 };
 
+struct ShardStore::Waiter {
+  PullSpec spec;
+  std::vector<Chunk*> chunks;
+  absl::Time start;
+  PullCallback done;
+};
+
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
     Options options) {
   if (absl::Status s = ValidateJobConfig(options.config); !s.ok()) return s;
@@ -140,6 +155,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
   if (!options.make_backend) options.make_backend = CreateCpuBackend;
   std::unique_ptr<ShardStore> store(new ShardStore(std::move(options)));
   if (absl::Status s = store->Initialize(); !s.ok()) return s;
+  store->timer_ = std::thread([s = store.get()] { s->TimerLoop(); });
   return store;
 }
 
@@ -150,22 +166,22 @@ ShardStore::ShardStore(Options options)
       incarnation_(options.incarnation),
       address_(std::move(options.address)),
       make_backend_(std::move(options.make_backend)),
-      num_workers_(config_.num_workers()),
-      sync_(config_.mode() == v1::MODE_SYNC) {
+      num_workers_(config_.num_workers()) {
   absl::MutexLock lock(&members_mu_);
-  live_.assign(num_workers_, true);
-  incarnation_of_.assign(num_workers_, 0);
+  live_ = std::make_shared<const LiveSet>(LiveSet::All(num_workers_));
 }
 
-ShardStore::~ShardStore() = default;
+ShardStore::~ShardStore() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    stop_timer_ = true;
+    timer_wake_.SignalAll();
+  }
+  if (timer_.joinable()) timer_.join();
+}
 
 absl::Status ShardStore::Initialize() {
-  const v1::OptimizerKind kind = config_.optimizer().kind();
-  const bool needs_a = kind == v1::OPTIMIZER_MOMENTUM ||
-                       kind == v1::OPTIMIZER_NESTEROV ||
-                       kind == v1::OPTIMIZER_ADAM ||
-                       kind == v1::OPTIMIZER_ADAGRAD;
-  const bool needs_b = kind == v1::OPTIMIZER_ADAM;
   local_index_.assign(map_.chunks_size(), -1);
   for (const v1::ChunkSpec& spec : map_.chunks()) {
     if (spec.shard() != shard_) continue;
@@ -174,34 +190,16 @@ absl::Status ShardStore::Initialize() {
       return absl::InvalidArgumentError(
           "the shard store needs a host-memory backend for its chunks");
     auto chunk = std::make_unique<Chunk>(spec.chunk_id(), spec.num_elements(),
-                                         std::move(backend));
-    Chunk& c = *chunk;
-    absl::MutexLock lock(&c.mu);
-    const size_t n = c.num_elements;
-    const size_t bytes = n * sizeof(float);
-    Backend* b = c.backend.get();
-    c.values = DeviceBuffer(b, bytes);
-    if (absl::Status s = InitializeRange(
-            map_.tensors(spec.tensor_index()), config_.seed(),
-            spec.tensor_index(), spec.offset(), n, c.values.f32());
-        !s.ok())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", spec.chunk_id(), ": ", s.message()));
-    if (needs_a) {
-      c.state_a = DeviceBuffer(b, bytes);
-      b->Fill(c.state_a.f32(), 0.0f, n);
-    }
-    if (needs_b) {
-      c.state_b = DeviceBuffer(b, bytes);
-      b->Fill(c.state_b.f32(), 0.0f, n);
-    }
-    if (sync_) {
-      c.sum = DeviceBuffer(b, bytes);
-      b->Fill(c.sum.f32(), 0.0f, n);
-      c.contributed.assign(num_workers_, false);
-      c.contributed_previous.assign(num_workers_, false);
-    } else {
-      c.last_applied.assign(num_workers_, AppliedMark{});
+                                         std::move(backend), config_);
+    {
+      absl::MutexLock lock(&chunk->mu);
+      if (absl::Status s = InitializeRange(
+              map_.tensors(spec.tensor_index()), config_.seed(),
+              spec.tensor_index(), spec.offset(), spec.num_elements(),
+              chunk->values.f32());
+          !s.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk ", spec.chunk_id(), ": ", s.message()));
     }
     local_index_[spec.chunk_id()] = static_cast<int>(chunks_.size());
     chunk_ids_.push_back(spec.chunk_id());
@@ -216,15 +214,24 @@ ShardStore::Chunk* ShardStore::FindChunk(uint32_t chunk_id) const {
   return chunks_[local_index_[chunk_id]].get();
 }
 
+std::shared_ptr<const LiveSet> ShardStore::live() const {
+  absl::MutexLock lock(&members_mu_);
+  return live_;
+}
+
 absl::Status ShardStore::AdmitIncarnation(uint32_t rank,
                                           uint64_t incarnation) {
   absl::MutexLock lock(&members_mu_);
-  uint64_t& known = incarnation_of_[rank];
+  const uint64_t known = live_->incarnations[rank];
   if (incarnation < known)
     return absl::FailedPreconditionError(absl::StrCat(
         "stale incarnation: worker ", rank, " pushed as incarnation ",
         incarnation, " but incarnation ", known, " is current"));
-  known = incarnation;
+  if (incarnation > known) {
+    auto updated = std::make_shared<LiveSet>(*live_);
+    updated->incarnations[rank] = incarnation;
+    live_ = std::move(updated);
+  }
   return absl::OkStatus();
 }
 
@@ -244,10 +251,10 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
     if (c == nullptr)
       return absl::NotFoundError(absl::StrCat(
           "chunk ", g.chunk_id, " is not held by shard ", shard_));
-    if (g.values.size() != c->num_elements)
+    if (g.values.size() != c->num_elements())
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk ", g.chunk_id, ": ", g.values.size(),
-          " gradient values for ", c->num_elements, " elements"));
+          " gradient values for ", c->num_elements(), " elements"));
     chunks.push_back(c);
   }
   std::vector<Chunk*> sorted = chunks;
@@ -260,235 +267,261 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
     rejected_.fetch_add(push.chunks.size());
     return s;
   }
-  absl::StatusOr<PushResult> result =
-      sync_ ? PushSync(push, chunks) : PushAsync(push, chunks);
-  if (!result.ok()) rejected_.fetch_add(push.chunks.size());
-  return result;
-}
-
-absl::StatusOr<ShardStore::PushResult> ShardStore::PushSync(
-    const GradientPush& push, const std::vector<Chunk*>& chunks) {
+  const std::shared_ptr<const LiveSet> live_set = live();
   const uint32_t rank = push.worker_rank;
-  const uint64_t step = push.step;
-  ChunkLocks locks(chunks);
-  // Decide every chunk before changing any.
-  std::vector<bool> duplicate(chunks.size(), false);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *chunks[i];
-    c.mu.AssertHeld();
-    if (step == c.version) {
-      duplicate[i] = c.contributed[rank];
-    } else if (step > c.version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "push for step ", step, " but chunk ", c.id, " is at step ",
-          c.version));
-    } else if (step + 1 == c.version && c.contributed_previous[rank]) {
-      duplicate[i] = true;
-    } else {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "late gradient: push for step ", step, " but chunk ", c.id,
-          " is already at step ", c.version, " (the step completed without "
-          "worker ", rank, ")"));
-    }
-  }
   PushResult result;
-  result.versions.reserve(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *chunks[i];
-    c.mu.AssertHeld();
-    const ChunkGradient& g = push.chunks[i];
-    ++c.counters.pushes;
-    c.counters.bytes_in += g.wire_bytes;
-    result.versions.push_back(step + 1);
-    if (duplicate[i]) {
-      ++c.counters.duplicates;
-      ++result.duplicates;
-      continue;
-    }
-    c.backend->Axpy(1.0f, g.values.data(), c.sum.f32(), c.num_elements);
-    c.contributed[rank] = true;
-    ++c.num_contributors;
-    MaybeCompleteSyncStep(c);
-  }
-  return result;
-}
-
-void ShardStore::MaybeCompleteSyncStep(Chunk& c) {
-  c.mu.AssertHeld();
-  if (c.num_contributors == 0) return;
   {
-    absl::ReaderMutexLock lock(&members_mu_);
-    for (uint32_t r = 0; r < num_workers_; ++r)
-      if (live_[r] && !c.contributed[r]) return;
-  }
-  float* grad = c.sum.f32();
-  c.backend->Scale(1.0f / static_cast<float>(c.num_contributors), grad,
-                   c.num_elements);
-  ApplyUpdate(c, grad, ScheduledLearningRate(config_.optimizer(), c.version));
-  c.backend->Fill(grad, 0.0f, c.num_elements);
-  c.contributed_previous.swap(c.contributed);
-  c.contributed.assign(num_workers_, false);
-  c.num_contributors = 0;
-}
-
-absl::StatusOr<ShardStore::PushResult> ShardStore::PushAsync(
-    const GradientPush& push, const std::vector<Chunk*>& chunks) {
-  const uint32_t rank = push.worker_rank;
-  const uint32_t max_staleness = config_.max_staleness();
-  ChunkLocks locks(chunks);
-  std::vector<bool> duplicate(chunks.size(), false);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *chunks[i];
-    c.mu.AssertHeld();
-    const AppliedMark& mark = c.last_applied[rank];
-    const uint64_t base = push.chunks[i].base_version;
-    if (mark.valid && mark.incarnation > push.incarnation)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "stale incarnation: worker ", rank, " pushed as incarnation ",
-          push.incarnation, " but incarnation ", mark.incarnation,
-          " already updated chunk ", c.id));
-    if (mark.valid && mark.incarnation == push.incarnation &&
-        push.step <= mark.step) {
-      duplicate[i] = true;
-    } else if (base > c.version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gradient for chunk ", c.id, " was computed on version ", base,
-          " but the chunk is only at version ", c.version));
-    } else if (max_staleness > 0 && c.version - base > max_staleness) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gradient too stale: chunk ", c.id, " is at version ", c.version,
-          ", the gradient was computed on version ", base, " (staleness ",
-          c.version - base, " > max_staleness ", max_staleness, ")"));
+    ChunkLocks locks(chunks);
+    // Decide every chunk before changing any.
+    std::vector<bool> duplicate(chunks.size(), false);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Chunk& c = *chunks[i];
+      c.mu.AssertHeld();
+      const AcceptedMark& mark = c.marks[rank];
+      if (mark.valid && push.incarnation < mark.incarnation) {
+        rejected_.fetch_add(push.chunks.size());
+        return absl::FailedPreconditionError(absl::StrCat(
+            "stale incarnation: worker ", rank, " pushed as incarnation ",
+            push.incarnation, " but incarnation ", mark.incarnation,
+            " already pushed to chunk ", c.id));
+      }
+      if (mark.valid && push.incarnation == mark.incarnation &&
+          push.step <= mark.step) {
+        duplicate[i] = true;
+        continue;
+      }
+      const ChunkGradientMeta meta{rank, push.incarnation, push.step,
+                                   push.chunks[i].base_version};
+      if (absl::Status s = c.policy->Check(meta, c); !s.ok()) {
+        rejected_.fetch_add(push.chunks.size());
+        return absl::Status(s.code(),
+                            absl::StrCat("chunk ", c.id, ": ", s.message()));
+      }
+    }
+    result.versions.reserve(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Chunk& c = *chunks[i];
+      c.mu.AssertHeld();
+      const ChunkGradient& g = push.chunks[i];
+      ++c.counters.pushes;
+      c.counters.bytes_in += g.wire_bytes;
+      if (duplicate[i]) {
+        ++c.counters.duplicates;
+        ++result.duplicates;
+        result.versions.push_back(c.version());
+        continue;
+      }
+      const ChunkGradientMeta meta{rank, push.incarnation, push.step,
+                                   g.base_version};
+      const GradientFate fate = c.policy->Accept(meta, g.values, c, *live_set);
+      c.marks[rank] = AcceptedMark{true, push.incarnation, push.step};
+      switch (fate) {
+        case GradientFate::kLateFolded:
+          ++c.counters.late_folded;
+          break;
+        case GradientFate::kLateDropped:
+          ++c.counters.late_dropped;
+          break;
+        case GradientFate::kTooStale:
+          ++c.counters.too_stale;
+          ++result.too_stale;
+          rejected_.fetch_add(1);
+          break;
+        default:
+          break;
+      }
+      if (IsLate(fate)) {
+        ++c.counters.late_by_worker[rank];
+        ++result.late;
+      }
+      result.versions.push_back(fate == GradientFate::kAggregated
+                                    ? g.base_version + 1
+                                    : c.version());
     }
   }
-  PushResult result;
-  result.versions.reserve(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *chunks[i];
-    c.mu.AssertHeld();
-    const ChunkGradient& g = push.chunks[i];
-    ++c.counters.pushes;
-    c.counters.bytes_in += g.wire_bytes;
-    if (duplicate[i]) {
-      ++c.counters.duplicates;
-      ++result.duplicates;
-      result.versions.push_back(c.version);
-      continue;
-    }
-    const uint64_t staleness = c.version - g.base_version;
-    const float lr = AsyncLearningRate(config_, c.version, staleness);
-    ApplyUpdate(c, g.values.data(), lr);
-    ChunkCounters& k = c.counters;
-    ++k.staleness_count;
-    k.staleness_sum += staleness;
-    k.staleness_max = std::max(k.staleness_max, staleness);
-    ++k.staleness_histogram[std::min<uint64_t>(staleness,
-                                               kStalenessBuckets - 1)];
-    c.last_applied[rank] = AppliedMark{true, push.incarnation, push.step};
-    result.versions.push_back(c.version);
-  }
+  WakeWaiters();
   return result;
 }
 
-void ShardStore::ApplyUpdate(Chunk& c, const float* grad, float lr) {
-  c.mu.AssertHeld();
-  const v1::OptimizerConfig& opt = config_.optimizer();
-  float* param = c.values.f32();
-  const size_t n = c.num_elements;
-  switch (opt.kind()) {
-    case v1::OPTIMIZER_MOMENTUM:
-    case v1::OPTIMIZER_NESTEROV: {
-      MomentumParams p;
-      p.lr = lr;
-      p.momentum = opt.momentum();
-      p.nesterov = opt.kind() == v1::OPTIMIZER_NESTEROV;
-      p.weight_decay = opt.weight_decay();
-      c.backend->MomentumUpdate(p, param, grad, c.state_a.f32(), n);
-      break;
-    }
-    case v1::OPTIMIZER_ADAM: {
-      AdamParams p;
-      p.lr = lr;
-      p.beta1 = opt.beta1();
-      p.beta2 = opt.beta2();
-      p.epsilon = opt.epsilon();
-      p.weight_decay = opt.weight_decay();
-      p.step = static_cast<int64_t>(c.version + 1);
-      c.backend->AdamUpdate(p, param, grad, c.state_a.f32(), c.state_b.f32(),
-                            n);
-      break;
-    }
-    case v1::OPTIMIZER_ADAGRAD: {
-      AdagradParams p;
-      p.lr = lr;
-      p.epsilon = opt.epsilon();
-      p.weight_decay = opt.weight_decay();
-      c.backend->AdagradUpdate(p, param, grad, c.state_a.f32(), n);
-      break;
-    }
-    default: {  // OPTIMIZER_SGD; ValidateJobConfig admits nothing else.
-      SgdParams p;
-      p.lr = lr;
-      p.weight_decay = opt.weight_decay();
-      c.backend->SgdUpdate(p, param, grad, n);
-      break;
-    }
+void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
+  if (shutdown_.load()) {
+    done(absl::UnavailableError("shard is shutting down"));
+    return;
   }
-  ++c.version;
-  ++c.counters.updates;
-  c.version_changed.SignalAll();
+  if (spec.worker_rank >= num_workers_) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("unknown worker rank ", spec.worker_rank)));
+    return;
+  }
+  auto w = std::make_unique<Waiter>();
+  if (spec.chunk_ids.empty()) spec.chunk_ids = chunk_ids_;
+  for (uint32_t id : spec.chunk_ids) {
+    Chunk* c = FindChunk(id);
+    if (c == nullptr) {
+      done(absl::NotFoundError(
+          absl::StrCat("chunk ", id, " is not held by shard ", shard_)));
+      return;
+    }
+    w->chunks.push_back(c);
+  }
+  w->spec = std::move(spec);
+  w->start = absl::Now();
+  w->done = std::move(done);
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    waiters_.push_back(std::move(w));
+    timer_wake_.Signal();
+  }
+  WakeWaiters();
+}
+
+absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(
+    PullSpec spec) {
+  absl::Notification answered;
+  absl::StatusOr<std::vector<PulledChunk>> out;
+  PullAsync(std::move(spec), [&](absl::StatusOr<std::vector<PulledChunk>> r) {
+    out = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return out;
 }
 
 absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(
     absl::Span<const uint32_t> chunk_ids, uint64_t min_version,
     absl::Time deadline, DType dtype) {
-  if (shutdown_.load())
-    return absl::UnavailableError("shard is shutting down");
-  if (chunk_ids.empty()) chunk_ids = chunk_ids_;
-  std::vector<Chunk*> chunks;
-  chunks.reserve(chunk_ids.size());
-  for (uint32_t id : chunk_ids) {
-    Chunk* c = FindChunk(id);
-    if (c == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("chunk ", id, " is not held by shard ", shard_));
-    chunks.push_back(c);
-  }
-  // First wait for every chunk (one lock at a time, none held while
-  // waiting), then copy: versions only grow, so the copies all satisfy
-  // min_version, and a pull that fails has served and counted nothing.
-  const absl::Time start = absl::Now();
-  for (Chunk* c : chunks) {
-    absl::MutexLock lock(&c->mu);
-    while (c->version < min_version) {
-      if (shutdown_.load())
-        return absl::UnavailableError("shard is shutting down");
-      const bool timed_out =
-          c->version_changed.WaitWithDeadline(&c->mu, deadline);
-      if (timed_out && c->version < min_version)
-        return absl::DeadlineExceededError(absl::StrCat(
-            "chunk ", c->id, " is at version ", c->version, ", wanted >= ",
-            min_version, " (waited ",
-            absl::ToInt64Milliseconds(absl::Now() - start), " ms)"));
-    }
-  }
-  std::vector<PulledChunk> out(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Chunk& c = *chunks[i];
-    PulledChunk& p = out[i];
-    p.chunk_id = c.id;
-    p.data.resize(c.num_elements * DTypeSize(dtype));
-    absl::MutexLock lock(&c.mu);
-    p.version = c.version;
-    ConvertElements(c.values.f32(), DType::kF32, p.data.data(), dtype,
-                    c.num_elements);
-    ++c.counters.pulls;
-    c.counters.bytes_out += p.data.size();
-  }
-  return out;
+  PullSpec spec;
+  spec.chunk_ids.assign(chunk_ids.begin(), chunk_ids.end());
+  spec.min_version = min_version;
+  spec.deadline = deadline;
+  spec.dtype = dtype;
+  return Pull(std::move(spec));
 }
 
-absl::StatusOr<ShardStore::ChunkValues> ShardStore::ReadChunk(
+bool ShardStore::TryServe(Waiter& w,
+                          absl::StatusOr<std::vector<PulledChunk>>* out) {
+  const PullSpec& spec = w.spec;
+  if (shutdown_.load()) {
+    *out = absl::UnavailableError("shard is shutting down");
+    return true;
+  }
+  const std::shared_ptr<const LiveSet> live_set = live();
+  // First check every chunk (one lock at a time), then copy: readiness only
+  // grows while the puller waits, so a pull that fails serves nothing.
+  Chunk* blocking = nullptr;
+  uint64_t blocking_version = 0;
+  for (Chunk* c : w.chunks) {
+    absl::MutexLock lock(&c->mu);
+    const bool ready =
+        c->version() >= spec.min_version &&
+        (!spec.clock.has_value() ||
+         c->policy->ReadyToServe(spec.worker_rank, *spec.clock, *c, *live_set));
+    if (!ready) {
+      blocking = c;
+      blocking_version = c->version();
+      break;
+    }
+  }
+  if (blocking != nullptr) {
+    const absl::Time now = absl::Now();
+    if (now < spec.deadline) return false;
+    *out = absl::DeadlineExceededError(absl::StrCat(
+        "chunk ", blocking->id, " is at version ", blocking_version,
+        spec.clock.has_value()
+            ? absl::StrCat(", not yet readable at clock ", *spec.clock,
+                           " of worker ", spec.worker_rank)
+            : std::string(),
+        spec.min_version > 0 ? absl::StrCat(", wanted >= ", spec.min_version)
+                             : std::string(),
+        " (waited ", absl::ToInt64Milliseconds(now - w.start), " ms)"));
+    return true;
+  }
+  std::vector<PulledChunk> pulled(w.chunks.size());
+  bool applied = false;
+  for (size_t i = 0; i < w.chunks.size(); ++i) {
+    Chunk& c = *w.chunks[i];
+    PulledChunk& p = pulled[i];
+    p.chunk_id = c.id;
+    p.data.resize(c.num_elements() * DTypeSize(spec.dtype));
+    absl::MutexLock lock(&c.mu);
+    p.version = c.version();
+    ConvertElements(c.values.f32(), DType::kF32, p.data.data(), spec.dtype,
+                    c.num_elements());
+    ++c.counters.pulls;
+    c.counters.bytes_out += p.data.size();
+    if (spec.clock.has_value())
+      applied |= c.policy->Served(spec.worker_rank, *spec.clock, c, *live_set);
+  }
+  if (applied) {
+    absl::MutexLock lock(&waiters_mu_);
+    look_again_ = true;
+  }
+  *out = std::move(pulled);
+  return true;
+}
+
+void ShardStore::WakeWaiters() {
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    look_again_ = true;
+    if (scanning_) return;  // that thread will look again
+    scanning_ = true;
+  }
+  while (true) {
+    std::vector<std::unique_ptr<Waiter>> batch;
+    {
+      absl::MutexLock lock(&waiters_mu_);
+      if (!look_again_) {
+        scanning_ = false;
+        return;
+      }
+      look_again_ = false;
+      batch.swap(waiters_);
+      in_scan_ = batch.size();
+    }
+    std::vector<std::unique_ptr<Waiter>> still_waiting;
+    std::vector<std::pair<std::unique_ptr<Waiter>,
+                          absl::StatusOr<std::vector<PulledChunk>>>>
+        answered;
+    for (std::unique_ptr<Waiter>& w : batch) {
+      absl::StatusOr<std::vector<PulledChunk>> out;
+      if (TryServe(*w, &out)) {
+        answered.emplace_back(std::move(w), std::move(out));
+      } else {
+        still_waiting.push_back(std::move(w));
+      }
+    }
+    {
+      absl::MutexLock lock(&waiters_mu_);
+      for (std::unique_ptr<Waiter>& w : still_waiting)
+        waiters_.push_back(std::move(w));
+      in_scan_ = 0;
+      timer_wake_.Signal();
+    }
+    for (auto& [w, out] : answered) w->done(std::move(out));
+  }
+}
+
+void ShardStore::TimerLoop() {
+  absl::MutexLock lock(&waiters_mu_);
+  while (!stop_timer_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const std::unique_ptr<Waiter>& w : waiters_)
+      next = std::min(next, w->spec.deadline);
+    if (next > absl::Now()) {
+      timer_wake_.WaitWithDeadline(&waiters_mu_, next);
+      continue;
+    }
+    waiters_mu_.Unlock();
+    WakeWaiters();
+    waiters_mu_.Lock();
+    // A waiter past its deadline may still be in another thread's scan;
+    // give that thread a moment rather than spin.
+    timer_wake_.WaitWithTimeout(&waiters_mu_, absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<ShardStore::ChunkValues> ShardStore::TEST_ReadChunk(
     uint32_t chunk_id) const {
   Chunk* c = FindChunk(chunk_id);
   if (c == nullptr)
@@ -496,36 +529,43 @@ absl::StatusOr<ShardStore::ChunkValues> ShardStore::ReadChunk(
         absl::StrCat("chunk ", chunk_id, " is not held by shard ", shard_));
   absl::MutexLock lock(&c->mu);
   ChunkValues out;
-  out.version = c->version;
-  out.values.assign(c->values.f32(), c->values.f32() + c->num_elements);
+  out.version = c->version();
+  out.values.assign(c->values.f32(), c->values.f32() + c->num_elements());
   return out;
 }
 
 void ShardStore::SetLiveWorkers(absl::Span<const uint32_t> ranks,
                                 absl::Span<const uint64_t> incarnations) {
+  std::shared_ptr<const LiveSet> live_set;
   {
     absl::MutexLock lock(&members_mu_);
-    live_.assign(num_workers_, false);
+    auto updated = std::make_shared<LiveSet>(*live_);
+    updated->live.assign(num_workers_, false);
+    updated->count = 0;
     for (size_t i = 0; i < ranks.size(); ++i) {
       const uint32_t r = ranks[i];
-      if (r >= num_workers_) continue;
-      live_[r] = true;
+      if (r >= num_workers_ || updated->live[r]) continue;
+      updated->live[r] = true;
+      ++updated->count;
       if (i < incarnations.size())
-        incarnation_of_[r] = std::max(incarnation_of_[r], incarnations[i]);
+        updated->incarnations[r] =
+            std::max(updated->incarnations[r], incarnations[i]);
     }
+    live_ = updated;
+    live_set = std::move(updated);
   }
-  if (!sync_) return;
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
-    MaybeCompleteSyncStep(*chunk);
+    chunk->policy->LiveSetChanged(*chunk, *live_set);
   }
+  WakeWaiters();
 }
 
 void ShardStore::CountRejectedAtEdge(uint64_t chunk_gradients) {
   rejected_.fetch_add(chunk_gradients);
 }
 
-v1::ShardStatus ShardStore::Status() const {
+v1::ShardStatus ShardStore::ShardStatus() const {
   v1::ShardStatus s;
   s.set_shard(shard_);
   s.set_address(address_);
@@ -533,12 +573,15 @@ v1::ShardStatus ShardStore::Status() const {
   s.set_num_chunks(chunks_.size());
   ChunkCounters total;
   uint64_t elements = 0;
-  uint64_t min_version = chunks_.empty() ? 0 : std::numeric_limits<uint64_t>::max();
+  uint64_t held = 0;
+  uint64_t min_version =
+      chunks_.empty() ? 0 : std::numeric_limits<uint64_t>::max();
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     Chunk& c = *chunk;
     absl::MutexLock lock(&c.mu);
-    elements += c.num_elements;
-    min_version = std::min(min_version, c.version);
+    elements += c.num_elements();
+    min_version = std::min(min_version, c.version());
+    held += c.policy->held();
     total.Add(c.counters);
   }
   s.set_version(min_version);
@@ -557,16 +600,22 @@ v1::ShardStatus ShardStore::Status() const {
   s.set_staleness_max(total.staleness_max);
   for (int i = 0; i < kStalenessBuckets; ++i)
     s.add_staleness_histogram(total.staleness_histogram[i]);
+  s.set_late_gradients(total.late_folded + total.late_dropped);
+  s.set_late_folded(total.late_folded);
+  s.set_late_dropped(total.late_dropped);
+  s.set_too_stale(total.too_stale);
+  for (uint64_t n : total.late_by_worker) s.add_late_by_worker(n);
+  s.set_held_gradients(held);
+  {
+    absl::MutexLock lock(&waiters_mu_);
+    s.set_waiting_pulls(waiters_.size() + in_scan_);
+  }
   return s;
 }
 
 void ShardStore::Shutdown() {
   shutdown_.store(true);
-  // Taking each chunk's mutex orders the flag before any waiter's next check.
-  for (const std::unique_ptr<Chunk>& c : chunks_) {
-    absl::MutexLock lock(&c->mu);
-    c->version_changed.SignalAll();
-  }
+  WakeWaiters();
 }
 
 }  // namespace grps

@@ -1,23 +1,37 @@
 // ShardStore: the dense parameters one shard holds, with their optimizer
-// state, and the consistency rules (sync / async) under which gradients
-// become updates.
+// state, under the job's consistency mode. The rules of each mode live in a
+// ConsistencyPolicy (server/consistency_policy.h, one per chunk); the store
+// owns the chunks, their locks, deduplication, counters and the pulls that
+// wait.
 //
-// Each chunk has its own mutex and condition variable; no lock spans the
-// shard on the hot path, so pushes and pulls of different chunks run in
-// parallel. A push that names several chunks locks them in ascending chunk id
-// order (the only place two chunk locks are held at once), which makes the
-// push all-or-nothing without a global lock.
+// Each chunk has its own mutex; no lock spans the shard on the hot path, so
+// pushes and pulls of different chunks run in parallel. A push that names
+// several chunks locks them in ascending chunk id order (the only place two
+// chunk locks are held at once), which makes the push all-or-nothing
+// without a global lock.
+//
+// Waiting pulls hold no thread: PullAsync registers a waiter and returns; the
+// waiter is completed (its callback called) by whichever thread makes it
+// ready (a push, a live-set change, another pull's read) or by the store's
+// one timer thread at its deadline. Exactly one thread examines the waiters
+// at a time; the others leave it a note and return.
 //
 // Inputs are trusted: the caller (ParameterServerService, the network edge)
 // has checked job id, rank, chunk ownership, lengths and finiteness. What the
 // store still decides is whether a well-formed gradient fits the current
-// state (step, staleness, incarnation); those refusals are
-// FAILED_PRECONDITION and change nothing but the rejection counter.
+// state (incarnation, version); those refusals are FAILED_PRECONDITION and
+// change nothing but the rejection counter. Late and too-stale gradients are
+// not refusals: they are outcomes of the mode, counted and reported in the
+// PushResult.
+//
+// Deduplication (every mode): per chunk and rank, the newest (incarnation,
+// step) accepted. A push not newer than that is a retry: acknowledged, not
+// applied again. A push from an older incarnation is refused.
 //
 // Accounting unit: one chunk gradient. `pushes` counts chunk gradients
-// accepted (added, applied or acknowledged as duplicates), `duplicate_pushes`
-// those recognised as retries, `rejected_pushes` those refused, `pulls` the
-// chunks served.
+// accepted (including duplicates, late and too-stale ones),
+// `duplicate_pushes` those recognised as retries, `rejected_pushes` those
+// refused or too stale, `pulls` the chunks served.
 //
 // Thread safety: every public method may be called from any thread.
 #ifndef GRPS_SERVER_SHARD_STORE_H_
@@ -27,7 +41,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -37,6 +53,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
+#include "server/consistency_policy.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
 
@@ -51,7 +68,7 @@ class ShardStore {
     v1::JobConfig config;
     v1::ShardMap shard_map;
     uint32_t shard = 0;
-    // Reported in Status(); the coordinator gives both at registration.
+    // Reported in ShardStatus(); the coordinator gives both at registration.
     uint64_t incarnation = 0;
     std::string address;
     // Makes the backend that runs one chunk's optimizer updates. Called once
@@ -63,7 +80,7 @@ class ShardStore {
   // One chunk's gradient, as f32 values the caller keeps alive for the call.
   struct ChunkGradient {
     uint32_t chunk_id = 0;
-    // Async: the chunk version the gradient was computed on.
+    // The chunk version the gradient was computed on.
     uint64_t base_version = 0;
     absl::Span<const float> values;  // exactly the chunk's num_elements
     uint64_t wire_bytes = 0;         // payload size on the wire, for bytes_in
@@ -72,15 +89,17 @@ class ShardStore {
   struct GradientPush {
     uint32_t worker_rank = 0;
     uint64_t incarnation = 0;
-    uint64_t step = 0;
+    uint64_t step = 0;  // the worker's clock
     std::vector<ChunkGradient> chunks;  // distinct ids owned by this shard
   };
 
   struct PushResult {
-    // Per pushed chunk, in request order. Sync: the version at which the
-    // step completes (step + 1). Async: the chunk's version after the push.
+    // Per pushed chunk, in request order: the chunk's version after the push
+    // (sync: the version at which the gradient's step completes).
     std::vector<uint64_t> versions;
     uint32_t duplicates = 0;
+    uint32_t late = 0;       // sync: arrived after their step (folded or dropped)
+    uint32_t too_stale = 0;  // async / ssp: refused by max_staleness
   };
 
   struct PulledChunk {
@@ -88,6 +107,19 @@ class ShardStore {
     uint64_t version = 0;
     std::string data;  // num_elements values in the requested dtype
   };
+
+  struct PullSpec {
+    uint32_t worker_rank = 0;
+    std::vector<uint32_t> chunk_ids;  // empty: every chunk of this shard
+    uint64_t min_version = 0;
+    // The worker's clock: the mode decides how long the pull waits. Unset:
+    // wait only for min_version.
+    std::optional<uint64_t> clock;
+    absl::Time deadline = absl::InfiniteFuture();
+    DType dtype = DType::kF32;
+  };
+  using PullCallback =
+      std::function<void(absl::StatusOr<std::vector<PulledChunk>>)>;
 
   // Builds the shard's chunks from a config and map received from the
   // coordinator and initializes their values deterministically
@@ -113,14 +145,22 @@ class ShardStore {
   // UNAVAILABLE after Shutdown.
   absl::StatusOr<PushResult> Push(const GradientPush& push);
 
-  // Reads the given chunks (empty: all of this shard's), waiting for each to
-  // reach `min_version` until `deadline` (DEADLINE_EXCEEDED naming the chunk,
-  // the wanted and the current version). Values are converted to `dtype`
-  // while the chunk is locked; a waiting pull holds no lock. A pull that
-  // fails serves and counts nothing.
+  // Reads the chunks of `spec` once each is ready (version >= min_version
+  // and, with a clock, the mode allows it) and calls `done` with them, or
+  // with DEADLINE_EXCEEDED (naming the chunk, the wanted and the current
+  // version) at the deadline, NOT_FOUND for a chunk this shard does not
+  // hold, UNAVAILABLE after Shutdown. `done` runs exactly once, possibly in
+  // this call, otherwise on the thread that made the pull ready; it must not
+  // call back into the store's PullAsync on that thread. Values are converted
+  // to `dtype` under the chunk's lock. A pull that fails serves and counts
+  // nothing.
+  void PullAsync(PullSpec spec, PullCallback done);
+
+  // PullAsync, waiting for the answer (tests and simple callers).
   absl::StatusOr<std::vector<PulledChunk>> Pull(
       absl::Span<const uint32_t> chunk_ids, uint64_t min_version,
       absl::Time deadline, DType dtype);
+  absl::StatusOr<std::vector<PulledChunk>> Pull(PullSpec spec);
 
   // A chunk's values and version as they are now, without waiting and
   // without counting a pull (for checkpoints and tests). NOT_FOUND for a
@@ -129,12 +169,13 @@ class ShardStore {
     uint64_t version = 0;
     std::vector<float> values;
   };
-  absl::StatusOr<ChunkValues> ReadChunk(uint32_t chunk_id) const;
+  absl::StatusOr<ChunkValues> TEST_ReadChunk(uint32_t chunk_id) const;
 
-  // Replaces the quorum of a sync step with `ranks` (ranks >= num_workers
-  // are ignored) and records their incarnations (0 = unknown; a known
-  // incarnation never goes back). Completes every pending step whose
-  // contributors now cover the live set. Called by the heartbeat loop.
+  // Replaces the live workers with `ranks` (ranks >= num_workers are
+  // ignored) and records their incarnations (0 = unknown; a known
+  // incarnation never goes back). The mode reacts (a sync step may complete,
+  // held ssp gradients may apply) and waiting pulls are re-examined. Called
+  // by the heartbeat loop.
   void SetLiveWorkers(absl::Span<const uint32_t> ranks,
                       absl::Span<const uint64_t> incarnations);
 
@@ -142,15 +183,16 @@ class ShardStore {
   void CountRejectedAtEdge(uint64_t chunk_gradients);
 
   // A consistent-per-chunk snapshot of the shard's counters and versions.
-  v1::ShardStatus Status() const;
+  v1::ShardStatus ShardStatus() const;
 
   // Wakes every waiting pull with UNAVAILABLE; later pushes and pulls fail
   // with UNAVAILABLE. Idempotent.
   void Shutdown();
 
  private:
-  struct Chunk;
+  class Chunk;
   class ChunkLocks;
+  struct Waiter;
 
   explicit ShardStore(Options options);
   absl::Status Initialize();
@@ -159,17 +201,15 @@ class ShardStore {
   // is older than the one known for the rank.
   absl::Status AdmitIncarnation(uint32_t rank, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(members_mu_);
-  absl::StatusOr<PushResult> PushSync(const GradientPush& push,
-                                      const std::vector<Chunk*>& chunks);
-  absl::StatusOr<PushResult> PushAsync(const GradientPush& push,
-                                       const std::vector<Chunk*>& chunks);
-  // Applies the pending sync step of `chunk` if its contributors cover the
-  // live workers.
-  void MaybeCompleteSyncStep(Chunk& chunk);
-  // One optimizer update of `chunk` from `grad` with learning rate `lr`;
-  // bumps the version and wakes pulls.
-  void ApplyUpdate(Chunk& chunk, const float* grad, float lr);
   Chunk* FindChunk(uint32_t chunk_id) const;
+  std::shared_ptr<const LiveSet> live() const ABSL_LOCKS_EXCLUDED(members_mu_);
+
+  // Examines the waiting pulls and completes those that are ready, timed
+  // out, or shut down; loops while another thread asked for a look.
+  void WakeWaiters() ABSL_LOCKS_EXCLUDED(waiters_mu_);
+  // Serves `w` if every chunk is ready: true with *out set; false to wait.
+  bool TryServe(Waiter& w, absl::StatusOr<std::vector<PulledChunk>>* out);
+  void TimerLoop() ABSL_LOCKS_EXCLUDED(waiters_mu_);
 
   const v1::JobConfig config_;
   const v1::ShardMap map_;
@@ -178,7 +218,6 @@ class ShardStore {
   const std::string address_;
   const std::function<std::unique_ptr<Backend>()> make_backend_;
   const uint32_t num_workers_;
-  const bool sync_;
 
   // Built by Initialize, then immutable (the Chunks themselves are not).
   std::vector<uint32_t> chunk_ids_;
@@ -187,8 +226,18 @@ class ShardStore {
 
   // Membership. Lock order: a chunk's mutex before members_mu_.
   mutable absl::Mutex members_mu_;
-  std::vector<bool> live_ ABSL_GUARDED_BY(members_mu_);          // by rank
-  std::vector<uint64_t> incarnation_of_ ABSL_GUARDED_BY(members_mu_);
+  std::shared_ptr<const LiveSet> live_ ABSL_GUARDED_BY(members_mu_);
+
+  // Waiting pulls. Lock order: waiters_mu_ is never held with a chunk's.
+  mutable absl::Mutex waiters_mu_;
+  absl::CondVar timer_wake_;
+  std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
+  // Waiters taken out by the scanning thread (for the waiting_pulls gauge).
+  size_t in_scan_ ABSL_GUARDED_BY(waiters_mu_) = 0;
+  bool scanning_ ABSL_GUARDED_BY(waiters_mu_) = false;
+  bool look_again_ ABSL_GUARDED_BY(waiters_mu_) = false;
+  bool stop_timer_ ABSL_GUARDED_BY(waiters_mu_) = false;
+  std::thread timer_;
 
   std::atomic<bool> shutdown_{false};
   // Every refusal, at the edge or here; rare, so one shared counter.

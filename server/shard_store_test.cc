@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -84,23 +85,25 @@ std::vector<float> InitialValues(const ShardStore& store, uint32_t chunk_id) {
 }
 
 std::vector<float> Values(const ShardStore& store, uint32_t chunk_id) {
-  absl::StatusOr<ShardStore::ChunkValues> v = store.ReadChunk(chunk_id);
+  absl::StatusOr<ShardStore::ChunkValues> v = store.TEST_ReadChunk(chunk_id);
   EXPECT_TRUE(v.ok()) << v.status();
   return v.ok() ? v->values : std::vector<float>{};
 }
 
 uint64_t Version(const ShardStore& store, uint32_t chunk_id) {
-  absl::StatusOr<ShardStore::ChunkValues> v = store.ReadChunk(chunk_id);
+  absl::StatusOr<ShardStore::ChunkValues> v = store.TEST_ReadChunk(chunk_id);
   EXPECT_TRUE(v.ok()) << v.status();
   return v.ok() ? v->version : 0;
 }
 
+// A push of one chunk. Without a base version the gradient was computed on
+// version `step` (a worker in lock-step).
 struct Push {
   uint32_t rank = 0;
   uint64_t step = 0;
   uint32_t chunk = 0;
   std::vector<float> grad;
-  uint64_t base_version = 0;
+  std::optional<uint64_t> base_version;
   uint64_t incarnation = 1;
 };
 
@@ -111,7 +114,7 @@ absl::StatusOr<ShardStore::PushResult> Send(ShardStore& store, const Push& p) {
   push.step = p.step;
   ShardStore::ChunkGradient& g = push.chunks.emplace_back();
   g.chunk_id = p.chunk;
-  g.base_version = p.base_version;
+  g.base_version = p.base_version.value_or(p.step);
   g.values = p.grad;
   g.wire_bytes = p.grad.size() * sizeof(float);
   return store.Push(push);
@@ -140,7 +143,7 @@ TEST(ShardStoreSync, StepWaitsForAllLiveWorkersAndAppliesTheAverageOnce) {
   EXPECT_EQ(Version(*store, 0), 1u);
   // Average {2, 2, 2, 2}, lr 0.5.
   EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
-  const v1::ShardStatus status = store->Status();
+  const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(status.updates_applied(), 1u);
   EXPECT_EQ(status.pushes(), 2u);
   EXPECT_EQ(status.version(), 1u);
@@ -214,22 +217,30 @@ TEST(ShardStoreSync, ShrinkingTheLiveSetCompletesAPendingStep) {
   EXPECT_EQ(Version(*store, 0), 1u);
   EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
 
-  // The next step needs only the live ranks, and rank 1's late gradient for
-  // step 0 is refused and counted.
+  // The next step needs only the live ranks. Rank 1's gradient for step 0
+  // is late: counted, not refused, and folded into step 1's average.
   auto late = Send(*store, {1, 0, 0, {9, 9, 9, 9}});
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(late.status().message(), HasSubstr("late"));
-  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
-  ASSERT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}}).ok());
-  ASSERT_TRUE(Send(*store, {2, 1, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->late, 1u);
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.rejected_pushes(), 0u);
+  EXPECT_EQ(status.late_gradients(), 1u);
+  EXPECT_EQ(status.late_folded(), 1u);
+  EXPECT_THAT(status.late_by_worker(), ElementsAre(0, 1, 0));
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {0, 0, 0, 0}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+  ASSERT_TRUE(Send(*store, {2, 1, 0, {3, 3, 3, 3}}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
+  // (9 + 0 + 3) / 3 = 4.
+  EXPECT_EQ(Values(*store, 0),
+            SgdStep(SgdStep(init, {2, 2, 2, 2}, 0.5f), {4, 4, 4, 4}, 0.5f));
 }
 
 TEST(ShardStoreSync, StepWithNoContributorsDoesNotCompleteWhenNobodyIsLive) {
   auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
   store->SetLiveWorkers({}, {});
   EXPECT_EQ(Version(*store, 0), 0u);
-  EXPECT_EQ(store->Status().updates_applied(), 0u);
+  EXPECT_EQ(store->ShardStatus().updates_applied(), 0u);
 }
 
 TEST(ShardStoreSync, DuplicatePushIsAppliedOnce) {
@@ -251,7 +262,7 @@ TEST(ShardStoreSync, DuplicatePushIsAppliedOnce) {
   EXPECT_THAT(after->versions, ElementsAre(1));
   EXPECT_EQ(Version(*store, 0), 1u);
   EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
-  const v1::ShardStatus status = store->Status();
+  const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(status.duplicate_pushes(), 2u);
   EXPECT_EQ(status.updates_applied(), 1u);
   EXPECT_EQ(status.rejected_pushes(), 0u);
@@ -262,9 +273,10 @@ TEST(ShardStoreSync, PushForAFutureStepIsRefused) {
   auto result = Send(*store, {0, 1, 0, {1, 1, 1, 1}});
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(result.status().message(),
-              HasSubstr("push for step 1 but chunk 0 is at step 0"));
-  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
-  EXPECT_EQ(store->Status().pushes(), 0u);
+              HasSubstr("computed on version 1 but the chunk is only at "
+                        "version 0"));
+  EXPECT_EQ(store->ShardStatus().rejected_pushes(), 1u);
+  EXPECT_EQ(store->ShardStatus().pushes(), 0u);
 }
 
 TEST(ShardStoreSync, MultiChunkPushIsAllOrNothing) {
@@ -275,17 +287,18 @@ TEST(ShardStoreSync, MultiChunkPushIsAllOrNothing) {
   ASSERT_EQ(Version(*store, 0), 1u);
   ASSERT_EQ(Version(*store, 1), 0u);
 
-  // Step 1 is current for chunk 0 but not for chunk 1: nothing is taken.
+  // Step 1 is open for chunk 0 but chunk 1 never had version 1: nothing is
+  // taken.
   ShardStore::GradientPush push;
   push.worker_rank = 0;
   push.incarnation = 1;
   push.step = 1;
   const std::vector<float> g = {5, 5, 5, 5};
-  push.chunks.push_back({0, 0, g, 16});
-  push.chunks.push_back({1, 0, g, 16});
+  push.chunks.push_back({0, 1, g, 16});
+  push.chunks.push_back({1, 1, g, 16});
   auto result = store->Push(push);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store->Status().rejected_pushes(), 2u);
+  EXPECT_EQ(store->ShardStatus().rejected_pushes(), 2u);
 
   // Had rank 0's step-1 gradient for chunk 0 been kept, rank 1 alone would
   // now complete step 1.
@@ -305,8 +318,8 @@ TEST(ShardStoreSync, StaleIncarnationIsRefused) {
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0, 6}).ok());
   auto previous = Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0, 5});
   EXPECT_EQ(previous.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store->Status().rejected_pushes(), 2u);
-  EXPECT_EQ(store->Status().pushes(), 1u);
+  EXPECT_EQ(store->ShardStatus().rejected_pushes(), 2u);
+  EXPECT_EQ(store->ShardStatus().pushes(), 1u);
 }
 
 // ---- pull ------------------------------------------------------------------
@@ -332,8 +345,8 @@ TEST(ShardStorePull, WaitsForItsVersionAndReturnsWhenTheStepCompletes) {
   ASSERT_EQ((*pulled)[0].data.size(), 16u);
   std::memcpy(got.data(), (*pulled)[0].data.data(), 16);
   EXPECT_EQ(got, SgdStep(init, {2, 2, 2, 2}, 0.5f));
-  EXPECT_EQ(store->Status().pulls(), 1u);
-  EXPECT_EQ(store->Status().bytes_out(), 16u);
+  EXPECT_EQ(store->ShardStatus().pulls(), 1u);
+  EXPECT_EQ(store->ShardStatus().bytes_out(), 16u);
 }
 
 TEST(ShardStorePull, TimesOutWithDeadlineExceeded) {
@@ -345,7 +358,7 @@ TEST(ShardStorePull, TimesOutWithDeadlineExceeded) {
   EXPECT_EQ(pulled.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(pulled.status().message(),
               HasSubstr("chunk 0 is at version 0, wanted >= 1"));
-  EXPECT_EQ(store->Status().pulls(), 0u);
+  EXPECT_EQ(store->ShardStatus().pulls(), 0u);
 }
 
 TEST(ShardStorePull, PullThatTimesOutOnOneChunkServesAndCountsNothing) {
@@ -355,8 +368,8 @@ TEST(ShardStorePull, PullThatTimesOutOnOneChunkServesAndCountsNothing) {
                             DType::kF32);
   EXPECT_EQ(pulled.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(pulled.status().message(), HasSubstr("chunk 1 is at version 0"));
-  EXPECT_EQ(store->Status().pulls(), 0u);
-  EXPECT_EQ(store->Status().bytes_out(), 0u);
+  EXPECT_EQ(store->ShardStatus().pulls(), 0u);
+  EXPECT_EQ(store->ShardStatus().bytes_out(), 0u);
 }
 
 TEST(ShardStorePull, ShutdownWakesWaitingPullsWithUnavailable) {
@@ -406,7 +419,7 @@ TEST(ShardStoreAsync, AppliesEveryPushAndMeasuresStaleness) {
     expected = SgdStep(expected, pushes[i].grad, 0.5f / 2);
   }
   EXPECT_EQ(Values(*store, 0), expected);
-  const v1::ShardStatus status = store->Status();
+  const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(status.updates_applied(), 4u);
   EXPECT_EQ(status.version(), 4u);
   EXPECT_EQ(status.staleness_max(), 3u);
@@ -425,7 +438,7 @@ TEST(ShardStoreAsync, VeryStaleUpdatesLandInTheLastBucket) {
   for (uint64_t s = 0; s < n; ++s)
     ASSERT_TRUE(Send(*store, {0, s, 0, {0, 0, 0, 0}, s}).ok());
   ASSERT_TRUE(Send(*store, {0, n, 0, {0, 0, 0, 0}, 0}).ok());  // staleness n
-  const v1::ShardStatus status = store->Status();
+  const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(status.staleness_max(), n);
   EXPECT_EQ(status.staleness_histogram(ShardStore::kStalenessBuckets - 1), 1u);
   EXPECT_EQ(status.staleness_histogram(0), n);
@@ -452,15 +465,17 @@ TEST(ShardStoreAsync, GradientStalerThanMaxStalenessIsRejectedAndCounted) {
   ASSERT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}, 1}).ok());
   const std::vector<float> before = Values(*store, 0);
 
-  auto stale = Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0});  // staleness 2
-  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(stale.status().message(), HasSubstr("too stale"));
+  // Staleness 2: counted and not applied; the push itself is answered OK.
+  auto stale = Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0});
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(stale->too_stale, 1u);
   EXPECT_EQ(Values(*store, 0), before);
   EXPECT_EQ(Version(*store, 0), 2u);
-  EXPECT_EQ(store->Status().rejected_pushes(), 1u);
+  EXPECT_EQ(store->ShardStatus().rejected_pushes(), 1u);
+  EXPECT_EQ(store->ShardStatus().too_stale(), 1u);
 
   EXPECT_TRUE(Send(*store, {1, 1, 0, {1, 1, 1, 1}, 1}).ok());  // staleness 1
-  EXPECT_EQ(store->Status().staleness_max(), 1u);
+  EXPECT_EQ(store->ShardStatus().staleness_max(), 1u);
 }
 
 TEST(ShardStoreAsync, GradientFromAFutureVersionIsRejected) {
@@ -487,7 +502,286 @@ TEST(ShardStoreAsync, DuplicatePushIsAppliedOnce) {
   // A restarted worker counts its steps again from 0 under a new incarnation.
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 1, 2}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
-  EXPECT_EQ(store->Status().duplicate_pushes(), 2u);
+  EXPECT_EQ(store->ShardStatus().duplicate_pushes(), 2u);
+}
+
+// ---- clocks: pulls the mode decides ------------------------------------------
+
+// A pull of every chunk by `rank` at `clock`, waiting at most `wait`.
+absl::StatusOr<std::vector<ShardStore::PulledChunk>> PullAt(
+    ShardStore& store, uint32_t rank, uint64_t clock,
+    absl::Duration wait = absl::Seconds(10)) {
+  ShardStore::PullSpec spec;
+  spec.worker_rank = rank;
+  spec.clock = clock;
+  spec.deadline = absl::Now() + wait;
+  return store.Pull(std::move(spec));
+}
+
+// Whether a pull by `rank` at `clock` is answered at once (it would wait
+// otherwise: DEADLINE_EXCEEDED at a deadline already passed).
+bool Readable(ShardStore& store, uint32_t rank, uint64_t clock) {
+  auto pulled = PullAt(store, rank, clock, absl::ZeroDuration());
+  EXPECT_TRUE(pulled.ok() || absl::IsDeadlineExceeded(pulled.status()))
+      << pulled.status();
+  return pulled.ok();
+}
+
+std::vector<float> FloatsOf(const ShardStore::PulledChunk& p) {
+  std::vector<float> v(p.data.size() / sizeof(float));
+  std::memcpy(v.data(), p.data.data(), p.data.size());
+  return v;
+}
+
+TEST(ShardStoreSyncClock, PullWaitsForTheStepTheWorkerContributedTo) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  EXPECT_TRUE(Readable(*store, 0, 0));  // nothing pushed yet: read at once
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_FALSE(Readable(*store, 0, 1));  // step 0 waits for rank 1
+  EXPECT_TRUE(Readable(*store, 1, 0));   // rank 1 has not pushed: reads
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}}).ok());
+  auto pulled = PullAt(*store, 0, 1);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ((*pulled)[0].version, 1u);
+}
+
+TEST(ShardStoreSyncClock, WorkerThatComesBackReadsAtOnceAndJoinsTheOpenStep) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 3), SmallTensors(1));
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {5, 5, 5, 5}}).ok());
+  // Rank 1 is declared dead; ranks 0 and 2 complete steps 0 and 1.
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 2}, std::vector<uint64_t>{1, 1});
+  for (uint64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(Send(*store, {0, step, 0, {1, 1, 1, 1}}).ok());
+    ASSERT_TRUE(Send(*store, {2, step, 0, {1, 1, 1, 1}}).ok());
+  }
+  ASSERT_EQ(Version(*store, 0), 2u);
+  // It comes back: its step-1 gradient (computed on version 1) is late,
+  // folded and counted; its pull is answered at once with version 2.
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1, 2},
+                        std::vector<uint64_t>{1, 1, 1});
+  auto late = Send(*store, {1, 1, 0, {2, 2, 2, 2}, 1});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->late, 1u);
+  auto pulled = PullAt(*store, 1, 2);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ((*pulled)[0].version, 2u);
+  // Step 2 now needs all three again.
+  ASSERT_TRUE(Send(*store, {0, 2, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 2, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+  ASSERT_TRUE(Send(*store, {1, 2, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 3u);
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.late_gradients(), 1u);
+  EXPECT_THAT(status.late_by_worker(), ElementsAre(0, 1, 0));
+}
+
+// ---- backup workers ------------------------------------------------------------
+
+v1::JobConfig BackupConfig(uint32_t workers, uint32_t backups,
+                           v1::LateGradientPolicy late) {
+  v1::JobConfig c = Config(v1::MODE_SYNC, workers);
+  c.set_backup_workers(backups);
+  c.set_late_gradients(late);
+  return c;
+}
+
+TEST(ShardStoreBackupWorkers, StepCompletesWithTheFirstNMinusBGradients) {
+  auto store =
+      MakeStore(BackupConfig(3, 1, v1::LATE_GRADIENTS_FOLD), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 0u);
+  ASSERT_TRUE(Send(*store, {2, 0, 0, {3, 3, 3, 3}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+  // Ranks 0 and 2 read step 1 without waiting for rank 1.
+  EXPECT_TRUE(Readable(*store, 0, 1));
+  EXPECT_TRUE(Readable(*store, 2, 1));
+}
+
+TEST(ShardStoreBackupWorkers, LateGradientIsFoldedIntoTheNextStepAndCounted) {
+  auto store =
+      MakeStore(BackupConfig(3, 1, v1::LATE_GRADIENTS_FOLD), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 0, 0, {3, 3, 3, 3}}).ok());
+  auto late = Send(*store, {1, 0, 0, {8, 8, 8, 8}});  // step 0 is done
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->late, 1u);
+  EXPECT_EQ(Version(*store, 0), 1u);  // a folded gradient is no quorum
+  // The straggler reads at once: it joins the open step.
+  EXPECT_TRUE(Readable(*store, 1, 1));
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {2, 2, 2, 2}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 1, 0, {2, 2, 2, 2}}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+  // Step 1 averages its two gradients and the folded one: (2 + 2 + 8) / 3.
+  EXPECT_EQ(Values(*store, 0),
+            SgdStep(SgdStep(init, {2, 2, 2, 2}, 0.5f), {4, 4, 4, 4}, 0.5f));
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.late_gradients(), 1u);
+  EXPECT_EQ(status.late_folded(), 1u);
+  EXPECT_EQ(status.late_dropped(), 0u);
+  EXPECT_THAT(status.late_by_worker(), ElementsAre(0, 1, 0));
+  EXPECT_EQ(status.rejected_pushes(), 0u);
+  EXPECT_EQ(status.pushes(), 5u);
+  EXPECT_EQ(status.updates_applied(), 2u);
+}
+
+TEST(ShardStoreBackupWorkers, LateGradientDroppedIsCountedNotApplied) {
+  auto store =
+      MakeStore(BackupConfig(3, 1, v1::LATE_GRADIENTS_DROP), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 0, 0, {3, 3, 3, 3}}).ok());
+  for (uint64_t step = 0; step < 2; ++step) {  // late twice
+    auto late = Send(*store, {1, step, 0, {8, 8, 8, 8}, 0});
+    ASSERT_TRUE(late.ok()) << late.status();
+    EXPECT_EQ(late->late, 1u);
+  }
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {2, 2, 2, 2}}).ok());
+  ASSERT_TRUE(Send(*store, {2, 1, 0, {2, 2, 2, 2}}).ok());
+  EXPECT_EQ(Values(*store, 0),
+            SgdStep(SgdStep(init, {2, 2, 2, 2}, 0.5f), {2, 2, 2, 2}, 0.5f));
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.late_gradients(), 2u);
+  EXPECT_EQ(status.late_dropped(), 2u);
+  EXPECT_EQ(status.late_folded(), 0u);
+  EXPECT_THAT(status.late_by_worker(), ElementsAre(0, 2, 0));
+}
+
+TEST(ShardStoreBackupWorkers, QuorumShrinksWithTheLiveSet) {
+  auto store =
+      MakeStore(BackupConfig(3, 1, v1::LATE_GRADIENTS_FOLD), SmallTensors(1));
+  // Two live workers and one backup: one gradient completes a step.
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1}, std::vector<uint64_t>{1, 1});
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+}
+
+TEST(ShardStoreBackupWorkers, FoldedGradientIsAppliedWhenNoWorkerIsLeft) {
+  auto store =
+      MakeStore(BackupConfig(2, 1, v1::LATE_GRADIENTS_FOLD), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_EQ(Version(*store, 0), 1u);
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {4, 4, 4, 4}}).ok());  // late, folded
+  store->SetLiveWorkers({}, {});  // both finished: nothing is left behind
+  EXPECT_EQ(Version(*store, 0), 2u);
+  EXPECT_EQ(Values(*store, 0),
+            SgdStep(SgdStep(init, {1, 1, 1, 1}, 0.5f), {4, 4, 4, 4}, 0.5f));
+}
+
+// ---- ssp -----------------------------------------------------------------------
+
+v1::JobConfig SspConfig(uint32_t workers, uint32_t s) {
+  v1::JobConfig c = Config(v1::MODE_SSP, workers);
+  c.set_staleness_bound(s);
+  return c;
+}
+
+// Rank `rank` reads at `clock` and pushes a zero gradient for it.
+void Step(ShardStore& store, uint32_t rank, uint64_t clock) {
+  auto pulled = PullAt(store, rank, clock);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_TRUE(
+      Send(store, {rank, clock, 0, {0, 0, 0, 0}, (*pulled)[0].version}).ok());
+}
+
+TEST(ShardStoreSsp, HoldsAWorkerUntilTheSlowestIsWithinSClocks) {
+  auto store = MakeStore(SspConfig(2, 2), SmallTensors(1));
+  Step(*store, 1, 0);  // rank 1 is now at clock 1
+  for (uint64_t c = 0; c < 3; ++c) Step(*store, 0, c);
+  // Rank 0 may be 2 clocks ahead of rank 1, not 3.
+  EXPECT_TRUE(Readable(*store, 0, 3));
+  EXPECT_FALSE(Readable(*store, 0, 4));
+  Step(*store, 1, 1);  // the slowest reaches clock 2
+  EXPECT_TRUE(Readable(*store, 0, 4));
+  EXPECT_FALSE(Readable(*store, 0, 5));
+}
+
+TEST(ShardStoreSsp, WaitingWorkerIsReleasedWhenTheSlowestAdvances) {
+  auto store = MakeStore(SspConfig(2, 1), SmallTensors(1));
+  Step(*store, 0, 0);
+  Step(*store, 0, 1);
+  absl::Notification released;
+  std::thread waiter([&] {
+    EXPECT_TRUE(PullAt(*store, 0, 2).ok());
+    released.Notify();
+  });
+  EXPECT_FALSE(released.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  Step(*store, 1, 0);
+  EXPECT_TRUE(released.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+}
+
+TEST(ShardStoreSsp, WaitingWorkerIsReleasedWhenTheSlowestDies) {
+  auto store = MakeStore(SspConfig(3, 0), SmallTensors(1));
+  Step(*store, 0, 0);
+  Step(*store, 1, 0);
+  EXPECT_FALSE(Readable(*store, 0, 1));  // rank 2 has not pushed clock 0
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1}, std::vector<uint64_t>{1, 1});
+  EXPECT_TRUE(Readable(*store, 0, 1));
+}
+
+TEST(ShardStoreSsp, ZeroBoundHoldsAGradientUntilEveryWorkerReadItsClock) {
+  auto store = MakeStore(SspConfig(2, 0), SmallTensors(1));
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(PullAt(*store, 0, 0).ok());
+  auto pushed = Send(*store, {0, 0, 0, {1, 1, 1, 1}, 0});
+  ASSERT_TRUE(pushed.ok());
+  EXPECT_EQ(store->ShardStatus().held_gradients(), 1u);
+  EXPECT_EQ(Version(*store, 0), 0u);
+  // Rank 1 reads clock 0 before rank 0's clock-0 gradient is applied, as in
+  // a sync step; its read then releases it.
+  auto pulled = PullAt(*store, 1, 0);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(FloatsOf((*pulled)[0]), init);
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(store->ShardStatus().held_gradients(), 0u);
+  // Applied as async: lr / workers.
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {1, 1, 1, 1}, 0.25f));
+}
+
+TEST(ShardStoreSsp, MeasuresStalenessOfEveryUpdate) {
+  auto store = MakeStore(SspConfig(2, 4), SmallTensors(1));
+  Step(*store, 0, 0);  // staleness 0
+  Step(*store, 0, 1);  // staleness 0
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {0, 0, 0, 0}, 0}).ok());  // staleness 2
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.updates_applied(), 3u);
+  EXPECT_EQ(status.staleness_max(), 2u);
+  EXPECT_EQ(status.staleness_histogram(0), 2u);
+  EXPECT_EQ(status.staleness_histogram(2), 1u);
+}
+
+TEST(ShardStoreSsp, MaxStalenessRefusesAndCounts) {
+  v1::JobConfig config = SspConfig(2, 8);
+  config.set_max_staleness(1);
+  auto store = MakeStore(config, SmallTensors(1));
+  Step(*store, 0, 0);
+  Step(*store, 0, 1);
+  auto stale = Send(*store, {1, 0, 0, {1, 1, 1, 1}, 0});
+  ASSERT_TRUE(stale.ok());
+  EXPECT_EQ(stale->too_stale, 1u);
+  EXPECT_EQ(Version(*store, 0), 2u);
+  EXPECT_EQ(store->ShardStatus().too_stale(), 1u);
+}
+
+TEST(ShardStoreSsp, WorkerBackFromTheDeadRejoinsAtTheSlowestClock) {
+  auto store = MakeStore(SspConfig(2, 1), SmallTensors(1));
+  Step(*store, 1, 0);
+  store->SetLiveWorkers(std::vector<uint32_t>{0}, std::vector<uint64_t>{1});
+  for (uint64_t c = 0; c < 10; ++c) Step(*store, 0, c);  // rank 1 is dead
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1}, std::vector<uint64_t>{1, 1});
+  // Rank 1 resumes at its own clock 1 and counts as at rank 0's clock 10: it
+  // reads at once, and rank 0 is not held back to let it catch up 9 clocks.
+  EXPECT_TRUE(Readable(*store, 1, 1));
+  EXPECT_TRUE(Readable(*store, 0, 10));
+  Step(*store, 0, 10);
+  EXPECT_FALSE(Readable(*store, 0, 11 + 1));
+  ASSERT_TRUE(Send(*store, {1, 1, 0, {0, 0, 0, 0}, Version(*store, 0)}).ok());
+  EXPECT_TRUE(Readable(*store, 0, 12));
 }
 
 // ---- concurrency -----------------------------------------------------------
@@ -549,8 +843,8 @@ TEST(ShardStoreConcurrency, PushesToDifferentChunksProceedInParallel) {
   push0.join();
   push1.join();
   push2.join();
-  EXPECT_EQ(store->Status().updates_applied(), 3u);
-  EXPECT_EQ(store->Status().version(), 1u);
+  EXPECT_EQ(store->ShardStatus().updates_applied(), 3u);
+  EXPECT_EQ(store->ShardStatus().version(), 1u);
 }
 
 TEST(ShardStoreConcurrency, ManyConcurrentSyncPushersCompleteEveryStep) {
@@ -566,7 +860,8 @@ TEST(ShardStoreConcurrency, ManyConcurrentSyncPushersCompleteEveryStep) {
         push.incarnation = 1;
         push.step = step;
         const std::vector<float> g(4, 0.0f);
-        for (uint32_t c = 0; c < 3; ++c) push.chunks.push_back({c, 0, g, 16});
+        for (uint32_t c = 0; c < 3; ++c)
+          push.chunks.push_back({c, step, g, 16});
         ASSERT_TRUE(store->Push(push).ok());
         ASSERT_TRUE(store
                         ->Pull({}, step + 1, absl::Now() + absl::Seconds(30),
@@ -576,7 +871,7 @@ TEST(ShardStoreConcurrency, ManyConcurrentSyncPushersCompleteEveryStep) {
     });
   }
   for (std::thread& t : workers) t.join();
-  const v1::ShardStatus status = store->Status();
+  const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(status.version(), kSteps);
   EXPECT_EQ(status.updates_applied(), 3 * kSteps);
   EXPECT_EQ(status.pushes(), 3 * kSteps * kWorkers);
@@ -618,9 +913,9 @@ TEST(ShardStoreCreate, HoldsOnlyItsOwnChunks) {
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->chunk_ids(), ChunksOfShard(*map, 1));
   for (uint32_t id : ChunksOfShard(*map, 0))
-    EXPECT_EQ((*store)->ReadChunk(id).status().code(),
+    EXPECT_EQ((*store)->TEST_ReadChunk(id).status().code(),
               absl::StatusCode::kNotFound);
-  EXPECT_EQ((*store)->Status().num_chunks(), ChunksOfShard(*map, 1).size());
+  EXPECT_EQ((*store)->ShardStatus().num_chunks(), ChunksOfShard(*map, 1).size());
 }
 
 }  // namespace

@@ -105,13 +105,16 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
       ParameterClient client(config, map, rank, /*incarnation=*/1);
       std::vector<float> params(client.num_parameters()), grads(params.size());
       for (int step = 0; step < kSteps; ++step) {
-        ASSERT_TRUE(client.Pull(step, absl::Seconds(20), params.data()).ok());
+        const absl::Status pulled = client.Pull(step, absl::Seconds(20), params.data());
+        ASSERT_TRUE(pulled.ok()) << "step " << step << ": " << pulled;
         model.SetParameters(params.data());
         const int first = step * 2 * kBatch + rank * per_worker;
         model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], per_worker,
                               nullptr);
         model.GetGradients(grads.data());
-        ASSERT_TRUE(client.Push(step, grads.data(), per_worker, absl::Seconds(5)).ok());
+        const absl::Status pushed =
+            client.Push(step, grads.data(), per_worker, absl::Seconds(5));
+        ASSERT_TRUE(pushed.ok()) << "step " << step << ": " << pushed;
       }
     });
   }

@@ -1,0 +1,43 @@
+// ChunkOptimizer: the server-side optimizer of one chunk and its state
+// (momentum velocity, Adam moments, AdaGrad accumulator). The optimizer kind
+// is decided once, at construction; Apply then runs it.
+//
+// Thread safety: none; the owner (a ShardStore chunk) calls it under the
+// chunk's lock.
+#ifndef GRPS_SERVER_CHUNK_OPTIMIZER_H_
+#define GRPS_SERVER_CHUNK_OPTIMIZER_H_
+
+#include <cstdint>
+
+#include "proto/grps.pb.h"
+#include "tensor/backend.h"
+
+namespace grps {
+
+class ChunkOptimizer {
+ public:
+  // `backend` allocates the state and must outlive the optimizer. `config`
+  // must be valid (ValidateJobConfig).
+  ChunkOptimizer(const v1::OptimizerConfig& config, Backend* backend,
+                 uint64_t num_elements);
+  ChunkOptimizer(const ChunkOptimizer&) = delete;
+  ChunkOptimizer& operator=(const ChunkOptimizer&) = delete;
+
+  // One update of `param` from `grad` (num_elements floats each) with
+  // learning rate `lr`; `update_index` is the 0-based count of updates
+  // before this one (Adam's bias correction).
+  void Apply(float* param, const float* grad, float lr, uint64_t update_index);
+
+ private:
+  const v1::OptimizerConfig config_;
+  Backend* const backend_;
+  const uint64_t n_;
+  // Momentum velocity, Adam first moment or AdaGrad accumulator (a); Adam
+  // second moment (b). Empty where the optimizer has no such state.
+  DeviceBuffer a_;
+  DeviceBuffer b_;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_SERVER_CHUNK_OPTIMIZER_H_

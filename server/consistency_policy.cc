@@ -1,0 +1,30 @@
+#include "server/consistency_policy.h"
+
+namespace grps {
+
+LiveSet LiveSet::All(uint32_t num_workers) {
+  LiveSet s;
+  s.live.assign(num_workers, true);
+  s.incarnations.assign(num_workers, 0);
+  s.count = num_workers;
+  return s;
+}
+
+bool IsLate(GradientFate fate) {
+  return fate == GradientFate::kLateFolded || fate == GradientFate::kLateDropped;
+}
+
+std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config,
+                                             uint64_t num_elements,
+                                             Backend* backend) {
+  switch (config.mode()) {
+    case v1::MODE_ASYNC:
+      return MakeAsyncPolicy(config);
+    case v1::MODE_SSP:
+      return MakeSspPolicy(config);
+    default:  // MODE_SYNC; ValidateJobConfig admits nothing else.
+      return MakeSyncPolicy(config, num_elements, backend);
+  }
+}
+
+}  // namespace grps

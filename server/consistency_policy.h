@@ -1,0 +1,125 @@
+// ConsistencyPolicy: every rule of a consistency mode, in one place per mode.
+// A policy decides, for one chunk, what a gradient becomes (added to a sync
+// step, applied now, held, late, too stale), with which learning rate, and
+// when a pull from a worker at a given clock may be answered. The ShardStore
+// around it owns the chunk's values, lock and counters, deduplicates retried
+// pushes and keeps the waiting pulls; it asks the policy and does as told.
+//
+//   sync_policy.cc   BSP, with backup workers and late gradients (fold/drop)
+//   async_policy.cc  ASP: every gradient applied on arrival
+//   ssp_policy.cc    SSP(s): applied on arrival, clocks at most s apart
+//
+// One ChunkPolicy exists per chunk. Thread safety: every method is called
+// with the chunk's mutex held (the ShardStore's contract), so a ChunkPolicy
+// needs no lock of its own.
+#ifndef GRPS_SERVER_CONSISTENCY_POLICY_H_
+#define GRPS_SERVER_CONSISTENCY_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "proto/grps.pb.h"
+#include "tensor/backend.h"
+
+namespace grps {
+
+// The workers that count, as the coordinator last reported them.
+struct LiveSet {
+  std::vector<bool> live;                // by rank
+  std::vector<uint64_t> incarnations;    // by rank; 0 = unknown
+  uint32_t count = 0;                    // number of live ranks
+
+  static LiveSet All(uint32_t num_workers);
+  bool contains(uint32_t rank) const { return rank < live.size() && live[rank]; }
+};
+
+// The chunk as a policy sees it. The caller holds the chunk's lock.
+class UpdateTarget {
+ public:
+  virtual ~UpdateTarget() = default;
+  virtual uint64_t version() const = 0;
+  virtual uint64_t num_elements() const = 0;
+  // The chunk's backend, for buffers a policy keeps (sums of gradients).
+  virtual Backend& backend() = 0;
+  // One optimizer update from `grad` (num_elements floats) with learning
+  // rate `lr`: version + 1, and pulls are re-examined. `staleness` is
+  // recorded in the shard's histogram when the mode measures it (< 0: not).
+  virtual void Apply(const float* grad, float lr, int64_t staleness) = 0;
+};
+
+// One gradient of one chunk, past deduplication.
+struct ChunkGradientMeta {
+  uint32_t rank = 0;
+  uint64_t incarnation = 0;
+  uint64_t clock = 0;         // the worker's step (PushRequest.step)
+  uint64_t base_version = 0;  // the chunk version it was computed on
+};
+
+// What became of an accepted gradient.
+enum class GradientFate {
+  kAggregated,  // sync: added to the open step
+  kApplied,     // async / ssp: applied now
+  kHeld,        // ssp: applied once every live worker has read its clock
+  kLateFolded,  // sync: its step completed; added to the open step
+  kLateDropped, // sync: its step completed; counted only
+  kTooStale,    // async / ssp: staler than max_staleness; counted only
+};
+
+bool IsLate(GradientFate fate);
+
+class ChunkPolicy {
+ public:
+  virtual ~ChunkPolicy() = default;
+
+  // Whether the gradient can be taken at all. A refusal (FAILED_PRECONDITION,
+  // e.g. a gradient computed on a version the chunk never had) changes
+  // nothing. The store checks every chunk of a push before it accepts any,
+  // so a push is all-or-nothing.
+  virtual absl::Status Check(const ChunkGradientMeta& g,
+                             const UpdateTarget& chunk) const = 0;
+
+  // Takes a checked gradient (`grad` lives for the call only) and says what
+  // became of it; may apply updates through `chunk`.
+  virtual GradientFate Accept(const ChunkGradientMeta& g,
+                              absl::Span<const float> grad,
+                              UpdateTarget& chunk, const LiveSet& live) = 0;
+
+  // Whether a pull from `rank` at `clock` may be answered now. May note the
+  // rank's rejoin (ssp), hence not const.
+  virtual bool ReadyToServe(uint32_t rank, uint64_t clock,
+                            const UpdateTarget& chunk, const LiveSet& live) = 0;
+
+  // The chunk's values were just read by `rank` at `clock`. May apply held
+  // updates (ssp); returns true if it did.
+  virtual bool Served(uint32_t rank, uint64_t clock, UpdateTarget& chunk,
+                      const LiveSet& live) {
+    return false;
+  }
+
+  // The live set changed (a worker died, finished, came back or restarted).
+  // May complete a step or apply held updates; returns true if it did.
+  virtual bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) = 0;
+
+  // Gradients accepted but not yet applied, right now (ssp's held ones).
+  virtual uint64_t held() const { return 0; }
+};
+
+// The policy of `config`'s mode for one chunk of `num_elements` values on
+// `backend` (which outlives the policy). `config` must be valid.
+std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config,
+                                             uint64_t num_elements,
+                                             Backend* backend);
+
+// The modes, for tests and for MakeChunkPolicy.
+std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config,
+                                            uint64_t num_elements,
+                                            Backend* backend);
+std::unique_ptr<ChunkPolicy> MakeAsyncPolicy(const v1::JobConfig& config);
+std::unique_ptr<ChunkPolicy> MakeSspPolicy(const v1::JobConfig& config);
+
+}  // namespace grps
+
+#endif  // GRPS_SERVER_CONSISTENCY_POLICY_H_

@@ -1,0 +1,186 @@
+// SSP(s): bounded staleness (Ho et al. 2013).
+//
+// Clocks. A worker's clock is its step (PushRequest.step / PullRequest.clock).
+// Per rank the chunk keeps the clocks it has applied (one past the newest
+// step applied) and read (the newest clock a pull was served at). A worker
+// that comes back after being declared dead, or restarts as a new
+// incarnation, rejoins at the slowest live worker's clock: its own clocks are
+// shifted by an offset fixed at its first pull, so that it neither stalls the
+// others while it catches up nor races ahead of them.
+//
+// Pulls. A pull at clock c waits until every live worker has applied clock
+// c - s, i.e. the slowest live worker is at most s clocks behind. Workers
+// that are dead or finished do not count, so a dead worker stalls nobody
+// beyond the heartbeat timeout.
+//
+// Pushes. A gradient of clock c is applied on arrival as in async (learning
+// rate AsyncLearningRate, staleness measured, max_staleness refused and
+// counted) once every live worker has read clock c - s; until then it is
+// held. The hold bounds reads from both sides: a worker at clock c never sees
+// updates of clocks beyond c + s. With s = 0 every worker computes clock c on
+// exactly the weights after clocks 0..c-1, which makes ssp(0) with SGD
+// produce the weights of sync; with large s it is async. Too-stale is judged
+// on arrival.
+#include <algorithm>
+#include <deque>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "job/job_config.h"
+#include "server/consistency_policy.h"
+
+namespace grps {
+namespace {
+
+class SspPolicy final : public ChunkPolicy {
+ public:
+  explicit SspPolicy(const v1::JobConfig& config)
+      : config_(config),
+        s_(config.staleness_bound()),
+        workers_(config.num_workers()),
+        applied_(workers_, 0),
+        read_(workers_, -1),
+        offset_(workers_, 0),
+        rejoining_(workers_, false),
+        was_live_(workers_, true),
+        incarnation_(workers_, 0) {}
+
+  absl::Status Check(const ChunkGradientMeta& g,
+                     const UpdateTarget& chunk) const override {
+    if (g.base_version > chunk.version())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient computed on version ", g.base_version,
+          " but the chunk is only at version ", chunk.version()));
+    return absl::OkStatus();
+  }
+
+  GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
+                      UpdateTarget& chunk, const LiveSet& live) override {
+    const uint64_t staleness = chunk.version() - g.base_version;
+    if (config_.max_staleness() > 0 && staleness > config_.max_staleness())
+      return GradientFate::kTooStale;
+    const int64_t clock = Effective(g.rank, g.clock);
+    if (!FenceOpen(clock, live)) {
+      held_.push_back(Held{g.rank, clock, g.base_version,
+                           std::vector<float>(grad.begin(), grad.end())});
+      return GradientFate::kHeld;
+    }
+    ApplyOne(g.rank, clock, g.base_version, grad.data(), chunk);
+    return GradientFate::kApplied;
+  }
+
+  bool ReadyToServe(uint32_t rank, uint64_t clock, const UpdateTarget& chunk,
+                    const LiveSet& live) override {
+    if (rejoining_[rank]) {
+      rejoining_[rank] = false;
+      const int64_t slowest = SlowestApplied(live, rank);
+      const int64_t own = static_cast<int64_t>(clock);
+      offset_[rank] =
+          slowest != kNone && slowest > own ? slowest - own : 0;
+      applied_[rank] = std::max(applied_[rank], own + offset_[rank]);
+    }
+    const int64_t slowest = SlowestApplied(live, kNobody);
+    return slowest == kNone || slowest >= Effective(rank, clock) - s_;
+  }
+
+  bool Served(uint32_t rank, uint64_t clock, UpdateTarget& chunk,
+              const LiveSet& live) override {
+    read_[rank] = std::max(read_[rank], Effective(rank, clock));
+    return ReleaseHeld(chunk, live);
+  }
+
+  bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
+    for (uint32_t r = 0; r < workers_; ++r) {
+      const bool now_live = live.contains(r);
+      const uint64_t inc = r < live.incarnations.size() ? live.incarnations[r] : 0;
+      const bool new_incarnation =
+          inc != 0 && incarnation_[r] != 0 && inc != incarnation_[r];
+      if (now_live && (!was_live_[r] || new_incarnation)) rejoining_[r] = true;
+      was_live_[r] = now_live;
+      if (inc != 0) incarnation_[r] = inc;
+    }
+    return ReleaseHeld(chunk, live);
+  }
+
+  uint64_t held() const override { return held_.size(); }
+
+ private:
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  static constexpr uint32_t kNobody = std::numeric_limits<uint32_t>::max();
+
+  struct Held {
+    uint32_t rank;
+    int64_t clock;
+    uint64_t base_version;
+    std::vector<float> grad;
+  };
+
+  int64_t Effective(uint32_t rank, uint64_t clock) const {
+    return static_cast<int64_t>(clock) + offset_[rank];
+  }
+
+  bool Counts(uint32_t r, const LiveSet& live) const {
+    return live.contains(r) && !rejoining_[r];
+  }
+
+  // The lowest applied clock over the live ranks other than `except`, or
+  // kNone when there are none.
+  int64_t SlowestApplied(const LiveSet& live, uint32_t except) const {
+    int64_t slowest = kNone;
+    for (uint32_t r = 0; r < workers_; ++r)
+      if (r != except && Counts(r, live) &&
+          (slowest == kNone || applied_[r] < slowest))
+        slowest = applied_[r];
+    return slowest;
+  }
+
+  // Every live worker has read clock `clock - s`.
+  bool FenceOpen(int64_t clock, const LiveSet& live) const {
+    for (uint32_t r = 0; r < workers_; ++r)
+      if (Counts(r, live) && read_[r] < clock - s_) return false;
+    return true;
+  }
+
+  void ApplyOne(uint32_t rank, int64_t clock, uint64_t base_version,
+                const float* grad, UpdateTarget& chunk) {
+    const uint64_t staleness = chunk.version() - base_version;
+    chunk.Apply(grad, AsyncLearningRate(config_, chunk.version(), staleness),
+                static_cast<int64_t>(staleness));
+    applied_[rank] = std::max(applied_[rank], clock + 1);
+  }
+
+  bool ReleaseHeld(UpdateTarget& chunk, const LiveSet& live) {
+    bool released = false;
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (!FenceOpen(it->clock, live)) {
+        ++it;
+        continue;
+      }
+      ApplyOne(it->rank, it->clock, it->base_version, it->grad.data(), chunk);
+      it = held_.erase(it);
+      released = true;
+    }
+    return released;
+  }
+
+  const v1::JobConfig config_;
+  const int64_t s_;
+  const uint32_t workers_;
+  // By rank, in effective clocks (own clock + offset).
+  std::vector<int64_t> applied_;
+  std::vector<int64_t> read_;
+  std::vector<int64_t> offset_;
+  std::vector<bool> rejoining_;  // back in the live set, offset not fixed yet
+  std::vector<bool> was_live_;
+  std::vector<uint64_t> incarnation_;  // as last reported; 0 = unknown
+  std::deque<Held> held_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkPolicy> MakeSspPolicy(const v1::JobConfig& config) {
+  return std::make_unique<SspPolicy>(config);
+}
+
+}  // namespace grps

@@ -1,0 +1,136 @@
+// Sync (BSP), with backup workers and late gradients.
+//
+// A chunk at version v has step v open. A gradient computed on version b:
+//   b == v   added to step v's sum, once per rank (a rank's second gradient
+//            for the same step is treated as late). The step completes when
+//            the live workers that contributed number at least
+//            max(1, live - backup_workers) (with no backup workers: every
+//            live worker), or, when no worker is live any more, with
+//            whatever it holds. It is applied once, from the average of
+//            everything in its sum, at the step's scheduled learning rate.
+//   b <  v   late: its step completed without it (a straggler beyond the
+//            quorum, or a worker declared dead that came back). Counted, and
+//            with late_gradients = fold added to the open step's sum (it
+//            counts in the average, not toward the quorum); with drop, not
+//            applied.
+//   b >  v   refused: no such version was ever served.
+// A rank outside the live set may contribute (a restarted worker the
+// heartbeat has not reported yet): the average counts it, the quorum not.
+//
+// A pull from rank r at any clock waits until the step r last contributed
+// to has completed; a rank whose last gradient was late, or that has not
+// pushed in this incarnation, reads at once and so joins at the open step.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "job/job_config.h"
+#include "server/consistency_policy.h"
+
+namespace grps {
+namespace {
+
+class SyncPolicy final : public ChunkPolicy {
+ public:
+  SyncPolicy(const v1::JobConfig& config, uint64_t num_elements,
+             Backend* backend)
+      : optimizer_(config.optimizer()),
+        backup_workers_(config.backup_workers()),
+        fold_(config.late_gradients() != v1::LATE_GRADIENTS_DROP),
+        n_(num_elements),
+        backend_(backend),
+        sum_(backend, num_elements * sizeof(float)),
+        contributed_(config.num_workers(), false),
+        awaiting_(config.num_workers(), 0),
+        incarnation_(config.num_workers(), 0) {
+    backend_->Fill(sum_.f32(), 0.0f, n_);
+  }
+
+  absl::Status Check(const ChunkGradientMeta& g,
+                     const UpdateTarget& chunk) const override {
+    if (g.base_version > chunk.version())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient computed on version ", g.base_version,
+          " but the chunk is only at version ", chunk.version()));
+    return absl::OkStatus();
+  }
+
+  GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
+                      UpdateTarget& chunk, const LiveSet& live) override {
+    if (g.base_version == chunk.version() && !contributed_[g.rank]) {
+      backend_->Axpy(1.0f, grad.data(), sum_.f32(), n_);
+      contributed_[g.rank] = true;
+      ++contributors_;
+      awaiting_[g.rank] = chunk.version() + 1;
+      MaybeComplete(chunk, live);
+      return GradientFate::kAggregated;
+    }
+    awaiting_[g.rank] = 0;
+    if (!fold_) return GradientFate::kLateDropped;
+    backend_->Axpy(1.0f, grad.data(), sum_.f32(), n_);
+    ++folded_;
+    MaybeComplete(chunk, live);
+    return GradientFate::kLateFolded;
+  }
+
+  bool ReadyToServe(uint32_t rank, uint64_t clock, const UpdateTarget& chunk,
+                    const LiveSet& live) override {
+    return chunk.version() >= awaiting_[rank];
+  }
+
+  bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
+    // A new incarnation has contributed nothing yet: it reads at once.
+    for (size_t r = 0; r < awaiting_.size() && r < live.incarnations.size(); ++r) {
+      const uint64_t inc = live.incarnations[r];
+      if (inc == 0 || inc == incarnation_[r]) continue;
+      if (incarnation_[r] != 0) awaiting_[r] = 0;
+      incarnation_[r] = inc;
+    }
+    return MaybeComplete(chunk, live);
+  }
+
+ private:
+  bool MaybeComplete(UpdateTarget& chunk, const LiveSet& live) {
+    if (contributors_ == 0 && folded_ == 0) return false;
+    if (live.count > 0) {
+      uint32_t live_contributors = 0;
+      for (size_t r = 0; r < contributed_.size(); ++r)
+        if (contributed_[r] && live.contains(r)) ++live_contributors;
+      const uint32_t needed =
+          live.count > backup_workers_ ? live.count - backup_workers_ : 1;
+      if (live_contributors < needed) return false;
+    }
+    float* grad = sum_.f32();
+    backend_->Scale(1.0f / static_cast<float>(contributors_ + folded_), grad, n_);
+    chunk.Apply(grad, ScheduledLearningRate(optimizer_, chunk.version()), -1);
+    backend_->Fill(grad, 0.0f, n_);
+    std::fill(contributed_.begin(), contributed_.end(), false);
+    contributors_ = 0;
+    folded_ = 0;
+    return true;
+  }
+
+  const v1::OptimizerConfig optimizer_;
+  const uint32_t backup_workers_;
+  const bool fold_;
+  const uint64_t n_;
+  Backend* const backend_;
+  // The open step: the sum of its gradients, who contributed (by rank), and
+  // how many late gradients were folded into it.
+  DeviceBuffer sum_;
+  std::vector<bool> contributed_;
+  uint32_t contributors_ = 0;
+  uint32_t folded_ = 0;
+  // By rank: the version a pull waits for (the step it contributed to + 1).
+  std::vector<uint64_t> awaiting_;
+  std::vector<uint64_t> incarnation_;  // as last reported; 0 = unknown
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config,
+                                            uint64_t num_elements,
+                                            Backend* backend) {
+  return std::make_unique<SyncPolicy>(config, num_elements, backend);
+}
+
+}  // namespace grps
