@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# A dead worker never hangs the job, in every mode. For sync, async and ssp:
+# grps-local runs 2 servers and 3 workers; once training is under way one
+# worker is killed with SIGKILL. Then:
+#   - the job keeps training: the stall of the global step after the kill is
+#     at most the heartbeat timeout plus the time the servers need to hear of
+#     it (two heartbeat intervals) plus one step;
+#   - a restarted worker for the same rank (started here, by hand, after the
+#     coordinator has declared the old one dead) rejoins and finishes;
+#   - grps-local exits 0, says what happened, and reports a final accuracy.
+# Sync also covers a worker stopped (SIGSTOP) past the heartbeat timeout and
+# then resumed (SIGCONT): it is declared dead, comes back, and finishes.
+set -euo pipefail
+BIN=${1:?usage: e2e_worker_death_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+
+HEARTBEAT_MS=100
+TIMEOUT_MS=1500
+STEPS=1200
+
+# status RUN_DIR: grpsctl status --json of the job in RUN_DIR, on stdout.
+status() {
+  "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$1/coordinator.port")" --json status 2>/dev/null
+}
+
+# global_step RUN_DIR: the job's global step, or -1.
+global_step() {
+  status "$1" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo -1
+}
+
+# worker_pid LAUNCHER_PID RANK: the PID of grps-local's worker child of RANK.
+worker_pid() {
+  local pid
+  for pid in $(pgrep -P "$1"); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "grps-worker .*--rank=$2 "; then
+      echo "$pid"; return 0
+    fi
+  done
+  return 1
+}
+
+# now_ms: wall clock in milliseconds.
+now_ms() { date +%s%3N; }
+
+# wait_until_step RUN_DIR STEP SECONDS
+wait_until_step() {
+  local i
+  for ((i = 0; i < $3 * 20; i++)); do
+    [ -f "$1/coordinator.port" ] && [ "$(global_step "$1")" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  fail "global step never reached $2 in $1"
+}
+
+# measure_stall RUN_DIR FROM_STEP: ms from now until the global step passes
+# FROM_STEP + 1 (polled every 20 ms, at most 30 s).
+measure_stall() {
+  local start i step
+  start=$(now_ms)
+  for ((i = 0; i < 1500; i++)); do
+    step=$(global_step "$1")
+    if [ "$step" -gt $(($2 + 1)) ]; then echo $(($(now_ms) - start)); return 0; fi
+    sleep 0.02
+  done
+  echo 999999
+}
+
+# wait_worker_state RUN_DIR RANK STATE SECONDS
+wait_worker_state() {
+  local i
+  for ((i = 0; i < $4 * 10; i++)); do
+    if status "$1" | json "[w['state'] for w in j['workers'] if w['rank'] == $2][0]" 2>/dev/null \
+         | grep -q "$3"; then return 0; fi
+    sleep 0.1
+  done
+  fail "worker $2 never became $3"
+}
+
+check_result() {  # RUN_DIR MODE
+  python3 - "$1/result.json" "$2" <<'PY' || fail "$2: result.json is wrong"
+import json, sys
+r = json.load(open(sys.argv[1]))
+mode = sys.argv[2]
+def check(cond, what):
+    if not cond:
+        print(mode, "result check failed:", what, json.dumps(r, indent=1)); sys.exit(1)
+check(r["exit"] == "ok", "exit ok")
+check(r["final_test_accuracy"] is not None and r["final_test_accuracy"] > 0.5,
+      "a final accuracy well above chance")
+check(r.get("workers_died", 0) >= 1, "the death is reported")
+print(f"{mode}: final accuracy {r['final_test_accuracy']:.4f}, wall {r['wall_seconds']:.1f} s")
+PY
+}
+
+run_mode() {  # MODE [extra grps-local flags...]
+  local mode=$1; shift
+  local run=$WORK/run-$mode
+  start "local-$mode" "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
+    --mode="$mode" --servers=2 --workers=3 --steps=$STEPS --batch=32 --train_limit=6000 \
+    --test_limit=1000 --hidden=64 --eval_every=300 --backend=cpu \
+    --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200 "$@"
+  local launcher_var=PID_local_$mode launcher
+  launcher=${!launcher_var}
+  wait_until_step "$run" 150 90
+  local victim
+  victim=$(worker_pid "$launcher" 1) || fail "$mode: no worker child of rank 1"
+  local step_at_kill
+  step_at_kill=$(global_step "$run")
+  kill -KILL "$victim"
+  local stall
+  stall=$(measure_stall "$run" "$step_at_kill")
+  echo "$mode: killed worker 1 (pid $victim) at global step $step_at_kill; global step stalled $stall ms"
+  # One step here is a few ms; the servers hear of the death within one
+  # heartbeat interval of the coordinator's detection tick.
+  [ "$stall" -le $((TIMEOUT_MS + 2 * HEARTBEAT_MS + 300)) ] \
+    || fail "$mode: the job stalled $stall ms after the kill (timeout $TIMEOUT_MS ms)"
+
+  wait_worker_state "$run" 1 MEMBER_STATE_DEAD 10
+  local coordinator
+  coordinator=127.0.0.1:$(cat "$run/coordinator.port")
+  start "rejoin-$mode" "$BIN/grps-worker" --coordinator="$coordinator" --rank=1 --backend=cpu \
+    --curve_csv="$run/curve-worker-1-rejoined.csv"
+  local rejoin_var=PID_rejoin_$mode
+  wait_pid "${!rejoin_var}" 120
+  [ "$EXIT_CODE" = 0 ] || fail "$mode: the restarted worker exited with $EXIT_CODE"
+  grep -q "rank 1 .*re-registered\|re-registered rank 1" "$run/coordinator.log" \
+    || fail "$mode: the coordinator did not log the rejoin"
+  wait_pid "$launcher" 120
+  [ "$EXIT_CODE" = 0 ] || fail "$mode: grps-local exited with $EXIT_CODE"
+  grep -q "worker-1" "$WORK/local-$mode.log" || fail "$mode: grps-local did not say what happened"
+  check_result "$run" "$mode"
+}
+
+run_mode sync
+run_mode async
+run_mode ssp --staleness=2
+
+# Sync: a worker stopped past the timeout is declared dead; resumed, it
+# rejoins (its late gradient is folded and counted) and finishes.
+run=$WORK/run-stop
+start local-stop "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
+  --mode=sync --servers=2 --workers=3 --steps=600 --batch=32 --train_limit=6000 \
+  --test_limit=1000 --hidden=64 --eval_every=300 --backend=cpu \
+  --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200
+wait_until_step "$run" 100 90
+victim=$(worker_pid "$PID_local_stop" 2) || fail "stop: no worker child of rank 2"
+kill -STOP "$victim"
+wait_worker_state "$run" 2 MEMBER_STATE_DEAD 10
+step_dead=$(global_step "$run")
+wait_until_step "$run" $((step_dead + 20)) 10
+kill -CONT "$victim"
+wait_pid "$PID_local_stop" 120
+[ "$EXIT_CODE" = 0 ] || fail "stop: grps-local exited with $EXIT_CODE"
+python3 - "$run/result.json" <<'PY' || fail "stop: result.json is wrong"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["exit"] == "ok", r
+assert r.get("workers_died", 0) == 0, "a stopped and resumed worker finishes: nobody died"
+assert r["final_test_accuracy"] is not None, r
+print(f"stop: final accuracy {r['final_test_accuracy']:.4f}, late gradients {r.get('late_gradients')}")
+PY
+grep -q "is alive again" "$run/coordinator.log" || fail "stop: the coordinator never saw worker 2 come back"
+echo "PASS"
