@@ -331,6 +331,8 @@ std::string CurvesGnuplotScript(const std::vector<CurveFile>& curves, double sta
       // line goes on across them.
       "set datafile missing NaN\n"
       "set key outside right top noenhanced\n"
+      // The same plot area in both panels, whatever their keys' widths.
+      "set lmargin at screen 0.08\nset rmargin at screen 0.7\n"
       "set grid\n"
       "set multiplot layout 2,1\n"
       "set title 'training loss'\nset xlabel 'step'\nset ylabel 'loss'\n");
