@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -40,6 +41,19 @@ ABSL_FLAG(std::string, bin_dir, "",
           "directory of grps-coordinator, grps-server and grps-worker "
           "(default: this program's directory)");
 ABSL_FLAG(double, timeout_s, 0, "fail the job after this many seconds (0 = never)");
+ABSL_FLAG(bool, strict, false,
+          "any child's failure fails the launch, a worker's included (by default a "
+          "worker that dies is reported and the job goes on without it)");
+ABSL_FLAG(uint32_t, restart_workers, 0,
+          "restart a worker that died, with the same --rank, up to this many times "
+          "in total");
+ABSL_FLAG(std::optional<uint32_t>, straggler_rank, std::nullopt,
+          "inject a straggler: the worker of this rank gets --straggle_factor and "
+          "--straggle_ms");
+ABSL_FLAG(std::optional<double>, straggle_factor, std::nullopt,
+          "the straggler sleeps (F - 1) x its own step time every step (F >= 1)");
+ABSL_FLAG(std::optional<uint32_t>, straggle_ms, std::nullopt,
+          "the straggler sleeps this many milliseconds every step");
 
 // Job settings, forwarded to the coordinator when set (see kJobFlags).
 ABSL_FLAG(std::optional<std::string>, model, std::nullopt,
@@ -78,9 +92,14 @@ ABSL_FLAG(std::optional<uint32_t>, heartbeat_timeout_ms, std::nullopt,
           "a member silent this long (ms) is dead");
 ABSL_FLAG(std::optional<uint32_t>, staleness, std::nullopt, "ssp staleness bound");
 ABSL_FLAG(std::optional<uint32_t>, max_staleness, std::nullopt,
-          "async: reject gradients staler than this");
+          "async and ssp: reject gradients staler than this");
 ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,
-          "async: scale the learning rate by 1 / (1 + staleness)");
+          "async and ssp: scale the learning rate by 1 / (1 + staleness)");
+ABSL_FLAG(std::optional<uint32_t>, backup_workers, std::nullopt,
+          "sync: complete a step with the first (live workers - this) gradients");
+ABSL_FLAG(std::optional<std::string>, late_gradients, std::nullopt,
+          "sync: a gradient that arrives after its step completed is counted, then "
+          "folded into the next step (fold) or dropped (drop)");
 
 namespace grps {
 namespace {
@@ -92,6 +111,7 @@ constexpr const char* kJobFlags[] = {
     "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
     "seed",         "chunk_kb",    "wire_dtype", "eval_every",   "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
+    "backup_workers",              "late_gradients",
 };
 
 constexpr char kUsage[] =
@@ -101,6 +121,10 @@ constexpr char kUsage[] =
     "\n"
     "usage: grps-local [--mode=sync|async|ssp] [--servers=2] [--workers=2]\n"
     "                  [--steps=N] [--run_dir=DIR] [--result_json=FILE] ...\n"
+    "\n"
+    "A worker that dies does not fail the job (the others go on); --strict\n"
+    "makes it, --restart_workers=N restarts dead workers. If gnuplot is on\n"
+    "PATH, the workers' curves are plotted into <run_dir>/curves.svg.\n"
     "\n"
     "Job settings left unset (shown as \"default: ;\") take grps-coordinator's\n"
     "defaults. Every flag can also be set as GRPS_<FLAG>. Exit status: 0 completed,\n"
@@ -159,6 +183,21 @@ int Main(int argc, char** argv) {
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (options.bin_dir.empty()) options.bin_dir = OwnDirectory();
   options.result_json = absl::GetFlag(FLAGS_result_json);
+  options.strict = absl::GetFlag(FLAGS_strict);
+  options.restart_workers = absl::GetFlag(FLAGS_restart_workers);
+  options.straggler_rank = absl::GetFlag(FLAGS_straggler_rank);
+  options.straggle_factor = absl::GetFlag(FLAGS_straggle_factor);
+  options.straggle_ms = absl::GetFlag(FLAGS_straggle_ms);
+  const bool straggles = options.straggle_factor || options.straggle_ms;
+  if (options.straggler_rank && !straggles)
+    return UsageError("--straggler_rank needs --straggle_factor or --straggle_ms");
+  if (straggles && !options.straggler_rank)
+    return UsageError("--straggle_factor and --straggle_ms need --straggler_rank");
+  if (options.straggler_rank && *options.straggler_rank >= options.workers)
+    return UsageError("--straggler_rank must be less than --workers");
+  if (options.straggle_factor && !(*options.straggle_factor >= 1))
+    return UsageError("--straggle_factor must be at least 1");
+  if (const char* path = std::getenv("PATH")) options.plot_search_path = path;
 
   for (const char* name : kJobFlags) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

@@ -1,9 +1,11 @@
 #include "launcher/local_launcher.h"
 
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/job_client.h"
 #include "client/status_format.h"
@@ -61,6 +65,16 @@ std::string JsonString(const std::string& s) {
 std::string JsonNumber(std::optional<double> value) {
   if (!value || !std::isfinite(*value)) return "null";
   return absl::StrFormat("%.6g", *value);
+}
+
+// Seconds since the epoch, to the millisecond (more than %.6g keeps).
+std::string JsonUnixTime(double seconds) {
+  if (!std::isfinite(seconds)) return "null";
+  return absl::StrFormat("%.3f", seconds);
+}
+
+std::string JsonArray(const std::vector<uint64_t>& values) {
+  return absl::StrCat("[", absl::StrJoin(values, ","), "]");
 }
 
 // Writes `contents` to a temporary file beside `path`, then renames it over
@@ -126,7 +140,7 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
 
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
                      const std::string& coordinator) {
-  return ChildSpec{
+  ChildSpec spec{
       absl::StrCat("worker-", rank),
       {InDir(options.bin_dir, kWorkerBinary),
        absl::StrCat("--coordinator=", coordinator), absl::StrCat("--rank=", rank),
@@ -134,6 +148,13 @@ ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
        absl::StrCat("--curve_csv=",
                     InDir(options.run_dir, absl::StrCat("curve-worker-", rank, ".csv")))},
       InDir(options.run_dir, absl::StrCat("worker-", rank, ".log"))};
+  if (options.straggler_rank == rank) {
+    if (options.straggle_factor)
+      spec.argv.push_back(absl::StrFormat("--straggle_factor=%g", *options.straggle_factor));
+    if (options.straggle_ms)
+      spec.argv.push_back(absl::StrCat("--straggle_ms=", *options.straggle_ms));
+  }
+  return spec;
 }
 
 std::string CoordinatorPortFile(const LaunchOptions& options) {
@@ -196,6 +217,28 @@ RunResult ResultOf(const LaunchOptions& options,
     uint64_t samples = 0;
     for (const v1::WorkerStatus& w : latest->workers()) samples += w.progress().samples();
     if (wall_seconds > 0) r.samples_per_sec = samples / wall_seconds;
+    r.backup_workers = config.backup_workers();
+    r.staleness_bound = config.staleness_bound();
+    uint64_t shard_late = 0, shard_too_stale = 0, counted = 0;
+    double staleness_sum = 0;
+    for (const v1::ShardStatus& shard : latest->shards()) {
+      shard_late += shard.late_gradients();
+      shard_too_stale += shard.too_stale();
+      r.staleness_max = std::max(r.staleness_max, shard.staleness_max());
+      if (r.staleness_histogram.size() < static_cast<size_t>(shard.staleness_histogram_size()))
+        r.staleness_histogram.resize(shard.staleness_histogram_size(), 0);
+      uint64_t count = 0;
+      for (int i = 0; i < shard.staleness_histogram_size(); ++i) {
+        r.staleness_histogram[i] += shard.staleness_histogram(i);
+        count += shard.staleness_histogram(i);
+      }
+      staleness_sum += shard.staleness_mean() * static_cast<double>(count);
+      counted += count;
+    }
+    if (counted > 0) r.staleness_mean = staleness_sum / static_cast<double>(counted);
+    // The coordinator sums the shards' counts; older ones left it to us.
+    r.late_gradients = latest->late_gradients() > 0 ? latest->late_gradients() : shard_late;
+    r.too_stale = latest->too_stale() > 0 ? latest->too_stale() : shard_too_stale;
   }
   if (final_eval) {
     r.final_test_accuracy = final_eval->final_test_accuracy();
@@ -213,9 +256,121 @@ std::string ResultJson(const RunResult& r) {
       ",\"final_test_loss\":", JsonNumber(r.final_test_loss),
       ",\"wall_seconds\":", JsonNumber(r.wall_seconds),
       ",\"samples_per_sec\":", JsonNumber(r.samples_per_sec),
-      ",\"run_dir\":", JsonString(r.run_dir), ",\"exit\":", JsonString(r.exit));
+      ",\"run_dir\":", JsonString(r.run_dir),
+      ",\"started_unix\":", JsonUnixTime(r.started_unix),
+      ",\"workers_died\":", r.workers_died,
+      ",\"workers_restarted\":", r.workers_restarted,
+      ",\"backup_workers\":", r.backup_workers,
+      ",\"staleness_bound\":", r.staleness_bound,
+      ",\"late_gradients\":", r.late_gradients, ",\"too_stale\":", r.too_stale,
+      ",\"staleness_mean\":", JsonNumber(r.staleness_mean),
+      ",\"staleness_max\":", r.staleness_max,
+      ",\"staleness_histogram\":", JsonArray(r.staleness_histogram),
+      ",\"exit\":", JsonString(r.exit));
   if (r.exit != "ok") absl::StrAppend(&json, ",\"error\":", JsonString(r.error));
   return json + "}\n";
+}
+
+CurveFile ReadCurveFile(const std::string& path, const std::string& label) {
+  CurveFile c;
+  c.path = path;
+  c.label = label;
+  std::ifstream f(path);
+  std::string line;
+  if (!std::getline(f, line)) return c;
+  std::vector<std::string> names = absl::StrSplit(line, ',');
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string name(absl::StripAsciiWhitespace(names[i]));
+    const int column = static_cast<int>(i) + 1;
+    if (name == "step") c.step = column;
+    if (name == "unix_time") c.unix_time = column;
+    if (name == "loss") c.loss = column;
+    if (name == "test_accuracy") c.test_accuracy = column;
+    if (name == "evaluated") c.evaluated = column;
+  }
+  while (std::getline(f, line)) {
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    c.has_rows = true;
+    if (c.evaluated == 0) break;
+    std::vector<std::string> fields = absl::StrSplit(line, ',');
+    if (static_cast<size_t>(c.evaluated) <= fields.size() &&
+        absl::StripAsciiWhitespace(fields[c.evaluated - 1]) == "1") {
+      c.has_evaluated = true;
+      break;
+    }
+  }
+  return c;
+}
+
+namespace {
+
+// A gnuplot single-quoted string ('' stands for ').
+std::string GnuplotString(const std::string& s) {
+  return absl::StrCat("'", absl::StrReplaceAll(s, {{"'", "''"}}), "'");
+}
+
+// Draws nothing, but keeps the panel with its title and a "no data" note.
+constexpr char kEmptyPanel[] =
+    "set label 1 'no data' at graph 0.5, 0.5 center\n"
+    "set xrange [0:1]\nset yrange [0:1]\nplot 2 notitle\n"
+    "unset label 1\nset autoscale\n";
+
+}  // namespace
+
+std::string CurvesGnuplotScript(const std::vector<CurveFile>& curves, double started_unix,
+                                const std::string& svg_path) {
+  std::string gp = absl::StrCat(
+      "# Written by grps-local: the workers' training curves from their CSVs.\n"
+      "# Re-draw with: gnuplot curves.gp\n"
+      "set terminal svg size 900,800 dynamic background rgb 'white'\n"
+      "set output ",
+      GnuplotString(svg_path),
+      "\n"
+      "set datafile separator ','\n"
+      // Rows that are not evaluations are NaN in the accuracy panel, and a
+      // line goes on across them.
+      "set datafile missing NaN\n"
+      "set key outside right top noenhanced\n"
+      // The same plot area in both panels, whatever their keys' widths.
+      "set lmargin at screen 0.08\nset rmargin at screen 0.7\n"
+      "set grid\n"
+      "set multiplot layout 2,1\n"
+      "set title 'training loss'\nset xlabel 'step'\nset ylabel 'loss'\n");
+  std::vector<std::string> series;
+  for (const CurveFile& c : curves)
+    if (c.has_rows && c.step > 0 && c.loss > 0)
+      series.push_back(absl::StrCat(GnuplotString(c.path), " skip 1 using ", c.step, ":",
+                                    c.loss, " with lines title ", GnuplotString(c.label)));
+  if (series.empty()) {
+    gp += kEmptyPanel;
+  } else {
+    absl::StrAppend(&gp, "plot ", absl::StrJoin(series, ", \\\n     "), "\n");
+  }
+  absl::StrAppend(&gp,
+                  "set title 'test accuracy (evaluations)'\n"
+                  "set xlabel 'seconds since the launch'\nset ylabel 'accuracy'\n");
+  series.clear();
+  for (const CurveFile& c : curves)
+    if (c.has_evaluated && c.unix_time > 0 && c.test_accuracy > 0)
+      series.push_back(absl::StrFormat(
+          "%s skip 1 using ($%d - %.3f):($%d == 1 ? $%d : NaN) with linespoints pt 7 "
+          "ps 0.5 title %s",
+          GnuplotString(c.path), c.unix_time, started_unix, c.evaluated, c.test_accuracy,
+          GnuplotString(absl::StrCat("evaluated by ", c.label))));
+  if (series.empty()) {
+    gp += kEmptyPanel;
+  } else {
+    absl::StrAppend(&gp, "plot ", absl::StrJoin(series, ", \\\n     "), "\n");
+  }
+  return gp + "unset multiplot\n";
+}
+
+std::string FindInSearchPath(const std::string& program, const std::string& search_path) {
+  for (absl::string_view dir : absl::StrSplit(search_path, ':', absl::SkipEmpty())) {
+    const std::string path = InDir(std::string(dir), program);
+    if (access(path.c_str(), X_OK) == 0 && !fs::is_directory(path)) return path;
+  }
+  return "";
 }
 
 LocalLauncher::LocalLauncher(LaunchOptions options, std::FILE* out,
@@ -232,11 +387,63 @@ void LocalLauncher::Say(const std::string& message) {
   std::fflush(out_);
 }
 
-absl::Status LocalLauncher::StartChild(const ChildSpec& spec) {
+absl::Status LocalLauncher::StartChild(const ChildSpec& spec, int rank) {
   auto child = std::make_unique<ChildProcess>(spec.name, spec.argv, spec.log_path);
   absl::Status s = child->Start();
   children_.push_back(std::move(child));
+  child_rank_.push_back(rank);
+  death_handled_.push_back(false);
+  if (rank >= 0) {
+    if (worker_child_.size() <= static_cast<size_t>(rank)) {
+      worker_child_.resize(rank + 1, 0);
+      worker_restarts_.resize(rank + 1, 0);
+    }
+    worker_child_[rank] = children_.size() - 1;
+  }
   return s;
+}
+
+absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
+  death_handled_[child_index] = true;
+  const ChildProcess& dead = *children_[child_index];
+  const uint32_t rank = static_cast<uint32_t>(child_rank_[child_index]);
+  ++workers_died_;
+  // A worker that dies after the job ended has nothing left to rejoin.
+  const bool job_ended =
+      children_.front()->exited() || (latest_ && JobEnded(latest_->state()));
+  if (workers_restarted_ < options_.restart_workers && !job_ended) {
+    ++workers_restarted_;
+    ++worker_restarts_[rank];
+    ChildSpec spec = WorkerSpec(options_, rank, coordinator_address_);
+    spec.log_path = InDir(options_.run_dir,
+                          absl::StrCat("worker-", rank, ".restart-",
+                                       worker_restarts_[rank], ".log"));
+    Say(absl::StrCat("grps-local: ", dead.name(), " ", dead.DescribeExit(),
+                     "; restarting it with --rank=", rank, " (restart ",
+                     workers_restarted_, " of ", options_.restart_workers, "), log ",
+                     spec.log_path));
+    return StartChild(spec, static_cast<int>(rank));
+  }
+  uint32_t going_on = 0;
+  for (size_t index : worker_child_) {
+    const ChildProcess& newest = *children_[index];
+    if (newest.running() || newest.succeeded()) ++going_on;
+  }
+  Say(absl::StrCat("grps-local: ", dead.name(), " ", dead.DescribeExit(),
+                   "; the job goes on with ", going_on, " of ", options_.workers,
+                   " workers",
+                   options_.restart_workers > 0 && !job_ended ? " (no restarts left)" : ""));
+  return absl::OkStatus();
+}
+
+const ChildProcess* LocalLauncher::EveryWorkerDead() const {
+  const ChildProcess* last = nullptr;
+  for (size_t index : worker_child_) {
+    const ChildProcess& newest = *children_[index];
+    if (!newest.exited() || newest.succeeded()) return nullptr;
+    last = &newest;
+  }
+  return last;
 }
 
 void LocalLauncher::RefreshStatus() {
@@ -320,12 +527,15 @@ int LocalLauncher::Run() {
   }
   Say(absl::StrCat("coordinator: ", address, "   (grpsctl --coordinator=", address,
                    " status)"));
+  coordinator_address_ = address;
 
   for (uint32_t shard = 0; shard < options_.servers; ++shard)
     if (absl::Status s = StartChild(ServerSpec(options_, shard, address)); !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
   for (uint32_t rank = 0; rank < options_.workers; ++rank)
-    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address)); !s.ok())
+    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address),
+                                    static_cast<int>(rank));
+        !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
   Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
                    " workers; logs in ", options_.run_dir));
@@ -337,14 +547,25 @@ int LocalLauncher::Run() {
   while (true) {
     if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
     bool all_exited = true;
-    for (const auto& child : children_) {
-      if (!child->Poll()) {
+    // By index: a restart appends to children_.
+    for (size_t i = 0; i < children_.size(); ++i) {
+      ChildProcess& child = *children_[i];
+      if (!child.Poll()) {
         all_exited = false;
-      } else if (!child->succeeded()) {
-        return Finish("failed", absl::StrCat(child->name(), " ", child->DescribeExit()),
-                      child.get());
+      } else if (!child.succeeded() && !death_handled_[i]) {
+        if (options_.strict || child_rank_[i] < 0)
+          return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),
+                        &child);
+        if (absl::Status s = OnWorkerDied(i); !s.ok())
+          return Finish("failed", std::string(s.message()), nullptr);
       }
     }
+    if (const ChildProcess* last_dead = EveryWorkerDead())
+      return Finish("failed",
+                    absl::StrCat("every worker died (the last: ", last_dead->name(), " ",
+                                 last_dead->DescribeExit(),
+                                 "); no worker is left to train"),
+                    last_dead);
     if (all_exited) break;
     const absl::Time now = absl::Now();
     if (options_.timeout > absl::ZeroDuration() && now - start_ >= options_.timeout)
@@ -382,6 +603,51 @@ int LocalLauncher::Run() {
   return Finish("ok", "", nullptr);
 }
 
+void LocalLauncher::PlotCurves() {
+  const std::string gnuplot = FindInSearchPath("gnuplot", options_.plot_search_path);
+  if (gnuplot.empty()) {
+    Say("grps-local: no plot: gnuplot is not on PATH (scripts/setup installs it)");
+    return;
+  }
+  std::vector<CurveFile> curves;
+  for (uint32_t rank = 0; rank < options_.workers; ++rank) {
+    const std::string path =
+        InDir(options_.run_dir, absl::StrCat("curve-worker-", rank, ".csv"));
+    if (fs::exists(path)) curves.push_back(ReadCurveFile(path, absl::StrCat("worker-", rank)));
+  }
+  if (curves.empty()) {
+    Say("grps-local: no plot: no worker wrote a curve");
+    return;
+  }
+  const std::string script_path = InDir(options_.run_dir, "curves.gp");
+  const std::string svg_path = InDir(options_.run_dir, "curves.svg");
+  const double started_unix = absl::ToDoubleSeconds(start_ - absl::UnixEpoch());
+  if (absl::Status s = WriteFileAtomically(
+          script_path, CurvesGnuplotScript(curves, started_unix, svg_path));
+      !s.ok()) {
+    Say(absl::StrCat("grps-local: no plot: ", s.message()));
+    return;
+  }
+  ChildProcess plot("gnuplot", {gnuplot, script_path}, InDir(options_.run_dir, "curves.log"));
+  if (absl::Status s = plot.Start(); !s.ok()) {
+    Say(absl::StrCat("grps-local: no plot: ", s.message()));
+    return;
+  }
+  if (!plot.WaitFor(options_.plot_timeout)) {
+    plot.Signal(SIGKILL);
+    plot.WaitFor(absl::Seconds(5));
+    Say(absl::StrCat("grps-local: no plot: gnuplot ran longer than ",
+                     absl::FormatDuration(options_.plot_timeout), " (", script_path, ")"));
+    return;
+  }
+  if (!plot.succeeded()) {
+    Say(absl::StrCat("grps-local: no plot: gnuplot ", plot.DescribeExit(), " (see ",
+                     plot.log_path(), ")"));
+    return;
+  }
+  Say(absl::StrCat("curves: ", svg_path));
+}
+
 int LocalLauncher::Finish(const std::string& exit, const std::string& error,
                           const ChildProcess* failed_child) {
   const bool ok = exit == "ok";
@@ -404,11 +670,18 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
   }
   if (feed_ != nullptr) feed_->Stop();  // the coordinator is gone by now
   RefreshStatus();
+  if (!worker_child_.empty()) PlotCurves();
 
   const double wall = absl::ToDoubleSeconds(absl::Now() - start_);
   RunResult result = ResultOf(options_, latest_, final_eval_, wall);
   result.exit = exit;
   result.error = error;
+  result.started_unix = absl::ToDoubleSeconds(start_ - absl::UnixEpoch());
+  result.workers_died = workers_died_;
+  result.workers_restarted = workers_restarted_;
+  if (workers_died_ > 0)
+    Say(absl::StrCat("workers: ", workers_died_, " died, ", workers_restarted_,
+                     " restarted, of ", options_.workers));
   if (ok) {
     Say(absl::StrCat("job completed: ", result.steps, " steps per worker, ",
                      result.workers, " workers, ", result.servers, " servers, ",

@@ -6,18 +6,30 @@
 //   <run_dir>/coordinator.port              the coordinator's bound port
 //   <run_dir>/curve-worker-<rank>.csv       each worker's training curve
 //
+// A worker that dies (non-zero exit, or killed by a signal) is not a job
+// failure: the coordinator declares it dead after the heartbeat timeout and
+// the job goes on with the others. The launcher says so on a line of its
+// own and, while LaunchOptions::restart_workers allows, starts the worker
+// again with the same rank (it rejoins through the coordinator; its log is
+// worker-<rank>.restart-<n>.log). LaunchOptions::strict restores the rule
+// that any child's failure fails the launch.
+//
 // It shows progress while the job runs, and ends in one of three ways:
-//   - every child exited 0: prints the summary (ending with the line
-//     "final test accuracy: 0.xxxx"), writes the result JSON, returns 0;
-//   - a child failed (non-zero exit, or killed by a signal), the job failed
-//     or was stopped (e.g. by `grpsctl stop`), or the timeout passed: says
-//     why, prints the tail of the failed child's log, stops the others,
-//     returns 1;
+//   - the job completed and every child still there exited 0: prints the
+//     summary (ending with the line "final test accuracy: 0.xxxx"), writes
+//     the result JSON, returns 0;
+//   - the coordinator or a server failed (non-zero exit, or killed by a
+//     signal), every worker died with no restart left, the job failed or was
+//     stopped (e.g. by `grpsctl stop`), or the timeout passed: says why,
+//     prints the tail of the failed child's log, stops the others, returns 1;
 //   - interrupted (SIGINT/SIGTERM to the launcher): stops the children,
 //     returns 130.
 // Stopping means SIGTERM to each child, up to 5 s, then SIGKILL; every child
 // is reaped before Run returns, and a launcher that dies takes its children
 // with it (see child_process.h).
+//
+// Whichever way it ends, if gnuplot is on PATH it plots the workers' curves
+// into <run_dir>/curves.svg (script: curves.gp; see CurvesGnuplotScript).
 //
 // The first line printed is "run dir: PATH".
 #ifndef GRPS_LAUNCHER_LOCAL_LAUNCHER_H_
@@ -60,6 +72,18 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> job_flags;
   absl::Duration timeout = absl::ZeroDuration();  // zero: none
   std::string result_json;  // where to write the result; empty: nowhere
+  // Any child's failure fails the launch, a worker's included.
+  bool strict = false;
+  // Dead workers restarted, in total over all ranks (ignored when strict).
+  uint32_t restart_workers = 0;
+  // Straggler injection: the worker of this rank gets --straggle_factor
+  // and/or --straggle_ms (those set); the others get neither.
+  std::optional<uint32_t> straggler_rank;
+  std::optional<double> straggle_factor;  // sleeps (F - 1) x its step time
+  std::optional<uint32_t> straggle_ms;    // sleeps this long every step
+  // Where to look for gnuplot (a PATH-style list); empty: no plot.
+  std::string plot_search_path;
+  absl::Duration plot_timeout = absl::Seconds(20);
 
   // Timings (tests shorten them).
   absl::Duration status_interval = absl::Milliseconds(500);
@@ -114,6 +138,20 @@ struct RunResult {
   double wall_seconds = 0;
   double samples_per_sec = 0;  // samples over all workers / wall_seconds
   std::string run_dir;
+  double started_unix = 0;  // the launch's start, seconds since the epoch
+  uint32_t workers_died = 0;       // worker children that failed
+  uint32_t workers_restarted = 0;  // of those, started again
+  // Consistency figures from the newest status (zero without one).
+  uint32_t backup_workers = 0;
+  uint32_t staleness_bound = 0;
+  uint64_t late_gradients = 0;
+  uint64_t too_stale = 0;
+  // Over every shard: the mean weighted by each shard's histogram count, the
+  // max, and the histogram summed bucket by bucket (the last bucket counts
+  // everything at or above its index).
+  double staleness_mean = 0;
+  uint64_t staleness_max = 0;
+  std::vector<uint64_t> staleness_histogram;
 };
 
 // Fills the job's figures from the launch options, then from the newest
@@ -125,9 +163,36 @@ RunResult ResultOf(const LaunchOptions& options,
 
 // One JSON object: {"mode", "servers", "workers", "model", "optimizer",
 // "steps", "final_test_accuracy", "final_test_loss", "wall_seconds",
-// "samples_per_sec", "run_dir", "exit"}, plus "error" unless exit is "ok".
-// A figure not known is null.
+// "samples_per_sec", "run_dir", "started_unix", "workers_died",
+// "workers_restarted", "backup_workers", "staleness_bound",
+// "late_gradients", "too_stale", "staleness_mean", "staleness_max",
+// "staleness_histogram" (an array), "exit"}, plus "error" unless exit is
+// "ok". A figure not known is null.
 std::string ResultJson(const RunResult& result);
+
+// What the plot needs to know of one worker's curve CSV.
+struct CurveFile {
+  std::string path;
+  std::string label;  // e.g. "worker-0"
+  // 1-based columns by name from the header line; 0: absent.
+  int step = 0, unix_time = 0, loss = 0, test_accuracy = 0, evaluated = 0;
+  bool has_rows = false;       // any line after the header
+  bool has_evaluated = false;  // any row with evaluated=1
+};
+
+// Reads the header and scans the rows of the CSV at `path`.
+CurveFile ReadCurveFile(const std::string& path, const std::string& label);
+
+// A gnuplot script that draws `svg_path`, two panels: training loss against
+// step (one line per file with rows and the columns), above test accuracy
+// of the evaluated rows against seconds since `started_unix` (one line per
+// file that has any). A panel with nothing to draw says "no data".
+std::string CurvesGnuplotScript(const std::vector<CurveFile>& curves, double started_unix,
+                                const std::string& svg_path);
+
+// The first executable file named `program` in the directories of
+// `search_path` (a PATH-style list), or "" if none.
+std::string FindInSearchPath(const std::string& program, const std::string& search_path);
 
 class LocalLauncher {
  public:
@@ -148,7 +213,19 @@ class LocalLauncher {
   // code for `exit`.
   int Finish(const std::string& exit, const std::string& error,
              const ChildProcess* failed_child);
-  absl::Status StartChild(const ChildSpec& spec);
+  // Starts `spec`'s program as a child; `rank` is its worker rank, -1 for
+  // the coordinator or a server.
+  absl::Status StartChild(const ChildSpec& spec, int rank = -1);
+  // A worker child has exited non-zero or by a signal (not strict): says so,
+  // and restarts it if restarts are left. Returns an error only if the
+  // restart could not be started.
+  absl::Status OnWorkerDied(size_t child_index);
+  // When no worker is running or has finished (every rank's newest child
+  // died), the last of them; otherwise null.
+  const ChildProcess* EveryWorkerDead() const;
+  // Draws <run_dir>/curves.svg with gnuplot, if there is one; says where the
+  // plot is, or why there is none. Never fails the launch.
+  void PlotCurves();
   // Takes the newest snapshots from the feed, if there is one.
   void RefreshStatus();
   // Redraws the bar (terminal) or prints a plain line when one is due.
@@ -161,6 +238,18 @@ class LocalLauncher {
   const std::function<bool()> interrupted_;
   const bool tty_;
   absl::Time start_;
+  std::string coordinator_address_;
+  // Parallel to children_: the worker rank of each child (-1: coordinator or
+  // server), and whether its death was already dealt with.
+  std::vector<int> child_rank_;
+  std::vector<bool> death_handled_;
+  // By rank: the index in children_ of the rank's newest child, and how many
+  // times it was restarted. A dead child that was replaced stays in
+  // children_, exited.
+  std::vector<size_t> worker_child_;
+  std::vector<uint32_t> worker_restarts_;
+  uint32_t workers_died_ = 0;
+  uint32_t workers_restarted_ = 0;
   bool bar_drawn_ = false;
   std::vector<std::unique_ptr<ChildProcess>> children_;
   std::unique_ptr<StatusFeed> feed_;  // once the coordinator listens

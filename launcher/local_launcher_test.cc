@@ -95,6 +95,27 @@ TEST(WorkerSpec, NamesItsRankBackendAndCurveFileInTheRunDir) {
                 "--curve_csv=/tmp/runs/sync-1/curve-worker-3.csv"}));
 }
 
+TEST(WorkerSpec, OnlyTheStragglerRankGetsTheStraggleFlags) {
+  LaunchOptions o = Options();
+  o.straggler_rank = 2;
+  o.straggle_factor = 5;
+  o.straggle_ms = 40;
+  std::vector<std::string> straggler = WorkerSpec(o, 2, "127.0.0.1:4000").argv;
+  EXPECT_THAT(straggler, Contains("--straggle_factor=5"));
+  EXPECT_THAT(straggler, Contains("--straggle_ms=40"));
+  EXPECT_EQ(straggler.size(), WorkerSpec(Options(), 2, "127.0.0.1:4000").argv.size() + 2);
+  for (uint32_t rank : {0, 1, 3})
+    EXPECT_THAT(WorkerSpec(o, rank, "127.0.0.1:4000").argv,
+                Not(Contains(StartsWith("--straggle"))))
+        << rank;
+  // Only the flags that are set.
+  o.straggle_factor = 1.5;
+  o.straggle_ms.reset();
+  straggler = WorkerSpec(o, 2, "127.0.0.1:4000").argv;
+  EXPECT_THAT(straggler, Contains("--straggle_factor=1.5"));
+  EXPECT_THAT(straggler, Not(Contains(StartsWith("--straggle_ms"))));
+}
+
 TEST(DefaultRunDir, IsModeAndLocalTimestampUnderRuns) {
   absl::TimeZone utc = absl::UTCTimeZone();
   absl::Time t = absl::FromCivil(absl::CivilSecond(2024, 3, 9, 7, 5, 1), utc);
@@ -166,6 +187,40 @@ TEST(ResultOf, TakesTheJobsFiguresFromItsLastStatus) {
   EXPECT_EQ(r.run_dir, "/tmp/runs/sync-1");
 }
 
+TEST(ResultOf, MergesTheShardsStalenessAndTakesTheJobsLateCounts) {
+  v1::JobStatus s = FinishedJob();
+  s.mutable_config()->set_backup_workers(1);
+  s.mutable_config()->set_staleness_bound(4);
+  s.set_late_gradients(7);
+  s.set_too_stale(3);
+  v1::ShardStatus* a = s.add_shards();
+  a->set_staleness_mean(1.0);
+  a->set_staleness_max(2);
+  for (uint64_t n : {1, 2, 1}) a->add_staleness_histogram(n);  // mean 1 over 4
+  v1::ShardStatus* b = s.add_shards();
+  b->set_staleness_mean(3.0);
+  b->set_staleness_max(9);
+  for (uint64_t n : {0, 0, 0, 4}) b->add_staleness_histogram(n);  // mean 3 over 4
+  RunResult r = ResultOf(Options(), s, std::nullopt, 1.0);
+  EXPECT_EQ(r.backup_workers, 1u);
+  EXPECT_EQ(r.staleness_bound, 4u);
+  EXPECT_EQ(r.late_gradients, 7u);
+  EXPECT_EQ(r.too_stale, 3u);
+  EXPECT_DOUBLE_EQ(r.staleness_mean, 2.0);  // weighted by each shard's count
+  EXPECT_EQ(r.staleness_max, 9u);
+  EXPECT_EQ(r.staleness_histogram, (std::vector<uint64_t>{1, 2, 1, 4}));
+}
+
+TEST(ResultOf, SumsTheShardsLateCountsWhenTheJobLeftThemOut) {
+  v1::JobStatus s = FinishedJob();
+  s.add_shards()->set_late_gradients(2);
+  s.add_shards()->set_late_gradients(5);
+  s.mutable_shards(1)->set_too_stale(1);
+  RunResult r = ResultOf(Options(), s, std::nullopt, 1.0);
+  EXPECT_EQ(r.late_gradients, 7u);
+  EXPECT_EQ(r.too_stale, 1u);
+}
+
 TEST(ResultOf, FallsBackToTheLaunchOptionsWithoutAStatus) {
   RunResult r = ResultOf(Options(), std::nullopt, std::nullopt, 1.0);
   EXPECT_EQ(r.mode, "ssp");
@@ -184,9 +239,12 @@ TEST(ResultJson, HasEveryFieldOfTheResult) {
   RunResult r = ResultOf(Options(), FinishedJob(), FinishedJob(), 4.0);
   google::protobuf::Struct json = ParseJson(ResultJson(r));
   const auto& f = json.fields();
-  for (const char* key : {"mode", "servers", "workers", "model", "optimizer", "steps",
-                          "final_test_accuracy", "final_test_loss", "wall_seconds",
-                          "samples_per_sec", "run_dir", "exit"})
+  for (const char* key :
+       {"mode", "servers", "workers", "model", "optimizer", "steps",
+        "final_test_accuracy", "final_test_loss", "wall_seconds", "samples_per_sec",
+        "run_dir", "started_unix", "workers_died", "workers_restarted", "backup_workers",
+        "staleness_bound", "late_gradients", "too_stale", "staleness_mean",
+        "staleness_max", "staleness_histogram", "exit"})
     EXPECT_EQ(f.count(key), 1u) << key;
   EXPECT_EQ(f.count("error"), 0u);
   EXPECT_EQ(f.at("mode").string_value(), "sync");
@@ -197,6 +255,39 @@ TEST(ResultJson, HasEveryFieldOfTheResult) {
   EXPECT_EQ(f.at("samples_per_sec").number_value(), 1600);
   EXPECT_EQ(f.at("run_dir").string_value(), "/tmp/runs/sync-1");
   EXPECT_EQ(f.at("exit").string_value(), "ok");
+}
+
+TEST(ResultJson, CarriesTheConsistencyFiguresAndTheStartTime) {
+  RunResult r = ResultOf(Options(), FinishedJob(), FinishedJob(), 4.0);
+  r.started_unix = 1790000000.25;
+  r.workers_died = 2;
+  r.workers_restarted = 1;
+  r.late_gradients = 12;
+  r.too_stale = 3;
+  r.staleness_mean = 1.5;
+  r.staleness_max = 15;
+  r.staleness_histogram = {4, 0, 7};
+  r.backup_workers = 1;
+  r.staleness_bound = 4;
+  google::protobuf::Struct json = ParseJson(ResultJson(r));
+  const auto& f = json.fields();
+  EXPECT_DOUBLE_EQ(f.at("started_unix").number_value(), 1790000000.25);
+  EXPECT_EQ(f.at("workers_died").number_value(), 2);
+  EXPECT_EQ(f.at("workers_restarted").number_value(), 1);
+  EXPECT_EQ(f.at("late_gradients").number_value(), 12);
+  EXPECT_EQ(f.at("too_stale").number_value(), 3);
+  EXPECT_EQ(f.at("staleness_mean").number_value(), 1.5);
+  EXPECT_EQ(f.at("staleness_max").number_value(), 15);
+  EXPECT_EQ(f.at("backup_workers").number_value(), 1);
+  EXPECT_EQ(f.at("staleness_bound").number_value(), 4);
+  const auto& histogram = f.at("staleness_histogram").list_value().values();
+  ASSERT_EQ(histogram.size(), 3);
+  EXPECT_EQ(histogram[0].number_value(), 4);
+  EXPECT_EQ(histogram[2].number_value(), 7);
+  r.staleness_histogram.clear();
+  EXPECT_EQ(ParseJson(ResultJson(r)).fields().at("staleness_histogram").list_value()
+                .values_size(),
+            0);
 }
 
 TEST(ResultJson, UnknownFiguresAreNullAndAFailureSaysWhy) {
@@ -210,26 +301,114 @@ TEST(ResultJson, UnknownFiguresAreNullAndAFailureSaysWhy) {
   EXPECT_EQ(f.at("error").string_value(), r.error);
 }
 
+std::string WriteCurve(const std::string& dir, const std::string& name,
+                       const std::string& rows) {
+  std::string path = dir + "/" + name;
+  std::ofstream(path) << "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,"
+                         "test_accuracy,test_loss,evaluated\n"
+                      << rows;
+  return path;
+}
+
+TEST(ReadCurveFile, FindsColumnsByNameAndWhetherAnyRowIsAnEvaluation) {
+  std::string dir = TempDir();
+  CurveFile c = ReadCurveFile(
+      WriteCurve(dir, "a.csv", "1,0,0.5,1000.5,2.3,100,,,0\n2,0,1,1001,2.1,100,0.4,1.9,1\n"),
+      "worker-0");
+  EXPECT_EQ(c.label, "worker-0");
+  EXPECT_EQ(c.step, 1);
+  EXPECT_EQ(c.unix_time, 4);
+  EXPECT_EQ(c.loss, 5);
+  EXPECT_EQ(c.test_accuracy, 7);
+  EXPECT_EQ(c.evaluated, 9);
+  EXPECT_TRUE(c.has_rows);
+  EXPECT_TRUE(c.has_evaluated);
+  c = ReadCurveFile(WriteCurve(dir, "b.csv", "1,0,0.5,1000.5,2.3,100,,,0\n"), "worker-1");
+  EXPECT_TRUE(c.has_rows);
+  EXPECT_FALSE(c.has_evaluated);
+  c = ReadCurveFile(WriteCurve(dir, "c.csv", ""), "worker-2");
+  EXPECT_FALSE(c.has_rows);
+  c = ReadCurveFile(dir + "/missing.csv", "worker-3");
+  EXPECT_EQ(c.step, 0);
+  EXPECT_FALSE(c.has_rows);
+}
+
+TEST(CurvesGnuplotScript, PlotsLossPerWorkerAndOnlyEvaluatedAccuracyAgainstLaunchTime) {
+  CurveFile a{"/r/curve-worker-0.csv", "worker-0", 1, 4, 5, 7, 9, true, true};
+  CurveFile b{"/r/curve-worker-1.csv", "worker-1", 1, 4, 5, 7, 9, true, false};
+  std::string gp = CurvesGnuplotScript({a, b}, 1000.5, "/r/curves.svg");
+  EXPECT_THAT(gp, HasSubstr("set output '/r/curves.svg'"));
+  EXPECT_THAT(gp, HasSubstr("set multiplot layout 2,1"));
+  EXPECT_THAT(gp, HasSubstr("'/r/curve-worker-0.csv' skip 1 using 1:5 with lines "
+                            "title 'worker-0'"));
+  EXPECT_THAT(gp, HasSubstr("'/r/curve-worker-1.csv' skip 1 using 1:5 with lines"));
+  EXPECT_THAT(gp, HasSubstr("'/r/curve-worker-0.csv' skip 1 using ($4 - 1000.500):"
+                            "($9 == 1 ? $7 : NaN)"));
+  // worker-1 evaluated nothing: it is not in the accuracy panel.
+  EXPECT_THAT(gp, Not(HasSubstr("evaluated by worker-1")));
+  EXPECT_THAT(gp, Not(HasSubstr("no data")));
+}
+
+TEST(CurvesGnuplotScript, APanelWithNothingToDrawSaysNoData) {
+  CurveFile empty{"/r/it's.csv", "worker-0", 1, 4, 5, 7, 9, false, false};
+  std::string gp = CurvesGnuplotScript({empty}, 0, "/r/curves.svg");
+  EXPECT_THAT(gp, HasSubstr("'no data'"));
+  EXPECT_THAT(gp, Not(HasSubstr("it''s.csv")));  // never plotted
+}
+
+TEST(CurvesGnuplotScript, RealGnuplotDrawsTheSvg) {
+  if (FindInSearchPath("gnuplot", "/usr/bin:/usr/local/bin").empty())
+    GTEST_SKIP() << "no gnuplot";
+  std::string dir = TempDir();
+  std::vector<CurveFile> curves = {
+      ReadCurveFile(WriteCurve(dir, "curve-worker-0.csv",
+                               "1,0,0.5,1000.5,2.3,100,,,0\n2,0,1,1001,2.1,100,0.4,1.9,1\n"
+                               "3,0,1.5,1001.5,1.9,100,,,0\n4,0,2,1002,1.7,100,0.6,1.2,1\n"),
+                    "worker-0"),
+      ReadCurveFile(WriteCurve(dir, "curve-worker-1.csv", "1,0,0.5,1000.5,2.2,100,,,0\n"),
+                    "worker-1"),
+      ReadCurveFile(WriteCurve(dir, "curve-worker-2.csv", ""), "worker-2")};
+  std::ofstream(dir + "/curves.gp") << CurvesGnuplotScript(curves, 1000, dir + "/curves.svg");
+  ASSERT_EQ(std::system(("gnuplot " + dir + "/curves.gp").c_str()), 0);
+  EXPECT_THAT(ReadFile(dir + "/curves.svg"), HasSubstr("<svg"));
+  // Nothing to draw is still a picture, not an error.
+  std::ofstream(dir + "/empty.gp") << CurvesGnuplotScript({}, 0, dir + "/empty.svg");
+  ASSERT_EQ(std::system(("gnuplot " + dir + "/empty.gp").c_str()), 0);
+  EXPECT_THAT(ReadFile(dir + "/empty.svg"), HasSubstr("no data"));
+}
+
+TEST(FindInSearchPath, FindsTheFirstExecutableInTheList) {
+  std::string a = TempDir(), b = TempDir();
+  std::ofstream(a + "/tool") << "not executable";
+  std::ofstream(b + "/tool") << "#!/bin/sh\n";
+  chmod((b + "/tool").c_str(), 0755);
+  EXPECT_EQ(FindInSearchPath("tool", a + ":" + b), b + "/tool");
+  EXPECT_EQ(FindInSearchPath("tool", a), "");
+  EXPECT_EQ(FindInSearchPath("tool", ""), "");
+}
+
 // ---- The whole launch, with fake daemons --------------------------------------
 
 // A coordinator that streams canned snapshots: `stream`, each after
 // `interval`, ending the stream after the last.
 class FakeCoordinator final : public v1::Coordinator::Service {
  public:
-  explicit FakeCoordinator(std::vector<v1::JobStatus> stream)
-      : stream_(std::move(stream)) {}
+  explicit FakeCoordinator(std::vector<v1::JobStatus> stream,
+                           absl::Duration interval = absl::Milliseconds(20))
+      : stream_(std::move(stream)), interval_(interval) {}
   grpc::Status WatchJobStatus(grpc::ServerContext* context,
                               const v1::WatchJobStatusRequest* request,
                               grpc::ServerWriter<v1::JobStatus>* writer) override {
     for (const v1::JobStatus& s : stream_) {
       if (context->IsCancelled() || !writer->Write(s)) break;
-      absl::SleepFor(absl::Milliseconds(20));
+      absl::SleepFor(interval_);
     }
     return grpc::Status::OK;
   }
 
  private:
   const std::vector<v1::JobStatus> stream_;
+  const absl::Duration interval_;
 };
 
 // Every fake daemon records its argv (one per line) in $FAKE_DIR/<name>.args
@@ -246,6 +425,7 @@ for a in "$@"; do
 done
 printf '%s\n' "$@" > "$FAKE_DIR/$id.args"
 echo $$ > "$FAKE_DIR/$id.pid"
+echo $$ >> "$FAKE_DIR/$id.starts"
 echo "$id is up"
 )";
 
@@ -268,6 +448,7 @@ class LaunchTest : public ::testing::Test {
     options_.status_interval = absl::Milliseconds(20);
     options_.stop_grace = absl::Seconds(2);
     options_.result_json = options_.run_dir + "/result.json";
+    options_.plot_search_path = "";  // no gnuplot unless a test asks for one
   }
 
   void TearDown() override {
@@ -276,8 +457,9 @@ class LaunchTest : public ::testing::Test {
 
   // Serves `stream` from an in-process fake; the fake coordinator hands its
   // port to the launcher.
-  void ServeStatus(std::vector<v1::JobStatus> stream) {
-    fake_ = std::make_unique<FakeCoordinator>(std::move(stream));
+  void ServeStatus(std::vector<v1::JobStatus> stream,
+                   absl::Duration interval = absl::Milliseconds(20)) {
+    fake_ = std::make_unique<FakeCoordinator>(std::move(stream), interval);
     absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {fake_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -406,8 +588,9 @@ TEST_F(LaunchTest, EveryChildGetsItsFlagsAndItsOwnLog) {
               absl::StrCat(name, " is up\n"));
 }
 
-TEST_F(LaunchTest, FailingWorkerIsNamedWithItsLogAndEveryOtherChildIsStopped) {
+TEST_F(LaunchTest, StrictLaunchFailsOnAWorkerNamingItWithItsLogAndStopsTheRest) {
   ServeStatus({RunningJob()});
+  options_.strict = true;
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
   WriteFake("grps-server", "exec sleep 30\n");
   WriteFake("grps-worker",
@@ -428,7 +611,7 @@ TEST_F(LaunchTest, FailingWorkerIsNamedWithItsLogAndEveryOtherChildIsStopped) {
   EXPECT_THAT(json.fields().at("error").string_value(), HasSubstr("worker-1"));
 }
 
-TEST_F(LaunchTest, ChildKilledBySignalIsAFailure) {
+TEST_F(LaunchTest, ServerKilledBySignalFailsTheLaunch) {
   ServeStatus({RunningJob()});
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
   WriteFake("grps-server",
@@ -540,6 +723,185 @@ TEST_F(LaunchTest, JobStoppedByAnOperatorIsAFailureEvenIfEveryoneExits0) {
   google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
   EXPECT_EQ(json.fields().at("exit").string_value(), "stopped");
   EXPECT_EQ(json.fields().at("error").string_value(), "job stopped: stopped by grpsctl");
+}
+
+// ---- Workers that die ----------------------------------------------------------
+
+TEST_F(LaunchTest, DeadWorkerIsReportedAndTheJobGoesOnWithoutIt) {
+  ServeStatus({RunningJob(), FinishedJob()}, absl::Milliseconds(500));
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 2\n");
+  WriteFake("grps-server", "exec sleep 1.5\n");
+  WriteFake("grps-worker",
+            "if [ \"$id\" = worker-1 ]; then sleep 0.3; kill -KILL $$; fi\n"
+            "exec sleep 1.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("grps-local: worker-1 killed by signal 9"));
+  EXPECT_THAT(out, HasSubstr("the job goes on with 1 of 2 workers"));
+  EXPECT_THAT(out, HasSubstr("workers: 1 died, 0 restarted, of 2"));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
+  ExpectNoFakeLeft();
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("exit").string_value(), "ok");
+  EXPECT_EQ(json.fields().at("workers_died").number_value(), 1);
+  EXPECT_EQ(json.fields().at("workers_restarted").number_value(), 0);
+}
+
+TEST_F(LaunchTest, StrictLaunchFailsWhenAWorkerIsKilled) {
+  ServeStatus({RunningJob()});
+  options_.strict = true;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker",
+            "if [ \"$id\" = worker-1 ]; then sleep 0.3; kill -KILL $$; fi\n"
+            "exec sleep 30\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_THAT(out, HasSubstr("grps-local: worker-1 killed by signal 9"));
+  EXPECT_THAT(out, Not(HasSubstr("goes on")));
+  ExpectNoFakeLeft();
+  EXPECT_THAT(ParseJson(ReadFile(options_.result_json)).fields().at("error").string_value(),
+              HasSubstr("worker-1"));
+}
+
+TEST_F(LaunchTest, DeadWorkerIsRestartedWithItsRankAsOftenAsAllowedAndNoMore) {
+  // The job runs on (no ending snapshot) while worker-1 dies again and again.
+  ServeStatus({RunningJob()});
+  options_.restart_workers = 2;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 3\n");
+  WriteFake("grps-server", "exec sleep 2.5\n");
+  WriteFake("grps-worker",
+            "if [ \"$id\" = worker-1 ]; then sleep 0.2; echo 'lost'; exit 3; fi\n"
+            "exec sleep 2.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("worker-1 exited with status 3; restarting it with --rank=1 "
+                             "(restart 1 of 2)"));
+  EXPECT_THAT(out, HasSubstr("(restart 2 of 2)"));
+  EXPECT_THAT(out, Not(HasSubstr("restart 3")));
+  EXPECT_THAT(out, HasSubstr("the job goes on with 1 of 2 workers (no restarts left)"));
+  EXPECT_THAT(out, HasSubstr("workers: 3 died, 2 restarted, of 2"));
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/worker-1.starts")).size(), 3u);
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/worker-0.starts")).size(), 1u);
+  EXPECT_THAT(Lines(Args("worker-1")), Contains("--rank=1"));
+  // Each incarnation has its own log; the first one's is kept.
+  EXPECT_EQ(ReadFile(options_.run_dir + "/worker-1.log"), "worker-1 is up\nlost\n");
+  EXPECT_EQ(ReadFile(options_.run_dir + "/worker-1.restart-2.log"), "worker-1 is up\nlost\n");
+  ExpectNoFakeLeft();
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("workers_died").number_value(), 3);
+  EXPECT_EQ(json.fields().at("workers_restarted").number_value(), 2);
+}
+
+TEST_F(LaunchTest, EveryWorkerDeadFailsTheLaunch) {
+  ServeStatus({RunningJob()});
+  options_.restart_workers = 1;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker", "sleep 0.2\necho 'no data'\nexit 4\n");
+
+  absl::Time start = absl::Now();
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(out, HasSubstr("(restart 1 of 1)"));
+  EXPECT_THAT(out, HasSubstr("every worker died"));
+  EXPECT_THAT(out, HasSubstr("no worker is left to train"));
+  EXPECT_THAT(out, HasSubstr("no data"));  // the last one's log
+  ExpectNoFakeLeft();
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("exit").string_value(), "failed");
+  EXPECT_EQ(json.fields().at("workers_died").number_value(), 3);
+}
+
+TEST_F(LaunchTest, DeadServerFailsTheLaunchEvenWithRestarts) {
+  ServeStatus({RunningJob()});
+  options_.restart_workers = 3;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server",
+            "if [ \"$id\" = server-1 ]; then sleep 0.3; exit 5; fi\nexec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_THAT(out, HasSubstr("grps-local: server-1 exited with status 5"));
+  EXPECT_THAT(out, Not(HasSubstr("restarting")));
+  ExpectNoFakeLeft();
+}
+
+// ---- The plot ------------------------------------------------------------------
+
+// Fake workers that write a curve with one evaluation.
+constexpr char kWorkerWritingACurve[] = R"(for a in "$@"; do
+  case "$a" in --curve_csv=*) csv="${a#--curve_csv=}";; esac
+done
+printf 'step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated\n1,0,1,1000,2.0,10,0.5,1.0,1\n' > "$csv"
+exit 0
+)";
+
+TEST_F(LaunchTest, GnuplotOnThePathDrawsTheCurvesWithTheWrittenScript) {
+  ServeStatus({FinishedJob()});
+  const std::string tools = TempDir();
+  options_.plot_search_path = "/nonexistent:" + tools;
+  // A fake gnuplot: records its argv and draws an "svg".
+  {
+    std::ofstream(tools + "/gnuplot")
+        << "#!/bin/sh\necho \"$@\" > \"$FAKE_DIR/gnuplot.args\"\n"
+           "echo '<svg/>' > \"$(dirname \"$1\")/curves.svg\"\n";
+    chmod((tools + "/gnuplot").c_str(), 0755);
+  }
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", kWorkerWritingACurve);
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("curves: " + options_.run_dir + "/curves.svg"));
+  EXPECT_EQ(ReadFile(fake_dir_ + "/gnuplot.args"), options_.run_dir + "/curves.gp\n");
+  const std::string gp = ReadFile(options_.run_dir + "/curves.gp");
+  EXPECT_THAT(gp, HasSubstr("curve-worker-0.csv"));
+  EXPECT_THAT(gp, HasSubstr("curve-worker-1.csv"));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
+}
+
+TEST_F(LaunchTest, NoGnuplotOrAFailingOneOnlySaysWhyThereIsNoPlot) {
+  ServeStatus({FinishedJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", kWorkerWritingACurve);
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("no plot: gnuplot is not on PATH"));
+
+  const std::string tools = TempDir();
+  options_.plot_search_path = tools;
+  std::ofstream(tools + "/gnuplot") << "#!/bin/sh\necho 'bad script' >&2\nexit 1\n";
+  chmod((tools + "/gnuplot").c_str(), 0755);
+  ServeStatus({FinishedJob()});
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("no plot: gnuplot exited with status 1"));
+  EXPECT_EQ(ReadFile(options_.run_dir + "/curves.log"), "bad script\n");
+}
+
+TEST_F(LaunchTest, HangingGnuplotIsKilledAfterItsTimeAndTheJobStillCompletes) {
+  ServeStatus({FinishedJob()});
+  const std::string tools = TempDir();
+  options_.plot_search_path = tools;
+  options_.plot_timeout = absl::Milliseconds(500);
+  std::ofstream(tools + "/gnuplot") << "#!/bin/sh\nexec sleep 30\n";
+  chmod((tools + "/gnuplot").c_str(), 0755);
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
+  WriteFake("grps-server", "exit 0\n");
+  WriteFake("grps-worker", kWorkerWritingACurve);
+
+  absl::Time start = absl::Now();
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(out, HasSubstr("no plot: gnuplot ran longer than 500ms"));
 }
 
 }  // namespace
