@@ -1,8 +1,10 @@
 // Sync data parallelism is exact: 2 workers of batch B produce the same
 // weights as 1 worker of batch 2B on the same data order, because each shard
-// applies the average of the step's gradients once. Runs real shards (the
-// ParameterServer service over gRPC on loopback) and the worker's own
-// MlpModel and ParameterClient.
+// applies the average of the step's gradients once. And ssp with staleness
+// bound 0 trains like sync: with plain SGD its per-gradient updates of lr / 2
+// on the weights of the same clock add up to sync's averaged step. Runs real
+// shards (the ParameterServer service over gRPC on loopback) and the
+// worker's own MlpModel and ParameterClient.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -73,9 +75,11 @@ class Shards {
   std::vector<std::unique_ptr<grpc::Server>> servers_;
 };
 
-v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer) {
+v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer,
+                     v1::ConsistencyMode mode) {
   v1::JobConfig c = DefaultJobConfig();
-  c.set_mode(v1::MODE_SYNC);
+  c.set_mode(mode);
+  c.set_staleness_bound(0);
   c.set_num_servers(2);
   c.set_num_workers(workers);
   c.set_batch_size(kBatch * 2 / workers);
@@ -92,8 +96,9 @@ v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer) {
 // Trains kSteps with `workers` workers; step s uses examples
 // [s * 2B, (s + 1) * 2B), split evenly among the workers in rank order.
 std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
-                         const Data& data) {
-  v1::JobConfig config = Config(workers, optimizer);
+                         const Data& data,
+                         v1::ConsistencyMode mode = v1::MODE_SYNC) {
+  v1::JobConfig config = Config(workers, optimizer, mode);
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
   Shards shards(config, &map);
   const int per_worker = 2 * kBatch / workers;
@@ -112,9 +117,9 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
         model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], per_worker,
                               nullptr);
         model.GetGradients(grads.data());
-        const absl::Status pushed =
+        const absl::StatusOr<ParameterClient::PushOutcome> pushed =
             client.Push(step, grads.data(), per_worker, absl::Seconds(5));
-        ASSERT_TRUE(pushed.ok()) << "step " << step << ": " << pushed;
+        ASSERT_TRUE(pushed.ok()) << "step " << step << ": " << pushed.status();
       }
     });
   }
@@ -123,32 +128,42 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
   std::vector<float> final_params(reader.num_parameters());
   absl::Status s = reader.Pull(kSteps, absl::Seconds(20), final_params.data());
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(reader.min_pulled_version(), static_cast<uint64_t>(kSteps));
+  // Versions count updates: one per step in sync, one per gradient in ssp.
+  EXPECT_EQ(reader.min_pulled_version(),
+            static_cast<uint64_t>(kSteps) * (mode == v1::MODE_SYNC ? 1 : workers));
   return final_params;
+}
+
+std::vector<float> InitialWeights(v1::OptimizerKind optimizer) {
+  v1::JobConfig config = Config(1, optimizer, v1::MODE_SYNC);
+  v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+  Shards shards(config, &map);
+  ParameterClient reader(config, map, 0, 1);
+  std::vector<float> initial(reader.num_parameters());
+  EXPECT_TRUE(reader.Pull(0, absl::Seconds(5), initial.data()).ok());
+  return initial;
+}
+
+// `a` and `b` agree within float rounding, and training moved the weights
+// (or the comparison proves nothing).
+void ExpectSame(const std::vector<float>& a, const std::vector<float>& b,
+                const std::vector<float>& initial, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), initial.size());
+  double moved = 0, worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    moved = std::max(moved, std::fabs(double(a[i]) - initial[i]));
+    worst = std::max(worst, std::fabs(double(a[i]) - b[i]) /
+                                (1e-3 + std::fabs(double(a[i]))));
+  }
+  EXPECT_GT(moved, 1e-2) << "training did not change the weights";
+  EXPECT_LT(worst, 1e-4) << what << " disagree";
 }
 
 void ExpectSameWeights(v1::OptimizerKind optimizer) {
   Data data = MakeData(2 * kBatch * kSteps);
-  std::vector<float> two = Train(2, optimizer, data);
-  std::vector<float> one = Train(1, optimizer, data);
-  ASSERT_EQ(two.size(), one.size());
-  // The weights must have moved, or the comparison proves nothing.
-  std::vector<float> initial(one.size());
-  {
-    v1::JobConfig config = Config(1, optimizer);
-    v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
-    Shards shards(config, &map);
-    ParameterClient reader(config, map, 0, 1);
-    ASSERT_TRUE(reader.Pull(0, absl::Seconds(5), initial.data()).ok());
-  }
-  double moved = 0, worst = 0;
-  for (size_t i = 0; i < one.size(); ++i) {
-    moved = std::max(moved, std::fabs(double(one[i]) - initial[i]));
-    worst = std::max(worst, std::fabs(double(one[i]) - two[i]) /
-                                (1e-3 + std::fabs(double(one[i]))));
-  }
-  EXPECT_GT(moved, 1e-2) << "training did not change the weights";
-  EXPECT_LT(worst, 1e-4) << "2 x B and 1 x 2B disagree";
+  ExpectSame(Train(1, optimizer, data), Train(2, optimizer, data),
+             InitialWeights(optimizer), "2 x B and 1 x 2B");
 }
 
 TEST(SyncEquivalence, TwoWorkersOfBatchBEqualOneWorkerOfBatch2BWithSgd) {
@@ -157,6 +172,13 @@ TEST(SyncEquivalence, TwoWorkersOfBatchBEqualOneWorkerOfBatch2BWithSgd) {
 
 TEST(SyncEquivalence, TwoWorkersOfBatchBEqualOneWorkerOfBatch2BWithAdam) {
   ExpectSameWeights(v1::OPTIMIZER_ADAM);
+}
+
+TEST(SspEquivalence, SspWithBoundZeroGivesTheWeightsOfSyncWithSgd) {
+  Data data = MakeData(2 * kBatch * kSteps);
+  ExpectSame(Train(2, v1::OPTIMIZER_SGD, data, v1::MODE_SYNC),
+             Train(2, v1::OPTIMIZER_SGD, data, v1::MODE_SSP),
+             InitialWeights(v1::OPTIMIZER_SGD), "ssp(0) and sync");
 }
 
 }  // namespace

@@ -59,17 +59,17 @@ uint64_t ParameterClient::min_pulled_version() const {
              : *std::min_element(chunk_version_.begin(), chunk_version_.end());
 }
 
-absl::Status ParameterClient::Pull(uint64_t min_version, absl::Duration timeout,
+absl::Status ParameterClient::Pull(uint64_t clock, absl::Duration timeout,
                                    float* host_params) {
   std::vector<std::future<absl::Status>> futures;
   for (size_t s = 0; s < shards_.size(); ++s)
     futures.push_back(std::async(std::launch::async, [=] {
-      return PullShard(s, min_version, timeout, host_params);
+      return PullShard(s, clock, timeout, host_params);
     }));
   return JoinAll(futures);
 }
 
-absl::Status ParameterClient::PullShard(size_t shard, uint64_t min_version,
+absl::Status ParameterClient::PullShard(size_t shard, uint64_t clock,
                                         absl::Duration timeout,
                                         float* host_params) {
   Shard& sh = shards_[shard];
@@ -77,7 +77,7 @@ absl::Status ParameterClient::PullShard(size_t shard, uint64_t min_version,
   v1::PullRequest req;
   req.set_job_id(config_.job_id());
   req.set_worker_rank(rank_);
-  req.set_min_version(min_version);
+  req.set_clock(clock);
   req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
   req.set_dtype(config_.wire_dtype());
   grpc::ClientContext ctx;
@@ -116,21 +116,29 @@ absl::Status ParameterClient::PullShard(size_t shard, uint64_t min_version,
   return absl::OkStatus();
 }
 
-absl::Status ParameterClient::Push(uint64_t step, const float* host_grads,
-                                   uint32_t num_samples,
-                                   absl::Duration retry_for) {
+absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Push(
+    uint64_t step, const float* host_grads, uint32_t num_samples,
+    absl::Duration retry_for) {
+  std::vector<PushOutcome> outcomes(shards_.size());
   std::vector<std::future<absl::Status>> futures;
   for (size_t s = 0; s < shards_.size(); ++s)
-    futures.push_back(std::async(std::launch::async, [=] {
-      return PushShard(s, step, host_grads, num_samples, retry_for);
+    futures.push_back(std::async(std::launch::async, [=, &outcomes] {
+      return PushShard(s, step, host_grads, num_samples, retry_for, &outcomes[s]);
     }));
-  return JoinAll(futures);
+  if (absl::Status s = JoinAll(futures); !s.ok()) return s;
+  PushOutcome total;
+  for (const PushOutcome& o : outcomes) {
+    total.late += o.late;
+    total.too_stale += o.too_stale;
+  }
+  return total;
 }
 
 absl::Status ParameterClient::PushShard(size_t shard, uint64_t step,
                                         const float* host_grads,
                                         uint32_t num_samples,
-                                        absl::Duration retry_for) {
+                                        absl::Duration retry_for,
+                                        PushOutcome* outcome) {
   Shard& sh = shards_[shard];
   if (sh.chunks.empty()) return absl::OkStatus();
   v1::PushRequest req;
@@ -156,16 +164,18 @@ absl::Status ParameterClient::PushShard(size_t shard, uint64_t step,
   Backoff policy;
   policy.initial = absl::Milliseconds(50);
   policy.give_up_after = retry_for;
+  v1::PushResponse resp;
   absl::Status st = RetryTransient(policy, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    v1::PushResponse resp;
     return ToAbsl(sh.stub->Push(&ctx, req, &resp));
   });
   if (!st.ok())
     return absl::Status(st.code(),
                         absl::StrCat("push to shard ", shard, ": ", st.message()));
   bytes_pushed_ += bytes;
+  outcome->late = resp.late();
+  outcome->too_stale = resp.too_stale();
   return absl::OkStatus();
 }
 

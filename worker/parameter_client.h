@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
 
@@ -29,18 +30,28 @@ class ParameterClient {
 
   int64_t num_parameters() const { return num_params_; }
 
-  // Fills host_params (num_parameters() floats) with every chunk, waiting on
-  // each shard until its chunks reach min_version (0: no wait) or `timeout`
-  // passes (DEADLINE_EXCEEDED). Records each chunk's version for Push.
-  absl::Status Pull(uint64_t min_version, absl::Duration timeout,
-                    float* host_params);
+  // Fills host_params (num_parameters() floats) with every chunk. `clock` is
+  // the step the worker is about to compute: each shard holds the pull as
+  // long as the job's consistency mode requires (sync: until the step this
+  // worker last pushed has completed) or until `timeout` passes
+  // (DEADLINE_EXCEEDED). Records each chunk's version for Push.
+  absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params);
 
-  // Sends the gradient of every chunk to its shard, tagged with `step` and
-  // the chunk version seen by the last Pull. Retries UNAVAILABLE with
-  // backoff for up to `retry_for`; a retried push is deduplicated by the
-  // shard. Other errors are returned as they are.
-  absl::Status Push(uint64_t step, const float* host_grads,
-                    uint32_t num_samples, absl::Duration retry_for);
+  // What the shards made of a push besides applying it: chunk gradients that
+  // arrived after their sync step (late: folded or dropped by the shard) and
+  // chunk gradients refused as too stale. Both are counted by the shards.
+  struct PushOutcome {
+    uint32_t late = 0;
+    uint32_t too_stale = 0;
+  };
+
+  // Sends the gradient of every chunk to its shard, tagged with `step` (the
+  // worker's clock) and the chunk version seen by the last Pull. Retries
+  // UNAVAILABLE with backoff for up to `retry_for`; a retried push is
+  // deduplicated by the shard. Other errors are returned as they are.
+  absl::StatusOr<PushOutcome> Push(uint64_t step, const float* host_grads,
+                                   uint32_t num_samples,
+                                   absl::Duration retry_for);
 
   // Smallest chunk version seen by the last Pull.
   uint64_t min_pulled_version() const;
@@ -53,10 +64,11 @@ class ParameterClient {
     std::unique_ptr<v1::ParameterServer::Stub> stub;
     std::vector<uint32_t> chunks;  // chunk ids owned by the shard
   };
-  absl::Status PullShard(size_t shard, uint64_t min_version,
-                         absl::Duration timeout, float* host_params);
+  absl::Status PullShard(size_t shard, uint64_t clock, absl::Duration timeout,
+                         float* host_params);
   absl::Status PushShard(size_t shard, uint64_t step, const float* host_grads,
-                         uint32_t num_samples, absl::Duration retry_for);
+                         uint32_t num_samples, absl::Duration retry_for,
+                         PushOutcome* outcome);
 
   v1::JobConfig config_;
   v1::ShardMap map_;

@@ -11,12 +11,18 @@
 #include "proto/grps.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
+#include "worker/straggler.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
 ABSL_FLAG(int, rank, -1, "requested worker rank (-1: any free rank)");
 ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
 ABSL_FLAG(std::string, curve_csv, "", "write the training curve to this CSV");
+ABSL_FLAG(double, straggle_factor, 1.0,
+          "experiments: make this worker F times slower (after each step it "
+          "sleeps F - 1 times its own step time); 1 = no slowdown");
+ABSL_FLAG(int, straggle_ms, 0,
+          "experiments: sleep this many milliseconds after each step");
 ABSL_FLAG(int, register_timeout_s, 120,
           "give up if the coordinator does not register us within this time");
 
@@ -67,6 +73,15 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
+  absl::StatusOr<Straggler> straggler =
+      Straggler::Create(absl::GetFlag(FLAGS_straggle_factor),
+                        absl::Milliseconds(absl::GetFlag(FLAGS_straggle_ms)));
+  if (!straggler.ok()) {
+    spdlog::error("--straggle_factor/--straggle_ms: {}",
+                  std::string(straggler.status().message()));
+    return 2;
+  }
+
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());
   if (!reg.ok()) {
@@ -85,11 +100,15 @@ int Main(int argc, char** argv) {
                     e.shard());
       return 1;
     }
-  spdlog::info("registered as rank {} (incarnation {}) of job {}", reg->rank(),
-               reg->incarnation(), reg->config().job_id());
+  spdlog::info("registered as rank {} (incarnation {}) of job {}{}", reg->rank(),
+               reg->incarnation(), reg->config().job_id(),
+               reg->start_step() > 0
+                   ? absl::StrCat("; resuming at step ", reg->start_step())
+                   : std::string());
 
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
+  options.straggler = *straggler;
   Trainer trainer(stub.get(), *reg, backend->get(), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
