@@ -424,6 +424,14 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
                      spec.log_path));
     return StartChild(spec, static_cast<int>(rank));
   }
+  // The coordinator waits for every worker to register before the job runs;
+  // one that dies before then (most likely a bad flag or a missing file)
+  // leaves the job waiting for good.
+  if (!latest_ || latest_->state() == v1::JOB_STATE_WAITING ||
+      latest_->state() == v1::JOB_STATE_UNSPECIFIED)
+    return absl::FailedPreconditionError(absl::StrCat(
+        dead.name(), " ", dead.DescribeExit(),
+        " before the job started; the job cannot start without it"));
   uint32_t going_on = 0;
   for (size_t index : worker_child_) {
     const ChildProcess& newest = *children_[index];
@@ -557,7 +565,7 @@ int LocalLauncher::Run() {
           return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),
                         &child);
         if (absl::Status s = OnWorkerDied(i); !s.ok())
-          return Finish("failed", std::string(s.message()), nullptr);
+          return Finish("failed", std::string(s.message()), &child);
       }
     }
     if (const ChildProcess* last_dead = EveryWorkerDead())

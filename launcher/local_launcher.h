@@ -6,9 +6,11 @@
 //   <run_dir>/coordinator.port              the coordinator's bound port
 //   <run_dir>/curve-worker-<rank>.csv       each worker's training curve
 //
-// A worker that dies (non-zero exit, or killed by a signal) is not a job
-// failure: the coordinator declares it dead after the heartbeat timeout and
-// the job goes on with the others. The launcher says so on a line of its
+// A worker that dies (non-zero exit, or killed by a signal) while the job
+// runs is not a job failure: the coordinator declares it dead after the
+// heartbeat timeout and the job goes on with the others. (Before the job
+// runs, the coordinator waits for every worker to register, so a worker that
+// dies then, with no restart left, fails the launch.) The launcher says so on a line of its
 // own and, while LaunchOptions::restart_workers allows, starts the worker
 // again with the same rank (it rejoins through the coordinator; its log is
 // worker-<rank>.restart-<n>.log). LaunchOptions::strict restores the rule
@@ -217,8 +219,9 @@ class LocalLauncher {
   // the coordinator or a server.
   absl::Status StartChild(const ChildSpec& spec, int rank = -1);
   // A worker child has exited non-zero or by a signal (not strict): says so,
-  // and restarts it if restarts are left. Returns an error only if the
-  // restart could not be started.
+  // and restarts it if restarts are left. Returns an error (the launch
+  // fails) if the restart could not be started, or if the worker died with
+  // no restart left before the job started running.
   absl::Status OnWorkerDied(size_t child_index);
   // When no worker is running or has finished (every rank's newest child
   // died), the last of them; otherwise null.

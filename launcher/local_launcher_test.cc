@@ -732,7 +732,7 @@ TEST_F(LaunchTest, DeadWorkerIsReportedAndTheJobGoesOnWithoutIt) {
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 2\n");
   WriteFake("grps-server", "exec sleep 1.5\n");
   WriteFake("grps-worker",
-            "if [ \"$id\" = worker-1 ]; then sleep 0.3; kill -KILL $$; fi\n"
+            "if [ \"$id\" = worker-1 ]; then sleep 0.5; kill -KILL $$; fi\n"
             "exec sleep 1.5\n");
 
   std::string out;
@@ -773,7 +773,7 @@ TEST_F(LaunchTest, DeadWorkerIsRestartedWithItsRankAsOftenAsAllowedAndNoMore) {
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 3\n");
   WriteFake("grps-server", "exec sleep 2.5\n");
   WriteFake("grps-worker",
-            "if [ \"$id\" = worker-1 ]; then sleep 0.2; echo 'lost'; exit 3; fi\n"
+            "if [ \"$id\" = worker-1 ]; then sleep 0.5; echo 'lost'; exit 3; fi\n"
             "exec sleep 2.5\n");
 
   std::string out;
@@ -801,7 +801,7 @@ TEST_F(LaunchTest, EveryWorkerDeadFailsTheLaunch) {
   options_.restart_workers = 1;
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
   WriteFake("grps-server", "exec sleep 30\n");
-  WriteFake("grps-worker", "sleep 0.2\necho 'no data'\nexit 4\n");
+  WriteFake("grps-worker", "sleep 0.5\necho 'no data'\nexit 4\n");
 
   absl::Time start = absl::Now();
   std::string out;
@@ -815,6 +815,25 @@ TEST_F(LaunchTest, EveryWorkerDeadFailsTheLaunch) {
   google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
   EXPECT_EQ(json.fields().at("exit").string_value(), "failed");
   EXPECT_EQ(json.fields().at("workers_died").number_value(), 3);
+}
+
+TEST_F(LaunchTest, WorkerDeadBeforeTheJobStartsFailsTheLaunch) {
+  v1::JobStatus waiting = RunningJob();
+  waiting.set_state(v1::JOB_STATE_WAITING);
+  ServeStatus({waiting});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker",
+            "if [ \"$id\" = worker-1 ]; then echo 'unknown flag' >&2; exit 1; fi\n"
+            "exec sleep 30\n");
+
+  absl::Time start = absl::Now();
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(out, HasSubstr("worker-1 exited with status 1 before the job started"));
+  EXPECT_THAT(out, HasSubstr("unknown flag"));
+  ExpectNoFakeLeft();
 }
 
 TEST_F(LaunchTest, DeadServerFailsTheLaunchEvenWithRestarts) {
