@@ -137,6 +137,9 @@ TEST(CoordinatorProcess, CompletedJobExitsZeroOnceTheServerHeard) {
   done.set_job_id("proc-job");
   done.set_worker_rank(worker_reg.rank());
   done.set_incarnation(worker_reg.incarnation());
+  done.set_has_final_eval(true);  // the job completes with its final evaluation
+  done.set_final_test_accuracy(0.9f);
+  done.set_final_test_loss(0.3f);
   v1::WorkerDoneResponse done_reply;
   ASSERT_TRUE(stub->WorkerDone(Context().get(), done, &done_reply).ok());
 
@@ -149,9 +152,17 @@ TEST(CoordinatorProcess, CompletedJobExitsZeroOnceTheServerHeard) {
   v1::HeartbeatResponse reply;
   ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
-  // Told, the server sends its final report; then the coordinator may go.
+  // Told, the server sends its final report; the finished worker, still
+  // heartbeating, hears the end too; then the coordinator may go.
   beat.set_final_report(true);
   ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
+  EXPECT_FALSE(p.ExitCode(absl::Milliseconds(300)).has_value());
+  v1::HeartbeatRequest worker_beat;
+  worker_beat.set_job_id("proc-job");
+  worker_beat.set_worker_rank(worker_reg.rank());
+  worker_beat.set_incarnation(worker_reg.incarnation());
+  ASSERT_TRUE(stub->Heartbeat(Context().get(), worker_beat, &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
   EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
 }
 

@@ -87,21 +87,82 @@ void CoordinatorService::UpdateStateLocked(absl::Time now) {
                  config_.job_id(), config_.num_servers(), config_.num_workers());
     changed_.SignalAll();
   }
-  const std::vector<uint32_t> finished =
-      membership_.RanksInState(v1::MEMBER_STATE_FINISHED);
-  if (finished.size() == membership_.num_workers()) {
-    EndLocked(v1::JOB_STATE_COMPLETED, "every worker finished", now);
+  if (!TrainingDoneLocked()) {
+    announced_training_done_ = false;
     return;
   }
-  // Every rank is registered here, so the unfinished ones are ALIVE or DEAD.
-  if (!finished.empty() &&
-      membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty()) {
-    EndLocked(v1::JOB_STATE_COMPLETED,
-              absl::StrCat(
-                  Members("worker", membership_.RanksInState(v1::MEMBER_STATE_DEAD)),
-                  " died before finishing; the others finished"),
-              now);
+  if (has_final_eval_) {
+    EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
+    return;
   }
+  if (membership_.FinishedRanksHeartbeating(now).empty()) {
+    EndLocked(v1::JOB_STATE_COMPLETED,
+              absl::StrCat(TrainingDoneMessageLocked(),
+                           "; no final evaluation: no finished worker was "
+                           "still heartbeating to run it"),
+              now);
+    return;
+  }
+  if (!announced_training_done_) {
+    announced_training_done_ = true;
+    spdlog::info("job {}: training done ({}); waiting for the final evaluation",
+                 config_.job_id(), TrainingDoneMessageLocked());
+  }
+}
+
+bool CoordinatorService::TrainingDoneLocked() const {
+  // RUNNING means every rank registered, so the unfinished ones are ALIVE or
+  // DEAD.
+  return state_ == v1::JOB_STATE_RUNNING &&
+         membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
+         !membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty();
+}
+
+std::string CoordinatorService::TrainingDoneMessageLocked() const {
+  const std::vector<uint32_t> dead = membership_.RanksInState(v1::MEMBER_STATE_DEAD);
+  if (dead.empty()) return "every worker finished";
+  return absl::StrCat(Members("worker", dead),
+                      " died before finishing; the others finished");
+}
+
+std::optional<uint32_t> CoordinatorService::EvaluatorLocked(absl::Time now) const {
+  if (EndedLocked()) {
+    if (has_final_eval_) return final_evaluator_rank_;
+    return std::nullopt;
+  }
+  const std::vector<uint32_t> candidates =
+      TrainingDoneLocked() ? membership_.FinishedRanksHeartbeating(now)
+                           : membership_.RanksInState(v1::MEMBER_STATE_ALIVE);
+  if (candidates.empty()) return std::nullopt;
+  return candidates.front();
+}
+
+void CoordinatorService::NoteServerHeartbeatLocked(uint32_t shard) {
+  if (!TrainingDoneLocked()) return;
+  const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
+  const uint64_t epoch = membership_.membership_epoch();
+  auto it = final_live_set_acks_.find(shard);
+  if (it != final_live_set_acks_.end() &&
+      it->second.incarnation == incarnation &&
+      it->second.membership_epoch == epoch) {
+    it->second.heard = true;
+    return;
+  }
+  // This reply is the first to carry the final live set to this server.
+  final_live_set_acks_[shard] = {incarnation, epoch, /*heard=*/false};
+}
+
+bool CoordinatorService::ServersHeardFinalLiveSetLocked() const {
+  const uint64_t epoch = membership_.membership_epoch();
+  for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE)) {
+    auto it = final_live_set_acks_.find(shard);
+    if (it == final_live_set_acks_.end() || !it->second.heard ||
+        it->second.membership_epoch != epoch ||
+        it->second.incarnation !=
+            membership_.shard_map().shards(shard).incarnation())
+      return false;
+  }
+  return true;
 }
 
 std::string CoordinatorService::WaitingMessageLocked() const {
@@ -178,14 +239,17 @@ grpc::Status CoordinatorService::RegisterWorker(
       request->requested_rank(), request->host(), request->backend(), now);
   if (!reg.ok()) return ToGrpc(reg.status());
   NoteRegistrationLocked(now);
-  spdlog::info("worker on {} ({}) {} rank {} (incarnation {}); membership epoch {}",
-               request->host(), request->backend(),
-               reg->rejoined ? "re-registered" : "registered", reg->slot,
-               reg->incarnation, membership_.membership_epoch());
+  spdlog::info(
+      "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
+      "epoch {}",
+      request->host(), request->backend(),
+      reg->rejoined ? "re-registered" : "registered", reg->slot, reg->incarnation,
+      reg->start_step, membership_.membership_epoch());
   UpdateStateLocked(now);
   changed_.SignalAll();
   response->set_rank(reg->slot);
   response->set_incarnation(reg->incarnation);
+  response->set_start_step(reg->start_step);
   *response->mutable_config() = config_;
   *response->mutable_shard_map() = membership_.shard_map();
   return grpc::Status::OK;
@@ -215,6 +279,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                       now, &revived);
       if (s.ok() && revived)
         spdlog::info("server of shard {} is alive again", request->server_shard());
+      if (s.ok()) NoteServerHeartbeatLocked(request->server_shard());
       break;
     default:
       s = absl::InvalidArgumentError(
@@ -228,6 +293,20 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
                                                     live.incarnations.end());
   response->set_membership_epoch(membership_.membership_epoch());
+  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now);
+      evaluator.has_value() && !EndedLocked()) {
+    response->set_evaluator_rank(*evaluator);
+    if (request->member_case() == v1::HeartbeatRequest::kWorkerRank &&
+        request->worker_rank() == *evaluator && TrainingDoneLocked() &&
+        ServersHeardFinalLiveSetLocked()) {
+      response->set_evaluate_final(true);
+      if (final_evaluation_asked_of_ != evaluator) {
+        final_evaluation_asked_of_ = evaluator;
+        spdlog::info("job {}: worker {} evaluates the final weights",
+                     config_.job_id(), *evaluator);
+      }
+    }
+  }
   if (request->shard_map_epoch() < membership_.shard_map().epoch())
     *response->mutable_shard_map() = membership_.shard_map();
   if (EndedLocked()) {
@@ -256,18 +335,25 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
   absl::Status s = membership_.FinishWorker(
       request->worker_rank(), request->incarnation(), request->progress(), now);
   if (!s.ok()) return ToGrpc(s);
-  if (request->has_final_eval()) {
-    has_final_eval_ = true;
-    final_eval_ = {request->final_test_accuracy(), request->final_test_loss()};
-    membership_.RecordEvaluation(final_eval_);
+  std::string eval_note;
+  if (request->has_final_eval() && !EndedLocked()) {
+    const Membership::Evaluation eval{request->final_test_accuracy(),
+                                      request->final_test_loss()};
+    membership_.RecordEvaluation(eval);
+    // Only weights read after training was done are final.
+    const bool final = TrainingDoneLocked();
+    if (final) {
+      has_final_eval_ = true;
+      final_eval_ = eval;
+      final_evaluator_rank_ = request->worker_rank();
+    }
+    eval_note = absl::StrCat(
+        final ? "; final test accuracy " : "; test accuracy (not final: training "
+                                           "is not done) ",
+        eval.accuracy, ", loss ", eval.loss);
   }
   spdlog::info("worker {} finished at step {}{}", request->worker_rank(),
-               request->progress().step(),
-               request->has_final_eval()
-                   ? absl::StrCat("; final test accuracy ",
-                                  request->final_test_accuracy(), ", loss ",
-                                  request->final_test_loss())
-                   : std::string());
+               request->progress().step(), eval_note);
   UpdateStateLocked(now);
   return grpc::Status::OK;
 }
@@ -310,7 +396,7 @@ grpc::Status CoordinatorService::WatchJobStatus(
       // watcher sees the job's true final figures (bounded wait).
       const absl::Time give_up = absl::Now() + kFinalReportWait;
       absl::MutexLock lock(&mu_);
-      while (!EveryLiveMemberSawEndLocked() && !shutting_down_ &&
+      while (!EveryLiveMemberSawEndLocked(clock_()) && !shutting_down_ &&
              absl::Now() < give_up && !context->IsCancelled())
         changed_.WaitWithDeadline(&mu_, std::min(give_up, absl::Now() + kPollInterval));
       snapshot = StatusLocked(clock_());
@@ -362,7 +448,8 @@ void CoordinatorService::DetectFailures() {
                  "epoch {}",
                  rank, config_.heartbeat_timeout_ms(),
                  membership_.membership_epoch());
-  if (!failures.empty()) UpdateStateLocked(now);
+  // Also when nothing died: a finished worker's silence is judged here.
+  UpdateStateLocked(now);
 }
 
 void CoordinatorService::Stop(absl::string_view reason) {
@@ -394,6 +481,8 @@ v1::JobStatus CoordinatorService::StatusLocked(absl::Time now) const {
   for (v1::ShardStatus& s : membership_.ShardStatuses(now))
     *status.add_shards() = std::move(s);
   SummarizeJobStatus(&status);
+  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now); evaluator.has_value())
+    status.set_evaluator_rank(*evaluator);
   std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
   status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
   status.set_test_loss(eval.has_value() ? eval->loss : -1);
@@ -422,14 +511,16 @@ bool CoordinatorService::WaitForEnd(absl::Duration timeout) const {
 
 bool CoordinatorService::EveryLiveMemberSawEnd() const {
   absl::MutexLock lock(&mu_);
-  return EveryLiveMemberSawEndLocked();
+  return EveryLiveMemberSawEndLocked(clock_());
 }
 
-bool CoordinatorService::EveryLiveMemberSawEndLocked() const {
+bool CoordinatorService::EveryLiveMemberSawEndLocked(absl::Time now) const {
   if (!EndedLocked()) return false;
   for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE))
     if (shards_told_end_.count(shard) == 0) return false;
   for (uint32_t rank : membership_.RanksInState(v1::MEMBER_STATE_ALIVE))
+    if (ranks_told_end_.count(rank) == 0) return false;
+  for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
     if (ranks_told_end_.count(rank) == 0) return false;
   return true;
 }

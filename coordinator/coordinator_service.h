@@ -4,12 +4,30 @@
 // reports the job's status.
 //
 // Job state: WAITING until every shard and every rank has registered at least
-// once, then RUNNING; COMPLETED when every rank has reported WorkerDone, or
-// when the ranks that did not are all DEAD (a dead worker never hangs the
-// job; JobStatus.message names them); STOPPED by StopJob or Stop(). COMPLETED
-// and STOPPED are final: registrations are then refused with
-// FAILED_PRECONDITION and heartbeats answer with the final state, which tells
-// the daemons to exit.
+// once, then RUNNING. Training is done when every rank has reported WorkerDone
+// (FINISHED) or is DEAD, at least one FINISHED. The job then stays RUNNING
+// for the final evaluation (see below) and becomes COMPLETED when it arrives,
+// or without one when no finished worker heartbeats any more (JobStatus.message
+// says so, and names the ranks that died before finishing). A job whose ranks
+// all died without any finishing stays RUNNING (a restarted worker may come).
+// STOPPED by StopJob or Stop(). COMPLETED and STOPPED are final: registrations
+// are then refused with FAILED_PRECONDITION and heartbeats answer with the
+// final state, which tells the daemons to exit.
+//
+// The evaluator. While training runs, the lowest ALIVE rank evaluates
+// (HeartbeatResponse / JobStatus evaluator_rank). Once training is done, the
+// final evaluator is the lowest FINISHED rank still heartbeating (its last
+// heartbeat within the timeout; finished workers keep heartbeating until
+// they see the job end). Its heartbeat replies carry evaluate_final, but only
+// once every ALIVE server has heartbeated again after a reply that carried the
+// final (empty) live set, so the servers have applied it before the final
+// weights are read. The final evaluation is a WorkerDone with has_final_eval
+// from any FINISHED rank once training is done; one that arrives earlier only
+// counts as the latest evaluation. After the end, evaluator_rank names the
+// rank whose final evaluation was taken, if any.
+//
+// A restarted worker's RegisterWorker reply carries start_step (see
+// Membership).
 //
 // Every request that names a job must name this one (FAILED_PRECONDITION
 // otherwise); RegisterServer and RegisterWorker also accept an empty job_id.
@@ -22,6 +40,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -82,8 +102,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   // ---- For the process that hosts the service ----
 
-  // Marks members silent for longer than the heartbeat timeout DEAD (and may
-  // complete the job). Call every heartbeat interval.
+  // Marks members silent for longer than the heartbeat timeout DEAD, and
+  // completes the job when training is done and no finished worker is left
+  // to evaluate. Call every heartbeat interval.
   void DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops the job (as StopJob) unless it already ended.
@@ -95,9 +116,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Waits up to `timeout` (real time) for the job to end; true if it has.
   bool WaitForEnd(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // True once the job has ended and every live server and every live
-  // (unfinished) worker has received a heartbeat reply carrying the final
-  // state, so each of them knows to exit.
+  // True once the job has ended and every live server, every live worker and
+  // every finished worker still heartbeating has received a heartbeat reply
+  // carrying the final state, so each of them knows to exit. A finished
+  // worker silent for longer than the heartbeat timeout is not waited for.
   bool EveryLiveMemberSawEnd() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends blocked RegisterWorker and WatchJobStatus calls (UNAVAILABLE) so the
@@ -114,7 +136,20 @@ class CoordinatorService final : public v1::Coordinator::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteRegistrationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool EveryLiveMemberSawEndLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EveryLiveMemberSawEndLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RUNNING, no rank ALIVE and at least one FINISHED.
+  bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // See "The evaluator" above; nullopt when there is none.
+  std::optional<uint32_t> EvaluatorLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a server heartbeat for the final-live-set handshake.
+  void NoteServerHeartbeatLocked(uint32_t shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every ALIVE server has heartbeated after a reply that carried the final
+  // live set.
+  bool ServersHeardFinalLiveSetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "every worker finished" or "worker 1 died before finishing; ...".
+  std::string TrainingDoneMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the job is still WAITING.
@@ -131,6 +166,22 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::string message_ ABSL_GUARDED_BY(mu_);
   bool has_final_eval_ ABSL_GUARDED_BY(mu_) = false;
   Membership::Evaluation final_eval_ ABSL_GUARDED_BY(mu_);
+  uint32_t final_evaluator_rank_ ABSL_GUARDED_BY(mu_) = 0;
+  // The final-live-set handshake, by shard: a reply after training was done
+  // went to this server incarnation at this membership epoch (the live set
+  // it carried), and `heard` once a later heartbeat of the same incarnation
+  // arrived at the same epoch. Counted in heartbeats, not time, so two
+  // heartbeats within one clock tick still order.
+  struct FinalLiveSetAck {
+    uint64_t incarnation = 0;
+    uint64_t membership_epoch = 0;
+    bool heard = false;
+  };
+  std::map<uint32_t, FinalLiveSetAck> final_live_set_acks_ ABSL_GUARDED_BY(mu_);
+  // The last rank told evaluate_final (for logging it once).
+  std::optional<uint32_t> final_evaluation_asked_of_ ABSL_GUARDED_BY(mu_);
+  // Logged once per training-done phase.
+  bool announced_training_done_ ABSL_GUARDED_BY(mu_) = false;
   // First registration and end of the job (InfinitePast/InfiniteFuture
   // until they happen).
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

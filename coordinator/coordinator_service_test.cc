@@ -438,6 +438,12 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
   ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
   EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
   ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  // The finished workers still heartbeat: they must hear the end too.
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WorkerBeat(r, w[r].incarnation(), v1::WorkerProgress(), &reply).ok());
+    EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  }
   EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
 
   v1::RegisterWorkerResponse late;
@@ -456,9 +462,256 @@ TEST_F(CoordinatorServiceTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
   service_->DetectFailures();  // worker 1 dead
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // the final evaluation
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
   v1::JobStatus status = Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
   EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
+}
+
+TEST_F(CoordinatorServiceTest, RestartedWorkerGetsStartStep) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_EQ(w[0].start_step(), 0u);
+  EXPECT_EQ(w[1].start_step(), 0u);
+  v1::WorkerProgress progress;
+  progress.set_step(37);
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), progress, &reply).ok());
+  clock_.Advance(absl::Seconds(2));
+  service_->DetectFailures();  // both dead
+
+  v1::RegisterWorkerResponse again;
+  ASSERT_TRUE(RegisterWorker(1, &again).ok());
+  EXPECT_EQ(again.start_step(), 37u);
+  ASSERT_TRUE(RegisterWorker(0, &again).ok());
+  EXPECT_EQ(again.start_step(), 0u);
+}
+
+TEST_F(CoordinatorServiceTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  clock_.Advance(absl::Milliseconds(800));
+  service_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
+  EXPECT_EQ(status.workers(0).last_heartbeat_ms_ago(), 800u);
+}
+
+TEST_F(CoordinatorServiceTest, EvaluatorIsLowestAliveRankWhileTraining) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  // Rank 0 dies: rank 1 evaluates; rank 1 finishes: rank 2 does.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  service_->DetectFailures();
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 2u);
+  EXPECT_FALSE(reply.evaluate_final());
+}
+
+TEST_F(CoordinatorServiceTest, FinalEvaluatorIsLowestFinishedRankStillHeartbeating) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Done(r, w[r].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));  // rank 0 silent for 1.6 s
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_FALSE(reply.evaluate_final());  // not its role
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_FINISHED);
+}
+
+TEST_F(CoordinatorServiceTest, EvaluateFinalWaitsUntilServersHeardTheFinalLiveSet) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  // Heard before training was done: these do not count.
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+
+  auto evaluate_final = [&] {
+    v1::HeartbeatResponse r;
+    EXPECT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &r).ok());
+    EXPECT_EQ(r.evaluator_rank(), 0u);
+    return r.evaluate_final();
+  };
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_TRUE(reply.live_workers().empty());  // the final live set
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());  // applied it
+  EXPECT_FALSE(evaluate_final());  // shard 1 has not
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_TRUE(evaluate_final());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorServiceTest, EvaluateFinalDoesNotWaitForADeadServer) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  service_->DetectFailures();  // shard 1 dead
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+}
+
+TEST_F(CoordinatorServiceTest, FinalEvaluationPassesToNextWhenEvaluatorGoesSilent) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+
+  // Rank 0 dies while evaluating; rank 1 keeps heartbeating.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  service_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_TRUE(reply.evaluate_final());
+
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, JobCompletesWithoutFinalEvalWhenNoFinishedWorkerRemains) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  service_->DetectFailures();  // worker 1 dead
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  service_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  clock_.Advance(absl::Milliseconds(1001));  // worker 0 silent past the timeout
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  service_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(),
+            "worker 1 died before finishing; the others finished; no final "
+            "evaluation: no finished worker was still heartbeating to run it");
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FALSE(status.has_evaluator_rank());
+  // The silent finished worker is not waited for; the live server is.
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(CoordinatorServiceTest, JobCompletesWhenTheFinalEvaluationArrives) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  // An evaluation before training is done is the latest, not the final one.
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  // Taken from any finished rank, not only the designated one (rank 0).
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+
+  // Both finished workers still heartbeat, so both must hear the end.
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(CoordinatorServiceTest, JobWhoseWorkersAllDiedWithoutFinishingKeepsRunning) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  RegisterAllWorkers();
+  clock_.Advance(absl::Seconds(2));
+  service_->DetectFailures();
+  service_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_evaluator_rank());
 }
 
 TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
@@ -486,7 +739,7 @@ TEST_F(CoordinatorServiceTest, StopJobCannotStopACompletedJob) {
   StartJob(1, 1);
   RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10, /*final_eval=*/true).ok());
   v1::StopJobResponse stopped;
   EXPECT_EQ(stub_->StopJob(Context().get(), v1::StopJobRequest(), &stopped).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
@@ -509,7 +762,7 @@ TEST_F(CoordinatorServiceTest, WatchStreamsSnapshotsUntilTheJobCompletes) {
     ASSERT_TRUE(reader->Read(&snapshot));
     EXPECT_EQ(snapshot.state(), v1::JOB_STATE_RUNNING);
   }
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10, /*final_eval=*/true).ok());
   std::vector<v1::JobState> rest;
   while (reader->Read(&snapshot)) rest.push_back(snapshot.state());
   grpc::Status st = reader->Finish();

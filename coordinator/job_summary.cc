@@ -64,9 +64,23 @@ void SummarizeJobStatus(v1::JobStatus* status) {
   else
     status->set_loss(0);
 
+  uint64_t late = 0, too_stale = 0;
+  std::vector<uint64_t> late_by_worker(status->workers_size(), 0);
+  for (const v1::ShardStatus& s : status->shards()) {
+    late += s.late_gradients();
+    too_stale += s.too_stale();
+    for (int r = 0; r < s.late_by_worker_size() && r < status->workers_size(); ++r)
+      late_by_worker[r] += s.late_by_worker(r);
+  }
+  status->set_late_gradients(late);
+  status->set_too_stale(too_stale);
+
   const double median = MedianStep(live_steps);
-  for (v1::WorkerStatus& w : *status->mutable_workers())
+  for (int i = 0; i < status->workers_size(); ++i) {
+    v1::WorkerStatus& w = *status->mutable_workers(i);
     w.set_straggler(Alive(w.state()) && IsStraggler(w.progress().step(), median));
+    w.set_late_gradients(late_by_worker[i]);
+  }
 }
 
 }  // namespace grps

@@ -18,7 +18,10 @@ namespace grps {
 // - samples_per_sec: the sum over live workers;
 // - loss: the mean over live workers that reported progress, or over every
 //   worker that did when none is live (a finished job keeps its last loss);
-// - each worker's straggler flag (see IsStraggler).
+// - each worker's straggler flag (see IsStraggler);
+// - late_gradients and too_stale: sums over every shard;
+// - each worker's late_gradients: the sum over shards of
+//   late_by_worker[i] for the i-th worker entry (entries are by rank).
 // Leaves every other field alone.
 void SummarizeJobStatus(v1::JobStatus* status);
 

@@ -102,5 +102,32 @@ TEST(JobSummary, FinishedJobKeepsTheLastReportedLoss) {
   EXPECT_FLOAT_EQ(status.samples_per_sec(), 0);
 }
 
+TEST(JobSummary, LateAndTooStaleGradientsSumOverShardsAndByWorker) {
+  v1::JobStatus status;
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 10);
+  AddWorker(&status, v1::MEMBER_STATE_DEAD, 4);
+  AddWorker(&status, v1::MEMBER_STATE_ALIVE, 10);
+  v1::ShardStatus* a = AddShard(&status, v1::MEMBER_STATE_ALIVE, 10, 2);
+  a->set_late_gradients(5);
+  a->set_too_stale(1);
+  a->add_late_by_worker(0);
+  a->add_late_by_worker(5);  // shorter than the worker list: rank 2 has none
+  v1::ShardStatus* b = AddShard(&status, v1::MEMBER_STATE_DEAD, 9, 2);
+  b->set_late_gradients(3);
+  b->set_too_stale(2);
+  b->add_late_by_worker(1);
+  b->add_late_by_worker(1);
+  b->add_late_by_worker(1);
+  b->add_late_by_worker(7);  // a rank the job does not have: ignored
+
+  SummarizeJobStatus(&status);
+
+  EXPECT_EQ(status.late_gradients(), 8u);
+  EXPECT_EQ(status.too_stale(), 3u);
+  EXPECT_EQ(status.workers(0).late_gradients(), 1u);
+  EXPECT_EQ(status.workers(1).late_gradients(), 6u);
+  EXPECT_EQ(status.workers(2).late_gradients(), 1u);
+}
+
 }  // namespace
 }  // namespace grps

@@ -187,6 +187,7 @@ absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
   reg.slot = *rank;
   reg.rejoined = worker.registered;
   reg.incarnation = NextIncarnation(now);
+  reg.start_step = worker.resume_step;
   worker.registered = true;
   worker.incarnation = reg.incarnation;
   worker.host = std::string(host);
@@ -250,6 +251,7 @@ void Membership::RecordProgress(Worker* worker,
        before->loss != eval->loss))
     latest_eval_ = eval;
   worker->progress = progress;
+  worker->resume_step = std::max(worker->resume_step, progress.step());
 }
 
 absl::Status Membership::WorkerHeartbeat(uint32_t rank, uint64_t incarnation,
@@ -339,6 +341,15 @@ std::vector<uint32_t> Membership::ShardsInState(v1::MemberState state) const {
   std::vector<uint32_t> out;
   for (uint32_t s = 0; s < num_shards(); ++s)
     if (servers_[s].registered && servers_[s].state == state) out.push_back(s);
+  return out;
+}
+
+std::vector<uint32_t> Membership::FinishedRanksHeartbeating(absl::Time now) const {
+  std::vector<uint32_t> out;
+  for (uint32_t r = 0; r < num_workers(); ++r)
+    if (workers_[r].registered && workers_[r].state == v1::MEMBER_STATE_FINISHED &&
+        now - workers_[r].last_heartbeat <= heartbeat_timeout_)
+      out.push_back(r);
   return out;
 }
 

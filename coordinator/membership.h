@@ -15,7 +15,13 @@
 // longer than the heartbeat timeout, when DetectFailures marks it DEAD. A
 // heartbeat from a DEAD member with its current incarnation makes it ALIVE
 // again: the process evidently lives (a restarted process registers instead).
-// A worker that calls WorkerDone is FINISHED and stays so.
+// A worker that calls WorkerDone is FINISHED and stays so; it may go on
+// heartbeating (its last heartbeat is recorded, DetectFailures never marks it
+// DEAD) and calling WorkerDone, so FinishedRanksHeartbeating tells which
+// finished workers still run.
+//
+// Resuming. A rank remembers the highest progress step any of its
+// incarnations reported; a re-registration hands it back as start_step.
 //
 // Epochs. membership_epoch() bumps whenever the set of live workers or their
 // incarnations changes; the shard map's epoch bumps whenever an endpoint
@@ -48,6 +54,9 @@ class Membership {
     uint64_t incarnation = 0;
     // The slot had been registered before (a restart or a take-over).
     bool rejoined = false;
+    // Workers: the highest progress step the rank's earlier incarnations
+    // reported (0 for a first registration); the new one resumes there.
+    uint64_t start_step = 0;
   };
 
   // Members whose state DetectFailures changed to DEAD.
@@ -134,6 +143,9 @@ class Membership {
   std::vector<uint32_t> UnregisteredRanks() const;
   // Ranks / shards in `state`, ascending (never-registered ones have none).
   std::vector<uint32_t> RanksInState(v1::MemberState state) const;
+  // FINISHED ranks whose last heartbeat (or WorkerDone) is at most the
+  // heartbeat timeout before `now`, ascending.
+  std::vector<uint32_t> FinishedRanksHeartbeating(absl::Time now) const;
   std::vector<uint32_t> ShardsInState(v1::MemberState state) const;
 
   LiveWorkers live_workers() const;
@@ -169,6 +181,8 @@ class Membership {
     v1::MemberState state = v1::MEMBER_STATE_UNSPECIFIED;
     absl::Time last_heartbeat;
     std::optional<v1::WorkerProgress> progress;
+    // Highest progress step reported by any incarnation of this rank.
+    uint64_t resume_step = 0;
   };
 
   // The slot a registration takes, or an error.

@@ -242,6 +242,60 @@ TEST_F(MembershipTest, FinishedWorkerLeavesTheLiveSetAndKeepsItsRank) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(MembershipTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
+  Membership::Registration w = Worker(0);
+  Worker(1);
+  v1::WorkerProgress done;
+  done.set_step(100);
+  ASSERT_TRUE(m_.FinishWorker(0, w.incarnation, done, kT0).ok());
+  const uint64_t epoch = m_.membership_epoch();
+  bool revived = true;
+  ASSERT_TRUE(m_.WorkerHeartbeat(0, w.incarnation, &done, kT0 + absl::Seconds(4),
+                                 &revived)
+                  .ok());
+  EXPECT_FALSE(revived);
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
+  EXPECT_EQ(m_.membership_epoch(), epoch);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(1u));
+  EXPECT_EQ(m_.WorkerStatuses(kT0 + absl::Seconds(5))[0].last_heartbeat_ms_ago(),
+            1000u);
+}
+
+TEST_F(MembershipTest, FinishedRanksHeartbeatingLeavesOutTheSilentOnes) {
+  Membership::Registration w0 = Worker(0);
+  Membership::Registration w1 = Worker(1);
+  Worker(2);
+  v1::WorkerProgress done;
+  ASSERT_TRUE(m_.FinishWorker(0, w0.incarnation, done, kT0).ok());
+  ASSERT_TRUE(m_.FinishWorker(1, w1.incarnation, done, kT0).ok());
+  ASSERT_TRUE(Beat(1, w1.incarnation, kT0 + absl::Seconds(3)).ok());
+  EXPECT_THAT(m_.FinishedRanksHeartbeating(kT0 + kTimeout), ElementsAre(0u, 1u));
+  // Rank 2 is alive, not finished; rank 0 has been silent past the timeout.
+  EXPECT_THAT(m_.FinishedRanksHeartbeating(kT0 + absl::Seconds(6)), ElementsAre(1u));
+  EXPECT_TRUE(m_.FinishedRanksHeartbeating(kT0 + absl::Seconds(9)).empty());
+}
+
+TEST_F(MembershipTest, RestartedWorkerGetsTheStepItsRankReached) {
+  Membership::Registration first = Worker(1);
+  EXPECT_EQ(first.start_step, 0u);
+  v1::WorkerProgress p;
+  p.set_step(42);
+  bool revived = false;
+  ASSERT_TRUE(m_.WorkerHeartbeat(1, first.incarnation, &p, kT0, &revived).ok());
+  m_.DetectFailures(kT0 + absl::Seconds(6));
+  Membership::Registration second = Worker(1, kT0 + absl::Seconds(6));
+  EXPECT_EQ(second.start_step, 42u);
+  // The new incarnation reports its startup step 0 and dies: the rank still
+  // resumes from 42.
+  p.set_step(0);
+  ASSERT_TRUE(m_.WorkerHeartbeat(1, second.incarnation, &p, kT0 + absl::Seconds(6),
+                                 &revived)
+                  .ok());
+  Membership::Registration third = Worker(1, kT0 + absl::Seconds(7));
+  EXPECT_EQ(third.start_step, 42u);
+  EXPECT_EQ(Worker(0).start_step, 0u);
+}
+
 TEST_F(MembershipTest, ImplausibleProgressIsRejectedAndChangesNothing) {
   Membership::Registration w = Worker(0);
   bool revived = false;
