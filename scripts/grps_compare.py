@@ -49,7 +49,7 @@ CONFIGS = [
     ("ssp1", ["--mode=ssp", "--staleness=1"]),
     ("ssp4", ["--mode=ssp", "--staleness=4"]),
 ]
-COMMON_FLAGS = ["--workers=3"]
+COMMON_FLAGS = ["--workers=3", "--eval_every=50"]
 STRAGGLER_SUFFIX = "+straggler"
 STRAGGLER_FLAGS = ["--straggler_rank=2", "--straggle_factor=5"]
 QUICK_FLAGS = ["--train_limit=2000", "--test_limit=500", "--steps=30",
