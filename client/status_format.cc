@@ -78,11 +78,45 @@ std::string Shape(const v1::TensorSpec& tensor) {
   return absl::StrJoin(tensor.shape(), "x");
 }
 
+// "sync", "sync, 1 backup worker, late gradients folded", "ssp (s=3)".
 std::string ModeWithBound(const v1::JobStatus& status) {
   std::string mode = ModeName(status.mode());
   if (status.mode() == v1::MODE_SSP)
     absl::StrAppend(&mode, " (s=", status.config().staleness_bound(), ")");
+  const uint32_t backups = status.config().backup_workers();
+  if (status.mode() == v1::MODE_SYNC && backups > 0)
+    absl::StrAppend(&mode, ", ", backups, " backup worker", backups == 1 ? "" : "s",
+                    ", late gradients ",
+                    status.config().late_gradients() == v1::LATE_GRADIENTS_DROP
+                        ? "dropped"
+                        : "folded");
   return mode;
+}
+
+// Which optional shard columns a table shows: those of the job's mode, and
+// any whose figure is not zero somewhere (a counter from an earlier mode or
+// a misconfigured server is still worth seeing).
+struct ShardColumns {
+  bool late = false;       // sync: late gradients, folded/dropped
+  bool too_stale = false;  // async / ssp: refused as too stale
+  bool waiting = false;    // sync with backup workers, ssp: pulls held back
+  bool held = false;       // ssp: gradients held
+};
+
+ShardColumns ShardColumnsOf(const v1::JobStatus& status) {
+  ShardColumns c;
+  const v1::JobConfig& config = status.config();
+  c.late = status.mode() == v1::MODE_SYNC && config.backup_workers() > 0;
+  c.too_stale = status.mode() != v1::MODE_SYNC && config.max_staleness() > 0;
+  c.waiting = c.late || status.mode() == v1::MODE_SSP;
+  c.held = status.mode() == v1::MODE_SSP;
+  for (const v1::ShardStatus& s : status.shards()) {
+    c.late |= s.late_gradients() > 0;
+    c.too_stale |= s.too_stale() > 0;
+    c.waiting |= s.waiting_pulls() > 0;
+    c.held |= s.held_gradients() > 0;
+  }
+  return c;
 }
 
 std::string StepOfTotal(uint64_t step, uint64_t total) {
@@ -129,6 +163,9 @@ std::string FormatJobHeader(const v1::JobStatus& status) {
                                            " (test loss ",
                                            Evaluation(status.test_loss()), ")")},
   };
+  if (status.late_gradients() > 0 || status.too_stale() > 0)
+    lines.push_back({"gradients", absl::StrCat(status.late_gradients(), " late, ",
+                                               status.too_stale(), " too stale")});
   if (status.has_final_eval())
     lines.push_back({"final", absl::StrCat(
                                   "test accuracy ",
@@ -148,61 +185,89 @@ std::string FormatJobHeader(const v1::JobStatus& status) {
 }
 
 std::string FormatWorkersTable(const v1::JobStatus& status) {
-  TextTable table({{"rank", true},
-                   {"state"},
-                   {"step", true},
-                   {"epoch", true},
-                   {"loss", true},
-                   {"samples/s", true},
-                   {"heartbeat", true},
-                   {"straggler"},
-                   {"backend"},
-                   {"host"}});
+  // Late gradients where relevant: sync with backup workers, or any at all.
+  bool show_late = status.mode() == v1::MODE_SYNC &&
+                   status.config().backup_workers() > 0;
+  for (const v1::WorkerStatus& w : status.workers())
+    show_late |= w.late_gradients() > 0;
+  std::vector<TextTable::Column> columns = {{"rank", true},
+                                            {"state"},
+                                            {"step", true},
+                                            {"epoch", true},
+                                            {"loss", true},
+                                            {"samples/s", true}};
+  if (show_late) columns.push_back({"late", true});
+  columns.insert(columns.end(),
+                 {{"heartbeat", true}, {"notes"}, {"backend"}, {"host"}});
+  TextTable table(std::move(columns));
   for (const v1::WorkerStatus& w : status.workers()) {
     const v1::WorkerProgress& p = w.progress();
-    table.AddRow({absl::StrCat(w.rank()), MemberStateName(w.state()),
-                  p.total_steps() > 0
-                      ? absl::StrCat(p.step(), "/", p.total_steps())
-                      : absl::StrCat(p.step()),
-                  absl::StrCat(p.epoch()), Fixed(p.loss(), 4),
-                  Fixed(p.samples_per_sec(), 1),
-                  absl::StrCat(HumanDuration(w.last_heartbeat_ms_ago() / 1000.0),
-                               " ago"),
-                  w.straggler() ? "*" : "", w.backend().empty() ? "-" : w.backend(),
-                  w.host().empty() ? "-" : w.host()});
+    std::vector<std::string> notes;
+    if (status.has_evaluator_rank() && status.evaluator_rank() == w.rank())
+      notes.push_back("eval");
+    if (w.straggler()) notes.push_back("straggler");
+    std::vector<std::string> row = {
+        absl::StrCat(w.rank()), MemberStateName(w.state()),
+        p.total_steps() > 0 ? absl::StrCat(p.step(), "/", p.total_steps())
+                            : absl::StrCat(p.step()),
+        absl::StrCat(p.epoch()), Fixed(p.loss(), 4),
+        Fixed(p.samples_per_sec(), 1)};
+    if (show_late) row.push_back(absl::StrCat(w.late_gradients()));
+    row.insert(row.end(),
+               {absl::StrCat(HumanDuration(w.last_heartbeat_ms_ago() / 1000.0),
+                             " ago"),
+                absl::StrJoin(notes, ", "), w.backend().empty() ? "-" : w.backend(),
+                w.host().empty() ? "-" : w.host()});
+    table.AddRow(std::move(row));
   }
   return table.Render();
 }
 
 std::string FormatShardsTable(const v1::JobStatus& status) {
-  TextTable table({{"shard", true},
-                   {"address"},
-                   {"version", true},
-                   {"chunks", true},
-                   {"MiB", true},
-                   {"in", true},
-                   {"out", true},
-                   {"updates", true},
-                   {"pushes", true},
-                   {"pulls", true},
-                   {"dups", true},
-                   {"rejected", true},
-                   {"staleness mean/max", true},
-                   {"checkpoint"}});
+  TextTable traffic({{"shard", true},
+                     {"address"},
+                     {"version", true},
+                     {"chunks", true},
+                     {"MiB", true},
+                     {"in", true},
+                     {"out", true},
+                     {"pushes", true},
+                     {"pulls", true},
+                     {"checkpoint"}});
   for (const v1::ShardStatus& s : status.shards()) {
-    table.AddRow({absl::StrCat(s.shard()),
-                  s.address().empty() ? "-" : s.address(),
-                  absl::StrCat(s.version()), absl::StrCat(s.num_chunks()),
-                  Mib(s.num_elements() * 4), HumanBytes(s.bytes_in()),
-                  HumanBytes(s.bytes_out()), absl::StrCat(s.updates_applied()),
-                  absl::StrCat(s.pushes()), absl::StrCat(s.pulls()),
-                  absl::StrCat(s.duplicate_pushes()),
-                  absl::StrCat(s.rejected_pushes()),
-                  absl::StrCat(Fixed(s.staleness_mean(), 2), "/",
-                               s.staleness_max()),
-                  s.checkpoint_state().empty() ? "-" : s.checkpoint_state()});
+    traffic.AddRow({absl::StrCat(s.shard()),
+                    s.address().empty() ? "-" : s.address(),
+                    absl::StrCat(s.version()), absl::StrCat(s.num_chunks()),
+                    Mib(s.num_elements() * 4), HumanBytes(s.bytes_in()),
+                    HumanBytes(s.bytes_out()), absl::StrCat(s.pushes()),
+                    absl::StrCat(s.pulls()),
+                    s.checkpoint_state().empty() ? "-" : s.checkpoint_state()});
   }
-  return table.Render();
+
+  const ShardColumns optional = ShardColumnsOf(status);
+  std::vector<TextTable::Column> columns = {
+      {"shard", true}, {"updates", true}, {"dups", true}, {"rejected", true}};
+  if (optional.late) columns.push_back({"late fold/drop", true});
+  if (optional.too_stale) columns.push_back({"too stale", true});
+  columns.push_back({"staleness mean/max", true});
+  if (optional.waiting) columns.push_back({"waiting pulls", true});
+  if (optional.held) columns.push_back({"held", true});
+  TextTable consistency(std::move(columns));
+  for (const v1::ShardStatus& s : status.shards()) {
+    std::vector<std::string> row = {
+        absl::StrCat(s.shard()), absl::StrCat(s.updates_applied()),
+        absl::StrCat(s.duplicate_pushes()), absl::StrCat(s.rejected_pushes())};
+    if (optional.late)
+      row.push_back(absl::StrCat(s.late_gradients(), " ", s.late_folded(), "/",
+                                 s.late_dropped()));
+    if (optional.too_stale) row.push_back(absl::StrCat(s.too_stale()));
+    row.push_back(
+        absl::StrCat(Fixed(s.staleness_mean(), 2), "/", s.staleness_max()));
+    if (optional.waiting) row.push_back(absl::StrCat(s.waiting_pulls()));
+    if (optional.held) row.push_back(absl::StrCat(s.held_gradients()));
+    consistency.AddRow(std::move(row));
+  }
+  return absl::StrCat(traffic.Render(), "\n", consistency.Render());
 }
 
 std::string FormatJobStatus(const v1::JobStatus& status) {

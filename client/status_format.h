@@ -25,17 +25,26 @@ std::string HumanBytes(uint64_t bytes);
 // A duration for people: "0.4s", "42.0s", "3m07s", "1h02m05s".
 std::string HumanDuration(double seconds);
 
-// Header lines: job id, state, mode, global step / total, samples/s, loss,
-// test accuracy, final evaluation (when there is one), elapsed, message.
+// Header lines: job id, state, mode (with ssp's bound, and sync's backup
+// workers and late-gradient policy when there are backup workers), global
+// step / total, samples/s, loss, test accuracy, late and too-stale gradients
+// (when there are any), final evaluation (when there is one), elapsed,
+// message.
 std::string FormatJobHeader(const v1::JobStatus& status);
 
-// One row per worker: rank, state, step, epoch, loss, samples/s, last
-// heartbeat ("0.4s ago"), straggler ("*" when flagged), backend, host.
+// One row per worker: rank, state, step, epoch, loss, samples/s, late
+// gradients (sync with backup workers, or when there are any), last heartbeat ("0.4s ago"), notes ("eval" for the worker that
+// evaluates, "straggler" when flagged), backend, host.
 std::string FormatWorkersTable(const v1::JobStatus& status);
 
-// One row per shard: shard, address, version, chunks, MiB held (f32), bytes
-// in/out, updates, pushes, pulls, duplicate and rejected pushes, staleness
-// mean/max, and checkpoint state.
+// Two tables with one row per shard, separated by a blank line, each under
+// 100 columns. Traffic: shard, address, version, chunks, MiB held (f32), bytes
+// in/out, pushes, pulls, checkpoint state. Consistency: shard, updates,
+// duplicate and rejected pushes, staleness mean/max, and where relevant (the
+// mode's, or any shard's figure is not zero): late gradients as
+// "late folded/dropped" (sync with backup workers), too stale (async / ssp
+// with max_staleness), waiting pulls (sync with backup workers, ssp) and held
+// gradients (ssp).
 std::string FormatShardsTable(const v1::JobStatus& status);
 
 // Header, workers table and shards table, separated by blank lines: what

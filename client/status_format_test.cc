@@ -17,12 +17,27 @@ namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// FormatShardsTable's traffic table ([0]) and consistency table ([1]), as
+// lines.
+std::vector<std::vector<std::string>> ShardTables(const std::string& text) {
+  std::vector<std::vector<std::string>> tables(1);
+  for (const std::string& line : Lines(text)) {
+    if (line.empty()) {
+      tables.emplace_back();
+      continue;
+    }
+    tables.back().push_back(line);
+  }
+  return tables;
 }
 
 // The line of `text` that starts with `prefix` (after leading spaces).
@@ -148,12 +163,37 @@ TEST(JobHeader, ShowsFinalEvaluationStalenessBoundAndMessage) {
   EXPECT_THAT(LineStartingWith(header, "message"), HasSubstr("all workers finished"));
 }
 
+TEST(JobHeader, ShowsBackupWorkersAndTheLatePolicyInSyncMode) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_config()->set_backup_workers(1);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "mode"),
+              HasSubstr("sync, 1 backup worker, late gradients folded"));
+  s.mutable_config()->set_backup_workers(2);
+  s.mutable_config()->set_late_gradients(v1::LATE_GRADIENTS_DROP);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "mode"),
+              HasSubstr("sync, 2 backup workers, late gradients dropped"));
+  s.mutable_config()->set_backup_workers(0);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "mode"),
+              Not(HasSubstr("backup")));
+}
+
+TEST(JobHeader, ShowsLateAndTooStaleGradientsOnlyWhenThereAreAny) {
+  v1::JobStatus s = RunningJob();
+  EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "gradients"), "");
+  s.set_late_gradients(12);
+  s.set_too_stale(0);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "gradients"),
+              HasSubstr("12 late, 0 too stale"));
+}
+
 TEST(WorkersTable, HasEveryColumnAndOneRowPerWorker) {
   std::vector<std::string> lines = Lines(FormatWorkersTable(RunningJob()));
   ASSERT_EQ(lines.size(), 3u);
   for (const char* column : {"rank", "state", "step", "epoch", "loss",
-                             "samples/s", "heartbeat", "straggler", "backend"})
+                             "samples/s", "heartbeat", "notes", "backend"})
     EXPECT_THAT(lines[0], HasSubstr(column));
+  EXPECT_THAT(lines[0], Not(HasSubstr("late")));  // sync without backup workers
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
   EXPECT_THAT(lines[1], HasSubstr("alive"));
   EXPECT_THAT(lines[1], HasSubstr("121/400"));
   EXPECT_THAT(lines[1], HasSubstr("0.4300"));
@@ -163,16 +203,41 @@ TEST(WorkersTable, HasEveryColumnAndOneRowPerWorker) {
   EXPECT_THAT(lines[2], HasSubstr("cuda (NVIDIA H100)"));
 }
 
-TEST(WorkersTable, MarksOnlyStragglersWithAStar) {
+TEST(WorkersTable, NotesOnlyStragglersUnderTheNotesColumn) {
   std::vector<std::string> lines = Lines(FormatWorkersTable(RunningJob()));
   ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[1].find('*'), std::string::npos);
-  size_t star = lines[2].find('*');
-  ASSERT_NE(star, std::string::npos);
-  // The star sits under the straggler column's title.
-  size_t column = lines[0].find("straggler");
-  EXPECT_GE(star, column);
-  EXPECT_LT(star, column + std::string("straggler").size());
+  EXPECT_THAT(lines[1], Not(HasSubstr("straggler")));
+  const size_t notes = lines[0].find("notes");
+  ASSERT_NE(notes, std::string::npos);
+  EXPECT_EQ(lines[2].substr(notes, 9), "straggler");
+}
+
+TEST(WorkersTable, ShowsLateGradientsAndNotesTheEvaluator) {
+  v1::JobStatus s = RunningJob();
+  s.set_evaluator_rank(0);
+  s.mutable_workers(1)->set_late_gradients(17);
+  std::vector<std::string> lines = Lines(FormatWorkersTable(s));
+  ASSERT_EQ(lines.size(), 3u);
+  const size_t notes = lines[0].find("notes");
+  ASSERT_NE(notes, std::string::npos);
+  EXPECT_EQ(lines[1].substr(notes, 5), "eval ");
+  EXPECT_EQ(lines[2].substr(notes, 9), "straggler");
+  const size_t late_end = lines[0].find("late") + 4;
+  EXPECT_EQ(lines[1].substr(late_end - 2, 2), " 0");
+  EXPECT_EQ(lines[2].substr(late_end - 2, 2), "17");
+  s.set_evaluator_rank(1);
+  EXPECT_THAT(Lines(FormatWorkersTable(s))[2], HasSubstr("eval, straggler"));
+}
+
+TEST(WorkersTable, ShowsTheLateColumnWithBackupWorkers) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_config()->set_backup_workers(1);
+  EXPECT_THAT(Lines(FormatWorkersTable(s))[0], HasSubstr("late"));
+}
+
+TEST(WorkersTable, NotesNoEvaluatorWhenThereIsNone) {
+  for (const std::string& line : Lines(FormatWorkersTable(RunningJob())))
+    EXPECT_THAT(line, Not(HasSubstr("eval")));
 }
 
 TEST(WorkersTable, AlignsColumnsAcrossRows) {
@@ -184,20 +249,93 @@ TEST(WorkersTable, AlignsColumnsAcrossRows) {
   EXPECT_EQ(lines[2].substr(title_end - 6, 6), "1200.5");
 }
 
-TEST(ShardsTable, ShowsCountersWithHumanBytesAndStaleness) {
-  std::vector<std::string> lines = Lines(FormatShardsTable(RunningJob()));
-  ASSERT_EQ(lines.size(), 2u);
+TEST(ShardsTable, ShowsTrafficThenConsistencyCountersEachUnder100Columns) {
+  std::vector<std::vector<std::string>> tables =
+      ShardTables(FormatShardsTable(RunningJob()));
+  ASSERT_EQ(tables.size(), 2u);
+  ASSERT_EQ(tables[0].size(), 2u);
+  ASSERT_EQ(tables[1].size(), 2u);
   for (const char* column : {"shard", "address", "version", "chunks", "MiB", "in",
-                             "out", "updates", "pushes", "pulls", "rejected",
-                             "staleness mean/max"})
-    EXPECT_THAT(lines[0], HasSubstr(column));
-  const std::string& row = lines[1];
+                             "out", "pushes", "pulls", "checkpoint"})
+    EXPECT_THAT(tables[0][0], HasSubstr(column));
+  const std::string& row = tables[0][1];
   EXPECT_THAT(row, HasSubstr("127.0.0.1:40001"));
   EXPECT_THAT(row, HasSubstr("4.00"));      // 2^20 f32 elements
   EXPECT_THAT(row, HasSubstr("3.5 MiB"));   // bytes in
   EXPECT_THAT(row, HasSubstr("1.5 KiB"));   // bytes out
-  EXPECT_THAT(row, HasSubstr("600"));
-  EXPECT_THAT(row, HasSubstr("1.25/6"));
+  for (const char* column : {"shard", "updates", "dups", "rejected",
+                             "staleness mean/max"})
+    EXPECT_THAT(tables[1][0], HasSubstr(column));
+  EXPECT_THAT(tables[1][1], HasSubstr("600"));
+  EXPECT_THAT(tables[1][1], HasSubstr("1.25/6"));
+  for (const auto& table : tables)
+    for (const std::string& line : table) EXPECT_LE(line.size(), 100u) << line;
+}
+
+// The consistency table's lines.
+std::vector<std::string> Consistency(const v1::JobStatus& s) {
+  std::vector<std::vector<std::string>> tables = ShardTables(FormatShardsTable(s));
+  EXPECT_EQ(tables.size(), 2u);
+  return tables.size() == 2 ? tables[1] : std::vector<std::string>{};
+}
+
+TEST(ShardsTable, SyncWithoutBackupWorkersHasNoLateOrWaitingColumns) {
+  std::vector<std::string> lines = Consistency(RunningJob());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], Not(HasSubstr("late")));
+  EXPECT_THAT(lines[0], Not(HasSubstr("too stale")));
+  EXPECT_THAT(lines[0], Not(HasSubstr("waiting")));
+}
+
+TEST(ShardsTable, SyncWithBackupWorkersShowsLateFoldedDroppedAndWaitingPulls) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_config()->set_backup_workers(1);
+  v1::ShardStatus* sh = s.mutable_shards(0);
+  sh->set_late_gradients(12);
+  sh->set_late_folded(10);
+  sh->set_late_dropped(2);
+  sh->set_waiting_pulls(3);
+  std::vector<std::string> lines = Consistency(s);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], HasSubstr("late fold/drop"));
+  EXPECT_THAT(lines[0], HasSubstr("waiting pulls"));
+  EXPECT_THAT(lines[0], Not(HasSubstr("too stale")));
+  EXPECT_THAT(lines[1], HasSubstr("12 10/2"));
+  const size_t waiting_end = lines[0].find("waiting pulls") + 13;
+  EXPECT_EQ(lines[1].substr(waiting_end - 2, 2), " 3");
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
+}
+
+TEST(ShardsTable, SspShowsTooStaleWaitingAndHeldGradients) {
+  v1::JobStatus s = RunningJob();
+  s.set_mode(v1::MODE_SSP);
+  s.mutable_config()->set_staleness_bound(3);
+  s.mutable_config()->set_max_staleness(8);
+  v1::ShardStatus* sh = s.mutable_shards(0);
+  sh->set_too_stale(4);
+  sh->set_waiting_pulls(1);
+  sh->set_held_gradients(9);
+  std::vector<std::string> lines = Consistency(s);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const char* column : {"too stale", "waiting pulls", "held",
+                             "staleness mean/max"})
+    EXPECT_THAT(lines[0], HasSubstr(column));
+  EXPECT_THAT(lines[0], Not(HasSubstr("late")));
+  const size_t held_end = lines[0].find("held") + 4;
+  EXPECT_EQ(lines[1].substr(held_end - 1, 1), "9");
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
+}
+
+TEST(ShardsTable, ShowsANonZeroCounterOutsideItsMode) {
+  v1::JobStatus s = RunningJob();  // sync, no backup workers
+  s.mutable_shards(0)->set_late_gradients(1);
+  s.mutable_shards(0)->set_late_folded(1);
+  s.mutable_shards(0)->set_too_stale(2);
+  std::vector<std::string> lines = Consistency(s);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_THAT(lines[0], HasSubstr("late fold/drop"));
+  EXPECT_THAT(lines[0], HasSubstr("too stale"));
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
 }
 
 TEST(JobStatusText, HasHeaderThenWorkersThenShards) {
