@@ -4,7 +4,6 @@
 // and not applied. The learning rate is AsyncLearningRate (lr / workers, the
 // schedule advancing once per `workers` updates, and with
 // staleness_aware_lr divided by 1 + staleness). Pulls never wait.
-#include "absl/strings/str_cat.h"
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
 
@@ -15,19 +14,10 @@ class AsyncPolicy final : public ChunkPolicy {
  public:
   explicit AsyncPolicy(const v1::JobConfig& config) : config_(config) {}
 
-  absl::Status Check(const ChunkGradientMeta& g,
-                     const UpdateTarget& chunk) const override {
-    if (g.base_version > chunk.version())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gradient computed on version ", g.base_version,
-          " but the chunk is only at version ", chunk.version()));
-    return absl::OkStatus();
-  }
-
   GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
     const uint64_t staleness = chunk.version() - g.base_version;
-    if (config_.max_staleness() > 0 && staleness > config_.max_staleness())
+    if (TooStale(config_, staleness))
       return GradientFate::kTooStale;
     chunk.Apply(grad.data(),
                 AsyncLearningRate(config_, chunk.version(), staleness),

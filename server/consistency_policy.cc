@@ -1,5 +1,7 @@
 #include "server/consistency_policy.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace grps {
 
 LiveSet LiveSet::All(uint32_t num_workers) {
@@ -12,6 +14,19 @@ LiveSet LiveSet::All(uint32_t num_workers) {
 
 bool IsLate(GradientFate fate) {
   return fate == GradientFate::kLateFolded || fate == GradientFate::kLateDropped;
+}
+
+absl::Status ChunkPolicy::Check(const ChunkGradientMeta& g,
+                                const UpdateTarget& chunk) const {
+  if (g.base_version > chunk.version())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradient computed on version ", g.base_version,
+        " but the chunk is only at version ", chunk.version()));
+  return absl::OkStatus();
+}
+
+bool TooStale(const v1::JobConfig& config, uint64_t staleness) {
+  return config.max_staleness() > 0 && staleness > config.max_staleness();
 }
 
 std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config,

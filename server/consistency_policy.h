@@ -74,12 +74,12 @@ class ChunkPolicy {
  public:
   virtual ~ChunkPolicy() = default;
 
-  // Whether the gradient can be taken at all. A refusal (FAILED_PRECONDITION,
-  // e.g. a gradient computed on a version the chunk never had) changes
-  // nothing. The store checks every chunk of a push before it accepts any,
-  // so a push is all-or-nothing.
+  // Whether the gradient can be taken at all. A refusal (FAILED_PRECONDITION)
+  // changes nothing. The store checks every chunk of a push before it accepts
+  // any, so a push is all-or-nothing. Every mode refuses a gradient computed
+  // on a version the chunk never had; that is the default.
   virtual absl::Status Check(const ChunkGradientMeta& g,
-                             const UpdateTarget& chunk) const = 0;
+                             const UpdateTarget& chunk) const;
 
   // Takes a checked gradient (`grad` lives for the call only) and says what
   // became of it; may apply updates through `chunk`.
@@ -99,6 +99,15 @@ class ChunkPolicy {
     return false;
   }
 
+  // The chunk's values were just read by `rank` in a pull without a clock
+  // (a plain read, e.g. from a client that does not send clocks). ssp takes
+  // it as a read at the rank's own progress, so such a client's pushes are
+  // not held forever. Returns true if it applied held updates.
+  virtual bool ServedWithoutClock(uint32_t rank, UpdateTarget& chunk,
+                                  const LiveSet& live) {
+    return false;
+  }
+
   // The live set changed (a worker died, finished, came back or restarted).
   // May complete a step or apply held updates; returns true if it did.
   virtual bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) = 0;
@@ -106,6 +115,10 @@ class ChunkPolicy {
   // Gradients accepted but not yet applied, right now (ssp's held ones).
   virtual uint64_t held() const { return 0; }
 };
+
+// Async and ssp: whether a gradient of this staleness is refused by the
+// job's max_staleness (0 = no limit).
+bool TooStale(const v1::JobConfig& config, uint64_t staleness);
 
 // The policy of `config`'s mode for one chunk of `num_elements` values on
 // `backend` (which outlives the policy). `config` must be valid.

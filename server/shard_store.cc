@@ -449,8 +449,9 @@ bool ShardStore::TryServe(Waiter& w,
                     c.num_elements());
     ++c.counters.pulls;
     c.counters.bytes_out += p.data.size();
-    if (spec.clock.has_value())
-      applied |= c.policy->Served(spec.worker_rank, *spec.clock, c, *live_set);
+    applied |= spec.clock.has_value()
+                   ? c.policy->Served(spec.worker_rank, *spec.clock, c, *live_set)
+                   : c.policy->ServedWithoutClock(spec.worker_rank, c, *live_set);
   }
   if (applied) {
     absl::MutexLock lock(&waiters_mu_);

@@ -743,6 +743,19 @@ TEST(ShardStoreSsp, ZeroBoundHoldsAGradientUntilEveryWorkerReadItsClock) {
   EXPECT_EQ(Values(*store, 0), SgdStep(init, {1, 1, 1, 1}, 0.25f));
 }
 
+TEST(ShardStoreSsp, ClientWithoutClocksIsNotHeldForever) {
+  auto store = MakeStore(SspConfig(1, 0), SmallTensors(1));
+  for (uint64_t step = 0; step < 3; ++step) {
+    auto pulled = store->Pull({}, 0, absl::Now() + absl::Seconds(10), DType::kF32);
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    ASSERT_TRUE(Send(*store, {0, step, 0, {1, 1, 1, 1}, (*pulled)[0].version}).ok());
+  }
+  // Each plain read counts as a read at the worker's own progress, so none
+  // of its gradients waits for a clocked read that never comes.
+  EXPECT_EQ(Version(*store, 0), 3u);
+  EXPECT_EQ(store->ShardStatus().held_gradients(), 0u);
+}
+
 TEST(ShardStoreSsp, MeasuresStalenessOfEveryUpdate) {
   auto store = MakeStore(SspConfig(2, 4), SmallTensors(1));
   Step(*store, 0, 0);  // staleness 0

@@ -26,7 +26,6 @@
 #include <limits>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
 
@@ -46,19 +45,10 @@ class SspPolicy final : public ChunkPolicy {
         was_live_(workers_, true),
         incarnation_(workers_, 0) {}
 
-  absl::Status Check(const ChunkGradientMeta& g,
-                     const UpdateTarget& chunk) const override {
-    if (g.base_version > chunk.version())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gradient computed on version ", g.base_version,
-          " but the chunk is only at version ", chunk.version()));
-    return absl::OkStatus();
-  }
-
   GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
     const uint64_t staleness = chunk.version() - g.base_version;
-    if (config_.max_staleness() > 0 && staleness > config_.max_staleness())
+    if (TooStale(config_, staleness))
       return GradientFate::kTooStale;
     const int64_t clock = Effective(g.rank, g.clock);
     if (!FenceOpen(clock, live)) {
@@ -87,6 +77,12 @@ class SspPolicy final : public ChunkPolicy {
   bool Served(uint32_t rank, uint64_t clock, UpdateTarget& chunk,
               const LiveSet& live) override {
     read_[rank] = std::max(read_[rank], Effective(rank, clock));
+    return ReleaseHeld(chunk, live);
+  }
+
+  bool ServedWithoutClock(uint32_t rank, UpdateTarget& chunk,
+                          const LiveSet& live) override {
+    read_[rank] = std::max(read_[rank], applied_[rank]);
     return ReleaseHeld(chunk, live);
   }
 

@@ -22,7 +22,6 @@
 // pushed in this incarnation, reads at once and so joins at the open step.
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
 
@@ -43,15 +42,6 @@ class SyncPolicy final : public ChunkPolicy {
         awaiting_(config.num_workers(), 0),
         incarnation_(config.num_workers(), 0) {
     backend_->Fill(sum_.f32(), 0.0f, n_);
-  }
-
-  absl::Status Check(const ChunkGradientMeta& g,
-                     const UpdateTarget& chunk) const override {
-    if (g.base_version > chunk.version())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gradient computed on version ", g.base_version,
-          " but the chunk is only at version ", chunk.version()));
-    return absl::OkStatus();
   }
 
   GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
