@@ -339,8 +339,13 @@ std::string CurvesGnuplotScript(const std::vector<CurveFile>& curves, double sta
   std::vector<std::string> series;
   for (const CurveFile& c : curves)
     if (c.has_rows && c.step > 0 && c.loss > 0)
-      series.push_back(absl::StrCat(GnuplotString(c.path), " skip 1 using ", c.step, ":",
-                                    c.loss, " with lines title ", GnuplotString(c.label)));
+      // Evaluation rows are written when an evaluation ends, out of step
+      // order: the loss line skips them.
+      series.push_back(absl::StrCat(
+          GnuplotString(c.path), " skip 1 using ", c.step, ":",
+          c.evaluated > 0 ? absl::StrFormat("($%d == 1 ? NaN : $%d)", c.evaluated, c.loss)
+                          : absl::StrCat(c.loss),
+          " with lines title ", GnuplotString(c.label)));
   if (series.empty()) {
     gp += kEmptyPanel;
   } else {
