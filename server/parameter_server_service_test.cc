@@ -355,7 +355,7 @@ TEST_F(ParameterServerServiceTest, SixtyFourWaitingPullsNeedNoThreadEach) {
                          });
     calls.push_back(std::move(call));
   }
-  // Wait (on a condition, not a sleep) until the shard holds all of them.
+  // Poll the shard's gauge (bounded) until it holds all of them.
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < give_up)
     absl::SleepFor(absl::Milliseconds(5));
