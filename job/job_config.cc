@@ -47,6 +47,15 @@ v1::JobConfig DefaultJobConfig() {
   return c;
 }
 
+uint32_t RecoveryTimeoutMs(const v1::JobConfig& config) {
+  return config.recovery_timeout_ms() == 0 ? 30000 : config.recovery_timeout_ms();
+}
+
+uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config) {
+  return config.coordinator_timeout_ms() == 0 ? 60000
+                                              : config.coordinator_timeout_ms();
+}
+
 absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
@@ -99,6 +108,20 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.heartbeat_interval_ms() == 0 ||
       c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms())
     return bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
+  if (c.checkpoint_dir().size() > 4096)
+    return bad("checkpoint_dir must be at most 4096 bytes");
+  if ((c.checkpoint_every_steps() > 0 || c.checkpoint_every_seconds() > 0) &&
+      c.checkpoint_dir().empty())
+    return bad("checkpoint_every_steps and checkpoint_every_seconds need a "
+               "checkpoint_dir");
+  if (c.recovery_timeout_ms() > 0 &&
+      c.recovery_timeout_ms() < c.heartbeat_timeout_ms())
+    return bad("recovery_timeout_ms must be 0 (30000) or at least "
+               "heartbeat_timeout_ms");
+  if (c.coordinator_timeout_ms() > 0 &&
+      c.coordinator_timeout_ms() <= c.heartbeat_interval_ms())
+    return bad("coordinator_timeout_ms must be 0 (60000) or exceed "
+               "heartbeat_interval_ms");
   if (c.input_features() == 0 || c.input_features() > (1u << 24))
     return bad("input_features must be in [1, 2^24]");
   if (c.num_classes() < 2 || c.num_classes() > 100000)

@@ -22,6 +22,11 @@ v1::JobConfig DefaultJobConfig();
 // Checks every field a daemon relies on; InvalidArgument names the field.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
 
+// JobConfig.recovery_timeout_ms and coordinator_timeout_ms with their
+// defaults applied (0 means 30000 and 60000 ms).
+uint32_t RecoveryTimeoutMs(const v1::JobConfig& config);
+uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config);
+
 // The model's dense tensors in a fixed order: for each layer l,
 // "dense_<l>/weight" [in, out] (glorot_uniform) then "dense_<l>/bias" [out]
 // (zeros). Requires a valid config.

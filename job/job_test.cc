@@ -164,3 +164,30 @@ TEST(Initializer, ValuesDoNotDependOnChunking) {
 
 }  // namespace
 }  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST(JobConfig, DurabilitySettingsDefaultAndValidate) {
+  v1::JobConfig c = DefaultJobConfig();
+  EXPECT_EQ(RecoveryTimeoutMs(c), 30000u);
+  EXPECT_EQ(CoordinatorTimeoutMs(c), 60000u);
+  c.set_recovery_timeout_ms(12000);
+  c.set_coordinator_timeout_ms(9000);
+  EXPECT_EQ(RecoveryTimeoutMs(c), 12000u);
+  EXPECT_EQ(CoordinatorTimeoutMs(c), 9000u);
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+
+  v1::JobConfig no_dir = DefaultJobConfig();
+  no_dir.set_checkpoint_every_seconds(60);
+  EXPECT_FALSE(ValidateJobConfig(no_dir).ok());
+  no_dir.set_checkpoint_dir("/ckpt");
+  EXPECT_TRUE(ValidateJobConfig(no_dir).ok());
+
+  v1::JobConfig short_recovery = DefaultJobConfig();
+  short_recovery.set_recovery_timeout_ms(short_recovery.heartbeat_timeout_ms() - 1);
+  EXPECT_FALSE(ValidateJobConfig(short_recovery).ok());
+}
+
+}  // namespace
+}  // namespace grps
