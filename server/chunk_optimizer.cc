@@ -1,5 +1,9 @@
 #include "server/chunk_optimizer.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
 namespace grps {
 
 ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
@@ -58,6 +62,41 @@ void ChunkOptimizer::Apply(float* param, const float* grad, float lr,
       return;
     }
   }
+}
+
+}  // namespace grps
+
+namespace grps {
+
+std::vector<std::string> ChunkOptimizer::SaveState() const {
+  std::vector<std::string> slots;
+  for (const DeviceBuffer* b : {&a_, &b_})
+    if (b->f32() != nullptr)
+      slots.emplace_back(reinterpret_cast<const char*>(b->f32()), n_ * sizeof(float));
+  return slots;
+}
+
+absl::Status ChunkOptimizer::CheckState(const std::vector<const std::string*>& slots) const {
+  const size_t want = (a_.f32() != nullptr ? 1 : 0) + (b_.f32() != nullptr ? 1 : 0);
+  if (slots.size() != want)
+    return absl::InvalidArgumentError(absl::StrCat(
+        slots.size(), " optimizer state slots, the job's optimizer has ", want));
+  for (const std::string* slot : slots)
+    if (slot->size() != n_ * sizeof(float))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an optimizer state slot of ", slot->size(), " bytes for ", n_, " elements"));
+  return absl::OkStatus();
+}
+
+void ChunkOptimizer::LoadState(const std::vector<const std::string*>& slots) {
+  size_t i = 0;
+  for (DeviceBuffer* b : {&a_, &b_})
+    if (b->f32() != nullptr) std::memcpy(b->f32(), slots[i++]->data(), n_ * sizeof(float));
+}
+
+void ChunkOptimizer::Reset() {
+  for (DeviceBuffer* b : {&a_, &b_})
+    if (b->f32() != nullptr) backend_->Fill(b->f32(), 0.0f, n_);
 }
 
 }  // namespace grps

@@ -8,7 +8,10 @@
 #define GRPS_SERVER_CHUNK_OPTIMIZER_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "proto/grps.pb.h"
 #include "tensor/backend.h"
 
@@ -27,6 +30,17 @@ class ChunkOptimizer {
   // learning rate `lr`; `update_index` is the 0-based count of updates
   // before this one (Adam's bias correction).
   void Apply(float* param, const float* grad, float lr, uint64_t update_index);
+
+  // The state slots, as f32 bytes, in order: momentum velocity / Adam's
+  // first moment / AdaGrad's accumulator, then Adam's second moment (none
+  // for SGD). What a checkpoint keeps.
+  std::vector<std::string> SaveState() const;
+  // INVALID_ARGUMENT unless `slots` has this optimizer's number of slots,
+  // each of num_elements floats; then (and only then) replaces the state.
+  absl::Status CheckState(const std::vector<const std::string*>& slots) const;
+  void LoadState(const std::vector<const std::string*>& slots);
+  // Zero state, as at construction.
+  void Reset();
 
  private:
   const v1::OptimizerConfig config_;

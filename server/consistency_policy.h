@@ -16,6 +16,7 @@
 #define GRPS_SERVER_CONSISTENCY_POLICY_H_
 
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -108,12 +109,31 @@ class ChunkPolicy {
     return false;
   }
 
+  // A push of `g` was recognised as one already applied (the chunk's mark;
+  // after a restore, a step the checkpoint holds and the worker computed
+  // again). ssp counts its clock as applied unless the gradient is still
+  // held. Returns true if that applied held updates.
+  virtual bool Duplicate(const ChunkGradientMeta& g, UpdateTarget& chunk,
+                         const LiveSet& live) {
+    return false;
+  }
+
   // The live set changed (a worker died, finished, came back or restarted).
   // May complete a step or apply held updates; returns true if it did.
   virtual bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) = 0;
 
   // Gradients accepted but not yet applied, right now (ssp's held ones).
   virtual uint64_t held() const { return 0; }
+
+  // The lowest step of `rank`'s gradients accepted but not yet applied
+  // (ssp's held ones), if any.
+  virtual std::optional<uint64_t> LowestHeldStep(uint32_t rank) const {
+    return std::nullopt;
+  }
+
+  // The policy is new on a chunk that was restored or rolled back: every
+  // worker resumes at a step of its own, not at clock 0.
+  virtual void Restored() {}
 };
 
 // Async and ssp: whether a gradient of this staleness is refused by the

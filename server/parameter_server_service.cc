@@ -147,6 +147,7 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   push.worker_rank = request.worker_rank();
   push.incarnation = request.incarnation();
   push.step = request.step();
+  push.generation = request.generation();
   push.chunks.reserve(checked.size());
   size_t used = 0;
   for (int i = 0; i < request.chunks_size(); ++i) {
@@ -242,6 +243,7 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
         "-byte message limit; pull fewer chunks per call"));
   spec.min_version = request.min_version();
   if (request.has_clock()) spec.clock = request.clock();
+  spec.generation = request.generation();
   spec.deadline = deadline;
   spec.dtype = *dtype;
   return spec;

@@ -2,9 +2,16 @@
 //
 // Listens first (so it knows its port), registers with the coordinator,
 // builds its ShardStore from the job config and shard map it gets back, then
-// heartbeats until the job ends. Exit status: 0 when the job completes or is
-// stopped, or on SIGINT/SIGTERM; 1 when it cannot start (bad flags, no
-// coordinator within a minute, an invalid job) or the job failed.
+// heartbeats until the job ends. Its chunks start from the restore order the
+// coordinator hands out (a checkpoint, or the initial values); heartbeat
+// replies may ask it to checkpoint (written on a thread of its own) or to
+// roll back to a checkpoint (docs/durability.md).
+//
+// Exit status: 0 when the job completes or is stopped, or on SIGINT/SIGTERM;
+// 1 when it cannot start (bad flags, no coordinator within a minute, an
+// invalid job, an unreadable checkpoint), when the job failed, when another
+// server took its shard over, or when the coordinator was silent for the
+// job's coordinator_timeout_ms.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,16 +20,21 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "job/job_config.h"
+#include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_store.h"
@@ -35,6 +47,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise_host, "",
           "host name workers use to reach this server (default: the host of "
           "--listen, or this machine's host name when that is a wildcard)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port workers use to reach this server, when it is not the listen "
+          "port (a proxy or a forwarded port in front of it); overrides "
+          "--advertise_host");
 ABSL_FLAG(int32_t, shard, -1, "shard to serve; -1 takes any free shard");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written here (atomically) once listening");
@@ -45,27 +61,10 @@ namespace {
 constexpr absl::Duration kRegisterPatience = absl::Seconds(60);
 constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
 
-// Writes "<port>\n" to `path` through a temporary file and a rename, so a
-// reader never sees a partial number.
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr)
-    return absl::InternalError(
-        absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  const bool written = std::fprintf(f, "%d\n", port) > 0 &&
-                       std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string error = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", error));
-  }
-  return absl::OkStatus();
-}
-
 // The address other processes use to reach this server.
 std::string AdvertisedAddress(const std::string& listen, int port) {
+  if (std::string address = absl::GetFlag(FLAGS_advertise_address); !address.empty())
+    return address;
   std::string host = absl::GetFlag(FLAGS_advertise_host);
   if (host.empty()) {
     const size_t colon = listen.rfind(':');
@@ -112,6 +111,113 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// How long a checkpoint may wait for its version to be reached.
+constexpr absl::Duration kCaptureTimeout = absl::Seconds(60);
+
+// The states of this shard's chunks for `order`: none (the initial values)
+// when it names no checkpoint, else read from the checkpoint's files, whose
+// chunk layout must be this job's.
+absl::StatusOr<std::vector<v1::ChunkState>> LoadRestore(const v1::RestoreOrder& order,
+                                                        const v1::ShardMap& map,
+                                                        uint32_t shard) {
+  if (order.checkpoint_id() == 0) return std::vector<v1::ChunkState>{};
+  absl::StatusOr<v1::CheckpointManifest> manifest =
+      VerifyCheckpoint(Env::Default(), order.dir(), "");
+  if (!manifest.ok()) return manifest.status();
+  if (absl::Status s = CheckSameChunks(manifest->shard_map(), map); !s.ok()) return s;
+  return LoadChunks(Env::Default(), order.dir(), *manifest, ChunksOfShard(map, shard));
+}
+
+// Takes the checkpoints the coordinator asks for, one at a time, on a
+// thread of its own: capture (which may wait for a sync step boundary), then
+// write the shard's file. The outcome is reported through the store's
+// ShardStatus. Thread-safe.
+class Checkpointer {
+ public:
+  explicit Checkpointer(ShardStore* store) : store_(store) {}
+  ~Checkpointer() { Join(); }
+
+  // Starts checkpoint `request` unless it is the one last started. One still
+  // being taken (waiting for its version) is superseded: the coordinator
+  // has given up on it.
+  void MaybeStart(const v1::CheckpointRequest& request) {
+    if (request.id() == 0 || (request.id() == last_id_ &&
+                              request.coordinator_incarnation() == last_incarnation_))
+      return;
+    last_id_ = request.id();
+    last_incarnation_ = request.coordinator_incarnation();
+    v1::ShardCheckpoint report;
+    report.set_id(request.id());
+    report.set_shard(store_->shard());
+    report.set_coordinator_incarnation(request.coordinator_incarnation());
+    // Armed now, on the heartbeat thread, so that a sync cut a few steps
+    // ahead is not missed; collected and written on the checkpoint thread.
+    // Arming supersedes the capture in progress, whose thread then ends.
+    absl::Status armed = store_->ArmCheckpoint(request);
+    Join();
+    if (absl::Status s = armed; !s.ok()) {
+      report.set_state(v1::CHECKPOINT_STATE_FAILED);
+      report.set_error(std::string(s.message()));
+      spdlog::warn("checkpoint {}: shard {} failed: {}", request.id(), store_->shard(),
+                   report.error());
+      store_->SetCheckpointReport(report);
+      return;
+    }
+    report.set_state(v1::CHECKPOINT_STATE_PENDING);
+    store_->SetCheckpointReport(report);
+    thread_ = std::thread([this, request] { Take(request); });
+  }
+
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Take(const v1::CheckpointRequest& request) {
+    const absl::Time start = absl::Now();
+    v1::ShardCheckpoint report;
+    report.set_id(request.id());
+    report.set_shard(store_->shard());
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        store_->CollectCheckpoint(request.id(), start + kCaptureTimeout);
+    absl::StatusOr<v1::ShardCheckpoint> written =
+        file.ok() ? WriteShardFile(Env::Default(), request.dir(), *file)
+                  : absl::StatusOr<v1::ShardCheckpoint>(file.status());
+    if (written.ok()) {
+      report = *written;
+      report.set_coordinator_incarnation(request.coordinator_incarnation());
+      for (const v1::ChunkState& chunk : file->chunks())
+        for (const auto& [rank, step] : chunk.held_from()) {
+          auto it = report.mutable_held_from()->find(rank);
+          if (it == report.mutable_held_from()->end() || step < it->second)
+            (*report.mutable_held_from())[rank] = step;
+        }
+      spdlog::info("checkpoint {}: shard {} wrote {} chunks ({:.2f} MiB) at versions "
+                   "{}..{} in {}",
+                   request.id(), store_->shard(), report.num_chunks(), MiB(report.bytes()),
+                   report.min_version(), report.max_version(),
+                   absl::FormatDuration(absl::Now() - start));
+    } else {
+      report.set_state(v1::CHECKPOINT_STATE_FAILED);
+      report.set_coordinator_incarnation(request.coordinator_incarnation());
+      report.set_error(std::string(written.status().message()));
+      spdlog::warn("checkpoint {}: shard {} failed: {}", request.id(), store_->shard(),
+                   report.error());
+    }
+    // A superseded capture leaves the report to the newer checkpoint.
+    if (!absl::IsAborted(written.status()) ||
+        !absl::StrContains(written.status().message(), "superseded"))
+      store_->SetCheckpointReport(report);
+  }
+
+  ShardStore* const store_;
+  // The request last started, by (id, coordinator incarnation): used by
+  // the heartbeat thread only.
+  uint64_t last_id_ = 0;
+  uint64_t last_incarnation_ = 0;
+  std::thread thread_;
+};
+
 int Run() {
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -137,7 +243,9 @@ int Run() {
   }
   const std::string address = AdvertisedAddress(listen, server->port);
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WritePortFile(path, server->port); !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(Env::Default(), path,
+                                             absl::StrCat(server->port, "\n"));
+        !s.ok()) {
       spdlog::error("{}", std::string(s.message()));
       return 1;
     }
@@ -166,6 +274,23 @@ int Run() {
   options.shard = registration->shard();
   options.incarnation = registration->incarnation();
   options.address = address;
+  const v1::RestoreOrder& order = registration->restore();
+  options.generation = order.generation();
+  options.restored_checkpoint = order.checkpoint_id();
+  if (absl::Status valid = ValidateShardMap(options.shard_map); !valid.ok()) {
+    stop_server();
+    spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
+    return 1;
+  }
+  absl::StatusOr<std::vector<v1::ChunkState>> restored =
+      LoadRestore(order, options.shard_map, options.shard);
+  if (!restored.ok()) {
+    stop_server();
+    spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", options.shard,
+                  order.checkpoint_id(), order.dir(), std::string(restored.status().message()));
+    return 1;
+  }
+  options.restore = std::move(*restored);
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
       ShardStore::Create(std::move(options));
   if (!created.ok()) {
@@ -185,7 +310,15 @@ int Run() {
         store->shard(), config.num_servers(), s.num_chunks(), s.num_elements(),
         MiB(s.num_elements() * sizeof(float)), address, config.job_id(),
         ModeName(config.mode()), registration->incarnation());
+    if (order.checkpoint_id() > 0)
+      spdlog::info("shard {} restored {} chunks from checkpoint {} at step {} (generation {})",
+                   store->shard(), s.num_chunks(), order.checkpoint_id(), order.step(),
+                   order.generation());
   }
+  Checkpointer checkpointer(store.get());
+  const absl::Duration coordinator_timeout = absl::Milliseconds(
+      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
+  absl::Time last_heard = absl::Now();
 
   const absl::Duration interval =
       absl::Milliseconds(config.heartbeat_interval_ms());
@@ -201,18 +334,33 @@ int Run() {
     request.set_incarnation(registration->incarnation());
     *request.mutable_shard() = store->ShardStatus();
     request.set_shard_map_epoch(map_epoch);
+    request.set_generation(store->generation());
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(
         absl::Now() + std::max(interval, absl::Seconds(1))));
     v1::HeartbeatResponse response;
     const grpc::Status status =
         coordinator->Heartbeat(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // Our incarnation is stale: another server has taken this shard.
+      reason = absl::StrCat("shard ", store->shard(), " was taken over by another server (",
+                            status.error_message(), ")");
+      exit_code = 1;
+      break;
+    }
     if (!status.ok()) {
-      // Training goes on without the coordinator; keep trying.
+      // Training goes on without the coordinator; keep trying, for a while.
       if (failures++ % 20 == 0)
         spdlog::warn("heartbeat to {} failed ({}); still serving",
                      coordinator_address, status.error_message());
+      if (absl::Now() - last_heard > coordinator_timeout) {
+        reason = absl::StrCat("no answer from the coordinator for ",
+                              absl::FormatDuration(coordinator_timeout));
+        exit_code = 1;
+        break;
+      }
     } else {
+      last_heard = absl::Now();
       if (failures > 0) spdlog::info("coordinator reachable again");
       failures = 0;
       const v1::JobState state = response.job_state();
@@ -231,6 +379,25 @@ int Run() {
         exit_code = 1;
         break;
       }
+      if (response.has_restore() &&
+          response.restore().generation() > store->generation()) {
+        const v1::RestoreOrder& order = response.restore();
+        absl::StatusOr<std::vector<v1::ChunkState>> states =
+            LoadRestore(order, store->shard_map(), store->shard());
+        absl::Status restored = states.ok()
+                                    ? store->Restore(order.generation(), order.checkpoint_id(),
+                                                     *states)
+                                    : states.status();
+        if (!restored.ok()) {
+          reason = absl::StrCat("cannot roll back to checkpoint ", order.checkpoint_id(), ": ",
+                                restored.message());
+          exit_code = 1;
+          break;
+        }
+        spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})",
+                     store->shard(), order.checkpoint_id(), order.step(), order.generation());
+      }
+      if (response.has_checkpoint()) checkpointer.MaybeStart(response.checkpoint());
       // Until the job runs, every rank counts toward a step's quorum, so an
       // early worker cannot complete step 0 alone.
       if (state == v1::JOB_STATE_RUNNING)
@@ -245,8 +412,10 @@ int Run() {
     SleepUnlessShutdown(interval - (absl::Now() - tick));
   }
 
-  stop_server();
+  stop_server();  // also ends a checkpoint capture that is waiting
+  checkpointer.Join();
   const v1::ShardStatus s = store->ShardStatus();
+  if (exit_code != 0) spdlog::error("{}", reason);
   spdlog::info(
       "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
       "duplicate, {} rejected), {} pulls, {:.1f} MiB in, {:.1f} MiB out",

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -14,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
@@ -53,10 +56,33 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
     last_status_ = request->shard();
+    if (taken_over_)
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "stale incarnation 7 of shard 0");
     response->set_job_state(state_);
     response->add_live_workers(0);
     response->add_live_worker_incarnations(1);
+    if (checkpoint_.id() > 0) *response->mutable_checkpoint() = checkpoint_;
     return grpc::Status::OK;
+  }
+
+  void AskForCheckpoint(v1::CheckpointRequest request) {
+    absl::MutexLock lock(&mu_);
+    checkpoint_ = std::move(request);
+  }
+  void TakeOver() {
+    absl::MutexLock lock(&mu_);
+    taken_over_ = true;
+  }
+  // Waits until a heartbeat reports checkpoint `id` in `state`.
+  bool WaitForCheckpointReport(uint64_t id, v1::CheckpointState state,
+                               absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reported = [&] {
+      mu_.AssertHeld();
+      return last_status_.checkpoint().id() == id && last_status_.checkpoint().state() == state;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reported), timeout);
   }
 
   void SetState(v1::JobState state) {
@@ -91,6 +117,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardStatus last_status_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
+  v1::CheckpointRequest checkpoint_ ABSL_GUARDED_BY(mu_);
+  bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 v1::JobConfig SmallJob() {
@@ -324,6 +352,61 @@ TEST_F(GrpsServerBinaryTest, ExitsOneWhenTheCoordinatorSendsAnInvalidJob) {
   ServerProcess process({"--coordinator=" + coordinator_address()}, {});
   ASSERT_TRUE(process.started());
   EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 1);
+}
+
+TEST_F(GrpsServerBinaryTest, WritesTheCheckpointAHeartbeatAsksForAndReportsIt) {
+  StartCoordinator(SmallJob());
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  const std::string dir = CheckpointFolder(TempPath("checkpoints"), 3);
+  v1::CheckpointRequest request;
+  request.set_id(3);
+  request.set_dir(dir);
+  coordinator_->AskForCheckpoint(request);
+  ASSERT_TRUE(coordinator_->WaitForCheckpointReport(3, v1::CHECKPOINT_STATE_WRITTEN,
+                                                    absl::Seconds(30)));
+  const v1::ShardCheckpoint report = coordinator_->last_status().checkpoint();
+  EXPECT_EQ(report.file(), ShardFileName(0));
+  EXPECT_EQ(report.num_chunks(), static_cast<uint32_t>(coordinator_->map().chunks_size()));
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      ReadShardFile(Env::Default(), dir, report, "binary-test", 3);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->chunks_size(), coordinator_->map().chunks_size());
+  coordinator_->SetState(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+  std::filesystem::remove_all(TempPath("checkpoints"));
+}
+
+TEST_F(GrpsServerBinaryTest, ExitsOneWhenTheJobFailed) {
+  StartCoordinator(SmallJob());
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  coordinator_->SetState(v1::JOB_STATE_FAILED);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 1);
+}
+
+TEST_F(GrpsServerBinaryTest, ExitsOneWhenAnotherServerTookItsShard) {
+  StartCoordinator(SmallJob());
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  coordinator_->TakeOver();
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 1);
+}
+
+TEST_F(GrpsServerBinaryTest, GivesUpWhenTheCoordinatorStaysSilentPastItsTimeout) {
+  v1::JobConfig config = SmallJob();
+  config.set_coordinator_timeout_ms(1500);
+  StartCoordinator(config);
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  server_.server->Shutdown();
+  const absl::Time gone = absl::Now();
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 1);
+  EXPECT_GE(absl::Now() - gone, absl::Milliseconds(1400));
 }
 
 TEST_F(GrpsServerBinaryTest, ExitsOneWithoutACoordinatorFlag) {

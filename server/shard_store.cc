@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -86,12 +87,76 @@ class ShardStore::Chunk final : public UpdateTarget {
     optimizer->Apply(values.f32(), grad, lr, version_);
     ++version_;
     ++counters.updates;
+    if (capture_at != 0 && version_ == capture_at) {
+      captured = Snapshot(/*sync=*/true);
+      capture_at = 0;
+    }
     if (staleness < 0) return;
     const uint64_t st = static_cast<uint64_t>(staleness);
     ++counters.staleness_count;
     counters.staleness_sum += st;
     counters.staleness_max = std::max(counters.staleness_max, st);
     ++counters.staleness_histogram[std::min<uint64_t>(st, kStalenessBuckets - 1)];
+  }
+
+  // This chunk's state now, for a checkpoint. `sync`: the marks say no more
+  // than step version - 1 was applied, because a push for the open step is
+  // in its aggregate, which the checkpoint does not keep: after a roll-back
+  // that push must be accepted again.
+  v1::ChunkState Snapshot(bool sync) const {
+    v1::ChunkState out;
+    out.set_chunk_id(id);
+    out.set_version(version_);
+    out.set_num_elements(num_elements_);
+    out.set_values(reinterpret_cast<const char*>(values.f32()),
+                   num_elements_ * sizeof(float));
+    for (std::string& slot : optimizer->SaveState()) out.add_optimizer_state(std::move(slot));
+    for (uint32_t rank = 0; rank < marks.size(); ++rank) {
+      const AcceptedMark& m = marks[rank];
+      v1::DedupMark* d = out.add_marks();
+      const bool capped = sync && m.valid && m.step >= version_;
+      d->set_valid(m.valid && !(capped && version_ == 0));
+      d->set_incarnation(m.incarnation);
+      d->set_step(capped && version_ > 0 ? version_ - 1 : m.step);
+      // ssp: a held gradient is not in the values either; its mark must not
+      // say it was applied, and the rank must compute it again.
+      if (const std::optional<uint64_t> held = policy->LowestHeldStep(rank);
+          held.has_value() && d->valid() && d->step() >= *held) {
+        (*out.mutable_held_from())[rank] = *held;
+        if (*held == 0)
+          d->set_valid(false);
+        else
+          d->set_step(*held - 1);
+      }
+    }
+    return out;
+  }
+
+  // Replaces the state with `state` (checked by MatchStates), or with the
+  // initial values at version 0 when null; drops the mode's pending state.
+  absl::Status Reset(const v1::ChunkState* state, const v1::ChunkSpec& spec,
+                     const v1::TensorSpec& tensor, const v1::JobConfig& config) {
+    policy = MakeChunkPolicy(config, num_elements_, backend_.get());
+    policy->Restored();
+    capture_at = 0;
+    captured.reset();
+    marks.assign(marks.size(), AcceptedMark{});
+    if (state == nullptr) {
+      version_ = 0;
+      optimizer->Reset();
+      return InitializeRange(tensor, config.seed(), spec.tensor_index(), spec.offset(),
+                             spec.num_elements(), values.f32());
+    }
+    version_ = state->version();
+    std::memcpy(values.f32(), state->values().data(), num_elements_ * sizeof(float));
+    std::vector<const std::string*> slots;
+    for (const std::string& slot : state->optimizer_state()) slots.push_back(&slot);
+    optimizer->LoadState(slots);
+    for (int r = 0; r < state->marks_size() && r < static_cast<int>(marks.size()); ++r) {
+      const v1::DedupMark& m = state->marks(r);
+      marks[r] = AcceptedMark{m.valid(), m.incarnation(), m.step()};
+    }
+    return absl::OkStatus();
   }
 
   const uint32_t id;
@@ -109,6 +174,10 @@ class ShardStore::Chunk final : public UpdateTarget {
   std::unique_ptr<ChunkPolicy> policy;
   std::vector<AcceptedMark> marks;  // by rank
   ChunkCounters counters;
+  // A checkpoint capture: the version at which Apply copies the state into
+  // `captured` (0: none armed).
+  uint64_t capture_at = 0;
+  std::optional<v1::ChunkState> captured;
 };
 
 // Holds the mutexes of a push's chunks, taken in ascending chunk id order so
@@ -153,8 +222,15 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
         absl::StrCat("shard ", options.shard, " is out of range: the job has ",
                      options.config.num_servers(), " shards"));
   if (!options.make_backend) options.make_backend = CreateCpuBackend;
+  const uint64_t generation = options.generation;
+  const uint64_t restored_checkpoint = options.restored_checkpoint;
+  std::vector<v1::ChunkState> restore = std::move(options.restore);
   std::unique_ptr<ShardStore> store(new ShardStore(std::move(options)));
   if (absl::Status s = store->Initialize(); !s.ok()) return s;
+  if (restored_checkpoint > 0 || generation > 0) {
+    if (absl::Status s = store->Restore(generation, restored_checkpoint, restore); !s.ok())
+      return s;
+  }
   store->timer_ = std::thread([s = store.get()] { s->TimerLoop(); });
   return store;
 }
@@ -272,6 +348,8 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
   PushResult result;
   {
     ChunkLocks locks(chunks);
+    // Under the chunks' locks, so a Restore is wholly before or after.
+    if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
     // Decide every chunk before changing any.
     std::vector<bool> duplicate(chunks.size(), false);
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -308,13 +386,17 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
       if (duplicate[i]) {
         ++c.counters.duplicates;
         ++result.duplicates;
+        c.policy->Duplicate({rank, push.incarnation, push.step, g.base_version}, c,
+                            *live_set);
         result.versions.push_back(c.version());
         continue;
       }
       const ChunkGradientMeta meta{rank, push.incarnation, push.step,
                                    g.base_version};
-      const GradientFate fate = c.policy->Accept(meta, g.values, c, *live_set);
+      // Marked before Accept: an update it applies may be captured by a
+      // checkpoint, which must know this push as applied.
       c.marks[rank] = AcceptedMark{true, push.incarnation, push.step};
+      const GradientFate fate = c.policy->Accept(meta, g.values, c, *live_set);
       switch (fate) {
         case GradientFate::kLateFolded:
           ++c.counters.late_folded;
@@ -403,6 +485,10 @@ bool ShardStore::TryServe(Waiter& w,
   const PullSpec& spec = w.spec;
   if (shutdown_.load()) {
     *out = absl::UnavailableError("shard is shutting down");
+    return true;
+  }
+  if (absl::Status s = CheckGeneration(spec.generation); !s.ok()) {
+    *out = s;
     return true;
   }
   const std::shared_ptr<const LiveSet> live_set = live();
@@ -562,6 +648,183 @@ void ShardStore::SetLiveWorkers(absl::Span<const uint32_t> ranks,
   WakeWaiters();
 }
 
+absl::Status ShardStore::CheckGeneration(uint64_t generation) const {
+  const uint64_t current = generation_.load();
+  if (generation == 0 || generation == current) return absl::OkStatus();
+  if (generation < current)
+    return absl::AbortedError(absl::StrCat(
+        "the job rolled back to checkpoint ", restored_checkpoint_.load(), " (generation ",
+        current, "); this request belongs to generation ", generation,
+        ": resume from the coordinator's restore order"));
+  return absl::UnavailableError(absl::StrCat("shard ", shard_, " is still in generation ",
+                                             current, ", not yet ", generation, "; retry"));
+}
+
+absl::StatusOr<std::vector<const v1::ChunkState*>> ShardStore::MatchStates(
+    const std::vector<v1::ChunkState>& states) const {
+  std::vector<const v1::ChunkState*> by_chunk(chunks_.size(), nullptr);
+  if (states.empty()) return by_chunk;
+  for (const v1::ChunkState& state : states) {
+    Chunk* c = FindChunk(state.chunk_id());
+    if (c == nullptr) continue;  // another shard's chunk (a re-sharded restore)
+    const int index = local_index_[state.chunk_id()];
+    auto bad = [&](auto... why) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c->id, ": ", why...));
+    };
+    if (by_chunk[index] != nullptr) return bad("appears twice in the checkpoint");
+    if (state.num_elements() != c->num_elements() ||
+        state.values().size() != c->num_elements() * sizeof(float))
+      return bad("the checkpoint has ", state.values().size(), " bytes of values, the chunk ",
+                 c->num_elements(), " elements");
+    std::vector<const std::string*> slots;
+    for (const std::string& slot : state.optimizer_state()) slots.push_back(&slot);
+    absl::MutexLock lock(&c->mu);
+    if (absl::Status s = c->optimizer->CheckState(slots); !s.ok()) return bad(s.message());
+    by_chunk[index] = &state;
+  }
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    if (by_chunk[i] == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat("the checkpoint has no state for chunk ", chunks_[i]->id));
+  return by_chunk;
+}
+
+absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
+                                 const std::vector<v1::ChunkState>& states) {
+  absl::StatusOr<std::vector<const v1::ChunkState*>> matched = MatchStates(states);
+  if (!matched.ok()) return matched.status();
+  {
+    std::vector<Chunk*> all;
+    for (const std::unique_ptr<Chunk>& c : chunks_) all.push_back(c.get());
+    ChunkLocks locks(all);
+    if (generation_.load() > 0 && generation <= generation_.load())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "generation ", generation, " is not newer than the shard's ", generation_.load()));
+    const std::shared_ptr<const LiveSet> live_set = live();
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      Chunk& c = *chunks_[i];
+      c.mu.AssertHeld();
+      const v1::ChunkSpec& spec = map_.chunks(c.id);
+      if (absl::Status s = c.Reset((*matched)[i], spec, map_.tensors(spec.tensor_index()), config_);
+          !s.ok())
+        return absl::InternalError(absl::StrCat("chunk ", c.id, ": ", s.message()));
+      c.policy->LiveSetChanged(c, *live_set);
+    }
+    generation_.store(generation);
+    restored_checkpoint_.store(checkpoint_id);
+  }
+  WakeWaiters();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CaptureCheckpoint(
+    const v1::CheckpointRequest& request, absl::Time deadline) {
+  if (absl::Status s = ArmCheckpoint(request); !s.ok()) return s;
+  return CollectCheckpoint(request.id(), deadline);
+}
+
+absl::Status ShardStore::ArmCheckpoint(const v1::CheckpointRequest& request) {
+  absl::MutexLock capture(&capture_mu_);
+  capture_epoch_.fetch_add(1);
+  const uint64_t at = request.version();
+  absl::Status armed;
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    Chunk& c = *chunk;
+    absl::MutexLock lock(&c.mu);
+    c.captured.reset();
+    c.capture_at = 0;
+    if (!armed.ok()) continue;  // disarming the rest
+    if (at == 0 || c.version() == at) {
+      c.captured = c.Snapshot(/*sync=*/at > 0);
+    } else if (c.version() > at) {
+      armed = absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", c.id, " is already at version ", c.version(), ", past the checkpoint's ",
+          at));
+    } else {
+      c.capture_at = at;
+    }
+  }
+  if (!armed.ok()) {
+    for (const std::unique_ptr<Chunk>& c : chunks_) {
+      absl::MutexLock lock(&c->mu);
+      c->capture_at = 0;
+      c->captured.reset();
+    }
+    armed_.reset();
+    return armed;
+  }
+  armed_ = request;
+  armed_generation_ = generation_.load();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CollectCheckpoint(uint64_t id,
+                                                                     absl::Time deadline) {
+  v1::CheckpointRequest request;
+  uint64_t generation = 0;
+  uint64_t epoch = 0;
+  {
+    absl::MutexLock capture(&capture_mu_);
+    // Under capture_mu_, as ArmCheckpoint bumps it: the epoch of this arm.
+    epoch = capture_epoch_.load();
+    if (!armed_.has_value() || armed_->id() != id)
+      return absl::AbortedError(absl::StrCat("checkpoint ", id, " was superseded"));
+    request = *armed_;
+    generation = armed_generation_;
+    armed_.reset();
+  }
+  v1::ShardCheckpointFile file;
+  file.set_job_id(config_.job_id());
+  file.set_checkpoint_id(request.id());
+  file.set_shard(shard_);
+  absl::Status stop;
+  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
+    Chunk& c = *chunk;
+    while (stop.ok()) {
+      {
+        absl::MutexLock lock(&c.mu);
+        // A newer arm may have put its own capture here already: the epoch
+        // is checked under the chunk's lock, which that arm takes after
+        // bumping it.
+        if (capture_epoch_.load() != epoch)
+          return absl::AbortedError(absl::StrCat("checkpoint ", request.id(),
+                                                 " was superseded by a newer one"));
+        if (c.captured.has_value()) {
+          *file.add_chunks() = std::move(*c.captured);
+          c.captured.reset();
+          break;
+        }
+      }
+      if (capture_epoch_.load() != epoch)
+        return absl::AbortedError(absl::StrCat("checkpoint ", request.id(),
+                                               " was superseded by a newer one"));
+      if (generation_.load() != generation)
+        stop = absl::AbortedError("the shard was rolled back while checkpointing");
+      else if (shutdown_.load())
+        stop = absl::UnavailableError("shard is shutting down");
+      else if (absl::Now() >= deadline)
+        stop = absl::DeadlineExceededError(absl::StrCat(
+            "chunk ", c.id, " did not reach version ", request.version(), " in time"));
+      else
+        absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  if (!stop.ok()) {
+    for (const std::unique_ptr<Chunk>& c : chunks_) {
+      absl::MutexLock lock(&c->mu);
+      c->capture_at = 0;
+      c->captured.reset();
+    }
+    return stop;
+  }
+  return file;
+}
+
+void ShardStore::SetCheckpointReport(const v1::ShardCheckpoint& report) {
+  absl::MutexLock lock(&report_mu_);
+  report_ = report;
+}
+
 void ShardStore::CountRejectedAtEdge(uint64_t chunk_gradients) {
   rejected_.fetch_add(chunk_gradients);
 }
@@ -607,6 +870,12 @@ v1::ShardStatus ShardStore::ShardStatus() const {
   s.set_too_stale(total.too_stale);
   for (uint64_t n : total.late_by_worker) s.add_late_by_worker(n);
   s.set_held_gradients(held);
+  s.set_generation(generation_.load());
+  s.set_restored_checkpoint(restored_checkpoint_.load());
+  {
+    absl::MutexLock lock(&report_mu_);
+    if (report_.id() > 0) *s.mutable_checkpoint() = report_;
+  }
   {
     absl::MutexLock lock(&waiters_mu_);
     s.set_waiting_pulls(waiters_.size() + in_scan_);

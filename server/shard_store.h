@@ -33,6 +33,16 @@
 // `duplicate_pushes` those recognised as retries, `rejected_pushes` those
 // refused or too stale, `pulls` the chunks served.
 //
+// Durability (docs/durability.md). CaptureCheckpoint copies each chunk's
+// state (values, optimizer state, version, dedup marks) either as it is now
+// or, in sync mode, at the instant the chunk reaches a given version, inside
+// the chunk's lock and before any later update, so every chunk of the shard
+// is cut at the same step without pausing training. Restore replaces every
+// chunk's state (from a checkpoint, or the initial values) and moves the
+// shard to a new job generation; a push or pull tagged with an older
+// generation is then refused with ABORTED, one with a newer generation with
+// UNAVAILABLE (0 = unchecked), and pulls waiting from before fail ABORTED.
+//
 // Thread safety: every public method may be called from any thread.
 #ifndef GRPS_SERVER_SHARD_STORE_H_
 #define GRPS_SERVER_SHARD_STORE_H_
@@ -75,6 +85,12 @@ class ShardStore {
     // per chunk: a Backend serves one thread at a time, and chunks update in
     // parallel. Default: CreateCpuBackend.
     std::function<std::unique_ptr<Backend>()> make_backend;
+    // The job generation the shard starts in, and the state its chunks start
+    // from: one ChunkState per chunk of this shard, from checkpoint
+    // `restored_checkpoint` (empty: the initial values).
+    uint64_t generation = 0;
+    uint64_t restored_checkpoint = 0;
+    std::vector<v1::ChunkState> restore;
   };
 
   // One chunk's gradient, as f32 values the caller keeps alive for the call.
@@ -90,6 +106,7 @@ class ShardStore {
     uint32_t worker_rank = 0;
     uint64_t incarnation = 0;
     uint64_t step = 0;  // the worker's clock
+    uint64_t generation = 0;  // 0: unchecked
     std::vector<ChunkGradient> chunks;  // distinct ids owned by this shard
   };
 
@@ -117,6 +134,7 @@ class ShardStore {
     std::optional<uint64_t> clock;
     absl::Time deadline = absl::InfiniteFuture();
     DType dtype = DType::kF32;
+    uint64_t generation = 0;  // 0: unchecked
   };
   using PullCallback =
       std::function<void(absl::StatusOr<std::vector<PulledChunk>>)>;
@@ -179,6 +197,44 @@ class ShardStore {
   void SetLiveWorkers(absl::Span<const uint32_t> ranks,
                       absl::Span<const uint64_t> incarnations);
 
+  // ---- Durability ----
+
+  uint64_t generation() const { return generation_.load(); }
+
+  // The shard's part of checkpoint `request`: every chunk (ascending id) as
+  // it is now when request.version() is 0, else as it is at exactly that
+  // version (waiting, on the calling thread, for chunks still below it).
+  // FAILED_PRECONDITION naming the chunk when one is already past the
+  // version; DEADLINE_EXCEEDED when a chunk has not reached it by
+  // `deadline`; ABORTED if the shard is restored meanwhile.
+  absl::StatusOr<v1::ShardCheckpointFile> CaptureCheckpoint(
+      const v1::CheckpointRequest& request, absl::Time deadline);
+  // CaptureCheckpoint in two halves: ArmCheckpoint copies the chunks that are
+  // at the version (all of them for version 0) and arms the others, without
+  // waiting (FAILED_PRECONDITION as above); it supersedes an earlier capture,
+  // whose CollectCheckpoint then returns ABORTED. CollectCheckpoint waits for
+  // the armed chunks and returns the file.
+  absl::Status ArmCheckpoint(const v1::CheckpointRequest& request)
+      ABSL_LOCKS_EXCLUDED(capture_mu_);
+  // `id` names the armed checkpoint to collect (ABORTED if another one has
+  // been armed since).
+  absl::StatusOr<v1::ShardCheckpointFile> CollectCheckpoint(uint64_t id, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(capture_mu_);
+
+  // Moves the shard to `generation` with its chunks as in `states` (one per
+  // chunk of this shard, any order; empty: the initial values at version 0),
+  // the optimizer state and dedup marks included, and the mode's pending
+  // state (an open sync step, held ssp gradients) dropped. All-or-nothing:
+  // INVALID_ARGUMENT (nothing changes) when a state is missing or does not
+  // fit its chunk, or FAILED_PRECONDITION when `generation` is not newer.
+  absl::Status Restore(uint64_t generation, uint64_t checkpoint_id,
+                       const std::vector<v1::ChunkState>& states);
+
+  // The shard's report of its part of the newest checkpoint, shown in
+  // ShardStatus().checkpoint().
+  void SetCheckpointReport(const v1::ShardCheckpoint& report)
+      ABSL_LOCKS_EXCLUDED(report_mu_);
+
   // Counts a push refused at the network edge (bad input) as rejected.
   void CountRejectedAtEdge(uint64_t chunk_gradients);
 
@@ -202,6 +258,12 @@ class ShardStore {
   absl::Status AdmitIncarnation(uint32_t rank, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(members_mu_);
   Chunk* FindChunk(uint32_t chunk_id) const;
+  // OK for generation 0 or the shard's; ABORTED for an older one,
+  // UNAVAILABLE for a newer one.
+  absl::Status CheckGeneration(uint64_t generation) const;
+  // Checks `states` against the chunks; the index of each chunk's state.
+  absl::StatusOr<std::vector<const v1::ChunkState*>> MatchStates(
+      const std::vector<v1::ChunkState>& states) const;
   std::shared_ptr<const LiveSet> live() const ABSL_LOCKS_EXCLUDED(members_mu_);
 
   // Examines the waiting pulls and completes those that are ready, timed
@@ -240,6 +302,17 @@ class ShardStore {
   std::thread timer_;
 
   std::atomic<bool> shutdown_{false};
+  // Changed only by Restore, with every chunk's lock held.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> restored_checkpoint_{0};
+  // The armed capture. Lock order: capture_mu_ before a chunk's mutex.
+  absl::Mutex capture_mu_;
+  std::optional<v1::CheckpointRequest> armed_ ABSL_GUARDED_BY(capture_mu_);
+  uint64_t armed_generation_ ABSL_GUARDED_BY(capture_mu_) = 0;
+  // Bumped by every ArmCheckpoint: a collection of an older one gives up.
+  std::atomic<uint64_t> capture_epoch_{0};
+  mutable absl::Mutex report_mu_;
+  v1::ShardCheckpoint report_ ABSL_GUARDED_BY(report_mu_);
   // Every refusal, at the edge or here; rare, so one shared counter.
   std::atomic<uint64_t> rejected_{0};
 };

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "job/job_config.h"
@@ -100,6 +101,30 @@ class SspPolicy final : public ChunkPolicy {
   }
 
   uint64_t held() const override { return held_.size(); }
+
+  bool Duplicate(const ChunkGradientMeta& g, UpdateTarget& chunk,
+                 const LiveSet& live) override {
+    const int64_t clock = Effective(g.rank, g.clock);
+    for (const Held& h : held_)
+      if (h.rank == g.rank && h.clock <= clock) return false;  // not applied yet
+    applied_[g.rank] = std::max(applied_[g.rank], clock + 1);
+    return ReleaseHeld(chunk, live);
+  }
+
+  std::optional<uint64_t> LowestHeldStep(uint32_t rank) const override {
+    std::optional<uint64_t> lowest;
+    for (const Held& h : held_) {
+      if (h.rank != rank) continue;
+      const uint64_t step = static_cast<uint64_t>(std::max<int64_t>(0, h.clock - offset_[rank]));
+      if (!lowest.has_value() || step < *lowest) lowest = step;
+    }
+    return lowest;
+  }
+
+  // Each worker comes back at the step it resumes from: every rank rejoins
+  // (its clock offset fixed at its first pull), so no pull waits for clocks
+  // from before the roll-back.
+  void Restored() override { rejoining_.assign(workers_, true); }
 
  private:
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
