@@ -1,23 +1,38 @@
 // grps-coordinator: the control plane of one job. Serves grps.v1.Coordinator
-// until the job completes or is stopped, then waits (up to --linger_ms) until
-// every live daemon has been told, and exits 0.
+// until the job ends, then waits (up to --linger_ms) until every live daemon
+// has been told, and exits.
+//
+// At start: a state file (<state_dir>/coordinator.state) of this job that is
+// not final is taken back (a restarted coordinator); one of a COMPLETED job
+// makes it exit 0 at once. Otherwise, with --checkpoint_dir, the job resumes
+// from the newest complete checkpoint there (damaged ones are refused and
+// logged). While running, the state file is rewritten as the job changes.
 //
 // Exit codes: 0 when the job completed or was stopped (also by SIGINT or
-// SIGTERM); 1 when it could not serve; 2 for an invalid job configuration.
+// SIGTERM); 1 when it failed or could not serve; 2 for an invalid job
+// configuration (also a checkpoint cut from another model or chunk size).
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "checkpoint/checkpoint.h"
 #include "coordinator/coordinator_service.h"
+#include "daemon/env.h"
 #include "coordinator/job_flags.h"
 #include "daemon/daemon.h"
 #include "job/job_config.h"
@@ -28,6 +43,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port to serve on (port 0 picks a free one; see --port_file)");
 ABSL_FLAG(std::string, port_file, "",
           "after listening, write the bound port to this file (atomically)");
+ABSL_FLAG(std::string, state_dir, "(checkpoint_dir)",
+          "folder for the coordinator's state file, so that a restarted "
+          "coordinator takes the job back (default: --checkpoint_dir; empty: "
+          "no state file)");
 ABSL_FLAG(int32_t, linger_ms, 3000,
           "after the job ends, wait up to this long for every live daemon to "
           "learn it before exiting");
@@ -35,24 +54,112 @@ ABSL_FLAG(int32_t, linger_ms, 3000,
 namespace grps {
 namespace {
 
-// Writes "<port>\n" to a temporary file beside `path`, then renames it over
-// `path`, so a reader never sees a partial file.
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr)
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  const bool written = std::fprintf(f, "%d\n", port) > 0 && std::fflush(f) == 0 &&
-                       fsync(fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+constexpr char kStateFileName[] = "coordinator.state";
+
+// The highest id of a ckpt-<id> folder under `root` (0 if none).
+uint64_t HighestCheckpointFolder(Env* env, const std::string& root) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(root);
+  if (!names.ok()) return 0;
+  uint64_t highest = 0;
+  for (const std::string& name : *names) {
+    uint64_t id = 0;
+    if (absl::StartsWith(name, "ckpt-") &&
+        absl::SimpleAtoi(absl::string_view(name).substr(5), &id))
+      highest = std::max(highest, id);
   }
-  return absl::OkStatus();
+  return highest;
+}
+
+// What the state file says: nullopt to start fresh; an exit code to exit
+// with at once.
+struct StateFileVerdict {
+  std::optional<v1::CoordinatorState> take_over;
+  std::optional<int> exit_code;
+};
+
+StateFileVerdict ReadStateFile(Env* env, const std::string& path,
+                               const v1::JobConfig& config) {
+  StateFileVerdict verdict;
+  if (path.empty() || !env->FileExists(path)) return verdict;
+  absl::StatusOr<std::string> bytes = env->ReadFile(path);
+  v1::CoordinatorState state;
+  if (!bytes.ok() || !state.ParseFromString(*bytes)) {
+    spdlog::warn("{}: {}; starting fresh (members are adopted from their "
+                 "heartbeats)",
+                 path,
+                 bytes.ok() ? std::string("not a coordinator state")
+                            : std::string(bytes.status().message()));
+    return verdict;
+  }
+  if (state.config().job_id() != config.job_id()) {
+    spdlog::warn("{} is of job '{}', not '{}'; starting fresh", path,
+                 state.config().job_id(), config.job_id());
+    return verdict;
+  }
+  switch (state.state()) {
+    case v1::JOB_STATE_COMPLETED:
+      spdlog::info("job {} already completed ({}): nothing to do", config.job_id(),
+                   path);
+      verdict.exit_code = 0;
+      return verdict;
+    case v1::JOB_STATE_STOPPED:
+    case v1::JOB_STATE_FAILED:
+      spdlog::info("job {} was {} ({}); starting it again", config.job_id(),
+                   JobStateName(state.state()), path);
+      return verdict;
+    default:
+      verdict.take_over = std::move(state);
+      return verdict;
+  }
+}
+
+// Resumes `service` from the newest complete checkpoint under
+// config.checkpoint_dir, if any. An exit code when the job cannot start.
+std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
+                                        const v1::ShardMap& map,
+                                        CoordinatorService* service) {
+  absl::StatusOr<CheckpointChoice> choice =
+      // Any job's: a job started again on its folder may have a new id
+      // (grps-local names each run).
+      FindNewestCheckpoint(env, config.checkpoint_dir(), "");
+  if (!choice.ok()) {
+    spdlog::error("--checkpoint_dir: {}", std::string(choice.status().message()));
+    return 1;
+  }
+  for (const std::string& refused : choice->refused)
+    spdlog::warn("checkpoint refused: {}", refused);
+  if (!choice->manifest.has_value()) {
+    spdlog::info("no complete checkpoint in {}; job {} starts from step 0",
+                 config.checkpoint_dir(), config.job_id());
+    return std::nullopt;
+  }
+  if (absl::Status s = CheckSameChunks(choice->manifest->shard_map(), map); !s.ok()) {
+    std::fprintf(stderr,
+                 "grps-coordinator: checkpoint %s was cut from another model or "
+                 "chunk size than this job's (%s); use the same --model, "
+                 "--hidden and --chunk_kb, or another --checkpoint_dir\n",
+                 choice->dir.c_str(), std::string(s.message()).c_str());
+    return 2;
+  }
+  // The optimizer state in the files is that optimizer's (Adam's moments,
+  // momentum's velocity): another optimizer cannot continue from it.
+  if (choice->manifest->config().optimizer().kind() != config.optimizer().kind()) {
+    std::fprintf(stderr,
+                 "grps-coordinator: checkpoint %s was taken with --optimizer=%s, this "
+                 "job uses --optimizer=%s; use the same optimizer, or another "
+                 "--checkpoint_dir\n",
+                 choice->dir.c_str(),
+                 OptimizerName(choice->manifest->config().optimizer().kind()).c_str(),
+                 OptimizerName(config.optimizer().kind()).c_str());
+    return 2;
+  }
+  spdlog::info("job {} resumes from checkpoint {} of job {} in {} (step {}, {} shards then, "
+               "{} now)",
+               config.job_id(), choice->manifest->id(), choice->manifest->job_id(), choice->dir,
+               choice->manifest->step(), choice->manifest->shards_size(),
+               config.num_servers());
+  service->ResumeFrom(*choice->manifest, choice->dir);
+  return std::nullopt;
 }
 
 int Main(int argc, char** argv) {
@@ -82,7 +189,37 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  CoordinatorService service(*config, *map);
+  Env* env = Env::Default();
+  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir == "(checkpoint_dir)") state_dir = config->checkpoint_dir();
+  const std::string state_path =
+      state_dir.empty() ? std::string() : JoinPath(state_dir, kStateFileName);
+  StateFileVerdict verdict = ReadStateFile(env, state_path, *config);
+  if (verdict.exit_code.has_value()) return *verdict.exit_code;
+  if (!state_dir.empty()) {
+    if (absl::Status s = env->CreateDir(state_dir); !s.ok()) {
+      spdlog::error("--state_dir: {}", std::string(s.message()));
+      return 1;
+    }
+  }
+
+  CoordinatorOptions options;
+  options.env = env;
+  options.state_path = state_path;
+  CoordinatorService service(*config, *map, &absl::Now, options);
+  if (!config->checkpoint_dir().empty())
+    service.SetNextCheckpointId(
+        HighestCheckpointFolder(env, config->checkpoint_dir()) + 1);
+  if (verdict.take_over.has_value()) {
+    if (absl::Status s = service.TakeOver(*verdict.take_over, state_path); !s.ok()) {
+      std::fprintf(stderr, "grps-coordinator: cannot take the job back: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
+  } else if (!config->checkpoint_dir().empty()) {
+    if (std::optional<int> code = ResumeFromCheckpoint(env, *config, *map, &service))
+      return *code;
+  }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
   if (!server.ok()) {
@@ -97,12 +234,25 @@ int Main(int argc, char** argv) {
       WithPort(listen, server->port));
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file);
       !port_file.empty()) {
-    if (absl::Status s = WritePortFile(port_file, server->port); !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(env, port_file,
+                                             absl::StrCat(server->port, "\n"));
+        !s.ok()) {
       spdlog::error("--port_file: {}", std::string(s.message()));
       server->server->Shutdown(absl::ToChronoTime(absl::Now()));
       return 1;
     }
   }
+
+  // The state file, on a thread of its own: an fsync may take seconds, and
+  // failure detection and checkpoint scheduling must not wait for it.
+  std::atomic<bool> persisting{true};
+  std::thread persister([&service, &persisting] {
+    while (persisting.load()) {
+      if (absl::Status s = service.PersistState(/*force=*/false); !s.ok())
+        spdlog::warn("state file: {}", std::string(s.message()));
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
 
   // Failure detection every heartbeat interval, on this thread, until the
   // job ends or a signal arrives.
@@ -121,6 +271,8 @@ int Main(int argc, char** argv) {
         std::min(absl::Milliseconds(100), next_tick - absl::Now());
     if (service.WaitForEnd(std::max(wait, absl::ZeroDuration()))) break;
   }
+  persisting.store(false);
+  persister.join();
 
   // Linger so that every live daemon hears the final state from a heartbeat
   // reply and exits by itself; a member that dies meanwhile stops counting.
@@ -133,6 +285,8 @@ int Main(int argc, char** argv) {
   if (!service.EveryLiveMemberSawEnd())
     spdlog::warn("exiting before every live daemon heard that the job ended");
 
+  if (absl::Status s = service.PersistState(/*force=*/true); !s.ok())
+    spdlog::warn("state file: {}", std::string(s.message()));
   service.Shutdown();
   // In-flight unary calls take milliseconds and blocked ones were released
   // above; a client that keeps its connection open should not delay exit.
@@ -150,7 +304,7 @@ int Main(int argc, char** argv) {
   if (!status.message().empty()) absl::StrAppend(&result, " (", status.message(), ")");
   spdlog::info("{}", result);
   spdlog::default_logger()->flush();
-  return 0;
+  return status.state() == v1::JOB_STATE_FAILED ? 1 : 0;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "gtest/gtest.h"
 #include "proto/grps.grpc.pb.h"
 
@@ -104,6 +107,93 @@ std::unique_ptr<grpc::ClientContext> Context() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   return context;
+}
+
+std::string TempFolder(const std::string& name) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/coordinator-main-", getpid(), "-", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(CoordinatorProcess, JobCompletedPerItsStateFileExitsZeroAtOnce) {
+  const std::string dir = TempFolder("completed");
+  v1::CoordinatorState state;
+  state.mutable_config()->set_job_id("done-job");
+  state.set_state(v1::JOB_STATE_COMPLETED);
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), JoinPath(dir, "coordinator.state"),
+                                  state.SerializeAsString())
+                  .ok());
+  CoordinatorProcess p({"--job_id=done-job", "--servers=1", "--workers=1",
+                        "--checkpoint_dir=" + dir});
+  ASSERT_TRUE(p.started());
+  EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 0);
+}
+
+TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
+  const std::string dir = TempFolder("othermodel");
+  // A complete checkpoint of a one-chunk model with one shard.
+  v1::ShardMap map;
+  v1::TensorSpec* t = map.add_tensors();
+  t->set_name("other/weight");
+  t->add_shape(4);
+  v1::ChunkSpec* c = map.add_chunks();
+  c->set_num_elements(4);
+  map.add_shards()->set_address("127.0.0.1:1");
+  v1::ShardCheckpointFile file;
+  file.set_job_id("other-job");
+  file.set_checkpoint_id(1);
+  v1::ChunkState* chunk = file.add_chunks();
+  chunk->set_num_elements(4);
+  chunk->set_values(std::string(16, '\0'));
+  const std::string ckpt = CheckpointFolder(dir, 1);
+  absl::StatusOr<v1::ShardCheckpoint> written =
+      WriteShardFile(Env::Default(), ckpt, file);
+  ASSERT_TRUE(written.ok()) << written.status();
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id("other-job");
+  manifest.set_id(1);
+  manifest.set_mode(v1::MODE_SYNC);
+  *manifest.add_shards() = *written;
+  *manifest.mutable_shard_map() = map;
+  ASSERT_TRUE(WriteManifest(Env::Default(), ckpt, manifest).ok());
+
+  CoordinatorProcess p({"--job_id=other-job", "--servers=1", "--workers=1",
+                        "--checkpoint_dir=" + dir});
+  ASSERT_TRUE(p.started());
+  EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 2);
+}
+
+TEST(CoordinatorProcess, TakenBackJobWhoseShardNeverReturnsFailsWithExitOne) {
+  const std::string dir = TempFolder("takeback");
+  v1::CoordinatorState state;
+  state.mutable_config()->set_job_id("back-job");
+  state.set_state(v1::JOB_STATE_RUNNING);
+  v1::ShardEndpoint* shard = state.add_shards();
+  shard->set_address("127.0.0.1:1");
+  shard->set_incarnation(5);
+  v1::WorkerStatus* worker = state.add_workers();
+  worker->set_incarnation(6);
+  worker->set_host("h");
+  worker->set_state(v1::MEMBER_STATE_ALIVE);
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), JoinPath(dir, "coordinator.state"),
+                                  state.SerializeAsString())
+                  .ok());
+  // Nobody heartbeats: the members die after 300 ms, the job fails 300 ms
+  // later.
+  CoordinatorProcess p({"--job_id=back-job", "--servers=1", "--workers=1",
+                        "--heartbeat_ms=50", "--heartbeat_timeout_ms=300",
+                        "--recovery_timeout_ms=300", "--linger_ms=0",
+                        "--state_dir=" + dir});
+  ASSERT_TRUE(p.started());
+  EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 1);
+  absl::StatusOr<std::string> bytes =
+      Env::Default()->ReadFile(JoinPath(dir, "coordinator.state"));
+  ASSERT_TRUE(bytes.ok());
+  v1::CoordinatorState after;
+  ASSERT_TRUE(after.ParseFromString(*bytes));
+  EXPECT_EQ(after.state(), v1::JOB_STATE_FAILED);
 }
 
 TEST(CoordinatorProcess, InvalidJobExitsTwo) {

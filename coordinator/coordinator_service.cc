@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -8,7 +9,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint.h"
 #include "coordinator/job_summary.h"
 #include "daemon/daemon.h"
 #include "job/job_config.h"
@@ -38,6 +41,19 @@ bool IsFinal(v1::JobState state) {
          state == v1::JOB_STATE_FAILED;
 }
 
+// Throttles of PersistState.
+constexpr absl::Duration kPersistEvery = absl::Milliseconds(200);
+constexpr absl::Duration kPersistProgressEvery = absl::Seconds(5);
+
+std::string MiB(uint64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+// "30s", "1m5s": a duration in whole seconds.
+std::string WholeSeconds(absl::Duration d) {
+  return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(d)));
+}
+
 // "shard 1" or "shards 0, 1".
 std::string Members(absl::string_view noun, const std::vector<uint32_t>& v) {
   return absl::StrCat(noun, v.size() == 1 ? " " : "s ", absl::StrJoin(v, ", "));
@@ -46,11 +62,99 @@ std::string Members(absl::string_view noun, const std::vector<uint32_t>& v) {
 }  // namespace
 
 CoordinatorService::CoordinatorService(v1::JobConfig config,
-                                       v1::ShardMap shard_map, Clock clock)
+                                       v1::ShardMap shard_map, Clock clock,
+                                       CoordinatorOptions options)
     : config_(std::move(config)),
       clock_(std::move(clock)),
+      env_(options.env != nullptr ? options.env : Env::Default()),
+      state_path_(std::move(options.state_path)),
       membership_(std::move(shard_map), config_.num_workers(),
-                  absl::Milliseconds(config_.heartbeat_timeout_ms())) {}
+                  absl::Milliseconds(config_.heartbeat_timeout_ms())),
+      checkpoints_(config_, config_.num_servers()) {
+  // Generation 0 is "unchecked" on the wire (a plain client): a job starts
+  // at 1, so that a push from before the first roll-back is fenced too.
+  restore_.set_generation(1);
+  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  // Real time, not clock_: tests run coordinators one after another on a
+  // fake clock.
+  checkpoints_.set_coordinator_incarnation(
+      static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixNanos(absl::Now()))));
+}
+
+void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,
+                                    const std::string& dir) {
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  restore_.set_generation(2);
+  restore_.set_checkpoint_id(manifest.id());
+  restore_.set_dir(dir);
+  restore_.set_step(manifest.step());
+  restore_.clear_worker_steps();
+  for (uint32_t r = 0; r < config_.num_workers(); ++r)
+    restore_.add_worker_steps(
+        r < static_cast<uint32_t>(manifest.worker_steps_size()) ? manifest.worker_steps(r)
+                                                               : manifest.step());
+  checkpoints_.SetNewestComplete(manifest, dir, 0);
+  membership_.ResetResumeSteps({restore_.worker_steps().begin(),
+                                restore_.worker_steps().end()},
+                               now);
+}
+
+void CoordinatorService::SetNextCheckpointId(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_.SetNextId(id);
+}
+
+absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
+                                          absl::string_view from) {
+  const absl::Time now = clock_();
+  if (state.config().job_id() != config_.job_id())
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, " is of job '", state.config().job_id(), "', not '",
+                     config_.job_id(), "'"));
+  if (state.state() != v1::JOB_STATE_WAITING && state.state() != v1::JOB_STATE_RUNNING)
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, ": job is ", JobStateName(state.state()), "; only a waiting or "
+        "running job is taken back"));
+  // The newest complete checkpoint's worker steps come from its manifest.
+  std::optional<v1::CheckpointManifest> newest;
+  if (state.last_checkpoint().id() > 0) {
+    absl::StatusOr<v1::CheckpointManifest> m =
+        ReadManifest(env_, state.last_checkpoint().dir());
+    if (m.ok() && m->id() == state.last_checkpoint().id()) {
+      newest = *m;
+    } else {
+      spdlog::warn("{}: cannot read the manifest of checkpoint {} in {}: {}", std::string(from),
+                   state.last_checkpoint().id(), state.last_checkpoint().dir(),
+                   m.ok() ? "another id" : std::string(m.status().message()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  state_ = state.state();
+  message_ = state.message();
+  restore_ = state.restore();
+  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  if (newest.has_value())
+    checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
+                                   state.checkpoints_completed());
+  checkpoints_.SetNextId(state.next_checkpoint_id());
+  coordinator_restarted_ = true;
+  elapsed_before_ = std::max(0.0, state.elapsed_seconds());
+  started_ = now;
+  global_step_moved_ = now;
+  spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
+               "complete, next id {})",
+               config_.job_id(), restore_.generation(), std::string(from), JobStateName(state_),
+               checkpoints_.completed(), checkpoints_.next_id());
+  return absl::OkStatus();
+}
+
+v1::RestoreOrder CoordinatorService::restore_order() const {
+  absl::MutexLock lock(&mu_);
+  return restore_;
+}
 
 absl::Status CoordinatorService::CheckJobId(absl::string_view job_id,
                                             bool allow_empty) const {
@@ -83,14 +187,22 @@ void CoordinatorService::UpdateStateLocked(absl::Time now) {
         !membership_.UnregisteredRanks().empty())
       return;
     state_ = v1::JOB_STATE_RUNNING;
+    global_step_moved_ = now;
     spdlog::info("job {} running: {} servers and {} workers registered",
                  config_.job_id(), config_.num_servers(), config_.num_workers());
     changed_.SignalAll();
   }
   if (!TrainingDoneLocked()) {
-    announced_training_done_ = false;
+    if (announced_training_done_) ResetTrainingDoneLocked();
     return;
   }
+  if (!announced_training_done_) {
+    announced_training_done_ = true;
+    spdlog::info("job {}: training done ({}); waiting for the final evaluation{}",
+                 config_.job_id(), TrainingDoneMessageLocked(),
+                 checkpoints_.enabled() ? " and the final checkpoint" : "");
+  }
+  if (!FinalCheckpointSettledLocked(now)) return;
   if (has_final_eval_) {
     EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
     return;
@@ -103,11 +215,324 @@ void CoordinatorService::UpdateStateLocked(absl::Time now) {
               now);
     return;
   }
-  if (!announced_training_done_) {
-    announced_training_done_ = true;
-    spdlog::info("job {}: training done ({}); waiting for the final evaluation",
-                 config_.job_id(), TrainingDoneMessageLocked());
+}
+
+void CoordinatorService::ResetTrainingDoneLocked() {
+  announced_training_done_ = false;
+  final_checkpoint_id_ = 0;
+  final_checkpoint_settled_ = false;
+  final_checkpoint_deadline_ = absl::InfiniteFuture();
+  final_live_set_acks_.clear();
+  final_evaluation_asked_of_.reset();
+  has_final_eval_ = false;
+}
+
+bool CoordinatorService::FinalCheckpointSettledLocked(absl::Time now) {
+  if (!checkpoints_.enabled() || final_checkpoint_settled_) return true;
+  auto Settle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    final_checkpoint_settled_ = true;
+    return true;
+  };
+  if (final_checkpoint_deadline_ == absl::InfiniteFuture())
+    final_checkpoint_deadline_ = now + CheckpointScheduler::kTimeout;
+  if (final_checkpoint_id_ == 0) {
+    // A sync checkpoint asked for at a step the shards will not reach now.
+    if (checkpoints_.pending() && config_.mode() == v1::MODE_SYNC &&
+        checkpoints_.pending_summary().step() > SyncCheckpointVersionLocked())
+      checkpoints_.Fail(absl::StrCat("training ended before step ",
+                                     checkpoints_.pending_summary().step()),
+                        now);
+    // One in progress was cut before the last updates: let it end, then
+    // take the final one.
+    if (checkpoints_.pending()) return now >= final_checkpoint_deadline_ && Settle();
+    absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "final");
+    if (!request.ok()) {
+      if (absl::IsUnavailable(request.status()) && now < final_checkpoint_deadline_)
+        return false;  // a shard is not alive right now; try again
+      spdlog::warn("job {}: no final checkpoint: {}", config_.job_id(),
+                   std::string(request.status().message()));
+      return Settle();
+    }
+    final_checkpoint_id_ = request->id();
   }
+  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(final_checkpoint_id_);
+  if (summary.state() == v1::CHECKPOINT_STATE_PENDING) {
+    if (now < final_checkpoint_deadline_) return false;
+    spdlog::warn("job {}: the final checkpoint {} did not complete in {}; ending "
+                 "without it",
+                 config_.job_id(), final_checkpoint_id_,
+                 WholeSeconds(CheckpointScheduler::kTimeout));
+  } else if (summary.state() == v1::CHECKPOINT_STATE_FAILED &&
+             now < final_checkpoint_deadline_) {
+    // Try again (with a fresh id) until the deadline.
+    final_checkpoint_id_ = 0;
+    return false;
+  }
+  final_checkpoint_settled_ = true;
+  return true;
+}
+
+uint64_t CoordinatorService::MaxWorkerTotalLocked() const {
+  uint64_t total = 0;
+  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
+    total = std::max(total, w.progress().total_steps());
+  return total;
+}
+
+uint64_t CoordinatorService::MaxWorkerStepLocked() const {
+  uint64_t step = 0;
+  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
+    step = std::max(step, w.progress().step());
+  return step;
+}
+
+uint64_t CoordinatorService::SyncCheckpointVersionLocked() const {
+  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
+  uint64_t highest = 0;
+  for (uint64_t v : versions) highest = std::max(highest, v);
+  if (TrainingDoneLocked()) {
+    // Every step is done: the shards are at (or about to report) the
+    // finished workers' step count, and stay there.
+    return std::max(highest, MaxWorkerStepLocked());
+  }
+  // Ahead of every shard by what they may do before they hear the request
+  // (about one heartbeat interval each way), more after failures.
+  const double per_interval =
+      steps_per_second_ * config_.heartbeat_interval_ms() / 1000.0;
+  // Versions reach the coordinator a heartbeat late and the request reaches
+  // the shards a heartbeat later: three intervals of steps, and some slack.
+  uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
+  margin <<= std::min<uint32_t>(checkpoints_.consecutive_failures(), 4);
+  uint64_t version = highest + margin;
+  const uint64_t total = MaxWorkerTotalLocked();
+  // Never past the last step: a cut there would wait for good. (After a
+  // roll-back the versions reported may still be the pre-roll-back ones.)
+  if (total > 0 && version > total) version = total;
+  return version;
+}
+
+absl::StatusOr<v1::CheckpointRequest> CoordinatorService::StartCheckpointLocked(
+    absl::Time now, absl::string_view why) {
+  std::vector<uint32_t> not_alive;
+  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now))
+    if (shard.state() != v1::MEMBER_STATE_ALIVE) not_alive.push_back(shard.shard());
+  if (!not_alive.empty())
+    return absl::UnavailableError(absl::StrCat(
+        Members("shard", not_alive), not_alive.size() == 1 ? " is" : " are",
+        " not alive; a checkpoint needs every shard"));
+  uint64_t version = 0;
+  std::vector<uint64_t> worker_steps;
+  if (config_.mode() == v1::MODE_SYNC) {
+    version = SyncCheckpointVersionLocked();
+  } else {
+    for (const v1::WorkerStatus& w : membership_.WorkerStatuses(now))
+      worker_steps.push_back(w.progress().step());
+  }
+  v1::CheckpointRequest request = checkpoints_.Start(
+      version, std::move(worker_steps), global_step_.value_or(0), now);
+  spdlog::info("checkpoint {} ({}) asked of {} shards{}", request.id(),
+               std::string(why), membership_.num_shards(),
+               config_.mode() == v1::MODE_SYNC
+                   ? absl::StrCat(" at step ", version)
+                   : std::string(" (each chunk as it is)"));
+  changed_.SignalAll();
+  return request;
+}
+
+void CoordinatorService::TickCheckpointsLocked(absl::Time now) {
+  if (!checkpoints_.enabled()) return;
+  if (checkpoints_.TimedOut(now)) {
+    const uint64_t id = checkpoints_.pending_summary().id();
+    checkpoints_.Fail(absl::StrCat("not every shard wrote its file within ",
+                                   WholeSeconds(CheckpointScheduler::kTimeout)),
+                      now);
+    spdlog::warn("checkpoint {} failed: {}", id,
+                 checkpoints_.SummaryOf(id).error());
+    changed_.SignalAll();
+  }
+  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked()) return;
+  if (!checkpoints_.Due(global_step_.value_or(0), now)) return;
+  absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "periodic");
+  if (!request.ok())
+    spdlog::debug("periodic checkpoint not asked for: {}",
+                  std::string(request.status().message()));
+}
+
+void CoordinatorService::WriteReadyManifest() {
+  std::optional<v1::CheckpointManifest> manifest;
+  {
+    absl::MutexLock lock(&mu_);
+    manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), config_,
+                                                clock_());
+  }
+  if (!manifest.has_value()) return;
+  const std::string dir = CheckpointFolder(config_.checkpoint_dir(), manifest->id());
+  const absl::Status status = WriteManifest(env_, dir, *manifest);
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  checkpoints_.FinishWrite(manifest->id(), status, now);
+  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(manifest->id());
+  if (summary.state() == v1::CHECKPOINT_STATE_COMPLETE)
+    spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s",
+                 summary.id(), summary.step(), manifest->shards_size(),
+                 MiB(summary.bytes()), summary.seconds());
+  else
+    spdlog::warn("checkpoint {} failed: {}", summary.id(), summary.error());
+  UpdateStateLocked(now);
+  changed_.SignalAll();
+}
+
+v1::RestoreOrder CoordinatorService::VerifiedRestoreOrderLocked() const {
+  v1::RestoreOrder order;  // the initial values
+  order.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  if (config_.checkpoint_dir().empty()) return order;
+  // What is on disk, not only what this coordinator saw complete: one that
+  // took the job over from an older state file may not know the newest.
+  // Any job's, as at the start: the job may have resumed from another's.
+  absl::StatusOr<CheckpointChoice> choice =
+      FindNewestCheckpoint(env_, config_.checkpoint_dir(), "");
+  if (!choice.ok()) {
+    spdlog::error("roll-back: {}; back to the initial values",
+                  std::string(choice.status().message()));
+    return order;
+  }
+  for (const std::string& refused : choice->refused)
+    spdlog::warn("roll-back: checkpoint refused: {}", refused);
+  if (!choice->manifest.has_value()) {
+    spdlog::error("roll-back: no checkpoint in {} verifies; back to the initial values",
+                  config_.checkpoint_dir());
+    return order;
+  }
+  const v1::CheckpointManifest& m = *choice->manifest;
+  order.set_checkpoint_id(m.id());
+  order.set_dir(choice->dir);
+  order.set_step(m.step());
+  order.clear_worker_steps();
+  for (uint32_t r = 0; r < config_.num_workers(); ++r)
+    order.add_worker_steps(r < static_cast<uint32_t>(m.worker_steps_size()) ? m.worker_steps(r)
+                                                                            : m.step());
+  return order;
+}
+
+void CoordinatorService::RollBackLocked(absl::string_view why, absl::Time now) {
+  v1::RestoreOrder order = VerifiedRestoreOrderLocked();
+  order.set_generation(restore_.generation() + 1);
+  restore_ = order;
+  checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
+                                 order.generation(), ")"),
+                    now);
+  const std::vector<uint32_t> revived = membership_.ResetResumeSteps(
+      {order.worker_steps().begin(), order.worker_steps().end()}, now);
+  ResetTrainingDoneLocked();
+  global_step_.reset();
+  global_step_moved_ = now;
+  spdlog::warn(
+      "{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why), config_.job_id(),
+      order.checkpoint_id() == 0 ? std::string("the initial values")
+                                 : absl::StrCat("checkpoint ", order.checkpoint_id()),
+      order.step(), order.generation(),
+      revived.empty() ? std::string()
+                      : absl::StrCat("; finished ", Members("worker", revived),
+                                     " train again"));
+}
+
+void CoordinatorService::FollowGenerationLocked(uint64_t generation, absl::Time now) {
+  if (generation <= restore_.generation() ||
+      generation == std::numeric_limits<uint64_t>::max())
+    return;
+  const uint64_t was = restore_.generation();
+  restore_.set_generation(generation);
+  RollBackLocked(absl::StrCat("a member runs in generation ", generation,
+                              ", this coordinator was at ", was),
+                 now);
+}
+
+void CoordinatorService::NoteGlobalStepLocked(absl::Time now) {
+  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
+  if (versions.empty()) return;
+  const uint64_t step = *std::min_element(versions.begin(), versions.end());
+  if (!global_step_.has_value() || *global_step_ != step) global_step_moved_ = now;
+  if (rate_anchor_time_ == absl::InfinitePast() || step < rate_anchor_step_) {
+    rate_anchor_time_ = now;
+    rate_anchor_step_ = step;
+  } else if (now - rate_anchor_time_ >= absl::Milliseconds(500)) {
+    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
+                        absl::ToDoubleSeconds(now - rate_anchor_time_);
+    rate_anchor_time_ = now;
+    rate_anchor_step_ = step;
+  } else if (steps_per_second_ == 0 && step > rate_anchor_step_ &&
+             now - rate_anchor_time_ >= absl::Milliseconds(100)) {
+    // No estimate yet (the job just started or rolled back): a first one
+    // from what there is, so that an early checkpoint's margin is not blind.
+    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
+                        absl::ToDoubleSeconds(now - rate_anchor_time_);
+  }
+  global_step_ = step;
+}
+
+void CoordinatorService::CheckRecoveryLocked(absl::Time now) {
+  if (state_ != v1::JOB_STATE_RUNNING) return;
+  const absl::Duration recovery = absl::Milliseconds(RecoveryTimeoutMs(config_));
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now)) {
+    if (shard.state() != v1::MEMBER_STATE_DEAD) continue;
+    const absl::Duration dead_for =
+        absl::Milliseconds(shard.last_heartbeat_ms_ago()) - timeout;
+    if (dead_for >= recovery) {
+      EndLocked(v1::JOB_STATE_FAILED,
+                absl::StrCat("shard ", shard.shard(), " has been dead for ",
+                             WholeSeconds(dead_for),
+                             " and no server took it over"),
+                now);
+      return;
+    }
+  }
+  if (membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
+      membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty()) {
+    if (no_workers_since_ == absl::InfiniteFuture()) no_workers_since_ = now;
+    if (now - no_workers_since_ >= recovery) {
+      EndLocked(v1::JOB_STATE_FAILED,
+                absl::StrCat("every worker died before finishing; none came back "
+                             "within ",
+                             WholeSeconds(recovery)),
+                now);
+    }
+  } else {
+    no_workers_since_ = absl::InfiniteFuture();
+  }
+}
+
+absl::Status CoordinatorService::AdoptLocked(const v1::HeartbeatRequest& request,
+                                             absl::Time now) {
+  if (request.incarnation() == 0)
+    return absl::InvalidArgumentError("heartbeat without an incarnation");
+  if (EndedLocked())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", config_.job_id(), " has ended (", JobStateName(state_), ")"));
+  if (request.member_case() == v1::HeartbeatRequest::kServerShard) {
+    if (absl::Status s = membership_.AdoptServer(request.server_shard(),
+                                                 request.incarnation(),
+                                                 request.shard().address(), now);
+        !s.ok())
+      return s;
+    spdlog::info("adopted the server of shard {} at {} (incarnation {}) from its "
+                 "heartbeat; shard map epoch {}",
+                 request.server_shard(), request.shard().address(),
+                 request.incarnation(), membership_.shard_map().epoch());
+  } else {
+    if (absl::Status s = membership_.AdoptWorker(
+            request.worker_rank(), request.incarnation(), request.finished(),
+            request.has_progress() ? &request.progress() : nullptr, now);
+        !s.ok())
+      return s;
+    spdlog::info("adopted worker {} (incarnation {}{}) from its heartbeat",
+                 request.worker_rank(), request.incarnation(),
+                 request.finished() ? ", finished" : "");
+  }
+  NoteRegistrationLocked(now);
+  coordinator_restarted_ = true;
+  FollowGenerationLocked(request.generation(), now);
+  return absl::OkStatus();
 }
 
 bool CoordinatorService::TrainingDoneLocked() const {
@@ -137,7 +562,7 @@ std::optional<uint32_t> CoordinatorService::EvaluatorLocked(absl::Time now) cons
   return candidates.front();
 }
 
-void CoordinatorService::NoteServerHeartbeatLocked(uint32_t shard) {
+void CoordinatorService::NoteServerHandleHeartbeat(uint32_t shard) {
   if (!TrainingDoneLocked()) return;
   const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
   const uint64_t epoch = membership_.membership_epoch();
@@ -180,6 +605,22 @@ grpc::Status CoordinatorService::RegisterServer(
     v1::RegisterServerResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
     return ToGrpc(s);
+  bool rolled_back = false;
+  grpc::Status result = HandleRegisterServer(*request, response, &rolled_back);
+  // A roll-back goes to disk at once, before the restarted server hears of
+  // it (the others hear within a heartbeat): a coordinator that takes over
+  // must not hand out the older generation's order.
+  if (rolled_back) {
+    if (absl::Status s = PersistState(/*force=*/true); !s.ok())
+      spdlog::warn("state file: {}", std::string(s.message()));
+  }
+  return result;
+}
+
+grpc::Status CoordinatorService::HandleRegisterServer(
+    const v1::RegisterServerRequest& req, v1::RegisterServerResponse* response,
+    bool* rolled_back) {
+  const v1::RegisterServerRequest* request = &req;
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (EndedLocked())
@@ -193,12 +634,22 @@ grpc::Status CoordinatorService::RegisterServer(
   spdlog::info("server {} {} shard {} (incarnation {}); shard map epoch {}",
                request->address(), reg->rejoined ? "re-registered" : "registered",
                reg->slot, reg->incarnation, membership_.shard_map().epoch());
+  v1::RestoreOrder restore = restore_;
+  if (reg->rejoined && state_ == v1::JOB_STATE_RUNNING) {
+    // Every mode rolls back to one cut: the shard's own updates since the
+    // checkpoint are gone, and the others' must not outrun them (async
+    // workers would push gradients of versions the shard no longer has).
+    RollBackLocked(absl::StrCat("server of shard ", reg->slot, " restarted"), now);
+    restore = restore_;
+    *rolled_back = true;
+  }
   UpdateStateLocked(now);
   changed_.SignalAll();
   response->set_shard(reg->slot);
   response->set_incarnation(reg->incarnation);
   *response->mutable_config() = config_;
   *response->mutable_shard_map() = membership_.shard_map();
+  *response->mutable_restore() = std::move(restore);
   return grpc::Status::OK;
 }
 
@@ -250,6 +701,7 @@ grpc::Status CoordinatorService::RegisterWorker(
   response->set_rank(reg->slot);
   response->set_incarnation(reg->incarnation);
   response->set_start_step(reg->start_step);
+  response->set_generation(restore_.generation());
   *response->mutable_config() = config_;
   *response->mutable_shard_map() = membership_.shard_map();
   return grpc::Status::OK;
@@ -260,34 +712,142 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            v1::HeartbeatResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
     return ToGrpc(s);
+  grpc::Status result = HandleHeartbeat(*request, response);
+  // A shard's report may have been the last one a checkpoint waited for.
+  if (result.ok() && request->member_case() == v1::HeartbeatRequest::kServerShard &&
+      request->shard().has_checkpoint())
+    StartManifestWrite();
+  return result;
+}
+
+void CoordinatorService::StartManifestWrite() {
+  absl::MutexLock lock(&writer_mu_);
+  if (writer_busy_) {
+    writer_again_ = true;
+    return;
+  }
+  if (manifest_writer_.joinable()) manifest_writer_.join();  // it has returned
+  writer_busy_ = true;
+  manifest_writer_ = std::thread([this] {
+    while (true) {
+      WriteReadyManifest();
+      absl::MutexLock lock(&writer_mu_);
+      if (!writer_again_) {
+        writer_busy_ = false;
+        return;
+      }
+      writer_again_ = false;
+    }
+  });
+}
+
+void CoordinatorService::WaitForManifestWrites() {
+  absl::MutexLock lock(&writer_mu_);
+  writer_mu_.Await(absl::Condition(
+      +[](bool* busy) { return !*busy; }, &writer_busy_));
+  if (manifest_writer_.joinable()) manifest_writer_.join();
+}
+
+CoordinatorService::~CoordinatorService() { WaitForManifestWrites(); }
+
+grpc::Status CoordinatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
+                                                 v1::HeartbeatResponse* response) {
+  const v1::HeartbeatRequest* request = &req;
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  // A member that has not followed the newest restore order yet: its
+  // progress belongs to a state the job left.
+  // (0: a client that does not say; taken as current.)
+  bool current_generation =
+      request->generation() == 0 || request->generation() >= restore_.generation();
   bool revived = false;
   absl::Status s;
-  switch (request->member_case()) {
-    case v1::HeartbeatRequest::kWorkerRank:
-      s = membership_.WorkerHeartbeat(
-          request->worker_rank(), request->incarnation(),
-          request->has_progress() ? &request->progress() : nullptr, now, &revived);
-      if (s.ok() && revived)
-        spdlog::info("worker {} is alive again; membership epoch {}",
-                     request->worker_rank(), membership_.membership_epoch());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    switch (request->member_case()) {
+      case v1::HeartbeatRequest::kWorkerRank:
+        s = membership_.WorkerHeartbeat(
+            request->worker_rank(), request->incarnation(),
+            request->has_progress() && current_generation ? &request->progress()
+                                                          : nullptr,
+            now, &revived);
+        if (s.ok() && revived)
+          spdlog::info("worker {} is alive again; membership epoch {}",
+                       request->worker_rank(), membership_.membership_epoch());
+        break;
+      case v1::HeartbeatRequest::kServerShard:
+        s = membership_.ServerHeartbeat(request->server_shard(),
+                                        request->incarnation(), request->shard(),
+                                        now, &revived);
+        if (s.ok() && revived)
+          spdlog::info("server of shard {} is alive again", request->server_shard());
+        break;
+      default:
+        return ToGrpc(absl::InvalidArgumentError(
+            "heartbeat must name a worker_rank or a server_shard"));
+    }
+    if (s.ok() || attempt > 0) break;
+    // A member this coordinator never registered (it restarted), or a newer
+    // incarnation of one it knows: take it in, then record the heartbeat.
+    if ((!absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)) ||
+        request->incarnation() == 0)
       break;
-    case v1::HeartbeatRequest::kServerShard:
-      s = membership_.ServerHeartbeat(request->server_shard(),
-                                      request->incarnation(), request->shard(),
-                                      now, &revived);
-      if (s.ok() && revived)
-        spdlog::info("server of shard {} is alive again", request->server_shard());
-      if (s.ok()) NoteServerHeartbeatLocked(request->server_shard());
+    if (absl::Status adopted = AdoptLocked(*request, now); !adopted.ok()) {
+      if (absl::IsNotFound(s)) s = adopted;
       break;
-    default:
-      s = absl::InvalidArgumentError(
-          "heartbeat must name a worker_rank or a server_shard");
+    }
+    UpdateStateLocked(now);
+    changed_.SignalAll();
   }
   if (!s.ok()) return ToGrpc(s);
+  if (request->generation() > restore_.generation() && !EndedLocked()) {
+    // A member this coordinator knows from an older state file runs in a
+    // newer generation: every member rolls back past it (this one too).
+    FollowGenerationLocked(request->generation(), now);
+    current_generation = false;
+  }
+
+  if (request->member_case() == v1::HeartbeatRequest::kServerShard) {
+    const uint32_t shard = request->server_shard();
+    NoteServerHandleHeartbeat(shard);
+    NoteGlobalStepLocked(now);
+    if (request->shard().has_checkpoint() && current_generation) {
+      const bool was_pending = checkpoints_.pending();
+      const uint64_t id = checkpoints_.pending_summary().id();
+      checkpoints_.Report(shard, request->shard().checkpoint(), now);
+      if (was_pending && !checkpoints_.pending()) {
+        spdlog::warn("checkpoint {} failed: {}", id, checkpoints_.SummaryOf(id).error());
+        changed_.SignalAll();
+      }
+    }
+    if (current_generation) {
+      if (std::optional<v1::CheckpointRequest> ask = checkpoints_.RequestFor(shard);
+          ask.has_value() && !EndedLocked())
+        *response->mutable_checkpoint() = std::move(*ask);
+    }
+  } else {
+    rank_generation_[request->worker_rank()] = {request->incarnation(),
+                                                request->generation()};
+    if (request->finished() && request->has_progress() && current_generation &&
+        !EndedLocked()) {
+      // Its WorkerDone reached a coordinator that died before it saved it:
+      // the heartbeat says what WorkerDone said.
+      const std::vector<uint32_t> finished =
+          membership_.RanksInState(v1::MEMBER_STATE_FINISHED);
+      if (std::find(finished.begin(), finished.end(), request->worker_rank()) ==
+              finished.end() &&
+          membership_
+              .FinishWorker(request->worker_rank(), request->incarnation(),
+                            request->progress(), now)
+              .ok())
+        spdlog::info("worker {} finished at step {} (said by its heartbeat)",
+                     request->worker_rank(), request->progress().step());
+    }
+  }
+  UpdateStateLocked(now);
 
   response->set_job_state(state_);
+  response->set_generation(restore_.generation());
+  if (!current_generation) *response->mutable_restore() = restore_;
   Membership::LiveWorkers live = membership_.live_workers();
   response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
   response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
@@ -332,6 +892,26 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
                         "final_test_loss finite");
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  // A rank that finished in an older generation finished training the job
+  // rolled back from: it trains again. The request says its generation; a
+  // client that sends none is judged by its current incarnation's last
+  // heartbeat.
+  const bool stale =
+      request->generation() > 0
+          ? request->generation() < restore_.generation()
+          : [&] {
+              auto it = rank_generation_.find(request->worker_rank());
+              return it != rank_generation_.end() &&
+                     it->second.first == request->incarnation() &&
+                     it->second.second > 0 &&
+                     it->second.second < restore_.generation();
+            }();
+  if (stale)
+    return grpc::Status(
+        grpc::StatusCode::ABORTED,
+        absl::StrCat("job rolled back to checkpoint ", restore_.checkpoint_id(),
+                     " (generation ", restore_.generation(),
+                     "); resume from the restore order"));
   absl::Status s = membership_.FinishWorker(
       request->worker_rank(), request->incarnation(), request->progress(), now);
   if (!s.ok()) return ToGrpc(s);
@@ -436,6 +1016,53 @@ grpc::Status CoordinatorService::StopJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::CheckpointJob(
+    grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
+    v1::CheckpointJobResponse* response) {
+  if (!checkpoints_enabled())
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("job ", config_.job_id(),
+                                     " has no checkpoint_dir (start the "
+                                     "coordinator with --checkpoint_dir)"));
+  const absl::Time deadline = DeadlineOf(*context);
+  uint64_t id = 0;
+  {
+    const absl::Time now = clock_();
+    absl::MutexLock lock(&mu_);
+    if (state_ != v1::JOB_STATE_RUNNING)
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", config_.job_id(), " is ",
+                                       JobStateName(state_), ", not running"));
+    if (checkpoints_.pending()) {
+      id = checkpoints_.pending_summary().id();
+    } else {
+      absl::StatusOr<v1::CheckpointRequest> started =
+          StartCheckpointLocked(now, "asked for by an operator");
+      if (!started.ok()) return ToGrpc(started.status());
+      id = started->id();
+    }
+    if (!request->wait()) {
+      *response->mutable_checkpoint() = checkpoints_.SummaryOf(id);
+      return grpc::Status::OK;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  while (checkpoints_.SummaryOf(id).state() == v1::CHECKPOINT_STATE_PENDING) {
+    if (shutting_down_)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "coordinator is shutting down");
+    if (context->IsCancelled())
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
+    const absl::Time real_now = absl::Now();
+    if (real_now >= deadline)
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("checkpoint ", id, " is still pending"));
+    changed_.WaitWithDeadline(&mu_, std::min(deadline, real_now + kPollInterval));
+  }
+  *response->mutable_checkpoint() = checkpoints_.SummaryOf(id);
+  return grpc::Status::OK;
+}
+
 void CoordinatorService::DetectFailures() {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
@@ -450,6 +1077,8 @@ void CoordinatorService::DetectFailures() {
                  membership_.membership_epoch());
   // Also when nothing died: a finished worker's silence is judged here.
   UpdateStateLocked(now);
+  CheckRecoveryLocked(now);
+  TickCheckpointsLocked(now);
 }
 
 void CoordinatorService::Stop(absl::string_view reason) {
@@ -493,7 +1122,18 @@ v1::JobStatus CoordinatorService::StatusLocked(absl::Time now) const {
   }
   if (started_ != absl::InfinitePast())
     status.set_elapsed_seconds(
+        elapsed_before_ +
         std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_)));
+  if (checkpoints_.last_complete().id() > 0)
+    *status.mutable_last_checkpoint() = checkpoints_.last_complete();
+  if (v1::CheckpointSummary pending = checkpoints_.pending_summary(); pending.id() > 0)
+    *status.mutable_pending_checkpoint() = std::move(pending);
+  status.set_checkpoints_completed(checkpoints_.completed());
+  status.set_generation(restore_.generation());
+  if (state_ == v1::JOB_STATE_RUNNING && global_step_moved_ != absl::InfinitePast())
+    status.set_global_step_idle_seconds(
+        std::max(0.0, absl::ToDoubleSeconds(now - global_step_moved_)));
+  status.set_coordinator_restarted(coordinator_restarted_);
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());
@@ -523,6 +1163,69 @@ bool CoordinatorService::EveryLiveMemberSawEndLocked(absl::Time now) const {
   for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
     if (ranks_told_end_.count(rank) == 0) return false;
   return true;
+}
+
+v1::CoordinatorState CoordinatorService::ExportState() const {
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  return ExportStateLocked(now);
+}
+
+v1::CoordinatorState CoordinatorService::ExportStateLocked(absl::Time now) const {
+  v1::CoordinatorState state;
+  *state.mutable_config() = config_;
+  state.set_state(state_);
+  state.set_message(message_);
+  *state.mutable_restore() = restore_;
+  state.set_next_checkpoint_id(checkpoints_.next_id());
+  if (checkpoints_.last_complete().id() > 0)
+    *state.mutable_last_checkpoint() = checkpoints_.last_complete();
+  state.set_checkpoints_completed(checkpoints_.completed());
+  membership_.ExportTo(&state);
+  if (started_ != absl::InfinitePast())
+    state.set_elapsed_seconds(
+        elapsed_before_ +
+        std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_)));
+  state.set_unix_time_ms(
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now))));
+  return state;
+}
+
+absl::Status CoordinatorService::PersistState(bool force) {
+  if (state_path_.empty()) return absl::OkStatus();
+  absl::MutexLock persist(&persist_mu_);
+  const absl::Time now = clock_();
+  v1::CoordinatorState state = ExportState();
+  v1::CoordinatorState material = state;
+  material.clear_elapsed_seconds();
+  material.clear_unix_time_ms();
+  for (v1::WorkerStatus& w : *material.mutable_workers()) {
+    const uint64_t step = w.progress().step();
+    w.clear_progress();
+    w.mutable_progress()->set_step(step);
+  }
+  std::string material_bytes = material.SerializeAsString();
+  state.clear_unix_time_ms();
+  state.clear_elapsed_seconds();
+  std::string full_bytes = state.SerializeAsString();
+  const bool material_changed = material_bytes != persisted_material_;
+  const bool changed = material_changed || full_bytes != persisted_full_;
+  if (!changed) return absl::OkStatus();
+  if (!force) {
+    const absl::Duration since = now - persisted_at_;
+    if (!(material_changed && since >= kPersistEvery) &&
+        !(since >= kPersistProgressEvery))
+      return absl::OkStatus();
+  }
+  v1::CoordinatorState to_write = ExportState();
+  if (absl::Status s = WriteFileAtomically(env_, state_path_,
+                                           to_write.SerializeAsString());
+      !s.ok())
+    return s;
+  persisted_material_ = std::move(material_bytes);
+  persisted_full_ = std::move(full_bytes);
+  persisted_at_ = now;
+  return absl::OkStatus();
 }
 
 void CoordinatorService::Shutdown() {

@@ -29,6 +29,38 @@
 // A restarted worker's RegisterWorker reply carries start_step (see
 // Membership).
 //
+// Checkpoints (with JobConfig.checkpoint_dir; see CheckpointScheduler and
+// docs/durability.md). One at a time, asked for every checkpoint_every_steps
+// global steps / checkpoint_every_seconds, by CheckpointJob, and once more
+// when training is done (the job's end waits for that one, at most
+// CheckpointScheduler::kTimeout). Sync: at a version ahead of every shard
+// (the highest reported version plus a margin that grows after failures);
+// async/ssp: version 0. Each live server's heartbeat replies carry the
+// request until its ShardStatus.checkpoint reports it WRITTEN or FAILED;
+// once every shard wrote its file, the RPC thread that delivered the last
+// report writes the MANIFEST (outside the lock).
+//
+// Generations. restore_order() says what state the job runs from: a job
+// starts at generation 1, one resumed at start (ResumeFrom) at 2. A server that
+// registers again for a shard while the job runs (a restart) rolls the job
+// back, in every mode: generation + 1 with the newest complete checkpoint
+// (or checkpoint 0, the initial values), every rank resumes at its worker
+// step (async, ssp: the step recorded in the manifest) and FINISHED ranks
+// train again. Heartbeat replies
+// always carry the generation, and the restore order to members whose
+// request names an older one; their progress is not recorded until they
+// follow it.
+//
+// Never a hang: while RUNNING, a shard DEAD for longer than the recovery
+// timeout, or no ALIVE and no FINISHED worker for that long, moves the job
+// to FAILED with the reason (DetectFailures).
+//
+// Coordinator restart: with a state path, PersistState writes the
+// CoordinatorState (throttled); TakeOver loads one. A heartbeat from a
+// member this coordinator does not know (or from a newer incarnation than
+// it knows) is adopted as that member, so a coordinator without a state
+// file rebuilds its view too.
+//
 // Every request that names a job must name this one (FAILED_PRECONDITION
 // otherwise); RegisterServer and RegisterWorker also accept an empty job_id.
 //
@@ -44,17 +76,28 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/membership.h"
+#include "daemon/env.h"
 #include "proto/grps.grpc.pb.h"
 #include "proto/grps.pb.h"
 
 namespace grps {
 
+struct CoordinatorOptions {
+  // File access for manifests and the state file; nullptr: Env::Default().
+  Env* env = nullptr;
+  // Where PersistState writes the CoordinatorState; empty: nowhere.
+  std::string state_path;
+};
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
@@ -65,7 +108,25 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // `config` must be valid (ValidateJobConfig) and `shard_map` built from it
   // (BuildShardMap with config.num_servers() shards).
   CoordinatorService(v1::JobConfig config, v1::ShardMap shard_map,
-                     Clock clock = &absl::Now);
+                     Clock clock = &absl::Now,
+                     CoordinatorOptions options = CoordinatorOptions());
+  // Waits for a manifest being written.
+  ~CoordinatorService() override;
+
+  // ---- Before serving (from the hosting process, once) ----
+
+  // The job resumes from the complete checkpoint `manifest` in `dir`
+  // (already checked against the shard map): generation 2, every rank
+  // starts at its worker step, every server restores it.
+  void ResumeFrom(const v1::CheckpointManifest& manifest, const std::string& dir)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Checkpoint ids below `id` are taken (folders that exist already).
+  void SetNextCheckpointId(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the job back from a persisted state of this job whose state is
+  // WAITING or RUNNING (INVALID_ARGUMENT otherwise, nothing changes). Every
+  // member counts as heartbeating now. `from` names the file, for the log.
+  absl::Status TakeOver(const v1::CoordinatorState& state, absl::string_view from)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- RPCs (see proto/grps.proto) ----
   grpc::Status RegisterServer(grpc::ServerContext* context,
@@ -99,12 +160,20 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status StopJob(grpc::ServerContext* context,
                        const v1::StopJobRequest* request,
                        v1::StopJobResponse* response) override;
+  // FAILED_PRECONDITION without checkpoint_dir or unless RUNNING;
+  // UNAVAILABLE while a shard is not alive. Joins the pending checkpoint if
+  // there is one. With wait, blocks (real time) until it is COMPLETE or
+  // FAILED (DEADLINE_EXCEEDED at the client's deadline).
+  grpc::Status CheckpointJob(grpc::ServerContext* context,
+                             const v1::CheckpointJobRequest* request,
+                             v1::CheckpointJobResponse* response) override;
 
   // ---- For the process that hosts the service ----
 
-  // Marks members silent for longer than the heartbeat timeout DEAD, and
-  // completes the job when training is done and no finished worker is left
-  // to evaluate. Call every heartbeat interval.
+  // Marks members silent for longer than the heartbeat timeout DEAD, fails
+  // the job past the recovery timeout, times out and triggers checkpoints,
+  // and completes the job when training is done and no finished worker is
+  // left to evaluate. Call every heartbeat interval.
   void DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops the job (as StopJob) unless it already ended.
@@ -122,11 +191,33 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // worker silent for longer than the heartbeat timeout is not waited for.
   bool EveryLiveMemberSawEnd() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The CoordinatorState as of now.
+  v1::CoordinatorState ExportState() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes ExportState() to the state path (no-op without one) when it
+  // changed: at most every 200 ms for membership, generation, checkpoint or
+  // job state changes, every 5 s for progress alone; `force`: now if it
+  // changed at all. File I/O happens outside the service's lock; call from
+  // one thread (the main loop), and once more at the end.
+  absl::Status PersistState(bool force) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+
+  v1::RestoreOrder restore_order() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Ends blocked RegisterWorker and WatchJobStatus calls (UNAVAILABLE) so the
   // gRPC server can shut down. Call before grpc::Server::Shutdown.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Returns once no checkpoint manifest is being written. Manifests are
+  // written on a thread of their own, started by the heartbeat that brings
+  // the last shard's report: an fsync may take seconds, and that shard's
+  // heartbeat must not wait for it.
+  void WaitForManifestWrites() ABSL_LOCKS_EXCLUDED(writer_mu_);
+
  private:
+  // Heartbeat, past the job id check.
+  grpc::Status HandleHeartbeat(const v1::HeartbeatRequest& request,
+                               v1::HeartbeatResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool checkpoints_enabled() const { return !config_.checkpoint_dir().empty(); }
   // Job id check: FAILED_PRECONDITION unless `job_id` is this job's (or
   // empty where `allow_empty`).
   absl::Status CheckJobId(absl::string_view job_id, bool allow_empty) const;
@@ -144,7 +235,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::optional<uint32_t> EvaluatorLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a server heartbeat for the final-live-set handshake.
-  void NoteServerHeartbeatLocked(uint32_t shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteServerHandleHeartbeat(uint32_t shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every ALIVE server has heartbeated after a reply that carried the final
   // live set.
   bool ServersHeardFinalLiveSetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,8 +246,61 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Why the job is still WAITING.
   std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- Checkpoints and recovery ----
+  // Asks for a checkpoint now (none may be pending). UNAVAILABLE while a
+  // shard is not alive.
+  absl::StatusOr<v1::CheckpointRequest> StartCheckpointLocked(absl::Time now,
+                                                              absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sync version a checkpoint asked for now should have.
+  uint64_t SyncCheckpointVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The highest total_steps / step any worker reported.
+  uint64_t MaxWorkerTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t MaxWorkerStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Periodic trigger and timeout of checkpoints.
+  void TickCheckpointsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Training is done: the final checkpoint has completed, failed, was not
+  // possible, or has been waited for long enough (starts it if needed).
+  bool FinalCheckpointSettledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the manifest of a checkpoint every shard has written, if any
+  // (takes the lock, releases it for the file I/O).
+  void WriteReadyManifest() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs WriteReadyManifest on the writer thread (again, if it is busy).
+  void StartManifestWrite() ABSL_LOCKS_EXCLUDED(writer_mu_);
+  // Rolls the whole job back, in the next generation, to the newest
+  // checkpoint that verifies now (`why` is logged).
+  void RollBackLocked(absl::string_view why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member runs in a generation newer than this coordinator's (it took the
+  // job over from an older state file): roll back past it, so that every
+  // member restores the same checkpoint.
+  void FollowGenerationLocked(uint64_t generation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the training-done phase (final checkpoint, evaluation).
+  void ResetTrainingDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The order of a roll-back (generation not set): the newest checkpoint in
+  // checkpoint_dir that verifies now (a damaged newer one is refused, and
+  // said so), or the initial values when there is none. Reads files under
+  // the lock: roll-backs are rare.
+  v1::RestoreOrder VerifiedRestoreOrderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RegisterServer past the job id check; sets *rolled_back.
+  grpc::Status HandleRegisterServer(const v1::RegisterServerRequest& request,
+                                    v1::RegisterServerResponse* response,
+                                    bool* rolled_back) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tracks the global step (min live shard version) and its rate.
+  void NoteGlobalStepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the job past the recovery timeout.
+  void CheckRecoveryLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts the heartbeating member this coordinator does not know.
+  absl::Status AdoptLocked(const v1::HeartbeatRequest& request, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::CoordinatorState ExportStateLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const v1::JobConfig config_;
   const Clock clock_;
+  Env* const env_;
+  const std::string state_path_;
 
   mutable absl::Mutex mu_;
   // Signalled on every registration, state change and Shutdown().
@@ -190,6 +334,42 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::set<uint32_t> shards_told_end_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> ranks_told_end_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
+  v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
+  // The final checkpoint: asked for (its id), settled, and the deadline of
+  // the wait for it (InfiniteFuture until training is done).
+  uint64_t final_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool final_checkpoint_settled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time final_checkpoint_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The global step (min live shard version), when it last moved, and its
+  // rate in steps per second (measured over >= 2 s windows).
+  std::optional<uint64_t> global_step_ ABSL_GUARDED_BY(mu_);
+  absl::Time global_step_moved_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t rate_anchor_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rate_anchor_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double steps_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since when the running job has had no ALIVE and no FINISHED worker.
+  absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The generation each rank's current incarnation last heartbeated in.
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> rank_generation_
+      ABSL_GUARDED_BY(mu_);
+  bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
+  // Job time before this coordinator took the job over.
+  double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // PersistState: serializes writers; what was last written and when.
+  // The manifest writer: one thread at a time; `writer_again_` asks the
+  // busy one for one more pass.
+  absl::Mutex writer_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread manifest_writer_ ABSL_GUARDED_BY(writer_mu_);
+  bool writer_busy_ ABSL_GUARDED_BY(writer_mu_) = false;
+  bool writer_again_ ABSL_GUARDED_BY(writer_mu_) = false;
+
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::string persisted_material_ ABSL_GUARDED_BY(persist_mu_);
+  std::string persisted_full_ ABSL_GUARDED_BY(persist_mu_);
+  absl::Time persisted_at_ ABSL_GUARDED_BY(persist_mu_) = absl::InfinitePast();
 };
 
 }  // namespace grps

@@ -7,7 +7,14 @@
 #include <thread>
 #include <vector>
 
+#include <filesystem>
+#include <functional>
+
+#include <unistd.h>
+
 #include "absl/synchronization/mutex.h"
+#include "checkpoint/checkpoint.h"
+#include "daemon/env.h"
 #include "daemon/daemon.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,19 +49,30 @@ class CoordinatorServiceTest : public ::testing::Test {
     if (server_.server != nullptr) server_.server->Shutdown();
   }
 
-  void StartJob(uint32_t servers, uint32_t workers) {
+  void StartJob(uint32_t servers, uint32_t workers,
+                v1::ConsistencyMode mode = v1::MODE_SYNC,
+                const std::string& checkpoint_dir = "",
+                const std::function<void(CoordinatorService*)>& before_serving =
+                    nullptr) {
     config_ = DefaultJobConfig();
     config_.set_job_id("test-job");
+    config_.set_mode(mode);
     config_.set_num_servers(servers);
     config_.set_num_workers(workers);
     config_.set_heartbeat_interval_ms(100);
     config_.set_heartbeat_timeout_ms(1000);
+    config_.set_checkpoint_dir(checkpoint_dir);
     ASSERT_TRUE(ValidateJobConfig(config_).ok());
     absl::StatusOr<v1::ShardMap> map =
         BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
     ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    CoordinatorOptions options;
+    if (!checkpoint_dir.empty())
+      options.state_path = JoinPath(checkpoint_dir, "coordinator.state");
     service_ = std::make_unique<CoordinatorService>(
-        config_, *map, [this] { return clock_.Now(); });
+        config_, *map, [this] { return clock_.Now(); }, options);
+    if (before_serving) before_serving(service_.get());
     absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -159,7 +177,64 @@ class CoordinatorServiceTest : public ::testing::Test {
     return status;
   }
 
+  // A shard's checkpoint report may complete a checkpoint, whose manifest
+  // the service writes on a thread of its own: waits for that too.
+  grpc::Status Beat(const v1::HeartbeatRequest& request,
+                    v1::HeartbeatResponse* response) {
+    grpc::Status s = stub_->Heartbeat(Context().get(), request, response);
+    if (request.shard().has_checkpoint()) service_->WaitForManifestWrites();
+    return s;
+  }
+
+  static v1::HeartbeatRequest ServerRequest(uint32_t shard, uint64_t incarnation,
+                                            uint64_t version, uint64_t generation = 0) {
+    v1::HeartbeatRequest request;
+    request.set_job_id("test-job");
+    request.set_server_shard(shard);
+    request.set_incarnation(incarnation);
+    request.set_generation(generation);
+    request.set_shard_map_epoch(~0ull);
+    request.mutable_shard()->set_version(version);
+    request.mutable_shard()->set_num_chunks(1);
+    return request;
+  }
+
+  // A fresh empty folder for this test.
+  static std::string TempFolder(const std::string& name) {
+    static int counter = 0;
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/coord-", getpid(),
+                                         "-", name, "-", ++counter);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+
+  // What shard `shard`'s server does for `request`: writes a (small) shard
+  // file with WriteShardFile, and returns the report.
+  v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request,
+                                     uint32_t shard, uint64_t version) {
+    v1::ShardCheckpointFile file;
+    file.set_job_id("test-job");
+    file.set_checkpoint_id(request.id());
+    file.set_shard(shard);
+    for (const v1::ChunkSpec& chunk : map_.chunks()) {
+      if (chunk.shard() != shard) continue;
+      v1::ChunkState* c = file.add_chunks();
+      c->set_chunk_id(chunk.chunk_id());
+      c->set_version(version);
+      c->set_num_elements(chunk.num_elements());
+      c->set_values(std::string(4 * chunk.num_elements(), '\0'));
+    }
+    absl::StatusOr<v1::ShardCheckpoint> written =
+        WriteShardFile(Env::Default(), request.dir(), file);
+    EXPECT_TRUE(written.ok()) << written.status();
+    if (!written.ok()) return v1::ShardCheckpoint();
+    written->set_coordinator_incarnation(request.coordinator_incarnation());
+    return *written;
+  }
+
   FakeClock clock_;
+  v1::ShardMap map_;
   v1::JobConfig config_;
   std::unique_ptr<CoordinatorService> service_;
   GrpcServer server_;
@@ -280,9 +355,13 @@ TEST_F(CoordinatorServiceTest, MalformedHeartbeatsGetClearErrors) {
   v1::HeartbeatResponse reply;
   EXPECT_EQ(stub_->Heartbeat(Context().get(), beat, &reply).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(WorkerBeat(0, 1, v1::WorkerProgress(), &reply).error_code(),
+  // Without an incarnation a member cannot be adopted: register first.
+  EXPECT_EQ(WorkerBeat(0, 0, v1::WorkerProgress(), &reply).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(ServerBeat(3, 1, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(ServerBeat(0, 0, &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ServerBeat(3, 1, &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   v1::RegisterServerResponse bad;
   EXPECT_EQ(RegisterServer(-1, "no-port", &bad).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
@@ -702,16 +781,35 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenTheFinalEvaluationArrives) {
   EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
 }
 
-TEST_F(CoordinatorServiceTest, JobWhoseWorkersAllDiedWithoutFinishingKeepsRunning) {
+TEST_F(CoordinatorServiceTest,
+       JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
   StartJob(1, 2);
-  RegisterAllServers();
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   RegisterAllWorkers();
   clock_.Advance(absl::Seconds(2));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
   service_->DetectFailures();
   service_->DetectFailures();
   v1::JobStatus status = Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
   EXPECT_FALSE(status.has_evaluator_rank());
+
+  // A restarted worker may still come within the recovery timeout (30 s).
+  for (int i = 0; i < 29; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+    service_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  service_->DetectFailures();
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("every worker died before finishing"),
+            std::string::npos)
+      << status.message();
 }
 
 TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
@@ -825,6 +923,501 @@ TEST_F(CoordinatorServiceTest, StatusFlagsStragglersAndAggregatesLiveWorkers) {
   EXPECT_FALSE(status.has_final_eval());
   EXPECT_EQ(status.global_step(), 100u);  // no shard has reported a version
   EXPECT_EQ(status.total_steps(), 1000u);
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST_F(CoordinatorServiceTest, CheckpointJobWithoutCheckpointDirIsFailedPrecondition) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  RegisterAllWorkers();
+  v1::CheckpointJobRequest request;
+  v1::CheckpointJobResponse response;
+  grpc::Status st = stub_->CheckpointJob(Context().get(), request, &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("checkpoint_dir"), std::string::npos);
+}
+
+TEST_F(CoordinatorServiceTest, CheckpointJobBeforeTheJobRunsIsFailedPrecondition) {
+  StartJob(1, 1, v1::MODE_SYNC, TempFolder("notrunning"));
+  v1::CheckpointJobResponse response;
+  EXPECT_EQ(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(),
+                                 &response)
+                .error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorServiceTest,
+       SyncCheckpointGoesToEveryServerAheadOfEveryShardAndCompletesOnlyWhenAllWrote) {
+  const std::string dir = TempFolder("sync");
+  StartJob(2, 1, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  v1::HeartbeatResponse r0, r1;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 7), &r0).ok());
+  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 8), &r1).ok());
+
+  v1::CheckpointJobResponse asked;
+  ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked)
+                  .ok());
+  EXPECT_EQ(asked.checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
+
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 8), &r0).ok());
+  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 8), &r1).ok());
+  ASSERT_TRUE(r0.has_checkpoint());
+  ASSERT_TRUE(r1.has_checkpoint());
+  const v1::CheckpointRequest request = r0.checkpoint();
+  EXPECT_EQ(request.id(), asked.checkpoint().id());
+  EXPECT_EQ(r1.checkpoint().id(), request.id());
+  EXPECT_GT(request.version(), 8u);  // ahead of every shard
+  EXPECT_EQ(request.dir(), CheckpointFolder(dir, request.id()));
+
+  // Shard 0 wrote its file: not a checkpoint yet.
+  v1::HeartbeatRequest beat0 = ServerRequest(0, s[0].incarnation(), request.version());
+  *beat0.mutable_shard()->mutable_checkpoint() =
+      WriteFakeShard(request, 0, request.version());
+  ASSERT_TRUE(Beat(beat0, &r0).ok());
+  EXPECT_FALSE(r0.has_checkpoint());  // reported: no longer asked
+  absl::StatusOr<CheckpointChoice> choice =
+      FindNewestCheckpoint(Env::Default(), dir, "test-job");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_FALSE(choice->manifest.has_value());
+  EXPECT_EQ(Status().pending_checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
+
+  v1::HeartbeatRequest beat1 = ServerRequest(1, s[1].incarnation(), request.version());
+  *beat1.mutable_shard()->mutable_checkpoint() =
+      WriteFakeShard(request, 1, request.version());
+  ASSERT_TRUE(Beat(beat1, &r1).ok());
+  choice = FindNewestCheckpoint(Env::Default(), dir, "test-job");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_TRUE(choice->manifest.has_value());
+  EXPECT_EQ(choice->manifest->id(), request.id());
+  EXPECT_EQ(choice->manifest->step(), request.version());
+  ASSERT_EQ(choice->manifest->worker_steps_size(), 1);
+  EXPECT_EQ(choice->manifest->worker_steps(0), request.version());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.last_checkpoint().id(), request.id());
+  EXPECT_EQ(status.last_checkpoint().state(), v1::CHECKPOINT_STATE_COMPLETE);
+  EXPECT_EQ(status.checkpoints_completed(), 1u);
+
+  // wait=true on a new one returns once it failed (a shard reports FAILED).
+  v1::CheckpointJobRequest wait;
+  wait.set_wait(true);
+  v1::CheckpointJobResponse waited;
+  grpc::Status wait_status;
+  std::thread waiter([&] {
+    wait_status = stub_->CheckpointJob(Context().get(), wait, &waited);
+  });
+  v1::CheckpointRequest second;
+  while (!second.id()) {  // polls until the checkpoint has been asked for
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 20), &r0).ok());
+    if (r0.has_checkpoint()) second = r0.checkpoint();
+  }
+  v1::HeartbeatRequest failed = ServerRequest(0, s[0].incarnation(), 20);
+  v1::ShardCheckpoint* report = failed.mutable_shard()->mutable_checkpoint();
+  report->set_id(second.id());
+  report->set_coordinator_incarnation(second.coordinator_incarnation());
+  report->set_state(v1::CHECKPOINT_STATE_FAILED);
+  report->set_error("chunk 3 already at version 30 > 22");
+  ASSERT_TRUE(Beat(failed, &r0).ok());
+  waiter.join();
+  ASSERT_TRUE(wait_status.ok()) << wait_status.error_message();
+  EXPECT_EQ(waited.checkpoint().state(), v1::CHECKPOINT_STATE_FAILED);
+  EXPECT_NE(waited.checkpoint().error().find("version 30"), std::string::npos);
+  status = Status();
+  EXPECT_EQ(status.pending_checkpoint().state(), v1::CHECKPOINT_STATE_FAILED);
+  EXPECT_EQ(status.last_checkpoint().id(), request.id());
+}
+
+TEST_F(CoordinatorServiceTest, ResumedJobHandsOutRestoreOrdersAndStartSteps) {
+  const std::string dir = TempFolder("resume");
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id("test-job");
+  manifest.set_id(4);
+  manifest.set_mode(v1::MODE_ASYNC);
+  manifest.set_step(120);
+  manifest.add_worker_steps(61);
+  manifest.add_worker_steps(59);
+  StartJob(2, 2, v1::MODE_ASYNC, dir, [&](CoordinatorService* service) {
+    service->ResumeFrom(manifest, CheckpointFolder(dir, 4));
+  });
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  for (const v1::RegisterServerResponse& r : s) {
+    EXPECT_EQ(r.restore().generation(), 2u);
+    EXPECT_EQ(r.restore().checkpoint_id(), 4u);
+    EXPECT_EQ(r.restore().dir(), CheckpointFolder(dir, 4));
+    EXPECT_EQ(r.restore().step(), 120u);
+  }
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_EQ(w[0].start_step(), 61u);
+  EXPECT_EQ(w[1].start_step(), 59u);
+  EXPECT_EQ(w[0].generation(), 2u);
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 120, /*generation=*/2), &reply)
+                  .ok());
+  EXPECT_EQ(reply.generation(), 2u);
+  EXPECT_FALSE(reply.has_restore());
+  // A member still in the job's first generation is told what to restore.
+  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 0, /*generation=*/1), &reply)
+                  .ok());
+  EXPECT_EQ(reply.restore().checkpoint_id(), 4u);
+  EXPECT_EQ(Status().last_checkpoint().id(), 4u);
+}
+
+TEST_F(CoordinatorServiceTest, SyncServerRestartRollsBackAndFinishedRanksTrainAgain) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::WorkerProgress progress;
+  progress.set_step(50);
+  progress.set_total_steps(50);
+  v1::WorkerDoneRequest done;
+  done.set_job_id("test-job");
+  done.set_worker_rank(0);
+  done.set_incarnation(w[0].incarnation());
+  *done.mutable_progress() = progress;
+  v1::WorkerDoneResponse done_reply;
+  ASSERT_TRUE(stub_->WorkerDone(Context().get(), done, &done_reply).ok());
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_FINISHED);
+
+  // Shard 1's server restarts (same address) while the job runs.
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7001", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), 0u);  // no checkpoint: step 0
+  ASSERT_EQ(again.restore().worker_steps_size(), 2);
+  EXPECT_EQ(again.restore().worker_steps(0), 0u);
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.generation(), 2u);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 30, /*generation=*/1), &reply)
+                  .ok());
+  EXPECT_EQ(reply.generation(), 2u);
+  EXPECT_EQ(reply.restore().generation(), 2u);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0, 1));
+  // The old generation's WorkerDone is refused; rank 0 trains again.
+  v1::HeartbeatRequest old_beat;
+  old_beat.set_job_id("test-job");
+  old_beat.set_worker_rank(0);
+  old_beat.set_incarnation(w[0].incarnation());
+  old_beat.set_generation(1);
+  ASSERT_TRUE(Beat(old_beat, &reply).ok());
+  EXPECT_EQ(reply.restore().generation(), 2u);
+  done.set_generation(1);
+  EXPECT_EQ(stub_->WorkerDone(Context().get(), done, &done_reply).error_code(),
+            grpc::StatusCode::ABORTED);
+}
+
+TEST_F(CoordinatorServiceTest, AsyncServerRestartRollsTheJobBackToo) {
+  StartJob(2, 1, v1::MODE_ASYNC);
+  RegisterAllServers();
+  RegisterAllWorkers();
+  EXPECT_EQ(Status().generation(), 1u);
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7001", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), 0u);  // none yet: the initial values
+  EXPECT_EQ(Status().generation(), 2u);
+}
+
+TEST_F(CoordinatorServiceTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  auto beat_others = [&] {
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+    ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  };
+  for (int i = 0; i < 30; ++i) {  // 1 s timeout + 29 s dead
+    clock_.Advance(absl::Seconds(1));
+    beat_others();
+    service_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
+  clock_.Advance(absl::Seconds(2));
+  beat_others();
+  service_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("shard 1 has been dead for"), std::string::npos)
+      << status.message();
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(CoordinatorServiceTest, TakenOverStateAnswersTheOldMembersAndTheJobCompletes) {
+  const std::string dir = TempFolder("takeover");
+  StartJob(1, 2, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
+  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
+  const std::string state_file = JoinPath(dir, "coordinator.state");
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  v1::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*bytes));
+  EXPECT_EQ(state.state(), v1::JOB_STATE_RUNNING);
+
+  // The coordinator dies; a new one takes the job back from the file.
+  service_->Shutdown();
+  server_.server->Shutdown();
+  clock_.Advance(absl::Seconds(5));
+  StartJob(1, 2, v1::MODE_SYNC, dir, [&](CoordinatorService* service) {
+    ASSERT_TRUE(service->TakeOver(state, state_file).ok());
+  });
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(status.coordinator_restarted());
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_FINISHED);
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  // The final checkpoint is asked for; the shard writes it.
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(reply.has_checkpoint());
+  EXPECT_EQ(reply.checkpoint().version(), 10u);
+  v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), 10);
+  *written.mutable_shard()->mutable_checkpoint() =
+      WriteFakeShard(reply.checkpoint(), 0, 10);
+  ASSERT_TRUE(Beat(written, &reply).ok());
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10, /*final_eval=*/true).ok());
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED) << status.message();
+  EXPECT_EQ(status.last_checkpoint().step(), 10u);
+}
+
+TEST_F(CoordinatorServiceTest, AWorkerDoneLostWithTheCoordinatorIsTakenFromTheHeartbeat) {
+  // Both workers finish, but the coordinator dies before it saves that; the
+  // one that takes over from the older state hears "finished" in their
+  // heartbeats and the job goes on to its end instead of waiting for good.
+  const std::string dir = TempFolder("lostdone");
+  StartJob(1, 2, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
+  const std::string state_file = JoinPath(dir, "coordinator.state");
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  v1::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*bytes));
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
+
+  service_->Shutdown();
+  server_.server->Shutdown();
+  StartJob(1, 2, v1::MODE_SYNC, dir, [&](CoordinatorService* service) {
+    ASSERT_TRUE(service->TakeOver(state, state_file).ok());
+  });
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  v1::HeartbeatResponse reply;
+  for (uint32_t rank : {0u, 1u}) {
+    v1::HeartbeatRequest beat;
+    beat.set_job_id("test-job");
+    beat.set_worker_rank(rank);
+    beat.set_incarnation(w[rank].incarnation());
+    beat.set_generation(1);
+    beat.set_finished(true);
+    beat.mutable_progress()->set_step(10);
+    beat.mutable_progress()->set_total_steps(10);
+    ASSERT_TRUE(Beat(beat, &reply).ok());
+  }
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_FINISHED);
+  // Training is done: the final checkpoint is asked of the shard.
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(reply.has_checkpoint());
+  EXPECT_EQ(reply.checkpoint().version(), 10u);
+}
+
+TEST_F(CoordinatorServiceTest, CoordinatorWithoutStateAdoptsMembersFromHeartbeats) {
+  StartJob(1, 2);
+  v1::HeartbeatRequest server = ServerRequest(0, 1'600'000'000'000, 40);
+  server.mutable_shard()->set_address("127.0.0.1:7100");
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(server, &reply).ok());
+  v1::HeartbeatRequest worker;
+  worker.set_job_id("test-job");
+  worker.set_worker_rank(0);
+  worker.set_incarnation(1'600'000'000'001);
+  worker.mutable_progress()->set_step(40);
+  ASSERT_TRUE(Beat(worker, &reply).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  v1::HeartbeatRequest finished = worker;
+  finished.set_worker_rank(1);
+  finished.set_incarnation(1'600'000'000'002);
+  finished.set_finished(true);
+  ASSERT_TRUE(Beat(finished, &reply).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(status.coordinator_restarted());
+  EXPECT_EQ(status.shards(0).address(), "127.0.0.1:7100");
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_FINISHED);
+  // An older incarnation does not replace the adopted one.
+  v1::HeartbeatRequest older = worker;
+  older.set_incarnation(1'500'000'000'000);
+  EXPECT_EQ(Beat(older, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // New registrations get incarnations above the adopted ones.
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(0, "127.0.0.1:7100", &again).ok());
+  EXPECT_GT(again.incarnation(), 1'600'000'000'002u);
+}
+
+TEST_F(CoordinatorServiceTest,
+       PeriodicCheckpointByStepsAndARestartRollsBackToTheNewestComplete) {
+  const std::string dir = TempFolder("periodic");
+  StartJob(1, 2, v1::MODE_SYNC, dir);
+  // Periodic rule: every 10 global steps (the config is the service's copy;
+  // restart the service with it).
+  config_.set_checkpoint_every_steps(10);
+  {
+    service_->Shutdown();
+    server_.server->Shutdown();
+    CoordinatorOptions options;
+    service_ = std::make_unique<CoordinatorService>(
+        config_, map_, [this] { return clock_.Now(); }, options);
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {service_.get()});
+    ASSERT_TRUE(server.ok());
+    server_ = std::move(*server);
+    stub_ = v1::Coordinator::NewStub(MakeChannel(WithPort("127.0.0.1:0", server_.port)));
+  }
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 9), &reply).ok());
+  service_->DetectFailures();
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 9), &reply).ok());
+  EXPECT_FALSE(reply.has_checkpoint());  // 9 < 10 steps
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  service_->DetectFailures();
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(reply.has_checkpoint());
+  const v1::CheckpointRequest request = reply.checkpoint();
+  EXPECT_GE(request.version(), 12u);  // at least a margin of 2 ahead
+  v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), request.version());
+  *written.mutable_shard()->mutable_checkpoint() =
+      WriteFakeShard(request, 0, request.version());
+  ASSERT_TRUE(Beat(written, &reply).ok());
+  EXPECT_EQ(Status().last_checkpoint().id(), request.id());
+
+  // The server restarts: every rank resumes at the checkpoint's step.
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(0, "127.0.0.1:7000", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), request.id());
+  EXPECT_EQ(again.restore().step(), request.version());
+  EXPECT_EQ(again.restore().dir(), request.dir());
+  ASSERT_EQ(again.restore().worker_steps_size(), 2);
+  EXPECT_EQ(again.restore().worker_steps(1), request.version());
+  v1::RegisterWorkerResponse restarted_worker;
+  ASSERT_TRUE(RegisterWorker(1, &restarted_worker).ok());
+  EXPECT_EQ(restarted_worker.start_step(), request.version());
+  EXPECT_EQ(restarted_worker.generation(), 2u);
+}
+
+TEST_F(CoordinatorServiceTest, AsyncCheckpointRecordsEachWorkersStepAtTheRequest) {
+  const std::string dir = TempFolder("async");
+  StartJob(1, 2, v1::MODE_ASYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  v1::WorkerProgress p;
+  p.set_step(33);
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), p, &reply).ok());
+  p.set_step(35);
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), p, &reply).ok());
+  v1::CheckpointJobResponse asked;
+  ASSERT_TRUE(
+      stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 60), &reply).ok());
+  ASSERT_TRUE(reply.has_checkpoint());
+  EXPECT_EQ(reply.checkpoint().version(), 0u);
+  v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), 68);
+  *written.mutable_shard()->mutable_checkpoint() =
+      WriteFakeShard(reply.checkpoint(), 0, 68);
+  ASSERT_TRUE(Beat(written, &reply).ok());
+  absl::StatusOr<CheckpointChoice> choice =
+      FindNewestCheckpoint(Env::Default(), dir, "test-job");
+  ASSERT_TRUE(choice.ok() && choice->manifest.has_value());
+  EXPECT_EQ(choice->manifest->step(), 68u);
+  EXPECT_THAT(choice->manifest->worker_steps(), ElementsAre(33, 35));
+  // A restarted async server rolls the job back to it: every worker resumes
+  // at the step it had when the checkpoint was asked for.
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(0, "127.0.0.1:7000", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), asked.checkpoint().id());
+  EXPECT_THAT(again.restore().worker_steps(), ElementsAre(33, 35));
+}
+
+TEST_F(CoordinatorServiceTest, ARollBackRefusesADamagedNewestCheckpointAndUsesTheOneBefore) {
+  const std::string dir = TempFolder("damaged");
+  StartJob(1, 1, v1::MODE_ASYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  // Two complete checkpoints, at versions 10 and 20.
+  std::vector<v1::CheckpointRequest> taken;
+  for (uint64_t version : {10u, 20u}) {
+    v1::CheckpointJobResponse asked;
+    ASSERT_TRUE(
+        stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), version), &reply).ok());
+    ASSERT_TRUE(reply.has_checkpoint());
+    taken.push_back(reply.checkpoint());
+    v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), version);
+    *written.mutable_shard()->mutable_checkpoint() =
+        WriteFakeShard(reply.checkpoint(), 0, version);
+    ASSERT_TRUE(Beat(written, &reply).ok());
+    ASSERT_EQ(Status().last_checkpoint().id(), taken.back().id());
+  }
+  // A byte of the newest one's shard file flips on disk.
+  const std::string file = JoinPath(taken[1].dir(), ShardFileName(0));
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  (*bytes)[bytes->size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), file, *bytes).ok());
+  // The server restarts: the job rolls back to the one before, which loads.
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(0, "127.0.0.1:7000", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), taken[0].id());
+  EXPECT_EQ(again.restore().step(), 10u);
+  // And the roll-back is in the state file already.
+  absl::StatusOr<std::string> state_bytes =
+      Env::Default()->ReadFile(JoinPath(dir, "coordinator.state"));
+  ASSERT_TRUE(state_bytes.ok()) << state_bytes.status();
+  v1::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*state_bytes));
+  EXPECT_EQ(state.restore().generation(), 2u);
+  EXPECT_EQ(state.restore().checkpoint_id(), taken[0].id());
+}
+
+TEST_F(CoordinatorServiceTest, AMemberOfANewerGenerationRollsTheJobBackPastIt) {
+  // A coordinator that took over from an older state file (generation 1)
+  // hears a server that rolled back in generation 2: every member is told
+  // to roll back again, to one checkpoint, in generation 3.
+  StartJob(1, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5, /*generation=*/2), &reply).ok());
+  EXPECT_EQ(reply.generation(), 3u);
+  EXPECT_EQ(reply.restore().generation(), 3u);
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.generation(), 3u);
 }
 
 }  // namespace

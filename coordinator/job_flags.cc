@@ -86,6 +86,20 @@ ABSL_FLAG(std::string, late_gradients,
           grps::LateGradientsName(Defaults().late_gradients()),
           "sync: a gradient that arrives after its step completed is counted "
           "and then folded into the next step (fold) or dropped (drop)");
+ABSL_FLAG(std::string, checkpoint_dir, Defaults().checkpoint_dir(),
+          "folder for checkpoints, reachable by every server and the "
+          "coordinator (empty: no checkpoints); a job started with one "
+          "resumes from its newest complete checkpoint");
+ABSL_FLAG(uint64_t, checkpoint_every_steps, Defaults().checkpoint_every_steps(),
+          "take a checkpoint every this many global steps (0 = not by steps)");
+ABSL_FLAG(uint32_t, checkpoint_every_s, Defaults().checkpoint_every_seconds(),
+          "take a checkpoint every this many seconds (0 = not by time)");
+ABSL_FLAG(uint32_t, recovery_timeout_ms, Defaults().recovery_timeout_ms(),
+          "a shard dead this long, or no live and no finished worker for this "
+          "long, fails the job (0 = 30000)");
+ABSL_FLAG(uint32_t, coordinator_timeout_ms, Defaults().coordinator_timeout_ms(),
+          "servers and workers that hear nothing from the coordinator this "
+          "long exit non-zero (0 = 60000)");
 
 namespace grps {
 
@@ -169,6 +183,12 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
       ParseLateGradients(absl::GetFlag(FLAGS_late_gradients));
   if (!late.ok()) return FlagError("late_gradients", late.status());
   c.set_late_gradients(*late);
+
+  c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
+  c.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
+  c.set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  c.set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));
+  c.set_coordinator_timeout_ms(absl::GetFlag(FLAGS_coordinator_timeout_ms));
 
   if (absl::Status s = ValidateJobConfig(c); !s.ok()) return s;
   return c;

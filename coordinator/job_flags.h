@@ -10,6 +10,9 @@
 //   --batch --epochs --steps --servers --workers --seed --chunk_kb
 //   --wire_dtype=f32|f16|bf16 --eval_every --heartbeat_ms
 //   --heartbeat_timeout_ms --max_staleness --staleness_aware_lr
+//   --backup_workers --late_gradients
+//   --checkpoint_dir --checkpoint_every_steps --checkpoint_every_s
+//   --recovery_timeout_ms --coordinator_timeout_ms
 #ifndef GRPS_COORDINATOR_JOB_FLAGS_H_
 #define GRPS_COORDINATOR_JOB_FLAGS_H_
 

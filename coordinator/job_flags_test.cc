@@ -17,6 +17,11 @@ ABSL_DECLARE_FLAG(uint64_t, chunk_kb);
 ABSL_DECLARE_FLAG(uint32_t, batch);
 ABSL_DECLARE_FLAG(uint32_t, workers);
 ABSL_DECLARE_FLAG(float, lr);
+ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
+ABSL_DECLARE_FLAG(uint64_t, checkpoint_every_steps);
+ABSL_DECLARE_FLAG(uint32_t, checkpoint_every_s);
+ABSL_DECLARE_FLAG(uint32_t, recovery_timeout_ms);
+ABSL_DECLARE_FLAG(uint32_t, coordinator_timeout_ms);
 
 namespace grps {
 namespace {
@@ -29,6 +34,30 @@ TEST(JobFlags, DefaultFlagsDescribeTheDefaultJob) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*config, DefaultJobConfig()))
       << config->DebugString();
+}
+
+TEST(JobFlags, DurabilityFlagsSetTheirFields) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_checkpoint_dir, "/tmp/ckpts");
+  absl::SetFlag(&FLAGS_checkpoint_every_steps, 100);
+  absl::SetFlag(&FLAGS_checkpoint_every_s, 30);
+  absl::SetFlag(&FLAGS_recovery_timeout_ms, 20000);
+  absl::SetFlag(&FLAGS_coordinator_timeout_ms, 45000);
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->checkpoint_dir(), "/tmp/ckpts");
+  EXPECT_EQ(config->checkpoint_every_steps(), 100u);
+  EXPECT_EQ(config->checkpoint_every_seconds(), 30u);
+  EXPECT_EQ(config->recovery_timeout_ms(), 20000u);
+  EXPECT_EQ(config->coordinator_timeout_ms(), 45000u);
+}
+
+TEST(JobFlags, PeriodicCheckpointsNeedACheckpointDir) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_checkpoint_every_steps, 100);
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("checkpoint_dir"), std::string::npos);
 }
 
 TEST(JobFlags, FlagsSetTheirFields) {

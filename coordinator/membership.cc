@@ -286,6 +286,177 @@ absl::Status Membership::FinishWorker(uint32_t rank, uint64_t incarnation,
   return absl::OkStatus();
 }
 
+absl::Status Membership::AdoptServer(uint32_t shard, uint64_t incarnation,
+                                     absl::string_view address, absl::Time now) {
+  if (shard >= num_shards())
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard, " is out of range; the job has ",
+                     num_shards(), " shards"));
+  if (absl::Status s = ValidateAddress(address); !s.ok()) return s;
+  Server& server = servers_[shard];
+  if (server.registered && incarnation <= server.incarnation)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server of shard ", shard, " has stale incarnation ", incarnation,
+        " (current ", server.incarnation, "); the shard was re-registered"));
+  server.registered = true;
+  server.incarnation = incarnation;
+  server.address = std::string(address);
+  server.state = v1::MEMBER_STATE_ALIVE;
+  server.last_heartbeat = now;
+  server.status.reset();
+  last_incarnation_ = std::max(last_incarnation_, incarnation);
+  v1::ShardEndpoint* endpoint = shard_map_.mutable_shards(shard);
+  endpoint->set_address(server.address);
+  endpoint->set_incarnation(incarnation);
+  shard_map_.set_epoch(shard_map_.epoch() + 1);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::AdoptWorker(uint32_t rank, uint64_t incarnation,
+                                     bool finished,
+                                     const v1::WorkerProgress* progress,
+                                     absl::Time now) {
+  if (rank >= num_workers())
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", rank, " is out of range; the job has ",
+                     num_workers(), " workers"));
+  if (progress != nullptr) {
+    if (absl::Status s = ValidateProgress(*progress); !s.ok()) return s;
+  }
+  Worker& worker = workers_[rank];
+  if (worker.registered && incarnation <= worker.incarnation)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " has stale incarnation ", incarnation,
+        " (current ", worker.incarnation, "); the rank was re-registered"));
+  worker.registered = true;
+  worker.incarnation = incarnation;
+  worker.state = finished ? v1::MEMBER_STATE_FINISHED : v1::MEMBER_STATE_ALIVE;
+  worker.last_heartbeat = now;
+  worker.progress.reset();
+  if (progress != nullptr) RecordProgress(&worker, *progress);
+  last_incarnation_ = std::max(last_incarnation_, incarnation);
+  ++membership_epoch_;
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> Membership::ResetResumeSteps(
+    const std::vector<uint64_t>& worker_steps, absl::Time now) {
+  std::vector<uint32_t> revived;
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    Worker& worker = workers_[r];
+    const uint64_t step = r < worker_steps.size() ? worker_steps[r] : 0;
+    worker.resume_step = step;
+    if (worker.progress.has_value()) worker.progress->set_step(step);
+    // A finished rank whose total is unknown trains again too: the worker
+    // finishes at once if it has no steps left.
+    const uint64_t total =
+        worker.progress.has_value() ? worker.progress->total_steps() : 0;
+    if (worker.registered && worker.state == v1::MEMBER_STATE_FINISHED &&
+        (total == 0 || step < total)) {
+      worker.state = v1::MEMBER_STATE_ALIVE;
+      worker.last_heartbeat = now;
+      revived.push_back(r);
+    }
+  }
+  if (!revived.empty()) ++membership_epoch_;
+  return revived;
+}
+
+void Membership::ExportTo(v1::CoordinatorState* state) const {
+  state->clear_shards();
+  state->clear_workers();
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    v1::ShardEndpoint* e = state->add_shards();
+    e->set_shard(s);
+    if (!servers_[s].registered) continue;
+    e->set_address(servers_[s].address);
+    e->set_incarnation(servers_[s].incarnation);
+  }
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    const Worker& worker = workers_[r];
+    v1::WorkerStatus* w = state->add_workers();
+    w->set_rank(r);
+    if (!worker.registered) {
+      // An unregistered rank may still have a resume step (a resumed job).
+      if (worker.resume_step > 0) w->mutable_progress()->set_step(worker.resume_step);
+      continue;
+    }
+    w->set_incarnation(worker.incarnation);
+    w->set_host(worker.host);
+    w->set_backend(worker.backend);
+    w->set_state(worker.state);
+    if (worker.progress.has_value()) *w->mutable_progress() = *worker.progress;
+    w->mutable_progress()->set_step(worker.resume_step);
+  }
+  state->set_map_epoch(shard_map_.epoch());
+  state->set_membership_epoch(membership_epoch_);
+}
+
+absl::Status Membership::ImportFrom(const v1::CoordinatorState& state,
+                                    absl::Time now) {
+  if (state.shards_size() != static_cast<int>(num_shards()) ||
+      state.workers_size() != static_cast<int>(num_workers()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator state has ", state.shards_size(), " shards and ",
+        state.workers_size(), " workers; the job has ", num_shards(), " and ",
+        num_workers()));
+  for (const v1::ShardEndpoint& e : state.shards())
+    if (e.incarnation() != 0) {
+      if (absl::Status s = ValidateAddress(e.address()); !s.ok()) return s;
+    }
+  for (const v1::WorkerStatus& w : state.workers())
+    if (w.incarnation() != 0) {
+      if (absl::Status s = ValidateWorkerRequest(-1, w.host(), w.backend()); !s.ok())
+        return s;
+    }
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    const v1::ShardEndpoint& e = state.shards(s);
+    Server& server = servers_[s];
+    server = Server();
+    v1::ShardEndpoint* endpoint = shard_map_.mutable_shards(s);
+    endpoint->set_address("");
+    endpoint->set_incarnation(0);
+    if (e.incarnation() == 0) continue;
+    server.registered = true;
+    server.incarnation = e.incarnation();
+    server.address = e.address();
+    server.state = v1::MEMBER_STATE_ALIVE;
+    server.last_heartbeat = now;
+    endpoint->set_address(e.address());
+    endpoint->set_incarnation(e.incarnation());
+    last_incarnation_ = std::max(last_incarnation_, e.incarnation());
+  }
+  for (uint32_t r = 0; r < num_workers(); ++r) {
+    const v1::WorkerStatus& w = state.workers(r);
+    Worker& worker = workers_[r];
+    worker = Worker();
+    worker.resume_step = w.progress().step();
+    if (w.incarnation() == 0) continue;
+    worker.registered = true;
+    worker.incarnation = w.incarnation();
+    worker.host = w.host();
+    worker.backend = w.backend();
+    worker.state = w.state() == v1::MEMBER_STATE_FINISHED
+                       ? v1::MEMBER_STATE_FINISHED
+                       : v1::MEMBER_STATE_ALIVE;
+    worker.last_heartbeat = now;
+    if (w.has_progress()) worker.progress = w.progress();
+    last_incarnation_ = std::max(last_incarnation_, w.incarnation());
+  }
+  shard_map_.set_epoch(state.map_epoch() + 1);
+  membership_epoch_ = state.membership_epoch() + 1;
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> Membership::LiveShardVersions() const {
+  std::vector<uint64_t> out;
+  for (const Server& server : servers_)
+    if (server.state == v1::MEMBER_STATE_ALIVE && server.status.has_value() &&
+        server.status->num_chunks() > 0)
+      out.push_back(server.status->version());
+  return out;
+}
+
 void Membership::RecordEvaluation(Evaluation evaluation) {
   latest_eval_ = evaluation;
 }

@@ -23,6 +23,15 @@
 // Resuming. A rank remembers the highest progress step any of its
 // incarnations reported; a re-registration hands it back as start_step.
 //
+// Roll-back. ResetResumeSteps sets every rank's resume step (a job resumed
+// from, or rolled back to, a checkpoint) and brings FINISHED ranks that have
+// steps left back to ALIVE: they train again from there.
+//
+// Adoption. A restarted coordinator learns of members from their heartbeats
+// (AdoptServer, AdoptWorker) or from its persisted state (ImportFrom). An
+// adopted incarnation must be newer than the one the slot has, so an old
+// process never displaces a newer one.
+//
 // Epochs. membership_epoch() bumps whenever the set of live workers or their
 // incarnations changes; the shard map's epoch bumps whenever an endpoint
 // changes. Both start at 0.
@@ -129,6 +138,36 @@ class Membership {
   // for WorkerHeartbeat.
   absl::Status FinishWorker(uint32_t rank, uint64_t incarnation,
                             const v1::WorkerProgress& progress, absl::Time now);
+
+  // Takes in a member this coordinator never registered (a restarted
+  // coordinator hearing a heartbeat): the slot gets `incarnation`, ALIVE
+  // (or FINISHED for a worker that says it finished), heartbeat at `now`;
+  // a server's endpoint gets `address` and the map epoch bumps.
+  // INVALID_ARGUMENT for a slot out of range or a bad address;
+  // FAILED_PRECONDITION when the slot already has this or a newer
+  // incarnation. Later incarnations keep growing past the adopted one.
+  absl::Status AdoptServer(uint32_t shard, uint64_t incarnation,
+                           absl::string_view address, absl::Time now);
+  absl::Status AdoptWorker(uint32_t rank, uint64_t incarnation, bool finished,
+                           const v1::WorkerProgress* progress, absl::Time now);
+
+  // Sets rank r's resume step (start_step of its next registration) to
+  // worker_steps[r] (0 where the vector is short), and its progress step too.
+  // FINISHED ranks whose step is now below their total steps become ALIVE
+  // with a heartbeat at `now`; they are returned, ascending.
+  std::vector<uint32_t> ResetResumeSteps(const std::vector<uint64_t>& worker_steps,
+                                         absl::Time now);
+
+  // The members as CoordinatorState records them (shards, workers,
+  // map_epoch, membership_epoch), and back: every registered member becomes
+  // ALIVE with a heartbeat at `now`, except FINISHED workers, which stay
+  // FINISHED. ImportFrom requires a state of this job's shape
+  // (INVALID_ARGUMENT otherwise, and nothing changes).
+  void ExportTo(v1::CoordinatorState* state) const;
+  absl::Status ImportFrom(const v1::CoordinatorState& state, absl::Time now);
+
+  // Versions of the ALIVE shards that reported chunks, by shard.
+  std::vector<uint64_t> LiveShardVersions() const;
 
   // Records a final evaluation (from WorkerDone) as the latest evaluation.
   void RecordEvaluation(Evaluation evaluation);

@@ -379,3 +379,68 @@ TEST_F(MembershipTest, StatusesCarryIdentityStateAndHeartbeatAge) {
 
 }  // namespace
 }  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST_F(MembershipTest, ResetResumeStepsSetsStartStepsAndRevivesFinishedRanksWithStepsLeft) {
+  Membership::Registration w0 = Worker(0);
+  Membership::Registration w1 = Worker(1);
+  v1::WorkerProgress done;
+  done.set_step(100);
+  done.set_total_steps(100);
+  ASSERT_TRUE(m_.FinishWorker(0, w0.incarnation, done, kT0).ok());
+  ASSERT_TRUE(m_.FinishWorker(1, w1.incarnation, done, kT0).ok());
+  const uint64_t epoch = m_.membership_epoch();
+  std::vector<uint32_t> revived = m_.ResetResumeSteps({40, 100, 7}, kT0);
+  EXPECT_THAT(revived, ElementsAre(0));  // rank 1 has no steps left
+  EXPECT_GT(m_.membership_epoch(), epoch);
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0));
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(1));
+  // Rank 2 never registered: its first registration starts at step 7.
+  EXPECT_EQ(Worker(2).start_step, 7u);
+}
+
+TEST_F(MembershipTest, AdoptionTakesUnknownMembersButNeverAnOlderIncarnation) {
+  ASSERT_TRUE(m_.AdoptServer(1, 500, "10.0.0.9:5000", kT0).ok());
+  EXPECT_EQ(m_.shard_map().shards(1).address(), "10.0.0.9:5000");
+  EXPECT_THAT(m_.ShardsInState(v1::MEMBER_STATE_ALIVE), ElementsAre(1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(m_.AdoptServer(1, 400, "10.0.0.9:5000", kT0)));
+  EXPECT_TRUE(absl::IsInvalidArgument(m_.AdoptServer(1, 600, "no port", kT0)));
+  ASSERT_TRUE(m_.AdoptWorker(2, 700, /*finished=*/true, nullptr, kT0).ok());
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(2));
+  EXPECT_TRUE(absl::IsFailedPrecondition(m_.AdoptWorker(2, 700, false, nullptr, kT0)));
+  // Later registrations get incarnations above every adopted one.
+  EXPECT_GT(Worker(0, absl::FromUnixMillis(1)).incarnation, 700u);
+}
+
+TEST_F(MembershipTest, ExportedStateImportsIntoAFreshMembership) {
+  Membership::Registration s0 = Server(0, "10.0.0.1:5000");
+  Server(1, "10.0.0.2:5000");
+  Membership::Registration w0 = Worker(0);
+  Worker(1);
+  v1::WorkerProgress done;
+  done.set_step(30);
+  ASSERT_TRUE(m_.FinishWorker(1, Worker(1).incarnation, done, kT0).ok());
+  v1::CoordinatorState state;
+  m_.ExportTo(&state);
+
+  Membership fresh(MapWithShards(2), 3, kTimeout);
+  const absl::Time later = kT0 + absl::Minutes(5);
+  ASSERT_TRUE(fresh.ImportFrom(state, later).ok());
+  bool revived = false;
+  v1::ShardStatus status;
+  EXPECT_TRUE(fresh.ServerHeartbeat(0, s0.incarnation, status, later, &revived).ok());
+  EXPECT_TRUE(fresh.WorkerHeartbeat(0, w0.incarnation, nullptr, later, &revived).ok());
+  EXPECT_THAT(fresh.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(1));
+  EXPECT_THAT(fresh.UnregisteredRanks(), ElementsAre(2));
+  EXPECT_EQ(fresh.shard_map().shards(1).address(), "10.0.0.2:5000");
+  // Imported members count as heard from now: none is dead yet.
+  EXPECT_TRUE(fresh.DetectFailures(later + kTimeout).empty());
+
+  Membership other_shape(MapWithShards(1), 3, kTimeout);
+  EXPECT_TRUE(absl::IsInvalidArgument(other_shape.ImportFrom(state, later)));
+}
+
+}  // namespace
+}  // namespace grps

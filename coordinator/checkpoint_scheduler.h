@@ -1,0 +1,145 @@
+// CheckpointScheduler: the coordinator's side of one checkpoint at a time
+// (docs/durability.md). It decides when a periodic checkpoint is due, hands
+// out the CheckpointRequest that heartbeat replies carry to each shard until
+// that shard reports, collects the shards' reports, and builds the manifest
+// once every shard's file is WRITTEN. The caller writes the manifest (file
+// I/O, outside its lock) and reports how that went.
+//
+// Life of a checkpoint: Start -> PENDING; every shard WRITTEN ->
+// TakeManifestToWrite (now "writing": no further report changes it) ->
+// FinishWrite OK -> COMPLETE, or an error -> FAILED. Any shard FAILED,
+// Fail() (a roll-back, a timeout) -> FAILED. After a failure the next
+// periodic trigger comes at once, after further failures after a back-off
+// that doubles per failure, and
+// consecutive_failures() tells the caller to ask with a larger margin.
+//
+// Time is passed in. Not thread-safe: CoordinatorService serializes calls.
+#ifndef GRPS_COORDINATOR_CHECKPOINT_SCHEDULER_H_
+#define GRPS_COORDINATOR_CHECKPOINT_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+class CheckpointScheduler {
+ public:
+  // A checkpoint not complete this long after it was asked for fails.
+  static constexpr absl::Duration kTimeout = absl::Seconds(60);
+  // After the first failure the next periodic checkpoint may be asked for at
+  // once; after the n-th failure in a row (n >= 2), not sooner than
+  // kRetryBackoff * 2^(n-2) (at most 64 times).
+  static constexpr absl::Duration kRetryBackoff = absl::Seconds(1);
+
+  // `config` gives checkpoint_dir (empty: disabled), the periodic rules and
+  // the mode; `num_shards` the shards that must report.
+  CheckpointScheduler(const v1::JobConfig& config, uint32_t num_shards);
+
+  bool enabled() const { return !root_.empty(); }
+
+  // The newest complete checkpoint is `manifest` (in `dir`): a job resumed
+  // from it, or a coordinator that took the job back. Periodic rules count
+  // from its step.
+  void SetNewestComplete(const v1::CheckpointManifest& manifest,
+                         const std::string& dir, uint64_t completed);
+  // The asking coordinator's incarnation, put in every request; a report
+  // that names another is not an answer to this coordinator's request.
+  void set_coordinator_incarnation(uint64_t incarnation) {
+    coordinator_incarnation_ = incarnation;
+  }
+  // Ids below this are never handed out (folders that exist already).
+  void SetNextId(uint64_t id);
+  uint64_t next_id() const { return next_id_; }
+
+  // A periodic checkpoint is due: enabled, none pending, and
+  // checkpoint_every_steps global steps since the last one asked for (or
+  // the resumed step), or checkpoint_every_seconds since then (or since the
+  // first call).
+  bool Due(uint64_t global_step, absl::Time now);
+
+  // Asks for checkpoint next_id() at `version` (sync: a step boundary;
+  // async/ssp: 0) with the workers' resume steps. Requires enabled() and
+  // none pending. `global_step` is noted for the periodic rule.
+  v1::CheckpointRequest Start(uint64_t version, std::vector<uint64_t> worker_steps,
+                              uint64_t global_step, absl::Time now);
+
+  bool pending() const { return pending_.has_value(); }
+  // The pending request, for a shard that has not reported it yet.
+  std::optional<v1::CheckpointRequest> RequestFor(uint32_t shard) const;
+
+  // A shard's report (ShardStatus.checkpoint). Reports of other ids, or of
+  // shards that already reported, are ignored. A FAILED report fails the
+  // checkpoint. Malformed reports (a file name with a path) fail it too.
+  void Report(uint32_t shard, const v1::ShardCheckpoint& report, absl::Time now);
+
+  // When every shard has reported WRITTEN and no one is writing it yet: the
+  // manifest to write (the checkpoint is then "writing"). `shard_map` and
+  // `config` are recorded in it.
+  std::optional<v1::CheckpointManifest> TakeManifestToWrite(
+      const v1::ShardMap& shard_map, const v1::JobConfig& config, absl::Time now);
+  // The manifest write of checkpoint `id` ended with `status`.
+  void FinishWrite(uint64_t id, const absl::Status& status, absl::Time now);
+
+  // Fails the pending checkpoint (unless it is being written) with `error`.
+  void Fail(absl::string_view error, absl::Time now);
+  // The pending checkpoint is older than kTimeout and not being written.
+  bool TimedOut(absl::Time now) const;
+
+  // Summaries for JobStatus: the newest complete one (id 0 if none), the
+  // pending one or else the last failed one (id 0 if none).
+  const v1::CheckpointSummary& last_complete() const { return last_complete_; }
+  v1::CheckpointSummary pending_summary() const;
+  // Worker steps of the newest complete checkpoint (by rank).
+  const std::vector<uint64_t>& last_complete_worker_steps() const {
+    return last_complete_worker_steps_;
+  }
+  uint64_t completed() const { return completed_; }
+  uint32_t consecutive_failures() const { return consecutive_failures_; }
+  // The pending checkpoint's id, or of the last that ended (0 if none).
+  uint64_t latest_id() const { return next_id_ - 1; }
+  // The state of checkpoint `id` as far as this scheduler knows.
+  v1::CheckpointSummary SummaryOf(uint64_t id) const;
+
+ private:
+  struct Pending {
+    v1::CheckpointRequest request;
+    std::vector<uint64_t> worker_steps;
+    absl::Time started;
+    std::map<uint32_t, v1::ShardCheckpoint> reports;  // by shard
+    bool writing = false;
+  };
+  void EndFailed(std::string error, absl::Time now);
+
+  const std::string root_;
+  const v1::ConsistencyMode mode_;
+  const uint64_t every_steps_;
+  const absl::Duration every_;
+  const uint32_t num_shards_;
+  std::string job_id_;
+
+  uint64_t next_id_ = 1;
+  uint64_t coordinator_incarnation_ = 0;
+  std::optional<Pending> pending_;
+  v1::CheckpointSummary last_complete_;
+  std::vector<uint64_t> last_complete_worker_steps_;
+  v1::CheckpointSummary last_failed_;
+  uint64_t completed_ = 0;
+  uint32_t consecutive_failures_ = 0;
+  // Periodic rule anchors: the step and time of the last checkpoint asked
+  // for; no periodic checkpoint before retry_after_.
+  uint64_t last_step_ = 0;
+  absl::Time last_time_ = absl::InfinitePast();
+  absl::Time retry_after_ = absl::InfinitePast();
+};
+
+}  // namespace grps
+
+#endif  // GRPS_COORDINATOR_CHECKPOINT_SCHEDULER_H_
