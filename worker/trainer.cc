@@ -15,9 +15,16 @@ namespace grps {
 
 namespace {
 
-// After WorkerDone, how long a worker keeps trying to hear the job's end
-// from a coordinator that does not answer.
-constexpr absl::Duration kCoordinatorPatience = absl::Seconds(60);
+// How long one pull may wait at the shards before the worker looks again at
+// what the heartbeat brought (a roll-back, the end of the job).
+constexpr absl::Duration kPullSlice = absl::Seconds(2);
+// How often a wait logs that it still waits.
+constexpr absl::Duration kWaitLogEvery = absl::Seconds(10);
+
+absl::Duration CoordinatorTimeout(const v1::JobConfig& config) {
+  return absl::Milliseconds(
+      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
+}
 
 absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit split,
                                   uint64_t limit) {
@@ -48,6 +55,8 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       rank_(registration.rank()),
       incarnation_(registration.incarnation()),
       start_step_(registration.start_step()),
+      next_step_(registration.start_step()),
+      coordinator_timeout_(CoordinatorTimeout(registration.config())),
       backend_(backend),
       options_(std::move(options)),
       model_(backend, LayerWidths(config_), static_cast<int>(config_.batch_size())),
@@ -57,6 +66,8 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
   progress_.set_test_accuracy(-1);
   progress_.set_test_loss(-1);
   progress_.set_step(start_step_);
+  generation_ = registration.generation();
+  params_.set_generation(generation_);
   if (!options_.curve_csv.empty()) {
     absl::MutexLock lock(&curve_mu_);
     curve_ = std::fopen(options_.curve_csv.c_str(), "w");
@@ -78,10 +89,72 @@ Trainer::~Trainer() {
   if (curve_ != nullptr) std::fclose(curve_);
 }
 
-bool Trainer::Stopping() const {
-  if (ShutdownRequested()) return true;
+Trainer::Interrupt Trainer::Interrupted() const {
+  if (ShutdownRequested()) return Interrupt::kSignal;
   absl::MutexLock lock(&mu_);
-  return job_state_ == v1::JOB_STATE_STOPPED || job_state_ == v1::JOB_STATE_FAILED;
+  if (job_state_ == v1::JOB_STATE_FAILED) return Interrupt::kJobFailed;
+  if (Ended(job_state_)) return Interrupt::kJobEnded;
+  if (restore_.has_value() && restore_->generation() > generation_)
+    return Interrupt::kRollBack;
+  return Interrupt::kNone;
+}
+
+absl::Status Trainer::JobFailed() {
+  // The heartbeat carries only the state; the reason is in the job status.
+  v1::GetJobStatusRequest req;
+  v1::JobStatus status;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  grpc::Status st = coordinator_->GetJobStatus(&ctx, req, &status);
+  return absl::AbortedError(absl::StrCat(
+      "job failed: ", st.ok() && !status.message().empty()
+                          ? status.message()
+                          : std::string("(the coordinator gave no reason)")));
+}
+
+bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
+  v1::RestoreOrder order;
+  uint64_t resume = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!restore_.has_value() || restore_->generation() <= generation_) return false;
+    order = *restore_;
+    restore_.reset();
+    resume = rank_ < static_cast<uint32_t>(order.worker_steps_size())
+                 ? order.worker_steps(rank_)
+                 : order.step();
+    resume = std::min(resume, total);
+    generation_ = order.generation();
+    finished_ = false;
+    progress_.set_step(resume);
+    last_progress_ = absl::Now();
+  }
+  params_.set_generation(order.generation());
+  *step = resume;
+  if (order.checkpoint_id() == 0)
+    spdlog::warn("rolled back to the initial values: resuming at step {} (generation {})",
+                 resume, order.generation());
+  else
+    spdlog::warn("rolled back to checkpoint {}: resuming at step {} (generation {})",
+                 order.checkpoint_id(), resume, order.generation());
+  return true;
+}
+
+absl::Duration Trainer::CoordinatorSilence() const {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() - last_heartbeat_ok_;
+}
+
+bool Trainer::StuckWithoutCoordinator() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  return now - last_progress_ > coordinator_timeout_ &&
+         now - last_heartbeat_ok_ > coordinator_timeout_;
+}
+
+void Trainer::NoteProgress() {
+  absl::MutexLock lock(&mu_);
+  last_progress_ = absl::Now();
 }
 
 bool Trainer::IsEvaluator() const {
@@ -91,30 +164,39 @@ bool Trainer::IsEvaluator() const {
 
 void Trainer::HeartbeatLoop() {
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+  bool silent = false;  // logged that the coordinator does not answer
   while (!stop_heartbeat_) {
     v1::HeartbeatRequest req;
     req.set_job_id(config_.job_id());
     req.set_worker_rank(rank_);
     req.set_incarnation(incarnation_);
+    req.set_shard_map_epoch(params_.map_epoch());
     {
       absl::MutexLock lock(&mu_);
       *req.mutable_progress() = progress_;
+      req.set_generation(generation_);
+      req.set_finished(finished_);
     }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 4));
     v1::HeartbeatResponse resp;
     grpc::Status st = coordinator_->Heartbeat(&ctx, req, &resp);
     if (st.ok()) {
-      absl::MutexLock lock(&mu_);
-      job_state_ = resp.job_state();
-      evaluator_rank_.reset();
-      if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
-      evaluate_final_ = resp.evaluate_final();
-      last_heartbeat_ok_ = absl::Now();
-    } else if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-               st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      // Training goes on without a coordinator; only log what is unexpected.
-      spdlog::warn("heartbeat: {}", st.error_message());
+      if (silent) spdlog::info("the coordinator answers again");
+      silent = false;
+      OnHeartbeatReply(resp);
+    } else {
+      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+        spdlog::warn("heartbeat: {}", st.error_message());
+      // Training goes on without a coordinator; say so once.
+      if (!silent && CoordinatorSilence() > interval * 4) {
+        spdlog::warn("no answer from the coordinator for {} ({}); training goes on, "
+                     "waits that need it give up after {}",
+                     absl::FormatDuration(CoordinatorSilence()), st.error_message(),
+                     absl::FormatDuration(coordinator_timeout_));
+        silent = true;
+      }
     }
     for (absl::Duration slept; slept < interval && !stop_heartbeat_;
          slept += absl::Milliseconds(20))
@@ -122,23 +204,105 @@ void Trainer::HeartbeatLoop() {
   }
 }
 
+void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
+  // The client is thread-safe: a newer map goes to it at once, so that a
+  // push retrying on another thread reaches the shard's new endpoint.
+  if (resp.has_shard_map() && resp.shard_map().epoch() > params_.map_epoch() &&
+      resp.shard_map().epoch() != refused_map_epoch_) {
+    absl::Status s = params_.UpdateShardMap(resp.shard_map());
+    if (s.ok()) {
+      spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
+    } else {
+      spdlog::error("refused the coordinator's {}", std::string(s.message()));
+      refused_map_epoch_ = resp.shard_map().epoch();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  job_state_ = resp.job_state();
+  evaluator_rank_.reset();
+  if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
+  evaluate_final_ = resp.evaluate_final();
+  last_heartbeat_ok_ = absl::Now();
+  if (resp.has_restore() && resp.restore().generation() > generation_ &&
+      (!restore_.has_value() || resp.restore().generation() > restore_->generation()))
+    restore_ = resp.restore();
+}
+
 absl::Status Trainer::PullWeights(uint64_t clock) {
-  // A pull may wait for other workers (sync, ssp); keep waiting, in slices
-  // so that a stop is noticed, as long as the job runs.
+  // A pull may wait for other workers (sync, ssp) or for a shard to come
+  // back; keep waiting, in slices so that the end of the job or a roll-back
+  // is noticed, as long as the job runs and the coordinator answers.
+  absl::Time logged = absl::Now();
   while (true) {
-    absl::Status s = params_.Pull(clock, absl::Seconds(5), host_params_.data());
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    absl::Status s = params_.Pull(clock, kPullSlice, host_params_.data());
     if (s.ok()) {
       model_.SetParameters(host_params_.data());
+      NoteProgress();
       return s;
     }
-    if (Stopping()) return absl::CancelledError("job stopped");
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
     if (s.code() != absl::StatusCode::kDeadlineExceeded &&
         s.code() != absl::StatusCode::kUnavailable)
       return s;
-    spdlog::info("waiting to read the weights of clock {}: {}", clock,
-                 std::string(s.message()));
-    absl::SleepFor(absl::Milliseconds(100));
+    if (StuckWithoutCoordinator())
+      return absl::UnavailableError(absl::StrCat(
+          "no weights for clock ", clock, " and no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
+    if (absl::Now() - logged >= kWaitLogEvery) {
+      spdlog::info("waiting to read the weights of clock {}: {}", clock,
+                   std::string(s.message()));
+      logged = absl::Now();
+    }
+    SleepUnlessShutdown(absl::Milliseconds(100));
   }
+}
+
+absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
+    uint64_t step, uint32_t samples) {
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
+  retry.stop = [this] {
+    return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
+  };
+  absl::Time logged = absl::Now();
+  while (true) {
+    absl::StatusOr<ParameterClient::PushOutcome> pushed =
+        params_.Push(step, host_grads_.data(), samples, retry);
+    if (pushed.ok()) {
+      NoteProgress();
+      return pushed;
+    }
+    if (Interrupted() != Interrupt::kNone) return pushed.status();
+    const absl::Status& s = pushed.status();
+    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
+    if (StuckWithoutCoordinator())
+      return absl::UnavailableError(absl::StrCat(
+          "cannot push step ", step, " and no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
+    // A push that outlived its deadline is retried too: the shards
+    // deduplicate it.
+    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kUnavailable)
+      return s;
+    if (absl::Now() - logged >= kWaitLogEvery) {
+      spdlog::info("retrying the push of step {}: {}", step, std::string(s.message()));
+      logged = absl::Now();
+    }
+  }
+}
+
+absl::Status Trainer::WaitForRestoreOrder(const absl::Status& refused) {
+  spdlog::info("{}; waiting for the restore order", std::string(refused.message()));
+  const absl::Time give_up = absl::Now() + coordinator_timeout_;
+  while (absl::Now() < give_up) {
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    SleepUnlessShutdown(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no restore order within ", absl::FormatDuration(coordinator_timeout_),
+      " after: ", refused.message()));
 }
 
 void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
@@ -191,9 +355,26 @@ absl::Status Trainer::Run() {
     absl::MutexLock lock(&mu_);
     progress_.set_total_steps(total);
   }
-  if (absl::Status s = Train(total); !s.ok()) return Stopping() ? absl::OkStatus() : s;
-  if (Stopping()) return absl::OkStatus();
-  return FinishAndWait(total);
+  // Train, report, wait for the end; a roll-back (also one that comes after
+  // WorkerDone) sends the worker back to training.
+  while (true) {
+    absl::Status s = Train(total);
+    if (s.ok()) s = FinishAndWait(total);
+    switch (Interrupted()) {
+      case Interrupt::kSignal:
+      case Interrupt::kJobEnded:
+        return absl::OkStatus();
+      case Interrupt::kJobFailed:
+        return JobFailed();
+      case Interrupt::kRollBack:
+        continue;
+      case Interrupt::kNone:
+        if (!s.ok()) return s;
+        // FinishAndWait returned OK without an interrupt: cannot happen, but
+        // never loop on it.
+        return absl::OkStatus();
+    }
+  }
 }
 
 absl::Status Trainer::Train(uint64_t total) {
@@ -212,8 +393,12 @@ absl::Status Trainer::Train(uint64_t total) {
   EpochShuffler shuffler(config_.seed(), *part);
   std::vector<float> x(batch * train_.num_features());
   std::vector<int32_t> y(batch);
-  spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}",
-               rank_, start_step_, total, per_epoch, part->begin, part->end,
+  uint64_t step = next_step_;
+  uint64_t resumed_at = step;
+  // (After a roll-back, TakeRollBack says where training resumes.)
+  if (Interrupted() != Interrupt::kRollBack)
+    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}",
+               rank_, step, total, per_epoch, part->begin, part->end,
                backend_->Name(),
                options_.straggler.active()
                    ? absl::StrCat("; straggles: ", options_.straggler.Describe())
@@ -225,8 +410,15 @@ absl::Status Trainer::Train(uint64_t total) {
   int64_t epoch_loaded = -1;
   uint64_t late = 0, too_stale = 0;
   std::unique_ptr<BatchIterator> batches;
-  for (uint64_t step = start_step_; step < total; ++step) {
-    if (Stopping()) return absl::OkStatus();
+  while (true) {
+    // A roll-back moves the data position and the clock back to the
+    // checkpoint's step, as a restart's start_step does.
+    if (TakeRollBack(total, &step)) {
+      resumed_at = step;
+      epoch_loaded = -1;
+    }
+    if (Interrupted() != Interrupt::kNone) break;
+    if (step >= total) break;
     const absl::Time step_start = absl::Now();
     const int64_t epoch = step / per_epoch;
     if (epoch != epoch_loaded) {
@@ -236,10 +428,13 @@ absl::Status Trainer::Train(uint64_t total) {
       batches = std::make_unique<BatchIterator>(std::move(*it));
       epoch_loaded = epoch;
     }
-    if (absl::Status s = PullWeights(step); !s.ok()) return s;
+    if (absl::Status s = PullWeights(step); !s.ok()) {
+      if (Interrupted() != Interrupt::kNone) continue;
+      return s;
+    }
     // The evaluator evaluates the weights of this step on its own thread; a
     // busy evaluator skips rather than hold training up.
-    if (config_.eval_every_steps() > 0 && step > start_step_ &&
+    if (config_.eval_every_steps() > 0 && step > resumed_at &&
         step % config_.eval_every_steps() == 0 && IsEvaluator())
       evaluator_->Submit(step, host_params_);
     absl::Span<const int64_t> idx = batches->Batch(step % per_epoch);
@@ -250,9 +445,11 @@ absl::Status Trainer::Train(uint64_t total) {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               " (learning rate too high?)"));
     model_.GetGradients(host_grads_.data());
-    absl::StatusOr<ParameterClient::PushOutcome> pushed =
-        params_.Push(step, host_grads_.data(), batch, absl::Seconds(60));
-    if (!pushed.ok()) return pushed.status();
+    absl::StatusOr<ParameterClient::PushOutcome> pushed = PushGradients(step, batch);
+    if (!pushed.ok()) {
+      if (Interrupted() != Interrupt::kNone) continue;
+      return pushed.status();
+    }
     // Late and too-stale gradients are the mode at work, counted by the
     // shards; the worker carries on.
     if (pushed->late > 0 && late++ % 100 == 0)
@@ -284,24 +481,52 @@ absl::Status Trainer::Train(uint64_t total) {
       WriteCurveRow(step + 1, snapshot, /*evaluated=*/false);
     if (options_.straggler.active())
       SleepUnlessShutdown(options_.straggler.AfterStep(now - step_start));
+    ++step;
   }
+  next_step_ = step;
   return absl::OkStatus();
 }
 
 absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
+  // A coordinator that restarted may not know this rank until it has seen
+  // its heartbeat: its refusal is retried as long as the silence bound.
+  const absl::Time refusals_until = absl::Now() + coordinator_timeout_;
   Backoff policy;
-  policy.give_up_after = absl::Seconds(90);
-  absl::Status st = RetryTransient(policy, [&] {
+  absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    if (CoordinatorSilence() > coordinator_timeout_)
+      return absl::UnavailableError(absl::StrCat(
+          "no word from the coordinator for ", absl::FormatDuration(CoordinatorSilence()),
+          "; giving up"));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::WorkerDoneResponse resp;
-    return ToAbsl(coordinator_->WorkerDone(&ctx, done, &resp));
+    v1::WorkerDoneRequest request = done;
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_generation(generation_);
+    }
+    absl::Status s = ToAbsl(coordinator_->WorkerDone(&ctx, request, &resp));
+    if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
+    if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) &&
+        absl::Now() < refusals_until)
+      return absl::UnavailableError(s.message());
+    return s;
   });
-  if (st.ok()) return st;
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    return st;
+  }
+  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  // The job rolled back after this worker finished: the heartbeat brings
+  // the restore order, and the worker trains again.
+  if (absl::IsAborted(st)) return WaitForRestoreOrder(st);
   return absl::Status(st.code(), absl::StrCat("WorkerDone: ", st.message()));
 }
 
 absl::Status Trainer::FinishAndWait(uint64_t total) {
+  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
   v1::WorkerDoneRequest done;
   done.set_job_id(config_.job_id());
   done.set_worker_rank(rank_);
@@ -311,26 +536,25 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
     *done.mutable_progress() = progress_;
   }
   if (absl::Status s = ReportDone(done); !s.ok()) return s;
+  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
   spdlog::info("finished {} steps; waiting for the job to end", total);
 
   bool evaluated = false;
-  while (!ShutdownRequested()) {
+  while (Interrupted() == Interrupt::kNone) {
+    if (CoordinatorSilence() > coordinator_timeout_)
+      return absl::UnavailableError(absl::StrCat(
+          "finished, but no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up"));
     bool final_turn = false;
     {
       absl::MutexLock lock(&mu_);
-      if (Ended(job_state_)) break;
-      if (absl::Now() - last_heartbeat_ok_ > kCoordinatorPatience) {
-        spdlog::warn("no word from the coordinator for {}; exiting",
-                     absl::FormatDuration(kCoordinatorPatience));
-        break;
-      }
       final_turn = evaluate_final_ && evaluator_rank_ == rank_;
     }
     if (final_turn && !evaluated) {
       // Training is over everywhere and the shards have seen it: these are
       // the final weights.
       if (absl::Status s = PullWeights(total); !s.ok())
-        return Stopping() ? absl::OkStatus() : s;
+        return Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
       const Evaluator::Result result = evaluator_->EvaluateNow(total, host_params_);
       OnEvaluation(result, /*final_eval=*/true);
       done.set_has_final_eval(true);
@@ -343,7 +567,7 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
       if (absl::Status s = ReportDone(done); !s.ok()) return s;
       evaluated = true;
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    SleepUnlessShutdown(absl::Milliseconds(20));
   }
   return absl::OkStatus();
 }

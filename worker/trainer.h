@@ -5,6 +5,21 @@
 // evaluator evaluates snapshots of its weights on an Evaluator thread; after
 // the last step the worker reports WorkerDone and stays (heartbeating) until
 // the job ends, evaluating the final weights if the coordinator asks it to.
+//
+// Faults (docs/durability.md):
+// - Roll-back: a heartbeat reply with a RestoreOrder of a newer generation
+//   stops the current step (also a pull that waits or a push that retries)
+//   and training resumes at the order's step for this rank, in the new
+//   generation; a worker that already reported WorkerDone trains again.
+//   A push or pull refused as from an old generation (ABORTED) waits for
+//   that order, at most coordinator_timeout_ms.
+// - Moved shards: a newer shard map from the heartbeat is handed to the
+//   ParameterClient at once, so the next attempt goes to the new endpoint.
+// - Bounds: every wait ends when the job ends or rolls back, or on a signal.
+//   Training goes on while the coordinator is away, but a wait that makes
+//   no progress ends with an error once the coordinator has been silent for
+//   coordinator_timeout_ms and the wait has lasted as long; WorkerDone and
+//   the wait for the job's end are bounded by the coordinator's silence.
 #ifndef GRPS_WORKER_TRAINER_H_
 #define GRPS_WORKER_TRAINER_H_
 
@@ -18,6 +33,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
 #include "proto/grps.grpc.pb.h"
@@ -47,22 +64,54 @@ class Trainer {
 
   // Loads the data, trains from the registration's start step to the last
   // step, reports WorkerDone, then waits for the job to end (running the
-  // final evaluation when named to). Returns OK when the job ended, was
-  // stopped, or on SIGTERM.
+  // final evaluation when named to), training again after a roll-back.
+  // Returns OK when the job completed or was stopped, or on SIGINT/SIGTERM;
+  // an error when the job failed ("job failed: <reason>"), the coordinator
+  // was lost, or training itself failed.
   absl::Status Run();
 
  private:
+  // What ends a wait besides its own success.
+  enum class Interrupt {
+    kNone,
+    kSignal,     // SIGINT / SIGTERM
+    kJobEnded,   // COMPLETED or STOPPED
+    kJobFailed,  // FAILED
+    kRollBack,   // a restore order of a newer generation is pending
+  };
+  Interrupt Interrupted() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The error Run returns for a FAILED job, with the coordinator's reason.
+  absl::Status JobFailed();
+  // If a restore order of a newer generation is pending: switches to its
+  // generation, sets *step to where this rank resumes, logs, returns true.
+  bool TakeRollBack(uint64_t total, uint64_t* step) ABSL_LOCKS_EXCLUDED(mu_);
+  // How long the coordinator has not answered a heartbeat.
+  absl::Duration CoordinatorSilence() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A wait that has made no progress for coordinator_timeout while the
+  // coordinator was silent as long: give up.
+  bool StuckWithoutCoordinator() const ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteProgress() ABSL_LOCKS_EXCLUDED(mu_);
+
   absl::Status LoadData();
+  // Trains until the last step. Returns OK when done or interrupted by the
+  // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
   absl::Status PullWeights(uint64_t clock);
-  // Reports the finished steps, then heartbeats until the job ends.
+  absl::StatusOr<ParameterClient::PushOutcome> PushGradients(uint64_t step,
+                                                             uint32_t samples);
+  // After a push or pull refused as from an old generation: waits for the
+  // heartbeat to bring the restore order (returns CANCELLED; Interrupted()
+  // says kRollBack), at most coordinator_timeout.
+  absl::Status WaitForRestoreOrder(const absl::Status& refused);
+  // Reports the finished steps, then heartbeats until the job ends. Returns
+  // OK also when a roll-back interrupted the wait (Interrupted() says so).
   absl::Status FinishAndWait(uint64_t total);
   absl::Status ReportDone(const v1::WorkerDoneRequest& done);
   void HeartbeatLoop();
+  void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
   void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
       ABSL_LOCKS_EXCLUDED(curve_mu_);
-  bool Stopping() const;
   bool IsEvaluator() const;
 
   v1::Coordinator::Stub* coordinator_;
@@ -70,6 +119,8 @@ class Trainer {
   uint32_t rank_;
   uint64_t incarnation_;
   uint64_t start_step_;
+  uint64_t next_step_;  // training thread: where Train starts
+  const absl::Duration coordinator_timeout_;
   Backend* backend_;
   Dataset train_;
   Dataset test_;
@@ -90,6 +141,16 @@ class Trainer {
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_heartbeat_ok_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // The generation this worker trains in (reported in heartbeats; the
+  // client's tag), the newest restore order of a newer one, and whether
+  // WorkerDone was reported in this generation.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::RestoreOrder> restore_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // The last successful pull or push (or the start of the current wait).
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // Heartbeat thread only: the newest map epoch refused, to log it once.
+  uint64_t refused_map_epoch_ = 0;
   std::atomic<bool> stop_heartbeat_{false};
   std::thread heartbeat_;
 };

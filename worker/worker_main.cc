@@ -1,5 +1,10 @@
 // grps-worker: registers with the coordinator, trains its data partition
-// against the shards, and exits 0 when the job is done.
+// against the shards, and exits when the job is done.
+//
+// Exit codes: 0 when the job completed or was stopped, or on SIGINT/SIGTERM;
+// 1 when the job failed, the coordinator was lost (no answer for
+// coordinator_timeout_ms where the worker needed one), or training failed;
+// 2 on bad flags.
 #include <cstdio>
 #include <string>
 
@@ -100,11 +105,13 @@ int Main(int argc, char** argv) {
                     e.shard());
       return 1;
     }
-  spdlog::info("registered as rank {} (incarnation {}) of job {}{}", reg->rank(),
+  spdlog::info("registered as rank {} (incarnation {}) of job {}{}{}", reg->rank(),
                reg->incarnation(), reg->config().job_id(),
                reg->start_step() > 0
                    ? absl::StrCat("; resuming at step ", reg->start_step())
-                   : std::string());
+                   : std::string(),
+               reg->generation() > 0 ? absl::StrCat(" (generation ", reg->generation(), ")")
+                                     : std::string());
 
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
@@ -112,7 +119,8 @@ int Main(int argc, char** argv) {
   Trainer trainer(stub.get(), *reg, backend->get(), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
-    spdlog::error("training failed: {}", std::string(s.message()));
+    // "job failed: <reason>", a lost coordinator, or a training error.
+    spdlog::error("{}; exiting 1", std::string(s.message()));
     return 1;
   }
   spdlog::info("done");

@@ -1,0 +1,286 @@
+// ParameterClient against fake shards served over real gRPC on loopback:
+// which endpoint a push or pull reaches after a map update, what generation
+// it carries, and how a retrying push ends.
+#include "worker/parameter_client.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/daemon.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+// A shard that answers every pull with its chunks filled with `fill`, and
+// records the generation of every push and pull it sees. Replies to pushes
+// with `push_error` when one is set.
+class FakeShard : public v1::ParameterServer::Service {
+ public:
+  FakeShard(const v1::ShardMap& map, uint32_t shard, float fill)
+      : map_(map), shard_(shard), fill_(fill) {}
+
+  grpc::Status Push(grpc::ServerContext*, const v1::PushRequest* req,
+                    v1::PushResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    push_generations_.push_back(req->generation());
+    if (!push_error_.ok()) return ToGrpc(push_error_);
+    for (int i = 0; i < req->chunks_size(); ++i) resp->add_versions(1);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest* req,
+                    v1::PullResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    pull_generations_.push_back(req->generation());
+    for (uint32_t id : ChunksOfShard(map_, shard_)) {
+      v1::ChunkData* c = resp->add_chunks();
+      c->set_chunk_id(id);
+      c->set_dtype(v1::DTYPE_F32);
+      std::vector<float> values(map_.chunks(id).num_elements(), fill_);
+      c->mutable_data()->assign(reinterpret_cast<const char*>(values.data()),
+                                values.size() * sizeof(float));
+      c->set_version(1);
+    }
+    return grpc::Status::OK;
+  }
+
+  void FailPushesWith(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    push_error_ = std::move(s);
+  }
+  std::vector<uint64_t> push_generations() {
+    absl::MutexLock lock(&mu_);
+    return push_generations_;
+  }
+  std::vector<uint64_t> pull_generations() {
+    absl::MutexLock lock(&mu_);
+    return pull_generations_;
+  }
+
+ private:
+  const v1::ShardMap map_;
+  const uint32_t shard_;
+  const float fill_;
+  absl::Mutex mu_;
+  absl::Status push_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> push_generations_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> pull_generations_ ABSL_GUARDED_BY(mu_);
+};
+
+// A fake shard behind its own gRPC server on a free loopback port.
+struct ServedShard {
+  std::unique_ptr<FakeShard> service;
+  GrpcServer server;
+  std::string address;
+  ~ServedShard() {
+    if (server.server) server.server->Shutdown(std::chrono::system_clock::now());
+  }
+};
+
+class ParameterClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = DefaultJobConfig();
+    config_.set_job_id("client-test");
+    config_.set_num_servers(2);
+    config_.set_num_workers(1);
+    config_.set_chunk_bytes(1024);
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    map_.set_epoch(1);
+    ASSERT_FALSE(ChunksOfShard(map_, 0).empty());
+    ASSERT_FALSE(ChunksOfShard(map_, 1).empty());
+  }
+
+  std::unique_ptr<ServedShard> Serve(uint32_t shard, float fill) {
+    auto served = std::make_unique<ServedShard>();
+    served->service = std::make_unique<FakeShard>(map_, shard, fill);
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {served->service.get()});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    served->server = std::move(*server);
+    served->address = absl::StrCat("127.0.0.1:", served->server.port);
+    return served;
+  }
+
+  // A loopback address nobody listens on: a server's port, after it stopped.
+  std::string DeadAddress() {
+    std::unique_ptr<ServedShard> gone = Serve(0, 0);
+    if (gone == nullptr) return "127.0.0.1:1";
+    const std::string address = gone->address;
+    gone.reset();
+    return address;
+  }
+
+  v1::ShardMap MapWith(const std::string& shard0, const std::string& shard1,
+                       uint64_t epoch) const {
+    v1::ShardMap map = map_;
+    map.mutable_shards(0)->set_address(shard0);
+    map.mutable_shards(1)->set_address(shard1);
+    map.set_epoch(epoch);
+    return map;
+  }
+
+  // The pulled value of the first element of shard `shard`'s first chunk.
+  float PulledValueOfShard(ParameterClient& client, uint32_t shard) {
+    std::vector<float> params(client.num_parameters(), -1);
+    absl::Status s = client.Pull(0, absl::Seconds(5), params.data());
+    EXPECT_TRUE(s.ok()) << s;
+    const uint32_t chunk = ChunksOfShard(map_, shard).front();
+    int64_t offset = 0;
+    for (uint32_t t = 0; t < map_.chunks(chunk).tensor_index(); ++t)
+      offset += NumElements(map_.tensors(t));
+    return params[offset + map_.chunks(chunk).offset()];
+  }
+
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+};
+
+TEST_F(ParameterClientTest, UpdateShardMapSendsPullsAndPushesToTheNewAddress) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0.5f);
+  std::unique_ptr<ServedShard> old1 = Serve(1, 1.0f);
+  std::unique_ptr<ServedShard> new1 = Serve(1, 2.0f);
+  ASSERT_TRUE(shard0 && old1 && new1);
+  ParameterClient client(config_, MapWith(shard0->address, old1->address, 1), 0, 1);
+  EXPECT_EQ(PulledValueOfShard(client, 1), 1.0f);
+
+  ASSERT_TRUE(client.UpdateShardMap(MapWith(shard0->address, new1->address, 2)).ok());
+  EXPECT_EQ(client.map_epoch(), 2u);
+  EXPECT_EQ(PulledValueOfShard(client, 1), 2.0f);
+  EXPECT_EQ(PulledValueOfShard(client, 0), 0.5f);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, absl::Seconds(5));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(new1->service->push_generations().size(), 1u);
+  EXPECT_TRUE(old1->service->push_generations().empty());
+  EXPECT_EQ(old1->service->pull_generations().size(), 1u);  // the first pull only
+}
+
+TEST_F(ParameterClientTest, PushRetriedAfterUnavailableGoesToTheNewEndpoint) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> new1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && new1);
+  ParameterClient client(config_, MapWith(shard0->address, DeadAddress(), 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+
+  absl::Notification retrying;
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::Seconds(60);
+  retry.stop = [&] {
+    if (!retrying.HasBeenNotified()) retrying.Notify();
+    return false;
+  };
+  absl::StatusOr<ParameterClient::PushOutcome> pushed;
+  std::thread pusher([&] { pushed = client.Push(3, grads.data(), 1, retry); });
+  // The stop predicate is polled only after a failed attempt.
+  const bool saw_retry = retrying.WaitForNotificationWithTimeout(absl::Seconds(20));
+  absl::Status updated =
+      client.UpdateShardMap(MapWith(shard0->address, new1->address, 2));
+  pusher.join();
+  ASSERT_TRUE(saw_retry);
+  ASSERT_TRUE(updated.ok()) << updated;
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(new1->service->push_generations().size(), 1u);
+  EXPECT_EQ(shard0->service->push_generations().size(), 1u);
+}
+
+TEST_F(ParameterClientTest, PushesAndPullsCarryTheGeneration) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::vector<float> buffer(client.num_parameters(), 0.1f);
+  EXPECT_EQ(client.generation(), 0u);
+  client.set_generation(7);
+  ASSERT_TRUE(client.Pull(0, absl::Seconds(5), buffer.data()).ok());
+  ASSERT_TRUE(client.Push(0, buffer.data(), 1, absl::Seconds(5)).ok());
+  client.set_generation(9);
+  ASSERT_TRUE(client.Pull(1, absl::Seconds(5), buffer.data()).ok());
+  ASSERT_TRUE(client.Push(1, buffer.data(), 1, absl::Seconds(5)).ok());
+  for (FakeShard* shard : {shard0->service.get(), shard1->service.get()}) {
+    EXPECT_EQ(shard->pull_generations(), (std::vector<uint64_t>{7, 9}));
+    EXPECT_EQ(shard->push_generations(), (std::vector<uint64_t>{7, 9}));
+  }
+}
+
+TEST_F(ParameterClientTest, AbortedPushIsReturnedAsItIsWithoutRetrying) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  shard1->service->FailPushesWith(
+      absl::AbortedError("job rolled back to checkpoint 2 (generation 3)"));
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, absl::Seconds(60));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kAborted) << pushed.status();
+  EXPECT_EQ(shard1->service->push_generations().size(), 1u);
+}
+
+TEST_F(ParameterClientTest, StopPredicateEndsARetryingPushQuickly) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  ASSERT_TRUE(shard0);
+  ParameterClient client(config_, MapWith(shard0->address, DeadAddress(), 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::atomic<int> polls{0};
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::Seconds(60);
+  retry.stop = [&] { return ++polls >= 3; };  // after a few failed attempts
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, retry);
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kCancelled) << pushed.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_GE(polls.load(), 3);
+}
+
+TEST_F(ParameterClientTest, UnavailableShardIsRetriedOnlyForRetryFor) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  ASSERT_TRUE(shard0);
+  ParameterClient client(config_, MapWith(shard0->address, DeadAddress(), 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, absl::Milliseconds(300));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kUnavailable) << pushed.status();
+}
+
+TEST_F(ParameterClientTest, UpdateShardMapRefusesOtherChunksAndMissingAddresses) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0.5f);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 1.0f);
+  ASSERT_TRUE(shard0 && shard1);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+
+  v1::ShardMap missing = MapWith(shard0->address, "", 2);
+  EXPECT_EQ(client.UpdateShardMap(missing).code(), absl::StatusCode::kInvalidArgument);
+  v1::ShardMap dropped = MapWith(shard0->address, shard1->address, 2);
+  dropped.mutable_shards()->RemoveLast();
+  EXPECT_EQ(client.UpdateShardMap(dropped).code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::ShardMap> recut =
+      BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes() * 4);
+  ASSERT_TRUE(recut.ok());
+  recut->mutable_shards(0)->set_address(shard0->address);
+  recut->mutable_shards(1)->set_address("127.0.0.1:1");
+  recut->set_epoch(2);
+  EXPECT_EQ(client.UpdateShardMap(*recut).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(client.map_epoch(), 1u);
+  EXPECT_EQ(PulledValueOfShard(client, 1), 1.0f);  // still the old endpoint
+}
+
+}  // namespace
+}  // namespace grps
