@@ -6,6 +6,7 @@
 // or `watch` saw the job fail or be stopped); 2 a usage error.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -28,6 +29,9 @@ ABSL_FLAG(bool, json, false, "print JSON (proto field names) instead of tables")
 ABSL_FLAG(std::string, reason, "stopped by grpsctl",
           "stop: why the job is stopped (shown in its status)");
 ABSL_FLAG(int32_t, interval_ms, 1000, "watch: milliseconds between snapshots");
+ABSL_FLAG(bool, wait, false,
+          "checkpoint: wait until the checkpoint is complete or failed");
+ABSL_FLAG(int32_t, wait_s, 300, "checkpoint --wait: give up after this many seconds");
 
 namespace grps {
 namespace {
@@ -44,6 +48,7 @@ constexpr char kUsage[] =
     "  workers   the workers table\n"
     "  shards    per-shard counters and the shard map (chunk placement)\n"
     "  stop      stop the job [--reason=TEXT]\n"
+    "  checkpoint  take a checkpoint now [--wait [--wait_s=300]]\n"
     "\n"
     "--coordinator defaults to $GRPS_COORDINATOR. Exit status: 0 ok, 1 error\n"
     "(coordinator unreachable, RPC failed, watched job failed), 2 usage error.";
@@ -112,7 +117,7 @@ int Status(const JobClient& client, bool json) {
   absl::StatusOr<v1::JobStatus> status = client.GetStatus();
   if (!status.ok()) return Fail(status.status());
   if (json) return PrintJson(*status);
-  std::fputs(FormatJobStatus(*status).c_str(), stdout);
+  std::fputs(FormatJobStatus(*status, absl::ToUnixMillis(absl::Now())).c_str(), stdout);
   return 0;
 }
 
@@ -180,7 +185,7 @@ int Watch(const JobClient& client, bool json) {
           }
           std::printf("%s\n", line->c_str());
         } else if (tty) {
-          std::printf("\033[H\033[2J%s", FormatJobStatus(status).c_str());
+          std::printf("\033[H\033[2J%s", FormatJobStatus(status, absl::ToUnixMillis(absl::Now())).c_str());
         } else {
           std::printf("%s\n", FormatStatusLine(status).c_str());
         }
@@ -206,6 +211,33 @@ int Stop(const JobClient& client) {
   return 0;
 }
 
+int Checkpoint(const JobClient& client, bool json) {
+  const bool wait = absl::GetFlag(FLAGS_wait);
+  absl::StatusOr<v1::CheckpointSummary> c = client.Checkpoint(
+      wait, absl::Seconds(std::max<int32_t>(1, absl::GetFlag(FLAGS_wait_s))));
+  if (!c.ok()) return Fail(c.status());
+  if (json) return PrintJson(*c);
+  switch (c->state()) {
+    case v1::CHECKPOINT_STATE_COMPLETE:
+      std::printf("checkpoint %llu complete at step %llu: %s in %s, %s\n",
+                  static_cast<unsigned long long>(c->id()),
+                  static_cast<unsigned long long>(c->step()),
+                  HumanBytes(c->bytes()).c_str(), HumanDuration(c->seconds()).c_str(),
+                  c->dir().c_str());
+      return 0;
+    case v1::CHECKPOINT_STATE_FAILED:
+      std::fprintf(stderr, "grpsctl: checkpoint %llu failed: %s\n",
+                   static_cast<unsigned long long>(c->id()), c->error().c_str());
+      return kExitError;
+    default:
+      std::printf("checkpoint %llu asked for%s (%s); see grpsctl status\n",
+                  static_cast<unsigned long long>(c->id()),
+                  c->step() > 0 ? absl::StrCat(" at step ", c->step()).c_str() : "",
+                  c->dir().c_str());
+      return 0;
+  }
+}
+
 int Main(int argc, char** argv) {
   std::string problem = CheckCommandLine(argc, argv);
   if (!problem.empty()) return UsageError(problem);
@@ -216,7 +248,7 @@ int Main(int argc, char** argv) {
   const std::string command = args[1];
   const std::string target = absl::GetFlag(FLAGS_coordinator);
   if (command != "status" && command != "watch" && command != "workers" &&
-      command != "shards" && command != "stop")
+      command != "shards" && command != "stop" && command != "checkpoint")
     return UsageError(absl::StrCat("unknown command '", command, "'"));
   if (target.empty())
     return UsageError("set --coordinator=HOST:PORT or GRPS_COORDINATOR");
@@ -229,6 +261,7 @@ int Main(int argc, char** argv) {
   if (command == "watch") return Watch(client, json);
   if (command == "workers") return Workers(client, json);
   if (command == "shards") return Shards(client, json);
+  if (command == "checkpoint") return Checkpoint(client, json);
   return Stop(client);
 }
 

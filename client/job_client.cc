@@ -88,4 +88,17 @@ absl::Status JobClient::Stop(const std::string& reason) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::CheckpointSummary> JobClient::Checkpoint(
+    bool wait, absl::Duration wait_timeout) const {
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + (wait ? wait_timeout : rpc_timeout_)));
+  v1::CheckpointJobRequest request;
+  request.set_wait(wait);
+  v1::CheckpointJobResponse reply;
+  grpc::Status s = stub_->CheckpointJob(&context, request, &reply);
+  if (!s.ok()) return Error("CheckpointJob", s);
+  return reply.checkpoint();
+}
+
 }  // namespace grps

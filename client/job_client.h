@@ -61,6 +61,14 @@ class JobClient {
   // JobStatus.message. Returns once the coordinator accepted the request.
   absl::Status Stop(const std::string& reason) const;
 
+  // Asks for a checkpoint now (or joins the one in progress). With `wait`,
+  // returns once it is complete or failed, waiting up to `wait_timeout`
+  // (DEADLINE_EXCEEDED after); otherwise once it is asked for.
+  // FAILED_PRECONDITION when the job has no checkpoint_dir or is not
+  // running.
+  absl::StatusOr<v1::CheckpointSummary> Checkpoint(
+      bool wait, absl::Duration wait_timeout = absl::Minutes(5)) const;
+
   const std::string& target() const { return target_; }
 
  private:

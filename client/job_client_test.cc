@@ -62,6 +62,26 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  // Without a checkpoint_dir (the default) FAILED_PRECONDITION; else a
+  // complete checkpoint 3 when asked to wait, a pending one otherwise.
+  grpc::Status CheckpointJob(grpc::ServerContext*,
+                             const v1::CheckpointJobRequest* request,
+                             v1::CheckpointJobResponse* reply) override {
+    absl::MutexLock lock(&mu_);
+    if (!checkpoints_)
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "job has no checkpoint_dir");
+    reply->mutable_checkpoint()->set_id(3);
+    reply->mutable_checkpoint()->set_state(request->wait()
+                                               ? v1::CHECKPOINT_STATE_COMPLETE
+                                               : v1::CHECKPOINT_STATE_PENDING);
+    return grpc::Status::OK;
+  }
+  void EnableCheckpoints() {
+    absl::MutexLock lock(&mu_);
+    checkpoints_ = true;
+  }
+
   void SetStatus(v1::JobStatus s) {
     absl::MutexLock lock(&mu_);
     status_ = std::move(s);
@@ -85,6 +105,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::vector<v1::JobStatus> stream_ ABSL_GUARDED_BY(mu_);
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   uint32_t watch_interval_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  bool checkpoints_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 v1::JobStatus WithState(v1::JobState state, uint64_t step) {
@@ -187,6 +208,21 @@ int UnusedPort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+TEST_F(JobClientTest, CheckpointWaitsWhenAskedAndReportsAJobWithoutCheckpoints) {
+  JobClient client(target_);
+  absl::StatusOr<v1::CheckpointSummary> c = client.Checkpoint(/*wait=*/true);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(c.status().message(), HasSubstr("checkpoint_dir"));
+  fake_.EnableCheckpoints();
+  c = client.Checkpoint(/*wait=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->id(), 3u);
+  EXPECT_EQ(c->state(), v1::CHECKPOINT_STATE_COMPLETE);
+  c = client.Checkpoint(/*wait=*/false);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state(), v1::CHECKPOINT_STATE_PENDING);
 }
 
 TEST(JobClient, UnreachableCoordinatorFailsFastWithUnavailableNamingTheTarget) {

@@ -127,6 +127,49 @@ std::string StepOfTotal(uint64_t step, uint64_t total) {
   return s;
 }
 
+// Sync: the global step counts completed steps, out of the steps per
+// worker. Async / ssp: chunk versions count updates, and every worker's
+// step is one, so the figure is not steps and is not set against the total.
+std::string GlobalStep(const v1::JobStatus& status) {
+  std::string s;
+  if (status.mode() == v1::MODE_SYNC || status.total_steps() == 0) {
+    s = StepOfTotal(status.global_step(), status.total_steps());
+  } else {
+    s = absl::StrCat(status.global_step(), " updates per chunk (",
+                     status.total_steps(), " steps per worker)");
+  }
+  // A running job whose global step stands still: say so.
+  if (status.state() == v1::JOB_STATE_RUNNING &&
+      status.global_step_idle_seconds() >= 5)
+    absl::StrAppend(&s, ", stalled ", HumanDuration(status.global_step_idle_seconds()));
+  return s;
+}
+
+// "3 at step 400, 1.2 MiB, 12.0s ago" (age only when now_unix_ms is set).
+std::string CheckpointText(const v1::CheckpointSummary& c, int64_t now_unix_ms) {
+  std::string s = absl::StrCat(c.id(), " at step ", c.step());
+  if (c.bytes() > 0) absl::StrAppend(&s, ", ", HumanBytes(c.bytes()));
+  if (now_unix_ms > 0 && c.unix_time_ms() > 0)
+    absl::StrAppend(
+        &s, ", ",
+        HumanDuration(std::max<int64_t>(0, now_unix_ms -
+                                               static_cast<int64_t>(c.unix_time_ms())) /
+                      1000.0),
+        " ago");
+  return s;
+}
+
+// A shard's part of the newest checkpoint asked of it: "4 written".
+std::string ShardCheckpointText(const v1::ShardStatus& s) {
+  if (!s.has_checkpoint() || s.checkpoint().id() == 0)
+    return s.checkpoint_state().empty() ? "-" : s.checkpoint_state();
+  switch (s.checkpoint().state()) {
+    case v1::CHECKPOINT_STATE_WRITTEN: return absl::StrCat(s.checkpoint().id(), " written");
+    case v1::CHECKPOINT_STATE_FAILED: return absl::StrCat(s.checkpoint().id(), " failed");
+    default: return absl::StrCat(s.checkpoint().id(), " pending");
+  }
+}
+
 }  // namespace
 
 std::string HumanBytes(uint64_t bytes) {
@@ -149,12 +192,12 @@ std::string HumanDuration(double seconds) {
   return absl::StrFormat("%dh%02dm%02ds", s / 3600, s / 60 % 60, s % 60);
 }
 
-std::string FormatJobHeader(const v1::JobStatus& status) {
+std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
   std::vector<std::pair<std::string, std::string>> lines = {
       {"job", status.job_id().empty() ? "-" : status.job_id()},
       {"state", JobStateName(status.state())},
       {"mode", ModeWithBound(status)},
-      {"global step", StepOfTotal(status.global_step(), status.total_steps())},
+      {"global step", GlobalStep(status)},
       {"samples/s", Fixed(status.samples_per_sec(), 1)},
       {"loss", Fixed(status.loss(), 4)},
       {"test accuracy", status.test_accuracy() < 0
@@ -172,6 +215,26 @@ std::string FormatJobHeader(const v1::JobStatus& status) {
                                   Fixed(status.final_test_accuracy(), 4),
                                   ", test loss ",
                                   Fixed(status.final_test_loss(), 4))});
+  if (status.generation() > 0)
+    lines.push_back({"generation", absl::StrCat(status.generation(),
+                                                " (resumed or rolled back from a "
+                                                "checkpoint)")});
+  if (status.last_checkpoint().id() > 0 || status.pending_checkpoint().id() > 0) {
+    std::string c = absl::StrCat(status.checkpoints_completed(), " complete");
+    if (status.last_checkpoint().id() > 0)
+      absl::StrAppend(&c, "; last ",
+                      CheckpointText(status.last_checkpoint(), now_unix_ms));
+    const v1::CheckpointSummary& p = status.pending_checkpoint();
+    if (p.state() == v1::CHECKPOINT_STATE_PENDING)
+      absl::StrAppend(&c, "; pending ", p.id(),
+                      p.step() > 0 ? absl::StrCat(" at step ", p.step()) : "");
+    lines.push_back({"checkpoints", c});
+    if (p.state() == v1::CHECKPOINT_STATE_FAILED)
+      lines.push_back({"checkpoint", absl::StrCat(p.id(), " failed: ",
+                                                  p.error().substr(0, 80))});
+  }
+  if (status.coordinator_restarted())
+    lines.push_back({"coordinator", "restarted during this job"});
   lines.push_back({"elapsed", HumanDuration(status.elapsed_seconds())});
   if (!status.message().empty()) lines.push_back({"message", status.message()});
 
@@ -211,7 +274,8 @@ std::string FormatWorkersTable(const v1::JobStatus& status) {
         p.total_steps() > 0 ? absl::StrCat(p.step(), "/", p.total_steps())
                             : absl::StrCat(p.step()),
         absl::StrCat(p.epoch()), Fixed(p.loss(), 4),
-        Fixed(p.samples_per_sec(), 1)};
+        // A dead or finished worker's last figure is not a rate now.
+        w.state() == v1::MEMBER_STATE_ALIVE ? Fixed(p.samples_per_sec(), 1) : "-"};
     if (show_late) row.push_back(absl::StrCat(w.late_gradients()));
     row.insert(row.end(),
                {absl::StrCat(HumanDuration(w.last_heartbeat_ms_ago() / 1000.0),
@@ -241,7 +305,7 @@ std::string FormatShardsTable(const v1::JobStatus& status) {
                     Mib(s.num_elements() * 4), HumanBytes(s.bytes_in()),
                     HumanBytes(s.bytes_out()), absl::StrCat(s.pushes()),
                     absl::StrCat(s.pulls()),
-                    s.checkpoint_state().empty() ? "-" : s.checkpoint_state()});
+                    ShardCheckpointText(s)});
   }
 
   const ShardColumns optional = ShardColumnsOf(status);
@@ -270,8 +334,8 @@ std::string FormatShardsTable(const v1::JobStatus& status) {
   return absl::StrCat(traffic.Render(), "\n", consistency.Render());
 }
 
-std::string FormatJobStatus(const v1::JobStatus& status) {
-  return absl::StrCat(FormatJobHeader(status), "\nworkers (",
+std::string FormatJobStatus(const v1::JobStatus& status, int64_t now_unix_ms) {
+  return absl::StrCat(FormatJobHeader(status, now_unix_ms), "\nworkers (",
                       status.workers_size(), ")\n", FormatWorkersTable(status),
                       "\nshards (", status.shards_size(), ")\n",
                       FormatShardsTable(status));

@@ -29,10 +29,16 @@ std::string HumanDuration(double seconds);
 // workers and late-gradient policy when there are backup workers), global
 // step / total, samples/s, loss, test accuracy, late and too-stale gradients
 // (when there are any), final evaluation (when there is one), elapsed,
-// message.
-std::string FormatJobHeader(const v1::JobStatus& status);
+// message. Durability lines where they apply: the global step's stall
+// ("stalled 12.0s" while running and idle >= 5 s), the generation (> 0), the
+// checkpoints (complete count, the last complete one with its age when
+// `now_unix_ms` > 0, the pending one, a failed one with its error), and
+// "coordinator restarted". Async / ssp show the global step as updates per
+// chunk beside the steps per worker, not as a fraction of them.
+std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms = 0);
 
-// One row per worker: rank, state, step, epoch, loss, samples/s, late
+// One row per worker: rank, state, step, epoch, loss, samples/s ("-" unless
+// alive: a dead worker's last figure is stale), late
 // gradients (sync with backup workers, or when there are any), last heartbeat ("0.4s ago"), notes ("eval" for the worker that
 // evaluates, "straggler" when flagged), backend, host.
 std::string FormatWorkersTable(const v1::JobStatus& status);
@@ -49,7 +55,7 @@ std::string FormatShardsTable(const v1::JobStatus& status);
 
 // Header, workers table and shards table, separated by blank lines: what
 // `grpsctl status` prints.
-std::string FormatJobStatus(const v1::JobStatus& status);
+std::string FormatJobStatus(const v1::JobStatus& status, int64_t now_unix_ms = 0);
 
 // One line summing up a snapshot (state, step, loss, accuracy, throughput,
 // live workers, elapsed), without a trailing newline: what `grpsctl watch`

@@ -430,3 +430,64 @@ TEST(Json, ParsesBackToTheSameMessage) {
 
 }  // namespace
 }  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST(StatusFormat, AsyncGlobalStepIsShownAsUpdatesNotAFractionOfTheSteps) {
+  v1::JobStatus s = RunningJob();
+  s.set_mode(v1::MODE_ASYNC);
+  s.set_global_step(1003);
+  s.set_total_steps(1000);
+  const std::string line = LineStartingWith(FormatJobHeader(s), "global step");
+  EXPECT_THAT(line, ::testing::HasSubstr("1003 updates per chunk (1000 steps per worker)"));
+  EXPECT_THAT(line, ::testing::Not(::testing::HasSubstr("1003 / 1000")));
+}
+
+TEST(StatusFormat, StalledGlobalStepIsShownWhileRunning) {
+  v1::JobStatus s = RunningJob();
+  s.set_global_step_idle_seconds(2);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "global step"),
+              ::testing::Not(::testing::HasSubstr("stalled")));
+  s.set_global_step_idle_seconds(12);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "global step"),
+              ::testing::HasSubstr("stalled 12.0s"));
+}
+
+TEST(StatusFormat, HeaderShowsCheckpointsGenerationAndARestartedCoordinator) {
+  v1::JobStatus s = RunningJob();
+  EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "checkpoints"), "");
+  EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "generation"), "");
+  s.set_checkpoints_completed(3);
+  s.mutable_last_checkpoint()->set_id(3);
+  s.mutable_last_checkpoint()->set_step(400);
+  s.mutable_last_checkpoint()->set_state(v1::CHECKPOINT_STATE_COMPLETE);
+  s.mutable_last_checkpoint()->set_unix_time_ms(1'700'000'000'000);
+  s.mutable_pending_checkpoint()->set_id(4);
+  s.mutable_pending_checkpoint()->set_step(500);
+  s.mutable_pending_checkpoint()->set_state(v1::CHECKPOINT_STATE_PENDING);
+  s.set_generation(2);
+  s.set_coordinator_restarted(true);
+  const std::string header = FormatJobHeader(s, 1'700'000'012'000);
+  EXPECT_THAT(LineStartingWith(header, "checkpoints"),
+              ::testing::HasSubstr("3 complete; last 3 at step 400, 12.0s ago; "
+                                   "pending 4 at step 500"));
+  EXPECT_THAT(LineStartingWith(header, "generation"), ::testing::HasSubstr("2"));
+  EXPECT_THAT(LineStartingWith(header, "coordinator"), ::testing::HasSubstr("restarted"));
+  for (const std::string& line : Lines(header)) EXPECT_LE(line.size(), 100u) << line;
+  s.mutable_pending_checkpoint()->set_state(v1::CHECKPOINT_STATE_FAILED);
+  s.mutable_pending_checkpoint()->set_error("shard 1: disk full");
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "checkpoint "),
+              ::testing::HasSubstr("4 failed: shard 1: disk full"));
+}
+
+TEST(StatusFormat, DeadWorkerShowsNoSamplesPerSecond) {
+  v1::JobStatus s = RunningJob();
+  ASSERT_GT(s.workers_size(), 0);
+  s.mutable_workers(0)->set_state(v1::MEMBER_STATE_DEAD);
+  s.mutable_workers(0)->mutable_progress()->set_samples_per_sec(1234.5f);
+  EXPECT_THAT(FormatWorkersTable(s), ::testing::Not(::testing::HasSubstr("1234.5")));
+}
+
+}  // namespace
+}  // namespace grps
