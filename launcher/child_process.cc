@@ -142,6 +142,10 @@ bool ChildProcess::succeeded() const {
   return exited_ && WIFEXITED(wait_status_) && WEXITSTATUS(wait_status_) == 0;
 }
 
+bool ChildProcess::killed_by_signal() const {
+  return exited_ && WIFSIGNALED(wait_status_);
+}
+
 std::string ChildProcess::DescribeExit() const {
   if (!exited_) return started() ? "running" : "not started";
   if (WIFEXITED(wait_status_))

@@ -53,6 +53,8 @@ class ChildProcess {
   bool exited() const { return exited_; }
   // exited() and the program returned 0.
   bool succeeded() const;
+  // exited() because a signal killed it (a crash or kill -9, not an exit).
+  bool killed_by_signal() const;
   // "exited with status 3", "killed by signal 9 (Killed)", or "running".
   std::string DescribeExit() const;
 

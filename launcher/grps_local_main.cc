@@ -47,6 +47,12 @@ ABSL_FLAG(bool, strict, false,
 ABSL_FLAG(uint32_t, restart_workers, 0,
           "restart a worker that died, with the same --rank, up to this many times "
           "in total");
+ABSL_FLAG(uint32_t, restart_servers, 10,
+          "restart a server killed by a signal (a crash), with the same --shard, up "
+          "to this many times in total; it reloads the newest checkpoint");
+ABSL_FLAG(uint32_t, restart_coordinator, 3,
+          "restart a coordinator killed by a signal, on the same port, up to this "
+          "many times; it takes the job back from its state in the run dir");
 ABSL_FLAG(std::optional<uint32_t>, straggler_rank, std::nullopt,
           "inject a straggler: the worker of this rank gets --straggle_factor and "
           "--straggle_ms");
@@ -97,6 +103,18 @@ ABSL_FLAG(std::optional<bool>, staleness_aware_lr, std::nullopt,
           "async and ssp: scale the learning rate by 1 / (1 + staleness)");
 ABSL_FLAG(std::optional<uint32_t>, backup_workers, std::nullopt,
           "sync: complete a step with the first (live workers - this) gradients");
+ABSL_FLAG(std::optional<std::string>, checkpoint_dir, std::nullopt,
+          "folder for checkpoints; a job started with one that holds a complete "
+          "checkpoint of the same job id resumes from the newest");
+ABSL_FLAG(std::optional<uint64_t>, checkpoint_every_steps, std::nullopt,
+          "take a checkpoint every N global steps (needs --checkpoint_dir)");
+ABSL_FLAG(std::optional<uint32_t>, checkpoint_every_s, std::nullopt,
+          "take a checkpoint every N seconds (needs --checkpoint_dir)");
+ABSL_FLAG(std::optional<uint32_t>, recovery_timeout_ms, std::nullopt,
+          "a shard dead this long, or no live worker this long, fails the job");
+ABSL_FLAG(std::optional<uint32_t>, coordinator_timeout_ms, std::nullopt,
+          "servers and workers give up after hearing nothing from the coordinator "
+          "this long");
 ABSL_FLAG(std::optional<std::string>, late_gradients, std::nullopt,
           "sync: a gradient that arrives after its step completed is counted, then "
           "folded into the next step (fold) or dropped (drop)");
@@ -112,6 +130,8 @@ constexpr const char* kJobFlags[] = {
     "seed",         "chunk_kb",    "wire_dtype", "eval_every",   "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
     "backup_workers",              "late_gradients",
+    "checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_s",
+    "recovery_timeout_ms", "coordinator_timeout_ms",
 };
 
 constexpr char kUsage[] =
@@ -123,7 +143,9 @@ constexpr char kUsage[] =
     "                  [--steps=N] [--run_dir=DIR] [--result_json=FILE] ...\n"
     "\n"
     "A worker that dies does not fail the job (the others go on); --strict\n"
-    "makes it, --restart_workers=N restarts dead workers. If gnuplot is on\n"
+    "makes it, --restart_workers=N restarts dead workers. A crashed server or\n"
+    "coordinator is restarted (--restart_servers, --restart_coordinator); with\n"
+    "--checkpoint_dir the job checkpoints and survives it. If gnuplot is on\n"
     "PATH, the workers' curves are plotted into <run_dir>/curves.svg.\n"
     "\n"
     "Job settings left unset (shown as \"default: ;\") take grps-coordinator's\n"
@@ -185,6 +207,8 @@ int Main(int argc, char** argv) {
   options.result_json = absl::GetFlag(FLAGS_result_json);
   options.strict = absl::GetFlag(FLAGS_strict);
   options.restart_workers = absl::GetFlag(FLAGS_restart_workers);
+  options.restart_servers = absl::GetFlag(FLAGS_restart_servers);
+  options.restart_coordinator = absl::GetFlag(FLAGS_restart_coordinator);
   options.straggler_rank = absl::GetFlag(FLAGS_straggler_rank);
   options.straggle_factor = absl::GetFlag(FLAGS_straggle_factor);
   options.straggle_ms = absl::GetFlag(FLAGS_straggle_ms);

@@ -112,11 +112,14 @@ const std::string* FindJobFlag(const LaunchOptions& options, const std::string& 
 
 }  // namespace
 
-ChildSpec CoordinatorSpec(const LaunchOptions& options) {
+ChildSpec CoordinatorSpec(const LaunchOptions& options, int port) {
   ChildSpec spec{"coordinator",
                  {InDir(options.bin_dir, kCoordinatorBinary),
-                  absl::StrCat("--listen=", kLoopbackAnyPort),
-                  absl::StrCat("--port_file=", CoordinatorPortFile(options))},
+                  port > 0 ? absl::StrCat("--listen=127.0.0.1:", port)
+                           : absl::StrCat("--listen=", kLoopbackAnyPort),
+                  absl::StrCat("--port_file=", CoordinatorPortFile(options)),
+                  // What a restarted coordinator takes the job back from.
+                  absl::StrCat("--state_dir=", options.run_dir)},
                  InDir(options.run_dir, "coordinator.log")};
   if (!options.job_id.empty())
     spec.argv.push_back(absl::StrCat("--job_id=", options.job_id));
@@ -392,30 +395,79 @@ void LocalLauncher::Say(const std::string& message) {
   std::fflush(out_);
 }
 
-absl::Status LocalLauncher::StartChild(const ChildSpec& spec, int rank) {
+absl::Status LocalLauncher::StartChild(const ChildSpec& spec, Role role,
+                                       uint32_t index) {
   auto child = std::make_unique<ChildProcess>(spec.name, spec.argv, spec.log_path);
   absl::Status s = child->Start();
   children_.push_back(std::move(child));
-  child_rank_.push_back(rank);
+  child_role_.push_back(role);
+  child_index_.push_back(index);
   death_handled_.push_back(false);
-  if (rank >= 0) {
-    if (worker_child_.size() <= static_cast<size_t>(rank)) {
-      worker_child_.resize(rank + 1, 0);
-      worker_restarts_.resize(rank + 1, 0);
-    }
-    worker_child_[rank] = children_.size() - 1;
+  const size_t newest = children_.size() - 1;
+  switch (role) {
+    case Role::kCoordinator:
+      coordinator_child_ = newest;
+      break;
+    case Role::kServer:
+      if (server_restarts_.size() <= index) server_restarts_.resize(index + 1, 0);
+      break;
+    case Role::kWorker:
+      if (worker_child_.size() <= index) {
+        worker_child_.resize(index + 1, 0);
+        worker_restarts_.resize(index + 1, 0);
+      }
+      worker_child_[index] = newest;
+      break;
   }
   return s;
+}
+
+absl::Status LocalLauncher::OnDaemonCrashed(size_t child_index) {
+  death_handled_[child_index] = true;
+  const ChildProcess& dead = *children_[child_index];
+  const bool is_coordinator = child_role_[child_index] == Role::kCoordinator;
+  const bool job_ended = latest_ && JobEnded(latest_->state());
+  if (!dead.killed_by_signal() || job_ended)
+    return absl::FailedPreconditionError(
+        absl::StrCat(dead.name(), " ", dead.DescribeExit()));
+  if (is_coordinator) {
+    if (coordinator_restarts_ >= options_.restart_coordinator)
+      return absl::FailedPreconditionError(absl::StrCat(
+          dead.name(), " ", dead.DescribeExit(), " (no coordinator restarts left)"));
+    ++coordinator_restarts_;
+    ChildSpec spec = CoordinatorSpec(options_, coordinator_port_);
+    spec.log_path = InDir(options_.run_dir,
+                          absl::StrCat("coordinator.restart-", coordinator_restarts_, ".log"));
+    Say(absl::StrCat("grps-local: ", dead.name(), " ", dead.DescribeExit(),
+                     "; restarting it on port ", coordinator_port_, " (restart ",
+                     coordinator_restarts_, " of ", options_.restart_coordinator,
+                     "), log ", spec.log_path));
+    return StartChild(spec, Role::kCoordinator);
+  }
+  const uint32_t shard = child_index_[child_index];
+  if (servers_restarted_ >= options_.restart_servers)
+    return absl::FailedPreconditionError(absl::StrCat(
+        dead.name(), " ", dead.DescribeExit(), " (no server restarts left)"));
+  ++servers_restarted_;
+  ++server_restarts_[shard];
+  ChildSpec spec = ServerSpec(options_, shard, coordinator_address_);
+  spec.log_path = InDir(options_.run_dir, absl::StrCat("server-", shard, ".restart-",
+                                                       server_restarts_[shard], ".log"));
+  Say(absl::StrCat("grps-local: ", dead.name(), " ", dead.DescribeExit(),
+                   "; restarting it with --shard=", shard, " (restart ",
+                   servers_restarted_, " of ", options_.restart_servers, "), log ",
+                   spec.log_path));
+  return StartChild(spec, Role::kServer, shard);
 }
 
 absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
   death_handled_[child_index] = true;
   const ChildProcess& dead = *children_[child_index];
-  const uint32_t rank = static_cast<uint32_t>(child_rank_[child_index]);
+  const uint32_t rank = child_index_[child_index];
   ++workers_died_;
   // A worker that dies after the job ended has nothing left to rejoin.
   const bool job_ended =
-      children_.front()->exited() || (latest_ && JobEnded(latest_->state()));
+      coordinator().exited() || (latest_ && JobEnded(latest_->state()));
   if (workers_restarted_ < options_.restart_workers && !job_ended) {
     ++workers_restarted_;
     ++worker_restarts_[rank];
@@ -427,7 +479,7 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
                      "; restarting it with --rank=", rank, " (restart ",
                      workers_restarted_, " of ", options_.restart_workers, "), log ",
                      spec.log_path));
-    return StartChild(spec, static_cast<int>(rank));
+    return StartChild(spec, Role::kWorker, rank);
   }
   // The coordinator waits for every worker to register before the job runs;
   // one that dies before then (most likely a bad flag or a missing file)
@@ -512,30 +564,31 @@ int LocalLauncher::Run() {
   // The coordinator first; the others need its address.
   const std::string port_file = CoordinatorPortFile(options_);
   fs::remove(port_file, ec);
-  if (absl::Status s = StartChild(CoordinatorSpec(options_)); !s.ok())
+  if (absl::Status s = StartChild(CoordinatorSpec(options_), Role::kCoordinator);
+      !s.ok())
     return Finish("failed", std::string(s.message()), nullptr);
-  const ChildProcess& coordinator = *children_.front();
   const absl::Time port_deadline = absl::Now() + options_.port_file_timeout;
   std::string address;
   while (address.empty()) {
     if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
     if (children_.front()->Poll())
       return Finish("failed",
-                    absl::StrCat("coordinator ", coordinator.DescribeExit(),
+                    absl::StrCat("coordinator ", coordinator().DescribeExit(),
                                  " before it was listening"),
-                    &coordinator);
+                    &coordinator());
     std::ifstream f(port_file);
     std::stringstream contents;
     contents << f.rdbuf();
     if (absl::StatusOr<int> port = ParsePort(contents.str()); f && port.ok()) {
       address = absl::StrCat("127.0.0.1:", *port);
+      coordinator_port_ = *port;
       break;
     }
     if (absl::Now() >= port_deadline)
       return Finish("failed",
                     absl::StrCat("coordinator wrote no port to ", port_file, " within ",
                                  absl::FormatDuration(options_.port_file_timeout)),
-                    &coordinator);
+                    &coordinator());
     absl::SleepFor(kSupervisePeriod);
   }
   Say(absl::StrCat("coordinator: ", address, "   (grpsctl --coordinator=", address,
@@ -543,11 +596,13 @@ int LocalLauncher::Run() {
   coordinator_address_ = address;
 
   for (uint32_t shard = 0; shard < options_.servers; ++shard)
-    if (absl::Status s = StartChild(ServerSpec(options_, shard, address)); !s.ok())
+    if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer,
+                                    shard);
+        !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
   for (uint32_t rank = 0; rank < options_.workers; ++rank)
-    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address),
-                                    static_cast<int>(rank));
+    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address), Role::kWorker,
+                                    rank);
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
   Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
@@ -566,11 +621,12 @@ int LocalLauncher::Run() {
       if (!child.Poll()) {
         all_exited = false;
       } else if (!child.succeeded() && !death_handled_[i]) {
-        if (options_.strict || child_rank_[i] < 0)
+        if (options_.strict)
           return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),
                         &child);
-        if (absl::Status s = OnWorkerDied(i); !s.ok())
-          return Finish("failed", std::string(s.message()), &child);
+        const absl::Status s = child_role_[i] == Role::kWorker ? OnWorkerDied(i)
+                                                               : OnDaemonCrashed(i);
+        if (!s.ok()) return Finish("failed", std::string(s.message()), &child);
       }
     }
     if (const ChildProcess* last_dead = EveryWorkerDead())
@@ -588,7 +644,7 @@ int LocalLauncher::Run() {
                     nullptr);
     RefreshStatus();
     ShowProgress(now);
-    if (!ended_at && (coordinator.exited() || (latest_ && JobEnded(latest_->state()))))
+    if (!ended_at && (coordinator().exited() || (latest_ && JobEnded(latest_->state()))))
       ended_at = now;
     if (ended_at && now - *ended_at > options_.exit_grace) {
       std::vector<std::string> running;

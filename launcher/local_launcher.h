@@ -6,6 +6,16 @@
 //   <run_dir>/coordinator.port              the coordinator's bound port
 //   <run_dir>/curve-worker-<rank>.csv       each worker's training curve
 //
+// A server or coordinator killed by a signal (a crash, kill -9) is started
+// again, as a StatefulSet or a Deployment would, while restarts are left
+// (LaunchOptions::restart_servers, restart_coordinator): a server with the
+// same --shard (it reloads the job's newest checkpoint; see
+// docs/durability.md), the coordinator on the same port with its state in
+// the run directory (it takes the job back). Their logs are
+// server-<shard>.restart-<n>.log and coordinator.restart-<n>.log. One that
+// exits with a non-zero status instead (it saw the job fail, or could not
+// start) fails the launch.
+//
 // A worker that dies (non-zero exit, or killed by a signal) while the job
 // runs is not a job failure: the coordinator declares it dead after the
 // heartbeat timeout and the job goes on with the others. (Before the job
@@ -78,6 +88,10 @@ struct LaunchOptions {
   bool strict = false;
   // Dead workers restarted, in total over all ranks (ignored when strict).
   uint32_t restart_workers = 0;
+  // Crashed servers (over all shards) and coordinators restarted, in total
+  // (ignored when strict).
+  uint32_t restart_servers = 10;
+  uint32_t restart_coordinator = 3;
   // Straggler injection: the worker of this rank gets --straggle_factor
   // and/or --straggle_ms (those set); the others get neither.
   std::optional<uint32_t> straggler_rank;
@@ -104,7 +118,9 @@ struct ChildSpec {
   std::string log_path;
 };
 
-ChildSpec CoordinatorSpec(const LaunchOptions& options);
+// `port` 0: any free port (the first start); otherwise that port (a
+// restart, which must be found where the daemons look for it).
+ChildSpec CoordinatorSpec(const LaunchOptions& options, int port = 0);
 // `coordinator` is the coordinator's "host:port".
 ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
                      const std::string& coordinator);
@@ -215,9 +231,15 @@ class LocalLauncher {
   // code for `exit`.
   int Finish(const std::string& exit, const std::string& error,
              const ChildProcess* failed_child);
-  // Starts `spec`'s program as a child; `rank` is its worker rank, -1 for
-  // the coordinator or a server.
-  absl::Status StartChild(const ChildSpec& spec, int rank = -1);
+  enum class Role { kCoordinator, kServer, kWorker };
+  // Starts `spec`'s program as a child in `role` (`index`: shard or rank);
+  // it becomes the newest child of that role and index.
+  absl::Status StartChild(const ChildSpec& spec, Role role, uint32_t index = 0);
+  // A server or the coordinator was killed by a signal (not strict):
+  // restarts it if restarts are left. An error fails the launch.
+  absl::Status OnDaemonCrashed(size_t child_index);
+  // The coordinator that runs now (the newest one started).
+  const ChildProcess& coordinator() const { return *children_[coordinator_child_]; }
   // A worker child has exited non-zero or by a signal (not strict): says so,
   // and restarts it if restarts are left. Returns an error (the launch
   // fails) if the restart could not be started, or if the worker died with
@@ -242,10 +264,16 @@ class LocalLauncher {
   const bool tty_;
   absl::Time start_;
   std::string coordinator_address_;
-  // Parallel to children_: the worker rank of each child (-1: coordinator or
-  // server), and whether its death was already dealt with.
-  std::vector<int> child_rank_;
+  // Parallel to children_: the role and index (shard, rank) of each child,
+  // and whether its death was already dealt with.
+  std::vector<Role> child_role_;
+  std::vector<uint32_t> child_index_;
   std::vector<bool> death_handled_;
+  size_t coordinator_child_ = 0;
+  int coordinator_port_ = 0;
+  uint32_t coordinator_restarts_ = 0;
+  std::vector<uint32_t> server_restarts_;  // by shard
+  uint32_t servers_restarted_ = 0;
   // By rank: the index in children_ of the rank's newest child, and how many
   // times it was restarted. A dead child that was replaced stays in
   // children_, exited.

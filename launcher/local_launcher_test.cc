@@ -7,9 +7,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,11 +32,24 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
+// The folders TempDir made, removed when the test process exits (children
+// are forked, but leave with _exit and never run this).
+struct TempDirs {
+  ~TempDirs() {
+    std::error_code ignored;
+    for (const std::string& d : made) std::filesystem::remove_all(d, ignored);
+  }
+  std::vector<std::string> made;
+};
+
 std::string TempDir() {
+  static TempDirs dirs;
   const char* dir = std::getenv("TEST_TMPDIR");
   std::string base = dir != nullptr ? dir : "/tmp";
   std::string tmpl = base + "/local_launcher_test.XXXXXX";
-  return mkdtemp(tmpl.data());
+  if (mkdtemp(tmpl.data()) == nullptr) return "";
+  dirs.made.push_back(tmpl);
+  return tmpl;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -71,8 +86,15 @@ TEST(CoordinatorSpec, ListensOnLoopbackWritesAPortFileAndPassesOnlySetJobFlags) 
                            "/opt/grps/bin/grps-coordinator",
                            "--listen=127.0.0.1:0",
                            "--port_file=/tmp/runs/sync-1/coordinator.port",
+                           "--state_dir=/tmp/runs/sync-1",
                            "--job_id=sync-1", "--mode=ssp", "--servers=3",
                            "--workers=4", "--steps=50", "--lr=0.1"}));
+}
+
+TEST(CoordinatorSpec, ARestartListensOnTheSamePort) {
+  ChildSpec spec = CoordinatorSpec(Options(), 40123);
+  EXPECT_EQ(spec.argv[1], "--listen=127.0.0.1:40123");
+  EXPECT_EQ(spec.argv[3], "--state_dir=/tmp/runs/sync-1");
 }
 
 TEST(ServerSpec, NamesTheCoordinatorItsShardAndLoopback) {
@@ -613,8 +635,9 @@ TEST_F(LaunchTest, StrictLaunchFailsOnAWorkerNamingItWithItsLogAndStopsTheRest) 
   EXPECT_THAT(json.fields().at("error").string_value(), HasSubstr("worker-1"));
 }
 
-TEST_F(LaunchTest, ServerKilledBySignalFailsTheLaunch) {
+TEST_F(LaunchTest, ServerKilledBySignalIsRestartedWithItsShardAsOftenAsAllowed) {
   ServeStatus({RunningJob()});
+  options_.restart_servers = 1;
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
   WriteFake("grps-server",
             "if [ \"$id\" = server-0 ]; then sleep 0.3; kill -SEGV $$; fi\n"
@@ -623,8 +646,49 @@ TEST_F(LaunchTest, ServerKilledBySignalFailsTheLaunch) {
 
   std::string out;
   EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
-  EXPECT_THAT(out, HasSubstr("server-0"));
-  EXPECT_THAT(out, HasSubstr("killed by signal 11"));
+  EXPECT_THAT(out, HasSubstr("server-0 killed by signal 11 (Segmentation fault); "
+                             "restarting it with --shard=0 (restart 1 of 1)"));
+  EXPECT_THAT(out, HasSubstr("(no server restarts left)"));
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/server-0.starts")).size(), 2u);
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/server-1.starts")).size(), 1u);
+  EXPECT_THAT(Lines(Args("server-0")), Contains("--shard=0"));
+  EXPECT_EQ(ReadFile(options_.run_dir + "/server-0.restart-1.log"), "server-0 is up\n");
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, CoordinatorKilledBySignalIsRestartedOnItsPortAndTheJobCompletes) {
+  // The first coordinator dies by SIGKILL; the second one serves to the end.
+  ServeStatus({RunningJob(), FinishedJob()}, absl::Milliseconds(400));
+  WriteFake("grps-coordinator",
+            std::string(kWritePort) +
+                "if [ \"$(wc -l < \"$FAKE_DIR/coordinator.starts\")\" -eq 1 ]; then\n"
+                "  sleep 0.3; kill -KILL $$; fi\n"
+                "exec sleep 1.5\n");
+  WriteFake("grps-server", "exec sleep 1.5\n");
+  WriteFake("grps-worker", "exec sleep 1.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("coordinator killed by signal 9 (Killed); restarting it on "
+                             "port "));
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/coordinator.starts")).size(), 2u);
+  EXPECT_THAT(Lines(Args("coordinator")), Contains(absl::StrCat("--listen=127.0.0.1:", server_.port)));
+  EXPECT_THAT(Lines(Args("coordinator")), Contains("--state_dir=" + options_.run_dir));
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, ServerExitingWithAnErrorFailsTheLaunchWithoutARestart) {
+  ServeStatus({RunningJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server",
+            "if [ \"$id\" = server-0 ]; then sleep 0.3; exit 1; fi\n"
+            "exec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_THAT(out, HasSubstr("grps-local: server-0 exited with status 1"));
+  EXPECT_THAT(out, Not(HasSubstr("restarting")));
   ExpectNoFakeLeft();
 }
 
