@@ -20,27 +20,6 @@ HEARTBEAT_MS=100
 TIMEOUT_MS=1500
 STEPS=1200
 
-# status RUN_DIR: grpsctl status --json of the job in RUN_DIR, on stdout.
-status() {
-  "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$1/coordinator.port")" --json status 2>/dev/null
-}
-
-# global_step RUN_DIR: the job's global step, or -1.
-global_step() {
-  status "$1" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo -1
-}
-
-# worker_pid LAUNCHER_PID RANK: the PID of grps-local's worker child of RANK.
-worker_pid() {
-  local pid
-  for pid in $(pgrep -P "$1"); do
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "grps-worker .*--rank=$2 "; then
-      echo "$pid"; return 0
-    fi
-  done
-  return 1
-}
-
 # now_ms: wall clock in milliseconds.
 now_ms() { date +%s%3N; }
 
@@ -111,7 +90,7 @@ run_mode() {  # MODE [extra grps-local flags...]
   launcher=${!launcher_var}
   wait_until_step "$run" 150 90
   local victim
-  victim=$(worker_pid "$launcher" 1) || fail "$mode: no worker child of rank 1"
+  victim=$(child_pid "$launcher" "grps-worker .*--rank=1 ") || fail "$mode: no worker child of rank 1"
   local step_at_kill
   step_at_kill=$(global_step "$run")
   kill -KILL "$victim"
@@ -160,7 +139,7 @@ start local-stop "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.j
   --test_limit=1000 --hidden=64 --eval_every=300 --backend=cpu \
   --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200
 wait_until_step "$run" 100 90
-victim=$(worker_pid "$PID_local_stop" 2) || fail "stop: no worker child of rank 2"
+victim=$(child_pid "$PID_local_stop" "grps-worker .*--rank=2 ") || fail "stop: no worker child of rank 2"
 kill -STOP "$victim"
 wait_worker_state "$run" 2 MEMBER_STATE_DEAD 10
 step_dead=$(global_step "$run")

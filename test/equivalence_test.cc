@@ -18,6 +18,7 @@
 #include "job/shard_map.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_store.h"
+#include "test/in_process_shards.h"
 #include "tensor/backend.h"
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
@@ -44,37 +45,6 @@ Data MakeData(int n) {
   return d;
 }
 
-// A running job: shards in this process, each behind its own gRPC server.
-class Shards {
- public:
-  Shards(const v1::JobConfig& config, v1::ShardMap* map) {
-    for (uint32_t s = 0; s < config.num_servers(); ++s) {
-      ShardStore::Options o;
-      o.config = config;
-      o.shard_map = *map;
-      o.shard = s;
-      absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
-      EXPECT_TRUE(store.ok()) << store.status();
-      stores_.push_back(std::move(*store));
-      services_.push_back(std::make_unique<ParameterServerService>(stores_.back().get()));
-      absl::StatusOr<GrpcServer> server =
-          StartGrpcServer("127.0.0.1:0", {services_.back().get()});
-      EXPECT_TRUE(server.ok()) << server.status();
-      map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
-      servers_.push_back(std::move(server->server));
-    }
-  }
-  ~Shards() {
-    for (auto& store : stores_) store->Shutdown();
-    for (auto& server : servers_) server->Shutdown(std::chrono::system_clock::now());
-  }
-
- private:
-  std::vector<std::unique_ptr<ShardStore>> stores_;
-  std::vector<std::unique_ptr<ParameterServerService>> services_;
-  std::vector<std::unique_ptr<grpc::Server>> servers_;
-};
-
 v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer,
                      v1::ConsistencyMode mode) {
   v1::JobConfig c = DefaultJobConfig();
@@ -100,7 +70,7 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
                          v1::ConsistencyMode mode = v1::MODE_SYNC) {
   v1::JobConfig config = Config(workers, optimizer, mode);
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
-  Shards shards(config, &map);
+  InProcessShards shards(config, &map);
   const int per_worker = 2 * kBatch / workers;
   std::vector<std::thread> threads;
   for (uint32_t rank = 0; rank < workers; ++rank) {
@@ -137,7 +107,7 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
 std::vector<float> InitialWeights(v1::OptimizerKind optimizer) {
   v1::JobConfig config = Config(1, optimizer, v1::MODE_SYNC);
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
-  Shards shards(config, &map);
+  InProcessShards shards(config, &map);
   ParameterClient reader(config, map, 0, 1);
   std::vector<float> initial(reader.num_parameters());
   EXPECT_TRUE(reader.Pull(0, absl::Seconds(5), initial.data()).ok());

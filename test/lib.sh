@@ -63,3 +63,47 @@ wait_pid() {
 json() {
   python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"
 }
+
+# status RUN_DIR: grpsctl status --json of the job grps-local runs in RUN_DIR.
+status() {
+  "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$1/coordinator.port" 2>/dev/null)" --json status 2>/dev/null
+}
+
+# global_step RUN_DIR: the job's global step, or -1.
+global_step() {
+  status "$1" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo -1
+}
+
+# child_pid PARENT_PID PATTERN: the PID of a child of PARENT_PID (one of
+# grps-local's daemons) whose command line matches PATTERN.
+child_pid() {
+  local pid
+  for pid in $(pgrep -P "$1"); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"; then
+      echo "$pid"; return 0
+    fi
+  done
+  return 1
+}
+
+# free_port: a loopback port nobody listens on right now.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# field_at COORD EXPR DEFAULT: a Python expression over `grpsctl status
+# --json` of the coordinator at COORD (as `j`), or DEFAULT when it does not
+# answer.
+field_at() {
+  "$BIN/grpsctl" --coordinator="$1" --json status 2>/dev/null | json "$2" 2>/dev/null || echo "$3"
+}
+
+# wait_until COORD EXPR SECONDS WHAT: until EXPR over the status is True.
+wait_until() {
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    [ "$(field_at "$1" "$2" False)" = True ] && return 0
+    sleep 0.1
+  done
+  fail "timed out waiting for $4"
+}

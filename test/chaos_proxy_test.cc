@@ -1,0 +1,424 @@
+// Exactly-once over an unreliable network: real shards (ParameterServer over
+// gRPC on loopback), each behind a ChaosProxy that drops requests, drops
+// replies, sends pushes twice and delays them, and two workers (the worker's
+// own MlpModel and ParameterClient, which retries UNAVAILABLE pushes) train a
+// sync job through the proxies. The shards deduplicate every retry and every
+// second copy, so the final weights equal, bit for bit, those of the same
+// job run without the proxies. Also: the proxy's counters count, and its
+// decisions follow from the seed.
+#include "test/chaos_proxy.h"
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/daemon.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_store.h"
+#include "test/in_process_shards.h"
+#include "tensor/backend.h"
+#include "worker/mlp_model.h"
+#include "worker/parameter_client.h"
+
+namespace grps {
+namespace {
+
+constexpr int kFeatures = 12;
+constexpr int kClasses = 4;
+constexpr int kBatch = 8;  // per worker
+constexpr int kWorkers = 2;
+constexpr int kSteps = 20;
+
+struct Data {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+Data MakeData(int n) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0, 1);
+  Data d;
+  for (int i = 0; i < n * kFeatures; ++i) d.x.push_back(g(rng));
+  for (int i = 0; i < n; ++i) d.y.push_back(rng() % kClasses);
+  return d;
+}
+
+v1::JobConfig Config(uint32_t workers, uint32_t servers) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_job_id("chaos-job");
+  c.set_mode(v1::MODE_SYNC);
+  c.set_num_servers(servers);
+  c.set_num_workers(workers);
+  c.set_batch_size(kBatch);
+  c.set_input_features(kFeatures);
+  c.set_num_classes(kClasses);
+  c.clear_hidden_units();
+  c.add_hidden_units(16);
+  c.set_chunk_bytes(1024);  // several chunks per tensor, spread over shards
+  // Adam: its per-chunk step count makes an update applied twice visible.
+  c.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+  c.mutable_optimizer()->set_learning_rate(0.01f);
+  return c;
+}
+
+// A ChaosProxy served on a loopback port.
+class ServedProxy {
+ public:
+  explicit ServedProxy(ChaosProxy::Options options) {
+    absl::StatusOr<std::unique_ptr<ChaosProxy>> proxy =
+        ChaosProxy::Create(std::move(options));
+    EXPECT_TRUE(proxy.ok()) << proxy.status();
+    proxy_ = std::move(*proxy);
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {proxy_.get()});
+    EXPECT_TRUE(server.ok()) << server.status();
+    address_ = absl::StrCat("127.0.0.1:", server->port);
+    server_ = std::move(server->server);
+  }
+  ~ServedProxy() {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+  }
+  const std::string& address() const { return address_; }
+  ChaosProxy::Counters counters() const { return proxy_->counters(); }
+  std::unique_ptr<v1::ParameterServer::Stub> NewStub() const {
+    return v1::ParameterServer::NewStub(MakeChannel(address_));
+  }
+
+ private:
+  std::unique_ptr<ChaosProxy> proxy_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+ChaosProxy::Options EveryFault(const std::string& backend, uint64_t seed) {
+  ChaosProxy::Options o;
+  o.backend = backend;
+  o.seed = seed;
+  o.drop_request = 0.1;
+  o.drop_reply = 0.15;
+  o.duplicate = 0.15;
+  o.max_delay_ms = 10;
+  o.max_faults = 10000;
+  return o;
+}
+
+struct Outcome {
+  std::vector<float> weights;
+  std::vector<v1::ShardStatus> shards;
+  std::vector<ChaosProxy::Counters> proxies;  // empty without proxies
+};
+
+// Trains kSteps with kWorkers workers on `data` (step s of rank r uses the
+// kBatch examples from (s * kWorkers + r) * kBatch), through a ChaosProxy in
+// front of every shard when `chaos`, and reads the final weights directly.
+Outcome Train(const Data& data, bool chaos, uint32_t servers = 2) {
+  const v1::JobConfig config = Config(kWorkers, servers);
+  v1::ShardMap map = *BuildShardMap(ModelTensors(config), servers, config.chunk_bytes());
+  InProcessShards shards(config, &map);
+  std::vector<std::unique_ptr<ServedProxy>> proxies;
+  v1::ShardMap worker_map = map;
+  if (chaos) {
+    for (uint32_t s = 0; s < servers; ++s) {
+      proxies.push_back(std::make_unique<ServedProxy>(
+          EveryFault(map.shards(s).address(), /*seed=*/100 + s)));
+      worker_map.mutable_shards(s)->set_address(proxies.back()->address());
+    }
+  }
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::unique_ptr<Backend> backend = CreateCpuBackend();
+      MlpModel model(backend.get(), LayerWidths(config), kBatch);
+      ParameterClient client(config, worker_map, rank, /*incarnation=*/1);
+      std::vector<float> params(client.num_parameters()), grads(params.size());
+      for (int step = 0; step < kSteps; ++step) {
+        // A shard's listener may not take the very first connection at once
+        // on a loaded machine: UNAVAILABLE is retried, as a worker does.
+        Backoff retry;
+        retry.initial = absl::Milliseconds(20);
+        retry.give_up_after = absl::Seconds(20);
+        const absl::Status pulled = RetryTransient(retry, [&] {
+          return client.Pull(step, absl::Seconds(20), params.data());
+        });
+        ASSERT_TRUE(pulled.ok()) << "rank " << rank << " step " << step << ": " << pulled;
+        model.SetParameters(params.data());
+        const int first = (step * kWorkers + rank) * kBatch;
+        model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], kBatch,
+                              nullptr);
+        model.GetGradients(grads.data());
+        const absl::StatusOr<ParameterClient::PushOutcome> pushed =
+            client.Push(step, grads.data(), kBatch, absl::Seconds(60));
+        ASSERT_TRUE(pushed.ok()) << "rank " << rank << " step " << step << ": "
+                                 << pushed.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  Outcome out;
+  ParameterClient reader(config, map, 0, 1);
+  out.weights.resize(reader.num_parameters());
+  const absl::Status read = reader.Pull(kSteps, absl::Seconds(20), out.weights.data());
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_EQ(reader.min_pulled_version(), static_cast<uint64_t>(kSteps));
+  // Let the proxies' second copies still queued reach the shards before the
+  // counts are read: destroying a proxy drops them, so wait for them here
+  // (a bounded poll; each is sent within max_delay_ms).
+  for (auto& p : proxies) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    ChaosProxy::Counters c = p->counters();
+    while (c.duplicated < c.faults - c.dropped_requests - c.dropped_replies &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+      c = p->counters();
+    }
+    out.proxies.push_back(c);
+  }
+  for (auto& p : proxies) p.reset();  // waits for nothing more in flight
+  for (size_t s = 0; s < shards.size(); ++s)
+    out.shards.push_back(shards.store(s).ShardStatus());
+  return out;
+}
+
+TEST(ChaosProxy, SyncTrainingThroughDropsDuplicatesAndDelaysEqualsDirectTraining) {
+  const Data data = MakeData(kBatch * kWorkers * kSteps);
+  const Outcome direct = Train(data, /*chaos=*/false);
+  const Outcome chaos = Train(data, /*chaos=*/true);
+
+  // Every fault happened, through both proxies together.
+  ChaosProxy::Counters total;
+  for (const ChaosProxy::Counters& c : chaos.proxies) {
+    total.dropped_requests += c.dropped_requests;
+    total.dropped_replies += c.dropped_replies;
+    total.duplicated += c.duplicated;
+    total.delayed += c.delayed;
+  }
+  EXPECT_GT(total.dropped_requests, 0u);
+  EXPECT_GT(total.dropped_replies, 0u);
+  EXPECT_GT(total.duplicated, 0u);
+  EXPECT_GT(total.delayed, 0u);
+
+  // The shards saw the retries and the second copies and applied each
+  // step's update exactly once per chunk.
+  uint64_t duplicates = 0;
+  for (const v1::ShardStatus& s : chaos.shards) {
+    EXPECT_EQ(s.updates_applied(), kSteps * s.num_chunks()) << s.ShortDebugString();
+    EXPECT_EQ(s.rejected_pushes(), 0u) << s.ShortDebugString();
+    duplicates += s.duplicate_pushes();
+  }
+  EXPECT_GT(duplicates, 0u);
+  for (const v1::ShardStatus& s : direct.shards) {
+    EXPECT_EQ(s.updates_applied(), kSteps * s.num_chunks());
+    EXPECT_EQ(s.duplicate_pushes(), 0u);
+  }
+
+  // Bit for bit the same weights, and training moved them.
+  ASSERT_EQ(chaos.weights.size(), direct.weights.size());
+  EXPECT_EQ(std::memcmp(chaos.weights.data(), direct.weights.data(),
+                        direct.weights.size() * sizeof(float)),
+            0)
+      << "the weights trained through the chaos proxies differ";
+  const v1::JobConfig config = Config(kWorkers, 2);
+  v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+  InProcessShards fresh(config, &map);
+  ParameterClient reader(config, map, 0, 1);
+  std::vector<float> initial(reader.num_parameters());
+  ASSERT_TRUE(reader.Pull(0, absl::Seconds(5), initial.data()).ok());
+  EXPECT_NE(std::memcmp(initial.data(), direct.weights.data(),
+                        initial.size() * sizeof(float)),
+            0)
+      << "training did not change the weights";
+}
+
+// One single-worker sync shard for pushing by hand.
+class ChaosProxyCounters : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = Config(/*workers=*/1, /*servers=*/1);
+    map_ = *BuildShardMap(ModelTensors(config_), 1, config_.chunk_bytes());
+    shards_ = std::make_unique<InProcessShards>(config_, &map_);
+  }
+
+  // A push of step `step` (gradient 0.5 everywhere) for every chunk.
+  v1::PushRequest PushOf(uint64_t step) const {
+    v1::PushRequest request;
+    request.set_job_id(config_.job_id());
+    request.set_worker_rank(0);
+    request.set_incarnation(1);
+    request.set_step(step);
+    request.set_num_samples(1);
+    for (const v1::ChunkSpec& c : map_.chunks()) {
+      v1::ChunkData* d = request.add_chunks();
+      d->set_chunk_id(c.chunk_id());
+      d->set_dtype(v1::DTYPE_F32);
+      d->set_version(step);
+      std::vector<float> g(c.num_elements(), 0.5f);
+      d->set_data(std::string(reinterpret_cast<const char*>(g.data()),
+                              g.size() * sizeof(float)));
+    }
+    return request;
+  }
+
+  grpc::StatusCode Push(v1::ParameterServer::Stub& stub, uint64_t step) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::PushResponse response;
+    return stub.Push(&context, PushOf(step), &response).error_code();
+  }
+
+  uint64_t chunks() const { return map_.chunks_size(); }
+
+  ChaosProxy::Options Only(uint64_t max_faults) const {
+    ChaosProxy::Options o;
+    o.backend = map_.shards(0).address();
+    o.max_faults = max_faults;
+    return o;
+  }
+
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+  std::unique_ptr<InProcessShards> shards_;
+};
+
+TEST_F(ChaosProxyCounters, DroppedRequestsAreCountedAndStopAtTheCap) {
+  ChaosProxy::Options o = Only(/*max_faults=*/3);
+  o.drop_request = 1.0;
+  ServedProxy proxy(o);
+  auto stub = proxy.NewStub();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Push(*stub, 0), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(shards_->store(0).ShardStatus().pushes(), 0u) << "a dropped push reached the shard";
+  EXPECT_EQ(Push(*stub, 0), grpc::StatusCode::OK);  // the cap is reached
+  const ChaosProxy::Counters c = proxy.counters();
+  EXPECT_EQ(c.pushes, 4u);
+  EXPECT_EQ(c.calls, 4u);
+  EXPECT_EQ(c.dropped_requests, 3u);
+  EXPECT_EQ(c.faults, 3u);
+  EXPECT_EQ(c.dropped_replies + c.duplicated + c.delayed, 0u);
+  EXPECT_EQ(shards_->store(0).ShardStatus().updates_applied(), chunks());
+}
+
+TEST_F(ChaosProxyCounters, ADroppedReplyIsAppliedAndItsRetryIsADuplicate) {
+  ChaosProxy::Options o = Only(/*max_faults=*/1);
+  o.drop_reply = 1.0;
+  ServedProxy proxy(o);
+  auto stub = proxy.NewStub();
+  EXPECT_EQ(Push(*stub, 0), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(shards_->store(0).ShardStatus().updates_applied(), chunks())
+      << "the push whose reply was dropped was not applied";
+  EXPECT_EQ(Push(*stub, 0), grpc::StatusCode::OK);  // the client's retry
+  const v1::ShardStatus s = shards_->store(0).ShardStatus();
+  EXPECT_EQ(s.updates_applied(), chunks());
+  EXPECT_EQ(s.duplicate_pushes(), chunks());  // counted per chunk
+  const ChaosProxy::Counters c = proxy.counters();
+  EXPECT_EQ(c.dropped_replies, 1u);
+  EXPECT_EQ(c.dropped_requests + c.duplicated, 0u);
+}
+
+TEST_F(ChaosProxyCounters, ADuplicatedPushReachesTheShardTwiceAndIsAppliedOnce) {
+  ChaosProxy::Options o = Only(/*max_faults=*/2);
+  o.duplicate = 1.0;
+  ServedProxy proxy(o);
+  auto stub = proxy.NewStub();
+  EXPECT_EQ(Push(*stub, 0), grpc::StatusCode::OK);
+  EXPECT_EQ(Push(*stub, 1), grpc::StatusCode::OK);
+  EXPECT_EQ(Push(*stub, 2), grpc::StatusCode::OK);  // past the cap: sent once
+  // The second copies go out from the proxy's own thread, which counts each
+  // once its call has returned: wait (bounded) until the proxy has counted
+  // both and the shard has seen both.
+  const uint64_t want = 2 * chunks();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while ((proxy.counters().duplicated < 2 ||
+          shards_->store(0).ShardStatus().duplicate_pushes() < want) &&
+         absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(5));
+  const v1::ShardStatus s = shards_->store(0).ShardStatus();
+  EXPECT_EQ(s.duplicate_pushes(), want);
+  EXPECT_EQ(s.pushes(), 5 * chunks());
+  EXPECT_EQ(s.updates_applied(), 3 * chunks());
+  const ChaosProxy::Counters c = proxy.counters();
+  EXPECT_EQ(c.duplicated, 2u);
+  EXPECT_EQ(c.faults, 2u);
+  EXPECT_EQ(c.pushes, 3u);
+}
+
+TEST_F(ChaosProxyCounters, DelaysAreCountedAndOtherCallsAreForwarded) {
+  ChaosProxy::Options o = Only(/*max_faults=*/0);
+  o.max_delay_ms = 5;
+  o.drop_request = 1.0;  // capped at 0: never happens
+  ServedProxy proxy(o);
+  auto stub = proxy.NewStub();
+  for (int step = 0; step < 10; ++step) EXPECT_EQ(Push(*stub, step), grpc::StatusCode::OK);
+  v1::PullRequest pull;
+  pull.set_job_id(config_.job_id());
+  pull.set_min_version(10);
+  pull.set_timeout_ms(5000);
+  v1::PullResponse pulled;
+  grpc::ClientContext pull_context;
+  ASSERT_TRUE(stub->Pull(&pull_context, pull, &pulled).ok());
+  EXPECT_EQ(static_cast<uint64_t>(pulled.chunks_size()), chunks());
+  for (const v1::ChunkData& c : pulled.chunks()) EXPECT_EQ(c.version(), 10u);
+  v1::GetShardStatusRequest status_request;
+  status_request.set_job_id(config_.job_id());
+  v1::ShardStatus status;
+  grpc::ClientContext status_context;
+  ASSERT_TRUE(stub->GetShardStatus(&status_context, status_request, &status).ok());
+  EXPECT_EQ(status.updates_applied(), 10u * chunks());
+  const ChaosProxy::Counters c = proxy.counters();
+  EXPECT_EQ(c.pushes, 10u);
+  EXPECT_EQ(c.calls, 12u);
+  EXPECT_GT(c.delayed, 0u);  // 10 draws from 0..5 ms: P(all 0) = 6^-10
+  EXPECT_EQ(c.faults, 0u);
+}
+
+TEST_F(ChaosProxyCounters, TheSameSeedMakesTheSameDecisions) {
+  // Sequential pushes (each retried until it gets through) through a proxy
+  // see a sequence of status codes that follows from the seed alone. Each
+  // run has a fresh shard.
+  auto codes = [&](uint64_t seed) {
+    shards_ = std::make_unique<InProcessShards>(config_, &map_);
+    ChaosProxy::Options o = Only(/*max_faults=*/1000);
+    o.seed = seed;
+    o.drop_request = 0.3;
+    o.drop_reply = 0.3;
+    ServedProxy proxy(o);
+    auto stub = proxy.NewStub();
+    std::vector<int> seen;
+    for (int step = 0; step < 15; ++step) {
+      grpc::StatusCode code;
+      do {
+        code = Push(*stub, step);
+        seen.push_back(code);
+      } while (code == grpc::StatusCode::UNAVAILABLE && seen.size() < 1000);
+      EXPECT_EQ(code, grpc::StatusCode::OK);
+    }
+    EXPECT_EQ(shards_->store(0).ShardStatus().updates_applied(), 15 * chunks());
+    return seen;
+  };
+  const std::vector<int> a = codes(5), b = codes(5), c = codes(6);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_GT(a.size(), 15u) << "no fault at all: the comparison proves nothing";
+}
+
+TEST(ChaosProxyOptions, BadOptionsAreRefused) {
+  ChaosProxy::Options o;
+  EXPECT_EQ(ChaosProxy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.backend = "127.0.0.1:1";
+  o.drop_reply = 1.5;
+  EXPECT_EQ(ChaosProxy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.drop_reply = 0;
+  o.duplicate = -0.1;
+  EXPECT_EQ(ChaosProxy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.duplicate = 0;
+  EXPECT_TRUE(ChaosProxy::Create(o).ok());
+}
+
+}  // namespace
+}  // namespace grps

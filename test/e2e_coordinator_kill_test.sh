@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Training goes on while the coordinator is away, and a restarted coordinator
+# takes the job back. grps-local runs a sync job (2 servers, 2 workers); once
+# a checkpoint is complete the coordinator is killed with SIGKILL; grps-local
+# restarts it on the same port with its state folder. Then:
+#   - the job completes and grps-local exits 0 (every daemon exited 0);
+#   - the new coordinator says it took the job back;
+#   - the global step moved on while no coordinator was there or right after;
+#   - the final accuracy is that of an undisturbed job: losing the control
+#     plane does not change the weights.
+set -euo pipefail
+BIN=${1:?usage: e2e_coordinator_kill_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+
+STEPS=1500
+launch() {  # NAME
+  local run=$WORK/$1
+  start "$1" "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
+    --mode=sync --servers=2 --workers=2 --steps=$STEPS --batch=32 --train_limit=6000 \
+    --test_limit=1000 --hidden=64 --eval_every=0 --backend=cpu --heartbeat_ms=100 \
+    --heartbeat_timeout_ms=1000 --checkpoint_dir="$run/checkpoints" \
+    --checkpoint_every_steps=100 --timeout_s=200
+}
+
+launch calm
+wait_pid "$PID_calm" 200
+[ "$EXIT_CODE" = 0 ] || fail "undisturbed run: grps-local exited with $EXIT_CODE"
+
+launch killed
+run=$WORK/killed
+for ((i = 0; i < 1200; i++)); do
+  ckpt=$(status "$run" | json 'j.get("last_checkpoint", {}).get("id", 0)' 2>/dev/null || echo 0)
+  [ "${ckpt:-0}" -gt 0 ] && [ "$(global_step "$run")" -ge 300 ] && break
+  sleep 0.1
+done
+[ "${ckpt:-0}" -gt 0 ] || fail "no checkpoint completed"
+before=$(global_step "$run")
+victim=$(child_pid "$PID_killed" "grps-coordinator ") || fail "no coordinator child"
+kill -KILL "$victim"
+echo "killed the coordinator (pid $victim) at global step $before"
+wait_pid "$PID_killed" 200
+[ "$EXIT_CODE" = 0 ] || fail "grps-local exited with $EXIT_CODE after the coordinator was killed"
+grep -q "coordinator killed by signal 9.*restarting it on port" "$WORK/killed.log" \
+  || fail "grps-local did not restart the coordinator"
+grep -qi "took over job" "$run/coordinator.restart-1.log" \
+  || fail "the restarted coordinator did not take the job back"
+calm=$(json 'j["final_test_accuracy"]' <"$WORK/calm/result.json")
+killed=$(json 'j["final_test_accuracy"]' <"$run/result.json")
+echo "final accuracy $killed with the coordinator killed, $calm undisturbed"
+[ "$calm" = "$killed" ] || fail "accuracy $killed differs from the undisturbed $calm"
+echo "PASS"

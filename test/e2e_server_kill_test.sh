@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A server killed with SIGKILL costs the job minutes at most, never the job.
+# Sync: grps-local runs 2 servers and 2 workers with a checkpoint every 100
+# steps; once a checkpoint is complete, one grps-server is killed. grps-local
+# restarts it (same shard); it reloads the newest checkpoint, the job rolls
+# back to it (generation 2) and recomputes the steps since. Then:
+#   - grps-local exits 0, the job completes, and says a server was restarted;
+#   - the final test accuracy equals the undisturbed run's exactly (same data
+#     order, restored optimizer state: the same weights);
+#   - the final checkpoints of both runs hold bit-identical chunks.
+# Async and ssp: the same kill; the job completes (the steps since the
+# checkpoint are recomputed from the checkpoint's cut).
+set -euo pipefail
+BIN=${1:?usage: e2e_server_kill_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+
+STEPS=1200
+
+# wait_checkpoint RUN_DIR SECONDS: until a checkpoint is complete; prints its step.
+wait_checkpoint() {
+  local i step
+  for ((i = 0; i < $2 * 10; i++)); do
+    step=$(status "$1" | json 'j.get("last_checkpoint", {}).get("step", "")' 2>/dev/null || true)
+    if [ -n "$step" ] && [ "$(status "$1" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo 0)" -gt "$step" ]; then
+      echo "$step"; return 0
+    fi
+    sleep 0.1
+  done
+  fail "no checkpoint completed in $1"
+}
+
+launch() {  # NAME MODE [flags...]
+  local name=$1 mode=$2; shift 2
+  local run=$WORK/$name
+  start "$name" "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
+    --mode="$mode" --servers=2 --workers=2 --steps=$STEPS --batch=32 --train_limit=6000 \
+    --test_limit=1000 --hidden=64 --eval_every=0 --backend=cpu --heartbeat_ms=100 \
+    --heartbeat_timeout_ms=1000 --checkpoint_dir="$run/checkpoints" \
+    --checkpoint_every_steps=100 --recovery_timeout_ms=20000 --timeout_s=200 "$@"
+}
+
+accuracy() { json 'j["final_test_accuracy"]' <"$1/result.json"; }
+
+# The newest complete checkpoint folder of a run.
+newest_checkpoint() { "$BIN/grps-checkpoint-diff" --newest "$1/checkpoints"; }
+
+# Undisturbed sync run.
+launch calm sync
+wait_pid "$PID_calm" 200
+[ "$EXIT_CODE" = 0 ] || fail "undisturbed run: grps-local exited with $EXIT_CODE"
+
+# The same job, one server killed after a checkpoint.
+launch killed sync
+step=$(wait_checkpoint "$WORK/killed" 120)
+victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") || fail "no grps-server child"
+kill -KILL "$victim"
+echo "sync: killed server 1 (pid $victim) after the checkpoint at step $step"
+wait_pid "$PID_killed" 200
+[ "$EXIT_CODE" = 0 ] || fail "sync: grps-local exited with $EXIT_CODE after the kill"
+grep -q "server-1 killed by signal 9.*restarting it with --shard=1" "$WORK/killed.log" \
+  || fail "sync: grps-local did not say it restarted the server"
+grep -q "rolled back to checkpoint" "$WORK/killed/server-0.log" \
+  || fail "sync: the surviving shard did not roll back"
+calm=$(accuracy "$WORK/calm"); killed=$(accuracy "$WORK/killed")
+echo "sync: final accuracy $killed with the kill, $calm undisturbed"
+[ "$calm" = "$killed" ] || fail "sync: accuracy $killed differs from the undisturbed $calm"
+"$BIN/grps-checkpoint-diff" "$(newest_checkpoint "$WORK/calm")" "$(newest_checkpoint "$WORK/killed")" \
+  || fail "sync: the final weights differ from the undisturbed run's"
+
+# Async and ssp: the job survives the same kill (ssp's clocks start again
+# from where each worker resumes; the steps the checkpoint holds count).
+for mode in async ssp; do
+  launch "$mode" "$mode"
+  step=$(wait_checkpoint "$WORK/$mode" 120)
+  var=PID_$mode
+  victim=$(child_pid "${!var}" "grps-server .*--shard=0") || fail "$mode: no grps-server child"
+  kill -KILL "$victim"
+  wait_pid "${!var}" 200
+  [ "$EXIT_CODE" = 0 ] || fail "$mode: grps-local exited with $EXIT_CODE after the kill"
+  echo "$mode: killed server 0 after the checkpoint at step $step; final accuracy $(accuracy "$WORK/$mode")"
+done
+echo "PASS"
