@@ -131,9 +131,10 @@ class ChunkPolicy {
     return std::nullopt;
   }
 
-  // The policy is new on a chunk that was restored or rolled back: every
-  // worker resumes at a step of its own, not at clock 0.
-  virtual void Restored() {}
+  // The policy is new on a chunk that was restored or rolled back: rank r
+  // resumes at step resume_steps[r], not at clock 0. A rank without an
+  // entry resumes where it says at its first pull.
+  virtual void Restored(absl::Span<const uint64_t> resume_steps) {}
 };
 
 // Async and ssp: whether a gradient of this staleness is refused by the

@@ -277,6 +277,7 @@ int Run() {
   const v1::RestoreOrder& order = registration->restore();
   options.generation = order.generation();
   options.restored_checkpoint = order.checkpoint_id();
+  options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
   if (absl::Status valid = ValidateShardMap(options.shard_map); !valid.ok()) {
     stop_server();
     spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
@@ -386,7 +387,7 @@ int Run() {
             LoadRestore(order, store->shard_map(), store->shard());
         absl::Status restored = states.ok()
                                     ? store->Restore(order.generation(), order.checkpoint_id(),
-                                                     *states)
+                                                     *states, order.worker_steps())
                                     : states.status();
         if (!restored.ok()) {
           reason = absl::StrCat("cannot roll back to checkpoint ", order.checkpoint_id(), ": ",

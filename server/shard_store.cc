@@ -135,9 +135,10 @@ class ShardStore::Chunk final : public UpdateTarget {
   // Replaces the state with `state` (checked by MatchStates), or with the
   // initial values at version 0 when null; drops the mode's pending state.
   absl::Status Reset(const v1::ChunkState* state, const v1::ChunkSpec& spec,
-                     const v1::TensorSpec& tensor, const v1::JobConfig& config) {
+                     const v1::TensorSpec& tensor, const v1::JobConfig& config,
+                     absl::Span<const uint64_t> resume_steps) {
     policy = MakeChunkPolicy(config, num_elements_, backend_.get());
-    policy->Restored();
+    policy->Restored(resume_steps);
     capture_at = 0;
     captured.reset();
     marks.assign(marks.size(), AcceptedMark{});
@@ -225,10 +226,12 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
   const uint64_t generation = options.generation;
   const uint64_t restored_checkpoint = options.restored_checkpoint;
   std::vector<v1::ChunkState> restore = std::move(options.restore);
+  std::vector<uint64_t> resume_steps = std::move(options.resume_steps);
   std::unique_ptr<ShardStore> store(new ShardStore(std::move(options)));
   if (absl::Status s = store->Initialize(); !s.ok()) return s;
   if (restored_checkpoint > 0 || generation > 0) {
-    if (absl::Status s = store->Restore(generation, restored_checkpoint, restore); !s.ok())
+    if (absl::Status s = store->Restore(generation, restored_checkpoint, restore, resume_steps);
+        !s.ok())
       return s;
   }
   store->timer_ = std::thread([s = store.get()] { s->TimerLoop(); });
@@ -690,7 +693,8 @@ absl::StatusOr<std::vector<const v1::ChunkState*>> ShardStore::MatchStates(
 }
 
 absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
-                                 const std::vector<v1::ChunkState>& states) {
+                                 const std::vector<v1::ChunkState>& states,
+                                 absl::Span<const uint64_t> resume_steps) {
   absl::StatusOr<std::vector<const v1::ChunkState*>> matched = MatchStates(states);
   if (!matched.ok()) return matched.status();
   {
@@ -705,7 +709,8 @@ absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
       Chunk& c = *chunks_[i];
       c.mu.AssertHeld();
       const v1::ChunkSpec& spec = map_.chunks(c.id);
-      if (absl::Status s = c.Reset((*matched)[i], spec, map_.tensors(spec.tensor_index()), config_);
+      if (absl::Status s = c.Reset((*matched)[i], spec, map_.tensors(spec.tensor_index()),
+                                   config_, resume_steps);
           !s.ok())
         return absl::InternalError(absl::StrCat("chunk ", c.id, ": ", s.message()));
       c.policy->LiveSetChanged(c, *live_set);

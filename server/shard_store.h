@@ -91,6 +91,8 @@ class ShardStore {
     uint64_t generation = 0;
     uint64_t restored_checkpoint = 0;
     std::vector<v1::ChunkState> restore;
+    // By rank: the step each worker resumes at (RestoreOrder.worker_steps).
+    std::vector<uint64_t> resume_steps;
   };
 
   // One chunk's gradient, as f32 values the caller keeps alive for the call.
@@ -227,8 +229,12 @@ class ShardStore {
   // state (an open sync step, held ssp gradients) dropped. All-or-nothing:
   // INVALID_ARGUMENT (nothing changes) when a state is missing or does not
   // fit its chunk, or FAILED_PRECONDITION when `generation` is not newer.
+  // `resume_steps` (by rank) are the steps the workers resume at; ssp starts
+  // its clocks there on every shard alike. A rank without one rejoins at its
+  // first pull.
   absl::Status Restore(uint64_t generation, uint64_t checkpoint_id,
-                       const std::vector<v1::ChunkState>& states);
+                       const std::vector<v1::ChunkState>& states,
+                       absl::Span<const uint64_t> resume_steps);
 
   // The shard's report of its part of the newest checkpoint, shown in
   // ShardStatus().checkpoint().

@@ -989,7 +989,7 @@ TEST(ShardStoreCheckpoint, PushForTheOpenStepIsNotInTheCheckpointAndIsAcceptedAf
       store->CaptureCheckpoint(CheckpointAt(1, 1), absl::Now());
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->chunks(0).marks(0).step(), 0u);
-  ASSERT_TRUE(store->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}).ok());
+  ASSERT_TRUE(store->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}, {}).ok());
   auto again = Send(*store, {0, 1, 0, {2, 2, 2, 2}});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->duplicates, 0u);
@@ -1063,7 +1063,7 @@ TEST(ShardStoreRestore, RestoredAdamStoreContinuesBitForBitLikeOneNeverStopped) 
   ASSERT_EQ(file->chunks(0).optimizer_state_size(), 2);  // both moments
 
   auto restored = AdamStore(0);
-  ASSERT_TRUE(restored->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}).ok());
+  ASSERT_TRUE(restored->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}, {}).ok());
   EXPECT_EQ(Version(*restored, 0), 3u);
   EXPECT_EQ(restored->generation(), 1u);
   for (uint64_t s = 3; s < 6; ++s) {
@@ -1094,7 +1094,7 @@ TEST(ShardStoreRestore, SspPullsAtTheRestoredStepAreServed) {
   ASSERT_TRUE(file.ok()) << file.status();
   Step(*store, 0, 5);
   Step(*store, 1, 5);
-  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}).ok());
+  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {5, 5}).ok());
   EXPECT_TRUE(Readable(*store, 0, 5));
   EXPECT_TRUE(Readable(*store, 1, 5));
   Step(*store, 0, 5);
@@ -1122,12 +1122,33 @@ TEST(ShardStoreRestore, SspHeldGradientIsNotInTheCheckpointAndIsAppliedAfterRest
   EXPECT_EQ(chunk.held_from().at(0), 0u);
   EXPECT_EQ(chunk.held_from().count(1), 0u);
 
-  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}).ok());
+  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {0, 0}).ok());
   ASSERT_TRUE(PullAt(*store, 0, 0).ok());
   auto again = Send(*store, {0, 0, 0, {1, 1, 1, 1}});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->duplicates, 0u);
+  EXPECT_EQ(Values(*store, 0), init);  // held again, until rank 1 reads clock 0
+  ASSERT_TRUE(PullAt(*store, 1, 0).ok());
   EXPECT_NE(Values(*store, 0), init);  // applied
+}
+
+TEST(ShardStoreRestore, SspClocksStartAtTheResumeStepsWhoeverPullsFirst) {
+  // Every shard is told the same resume steps, so the bound holds from the
+  // first pull on, whatever order pulls reach a shard in: rank 0 cannot run
+  // ahead of rank 1 because rank 1 has not pulled yet. (Clocks fixed by
+  // each shard's first pulls made two shards disagree, each waiting on the
+  // other for good.)
+  auto store = MakeStore(SspConfig(2, 1), SmallTensors(1));
+  ASSERT_TRUE(store->Restore(1, 0, {}, {3, 5}).ok());
+  EXPECT_FALSE(Readable(*store, 1, 5));  // rank 0 resumes 2 clocks behind
+  Step(*store, 0, 3);
+  EXPECT_TRUE(Readable(*store, 1, 5));
+  Step(*store, 0, 4);
+  Step(*store, 0, 5);
+  EXPECT_FALSE(Readable(*store, 0, 7));  // rank 1 has applied nothing past 4
+  Step(*store, 1, 5);
+  Step(*store, 1, 6);
+  EXPECT_TRUE(Readable(*store, 0, 7));
 }
 
 TEST(ShardStoreRestore, SspStepsTheCheckpointAlreadyHoldsAdvanceTheClocks) {
@@ -1142,7 +1163,7 @@ TEST(ShardStoreRestore, SspStepsTheCheckpointAlreadyHoldsAdvanceTheClocks) {
   absl::StatusOr<v1::ShardCheckpointFile> file =
       store->CaptureCheckpoint(CheckpointAt(1, 0), absl::Now());
   ASSERT_TRUE(file.ok()) << file.status();
-  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}).ok());
+  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {2, 2}).ok());
   for (uint64_t c = 2; c < 8; ++c) {
     Step(*store, 0, c);
     Step(*store, 1, c);
@@ -1159,12 +1180,12 @@ TEST(ShardStoreRestore, MismatchedStateChangesNothing) {
   const std::vector<float> before = Values(*store, 0);
   std::vector<v1::ChunkState> states(file->chunks().begin(), file->chunks().end());
   states[0].mutable_values()->resize(3 * sizeof(float));
-  absl::Status s = store->Restore(1, 1, states);
+  absl::Status s = store->Restore(1, 1, states, {});
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   states[0] = file->chunks(0);
   states[0].mutable_optimizer_state()->RemoveLast();
-  EXPECT_TRUE(absl::IsInvalidArgument(store->Restore(1, 1, states)));
-  EXPECT_TRUE(absl::IsInvalidArgument(store->Restore(1, 1, {v1::ChunkState()})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Restore(1, 1, states, {})));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Restore(1, 1, {v1::ChunkState()}, {})));
   EXPECT_EQ(Values(*store, 0), before);
   EXPECT_EQ(Version(*store, 0), 2u);
   EXPECT_EQ(store->generation(), 0u);
@@ -1175,7 +1196,7 @@ TEST(ShardStoreRestore, RestoreWithoutACheckpointGoesBackToTheInitialValues) {
   const std::vector<float> init = InitialValues(*store, 0);
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
   ASSERT_NE(Values(*store, 0), init);
-  ASSERT_TRUE(store->Restore(1, 0, {}).ok());
+  ASSERT_TRUE(store->Restore(1, 0, {}, {}).ok());
   EXPECT_EQ(Values(*store, 0), init);
   EXPECT_EQ(Version(*store, 0), 0u);
   // Step 0 is computed again and applied again.
@@ -1187,7 +1208,7 @@ TEST(ShardStoreRestore, RestoreWithoutACheckpointGoesBackToTheInitialValues) {
 
 TEST(ShardStoreRestore, OldGenerationIsAbortedNewerIsUnavailableZeroIsUnchecked) {
   auto store = MakeStore(Config(v1::MODE_SYNC, 1), SmallTensors(1));
-  ASSERT_TRUE(store->Restore(2, 0, {}).ok());
+  ASSERT_TRUE(store->Restore(2, 0, {}, {}).ok());
   ShardStore::GradientPush push;
   push.worker_rank = 0;
   push.incarnation = 1;
@@ -1220,14 +1241,14 @@ TEST(ShardStoreRestore, PullWaitingAcrossARestoreFailsAborted) {
   ShardStore::PullSpec pull;
   pull.min_version = 5;
   pull.generation = 0 + 1;
-  ASSERT_TRUE(store->Restore(1, 0, {}).ok());
+  ASSERT_TRUE(store->Restore(1, 0, {}, {}).ok());
   pull.deadline = absl::Now() + absl::Seconds(30);
   store->PullAsync(pull, [&](absl::StatusOr<std::vector<ShardStore::PulledChunk>> r) {
     status = r.status();
     answered.Notify();
   });
   EXPECT_FALSE(answered.HasBeenNotified());
-  ASSERT_TRUE(store->Restore(2, 0, {}).ok());
+  ASSERT_TRUE(store->Restore(2, 0, {}, {}).ok());
   ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_TRUE(absl::IsAborted(status)) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("rolled back"));
@@ -1235,7 +1256,7 @@ TEST(ShardStoreRestore, PullWaitingAcrossARestoreFailsAborted) {
 
 TEST(ShardStoreRestore, StatusReportsGenerationRestoredCheckpointAndTheCheckpointReport) {
   auto store = MakeStore(Config(v1::MODE_SYNC, 1), SmallTensors(1));
-  ASSERT_TRUE(store->Restore(3, 9, {}).ok());
+  ASSERT_TRUE(store->Restore(3, 9, {}, {}).ok());
   v1::ShardCheckpoint report;
   report.set_id(4);
   report.set_state(v1::CHECKPOINT_STATE_WRITTEN);

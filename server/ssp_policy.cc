@@ -121,10 +121,25 @@ class SspPolicy final : public ChunkPolicy {
     return lowest;
   }
 
-  // Each worker comes back at the step it resumes from: every rank rejoins
-  // (its clock offset fixed at its first pull), so no pull waits for clocks
-  // from before the roll-back.
-  void Restored() override { rejoining_.assign(workers_, true); }
+  // Every rank resumes at its step of the checkpoint, which every shard is
+  // told alike: the clocks start there, without offsets, so all shards agree
+  // on who waits for whom. (Offsets fixed at each shard's first pull would
+  // depend on the order pulls reach that shard; two shards that disagree by
+  // more than the bound each wait on the other.) A rank without a resume
+  // step rejoins at its first pull.
+  void Restored(absl::Span<const uint64_t> resume_steps) override {
+    for (uint32_t r = 0; r < workers_; ++r) {
+      offset_[r] = 0;
+      if (r >= resume_steps.size()) {
+        rejoining_[r] = true;
+        continue;
+      }
+      const int64_t step = static_cast<int64_t>(resume_steps[r]);
+      rejoining_[r] = false;
+      applied_[r] = step;   // clocks 0..step-1 are in the checkpoint
+      read_[r] = step - 1;  // and were computed on what it read before
+    }
+  }
 
  private:
   static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
