@@ -6,7 +6,9 @@
 #      resumes at step S, has nothing left to train, and its final checkpoint
 #      holds chunks bit-identical to C's (the weights and optimizer state were
 #      carried over exactly, through a different placement).
-#   3. A job with 1 server and the full step count starts on the folder: it
+#   3. The same with 1 server, from the 3-server job's checkpoint: it resumes
+#      at step S and its final checkpoint is bit-identical to C's again.
+#   4. A job with 1 server and the full step count starts on the folder: it
 #      resumes at step S (its coordinator says so) and completes.
 set -euo pipefail
 BIN=${1:?usage: e2e_restore_test.sh BIN_DIR}
@@ -52,7 +54,20 @@ final=$("$BIN/grps-checkpoint-diff" --newest "$CKPT")
   || fail "the weights restored into 3 servers differ from the checkpoint"
 echo "3 servers: resumed at step $step; its checkpoint $(basename "$final") is bit-identical"
 
-# 3. One server, resumed and trained to the end.
+# 3. One server, from the 3-server checkpoint, nothing left to train.
+launch single 1 "$step"
+wait_pid "$PID_single" 120
+[ "$EXIT_CODE" = 0 ] || fail "the 1-server job at step $step exited with $EXIT_CODE"
+grep -q "resum.*step $step" "$WORK/single/coordinator.log" \
+  || fail "the 1-server job did not resume at step $step"
+from_three=$final
+final=$("$BIN/grps-checkpoint-diff" --newest "$CKPT")
+[ "$final" != "$from_three" ] || fail "the 1-server job wrote no checkpoint"
+"$BIN/grps-checkpoint-diff" "$newest" "$final" \
+  || fail "the weights restored from 3 servers into 1 differ from the checkpoint"
+echo "3 -> 1 server: resumed at step $step; its checkpoint $(basename "$final") is bit-identical"
+
+# 4. One server, resumed and trained to the end.
 launch one 1 $STEPS
 wait_pid "$PID_one" 200
 [ "$EXIT_CODE" = 0 ] || fail "the 1-server job exited with $EXIT_CODE"
