@@ -8,7 +8,7 @@
 #      carried over exactly, through a different placement).
 #   3. The same with 1 server, from the 3-server job's checkpoint: it resumes
 #      at step S and its final checkpoint is bit-identical to C's again.
-#   4. A job with 1 server and the full step count starts on the folder: it
+#   4. A job with 1 server and --steps=S+200 starts on the folder: it
 #      resumes at step S (its coordinator says so) and completes.
 set -euo pipefail
 BIN=${1:?usage: e2e_restore_test.sh BIN_DIR}
@@ -17,7 +17,10 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
 
 CKPT=$WORK/checkpoints
-STEPS=400
+# The first job is long (it is stopped after its first checkpoint, well
+# before the end, even on a slow machine); the last one trains 200 steps past
+# the checkpoint.
+FIRST_STEPS=20000
 launch() {  # NAME SERVERS STEPS
   local run=$WORK/$1
   start "$1" "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
@@ -28,7 +31,7 @@ launch() {  # NAME SERVERS STEPS
 }
 
 # 1. Two servers, stopped after a checkpoint.
-launch first 2 $STEPS
+launch first 2 $FIRST_STEPS
 for ((i = 0; i < 1200; i++)); do
   id=$(status "$WORK/first" | json 'j.get("last_checkpoint", {}).get("id", 0)' 2>/dev/null || echo 0)
   [ "${id:-0}" -gt 0 ] && break
@@ -68,7 +71,7 @@ final=$("$BIN/grps-checkpoint-diff" --newest "$CKPT")
 echo "3 -> 1 server: resumed at step $step; its checkpoint $(basename "$final") is bit-identical"
 
 # 4. One server, resumed and trained to the end.
-launch one 1 $STEPS
+launch one 1 $((step + 200))
 wait_pid "$PID_one" 200
 [ "$EXIT_CODE" = 0 ] || fail "the 1-server job exited with $EXIT_CODE"
 grep -q "resum.*step $step" "$WORK/one/coordinator.log" \
