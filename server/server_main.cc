@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,8 +27,8 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
@@ -130,16 +131,20 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadRestore(const v1::RestoreOrder& 
 
 // Takes the checkpoints the coordinator asks for, one at a time, on a
 // thread of its own: capture (which may wait for a sync step boundary), then
-// write the shard's file. The outcome is reported through the store's
-// ShardStatus. Thread-safe.
+// write the shard's file. The heartbeat thread only arms a request and hands
+// it over, never waiting for a write: an fsync that takes seconds on a busy
+// disk must not stop the heartbeats, or the coordinator would take the shard
+// for dead. The outcome is reported through the store's ShardStatus, the
+// newest request's only. Thread-safe.
 class Checkpointer {
  public:
-  explicit Checkpointer(ShardStore* store) : store_(store) {}
+  explicit Checkpointer(ShardStore* store)
+      : store_(store), thread_([this] { Loop(); }) {}
   ~Checkpointer() { Join(); }
 
   // Starts checkpoint `request` unless it is the one last started. One still
   // being taken (waiting for its version) is superseded: the coordinator
-  // has given up on it.
+  // has given up on it. One still being written finishes first.
   void MaybeStart(const v1::CheckpointRequest& request) {
     if (request.id() == 0 || (request.id() == last_id_ &&
                               request.coordinator_incarnation() == last_incarnation_))
@@ -152,28 +157,55 @@ class Checkpointer {
     report.set_coordinator_incarnation(request.coordinator_incarnation());
     // Armed now, on the heartbeat thread, so that a sync cut a few steps
     // ahead is not missed; collected and written on the checkpoint thread.
-    // Arming supersedes the capture in progress, whose thread then ends.
+    // Arming supersedes the capture in progress, whose Take then ends.
     absl::Status armed = store_->ArmCheckpoint(request);
-    Join();
-    if (absl::Status s = armed; !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t seq = ++latest_;
+    if (!armed.ok()) {
       report.set_state(v1::CHECKPOINT_STATE_FAILED);
-      report.set_error(std::string(s.message()));
+      report.set_error(std::string(armed.message()));
       spdlog::warn("checkpoint {}: shard {} failed: {}", request.id(), store_->shard(),
                    report.error());
       store_->SetCheckpointReport(report);
+      pending_.reset();
       return;
     }
     report.set_state(v1::CHECKPOINT_STATE_PENDING);
     store_->SetCheckpointReport(report);
-    thread_ = std::thread([this, request] { Take(request); });
+    pending_ = Pending{request, seq};
   }
 
+  // Takes the request handed over last, if any, and ends the thread.
   void Join() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
     if (thread_.joinable()) thread_.join();
   }
 
  private:
-  void Take(const v1::CheckpointRequest& request) {
+  struct Pending {
+    v1::CheckpointRequest request;
+    uint64_t seq = 0;
+  };
+
+  void Loop() {
+    while (true) {
+      Pending next;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Checkpointer* c) { return c->pending_.has_value() || c->stopping_; }, this));
+        if (!pending_.has_value()) return;  // stopping, nothing left
+        next = std::move(*pending_);
+        pending_.reset();
+      }
+      Take(next.request, next.seq);
+    }
+  }
+
+  void Take(const v1::CheckpointRequest& request, uint64_t seq) {
     const absl::Time start = absl::Now();
     v1::ShardCheckpoint report;
     report.set_id(request.id());
@@ -204,10 +236,9 @@ class Checkpointer {
       spdlog::warn("checkpoint {}: shard {} failed: {}", request.id(), store_->shard(),
                    report.error());
     }
-    // A superseded capture leaves the report to the newer checkpoint.
-    if (!absl::IsAborted(written.status()) ||
-        !absl::StrContains(written.status().message(), "superseded"))
-      store_->SetCheckpointReport(report);
+    // A superseded checkpoint leaves the report to the newer one.
+    absl::MutexLock lock(&mu_);
+    if (seq == latest_) store_->SetCheckpointReport(report);
   }
 
   ShardStore* const store_;
@@ -215,7 +246,11 @@ class Checkpointer {
   // the heartbeat thread only.
   uint64_t last_id_ = 0;
   uint64_t last_incarnation_ = 0;
-  std::thread thread_;
+  absl::Mutex mu_;
+  uint64_t latest_ ABSL_GUARDED_BY(mu_) = 0;  // the newest request's number
+  std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once the members above exist
 };
 
 int Run() {
