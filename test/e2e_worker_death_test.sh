@@ -137,9 +137,12 @@ run_mode ssp --staleness=2
 
 # Sync: a worker stopped past the timeout is declared dead; resumed, it
 # rejoins (its late gradient is folded and counted) and finishes.
+# (2400 steps, ~10 s: long enough that the stop lands mid-job even when this
+# script's polling lags on a loaded machine; a worker that had finished would
+# never be declared dead.)
 run=$WORK/run-stop
 start local-stop "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
-  --mode=sync --servers=2 --workers=3 --steps=600 --batch=32 --train_limit=6000 \
+  --mode=sync --servers=2 --workers=3 --steps=2400 --batch=32 --train_limit=6000 \
   --test_limit=1000 --hidden=64 --eval_every=300 --backend=cpu \
   --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200
 wait_until_step "$run" 100 90
