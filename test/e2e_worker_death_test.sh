@@ -35,14 +35,18 @@ wait_until_step() {
 }
 
 # measure_stall RUN_DIR: watches the global step for the heartbeat timeout
-# plus 1.5 s and prints the longest time (ms) it stood still. Status figures
-# reach the coordinator in heartbeats, so a gap is measured to within about
-# one heartbeat interval.
+# plus 1.5 s and prints the longest time (ms) it stood still while training
+# went on (a job that has trained all its steps stands still by right: the
+# watch ends there). Status figures reach the coordinator in heartbeats, so a
+# gap is measured to within about one heartbeat interval.
 measure_stall() {
-  local start last_change last_step step now longest=0
+  local start last_change last_step step now longest=0 line
   start=$(now_ms); last_change=$start; last_step=$(global_step "$1")
   while now=$(now_ms); [ $((now - start)) -lt $((TIMEOUT_MS + 1500)) ]; do
-    step=$(global_step "$1")
+    line=$(status "$1" | json '"%d %d" % (int(j.get("global_step", 0)), int(j["state"] == "JOB_STATE_RUNNING" and not any(w["state"] == "MEMBER_STATE_FINISHED" for w in j["workers"])))' \
+      2>/dev/null || echo "-1 1")
+    step=${line% *}
+    [ "${line#* }" = 1 ] || { now=$last_change; break; }  # training is over
     if [ "$step" != "$last_step" ]; then
       [ $((now - last_change)) -gt "$longest" ] && longest=$((now - last_change))
       last_change=$now; last_step=$step
