@@ -10,7 +10,6 @@
 
 #include <cstring>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -36,19 +35,9 @@ constexpr int kBatch = 8;  // per worker
 constexpr int kWorkers = 2;
 constexpr int kSteps = 20;
 
-struct Data {
-  std::vector<float> x;
-  std::vector<int32_t> y;
-};
+using Data = Examples;
 
-Data MakeData(int n) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> g(0, 1);
-  Data d;
-  for (int i = 0; i < n * kFeatures; ++i) d.x.push_back(g(rng));
-  for (int i = 0; i < n; ++i) d.y.push_back(rng() % kClasses);
-  return d;
-}
+Data MakeData(int n) { return RandomExamples(n, kFeatures, kClasses, 7); }
 
 v1::JobConfig Config(uint32_t workers, uint32_t servers) {
   v1::JobConfig c = DefaultJobConfig();

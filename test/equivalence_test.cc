@@ -7,7 +7,6 @@
 // worker's own MlpModel and ParameterClient.
 #include <cmath>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -31,19 +30,9 @@ constexpr int kClasses = 4;
 constexpr int kBatch = 8;   // B
 constexpr int kSteps = 6;   // k
 
-struct Data {
-  std::vector<float> x;
-  std::vector<int32_t> y;
-};
+using Data = Examples;
 
-Data MakeData(int n) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> g(0, 1);
-  Data d;
-  for (int i = 0; i < n * kFeatures; ++i) d.x.push_back(g(rng));
-  for (int i = 0; i < n; ++i) d.y.push_back(rng() % kClasses);
-  return d;
-}
+Data MakeData(int n) { return RandomExamples(n, kFeatures, kClasses, 5); }
 
 v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer,
                      v1::ConsistencyMode mode) {

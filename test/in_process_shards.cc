@@ -1,6 +1,7 @@
 #include "test/in_process_shards.h"
 
 #include <chrono>
+#include <random>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,15 @@ InProcessShards::InProcessShards(const v1::JobConfig& config, v1::ShardMap* map)
 InProcessShards::~InProcessShards() {
   for (auto& store : stores_) store->Shutdown();
   for (auto& server : servers_) server->Shutdown(std::chrono::system_clock::now());
+}
+
+Examples RandomExamples(int n, int features, int classes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0, 1);
+  Examples d;
+  for (int i = 0; i < n * features; ++i) d.x.push_back(g(rng));
+  for (int i = 0; i < n; ++i) d.y.push_back(rng() % classes);
+  return d;
 }
 
 }  // namespace grps

@@ -9,6 +9,7 @@
 #define GRPS_TEST_IN_PROCESS_SHARDS_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,14 @@ class InProcessShards {
   std::vector<std::unique_ptr<ParameterServerService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
 };
+
+// `n` random examples of `features` standard-normal inputs and a label in
+// [0, classes), drawn from a generator seeded with `seed` (row-major x).
+struct Examples {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+Examples RandomExamples(int n, int features, int classes, uint32_t seed);
 
 }  // namespace grps
 
