@@ -29,12 +29,13 @@ start watch "$BIN/grpsctl" --coordinator="$COORD" --json --interval_ms=200 watch
 
 # While it runs: grpsctl status agrees with the job. Workers report their
 # progress in heartbeats (every 200 ms, ~80 steps here), so the snapshot is
-# taken once both have reported a step of training.
+# taken once both have reported a step of training and neither has finished.
 live=0
 for ((i = 0; i < 600; i++)); do
   if "$BIN/grpsctl" --coordinator="$COORD" --json status >"$WORK/status.json" 2>/dev/null; then
     step=$(json 'int(j.get("global_step", 0))' <"$WORK/status.json")
-    reported=$(json 'min([int(w.get("progress", {}).get("step", 0)) for w in j["workers"]] or [0])' \
+    # 0 once a worker has finished: the job is no longer mid-run.
+    reported=$(json 'min([int(w.get("progress", {}).get("step", 0)) if w["state"] == "MEMBER_STATE_ALIVE" else 0 for w in j["workers"]] or [0])' \
       <"$WORK/status.json")
     if [ "$step" -ge 20 ] && [ "$reported" -gt 0 ] && [ "$step" -lt $((STEPS - 20)) ]; then
       live=1; break
