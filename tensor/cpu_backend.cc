@@ -40,6 +40,12 @@ double SumInDouble(const float* x, size_t n, Term term) {
 
 }  // namespace
 
+void SetCpuBlasThreads(int threads) {
+  openblas_set_num_threads(std::max(1, threads));
+}
+
+int CpuBlasThreads() { return openblas_get_num_threads(); }
+
 std::string CpuBackend::Name() const {
   return absl::StrCat("cpu (OpenBLAS, ", openblas_get_num_threads(),
                       " threads)");

@@ -64,6 +64,13 @@ class CpuBackend : public Backend {
                      float* accum, size_t n) override;
 };
 
+// OpenBLAS's thread pool is one per process, shared by every CpuBackend.
+// SetCpuBlasThreads sizes it (at least 1); call it before the first Gemm
+// when several processes or threads share the cores, so that they do not
+// oversubscribe them.
+void SetCpuBlasThreads(int threads);
+int CpuBlasThreads();
+
 }  // namespace grps
 
 #endif  // GRPS_TENSOR_CPU_BACKEND_H_

@@ -1,0 +1,294 @@
+// grps_wire_bench: a push and then a pull of a dense model of 1, 16, 64 and
+// 256 MiB through 1 and 2 shards, beside two yardsticks measured in the same
+// run on the same loopback:
+//   - bare gRPC: the same bytes as one ByteBuffer each way (the request from
+//     slices over a stored array, the reply from slices over another), on
+//     one channel, each copied once out of the received slices and nothing
+//     decoded or applied: what gRPC itself costs;
+//   - loopback TCP (Boost.Asio): the same bytes written and read back on one
+//     connection: what the kernel's loopback costs.
+// The grps figure is the real path: ParameterClient (wire/ codec, requests
+// of at most 4 MiB over two channels per shard) to ShardStores behind their
+// gRPC servers in this process, in async mode, so each push is validated and
+// applied (SGD) on arrival and each pull is served at once. Each figure is
+// the best of --reps (after one warm-up); the table ends with grps's ratio
+// to bare gRPC.
+//
+//   grps_wire_bench                   # 1, 16, 64, 256 MiB
+//   grps_wire_bench --mib=64 --reps=5
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "boost/asio.hpp"
+#include "daemon/daemon.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "proto/grps.grpc.pb.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_store.h"
+#include "worker/parameter_client.h"
+
+ABSL_FLAG(std::string, mib, "1,16,64,256", "model sizes in MiB");
+ABSL_FLAG(int, reps, 3, "timed repetitions per figure (best is shown)");
+
+namespace grps {
+namespace {
+
+using Clock = std::function<void()>;
+
+// Best wall time of `reps` runs of `f`, after one warm-up, in ms.
+double BestMs(int reps, const Clock& f) {
+  f();
+  double best = 1e300;
+  for (int i = 0; i < reps; ++i) {
+    const absl::Time t = absl::Now();
+    f();
+    best = std::min(best, absl::ToDoubleMilliseconds(absl::Now() - t));
+  }
+  return best;
+}
+
+// ---- Yardstick: bare gRPC ByteBuffers ----
+
+// Copies a message's bytes into `out` (grown as needed), once.
+void CopyOut(const grpc::ByteBuffer& message, std::vector<char>* out) {
+  std::vector<grpc::Slice> slices;
+  if (!message.Valid() || !message.Dump(&slices).ok()) return;
+  size_t at = 0;
+  for (const grpc::Slice& s : slices) {
+    if (out->size() < at + s.size()) out->resize(at + s.size());
+    std::memcpy(out->data() + at, s.begin(), s.size());
+    at += s.size();
+  }
+}
+
+// A valid message of no bytes (a default ByteBuffer is not one).
+grpc::ByteBuffer Empty() {
+  grpc::Slice none;
+  return grpc::ByteBuffer(&none, 1);
+}
+
+// Push copies what arrived once into a reused array and answers nothing;
+// Pull answers with slices over an array built once. No protobuf, no
+// store: the least a receiver must do is take the bytes out once.
+class BareService final
+    : public v1::ParameterServer::WithRawCallbackMethod_Push<
+          v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::Service>> {
+ public:
+  explicit BareService(size_t bytes) : stored_(bytes, 'v'), received_(bytes) {}
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override {
+    CopyOut(*request, &received_);
+    *response = Empty();
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override {
+    grpc::Slice slice(stored_.data(), stored_.size(), grpc::Slice::STATIC_SLICE);
+    *response = grpc::ByteBuffer(&slice, 1);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  const std::string stored_;
+  std::vector<char> received_;  // one push at a time in this benchmark
+};
+
+double BareGrpcMs(size_t bytes, int reps) {
+  BareService service(bytes);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  const std::string grads(bytes, 'g');
+  std::vector<char> params(bytes);
+  auto call = [&](const char* method, const grpc::ByteBuffer& request) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer reply;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
+                   [&](grpc::Status s) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     done = true;
+                     cv.notify_one();
+                   });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    CopyOut(reply, &params);
+  };
+  const double ms = BestMs(reps, [&] {
+    grpc::Slice slice(grads.data(), grads.size(), grpc::Slice::STATIC_SLICE);
+    call("/grps.v1.ParameterServer/Push", grpc::ByteBuffer(&slice, 1));
+    call("/grps.v1.ParameterServer/Pull", Empty());
+  });
+  server->Shutdown(std::chrono::system_clock::now());
+  return ms;
+}
+
+// ---- Yardstick: loopback TCP ----
+
+double TcpMs(size_t bytes, int reps) {
+  namespace asio = boost::asio;
+  using asio::ip::tcp;
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  std::vector<char> server_buf(bytes), client_out(bytes, 'g'), client_in(bytes);
+  const int rounds = reps + 1;
+  std::thread echo([&] {
+    tcp::socket s(io);
+    acceptor.accept(s);
+    s.set_option(tcp::no_delay(true));
+    for (int i = 0; i < rounds; ++i) {
+      asio::read(s, asio::buffer(server_buf));
+      asio::write(s, asio::buffer(server_buf));
+    }
+  });
+  tcp::socket c(io);
+  c.connect(acceptor.local_endpoint());
+  c.set_option(tcp::no_delay(true));
+  const double ms = BestMs(reps, [&] {
+    asio::write(c, asio::buffer(client_out));
+    asio::read(c, asio::buffer(client_in));
+  });
+  echo.join();
+  return ms;
+}
+
+// ---- grps: ParameterClient to ShardStores over gRPC ----
+
+double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("wire-bench");
+  config.set_mode(v1::MODE_ASYNC);
+  config.set_num_servers(shards);
+  config.set_num_workers(1);
+  v1::TensorSpec tensor;
+  tensor.set_name("w");
+  tensor.add_shape(static_cast<int64_t>(bytes / sizeof(float)));
+  tensor.set_initializer("zeros");
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap({tensor}, shards, config.chunk_bytes());
+  if (!map.ok()) {
+    *error = std::string(map.status().message());
+    return 0;
+  }
+  std::vector<std::unique_ptr<ShardStore>> stores;
+  std::vector<std::unique_ptr<ParameterServerService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  for (uint32_t s = 0; s < shards; ++s) {
+    ShardStore::Options o;
+    o.config = config;
+    o.shard_map = *map;
+    o.shard = s;
+    o.incarnation = 1;
+    absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
+    if (!store.ok()) {
+      *error = std::string(store.status().message());
+      return 0;
+    }
+    stores.push_back(std::move(*store));
+    services.push_back(std::make_unique<ParameterServerService>(stores.back().get()));
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {services.back().get()});
+    if (!server.ok()) {
+      *error = std::string(server.status().message());
+      return 0;
+    }
+    map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
+    servers.push_back(std::move(server->server));
+  }
+  // Live worker 0, so the shards accept its pushes.
+  const std::vector<uint32_t> ranks = {0};
+  const std::vector<uint64_t> incarnations = {1};
+  for (auto& store : stores) store->SetLiveWorkers(ranks, incarnations);
+  ParameterClient client(config, *map, 0, 1);
+  std::vector<float> grads(bytes / sizeof(float), 1e-3f), params(grads.size());
+  uint64_t step = 0;
+  absl::Status failed;
+  const double ms = BestMs(reps, [&] {
+    absl::StatusOr<ParameterClient::PushOutcome> pushed =
+        client.Push(step, grads.data(), 1, absl::Seconds(30));
+    absl::Status pulled = client.Pull(++step, absl::Seconds(30), params.data());
+    if (failed.ok() && !pushed.ok()) failed = pushed.status();
+    if (failed.ok() && !pulled.ok()) failed = pulled;
+  });
+  for (auto& store : stores) store->Shutdown();
+  for (auto& server : servers) server->Shutdown(std::chrono::system_clock::now());
+  if (!failed.ok()) *error = std::string(failed.message());
+  return ms;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<size_t> sizes;
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_mib), ',', absl::SkipEmpty())) {
+    size_t mib;
+    if (!absl::SimpleAtoi(m, &mib) || mib == 0) {
+      std::fprintf(stderr, "--mib: bad size '%s'\n", std::string(m).c_str());
+      return 2;
+    }
+    sizes.push_back(mib);
+  }
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  std::printf("grps_wire_bench: push + pull, best of %d, ms (%d cores, loopback)\n\n", reps,
+              UsableCores());
+  std::printf("%8s %10s %10s %10s %10s %12s %12s\n", "MiB", "tcp", "bare grpc", "grps 1s",
+              "grps 2s", "1s / bare", "2s / bare");
+  bool ok = true;
+  for (size_t mib : sizes) {
+    const size_t bytes = mib << 20;
+    const double tcp = TcpMs(bytes, reps);
+    const double bare = BareGrpcMs(bytes, reps);
+    std::string e1, e2;
+    const double one = GrpsMs(bytes, 1, reps, &e1);
+    const double two = GrpsMs(bytes, 2, reps, &e2);
+    if (!e1.empty() || !e2.empty()) {
+      ok = false;
+      std::printf("%8zu failed: %s\n", mib, (e1.empty() ? e2 : e1).c_str());
+      continue;
+    }
+    std::printf("%8zu %10.1f %10.1f %10.1f %10.1f %12.2f %12.2f\n", mib, tcp, bare, one, two,
+                one / bare, two / bare);
+    std::fflush(stdout);
+  }
+  std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
+              "tcp: the same bytes written and read back on one loopback connection.\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace grps
+
+int main(int argc, char** argv) { return grps::Main(argc, argv); }
