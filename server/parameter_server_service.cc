@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "tensor/dtype.h"
+#include "wire/chunk_codec.h"
 
 namespace grps {
 namespace {
@@ -48,26 +49,6 @@ absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
         "chunk ", chunk_id, " is held by shard ", spec.shard(), ", not shard ",
         store.shard()));
   return &spec;
-}
-
-// A wire dtype; UNSPECIFIED means f32 only where `default_f32`.
-absl::StatusOr<DType> CheckDType(int wire, bool default_f32,
-                                 absl::string_view what) {
-  switch (wire) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    case v1::DTYPE_UNSPECIFIED:
-      if (default_f32) return DType::kF32;
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": dtype is unspecified (use f32, f16 or bf16)"));
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": unknown dtype ", wire, " (use f32, f16 or bf16)"));
-  }
 }
 
 // Index of the first NaN or infinity in `values`, or -1. Looks at the
@@ -126,7 +107,7 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     if (!seen.insert(chunk.chunk_id()).second)
       return absl::InvalidArgumentError(
           absl::StrCat(what, " appears twice in one push"));
-    absl::StatusOr<DType> dtype = CheckDType(chunk.dtype(), false, what);
+    absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype(), false, what);
     if (!dtype.ok()) return dtype.status();
     const uint64_t n = (*spec)->num_elements();
     const uint64_t expected = n * DTypeSize(*dtype);
@@ -220,7 +201,7 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
   if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok())
     return s;
-  absl::StatusOr<DType> dtype = CheckDType(request.dtype(), true, "pull");
+  absl::StatusOr<DType> dtype = DTypeFromWire(request.dtype(), true, "pull");
   if (!dtype.ok()) return dtype.status();
   ShardStore::PullSpec spec;
   spec.worker_rank = request.worker_rank();
@@ -252,21 +233,32 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
 }  // namespace
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
-    grpc::CallbackServerContext* context, const v1::PullRequest* request,
-    v1::PullResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   ShardStore* store = store_.load();
   if (store == nullptr) {
     reactor->Finish(ToGrpc(NotReady()));
     return reactor;
   }
-  absl::StatusOr<ShardStore::PullSpec> spec = DecodePull(
-      *store, *request, PullDeadline(*context, request->timeout_ms()));
+  v1::PullRequest request;
+  {
+    grpc::ByteBuffer copy(*request_bytes);  // shares the slices
+    grpc::Status parsed =
+        grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &request);
+    if (!parsed.ok()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "pull request is not a PullRequest"));
+      return reactor;
+    }
+  }
+  absl::StatusOr<ShardStore::PullSpec> spec =
+      DecodePull(*store, request, PullDeadline(*context, request.timeout_ms()));
   if (!spec.ok()) {
     reactor->Finish(ToGrpc(spec.status()));
     return reactor;
   }
-  const v1::DType wire = static_cast<v1::DType>(spec->dtype);
+  const v1::DType wire = DTypeToWire(spec->dtype);
   // The reactor and the response live until Finish; the store calls back
   // exactly once.
   store->PullAsync(
@@ -277,13 +269,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
           reactor->Finish(ToGrpc(pulled.status()));
           return;
         }
-        for (ShardStore::PulledChunk& p : *pulled) {
-          v1::ChunkData* out = response->add_chunks();
-          out->set_chunk_id(p.chunk_id);
-          out->set_dtype(wire);
-          out->set_version(p.version);
-          out->set_data(std::move(p.data));
+        std::vector<WireChunk> chunks(pulled->size());
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          chunks[i].chunk_id = (*pulled)[i].chunk_id;
+          chunks[i].version = (*pulled)[i].version;
+          chunks[i].owned = std::move((*pulled)[i].data);
         }
+        *response = EncodePullResponse(wire, std::move(chunks));
         reactor->Finish(grpc::Status::OK);
       });
   return reactor;

@@ -19,7 +19,9 @@
 //
 // Pull uses gRPC's callback API: a pull that has to wait is a waiter in the
 // store, not a gRPC thread parked on a condition variable, so any number of
-// waiting pulls costs no threads.
+// waiting pulls costs no threads. Its reply is built by wire/chunk_codec.h
+// over the values the store read (no copy into a protobuf field; the bytes
+// are PullResponse's all the same).
 //
 // Thread safety: gRPC calls the handlers from many threads at once; the
 // service keeps no mutable state besides the attached store pointer.
@@ -35,7 +37,7 @@
 namespace grps {
 
 class ParameterServerService final
-    : public v1::ParameterServer::WithCallbackMethod_Pull<
+    : public v1::ParameterServer::WithRawCallbackMethod_Pull<
           v1::ParameterServer::Service> {
  public:
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
@@ -56,9 +58,10 @@ class ParameterServerService final
   grpc::Status Push(grpc::ServerContext* context,
                     const v1::PushRequest* request,
                     v1::PushResponse* response) override;
+  // A PullRequest in, a PullResponse out, as raw bytes.
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
-                                 const v1::PullRequest* request,
-                                 v1::PullResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::Status PushSparse(grpc::ServerContext* context,
                           const v1::SparsePushRequest* request,
                           v1::SparsePushResponse* response) override;

@@ -2,34 +2,26 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
-#include <future>
-#include <thread>
+#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "job/shard_map.h"
 #include "tensor/dtype.h"
+#include "wire/chunk_codec.h"
 
 namespace grps {
 namespace {
 
-DType WireDType(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_F16: return DType::kF16;
-    case v1::DTYPE_BF16: return DType::kBF16;
-    default: return DType::kF32;
-  }
-}
+constexpr char kPushMethod[] = "/grps.v1.ParameterServer/Push";
+constexpr char kPullMethod[] = "/grps.v1.ParameterServer/Pull";
 
-// Waits on every future and returns the first error.
-absl::Status JoinAll(std::vector<std::future<absl::Status>>& futures) {
-  absl::Status first;
-  for (auto& f : futures) {
-    absl::Status s = f.get();
-    if (first.ok() && !s.ok()) first = s;
-  }
-  return first;
+// f32 when the job leaves the wire dtype unspecified.
+v1::DType JobWireDType(const v1::JobConfig& config) {
+  return config.wire_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : config.wire_dtype();
 }
 
 bool SameChunk(const v1::ChunkSpec& a, const v1::ChunkSpec& b) {
@@ -58,6 +50,36 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
 
 }  // namespace
 
+// One call of an operation: a request to one shard, its reply, its status.
+struct ParameterClient::Call {
+  const Part* part = nullptr;
+  std::unique_ptr<grpc::ClientContext> context;  // fresh for every attempt
+  std::shared_ptr<grpc::GenericStub> stub;       // alive while the call is
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer reply;
+  absl::Status status;
+};
+
+// What a ticket names: every call of one push or pull. The waiter frees it
+// once `outstanding` is 0, possibly while the callback that set it is still
+// unlocking `mu`: std::mutex and std::condition_variable allow that (the
+// pattern of gRPC's callback examples), so they are used here.
+struct ParameterClient::Operation {
+  bool push = false;
+  float* host_params = nullptr;  // pull: where the values go
+  absl::Time deadline;           // pull: of every attempt
+  std::vector<Call> calls;       // a call's status is guarded by mu
+  std::mutex mu;
+  std::condition_variable done;
+  int outstanding = 0;   // guarded by mu
+  PushOutcome outcome;   // guarded by mu
+
+  void AwaitCalls() {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [this] { return outstanding == 0; });
+  }
+};
+
 ParameterClient::ParameterClient(const v1::JobConfig& config,
                                  const v1::ShardMap& map, uint32_t rank,
                                  uint64_t incarnation)
@@ -70,17 +92,46 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
   for (const v1::ChunkSpec& c : layout_.chunks())
     chunk_offset_.push_back(tensor_offset[c.tensor_index()] + c.offset());
   chunk_version_.assign(layout_.chunks_size(), 0);
-  shard_chunks_.resize(layout_.shards_size());
+  // Each shard's chunks, in runs of at most kMaxRequestBytes of f32 (the
+  // widest wire dtype), dealt over the shard's channels in turn.
+  std::vector<std::vector<uint32_t>> shard_chunks(layout_.shards_size());
   for (const v1::ChunkSpec& c : layout_.chunks())
-    shard_chunks_[c.shard()].push_back(c.chunk_id());
+    shard_chunks[c.shard()].push_back(c.chunk_id());
+  for (size_t shard = 0; shard < shard_chunks.size(); ++shard) {
+    int next_channel = 0;
+    size_t bytes = 0;
+    for (uint32_t id : shard_chunks[shard]) {
+      const size_t chunk_bytes = layout_.chunks(id).num_elements() * sizeof(float);
+      if (parts_.empty() || parts_.back().shard != shard ||
+          bytes + chunk_bytes > kMaxRequestBytes) {
+        parts_.push_back(Part{shard, next_channel, {}});
+        next_channel = (next_channel + 1) % kChannelsPerShard;
+        bytes = 0;
+      }
+      parts_.back().chunk_ids.push_back(id);
+      bytes += chunk_bytes;
+    }
+  }
   absl::MutexLock lock(&mu_);
   endpoints_.resize(layout_.shards_size());
   stubs_.resize(layout_.shards_size());
-  for (const v1::ShardEndpoint& e : layout_.shards()) {
-    endpoints_[e.shard()] = e;
-    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
-  }
+  for (const v1::ShardEndpoint& e : layout_.shards()) ConnectShard(e);
   epoch_ = layout_.epoch();
+}
+
+ParameterClient::~ParameterClient() {
+  // The calls of tickets nobody waited for still point at this client.
+  absl::MutexLock lock(&ops_mu_);
+  for (auto& [ticket, op] : ops_) op->AwaitCalls();
+}
+
+void ParameterClient::ConnectShard(const v1::ShardEndpoint& e) {
+  // Fresh channels also for the same address: the old ones may sit in
+  // gRPC's reconnect backoff after the shard's process died.
+  endpoints_[e.shard()] = e;
+  stubs_[e.shard()].clear();
+  for (int c = 0; c < kChannelsPerShard; ++c)
+    stubs_[e.shard()].push_back(std::make_shared<grpc::GenericStub>(MakeChannel(e.address())));
 }
 
 absl::Status ParameterClient::CheckCompatible(const v1::ShardMap& map) const {
@@ -122,13 +173,9 @@ absl::Status ParameterClient::UpdateShardMap(const v1::ShardMap& map) {
   if (absl::Status s = CheckCompatible(map); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   for (const v1::ShardEndpoint& e : map.shards()) {
-    v1::ShardEndpoint& known = endpoints_[e.shard()];
-    if (known.address() == e.address() && known.incarnation() == e.incarnation())
-      continue;
-    // A fresh channel also for the same address: the old one may sit in
-    // gRPC's reconnect backoff after the shard's process died.
-    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
-    known = e;
+    const v1::ShardEndpoint& known = endpoints_[e.shard()];
+    if (known.address() != e.address() || known.incarnation() != e.incarnation())
+      ConnectShard(e);
   }
   epoch_ = map.epoch();
   return absl::OkStatus();
@@ -139,10 +186,9 @@ uint64_t ParameterClient::map_epoch() const {
   return epoch_;
 }
 
-std::shared_ptr<v1::ParameterServer::Stub> ParameterClient::StubOf(
-    size_t shard) const {
+std::shared_ptr<grpc::GenericStub> ParameterClient::StubOf(const Part& part) const {
   absl::MutexLock lock(&mu_);
-  return stubs_[shard];
+  return stubs_[part.shard][part.channel];
 }
 
 uint64_t ParameterClient::min_pulled_version() const {
@@ -151,62 +197,208 @@ uint64_t ParameterClient::min_pulled_version() const {
              : *std::min_element(chunk_version_.begin(), chunk_version_.end());
 }
 
-absl::Status ParameterClient::Pull(uint64_t clock, absl::Duration timeout,
-                                   float* host_params) {
-  std::vector<std::future<absl::Status>> futures;
-  for (size_t s = 0; s < shard_chunks_.size(); ++s)
-    futures.push_back(std::async(std::launch::async, [=] {
-      return PullShard(s, clock, timeout, host_params);
-    }));
-  return JoinAll(futures);
+ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op) {
+  Operation* raw = op.get();
+  Ticket ticket;
+  {
+    absl::MutexLock lock(&ops_mu_);
+    ticket = next_ticket_++;
+    ops_.emplace(ticket, std::move(op));
+  }
+  {
+    std::lock_guard<std::mutex> lock(raw->mu);
+    raw->outstanding = static_cast<int>(raw->calls.size());
+  }
+  for (size_t i = 0; i < raw->calls.size(); ++i) StartCall(raw, i);
+  return ticket;
 }
 
-absl::Status ParameterClient::PullShard(size_t shard, uint64_t clock,
-                                        absl::Duration timeout,
-                                        float* host_params) {
-  const std::vector<uint32_t>& own = shard_chunks_[shard];
-  if (own.empty()) return absl::OkStatus();
-  v1::PullRequest req;
-  req.set_job_id(config_.job_id());
-  req.set_worker_rank(rank_);
-  req.set_clock(clock);
-  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
-  req.set_dtype(config_.wire_dtype());
-  req.set_generation(generation_.load());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
-  v1::PullResponse resp;
-  grpc::Status st = StubOf(shard)->Pull(&ctx, req, &resp);
-  if (!st.ok())
-    return absl::Status(ToAbsl(st).code(),
-                        absl::StrCat("pull from shard ", shard, ": ", st.error_message()));
+void ParameterClient::StartCall(Operation* op, size_t index) {
+  Call& call = op->calls[index];
+  call.context = std::make_unique<grpc::ClientContext>();
+  call.context->set_deadline(absl::ToChronoTime(
+      op->push ? absl::Now() + absl::Seconds(30) : op->deadline));
+  // Each attempt asks for the stub again: a map update since the last
+  // attempt sends this one to the shard's new endpoint.
+  call.stub = StubOf(*call.part);
+  call.reply.Clear();
+  call.stub->UnaryCall(call.context.get(), op->push ? kPushMethod : kPullMethod,
+                       grpc::StubOptions(), &call.request, &call.reply,
+                       [this, op, index](grpc::Status status) {
+                         OnCallDone(op, index, std::move(status));
+                       });
+}
+
+void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status status) {
+  Call& call = op->calls[index];
+  const size_t shard = call.part->shard;
+  absl::Status result = ToAbsl(status);
+  PushOutcome outcome;
+  if (result.ok() && op->push) {
+    v1::PushResponse reply;
+    grpc::Status parsed =
+        grpc::SerializationTraits<v1::PushResponse>::Deserialize(&call.reply, &reply);
+    if (!parsed.ok()) result = absl::DataLossError("unreadable push reply");
+    outcome.late = reply.late();
+    outcome.too_stale = reply.too_stale();
+  } else if (result.ok()) {
+    result = DecodePull(*call.part, call.reply, op->host_params);
+  }
+  if (!result.ok())
+    result = absl::Status(result.code(),
+                          absl::StrCat(op->push ? "push to shard " : "pull from shard ",
+                                       shard, ": ", result.message()));
+  if (result.ok() && op->push) {
+    uint64_t bytes = 0;
+    for (uint32_t id : call.part->chunk_ids)
+      bytes += layout_.chunks(id).num_elements() *
+               DTypeSize(*DTypeFromWire(JobWireDType(config_), true, "push"));
+    bytes_pushed_ += bytes;
+  }
+  std::lock_guard<std::mutex> lock(op->mu);
+  call.status = std::move(result);
+  op->outcome.late += outcome.late;
+  op->outcome.too_stale += outcome.too_stale;
+  if (--op->outstanding == 0) op->done.notify_all();
+}
+
+absl::Status ParameterClient::DecodePull(const Part& part, const grpc::ByteBuffer& reply,
+                                         float* host_params) {
+  thread_local std::string scratch;  // for f16 / bf16 payloads, reused
   std::vector<bool> seen(layout_.chunks_size(), false);
   uint64_t bytes = 0;
-  for (const v1::ChunkData& c : resp.chunks()) {
-    if (c.chunk_id() >= static_cast<uint32_t>(layout_.chunks_size()) ||
-        layout_.chunks(c.chunk_id()).shard() != shard || seen[c.chunk_id()])
-      return absl::DataLossError(
-          absl::StrCat("shard ", shard, " returned unexpected chunk ", c.chunk_id()));
-    seen[c.chunk_id()] = true;
-    const uint64_t n = layout_.chunks(c.chunk_id()).num_elements();
-    if (c.dtype() != v1::DTYPE_F32 && c.dtype() != v1::DTYPE_F16 &&
-        c.dtype() != v1::DTYPE_BF16)
-      return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id(), ": bad dtype"));
-    const DType d = WireDType(c.dtype());
-    if (c.data().size() != n * DTypeSize(d))
-      return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id(), ": ",
-                                              c.data().size(), " bytes, expected ",
-                                              n * DTypeSize(d)));
-    ConvertElements(c.data().data(), d, host_params + chunk_offset_[c.chunk_id()],
-                    DType::kF32, n);
-    chunk_version_[c.chunk_id()] = c.version();
-    bytes += c.data().size();
-  }
-  for (uint32_t id : own)
-    if (!seen[id])
-      return absl::DataLossError(absl::StrCat("shard ", shard, " omitted chunk ", id));
+  absl::Status s = DecodePullResponse(reply, [&](ReceivedChunk& c) -> absl::Status {
+    if (c.chunk_id >= static_cast<uint32_t>(layout_.chunks_size()) ||
+        layout_.chunks(c.chunk_id).shard() != part.shard || seen[c.chunk_id])
+      return absl::DataLossError(absl::StrCat("returned unexpected chunk ", c.chunk_id));
+    seen[c.chunk_id] = true;
+    absl::StatusOr<DType> d =
+        DTypeFromWire(c.dtype, false, absl::StrCat("chunk ", c.chunk_id));
+    if (!d.ok()) return absl::DataLossError(d.status().message());
+    bytes += c.data.left();
+    if (absl::Status r = ReadValues(c.data, *d, host_params + chunk_offset_[c.chunk_id],
+                                    layout_.chunks(c.chunk_id).num_elements(), &scratch);
+        !r.ok())
+      return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, ": ", r.message()));
+    chunk_version_[c.chunk_id] = c.version;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  for (uint32_t id : part.chunk_ids)
+    if (!seen[id]) return absl::DataLossError(absl::StrCat("omitted chunk ", id));
   bytes_pulled_ += bytes;
   return absl::OkStatus();
+}
+
+ParameterClient::Ticket ParameterClient::PullAsync(uint64_t clock, absl::Duration timeout,
+                                                   float* host_params) {
+  auto op = std::make_unique<Operation>();
+  op->host_params = host_params;
+  op->deadline = absl::Now() + timeout + absl::Seconds(5);
+  op->calls.resize(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    v1::PullRequest req;
+    req.set_job_id(config_.job_id());
+    req.set_worker_rank(rank_);
+    req.set_clock(clock);
+    req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+    req.set_dtype(config_.wire_dtype());
+    req.set_generation(generation_.load());
+    for (uint32_t id : parts_[i].chunk_ids) req.add_chunk_ids(id);
+    bool own_buffer;
+    grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &op->calls[i].request,
+                                                          &own_buffer);
+    op->calls[i].part = &parts_[i];
+  }
+  return Register(std::move(op));
+}
+
+absl::Status ParameterClient::Pull(uint64_t clock, absl::Duration timeout,
+                                   float* host_params) {
+  return Wait(PullAsync(clock, timeout, host_params)).status();
+}
+
+ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* host_grads,
+                                                   uint32_t num_samples) {
+  v1::PushRequest header;
+  header.set_job_id(config_.job_id());
+  header.set_worker_rank(rank_);
+  header.set_incarnation(incarnation_);
+  header.set_step(step);
+  header.set_num_samples(num_samples);
+  header.set_generation(generation_.load());
+  const v1::DType wire = JobWireDType(config_);
+  const DType d = *DTypeFromWire(wire, true, "push");
+  auto op = std::make_unique<Operation>();
+  op->push = true;
+  op->calls.resize(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    std::vector<WireChunk> chunks(parts_[i].chunk_ids.size());
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const uint32_t id = parts_[i].chunk_ids[k];
+      const uint64_t n = layout_.chunks(id).num_elements();
+      const float* values = host_grads + chunk_offset_[id];
+      WireChunk& c = chunks[k];
+      c.chunk_id = id;
+      c.version = chunk_version_[id];
+      if (d == DType::kF32) {
+        c.external = values;
+        c.external_bytes = n * sizeof(float);
+      } else {
+        c.owned.resize(n * DTypeSize(d));
+        ConvertElements(values, DType::kF32, c.owned.data(), d, n);
+      }
+    }
+    op->calls[i].request = EncodePushRequest(header, wire, std::move(chunks));
+    op->calls[i].part = &parts_[i];
+  }
+  return Register(std::move(op));
+}
+
+absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
+    Ticket ticket, const RetryPolicy& retry) {
+  std::unique_ptr<Operation> op;
+  {
+    absl::MutexLock lock(&ops_mu_);
+    auto it = ops_.find(ticket);
+    if (it == ops_.end())
+      return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
+    op = std::move(it->second);
+    ops_.erase(it);
+  }
+  const absl::Time give_up = absl::Now() + retry.retry_for;
+  absl::Duration backoff = retry.initial_backoff;
+  while (true) {
+    std::vector<size_t> again;
+    absl::Status first;
+    {
+      op->AwaitCalls();
+      std::lock_guard<std::mutex> lock(op->mu);
+      for (size_t i = 0; i < op->calls.size(); ++i) {
+        const absl::Status& s = op->calls[i].status;
+        if (s.ok()) continue;
+        if (op->push && absl::IsUnavailable(s)) again.push_back(i);
+        else if (first.ok()) first = s;
+      }
+      if (first.ok() && again.empty()) return op->outcome;
+    }
+    if (!first.ok()) return first;
+    absl::Status unavailable = op->calls[again.front()].status;
+    if (absl::Now() + backoff > give_up) return unavailable;
+    if (!SleepUnlessStopped(backoff, retry.stop))
+      return absl::CancelledError(
+          absl::StrCat("gave up retrying (", unavailable.message(), ")"));
+    backoff = std::min(backoff * 2, retry.max_backoff);
+    {
+      std::lock_guard<std::mutex> lock(op->mu);
+      op->outstanding = static_cast<int>(again.size());
+    }
+    for (size_t i : again) StartCall(op.get(), i);
+  }
+}
+
+absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(Ticket ticket) {
+  return Wait(ticket, RetryPolicy());
 }
 
 absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Push(
@@ -220,73 +412,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Push(
 absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Push(
     uint64_t step, const float* host_grads, uint32_t num_samples,
     const RetryPolicy& retry) {
-  std::vector<PushOutcome> outcomes(shard_chunks_.size());
-  std::vector<std::future<absl::Status>> futures;
-  for (size_t s = 0; s < shard_chunks_.size(); ++s)
-    futures.push_back(std::async(std::launch::async, [=, &retry, &outcomes] {
-      return PushShard(s, step, host_grads, num_samples, retry, &outcomes[s]);
-    }));
-  if (absl::Status s = JoinAll(futures); !s.ok()) return s;
-  PushOutcome total;
-  for (const PushOutcome& o : outcomes) {
-    total.late += o.late;
-    total.too_stale += o.too_stale;
-  }
-  return total;
-}
-
-absl::Status ParameterClient::PushShard(size_t shard, uint64_t step,
-                                        const float* host_grads,
-                                        uint32_t num_samples,
-                                        const RetryPolicy& retry,
-                                        PushOutcome* outcome) {
-  const std::vector<uint32_t>& own = shard_chunks_[shard];
-  if (own.empty()) return absl::OkStatus();
-  v1::PushRequest req;
-  req.set_job_id(config_.job_id());
-  req.set_worker_rank(rank_);
-  req.set_incarnation(incarnation_);
-  req.set_step(step);
-  req.set_num_samples(num_samples);
-  req.set_generation(generation_.load());
-  const DType d = WireDType(config_.wire_dtype());
-  uint64_t bytes = 0;
-  for (uint32_t id : own) {
-    const uint64_t n = layout_.chunks(id).num_elements();
-    v1::ChunkData* c = req.add_chunks();
-    c->set_chunk_id(id);
-    c->set_dtype(config_.wire_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32
-                                                               : config_.wire_dtype());
-    c->set_version(chunk_version_[id]);
-    std::string* data = c->mutable_data();
-    data->resize(n * DTypeSize(d));
-    ConvertElements(host_grads + chunk_offset_[id], DType::kF32, data->data(), d, n);
-    bytes += data->size();
-  }
-  const absl::Time give_up = absl::Now() + retry.retry_for;
-  absl::Duration backoff = retry.initial_backoff;
-  v1::PushResponse resp;
-  absl::Status st;
-  while (true) {
-    // Each attempt asks for the stub again: a map update since the last
-    // attempt sends this one to the shard's new endpoint.
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    st = ToAbsl(StubOf(shard)->Push(&ctx, req, &resp));
-    if (!absl::IsUnavailable(st) || absl::Now() + backoff > give_up) break;
-    if (!SleepUnlessStopped(backoff, retry.stop)) {
-      st = absl::CancelledError(absl::StrCat("gave up retrying (", st.message(), ")"));
-      break;
-    }
-    backoff = std::min(backoff * 2, retry.max_backoff);
-  }
-  if (!st.ok())
-    return absl::Status(st.code(),
-                        absl::StrCat("push to shard ", shard, ": ", st.message()));
-  bytes_pushed_ += bytes;
-  outcome->late = resp.late();
-  outcome->too_stale = resp.too_stale();
-  return absl::OkStatus();
+  return Wait(PushAsync(step, host_grads, num_samples), retry);
 }
 
 }  // namespace grps

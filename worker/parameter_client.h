@@ -1,6 +1,16 @@
 // ParameterClient: a worker's view of the sharded parameters. Pushes
 // gradients to and pulls weights from every shard concurrently, cutting the
-// flat parameter array into the chunks of the shard map.
+// flat parameter array into the chunks of the shard map, in the shape of
+// ps-lite's KVWorker: PushAsync and PullAsync start the RPCs and return a
+// ticket at once, Wait(ticket) waits for them.
+//
+// The wire (wire/chunk_codec.h): a push's f32 payloads are slices over the
+// caller's gradient array, not copies; a pull's reply is copied once, from
+// the received slices straight into the caller's parameter array. Each
+// shard's chunks travel in requests of at most kMaxRequestBytes, spread over
+// kChannelsPerShard channels (separate TCP connections), so no model is too
+// large for gRPC's message limit. The RPCs run on gRPC's callback API: no
+// thread is created per call.
 #ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
 #define GRPS_WORKER_PARAMETER_CLIENT_H_
 
@@ -11,10 +21,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/grps.grpc.pb.h"
 
 namespace grps {
@@ -27,16 +39,28 @@ namespace grps {
 // RestoreOrder in proto/grps.proto): a shard refuses one from an older
 // generation with ABORTED, which the client returns as it is.
 //
-// Thread safety: Push and Pull may not run concurrently with each other on
-// one client (each fans out to the shards on its own threads).
-// UpdateShardMap, set_generation and the accessors may be called from any
-// thread at any time, also while a Push or Pull runs: an RPC attempt that
-// starts after UpdateShardMap returned goes to the new endpoint.
+// Thread safety: every method may be called from any thread. A push is
+// tagged with the chunk versions of the last pull that completed before
+// PushAsync was called. UpdateShardMap may be called while RPCs are in
+// flight: an RPC attempt that starts after it returned goes to the new
+// endpoint. Each ticket is waited for exactly once; the destructor waits
+// for the RPCs of tickets nobody waited for.
 class ParameterClient {
  public:
   // `map` must be valid (ValidateShardMap) with every endpoint set.
   ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
                   uint32_t rank, uint64_t incarnation);
+  ~ParameterClient();
+  ParameterClient(const ParameterClient&) = delete;
+  ParameterClient& operator=(const ParameterClient&) = delete;
+
+  // Payload bytes per request at most (a chunk larger than this travels
+  // alone), and the channels each shard's requests are spread over.
+  static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
+  static constexpr int kChannelsPerShard = 2;
+
+  // Names a PushAsync or PullAsync in flight.
+  using Ticket = uint64_t;
 
   int64_t num_parameters() const { return num_params_; }
 
@@ -61,6 +85,9 @@ class ParameterClient {
   // (DEADLINE_EXCEEDED). Records each chunk's version for Push. One attempt
   // per shard: the caller decides whether to try again.
   absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params);
+  // Pull, started: `host_params` must stay alive until Wait returns, and is
+  // written (by gRPC's threads) until then.
+  Ticket PullAsync(uint64_t clock, absl::Duration timeout, float* host_params);
 
   // What the shards made of a push besides applying it: chunk gradients that
   // arrived after their sync step (late: folded or dropped by the shard) and
@@ -95,6 +122,17 @@ class ParameterClient {
   absl::StatusOr<PushOutcome> Push(uint64_t step, const float* host_grads,
                                    uint32_t num_samples,
                                    absl::Duration retry_for);
+  // Push, started: `host_grads` must stay alive and unchanged until Wait
+  // returns (its f32 values are sent from where they are).
+  Ticket PushAsync(uint64_t step, const float* host_grads, uint32_t num_samples);
+
+  // Waits for every RPC of `ticket`. A pull's outcome is empty. A push's
+  // RPCs that failed UNAVAILABLE are sent again from this thread per
+  // `retry` (the pull's `retry` is ignored: one attempt per shard).
+  // INVALID_ARGUMENT for a ticket that is not in flight.
+  absl::StatusOr<PushOutcome> Wait(Ticket ticket, const RetryPolicy& retry);
+  // As above with the default RetryPolicy.
+  absl::StatusOr<PushOutcome> Wait(Ticket ticket);
 
   // Smallest chunk version seen by the last Pull.
   uint64_t min_pulled_version() const;
@@ -103,14 +141,26 @@ class ParameterClient {
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
 
  private:
+  // The chunks of one request: all of one shard's, or a run of them.
+  struct Part {
+    size_t shard = 0;
+    int channel = 0;
+    std::vector<uint32_t> chunk_ids;
+  };
+  struct Call;
+  struct Operation;
+
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
-  std::shared_ptr<v1::ParameterServer::Stub> StubOf(size_t shard) const
+  void ConnectShard(const v1::ShardEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<grpc::GenericStub> StubOf(const Part& part) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status PullShard(size_t shard, uint64_t clock, absl::Duration timeout,
-                         float* host_params);
-  absl::Status PushShard(size_t shard, uint64_t step, const float* host_grads,
-                         uint32_t num_samples, const RetryPolicy& retry,
-                         PushOutcome* outcome);
+  Ticket Register(std::unique_ptr<Operation> op) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Sends `op`'s call `index` (again).
+  void StartCall(Operation* op, size_t index);
+  // Runs on a gRPC thread when a call ends.
+  void OnCallDone(Operation* op, size_t index, grpc::Status status);
+  absl::Status DecodePull(const Part& part, const grpc::ByteBuffer& reply,
+                          float* host_params);
 
   // Fixed at construction: the layout never changes (UpdateShardMap only
   // accepts maps with the same chunks on the same shards).
@@ -120,18 +170,23 @@ class ParameterClient {
   const uint64_t incarnation_;
   int64_t num_params_ = 0;
   std::vector<int64_t> chunk_offset_;           // flat offset of each chunk
-  std::vector<std::vector<uint32_t>> shard_chunks_;  // chunk ids per shard
-  // Written by the per-shard threads of a Pull, each its own chunks.
+  std::vector<Part> parts_;  // every chunk in exactly one
+  // Written by the callbacks of a pull, each its own chunks.
   std::vector<uint64_t> chunk_version_;
   std::atomic<uint64_t> generation_{0};
 
   mutable absl::Mutex mu_;
   std::vector<v1::ShardEndpoint> endpoints_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs_
+  // By shard, then channel.
+  std::vector<std::vector<std::shared_ptr<grpc::GenericStub>>> stubs_
       ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Added to by the per-shard threads.
+  absl::Mutex ops_mu_;
+  absl::flat_hash_map<Ticket, std::unique_ptr<Operation>> ops_ ABSL_GUARDED_BY(ops_mu_);
+  Ticket next_ticket_ ABSL_GUARDED_BY(ops_mu_) = 1;
+
+  // Added to by the calls' callbacks.
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
 };

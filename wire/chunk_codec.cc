@@ -1,0 +1,167 @@
+#include "wire/chunk_codec.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace grps {
+namespace {
+
+// Field numbers of proto/grps.proto.
+namespace push_request {
+constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
+                   kChunks = 5, kNumSamples = 6, kGeneration = 7;
+}
+namespace chunk_data {
+constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4;
+}
+namespace pull_response {
+constexpr uint32_t kChunks = 1;
+}
+
+size_t PayloadBytes(const WireChunk& c) {
+  return c.external != nullptr ? c.external_bytes : c.owned.size();
+}
+
+size_t ChunkDataBytes(const WireChunk& c, v1::DType dtype) {
+  return VarintFieldSize(chunk_data::kChunkId, c.chunk_id) +
+         VarintFieldSize(chunk_data::kDType, dtype) +
+         LenFieldSize(chunk_data::kData, PayloadBytes(c)) +
+         VarintFieldSize(chunk_data::kVersion, c.version);
+}
+
+// Appends `chunks` as repeated ChunkData field `field`.
+void WriteChunks(uint32_t field, v1::DType dtype, std::vector<WireChunk>& chunks,
+                 MessageWriter& w) {
+  for (WireChunk& c : chunks) {
+    w.BeginLen(field, ChunkDataBytes(c, dtype));
+    w.Varint(chunk_data::kChunkId, c.chunk_id);
+    w.Varint(chunk_data::kDType, dtype);
+    if (c.external != nullptr)
+      w.ExternalBytes(chunk_data::kData, c.external, c.external_bytes);
+    else
+      w.OwnedBytes(chunk_data::kData, std::move(c.owned));
+    w.Varint(chunk_data::kVersion, c.version);
+  }
+}
+
+// Reads one ChunkData from `r` (its whole body).
+absl::StatusOr<ReceivedChunk> ReadChunkData(SliceReader r) {
+  ReceivedChunk c;
+  while (!r.AtEnd()) {
+    uint32_t field;
+    WireType type;
+    if (absl::Status s = r.ReadKey(&field, &type); !s.ok()) return s;
+    uint64_t v = 0;
+    if (field == chunk_data::kData && type == WireType::kLen) {
+      uint64_t length;
+      if (absl::Status s = r.ReadLength(&length); !s.ok()) return s;
+      absl::StatusOr<SliceReader> data = r.Sub(length);
+      if (!data.ok()) return data.status();
+      c.data = std::move(*data);  // the last one wins, as in protobuf
+    } else if ((field == chunk_data::kChunkId || field == chunk_data::kDType ||
+                field == chunk_data::kVersion) &&
+               type == WireType::kVarint) {
+      if (absl::Status s = r.ReadVarint(&v); !s.ok()) return s;
+      if (field == chunk_data::kChunkId) c.chunk_id = static_cast<uint32_t>(v);
+      if (field == chunk_data::kDType) c.dtype = static_cast<int>(v);
+      if (field == chunk_data::kVersion) c.version = v;
+    } else if (absl::Status s = r.SkipValue(type); !s.ok()) {
+      return s;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> DTypeFromWire(int wire, bool unspecified_is_f32,
+                                    absl::string_view what) {
+  switch (wire) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_UNSPECIFIED:
+      if (unspecified_is_f32) return DType::kF32;
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dtype is unspecified (use f32, f16 or bf16)"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unknown dtype ", wire, " (use f32, f16 or bf16)"));
+  }
+}
+
+v1::DType DTypeToWire(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return v1::DTYPE_F16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+    case DType::kF32:
+      break;
+  }
+  return v1::DTYPE_F32;
+}
+
+grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtype,
+                                   std::vector<WireChunk> chunks) {
+  MessageWriter w;
+  w.String(push_request::kJobId, header.job_id());
+  w.Varint(push_request::kWorkerRank, header.worker_rank());
+  w.Varint(push_request::kIncarnation, header.incarnation());
+  w.Varint(push_request::kStep, header.step());
+  WriteChunks(push_request::kChunks, dtype, chunks, w);
+  w.Varint(push_request::kNumSamples, header.num_samples());
+  w.Varint(push_request::kGeneration, header.generation());
+  return w.Finish();
+}
+
+grpc::ByteBuffer EncodePullResponse(v1::DType dtype, std::vector<WireChunk> chunks) {
+  MessageWriter w;
+  WriteChunks(pull_response::kChunks, dtype, chunks, w);
+  return w.Finish();
+}
+
+absl::Status DecodePullResponse(
+    const grpc::ByteBuffer& buffer,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+  absl::StatusOr<SliceReader> reader = SliceReader::Over(buffer);
+  if (!reader.ok()) return reader.status();
+  SliceReader& r = *reader;
+  while (!r.AtEnd()) {
+    uint32_t field;
+    WireType type;
+    if (absl::Status s = r.ReadKey(&field, &type); !s.ok()) return s;
+    if (field != pull_response::kChunks || type != WireType::kLen) {
+      if (absl::Status s = r.SkipValue(type); !s.ok()) return s;
+      continue;
+    }
+    uint64_t length;
+    if (absl::Status s = r.ReadLength(&length); !s.ok()) return s;
+    absl::StatusOr<SliceReader> body = r.Sub(length);
+    if (!body.ok()) return body.status();
+    absl::StatusOr<ReceivedChunk> chunk = ReadChunkData(std::move(*body));
+    if (!chunk.ok()) return chunk.status();
+    if (absl::Status s = on_chunk(*chunk); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,
+                        std::string* scratch) {
+  const size_t bytes = n * DTypeSize(wire);
+  if (data.left() != bytes)
+    return absl::DataLossError(
+        absl::StrCat(data.left(), " bytes, expected ", bytes, " (", n, " x ",
+                     std::string(DTypeName(wire)), ")"));
+  if (wire == DType::kF32) return data.ReadBytes(dst, bytes);
+  if (scratch->size() < bytes) scratch->resize(bytes);
+  if (absl::Status s = data.ReadBytes(scratch->data(), bytes); !s.ok()) return s;
+  ConvertElements(scratch->data(), wire, dst, DType::kF32, n);
+  return absl::OkStatus();
+}
+
+}  // namespace grps

@@ -1,0 +1,77 @@
+// ChunkCodec: how chunks of dense values travel, shared by the worker's
+// client and the server: the one mapping between the contract's dtype tag
+// and tensor/'s DType, push requests built straight over the gradients
+// (wire/wire_format.h), pull replies built over the values a shard read,
+// and pull replies decoded with one copy into the caller's array.
+//
+// Everything here speaks the messages of proto/grps.proto byte for byte: a
+// client or server that uses the generated protobuf classes instead talks to
+// these unchanged.
+#ifndef GRPS_WIRE_CHUNK_CODEC_H_
+#define GRPS_WIRE_CHUNK_CODEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "proto/grps.pb.h"
+#include "tensor/dtype.h"
+#include "wire/wire_format.h"
+
+namespace grps {
+
+// A wire dtype tag as a DType. UNSPECIFIED is f32 where
+// `unspecified_is_f32`, else INVALID_ARGUMENT; an unknown tag is
+// INVALID_ARGUMENT. `what` names the value in the message.
+absl::StatusOr<DType> DTypeFromWire(int wire, bool unspecified_is_f32,
+                                    absl::string_view what);
+v1::DType DTypeToWire(DType dtype);
+
+// One chunk's values on the wire, already in the message's dtype: either
+// `external` (not copied; must outlive the RPC) or `owned` (moved into the
+// message).
+struct WireChunk {
+  uint32_t chunk_id = 0;
+  uint64_t version = 0;
+  const void* external = nullptr;
+  size_t external_bytes = 0;
+  std::string owned;
+};
+
+// A PushRequest: the scalar fields of `header` (its chunks are ignored) and
+// `chunks`, each tagged `dtype`.
+grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtype,
+                                   std::vector<WireChunk> chunks);
+
+// A PullResponse of `chunks`, each tagged `dtype`.
+grpc::ByteBuffer EncodePullResponse(v1::DType dtype, std::vector<WireChunk> chunks);
+
+// One ChunkData of a received PullResponse. `data` reads its payload.
+struct ReceivedChunk {
+  uint32_t chunk_id = 0;
+  int dtype = 0;  // the raw tag: check it with DTypeFromWire
+  uint64_t version = 0;
+  SliceReader data;
+};
+
+// Calls `on_chunk` for every ChunkData of the PullResponse in `buffer`, in
+// order; stops at the first error it or the parse returns (DATA_LOSS for a
+// malformed message). Unknown fields are skipped.
+absl::Status DecodePullResponse(
+    const grpc::ByteBuffer& buffer,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
+
+// Copies `n` values of dtype `wire` from `data` (exactly n x size bytes) to
+// `dst` as f32: straight into `dst` for f32, through `scratch` otherwise.
+absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,
+                        std::string* scratch);
+
+}  // namespace grps
+
+#endif  // GRPS_WIRE_CHUNK_CODEC_H_

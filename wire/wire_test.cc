@@ -1,0 +1,225 @@
+#include "wire/chunk_codec.h"
+#include "wire/wire_format.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+namespace {
+
+// The bytes of a ByteBuffer, joined.
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// `bytes` cut into slices of `piece` bytes (the last one shorter), as gRPC
+// may hand a received message over.
+grpc::ByteBuffer Sliced(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += piece)
+    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::vector<float> Ramp(size_t n, float from) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = from + 0.25f * static_cast<float>(i);
+  return v;
+}
+
+TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
+  const std::vector<float> a = Ramp(1000, -3), b = Ramp(7, 100);
+  v1::PushRequest header;
+  header.set_job_id("job-7");
+  header.set_worker_rank(3);
+  header.set_incarnation(1234567890123ull);
+  header.set_step(0);  // zero: omitted on the wire, read back as zero
+  header.set_num_samples(64);
+  header.set_generation(5);
+  std::vector<WireChunk> chunks(2);
+  chunks[0].chunk_id = 0;
+  chunks[0].version = 41;
+  chunks[0].external = a.data();
+  chunks[0].external_bytes = a.size() * sizeof(float);
+  chunks[1].chunk_id = 9;
+  chunks[1].version = 0;
+  chunks[1].owned.assign(reinterpret_cast<const char*>(b.data()), b.size() * sizeof(float));
+
+  const grpc::ByteBuffer encoded = EncodePushRequest(header, v1::DTYPE_F32, std::move(chunks));
+  v1::PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Bytes(encoded)));
+  EXPECT_EQ(parsed.job_id(), "job-7");
+  EXPECT_EQ(parsed.worker_rank(), 3u);
+  EXPECT_EQ(parsed.incarnation(), 1234567890123ull);
+  EXPECT_EQ(parsed.step(), 0u);
+  EXPECT_EQ(parsed.num_samples(), 64u);
+  EXPECT_EQ(parsed.generation(), 5u);
+  ASSERT_EQ(parsed.chunks_size(), 2);
+  EXPECT_EQ(parsed.chunks(0).chunk_id(), 0u);
+  EXPECT_EQ(parsed.chunks(0).version(), 41u);
+  EXPECT_EQ(parsed.chunks(0).dtype(), v1::DTYPE_F32);
+  ASSERT_EQ(parsed.chunks(0).data().size(), a.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(parsed.chunks(0).data().data(), a.data(), a.size() * 4), 0);
+  EXPECT_EQ(parsed.chunks(1).chunk_id(), 9u);
+  EXPECT_EQ(std::memcmp(parsed.chunks(1).data().data(), b.data(), b.size() * 4), 0);
+  // The same bytes protobuf itself would write.
+  EXPECT_EQ(Bytes(encoded), parsed.SerializeAsString());
+}
+
+TEST(ChunkCodec, ExternalPayloadIsNotCopied) {
+  const std::vector<float> a = Ramp(4096, 0);
+  std::vector<WireChunk> chunks(1);
+  chunks[0].external = a.data();
+  chunks[0].external_bytes = a.size() * sizeof(float);
+  const grpc::ByteBuffer encoded = EncodePullResponse(v1::DTYPE_F32, std::move(chunks));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(encoded.Dump(&slices).ok());
+  bool points_at_values = false;
+  for (const grpc::Slice& s : slices)
+    points_at_values |= s.begin() == reinterpret_cast<const uint8_t*>(a.data());
+  EXPECT_TRUE(points_at_values);
+}
+
+// A reply written by protobuf, cut at every slice size from 1 byte up, is
+// decoded into the caller's array with the right values, versions and ids.
+TEST(ChunkCodec, DecodesProtobufPullResponseAcrossAnySliceBoundary) {
+  const std::vector<float> a = Ramp(33, 1), b = Ramp(5, -7);
+  v1::PullResponse reply;
+  v1::ChunkData* c = reply.add_chunks();
+  c->set_chunk_id(4);
+  c->set_dtype(v1::DTYPE_F32);
+  c->set_version(12);
+  c->set_data(std::string(reinterpret_cast<const char*>(a.data()), a.size() * 4));
+  c = reply.add_chunks();
+  c->set_chunk_id(6);
+  c->set_dtype(v1::DTYPE_F32);
+  c->set_version(13);
+  c->set_data(std::string(reinterpret_cast<const char*>(b.data()), b.size() * 4));
+  const std::string bytes = reply.SerializeAsString();
+  for (size_t piece : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{64}, bytes.size()}) {
+    SCOPED_TRACE(piece);
+    std::vector<float> got_a(a.size()), got_b(b.size());
+    std::vector<uint32_t> ids;
+    std::string scratch;
+    absl::Status s = DecodePullResponse(Sliced(bytes, piece), [&](ReceivedChunk& r) {
+      ids.push_back(r.chunk_id);
+      EXPECT_EQ(r.dtype, v1::DTYPE_F32);
+      EXPECT_EQ(r.version, r.chunk_id == 4 ? 12u : 13u);
+      std::vector<float>& dst = r.chunk_id == 4 ? got_a : got_b;
+      return ReadValues(r.data, DType::kF32, dst.data(), dst.size(), &scratch);
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(ids, (std::vector<uint32_t>{4, 6}));
+    EXPECT_EQ(got_a, a);
+    EXPECT_EQ(got_b, b);
+  }
+}
+
+TEST(ChunkCodec, ReadValuesConvertsHalfPrecision) {
+  const std::vector<float> a = {1.0f, -2.5f, 0.125f, 65504.0f};
+  std::string half(a.size() * 2, '\0');
+  ConvertElements(a.data(), DType::kF32, half.data(), DType::kF16, a.size());
+  std::vector<WireChunk> chunks(1);
+  chunks[0].chunk_id = 2;
+  chunks[0].owned = half;
+  const std::string bytes = Bytes(EncodePullResponse(v1::DTYPE_F16, std::move(chunks)));
+  std::vector<float> got(a.size());
+  std::string scratch;
+  absl::Status s = DecodePullResponse(Sliced(bytes, 3), [&](ReceivedChunk& r) {
+    absl::StatusOr<DType> d = DTypeFromWire(r.dtype, false, "chunk");
+    if (!d.ok()) return d.status();
+    return ReadValues(r.data, *d, got.data(), got.size(), &scratch);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, a);
+}
+
+TEST(ChunkCodec, WrongPayloadLengthIsDataLoss) {
+  std::vector<WireChunk> chunks(1);
+  chunks[0].owned = std::string(10, 'x');  // not a whole number of floats
+  const grpc::ByteBuffer encoded = EncodePullResponse(v1::DTYPE_F32, std::move(chunks));
+  std::vector<float> dst(3);
+  std::string scratch;
+  absl::Status s = DecodePullResponse(encoded, [&](ReceivedChunk& r) {
+    return ReadValues(r.data, DType::kF32, dst.data(), dst.size(), &scratch);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST(ChunkCodec, UnknownFieldsAreSkipped) {
+  v1::PullResponse reply;
+  v1::ChunkData* c = reply.add_chunks();
+  c->set_chunk_id(1);
+  c->set_data(std::string(8, '\0'));
+  std::string bytes = reply.SerializeAsString();
+  // Field 15 (varint 300) and field 16 (a string) around the chunk, and a
+  // fixed32 and fixed64 field: a newer sender's additions.
+  const std::string extra = std::string("\x78\xac\x02", 3) + std::string("\x82\x01\x02hi", 5) +
+                            std::string("\x8d\x01\x01\x02\x03\x04", 6) +
+                            std::string("\x91\x01\x01\x02\x03\x04\x05\x06\x07\x08", 10);
+  bytes = extra + bytes + extra;
+  int seen = 0;
+  absl::Status s = DecodePullResponse(Sliced(bytes, 5), [&](ReceivedChunk& r) {
+    ++seen;
+    EXPECT_EQ(r.chunk_id, 1u);
+    EXPECT_EQ(r.data.left(), 8u);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(seen, 1);
+}
+
+// Every prefix of a valid reply, and a few corruptions, are refused with
+// DATA_LOSS or read as fewer chunks, never read out of bounds (run under
+// ASan to see the "never").
+TEST(ChunkCodec, TruncatedAndMalformedRepliesAreRefused) {
+  v1::PullResponse reply;
+  for (uint32_t id = 0; id < 3; ++id) {
+    v1::ChunkData* c = reply.add_chunks();
+    c->set_chunk_id(id);
+    c->set_version(300 + id);
+    c->set_data(std::string(40, static_cast<char>(id)));
+  }
+  const std::string bytes = reply.SerializeAsString();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    int seen = 0;
+    absl::Status s = DecodePullResponse(Sliced(bytes.substr(0, n), 4), [&](ReceivedChunk& r) {
+      ++seen;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(!s.ok() || seen < 3) << n;
+    if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  }
+  for (const std::string& bad :
+       {std::string("\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),  // 11-byte varint
+        std::string("\x0a\x7f", 2),                                           // length past the end
+        std::string("\x0b", 1),                                               // group start
+        std::string("\x00", 1)}) {                                            // field 0
+    absl::Status s = DecodePullResponse(Sliced(bad, 1), [](ReceivedChunk&) {
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  }
+}
+
+TEST(ChunkCodec, DTypeMapping) {
+  EXPECT_EQ(*DTypeFromWire(v1::DTYPE_BF16, false, "x"), DType::kBF16);
+  EXPECT_EQ(*DTypeFromWire(v1::DTYPE_UNSPECIFIED, true, "x"), DType::kF32);
+  EXPECT_EQ(DTypeFromWire(v1::DTYPE_UNSPECIFIED, false, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DTypeFromWire(99, true, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16})
+    EXPECT_EQ(*DTypeFromWire(DTypeToWire(d), false, "x"), d);
+}
+
+}  // namespace
+}  // namespace grps
