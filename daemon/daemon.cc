@@ -1,10 +1,13 @@
 #include "daemon/daemon.h"
 
+#include <sched.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
@@ -82,6 +85,12 @@ namespace {
 std::atomic<bool> g_shutdown{false};
 void OnSignal(int) { g_shutdown.store(true); }
 }  // namespace
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 void InstallShutdownHandlers() {
   struct sigaction sa = {};

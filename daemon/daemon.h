@@ -46,6 +46,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
 
 // Installs SIGINT/SIGTERM handlers that only record the signal.
 void InstallShutdownHandlers();
+
+// The cores this process may run on (its CPU affinity mask), at least 1.
+int UsableCores();
 // True once SIGINT or SIGTERM arrived.
 bool ShutdownRequested();
 

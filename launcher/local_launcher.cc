@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "client/job_client.h"
 #include "client/status_format.h"
+#include "daemon/daemon.h"
 #include "job/job_config.h"
 
 namespace grps {
@@ -148,6 +149,10 @@ ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
       {InDir(options.bin_dir, kWorkerBinary),
        absl::StrCat("--coordinator=", coordinator), absl::StrCat("--rank=", rank),
        absl::StrCat("--backend=", options.backend),
+       // The workers share this machine's cores: OpenBLAS threads beyond a
+       // worker's share only fight the others' (and the servers').
+       absl::StrCat("--blas_threads=",
+                    std::max<int>(1, UsableCores() / static_cast<int>(options.workers))),
        absl::StrCat("--curve_csv=",
                     InDir(options.run_dir, absl::StrCat("curve-worker-", rank, ".csv")))},
       InDir(options.run_dir, absl::StrCat("worker-", rank, ".log"))};

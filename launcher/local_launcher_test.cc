@@ -107,14 +107,26 @@ TEST(ServerSpec, NamesTheCoordinatorItsShardAndLoopback) {
 }
 
 TEST(WorkerSpec, NamesItsRankBackendAndCurveFileInTheRunDir) {
-  ChildSpec spec = WorkerSpec(Options(), 3, "127.0.0.1:4000");
+  LaunchOptions o = Options();
+  o.workers = 1;
+  ChildSpec spec = WorkerSpec(o, 3, "127.0.0.1:4000");
   EXPECT_EQ(spec.name, "worker-3");
   EXPECT_EQ(spec.log_path, "/tmp/runs/sync-1/worker-3.log");
   EXPECT_EQ(spec.argv,
             (std::vector<std::string>{
                 "/opt/grps/bin/grps-worker", "--coordinator=127.0.0.1:4000",
                 "--rank=3", "--backend=cpu",
+                absl::StrCat("--blas_threads=", UsableCores()),
                 "--curve_csv=/tmp/runs/sync-1/curve-worker-3.csv"}));
+}
+
+TEST(WorkerSpec, WorkersShareTheUsableCoresForTheirBlasThreads) {
+  LaunchOptions o = Options();
+  o.workers = 2 * UsableCores();  // more workers than cores: one thread each
+  EXPECT_THAT(WorkerSpec(o, 0, "127.0.0.1:4000").argv, Contains("--blas_threads=1"));
+  o.workers = 1;
+  EXPECT_THAT(WorkerSpec(o, 0, "127.0.0.1:4000").argv,
+              Contains(absl::StrCat("--blas_threads=", UsableCores())));
 }
 
 TEST(WorkerSpec, OnlyTheStragglerRankGetsTheStraggleFlags) {

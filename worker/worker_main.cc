@@ -17,11 +17,15 @@
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
 #include "worker/straggler.h"
+#include "tensor/cpu_backend.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
 ABSL_FLAG(int, rank, -1, "requested worker rank (-1: any free rank)");
 ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
+ABSL_FLAG(int, blas_threads, 0,
+          "OpenBLAS threads of the cpu backend (0: one per usable core); set it "
+          "when several workers share a machine's cores");
 ABSL_FLAG(std::string, curve_csv, "", "write the training curve to this CSV");
 ABSL_FLAG(double, straggle_factor, 1.0,
           "experiments: make this worker F times slower (after each step it "
@@ -86,6 +90,13 @@ int Main(int argc, char** argv) {
                   std::string(straggler.status().message()));
     return 2;
   }
+
+  if (absl::GetFlag(FLAGS_blas_threads) < 0) {
+    spdlog::error("--blas_threads must be >= 0");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_blas_threads) > 0 && !(*backend)->IsCuda())
+    SetCpuBlasThreads(absl::GetFlag(FLAGS_blas_threads));
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());
