@@ -47,6 +47,8 @@
 
 ABSL_FLAG(std::string, mib, "1,16,64,256", "model sizes in MiB");
 ABSL_FLAG(int, reps, 3, "timed repetitions per figure (best is shown)");
+ABSL_FLAG(uint64_t, sync_steps, 1000,
+          "sync steps of the default model with no compute (0: skip)");
 
 namespace grps {
 namespace {
@@ -189,12 +191,20 @@ double TcpMs(size_t bytes, int reps) {
 
 // ---- grps: ParameterClient to ShardStores over gRPC ----
 
-double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
-  v1::JobConfig config = DefaultJobConfig();
-  config.set_job_id("wire-bench");
-  config.set_mode(v1::MODE_ASYNC);
-  config.set_num_servers(shards);
-  config.set_num_workers(1);
+// Shards of a one-tensor model of `bytes`, served in this process.
+struct Shards {
+  v1::ShardMap map;
+  std::vector<std::unique_ptr<ShardStore>> stores;
+  std::vector<std::unique_ptr<ParameterServerService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  ~Shards() {
+    for (auto& store : stores) store->Shutdown();
+    for (auto& server : servers) server->Shutdown(std::chrono::system_clock::now());
+  }
+};
+
+std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::string* error) {
+  const uint32_t shards = config.num_servers();
   v1::TensorSpec tensor;
   tensor.set_name("w");
   tensor.add_shape(static_cast<int64_t>(bytes / sizeof(float)));
@@ -202,11 +212,12 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
   absl::StatusOr<v1::ShardMap> map = BuildShardMap({tensor}, shards, config.chunk_bytes());
   if (!map.ok()) {
     *error = std::string(map.status().message());
-    return 0;
+    return nullptr;
   }
-  std::vector<std::unique_ptr<ShardStore>> stores;
-  std::vector<std::unique_ptr<ParameterServerService>> services;
-  std::vector<std::unique_ptr<grpc::Server>> servers;
+  auto served = std::make_unique<Shards>();
+  auto& stores = served->stores;
+  auto& services = served->services;
+  auto& servers = served->servers;
   for (uint32_t s = 0; s < shards; ++s) {
     ShardStore::Options o;
     o.config = config;
@@ -216,7 +227,7 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
     absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
     if (!store.ok()) {
       *error = std::string(store.status().message());
-      return 0;
+      return nullptr;
     }
     stores.push_back(std::move(*store));
     services.push_back(std::make_unique<ParameterServerService>(stores.back().get()));
@@ -224,16 +235,32 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
         StartGrpcServer("127.0.0.1:0", {services.back().get()});
     if (!server.ok()) {
       *error = std::string(server.status().message());
-      return 0;
+      return nullptr;
     }
     map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
     servers.push_back(std::move(server->server));
   }
-  // Live worker 0, so the shards accept its pushes.
-  const std::vector<uint32_t> ranks = {0};
-  const std::vector<uint64_t> incarnations = {1};
+  // Every worker live, so the shards accept their pushes.
+  std::vector<uint32_t> ranks;
+  std::vector<uint64_t> incarnations;
+  for (uint32_t r = 0; r < config.num_workers(); ++r) {
+    ranks.push_back(r);
+    incarnations.push_back(1);
+  }
   for (auto& store : stores) store->SetLiveWorkers(ranks, incarnations);
-  ParameterClient client(config, *map, 0, 1);
+  served->map = std::move(*map);
+  return served;
+}
+
+double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("wire-bench");
+  config.set_mode(v1::MODE_ASYNC);
+  config.set_num_servers(shards);
+  config.set_num_workers(1);
+  std::unique_ptr<Shards> served = Serve(config, bytes, error);
+  if (served == nullptr) return 0;
+  ParameterClient client(config, served->map, 0, 1);
   std::vector<float> grads(bytes / sizeof(float), 1e-3f), params(grads.size());
   uint64_t step = 0;
   absl::Status failed;
@@ -244,10 +271,42 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
     if (failed.ok() && !pushed.ok()) failed = pushed.status();
     if (failed.ok() && !pulled.ok()) failed = pulled;
   });
-  for (auto& store : stores) store->Shutdown();
-  for (auto& server : servers) server->Shutdown(std::chrono::system_clock::now());
   if (!failed.ok()) *error = std::string(failed.message());
   return ms;
+}
+
+// The sync step of the default job's model with no compute: `workers`
+// threads, each a worker with its own client, pushing and pulling (fused,
+// as grps-worker does) through 2 shards for `steps` steps. Milliseconds per
+// step.
+double SyncStepMs(uint32_t workers, uint64_t steps, std::string* error) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("wire-bench-sync");
+  config.set_mode(v1::MODE_SYNC);
+  config.set_num_workers(workers);
+  int64_t params = 0;
+  for (const v1::TensorSpec& t : ModelTensors(config)) params += NumElements(t);
+  std::unique_ptr<Shards> served = Serve(config, params * sizeof(float), error);
+  if (served == nullptr) return 0;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> failed(workers);
+  const absl::Time start = absl::Now();
+  for (uint32_t r = 0; r < workers; ++r)
+    threads.emplace_back([&, r] {
+      ParameterClient client(config, served->map, r, 1);
+      std::vector<float> weights(client.num_parameters()), grads(weights.size(), 1e-4f);
+      failed[r] = client.Pull(0, absl::Seconds(10), weights.data());
+      for (uint64_t step = 0; step < steps && failed[r].ok(); ++step) {
+        absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(
+            client.PushAsync(step, grads.data(), 1, weights.data(), absl::Seconds(10)));
+        if (!pushed.ok()) failed[r] = pushed.status();
+        else if (!pushed->pulled) failed[r] = client.Pull(step + 1, absl::Seconds(10), weights.data());
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : failed)
+    if (!s.ok()) *error = std::string(s.message());
+  return absl::ToDoubleMilliseconds(absl::Now() - start) / steps;
 }
 
 int Main(int argc, char** argv) {
@@ -282,6 +341,18 @@ int Main(int argc, char** argv) {
     std::printf("%8zu %10.1f %10.1f %10.1f %10.1f %12.2f %12.2f\n", mib, tcp, bare, one, two,
                 one / bare, two / bare);
     std::fflush(stdout);
+  }
+  if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0) {
+    std::string e;
+    const double ms = SyncStepMs(2, steps, &e);
+    if (!e.empty()) {
+      ok = false;
+      std::printf("\nsync step failed: %s\n", e.c_str());
+    } else {
+      std::printf("\nsync step of the default model (2 workers as threads, 2 shards, fused "
+                  "push + pull, no compute): %.3f ms over %llu steps\n",
+                  ms, static_cast<unsigned long long>(steps));
+    }
   }
   std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
               "tcp: the same bytes written and read back on one loopback connection.\n");

@@ -158,6 +158,24 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   return push;
 }
 
+// Parses a small request message (protobuf copies its few bytes once).
+template <typename Message>
+bool ParseRequest(const grpc::ByteBuffer& bytes, Message* message) {
+  grpc::ByteBuffer copy(bytes);  // shares the slices
+  return grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok();
+}
+
+// What a pull read, handed to the reply without a copy.
+std::vector<WireChunk> ToWireChunks(std::vector<ShardStore::PulledChunk>& pulled) {
+  std::vector<WireChunk> chunks(pulled.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].chunk_id = pulled[i].chunk_id;
+    chunks[i].version = pulled[i].version;
+    chunks[i].owned = std::move(pulled[i].data);
+  }
+  return chunks;
+}
+
 absl::Time PullDeadline(const grpc::ServerContextBase& context,
                         uint32_t timeout_ms) {
   const absl::Time now = absl::Now();
@@ -171,26 +189,6 @@ absl::Time PullDeadline(const grpc::ServerContextBase& context,
 }
 
 }  // namespace
-
-grpc::Status ParameterServerService::Push(grpc::ServerContext* context,
-                                          const v1::PushRequest* request,
-                                          v1::PushResponse* response) {
-  ShardStore* store = store_.load();
-  if (store == nullptr) return ToGrpc(NotReady());
-  absl::StatusOr<ShardStore::GradientPush> push =
-      DecodePush(*store, *request, &ScratchBuffer());
-  if (!push.ok()) {
-    store->CountRejectedAtEdge(std::max(1, request->chunks_size()));
-    return ToGrpc(push.status());
-  }
-  absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
-  if (!result.ok()) return ToGrpc(result.status());
-  for (uint64_t v : result->versions) response->add_versions(v);
-  response->set_duplicates(result->duplicates);
-  response->set_late(result->late);
-  response->set_too_stale(result->too_stale);
-  return grpc::Status::OK;
-}
 
 namespace {
 
@@ -242,15 +240,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
     return reactor;
   }
   v1::PullRequest request;
-  {
-    grpc::ByteBuffer copy(*request_bytes);  // shares the slices
-    grpc::Status parsed =
-        grpc::SerializationTraits<v1::PullRequest>::Deserialize(&copy, &request);
-    if (!parsed.ok()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "pull request is not a PullRequest"));
-      return reactor;
-    }
+  if (!ParseRequest(*request_bytes, &request)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "pull request is not a PullRequest"));
+    return reactor;
   }
   absl::StatusOr<ShardStore::PullSpec> spec =
       DecodePull(*store, request, PullDeadline(*context, request.timeout_ms()));
@@ -269,13 +262,69 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
           reactor->Finish(ToGrpc(pulled.status()));
           return;
         }
-        std::vector<WireChunk> chunks(pulled->size());
-        for (size_t i = 0; i < chunks.size(); ++i) {
-          chunks[i].chunk_id = (*pulled)[i].chunk_id;
-          chunks[i].version = (*pulled)[i].version;
-          chunks[i].owned = std::move((*pulled)[i].data);
-        }
-        *response = EncodePullResponse(wire, std::move(chunks));
+        *response = EncodePullResponse(wire, ToWireChunks(*pulled));
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Push(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
+    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ShardStore* store = store_.load();
+  if (store == nullptr) {
+    reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
+  }
+  v1::PushRequest request;
+  if (!ParseRequest(*request_bytes, &request)) {
+    store->CountRejectedAtEdge(1);
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "push request is not a PushRequest"));
+    return reactor;
+  }
+  absl::StatusOr<ShardStore::GradientPush> push =
+      DecodePush(*store, request, &ScratchBuffer());
+  absl::StatusOr<DType> pull_dtype =
+      DTypeFromWire(request.pull_dtype(), true, "push's pull_dtype");
+  if (push.ok() && !pull_dtype.ok()) push = pull_dtype.status();
+  if (!push.ok()) {
+    store->CountRejectedAtEdge(std::max(1, request.chunks_size()));
+    reactor->Finish(ToGrpc(push.status()));
+    return reactor;
+  }
+  absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
+  if (!result.ok()) {
+    reactor->Finish(ToGrpc(result.status()));
+    return reactor;
+  }
+  v1::PushResponse header;
+  for (uint64_t v : result->versions) header.add_versions(v);
+  header.set_duplicates(result->duplicates);
+  header.set_late(result->late);
+  header.set_too_stale(result->too_stale);
+  const v1::DType wire = DTypeToWire(*pull_dtype);
+  if (!request.pull()) {
+    *response = EncodePushResponse(header, wire, {});
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  // The pull half: the pushed chunks at the worker's next clock.
+  ShardStore::PullSpec spec;
+  spec.worker_rank = request.worker_rank();
+  for (const ShardStore::ChunkGradient& g : push->chunks) spec.chunk_ids.push_back(g.chunk_id);
+  spec.clock = request.step() + 1;
+  spec.generation = request.generation();
+  spec.dtype = *pull_dtype;
+  spec.deadline = PullDeadline(*context, std::max<uint32_t>(1, request.pull_timeout_ms()));
+  store->PullAsync(
+      std::move(spec),
+      [reactor, response, header = std::move(header),
+       wire](absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
+        // Not ready in time (or refused): the push stands; the worker pulls.
+        *response = EncodePushResponse(
+            header, wire, pulled.ok() ? ToWireChunks(*pulled) : std::vector<WireChunk>());
         reactor->Finish(grpc::Status::OK);
       });
   return reactor;

@@ -17,11 +17,11 @@
 //   UNAVAILABLE          no store attached yet, or shutting down
 //   UNIMPLEMENTED        sparse tables (not built yet)
 //
-// Pull uses gRPC's callback API: a pull that has to wait is a waiter in the
-// store, not a gRPC thread parked on a condition variable, so any number of
-// waiting pulls costs no threads. Its reply is built by wire/chunk_codec.h
-// over the values the store read (no copy into a protobuf field; the bytes
-// are PullResponse's all the same).
+// Push and Pull use gRPC's callback API: a pull that has to wait is a waiter
+// in the store, not a gRPC thread parked on a condition variable, so any
+// number of waiting pulls costs no threads. Replies are built by
+// wire/chunk_codec.h over the values the store read (no copy into a protobuf
+// field; the bytes are PullResponse's and PushResponse's all the same).
 //
 // Thread safety: gRPC calls the handlers from many threads at once; the
 // service keeps no mutable state besides the attached store pointer.
@@ -37,8 +37,8 @@
 namespace grps {
 
 class ParameterServerService final
-    : public v1::ParameterServer::WithRawCallbackMethod_Pull<
-          v1::ParameterServer::Service> {
+    : public v1::ParameterServer::WithRawCallbackMethod_Push<
+          v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::Service>> {
  public:
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
   // longer than this, so that an abandoned pull does not stay a waiter.
@@ -55,9 +55,12 @@ class ParameterServerService final
   // RPC (shut the gRPC server down before destroying it). Call at most once.
   void Attach(ShardStore* store) { store_.store(store); }
 
-  grpc::Status Push(grpc::ServerContext* context,
-                    const v1::PushRequest* request,
-                    v1::PushResponse* response) override;
+  // A PushRequest in, a PushResponse out, as raw bytes. A push with
+  // PushRequest.pull waits (as a waiter, holding no thread) for the pushed
+  // chunks at the next clock and replies with them.
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   // A PullRequest in, a PullResponse out, as raw bytes.
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,

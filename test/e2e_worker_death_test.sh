@@ -135,9 +135,13 @@ run_mode() {  # MODE [extra grps-local flags...]
   check_result "$run" "$mode"
 }
 
-run_mode sync
-run_mode async
-run_mode ssp --staleness=2
+# The job must still be running when the restarted worker registers (the
+# heartbeat timeout after the kill, then its start-up), however fast the
+# others train meanwhile: once the dead worker is declared dead, nothing
+# waits for it in any mode. Hence jobs of several thousand steps.
+STEPS=4000 run_mode sync
+STEPS=8000 run_mode async
+STEPS=8000 run_mode ssp --staleness=2
 
 # Sync: a worker stopped past the timeout is declared dead; resumed, it
 # rejoins (its late gradient is folded and counted) and finishes.

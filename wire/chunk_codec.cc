@@ -1,5 +1,7 @@
 #include "wire/chunk_codec.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,13 +12,17 @@ namespace {
 // Field numbers of proto/grps.proto.
 namespace push_request {
 constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
-                   kChunks = 5, kNumSamples = 6, kGeneration = 7;
+                   kChunks = 5, kNumSamples = 6, kGeneration = 7, kPull = 8,
+                   kPullTimeoutMs = 9, kPullDType = 10;
 }
 namespace chunk_data {
 constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4;
 }
 namespace pull_response {
 constexpr uint32_t kChunks = 1;
+}
+namespace push_response {
+constexpr uint32_t kVersions = 1, kDuplicates = 2, kLate = 3, kTooStale = 4, kChunks = 5;
 }
 
 size_t PayloadBytes(const WireChunk& c) {
@@ -116,6 +122,9 @@ grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtyp
   WriteChunks(push_request::kChunks, dtype, chunks, w);
   w.Varint(push_request::kNumSamples, header.num_samples());
   w.Varint(push_request::kGeneration, header.generation());
+  w.Varint(push_request::kPull, header.pull() ? 1 : 0);
+  w.Varint(push_request::kPullTimeoutMs, header.pull_timeout_ms());
+  w.Varint(push_request::kPullDType, header.pull_dtype());
   return w.Finish();
 }
 
@@ -125,9 +134,34 @@ grpc::ByteBuffer EncodePullResponse(v1::DType dtype, std::vector<WireChunk> chun
   return w.Finish();
 }
 
-absl::Status DecodePullResponse(
-    const grpc::ByteBuffer& buffer,
-    const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+grpc::ByteBuffer EncodePushResponse(const v1::PushResponse& header, v1::DType dtype,
+                                    std::vector<WireChunk> chunks) {
+  MessageWriter w;
+  if (header.versions_size() > 0) {
+    std::string packed;
+    for (uint64_t v : header.versions()) {
+      while (v >= 0x80) {
+        packed.push_back(static_cast<char>((v & 0x7f) | 0x80));
+        v >>= 7;
+      }
+      packed.push_back(static_cast<char>(v));
+    }
+    w.String(push_response::kVersions, packed);
+  }
+  w.Varint(push_response::kDuplicates, header.duplicates());
+  w.Varint(push_response::kLate, header.late());
+  w.Varint(push_response::kTooStale, header.too_stale());
+  WriteChunks(push_response::kChunks, dtype, chunks, w);
+  return w.Finish();
+}
+
+namespace {
+
+// Walks a message: each ChunkData of field `chunks_field` goes to
+// `on_chunk`, each other varint field to `on_varint`; the rest is skipped.
+absl::Status DecodeChunks(const grpc::ByteBuffer& buffer, uint32_t chunks_field,
+                          const std::function<void(uint32_t, uint64_t)>& on_varint,
+                          const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
   absl::StatusOr<SliceReader> reader = SliceReader::Over(buffer);
   if (!reader.ok()) return reader.status();
   SliceReader& r = *reader;
@@ -135,7 +169,13 @@ absl::Status DecodePullResponse(
     uint32_t field;
     WireType type;
     if (absl::Status s = r.ReadKey(&field, &type); !s.ok()) return s;
-    if (field != pull_response::kChunks || type != WireType::kLen) {
+    if (type == WireType::kVarint) {
+      uint64_t v;
+      if (absl::Status s = r.ReadVarint(&v); !s.ok()) return s;
+      on_varint(field, v);
+      continue;
+    }
+    if (field != chunks_field || type != WireType::kLen) {
       if (absl::Status s = r.SkipValue(type); !s.ok()) return s;
       continue;
     }
@@ -148,6 +188,28 @@ absl::Status DecodePullResponse(
     if (absl::Status s = on_chunk(*chunk); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodePullResponse(
+    const grpc::ByteBuffer& buffer,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+  return DecodeChunks(buffer, pull_response::kChunks, [](uint32_t, uint64_t) {}, on_chunk);
+}
+
+absl::Status DecodePushResponse(
+    const grpc::ByteBuffer& buffer, v1::PushResponse* header,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+  return DecodeChunks(
+      buffer, push_response::kChunks,
+      [header](uint32_t field, uint64_t v) {
+        const uint32_t v32 = static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX));
+        if (field == push_response::kDuplicates) header->set_duplicates(v32);
+        if (field == push_response::kLate) header->set_late(v32);
+        if (field == push_response::kTooStale) header->set_too_stale(v32);
+      },
+      on_chunk);
 }
 
 absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,

@@ -45,12 +45,17 @@ struct WireChunk {
 };
 
 // A PushRequest: the scalar fields of `header` (its chunks are ignored) and
-// `chunks`, each tagged `dtype`.
+// `chunks`, each tagged `dtype`. Every field of the contract is written.
 grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtype,
                                    std::vector<WireChunk> chunks);
 
 // A PullResponse of `chunks`, each tagged `dtype`.
 grpc::ByteBuffer EncodePullResponse(v1::DType dtype, std::vector<WireChunk> chunks);
+
+// A PushResponse: the fields of `header` (its chunks are ignored) and
+// `chunks` (the values of a push with PushRequest.pull), each tagged `dtype`.
+grpc::ByteBuffer EncodePushResponse(const v1::PushResponse& header, v1::DType dtype,
+                                    std::vector<WireChunk> chunks);
 
 // One ChunkData of a received PullResponse. `data` reads its payload.
 struct ReceivedChunk {
@@ -65,6 +70,12 @@ struct ReceivedChunk {
 // malformed message). Unknown fields are skipped.
 absl::Status DecodePullResponse(
     const grpc::ByteBuffer& buffer,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
+
+// A PushResponse: its scalar fields into *header (versions are skipped),
+// and `on_chunk` for every ChunkData, as DecodePullResponse.
+absl::Status DecodePushResponse(
+    const grpc::ByteBuffer& buffer, v1::PushResponse* header,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
 
 // Copies `n` values of dtype `wire` from `data` (exactly n x size bytes) to

@@ -45,6 +45,9 @@ TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
   header.set_step(0);  // zero: omitted on the wire, read back as zero
   header.set_num_samples(64);
   header.set_generation(5);
+  header.set_pull(true);
+  header.set_pull_timeout_ms(2000);
+  header.set_pull_dtype(v1::DTYPE_BF16);
   std::vector<WireChunk> chunks(2);
   chunks[0].chunk_id = 0;
   chunks[0].version = 41;
@@ -63,6 +66,9 @@ TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
   EXPECT_EQ(parsed.step(), 0u);
   EXPECT_EQ(parsed.num_samples(), 64u);
   EXPECT_EQ(parsed.generation(), 5u);
+  EXPECT_TRUE(parsed.pull());
+  EXPECT_EQ(parsed.pull_timeout_ms(), 2000u);
+  EXPECT_EQ(parsed.pull_dtype(), v1::DTYPE_BF16);
   ASSERT_EQ(parsed.chunks_size(), 2);
   EXPECT_EQ(parsed.chunks(0).chunk_id(), 0u);
   EXPECT_EQ(parsed.chunks(0).version(), 41u);
@@ -219,6 +225,56 @@ TEST(ChunkCodec, DTypeMapping) {
   EXPECT_EQ(DTypeFromWire(99, true, "x").status().code(), absl::StatusCode::kInvalidArgument);
   for (DType d : {DType::kF32, DType::kF16, DType::kBF16})
     EXPECT_EQ(*DTypeFromWire(DTypeToWire(d), false, "x"), d);
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST(ChunkCodec, PushResponseRoundTripsThroughProtobuf) {
+  const std::vector<float> a = Ramp(9, 2);
+  v1::PushResponse header;
+  header.add_versions(5);
+  header.add_versions(300);
+  header.set_duplicates(1);
+  header.set_late(2);
+  header.set_too_stale(3);
+  std::vector<WireChunk> chunks(1);
+  chunks[0].chunk_id = 7;
+  chunks[0].version = 6;
+  chunks[0].external = a.data();
+  chunks[0].external_bytes = a.size() * sizeof(float);
+  const std::string bytes =
+      Bytes(EncodePushResponse(header, v1::DTYPE_F32, std::move(chunks)));
+  v1::PushResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_EQ(parsed.versions_size(), 2);
+  EXPECT_EQ(parsed.versions(1), 300u);
+  EXPECT_EQ(parsed.duplicates(), 1u);
+  EXPECT_EQ(parsed.late(), 2u);
+  EXPECT_EQ(parsed.too_stale(), 3u);
+  ASSERT_EQ(parsed.chunks_size(), 1);
+  EXPECT_EQ(parsed.chunks(0).chunk_id(), 7u);
+  EXPECT_EQ(parsed.chunks(0).version(), 6u);
+
+  // And protobuf's own bytes decode to the same, cut anywhere.
+  v1::PushResponse decoded;
+  std::vector<float> got(a.size());
+  std::string scratch;
+  absl::Status s = DecodePushResponse(Sliced(parsed.SerializeAsString(), 3), &decoded,
+                                      [&](ReceivedChunk& r) {
+                                        EXPECT_EQ(r.chunk_id, 7u);
+                                        EXPECT_EQ(r.version, 6u);
+                                        return ReadValues(r.data, DType::kF32, got.data(),
+                                                          got.size(), &scratch);
+                                      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(decoded.duplicates(), 1u);
+  EXPECT_EQ(decoded.late(), 2u);
+  EXPECT_EQ(decoded.too_stale(), 3u);
+  EXPECT_EQ(got, a);
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
   const Part* part = nullptr;
+  bool pulled = false;  // a fused push's reply carried every chunk
   std::unique_ptr<grpc::ClientContext> context;  // fresh for every attempt
   std::shared_ptr<grpc::GenericStub> stub;       // alive while the call is
   grpc::ByteBuffer request;
@@ -66,7 +67,7 @@ struct ParameterClient::Call {
 // pattern of gRPC's callback examples), so they are used here.
 struct ParameterClient::Operation {
   bool push = false;
-  float* host_params = nullptr;  // pull: where the values go
+  float* host_params = nullptr;  // pull, fused push: where the values go
   absl::Time deadline;           // pull: of every attempt
   std::vector<Call> calls;       // a call's status is guarded by mu
   std::mutex mu;
@@ -233,17 +234,10 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
   Call& call = op->calls[index];
   const size_t shard = call.part->shard;
   absl::Status result = ToAbsl(status);
-  PushOutcome outcome;
-  if (result.ok() && op->push) {
-    v1::PushResponse reply;
-    grpc::Status parsed =
-        grpc::SerializationTraits<v1::PushResponse>::Deserialize(&call.reply, &reply);
-    if (!parsed.ok()) result = absl::DataLossError("unreadable push reply");
-    outcome.late = reply.late();
-    outcome.too_stale = reply.too_stale();
-  } else if (result.ok()) {
-    result = DecodePull(*call.part, call.reply, op->host_params);
-  }
+  v1::PushResponse header;
+  bool complete = false;
+  if (result.ok())
+    result = ReadReply(*call.part, call.reply, op->push, op->host_params, &header, &complete);
   if (!result.ok())
     result = absl::Status(result.code(),
                           absl::StrCat(op->push ? "push to shard " : "pull from shard ",
@@ -257,21 +251,26 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
   }
   std::lock_guard<std::mutex> lock(op->mu);
   call.status = std::move(result);
-  op->outcome.late += outcome.late;
-  op->outcome.too_stale += outcome.too_stale;
+  call.pulled = complete;
+  op->outcome.late += header.late();
+  op->outcome.too_stale += header.too_stale();
   if (--op->outstanding == 0) op->done.notify_all();
 }
 
-absl::Status ParameterClient::DecodePull(const Part& part, const grpc::ByteBuffer& reply,
-                                         float* host_params) {
+absl::Status ParameterClient::ReadReply(const Part& part, const grpc::ByteBuffer& reply,
+                                        bool push, float* host_params,
+                                        v1::PushResponse* push_header, bool* complete) {
   thread_local std::string scratch;  // for f16 / bf16 payloads, reused
-  std::vector<bool> seen(layout_.chunks_size(), false);
+  std::vector<bool> wanted(layout_.chunks_size(), false), seen(wanted.size(), false);
+  for (uint32_t id : part.chunk_ids) wanted[id] = true;
   uint64_t bytes = 0;
-  absl::Status s = DecodePullResponse(reply, [&](ReceivedChunk& c) -> absl::Status {
-    if (c.chunk_id >= static_cast<uint32_t>(layout_.chunks_size()) ||
-        layout_.chunks(c.chunk_id).shard() != part.shard || seen[c.chunk_id])
+  size_t count = 0;
+  auto on_chunk = [&](ReceivedChunk& c) -> absl::Status {
+    if (c.chunk_id >= wanted.size() || !wanted[c.chunk_id] || seen[c.chunk_id] ||
+        host_params == nullptr)
       return absl::DataLossError(absl::StrCat("returned unexpected chunk ", c.chunk_id));
     seen[c.chunk_id] = true;
+    ++count;
     absl::StatusOr<DType> d =
         DTypeFromWire(c.dtype, false, absl::StrCat("chunk ", c.chunk_id));
     if (!d.ok()) return absl::DataLossError(d.status().message());
@@ -282,11 +281,19 @@ absl::Status ParameterClient::DecodePull(const Part& part, const grpc::ByteBuffe
       return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, ": ", r.message()));
     chunk_version_[c.chunk_id] = c.version;
     return absl::OkStatus();
-  });
+  };
+  absl::Status s = push ? DecodePushResponse(reply, push_header, on_chunk)
+                        : DecodePullResponse(reply, on_chunk);
   if (!s.ok()) return s;
-  for (uint32_t id : part.chunk_ids)
-    if (!seen[id]) return absl::DataLossError(absl::StrCat("omitted chunk ", id));
   bytes_pulled_ += bytes;
+  *complete = count == part.chunk_ids.size();
+  // A pull must bring every chunk; a fused push's reply may bring none.
+  if (!push && !*complete) {
+    for (uint32_t id : part.chunk_ids)
+      if (!seen[id]) return absl::DataLossError(absl::StrCat("omitted chunk ", id));
+  }
+  if (push && count > 0 && !*complete)
+    return absl::DataLossError("a push's reply carried only some of its chunks");
   return absl::OkStatus();
 }
 
@@ -319,7 +326,8 @@ absl::Status ParameterClient::Pull(uint64_t clock, absl::Duration timeout,
 }
 
 ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* host_grads,
-                                                   uint32_t num_samples) {
+                                                   uint32_t num_samples, float* pull_into,
+                                                   absl::Duration pull_timeout) {
   v1::PushRequest header;
   header.set_job_id(config_.job_id());
   header.set_worker_rank(rank_);
@@ -327,10 +335,17 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
   header.set_step(step);
   header.set_num_samples(num_samples);
   header.set_generation(generation_.load());
+  if (pull_into != nullptr) {
+    header.set_pull(true);
+    header.set_pull_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(pull_timeout))));
+    header.set_pull_dtype(config_.wire_dtype());
+  }
   const v1::DType wire = JobWireDType(config_);
   const DType d = *DTypeFromWire(wire, true, "push");
   auto op = std::make_unique<Operation>();
   op->push = true;
+  op->host_params = pull_into;
   op->calls.resize(parts_.size());
   for (size_t i = 0; i < parts_.size(); ++i) {
     std::vector<WireChunk> chunks(parts_[i].chunk_ids.size());
@@ -380,7 +395,12 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
         if (op->push && absl::IsUnavailable(s)) again.push_back(i);
         else if (first.ok()) first = s;
       }
-      if (first.ok() && again.empty()) return op->outcome;
+      if (first.ok() && again.empty()) {
+        PushOutcome outcome = op->outcome;
+        outcome.pulled = op->push && op->host_params != nullptr;
+        for (const Call& c : op->calls) outcome.pulled = outcome.pulled && c.pulled;
+        return outcome;
+      }
     }
     if (!first.ok()) return first;
     absl::Status unavailable = op->calls[again.front()].status;

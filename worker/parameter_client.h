@@ -95,6 +95,10 @@ class ParameterClient {
   struct PushOutcome {
     uint32_t late = 0;
     uint32_t too_stale = 0;
+    // A push with `pull_into`: every chunk's values for clock step + 1
+    // arrived with the replies (and their versions are recorded, as a Pull
+    // records them). False: pull as usual.
+    bool pulled = false;
   };
 
   // How long a push keeps retrying a shard that is UNAVAILABLE (down, or
@@ -123,8 +127,14 @@ class ParameterClient {
                                    uint32_t num_samples,
                                    absl::Duration retry_for);
   // Push, started: `host_grads` must stay alive and unchanged until Wait
-  // returns (its f32 values are sent from where they are).
-  Ticket PushAsync(uint64_t step, const float* host_grads, uint32_t num_samples);
+  // returns (its f32 values are sent from where they are). With
+  // `pull_into`, the push is fused with the pull of clock step + 1: each
+  // shard replies with the pushed chunks' values once the mode allows that
+  // pull (waiting at most `pull_timeout`), written into `pull_into` as Pull
+  // would; PushOutcome::pulled says whether they all came.
+  Ticket PushAsync(uint64_t step, const float* host_grads, uint32_t num_samples,
+                   float* pull_into = nullptr,
+                   absl::Duration pull_timeout = absl::ZeroDuration());
 
   // Waits for every RPC of `ticket`. A pull's outcome is empty. A push's
   // RPCs that failed UNAVAILABLE are sent again from this thread per
@@ -159,8 +169,11 @@ class ParameterClient {
   void StartCall(Operation* op, size_t index);
   // Runs on a gRPC thread when a call ends.
   void OnCallDone(Operation* op, size_t index, grpc::Status status);
-  absl::Status DecodePull(const Part& part, const grpc::ByteBuffer& reply,
-                          float* host_params);
+  // Reads a reply's chunks (a pull's, or a fused push's) into host_params;
+  // *complete says whether every chunk of `part` came.
+  absl::Status ReadReply(const Part& part, const grpc::ByteBuffer& reply, bool push,
+                         float* host_params, v1::PushResponse* push_header,
+                         bool* complete);
 
   // Fixed at construction: the layout never changes (UpdateShardMap only
   // accepts maps with the same chunks on the same shards).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
@@ -261,6 +262,10 @@ absl::Status Trainer::PullWeights(uint64_t clock) {
 
 absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
     uint64_t step, uint32_t samples) {
+  // Fused with the pull of the next clock: the shards reply with the new
+  // weights once the mode allows (sync: when the step completes), which saves
+  // a round trip per step; if they do not come within a pull slice, the next
+  // step pulls as usual.
   ParameterClient::RetryPolicy retry;
   retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
   retry.stop = [this] {
@@ -268,8 +273,9 @@ absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
   };
   absl::Time logged = absl::Now();
   while (true) {
-    absl::StatusOr<ParameterClient::PushOutcome> pushed =
-        params_.Push(step, host_grads_.data(), samples, retry);
+    absl::StatusOr<ParameterClient::PushOutcome> pushed = params_.Wait(
+        params_.PushAsync(step, host_grads_.data(), samples, host_params_.data(), kPullSlice),
+        retry);
     if (pushed.ok()) {
       NoteProgress();
       return pushed;
@@ -410,12 +416,16 @@ absl::Status Trainer::Train(uint64_t total) {
   int64_t epoch_loaded = -1;
   uint64_t late = 0, too_stale = 0;
   std::unique_ptr<BatchIterator> batches;
+  // The clock whose weights the last push's replies brought into
+  // host_params_ (see PushGradients).
+  std::optional<uint64_t> pulled_for;
   while (true) {
     // A roll-back moves the data position and the clock back to the
     // checkpoint's step, as a restart's start_step does.
     if (TakeRollBack(total, &step)) {
       resumed_at = step;
       epoch_loaded = -1;
+      pulled_for.reset();
     }
     if (Interrupted() != Interrupt::kNone) break;
     if (step >= total) break;
@@ -428,10 +438,13 @@ absl::Status Trainer::Train(uint64_t total) {
       batches = std::make_unique<BatchIterator>(std::move(*it));
       epoch_loaded = epoch;
     }
-    if (absl::Status s = PullWeights(step); !s.ok()) {
+    if (pulled_for == step) {
+      model_.SetParameters(host_params_.data());
+    } else if (absl::Status s = PullWeights(step); !s.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
       return s;
     }
+    pulled_for.reset();
     // The evaluator evaluates the weights of this step on its own thread; a
     // busy evaluator skips rather than hold training up.
     if (config_.eval_every_steps() > 0 && step > resumed_at &&
@@ -450,6 +463,7 @@ absl::Status Trainer::Train(uint64_t total) {
       if (Interrupted() != Interrupt::kNone) continue;
       return pushed.status();
     }
+    if (pushed->pulled) pulled_for = step + 1;
     // Late and too-stale gradients are the mode at work, counted by the
     // shards; the worker carries on.
     if (pushed->late > 0 && late++ % 100 == 0)

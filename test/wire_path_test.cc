@@ -1,0 +1,202 @@
+// The wire path end to end, against real shards (ShardStore behind the
+// ParameterServer service over gRPC on loopback): the worker's
+// ParameterClient with its slices, tickets, split requests and fused
+// push-and-pull, and a plain protobuf client speaking the same contract.
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "proto/grps.grpc.pb.h"
+#include "test/in_process_shards.h"
+#include "worker/parameter_client.h"
+
+namespace grps {
+namespace {
+
+// A job of one tensor of `elements` floats (zeros at start), plain SGD with
+// lr 1, so a pushed gradient g moves the weights to -g / workers per step.
+v1::JobConfig Config(v1::ConsistencyMode mode, uint32_t workers, uint32_t servers) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_job_id("wire-path-test");
+  c.set_mode(mode);
+  c.set_num_workers(workers);
+  c.set_num_servers(servers);
+  c.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  c.mutable_optimizer()->set_momentum(0);
+  c.mutable_optimizer()->set_weight_decay(0);
+  return c;
+}
+
+v1::ShardMap MapOf(const v1::JobConfig& config, int64_t elements) {
+  v1::TensorSpec t;
+  t.set_name("w");
+  t.add_shape(elements);
+  t.set_initializer("zeros");
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap({t}, config.num_servers(), config.chunk_bytes());
+  EXPECT_TRUE(map.ok()) << map.status();
+  return map.ok() ? *map : v1::ShardMap();
+}
+
+void MakeLive(InProcessShards& shards, uint32_t workers) {
+  std::vector<uint32_t> ranks;
+  std::vector<uint64_t> incarnations;
+  for (uint32_t r = 0; r < workers; ++r) {
+    ranks.push_back(r);
+    incarnations.push_back(1);
+  }
+  for (size_t s = 0; s < shards.size(); ++s)
+    shards.store(s).SetLiveWorkers(ranks, incarnations);
+}
+
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000) * 1e-3f;
+  return v;
+}
+
+TEST(WirePath, FusedPushBringsTheWeightsOfTheNextStep) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1, 2);
+  v1::ShardMap map = MapOf(config, 300000);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> params(client.num_parameters(), -7);
+  ASSERT_TRUE(client.Pull(0, absl::Seconds(5), params.data()).ok());
+  const std::vector<float> grads = Ramp(params.size());
+
+  std::vector<float> fused(params.size(), -7);
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(
+      client.PushAsync(0, grads.data(), 1, fused.data(), absl::Seconds(5)));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_TRUE(pushed->pulled);
+  EXPECT_EQ(client.min_pulled_version(), 1u);  // the step-1 weights, recorded
+
+  std::vector<float> pulled(params.size(), -7);
+  ASSERT_TRUE(client.Pull(1, absl::Seconds(5), pulled.data()).ok());
+  EXPECT_EQ(fused, pulled);
+  EXPECT_FLOAT_EQ(pulled[1], -grads[1]);
+}
+
+TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 2, 1);
+  v1::ShardMap map = MapOf(config, 1000);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 2);
+  ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
+  std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
+  ASSERT_TRUE(w0.Pull(0, absl::Seconds(5), p0.data()).ok());
+  ASSERT_TRUE(w1.Pull(0, absl::Seconds(5), p1.data()).ok());
+  const std::vector<float> grads = Ramp(p0.size());
+
+  // Worker 1 has not pushed: step 0 stays open past the pull's wait.
+  absl::StatusOr<ParameterClient::PushOutcome> alone = w0.Wait(
+      w0.PushAsync(0, grads.data(), 1, p0.data(), absl::Milliseconds(200)));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_FALSE(alone->pulled);
+
+  // The push stood: worker 1's fused push completes the step and brings the
+  // average of both gradients.
+  absl::StatusOr<ParameterClient::PushOutcome> second = w1.Wait(
+      w1.PushAsync(0, grads.data(), 1, p1.data(), absl::Seconds(5)));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->pulled);
+  EXPECT_FLOAT_EQ(p1[5], -grads[5]);
+}
+
+TEST(WirePath, TicketsOfOneClientRunConcurrentlyAndEachIsWaitedOnce) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 2);
+  v1::ShardMap map = MapOf(config, 100000);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> a(client.num_parameters()), b(client.num_parameters());
+  const ParameterClient::Ticket ta = client.PullAsync(0, absl::Seconds(5), a.data());
+  const ParameterClient::Ticket tb = client.PullAsync(0, absl::Seconds(5), b.data());
+  EXPECT_NE(ta, tb);
+  EXPECT_TRUE(client.Wait(tb).ok());
+  EXPECT_TRUE(client.Wait(ta).ok());
+  EXPECT_EQ(client.Wait(ta).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A shard of 80 MiB is more than one gRPC message may carry (64 MiB): it
+// travels as many requests of at most kMaxRequestBytes.
+TEST(WirePath, AShardLargerThanTheMessageLimitTrains) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 1);
+  config.set_chunk_bytes(8 << 20);
+  const int64_t elements = int64_t{80} << 20 >> 2;
+  v1::ShardMap map = MapOf(config, elements);
+  ASSERT_GT(static_cast<uint64_t>(elements) * 4, static_cast<uint64_t>(kMaxMessageBytes));
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> params(client.num_parameters());
+  ASSERT_TRUE(client.Pull(0, absl::Seconds(30), params.data()).ok());
+  std::vector<float> grads(params.size(), 0.5f);
+  grads.back() = 2.0f;
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, absl::Seconds(30));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  ASSERT_TRUE(client.Pull(1, absl::Seconds(30), params.data()).ok());
+  EXPECT_FLOAT_EQ(params.front(), -0.5f);
+  EXPECT_FLOAT_EQ(params.back(), -2.0f);
+  EXPECT_EQ(client.bytes_pulled(), 2 * params.size() * sizeof(float));
+}
+
+// The server's replies are built by the wire codec, not by protobuf; a
+// client that uses the generated classes reads them all the same, a fused
+// push's weights included.
+TEST(WirePath, PlainProtobufClientPushesAndPullsTheSameContract) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 1, 1);
+  v1::ShardMap map = MapOf(config, 64);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  auto stub = v1::ParameterServer::NewStub(MakeChannel(map.shards(0).address()));
+  const uint32_t chunk = map.chunks(0).chunk_id();
+
+  v1::PushRequest push;
+  push.set_job_id(config.job_id());
+  push.set_worker_rank(0);
+  push.set_incarnation(1);
+  push.set_step(0);
+  push.set_pull(true);
+  push.set_pull_timeout_ms(5000);
+  v1::ChunkData* c = push.add_chunks();
+  c->set_chunk_id(chunk);
+  c->set_dtype(v1::DTYPE_F32);
+  const std::vector<float> grads(map.chunks(0).num_elements(), 0.25f);
+  c->set_data(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  v1::PushResponse pushed;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Push(&context, push, &pushed).ok());
+  }
+  ASSERT_EQ(pushed.versions_size(), 1);
+  EXPECT_EQ(pushed.versions(0), 1u);
+  ASSERT_EQ(pushed.chunks_size(), 1);
+  EXPECT_EQ(pushed.chunks(0).version(), 1u);
+  float first;
+  std::memcpy(&first, pushed.chunks(0).data().data(), sizeof(first));
+  EXPECT_FLOAT_EQ(first, -0.25f);
+
+  v1::PullRequest pull;
+  pull.set_job_id(config.job_id());
+  pull.set_worker_rank(0);
+  pull.set_dtype(v1::DTYPE_BF16);
+  v1::PullResponse pulled;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->Pull(&context, pull, &pulled).ok());
+  ASSERT_EQ(pulled.chunks_size(), 1);
+  EXPECT_EQ(pulled.chunks(0).dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(pulled.chunks(0).data().size(), grads.size() * 2);
+}
+
+}  // namespace
+}  // namespace grps
