@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "tensor/dtype.h"
+#include "wire/buffer_pool.h"
 #include "wire/chunk_codec.h"
 
 namespace grps {
@@ -79,81 +80,74 @@ std::vector<float>& ScratchBuffer() {
 }
 
 // Validates a whole push and turns it into a typed one. The returned spans
-// point into the request (aligned f32 payloads, used in place) or into
-// `scratch`; both must outlive the result.
+// point into `scratch`, which must outlive the result.
 absl::StatusOr<ShardStore::GradientPush> DecodePush(
-    const ShardStore& store, const v1::PushRequest& request,
-    std::vector<float>* scratch) {
-  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
-  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok())
+    const ShardStore& store, const v1::PushRequest& header,
+    std::vector<ReceivedChunk>& chunks, std::vector<float>* scratch) {
+  if (absl::Status s = CheckJob(store, header.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, header.worker_rank()); !s.ok())
     return s;
-  if (request.chunks_size() == 0)
+  if (chunks.empty())
     return absl::InvalidArgumentError("push carries no chunks");
 
   struct Checked {
     const v1::ChunkSpec* spec;
     DType dtype;
-    bool in_place;  // aligned f32: read straight from the request
   };
   std::vector<Checked> checked;
-  checked.reserve(request.chunks_size());
+  checked.reserve(chunks.size());
   absl::flat_hash_set<uint32_t> seen;
   size_t scratch_floats = 0;
-  for (const v1::ChunkData& chunk : request.chunks()) {
-    const std::string what = absl::StrCat("chunk ", chunk.chunk_id());
-    absl::StatusOr<const v1::ChunkSpec*> spec =
-        CheckChunk(store, chunk.chunk_id());
+  for (const ReceivedChunk& chunk : chunks) {
+    const std::string what = absl::StrCat("chunk ", chunk.chunk_id);
+    absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, chunk.chunk_id);
     if (!spec.ok()) return spec.status();
-    if (!seen.insert(chunk.chunk_id()).second)
+    if (!seen.insert(chunk.chunk_id).second)
       return absl::InvalidArgumentError(
           absl::StrCat(what, " appears twice in one push"));
-    absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype(), false, what);
+    absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype, false, what);
     if (!dtype.ok()) return dtype.status();
     const uint64_t n = (*spec)->num_elements();
     const uint64_t expected = n * DTypeSize(*dtype);
-    if (chunk.data().size() != expected)
+    if (chunk.data.left() != expected)
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": expected ", expected, " bytes (", n, " x ",
-          std::string(DTypeName(*dtype)), "), got ", chunk.data().size()));
-    const bool in_place =
-        *dtype == DType::kF32 &&
-        reinterpret_cast<uintptr_t>(chunk.data().data()) % alignof(float) == 0;
-    if (!in_place) scratch_floats += n;
-    checked.push_back({*spec, *dtype, in_place});
+          std::string(DTypeName(*dtype)), "), got ", chunk.data.left()));
+    scratch_floats += n;
+    checked.push_back({*spec, *dtype});
   }
 
-  // Sized once, so the spans below stay valid.
+  // Every gradient is copied once, out of the received slices, into the
+  // thread's reused scratch (sized once, so the spans below stay valid).
   if (scratch->size() < scratch_floats) scratch->resize(scratch_floats);
+  thread_local std::string narrow;  // f16 / bf16 payloads on their way to f32
   ShardStore::GradientPush push;
-  push.worker_rank = request.worker_rank();
-  push.incarnation = request.incarnation();
-  push.step = request.step();
-  push.generation = request.generation();
+  push.worker_rank = header.worker_rank();
+  push.incarnation = header.incarnation();
+  push.step = header.step();
+  push.generation = header.generation();
   push.chunks.reserve(checked.size());
   size_t used = 0;
-  for (int i = 0; i < request.chunks_size(); ++i) {
-    const v1::ChunkData& chunk = request.chunks(i);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ReceivedChunk& chunk = chunks[i];
     const Checked& c = checked[i];
     const size_t n = c.spec->num_elements();
-    absl::Span<const float> values;
-    if (c.in_place) {
-      values = absl::MakeConstSpan(
-          reinterpret_cast<const float*>(chunk.data().data()), n);
-    } else {
-      float* dst = scratch->data() + used;
-      used += n;
-      ConvertElements(chunk.data().data(), c.dtype, dst, DType::kF32, n);
-      values = absl::MakeConstSpan(dst, n);
-    }
+    const uint64_t wire_bytes = chunk.data.left();
+    float* dst = scratch->data() + used;
+    used += n;
+    if (absl::Status s = ReadValues(chunk.data, c.dtype, dst, n, &narrow); !s.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
+    const absl::Span<const float> values = absl::MakeConstSpan(dst, n);
     if (int64_t bad = FirstNonFinite(values); bad >= 0)
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", chunk.chunk_id(), ": gradient element ", bad, " is ",
+          "chunk ", chunk.chunk_id, ": gradient element ", bad, " is ",
           values[bad], " (NaN and infinity are refused)"));
     ShardStore::ChunkGradient& g = push.chunks.emplace_back();
-    g.chunk_id = chunk.chunk_id();
-    g.base_version = chunk.version();
+    g.chunk_id = chunk.chunk_id;
+    g.base_version = chunk.version;
     g.values = values;
-    g.wire_bytes = chunk.data().size();
+    g.wire_bytes = wire_bytes;
   }
   return push;
 }
@@ -172,6 +166,7 @@ std::vector<WireChunk> ToWireChunks(std::vector<ShardStore::PulledChunk>& pulled
     chunks[i].chunk_id = pulled[i].chunk_id;
     chunks[i].version = pulled[i].version;
     chunks[i].owned = std::move(pulled[i].data);
+    chunks[i].recycle = &BufferPool::Default();
   }
   return chunks;
 }
@@ -277,20 +272,27 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     reactor->Finish(ToGrpc(NotReady()));
     return reactor;
   }
-  v1::PushRequest request;
-  if (!ParseRequest(*request_bytes, &request)) {
+  v1::PushRequest request;  // the scalar fields; chunks stay in the slices
+  std::vector<ReceivedChunk> chunks;
+  if (absl::Status s = DecodePushRequest(*request_bytes, &request,
+                                         [&chunks](ReceivedChunk& c) {
+                                           chunks.push_back(std::move(c));
+                                           return absl::OkStatus();
+                                         });
+      !s.ok()) {
     store->CountRejectedAtEdge(1);
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "push request is not a PushRequest"));
+                                 absl::StrCat("push request is not a PushRequest: ",
+                                              s.message())));
     return reactor;
   }
   absl::StatusOr<ShardStore::GradientPush> push =
-      DecodePush(*store, request, &ScratchBuffer());
+      DecodePush(*store, request, chunks, &ScratchBuffer());
   absl::StatusOr<DType> pull_dtype =
       DTypeFromWire(request.pull_dtype(), true, "push's pull_dtype");
   if (push.ok() && !pull_dtype.ok()) push = pull_dtype.status();
   if (!push.ok()) {
-    store->CountRejectedAtEdge(std::max(1, request.chunks_size()));
+    store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
     reactor->Finish(ToGrpc(push.status()));
     return reactor;
   }

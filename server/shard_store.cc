@@ -11,6 +11,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "server/chunk_optimizer.h"
+#include "wire/buffer_pool.h"
 
 namespace grps {
 namespace {
@@ -531,7 +532,8 @@ bool ShardStore::TryServe(Waiter& w,
     Chunk& c = *w.chunks[i];
     PulledChunk& p = pulled[i];
     p.chunk_id = c.id;
-    p.data.resize(c.num_elements() * DTypeSize(spec.dtype));
+    // Every byte is written below: a pooled buffer needs no clearing.
+    p.data = BufferPool::Default().Take(c.num_elements() * DTypeSize(spec.dtype));
     absl::MutexLock lock(&c.mu);
     p.version = c.version();
     ConvertElements(c.values.f32(), DType::kF32, p.data.data(), spec.dtype,

@@ -124,7 +124,9 @@ class ShardStore {
   struct PulledChunk {
     uint32_t chunk_id = 0;
     uint64_t version = 0;
-    std::string data;  // num_elements values in the requested dtype
+    // num_elements values in the requested dtype, in a buffer from
+    // BufferPool::Default() (give it back there when done, or let it go).
+    std::string data;
   };
 
   struct PullSpec {

@@ -2,13 +2,16 @@
 // ParameterServer service over gRPC on loopback): the worker's
 // ParameterClient with its slices, tickets, split requests and fused
 // push-and-pull, and a plain protobuf client speaking the same contract.
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -196,6 +199,42 @@ TEST(WirePath, PlainProtobufClientPushesAndPullsTheSameContract) {
   ASSERT_EQ(pulled.chunks_size(), 1);
   EXPECT_EQ(pulled.chunks(0).dtype(), v1::DTYPE_BF16);
   EXPECT_EQ(pulled.chunks(0).data().size(), grads.size() * 2);
+}
+
+// Bytes that are not a PushRequest get INVALID_ARGUMENT and change nothing;
+// the shard goes on serving.
+TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 1);
+  v1::ShardMap map = MapOf(config, 64);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  grpc::GenericStub stub(MakeChannel(map.shards(0).address()));
+  for (const std::string& garbage :
+       {std::string("\x2a\xff\xff\xff\xff\x0f", 6), std::string("\x0a\x7f", 2),
+        std::string(100, '\xff')}) {
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), reply;
+    grpc::ClientContext context;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    stub.UnaryCall(&context, "/grps.v1.ParameterServer/Push", grpc::StubOptions(), &request,
+                   &reply, [&](grpc::Status s) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     status = s;
+                     done = true;
+                     cv.notify_one();
+                   });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  }
+  EXPECT_EQ(shards.store(0).ShardStatus().version(), 0u);
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> params(client.num_parameters(), -1);
+  EXPECT_TRUE(client.Pull(0, absl::Seconds(5), params.data()).ok());
+  EXPECT_EQ(params[0], 0.0f);
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ void WriteChunks(uint32_t field, v1::DType dtype, std::vector<WireChunk>& chunks
     if (c.external != nullptr)
       w.ExternalBytes(chunk_data::kData, c.external, c.external_bytes);
     else
-      w.OwnedBytes(chunk_data::kData, std::move(c.owned));
+      w.OwnedBytes(chunk_data::kData, std::move(c.owned), c.recycle);
     w.Varint(chunk_data::kVersion, c.version);
   }
 }
@@ -159,9 +159,12 @@ namespace {
 
 // Walks a message: each ChunkData of field `chunks_field` goes to
 // `on_chunk`, each other varint field to `on_varint`; the rest is skipped.
-absl::Status DecodeChunks(const grpc::ByteBuffer& buffer, uint32_t chunks_field,
-                          const std::function<void(uint32_t, uint64_t)>& on_varint,
-                          const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+// Other length-delimited fields go to `on_len` when it is set.
+absl::Status DecodeChunks(
+    const grpc::ByteBuffer& buffer, uint32_t chunks_field,
+    const std::function<void(uint32_t, uint64_t)>& on_varint,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk,
+    const std::function<absl::Status(uint32_t, SliceReader&)>& on_len = nullptr) {
   absl::StatusOr<SliceReader> reader = SliceReader::Over(buffer);
   if (!reader.ok()) return reader.status();
   SliceReader& r = *reader;
@@ -175,7 +178,7 @@ absl::Status DecodeChunks(const grpc::ByteBuffer& buffer, uint32_t chunks_field,
       on_varint(field, v);
       continue;
     }
-    if (field != chunks_field || type != WireType::kLen) {
+    if (type != WireType::kLen || (field != chunks_field && on_len == nullptr)) {
       if (absl::Status s = r.SkipValue(type); !s.ok()) return s;
       continue;
     }
@@ -183,6 +186,10 @@ absl::Status DecodeChunks(const grpc::ByteBuffer& buffer, uint32_t chunks_field,
     if (absl::Status s = r.ReadLength(&length); !s.ok()) return s;
     absl::StatusOr<SliceReader> body = r.Sub(length);
     if (!body.ok()) return body.status();
+    if (field != chunks_field) {
+      if (absl::Status s = on_len(field, *body); !s.ok()) return s;
+      continue;
+    }
     absl::StatusOr<ReceivedChunk> chunk = ReadChunkData(std::move(*body));
     if (!chunk.ok()) return chunk.status();
     if (absl::Status s = on_chunk(*chunk); !s.ok()) return s;
@@ -196,6 +203,34 @@ absl::Status DecodePullResponse(
     const grpc::ByteBuffer& buffer,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
   return DecodeChunks(buffer, pull_response::kChunks, [](uint32_t, uint64_t) {}, on_chunk);
+}
+
+absl::Status DecodePushRequest(
+    const grpc::ByteBuffer& buffer, v1::PushRequest* header,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk) {
+  return DecodeChunks(
+      buffer, push_request::kChunks,
+      [header](uint32_t field, uint64_t v) {
+        // Narrowed as protobuf narrows a varint into a 32-bit field.
+        switch (field) {
+          case push_request::kWorkerRank: header->set_worker_rank(static_cast<uint32_t>(v)); break;
+          case push_request::kIncarnation: header->set_incarnation(v); break;
+          case push_request::kStep: header->set_step(v); break;
+          case push_request::kNumSamples: header->set_num_samples(static_cast<uint32_t>(v)); break;
+          case push_request::kGeneration: header->set_generation(v); break;
+          case push_request::kPull: header->set_pull(v != 0); break;
+          case push_request::kPullTimeoutMs: header->set_pull_timeout_ms(static_cast<uint32_t>(v)); break;
+          case push_request::kPullDType: header->set_pull_dtype(static_cast<v1::DType>(static_cast<int32_t>(v))); break;
+        }
+      },
+      on_chunk,
+      [header](uint32_t field, SliceReader& value) -> absl::Status {
+        if (field != push_request::kJobId) return absl::OkStatus();
+        std::string job_id(value.left(), '\0');
+        return value.ReadBytes(job_id.data(), job_id.size()).ok()
+                   ? (header->set_job_id(std::move(job_id)), absl::OkStatus())
+                   : absl::DataLossError("malformed job id");
+      });
 }
 
 absl::Status DecodePushResponse(

@@ -35,13 +35,14 @@ v1::DType DTypeToWire(DType dtype);
 
 // One chunk's values on the wire, already in the message's dtype: either
 // `external` (not copied; must outlive the RPC) or `owned` (moved into the
-// message).
+// message, and given back to `recycle` when gRPC is done with it, if set).
 struct WireChunk {
   uint32_t chunk_id = 0;
   uint64_t version = 0;
   const void* external = nullptr;
   size_t external_bytes = 0;
   std::string owned;
+  BufferPool* recycle = nullptr;
 };
 
 // A PushRequest: the scalar fields of `header` (its chunks are ignored) and
@@ -70,6 +71,12 @@ struct ReceivedChunk {
 // malformed message). Unknown fields are skipped.
 absl::Status DecodePullResponse(
     const grpc::ByteBuffer& buffer,
+    const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
+
+// A PushRequest: its scalar fields into *header (its chunks stay empty) and
+// `on_chunk` for every ChunkData, as DecodePullResponse.
+absl::Status DecodePushRequest(
+    const grpc::ByteBuffer& buffer, v1::PushRequest* header,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
 
 // A PushResponse: its scalar fields into *header (versions are skipped),

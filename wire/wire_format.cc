@@ -13,7 +13,17 @@ uint32_t KeyOf(uint32_t field, WireType type) {
   return (field << 3) | static_cast<uint32_t>(type);
 }
 
-void DeleteString(void* user_data) { delete static_cast<std::string*>(user_data); }
+// What an owned payload's slice holds on to until gRPC releases it.
+struct OwnedPayload {
+  std::string data;
+  BufferPool* recycle;
+};
+
+void ReleasePayload(void* user_data) {
+  auto* owned = static_cast<OwnedPayload*>(user_data);
+  if (owned->recycle != nullptr) owned->recycle->Give(std::move(owned->data));
+  delete owned;
+}
 
 absl::Status Truncated(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("malformed message: ", what));
@@ -81,12 +91,12 @@ void MessageWriter::ExternalBytes(uint32_t field, const void* data, size_t size)
   slices_.emplace_back(data, size, grpc::Slice::STATIC_SLICE);
 }
 
-void MessageWriter::OwnedBytes(uint32_t field, std::string data) {
+void MessageWriter::OwnedBytes(uint32_t field, std::string data, BufferPool* recycle) {
   BeginLen(field, data.size());
   if (data.empty()) return;
   FlushHeader();
-  auto* owned = new std::string(std::move(data));
-  slices_.emplace_back(owned->data(), owned->size(), DeleteString, owned);
+  auto* owned = new OwnedPayload{std::move(data), recycle};
+  slices_.emplace_back(owned->data.data(), owned->data.size(), ReleasePayload, owned);
 }
 
 grpc::ByteBuffer MessageWriter::Finish() {

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
+#include "wire/buffer_pool.h"
 
 namespace grps {
 
@@ -53,8 +54,9 @@ class MessageWriter {
   // unchanged until the ByteBuffer from Finish() and every copy gRPC made of
   // it are gone (for an RPC: until it has completed).
   void ExternalBytes(uint32_t field, const void* data, size_t size);
-  // The same for a payload the buffer takes over: freed with the last slice.
-  void OwnedBytes(uint32_t field, std::string data);
+  // The same for a payload the buffer takes over: freed with the last slice,
+  // or given back to `recycle` (not owned; must outlive the buffer) if set.
+  void OwnedBytes(uint32_t field, std::string data, BufferPool* recycle = nullptr);
 
   // The message so far; the writer is left empty.
   grpc::ByteBuffer Finish();

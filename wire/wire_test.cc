@@ -279,3 +279,73 @@ TEST(ChunkCodec, PushResponseRoundTripsThroughProtobuf) {
 
 }  // namespace
 }  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST(ChunkCodec, DecodesAProtobufPushRequest) {
+  v1::PushRequest request;
+  request.set_job_id("job-9");
+  request.set_worker_rank(2);
+  request.set_incarnation(77);
+  request.set_step(1000000000000ull);
+  request.set_num_samples(32);
+  request.set_generation(3);
+  request.set_pull(true);
+  request.set_pull_timeout_ms(1500);
+  request.set_pull_dtype(v1::DTYPE_F16);
+  const std::vector<float> a = Ramp(17, -1);
+  v1::ChunkData* c = request.add_chunks();
+  c->set_chunk_id(11);
+  c->set_dtype(v1::DTYPE_F32);
+  c->set_version(8);
+  c->set_data(std::string(reinterpret_cast<const char*>(a.data()), a.size() * 4));
+  v1::PushRequest header;
+  std::vector<float> got(a.size());
+  std::string scratch;
+  int chunks = 0;
+  absl::Status s = DecodePushRequest(Sliced(request.SerializeAsString(), 6), &header,
+                                     [&](ReceivedChunk& r) {
+                                       ++chunks;
+                                       EXPECT_EQ(r.chunk_id, 11u);
+                                       EXPECT_EQ(r.version, 8u);
+                                       return ReadValues(r.data, DType::kF32, got.data(),
+                                                         got.size(), &scratch);
+                                     });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(chunks, 1);
+  EXPECT_EQ(got, a);
+  request.clear_chunks();
+  EXPECT_EQ(header.SerializeAsString(), request.SerializeAsString());
+}
+
+TEST(BufferPool, GivesBackABufferOfTheSizeAskedForAndKeepsAtMostItsLimit) {
+  BufferPool pool(100);
+  std::string a = pool.Take(60);
+  EXPECT_EQ(a.size(), 60u);
+  const char* where = a.data();
+  pool.Give(std::move(a));
+  EXPECT_EQ(pool.idle_bytes(), 60u);
+  EXPECT_EQ(pool.Take(30).size(), 30u);  // another size: a new buffer
+  std::string again = pool.Take(60);
+  EXPECT_EQ(again.data(), where);  // the same buffer, used again
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  pool.Give(std::string(60, 'x'));
+  pool.Give(std::string(60, 'y'));  // over the limit: freed
+  EXPECT_EQ(pool.idle_bytes(), 60u);
+}
+
+TEST(BufferPool, AnOwnedPayloadReturnsToItsPoolWhenGrpcLetsGo) {
+  BufferPool pool(1 << 20);
+  {
+    std::vector<WireChunk> chunks(1);
+    chunks[0].owned = pool.Take(4096);
+    chunks[0].recycle = &pool;
+    grpc::ByteBuffer reply = EncodePullResponse(v1::DTYPE_F32, std::move(chunks));
+    EXPECT_EQ(pool.idle_bytes(), 0u);
+  }
+  EXPECT_EQ(pool.idle_bytes(), 4096u);
+}
+
+}  // namespace
+}  // namespace grps
