@@ -23,6 +23,8 @@ namespace {
 
 // How often a blocked RPC looks at its client (cancellation) while waiting.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+// The heartbeat interval asked of members while the job is ending.
+constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 constexpr absl::Duration kDefaultWatchInterval = absl::Seconds(1);
@@ -847,6 +849,9 @@ grpc::Status CoordinatorService::HandleHeartbeat(const v1::HeartbeatRequest& req
 
   response->set_job_state(state_);
   response->set_generation(restore_.generation());
+  if (TrainingDoneLocked() || EndedLocked())
+    response->set_next_heartbeat_ms(
+        std::min(kEndingHeartbeatMs, config_.heartbeat_interval_ms()));
   if (!current_generation) *response->mutable_restore() = restore_;
   Membership::LiveWorkers live = membership_.live_workers();
   response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());

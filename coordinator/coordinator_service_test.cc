@@ -612,6 +612,24 @@ TEST_F(CoordinatorServiceTest, EvaluatorIsLowestAliveRankWhileTraining) {
   EXPECT_FALSE(reply.evaluate_final());
 }
 
+TEST_F(CoordinatorServiceTest, AnEndingJobAsksItsMembersForQuickHeartbeats) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // training: the job's interval
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // one worker still trains
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  // Training is done: the final evaluation and the end should be heard at
+  // once, not an interval later.
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_GT(reply.next_heartbeat_ms(), 0u);
+  EXPECT_LE(reply.next_heartbeat_ms(), 50u);
+}
+
 TEST_F(CoordinatorServiceTest, FinalEvaluatorIsLowestFinishedRankStillHeartbeating) {
   StartJob(1, 3);
   RegisterAllServers();

@@ -445,7 +445,12 @@ int Run() {
       if (response.has_shard_map() && response.shard_map().epoch() > map_epoch)
         map_epoch = response.shard_map().epoch();
     }
-    SleepUnlessShutdown(interval - (absl::Now() - tick));
+    // Sooner while the job is ending, when the coordinator asks.
+    const absl::Duration next =
+        response.next_heartbeat_ms() > 0
+            ? std::min(interval, absl::Milliseconds(response.next_heartbeat_ms()))
+            : interval;
+    SleepUnlessShutdown(next - (absl::Now() - tick));
   }
 
   stop_server();  // also ends a checkpoint capture that is waiting

@@ -182,6 +182,10 @@ void Trainer::HeartbeatLoop() {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 4));
     v1::HeartbeatResponse resp;
     grpc::Status st = coordinator_->Heartbeat(&ctx, req, &resp);
+    // Sooner while the job is ending, when the coordinator asks.
+    absl::Duration next = interval;
+    if (st.ok() && resp.next_heartbeat_ms() > 0)
+      next = std::min(interval, absl::Milliseconds(resp.next_heartbeat_ms()));
     if (st.ok()) {
       if (silent) spdlog::info("the coordinator answers again");
       silent = false;
@@ -199,9 +203,9 @@ void Trainer::HeartbeatLoop() {
         silent = true;
       }
     }
-    for (absl::Duration slept; slept < interval && !stop_heartbeat_;
-         slept += absl::Milliseconds(20))
-      absl::SleepFor(absl::Milliseconds(20));
+    const absl::Duration slice = std::min(next, absl::Milliseconds(20));
+    for (absl::Duration slept; slept < next && !stop_heartbeat_; slept += slice)
+      absl::SleepFor(slice);
   }
 }
 
