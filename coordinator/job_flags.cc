@@ -70,6 +70,10 @@ ABSL_FLAG(uint64_t, chunk_kb, Defaults().chunk_bytes() / 1024,
           "target dense chunk size in KiB (f32)");
 ABSL_FLAG(std::string, wire_dtype, DTypeFlagName(Defaults().wire_dtype()),
           "dtype of pushed gradients and pulled weights: f32, f16 or bf16");
+ABSL_FLAG(float, topk, Defaults().gradient_topk(),
+          "push only this fraction of each chunk's gradient elements, the largest, "
+          "keeping the rest on the worker for its next push (top-k with error "
+          "feedback); 0 = whole gradients");
 ABSL_FLAG(uint32_t, eval_every, Defaults().eval_every_steps(),
           "evaluate test accuracy every this many steps (0 = only at the end)");
 ABSL_FLAG(uint32_t, heartbeat_ms, Defaults().heartbeat_interval_ms(),
@@ -173,6 +177,7 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   if (!wire.ok()) return FlagError("wire_dtype", wire.status());
   c.set_wire_dtype(*wire);
 
+  c.set_gradient_topk(absl::GetFlag(FLAGS_topk));
   c.set_eval_every_steps(absl::GetFlag(FLAGS_eval_every));
   c.set_heartbeat_interval_ms(absl::GetFlag(FLAGS_heartbeat_ms));
   c.set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));

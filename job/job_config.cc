@@ -97,6 +97,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
       c.wire_dtype() != v1::DTYPE_BF16)
     return bad("wire_dtype must be f32, f16 or bf16");
+  if (!(c.gradient_topk() >= 0 && c.gradient_topk() <= 1))
+    return bad("gradient_topk must be in [0, 1] (0: send gradients whole)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
     return bad("backup_workers applies to sync mode only");
   if (c.backup_workers() >= c.num_workers())

@@ -91,6 +91,8 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "seed for initialization 
 ABSL_FLAG(std::optional<uint64_t>, chunk_kb, std::nullopt, "dense chunk size in KiB");
 ABSL_FLAG(std::optional<std::string>, wire_dtype, std::nullopt,
           "dtype on the wire: f32, f16 or bf16");
+ABSL_FLAG(std::optional<float>, topk, std::nullopt,
+          "push only this fraction of each gradient (top-k with error feedback)");
 ABSL_FLAG(std::optional<uint32_t>, eval_every, std::nullopt,
           "evaluate every this many steps (0 = only at the end)");
 ABSL_FLAG(std::optional<uint32_t>, heartbeat_ms, std::nullopt, "heartbeat interval (ms)");
@@ -127,7 +129,8 @@ constexpr const char* kJobFlags[] = {
     "model",        "hidden",      "optimizer",  "lr",           "momentum",
     "weight_decay", "warmup_steps", "decay_steps", "decay_rate",  "batch",
     "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
-    "seed",         "chunk_kb",    "wire_dtype", "eval_every",   "heartbeat_ms",
+    "seed",         "chunk_kb",    "wire_dtype", "topk",         "eval_every",
+    "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
     "backup_workers",              "late_gradients",
     "checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_s",

@@ -108,10 +108,16 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype, false, what);
     if (!dtype.ok()) return dtype.status();
     const uint64_t n = (*spec)->num_elements();
-    const uint64_t expected = n * DTypeSize(*dtype);
+    // A sparse gradient (top-k) carries one value per index.
+    const bool sparse = !chunk.indices.AtEnd();
+    const uint64_t count = sparse ? chunk.indices.left() / sizeof(uint32_t) : n;
+    if (sparse && (chunk.indices.left() % sizeof(uint32_t) != 0 || count > n))
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", chunk.indices.left(), " bytes of indices for ", n, " elements"));
+    const uint64_t expected = count * DTypeSize(*dtype);
     if (chunk.data.left() != expected)
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": expected ", expected, " bytes (", n, " x ",
+          what, ": expected ", expected, " bytes (", count, " x ",
           std::string(DTypeName(*dtype)), "), got ", chunk.data.left()));
     scratch_floats += n;
     checked.push_back({*spec, *dtype});
@@ -132,10 +138,10 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     ReceivedChunk& chunk = chunks[i];
     const Checked& c = checked[i];
     const size_t n = c.spec->num_elements();
-    const uint64_t wire_bytes = chunk.data.left();
+    const uint64_t wire_bytes = chunk.data.left() + chunk.indices.left();
     float* dst = scratch->data() + used;
     used += n;
-    if (absl::Status s = ReadValues(chunk.data, c.dtype, dst, n, &narrow); !s.ok())
+    if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
     const absl::Span<const float> values = absl::MakeConstSpan(dst, n);

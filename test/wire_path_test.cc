@@ -201,6 +201,43 @@ TEST(WirePath, PlainProtobufClientPushesAndPullsTheSameContract) {
   EXPECT_EQ(pulled.chunks(0).data().size(), grads.size() * 2);
 }
 
+// With top-k, a push sends only the largest gradients of each chunk and the
+// worker keeps the rest: after one push exactly k elements per chunk moved,
+// and over pushes the held-back gradients are sent too (error feedback).
+TEST(WirePath, TopKPushesMoveOnlyTheLargestElementsAndLoseNothing) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 1);
+  config.set_chunk_bytes(1024);  // chunks of 256 elements
+  config.set_gradient_topk(0.25f);
+  v1::ShardMap map = MapOf(config, 1024);
+  InProcessShards shards(config, &map);
+  MakeLive(shards, 1);
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> params(client.num_parameters());
+  std::vector<float> grads(params.size());
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i % 256 + 1);
+  ASSERT_TRUE(client.Push(0, grads.data(), 1, absl::Seconds(5)).ok());
+  ASSERT_TRUE(client.Pull(1, absl::Seconds(5), params.data()).ok());
+  int moved = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i] != 0) {
+      ++moved;
+      EXPECT_GE(i % 256, 192u) << "element " << i << " is not among its chunk's largest";
+    }
+  }
+  EXPECT_EQ(moved, 4 * 64);
+  // Three more pushes of a zero gradient send what was held back, a quarter
+  // at a time: after them every element has moved by exactly its gradient.
+  const std::vector<float> zeros(grads.size(), 0.0f);
+  for (uint64_t step = 1; step < 4; ++step)
+    ASSERT_TRUE(client.Push(step, zeros.data(), 1, absl::Seconds(5)).ok());
+  ASSERT_TRUE(client.Pull(4, absl::Seconds(5), params.data()).ok());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_FLOAT_EQ(params[i], -grads[i]) << i;
+  // A sent element costs an index and a value, so a quarter of them is about
+  // half a dense push's bytes (plus framing).
+  const size_t dense = params.size() * sizeof(float);
+  EXPECT_LT(client.bytes_pushed(), 4 * dense * 55 / 100);
+}
+
 // Bytes that are not a PushRequest get INVALID_ARGUMENT and change nothing;
 // the shard goes on serving.
 TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {

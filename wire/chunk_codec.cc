@@ -1,7 +1,9 @@
 #include "wire/chunk_codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +18,7 @@ constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
                    kPullTimeoutMs = 9, kPullDType = 10;
 }
 namespace chunk_data {
-constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4;
+constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4, kIndices = 5;
 }
 namespace pull_response {
 constexpr uint32_t kChunks = 1;
@@ -33,7 +35,8 @@ size_t ChunkDataBytes(const WireChunk& c, v1::DType dtype) {
   return VarintFieldSize(chunk_data::kChunkId, c.chunk_id) +
          VarintFieldSize(chunk_data::kDType, dtype) +
          LenFieldSize(chunk_data::kData, PayloadBytes(c)) +
-         VarintFieldSize(chunk_data::kVersion, c.version);
+         VarintFieldSize(chunk_data::kVersion, c.version) +
+         (c.indices.empty() ? 0 : LenFieldSize(chunk_data::kIndices, c.indices.size()));
 }
 
 // Appends `chunks` as repeated ChunkData field `field`.
@@ -48,6 +51,7 @@ void WriteChunks(uint32_t field, v1::DType dtype, std::vector<WireChunk>& chunks
     else
       w.OwnedBytes(chunk_data::kData, std::move(c.owned), c.recycle);
     w.Varint(chunk_data::kVersion, c.version);
+    if (!c.indices.empty()) w.OwnedBytes(chunk_data::kIndices, std::move(c.indices));
   }
 }
 
@@ -59,12 +63,14 @@ absl::StatusOr<ReceivedChunk> ReadChunkData(SliceReader r) {
     WireType type;
     if (absl::Status s = r.ReadKey(&field, &type); !s.ok()) return s;
     uint64_t v = 0;
-    if (field == chunk_data::kData && type == WireType::kLen) {
+    if ((field == chunk_data::kData || field == chunk_data::kIndices) &&
+        type == WireType::kLen) {
       uint64_t length;
       if (absl::Status s = r.ReadLength(&length); !s.ok()) return s;
       absl::StatusOr<SliceReader> data = r.Sub(length);
       if (!data.ok()) return data.status();
-      c.data = std::move(*data);  // the last one wins, as in protobuf
+      // The last one wins, as in protobuf.
+      (field == chunk_data::kData ? c.data : c.indices) = std::move(*data);
     } else if ((field == chunk_data::kChunkId || field == chunk_data::kDType ||
                 field == chunk_data::kVersion) &&
                type == WireType::kVarint) {
@@ -259,6 +265,56 @@ absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,
   if (absl::Status s = data.ReadBytes(scratch->data(), bytes); !s.ok()) return s;
   ConvertElements(scratch->data(), wire, dst, DType::kF32, n);
   return absl::OkStatus();
+}
+
+absl::Status ReadGradient(ReceivedChunk& chunk, DType wire, float* dst, size_t n,
+                          std::string* scratch) {
+  if (chunk.indices.AtEnd()) return ReadValues(chunk.data, wire, dst, n, scratch);
+  const uint64_t index_bytes = chunk.indices.left();
+  if (index_bytes % sizeof(uint32_t) != 0 || index_bytes / sizeof(uint32_t) > n)
+    return absl::DataLossError(absl::StrCat(index_bytes, " bytes of indices for ", n,
+                                            " elements"));
+  const size_t count = index_bytes / sizeof(uint32_t);
+  // Values first (as f32 at the front of dst), then indices into scratch.
+  if (absl::Status s = ReadValues(chunk.data, wire, dst, count, scratch); !s.ok()) return s;
+  std::vector<uint32_t> index(count);
+  if (absl::Status s = chunk.indices.ReadBytes(index.data(), index_bytes); !s.ok()) return s;
+  for (size_t i = 0; i < count; ++i)
+    if (index[i] >= n || (i > 0 && index[i] <= index[i - 1]))
+      return absl::DataLossError(absl::StrCat("index ", index[i], " at ", i,
+                                              " is out of range or out of order"));
+  // Scatter in place from the back: index[i] >= i, so dst[0, i) still holds
+  // the values not yet moved while [index[i], n) is being written.
+  for (size_t i = count; i-- > 0;) {
+    const float v = dst[i];
+    const size_t next = i + 1 < count ? index[i + 1] : n;
+    std::fill(dst + index[i] + 1, dst + next, 0.0f);
+    dst[index[i]] = v;
+  }
+  std::fill(dst, dst + (count > 0 ? index[0] : n), 0.0f);
+  return absl::OkStatus();
+}
+
+void SparsifyTopK(const float* grad, float* residual, size_t n, size_t k, DType wire,
+                  std::string* indices, std::string* values, std::vector<uint32_t>* order) {
+  k = std::min(std::max<size_t>(k, 1), n);
+  for (size_t i = 0; i < n; ++i) residual[i] += grad[i];
+  order->resize(n);
+  for (size_t i = 0; i < n; ++i) (*order)[i] = static_cast<uint32_t>(i);
+  std::nth_element(order->begin(), order->begin() + (k - 1), order->end(),
+                   [residual](uint32_t a, uint32_t b) {
+                     return std::abs(residual[a]) > std::abs(residual[b]);
+                   });
+  std::sort(order->begin(), order->begin() + k);
+  indices->resize(k * sizeof(uint32_t));
+  std::memcpy(indices->data(), order->data(), k * sizeof(uint32_t));
+  std::vector<float> picked(k);
+  for (size_t j = 0; j < k; ++j) {
+    picked[j] = residual[(*order)[j]];
+    residual[(*order)[j]] = 0;
+  }
+  values->resize(k * DTypeSize(wire));
+  ConvertElements(picked.data(), DType::kF32, values->data(), wire, k);
 }
 
 }  // namespace grps

@@ -43,6 +43,8 @@ struct WireChunk {
   size_t external_bytes = 0;
   std::string owned;
   BufferPool* recycle = nullptr;
+  // A sparse gradient: the uint32 indices of the values (ChunkData.indices).
+  std::string indices;
 };
 
 // A PushRequest: the scalar fields of `header` (its chunks are ignored) and
@@ -64,6 +66,7 @@ struct ReceivedChunk {
   int dtype = 0;  // the raw tag: check it with DTypeFromWire
   uint64_t version = 0;
   SliceReader data;
+  SliceReader indices;  // empty unless the gradient is sparse
 };
 
 // Calls `on_chunk` for every ChunkData of the PullResponse in `buffer`, in
@@ -89,6 +92,19 @@ absl::Status DecodePushResponse(
 // `dst` as f32: straight into `dst` for f32, through `scratch` otherwise.
 absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,
                         std::string* scratch);
+
+// A chunk's gradient, dense or sparse, as `n` f32 values in `dst`: a sparse
+// one is scattered over zeros. DATA_LOSS when the lengths disagree, or an
+// index is out of range or not above the one before.
+absl::Status ReadGradient(ReceivedChunk& chunk, DType wire, float* dst, size_t n,
+                          std::string* scratch);
+
+// Top-k sparsification with error feedback, for one chunk of `n` elements:
+// adds `grad` into `residual`, moves the k largest |residual| elements into
+// `indices` (uint32, ascending) and `values` (in dtype `wire`), and leaves
+// the rest in `residual` for the next push. `order` is scratch.
+void SparsifyTopK(const float* grad, float* residual, size_t n, size_t k, DType wire,
+                  std::string* indices, std::string* values, std::vector<uint32_t>* order);
 
 }  // namespace grps
 

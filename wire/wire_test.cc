@@ -349,3 +349,78 @@ TEST(BufferPool, AnOwnedPayloadReturnsToItsPoolWhenGrpcLetsGo) {
 
 }  // namespace
 }  // namespace grps
+
+namespace grps {
+namespace {
+
+TEST(TopK, SendsTheLargestAndKeepsTheRestForTheNextPush) {
+  const std::vector<float> g = {0.1f, -5.0f, 0.3f, 2.0f, -0.2f, 0.0f, 1.0f, -0.4f};
+  std::vector<float> residual(g.size(), 0.0f);
+  std::string indices, values;
+  std::vector<uint32_t> order;
+  SparsifyTopK(g.data(), residual.data(), g.size(), 3, DType::kF32, &indices, &values, &order);
+  ASSERT_EQ(indices.size(), 3 * sizeof(uint32_t));
+  std::vector<uint32_t> idx(3);
+  std::memcpy(idx.data(), indices.data(), indices.size());
+  EXPECT_EQ(idx, (std::vector<uint32_t>{1, 3, 6}));  // |-5|, |2|, |1|, ascending
+  std::vector<float> sent(3);
+  std::memcpy(sent.data(), values.data(), values.size());
+  EXPECT_EQ(sent, (std::vector<float>{-5.0f, 2.0f, 1.0f}));
+  EXPECT_EQ(residual, (std::vector<float>{0.1f, 0, 0.3f, 0, -0.2f, 0.0f, 0, -0.4f}));
+
+  // Error feedback: what was held back adds to the next gradient, so over
+  // pushes nothing is lost: what was sent plus the residual is the sum of
+  // the gradients, element by element.
+  std::vector<double> sent_total(g.size(), 0);
+  sent_total[1] = -5.0;
+  sent_total[3] = 2.0;
+  sent_total[6] = 1.0;
+  for (int round = 2; round <= 3; ++round) {
+    SparsifyTopK(g.data(), residual.data(), g.size(), 3, DType::kF32, &indices, &values,
+                 &order);
+    std::memcpy(idx.data(), indices.data(), indices.size());
+    std::memcpy(sent.data(), values.data(), values.size());
+    for (int j = 0; j < 3; ++j) sent_total[idx[j]] += sent[j];
+    if (round == 3) EXPECT_EQ(idx, (std::vector<uint32_t>{1, 3, 7}));  // -0.4 x 3 > 1
+  }
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_NEAR(sent_total[i] + residual[i], 3.0 * g[i], 1e-6) << i;
+}
+
+// A sparse ChunkData as a protobuf writer would send it.
+std::string SparseReply(const std::vector<uint32_t>& idx, const std::vector<float>& values) {
+  v1::PullResponse reply;  // any message with repeated ChunkData at field 1
+  v1::ChunkData* c = reply.add_chunks();
+  c->set_chunk_id(3);
+  c->set_dtype(v1::DTYPE_F32);
+  c->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  c->set_indices(std::string(reinterpret_cast<const char*>(idx.data()), idx.size() * 4));
+  return reply.SerializeAsString();
+}
+
+absl::Status ReadSparse(const std::string& bytes, std::vector<float>* dst) {
+  std::string scratch;
+  return DecodePullResponse(Sliced(bytes, 5), [&](ReceivedChunk& r) {
+    return ReadGradient(r, DType::kF32, dst->data(), dst->size(), &scratch);
+  });
+}
+
+TEST(TopK, ASparseGradientIsScatteredOverZeros) {
+  std::vector<float> dst(8, 9.0f);
+  ASSERT_TRUE(ReadSparse(SparseReply({0, 2, 7}, {1, 2, 3}), &dst).ok());
+  EXPECT_EQ(dst, (std::vector<float>{1, 0, 2, 0, 0, 0, 0, 3}));
+  std::vector<float> all(3, 9.0f);
+  ASSERT_TRUE(ReadSparse(SparseReply({0, 1, 2}, {4, 5, 6}), &all).ok());
+  EXPECT_EQ(all, (std::vector<float>{4, 5, 6}));
+}
+
+TEST(TopK, BadIndicesAreDataLoss) {
+  std::vector<float> dst(8);
+  EXPECT_EQ(ReadSparse(SparseReply({2, 1}, {1, 2}), &dst).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadSparse(SparseReply({2, 2}, {1, 2}), &dst).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadSparse(SparseReply({8}, {1}), &dst).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadSparse(SparseReply({1, 2}, {1}), &dst).code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace grps

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -242,13 +243,7 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
     result = absl::Status(result.code(),
                           absl::StrCat(op->push ? "push to shard " : "pull from shard ",
                                        shard, ": ", result.message()));
-  if (result.ok() && op->push) {
-    uint64_t bytes = 0;
-    for (uint32_t id : call.part->chunk_ids)
-      bytes += layout_.chunks(id).num_elements() *
-               DTypeSize(*DTypeFromWire(JobWireDType(config_), true, "push"));
-    bytes_pushed_ += bytes;
-  }
+  if (result.ok() && op->push) bytes_pushed_ += call.request.Length();
   std::lock_guard<std::mutex> lock(op->mu);
   call.status = std::move(result);
   call.pulled = complete;
@@ -347,6 +342,22 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
   op->push = true;
   op->host_params = pull_into;
   op->calls.resize(parts_.size());
+  const float topk = config_.gradient_topk();
+  const bool sparse = topk > 0 && topk < 1;
+  absl::MutexLock topk_lock(&topk_mu_);
+  if (sparse) {
+    if (residual_.empty() || residual_generation_ != header.generation()) {
+      residual_.assign(num_params_, 0.0f);
+      residual_step_.reset();
+      residual_generation_ = header.generation();
+    }
+    if (residual_step_ == step) {
+      residual_ = residual_before_;  // a retry: the same selection again
+    } else {
+      residual_before_ = residual_;
+      residual_step_ = step;
+    }
+  }
   for (size_t i = 0; i < parts_.size(); ++i) {
     std::vector<WireChunk> chunks(parts_[i].chunk_ids.size());
     for (size_t k = 0; k < chunks.size(); ++k) {
@@ -356,7 +367,11 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
       WireChunk& c = chunks[k];
       c.chunk_id = id;
       c.version = chunk_version_[id];
-      if (d == DType::kF32) {
+      if (sparse) {
+        const size_t keep = static_cast<size_t>(std::ceil(topk * static_cast<double>(n)));
+        SparsifyTopK(values, residual_.data() + chunk_offset_[id], n, keep, d, &c.indices,
+                     &c.owned, &topk_order_);
+      } else if (d == DType::kF32) {
         c.external = values;
         c.external_bytes = n * sizeof(float);
       } else {

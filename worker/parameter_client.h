@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -198,6 +199,17 @@ class ParameterClient {
   absl::Mutex ops_mu_;
   absl::flat_hash_map<Ticket, std::unique_ptr<Operation>> ops_ ABSL_GUARDED_BY(ops_mu_);
   Ticket next_ticket_ ABSL_GUARDED_BY(ops_mu_) = 1;
+
+  // Top-k with error feedback (JobConfig.gradient_topk in (0, 1)): what the
+  // pushes have not sent yet, by flat offset; as it was before the push of
+  // `residual_step_` (a retry of that step starts again from there); and the
+  // generation it belongs to (a roll-back drops it).
+  absl::Mutex topk_mu_;
+  std::vector<float> residual_ ABSL_GUARDED_BY(topk_mu_);
+  std::vector<float> residual_before_ ABSL_GUARDED_BY(topk_mu_);
+  std::optional<uint64_t> residual_step_ ABSL_GUARDED_BY(topk_mu_);
+  uint64_t residual_generation_ ABSL_GUARDED_BY(topk_mu_) = 0;
+  std::vector<uint32_t> topk_order_ ABSL_GUARDED_BY(topk_mu_);
 
   // Added to by the calls' callbacks.
   std::atomic<uint64_t> bytes_pushed_{0};
