@@ -138,20 +138,21 @@ float HalfToFloat(uint16_t bits) {
 
 uint16_t FloatToBFloat16(float value) {
   const uint32_t bits = FloatBits(value);
-  if ((bits & 0x7fffffff) > 0x7f800000) {
-    // Truncating a NaN whose payload is only in the low 16 bits would give
-    // inf; setting the quiet bit keeps it a NaN.
-    return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  }
-  // Rounding may carry into the exponent; from the largest finite values it
-  // carries into 0x7f80 (inf), which is the correct overflow.
-  return static_cast<uint16_t>(ShiftRightRoundingToEven(bits, 16));
+  // Round to nearest even: add just under half, plus the kept part's lowest
+  // bit, and drop the low half (a carry into the exponent, also from the
+  // largest finite values into 0x7f80 = inf, is the correct result).
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  // Truncating a NaN whose payload is only in the low 16 bits would give
+  // inf; setting the quiet bit keeps it a NaN. A select, not a branch, so
+  // that the conversion loops vectorize.
+  const uint32_t nan = (bits >> 16) | 0x0040u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 float BFloat16ToFloat(uint16_t bits) {
-  uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  if ((wide & 0x7fffffff) > 0x7f800000) wide |= 0x00400000;  // quiet NaN
-  return BitsToFloat(wide);
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  const uint32_t quiet = (wide & 0x7fffffffu) > 0x7f800000u ? 0x00400000u : 0u;
+  return BitsToFloat(wide | quiet);
 }
 
 namespace {
