@@ -306,8 +306,9 @@ int Main(int argc, char** argv) {
                     absl::SixDigits(status.final_test_loss()));
   if (!status.message().empty()) absl::StrAppend(&result, " (", status.message(), ")");
   spdlog::info("{}", result);
-  spdlog::default_logger()->flush();
-  return status.state() == v1::JOB_STATE_FAILED ? 1 : 0;
+  // The state is saved and every member has heard the end; skip gRPC's
+  // library shutdown (see ExitNow).
+  ExitNow(status.state() == v1::JOB_STATE_FAILED ? 1 : 0);
 }
 
 }  // namespace

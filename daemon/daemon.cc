@@ -86,6 +86,12 @@ std::atomic<bool> g_shutdown{false};
 void OnSignal(int) { g_shutdown.store(true); }
 }  // namespace
 
+void ExitNow(int code) {
+  if (auto logger = spdlog::default_logger()) logger->flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 int UsableCores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));

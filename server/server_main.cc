@@ -463,8 +463,9 @@ int Run() {
       store->shard(), reason, s.version(), s.updates_applied(), s.pushes(),
       s.duplicate_pushes(), s.rejected_pushes(), s.pulls(), MiB(s.bytes_in()),
       MiB(s.bytes_out()));
-  spdlog::default_logger()->flush();
-  return exit_code;
+  // Everything is saved and every thread of ours has stopped; skip gRPC's
+  // library shutdown (see ExitNow).
+  ExitNow(exit_code);
 }
 
 }  // namespace

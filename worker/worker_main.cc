@@ -132,10 +132,11 @@ int Main(int argc, char** argv) {
   if (!s.ok()) {
     // "job failed: <reason>", a lost coordinator, or a training error.
     spdlog::error("{}; exiting 1", std::string(s.message()));
-    return 1;
+    ExitNow(1);
   }
   spdlog::info("done");
-  return 0;
+  // Skip gRPC's library shutdown (see ExitNow).
+  ExitNow(0);
 }
 
 }  // namespace
