@@ -41,8 +41,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
-#include "server/parameter_server_service.h"
-#include "server/shard_store.h"
+#include "test/in_process_shards.h"
 #include "worker/parameter_client.h"
 
 ABSL_FLAG(std::string, mib, "1,16,64,256", "model sizes in MiB");
@@ -191,65 +190,28 @@ double TcpMs(size_t bytes, int reps) {
 
 // ---- grps: ParameterClient to ShardStores over gRPC ----
 
-// Shards of a one-tensor model of `bytes`, served in this process.
+// Shards of a one-tensor model of `bytes`, served in this process with every
+// worker of `config` live.
 struct Shards {
   v1::ShardMap map;
-  std::vector<std::unique_ptr<ShardStore>> stores;
-  std::vector<std::unique_ptr<ParameterServerService>> services;
-  std::vector<std::unique_ptr<grpc::Server>> servers;
-  ~Shards() {
-    for (auto& store : stores) store->Shutdown();
-    for (auto& server : servers) server->Shutdown(std::chrono::system_clock::now());
-  }
+  InProcessShards served;
 };
 
 std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::string* error) {
-  const uint32_t shards = config.num_servers();
-  v1::TensorSpec tensor;
-  tensor.set_name("w");
-  tensor.add_shape(static_cast<int64_t>(bytes / sizeof(float)));
-  tensor.set_initializer("zeros");
-  absl::StatusOr<v1::ShardMap> map = BuildShardMap({tensor}, shards, config.chunk_bytes());
+  absl::StatusOr<v1::ShardMap> map =
+      OneTensorMap(config, static_cast<int64_t>(bytes / sizeof(float)));
   if (!map.ok()) {
     *error = std::string(map.status().message());
     return nullptr;
   }
-  auto served = std::make_unique<Shards>();
-  auto& stores = served->stores;
-  auto& services = served->services;
-  auto& servers = served->servers;
-  for (uint32_t s = 0; s < shards; ++s) {
-    ShardStore::Options o;
-    o.config = config;
-    o.shard_map = *map;
-    o.shard = s;
-    o.incarnation = 1;
-    absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
-    if (!store.ok()) {
-      *error = std::string(store.status().message());
-      return nullptr;
-    }
-    stores.push_back(std::move(*store));
-    services.push_back(std::make_unique<ParameterServerService>(stores.back().get()));
-    absl::StatusOr<GrpcServer> server =
-        StartGrpcServer("127.0.0.1:0", {services.back().get()});
-    if (!server.ok()) {
-      *error = std::string(server.status().message());
-      return nullptr;
-    }
-    map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
-    servers.push_back(std::move(server->server));
+  auto shards = std::make_unique<Shards>();
+  shards->map = std::move(*map);
+  if (absl::Status s = shards->served.Serve(config, &shards->map); !s.ok()) {
+    *error = std::string(s.message());
+    return nullptr;
   }
-  // Every worker live, so the shards accept their pushes.
-  std::vector<uint32_t> ranks;
-  std::vector<uint64_t> incarnations;
-  for (uint32_t r = 0; r < config.num_workers(); ++r) {
-    ranks.push_back(r);
-    incarnations.push_back(1);
-  }
-  for (auto& store : stores) store->SetLiveWorkers(ranks, incarnations);
-  served->map = std::move(*map);
-  return served;
+  shards->served.SetLiveWorkers(config.num_workers());
+  return shards;
 }
 
 double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {

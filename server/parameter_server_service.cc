@@ -231,15 +231,18 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
 
 }  // namespace
 
+ShardStore* ParameterServerService::StoreOrFinish(grpc::ServerUnaryReactor* reactor) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) reactor->Finish(ToGrpc(NotReady()));
+  return store;
+}
+
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  ShardStore* store = store_.load();
-  if (store == nullptr) {
-    reactor->Finish(ToGrpc(NotReady()));
-    return reactor;
-  }
+  ShardStore* store = StoreOrFinish(reactor);
+  if (store == nullptr) return reactor;
   v1::PullRequest request;
   if (!ParseRequest(*request_bytes, &request)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -273,11 +276,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  ShardStore* store = store_.load();
-  if (store == nullptr) {
-    reactor->Finish(ToGrpc(NotReady()));
-    return reactor;
-  }
+  ShardStore* store = StoreOrFinish(reactor);
+  if (store == nullptr) return reactor;
   v1::PushRequest request;  // the scalar fields; chunks stay in the slices
   std::vector<ReceivedChunk> chunks;
   if (absl::Status s = DecodePushRequest(*request_bytes, &request,

@@ -76,6 +76,9 @@ class ParameterServerService final
                               v1::ShardStatus* response) override;
 
  private:
+  // The attached store; null (with `reactor` finished UNAVAILABLE) before.
+  ShardStore* StoreOrFinish(grpc::ServerUnaryReactor* reactor);
+
   std::atomic<ShardStore*> store_{nullptr};
 };
 

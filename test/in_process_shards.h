@@ -2,9 +2,10 @@
 // ShardStore behind its own gRPC server on loopback (the tests that train
 // real workers against real shards without starting daemons).
 //
-// The constructor fills in `map`'s shard addresses. On failure it records a
-// gtest failure; the tests stop there. Not thread-safe to construct; the
-// stores are thread-safe.
+// Serve (or the tests' constructor) fills in `map`'s shard addresses. Not
+// thread-safe to set up; the stores are thread-safe. Also used by
+// bench/wire_bench, which links no test framework: only the constructor
+// that records a gtest failure needs one, and it is inline here.
 #ifndef GRPS_TEST_IN_PROCESS_SHARDS_H_
 #define GRPS_TEST_IN_PROCESS_SHARDS_H_
 
@@ -13,7 +14,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "proto/grps.pb.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_store.h"
@@ -22,7 +26,18 @@ namespace grps {
 
 class InProcessShards {
  public:
-  InProcessShards(const v1::JobConfig& config, v1::ShardMap* map);
+  InProcessShards() = default;
+  // For tests: Serve, recording a gtest failure if it fails.
+  InProcessShards(const v1::JobConfig& config, v1::ShardMap* map) {
+    const absl::Status s = Serve(config, map);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  // Starts config.num_servers() shards of `map` on free loopback ports and
+  // writes their addresses into *map. Call once.
+  absl::Status Serve(const v1::JobConfig& config, v1::ShardMap* map);
+  // Makes ranks [0, workers) the live workers of every shard, each at
+  // incarnation 1 (as a ParameterClient created with incarnation 1 pushes).
+  void SetLiveWorkers(uint32_t workers);
   ~InProcessShards();
   InProcessShards(const InProcessShards&) = delete;
   InProcessShards& operator=(const InProcessShards&) = delete;
@@ -35,6 +50,10 @@ class InProcessShards {
   std::vector<std::unique_ptr<ParameterServerService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
 };
+
+// The shard map of a model of one tensor "w" of `elements` zeros, cut and
+// placed as the job's config says.
+absl::StatusOr<v1::ShardMap> OneTensorMap(const v1::JobConfig& config, int64_t elements);
 
 // `n` random examples of `features` standard-normal inputs and a label in
 // [0, classes), drawn from a generator seeded with `seed` (row-major x).

@@ -38,25 +38,9 @@ v1::JobConfig Config(v1::ConsistencyMode mode, uint32_t workers, uint32_t server
 }
 
 v1::ShardMap MapOf(const v1::JobConfig& config, int64_t elements) {
-  v1::TensorSpec t;
-  t.set_name("w");
-  t.add_shape(elements);
-  t.set_initializer("zeros");
-  absl::StatusOr<v1::ShardMap> map =
-      BuildShardMap({t}, config.num_servers(), config.chunk_bytes());
+  absl::StatusOr<v1::ShardMap> map = OneTensorMap(config, elements);
   EXPECT_TRUE(map.ok()) << map.status();
   return map.ok() ? *map : v1::ShardMap();
-}
-
-void MakeLive(InProcessShards& shards, uint32_t workers) {
-  std::vector<uint32_t> ranks;
-  std::vector<uint64_t> incarnations;
-  for (uint32_t r = 0; r < workers; ++r) {
-    ranks.push_back(r);
-    incarnations.push_back(1);
-  }
-  for (size_t s = 0; s < shards.size(); ++s)
-    shards.store(s).SetLiveWorkers(ranks, incarnations);
 }
 
 std::vector<float> Ramp(size_t n) {
@@ -69,7 +53,7 @@ TEST(WirePath, FusedPushBringsTheWeightsOfTheNextStep) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 1, 2);
   v1::ShardMap map = MapOf(config, 300000);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   ParameterClient client(config, map, 0, 1);
   std::vector<float> params(client.num_parameters(), -7);
   ASSERT_TRUE(client.Pull(0, absl::Seconds(5), params.data()).ok());
@@ -92,7 +76,7 @@ TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 2, 1);
   v1::ShardMap map = MapOf(config, 1000);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 2);
+  shards.SetLiveWorkers(2);
   ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
   std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
   ASSERT_TRUE(w0.Pull(0, absl::Seconds(5), p0.data()).ok());
@@ -118,7 +102,7 @@ TEST(WirePath, TicketsOfOneClientRunConcurrentlyAndEachIsWaitedOnce) {
   v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 2);
   v1::ShardMap map = MapOf(config, 100000);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   ParameterClient client(config, map, 0, 1);
   std::vector<float> a(client.num_parameters()), b(client.num_parameters());
   const ParameterClient::Ticket ta = client.PullAsync(0, absl::Seconds(5), a.data());
@@ -138,7 +122,7 @@ TEST(WirePath, AShardLargerThanTheMessageLimitTrains) {
   v1::ShardMap map = MapOf(config, elements);
   ASSERT_GT(static_cast<uint64_t>(elements) * 4, static_cast<uint64_t>(kMaxMessageBytes));
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   ParameterClient client(config, map, 0, 1);
   std::vector<float> params(client.num_parameters());
   ASSERT_TRUE(client.Pull(0, absl::Seconds(30), params.data()).ok());
@@ -160,7 +144,7 @@ TEST(WirePath, PlainProtobufClientPushesAndPullsTheSameContract) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 1, 1);
   v1::ShardMap map = MapOf(config, 64);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   auto stub = v1::ParameterServer::NewStub(MakeChannel(map.shards(0).address()));
   const uint32_t chunk = map.chunks(0).chunk_id();
 
@@ -210,7 +194,7 @@ TEST(WirePath, TopKPushesMoveOnlyTheLargestElementsAndLoseNothing) {
   config.set_gradient_topk(0.25f);
   v1::ShardMap map = MapOf(config, 1024);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   ParameterClient client(config, map, 0, 1);
   std::vector<float> params(client.num_parameters());
   std::vector<float> grads(params.size());
@@ -244,7 +228,7 @@ TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {
   v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 1);
   v1::ShardMap map = MapOf(config, 64);
   InProcessShards shards(config, &map);
-  MakeLive(shards, 1);
+  shards.SetLiveWorkers(1);
   grpc::GenericStub stub(MakeChannel(map.shards(0).address()));
   for (const std::string& garbage :
        {std::string("\x2a\xff\xff\xff\xff\x0f", 6), std::string("\x0a\x7f", 2),

@@ -124,15 +124,16 @@ absl::StatusOr<SliceReader> SliceReader::Over(const grpc::ByteBuffer& buffer) {
   return r;
 }
 
-absl::Status SliceReader::ReadBytes(void* dst, size_t size) {
+absl::Status SliceReader::Advance(uint64_t size, char* out) {
   if (size > left_) return Truncated("a field runs past the end");
-  char* out = static_cast<char*>(dst);
   left_ -= size;
   while (size > 0) {
     const grpc::Slice& s = shared_->slices[slice_];
-    const size_t n = std::min(size, s.size() - offset_);
-    std::memcpy(out, s.begin() + offset_, n);
-    out += n;
+    const uint64_t n = std::min<uint64_t>(size, s.size() - offset_);
+    if (out != nullptr) {
+      std::memcpy(out, s.begin() + offset_, n);
+      out += n;
+    }
     size -= n;
     offset_ += n;
     if (offset_ == s.size()) {
@@ -143,21 +144,11 @@ absl::Status SliceReader::ReadBytes(void* dst, size_t size) {
   return absl::OkStatus();
 }
 
-absl::Status SliceReader::Skip(uint64_t size) {
-  if (size > left_) return Truncated("a field runs past the end");
-  left_ -= size;
-  while (size > 0) {
-    const grpc::Slice& s = shared_->slices[slice_];
-    const uint64_t n = std::min<uint64_t>(size, s.size() - offset_);
-    size -= n;
-    offset_ += n;
-    if (offset_ == s.size()) {
-      offset_ = 0;
-      ++slice_;
-    }
-  }
-  return absl::OkStatus();
+absl::Status SliceReader::ReadBytes(void* dst, size_t size) {
+  return Advance(size, static_cast<char*>(dst));
 }
+
+absl::Status SliceReader::Skip(uint64_t size) { return Advance(size, nullptr); }
 
 absl::Status SliceReader::ReadVarint(uint64_t* value) {
   uint64_t v = 0;

@@ -100,6 +100,8 @@ class SliceReader {
     std::vector<grpc::Slice> slices;
   };
   absl::Status Skip(uint64_t size);
+  // Moves `size` bytes on, copying them to `out` unless it is null.
+  absl::Status Advance(uint64_t size, char* out);
 
   std::shared_ptr<const Shared> shared_;
   size_t slice_ = 0;   // current slice
