@@ -23,6 +23,9 @@ namespace {
 
 // How often a blocked RPC looks at its client (cancellation) while waiting.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+// How long before a waiting RPC's deadline its handler gives up, so that
+// its answer reaches a caller that is still waiting.
+constexpr absl::Duration kAnswerMargin = absl::Milliseconds(100);
 // The heartbeat interval asked of members while the job is ending.
 constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
@@ -660,7 +663,11 @@ grpc::Status CoordinatorService::RegisterWorker(
     v1::RegisterWorkerResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
     return ToGrpc(s);
-  const absl::Time deadline = DeadlineOf(*context);
+  // The wait ends kAnswerMargin before the caller's deadline: a rank given
+  // just as the caller gives up would be held by nobody until the heartbeat
+  // timeout (the handler's deadline is later than the caller's by the
+  // request's transit, and its cancellation arrives later still).
+  const absl::Time deadline = DeadlineOf(*context) - kAnswerMargin;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = membership_.ValidateWorkerRequest(
           request->requested_rank(), request->host(), request->backend());

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # End to end: a coordinator, 2 servers and 2 workers as separate processes on
-# loopback ports they pick themselves. Trains a few hundred sync steps on a
-# slice of Fashion-MNIST to well above chance, checks `grpsctl status --json`
-# against the live job, and checks that every process exits 0.
+# loopback ports they pick themselves. Trains 2000 sync steps on a slice of
+# Fashion-MNIST to well above chance (a few seconds: long enough to be seen
+# mid-run now that a step of this small model takes about a millisecond),
+# checks `grpsctl status --json` against the live job, and checks that every
+# process exits 0.
 set -euo pipefail
 BIN=${1:?usage: e2e_training_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -10,7 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 # 77: ctest reports the test as skipped, not passed.
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
 
-STEPS=300
+STEPS=2000
 start coordinator "$BIN/grps-coordinator" --listen=127.0.0.1:0 --port_file="$WORK/coordinator.port" \
   --job_id=e2e --mode=sync --servers=2 --workers=2 --steps=$STEPS --batch=32 \
   --train_limit=6000 --test_limit=2000 --eval_every=100 --hidden=64 \
@@ -28,7 +30,7 @@ done
 start watch "$BIN/grpsctl" --coordinator="$COORD" --json --interval_ms=200 watch
 
 # While it runs: grpsctl status agrees with the job. Workers report their
-# progress in heartbeats (every 200 ms, ~80 steps here), so the snapshot is
+# progress in heartbeats (every 200 ms, up to ~200 steps here), so the snapshot is
 # taken once both have reported a step of training and neither has finished.
 live=0
 for ((i = 0; i < 600; i++)); do
@@ -44,9 +46,13 @@ for ((i = 0; i < 600; i++)); do
   sleep 0.1
 done
 [ $live = 1 ] || fail "never saw the job running between steps 20 and $((STEPS - 20))"
-python3 - "$WORK/status.json" <<'PY' || fail "grpsctl status --json disagrees with the job"
+python3 - "$WORK/status.json" "$STEPS" <<'PY' || fail "grpsctl status --json disagrees with the job"
 import json, sys
 j = json.load(open(sys.argv[1]))
+steps = int(sys.argv[2])
+# Worker steps and shard versions arrive in separate heartbeats, so they may
+# be a heartbeat or two apart: up to ~200 steps per 200 ms heartbeat here.
+slack = 500
 def check(cond, what):
     if not cond:
         print("status check failed:", what, json.dumps(j, indent=1)[:3000]); sys.exit(1)
@@ -54,23 +60,21 @@ check(j["job_id"] == "e2e", "job id")
 check(j["state"] == "JOB_STATE_RUNNING", "state running")
 check(j["mode"] == "MODE_SYNC", "mode sync")
 step = int(j["global_step"])
-check(int(j["total_steps"]) == 300, "total steps 300")
+check(int(j["total_steps"]) == steps, f"total steps {steps}")
 workers = j["workers"]
 check(sorted(w["rank"] for w in workers) == [0, 1], "two workers, ranks 0 and 1")
 for w in workers:
     check(w["state"] == "MEMBER_STATE_ALIVE", "worker alive")
     s = int(w["progress"]["step"])
-    # Worker steps and shard versions arrive in separate heartbeats, so they
-    # may be a heartbeat apart: a worker may not yet have reported the steps
-    # of the last heartbeat interval (here ~80 steps of 200 ms), but it cannot
-    # be ahead of the shards by more than that. The exact check comes at the
-    # end of the job.
-    check(s <= step + 60, f"worker step {s} not ahead of global step {step}")
+    # A worker may not yet have reported the steps of the last heartbeat
+    # interval, but it cannot be ahead of the shards by more than the slack.
+    # The exact check comes at the end of the job.
+    check(s <= step + slack, f"worker step {s} not ahead of global step {step}")
     check(int(w["last_heartbeat_ms_ago"]) < 3000, "recent heartbeat")
 shards = j["shards"]
 check(sorted(s["shard"] for s in shards) == [0, 1], "two shards")
 for s in shards:
-    check(step <= int(s["version"]) <= step + 60, "global step is the lowest shard version")
+    check(step <= int(s["version"]) <= step + slack, "global step is the lowest shard version")
     check(int(s["bytes_in"]) > 0 and int(s["bytes_out"]) > 0, "bytes in/out")
     check(int(s["updates_applied"]) > 0, "updates applied")
     check(int(s["num_chunks"]) > 0, "chunks")
@@ -86,22 +90,23 @@ done
 
 # The last snapshot the coordinator streamed: the job as it ended.
 grep '^{' "$WORK/watch.log" | tail -n 1 >"$WORK/final.json"
-python3 - "$WORK/final.json" <<'PY' || fail "the final status is wrong"
+python3 - "$WORK/final.json" "$STEPS" <<'PY' || fail "the final status is wrong"
 import json, sys
 j = json.load(open(sys.argv[1]))
+steps = int(sys.argv[2])
 def check(cond, what):
     if not cond:
         print("final check failed:", what, json.dumps(j, indent=1)[:3000]); sys.exit(1)
 check(j["state"] == "JOB_STATE_COMPLETED", "state completed")
-check(int(j["global_step"]) == 300, "global step 300")
+check(int(j["global_step"]) == steps, f"global step {steps}")
 for w in j["workers"]:
     check(w["state"] == "MEMBER_STATE_FINISHED", "worker finished")
-    check(int(w["progress"]["step"]) == 300, "worker at step 300")
+    check(int(w["progress"]["step"]) == steps, f"worker at step {steps}")
 for s in j["shards"]:
-    check(int(s["version"]) == 300, "shard version 300")
+    check(int(s["version"]) == steps, f"shard version {steps}")
     # sync: one update per chunk per step, two pushes per chunk per step
-    check(int(s["updates_applied"]) == 300 * int(s["num_chunks"]), "updates = steps x chunks")
-    check(int(s["pushes"]) == 2 * 300 * int(s["num_chunks"]), "pushes = workers x steps x chunks")
+    check(int(s["updates_applied"]) == steps * int(s["num_chunks"]), "updates = steps x chunks")
+    check(int(s["pushes"]) == 2 * steps * int(s["num_chunks"]), "pushes = workers x steps x chunks")
     check(int(s["rejected_pushes"]) == 0, "no rejected pushes")
 check(j.get("has_final_eval") is True, "final evaluation present")
 print("final status ok")
