@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Short runs of the benchmarks, so that CI keeps them working; their figures
+# come from full runs by hand (docs/performance.md). Each must exit 0 and
+# print its table with the yardstick beside the figure:
+#   - grps_wire_bench: 1 MiB through 1 and 2 shards, 50 sync steps;
+#   - grps_train_bench: sync with 2 servers for 100 steps (it starts the real
+#     daemons from BIN_DIR);
+#   - bench/exit_latency: one short job.
+set -euo pipefail
+BIN=${1:?usage: bench_smoke_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+
+"$BIN/grps_wire_bench" --mib=1 --reps=1 --sync_steps=50 >"$WORK/wire.out" 2>&1 \
+  || { cat "$WORK/wire.out"; fail "grps_wire_bench failed"; }
+grep -q "bare grpc" "$WORK/wire.out" && grep -q "sync step of the default model" "$WORK/wire.out" \
+  || { cat "$WORK/wire.out"; fail "grps_wire_bench printed no table"; }
+
+"$BIN/grps_train_bench" --configs=sync:2 --steps=100 --no_accuracy --compute_seconds=0.2 \
+  --timeout_s=120 --bin_dir="$BIN" --run_root="$WORK/train" >"$WORK/train.out" 2>&1 \
+  || { cat "$WORK/train.out"; fail "grps_train_bench failed"; }
+grep -q "yardstick" "$WORK/train.out" && grep -q "^sync 2s" "$WORK/train.out" \
+  || { cat "$WORK/train.out"; fail "grps_train_bench printed no table"; }
+
+bash "$(dirname "$0")/../bench/exit_latency" --runs 1 --bin "$BIN" --root "$WORK/exit" \
+  -- --steps=20 --eval_every=0 --test_limit=1000 >"$WORK/exit.out" 2>&1 \
+  || { cat "$WORK/exit.out"; fail "exit_latency failed"; }
+grep -q "^worst:" "$WORK/exit.out" || { cat "$WORK/exit.out"; fail "exit_latency printed no result"; }
+cat "$WORK/wire.out" "$WORK/train.out" "$WORK/exit.out"
+echo "PASS"
