@@ -40,9 +40,11 @@ namespace grps {
 // RestoreOrder in proto/grps.proto): a shard refuses one from an older
 // generation with ABORTED, which the client returns as it is.
 //
-// Thread safety: every method may be called from any thread. A push is
-// tagged with the chunk versions of the last pull that completed before
-// PushAsync was called. UpdateShardMap may be called while RPCs are in
+// Thread safety: every method may be called from any thread, with one
+// exception: PushAsync reads the chunk versions that pulls (and fused
+// pushes) record, so it must not start while one of those is in flight on
+// this client; it tags the push with the versions of the last one that
+// completed. UpdateShardMap may be called while RPCs are in
 // flight: an RPC attempt that starts after it returned goes to the new
 // endpoint. Each ticket is waited for exactly once; the destructor waits
 // for the RPCs of tickets nobody waited for.
