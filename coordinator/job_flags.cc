@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "job/job_config.h"
+#include "tensor/dtype.h"
+#include "wire/chunk_codec.h"
 
 namespace {
 
@@ -18,12 +20,9 @@ const grps::v1::JobConfig& Defaults() {
   return *config;
 }
 
+// A wire dtype by its name in tensor/ ("f32", "f16", "bf16").
 std::string DTypeFlagName(grps::v1::DType dtype) {
-  switch (dtype) {
-    case grps::v1::DTYPE_F16: return "f16";
-    case grps::v1::DTYPE_BF16: return "bf16";
-    default: return "f32";
-  }
+  return std::string(grps::DTypeName(*grps::DTypeFromWire(dtype, true, "wire_dtype")));
 }
 
 }  // namespace
@@ -115,11 +114,9 @@ absl::Status FlagError(absl::string_view flag, const absl::Status& status) {
 
 absl::StatusOr<v1::DType> ParseWireDType(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
-  if (lower == "f32") return v1::DTYPE_F32;
-  if (lower == "f16") return v1::DTYPE_F16;
-  if (lower == "bf16") return v1::DTYPE_BF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", name, "' (one of: f32, f16, bf16)"));
+  absl::StatusOr<DType> dtype = ParseDType(lower);
+  if (!dtype.ok()) return dtype.status();
+  return DTypeToWire(*dtype);
 }
 
 }  // namespace

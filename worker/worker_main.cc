@@ -16,8 +16,8 @@
 #include "proto/grps.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
-#include "worker/straggler.h"
 #include "tensor/cpu_backend.h"
+#include "worker/straggler.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
