@@ -19,6 +19,10 @@ DATA=/usr/share/datasets/fashion-mnist
   || fail "grps-chaos-proxy or grps-checkpoint-diff missing from $BIN"
 
 STEPS=600
+# Each worker sleeps PACE_MS after every step (it changes no value), so that
+# the job lasts seconds whatever the machine's speed and the kill lands
+# mid-run.
+PACE_MS=3
 EVERY=50
 JOB_FLAGS=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --seed=7
            --heartbeat_ms=100 --heartbeat_timeout_ms=1500)
@@ -57,7 +61,8 @@ job() {
     fi
   done
   for w in 0 1; do
-    start "$name-worker-$w" "$BIN/grps-worker" --coordinator="$coord" --rank=$w --backend=cpu
+    start "$name-worker-$w" "$BIN/grps-worker" --coordinator="$coord" --rank=$w --backend=cpu \
+      --straggle_ms=$PACE_MS
   done
 
   if [ -n "$chaos" ]; then

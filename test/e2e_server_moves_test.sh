@@ -12,6 +12,10 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
 
 STEPS=800
+# Each worker sleeps PACE_MS after every step, so that the job lasts seconds
+# whatever the machine's speed and the kill always lands mid-run (unpaced,
+# 800 steps can end within the status polls' first second).
+PACE_MS=5
 
 start coordinator "$BIN/grps-coordinator" --listen=127.0.0.1:0 \
   --port_file="$WORK/coordinator.port" --job_id=moves --mode=sync --servers=2 --workers=2 \
@@ -25,7 +29,8 @@ for s in 0 1; do
   start "server-$s" "$BIN/grps-server" --coordinator="$COORD" --listen=127.0.0.1:0 --shard=$s
 done
 for w in 0 1; do
-  start "worker-$w" "$BIN/grps-worker" --coordinator="$COORD" --rank=$w --backend=cpu
+  start "worker-$w" "$BIN/grps-worker" --coordinator="$COORD" --rank=$w --backend=cpu \
+    --straggle_ms=$PACE_MS
 done
 
 wait_until "$COORD" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" \
