@@ -255,6 +255,8 @@ int Main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_interval_ms) <= 0)
     return UsageError("--interval_ms must be positive");
 
+  if (absl::Status s = InitProcessSecurity(Role::kAdmin, /*serves=*/false); !s.ok())
+    return UsageError(std::string(s.message()));
   JobClient client(target);
   const bool json = absl::GetFlag(FLAGS_json);
   if (command == "status") return Status(client, json);

@@ -170,6 +170,10 @@ int Main(int argc, char** argv) {
       "grps job (every flag can also be set as GRPS_<FLAG>)");
   InitLogging("coordinator");
   InstallShutdownHandlers();
+  if (absl::Status s = InitProcessSecurity(Role::kAdmin, /*serves=*/true); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
 
   absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
   if (!config.ok()) {
@@ -206,6 +210,7 @@ int Main(int argc, char** argv) {
   CoordinatorOptions options;
   options.env = env;
   options.state_path = state_path;
+  options.member_key = MemberKey(ProcessSecurity().admin_token);
   CoordinatorService service(*config, *map, &absl::Now, options);
   if (!config->checkpoint_dir().empty())
     service.SetNextCheckpointId(

@@ -73,6 +73,7 @@ CoordinatorService::CoordinatorService(v1::JobConfig config,
       clock_(std::move(clock)),
       env_(options.env != nullptr ? options.env : Env::Default()),
       state_path_(std::move(options.state_path)),
+      member_key_(std::move(options.member_key)),
       membership_(std::move(shard_map), config_.num_workers(),
                   absl::Milliseconds(config_.heartbeat_timeout_ms())),
       checkpoints_(config_, config_.num_servers()) {
@@ -166,7 +167,7 @@ absl::Status CoordinatorService::CheckJobId(absl::string_view job_id,
   if (job_id == config_.job_id() || (allow_empty && job_id.empty()))
     return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat("request is for job '", absl::CHexEscape(job_id.substr(0, 128)),
+      absl::StrCat("request is for job '", QuoteUntrusted(job_id),
                    "', this coordinator runs job '", config_.job_id(), "'"));
 }
 
@@ -605,9 +606,21 @@ std::string CoordinatorService::WaitingMessageLocked() const {
                       " to register");
 }
 
+grpc::Status CoordinatorService::CheckMember(const grpc::ServerContext& context,
+                                             MemberKind kind, uint32_t index,
+                                             uint64_t incarnation) const {
+  grpc::Status role = RequireRole(
+      context, kind == MemberKind::kServer ? Role::kAdmin : Role::kWorker);
+  if (!role.ok()) return role;
+  return CheckMemberSecret(member_key_, config_.job_id(), kind, index, incarnation,
+                           CallerMemberSecret(context));
+}
+
 grpc::Status CoordinatorService::RegisterServer(
     grpc::ServerContext* context, const v1::RegisterServerRequest* request,
     v1::RegisterServerResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
+    return role;
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
     return ToGrpc(s);
   bool rolled_back = false;
@@ -633,7 +646,8 @@ grpc::Status CoordinatorService::HandleRegisterServer(
                         absl::StrCat("job ", config_.job_id(), " has ended (",
                                      JobStateName(state_), ")"));
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
-      request->requested_shard(), request->address(), now);
+      request->has_requested_shard() ? request->requested_shard() : -1,
+      request->address(), now);
   if (!reg.ok()) return ToGrpc(reg.status());
   NoteRegistrationLocked(now);
   spdlog::info("server {} {} shard {} (incarnation {}); shard map epoch {}",
@@ -652,6 +666,9 @@ grpc::Status CoordinatorService::HandleRegisterServer(
   changed_.SignalAll();
   response->set_shard(reg->slot);
   response->set_incarnation(reg->incarnation);
+  response->set_member_secret(MemberSecret(member_key_, config_.job_id(),
+                                           MemberKind::kServer, reg->slot,
+                                           reg->incarnation));
   *response->mutable_config() = config_;
   *response->mutable_shard_map() = membership_.shard_map();
   *response->mutable_restore() = std::move(restore);
@@ -661,8 +678,14 @@ grpc::Status CoordinatorService::HandleRegisterServer(
 grpc::Status CoordinatorService::RegisterWorker(
     grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kWorker); !role.ok())
+    return role;
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
     return ToGrpc(s);
+  // Unset: any free rank (a request that says nothing must not take over
+  // rank 0).
+  const int32_t requested_rank =
+      request->has_requested_rank() ? request->requested_rank() : -1;
   // The wait ends kAnswerMargin before the caller's deadline: a rank given
   // just as the caller gives up would be held by nobody until the heartbeat
   // timeout (the handler's deadline is later than the caller's by the
@@ -670,7 +693,7 @@ grpc::Status CoordinatorService::RegisterWorker(
   const absl::Time deadline = DeadlineOf(*context) - kAnswerMargin;
   absl::MutexLock lock(&mu_);
   if (absl::Status s = membership_.ValidateWorkerRequest(
-          request->requested_rank(), request->host(), request->backend());
+          requested_rank, request->host(), request->backend());
       !s.ok())
     return ToGrpc(s);
   // Take no rank before the map is complete: a worker that gives up waiting
@@ -696,7 +719,7 @@ grpc::Status CoordinatorService::RegisterWorker(
                                      JobStateName(state_), ")"));
   const absl::Time now = clock_();
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterWorker(
-      request->requested_rank(), request->host(), request->backend(), now);
+      requested_rank, request->host(), request->backend(), now);
   if (!reg.ok()) return ToGrpc(reg.status());
   NoteRegistrationLocked(now);
   spdlog::info(
@@ -709,6 +732,9 @@ grpc::Status CoordinatorService::RegisterWorker(
   changed_.SignalAll();
   response->set_rank(reg->slot);
   response->set_incarnation(reg->incarnation);
+  response->set_member_secret(MemberSecret(member_key_, config_.job_id(),
+                                           MemberKind::kWorker, reg->slot,
+                                           reg->incarnation));
   response->set_start_step(reg->start_step);
   response->set_generation(restore_.generation());
   *response->mutable_config() = config_;
@@ -721,6 +747,17 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            v1::HeartbeatResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
     return ToGrpc(s);
+  if (request->member_case() == v1::HeartbeatRequest::kWorkerRank) {
+    if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
+                                          request->worker_rank(), request->incarnation());
+        !member.ok())
+      return member;
+  } else if (request->member_case() == v1::HeartbeatRequest::kServerShard) {
+    if (grpc::Status member = CheckMember(*context, MemberKind::kServer,
+                                          request->server_shard(), request->incarnation());
+        !member.ok())
+      return member;
+  }
   grpc::Status result = HandleHeartbeat(*request, response);
   // A shard's report may have been the last one a checkpoint waited for.
   if (result.ok() && request->member_case() == v1::HeartbeatRequest::kServerShard &&
@@ -896,6 +933,10 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
                                             v1::WorkerDoneResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
     return ToGrpc(s);
+  if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
+                                        request->worker_rank(), request->incarnation());
+      !member.ok())
+    return member;
   if (request->has_final_eval() &&
       !(request->final_test_accuracy() >= 0 && request->final_test_accuracy() <= 1 &&
         std::isfinite(request->final_test_loss())))
@@ -1011,6 +1052,8 @@ grpc::Status CoordinatorService::WatchJobStatus(
 grpc::Status CoordinatorService::StopJob(grpc::ServerContext* context,
                                          const v1::StopJobRequest* request,
                                          v1::StopJobResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
+    return role;
   if (request->reason().size() > kMaxReasonBytes)
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
@@ -1031,6 +1074,8 @@ grpc::Status CoordinatorService::StopJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::CheckpointJob(
     grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
     v1::CheckpointJobResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
+    return role;
   if (!checkpoints_enabled())
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("job ", config_.job_id(),

@@ -87,6 +87,7 @@
 #include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/membership.h"
 #include "daemon/env.h"
+#include "daemon/security.h"
 #include "proto/grps.grpc.pb.h"
 #include "proto/grps.pb.h"
 
@@ -97,6 +98,10 @@ struct CoordinatorOptions {
   Env* env = nullptr;
   // Where PersistState writes the CoordinatorState; empty: nowhere.
   std::string state_path;
+  // MemberKey(admin token): registrations hand out member secrets under it,
+  // and heartbeats and WorkerDone must carry theirs. Empty: authentication
+  // is off and no secret is asked for.
+  std::string member_key;
 };
 
 class CoordinatorService final : public v1::Coordinator::Service {
@@ -297,10 +302,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   v1::CoordinatorState ExportStateLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // RequireRole for acting as a member, then its member secret.
+  grpc::Status CheckMember(const grpc::ServerContext& context, MemberKind kind,
+                           uint32_t index, uint64_t incarnation) const;
+
   const v1::JobConfig config_;
   const Clock clock_;
   Env* const env_;
   const std::string state_path_;
+  const std::string member_key_;
 
   mutable absl::Mutex mu_;
   // Signalled on every registration, state change and Shutdown().

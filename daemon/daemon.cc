@@ -13,8 +13,10 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "daemon/security.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -54,15 +56,27 @@ void InitLogging(absl::string_view process_name) {
 }
 
 absl::StatusOr<GrpcServer> StartGrpcServer(
-    const std::string& address, const std::vector<grpc::Service*>& services) {
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const ServerLimits& limits) {
+  return StartGrpcServer(address, services, ProcessSecurity(), limits);
+}
+
+absl::StatusOr<GrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const SecurityConfig& security, const ServerLimits& limits) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(security, address);
+  if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   GrpcServer result;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &result.port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.AddListeningPort(address, *credentials, &result.port);
+  builder.SetMaxReceiveMessageSize(limits.max_receive_bytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // One listening socket: without this, gRPC's SO_REUSEPORT lets a second
+  // server bind the same port and share its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
   result.server = builder.BuildAndStart();
   if (result.server == nullptr || result.port == 0)
@@ -72,13 +86,20 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  return MakeChannel(target, ProcessSecurity(), /*member_secret_source=*/true);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const SecurityConfig& security,
+                                           bool member_secret_source) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Separate channels get separate TCP connections (see SPEC §8).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  AddChannelSecurityArguments(security, &args);
+  return grpc::CreateCustomChannel(
+      target, MakeChannelCredentials(security, member_secret_source), args);
 }
 
 namespace {
@@ -135,6 +156,12 @@ std::string WithPort(const std::string& address, int port) {
   size_t colon = address.rfind(':');
   std::string host = colon == std::string::npos ? address : address.substr(0, colon);
   return absl::StrCat(host, ":", port);
+}
+
+std::string QuoteUntrusted(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return absl::CHexEscape(text);
+  return absl::StrCat(absl::CHexEscape(text.substr(0, max_bytes)), "... (",
+                      text.size(), " bytes)");
 }
 
 absl::Status ToAbsl(const grpc::Status& status) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "daemon/security.h"
 #include "grpcpp/grpcpp.h"
 
 namespace grps {
@@ -36,13 +37,31 @@ struct GrpcServer {
   int port = 0;
 };
 
-// Starts a server on `address` ("host:port"; port 0 picks a free one) with
-// the given services, gRPC health checking and server reflection.
-absl::StatusOr<GrpcServer> StartGrpcServer(
-    const std::string& address, const std::vector<grpc::Service*>& services);
+// What a server accepts before any handler runs.
+struct ServerLimits {
+  // Larger messages are refused with RESOURCE_EXHAUSTED.
+  int max_receive_bytes = kMaxMessageBytes;
+};
 
-// An insecure channel to `target` with grps's message limits.
+// Starts a server on `address` ("host:port"; port 0 picks a free one) with
+// the given services, gRPC health checking and server reflection, secured
+// as `security` says (see daemon/security.h; by default the process's
+// settings).
+absl::StatusOr<GrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const ServerLimits& limits = {});
+absl::StatusOr<GrpcServer> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const SecurityConfig& security, const ServerLimits& limits = {});
+
+// A channel to `target` with grps's message limits and the process's
+// security settings (TLS, token, member secret).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+// The same with explicit settings; calls carry the process's member secret
+// when `member_secret_source` is set.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const SecurityConfig& security,
+                                           bool member_secret_source);
 
 // Installs SIGINT/SIGTERM handlers that only record the signal.
 void InstallShutdownHandlers();
@@ -85,6 +104,11 @@ absl::Status RetryTransient(const Backoff& policy,
 
 // "host:port" with the host part of `address` and the given port.
 std::string WithPort(const std::string& address, int port);
+
+// `text` from the network, fit to quote in a status message or a log line:
+// at most `max_bytes` of it, control and non-ASCII bytes escaped (\x..), and
+// "... (N bytes)" when it was cut.
+std::string QuoteUntrusted(absl::string_view text, size_t max_bytes = 64);
 
 // Converts a gRPC status to an absl status, keeping code and message.
 absl::Status ToAbsl(const grpc::Status& status);

@@ -22,8 +22,8 @@ constexpr absl::Duration kPollPeriod = absl::Milliseconds(10);
 // Runs in the forked child: only async-signal-safe calls until exec (the
 // parent may have other threads, e.g. gRPC's). Never returns; on failure
 // writes errno to `error_fd` for the parent and exits 127.
-[[noreturn]] void ExecChild(char* const* argv, int log_fd, int null_fd,
-                            int error_fd, pid_t parent) {
+[[noreturn]] void ExecChild(char* const* argv, char* const* envp, int log_fd,
+                            int null_fd, int error_fd, pid_t parent) {
   setpgid(0, 0);
   // SIGTERM when the launcher's thread exits; if it already has, stop now.
   prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -41,7 +41,7 @@ constexpr absl::Duration kPollPeriod = absl::Milliseconds(10);
     (void)!write(error_fd, &e, sizeof(e));
     _exit(127);
   }
-  execv(argv[0], argv);
+  execve(argv[0], argv, envp);
   int e = errno;
   (void)!write(error_fd, &e, sizeof(e));
   _exit(127);
@@ -50,8 +50,11 @@ constexpr absl::Duration kPollPeriod = absl::Milliseconds(10);
 }  // namespace
 
 ChildProcess::ChildProcess(std::string name, std::vector<std::string> argv,
-                           std::string log_path)
-    : name_(std::move(name)), argv_(std::move(argv)), log_path_(std::move(log_path)) {}
+                           std::string log_path, Environment environment)
+    : name_(std::move(name)),
+      argv_(std::move(argv)),
+      log_path_(std::move(log_path)),
+      environment_(std::move(environment)) {}
 
 ChildProcess::~ChildProcess() {
   if (running()) {
@@ -82,10 +85,25 @@ absl::Status ChildProcess::Start() {
   std::vector<char*> argv;
   for (const std::string& a : argv_) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The child's environment, built here: the forked child may not allocate.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& [n, v] : environment_) replaced = replaced || n == name;
+    if (!replaced) env_strings.emplace_back(entry);
+  }
+  for (const auto& [name, value] : environment_)
+    if (!value.empty()) env_strings.push_back(absl::StrCat(name, "=", value));
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
 
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid == 0) ExecChild(argv.data(), log_fd, null_fd, error_pipe[1], parent);
+  if (pid == 0)
+    ExecChild(argv.data(), envp.data(), log_fd, null_fd, error_pipe[1], parent);
   int fork_errno = errno;
   close(log_fd);
   close(null_fd);

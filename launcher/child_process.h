@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,9 +27,14 @@ namespace grps {
 
 class ChildProcess {
  public:
+  // Changes to the launcher's environment for this child: (name, value)
+  // sets the variable, (name, "") removes it. Secrets (tokens) go here
+  // rather than in argv, which every local user can read in /proc.
+  using Environment = std::vector<std::pair<std::string, std::string>>;
+
   // `argv[0]` is the program's path (not searched in PATH).
   ChildProcess(std::string name, std::vector<std::string> argv,
-               std::string log_path);
+               std::string log_path, Environment environment = {});
   // A child still running is killed (SIGKILL) and reaped: no zombie, no
   // orphan.
   ~ChildProcess();
@@ -67,6 +73,7 @@ class ChildProcess {
   const std::string name_;
   const std::vector<std::string> argv_;
   const std::string log_path_;
+  const Environment environment_;
   pid_t pid_ = -1;
   bool exited_ = false;
   int wait_status_ = 0;  // from waitpid, valid once exited_

@@ -53,6 +53,12 @@ ABSL_FLAG(uint32_t, restart_servers, 10,
 ABSL_FLAG(uint32_t, restart_coordinator, 3,
           "restart a coordinator killed by a signal, on the same port, up to this "
           "many times; it takes the job back from its state in the run dir");
+ABSL_FLAG(bool, auth, true,
+          "authenticate every RPC of the job: the launcher generates an admin "
+          "and a worker token (unless GRPS_TOKEN / GRPS_WORKER_TOKEN give them) "
+          "and writes the admin token to RUN_DIR/token; --noauth: none. TLS on "
+          "request: --tls_cert, --tls_key, --tls_ca [--tls_client_auth] go to "
+          "every daemon");
 ABSL_FLAG(std::optional<uint32_t>, straggler_rank, std::nullopt,
           "inject a straggler: the worker of this rank gets --straggle_factor and "
           "--straggle_ms");
@@ -225,6 +231,23 @@ int Main(int argc, char** argv) {
   if (options.straggle_factor && !(*options.straggle_factor >= 1))
     return UsageError("--straggle_factor must be at least 1");
   if (const char* path = std::getenv("PATH")) options.plot_search_path = path;
+
+  // The launcher calls the coordinator (status) with the admin token; the
+  // TLS files are read now so that a bad one fails here, not in a daemon.
+  absl::StatusOr<SecurityConfig> security = SecurityConfigFromFlags(Role::kAdmin);
+  if (!security.ok()) return UsageError(std::string(security.status().message()));
+  if (absl::GetFlag(FLAGS_auth)) {
+    if (security->admin_token.empty()) security->admin_token = RandomHexToken();
+    if (security->worker_token.empty()) security->worker_token = RandomHexToken();
+    options.token = security->admin_token;
+    options.worker_token = security->worker_token;
+  } else {
+    security->admin_token.clear();
+    security->worker_token.clear();
+  }
+  security->call_token = security->admin_token;
+  options.tls_flags = TlsFlagsToPassOn();
+  SetProcessSecurity(*std::move(security));
 
   for (const char* name : kJobFlags) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

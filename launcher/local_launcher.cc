@@ -1,5 +1,7 @@
 #include "launcher/local_launcher.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -105,6 +107,26 @@ int TerminalWidth(std::FILE* out) {
   return 80;
 }
 
+// A daemon's tokens (a worker gets only the worker token; with
+// authentication off, none, whatever the launcher's own environment holds)
+// and TLS flags.
+void AddSecurity(const LaunchOptions& options, bool worker, ChildSpec* spec) {
+  spec->environment = {{"GRPS_TOKEN", worker ? "" : options.token},
+                       {"GRPS_WORKER_TOKEN", options.worker_token}};
+  spec->argv.insert(spec->argv.end(), options.tls_flags.begin(), options.tls_flags.end());
+}
+
+// Writes `contents` to a new file only its owner can read.
+absl::Status WriteSecretFile(const std::string& path, const std::string& contents) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 && fchmod(fd, 0600) == 0 &&
+            write(fd, contents.data(), contents.size()) ==
+                static_cast<ssize_t>(contents.size());
+  if (fd >= 0) ok = close(fd) == 0 && ok;
+  if (ok) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+}
+
 const std::string* FindJobFlag(const LaunchOptions& options, const std::string& name) {
   for (const auto& [n, v] : options.job_flags)
     if (n == name) return &v;
@@ -129,17 +151,20 @@ ChildSpec CoordinatorSpec(const LaunchOptions& options, int port) {
   spec.argv.push_back(absl::StrCat("--workers=", options.workers));
   for (const auto& [name, value] : options.job_flags)
     spec.argv.push_back(absl::StrCat("--", name, "=", value));
+  AddSecurity(options, /*worker=*/false, &spec);
   return spec;
 }
 
 ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
                      const std::string& coordinator) {
-  return ChildSpec{absl::StrCat("server-", shard),
-                   {InDir(options.bin_dir, kServerBinary),
-                    absl::StrCat("--coordinator=", coordinator),
-                    absl::StrCat("--listen=", kLoopbackAnyPort),
-                    absl::StrCat("--shard=", shard)},
-                   InDir(options.run_dir, absl::StrCat("server-", shard, ".log"))};
+  ChildSpec spec{absl::StrCat("server-", shard),
+                 {InDir(options.bin_dir, kServerBinary),
+                  absl::StrCat("--coordinator=", coordinator),
+                  absl::StrCat("--listen=", kLoopbackAnyPort),
+                  absl::StrCat("--shard=", shard)},
+                 InDir(options.run_dir, absl::StrCat("server-", shard, ".log"))};
+  AddSecurity(options, /*worker=*/false, &spec);
+  return spec;
 }
 
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
@@ -162,6 +187,7 @@ ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
     if (options.straggle_ms)
       spec.argv.push_back(absl::StrCat("--straggle_ms=", *options.straggle_ms));
   }
+  AddSecurity(options, /*worker=*/true, &spec);
   return spec;
 }
 
@@ -402,7 +428,8 @@ void LocalLauncher::Say(const std::string& message) {
 
 absl::Status LocalLauncher::StartChild(const ChildSpec& spec, Role role,
                                        uint32_t index) {
-  auto child = std::make_unique<ChildProcess>(spec.name, spec.argv, spec.log_path);
+  auto child = std::make_unique<ChildProcess>(spec.name, spec.argv, spec.log_path,
+                                              spec.environment);
   absl::Status s = child->Start();
   children_.push_back(std::move(child));
   child_role_.push_back(role);
@@ -556,6 +583,16 @@ int LocalLauncher::Run() {
                   nullptr);
   std::fprintf(out_, "run dir: %s\n", options_.run_dir.c_str());
   std::fflush(out_);
+  if (!options_.token.empty()) {
+    const std::string path = InDir(options_.run_dir, "token");
+    if (absl::Status s = WriteSecretFile(path, options_.token + "\n"); !s.ok())
+      return Finish("failed", std::string(s.message()), nullptr);
+    std::fprintf(out_, "auth: every RPC needs the job's token, generated for it: %s%s\n",
+                 path.c_str(), options_.tls_flags.empty() ? "" : " (and TLS)");
+  } else {
+    std::fprintf(out_, "auth: off (--noauth): anyone who can reach the ports may act "
+                       "on the job\n");
+  }
 
   for (const char* binary : {kCoordinatorBinary, kServerBinary, kWorkerBinary}) {
     const std::string path = InDir(options_.bin_dir, binary);
@@ -596,8 +633,12 @@ int LocalLauncher::Run() {
                     &coordinator());
     absl::SleepFor(kSupervisePeriod);
   }
-  Say(absl::StrCat("coordinator: ", address, "   (grpsctl --coordinator=", address,
-                   " status)"));
+  Say(absl::StrCat("coordinator: ", address, "   (",
+                   options_.token.empty()
+                       ? ""
+                       : absl::StrCat("GRPS_TOKEN=$(cat ", InDir(options_.run_dir, "token"),
+                                      ") "),
+                   "grpsctl --coordinator=", address, " status)"));
   coordinator_address_ = address;
 
   for (uint32_t shard = 0; shard < options_.servers; ++shard)

@@ -97,6 +97,13 @@ struct LaunchOptions {
   std::optional<uint32_t> straggler_rank;
   std::optional<double> straggle_factor;  // sleeps (F - 1) x its step time
   std::optional<uint32_t> straggle_ms;    // sleeps this long every step
+  // The job's admin and worker tokens (see daemon/security.h), handed to
+  // the daemons in GRPS_TOKEN / GRPS_WORKER_TOKEN (workers get only theirs);
+  // empty: authentication off. `tls_flags` (--tls_cert=..., --tls_ca=...) go
+  // to every daemon as they are.
+  std::string token;
+  std::string worker_token;
+  std::vector<std::string> tls_flags;
   // Where to look for gnuplot (a PATH-style list); empty: no plot.
   std::string plot_search_path;
   absl::Duration plot_timeout = absl::Seconds(20);
@@ -111,11 +118,13 @@ struct LaunchOptions {
   absl::Duration plain_progress_period = absl::Seconds(5);
 };
 
-// What one child runs: its name (also its log's stem), argv, log path.
+// What one child runs: its name (also its log's stem), argv, log path, and
+// the changes to its environment (see ChildProcess).
 struct ChildSpec {
   std::string name;
   std::vector<std::string> argv;
   std::string log_path;
+  ChildProcess::Environment environment;
 };
 
 // `port` 0: any free port (the first start); otherwise that port (a

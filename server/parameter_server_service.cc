@@ -25,7 +25,8 @@ absl::Status NotReady() {
 absl::Status CheckJob(const ShardStore& store, const std::string& job_id) {
   if (job_id == store.config().job_id()) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat("request for job '", job_id, "' but this shard serves job '",
+      absl::StrCat("request for job '", QuoteUntrusted(job_id),
+                   "' but this shard serves job '",
                    store.config().job_id(), "'"));
 }
 
@@ -300,6 +301,16 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   if (!push.ok()) {
     store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
     reactor->Finish(ToGrpc(push.status()));
+    return reactor;
+  }
+  // Only the member that registered as this rank's incarnation may push as
+  // it (checked before the store admits the incarnation).
+  if (grpc::Status member = CheckMemberSecret(
+          member_key_, store->config().job_id(), MemberKind::kWorker,
+          request.worker_rank(), request.incarnation(), CallerMemberSecret(*context));
+      !member.ok()) {
+    store->CountRejectedAtEdge(chunks.size());
+    reactor->Finish(member);
     return reactor;
   }
   absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);

@@ -29,6 +29,7 @@
 #define GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
 
 #include <atomic>
+#include <string>
 
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
@@ -47,9 +48,13 @@ class ParameterServerService final
   // The daemon listens (to learn its port) before the coordinator tells it
   // which shard it is, so the store arrives later through Attach(). Until
   // then every RPC answers UNAVAILABLE.
-  ParameterServerService() = default;
+  // `member_key`: MemberKey(admin token), under which a push must carry its
+  // rank's member secret (daemon/security.h); empty: no secret is asked for.
+  explicit ParameterServerService(std::string member_key = "")
+      : member_key_(std::move(member_key)) {}
   // Convenience for tests and for callers that already have the store.
-  explicit ParameterServerService(ShardStore* store) : store_(store) {}
+  explicit ParameterServerService(ShardStore* store, std::string member_key = "")
+      : member_key_(std::move(member_key)), store_(store) {}
 
   // Serves `store` from now on. `store` is not owned and must outlive every
   // RPC (shut the gRPC server down before destroying it). Call at most once.
@@ -79,6 +84,7 @@ class ParameterServerService final
   // The attached store; null (with `reactor` finished UNAVAILABLE) before.
   ShardStore* StoreOrFinish(grpc::ServerUnaryReactor* reactor);
 
+  const std::string member_key_;
   std::atomic<ShardStore*> store_{nullptr};
 };
 

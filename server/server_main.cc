@@ -270,7 +270,7 @@ int Run() {
   // Declared before the gRPC server, which must shut down before either
   // goes away.
   std::unique_ptr<ShardStore> store;
-  ParameterServerService service;
+  ParameterServerService service(MemberKey(ProcessSecurity().admin_token));
   absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -303,6 +303,7 @@ int Run() {
     return 1;
   }
 
+  SetMemberSecret(registration->member_secret());
   ShardStore::Options options;
   options.config = registration->config();
   options.shard_map = registration->shard_map();
@@ -478,5 +479,10 @@ int main(int argc, char** argv) {
       "[--port_file=PATH]\n  One parameter shard of a grps job.");
   grps::InitLogging("server");
   grps::InstallShutdownHandlers();
+  if (absl::Status s = grps::InitProcessSecurity(grps::Role::kAdmin, /*serves=*/true);
+      !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
   return grps::Run();
 }

@@ -10,7 +10,8 @@
 
 namespace grps {
 
-absl::Status InProcessShards::Serve(const v1::JobConfig& config, v1::ShardMap* map) {
+absl::Status InProcessShards::Serve(const v1::JobConfig& config, v1::ShardMap* map,
+                                    const SecurityConfig& security) {
   for (uint32_t s = 0; s < config.num_servers(); ++s) {
     ShardStore::Options o;
     o.config = config;
@@ -20,8 +21,10 @@ absl::Status InProcessShards::Serve(const v1::JobConfig& config, v1::ShardMap* m
     absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(o);
     if (!store.ok()) return store.status();
     stores_.push_back(std::move(*store));
-    services_.push_back(std::make_unique<ParameterServerService>(stores_.back().get()));
-    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {services_.back().get()});
+    services_.push_back(std::make_unique<ParameterServerService>(
+        stores_.back().get(), MemberKey(security.admin_token)));
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {services_.back().get()}, security);
     if (!server.ok()) return server.status();
     map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
     servers_.push_back(std::move(server->server));

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "daemon/security.h"
 #include "gtest/gtest.h"
 #include "proto/grps.pb.h"
 #include "server/parameter_server_service.h"
@@ -33,8 +34,10 @@ class InProcessShards {
     EXPECT_TRUE(s.ok()) << s;
   }
   // Starts config.num_servers() shards of `map` on free loopback ports and
-  // writes their addresses into *map. Call once.
-  absl::Status Serve(const v1::JobConfig& config, v1::ShardMap* map);
+  // writes their addresses into *map. Call once. The servers are secured as
+  // `security` says (by default: not at all).
+  absl::Status Serve(const v1::JobConfig& config, v1::ShardMap* map,
+                     const SecurityConfig& security = SecurityConfig());
   // Makes ranks [0, workers) the live workers of every shard, each at
   // incarnation 1 (as a ParameterClient created with incarnation 1 pushes).
   void SetLiveWorkers(uint32_t workers);

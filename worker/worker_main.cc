@@ -69,6 +69,10 @@ int Main(int argc, char** argv) {
                             "grps-worker --coordinator=HOST:PORT [--backend=auto]");
   InitLogging("worker");
   InstallShutdownHandlers();
+  if (absl::Status s = InitProcessSecurity(Role::kWorker, /*serves=*/false); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
 
   absl::StatusOr<BackendKind> kind = ParseBackendKind(absl::GetFlag(FLAGS_backend));
   if (!kind.ok()) {
@@ -100,6 +104,7 @@ int Main(int argc, char** argv) {
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());
+  if (reg.ok()) SetMemberSecret(reg->member_secret());
   if (!reg.ok()) {
     spdlog::error("{}", std::string(reg.status().message()));
     return ShutdownRequested() ? 0 : 1;

@@ -1,0 +1,362 @@
+#include "daemon/security.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <filesystem>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/env.h"
+#include "grpcpp/security/auth_metadata_processor.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, token, "",
+          "the job's admin token (coordinator, servers, operators); every RPC "
+          "but health checks must carry it or the worker token. Prefer the "
+          "GRPS_TOKEN variable: a flag shows in the process list");
+ABSL_FLAG(std::string, worker_token, "",
+          "the job's worker token (GRPS_WORKER_TOKEN): workers present it; it "
+          "cannot stop the job, checkpoint or register a server");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain this process presents (serving; and as a "
+          "client with mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates that sign the peers' certificates (clients "
+          "verify servers with it; servers verify clients with --tls_client_auth)");
+ABSL_FLAG(bool, tls_client_auth, false,
+          "mutual TLS: serving ports require a client certificate signed by "
+          "--tls_ca");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name to check in the servers' certificates instead of the "
+          "host of the address dialled");
+
+namespace grps {
+namespace {
+
+constexpr char kRoleProperty[] = "grps-role";
+constexpr char kMemberSecretHeader[] = "grps-member-secret";
+constexpr char kHealthPathPrefix[] = "/grpc.health.v1.Health/";
+
+SecurityConfig& MutableProcessSecurity() {
+  static SecurityConfig* config = new SecurityConfig();
+  return *config;
+}
+
+absl::Mutex g_secret_mu;
+std::string& MemberSecretStorage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_secret_mu) {
+  static std::string* secret = new std::string();
+  return *secret;
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> text = Env::Default()->ReadFile(path);
+  if (!text.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": ", text.status().message()));
+  if (!absl::StrContains(*text, "-----BEGIN "))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": not a PEM file"));
+  return text;
+}
+
+// Refuses every call without a known token, but health checks; records the
+// caller's role for RequireRole.
+class TokenProcessor : public grpc::AuthMetadataProcessor {
+ public:
+  TokenProcessor(std::string admin_token, std::string worker_token)
+      : admin_token_(std::move(admin_token)),
+        worker_token_(std::move(worker_token)) {}
+
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed, OutputMetadata* response) override {
+    auto path = metadata.find(":path");
+    if (path != metadata.end() &&
+        absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
+                         kHealthPathPrefix))
+      return grpc::Status::OK;
+    auto header = metadata.find("authorization");
+    if (header == metadata.end())
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "no bearer token (authorization: Bearer <token>)");
+    absl::string_view value(header->second.data(), header->second.size());
+    if (!absl::ConsumePrefix(&value, "Bearer "))
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "the authorization header is not 'Bearer <token>'");
+    const char* role = nullptr;
+    if (ConstantTimeEquals(value, admin_token_)) {
+      role = "admin";
+    } else if (!worker_token_.empty() && ConstantTimeEquals(value, worker_token_)) {
+      role = "worker";
+    } else {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+    }
+    context->AddProperty(kRoleProperty, role);
+    consumed->insert({"authorization", std::string(header->second.data(),
+                                                   header->second.size())});
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string admin_token_;
+  const std::string worker_token_;
+};
+
+// Adds the bearer token and, when set, the process's member secret to every
+// call.
+class TokenPlugin : public grpc::MetadataCredentialsPlugin {
+ public:
+  TokenPlugin(std::string token, bool member_secret_source)
+      : header_(absl::StrCat("Bearer ", token)),
+        member_secret_source_(member_secret_source) {}
+
+  bool IsBlocking() const override { return false; }
+  const char* GetType() const override { return "grps-token"; }
+
+  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref,
+                           const grpc::AuthContext&,
+                           std::multimap<std::string, std::string>* metadata) override {
+    metadata->insert({"authorization", header_});
+    if (member_secret_source_) {
+      absl::MutexLock lock(&g_secret_mu);
+      const std::string& secret = MemberSecretStorage();
+      if (!secret.empty()) metadata->insert({kMemberSecretHeader, secret});
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string header_;
+  const bool member_secret_source_;
+};
+
+bool IsLoopbackHost(absl::string_view address) {
+  // "host:port", "[v6]:port".
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address
+                                                            : address.substr(0, colon);
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
+}
+
+}  // namespace
+
+absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(Role own_role) {
+  SecurityConfig config;
+  config.admin_token = absl::GetFlag(FLAGS_token);
+  config.worker_token = absl::GetFlag(FLAGS_worker_token);
+  if (!config.admin_token.empty() && config.admin_token == config.worker_token)
+    return absl::InvalidArgumentError(
+        "--token and --worker_token must differ (the roles would be one)");
+  // A process presents its own role's token, or the other one it was given.
+  const bool worker_first = own_role == Role::kWorker;
+  config.call_token = worker_first ? config.worker_token : config.admin_token;
+  if (config.call_token.empty())
+    config.call_token = worker_first ? config.admin_token : config.worker_token;
+  absl::StatusOr<std::string> cert = ReadPem(absl::GetFlag(FLAGS_tls_cert), "tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(absl::GetFlag(FLAGS_tls_key), "tls_key");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem(absl::GetFlag(FLAGS_tls_ca), "tls_ca");
+  if (!ca.ok()) return ca.status();
+  if (cert->empty() != key->empty())
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  config.tls_cert_pem = *std::move(cert);
+  config.tls_key_pem = *std::move(key);
+  config.tls_ca_pem = *std::move(ca);
+  config.tls_require_client_cert = absl::GetFlag(FLAGS_tls_client_auth);
+  if (config.tls_require_client_cert && config.tls_ca_pem.empty())
+    return absl::InvalidArgumentError(
+        "--tls_client_auth needs --tls_ca to verify the clients' certificates");
+  config.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  return config;
+}
+
+absl::Status InitProcessSecurity(Role own_role, bool serves) {
+  absl::StatusOr<SecurityConfig> config = SecurityConfigFromFlags(own_role);
+  if (!config.ok()) return config.status();
+  if (serves && !config->auth_enabled())
+    spdlog::warn("authentication is off: anyone who can reach this process's "
+                 "port may act on the job (set GRPS_TOKEN; see docs/security.md)");
+  SetProcessSecurity(*std::move(config));
+  return absl::OkStatus();
+}
+
+void SetProcessSecurity(SecurityConfig config) {
+  MutableProcessSecurity() = std::move(config);
+}
+
+const SecurityConfig& ProcessSecurity() { return MutableProcessSecurity(); }
+
+void SetMemberSecret(std::string secret) {
+  absl::MutexLock lock(&g_secret_mu);
+  MemberSecretStorage() = std::move(secret);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const SecurityConfig& config, absl::string_view address) {
+  if (!config.worker_token.empty() && config.admin_token.empty())
+    return absl::InvalidArgumentError(
+        "--worker_token needs --token (the admin token) as well");
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (!config.tls_cert_pem.empty()) {
+    grpc::SslServerCredentialsOptions options(
+        config.tls_require_client_cert
+            ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    options.pem_root_certs = config.tls_ca_pem;
+    options.pem_key_cert_pairs.push_back({config.tls_key_pem, config.tls_cert_pem});
+    credentials = grpc::SslServerCredentials(options);
+  } else if (config.auth_enabled()) {
+    if (!IsLoopbackHost(address))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a token without TLS is only accepted on a loopback address, not ",
+          address, " (anyone on the network could read it): give --tls_cert "
+          "and --tls_key, or listen on 127.0.0.1"));
+    // Plaintext like InsecureServerCredentials, but it takes an
+    // AuthMetadataProcessor (and accepts loopback peers only).
+    credentials = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+  } else {
+    if (!config.tls_ca_pem.empty())
+      return absl::InvalidArgumentError("--tls_ca without --tls_cert: a serving "
+                                        "process needs its own certificate");
+    return grpc::InsecureServerCredentials();
+  }
+  if (config.auth_enabled())
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenProcessor>(config.admin_token, config.worker_token));
+  return credentials;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
+    const SecurityConfig& config, bool member_secret_source) {
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+  if (config.tls_enabled()) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = config.tls_ca_pem;
+    options.pem_private_key = config.tls_key_pem;
+    options.pem_cert_chain = config.tls_cert_pem;
+    channel = grpc::SslCredentials(options);
+  } else if (!config.call_token.empty()) {
+    channel = grpc::experimental::LocalCredentials(LOCAL_TCP);
+  } else {
+    return grpc::InsecureChannelCredentials();
+  }
+  if (config.call_token.empty()) return channel;
+  return grpc::CompositeChannelCredentials(
+      channel, grpc::experimental::MetadataCredentialsFromPlugin(
+                   std::make_unique<TokenPlugin>(config.call_token, member_secret_source),
+                   GRPC_SECURITY_NONE));
+}
+
+void AddChannelSecurityArguments(const SecurityConfig& config,
+                                 grpc::ChannelArguments* args) {
+  if (config.tls_enabled() && !config.tls_server_name.empty())
+    args->SetSslTargetNameOverride(config.tls_server_name);
+}
+
+grpc::Status RequireRole(const grpc::ServerContextBase& context, Role needed) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr) return grpc::Status::OK;
+  std::vector<grpc::string_ref> roles = auth->FindPropertyValues(kRoleProperty);
+  // No role: authentication is off (with it on, the processor refuses a call
+  // before a handler can see it, or gives it a role).
+  if (roles.empty()) return grpc::Status::OK;
+  const absl::string_view role(roles.front().data(), roles.front().size());
+  if (role == "admin" || needed == Role::kWorker) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      "this call needs the admin token; the worker token may not make it");
+}
+
+std::string CallerMemberSecret(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kMemberSecretHeader);
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+std::string MemberKey(absl::string_view admin_token) {
+  if (admin_token.empty()) return "";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  constexpr absl::string_view kLabel = "grps member key v1";
+  HMAC(EVP_sha256(), admin_token.data(), static_cast<int>(admin_token.size()),
+       reinterpret_cast<const unsigned char*>(kLabel.data()), kLabel.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+std::string MemberSecret(absl::string_view key, absl::string_view job_id,
+                         MemberKind kind, uint32_t index, uint64_t incarnation) {
+  if (key.empty()) return "";
+  // Length-prefixed job id: no two (job, kind, index, incarnation) share a
+  // message.
+  const std::string message =
+      absl::StrCat(job_id.size(), ":", job_id, "/",
+                   kind == MemberKind::kWorker ? "worker" : "server", "/", index,
+                   "/", incarnation);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out,
+       &len);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(out), 16));
+}
+
+grpc::Status CheckMemberSecret(absl::string_view key, absl::string_view job_id,
+                               MemberKind kind, uint32_t index,
+                               uint64_t incarnation, absl::string_view presented) {
+  if (key.empty()) return grpc::Status::OK;
+  const std::string expected = MemberSecret(key, job_id, kind, index, incarnation);
+  if (ConstantTimeEquals(presented, expected)) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      absl::StrCat(presented.empty() ? "no member secret" : "wrong member secret",
+                   " for ", kind == MemberKind::kWorker ? "worker " : "shard ", index,
+                   " incarnation ", incarnation,
+                   ": only the member that registered may act as it"));
+}
+
+std::vector<std::string> TlsFlagsToPassOn() {
+  std::vector<std::string> flags;
+  for (const auto& [name, path] :
+       {std::pair<const char*, std::string>{"tls_cert", absl::GetFlag(FLAGS_tls_cert)},
+        {"tls_key", absl::GetFlag(FLAGS_tls_key)},
+        {"tls_ca", absl::GetFlag(FLAGS_tls_ca)}})
+    if (!path.empty())
+      flags.push_back(absl::StrCat(
+          "--", name, "=", std::filesystem::absolute(path).lexically_normal().string()));
+  if (absl::GetFlag(FLAGS_tls_client_auth)) flags.push_back("--tls_client_auth");
+  if (const std::string name = absl::GetFlag(FLAGS_tls_server_name); !name.empty())
+    flags.push_back(absl::StrCat("--tls_server_name=", name));
+  return flags;
+}
+
+std::string RandomHexToken(size_t bytes) {
+  std::string raw(bytes, '\0');
+  size_t filled = 0;
+  while (filled < bytes) {
+    ssize_t n = getrandom(raw.data() + filled, bytes - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+}  // namespace grps

@@ -1,0 +1,392 @@
+// Authentication, roles, member secrets and TLS, over real gRPC on
+// 127.0.0.1: a coordinator and a shard served with a job's tokens, called by
+// clients holding the admin token, the worker token, a wrong one or none.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator_service.h"
+#include "daemon/daemon.h"
+#include "daemon/env.h"
+#include "daemon/security.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "test/in_process_shards.h"
+
+#ifndef GRPS_TESTDATA_DIR
+#define GRPS_TESTDATA_DIR "test/testdata"
+#endif
+
+namespace grps {
+namespace {
+
+constexpr char kAdmin[] = "admin-token-for-tests";
+constexpr char kWorker[] = "worker-token-for-tests";
+
+std::string Pem(const std::string& name) {
+  absl::StatusOr<std::string> text =
+      Env::Default()->ReadFile(absl::StrCat(GRPS_TESTDATA_DIR, "/tls/", name));
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
+}
+
+SecurityConfig Served() {
+  SecurityConfig config;
+  config.admin_token = kAdmin;
+  config.worker_token = kWorker;
+  return config;
+}
+
+SecurityConfig Caller(const std::string& token) {
+  SecurityConfig config;
+  config.call_token = token;
+  return config;
+}
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  return context;
+}
+
+// A unary call of `method` with raw request bytes, through the generic stub
+// (for services with no generated client here: health, an unknown one).
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel,
+                     const std::string& method, const std::string& request_bytes,
+                     std::string* reply = nullptr) {
+  grpc::GenericStub stub(channel);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  auto context = Context();
+  stub.UnaryCall(context.get(), method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   absl::MutexLock lock(&mu);
+                   status = std::move(s);
+                   done = true;
+                 });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  if (status.ok() && reply != nullptr) {
+    std::vector<grpc::Slice> slices;
+    (void)response.Dump(&slices);
+    reply->clear();
+    for (const grpc::Slice& s : slices)
+      reply->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return status;
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = DefaultJobConfig();
+    config_.set_job_id("secure-job");
+    config_.set_num_servers(1);
+    config_.set_num_workers(2);
+    ASSERT_TRUE(ValidateJobConfig(config_).ok());
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), 1, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok());
+    CoordinatorOptions options;
+    options.member_key = MemberKey(kAdmin);
+    service_ = std::make_unique<CoordinatorService>(config_, *map, &absl::Now, options);
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {service_.get()}, Served());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    address_ = absl::StrCat("127.0.0.1:", server_.port);
+  }
+  void TearDown() override {
+    service_->Shutdown();
+    server_.server->Shutdown();
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> Stub(const std::string& token) {
+    return v1::Coordinator::NewStub(MakeChannel(address_, Caller(token), false));
+  }
+
+  // Registers the shard with the admin token and both ranks with the worker
+  // token, so the job runs.
+  void FormJob() {
+    v1::RegisterServerRequest server;
+    server.set_address("127.0.0.1:1");
+    v1::RegisterServerResponse server_reply;
+    ASSERT_TRUE(Stub(kAdmin)->RegisterServer(Context().get(), server, &server_reply).ok());
+    shard_secret_ = server_reply.member_secret();
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::RegisterWorkerRequest worker;
+      worker.set_requested_rank(rank);
+      worker.set_host("h");
+      worker.set_backend("cpu");
+      v1::RegisterWorkerResponse reply;
+      grpc::Status s = Stub(kWorker)->RegisterWorker(Context().get(), worker, &reply);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      worker_secrets_.push_back(reply.member_secret());
+      incarnations_.push_back(reply.incarnation());
+    }
+    ASSERT_EQ(service_->state(), v1::JOB_STATE_RUNNING);
+  }
+
+  grpc::Status WorkerHeartbeat(uint32_t rank, const std::string& secret) {
+    v1::HeartbeatRequest request;
+    request.set_job_id("secure-job");
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnations_[rank]);
+    v1::HeartbeatResponse reply;
+    auto context = Context();
+    if (!secret.empty()) context->AddMetadata("grps-member-secret", secret);
+    return Stub(kWorker)->Heartbeat(context.get(), request, &reply);
+  }
+
+  v1::JobConfig config_;
+  std::unique_ptr<CoordinatorService> service_;
+  GrpcServer server_;
+  std::string address_;
+  std::string shard_secret_;
+  std::vector<std::string> worker_secrets_;
+  std::vector<uint64_t> incarnations_;
+};
+
+TEST_F(SecurityTest, EveryCoordinatorRpcWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
+  for (const std::string token : {std::string(), std::string("wrong-token")}) {
+    SCOPED_TRACE(token.empty() ? "no token" : "wrong token");
+    auto stub = Stub(token);
+    v1::RegisterServerRequest register_server;
+    register_server.set_address("127.0.0.1:1");
+    v1::RegisterServerResponse register_server_reply;
+    EXPECT_EQ(stub->RegisterServer(Context().get(), register_server, &register_server_reply)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::RegisterWorkerRequest register_worker;
+    v1::RegisterWorkerResponse register_worker_reply;
+    EXPECT_EQ(stub->RegisterWorker(Context().get(), register_worker, &register_worker_reply)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::HeartbeatRequest heartbeat;
+    heartbeat.set_job_id("secure-job");
+    heartbeat.set_server_shard(0);
+    heartbeat.set_incarnation(1);
+    v1::HeartbeatResponse heartbeat_reply;
+    EXPECT_EQ(stub->Heartbeat(Context().get(), heartbeat, &heartbeat_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::WorkerDoneRequest done;
+    done.set_job_id("secure-job");
+    v1::WorkerDoneResponse done_reply;
+    EXPECT_EQ(stub->WorkerDone(Context().get(), done, &done_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ShardMap map;
+    EXPECT_EQ(stub->GetShardMap(Context().get(), {}, &map).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::JobStatus status;
+    EXPECT_EQ(stub->GetJobStatus(Context().get(), {}, &status).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    auto watch_context = Context();
+    auto watch = stub->WatchJobStatus(watch_context.get(), {});
+    EXPECT_FALSE(watch->Read(&status));
+    EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::StopJobResponse stop_reply;
+    EXPECT_EQ(stub->StopJob(Context().get(), {}, &stop_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::CheckpointJobResponse checkpoint_reply;
+    EXPECT_EQ(stub->CheckpointJob(Context().get(), {}, &checkpoint_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    // Reflection and any other service too: the check runs before routing.
+    EXPECT_EQ(RawCall(MakeChannel(address_, Caller(token), false),
+                      "/grps.v1.NoSuchService/NoSuchMethod", "")
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  const v1::JobStatus status = service_->Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_UNSPECIFIED);
+  EXPECT_TRUE(status.workers().empty() ||
+              status.workers(0).state() == v1::MEMBER_STATE_UNSPECIFIED);
+}
+
+TEST_F(SecurityTest, HealthChecksNeedNoToken) {
+  std::string reply;
+  grpc::Status s = RawCall(MakeChannel(address_, Caller(""), false),
+                           "/grpc.health.v1.Health/Check", "", &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+TEST_F(SecurityTest, TheWorkerTokenCannotStopTheJobCheckpointOrRegisterAServer) {
+  auto stub = Stub(kWorker);
+  v1::StopJobResponse stop_reply;
+  EXPECT_EQ(stub->StopJob(Context().get(), {}, &stop_reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::CheckpointJobResponse checkpoint_reply;
+  EXPECT_EQ(stub->CheckpointJob(Context().get(), {}, &checkpoint_reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegisterServerRequest register_server;
+  register_server.set_address("127.0.0.1:1");
+  v1::RegisterServerResponse register_server_reply;
+  EXPECT_EQ(stub->RegisterServer(Context().get(), register_server, &register_server_reply)
+                .error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Reading the status is allowed.
+  v1::JobStatus status;
+  EXPECT_TRUE(stub->GetJobStatus(Context().get(), {}, &status).ok());
+  EXPECT_EQ(service_->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(status.shards(0).address(), "");
+  // The admin token may stop it.
+  EXPECT_TRUE(Stub(kAdmin)->StopJob(Context().get(), {}, &stop_reply).ok());
+  EXPECT_EQ(service_->state(), v1::JOB_STATE_STOPPED);
+}
+
+TEST_F(SecurityTest, OnlyTheHolderOfARanksMemberSecretMayHeartbeatOrFinishAsIt) {
+  FormJob();
+  ASSERT_EQ(worker_secrets_.size(), 2u);
+  EXPECT_NE(worker_secrets_[0], worker_secrets_[1]);
+  EXPECT_EQ(WorkerHeartbeat(0, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(WorkerHeartbeat(0, worker_secrets_[1]).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(WorkerHeartbeat(0, worker_secrets_[0]).ok());
+
+  // WorkerDone as rank 1 without its secret: refused, the quorum stays.
+  v1::WorkerDoneRequest done;
+  done.set_job_id("secure-job");
+  done.set_worker_rank(1);
+  done.set_incarnation(incarnations_[1]);
+  v1::WorkerDoneResponse done_reply;
+  auto forged = Context();
+  forged->AddMetadata("grps-member-secret", worker_secrets_[0]);
+  EXPECT_EQ(Stub(kWorker)->WorkerDone(forged.get(), done, &done_reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(service_->Status().workers(1).state(), v1::MEMBER_STATE_ALIVE);
+
+  // A forged shard status (server heartbeat) without the shard's secret.
+  v1::HeartbeatRequest shard_beat;
+  shard_beat.set_job_id("secure-job");
+  shard_beat.set_server_shard(0);
+  shard_beat.set_incarnation(1);
+  shard_beat.mutable_shard()->set_version(999999);
+  v1::HeartbeatResponse reply;
+  EXPECT_EQ(Stub(kAdmin)->Heartbeat(Context().get(), shard_beat, &reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(service_->Status().shards(0).version(), 999999u);
+  // The status never shows a secret.
+  const std::string shown = service_->Status().DebugString();
+  for (const std::string& secret : worker_secrets_)
+    EXPECT_EQ(shown.find(secret), std::string::npos);
+}
+
+TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing) {
+  v1::JobConfig config = config_;
+  absl::StatusOr<v1::ShardMap> map = OneTensorMap(config, 16);
+  ASSERT_TRUE(map.ok());
+  InProcessShards shards;
+  ASSERT_TRUE(shards.Serve(config, &*map, Served()).ok());
+  shards.SetLiveWorkers(2);
+  auto stub = v1::ParameterServer::NewStub(
+      MakeChannel(map->shards(0).address(), Caller(kWorker), false));
+  v1::PushRequest push;
+  push.set_job_id("secure-job");
+  push.set_worker_rank(0);
+  push.set_incarnation(1);
+  push.set_step(0);
+  v1::ChunkData* chunk = push.add_chunks();
+  chunk->set_chunk_id(0);
+  chunk->set_dtype(v1::DTYPE_F32);
+  chunk->set_data(std::string(16 * sizeof(float), '\0'));
+  const std::string key = MemberKey(kAdmin);
+  for (const std::string secret :
+       {std::string(), MemberSecret(key, "secure-job", MemberKind::kWorker, 1, 1),
+        MemberSecret(key, "secure-job", MemberKind::kWorker, 0, 2)}) {
+    auto context = Context();
+    if (!secret.empty()) context->AddMetadata("grps-member-secret", secret);
+    v1::PushResponse reply;
+    EXPECT_EQ(stub->Push(context.get(), push, &reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(shards.store(0).ShardStatus().pushes(), 0u);
+  auto context = Context();
+  context->AddMetadata("grps-member-secret",
+                       MemberSecret(key, "secure-job", MemberKind::kWorker, 0, 1));
+  v1::PushResponse reply;
+  grpc::Status s = stub->Push(context.get(), push, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(shards.store(0).ShardStatus().pushes(), 1u);
+}
+
+TEST(SecurityConfigTest, ATokenWithoutTlsIsOnlyServedOnLoopback) {
+  absl::StatusOr<GrpcServer> server = StartGrpcServer("0.0.0.0:0", {}, Served());
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("loopback"), std::string::npos)
+      << server.status();
+}
+
+// TLS: a job served with the test CA's server certificate.
+class TlsTest : public ::testing::Test {
+ protected:
+  void Serve(bool require_client_cert) {
+    SecurityConfig served = Served();
+    served.tls_cert_pem = Pem("server.pem");
+    served.tls_key_pem = Pem("server-key.pem");
+    served.tls_ca_pem = Pem("ca.pem");
+    served.tls_require_client_cert = require_client_cert;
+    config_ = DefaultJobConfig();
+    config_.set_job_id("tls-job");
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), config_.num_servers(), config_.chunk_bytes());
+    ASSERT_TRUE(map.ok());
+    service_ = std::make_unique<CoordinatorService>(config_, *map);
+    absl::StatusOr<GrpcServer> server =
+        StartGrpcServer("127.0.0.1:0", {service_.get()}, served);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  void TearDown() override {
+    if (service_ != nullptr) service_->Shutdown();
+    if (server_.server != nullptr) server_.server->Shutdown();
+  }
+  grpc::Status Status(const SecurityConfig& caller) {
+    auto stub = v1::Coordinator::NewStub(
+        MakeChannel(absl::StrCat("127.0.0.1:", server_.port), caller, false));
+    v1::JobStatus status;
+    return stub->GetJobStatus(Context().get(), {}, &status);
+  }
+
+  v1::JobConfig config_;
+  std::unique_ptr<CoordinatorService> service_;
+  GrpcServer server_;
+};
+
+TEST_F(TlsTest, AClientTrustingAnotherCaCannotConnect) {
+  Serve(false);
+  SecurityConfig caller = Caller(kAdmin);
+  caller.tls_ca_pem = Pem("wrong-ca.pem");
+  EXPECT_EQ(Status(caller).error_code(), grpc::StatusCode::UNAVAILABLE);
+  caller.tls_ca_pem = Pem("ca.pem");
+  grpc::Status s = Status(caller);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // TLS does not replace the token.
+  caller.call_token.clear();
+  EXPECT_EQ(Status(caller).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(TlsTest, APlaintextClientCannotTalkToATlsPort) {
+  Serve(false);
+  EXPECT_EQ(Status(Caller(kAdmin)).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, MutualTlsRefusesAClientWithoutACertificate) {
+  Serve(true);
+  SecurityConfig caller = Caller(kAdmin);
+  caller.tls_ca_pem = Pem("ca.pem");
+  EXPECT_EQ(Status(caller).error_code(), grpc::StatusCode::UNAVAILABLE);
+  caller.tls_cert_pem = Pem("client.pem");
+  caller.tls_key_pem = Pem("client-key.pem");
+  grpc::Status s = Status(caller);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+}  // namespace
+}  // namespace grps
