@@ -347,6 +347,39 @@ TEST_F(CoordinatorServiceTest, RequestsForAnotherJobAreRejected) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(CoordinatorServiceTest, AnEmptyRegistrationTakesAFreeSlotNotALiveSlotZero) {
+  StartJob(2, 2);
+  v1::RegisterServerResponse first;
+  ASSERT_TRUE(RegisterServer(0, "127.0.0.1:7000", &first).ok());
+  // A zero-byte RegisterServerRequest (bar its address): shard 1, and shard 0
+  // keeps its incarnation.
+  v1::RegisterServerRequest bare_server;
+  bare_server.set_address("127.0.0.1:7001");
+  v1::RegisterServerResponse second;
+  ASSERT_TRUE(stub_->RegisterServer(Context().get(), bare_server, &second).ok());
+  EXPECT_EQ(second.shard(), 1u);
+
+  v1::RegisterWorkerResponse rank0;
+  ASSERT_TRUE(RegisterWorker(0, &rank0).ok());
+  v1::RegisterWorkerResponse other;
+  ASSERT_TRUE(stub_->RegisterWorker(Context().get(), v1::RegisterWorkerRequest(), &other).ok());
+  EXPECT_EQ(other.rank(), 1u);
+  const v1::JobStatus status = service_->Status();
+  EXPECT_EQ(status.shards(0).incarnation(), first.incarnation());
+  EXPECT_EQ(status.workers(0).incarnation(), rank0.incarnation());
+}
+
+TEST_F(CoordinatorServiceTest, AHugeJobIdIsCutAndEscapedInTheError) {
+  StartJob(1, 1);
+  v1::RegisterServerResponse s;
+  const std::string huge = std::string("\x01\n", 2) + std::string(1 << 20, 'j');
+  grpc::Status st = RegisterServer(-1, "127.0.0.1:7000", &s, huge);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_LT(st.error_message().size(), 512u);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("\\x01\\n"));
+  EXPECT_EQ(st.error_message().find('\n'), std::string::npos);
+}
+
 TEST_F(CoordinatorServiceTest, MalformedHeartbeatsGetClearErrors) {
   StartJob(1, 1);
   RegisterAllServers();

@@ -15,7 +15,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "daemon/security.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -100,6 +102,38 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   AddChannelSecurityArguments(security, &args);
   return grpc::CreateCustomChannel(
       target, MakeChannelCredentials(security, member_secret_source), args);
+}
+
+absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
+                               absl::Duration timeout) {
+  // grpc.health.v1.HealthCheckRequest{service: ""} is zero bytes; the reply
+  // is HealthCheckResponse{status = 1 (SERVING) or 2 (NOT_SERVING)}.
+  grpc::GenericStub stub(channel);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   absl::MutexLock lock(&mu);
+                   status = std::move(s);
+                   done = true;
+                 });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+  }
+  if (!status.ok()) return ToAbsl(status);
+  grpc::Slice reply;
+  if (!response.TrySingleSlice(&reply).ok() && !response.DumpToSingleSlice(&reply).ok())
+    return absl::InternalError("unreadable health reply");
+  const std::string bytes(reinterpret_cast<const char*>(reply.begin()), reply.size());
+  if (bytes == std::string("\x08\x01", 2)) return true;
+  if (bytes == std::string("\x08\x02", 2)) return false;
+  return absl::InternalError("unexpected health reply");
 }
 
 namespace {

@@ -63,6 +63,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const SecurityConfig& security,
                                            bool member_secret_source);
 
+// Asks the gRPC health service behind `channel` about the whole server:
+// true for SERVING, false for NOT_SERVING; the call's error otherwise.
+absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
+                               absl::Duration timeout);
+
 // Installs SIGINT/SIGTERM handlers that only record the signal.
 void InstallShutdownHandlers();
 

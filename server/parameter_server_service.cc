@@ -53,21 +53,26 @@ absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
   return &spec;
 }
 
-// Index of the first NaN or infinity in `values`, or -1. Looks at the
-// exponent bits so the loop has no branch and vectorizes.
-int64_t FirstNonFinite(absl::Span<const float> values) {
-  constexpr uint32_t kExponent = 0x7f800000u;
+// Index of the first element of `values` that is NaN, infinite or larger in
+// magnitude than kMaxGradientMagnitude, or -1. Compares the bits of |v|
+// (NaN and infinity have the largest), so the loop has no branch and
+// vectorizes.
+int64_t FirstOutOfRange(absl::Span<const float> values) {
+  constexpr uint32_t kAbs = 0x7fffffffu;
+  uint32_t limit;
+  const float max = ParameterServerService::kMaxGradientMagnitude;
+  std::memcpy(&limit, &max, sizeof(limit));
   uint32_t any = 0;
   for (float v : values) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    any |= static_cast<uint32_t>((bits & kAbs) > limit);
   }
   if (any == 0) return -1;
   for (size_t i = 0; i < values.size(); ++i) {
     uint32_t bits;
     std::memcpy(&bits, &values[i], sizeof(bits));
-    if ((bits & kExponent) == kExponent) return static_cast<int64_t>(i);
+    if ((bits & kAbs) > limit) return static_cast<int64_t>(i);
   }
   return -1;
 }
@@ -146,10 +151,12 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
     const absl::Span<const float> values = absl::MakeConstSpan(dst, n);
-    if (int64_t bad = FirstNonFinite(values); bad >= 0)
+    if (int64_t bad = FirstOutOfRange(values); bad >= 0)
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk ", chunk.chunk_id, ": gradient element ", bad, " is ",
-          values[bad], " (NaN and infinity are refused)"));
+          values[bad], " (NaN, infinity and magnitudes above ",
+          ParameterServerService::kMaxGradientMagnitude,
+          " are refused: they would overflow the sum or the weights)"));
     ShardStore::ChunkGradient& g = push.chunks.emplace_back();
     g.chunk_id = chunk.chunk_id;
     g.base_version = chunk.version;
@@ -178,17 +185,40 @@ std::vector<WireChunk> ToWireChunks(std::vector<ShardStore::PulledChunk>& pulled
   return chunks;
 }
 
+// The end of a pull's wait: now + timeout_ms (0: now, no wait), never past
+// the call's deadline or kMaxPullWait.
 absl::Time PullDeadline(const grpc::ServerContextBase& context,
                         uint32_t timeout_ms) {
   const absl::Time now = absl::Now();
-  absl::Time deadline = now + ParameterServerService::kMaxPullWait;
-  if (timeout_ms > 0)
-    deadline = std::min(deadline, now + absl::Milliseconds(timeout_ms));
+  absl::Time deadline = std::min(now + ParameterServerService::kMaxPullWait,
+                                 now + absl::Milliseconds(timeout_ms));
   const auto call_deadline = context.deadline();
   if (call_deadline != std::chrono::system_clock::time_point::max())
     deadline = std::min(deadline, absl::FromChrono(call_deadline));
   return deadline;
 }
+
+// A unary call that may wait in the store as a pull: when the client
+// cancels (or its channel closes), the wait ends at once with CANCELLED
+// instead of holding its waiter until the deadline.
+class PullReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit PullReactor(ShardStore* store) : store_(store) {}
+
+  // For PullSpec.cancelled.
+  std::shared_ptr<const std::atomic<bool>> cancelled() const { return cancelled_; }
+
+  void OnCancel() override {
+    cancelled_->store(true);
+    if (store_ != nullptr) store_->WakePulls();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  ShardStore* const store_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_ =
+      std::make_shared<std::atomic<bool>>(false);
+};
 
 }  // namespace
 
@@ -232,18 +262,16 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
 
 }  // namespace
 
-ShardStore* ParameterServerService::StoreOrFinish(grpc::ServerUnaryReactor* reactor) {
-  ShardStore* store = store_.load();
-  if (store == nullptr) reactor->Finish(ToGrpc(NotReady()));
-  return store;
-}
-
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
     grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  ShardStore* store = StoreOrFinish(reactor);
-  if (store == nullptr) return reactor;
+  // The call may wait: its reactor hears a cancellation.
+  ShardStore* store = store_.load();
+  auto* reactor = new PullReactor(store);
+  if (store == nullptr) {
+    reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
+  }
   v1::PullRequest request;
   if (!ParseRequest(*request_bytes, &request)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -257,6 +285,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
     return reactor;
   }
   const v1::DType wire = DTypeToWire(spec->dtype);
+  spec->cancelled = reactor->cancelled();
   // The reactor and the response live until Finish; the store calls back
   // exactly once.
   store->PullAsync(
@@ -276,9 +305,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
 grpc::ServerUnaryReactor* ParameterServerService::Push(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
     grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  ShardStore* store = StoreOrFinish(reactor);
-  if (store == nullptr) return reactor;
+  // A push with a pull may wait: its reactor hears a cancellation.
+  ShardStore* store = store_.load();
+  auto* reactor = new PullReactor(store);
+  if (store == nullptr) {
+    reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
+  }
   v1::PushRequest request;  // the scalar fields; chunks stay in the slices
   std::vector<ReceivedChunk> chunks;
   if (absl::Status s = DecodePushRequest(*request_bytes, &request,
@@ -337,6 +370,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   spec.generation = request.generation();
   spec.dtype = *pull_dtype;
   spec.deadline = PullDeadline(*context, std::max<uint32_t>(1, request.pull_timeout_ms()));
+  spec.cancelled = reactor->cancelled();
   store->PullAsync(
       std::move(spec),
       [reactor, response, header = std::move(header),

@@ -44,6 +44,11 @@ class ParameterServerService final
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
   // longer than this, so that an abandoned pull does not stay a waiter.
   static constexpr absl::Duration kMaxPullWait = absl::Minutes(5);
+  // Gradient elements beyond this magnitude are refused (INVALID_ARGUMENT):
+  // finite inputs whose sum over the workers, or whose product with the
+  // learning rate, overflows would make the weights non-finite. No real
+  // gradient comes near it; it leaves room for 10^23 of them in one sum.
+  static constexpr float kMaxGradientMagnitude = 1e15f;
 
   // The daemon listens (to learn its port) before the coordinator tells it
   // which shard it is, so the store arrives later through Attach(). Until
@@ -81,9 +86,6 @@ class ParameterServerService final
                               v1::ShardStatus* response) override;
 
  private:
-  // The attached store; null (with `reactor` finished UNAVAILABLE) before.
-  ShardStore* StoreOrFinish(grpc::ServerUnaryReactor* reactor);
-
   const std::string member_key_;
   std::atomic<ShardStore*> store_{nullptr};
 };

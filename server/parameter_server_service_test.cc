@@ -229,6 +229,20 @@ TEST_F(ParameterServerServiceTest, PushForAnotherJobIsFailedPrecondition) {
                     "job 'other-job'");
 }
 
+TEST_F(ParameterServerServiceTest, AHugeJobIdIsCutAndEscapedInTheError) {
+  // A 1 MiB job id echoed whole made a status the client refuses (and took
+  // down another call on the connection).
+  v1::PushRequest request = GoodPush(0, 0);
+  request.set_job_id(std::string("\x01\n", 2) + std::string(1 << 20, 'j'));
+  const Snapshot before = Take();
+  const grpc::Status status = Push(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_LT(status.error_message().size(), 512u);
+  EXPECT_THAT(status.error_message(), HasSubstr("\\x01\\n"));
+  EXPECT_THAT(status.error_message(), HasSubstr("(1048578 bytes)"));
+  ExpectUnchanged(before);
+}
+
 TEST_F(ParameterServerServiceTest, PushFromAnUnknownWorkerIsInvalidArgument) {
   ExpectPushRefused(GoodPush(2, 0), grpc::StatusCode::INVALID_ARGUMENT,
                     "unknown worker rank 2");
@@ -281,6 +295,23 @@ TEST_F(ParameterServerServiceTest, PushWithANaNGradientIsInvalidArgument) {
   request.mutable_chunks(1)->set_data(F32Bytes(bad));
   ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
                     "gradient element 3 is nan");
+}
+
+TEST_F(ParameterServerServiceTest, FiniteGradientsThatWouldOverflowTheWeightsAreRefused) {
+  // Two workers each pushing 3e38 (finite) made every weight non-finite.
+  ExpectPushRefused(GoodPush(0, 0, 3e38f), grpc::StatusCode::INVALID_ARGUMENT,
+                    "magnitudes above");
+  // The largest accepted magnitude, from both workers: the step completes
+  // and every weight stays finite.
+  const float max = ParameterServerService::kMaxGradientMagnitude;
+  ASSERT_TRUE(Push(GoodPush(0, 0, max)).ok());
+  ASSERT_TRUE(Push(GoodPush(1, 0, max)).ok());
+  for (uint32_t id : own_) {
+    absl::StatusOr<ShardStore::ChunkValues> v = store_->TEST_ReadChunk(id);
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->version, 1u);
+    for (float x : v->values) ASSERT_TRUE(std::isfinite(x)) << x;
+  }
 }
 
 TEST_F(ParameterServerServiceTest, PushWithAnInfinityInF16IsInvalidArgument) {
@@ -439,6 +470,65 @@ TEST_F(ParameterServerServiceTest, PullWaitsThenTimesOutWithDeadlineExceeded) {
   request.set_timeout_ms(100);
   ExpectPullRefused(request, grpc::StatusCode::DEADLINE_EXCEEDED,
                     "is at version 0, wanted >= 1");
+}
+
+TEST_F(ParameterServerServiceTest, PullWithTimeoutZeroDoesNotWait) {
+  v1::PullRequest request = PullOf({own_[0]}, 1);
+  request.set_timeout_ms(0);  // "no wait"; it used to wait 5 minutes
+  const absl::Time start = absl::Now();
+  ExpectPullRefused(request, grpc::StatusCode::DEADLINE_EXCEEDED,
+                    "is at version 0, wanted >= 1");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // the call allows 10
+}
+
+TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHoldingNoThread) {
+  constexpr int kPulls = 200;
+  const int threads_before = ThreadCount();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<v1::PullResponse> replies(kPulls);
+  absl::Mutex mu;
+  int finished = 0;
+  std::vector<grpc::StatusCode> codes;
+  for (int i = 0; i < kPulls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+    v1::PullRequest request = PullOf({own_[0]}, 1);  // waits for step 0
+    request.set_timeout_ms(300000);
+    stub_->async()->Pull(contexts.back().get(), &request, &replies[i],
+                         [&](grpc::Status s) {
+                           absl::MutexLock lock(&mu);
+                           codes.push_back(s.error_code());
+                           ++finished;
+                         });
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(store_->ShardStatus().waiting_pulls(), static_cast<uint64_t>(kPulls));
+  const int threads_waiting = ThreadCount();
+
+  const absl::Time cancelled = absl::Now();
+  for (auto& context : contexts) context->TryCancel();
+  {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(
+                            +[](int* n) { return *n == kPulls; }, &finished),
+                        absl::Seconds(10));
+    ASSERT_EQ(finished, kPulls);
+  }
+  while (store_->ShardStatus().waiting_pulls() > 0 &&
+         absl::Now() < cancelled + absl::Seconds(1))
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(store_->ShardStatus().waiting_pulls(), 0u)
+      << "cancelled pulls still wait in the store a second later";
+  const int threads_after = ThreadCount();
+  // A waiting pull is a waiter, not a thread: waiting costs none, and
+  // leaving frees none (gRPC's own pollers may come and go by a few).
+  EXPECT_LE(threads_waiting, threads_before + 8)
+      << threads_before << " threads before, " << threads_waiting << " with 200 waiting";
+  EXPECT_LE(threads_after, threads_before + 8)
+      << threads_before << " threads before, " << threads_after << " after";
+  for (grpc::StatusCode code : codes) EXPECT_EQ(code, grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(ParameterServerServiceTest, PullOfAnotherShardsChunkIsNotFound) {

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "daemon/env.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -276,6 +277,7 @@ int Run() {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
+  server->server->GetHealthCheckService()->SetServingStatus(false);
   const std::string address = AdvertisedAddress(listen, server->port);
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     if (absl::Status s = WriteFileAtomically(Env::Default(), path,
@@ -338,6 +340,8 @@ int Run() {
   }
   store = std::move(*created);
   service.Attach(store.get());
+  // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
+  server->server->GetHealthCheckService()->SetServingStatus(true);
   const v1::JobConfig& config = store->config();
   {
     const v1::ShardStatus s = store->ShardStatus();

@@ -295,9 +295,15 @@ TEST_F(GrpsServerBinaryTest, RetriesRegistrationUntilTheCoordinatorAppears) {
   ServerProcess process(
       {"--coordinator=" + address, "--port_file=" + port_file_}, {});
   ASSERT_TRUE(process.started());
-  ASSERT_GT(WaitForPortFile(port_file_, absl::Seconds(30)), 0);
+  const int port = WaitForPortFile(port_file_, absl::Seconds(30));
+  ASSERT_GT(port, 0);
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_EQ(process.WaitForExit(absl::ZeroDuration()), -1);  // still trying
+  // Not registered, so not ready: health must not say SERVING.
+  const auto channel = MakeChannel(absl::StrCat("127.0.0.1:", port));
+  absl::StatusOr<bool> serving = IsServing(channel, absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_FALSE(*serving);
 
   absl::StatusOr<GrpcServer> server =
       StartGrpcServer(address, {coordinator_.get()});
@@ -305,6 +311,9 @@ TEST_F(GrpsServerBinaryTest, RetriesRegistrationUntilTheCoordinatorAppears) {
   server_ = std::move(*server);
   EXPECT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
   EXPECT_FALSE(coordinator_->registered_address().empty());
+  serving = IsServing(channel, absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(*serving);
   coordinator_->SetState(v1::JOB_STATE_STOPPED);
   EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
 }

@@ -81,10 +81,11 @@ class ShardStore::Chunk final : public UpdateTarget {
   }
 
   // UpdateTarget (called with mu held, by the policy).
-  uint64_t version() const override { return version_; }
+  uint64_t version() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return version_; }
   uint64_t num_elements() const override { return num_elements_; }
   Backend& backend() override { return *backend_; }
-  void Apply(const float* grad, float lr, int64_t staleness) override {
+  void Apply(const float* grad, float lr, int64_t staleness) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     optimizer->Apply(values.f32(), grad, lr, version_);
     ++version_;
     ++counters.updates;
@@ -104,7 +105,7 @@ class ShardStore::Chunk final : public UpdateTarget {
   // than step version - 1 was applied, because a push for the open step is
   // in its aggregate, which the checkpoint does not keep: after a roll-back
   // that push must be accepted again.
-  v1::ChunkState Snapshot(bool sync) const {
+  v1::ChunkState Snapshot(bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     v1::ChunkState out;
     out.set_chunk_id(id);
     out.set_version(version_);
@@ -137,7 +138,8 @@ class ShardStore::Chunk final : public UpdateTarget {
   // initial values at version 0 when null; drops the mode's pending state.
   absl::Status Reset(const v1::ChunkState* state, const v1::ChunkSpec& spec,
                      const v1::TensorSpec& tensor, const v1::JobConfig& config,
-                     absl::Span<const uint64_t> resume_steps) {
+                     absl::Span<const uint64_t> resume_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     policy = MakeChunkPolicy(config, num_elements_, backend_.get());
     policy->Restored(resume_steps);
     capture_at = 0;
@@ -168,18 +170,18 @@ class ShardStore::Chunk final : public UpdateTarget {
   const uint64_t num_elements_;
   // Declared before the buffers, which it allocated and must outlive.
   const std::unique_ptr<Backend> backend_;
-  uint64_t version_ = 0;
+  uint64_t version_ ABSL_GUARDED_BY(mu) = 0;
 
  public:
-  DeviceBuffer values;
-  std::unique_ptr<ChunkOptimizer> optimizer;
-  std::unique_ptr<ChunkPolicy> policy;
-  std::vector<AcceptedMark> marks;  // by rank
-  ChunkCounters counters;
+  DeviceBuffer values ABSL_GUARDED_BY(mu);
+  std::unique_ptr<ChunkOptimizer> optimizer ABSL_GUARDED_BY(mu);
+  std::unique_ptr<ChunkPolicy> policy ABSL_GUARDED_BY(mu);
+  std::vector<AcceptedMark> marks ABSL_GUARDED_BY(mu);  // by rank
+  ChunkCounters counters ABSL_GUARDED_BY(mu);
   // A checkpoint capture: the version at which Apply copies the state into
   // `captured` (0: none armed).
-  uint64_t capture_at = 0;
-  std::optional<v1::ChunkState> captured;
+  uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
+  std::optional<v1::ChunkState> captured ABSL_GUARDED_BY(mu);
 };
 
 // Holds the mutexes of a push's chunks, taken in ascending chunk id order so
@@ -246,7 +248,10 @@ ShardStore::ShardStore(Options options)
       incarnation_(options.incarnation),
       address_(std::move(options.address)),
       make_backend_(std::move(options.make_backend)),
-      num_workers_(config_.num_workers()) {
+      num_workers_(config_.num_workers()),
+      max_waiting_pulls_(options.max_waiting_pulls > 0
+                             ? options.max_waiting_pulls
+                             : kWaitingPullsPerWorker * std::max(1u, num_workers_)) {
   absl::MutexLock lock(&members_mu_);
   live_ = std::make_shared<const LiveSet>(LiveSet::All(num_workers_));
 }
@@ -299,20 +304,23 @@ std::shared_ptr<const LiveSet> ShardStore::live() const {
   return live_;
 }
 
-absl::Status ShardStore::AdmitIncarnation(uint32_t rank,
-                                          uint64_t incarnation) {
+absl::Status ShardStore::CheckIncarnation(uint32_t rank,
+                                          uint64_t incarnation) const {
   absl::MutexLock lock(&members_mu_);
   const uint64_t known = live_->incarnations[rank];
   if (incarnation < known)
     return absl::FailedPreconditionError(absl::StrCat(
         "stale incarnation: worker ", rank, " pushed as incarnation ",
         incarnation, " but incarnation ", known, " is current"));
-  if (incarnation > known) {
-    auto updated = std::make_shared<LiveSet>(*live_);
-    updated->incarnations[rank] = incarnation;
-    live_ = std::move(updated);
-  }
   return absl::OkStatus();
+}
+
+void ShardStore::RaiseIncarnation(uint32_t rank, uint64_t incarnation) {
+  absl::MutexLock lock(&members_mu_);
+  if (incarnation <= live_->incarnations[rank]) return;
+  auto updated = std::make_shared<LiveSet>(*live_);
+  updated->incarnations[rank] = incarnation;
+  live_ = std::move(updated);
 }
 
 absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
@@ -342,7 +350,7 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     return absl::InvalidArgumentError("a chunk appears twice in one push");
 
-  if (absl::Status s = AdmitIncarnation(push.worker_rank, push.incarnation);
+  if (absl::Status s = CheckIncarnation(push.worker_rank, push.incarnation);
       !s.ok()) {
     rejected_.fetch_add(push.chunks.size());
     return s;
@@ -425,6 +433,7 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
                                     : c.version());
     }
   }
+  RaiseIncarnation(rank, push.incarnation);
   WakeWaiters();
   return result;
 }
@@ -455,8 +464,19 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
   w->done = std::move(done);
   {
     absl::MutexLock lock(&waiters_mu_);
-    waiters_.push_back(std::move(w));
-    timer_wake_.Signal();
+    if (waiters_.size() + in_scan_ >= max_waiting_pulls_) {
+      done = std::move(w->done);
+      w.reset();
+    } else {
+      waiters_.push_back(std::move(w));
+      timer_wake_.Signal();
+    }
+  }
+  if (w == nullptr && done) {  // refused above, answered outside the lock
+    done(absl::ResourceExhaustedError(
+        absl::StrCat("shard ", shard_, " has ", max_waiting_pulls_,
+                     " pulls waiting already (its limit); try again later")));
+    return;
   }
   WakeWaiters();
 }
@@ -489,6 +509,10 @@ bool ShardStore::TryServe(Waiter& w,
   const PullSpec& spec = w.spec;
   if (shutdown_.load()) {
     *out = absl::UnavailableError("shard is shutting down");
+    return true;
+  }
+  if (spec.cancelled != nullptr && spec.cancelled->load()) {
+    *out = absl::CancelledError("the pull was cancelled");
     return true;
   }
   if (absl::Status s = CheckGeneration(spec.generation); !s.ok()) {

@@ -93,7 +93,14 @@ class ShardStore {
     std::vector<v1::ChunkState> restore;
     // By rank: the step each worker resumes at (RestoreOrder.worker_steps).
     std::vector<uint64_t> resume_steps;
+    // Pulls that may wait at once; more get RESOURCE_EXHAUSTED. 0:
+    // kWaitingPullsPerWorker x num_workers.
+    size_t max_waiting_pulls = 0;
   };
+
+  // A worker has a few pulls in flight per shard (one per request of a few
+  // MiB); this leaves room for models of gigabytes.
+  static constexpr size_t kWaitingPullsPerWorker = 256;
 
   // One chunk's gradient, as f32 values the caller keeps alive for the call.
   struct ChunkGradient {
@@ -139,6 +146,9 @@ class ShardStore {
     absl::Time deadline = absl::InfiniteFuture();
     DType dtype = DType::kF32;
     uint64_t generation = 0;  // 0: unchecked
+    // Set (by the edge, when the call is cancelled) to end the wait with
+    // CANCELLED at the next WakePulls; null: never.
+    std::shared_ptr<const std::atomic<bool>> cancelled;
   };
   using PullCallback =
       std::function<void(absl::StatusOr<std::vector<PulledChunk>>)>;
@@ -176,7 +186,11 @@ class ShardStore {
   // call back into the store's PullAsync on that thread. Values are converted
   // to `dtype` under the chunk's lock. A pull that fails serves and counts
   // nothing.
+  // RESOURCE_EXHAUSTED when max_waiting_pulls pulls wait already.
   void PullAsync(PullSpec spec, PullCallback done);
+  // Looks at every waiting pull again now (after a PullSpec.cancelled was
+  // set).
+  void WakePulls() { WakeWaiters(); }
 
   // PullAsync, waiting for the answer (tests and simple callers).
   absl::StatusOr<std::vector<PulledChunk>> Pull(
@@ -261,9 +275,13 @@ class ShardStore {
   explicit ShardStore(Options options);
   absl::Status Initialize();
 
-  // Checks and records the pusher's incarnation. FAILED_PRECONDITION when it
-  // is older than the one known for the rank.
-  absl::Status AdmitIncarnation(uint32_t rank, uint64_t incarnation)
+  // FAILED_PRECONDITION when the pusher's incarnation is older than the one
+  // known for the rank.
+  absl::Status CheckIncarnation(uint32_t rank, uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(members_mu_);
+  // Records a newer incarnation of the rank, once a push of it was accepted
+  // (a refused push must not lock the rank's real incarnation out).
+  void RaiseIncarnation(uint32_t rank, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(members_mu_);
   Chunk* FindChunk(uint32_t chunk_id) const;
   // OK for generation 0 or the shard's; ABORTED for an older one,
@@ -304,6 +322,7 @@ class ShardStore {
   std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   // Waiters taken out by the scanning thread (for the waiting_pulls gauge).
   size_t in_scan_ ABSL_GUARDED_BY(waiters_mu_) = 0;
+  const size_t max_waiting_pulls_;
   bool scanning_ ABSL_GUARDED_BY(waiters_mu_) = false;
   bool look_again_ ABSL_GUARDED_BY(waiters_mu_) = false;
   bool stop_timer_ ABSL_GUARDED_BY(waiters_mu_) = false;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -57,7 +58,8 @@ std::vector<v1::TensorSpec> SmallTensors(int count) {
 
 std::unique_ptr<ShardStore> MakeStore(
     const v1::JobConfig& config, const std::vector<v1::TensorSpec>& tensors,
-    std::function<std::unique_ptr<Backend>()> make_backend = nullptr) {
+    std::function<std::unique_ptr<Backend>()> make_backend = nullptr,
+    size_t max_waiting_pulls = 0) {
   absl::StatusOr<v1::ShardMap> map =
       BuildShardMap(tensors, config.num_servers(), config.chunk_bytes());
   EXPECT_TRUE(map.ok()) << map.status();
@@ -68,6 +70,7 @@ std::unique_ptr<ShardStore> MakeStore(
   options.incarnation = 1;
   options.address = "127.0.0.1:1";
   options.make_backend = std::move(make_backend);
+  options.max_waiting_pulls = max_waiting_pulls;
   absl::StatusOr<std::unique_ptr<ShardStore>> store =
       ShardStore::Create(std::move(options));
   EXPECT_TRUE(store.ok()) << store.status();
@@ -322,6 +325,22 @@ TEST(ShardStoreSync, StaleIncarnationIsRefused) {
   EXPECT_EQ(store->ShardStatus().pushes(), 1u);
 }
 
+TEST(ShardStoreSync, ARefusedPushDoesNotLockTheRanksIncarnationOut) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1},
+                        std::vector<uint64_t>{1, 1});
+  // A newer (even the largest) incarnation with a step the chunk never had:
+  // refused, and the known incarnation stays.
+  for (uint64_t forged : {uint64_t{2}, std::numeric_limits<uint64_t>::max()}) {
+    auto refused = Send(*store, {0, 1'000'000, 0, {1, 1, 1, 1}, std::nullopt, forged});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // The real incarnation still pushes, and the step completes.
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+}
+
 // ---- pull ------------------------------------------------------------------
 
 TEST(ShardStorePull, WaitsForItsVersionAndReturnsWhenTheStepCompletes) {
@@ -386,6 +405,36 @@ TEST(ShardStorePull, ShutdownWakesWaitingPullsWithUnavailable) {
   EXPECT_EQ(pulled.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(ShardStorePull, WaitingPullsBeyondTheLimitAreRefusedAndCancelledOnesLeave) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1), nullptr,
+                         /*max_waiting_pulls=*/2);
+  std::vector<std::shared_ptr<std::atomic<bool>>> cancel;
+  std::vector<absl::Status> answers(3);
+  absl::Notification answered[3];
+  for (int i = 0; i < 3; ++i) {
+    ShardStore::PullSpec spec;
+    spec.min_version = 1;  // not before step 0 completes
+    spec.deadline = absl::Now() + absl::Minutes(1);
+    cancel.push_back(std::make_shared<std::atomic<bool>>(false));
+    spec.cancelled = cancel.back();
+    store->PullAsync(spec, [&, i](absl::StatusOr<std::vector<ShardStore::PulledChunk>> r) {
+      answers[i] = r.status();
+      answered[i].Notify();
+    });
+  }
+  ASSERT_TRUE(answered[2].HasBeenNotified());
+  EXPECT_EQ(answers[2].code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->ShardStatus().waiting_pulls(), 2u);
+  cancel[0]->store(true);
+  store->WakePulls();
+  ASSERT_TRUE(answered[0].HasBeenNotified());
+  EXPECT_EQ(answers[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(store->ShardStatus().waiting_pulls(), 1u);
+  EXPECT_FALSE(answered[1].HasBeenNotified());
+  store->Shutdown();
+  ASSERT_TRUE(answered[1].WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
 TEST(ShardStorePull, ConvertsToTheRequestedDType) {
