@@ -63,7 +63,9 @@ int UsageError(const std::string& message) {
 }
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "grpsctl: %s\n", std::string(status.message()).c_str());
+  // The code too: UNAUTHENTICATED and PERMISSION_DENIED say what to fix.
+  std::fprintf(stderr, "grpsctl: %s (%s)\n", std::string(status.message()).c_str(),
+               absl::StatusCodeToString(status.code()).c_str());
   return kExitError;
 }
 
