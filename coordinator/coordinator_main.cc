@@ -283,7 +283,9 @@ int Main(int argc, char** argv) {
   // reply and exits by itself; a member that dies meanwhile stops counting.
   const absl::Time linger_end =
       absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms));
-  while (absl::Now() < linger_end && !service.EveryLiveMemberSawEnd()) {
+  // A signal cuts the linger short (the job has ended; nothing is lost).
+  while (absl::Now() < linger_end && !service.EveryLiveMemberSawEnd() &&
+         !ShutdownRequested()) {
     service.DetectFailures();
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -31,7 +31,7 @@ constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 constexpr absl::Duration kDefaultWatchInterval = absl::Seconds(1);
-constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(20);
+constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(100);
 constexpr size_t kMaxReasonBytes = 1024;
 
 absl::Time DeadlineOf(const grpc::ServerContext& context) {
@@ -1009,6 +1009,18 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* context,
 grpc::Status CoordinatorService::WatchJobStatus(
     grpc::ServerContext* context, const v1::WatchJobStatusRequest* request,
     grpc::ServerWriter<v1::JobStatus>* writer) {
+  // Each stream holds a gRPC thread and builds a status per interval.
+  if (watchers_.fetch_add(1) >= kMaxWatchStreams) {
+    watchers_.fetch_sub(1);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("at most ", kMaxWatchStreams,
+                                     " WatchJobStatus streams at once; poll "
+                                     "GetJobStatus instead"));
+  }
+  struct Leave {
+    std::atomic<int>* n;
+    ~Leave() { n->fetch_sub(1); }
+  } leave{&watchers_};
   const absl::Duration interval =
       request->interval_ms() == 0
           ? kDefaultWatchInterval

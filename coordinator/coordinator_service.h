@@ -70,6 +70,7 @@
 #ifndef GRPS_COORDINATOR_COORDINATOR_SERVICE_H_
 #define GRPS_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -106,6 +107,8 @@ struct CoordinatorOptions {
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
+  static constexpr int kMaxWatchStreams = 16;
+
   // The time source for liveness and status figures. Blocking waits
   // (RegisterWorker, WatchJobStatus) always use real time.
   using Clock = std::function<absl::Time()>;
@@ -155,8 +158,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status GetJobStatus(grpc::ServerContext* context,
                             const v1::GetJobStatusRequest* request,
                             v1::JobStatus* response) override;
-  // A snapshot now and every interval_ms (0 = 1000, at least 20) until the
-  // job ends (the final snapshot is sent, then OK) or the client leaves.
+  // A snapshot now and every interval_ms (0 = 1000, at least 100) until the
+  // job ends (the final snapshot is sent, then OK) or the client leaves. At
+  // most kMaxWatchStreams at once (RESOURCE_EXHAUSTED beyond).
   grpc::Status WatchJobStatus(
       grpc::ServerContext* context, const v1::WatchJobStatusRequest* request,
       grpc::ServerWriter<v1::JobStatus>* writer) override;
@@ -311,6 +315,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Env* const env_;
   const std::string state_path_;
   const std::string member_key_;
+  std::atomic<int> watchers_{0};  // WatchJobStatus streams open
 
   mutable absl::Mutex mu_;
   // Signalled on every registration, state change and Shutdown().

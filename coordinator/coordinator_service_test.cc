@@ -941,6 +941,51 @@ TEST_F(CoordinatorServiceTest, WatchEndsWhenTheClientCancels) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+TEST_F(CoordinatorServiceTest, WatchStreamsAreLimitedAndSoIsTheirRate) {
+  StartJob(1, 1);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::JobStatus>>> readers;
+  v1::WatchJobStatusRequest request;
+  request.set_interval_ms(1);  // taken as the minimum, 100 ms
+  v1::JobStatus snapshot;
+  for (int i = 0; i < CoordinatorService::kMaxWatchStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stub_->WatchJobStatus(contexts.back().get(), request));
+    ASSERT_TRUE(readers.back()->Read(&snapshot));
+  }
+  // Three more snapshots take at least two minimum intervals.
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(readers[0]->Read(&snapshot));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  grpc::ClientContext one_more;
+  auto refused = stub_->WatchJobStatus(&one_more, request);
+  EXPECT_FALSE(refused->Read(&snapshot));
+  EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A stream that ends makes room.
+  contexts[0]->TryCancel();
+  while (readers[0]->Read(&snapshot)) {
+  }
+  readers[0]->Finish();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  bool admitted = false;
+  while (!admitted && absl::Now() < until) {
+    grpc::ClientContext again;
+    auto reader = stub_->WatchJobStatus(&again, request);
+    admitted = reader->Read(&snapshot);
+    again.TryCancel();
+    while (reader->Read(&snapshot)) {
+    }
+    reader->Finish();
+  }
+  EXPECT_TRUE(admitted);
+  for (auto& context : contexts) context->TryCancel();
+  for (size_t i = 1; i < readers.size(); ++i) {  // readers[0] has finished
+    while (readers[i]->Read(&snapshot)) {
+    }
+    readers[i]->Finish();
+  }
+}
+
 TEST_F(CoordinatorServiceTest, StatusFlagsStragglersAndAggregatesLiveWorkers) {
   StartJob(1, 3);
   RegisterAllServers();
