@@ -24,8 +24,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
-
 // True for the states a job never leaves: completed, failed, stopped.
 bool JobEnded(v1::JobState state);
 

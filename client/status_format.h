@@ -16,8 +16,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
-
 // Binary units with one decimal above 1 KiB: "512 B", "1.5 KiB", "64.0 MiB",
 // "2.0 GiB".
 std::string HumanBytes(uint64_t bytes);

@@ -949,16 +949,14 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
   // rolled back from: it trains again. The request says its generation; a
   // client that sends none is judged by its current incarnation's last
   // heartbeat.
-  const bool stale =
-      request->generation() > 0
-          ? request->generation() < restore_.generation()
-          : [&] {
-              auto it = rank_generation_.find(request->worker_rank());
-              return it != rank_generation_.end() &&
-                     it->second.first == request->incarnation() &&
-                     it->second.second > 0 &&
-                     it->second.second < restore_.generation();
-            }();
+  bool stale = request->generation() > 0 &&
+               request->generation() < restore_.generation();
+  if (request->generation() == 0) {
+    auto it = rank_generation_.find(request->worker_rank());
+    stale = it != rank_generation_.end() &&
+            it->second.first == request->incarnation() && it->second.second > 0 &&
+            it->second.second < restore_.generation();
+  }
   if (stale)
     return grpc::Status(
         grpc::StatusCode::ABORTED,

@@ -65,8 +65,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
-
 inline constexpr int kLaunchOk = 0;
 inline constexpr int kLaunchFailed = 1;
 inline constexpr int kLaunchInterrupted = 130;

@@ -13,8 +13,6 @@
 
 namespace grps {
 
-namespace v1 = ::grps::v1;
-
 // The figures a progress line shows, taken from one JobStatus.
 struct JobProgress {
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;

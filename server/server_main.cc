@@ -196,8 +196,7 @@ class Checkpointer {
       Pending next;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Checkpointer* c) { return c->pending_.has_value() || c->stopping_; }, this));
+        mu_.Await(absl::Condition(this, &Checkpointer::HasWorkLocked));
         if (!pending_.has_value()) return;  // stopping, nothing left
         next = std::move(*pending_);
         pending_.reset();
@@ -240,6 +239,11 @@ class Checkpointer {
     // A superseded checkpoint leaves the report to the newer one.
     absl::MutexLock lock(&mu_);
     if (seq == latest_) store_->SetCheckpointReport(report);
+  }
+
+  // Loop's wait condition (called by Await, with mu_ held).
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_.has_value() || stopping_;
   }
 
   ShardStore* const store_;

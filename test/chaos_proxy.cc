@@ -77,7 +77,8 @@ ChaosProxy::Decision ChaosProxy::Decide() {
   Decision d;
   d.delay = absl::Milliseconds(delay_ms);
   if (delay_ms > 0) ++counters_.delayed;
-  auto fault = [&](double draw, double p) {
+  // Runs here, under mu_; the analysis does not see that through a lambda.
+  auto fault = [&](double draw, double p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (draw >= p || counters_.faults >= options_.max_faults) return false;
     ++counters_.faults;
     return true;

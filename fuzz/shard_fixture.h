@@ -1,0 +1,80 @@
+// The shard the server fuzz targets (push_request, pull_request) send their
+// requests to, shared with the corpus generator that writes their seeds: a
+// fixed, tiny layout, a fresh ShardStore per call, and a way to call
+// ParameterServerService's raw Push and Pull handlers without a gRPC server.
+//
+// The layout: job "fuzz-job", 2 workers, 2 shards; tensor "w" [4, 6] in
+// three chunks of 8 elements (ids 0, 1, 2) and "b" [6] in one (id 3). This
+// process is shard 0, which holds chunks 0 and 2; chunks 1 and 3 are shard
+// 1's, so a request for them is a request for a chunk held elsewhere. The
+// store starts at generation 1.
+#ifndef GRPS_FUZZ_SHARD_FIXTURE_H_
+#define GRPS_FUZZ_SHARD_FIXTURE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grps.pb.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_store.h"
+
+namespace grps {
+
+inline constexpr char kShardFuzzJobId[] = "fuzz-job";
+inline constexpr uint32_t kShardFuzzWorkers = 2;
+inline constexpr uint32_t kShardFuzzChunkElements = 8;  // chunks 0, 1, 2
+inline constexpr uint64_t kShardFuzzGeneration = 1;
+
+// Every request is tried under each mode: validation is the same, what the
+// store does with a valid request is not. Sync has one backup worker, so a
+// single push completes a step.
+inline constexpr v1::ConsistencyMode kShardFuzzModes[] = {v1::MODE_SYNC, v1::MODE_ASYNC,
+                                                          v1::MODE_SSP};
+
+v1::JobConfig ShardFuzzConfig(v1::ConsistencyMode mode);
+v1::ShardMap ShardFuzzMap();
+
+// What a handler answered.
+struct ShardCallResult {
+  grpc::Status status;
+  grpc::ByteBuffer response;
+};
+
+using RawHandler = grpc::ServerUnaryReactor* (ParameterServerService::*)(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer*, grpc::ByteBuffer*);
+
+// Creates a fresh store of shard 0 under `mode`, runs `prepare` on it (if
+// set), calls `handler` with `request` through a service over it, gives a
+// pull that waits up to `grace` to be answered (a pull whose deadline is
+// that close: the store's timer answers it), then shuts the store down
+// (which ends a pull still waiting with UNAVAILABLE) and waits for the
+// handler to finish. A handler that does not finish within 5 s aborts the
+// process: that is a hang.
+ShardCallResult CallShard(v1::ConsistencyMode mode,
+                          const std::function<void(ShardStore&)>& prepare,
+                          RawHandler handler, const grpc::ByteBuffer& request,
+                          absl::Duration grace);
+
+// The grace for a request that waits at most `timeout_ms` (0: no limit of
+// its own): long enough for its deadline to pass when that is at most
+// kShortWaitMs away, none otherwise (the fuzzer would spend its time
+// sleeping).
+inline constexpr uint32_t kShortWaitMs = 2;
+absl::Duration GraceFor(uint32_t timeout_ms);
+
+// `data` as the one slice of a ByteBuffer.
+grpc::ByteBuffer OneSlice(const uint8_t* data, size_t size);
+// `data` cut into slices of 1 to 16 bytes (lengths taken from the bytes
+// themselves, so the cut is the same every time): a handler gets whatever
+// slices the transport delivered, and must read the same message from them.
+grpc::ByteBuffer ManySlices(const uint8_t* data, size_t size);
+// A ByteBuffer's bytes, joined.
+std::string Flatten(const grpc::ByteBuffer& buffer);
+
+}  // namespace grps
+
+#endif  // GRPS_FUZZ_SHARD_FIXTURE_H_
