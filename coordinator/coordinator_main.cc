@@ -283,9 +283,11 @@ int Main(int argc, char** argv) {
   // reply and exits by itself; a member that dies meanwhile stops counting.
   const absl::Time linger_end =
       absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms));
-  // A signal cuts the linger short (the job has ended; nothing is lost).
+  // A signal that arrives now cuts the linger short (the job has ended;
+  // nothing is lost). The one that stopped the job does not.
+  const int signals_before_linger = ShutdownSignals();
   while (absl::Now() < linger_end && !service.EveryLiveMemberSawEnd() &&
-         !ShutdownRequested()) {
+         ShutdownSignals() == signals_before_linger) {
     service.DetectFailures();
     absl::SleepFor(absl::Milliseconds(20));
   }

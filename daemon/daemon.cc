@@ -138,7 +138,11 @@ absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
 
 namespace {
 std::atomic<bool> g_shutdown{false};
-void OnSignal(int) { g_shutdown.store(true); }
+std::atomic<int> g_signals{0};
+void OnSignal(int) {
+  g_shutdown.store(true);
+  g_signals.fetch_add(1);
+}
 }  // namespace
 
 void ExitNow(int code) {
@@ -163,6 +167,8 @@ void InstallShutdownHandlers() {
 }
 
 bool ShutdownRequested() { return g_shutdown.load(); }
+
+int ShutdownSignals() { return g_signals.load(); }
 
 void SleepUnlessShutdown(absl::Duration d) {
   const absl::Time until = absl::Now() + d;

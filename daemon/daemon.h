@@ -82,6 +82,8 @@ void InstallShutdownHandlers();
 int UsableCores();
 // True once SIGINT or SIGTERM arrived.
 bool ShutdownRequested();
+// How many SIGINT and SIGTERM arrived so far (to tell a later one apart).
+int ShutdownSignals();
 
 // Sleeps for `d`, waking early when SIGINT or SIGTERM arrives.
 void SleepUnlessShutdown(absl::Duration d);

@@ -495,6 +495,12 @@ class LaunchTest : public ::testing::Test {
   // port to the launcher.
   void ServeStatus(std::vector<v1::JobStatus> stream,
                    absl::Duration interval = absl::Milliseconds(20)) {
+    // A second call replaces the fake: the server that calls the old one
+    // (maybe in a handler still) goes first.
+    if (server_.server) {
+      server_.server->Shutdown(absl::ToChronoTime(absl::Now()));
+      server_.server.reset();
+    }
     fake_ = std::make_unique<FakeCoordinator>(std::move(stream), interval);
     absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {fake_.get()});
     ASSERT_TRUE(server.ok()) << server.status();

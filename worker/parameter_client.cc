@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <utility>
 
@@ -93,7 +94,7 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
   }
   for (const v1::ChunkSpec& c : layout_.chunks())
     chunk_offset_.push_back(tensor_offset[c.tensor_index()] + c.offset());
-  chunk_version_.assign(layout_.chunks_size(), 0);
+  chunk_version_ = std::vector<std::atomic<uint64_t>>(layout_.chunks_size());
   // Each shard's chunks, in runs of at most kMaxRequestBytes of f32 (the
   // widest wire dtype), dealt over the shard's channels in turn.
   std::vector<std::vector<uint32_t>> shard_chunks(layout_.shards_size());
@@ -194,9 +195,10 @@ std::shared_ptr<grpc::GenericStub> ParameterClient::StubOf(const Part& part) con
 }
 
 uint64_t ParameterClient::min_pulled_version() const {
-  return chunk_version_.empty()
-             ? 0
-             : *std::min_element(chunk_version_.begin(), chunk_version_.end());
+  if (chunk_version_.empty()) return 0;
+  uint64_t lowest = std::numeric_limits<uint64_t>::max();
+  for (const std::atomic<uint64_t>& v : chunk_version_) lowest = std::min(lowest, v.load());
+  return lowest;
 }
 
 ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op) {
@@ -274,7 +276,7 @@ absl::Status ParameterClient::ReadReply(const Part& part, const grpc::ByteBuffer
                                     layout_.chunks(c.chunk_id).num_elements(), &scratch);
         !r.ok())
       return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, ": ", r.message()));
-    chunk_version_[c.chunk_id] = c.version;
+    chunk_version_[c.chunk_id].store(c.version);
     return absl::OkStatus();
   };
   absl::Status s = push ? DecodePushResponse(reply, push_header, on_chunk)
@@ -366,7 +368,7 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
       const float* values = host_grads + chunk_offset_[id];
       WireChunk& c = chunks[k];
       c.chunk_id = id;
-      c.version = chunk_version_[id];
+      c.version = chunk_version_[id].load();
       if (sparse) {
         const size_t keep = static_cast<size_t>(std::ceil(topk * static_cast<double>(n)));
         SparsifyTopK(values, residual_.data() + chunk_offset_[id], n, keep, d, &c.indices,

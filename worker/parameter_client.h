@@ -187,8 +187,9 @@ class ParameterClient {
   int64_t num_params_ = 0;
   std::vector<int64_t> chunk_offset_;           // flat offset of each chunk
   std::vector<Part> parts_;  // every chunk in exactly one
-  // Written by the callbacks of a pull, each its own chunks.
-  std::vector<uint64_t> chunk_version_;
+  // Written by the callbacks of pulls (and fused pushes), each its own
+  // chunks; two pulls in flight on this client write the same ones.
+  std::vector<std::atomic<uint64_t>> chunk_version_;
   std::atomic<uint64_t> generation_{0};
 
   mutable absl::Mutex mu_;
