@@ -40,7 +40,8 @@ done
 [ "${id:-0}" -gt 0 ] || fail "the first job completed no checkpoint"
 # (On a loaded machine a checkpoint's fsync can stall until the job ends: a
 # job that completed meanwhile is as good, its final checkpoint is C.)
-"$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$WORK/first/coordinator.port")" stop \
+GRPS_TOKEN=$(cat "$WORK/first/token") \
+  "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$WORK/first/coordinator.port")" stop \
   >/dev/null 2>"$WORK/stop.err" || grep -q "already completed" "$WORK/stop.err" \
   || fail "grpsctl stop: $(cat "$WORK/stop.err")"
 wait_pid "$PID_first" 60

@@ -14,9 +14,7 @@ start local "$BIN/grps-local" --run_dir="$RUN" --steps=100000 --train_limit=4000
 
 # Wait until training is under way: both workers have written curve rows.
 for ((i = 0; i < 600; i++)); do
-  if [ -f "$RUN/coordinator.port" ] && "$BIN/grpsctl" \
-       --coordinator=127.0.0.1:"$(cat "$RUN/coordinator.port")" --json status \
-       >"$WORK/status.json" 2>/dev/null &&
+  if [ -f "$RUN/coordinator.port" ] && status "$RUN" >"$WORK/status.json" &&
      [ "$(json 'int(j.get("global_step", 0))' <"$WORK/status.json")" -ge 20 ]; then
     break
   fi

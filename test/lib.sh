@@ -64,9 +64,11 @@ json() {
   python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"
 }
 
-# status RUN_DIR: grpsctl status --json of the job grps-local runs in RUN_DIR.
+# status RUN_DIR: grpsctl status --json of the job grps-local runs in RUN_DIR
+# (with the token grps-local generated for the job, when there is one).
 status() {
-  "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$1/coordinator.port" 2>/dev/null)" --json status 2>/dev/null
+  GRPS_TOKEN=$(cat "$1/token" 2>/dev/null || true) \
+    "$BIN/grpsctl" --coordinator=127.0.0.1:"$(cat "$1/coordinator.port" 2>/dev/null)" --json status 2>/dev/null
 }
 
 # global_step RUN_DIR: the job's global step, or -1.
