@@ -100,8 +100,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // Separate channels get separate TCP connections (see SPEC §8).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   AddChannelSecurityArguments(security, &args);
-  return grpc::CreateCustomChannel(
-      target, MakeChannelCredentials(security, member_secret_source), args);
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, MakeChannelCredentials(security), args,
+      MakeChannelInterceptors(security, member_secret_source));
 }
 
 absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,

@@ -121,26 +121,42 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
 };
 
 // Adds the bearer token and, when set, the process's member secret to every
-// call.
-class TokenPlugin : public grpc::MetadataCredentialsPlugin {
+// call of a channel. (An interceptor, not call credentials: those need
+// secure channel credentials, and LOCAL_TCP's stall the odd connection for a
+// second.)
+class TokenInterceptor : public grpc::experimental::Interceptor {
  public:
-  TokenPlugin(std::string token, bool member_secret_source)
+  TokenInterceptor(const std::string* header, bool member_secret_source)
+      : header_(header), member_secret_source_(member_secret_source) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* metadata = methods->GetSendInitialMetadata();
+      metadata->insert({"authorization", *header_});
+      if (member_secret_source_) {
+        absl::MutexLock lock(&g_secret_mu);
+        const std::string& secret = MemberSecretStorage();
+        if (!secret.empty()) metadata->insert({kMemberSecretHeader, secret});
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;  // owned by the factory, which outlives calls
+  const bool member_secret_source_;
+};
+
+class TokenInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  TokenInterceptorFactory(const std::string& token, bool member_secret_source)
       : header_(absl::StrCat("Bearer ", token)),
         member_secret_source_(member_secret_source) {}
-
-  bool IsBlocking() const override { return false; }
-  const char* GetType() const override { return "grps-token"; }
-
-  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref,
-                           const grpc::AuthContext&,
-                           std::multimap<std::string, std::string>* metadata) override {
-    metadata->insert({"authorization", header_});
-    if (member_secret_source_) {
-      absl::MutexLock lock(&g_secret_mu);
-      const std::string& secret = MemberSecretStorage();
-      if (!secret.empty()) metadata->insert({kMemberSecretHeader, secret});
-    }
-    return grpc::Status::OK;
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(&header_, member_secret_source_);
   }
 
  private:
@@ -246,24 +262,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }
 
 std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
-    const SecurityConfig& config, bool member_secret_source) {
-  std::shared_ptr<grpc::ChannelCredentials> channel;
-  if (config.tls_enabled()) {
-    grpc::SslCredentialsOptions options;
-    options.pem_root_certs = config.tls_ca_pem;
-    options.pem_private_key = config.tls_key_pem;
-    options.pem_cert_chain = config.tls_cert_pem;
-    channel = grpc::SslCredentials(options);
-  } else if (!config.call_token.empty()) {
-    channel = grpc::experimental::LocalCredentials(LOCAL_TCP);
-  } else {
-    return grpc::InsecureChannelCredentials();
-  }
-  if (config.call_token.empty()) return channel;
-  return grpc::CompositeChannelCredentials(
-      channel, grpc::experimental::MetadataCredentialsFromPlugin(
-                   std::make_unique<TokenPlugin>(config.call_token, member_secret_source),
-                   GRPC_SECURITY_NONE));
+    const SecurityConfig& config) {
+  if (!config.tls_enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = config.tls_ca_pem;
+  options.pem_private_key = config.tls_key_pem;
+  options.pem_cert_chain = config.tls_cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+MakeChannelInterceptors(const SecurityConfig& config, bool member_secret_source) {
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> out;
+  if (!config.call_token.empty())
+    out.push_back(
+        std::make_unique<TokenInterceptorFactory>(config.call_token, member_secret_source));
+  return out;
 }
 
 void AddChannelSecurityArguments(const SecurityConfig& config,

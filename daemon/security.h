@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace grps {
 
@@ -92,10 +93,13 @@ void SetMemberSecret(std::string secret);
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const SecurityConfig& config, absl::string_view address);
 
-// Credentials and channel arguments for calling with `config`; with
-// `member_secret_source` true, calls also carry the process's member secret.
+// Credentials, interceptors (the token; with `member_secret_source`, the
+// process's member secret too) and channel arguments for calling with
+// `config`.
 std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(
-    const SecurityConfig& config, bool member_secret_source);
+    const SecurityConfig& config);
+std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+MakeChannelInterceptors(const SecurityConfig& config, bool member_secret_source);
 void AddChannelSecurityArguments(const SecurityConfig& config,
                                  grpc::ChannelArguments* args);
 

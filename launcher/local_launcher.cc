@@ -585,8 +585,13 @@ int LocalLauncher::Run() {
   std::fflush(out_);
   if (!options_.token.empty()) {
     const std::string path = InDir(options_.run_dir, "token");
-    if (absl::Status s = WriteSecretFile(path, options_.token + "\n"); !s.ok())
-      return Finish("failed", std::string(s.message()), nullptr);
+    // The worker token too: a worker started by hand (a rank that comes
+    // back) needs it.
+    for (const auto& [file, token] :
+         {std::pair<std::string, std::string>{path, options_.token},
+          {InDir(options_.run_dir, "worker_token"), options_.worker_token}})
+      if (absl::Status s = WriteSecretFile(file, token + "\n"); !s.ok())
+        return Finish("failed", std::string(s.message()), nullptr);
     std::fprintf(out_, "auth: every RPC needs the job's token, generated for it: %s%s\n",
                  path.c_str(), options_.tls_flags.empty() ? "" : " (and TLS)");
   } else {

@@ -122,7 +122,8 @@ run_mode() {  # MODE [extra grps-local flags...]
   wait_worker_state "$run" 1 MEMBER_STATE_DEAD 10
   local coordinator
   coordinator=127.0.0.1:$(cat "$run/coordinator.port")
-  start "rejoin-$mode" "$BIN/grps-worker" --coordinator="$coordinator" --rank=1 --backend=cpu \
+  GRPS_WORKER_TOKEN=$(cat "$run/worker_token") \
+    start "rejoin-$mode" "$BIN/grps-worker" --coordinator="$coordinator" --rank=1 --backend=cpu \
     --curve_csv="$run/curve-worker-1-rejoined.csv"
   local rejoin_var=PID_rejoin_$mode
   wait_pid "${!rejoin_var}" 120
