@@ -105,20 +105,20 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
       MakeChannelInterceptors(security, member_secret_source));
 }
 
-absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
-                               absl::Duration timeout) {
-  // grpc.health.v1.HealthCheckRequest{service: ""} is zero bytes; the reply
-  // is HealthCheckResponse{status = 1 (SERVING) or 2 (NOT_SERVING)}.
+absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>& channel,
+                                           const std::string& method,
+                                           const std::string& request_bytes,
+                                           absl::Duration timeout) {
   grpc::GenericStub stub(channel);
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   absl::Mutex mu;
   bool done = false;
   grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
-                 &request, &response, [&](grpc::Status s) {
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
                    absl::MutexLock lock(&mu);
                    status = std::move(s);
                    done = true;
@@ -130,10 +130,19 @@ absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
   if (!status.ok()) return ToAbsl(status);
   grpc::Slice reply;
   if (!response.TrySingleSlice(&reply).ok() && !response.DumpToSingleSlice(&reply).ok())
-    return absl::InternalError("unreadable health reply");
-  const std::string bytes(reinterpret_cast<const char*>(reply.begin()), reply.size());
-  if (bytes == std::string("\x08\x01", 2)) return true;
-  if (bytes == std::string("\x08\x02", 2)) return false;
+    return absl::InternalError(absl::StrCat("unreadable reply from ", method));
+  return std::string(reinterpret_cast<const char*>(reply.begin()), reply.size());
+}
+
+absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
+                               absl::Duration timeout) {
+  // grpc.health.v1.HealthCheckRequest{service: ""} is zero bytes; the reply
+  // is HealthCheckResponse{status = 1 (SERVING) or 2 (NOT_SERVING)}.
+  absl::StatusOr<std::string> reply =
+      UnaryCallBytes(channel, "/grpc.health.v1.Health/Check", "", timeout);
+  if (!reply.ok()) return reply.status();
+  if (*reply == std::string("\x08\x01", 2)) return true;
+  if (*reply == std::string("\x08\x02", 2)) return false;
   return absl::InternalError("unexpected health reply");
 }
 

@@ -63,6 +63,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const SecurityConfig& security,
                                            bool member_secret_source);
 
+// One unary call of `method` ("/package.Service/Method") with serialized
+// request bytes, for services without a generated stub here; the reply's
+// bytes, or the call's status.
+absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>& channel,
+                                           const std::string& method,
+                                           const std::string& request_bytes,
+                                           absl::Duration timeout);
+
 // Asks the gRPC health service behind `channel` about the whole server:
 // true for SERVING, false for NOT_SERVING; the call's error otherwise.
 absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,

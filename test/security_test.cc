@@ -10,7 +10,6 @@
 #include "daemon/daemon.h"
 #include "daemon/env.h"
 #include "daemon/security.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -50,28 +49,6 @@ std::unique_ptr<grpc::ClientContext> Context() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   return context;
-}
-
-// A unary call of `method` with raw request bytes, through the generic stub
-// (a service with no generated client here).
-grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel,
-                     const std::string& method, const std::string& request_bytes) {
-  grpc::GenericStub stub(channel);
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1), response;
-  absl::Mutex mu;
-  bool done = false;
-  grpc::Status status;
-  auto context = Context();
-  stub.UnaryCall(context.get(), method, grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   absl::MutexLock lock(&mu);
-                   status = std::move(s);
-                   done = true;
-                 });
-  absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(&done));
-  return status;
 }
 
 class SecurityTest : public ::testing::Test {
@@ -189,10 +166,11 @@ TEST_F(SecurityTest, EveryCoordinatorRpcWithoutTheTokenIsUnauthenticatedAndChang
     EXPECT_EQ(stub->CheckpointJob(Context().get(), {}, &checkpoint_reply).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
     // Reflection and any other service too: the check runs before routing.
-    EXPECT_EQ(RawCall(MakeChannel(address_, Caller(token), false),
-                      "/grps.v1.NoSuchService/NoSuchMethod", "")
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(UnaryCallBytes(MakeChannel(address_, Caller(token), false),
+                             "/grps.v1.NoSuchService/NoSuchMethod", "", absl::Seconds(5))
+                  .status()
+                  .code(),
+              absl::StatusCode::kUnauthenticated);
   }
   const v1::JobStatus status = service_->Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
