@@ -747,14 +747,12 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            v1::HeartbeatResponse* response) {
   if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
     return ToGrpc(s);
-  if (request->member_case() == v1::HeartbeatRequest::kWorkerRank) {
-    if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
-                                          request->worker_rank(), request->incarnation());
-        !member.ok())
-      return member;
-  } else if (request->member_case() == v1::HeartbeatRequest::kServerShard) {
-    if (grpc::Status member = CheckMember(*context, MemberKind::kServer,
-                                          request->server_shard(), request->incarnation());
+  if (request->member_case() != v1::HeartbeatRequest::MEMBER_NOT_SET) {
+    const bool worker = request->member_case() == v1::HeartbeatRequest::kWorkerRank;
+    if (grpc::Status member = CheckMember(
+            *context, worker ? MemberKind::kWorker : MemberKind::kServer,
+            worker ? request->worker_rank() : request->server_shard(),
+            request->incarnation());
         !member.ok())
       return member;
   }

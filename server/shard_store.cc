@@ -462,18 +462,17 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
   w->spec = std::move(spec);
   w->start = absl::Now();
   w->done = std::move(done);
+  bool full;
   {
     absl::MutexLock lock(&waiters_mu_);
-    if (waiters_.size() + in_scan_ >= max_waiting_pulls_) {
-      done = std::move(w->done);
-      w.reset();
-    } else {
+    full = waiters_.size() + in_scan_ >= max_waiting_pulls_;
+    if (!full) {
       waiters_.push_back(std::move(w));
       timer_wake_.Signal();
     }
   }
-  if (w == nullptr && done) {  // refused above, answered outside the lock
-    done(absl::ResourceExhaustedError(
+  if (full) {  // answered outside the lock
+    w->done(absl::ResourceExhaustedError(
         absl::StrCat("shard ", shard_, " has ", max_waiting_pulls_,
                      " pulls waiting already (its limit); try again later")));
     return;
