@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
+#include "coordinator/fake_clock.h"
 #include "daemon/env.h"
 #include "daemon/daemon.h"
 #include "gmock/gmock.h"
@@ -25,22 +26,6 @@ namespace grps {
 namespace {
 
 using ::testing::ElementsAre;
-
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'700'000'000);
-};
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:

@@ -24,9 +24,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/fake_clock.h"
 #include "fuzz/coordinator_script.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/memory_env.h"
@@ -36,22 +36,6 @@
 
 namespace grps {
 namespace {
-
-class FakeClock {
- public:
-  absl::Time Now() {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::UnixEpoch();
-};
 
 void CheckShardMap(const v1::ShardMap& map, const v1::JobConfig& config) {
   absl::Status valid = ValidateShardMap(map);
@@ -173,7 +157,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       BuildShardMap(ModelTensors(config), config.num_servers(), config.chunk_bytes());
   FUZZ_CHECK(map.ok(), std::string(map.status().message()));
 
-  FakeClock clock;
+  FakeClock clock(absl::UnixEpoch());
   MemoryEnv env;
   {
     CoordinatorOptions options;
