@@ -202,10 +202,13 @@ absl::Status RetryTransient(const Backoff& policy,
   }
 }
 
+absl::string_view HostOf(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  return colon == absl::string_view::npos ? address : address.substr(0, colon);
+}
+
 std::string WithPort(const std::string& address, int port) {
-  size_t colon = address.rfind(':');
-  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  return absl::StrCat(host, ":", port);
+  return absl::StrCat(HostOf(address), ":", port);
 }
 
 std::string QuoteUntrusted(absl::string_view text, size_t max_bytes) {

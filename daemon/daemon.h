@@ -119,6 +119,9 @@ absl::Status RetryTransient(const Backoff& policy,
 
 // "host:port" with the host part of `address` and the given port.
 std::string WithPort(const std::string& address, int port);
+// The host part of "host:port" ("[v6]" keeps its brackets); all of it when
+// there is no port.
+absl::string_view HostOf(absl::string_view address);
 
 // `text` from the network, fit to quote in a status message or a log line:
 // at most `max_bytes` of it, control and non-ASCII bytes escaped (\x..), and

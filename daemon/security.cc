@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/daemon.h"
 #include "daemon/env.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "spdlog/spdlog.h"
@@ -53,7 +54,7 @@ SecurityConfig& MutableProcessSecurity() {
   return *config;
 }
 
-absl::Mutex g_secret_mu;
+ABSL_CONST_INIT absl::Mutex g_secret_mu(absl::kConstInit);
 std::string& MemberSecretStorage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_secret_mu) {
   static std::string* secret = new std::string();
   return *secret;
@@ -165,10 +166,7 @@ class TokenInterceptorFactory
 };
 
 bool IsLoopbackHost(absl::string_view address) {
-  // "host:port", "[v6]:port".
-  const size_t colon = address.rfind(':');
-  absl::string_view host = colon == absl::string_view::npos ? address
-                                                            : address.substr(0, colon);
+  const absl::string_view host = HostOf(address);
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
 }
 
