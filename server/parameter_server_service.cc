@@ -95,6 +95,9 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     return s;
   if (chunks.empty())
     return absl::InvalidArgumentError("push carries no chunks");
+  if (header.num_samples() == 0)
+    return absl::InvalidArgumentError(
+        "push says its gradients come from 0 samples (num_samples must be at least 1)");
 
   struct Checked {
     const v1::ChunkSpec* spec;

@@ -121,6 +121,7 @@ class ParameterServerServiceTest : public ::testing::Test {
     request.set_worker_rank(rank);
     request.set_incarnation(1);
     request.set_step(step);
+    request.set_num_samples(32);
     for (uint32_t id : own_) {
       v1::ChunkData* c = request.add_chunks();
       c->set_chunk_id(id);
@@ -246,6 +247,12 @@ TEST_F(ParameterServerServiceTest, AHugeJobIdIsCutAndEscapedInTheError) {
 TEST_F(ParameterServerServiceTest, PushFromAnUnknownWorkerIsInvalidArgument) {
   ExpectPushRefused(GoodPush(2, 0), grpc::StatusCode::INVALID_ARGUMENT,
                     "unknown worker rank 2");
+}
+
+TEST_F(ParameterServerServiceTest, PushFromZeroSamplesIsInvalidArgumentAndChangesNothing) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.set_num_samples(0);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "0 samples");
 }
 
 TEST_F(ParameterServerServiceTest, PushToAnUnknownChunkIsNotFound) {

@@ -263,6 +263,7 @@ TEST_F(GrpsServerBinaryTest, RegistersServesReportsAndExitsWhenTheJobCompletes) 
   v1::PushRequest push;
   push.set_job_id("binary-test");
   push.set_incarnation(1);
+  push.set_num_samples(1);
   for (const v1::ChunkData& c : pulled.chunks()) {
     v1::ChunkData* g = push.add_chunks();
     g->set_chunk_id(c.chunk_id());

@@ -341,6 +341,30 @@ TEST(ShardStoreSync, ARefusedPushDoesNotLockTheRanksIncarnationOut) {
   EXPECT_EQ(Version(*store, 0), 1u);
 }
 
+TEST(ShardStoreSync, ASecondGradientOnTheSameVersionIsRefusedNotFoldedAgain) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));  // folds late ones
+  const std::vector<float> init = InitialValues(*store, 0);
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
+  // Rank 0 again, a new step but computed on the same version 0 (and on an
+  // older one than it was served, were there one): a replay, not a
+  // straggler. Refused, and nothing of it reaches the average.
+  for (uint64_t step : {1, 2, 3}) {
+    auto replay = Send(*store, {0, step, 0, {100, 100, 100, 100}, 0});
+    EXPECT_EQ(replay.status().code(), absl::StatusCode::kFailedPrecondition)
+        << replay.status();
+  }
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {3, 3, 3, 3}}).ok());
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
+  EXPECT_EQ(store->ShardStatus().late_gradients(), 0u);
+  // The next version is fine, and so is a new incarnation of the rank on
+  // the version it is served.
+  EXPECT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}, 1}).ok());
+  store->SetLiveWorkers(std::vector<uint32_t>{0, 1}, std::vector<uint64_t>{1, 2});
+  EXPECT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}, 1, 2}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+}
+
 // ---- pull ------------------------------------------------------------------
 
 TEST(ShardStorePull, WaitsForItsVersionAndReturnsWhenTheStepCompletes) {
@@ -683,13 +707,14 @@ TEST(ShardStoreBackupWorkers, LateGradientDroppedIsCountedNotApplied) {
   const std::vector<float> init = InitialValues(*store, 0);
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
   ASSERT_TRUE(Send(*store, {2, 0, 0, {3, 3, 3, 3}}).ok());
-  for (uint64_t step = 0; step < 2; ++step) {  // late twice
-    auto late = Send(*store, {1, step, 0, {8, 8, 8, 8}, 0});
-    ASSERT_TRUE(late.ok()) << late.status();
-    EXPECT_EQ(late->late, 1u);
-  }
+  auto late = Send(*store, {1, 0, 0, {8, 8, 8, 8}});  // step 0 is done
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->late, 1u);
   ASSERT_TRUE(Send(*store, {0, 1, 0, {2, 2, 2, 2}}).ok());
   ASSERT_TRUE(Send(*store, {2, 1, 0, {2, 2, 2, 2}}).ok());
+  late = Send(*store, {1, 1, 0, {8, 8, 8, 8}});  // and so is step 1
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->late, 1u);
   EXPECT_EQ(Values(*store, 0),
             SgdStep(SgdStep(init, {2, 2, 2, 2}, 0.5f), {2, 2, 2, 2}, 0.5f));
   const v1::ShardStatus status = store->ShardStatus();

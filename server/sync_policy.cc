@@ -14,6 +14,11 @@
 //            counts in the average, not toward the quorum); with drop, not
 //            applied.
 //   b >  v   refused: no such version was ever served.
+// A rank's gradients must each be computed on a newer version than its last
+// (within an incarnation): a worker pulls the step's weights before it
+// computes the next gradient, so a second gradient on the same (or an
+// older) version is no honest straggler but a replay, and is refused: it
+// would otherwise be folded again and again into the average.
 // A rank outside the live set may contribute (a restarted worker the
 // heartbeat has not reported yet): the average counts it, the quorum not.
 //
@@ -22,6 +27,7 @@
 // pushed in this incarnation, reads at once and so joins at the open step.
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
 
@@ -40,12 +46,27 @@ class SyncPolicy final : public ChunkPolicy {
         sum_(backend, num_elements * sizeof(float)),
         contributed_(config.num_workers(), false),
         awaiting_(config.num_workers(), 0),
-        incarnation_(config.num_workers(), 0) {
+        incarnation_(config.num_workers(), 0),
+        last_(config.num_workers()) {
     backend_->Fill(sum_.f32(), 0.0f, n_);
+  }
+
+  absl::Status Check(const ChunkGradientMeta& g,
+                     const UpdateTarget& chunk) const override {
+    if (absl::Status s = ChunkPolicy::Check(g, chunk); !s.ok()) return s;
+    const LastGradient& last = last_[g.rank];
+    if (last.valid && last.incarnation == g.incarnation &&
+        g.base_version <= last.base_version)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", g.rank, " already pushed a gradient computed on version ",
+          last.base_version, "; in sync mode its next one must be computed on a "
+          "newer version, not on version ", g.base_version));
+    return absl::OkStatus();
   }
 
   GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
+    last_[g.rank] = LastGradient{true, g.incarnation, g.base_version};
     if (g.base_version == chunk.version() && !contributed_[g.rank]) {
       backend_->Axpy(1.0f, grad.data(), sum_.f32(), n_);
       contributed_[g.rank] = true;
@@ -113,6 +134,13 @@ class SyncPolicy final : public ChunkPolicy {
   // By rank: the version a pull waits for (the step it contributed to + 1).
   std::vector<uint64_t> awaiting_;
   std::vector<uint64_t> incarnation_;  // as last reported; 0 = unknown
+  // By rank: the version its last accepted gradient was computed on.
+  struct LastGradient {
+    bool valid = false;
+    uint64_t incarnation = 0;
+    uint64_t base_version = 0;
+  };
+  std::vector<LastGradient> last_;
 };
 
 }  // namespace

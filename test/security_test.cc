@@ -261,6 +261,7 @@ TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing)
   push.set_worker_rank(0);
   push.set_incarnation(1);
   push.set_step(0);
+  push.set_num_samples(1);
   v1::ChunkData* chunk = push.add_chunks();
   chunk->set_chunk_id(0);
   chunk->set_dtype(v1::DTYPE_F32);

@@ -153,6 +153,7 @@ TEST(WirePath, PlainProtobufClientPushesAndPullsTheSameContract) {
   push.set_worker_rank(0);
   push.set_incarnation(1);
   push.set_step(0);
+  push.set_num_samples(1);
   push.set_pull(true);
   push.set_pull_timeout_ms(5000);
   v1::ChunkData* c = push.add_chunks();
