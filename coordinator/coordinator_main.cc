@@ -226,7 +226,11 @@ int Main(int argc, char** argv) {
       return *code;
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
+  // Every request to the coordinator is small: 4 MiB is far more than any
+  // needs, and gRPC holds at most the default quota for them.
+  ServerLimits limits;
+  limits.max_receive_bytes = 4 << 20;
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service}, limits);
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
     return 1;

@@ -75,6 +75,9 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, *credentials, &result.port);
   builder.SetMaxReceiveMessageSize(limits.max_receive_bytes);
+  result.quota = std::make_unique<grpc::ResourceQuota>("grps-server");
+  result.quota->Resize(limits.memory_bytes);
+  builder.SetResourceQuota(*result.quota);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // One listening socket: without this, gRPC's SO_REUSEPORT lets a second
   // server bind the same port and share its connections.

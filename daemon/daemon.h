@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "daemon/security.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/resource_quota.h"
 
 namespace grps {
 
@@ -31,16 +32,33 @@ std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
 // Sets up the default logger: "[time] [name] [level] message" on stderr.
 void InitLogging(absl::string_view process_name);
 
+// What gRPC may hold for a server's calls at once unless a daemon says
+// otherwise (see ServerLimits::memory_bytes).
+inline constexpr size_t kDefaultServerMemoryBytes = size_t{64} << 20;
+
 // A started gRPC server. `port` is the bound port (useful with port 0).
 struct GrpcServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  // The server's memory quota; Resize() it once the daemon knows what its
+  // calls legitimately need.
+  std::unique_ptr<grpc::ResourceQuota> quota;
 };
 
 // What a server accepts before any handler runs.
 struct ServerLimits {
-  // Larger messages are refused with RESOURCE_EXHAUSTED.
+  // Larger messages are refused with RESOURCE_EXHAUSTED. gRPC (1.51) checks
+  // this only once a message has wholly arrived, so by itself it bounds no
+  // memory: four concurrent 200 MiB messages took a server with a 4 MiB
+  // limit to 551 MB.
   int max_receive_bytes = kMaxMessageBytes;
+  // What gRPC may hold for the server's calls at once (received messages
+  // and buffers, all connections together). A stream that would go past it
+  // is reset (the caller sees RESOURCE_EXHAUSTED) while it arrives, before
+  // it is whole: with 64 MiB, the same four messages peaked at 99 MB. A
+  // call that fails its token check is refused on its headers and costs
+  // nothing of it.
+  size_t memory_bytes = kDefaultServerMemoryBytes;
 };
 
 // Starts a server on `address` ("host:port"; port 0 picks a free one) with

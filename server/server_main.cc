@@ -56,12 +56,26 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(int32_t, shard, -1, "shard to serve; -1 takes any free shard");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written here (atomically) once listening");
+ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
+          "what gRPC may hold for this server's calls at once, in MiB; a push that "
+          "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
+          "0: derived from the shard (64 MiB + 4 x workers x its largest push)");
 
 namespace grps {
 namespace {
 
 constexpr absl::Duration kRegisterPatience = absl::Seconds(60);
 constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
+
+// What gRPC may hold for the calls of a shard of `num_elements` values:
+// every worker's push four times over (a push in flight, retries, a fused
+// pull's reply) at 8 bytes a value (the largest push, a sparse one of f32
+// values and u32 indices), and 64 MiB for everything else.
+size_t ServerMemoryBytes(uint64_t num_elements, uint32_t num_workers) {
+  if (const uint32_t mib = absl::GetFlag(FLAGS_grpc_memory_mib); mib > 0)
+    return size_t{mib} << 20;
+  return kDefaultServerMemoryBytes + size_t{4} * num_workers * 8 * num_elements;
+}
 
 // The address other processes use to reach this server.
 std::string AdvertisedAddress(const std::string& listen, int port) {
@@ -343,6 +357,9 @@ int Run() {
     return 1;
   }
   store = std::move(*created);
+  const size_t memory =
+      ServerMemoryBytes(store->ShardStatus().num_elements(), store->config().num_workers());
+  server->quota->Resize(memory);
   service.Attach(store.get());
   // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
   server->server->GetHealthCheckService()->SetServingStatus(true);
@@ -351,10 +368,10 @@ int Run() {
     const v1::ShardStatus s = store->ShardStatus();
     spdlog::info(
         "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
-        "(job {}, mode {}, incarnation {})",
+        "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
         store->shard(), config.num_servers(), s.num_chunks(), s.num_elements(),
         MiB(s.num_elements() * sizeof(float)), address, config.job_id(),
-        ModeName(config.mode()), registration->incarnation());
+        ModeName(config.mode()), registration->incarnation(), MiB(memory));
     if (order.checkpoint_id() > 0)
       spdlog::info("shard {} restored {} chunks from checkpoint {} at step {} (generation {})",
                    store->shard(), s.num_chunks(), order.checkpoint_id(), order.step(),

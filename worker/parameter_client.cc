@@ -387,6 +387,19 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
   return Register(std::move(op));
 }
 
+namespace {
+
+// Whether a failed push is worth sending again. UNAVAILABLE: the shard is
+// down or not restored to this generation yet. RESOURCE_EXHAUSTED, for a
+// push gRPC can carry at all: the shard's gRPC is short of memory for calls
+// right now (its quota, see daemon/daemon.h).
+bool Transient(const absl::Status& s, const grpc::ByteBuffer& request) {
+  return absl::IsUnavailable(s) ||
+         (absl::IsResourceExhausted(s) && request.Length() <= kMaxMessageBytes);
+}
+
+}  // namespace
+
 absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
     Ticket ticket, const RetryPolicy& retry) {
   std::unique_ptr<Operation> op;
@@ -409,7 +422,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
       for (size_t i = 0; i < op->calls.size(); ++i) {
         const absl::Status& s = op->calls[i].status;
         if (s.ok()) continue;
-        if (op->push && absl::IsUnavailable(s)) again.push_back(i);
+        if (op->push && Transient(s, op->calls[i].request)) again.push_back(i);
         else if (first.ok()) first = s;
       }
       if (first.ok() && again.empty()) {

@@ -105,7 +105,8 @@ class ParameterClient {
   };
 
   // How long a push keeps retrying a shard that is UNAVAILABLE (down, or
-  // not restored to this generation yet), with backoff.
+  // not restored to this generation yet) or RESOURCE_EXHAUSTED (short of
+  // memory for calls right now), with backoff.
   struct RetryPolicy {
     absl::Duration retry_for = absl::Seconds(60);
     absl::Duration initial_backoff = absl::Milliseconds(50);
@@ -118,7 +119,7 @@ class ParameterClient {
 
   // Sends the gradient of every chunk to its shard, tagged with `step` (the
   // worker's clock), the generation and the chunk version seen by the last
-  // Pull. Retries UNAVAILABLE per `retry` (each retry goes to the shard's
+  // Pull. Retries UNAVAILABLE and RESOURCE_EXHAUSTED per `retry` (each retry goes to the shard's
   // endpoint in the newest map); a retried push is deduplicated by the shard.
   // SIGINT/SIGTERM ends the retry with CANCELLED. Other errors (ABORTED: the
   // job rolled back) are returned as they are.

@@ -232,6 +232,29 @@ TEST_F(ParameterClientTest, AbortedPushIsReturnedAsItIsWithoutRetrying) {
   EXPECT_EQ(shard1->service->push_generations().size(), 1u);
 }
 
+TEST_F(ParameterClientTest, PushRefusedForMemoryIsRetriedUntilTheShardTakesIt) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  // What a shard's gRPC answers while its memory quota is used up (by
+  // somebody else's big messages).
+  shard1->service->FailPushesWith(
+      absl::ResourceExhaustedError("Received RST_STREAM with error code 11"));
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::Seconds(60);
+  retry.stop = [&] {  // after the first refusal, the memory is free again
+    shard1->service->FailPushesWith(absl::OkStatus());
+    return false;
+  };
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      client.Push(0, grads.data(), 1, retry);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(shard1->service->push_generations().size(), 2u);
+  EXPECT_EQ(shard0->service->push_generations().size(), 1u);
+}
+
 TEST_F(ParameterClientTest, StopPredicateEndsARetryingPushQuickly) {
   std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
   ASSERT_TRUE(shard0);

@@ -248,8 +248,11 @@ absl::Status Trainer::PullWeights(uint64_t clock) {
     }
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
+    // RESOURCE_EXHAUSTED: the shard has too many waiting pulls, or its gRPC
+    // is short of memory for calls right now.
     if (s.code() != absl::StatusCode::kDeadlineExceeded &&
-        s.code() != absl::StatusCode::kUnavailable)
+        s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kResourceExhausted)
       return s;
     if (StuckWithoutCoordinator())
       return absl::UnavailableError(absl::StrCat(
