@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "daemon/refusal_log.h"
 #include "daemon/security.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -83,6 +84,10 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   // server bind the same port and share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(MakeRefusalLogInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   result.server = builder.BuildAndStart();
   if (result.server == nullptr || result.port == 0)
     return absl::UnavailableError(

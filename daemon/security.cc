@@ -19,6 +19,7 @@
 #include "daemon/daemon.h"
 #include "daemon/env.h"
 #include "grpcpp/security/auth_metadata_processor.h"
+#include "daemon/refusal_log.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, token, "",
@@ -89,6 +90,29 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
 
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
                        OutputMetadata* consumed, OutputMetadata* response) override {
+    grpc::Status status = Check(metadata, context, consumed);
+    if (!status.ok()) {
+      auto path = metadata.find(":path");
+      RefusalLog::Process().Note(
+          path == metadata.end() ? absl::string_view("?")
+                                 : absl::string_view(path->second.data(), path->second.size()),
+          status.error_code(), PeerOf(*context), status.error_message());
+    }
+    return status;
+  }
+
+ private:
+  // The caller's address, as the transport security recorded it.
+  static std::string PeerOf(const grpc::AuthContext& context) {
+    for (const char* name : {"peer_address", GRPC_X509_CN_PROPERTY_NAME}) {
+      const std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
+      if (!values.empty()) return std::string(values.front().data(), values.front().size());
+    }
+    return "?";
+  }
+
+  grpc::Status Check(const InputMetadata& metadata, grpc::AuthContext* context,
+                     OutputMetadata* consumed) {
     auto path = metadata.find(":path");
     if (path != metadata.end() &&
         absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
@@ -116,7 +140,6 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
     return grpc::Status::OK;
   }
 
- private:
   const std::string admin_token_;
   const std::string worker_token_;
 };
