@@ -298,6 +298,35 @@ TEST(CoordinatorProcess, SigtermStopsTheJobAndExitsZero) {
   EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
 }
 
+TEST(CoordinatorProcess, ASignalDuringTheLingerEndsItAtOnce) {
+  // A server that heard the end but never sends its final report (and stays
+  // live for 60 s) would keep the coordinator lingering for 60 s.
+  CoordinatorProcess p({"--servers=1", "--workers=1", "--linger_ms=60000",
+                        "--heartbeat_timeout_ms=60000"});
+  ASSERT_TRUE(p.started());
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+  v1::RegisterServerResponse reg = StartWithServer(&p, &stub);
+  ASSERT_NE(stub, nullptr);
+
+  p.Signal(SIGINT);  // stops the job; the coordinator lingers
+  v1::HeartbeatRequest beat;
+  beat.set_job_id(reg.config().job_id());
+  beat.set_server_shard(reg.shard());
+  beat.set_incarnation(reg.incarnation());
+  v1::HeartbeatResponse reply;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline && reply.job_state() != v1::JOB_STATE_STOPPED) {
+    ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  EXPECT_FALSE(p.ExitCode(absl::Milliseconds(500)).has_value()) << "it did not linger";
+  const absl::Time signalled = absl::Now();
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
+}
+
 TEST(CoordinatorProcess, ExitsZeroAfterLingeringForAServerThatNeverHears) {
   CoordinatorProcess p({"--servers=1", "--workers=1", "--linger_ms=300"});
   ASSERT_TRUE(p.started());
