@@ -10,9 +10,12 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -96,6 +99,7 @@ class CoordinatorProcess {
   }
 
   void Signal(int sig) { kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
@@ -115,6 +119,41 @@ std::string TempFolder(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// The TCP ports process `pid` listens on, from /proc.
+std::set<int> ListeningPorts(pid_t pid) {
+  std::set<std::string> sockets;  // inodes
+  std::error_code error;
+  for (const auto& fd : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"),
+                                                            error)) {
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (!error && absl::StartsWith(target, "socket:["))
+      sockets.insert(target.substr(8, target.size() - 9));
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (state == "0A" && sockets.count(inode) > 0)  // LISTEN
+        ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
+}
+
+TEST(CoordinatorProcess, ListensOnTheAdvertisedPortOnly) {
+  CoordinatorProcess p({"--servers=1", "--workers=1", "--listen=127.0.0.1:0"});
+  ASSERT_TRUE(p.started());
+  const std::optional<int> port = p.WaitForPort(absl::Seconds(20));
+  ASSERT_TRUE(port.has_value());
+  EXPECT_EQ(ListeningPorts(p.pid()), std::set<int>{*port});
 }
 
 TEST(CoordinatorProcess, JobCompletedPerItsStateFileExitsZeroAtOnce) {
