@@ -78,10 +78,6 @@ absl::Status Unframe(absl::string_view bytes, const std::string& path,
   return absl::OkStatus();
 }
 
-absl::Status WithContext(const absl::Status& s, absl::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
 }  // namespace
 
 std::string CheckpointFolder(absl::string_view root, uint64_t id) {
