@@ -312,6 +312,26 @@ v1::RegisterServerResponse StartWithServer(CoordinatorProcess* p,
   return reg;
 }
 
+// The heartbeat of the server that registered with `reg`.
+v1::HeartbeatRequest BeatOf(const v1::RegisterServerResponse& reg) {
+  v1::HeartbeatRequest beat;
+  beat.set_job_id(reg.config().job_id());
+  beat.set_server_shard(reg.shard());
+  beat.set_incarnation(reg.incarnation());
+  return beat;
+}
+
+// Sends `beat` until the reply says STOPPED, for at most 5 s; the last state.
+v1::JobState BeatUntilStopped(v1::Coordinator::Stub& stub, const v1::HeartbeatRequest& beat) {
+  v1::HeartbeatResponse reply;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline && reply.job_state() != v1::JOB_STATE_STOPPED) {
+    if (!stub.Heartbeat(Context().get(), beat, &reply).ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return reply.job_state();
+}
+
 TEST(CoordinatorProcess, SigtermStopsTheJobAndExitsZero) {
   CoordinatorProcess p({"--servers=1", "--workers=1", "--linger_ms=20000"});
   ASSERT_TRUE(p.started());
@@ -320,18 +340,10 @@ TEST(CoordinatorProcess, SigtermStopsTheJobAndExitsZero) {
   ASSERT_NE(stub, nullptr);
 
   p.Signal(SIGTERM);
-  v1::HeartbeatRequest beat;
-  beat.set_job_id(reg.config().job_id());
-  beat.set_server_shard(reg.shard());
-  beat.set_incarnation(reg.incarnation());
-  v1::HeartbeatResponse reply;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline && reply.job_state() != v1::JOB_STATE_STOPPED) {
-    ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  v1::HeartbeatRequest beat = BeatOf(reg);
+  EXPECT_EQ(BeatUntilStopped(*stub, beat), v1::JOB_STATE_STOPPED);
   beat.set_final_report(true);
+  v1::HeartbeatResponse reply;
   ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
   // Its only live member has sent its final report: no 20 s linger.
   EXPECT_EQ(p.ExitCode(absl::Seconds(10)), 0);
@@ -348,17 +360,7 @@ TEST(CoordinatorProcess, ASignalDuringTheLingerEndsItAtOnce) {
   ASSERT_NE(stub, nullptr);
 
   p.Signal(SIGINT);  // stops the job; the coordinator lingers
-  v1::HeartbeatRequest beat;
-  beat.set_job_id(reg.config().job_id());
-  beat.set_server_shard(reg.shard());
-  beat.set_incarnation(reg.incarnation());
-  v1::HeartbeatResponse reply;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline && reply.job_state() != v1::JOB_STATE_STOPPED) {
-    ASSERT_TRUE(stub->Heartbeat(Context().get(), beat, &reply).ok());
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(reply.job_state(), v1::JOB_STATE_STOPPED);
+  ASSERT_EQ(BeatUntilStopped(*stub, BeatOf(reg)), v1::JOB_STATE_STOPPED);
   EXPECT_FALSE(p.ExitCode(absl::Milliseconds(500)).has_value()) << "it did not linger";
   const absl::Time signalled = absl::Now();
   p.Signal(SIGTERM);
