@@ -102,13 +102,16 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
   }
 
  private:
-  // The caller's address, as the transport security recorded it.
+  // Who the caller is, as far as the token check can tell: gRPC gives it
+  // the transport's security properties, not the caller's address. With
+  // mutual TLS, the common name of the client's certificate.
   static std::string PeerOf(const grpc::AuthContext& context) {
-    for (const char* name : {"peer_address", GRPC_X509_CN_PROPERTY_NAME}) {
-      const std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
-      if (!values.empty()) return std::string(values.front().data(), values.front().size());
-    }
-    return "?";
+    const std::vector<grpc::string_ref> names =
+        context.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+    if (!names.empty())
+      return absl::StrCat("certificate CN=", absl::string_view(names.front().data(),
+                                                                names.front().size()));
+    return "a caller (address unknown to the token check)";
   }
 
   grpc::Status Check(const InputMetadata& metadata, grpc::AuthContext* context,

@@ -357,26 +357,23 @@ int Run() {
     return 1;
   }
   store = std::move(*created);
-  const size_t memory =
-      ServerMemoryBytes(store->ShardStatus().num_elements(), store->config().num_workers());
+  const v1::ShardStatus held = store->ShardStatus();
+  const size_t memory = ServerMemoryBytes(held.num_elements(), store->config().num_workers());
   server->quota->Resize(memory);
   service.Attach(store.get());
   // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
   server->server->GetHealthCheckService()->SetServingStatus(true);
   const v1::JobConfig& config = store->config();
-  {
-    const v1::ShardStatus s = store->ShardStatus();
-    spdlog::info(
-        "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
-        "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
-        store->shard(), config.num_servers(), s.num_chunks(), s.num_elements(),
-        MiB(s.num_elements() * sizeof(float)), address, config.job_id(),
-        ModeName(config.mode()), registration->incarnation(), MiB(memory));
-    if (order.checkpoint_id() > 0)
-      spdlog::info("shard {} restored {} chunks from checkpoint {} at step {} (generation {})",
-                   store->shard(), s.num_chunks(), order.checkpoint_id(), order.step(),
-                   order.generation());
-  }
+  spdlog::info(
+      "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
+      "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
+      store->shard(), config.num_servers(), held.num_chunks(), held.num_elements(),
+      MiB(held.num_elements() * sizeof(float)), address, config.job_id(),
+      ModeName(config.mode()), registration->incarnation(), MiB(memory));
+  if (order.checkpoint_id() > 0)
+    spdlog::info("shard {} restored {} chunks from checkpoint {} at step {} (generation {})",
+                 store->shard(), held.num_chunks(), order.checkpoint_id(), order.step(),
+                 order.generation());
   Checkpointer checkpointer(store.get());
   const absl::Duration coordinator_timeout = absl::Milliseconds(
       config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
