@@ -24,17 +24,19 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/coordinator_service.h"
-#include "daemon/env.h"
 #include "coordinator/job_flags.h"
+#include "coordinator/job_metrics.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
+#include "daemon/metrics.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "spdlog/spdlog.h"
@@ -233,6 +235,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service}, limits);
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
+    return 1;
+  }
+  auto job_metrics = std::make_shared<CollectFunction>(
+      [&service] { return JobMetricFamilies(service.Status()); });
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+      StartMetricsFromFlags("grps-coordinator", {job_metrics});
+  if (!metrics.ok()) {
+    spdlog::error("{}", std::string(metrics.status().message()));
+    server->server->Shutdown(absl::ToChronoTime(absl::Now()));
     return 1;
   }
   spdlog::info(

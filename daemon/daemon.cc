@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "daemon/metrics.h"
 #include "daemon/refusal_log.h"
 #include "daemon/security.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -87,6 +88,7 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(MakeRefusalLogInterceptorFactory());
+  interceptors.push_back(MakeRpcMetricsInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   result.server = builder.BuildAndStart();
   if (result.server == nullptr || result.port == 0)

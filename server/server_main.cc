@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -35,11 +36,15 @@
 #include "daemon/daemon.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "daemon/env.h"
+#include "daemon/metrics.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
+#include "server/shard_metrics.h"
 #include "server/shard_store.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, coordinator, "",
@@ -144,6 +149,17 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadRestore(const v1::RestoreOrder& 
   return LoadChunks(Env::Default(), order.dir(), *manifest, ChunksOfShard(map, shard));
 }
 
+// grps_checkpoint_write_seconds{result}: how long this shard took to collect
+// and write its part of a checkpoint.
+prometheus::Histogram& CheckpointSeconds(bool ok) {
+  static prometheus::Family<prometheus::Histogram>& family =
+      prometheus::BuildHistogram()
+          .Name("grps_checkpoint_write_seconds")
+          .Help("time to collect and write the shard's part of a checkpoint, by result")
+          .Register(*ProcessMetrics());
+  return family.Add({{"result", ok ? "ok" : "failed"}}, DurationBuckets());
+}
+
 // Takes the checkpoints the coordinator asks for, one at a time, on a
 // thread of its own: capture (which may wait for a sync step boundary), then
 // write the shard's file. The heartbeat thread only arms a request and hands
@@ -229,6 +245,7 @@ class Checkpointer {
     absl::StatusOr<v1::ShardCheckpoint> written =
         file.ok() ? WriteShardFile(Env::Default(), request.dir(), *file)
                   : absl::StatusOr<v1::ShardCheckpoint>(file.status());
+    CheckpointSeconds(written.ok()).Observe(absl::ToDoubleSeconds(absl::Now() - start));
     if (written.ok()) {
       report = *written;
       report.set_coordinator_incarnation(request.coordinator_incarnation());
@@ -310,6 +327,22 @@ int Run() {
     server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   };
 
+  // Metrics from the start (a scrape before the shard is attached finds the
+  // RPC metrics only), the shard's own once it is attached.
+  std::atomic<const ShardStore*> attached{nullptr};
+  auto shard_metrics = std::make_shared<CollectFunction>([&attached] {
+    const ShardStore* s = attached.load();
+    return s != nullptr ? ShardMetricFamilies(s->ShardStatus())
+                        : std::vector<prometheus::MetricFamily>{};
+  });
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+      StartMetricsFromFlags("grps-server", {shard_metrics});
+  if (!metrics.ok()) {
+    stop_server();
+    spdlog::error("{}", std::string(metrics.status().message()));
+    return 1;
+  }
+
   std::unique_ptr<v1::Coordinator::Stub> coordinator =
       v1::Coordinator::NewStub(MakeChannel(coordinator_address));
   absl::StatusOr<v1::RegisterServerResponse> registration =
@@ -361,6 +394,7 @@ int Run() {
   const size_t memory = ServerMemoryBytes(held.num_elements(), store->config().num_workers());
   server->quota->Resize(memory);
   service.Attach(store.get());
+  attached.store(store.get());
   // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
   server->server->GetHealthCheckService()->SetServingStatus(true);
   const v1::JobConfig& config = store->config();

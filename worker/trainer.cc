@@ -61,7 +61,8 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       backend_(backend),
       options_(std::move(options)),
       model_(backend, LayerWidths(config_), static_cast<int>(config_.batch_size())),
-      params_(config_, registration.shard_map(), rank_, incarnation_) {
+      params_(config_, registration.shard_map(), rank_, incarnation_),
+      metrics_(rank_) {
   host_params_.resize(params_.num_parameters());
   host_grads_.resize(params_.num_parameters());
   progress_.set_test_accuracy(-1);
@@ -422,6 +423,8 @@ absl::Status Trainer::Train(uint64_t total) {
   double loss_ema = -1;
   int64_t epoch_loaded = -1;
   uint64_t late = 0, too_stale = 0;
+  // The client's byte counts when the metrics last took them.
+  uint64_t bytes_pushed_seen = params_.bytes_pushed(), bytes_pulled_seen = params_.bytes_pulled();
   std::unique_ptr<BatchIterator> batches;
   // The clock whose weights the last push's replies brought into
   // host_params_ (see PushGradients).
@@ -483,6 +486,17 @@ absl::Status Trainer::Train(uint64_t total) {
     loss_ema = loss_ema < 0 ? loss : 0.95 * loss_ema + 0.05 * loss;
     window_samples += batch;
     const absl::Time now = absl::Now();
+    metrics_.step_seconds.Observe(absl::ToDoubleSeconds(now - step_start));
+    metrics_.steps.Increment();
+    metrics_.samples.Increment(batch);
+    metrics_.loss.Set(loss_ema);
+    if (pushed->late > 0) metrics_.late_pushes.Increment();
+    if (pushed->too_stale > 0) metrics_.too_stale_pushes.Increment();
+    const uint64_t pushed_bytes = params_.bytes_pushed(), pulled_bytes = params_.bytes_pulled();
+    metrics_.pushed_bytes.Increment(static_cast<double>(pushed_bytes - bytes_pushed_seen));
+    metrics_.pulled_bytes.Increment(static_cast<double>(pulled_bytes - bytes_pulled_seen));
+    bytes_pushed_seen = pushed_bytes;
+    bytes_pulled_seen = pulled_bytes;
     v1::WorkerProgress snapshot;
     {
       absl::MutexLock lock(&mu_);
@@ -493,6 +507,7 @@ absl::Status Trainer::Train(uint64_t total) {
       const double window = absl::ToDoubleSeconds(now - window_start);
       if (window >= 1.0) {
         progress_.set_samples_per_sec(static_cast<float>(window_samples / window));
+        metrics_.samples_per_second.Set(progress_.samples_per_sec());
         window_start = now;
         window_samples = 0;
       }

@@ -43,6 +43,7 @@
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
 #include "worker/straggler.h"
+#include "worker/worker_metrics.h"
 
 namespace grps {
 
@@ -130,6 +131,7 @@ class Trainer {
   std::vector<float> host_params_;
   std::vector<float> host_grads_;
   std::unique_ptr<Evaluator> evaluator_;
+  WorkerMetrics metrics_;  // training thread only
   const absl::Time start_ = absl::Now();
 
   absl::Mutex curve_mu_;

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
@@ -101,6 +102,14 @@ int Main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_blas_threads) > 0 && !(*backend)->IsCuda())
     SetCpuBlasThreads(absl::GetFlag(FLAGS_blas_threads));
+
+  // The worker serves no gRPC; its metrics endpoint is also what says it is
+  // alive (deploy/: the liveness probe asks it for /metrics).
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags("grps-worker");
+  if (!metrics.ok()) {
+    spdlog::error("{}", std::string(metrics.status().message()));
+    return 1;
+  }
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());

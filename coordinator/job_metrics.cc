@@ -1,0 +1,72 @@
+#include "coordinator/job_metrics.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/metrics.h"
+#include "job/job_config.h"
+
+namespace grps {
+
+std::vector<prometheus::MetricFamily> JobMetricFamilies(const v1::JobStatus& s) {
+  std::vector<prometheus::MetricFamily> families;
+  auto one = [&](prometheus::MetricFamily family, double value) {
+    AddValue(family, {}, value);
+    families.push_back(std::move(family));
+  };
+  families.push_back(GaugeFamily("grps_job_state", "1 for the job's current state"));
+  AddValue(families.back(), {{"state", JobStateName(s.state())}}, 1);
+  one(GaugeFamily("grps_job_global_step", "steps every shard has completed"),
+      static_cast<double>(s.global_step()));
+  one(GaugeFamily("grps_job_total_steps", "steps the job trains"),
+      static_cast<double>(s.total_steps()));
+  one(GaugeFamily("grps_job_samples_per_second", "training samples per second, all workers"),
+      s.samples_per_sec());
+  one(GaugeFamily("grps_job_loss", "mean recent training loss of the live workers"), s.loss());
+  if (s.test_accuracy() >= 0)
+    one(GaugeFamily("grps_job_test_accuracy", "the latest evaluation's test accuracy"),
+        s.test_accuracy());
+  one(CounterFamily("grps_job_late_gradients_total",
+                    "sync: chunk gradients that arrived after their step, over the shards"),
+      static_cast<double>(s.late_gradients()));
+  one(CounterFamily("grps_job_too_stale_total",
+                    "async and ssp: chunk gradients refused as too stale, over the shards"),
+      static_cast<double>(s.too_stale()));
+
+  std::map<std::pair<std::string, std::string>, int> members;
+  for (const v1::WorkerStatus& w : s.workers()) ++members[{"worker", MemberStateName(w.state())}];
+  for (const v1::ShardStatus& sh : s.shards()) ++members[{"server", MemberStateName(sh.state())}];
+  families.push_back(GaugeFamily("grps_job_members", "workers and servers by state"));
+  for (const auto& [key, count] : members)
+    AddValue(families.back(), {{"role", key.first}, {"state", key.second}}, count);
+
+  one(CounterFamily("grps_job_checkpoints_completed_total", "checkpoints completed"),
+      static_cast<double>(s.checkpoints_completed()));
+  if (s.checkpoints_completed() > 0) {
+    one(GaugeFamily("grps_job_last_checkpoint_seconds",
+                    "the newest complete checkpoint: time from request to manifest"),
+        s.last_checkpoint().seconds());
+    one(GaugeFamily("grps_job_last_checkpoint_step", "the newest complete checkpoint's step"),
+        static_cast<double>(s.last_checkpoint().step()));
+  }
+
+  prometheus::MetricFamily step = GaugeFamily("grps_job_worker_step", "a worker's step");
+  prometheus::MetricFamily rate =
+      GaugeFamily("grps_job_worker_samples_per_second", "a worker's samples per second");
+  prometheus::MetricFamily loss = GaugeFamily("grps_job_worker_loss", "a worker's recent loss");
+  prometheus::MetricFamily straggler =
+      GaugeFamily("grps_job_worker_straggler", "1 when a worker is behind the median");
+  for (const v1::WorkerStatus& w : s.workers()) {
+    const Labels rank = {{"rank", absl::StrCat(w.rank())}};
+    AddValue(step, rank, static_cast<double>(w.progress().step()));
+    AddValue(rate, rank, w.progress().samples_per_sec());
+    AddValue(loss, rank, w.progress().loss());
+    AddValue(straggler, rank, w.straggler() ? 1 : 0);
+  }
+  for (auto* f : {&step, &rate, &loss, &straggler}) families.push_back(std::move(*f));
+  return families;
+}
+
+}  // namespace grps

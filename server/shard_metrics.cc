@@ -1,0 +1,66 @@
+#include "server/shard_metrics.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/metrics.h"
+
+namespace grps {
+
+std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus& s) {
+  const Labels labels = {{"shard", absl::StrCat(s.shard())}};
+  std::vector<prometheus::MetricFamily> families;
+  auto gauge = [&](const char* name, const char* help, double value) {
+    families.push_back(GaugeFamily(name, help));
+    AddValue(families.back(), labels, value);
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t value) {
+    families.push_back(CounterFamily(name, help));
+    AddValue(families.back(), labels, static_cast<double>(value));
+  };
+  gauge("grps_shard_version", "the shard's version: the lowest over its chunks",
+        static_cast<double>(s.version()));
+  counter("grps_shard_updates_applied_total", "optimizer updates applied, one per chunk",
+          s.updates_applied());
+  counter("grps_shard_pushes_total", "push requests", s.pushes());
+  counter("grps_shard_pulls_total", "pull requests", s.pulls());
+  counter("grps_shard_duplicate_pushes_total",
+          "retried pushes answered from the record, not applied again", s.duplicate_pushes());
+  counter("grps_shard_rejected_pushes_total",
+          "chunk gradients refused (invalid, or staler than max_staleness)",
+          s.rejected_pushes());
+  counter("grps_shard_received_bytes_total", "gradient payload bytes received in pushes",
+          s.bytes_in());
+  counter("grps_shard_sent_bytes_total", "weight payload bytes sent in pulls", s.bytes_out());
+  counter("grps_shard_late_gradients_total",
+          "sync: chunk gradients that arrived after their step completed", s.late_gradients());
+  counter("grps_shard_late_folded_total", "sync: late gradients folded into the next step",
+          s.late_folded());
+  counter("grps_shard_late_dropped_total", "sync: late gradients dropped", s.late_dropped());
+  counter("grps_shard_too_stale_total",
+          "async and ssp: chunk gradients refused as staler than max_staleness",
+          s.too_stale());
+  gauge("grps_shard_waiting_pulls", "pulls waiting for the consistency mode to release them",
+        static_cast<double>(s.waiting_pulls()));
+  gauge("grps_shard_held_gradients",
+        "ssp: gradients accepted and held until the slowest worker reads their clock",
+        static_cast<double>(s.held_gradients()));
+
+  families.push_back(HistogramFamily(
+      "grps_shard_staleness",
+      "staleness of applied updates: the chunk's version at apply minus the version the "
+      "gradient was computed on"));
+  const std::vector<uint64_t> counts(s.staleness_histogram().begin(),
+                                     s.staleness_histogram().end());
+  uint64_t applied = 0;
+  for (uint64_t c : counts) applied += c;
+  AddCountsHistogram(families.back(), labels, counts,
+                     s.staleness_mean() * static_cast<double>(applied));
+
+  gauge("grps_shard_checkpoint_bytes", "size of the shard's file of its newest checkpoint",
+        static_cast<double>(s.checkpoint().bytes()));
+  return families;
+}
+
+}  // namespace grps
