@@ -25,6 +25,18 @@ metrics_port() {
   fail "$1 never said where it serves metrics"
 }
 
+# write_config: Prometheus' configuration, scraping "${targets[@]}" every 500 ms.
+write_config() {
+  python3 - "$WORK/prometheus.yml" "${targets[@]}" <<'PY'
+import sys
+path, targets = sys.argv[1], sys.argv[2:]
+with open(path, "w") as f:
+    f.write("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n")
+    f.write("scrape_configs:\n  - job_name: grps\n    static_configs:\n      - targets: [%s]\n"
+            % ", ".join("'%s'" % t for t in targets))
+PY
+}
+
 STEPS=1500
 start coordinator "$BIN/grps-coordinator" --listen=127.0.0.1:0 --port_file="$WORK/coordinator.port" \
   --metrics_listen=127.0.0.1:0 --job_id=prom --mode=async --servers=2 --workers=2 \
@@ -42,14 +54,7 @@ done
 # that every step is scraped.
 PROM_PORT=$(free_port)
 mkdir -p "$WORK/tsdb"
-python3 - "$WORK/prometheus.yml" "${targets[@]}" <<'PY'
-import sys
-path, targets = sys.argv[1], sys.argv[2:]
-with open(path, "w") as f:
-    f.write("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n")
-    f.write("scrape_configs:\n  - job_name: grps\n    static_configs:\n      - targets: [%s]\n"
-            % ", ".join("'%s'" % t for t in targets))
-PY
+write_config
 start prometheus "$PROMETHEUS" --config.file="$WORK/prometheus.yml" \
   --storage.tsdb.path="$WORK/tsdb" --web.listen-address=127.0.0.1:"$PROM_PORT" \
   --log.level=warn
@@ -72,13 +77,18 @@ PY
 value() {
   query "$1" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r[0]["value"][1] if r else "none")'
 }
+# wait_scraped N WHAT: until Prometheus scrapes N targets successfully.
+wait_scraped() {
+  local i
+  for ((i = 0; i < 300; i++)); do
+    [ "$(value 'count(up == 1)')" = "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "$2"
+}
 
 # Every daemon up so far is scraped (the workers come next).
-for ((i = 0; i < 300; i++)); do
-  [ "$(value 'count(up == 1)')" = 3 ] && break
-  sleep 0.1
-done
-[ "$(value 'count(up == 1)')" = 3 ] || fail "prometheus does not scrape the coordinator and servers"
+wait_scraped 3 "prometheus does not scrape the coordinator and servers"
 
 for w in 0 1; do
   start worker-$w "$BIN/grps-worker" --coordinator="$COORD" --backend=cpu \
@@ -86,20 +96,9 @@ for w in 0 1; do
   targets+=("127.0.0.1:$(metrics_port worker-$w)")
 done
 # The workers' endpoints join the scrape (a reload with all five targets).
-python3 - "$WORK/prometheus.yml" "${targets[@]}" <<'PY'
-import sys
-path, targets = sys.argv[1], sys.argv[2:]
-with open(path, "w") as f:
-    f.write("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n")
-    f.write("scrape_configs:\n  - job_name: grps\n    static_configs:\n      - targets: [%s]\n"
-            % ", ".join("'%s'" % t for t in targets))
-PY
+write_config
 kill -HUP "$PID_prometheus"
-for ((i = 0; i < 300; i++)); do
-  [ "$(value 'count(up == 1)')" = 5 ] && break
-  sleep 0.1
-done
-[ "$(value 'count(up == 1)')" = 5 ] || fail "prometheus does not scrape all five daemons"
+wait_scraped 5 "prometheus does not scrape all five daemons"
 
 wait_pid "$PID_coordinator" 180
 [ "$EXIT_CODE" = 0 ] || fail "coordinator exit code $EXIT_CODE"
