@@ -1,9 +1,11 @@
-// grpsctl: the command-line client of a running job. Talks only to the
-// coordinator (client/job_client.h); prints tables (client/status_format.h)
-// or JSON.
+// grpsctl: the command-line client of a running job. Talks to the
+// coordinator (client/job_client.h), but for `health`, which asks any
+// daemon's gRPC health service; prints tables (client/status_format.h) or
+// JSON.
 //
 // Exit status: 0 success; 1 an error (coordinator unreachable, RPC failed,
-// or `watch` saw the job fail or be stopped); 2 a usage error.
+// `watch` saw the job fail or be stopped, or `health` did not hear SERVING);
+// 2 a usage error.
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +34,8 @@ ABSL_FLAG(int32_t, interval_ms, 1000, "watch: milliseconds between snapshots");
 ABSL_FLAG(bool, wait, false,
           "checkpoint: wait until the checkpoint is complete or failed");
 ABSL_FLAG(int32_t, wait_s, 300, "checkpoint --wait: give up after this many seconds");
+ABSL_FLAG(std::string, address, "",
+          "health: the daemon to ask, HOST:PORT (default: --coordinator)");
 
 namespace grps {
 namespace {
@@ -49,9 +53,13 @@ constexpr char kUsage[] =
     "  shards    per-shard counters and the shard map (chunk placement)\n"
     "  stop      stop the job [--reason=TEXT]\n"
     "  checkpoint  take a checkpoint now [--wait [--wait_s=300]]\n"
+    "  health    whether a daemon's gRPC health service says SERVING (exit 0)\n"
+    "            [--address=HOST:PORT, default --coordinator]; over TLS when\n"
+    "            --tls_ca is set, needs no token (a Kubernetes exec probe)\n"
     "\n"
     "--coordinator defaults to $GRPS_COORDINATOR. Exit status: 0 ok, 1 error\n"
-    "(coordinator unreachable, RPC failed, watched job failed), 2 usage error.";
+    "(coordinator unreachable, RPC failed, watched job failed, health not\n"
+    "SERVING), 2 usage error.";
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
@@ -240,6 +248,19 @@ int Checkpoint(const JobClient& client, bool json) {
   }
 }
 
+// How long `health` waits for the answer: under a Kubernetes probe's own
+// timeout (deploy/ gives it 5 s).
+constexpr absl::Duration kHealthTimeout = absl::Seconds(3);
+
+// Asks the daemon at `target` for the whole server's health. Its own
+// channel, not a JobClient: any daemon, not only the coordinator.
+int Health(const std::string& target) {
+  absl::StatusOr<bool> serving = IsServing(MakeChannel(target), kHealthTimeout);
+  if (!serving.ok()) return Fail(serving.status());
+  std::printf("%s: %s\n", target.c_str(), *serving ? "SERVING" : "NOT_SERVING");
+  return *serving ? 0 : kExitError;
+}
+
 int Main(int argc, char** argv) {
   std::string problem = CheckCommandLine(argc, argv);
   if (!problem.empty()) return UsageError(problem);
@@ -248,17 +269,23 @@ int Main(int argc, char** argv) {
     return UsageError(args.size() < 2 ? "no command given"
                                       : "expected exactly one command");
   const std::string command = args[1];
-  const std::string target = absl::GetFlag(FLAGS_coordinator);
+  std::string target = absl::GetFlag(FLAGS_coordinator);
   if (command != "status" && command != "watch" && command != "workers" &&
-      command != "shards" && command != "stop" && command != "checkpoint")
+      command != "shards" && command != "stop" && command != "checkpoint" &&
+      command != "health")
     return UsageError(absl::StrCat("unknown command '", command, "'"));
+  if (command == "health" && !absl::GetFlag(FLAGS_address).empty())
+    target = absl::GetFlag(FLAGS_address);
   if (target.empty())
-    return UsageError("set --coordinator=HOST:PORT or GRPS_COORDINATOR");
+    return UsageError(command == "health"
+                          ? "set --address=HOST:PORT (or --coordinator)"
+                          : "set --coordinator=HOST:PORT or GRPS_COORDINATOR");
   if (absl::GetFlag(FLAGS_interval_ms) <= 0)
     return UsageError("--interval_ms must be positive");
 
   if (absl::Status s = InitProcessSecurity(Role::kAdmin, /*serves=*/false); !s.ok())
     return UsageError(std::string(s.message()));
+  if (command == "health") return Health(target);
   JobClient client(target);
   const bool json = absl::GetFlag(FLAGS_json);
   if (command == "status") return Status(client, json);

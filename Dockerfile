@@ -1,0 +1,88 @@
+# The grps image that deploy/ runs: grps-coordinator, grps-server,
+# grps-worker and grpsctl (the manifests' health probes) in
+# /usr/local/bin, on Debian 12 with its runtime libraries only, as an
+# unprivileged user (uid 10001).
+#
+#   docker build -t grps:cpu .                              # deploy/overlays/cpu, dev
+#   docker build --build-arg GRPS_CUDA=ON -t grps:gpu .     # deploy/overlays/gpu
+#
+# GRPS_CUDA=ON also builds the CUDA backend plugin (libgrps_cuda.so, in
+# /usr/local/lib where the worker's dlopen finds it) and installs NVIDIA's
+# nvcc and cuBLAS from NVIDIA's CUDA repository for Debian 12 (CUDA is not
+# in Debian); the driver's libcuda.so.1 comes from the node at run time
+# (NVIDIA's container toolkit). scripts/check-deploy checks this file
+# statically: the build context (.dockerignore) holds every folder the CMake
+# build reads, the targets are the CMake executables, and every command the
+# manifests run is installed here.
+ARG DEBIAN=debian:bookworm
+
+# ---- build --------------------------------------------------------------
+FROM ${DEBIAN} AS build
+ARG GRPS_CUDA=OFF
+# CUDA's version as NVIDIA's package names spell it (cuda-nvcc-13-0).
+ARG CUDA=13-0
+# scripts/setup's build packages (the tests' and benchmarks' libraries too:
+# the CMake configure step looks for them, though only the daemons are built).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      build-essential cmake ninja-build pkg-config \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+      libabsl-dev libopenblas-dev zlib1g-dev libspdlog-dev libfmt-dev libssl-dev \
+      libgtest-dev libgmock-dev libbenchmark-dev libboost-dev \
+      prometheus-cpp-dev \
+ && rm -rf /var/lib/apt/lists/*
+RUN if [ "$GRPS_CUDA" = ON ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends ca-certificates wget \
+      && wget -q https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb \
+      && dpkg -i cuda-keyring_1.1-1_all.deb && rm cuda-keyring_1.1-1_all.deb \
+      && apt-get update \
+      && apt-get install -y --no-install-recommends \
+           cuda-nvcc-$CUDA cuda-cudart-dev-$CUDA libcublas-dev-$CUDA \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+WORKDIR /src
+COPY . .
+# Only the four programs (and the plugin): the tests, benchmarks and tools
+# are not in the image. CMake finds nvcc at /usr/local/cuda/bin/nvcc.
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRPS_CUDA=$GRPS_CUDA \
+ && targets="grps-coordinator grps-server grps-worker grpsctl" \
+ && if [ "$GRPS_CUDA" = ON ]; then targets="$targets grps_cuda"; fi \
+ && cmake --build build --target $targets \
+ && mkdir -p /out/bin /out/lib \
+ && for b in grps-coordinator grps-server grps-worker grpsctl; do \
+      strip --strip-unneeded -o /out/bin/$b build/bin/$b; \
+    done \
+ && if [ "$GRPS_CUDA" = ON ]; then cp build/bin/libgrps_cuda.so /out/lib/; fi
+
+# ---- runtime ------------------------------------------------------------
+FROM ${DEBIAN}
+ARG GRPS_CUDA=OFF
+ARG CUDA=13-0
+# The shared libraries the programs link (ldd), and the Fashion-MNIST data
+# of the default job (GRPS_DATASET; mount another data set over it).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libgrpc++1.51 libprotobuf32 libabsl20220623 libopenblas0-pthread zlib1g \
+      libspdlog1.10 libfmt9 libssl3 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
+      dataset-fashion-mnist \
+ && rm -rf /var/lib/apt/lists/*
+RUN if [ "$GRPS_CUDA" = ON ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends ca-certificates wget \
+      && wget -q https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb \
+      && dpkg -i cuda-keyring_1.1-1_all.deb && rm cuda-keyring_1.1-1_all.deb \
+      && apt-get update \
+      && apt-get install -y --no-install-recommends cuda-cudart-$CUDA libcublas-$CUDA \
+      && apt-get purge -y wget && apt-get autoremove -y \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+COPY --from=build /out/bin/ /usr/local/bin/
+COPY --from=build /out/lib/ /usr/local/lib/
+RUN ldconfig \
+ && useradd --system --uid 10001 --user-group --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin grps
+USER 10001:10001
+# deploy/ names the program to run (command:); alone, the image says what
+# it holds.
+CMD ["/usr/local/bin/grpsctl", "--help"]

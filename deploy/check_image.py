@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Checks the Dockerfile without building it (no Docker engine is needed).
+
+  * the build context (.dockerignore, an allow-list) holds every path the
+    CMake build reads: the top-level CMakeLists.txt, cmake/, and every folder
+    of its foreach(dir ...) list; and every path it allows exists;
+  * the Dockerfile builds CMake targets that exist (add_executable, and
+    add_library for the CUDA plugin);
+  * every program the rendered manifests run (a container's command, an exec
+    probe's) is one the image installs in /usr/local/bin;
+  * every Debian package it installs is known to apt (apt-cache show), but
+    the CUDA ones, which come from NVIDIA's repository.
+
+Prints one line per problem and exits 1, or one OK line. Usage:
+  deploy/check_image.py REPO_ROOT RENDERED.yaml...
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+INSTALL_DIR = "/usr/local/bin/"
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def instructions(dockerfile):
+    """The Dockerfile's instructions, continuation lines joined, comments out."""
+    lines, current = [], ""
+    for line in dockerfile.splitlines():
+        if not current and line.lstrip().startswith("#"):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            lines.append(current.strip())
+        current = ""
+    return lines
+
+
+def cmake_targets(root):
+    executables, libraries = set(), set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        rel = os.path.relpath(dirpath, root)
+        top = rel.split(os.sep, 1)[0]
+        if top.startswith(("build", "bazel-", ".")) and rel != ".":
+            dirnames[:] = []
+            continue
+        if "CMakeLists.txt" in filenames:
+            text = read(os.path.join(dirpath, "CMakeLists.txt"))
+            executables |= set(re.findall(r"add_executable\(\s*([\w.-]+)", text))
+            libraries |= set(re.findall(r"add_library\(\s*([\w.-]+)", text))
+    return executables, libraries
+
+
+def commands(rendered):
+    """(where, program) of every container command and exec probe."""
+    found = []
+    for path in rendered:
+        with open(path, encoding="utf-8") as f:
+            for obj in yaml.safe_load_all(f):
+                if not obj:
+                    continue
+                spec = obj.get("spec", {})
+                pod = spec.get("template", {}).get("spec", {}) if "template" in spec else spec
+                for c in pod.get("containers", []) + pod.get("initContainers", []):
+                    where = "%s: %s %s container %s" % (
+                        os.path.basename(path), obj["kind"], obj["metadata"]["name"], c["name"])
+                    found.append((where + " command", (c.get("command") or [None])[0]))
+                    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                        if "exec" in c.get(probe, {}):
+                            found.append(("%s %s" % (where, probe), c[probe]["exec"]["command"][0]))
+    return found
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__.strip().splitlines()[-1])
+        return 2
+    root, rendered = sys.argv[1], sys.argv[2:]
+    problems = []
+    dockerfile = read(os.path.join(root, "Dockerfile"))
+    steps = instructions(dockerfile)
+
+    # The build context.
+    allowed = [l[1:].strip() for l in read(os.path.join(root, ".dockerignore")).splitlines()
+               if l.startswith("!")]
+    for path in allowed:
+        if not os.path.exists(os.path.join(root, path)):
+            problems.append(".dockerignore lets in %s, which does not exist" % path)
+    top = read(os.path.join(root, "CMakeLists.txt"))
+    needed = ["CMakeLists.txt", "cmake"]
+    for group in re.findall(r"foreach\(\s*dir\s+([^)]*)\)", top):
+        needed += group.split()
+    needed += re.findall(r"add_subdirectory\(\s*([\w./-]+)", top)
+    for path in needed:
+        if path not in allowed:
+            problems.append(".dockerignore leaves out %s, which the CMake build reads" % path)
+    if not any(re.match(r"COPY\s+\.\s+\.$", s) for s in steps):
+        problems.append("the build stage does not COPY . . (the context .dockerignore allows)")
+
+    # The targets it builds and the programs it installs.
+    executables, libraries = cmake_targets(root)
+    built = []
+    for s in steps:
+        for m in re.finditer(r'targets="([^"$]*)', s):
+            built += m.group(1).split()
+        for m in re.finditer(r'targets="\$targets ([^"]*)"', s):
+            built += m.group(1).split()
+    if not built:
+        problems.append("found no targets=\"...\" list of CMake targets in the Dockerfile")
+    for t in built:
+        if t not in executables and t not in libraries:
+            problems.append("the Dockerfile builds %s, which no CMakeLists.txt defines" % t)
+    installed = set()
+    for s in steps:
+        for m in re.finditer(r"for b in ([\w\s.-]+?); do", s):
+            installed |= set(m.group(1).split())
+    if not re.search(r"COPY --from=build /out/bin/ %s" % re.escape(INSTALL_DIR), dockerfile):
+        problems.append("the runtime stage does not COPY /out/bin/ to %s" % INSTALL_DIR)
+    for b in installed:
+        if b not in built:
+            problems.append("the Dockerfile installs %s but does not build it" % b)
+    for where, program in commands(rendered):
+        if program is None:
+            problems.append("%s: none (the image has no ENTRYPOINT to fall back on)" % where)
+        elif not program.startswith(INSTALL_DIR) or program[len(INSTALL_DIR):] not in installed:
+            problems.append("%s: %s is not a program the image installs (%s)"
+                            % (where, program, ", ".join(INSTALL_DIR + b for b in sorted(installed))))
+
+    # Debian packages (not the CUDA ones: NVIDIA's repository, named with $CUDA).
+    packages = []
+    for s in steps:
+        if "GRPS_CUDA" in s and "cuda-keyring" in s:
+            continue
+        for m in re.finditer(r"apt-get install ([^&]*)", s):
+            packages += [p for p in m.group(1).split() if not p.startswith("-") and "$" not in p]
+    if not packages:
+        problems.append("found no apt-get install in the Dockerfile")
+    if packages:
+        shown = subprocess.run(["apt-cache", "show", "--no-all-versions"] + packages,
+                               capture_output=True, text=True).stdout
+        found = set(re.findall(r"^Package: (\S+)", shown, re.M))
+        for p in packages:
+            if p not in found:
+                problems.append("Debian package %s: unknown to apt-cache (misspelled? "
+                                "run apt-get update)" % p)
+
+    for p in problems:
+        print("check_image: " + p)
+    if problems:
+        return 1
+    print("check_image: OK: the build context has all %d paths the CMake build reads; "
+          "it builds %s; the manifests run only what it installs (%d commands and probes); "
+          "%d Debian packages known" % (len(needed), " ".join(built), len(commands(rendered)),
+                                        len(packages)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

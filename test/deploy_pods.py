@@ -1,0 +1,750 @@
+#!/usr/bin/python3
+"""Runs the pods of rendered Kubernetes manifests as local processes.
+
+test/deploy_pods_test.sh renders deploy/'s overlays and calls this. For every
+manifest given with --check, and the one given with --run:
+
+  * the pods are expanded as their controllers would make them: a
+    Deployment's replicas; a StatefulSet's pods NAME-K with the pod-index
+    label K and the DNS name NAME-K.SERVICE; an indexed Job's pods with the
+    completion-index annotation (and JOB_COMPLETION_INDEX);
+  * each container's environment is built as the kubelet builds it: envFrom
+    (ConfigMaps, Secrets), then env (values with $(VAR) expanded, fieldRef of
+    the pod's name, labels and annotations, resourceFieldRef, ConfigMap and
+    Secret keys); a reference to a missing object or key is an error, as it
+    keeps the pod from starting;
+  * every GRPS_* variable a container gets, and every --flag in its command,
+    must name a flag of its own binary (from `BINARY --helpfull`): a daemon
+    silently ignores a variable that names none, so a misspelled one in a
+    manifest would otherwise go unnoticed;
+  * GRPS_SERVERS and GRPS_WORKERS must match the servers' replicas and the
+    workers' completions and parallelism.
+
+For --run, the pods then run as processes of this machine, with their
+container's command, arguments and environment: each pod gets a loopback
+address of its own (127.A.B.N), which stands for its IP, so that the fixed
+ports of different pods do not collide; a listen address 0.0.0.0 becomes it,
+and every Service and pod DNS name in a GRPS_* value or an argument becomes
+the address of the pod it resolves to. Volumes are folders (one per
+PersistentVolumeClaim, shared by the pods that mount it; Secrets and
+ConfigMaps written out as files) and mount paths in values are rewritten to
+them. The Secrets come from --secrets (deploy/make-secrets). While the job
+runs, every exec probe is run (it must succeed at least once) and every pod
+with prometheus.io/scrape is scraped at its annotated port and path. The
+test passes when every pod exits 0, the coordinator says the job completed,
+with at least --min_accuracy, and the checkpoint volume holds a complete
+checkpoint. Every process started is ended on exit (and on this process's
+death: PR_SET_PDEATHSIG).
+"""
+
+import argparse
+import base64
+import ctypes
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import yaml
+
+IMAGE_BIN = "/usr/local/bin/"
+NAMESPACE = "default"
+# The flags every absl binary has, which no manifest needs.
+ABSL_FLAGS = {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "helpfull",
+              "helpshort", "helppackage", "version", "only_check_args", "helpon",
+              "helpmatch"}
+
+
+class ManifestError(Exception):
+    """A manifest that Kubernetes or the daemons would not run as meant."""
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [o for o in yaml.safe_load_all(f) if o]
+
+
+_flags_cache = {}
+
+
+def flags_of(binary):
+    """The flag names `binary --helpfull` lists, absl's own left out."""
+    if binary not in _flags_cache:
+        out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True,
+                             timeout=30)
+        names, from_absl = set(), False
+        for line in (out.stdout + out.stderr).splitlines():
+            section = re.match(r"\s*Flags from (\S+):", line)
+            if section:
+                from_absl = "absl/" in section.group(1)
+                continue
+            m = re.match(r"    --([A-Za-z0-9_]+) ", line)
+            if m and not from_absl:
+                names.add(m.group(1))
+        if not names:
+            raise ManifestError("%s --helpfull listed no flags" % binary)
+        _flags_cache[binary] = names - ABSL_FLAGS
+    return _flags_cache[binary]
+
+
+class Pod:
+    def __init__(self, name, owner, template, index=None):
+        self.name = name
+        self.owner = owner  # (kind, name)
+        meta = template.get("metadata", {})
+        self.labels = dict(meta.get("labels", {}))
+        self.annotations = dict(meta.get("annotations", {}))
+        self.spec = template["spec"]
+        self.index = index
+        self.ip = None
+        self.extra_env = {}
+        self.hostnames = []
+
+
+def expand_pods(objects):
+    pods = []
+    for o in objects:
+        kind, name, spec = o["kind"], o["metadata"]["name"], o.get("spec", {})
+        if kind == "Deployment":
+            for i in range(spec.get("replicas", 1)):
+                pods.append(Pod("%s-%d" % (name, i), (kind, name), spec["template"]))
+        elif kind == "StatefulSet":
+            for i in range(spec.get("replicas", 1)):
+                p = Pod("%s-%d" % (name, i), (kind, name), spec["template"], i)
+                p.labels["apps.kubernetes.io/pod-index"] = str(i)
+                p.labels["statefulset.kubernetes.io/pod-name"] = p.name
+                if spec.get("serviceName"):
+                    p.hostnames.append("%s.%s" % (p.name, spec["serviceName"]))
+                pods.append(p)
+        elif kind == "Job":
+            completions = spec.get("completions", 1)
+            if spec.get("parallelism", 1) != completions:
+                raise ManifestError("Job %s: parallelism %s != completions %s: not every "
+                                    "worker would run at once" % (
+                                        name, spec.get("parallelism", 1), completions))
+            for i in range(completions):
+                p = Pod("%s-%d" % (name, i), (kind, name), spec["template"], i)
+                if spec.get("completionMode") == "Indexed":
+                    p.annotations["batch.kubernetes.io/job-completion-index"] = str(i)
+                    p.labels["batch.kubernetes.io/job-completion-index"] = str(i)
+                    p.extra_env["JOB_COMPLETION_INDEX"] = str(i)
+                pods.append(p)
+        elif kind in ("Pod", "DaemonSet", "ReplicaSet", "CronJob"):
+            raise ManifestError("%s %s: this test does not run a %s" % (kind, name, kind))
+    return pods
+
+
+def data_of(obj):
+    """A ConfigMap's or Secret's data as text."""
+    data = dict(obj.get("data") or {})
+    if obj["kind"] == "Secret":
+        data = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        data.update(obj.get("stringData") or {})
+    return {k: str(v) for k, v in data.items()}
+
+
+def expand_refs(text, env):
+    """Kubernetes' $(VAR) expansion: known variables replaced, $$ an escaped $."""
+    def repl(m):
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", repl, text)
+
+
+def field_ref(pod, path):
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        return (pod.labels if m.group(1) == "labels" else pod.annotations).get(m.group(2), "")
+    simple = {"metadata.name": pod.name, "metadata.namespace": NAMESPACE,
+              "metadata.uid": "uid-" + pod.name, "spec.nodeName": "localhost",
+              "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default"),
+              "status.podIP": pod.ip or "", "status.podIPs": pod.ip or "",
+              "status.hostIP": "127.0.0.1", "status.hostIPs": "127.0.0.1"}
+    if path not in simple:
+        raise ManifestError("pod %s: fieldRef %s is not one this test knows" % (pod.name, path))
+    return simple[path]
+
+
+def quantity(value, divisor):
+    """resourceFieldRef: a quantity in units of `divisor`, rounded up (cpu: cores)."""
+    units = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024, "Mi": 1024 ** 2,
+             "Gi": 1024 ** 3}
+    def parse(q):
+        m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(q))
+        return float(m.group(1)) * units[m.group(2)]
+    return str(int(-(-parse(value) // parse(divisor or "1"))))
+
+
+def service_links(objects_by_kind):
+    """The variables the kubelet gives every pod for each Service with a
+    cluster IP (unless enableServiceLinks is false): grps-coordinator gives
+    GRPS_COORDINATOR_SERVICE_HOST, GRPS_COORDINATOR_PORT, ..., in the
+    daemons' own GRPS_ namespace."""
+    env = {}
+    for svc in objects_by_kind.get("Service", {}).values():
+        if svc["spec"].get("clusterIP") == "None":
+            continue
+        name = svc["metadata"]["name"].upper().replace("-", "_")
+        ports = svc["spec"].get("ports", [])
+        ip = "10.0.0.1"
+        env[name + "_SERVICE_HOST"] = ip
+        for i, port in enumerate(ports):
+            proto = port.get("protocol", "TCP")
+            if i == 0:
+                env[name + "_SERVICE_PORT"] = str(port["port"])
+                env[name + "_PORT"] = "%s://%s:%d" % (proto.lower(), ip, port["port"])
+            if port.get("name"):
+                env["%s_SERVICE_PORT_%s" % (name, port["name"].upper().replace("-", "_"))] = \
+                    str(port["port"])
+            prefix = "%s_PORT_%d_%s" % (name, port["port"], proto)
+            env[prefix] = "%s://%s:%d" % (proto.lower(), ip, port["port"])
+            env[prefix + "_PROTO"] = proto.lower()
+            env[prefix + "_PORT"] = str(port["port"])
+            env[prefix + "_ADDR"] = ip
+    return env
+
+
+def container_env(pod, container, objects_by_kind):
+    env = dict(pod.extra_env)
+    env["HOSTNAME"] = pod.name
+    if pod.spec.get("enableServiceLinks", True):
+        env.update(service_links(objects_by_kind))
+    where = "pod %s container %s" % (pod.name, container["name"])
+
+    def lookup(kind, name, optional):
+        obj = objects_by_kind.get(kind, {}).get(name)
+        if obj is None and not optional:
+            raise ManifestError("%s: %s %s does not exist" % (where, kind, name))
+        return obj
+
+    for source in container.get("envFrom", []):
+        prefix = source.get("prefix", "")
+        for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            if key in source:
+                ref = source[key]
+                obj = lookup(kind, ref["name"], ref.get("optional", False))
+                if obj is not None:
+                    for k, v in data_of(obj).items():
+                        env[prefix + k] = v
+    for var in container.get("env", []):
+        name = var["name"]
+        if "value" in var:
+            env[name] = expand_refs(str(var["value"]), env)
+            continue
+        source = var.get("valueFrom", {})
+        if "fieldRef" in source:
+            env[name] = field_ref(pod, source["fieldRef"]["fieldPath"])
+        elif "resourceFieldRef" in source:
+            ref = source["resourceFieldRef"]
+            kind, res = ref["resource"].split(".", 1)
+            value = container.get("resources", {}).get(kind, {}).get(res)
+            if value is None:
+                raise ManifestError("%s: %s: no %s set" % (where, name, ref["resource"]))
+            env[name] = quantity(value, ref.get("divisor"))
+        else:
+            for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                if key in source:
+                    ref = source[key]
+                    obj = lookup(kind, ref["name"], ref.get("optional", False))
+                    if obj is None:
+                        break
+                    data = data_of(obj)
+                    if ref["key"] not in data:
+                        if ref.get("optional", False):
+                            break
+                        raise ManifestError("%s: %s: %s %s has no key %s"
+                                            % (where, name, kind, ref["name"], ref["key"]))
+                    env[name] = data[ref["key"]]
+                    break
+            else:
+                raise ManifestError("%s: %s: a valueFrom this test does not know" % (where, name))
+    return env
+
+
+def binary_of(program, bin_dir, where):
+    if not program or not program.startswith(IMAGE_BIN):
+        raise ManifestError("%s: runs %r, not a program of the image (%s...)"
+                            % (where, program, IMAGE_BIN))
+    local = os.path.join(bin_dir, program[len(IMAGE_BIN):])
+    if not os.access(local, os.X_OK):
+        raise ManifestError("%s: %s: no such program in %s" % (where, program, bin_dir))
+    return local
+
+
+def flag_problems(where, binary, env, argv):
+    """Variables and arguments that name no flag of `binary`."""
+    known = flags_of(binary)
+    name = os.path.basename(binary)
+    problems = []
+    for var in sorted(env):
+        if var.startswith("GRPS_") and var[5:].lower() not in known:
+            problems.append("%s: %s names no flag of %s (a daemon ignores it silently)"
+                            % (where, var, name))
+    for arg in argv[1:]:
+        if not arg.startswith("-"):
+            continue
+        flag = arg.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if flag not in known and not (flag.startswith("no") and flag[2:] in known):
+            problems.append("%s: argument %s names no flag of %s" % (where, arg, name))
+    return problems
+
+
+def index_objects(objects):
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    return by_kind
+
+
+def check_counts(objects):
+    by_kind = index_objects(objects)
+    problems = []
+    coordinator_env = {}
+    for o in by_kind.get("ConfigMap", {}).values():
+        for k, v in data_of(o).items():
+            if k in ("GRPS_SERVERS", "GRPS_WORKERS"):
+                coordinator_env[k] = int(v)
+    servers = [o["spec"].get("replicas", 1) for o in by_kind.get("StatefulSet", {}).values()]
+    jobs = [o["spec"] for o in by_kind.get("Job", {}).values()]
+    if "GRPS_SERVERS" in coordinator_env and servers != [coordinator_env["GRPS_SERVERS"]]:
+        problems.append("GRPS_SERVERS=%d but the StatefulSet has %s replicas"
+                        % (coordinator_env["GRPS_SERVERS"], servers))
+    if "GRPS_WORKERS" in coordinator_env and \
+            [j.get("completions", 1) for j in jobs] != [coordinator_env["GRPS_WORKERS"]]:
+        problems.append("GRPS_WORKERS=%d but the Job has completions %s"
+                        % (coordinator_env["GRPS_WORKERS"], [j.get("completions", 1) for j in jobs]))
+    return problems
+
+
+def check_manifest(path, secrets, bin_dir):
+    """Static checks of one rendered overlay; returns (pods with their
+    containers' argv and env, problems)."""
+    objects = load(path) + secrets
+    by_kind = index_objects(objects)
+    pods = expand_pods(objects)
+    problems = check_counts(objects)
+    runs = []
+    for pod in pods:
+        pod.ip = "0.0.0.0"  # fieldRef status.podIP before an address is chosen
+        if len(pod.spec.get("containers", [])) != 1:
+            raise ManifestError("pod %s: %d containers; this test runs pods of one"
+                                % (pod.name, len(pod.spec.get("containers", []))))
+        for c in pod.spec.get("containers", []):
+            where = "%s: %s %s container %s" % (os.path.basename(path), pod.owner[0],
+                                                 pod.owner[1], c["name"])
+            env = container_env(pod, c, by_kind)
+            argv = [expand_refs(a, env) for a in c.get("command", []) + c.get("args", [])]
+            if not c.get("command"):
+                raise ManifestError("%s: no command (no wrapper, no image ENTRYPOINT: name "
+                                    "the program)" % where)
+            binary = binary_of(argv[0], bin_dir, where)
+            problems += flag_problems(where, binary, env, argv)
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if "grpc" in c.get(kind, {}) and env.get("GRPS_TLS_CERT"):
+                    problems.append("%s: %s: Kubernetes' grpc probe cannot speak TLS, and "
+                                    "this container serves TLS (GRPS_TLS_CERT): use an exec "
+                                    "probe (grpsctl health)" % (where, kind))
+                if "exec" in c.get(kind, {}):
+                    command = [expand_refs(a, env) for a in c[kind]["exec"]["command"]]
+                    probe_binary = binary_of(command[0], bin_dir, "%s %s" % (where, kind))
+                    problems += [p for p in flag_problems("%s %s" % (where, kind), probe_binary,
+                                                          {}, command)]
+            runs.append((pod, c, binary, argv, env))
+    # Once per workload, not once per pod.
+    return objects, runs, list(dict.fromkeys(problems))
+
+
+class Resolver:
+    """Service and pod DNS names, and 0.0.0.0, to the pods' loopback addresses."""
+
+    def __init__(self, objects, pods):
+        self.names = {}
+        for pod in pods:
+            for h in pod.hostnames:
+                self.names[h] = pod.ip
+        for svc in index_objects(objects).get("Service", {}).values():
+            selector = svc["spec"].get("selector") or {}
+            chosen = [p for p in pods if selector and
+                      all(p.labels.get(k) == v for k, v in selector.items())]
+            if len(chosen) == 1:
+                self.names[svc["metadata"]["name"]] = chosen[0].ip
+            elif len(chosen) > 1:
+                # Several pods behind one name: a headless Service's pods are
+                # reached by their own names; this name maps to none.
+                self.names.setdefault(svc["metadata"]["name"], None)
+        names = sorted(self.names, key=len, reverse=True)
+        self.pattern = re.compile(
+            r"(?<![\w.-])(%s)(?:\.[a-z0-9-]+(?:\.svc(?:\.cluster\.local)?)?)?(?![\w.-])"
+            % "|".join(re.escape(n) for n in names)) if names else None
+
+    def rewrite(self, text, pod, where):
+        text = re.sub(r"(?<![\w.])(0\.0\.0\.0|\[::\])(?=:\d)", pod.ip, text)
+        if self.pattern is None:
+            return text
+
+        def repl(m):
+            ip = self.names[m.group(1)]
+            if ip is None:
+                raise ManifestError("%s: %s names a Service of several pods; use one "
+                                    "pod's DNS name" % (where, m.group(0)))
+            return ip
+        return self.pattern.sub(repl, text)
+
+
+def choose_addresses(pods, ports_of):
+    """A loopback address per pod where every port the pod declares is free."""
+    for _ in range(20):
+        a, b = random.randint(10, 250), random.randint(1, 250)
+        ips = ["127.%d.%d.%d" % (a, b, n + 1) for n in range(len(pods))]
+        if all(port_free(ip, port) for pod, ip in zip(pods, ips) for port in ports_of(pod)):
+            for pod, ip in zip(pods, ips):
+                pod.ip = ip
+            return
+    raise RuntimeError("found no loopback range with the pods' ports free")
+
+
+def port_free(ip, port):
+    s = socket.socket()
+    try:
+        s.bind((ip, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def volume_dirs(pod, objects_by_kind, work):
+    """Mount path -> local folder, for every volume mount of the pod's containers."""
+    dirs = {}
+    for vol in pod.spec.get("volumes", []):
+        if "persistentVolumeClaim" in vol:
+            claim = vol["persistentVolumeClaim"]["claimName"]
+            if claim not in objects_by_kind.get("PersistentVolumeClaim", {}):
+                raise ManifestError("pod %s: claim %s is not in the manifests" % (pod.name, claim))
+            path = os.path.join(work, "volumes", "pvc-" + claim)
+        elif "secret" in vol or "configMap" in vol:
+            kind, ref = ("Secret", vol["secret"]) if "secret" in vol else ("ConfigMap", vol["configMap"])
+            name = ref.get("secretName") or ref.get("name")
+            obj = objects_by_kind.get(kind, {}).get(name)
+            if obj is None:
+                raise ManifestError("pod %s: volume %s: %s %s does not exist"
+                                    % (pod.name, vol["name"], kind, name))
+            path = os.path.join(work, "volumes", "%s-%s-%s" % (pod.name, kind.lower(), name))
+            os.makedirs(path, exist_ok=True)
+            data = data_of(obj)
+            items = ref.get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                target = os.path.join(path, item["path"])
+                with open(target, "w") as f:
+                    f.write(data[item["key"]])
+                os.chmod(target, 0o600)
+        elif "emptyDir" in vol:
+            path = os.path.join(work, "volumes", "%s-%s" % (pod.name, vol["name"]))
+        else:
+            raise ManifestError("pod %s: volume %s: a kind this test does not know"
+                                % (pod.name, vol["name"]))
+        os.makedirs(path, exist_ok=True)
+        dirs[vol["name"]] = path
+    mounts = {}
+    for c in pod.spec.get("containers", []):
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in dirs:
+                raise ManifestError("pod %s: mount of unknown volume %s" % (pod.name, m["name"]))
+            local = dirs[m["name"]]
+            if m.get("subPath"):
+                local = os.path.join(local, m["subPath"])
+            mounts[m["mountPath"].rstrip("/")] = local
+    return mounts
+
+
+def rewrite_paths(text, mounts):
+    for mount in sorted(mounts, key=len, reverse=True):
+        text = re.sub(r"(?<![\w/.-])%s(?=/|$|,|:)" % re.escape(mount), mounts[mount], text)
+    return text
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Runner:
+    def __init__(self, work):
+        self.work = work
+        self.procs = {}  # pod name -> Popen
+        self.logs = {}
+
+    def start(self, pod_name, argv, env):
+        log = os.path.join(self.work, pod_name + ".log")
+        self.logs[pod_name] = log
+        cwd = os.path.join(self.work, "cwd", pod_name)
+        os.makedirs(cwd, exist_ok=True)
+        with open(log, "w") as f:
+            self.procs[pod_name] = subprocess.Popen(
+                argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
+                preexec_fn=_die_with_parent)
+
+    def stop_all(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.time() + 3
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def tail(self, pod_name, lines=15):
+        try:
+            with open(self.logs[pod_name], errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def local_env(env):
+    """The container's environment, and what a process needs to run here."""
+    out = {k: v for k, v in env.items()}
+    for k in ("PATH", "LD_LIBRARY_PATH", "TMPDIR"):
+        if k in os.environ and k not in out:
+            out[k] = os.environ[k]
+    return out
+
+
+def probe_once(probe, pod, argv_of, env, timeout):
+    if "exec" in probe:
+        argv = argv_of(probe["exec"]["command"])
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=_die_with_parent)
+        return r.returncode == 0, (r.stdout + r.stderr).strip()
+    if "tcpSocket" in probe:
+        try:
+            socket.create_connection((pod.ip, int(probe["tcpSocket"]["port"])), timeout).close()
+            return True, "connected"
+        except OSError as e:
+            return False, str(e)
+    if "httpGet" in probe:
+        h = probe["httpGet"]
+        try:
+            with urllib.request.urlopen("http://%s:%s%s" % (pod.ip, h["port"], h.get("path", "/")),
+                                        timeout=timeout) as r:
+                return 200 <= r.status < 400, "HTTP %d" % r.status
+        except OSError as e:
+            return False, str(e)
+    raise ManifestError("pod %s: a probe this test does not run: %s" % (pod.name, list(probe)))
+
+
+def run(args, objects, runs):
+    work = args.work
+    os.makedirs(work, exist_ok=True)
+    by_kind = index_objects(objects)
+    pods = []
+    for pod, *_ in runs:
+        if pod not in pods:
+            pods.append(pod)
+
+    def ports_of(pod):
+        return [p["containerPort"] for c in pod.spec.get("containers", []) for p in c.get("ports", [])]
+    choose_addresses(pods, ports_of)
+    resolver = Resolver(objects, pods)
+    for pod in pods:
+        print("pod %-20s %s%s" % (pod.name, pod.ip,
+                                  " (%s)" % ", ".join(pod.hostnames) if pod.hostnames else ""))
+
+    # Each container's final command and environment, as run here.
+    started = []
+    for pod, container, binary, _, _ in runs:
+        where = "pod %s container %s" % (pod.name, container["name"])
+        env = container_env(pod, container, by_kind)  # again: status.podIP is known now
+        mounts = volume_dirs(pod, by_kind, work)
+
+        def local(text, pod=pod, mounts=mounts, where=where):
+            return rewrite_paths(resolver.rewrite(text, pod, where), mounts)
+        env = {k: (local(v) if k.startswith("GRPS_") else v) for k, v in env.items()}
+        argv = [expand_refs(a, env) for a in container.get("command", []) + container.get("args", [])]
+        argv = [binary] + [local(a) for a in argv[1:]]
+
+        # A probe runs in the pod's network namespace, where 127.0.0.1 is the
+        # pod itself: here, its address.
+        def argv_of(command, env=env, local=local, where=where, pod=pod):
+            command = [expand_refs(a, env) for a in command]
+            command = [re.sub(r"(?<![\w.])(127\.0\.0\.1|localhost)(?=:\d)", pod.ip, a)
+                       for a in command]
+            return [binary_of(command[0], args.bin, where)] + [local(a) for a in command[1:]]
+        started.append((pod, container, argv, local_env(env), argv_of))
+
+    runner = Runner(work)
+    begin = time.time()
+    probes_ok, scraped, codes = {}, {}, {}
+    wall = 0.0
+    try:
+        for pod, container, argv, env, _ in started:
+            runner.start(pod.name, argv, env)
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def watch(pod, container, env, argv_of):
+            # The container's probes until each has passed once, and its
+            # scrape target until it has answered once, while it runs.
+            ann = pod.annotations
+            kinds = [k for k in ("startupProbe", "readinessProbe", "livenessProbe")
+                     if k in container]
+            while not stop.is_set() and runner.procs[pod.name].poll() is None:
+                for kind in kinds:
+                    if probes_ok.get((pod.name, kind), (False,))[0]:
+                        continue
+                    try:
+                        ok, said = probe_once(container[kind], pod, argv_of, env,
+                                              container[kind].get("timeoutSeconds", 1))
+                    except subprocess.TimeoutExpired:
+                        ok, said = False, "timed out"
+                    with lock:
+                        probes_ok[(pod.name, kind)] = (ok, said)
+                if ann.get("prometheus.io/scrape") == "true" and \
+                        not scraped.get(pod.name, (False,))[0]:
+                    url = "http://%s:%s%s" % (pod.ip, ann.get("prometheus.io/port", "80"),
+                                               ann.get("prometheus.io/path", "/metrics"))
+                    try:
+                        with urllib.request.urlopen(url, timeout=2) as r:
+                            body = r.read().decode(errors="replace")
+                        ok = r.status == 200 and "# TYPE" in body
+                        said = "%s: %d metric families" % (url, body.count("# TYPE"))
+                    except OSError as e:
+                        ok, said = False, "%s: %s" % (url, e)
+                    with lock:
+                        scraped[pod.name] = (ok, said)
+                stop.wait(0.2)
+        watchers = [threading.Thread(target=watch, args=(pod, c, env, argv_of), daemon=True)
+                    for pod, c, _, env, argv_of in started]
+        for w in watchers:
+            w.start()
+
+        deadline = begin + args.timeout
+        while len(codes) < len(runner.procs) and time.time() < deadline:
+            for name, p in runner.procs.items():
+                if name not in codes and p.poll() is not None:
+                    codes[name] = p.returncode
+                    print("%6.1f s  %s exited %d" % (time.time() - begin, name, p.returncode))
+                    if p.returncode != 0:
+                        break
+            if any(c != 0 for c in codes.values()):
+                break
+            time.sleep(0.1)
+        wall = time.time() - begin
+        stop.set()
+        for w in watchers:
+            w.join(5)
+    finally:
+        runner.stop_all()
+
+    failures = []
+    failed = [n for n, c in codes.items() if c != 0]
+    for name in runner.procs:
+        if name in failed:
+            failures.insert(0, "%s exited %d (its log's tail is above)" % (name, codes[name]))
+        elif name not in codes:
+            failures.append("%s was still running %s, and was stopped" % (
+                name, "when %s failed" % failed[0] if failed else "after %d s" % args.timeout))
+    for pod, container, *_ in started:
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind in container:
+                ok, said = probes_ok.get((pod.name, kind), (False, "never ran"))
+                print("probe   %-20s %-15s %s: %s" % (pod.name, kind, "ok" if ok else "FAILED", said))
+                if not ok:
+                    failures.append("%s: %s never passed (%s)" % (pod.name, kind, said))
+        if pod.annotations.get("prometheus.io/scrape") == "true":
+            ok, said = scraped.get(pod.name, (False, "never scraped"))
+            print("scrape  %-20s %s: %s" % (pod.name, "ok" if ok else "FAILED", said))
+            if not ok:
+                failures.append("%s: no metrics (%s)" % (pod.name, said))
+
+    # readOnlyRootFilesystem: a process that wrote a file outside its
+    # volumes would fail in the pod. Each ran in an empty folder of its own.
+    for pod, container, *_ in started:
+        if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+            left = os.listdir(os.path.join(work, "cwd", pod.name))
+            if left:
+                failures.append("%s has a read-only root file system but wrote %s"
+                                % (pod.name, ", ".join(left)))
+
+    # The job's outcome, as the coordinator tells it.
+    coordinator = [p for p, c, *_ in started if c["command"][0].endswith("/grps-coordinator")]
+    accuracy = None
+    if len(coordinator) != 1:
+        failures.append("expected one coordinator pod, found %d" % len(coordinator))
+    else:
+        log = open(runner.logs[coordinator[0].name], errors="replace").read()
+        m = re.search(r"job (\S+) completed after .*final test accuracy ([0-9.]+)", log)
+        if not m:
+            failures.append("the coordinator did not say the job completed with a final accuracy")
+        else:
+            accuracy = float(m.group(2))
+            print("job %s completed: final test accuracy %.4f, wall time %.1f s"
+                  % (m.group(1), accuracy, wall))
+            if accuracy < args.min_accuracy:
+                failures.append("accuracy %.4f < %.2f" % (accuracy, args.min_accuracy))
+    volumes = os.path.join(work, "volumes")
+    manifests = [os.path.join(d, f) for d, _, fs in os.walk(volumes) for f in fs if f == "MANIFEST"]
+    states = [os.path.join(d, f) for d, _, fs in os.walk(volumes) for f in fs if f == "coordinator.state"]
+    print("checkpoint volume: %d complete checkpoints, %d state file" % (len(manifests), len(states)))
+    if not manifests or not states:
+        failures.append("no complete checkpoint or no coordinator state file on a volume")
+
+    if failures:
+        for name in runner.procs:
+            print("---- tail of %s" % name)
+            print(runner.tail(name), end="")
+        for f in failures:
+            print("FAIL: " + f)
+        return 1
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", required=True, help="folder of the grps binaries")
+    parser.add_argument("--secrets", required=True, help="deploy/make-secrets' secrets.yaml")
+    parser.add_argument("--work", required=True, help="folder for logs and volumes")
+    parser.add_argument("--check", action="append", default=[], help="a rendered overlay to check")
+    parser.add_argument("--run", help="a rendered overlay to check and run")
+    parser.add_argument("--timeout", type=float, default=150)
+    parser.add_argument("--min_accuracy", type=float, default=0.7)
+    args = parser.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    args.work = os.path.abspath(args.work)
+    secrets = load(args.secrets)
+    problems = []
+    try:
+        for path in args.check + ([args.run] if args.run else []):
+            _, runs, found = check_manifest(path, secrets, args.bin)
+            problems += found
+            print("%s: %d containers: %s" % (
+                os.path.basename(path), len(runs),
+                "every GRPS_* variable and --flag names a flag of its binary" if not found
+                else "%d problems" % len(found)))
+        for p in problems:
+            print("FAIL: " + p)
+        if problems:
+            return 1
+        if not args.run:
+            return 0
+        objects, runs, _ = check_manifest(args.run, secrets, args.bin)
+        return run(args, objects, runs)
+    except ManifestError as e:
+        print("FAIL: %s" % e)
+        return 1
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())
