@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
+#include "job/sparse_tables.h"
 
 namespace grps {
 
@@ -128,7 +129,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return bad("input_features must be in [1, 2^24]");
   if (c.num_classes() < 2 || c.num_classes() > 100000)
     return bad("num_classes must be in [2, 100000]");
-  return absl::OkStatus();
+  return ValidateSparseTables(c);
 }
 
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {

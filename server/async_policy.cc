@@ -14,12 +14,12 @@ class AsyncPolicy final : public ChunkPolicy {
  public:
   explicit AsyncPolicy(const v1::JobConfig& config) : config_(config) {}
 
-  GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
+  GradientFate Accept(const ChunkGradientMeta& g, const GradientRef& grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
     const uint64_t staleness = chunk.version() - g.base_version;
     if (TooStale(config_, staleness))
       return GradientFate::kTooStale;
-    chunk.Apply(grad.data(),
+    chunk.Apply(grad,
                 AsyncLearningRate(config_, chunk.version(), staleness),
                 static_cast<int64_t>(staleness));
     return GradientFate::kApplied;

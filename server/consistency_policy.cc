@@ -29,16 +29,14 @@ bool TooStale(const v1::JobConfig& config, uint64_t staleness) {
   return config.max_staleness() > 0 && staleness > config.max_staleness();
 }
 
-std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config,
-                                             uint64_t num_elements,
-                                             Backend* backend) {
+std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config) {
   switch (config.mode()) {
     case v1::MODE_ASYNC:
       return MakeAsyncPolicy(config);
     case v1::MODE_SSP:
       return MakeSspPolicy(config);
     default:  // MODE_SYNC; ValidateJobConfig admits nothing else.
-      return MakeSyncPolicy(config, num_elements, backend);
+      return MakeSyncPolicy(config);
   }
 }
 

@@ -1,5 +1,6 @@
 // ConsistencyPolicy: every rule of a consistency mode, in one place per mode.
-// A policy decides, for one chunk, what a gradient becomes (added to a sync
+// A policy decides, for one target (a dense chunk, or a sparse table's part
+// on a shard: both are "chunks" below), what a gradient becomes (added to a sync
 // step, applied now, held, late, too stale), with which learning rate, and
 // when a pull from a worker at a given clock may be answered. The ShardStore
 // around it owns the chunk's values, lock and counters, deduplicates retried
@@ -23,7 +24,6 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
-#include "tensor/backend.h"
 
 namespace grps {
 
@@ -37,18 +37,38 @@ struct LiveSet {
   bool contains(uint32_t rank) const { return rank < live.size() && live[rank]; }
 };
 
-// The chunk as a policy sees it. The caller holds the chunk's lock.
+// One gradient as a policy sees it: a dense chunk's num_elements values, or
+// a sparse table's rows (`ids`, distinct, with ids.size() x dim values).
+struct GradientRef {
+  absl::Span<const float> values;
+  absl::Span<const int64_t> ids;  // empty for a dense chunk
+};
+
+// A gradient a policy keeps past the call that brought it: the sum of an
+// open sync step, or an ssp gradient held back. Made by the target it
+// belongs to (UpdateTarget::NewBuffer), in that target's shape.
+class GradientBuffer {
+ public:
+  virtual ~GradientBuffer() = default;
+  virtual void Add(const GradientRef& g) = 0;  // this += g
+  virtual void Scale(float factor) = 0;        // this *= factor
+  virtual void Clear() = 0;                    // back to zero (empty)
+  // Valid until the buffer next changes.
+  virtual GradientRef Ref() const = 0;
+};
+
+// What a policy updates: a dense chunk or a sparse table (its part on this
+// shard). The caller holds the target's lock.
 class UpdateTarget {
  public:
   virtual ~UpdateTarget() = default;
   virtual uint64_t version() const = 0;
-  virtual uint64_t num_elements() const = 0;
-  // The chunk's backend, for buffers a policy keeps (sums of gradients).
-  virtual Backend& backend() = 0;
-  // One optimizer update from `grad` (num_elements floats) with learning
-  // rate `lr`: version + 1, and pulls are re-examined. `staleness` is
-  // recorded in the shard's histogram when the mode measures it (< 0: not).
-  virtual void Apply(const float* grad, float lr, int64_t staleness) = 0;
+  // A zero gradient of this target's shape.
+  virtual std::unique_ptr<GradientBuffer> NewBuffer() = 0;
+  // One optimizer update from `grad` with learning rate `lr`: version + 1,
+  // and pulls are re-examined. `staleness` is recorded in the shard's
+  // histogram when the mode measures it (< 0: not).
+  virtual void Apply(const GradientRef& grad, float lr, int64_t staleness) = 0;
 };
 
 // One gradient of one chunk, past deduplication.
@@ -84,8 +104,7 @@ class ChunkPolicy {
 
   // Takes a checked gradient (`grad` lives for the call only) and says what
   // became of it; may apply updates through `chunk`.
-  virtual GradientFate Accept(const ChunkGradientMeta& g,
-                              absl::Span<const float> grad,
+  virtual GradientFate Accept(const ChunkGradientMeta& g, const GradientRef& grad,
                               UpdateTarget& chunk, const LiveSet& live) = 0;
 
   // Whether a pull from `rank` at `clock` may be answered now. May note the
@@ -141,16 +160,12 @@ class ChunkPolicy {
 // job's max_staleness (0 = no limit).
 bool TooStale(const v1::JobConfig& config, uint64_t staleness);
 
-// The policy of `config`'s mode for one chunk of `num_elements` values on
-// `backend` (which outlives the policy). `config` must be valid.
-std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config,
-                                             uint64_t num_elements,
-                                             Backend* backend);
+// The policy of `config`'s mode for one target (a chunk or a sparse table).
+// `config` must be valid.
+std::unique_ptr<ChunkPolicy> MakeChunkPolicy(const v1::JobConfig& config);
 
 // The modes, for tests and for MakeChunkPolicy.
-std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config,
-                                            uint64_t num_elements,
-                                            Backend* backend);
+std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config);
 std::unique_ptr<ChunkPolicy> MakeAsyncPolicy(const v1::JobConfig& config);
 std::unique_ptr<ChunkPolicy> MakeSspPolicy(const v1::JobConfig& config);
 

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "job/sparse_tables.h"
 #include "tensor/dtype.h"
 #include "wire/buffer_pool.h"
 #include "wire/chunk_codec.h"
@@ -390,20 +391,172 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   return reactor;
 }
 
+namespace {
+
+// The table `name` of the job; NOT_FOUND otherwise.
+absl::StatusOr<const v1::SparseTableSpec*> CheckTable(const ShardStore& store,
+                                                      const std::string& name) {
+  const v1::SparseTableSpec* table = FindSparseTable(store.config(), name);
+  if (table != nullptr) return table;
+  return absl::NotFoundError(absl::StrCat("the job has no sparse table '",
+                                          QuoteUntrusted(name), "'"));
+}
+
+// Every id of a request to this shard: in the table's range (INVALID_ARGUMENT)
+// and hashed to this shard (NOT_FOUND, as a chunk held by another shard).
+// `distinct`: an id twice is INVALID_ARGUMENT (a push's rows are
+// deduplicated on the worker, their gradients summed).
+absl::Status CheckIds(const ShardStore& store, const v1::SparseTableSpec& table,
+                      const google::protobuf::RepeatedField<int64_t>& ids, bool distinct) {
+  absl::flat_hash_set<int64_t> seen;
+  if (distinct) seen.reserve(ids.size());
+  const uint32_t shards = store.config().num_servers();
+  for (int64_t id : ids) {
+    if (!SparseIdInRange(table, id))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row id ", id, " is outside sparse table '", table.name(), "' (ids in [0, ",
+          table.rows(), "))"));
+    if (const uint32_t owner = SparseShardOf(id, shards); owner != store.shard())
+      return absl::NotFoundError(absl::StrCat("row ", id, " of sparse table '", table.name(),
+                                              "' is held by shard ", owner, ", not shard ",
+                                              store.shard()));
+    if (distinct && !seen.insert(id).second)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row id ", id, " appears twice in one push to sparse table '", table.name(),
+          "' (deduplicate the ids and sum their gradients)"));
+  }
+  return absl::OkStatus();
+}
+
+// Validates a sparse push and turns it into a typed one; the values are
+// converted to f32 into `scratch`, which must outlive the result.
+absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
+    const ShardStore& store, const v1::SparsePushRequest& request,
+    std::vector<float>* scratch) {
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
+  absl::StatusOr<const v1::SparseTableSpec*> table = CheckTable(store, request.table());
+  if (!table.ok()) return table.status();
+  const std::string what = absl::StrCat("sparse table '", (*table)->name(), "'");
+  absl::StatusOr<DType> dtype = DTypeFromWire(request.dtype(), false, what);
+  if (!dtype.ok()) return dtype.status();
+  const uint64_t n = static_cast<uint64_t>(request.ids_size()) * (*table)->dim();
+  if (request.gradients().size() != n * DTypeSize(*dtype))
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": expected ", n * DTypeSize(*dtype), " bytes of gradients (", request.ids_size(),
+        " rows x ", (*table)->dim(), " x ", std::string(DTypeName(*dtype)), "), got ",
+        request.gradients().size()));
+  if (absl::Status s = CheckIds(store, **table, request.ids(), /*distinct=*/true); !s.ok())
+    return s;
+  if (scratch->size() < n) scratch->resize(n);
+  ConvertElements(request.gradients().data(), *dtype, scratch->data(), DType::kF32, n);
+  const absl::Span<const float> values = absl::MakeConstSpan(scratch->data(), n);
+  if (int64_t bad = FirstOutOfRange(values); bad >= 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": gradient element ", bad % (*table)->dim(), " of row ",
+        request.ids(static_cast<int>(bad / (*table)->dim())), " is ", values[bad],
+        " (NaN, infinity and magnitudes above ",
+        ParameterServerService::kMaxGradientMagnitude, " are refused)"));
+  ShardStore::SparseGradientPush push;
+  push.worker_rank = request.worker_rank();
+  push.incarnation = request.incarnation();
+  push.step = request.step();
+  push.generation = request.generation();
+  push.table = (*table)->name();
+  push.base_version = request.version();
+  push.ids = absl::MakeConstSpan(request.ids().data(), request.ids_size());
+  push.values = values;
+  push.wire_bytes = request.gradients().size() + request.ids_size() * sizeof(int64_t);
+  return push;
+}
+
+absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
+    const ShardStore& store, const v1::SparsePullRequest& request, absl::Time deadline) {
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
+  absl::StatusOr<const v1::SparseTableSpec*> table = CheckTable(store, request.table());
+  if (!table.ok()) return table.status();
+  absl::StatusOr<DType> dtype = DTypeFromWire(request.dtype(), true, "sparse pull");
+  if (!dtype.ok()) return dtype.status();
+  const uint64_t reply_bytes =
+      static_cast<uint64_t>(request.ids_size()) * (*table)->dim() * DTypeSize(*dtype) + 64;
+  if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
+        "-byte message limit; pull fewer rows per call"));
+  if (absl::Status s = CheckIds(store, **table, request.ids(), /*distinct=*/false); !s.ok())
+    return s;
+  ShardStore::SparsePullSpec spec;
+  spec.worker_rank = request.worker_rank();
+  spec.table = (*table)->name();
+  spec.ids.assign(request.ids().begin(), request.ids().end());
+  if (request.has_clock()) spec.clock = request.clock();
+  spec.generation = request.generation();
+  spec.deadline = deadline;
+  spec.dtype = *dtype;
+  return spec;
+}
+
+}  // namespace
+
 grpc::Status ParameterServerService::PushSparse(
     grpc::ServerContext* context, const v1::SparsePushRequest* request,
     v1::SparsePushResponse* response) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "sparse tables are not supported by this server yet; "
-                      "push dense chunks with Push");
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  absl::StatusOr<ShardStore::SparseGradientPush> push =
+      DecodeSparsePush(*store, *request, &ScratchBuffer());
+  if (!push.ok()) {
+    store->CountRejectedAtEdge(1);
+    return ToGrpc(push.status());
+  }
+  // As Push: only the rank's registered incarnation may push as it.
+  if (grpc::Status member = CheckMemberSecret(
+          member_key_, store->config().job_id(), MemberKind::kWorker,
+          request->worker_rank(), request->incarnation(), CallerMemberSecret(*context));
+      !member.ok()) {
+    store->CountRejectedAtEdge(1);
+    return member;
+  }
+  absl::StatusOr<ShardStore::SparsePushResult> result = store->PushSparse(*push);
+  if (!result.ok()) return ToGrpc(result.status());
+  response->set_version(result->version);
+  response->set_duplicate(result->duplicate);
+  response->set_late(result->late);
+  response->set_too_stale(result->too_stale);
+  return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::PullSparse(
-    grpc::ServerContext* context, const v1::SparsePullRequest* request,
+grpc::ServerUnaryReactor* ParameterServerService::PullSparse(
+    grpc::CallbackServerContext* context, const v1::SparsePullRequest* request,
     v1::SparsePullResponse* response) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "sparse tables are not supported by this server yet; "
-                      "pull dense chunks with Pull");
+  // The call may wait: its reactor hears a cancellation.
+  ShardStore* store = store_.load();
+  auto* reactor = new PullReactor(store);
+  if (store == nullptr) {
+    reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
+  }
+  absl::StatusOr<ShardStore::SparsePullSpec> spec =
+      DecodeSparsePull(*store, *request, PullDeadline(*context, request->timeout_ms()));
+  if (!spec.ok()) {
+    reactor->Finish(ToGrpc(spec.status()));
+    return reactor;
+  }
+  const v1::DType wire = DTypeToWire(spec->dtype);
+  spec->cancelled = reactor->cancelled();
+  store->PullSparseAsync(std::move(*spec),
+                         [reactor, response, wire](absl::StatusOr<ShardStore::PulledRows> rows) {
+                           if (!rows.ok()) {
+                             reactor->Finish(ToGrpc(rows.status()));
+                             return;
+                           }
+                           response->set_values(std::move(rows->data));
+                           response->set_dtype(wire);
+                           response->set_version(rows->version);
+                           reactor->Finish(grpc::Status::OK);
+                         });
+  return reactor;
 }
 
 grpc::Status ParameterServerService::GetShardStatus(

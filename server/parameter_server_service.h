@@ -5,19 +5,21 @@
 //
 // Status codes:
 //   FAILED_PRECONDITION  wrong job_id; a push the store refuses (stale
-//                        incarnation, a version the chunk never had). Late
-//                        and too-stale gradients are not errors: the push
-//                        is OK and its reply counts them.
+//                        incarnation, a version the chunk or table never
+//                        had). Late and too-stale gradients are not errors:
+//                        the push is OK and its reply counts them.
 //   INVALID_ARGUMENT     unknown worker rank, bad dtype, wrong byte length,
 //                        NaN/Inf gradient, a chunk twice in one request,
-//                        a push without chunks
-//   NOT_FOUND            unknown chunk, or a chunk owned by another shard
+//                        a push without chunks; a sparse row id outside its
+//                        table's range, or twice in one sparse push
+//   NOT_FOUND            unknown chunk or table, or a chunk or row owned by
+//                        another shard
 //   DEADLINE_EXCEEDED    a pull's version did not arrive in time
-//   RESOURCE_EXHAUSTED   a pull reply would exceed the message limit
+//   RESOURCE_EXHAUSTED   a pull reply would exceed the message limit; a
+//                        sparse table would pass its max_rows_per_shard
 //   UNAVAILABLE          no store attached yet, or shutting down
-//   UNIMPLEMENTED        sparse tables (not built yet)
 //
-// Push and Pull use gRPC's callback API: a pull that has to wait is a waiter
+// Push, Pull and PullSparse use gRPC's callback API: a pull that has to wait is a waiter
 // in the store, not a gRPC thread parked on a condition variable, so any
 // number of waiting pulls costs no threads. Replies are built by
 // wire/chunk_codec.h over the values the store read (no copy into a protobuf
@@ -39,7 +41,9 @@ namespace grps {
 
 class ParameterServerService final
     : public v1::ParameterServer::WithRawCallbackMethod_Push<
-          v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::Service>> {
+          v1::ParameterServer::WithRawCallbackMethod_Pull<
+              v1::ParameterServer::WithCallbackMethod_PullSparse<
+                  v1::ParameterServer::Service>>> {
  public:
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
   // longer than this, so that an abandoned pull does not stay a waiter.
@@ -78,9 +82,10 @@ class ParameterServerService final
   grpc::Status PushSparse(grpc::ServerContext* context,
                           const v1::SparsePushRequest* request,
                           v1::SparsePushResponse* response) override;
-  grpc::Status PullSparse(grpc::ServerContext* context,
-                          const v1::SparsePullRequest* request,
-                          v1::SparsePullResponse* response) override;
+  // Rows of a sparse table (created on first use); may wait as Pull does.
+  grpc::ServerUnaryReactor* PullSparse(grpc::CallbackServerContext* context,
+                                       const v1::SparsePullRequest* request,
+                                       v1::SparsePullResponse* response) override;
   grpc::Status GetShardStatus(grpc::ServerContext* context,
                               const v1::GetShardStatusRequest* request,
                               v1::ShardStatus* response) override;

@@ -564,21 +564,6 @@ TEST_F(ParameterServerServiceTest, PullFromAnUnknownWorkerIsInvalidArgument) {
                     "unknown worker rank 5");
 }
 
-TEST_F(ParameterServerServiceTest, SparseRpcsAreUnimplemented) {
-  v1::SparsePushResponse push_response;
-  grpc::ClientContext push_context;
-  EXPECT_EQ(stub_->PushSparse(&push_context, v1::SparsePushRequest(),
-                              &push_response)
-                .error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
-  v1::SparsePullResponse pull_response;
-  grpc::ClientContext pull_context;
-  const grpc::Status status = stub_->PullSparse(
-      &pull_context, v1::SparsePullRequest(), &pull_response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("sparse"));
-}
-
 TEST_F(ParameterServerServiceTest, GetShardStatusReportsTheStore) {
   ASSERT_TRUE(Push(GoodPush(0, 0)).ok());
   v1::GetShardStatusRequest request;

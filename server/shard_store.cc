@@ -11,6 +11,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "server/chunk_optimizer.h"
+#include "server/sparse_rows.h"
 #include "wire/buffer_pool.h"
 
 namespace grps {
@@ -63,42 +64,110 @@ struct ChunkCounters {
 
 }  // namespace
 
-// One chunk: values, optimizer, the mode's policy, dedup marks, counters.
-// Every member past the constants is guarded by `mu`; the policy and the
-// optimizer are called with it held.
-class ShardStore::Chunk final : public UpdateTarget {
+// What a dense chunk and a sparse table have in common as targets of the
+// consistency engine: the version, the mode's policy, the dedup marks and
+// the counters. Every member past the constants is guarded by `mu`; the
+// policy is called with it held.
+class ShardStore::Target : public UpdateTarget {
  public:
-  Chunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backend> backend,
-        const v1::JobConfig& config)
-      : id(id), num_elements_(num_elements), backend_(std::move(backend)) {
+  // `order`: where the target's lock comes in the lock order (ChunkLocks).
+  Target(uint64_t order, std::string name, const v1::JobConfig& config)
+      : order(order), name(std::move(name)) {
     absl::MutexLock lock(&mu);
-    values = DeviceBuffer(backend_.get(), num_elements_ * sizeof(float));
-    optimizer = std::make_unique<ChunkOptimizer>(config.optimizer(),
-                                                 backend_.get(), num_elements_);
-    policy = MakeChunkPolicy(config, num_elements_, backend_.get());
+    policy = MakeChunkPolicy(config);
     marks.assign(config.num_workers(), AcceptedMark{});
     counters.late_by_worker.assign(config.num_workers(), 0);
   }
 
-  // UpdateTarget (called with mu held, by the policy).
   uint64_t version() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return version_; }
-  uint64_t num_elements() const override { return num_elements_; }
-  Backend& backend() override { return *backend_; }
-  void Apply(const float* grad, float lr, int64_t staleness) override
+  void Apply(const GradientRef& grad, float lr, int64_t staleness) final
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    optimizer->Apply(values.f32(), grad, lr, version_);
+    Update(grad, lr);
     ++version_;
     ++counters.updates;
-    if (capture_at != 0 && version_ == capture_at) {
-      captured = Snapshot(/*sync=*/true);
-      capture_at = 0;
-    }
+    Updated();
     if (staleness < 0) return;
     const uint64_t st = static_cast<uint64_t>(staleness);
     ++counters.staleness_count;
     counters.staleness_sum += st;
     counters.staleness_max = std::max(counters.staleness_max, st);
     ++counters.staleness_histogram[std::min<uint64_t>(st, kStalenessBuckets - 1)];
+  }
+
+  // Back to the start of a (restored) generation: a new policy, no marks.
+  void ResetEngine(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    policy = MakeChunkPolicy(config);
+    policy->Restored(resume_steps);
+    marks.assign(marks.size(), AcceptedMark{});
+  }
+
+  const uint64_t order;
+  const std::string name;  // "chunk 3", "table 'emb'": for messages
+  absl::Mutex mu;
+
+ protected:
+  // The optimizer update itself.
+  virtual void Update(const GradientRef& grad, float lr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  // After an update (version bumped): a checkpoint capture may take it.
+  virtual void Updated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {}
+
+  uint64_t version_ ABSL_GUARDED_BY(mu) = 0;
+
+ public:
+  std::unique_ptr<ChunkPolicy> policy ABSL_GUARDED_BY(mu);
+  std::vector<AcceptedMark> marks ABSL_GUARDED_BY(mu);  // by rank
+  ChunkCounters counters ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// The sum of a sync step or a held ssp gradient of a dense chunk.
+class DenseGradientBuffer final : public GradientBuffer {
+ public:
+  DenseGradientBuffer(Backend* backend, uint64_t n)
+      : backend_(backend), n_(n), sum_(backend, n * sizeof(float)) {
+    backend_->Fill(sum_.f32(), 0.0f, n_);
+  }
+  void Add(const GradientRef& g) override { backend_->Axpy(1.0f, g.values.data(), sum_.f32(), n_); }
+  void Scale(float factor) override { backend_->Scale(factor, sum_.f32(), n_); }
+  void Clear() override { backend_->Fill(sum_.f32(), 0.0f, n_); }
+  GradientRef Ref() const override {
+    return GradientRef{absl::MakeConstSpan(sum_.f32(), n_), {}};
+  }
+
+ private:
+  Backend* const backend_;
+  const uint64_t n_;
+  DeviceBuffer sum_;
+};
+
+}  // namespace
+
+// One dense chunk: its values and optimizer, and its checkpoint capture.
+class ShardStore::Chunk final : public Target {
+ public:
+  Chunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backend> backend,
+        const v1::JobConfig& config)
+      : Target(id, absl::StrCat("chunk ", id), config),
+        id(id),
+        num_elements_(num_elements),
+        backend_(std::move(backend)) {
+    absl::MutexLock lock(&mu);
+    values = DeviceBuffer(backend_.get(), num_elements_ * sizeof(float));
+    optimizer = std::make_unique<ChunkOptimizer>(config.optimizer(),
+                                                 backend_.get(), num_elements_);
+  }
+
+  // The policy's buffers came from the backend: they go first.
+  ~Chunk() override {
+    absl::MutexLock lock(&mu);
+    policy.reset();
+  }
+
+  uint64_t num_elements() const { return num_elements_; }
+  std::unique_ptr<GradientBuffer> NewBuffer() override {
+    return std::make_unique<DenseGradientBuffer>(backend_.get(), num_elements_);
   }
 
   // This chunk's state now, for a checkpoint. `sync`: the marks say no more
@@ -140,11 +209,9 @@ class ShardStore::Chunk final : public UpdateTarget {
                      const v1::TensorSpec& tensor, const v1::JobConfig& config,
                      absl::Span<const uint64_t> resume_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    policy = MakeChunkPolicy(config, num_elements_, backend_.get());
-    policy->Restored(resume_steps);
+    ResetEngine(config, resume_steps);
     capture_at = 0;
     captured.reset();
-    marks.assign(marks.size(), AcceptedMark{});
     if (state == nullptr) {
       version_ = 0;
       optimizer->Reset();
@@ -164,51 +231,161 @@ class ShardStore::Chunk final : public UpdateTarget {
   }
 
   const uint32_t id;
-  absl::Mutex mu;
+
+ protected:
+  void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    optimizer->Apply(values.f32(), grad.values.data(), lr, version_);
+  }
+  void Updated() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (capture_at != 0 && version_ == capture_at) {
+      captured = Snapshot(/*sync=*/true);
+      capture_at = 0;
+    }
+  }
 
  private:
   const uint64_t num_elements_;
   // Declared before the buffers, which it allocated and must outlive.
   const std::unique_ptr<Backend> backend_;
-  uint64_t version_ ABSL_GUARDED_BY(mu) = 0;
 
  public:
   DeviceBuffer values ABSL_GUARDED_BY(mu);
   std::unique_ptr<ChunkOptimizer> optimizer ABSL_GUARDED_BY(mu);
-  std::unique_ptr<ChunkPolicy> policy ABSL_GUARDED_BY(mu);
-  std::vector<AcceptedMark> marks ABSL_GUARDED_BY(mu);  // by rank
-  ChunkCounters counters ABSL_GUARDED_BY(mu);
   // A checkpoint capture: the version at which Apply copies the state into
   // `captured` (0: none armed).
   uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
   std::optional<v1::ChunkState> captured ABSL_GUARDED_BY(mu);
 };
 
-// Holds the mutexes of a push's chunks, taken in ascending chunk id order so
-// that two multi-chunk pushes never deadlock. The chunks must be distinct.
+// One sparse table's rows on this shard. Locked after every chunk (its
+// order is past every chunk id).
+class ShardStore::Table final : public Target {
+ public:
+  Table(uint32_t index, const v1::SparseTableSpec& spec, std::unique_ptr<Backend> backend,
+        const v1::JobConfig& config)
+      : Target((uint64_t{1} << 32) + index, absl::StrCat("table '", spec.name(), "'"), config),
+        spec(spec),
+        backend_(std::move(backend)),
+        rows(spec, config.optimizer(), config.seed(), backend_.get()) {}
+
+  std::unique_ptr<GradientBuffer> NewBuffer() override { return rows.NewBuffer(); }
+
+  // Back to the initial values: no rows, version 0.
+  void Reset(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ResetEngine(config, resume_steps);
+    rows.Clear();
+    version_ = 0;
+  }
+
+  const v1::SparseTableSpec spec;
+
+ protected:
+  void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    rows.Apply(grad, lr);
+  }
+
+ private:
+  const std::unique_ptr<Backend> backend_;
+
+ public:
+  SparseRows rows ABSL_GUARDED_BY(mu);
+  uint64_t rows_pushed ABSL_GUARDED_BY(mu) = 0;  // row gradients taken
+  uint64_t rows_pulled ABSL_GUARDED_BY(mu) = 0;  // rows served
+};
+
+// Holds the mutexes of a push's targets, taken in ascending order (chunk id,
+// then tables) so that two multi-target pushes never deadlock. The targets
+// must be distinct.
 class ShardStore::ChunkLocks {
  public:
-  explicit ChunkLocks(std::vector<Chunk*> chunks) : chunks_(std::move(chunks)) {
-    std::sort(chunks_.begin(), chunks_.end(),
-              [](const Chunk* a, const Chunk* b) { return a->id < b->id; });
-    for (Chunk* c : chunks_) c->mu.Lock();
+  template <typename T>
+  explicit ChunkLocks(const std::vector<T*>& targets) : targets_(targets.begin(), targets.end()) {
+    std::sort(targets_.begin(), targets_.end(),
+              [](const Target* a, const Target* b) { return a->order < b->order; });
+    for (Target* t : targets_) t->mu.Lock();
   }
   ~ChunkLocks() {
-    for (auto it = chunks_.rbegin(); it != chunks_.rend(); ++it)
+    for (auto it = targets_.rbegin(); it != targets_.rend(); ++it)
       (*it)->mu.Unlock();
   }
   ChunkLocks(const ChunkLocks&) = delete;
   ChunkLocks& operator=(const ChunkLocks&) = delete;
 
  private:
-  std::vector<Chunk*> chunks_;
+  std::vector<Target*> targets_;
 };
 
+// A pull waiting for its targets: the wait is shared, the reading and the
+// answer are the kind's own (dense chunks or sparse rows).
 struct ShardStore::Waiter {
-  PullSpec spec;
-  std::vector<Chunk*> chunks;
+  virtual ~Waiter() = default;
+  // With target i's lock held, every target ready: reads it into the
+  // answer. An error fails the pull (nothing is served).
+  virtual absl::Status ReadLocked(size_t i, Target& t) = 0;
+  virtual void Fail(absl::Status status) = 0;
+  // Called once, outside every lock: hands the answer to the callback.
+  virtual void Finish() = 0;
+
+  const PullWait* wait = nullptr;  // points into the subclass's spec
+  std::vector<Target*> targets;
   absl::Time start;
+};
+
+struct ShardStore::DenseWaiter final : Waiter {
+  absl::Status ReadLocked(size_t i, Target& t) override {
+    Chunk& c = static_cast<Chunk&>(t);
+    c.mu.AssertHeld();
+    PulledChunk& p = pulled[i];
+    p.chunk_id = c.id;
+    // Every byte is written below: a pooled buffer needs no clearing.
+    p.data = BufferPool::Default().Take(c.num_elements() * DTypeSize(spec.dtype));
+    p.version = c.version();
+    ConvertElements(c.values.f32(), DType::kF32, p.data.data(), spec.dtype,
+                    c.num_elements());
+    ++c.counters.pulls;
+    c.counters.bytes_out += p.data.size();
+    return absl::OkStatus();
+  }
+  void Fail(absl::Status status) override { out = std::move(status); }
+  void Finish() override {
+    if (out.ok()) out = std::move(pulled);
+    done(std::move(out));
+  }
+
+  PullSpec spec;
   PullCallback done;
+  std::vector<PulledChunk> pulled;
+  absl::StatusOr<std::vector<PulledChunk>> out = std::vector<PulledChunk>{};
+};
+
+struct ShardStore::SparseWaiter final : Waiter {
+  absl::Status ReadLocked(size_t, Target& t) override {
+    Table& table = static_cast<Table&>(t);
+    table.mu.AssertHeld();
+    if (absl::Status s = table.rows.Ensure(spec.ids); !s.ok()) return s;
+    const size_t n = spec.ids.size() * table.spec.dim();
+    thread_local std::vector<float> rows;
+    rows.resize(n);
+    table.rows.Read(spec.ids, rows.data());
+    pulled.version = table.version();
+    pulled.data.resize(n * DTypeSize(spec.dtype));
+    ConvertElements(rows.data(), DType::kF32, pulled.data.data(), spec.dtype, n);
+    ++table.counters.pulls;
+    table.counters.bytes_out += pulled.data.size();
+    table.rows_pulled += spec.ids.size();
+    return absl::OkStatus();
+  }
+  void Fail(absl::Status status) override { out = std::move(status); }
+  void Finish() override {
+    if (out.ok()) out = std::move(pulled);
+    done(std::move(out));
+  }
+
+  SparsePullSpec spec;
+  SparsePullCallback done;
+  PulledRows pulled;
+  absl::StatusOr<PulledRows> out = PulledRows{};
 };
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
@@ -290,7 +467,29 @@ absl::Status ShardStore::Initialize() {
     chunk_ids_.push_back(spec.chunk_id());
     chunks_.push_back(std::move(chunk));
   }
+  for (int i = 0; i < config_.sparse_tables_size(); ++i) {
+    std::unique_ptr<Backend> backend = make_backend_();
+    if (backend == nullptr || backend->IsCuda())
+      return absl::InvalidArgumentError(
+          "the shard store needs a host-memory backend for its tables");
+    tables_.push_back(std::make_unique<Table>(i, config_.sparse_tables(i), std::move(backend),
+                                              config_));
+  }
   return absl::OkStatus();
+}
+
+ShardStore::Table* ShardStore::FindTable(std::string_view name) const {
+  for (const std::unique_ptr<Table>& t : tables_)
+    if (t->spec.name() == name) return t.get();
+  return nullptr;
+}
+
+std::vector<ShardStore::Target*> ShardStore::AllTargets() const {
+  std::vector<Target*> all;
+  all.reserve(chunks_.size() + tables_.size());
+  for (const std::unique_ptr<Chunk>& c : chunks_) all.push_back(c.get());
+  for (const std::unique_ptr<Table>& t : tables_) all.push_back(t.get());
+  return all;
 }
 
 ShardStore::Chunk* ShardStore::FindChunk(uint32_t chunk_id) const {
@@ -356,86 +555,163 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(
     return s;
   }
   const std::shared_ptr<const LiveSet> live_set = live();
-  const uint32_t rank = push.worker_rank;
+  const std::vector<Target*> targets(chunks.begin(), chunks.end());
+  std::vector<GradientRef> grads;
+  std::vector<uint64_t> base_versions;
+  std::vector<uint64_t> wire_bytes;
+  for (const ChunkGradient& g : push.chunks) {
+    grads.push_back(GradientRef{g.values, {}});
+    base_versions.push_back(g.base_version);
+    wire_bytes.push_back(g.wire_bytes);
+  }
   PushResult result;
   {
     ChunkLocks locks(chunks);
     // Under the chunks' locks, so a Restore is wholly before or after.
     if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
-    // Decide every chunk before changing any.
-    std::vector<bool> duplicate(chunks.size(), false);
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      Chunk& c = *chunks[i];
-      c.mu.AssertHeld();
-      const AcceptedMark& mark = c.marks[rank];
-      if (mark.valid && push.incarnation < mark.incarnation) {
-        rejected_.fetch_add(push.chunks.size());
-        return absl::FailedPreconditionError(absl::StrCat(
-            "stale incarnation: worker ", rank, " pushed as incarnation ",
-            push.incarnation, " but incarnation ", mark.incarnation,
-            " already pushed to chunk ", c.id));
-      }
-      if (mark.valid && push.incarnation == mark.incarnation &&
-          push.step <= mark.step) {
-        duplicate[i] = true;
-        continue;
-      }
-      const ChunkGradientMeta meta{rank, push.incarnation, push.step,
-                                   push.chunks[i].base_version};
-      if (absl::Status s = c.policy->Check(meta, c); !s.ok()) {
-        rejected_.fetch_add(push.chunks.size());
-        return absl::Status(s.code(),
-                            absl::StrCat("chunk ", c.id, ": ", s.message()));
-      }
-    }
-    result.versions.reserve(chunks.size());
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      Chunk& c = *chunks[i];
-      c.mu.AssertHeld();
-      const ChunkGradient& g = push.chunks[i];
-      ++c.counters.pushes;
-      c.counters.bytes_in += g.wire_bytes;
-      if (duplicate[i]) {
-        ++c.counters.duplicates;
-        ++result.duplicates;
-        c.policy->Duplicate({rank, push.incarnation, push.step, g.base_version}, c,
-                            *live_set);
-        result.versions.push_back(c.version());
-        continue;
-      }
-      const ChunkGradientMeta meta{rank, push.incarnation, push.step,
-                                   g.base_version};
-      // Marked before Accept: an update it applies may be captured by a
-      // checkpoint, which must know this push as applied.
-      c.marks[rank] = AcceptedMark{true, push.incarnation, push.step};
-      const GradientFate fate = c.policy->Accept(meta, g.values, c, *live_set);
-      switch (fate) {
-        case GradientFate::kLateFolded:
-          ++c.counters.late_folded;
-          break;
-        case GradientFate::kLateDropped:
-          ++c.counters.late_dropped;
-          break;
-        case GradientFate::kTooStale:
-          ++c.counters.too_stale;
-          ++result.too_stale;
-          rejected_.fetch_add(1);
-          break;
-        default:
-          break;
-      }
-      if (IsLate(fate)) {
-        ++c.counters.late_by_worker[rank];
-        ++result.late;
-      }
-      result.versions.push_back(fate == GradientFate::kAggregated
-                                    ? g.base_version + 1
-                                    : c.version());
+    std::vector<bool> duplicate;
+    if (absl::Status s = DecideLocked(push.worker_rank, push.incarnation, push.step, targets,
+                                      base_versions, &duplicate);
+        !s.ok())
+      return s;
+    for (const Outcome& o : AcceptLocked(push.worker_rank, push.incarnation, push.step, targets,
+                                         grads, base_versions, wire_bytes, duplicate,
+                                         *live_set)) {
+      result.versions.push_back(o.version);
+      result.duplicates += o.duplicate;
+      result.late += o.late;
+      result.too_stale += o.too_stale;
     }
   }
-  RaiseIncarnation(rank, push.incarnation);
+  RaiseIncarnation(push.worker_rank, push.incarnation);
   WakeWaiters();
   return result;
+}
+
+absl::Status ShardStore::DecideLocked(uint32_t rank, uint64_t incarnation, uint64_t step,
+                                      absl::Span<Target* const> targets,
+                                      absl::Span<const uint64_t> base_versions,
+                                      std::vector<bool>* duplicate) {
+  duplicate->assign(targets.size(), false);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Target& t = *targets[i];
+    t.mu.AssertHeld();
+    const AcceptedMark& mark = t.marks[rank];
+    if (mark.valid && incarnation < mark.incarnation) {
+      rejected_.fetch_add(targets.size());
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale incarnation: worker ", rank, " pushed as incarnation ", incarnation,
+          " but incarnation ", mark.incarnation, " already pushed to ", t.name));
+    }
+    if (mark.valid && incarnation == mark.incarnation && step <= mark.step) {
+      (*duplicate)[i] = true;
+      continue;
+    }
+    const ChunkGradientMeta meta{rank, incarnation, step, base_versions[i]};
+    if (absl::Status s = t.policy->Check(meta, t); !s.ok()) {
+      rejected_.fetch_add(targets.size());
+      return absl::Status(s.code(), absl::StrCat(t.name, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ShardStore::Outcome> ShardStore::AcceptLocked(
+    uint32_t rank, uint64_t incarnation, uint64_t step, absl::Span<Target* const> targets,
+    absl::Span<const GradientRef> grads, absl::Span<const uint64_t> base_versions,
+    absl::Span<const uint64_t> wire_bytes, const std::vector<bool>& duplicate,
+    const LiveSet& live_set) {
+  std::vector<Outcome> outcomes(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Target& t = *targets[i];
+    t.mu.AssertHeld();
+    Outcome& o = outcomes[i];
+    const ChunkGradientMeta meta{rank, incarnation, step, base_versions[i]};
+    ++t.counters.pushes;
+    t.counters.bytes_in += wire_bytes[i];
+    if (duplicate[i]) {
+      ++t.counters.duplicates;
+      o.duplicate = true;
+      t.policy->Duplicate(meta, t, live_set);
+      o.version = t.version();
+      continue;
+    }
+    // Marked before Accept: an update it applies may be captured by a
+    // checkpoint, which must know this push as applied.
+    t.marks[rank] = AcceptedMark{true, incarnation, step};
+    const GradientFate fate = t.policy->Accept(meta, grads[i], t, live_set);
+    switch (fate) {
+      case GradientFate::kLateFolded:
+        ++t.counters.late_folded;
+        break;
+      case GradientFate::kLateDropped:
+        ++t.counters.late_dropped;
+        break;
+      case GradientFate::kTooStale:
+        ++t.counters.too_stale;
+        o.too_stale = true;
+        rejected_.fetch_add(1);
+        break;
+      default:
+        break;
+    }
+    if (IsLate(fate)) {
+      ++t.counters.late_by_worker[rank];
+      o.late = true;
+    }
+    o.version = fate == GradientFate::kAggregated ? base_versions[i] + 1 : t.version();
+  }
+  return outcomes;
+}
+
+absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
+    const SparseGradientPush& push) {
+  if (shutdown_.load())
+    return absl::UnavailableError("shard is shutting down");
+  // The edge has checked all of this; see Push.
+  if (push.worker_rank >= num_workers_)
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown worker rank ", push.worker_rank));
+  Table* table = FindTable(push.table);
+  if (table == nullptr)
+    return absl::NotFoundError(absl::StrCat("the job has no sparse table '", push.table, "'"));
+  if (push.values.size() != push.ids.size() * table->spec.dim())
+    return absl::InvalidArgumentError(absl::StrCat(
+        table->name, ": ", push.values.size(), " gradient values for ", push.ids.size(),
+        " rows of ", table->spec.dim()));
+  if (absl::Status s = CheckIncarnation(push.worker_rank, push.incarnation); !s.ok()) {
+    rejected_.fetch_add(1);
+    return s;
+  }
+  const std::shared_ptr<const LiveSet> live_set = live();
+  Target* const targets[] = {table};
+  const GradientRef grads[] = {GradientRef{push.values, push.ids}};
+  const uint64_t base_versions[] = {push.base_version};
+  const uint64_t wire_bytes[] = {push.wire_bytes};
+  Outcome outcome;
+  {
+    absl::MutexLock lock(&table->mu);
+    if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
+    std::vector<bool> duplicate;
+    if (absl::Status s = DecideLocked(push.worker_rank, push.incarnation, push.step, targets,
+                                      base_versions, &duplicate);
+        !s.ok())
+      return s;
+    if (!duplicate[0]) {
+      // The rows' limit is decided before the push is taken: all or nothing.
+      if (absl::Status s = table->rows.Ensure(push.ids); !s.ok()) {
+        rejected_.fetch_add(1);
+        return s;
+      }
+      table->rows.CountPushed(push.ids);
+      table->rows_pushed += push.ids.size();
+    }
+    outcome = AcceptLocked(push.worker_rank, push.incarnation, push.step, targets, grads,
+                           base_versions, wire_bytes, duplicate, *live_set)[0];
+  }
+  RaiseIncarnation(push.worker_rank, push.incarnation);
+  WakeWaiters();
+  return SparsePushResult{outcome.version, outcome.duplicate, outcome.late, outcome.too_stale};
 }
 
 void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
@@ -448,7 +724,7 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
         absl::StrCat("unknown worker rank ", spec.worker_rank)));
     return;
   }
-  auto w = std::make_unique<Waiter>();
+  auto w = std::make_unique<DenseWaiter>();
   if (spec.chunk_ids.empty()) spec.chunk_ids = chunk_ids_;
   for (uint32_t id : spec.chunk_ids) {
     Chunk* c = FindChunk(id);
@@ -457,11 +733,40 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
           absl::StrCat("chunk ", id, " is not held by shard ", shard_)));
       return;
     }
-    w->chunks.push_back(c);
+    w->targets.push_back(c);
   }
+  w->pulled.resize(w->targets.size());
   w->spec = std::move(spec);
-  w->start = absl::Now();
+  w->wait = &w->spec;
   w->done = std::move(done);
+  AddWaiter(std::move(w));
+}
+
+void ShardStore::PullSparseAsync(SparsePullSpec spec, SparsePullCallback done) {
+  if (shutdown_.load()) {
+    done(absl::UnavailableError("shard is shutting down"));
+    return;
+  }
+  if (spec.worker_rank >= num_workers_) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("unknown worker rank ", spec.worker_rank)));
+    return;
+  }
+  Table* table = FindTable(spec.table);
+  if (table == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("the job has no sparse table '", spec.table, "'")));
+    return;
+  }
+  auto w = std::make_unique<SparseWaiter>();
+  w->targets.push_back(table);
+  w->spec = std::move(spec);
+  w->wait = &w->spec;
+  w->done = std::move(done);
+  AddWaiter(std::move(w));
+}
+
+void ShardStore::AddWaiter(std::unique_ptr<Waiter> w) {
+  w->start = absl::Now();
   bool full;
   {
     absl::MutexLock lock(&waiters_mu_);
@@ -472,12 +777,34 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
     }
   }
   if (full) {  // answered outside the lock
-    w->done(absl::ResourceExhaustedError(
+    w->Fail(absl::ResourceExhaustedError(
         absl::StrCat("shard ", shard_, " has ", max_waiting_pulls_,
                      " pulls waiting already (its limit); try again later")));
+    w->Finish();
     return;
   }
   WakeWaiters();
+}
+
+absl::StatusOr<ShardStore::PulledRows> ShardStore::PullSparse(SparsePullSpec spec) {
+  absl::Notification answered;
+  absl::StatusOr<PulledRows> out;
+  PullSparseAsync(std::move(spec), [&](absl::StatusOr<PulledRows> r) {
+    out = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> ShardStore::TEST_ReadRow(const std::string& table,
+                                                            int64_t id) const {
+  Table* t = FindTable(table);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no table '", table, "'"));
+  absl::MutexLock lock(&t->mu);
+  const float* row = t->rows.TEST_Row(id);
+  if (row == nullptr) return absl::NotFoundError(absl::StrCat("no row ", id));
+  return std::vector<float>(row, row + t->spec.dim());
 }
 
 absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(
@@ -503,75 +830,67 @@ absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(
   return Pull(std::move(spec));
 }
 
-bool ShardStore::TryServe(Waiter& w,
-                          absl::StatusOr<std::vector<PulledChunk>>* out) {
-  const PullSpec& spec = w.spec;
+bool ShardStore::TryServe(Waiter& w) {
+  const PullWait& spec = *w.wait;
   if (shutdown_.load()) {
-    *out = absl::UnavailableError("shard is shutting down");
+    w.Fail(absl::UnavailableError("shard is shutting down"));
     return true;
   }
   if (spec.cancelled != nullptr && spec.cancelled->load()) {
-    *out = absl::CancelledError("the pull was cancelled");
+    w.Fail(absl::CancelledError("the pull was cancelled"));
     return true;
   }
   if (absl::Status s = CheckGeneration(spec.generation); !s.ok()) {
-    *out = s;
+    w.Fail(s);
     return true;
   }
   const std::shared_ptr<const LiveSet> live_set = live();
-  // First check every chunk (one lock at a time), then copy: readiness only
-  // grows while the puller waits, so a pull that fails serves nothing.
-  Chunk* blocking = nullptr;
+  // First check every target (one lock at a time), then read: readiness
+  // only grows while the puller waits, so a pull that fails serves nothing.
+  Target* blocking = nullptr;
   uint64_t blocking_version = 0;
-  for (Chunk* c : w.chunks) {
-    absl::MutexLock lock(&c->mu);
+  for (Target* t : w.targets) {
+    absl::MutexLock lock(&t->mu);
     const bool ready =
-        c->version() >= spec.min_version &&
+        t->version() >= spec.min_version &&
         (!spec.clock.has_value() ||
-         c->policy->ReadyToServe(spec.worker_rank, *spec.clock, *c, *live_set));
+         t->policy->ReadyToServe(spec.worker_rank, *spec.clock, *t, *live_set));
     if (!ready) {
-      blocking = c;
-      blocking_version = c->version();
+      blocking = t;
+      blocking_version = t->version();
       break;
     }
   }
   if (blocking != nullptr) {
     const absl::Time now = absl::Now();
     if (now < spec.deadline) return false;
-    *out = absl::DeadlineExceededError(absl::StrCat(
-        "chunk ", blocking->id, " is at version ", blocking_version,
+    w.Fail(absl::DeadlineExceededError(absl::StrCat(
+        blocking->name, " is at version ", blocking_version,
         spec.clock.has_value()
             ? absl::StrCat(", not yet readable at clock ", *spec.clock,
                            " of worker ", spec.worker_rank)
             : std::string(),
         spec.min_version > 0 ? absl::StrCat(", wanted >= ", spec.min_version)
                              : std::string(),
-        " (waited ", absl::ToInt64Milliseconds(now - w.start), " ms)"));
+        " (waited ", absl::ToInt64Milliseconds(now - w.start), " ms)")));
     return true;
   }
-  std::vector<PulledChunk> pulled(w.chunks.size());
   bool applied = false;
-  for (size_t i = 0; i < w.chunks.size(); ++i) {
-    Chunk& c = *w.chunks[i];
-    PulledChunk& p = pulled[i];
-    p.chunk_id = c.id;
-    // Every byte is written below: a pooled buffer needs no clearing.
-    p.data = BufferPool::Default().Take(c.num_elements() * DTypeSize(spec.dtype));
-    absl::MutexLock lock(&c.mu);
-    p.version = c.version();
-    ConvertElements(c.values.f32(), DType::kF32, p.data.data(), spec.dtype,
-                    c.num_elements());
-    ++c.counters.pulls;
-    c.counters.bytes_out += p.data.size();
+  for (size_t i = 0; i < w.targets.size(); ++i) {
+    Target& t = *w.targets[i];
+    absl::MutexLock lock(&t.mu);
+    if (absl::Status s = w.ReadLocked(i, t); !s.ok()) {
+      w.Fail(s);
+      break;
+    }
     applied |= spec.clock.has_value()
-                   ? c.policy->Served(spec.worker_rank, *spec.clock, c, *live_set)
-                   : c.policy->ServedWithoutClock(spec.worker_rank, c, *live_set);
+                   ? t.policy->Served(spec.worker_rank, *spec.clock, t, *live_set)
+                   : t.policy->ServedWithoutClock(spec.worker_rank, t, *live_set);
   }
   if (applied) {
     absl::MutexLock lock(&waiters_mu_);
     look_again_ = true;
   }
-  *out = std::move(pulled);
   return true;
 }
 
@@ -595,13 +914,10 @@ void ShardStore::WakeWaiters() {
       in_scan_ = batch.size();
     }
     std::vector<std::unique_ptr<Waiter>> still_waiting;
-    std::vector<std::pair<std::unique_ptr<Waiter>,
-                          absl::StatusOr<std::vector<PulledChunk>>>>
-        answered;
+    std::vector<std::unique_ptr<Waiter>> answered;
     for (std::unique_ptr<Waiter>& w : batch) {
-      absl::StatusOr<std::vector<PulledChunk>> out;
-      if (TryServe(*w, &out)) {
-        answered.emplace_back(std::move(w), std::move(out));
+      if (TryServe(*w)) {
+        answered.push_back(std::move(w));
       } else {
         still_waiting.push_back(std::move(w));
       }
@@ -613,7 +929,7 @@ void ShardStore::WakeWaiters() {
       in_scan_ = 0;
       timer_wake_.Signal();
     }
-    for (auto& [w, out] : answered) w->done(std::move(out));
+    for (std::unique_ptr<Waiter>& w : answered) w->Finish();
   }
 }
 
@@ -622,7 +938,7 @@ void ShardStore::TimerLoop() {
   while (!stop_timer_) {
     absl::Time next = absl::InfiniteFuture();
     for (const std::unique_ptr<Waiter>& w : waiters_)
-      next = std::min(next, w->spec.deadline);
+      next = std::min(next, w->wait->deadline);
     if (next > absl::Now()) {
       timer_wake_.WaitWithDeadline(&waiters_mu_, next);
       continue;
@@ -669,9 +985,9 @@ void ShardStore::SetLiveWorkers(absl::Span<const uint32_t> ranks,
     live_ = updated;
     live_set = std::move(updated);
   }
-  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
-    absl::MutexLock lock(&chunk->mu);
-    chunk->policy->LiveSetChanged(*chunk, *live_set);
+  for (Target* t : AllTargets()) {
+    absl::MutexLock lock(&t->mu);
+    t->policy->LiveSetChanged(*t, *live_set);
   }
   WakeWaiters();
 }
@@ -723,9 +1039,7 @@ absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
   absl::StatusOr<std::vector<const v1::ChunkState*>> matched = MatchStates(states);
   if (!matched.ok()) return matched.status();
   {
-    std::vector<Chunk*> all;
-    for (const std::unique_ptr<Chunk>& c : chunks_) all.push_back(c.get());
-    ChunkLocks locks(all);
+    ChunkLocks locks(AllTargets());
     if (generation_.load() > 0 && generation <= generation_.load())
       return absl::FailedPreconditionError(absl::StrCat(
           "generation ", generation, " is not newer than the shard's ", generation_.load()));
@@ -739,6 +1053,14 @@ absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
           !s.ok())
         return absl::InternalError(absl::StrCat("chunk ", c.id, ": ", s.message()));
       c.policy->LiveSetChanged(c, *live_set);
+    }
+    // Tables are not in checkpoints (ValidateSparseTables): every restore
+    // takes them back to their initial values.
+    for (const std::unique_ptr<Table>& table : tables_) {
+      Table& t = *table;
+      t.mu.AssertHeld();
+      t.Reset(config_, resume_steps);
+      t.policy->LiveSetChanged(t, *live_set);
     }
     generation_.store(generation);
     restored_checkpoint_.store(checkpoint_id);
@@ -868,8 +1190,7 @@ v1::ShardStatus ShardStore::ShardStatus() const {
   ChunkCounters total;
   uint64_t elements = 0;
   uint64_t held = 0;
-  uint64_t min_version =
-      chunks_.empty() ? 0 : std::numeric_limits<uint64_t>::max();
+  uint64_t min_version = std::numeric_limits<uint64_t>::max();
   for (const std::unique_ptr<Chunk>& chunk : chunks_) {
     Chunk& c = *chunk;
     absl::MutexLock lock(&c.mu);
@@ -878,6 +1199,27 @@ v1::ShardStatus ShardStore::ShardStatus() const {
     held += c.policy->held();
     total.Add(c.counters);
   }
+  for (const std::unique_ptr<Table>& table : tables_) {
+    Table& t = *table;
+    absl::MutexLock lock(&t.mu);
+    min_version = std::min(min_version, t.version());
+    held += t.policy->held();
+    total.Add(t.counters);
+    v1::SparseTableStatus* ts = s.add_tables();
+    ts->set_name(t.spec.name());
+    ts->set_dim(t.spec.dim());
+    ts->set_version(t.version());
+    ts->set_rows(t.rows.size());
+    ts->set_bytes(t.rows.bytes());
+    ts->set_bytes_per_row(t.rows.size() == 0 ? 0.0
+                                             : static_cast<double>(t.rows.bytes()) /
+                                                   static_cast<double>(t.rows.size()));
+    ts->set_rows_pushed(t.rows_pushed);
+    ts->set_rows_pulled(t.rows_pulled);
+    ts->set_hottest_share(t.rows.hottest_share());
+    ts->set_max_rows_per_shard(t.spec.max_rows_per_shard());
+  }
+  if (chunks_.empty() && tables_.empty()) min_version = 0;
   s.set_version(min_version);
   s.set_num_elements(elements);
   s.set_bytes_in(total.bytes_in);

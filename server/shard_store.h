@@ -1,5 +1,6 @@
-// ShardStore: the dense parameters one shard holds, with their optimizer
-// state, under the job's consistency mode. The rules of each mode live in a
+// ShardStore: the parameters one shard holds (dense chunks, and the rows of
+// sparse tables hashed to it), with their optimizer state, under the job's
+// consistency mode. The rules of each mode live in a
 // ConsistencyPolicy (server/consistency_policy.h, one per chunk); the store
 // owns the chunks, their locks, deduplication, counters and the pulls that
 // wait.
@@ -53,6 +54,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -136,9 +138,9 @@ class ShardStore {
     std::string data;
   };
 
-  struct PullSpec {
+  // When a pull may be answered; shared by dense and sparse pulls.
+  struct PullWait {
     uint32_t worker_rank = 0;
-    std::vector<uint32_t> chunk_ids;  // empty: every chunk of this shard
     uint64_t min_version = 0;
     // The worker's clock: the mode decides how long the pull waits. Unset:
     // wait only for min_version.
@@ -149,6 +151,10 @@ class ShardStore {
     // Set (by the edge, when the call is cancelled) to end the wait with
     // CANCELLED at the next WakePulls; null: never.
     std::shared_ptr<const std::atomic<bool>> cancelled;
+  };
+
+  struct PullSpec : PullWait {
+    std::vector<uint32_t> chunk_ids;  // empty: every chunk of this shard
   };
   using PullCallback =
       std::function<void(absl::StatusOr<std::vector<PulledChunk>>)>;
@@ -191,6 +197,58 @@ class ShardStore {
   // Looks at every waiting pull again now (after a PullSpec.cancelled was
   // set).
   void WakePulls() { WakeWaiters(); }
+
+  // ---- Sparse tables (JobConfig.sparse_tables; docs/sparse.md) ----
+  //
+  // Each table's rows on this shard are one target of the consistency
+  // engine, as a dense chunk is: one version, one policy, dedup marks per
+  // rank. A sparse push is one worker's gradient of one table for one step;
+  // sync aggregates the step's pushes (rows summed per id) and applies their
+  // average once every live worker has pushed, async applies each on
+  // arrival, ssp holds it as it would a chunk's.
+
+  // One worker's gradient of one table, checked by the edge: ids distinct,
+  // in the table's range and hashed to this shard, values finite.
+  struct SparseGradientPush {
+    uint32_t worker_rank = 0;
+    uint64_t incarnation = 0;
+    uint64_t step = 0;
+    uint64_t generation = 0;  // 0: unchecked
+    std::string table;
+    uint64_t base_version = 0;  // the table version it was computed on
+    absl::Span<const int64_t> ids;
+    absl::Span<const float> values;  // ids.size() x dim
+    uint64_t wire_bytes = 0;
+  };
+  struct SparsePushResult {
+    uint64_t version = 0;  // as PushResult.versions
+    bool duplicate = false;
+    bool late = false;
+    bool too_stale = false;
+  };
+  // As Push, for one table. Also RESOURCE_EXHAUSTED (nothing changes) when
+  // the push would create rows past the table's max_rows_per_shard, and
+  // NOT_FOUND for a table the job does not have.
+  absl::StatusOr<SparsePushResult> PushSparse(const SparseGradientPush& push);
+
+  struct SparsePullSpec : PullWait {
+    std::string table;
+    std::vector<int64_t> ids;  // checked by the edge; may repeat
+  };
+  struct PulledRows {
+    uint64_t version = 0;
+    std::string data;  // ids.size() x dim values in the requested dtype
+  };
+  using SparsePullCallback = std::function<void(absl::StatusOr<PulledRows>)>;
+  // As PullAsync, for rows of one table (created on first use; as Ensure
+  // says, RESOURCE_EXHAUSTED past max_rows_per_shard).
+  void PullSparseAsync(SparsePullSpec spec, SparsePullCallback done);
+  absl::StatusOr<PulledRows> PullSparse(SparsePullSpec spec);
+
+  // A row's values now, or NOT_FOUND when the table or row does not exist
+  // on this shard (tests).
+  absl::StatusOr<std::vector<float>> TEST_ReadRow(const std::string& table,
+                                                  int64_t id) const;
 
   // PullAsync, waiting for the answer (tests and simple callers).
   absl::StatusOr<std::vector<PulledChunk>> Pull(
@@ -268,9 +326,13 @@ class ShardStore {
   void Shutdown();
 
  private:
+  class Target;
   class Chunk;
+  class Table;
   class ChunkLocks;
   struct Waiter;
+  struct DenseWaiter;
+  struct SparseWaiter;
 
   explicit ShardStore(Options options);
   absl::Status Initialize();
@@ -284,6 +346,34 @@ class ShardStore {
   void RaiseIncarnation(uint32_t rank, uint64_t incarnation)
       ABSL_LOCKS_EXCLUDED(members_mu_);
   Chunk* FindChunk(uint32_t chunk_id) const;
+  Table* FindTable(std::string_view name) const;
+  // Every target, chunks then tables (for the loops over all of them).
+  std::vector<Target*> AllTargets() const;
+
+  // The decision half of a push: with every target's lock held, whether the
+  // push can be taken (all or nothing), and which targets already have it
+  // (duplicate). The refusal is counted.
+  absl::Status DecideLocked(uint32_t rank, uint64_t incarnation, uint64_t step,
+                            absl::Span<Target* const> targets,
+                            absl::Span<const uint64_t> base_versions,
+                            std::vector<bool>* duplicate);
+  // The taking half: each target's gradient accepted (or acknowledged as a
+  // duplicate); what became of it, per target.
+  struct Outcome {
+    uint64_t version = 0;
+    bool duplicate = false;
+    bool late = false;
+    bool too_stale = false;
+  };
+  std::vector<Outcome> AcceptLocked(uint32_t rank, uint64_t incarnation, uint64_t step,
+                                    absl::Span<Target* const> targets,
+                                    absl::Span<const GradientRef> grads,
+                                    absl::Span<const uint64_t> base_versions,
+                                    absl::Span<const uint64_t> wire_bytes,
+                                    const std::vector<bool>& duplicate,
+                                    const LiveSet& live_set);
+  // Queues `w` (or answers RESOURCE_EXHAUSTED when too many wait) and looks.
+  void AddWaiter(std::unique_ptr<Waiter> w);
   // OK for generation 0 or the shard's; ABORTED for an older one,
   // UNAVAILABLE for a newer one.
   absl::Status CheckGeneration(uint64_t generation) const;
@@ -295,8 +385,9 @@ class ShardStore {
   // Examines the waiting pulls and completes those that are ready, timed
   // out, or shut down; loops while another thread asked for a look.
   void WakeWaiters() ABSL_LOCKS_EXCLUDED(waiters_mu_);
-  // Serves `w` if every chunk is ready: true with *out set; false to wait.
-  bool TryServe(Waiter& w, absl::StatusOr<std::vector<PulledChunk>>* out);
+  // Serves `w` if every target is ready, or fails it: true when it has its
+  // answer (Waiter::Finish gives it); false to wait.
+  bool TryServe(Waiter& w);
   void TimerLoop() ABSL_LOCKS_EXCLUDED(waiters_mu_);
 
   const v1::JobConfig config_;
@@ -311,6 +402,7 @@ class ShardStore {
   std::vector<uint32_t> chunk_ids_;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // ascending chunk id
   std::vector<int> local_index_;                // global chunk id -> chunks_
+  std::vector<std::unique_ptr<Table>> tables_;  // as config.sparse_tables
 
   // Membership. Lock order: a chunk's mutex before members_mu_.
   mutable absl::Mutex members_mu_;

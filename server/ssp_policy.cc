@@ -46,18 +46,19 @@ class SspPolicy final : public ChunkPolicy {
         was_live_(workers_, true),
         incarnation_(workers_, 0) {}
 
-  GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
+  GradientFate Accept(const ChunkGradientMeta& g, const GradientRef& grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
     const uint64_t staleness = chunk.version() - g.base_version;
     if (TooStale(config_, staleness))
       return GradientFate::kTooStale;
     const int64_t clock = Effective(g.rank, g.clock);
     if (!FenceOpen(clock, live)) {
-      held_.push_back(Held{g.rank, clock, g.base_version,
-                           std::vector<float>(grad.begin(), grad.end())});
+      std::unique_ptr<GradientBuffer> copy = chunk.NewBuffer();
+      copy->Add(grad);
+      held_.push_back(Held{g.rank, clock, g.base_version, std::move(copy)});
       return GradientFate::kHeld;
     }
-    ApplyOne(g.rank, clock, g.base_version, grad.data(), chunk);
+    ApplyOne(g.rank, clock, g.base_version, grad, chunk);
     return GradientFate::kApplied;
   }
 
@@ -149,7 +150,7 @@ class SspPolicy final : public ChunkPolicy {
     uint32_t rank;
     int64_t clock;
     uint64_t base_version;
-    std::vector<float> grad;
+    std::unique_ptr<GradientBuffer> grad;
   };
 
   int64_t Effective(uint32_t rank, uint64_t clock) const {
@@ -179,7 +180,7 @@ class SspPolicy final : public ChunkPolicy {
   }
 
   void ApplyOne(uint32_t rank, int64_t clock, uint64_t base_version,
-                const float* grad, UpdateTarget& chunk) {
+                const GradientRef& grad, UpdateTarget& chunk) {
     const uint64_t staleness = chunk.version() - base_version;
     chunk.Apply(grad, AsyncLearningRate(config_, chunk.version(), staleness),
                 static_cast<int64_t>(staleness));
@@ -193,7 +194,7 @@ class SspPolicy final : public ChunkPolicy {
         ++it;
         continue;
       }
-      ApplyOne(it->rank, it->clock, it->base_version, it->grad.data(), chunk);
+      ApplyOne(it->rank, it->clock, it->base_version, it->grad->Ref(), chunk);
       it = held_.erase(it);
       released = true;
     }

@@ -36,20 +36,14 @@ namespace {
 
 class SyncPolicy final : public ChunkPolicy {
  public:
-  SyncPolicy(const v1::JobConfig& config, uint64_t num_elements,
-             Backend* backend)
+  explicit SyncPolicy(const v1::JobConfig& config)
       : optimizer_(config.optimizer()),
         backup_workers_(config.backup_workers()),
         fold_(config.late_gradients() != v1::LATE_GRADIENTS_DROP),
-        n_(num_elements),
-        backend_(backend),
-        sum_(backend, num_elements * sizeof(float)),
         contributed_(config.num_workers(), false),
         awaiting_(config.num_workers(), 0),
         incarnation_(config.num_workers(), 0),
-        last_(config.num_workers()) {
-    backend_->Fill(sum_.f32(), 0.0f, n_);
-  }
+        last_(config.num_workers()) {}
 
   absl::Status Check(const ChunkGradientMeta& g,
                      const UpdateTarget& chunk) const override {
@@ -64,11 +58,12 @@ class SyncPolicy final : public ChunkPolicy {
     return absl::OkStatus();
   }
 
-  GradientFate Accept(const ChunkGradientMeta& g, absl::Span<const float> grad,
+  GradientFate Accept(const ChunkGradientMeta& g, const GradientRef& grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
     last_[g.rank] = LastGradient{true, g.incarnation, g.base_version};
+    if (sum_ == nullptr) sum_ = chunk.NewBuffer();
     if (g.base_version == chunk.version() && !contributed_[g.rank]) {
-      backend_->Axpy(1.0f, grad.data(), sum_.f32(), n_);
+      sum_->Add(grad);
       contributed_[g.rank] = true;
       ++contributors_;
       awaiting_[g.rank] = chunk.version() + 1;
@@ -77,7 +72,7 @@ class SyncPolicy final : public ChunkPolicy {
     }
     awaiting_[g.rank] = 0;
     if (!fold_) return GradientFate::kLateDropped;
-    backend_->Axpy(1.0f, grad.data(), sum_.f32(), n_);
+    sum_->Add(grad);
     ++folded_;
     MaybeComplete(chunk, live);
     return GradientFate::kLateFolded;
@@ -110,10 +105,9 @@ class SyncPolicy final : public ChunkPolicy {
           live.count > backup_workers_ ? live.count - backup_workers_ : 1;
       if (live_contributors < needed) return false;
     }
-    float* grad = sum_.f32();
-    backend_->Scale(1.0f / static_cast<float>(contributors_ + folded_), grad, n_);
-    chunk.Apply(grad, ScheduledLearningRate(optimizer_, chunk.version()), -1);
-    backend_->Fill(grad, 0.0f, n_);
+    sum_->Scale(1.0f / static_cast<float>(contributors_ + folded_));
+    chunk.Apply(sum_->Ref(), ScheduledLearningRate(optimizer_, chunk.version()), -1);
+    sum_->Clear();
     std::fill(contributed_.begin(), contributed_.end(), false);
     contributors_ = 0;
     folded_ = 0;
@@ -123,11 +117,10 @@ class SyncPolicy final : public ChunkPolicy {
   const v1::OptimizerConfig optimizer_;
   const uint32_t backup_workers_;
   const bool fold_;
-  const uint64_t n_;
-  Backend* const backend_;
-  // The open step: the sum of its gradients, who contributed (by rank), and
-  // how many late gradients were folded into it.
-  DeviceBuffer sum_;
+  // The open step: the sum of its gradients (made by the chunk at the first
+  // gradient), who contributed (by rank), and how many late gradients were
+  // folded into it.
+  std::unique_ptr<GradientBuffer> sum_;
   std::vector<bool> contributed_;
   uint32_t contributors_ = 0;
   uint32_t folded_ = 0;
@@ -145,10 +138,8 @@ class SyncPolicy final : public ChunkPolicy {
 
 }  // namespace
 
-std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config,
-                                            uint64_t num_elements,
-                                            Backend* backend) {
-  return std::make_unique<SyncPolicy>(config, num_elements, backend);
+std::unique_ptr<ChunkPolicy> MakeSyncPolicy(const v1::JobConfig& config) {
+  return std::make_unique<SyncPolicy>(config);
 }
 
 }  // namespace grps

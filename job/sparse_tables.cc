@@ -1,0 +1,93 @@
+#include "job/sparse_tables.h"
+
+#include <cmath>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace grps {
+namespace {
+
+// SplitMix64's finalizer (as job/initializer.cc).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// FNV-1a of the table's name: a stream per table.
+uint64_t NameHash(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+bool ValidName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '_' || c == '.' || c == '-'))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+uint32_t SparseShardOf(int64_t id, uint32_t num_servers) {
+  return static_cast<uint32_t>(Mix(static_cast<uint64_t>(id)) % num_servers);
+}
+
+float SparseInitScale(const v1::SparseTableSpec& spec) {
+  if (spec.init_scale() > 0) return spec.init_scale();
+  return 0.5f / std::sqrt(static_cast<float>(spec.dim()));
+}
+
+void InitializeSparseRow(const v1::SparseTableSpec& spec, uint64_t seed,
+                         int64_t id, float* out) {
+  const double scale = SparseInitScale(spec);
+  const uint64_t stream = Mix(seed ^ Mix(NameHash(spec.name()) ^ Mix(static_cast<uint64_t>(id))));
+  for (uint32_t i = 0; i < spec.dim(); ++i) {
+    const uint64_t bits = Mix(stream + i);
+    const double u = (bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+    out[i] = static_cast<float>((2.0 * u - 1.0) * scale);
+  }
+}
+
+bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id) {
+  return spec.rows() == 0 || (id >= 0 && static_cast<uint64_t>(id) < spec.rows());
+}
+
+absl::Status ValidateSparseTables(const v1::JobConfig& config) {
+  absl::flat_hash_set<std::string> names;
+  for (const v1::SparseTableSpec& t : config.sparse_tables()) {
+    if (!ValidName(t.name()))
+      return absl::InvalidArgumentError(
+          "job config: a sparse table's name must be 1 to 64 characters of "
+          "[A-Za-z0-9_.-]");
+    auto bad = [&](auto... what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job config: sparse table '", t.name(), "': ", what...));
+    };
+    if (!names.insert(t.name()).second) return bad("appears twice");
+    if (t.dim() == 0 || t.dim() > 4096) return bad("dim must be in [1, 4096]");
+    if (!(t.init_scale() >= 0 && t.init_scale() <= 1000))
+      return bad("init_scale must be in [0, 1000] (0: 0.5 / sqrt(dim))");
+  }
+  if (config.sparse_tables_size() > 64)
+    return absl::InvalidArgumentError("job config: at most 64 sparse tables");
+  if (config.sparse_tables_size() > 0 && !config.checkpoint_dir().empty())
+    return absl::InvalidArgumentError(
+        "job config: checkpoints do not cover sparse tables yet; a job with "
+        "sparse_tables takes no checkpoint_dir");
+  return absl::OkStatus();
+}
+
+const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
+                                           std::string_view name) {
+  for (const v1::SparseTableSpec& t : config.sparse_tables())
+    if (t.name() == name) return &t;
+  return nullptr;
+}
+
+}  // namespace grps

@@ -1,0 +1,44 @@
+// Sparse tables (JobConfig.sparse_tables): which shard holds a row, what a
+// new row holds, and what a valid table spec is. Shared by the worker (which
+// splits a batch's ids by shard) and the server (which checks that every id
+// it is sent is its own). Knows no network.
+#ifndef GRPS_JOB_SPARSE_TABLES_H_
+#define GRPS_JOB_SPARSE_TABLES_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+// The shard that holds row `id` of every table: a SplitMix64 hash of the id
+// modulo num_servers, so consecutive ids spread evenly and every worker and
+// server agree. Requires num_servers >= 1.
+uint32_t SparseShardOf(int64_t id, uint32_t num_servers);
+
+// The half-width of a table's initial values: spec.init_scale, or
+// 0.5 / sqrt(dim) when it is 0.
+float SparseInitScale(const v1::SparseTableSpec& spec);
+
+// Writes the initial values of row `id` (spec.dim floats): uniform in
+// [-scale, scale], from (seed, table name, id, element) only, so a row is
+// the same whichever shard creates it and whenever.
+void InitializeSparseRow(const v1::SparseTableSpec& spec, uint64_t seed,
+                         int64_t id, float* out);
+
+// Whether `id` is a valid row id of the table (in [0, rows) when rows > 0).
+bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id);
+
+// Checks the job's tables (name syntax and uniqueness, dim, init_scale);
+// InvalidArgument names the table and the field.
+absl::Status ValidateSparseTables(const v1::JobConfig& config);
+
+// The table of that name, or null.
+const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
+                                           std::string_view name);
+
+}  // namespace grps
+
+#endif  // GRPS_JOB_SPARSE_TABLES_H_

@@ -1,0 +1,224 @@
+#include "server/sparse_rows.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "job/sparse_tables.h"
+
+namespace grps {
+namespace {
+
+uint32_t StateSlots(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_MOMENTUM:
+    case v1::OPTIMIZER_NESTEROV:
+    case v1::OPTIMIZER_ADAGRAD:
+      return 1;
+    case v1::OPTIMIZER_ADAM:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// The rows of a sync step's sum or a held ssp gradient: each id once, in the
+// order first added.
+class SparseGradientBuffer final : public GradientBuffer {
+ public:
+  explicit SparseGradientBuffer(uint32_t dim) : dim_(dim) {}
+
+  void Add(const GradientRef& g) override {
+    for (size_t i = 0; i < g.ids.size(); ++i) {
+      auto [it, added] = position_.try_emplace(g.ids[i], ids_.size());
+      const float* src = g.values.data() + i * dim_;
+      if (added) {
+        ids_.push_back(g.ids[i]);
+        values_.insert(values_.end(), src, src + dim_);
+        continue;
+      }
+      float* dst = values_.data() + it->second * dim_;
+      for (uint32_t k = 0; k < dim_; ++k) dst[k] += src[k];
+    }
+  }
+  void Scale(float factor) override {
+    for (float& v : values_) v *= factor;
+  }
+  void Clear() override {
+    position_.clear();
+    ids_.clear();
+    values_.clear();
+  }
+  GradientRef Ref() const override {
+    return GradientRef{absl::MakeConstSpan(values_), absl::MakeConstSpan(ids_)};
+  }
+
+ private:
+  const uint32_t dim_;
+  absl::flat_hash_map<int64_t, size_t> position_;
+  std::vector<int64_t> ids_;
+  std::vector<float> values_;
+};
+
+}  // namespace
+
+SparseRows::SparseRows(const v1::SparseTableSpec& spec,
+                       const v1::OptimizerConfig& optimizer, uint64_t seed,
+                       Backend* backend)
+    : spec_(spec),
+      optimizer_(optimizer),
+      seed_(seed),
+      backend_(backend),
+      dim_(spec.dim()),
+      slots_(StateSlots(optimizer.kind())),
+      stride_(static_cast<size_t>(spec.dim()) * (1 + StateSlots(optimizer.kind()))) {}
+
+absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
+  const uint64_t limit = spec_.max_rows_per_shard();
+  if (limit > 0) {
+    uint64_t missing = 0;
+    absl::flat_hash_map<int64_t, bool> counted;  // ids may repeat
+    for (int64_t id : ids)
+      if (!index_.contains(id) && counted.try_emplace(id, true).second) ++missing;
+    if (index_.size() + missing > limit)
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sparse table '", spec_.name(), "' holds ", index_.size(),
+          " rows on this shard; ", missing, " more would pass its limit of ", limit,
+          " (max_rows_per_shard)"));
+  }
+  if (index_.size() + ids.size() > std::numeric_limits<uint32_t>::max())
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sparse table '", spec_.name(), "' cannot hold more than 2^32 rows per shard"));
+  for (int64_t id : ids) SlotOf(id);
+  return absl::OkStatus();
+}
+
+uint32_t SparseRows::SlotOf(int64_t id) {
+  auto [it, added] = index_.try_emplace(id, static_cast<uint32_t>(updates_.size()));
+  if (!added) return it->second;
+  const uint32_t slot = it->second;
+  if (slot % kRowsPerBlock == 0)
+    blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+  float* row = RowAt(slot);
+  InitializeSparseRow(spec_, seed_, id, row);
+  std::fill(row + dim_, row + stride_, 0.0f);
+  updates_.push_back(0);
+  traffic_.push_back(0);
+  return slot;
+}
+
+void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t slot = SlotOf(ids[i]);
+    std::memcpy(out + i * dim_, RowAt(slot), dim_ * sizeof(float));
+    if (traffic_[slot] != std::numeric_limits<uint32_t>::max()) ++traffic_[slot];
+    ++total_traffic_;
+  }
+}
+
+void SparseRows::CountPushed(absl::Span<const int64_t> ids) {
+  for (int64_t id : ids) {
+    auto it = index_.find(id);
+    if (it == index_.end()) continue;
+    if (traffic_[it->second] != std::numeric_limits<uint32_t>::max()) ++traffic_[it->second];
+    ++total_traffic_;
+  }
+}
+
+void SparseRows::Apply(const GradientRef& grad, float lr) {
+  for (size_t i = 0; i < grad.ids.size(); ++i) {
+    const uint32_t slot = SlotOf(grad.ids[i]);
+    float* row = RowAt(slot);
+    float* a = row + dim_;
+    float* b = row + 2 * static_cast<size_t>(dim_);
+    const float* g = grad.values.data() + i * dim_;
+    const uint32_t t = ++updates_[slot];
+    switch (optimizer_.kind()) {
+      case v1::OPTIMIZER_MOMENTUM:
+      case v1::OPTIMIZER_NESTEROV: {
+        MomentumParams p;
+        p.lr = lr;
+        p.momentum = optimizer_.momentum();
+        p.nesterov = optimizer_.kind() == v1::OPTIMIZER_NESTEROV;
+        p.weight_decay = optimizer_.weight_decay();
+        backend_->MomentumUpdate(p, row, g, a, dim_);
+        break;
+      }
+      case v1::OPTIMIZER_ADAM: {
+        AdamParams p;
+        p.lr = lr;
+        p.beta1 = optimizer_.beta1();
+        p.beta2 = optimizer_.beta2();
+        p.epsilon = optimizer_.epsilon();
+        p.weight_decay = optimizer_.weight_decay();
+        p.step = t;
+        backend_->AdamUpdate(p, row, g, a, b, dim_);
+        break;
+      }
+      case v1::OPTIMIZER_ADAGRAD: {
+        AdagradParams p;
+        p.lr = lr;
+        p.epsilon = optimizer_.epsilon();
+        p.weight_decay = optimizer_.weight_decay();
+        backend_->AdagradUpdate(p, row, g, a, dim_);
+        break;
+      }
+      default: {
+        SgdParams p;
+        p.lr = lr;
+        p.weight_decay = optimizer_.weight_decay();
+        backend_->SgdUpdate(p, row, g, dim_);
+        break;
+      }
+    }
+  }
+}
+
+uint64_t SparseRows::bytes() const {
+  const uint64_t rows = blocks_.size() * static_cast<uint64_t>(kRowsPerBlock) * stride_ * sizeof(float);
+  const uint64_t counters = (updates_.capacity() + traffic_.capacity()) * sizeof(uint32_t);
+  // A flat_hash_map slot holds the pair and one control byte.
+  const uint64_t index = index_.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
+  return rows + counters + index;
+}
+
+double SparseRows::hottest_share() const {
+  if (total_traffic_ == 0 || traffic_.empty()) return 0;
+  const uint64_t n = traffic_.size();
+  const uint64_t step = n > kHotSample ? n / kHotSample : 1;
+  std::vector<uint32_t> sample;
+  sample.reserve(std::min<uint64_t>(n, kHotSample + 1));
+  uint64_t sampled_total = 0;
+  for (uint64_t i = 0; i < n; i += step) {
+    sample.push_back(traffic_[i]);
+    sampled_total += traffic_[i];
+  }
+  if (sampled_total == 0) return 0;
+  const size_t top = std::max<size_t>(1, sample.size() / 100);
+  std::nth_element(sample.begin(), sample.begin() + (top - 1), sample.end(),
+                   std::greater<uint32_t>());
+  uint64_t hot = 0;
+  for (size_t i = 0; i < top; ++i) hot += sample[i];
+  return static_cast<double>(hot) / static_cast<double>(sampled_total);
+}
+
+void SparseRows::Clear() {
+  index_.clear();
+  blocks_.clear();
+  updates_.clear();
+  traffic_.clear();
+  total_traffic_ = 0;
+}
+
+std::unique_ptr<GradientBuffer> SparseRows::NewBuffer() const {
+  return std::make_unique<SparseGradientBuffer>(dim_);
+}
+
+const float* SparseRows::TEST_Row(int64_t id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : RowAt(it->second);
+}
+
+}  // namespace grps

@@ -1,0 +1,106 @@
+// SparseRows: the rows of one sparse table that one shard holds, each with
+// its row-wise optimizer state (momentum velocity, Adam's moments and update
+// count, AdaGrad's accumulator), created on first use from the table's
+// deterministic initializer (job/sparse_tables.h). An update touches only
+// the rows of its gradient ("lazy" optimizers: a row's state moves only when
+// the row is updated, and Adam's bias correction counts that row's own
+// updates).
+//
+// Memory: rows live in blocks of kRowsPerBlock, so growing the table never
+// moves existing rows; an id -> slot hash map finds them. bytes() counts
+// both.
+//
+// Thread safety: none; the owner (a ShardStore table) calls it under the
+// table's lock.
+#ifndef GRPS_SERVER_SPARSE_ROWS_H_
+#define GRPS_SERVER_SPARSE_ROWS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "proto/grps.pb.h"
+#include "server/consistency_policy.h"
+#include "tensor/backend.h"
+
+namespace grps {
+
+class SparseRows {
+ public:
+  static constexpr uint32_t kRowsPerBlock = 4096;
+
+  // `spec` and `optimizer` must be valid (ValidateJobConfig); `backend` runs
+  // the optimizer updates and must outlive this.
+  SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfig& optimizer,
+             uint64_t seed, Backend* backend);
+  SparseRows(const SparseRows&) = delete;
+  SparseRows& operator=(const SparseRows&) = delete;
+
+  uint32_t dim() const { return dim_; }
+  uint64_t size() const { return index_.size(); }
+
+  // Creates the rows of `ids` that do not exist yet, all or none:
+  // RESOURCE_EXHAUSTED (nothing created) when that would take the shard past
+  // the table's max_rows_per_shard. `ids` may repeat.
+  absl::Status Ensure(absl::Span<const int64_t> ids);
+
+  // Copies the rows of `ids` (each must exist: Ensure) to out, dim floats
+  // each, in order, and counts each as a pull of that row.
+  void Read(absl::Span<const int64_t> ids, float* out);
+
+  // One optimizer update of the gradient's rows (grad.ids distinct; rows
+  // missing are created first, past any limit: Ensure decides the limit
+  // before a push is accepted) at learning rate `lr`.
+  void Apply(const GradientRef& grad, float lr);
+
+  // Counts a push of the rows of `ids` (for hottest_share).
+  void CountPushed(absl::Span<const int64_t> ids);
+
+  // Memory held by the rows: values, optimizer state, counters, the index.
+  uint64_t bytes() const;
+
+  // The share of row traffic (pushes and pulls) that went to the hottest 1%
+  // of the rows (at least one row); estimated from an even sample of
+  // kHotSample rows when there are more. 0 when there was no traffic.
+  static constexpr uint64_t kHotSample = 65536;
+  double hottest_share() const;
+
+  // Drops every row (a restore to the initial values).
+  void Clear();
+
+  // A zero gradient of this table's shape, for the consistency policies.
+  std::unique_ptr<GradientBuffer> NewBuffer() const;
+
+  // The value of a row, or null if it does not exist (tests).
+  const float* TEST_Row(int64_t id) const;
+
+ private:
+  // The slot of `id`, creating the row if needed.
+  uint32_t SlotOf(int64_t id);
+  float* RowAt(uint32_t slot) {
+    return blocks_[slot / kRowsPerBlock].get() + static_cast<size_t>(slot % kRowsPerBlock) * stride_;
+  }
+  const float* RowAt(uint32_t slot) const {
+    return blocks_[slot / kRowsPerBlock].get() + static_cast<size_t>(slot % kRowsPerBlock) * stride_;
+  }
+
+  const v1::SparseTableSpec spec_;
+  const v1::OptimizerConfig optimizer_;
+  const uint64_t seed_;
+  Backend* const backend_;
+  const uint32_t dim_;
+  const uint32_t slots_;   // optimizer state vectors per row (0, 1 or 2)
+  const size_t stride_;    // floats per row: values, then each state vector
+  absl::flat_hash_map<int64_t, uint32_t> index_;
+  std::vector<std::unique_ptr<float[]>> blocks_;
+  std::vector<uint32_t> updates_;  // by slot: the row's updates (Adam's t)
+  std::vector<uint32_t> traffic_;  // by slot: pushes + pulls, saturating
+  uint64_t total_traffic_ = 0;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_SERVER_SPARSE_ROWS_H_

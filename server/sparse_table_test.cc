@@ -1,0 +1,483 @@
+// Sparse tables on a shard: rows created on first use, row-wise optimizers,
+// the consistency modes applied to rows as to chunks, exactly-once pushes,
+// the row limit, and the network edge's refusals, each changing nothing.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "job/sparse_tables.h"
+#include "proto/grps.grpc.pb.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_store.h"
+#include "tensor/dtype.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Pointwise;
+using ::testing::FloatNear;
+
+constexpr uint32_t kDim = 4;
+constexpr float kLr = 0.5f;
+
+std::string F32Bytes(const std::vector<float>& values) {
+  std::string bytes(values.size() * sizeof(float), '\0');
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+std::vector<float> FromF32Bytes(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// A job of 2 servers and 2 workers with one table "emb" (dim 4, ids below
+// 1000) and a small dense model; this process holds shard 0.
+v1::JobConfig SparseJob(v1::ConsistencyMode mode, v1::OptimizerKind optimizer,
+                        uint64_t max_rows = 0) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("sparse-job");
+  config.set_mode(mode);
+  config.set_num_workers(2);
+  config.set_num_servers(2);
+  config.set_chunk_bytes(1024);
+  config.mutable_optimizer()->set_kind(optimizer);
+  config.mutable_optimizer()->set_learning_rate(kLr);
+  config.mutable_optimizer()->set_momentum(optimizer == v1::OPTIMIZER_MOMENTUM ? 0.9f : 0.0f);
+  config.mutable_optimizer()->set_decay_steps(0);
+  v1::SparseTableSpec* table = config.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(kDim);
+  table->set_rows(1000);
+  table->set_max_rows_per_shard(max_rows);
+  return config;
+}
+
+// The first `n` ids of [0, 1000) that hash to `shard` of 2.
+std::vector<int64_t> IdsOf(uint32_t shard, size_t n) {
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 1000 && ids.size() < n; ++id)
+    if (SparseShardOf(id, 2) == shard) ids.push_back(id);
+  return ids;
+}
+
+std::vector<float> InitialRow(const v1::JobConfig& config, int64_t id) {
+  std::vector<float> row(kDim);
+  InitializeSparseRow(config.sparse_tables(0), config.seed(), id, row.data());
+  return row;
+}
+
+std::unique_ptr<ShardStore> MakeStore(const v1::JobConfig& config) {
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap(ModelTensors(config), config.num_servers(), config.chunk_bytes());
+  EXPECT_TRUE(map.ok()) << map.status();
+  ShardStore::Options options;
+  options.config = config;
+  options.shard_map = *map;
+  options.shard = 0;
+  options.incarnation = 1;
+  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(std::move(options));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+ShardStore::SparseGradientPush Gradient(uint32_t rank, uint64_t step, uint64_t base_version,
+                                        const std::vector<int64_t>& ids,
+                                        const std::vector<float>& values) {
+  ShardStore::SparseGradientPush push;
+  push.worker_rank = rank;
+  push.incarnation = 1;
+  push.step = step;
+  push.table = "emb";
+  push.base_version = base_version;
+  push.ids = ids;
+  push.values = values;
+  return push;
+}
+
+absl::StatusOr<ShardStore::PulledRows> PullRows(ShardStore& store, const std::vector<int64_t>& ids,
+                                                std::optional<uint64_t> clock = std::nullopt,
+                                                uint32_t rank = 0,
+                                                absl::Duration wait = absl::ZeroDuration()) {
+  ShardStore::SparsePullSpec spec;
+  spec.worker_rank = rank;
+  spec.table = "emb";
+  spec.ids = ids;
+  spec.clock = clock;
+  spec.deadline = absl::Now() + wait;
+  return store.PullSparse(std::move(spec));
+}
+
+const v1::SparseTableStatus& TableStatus(const v1::ShardStatus& status) {
+  return status.tables(0);
+}
+
+TEST(SparseTable, RowsAreCreatedOnFirstPullFromTheDeterministicInitializer) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 3);
+  EXPECT_EQ(TableStatus(store->ShardStatus()).rows(), 0u);
+  absl::StatusOr<ShardStore::PulledRows> rows = PullRows(*store, {ids[0], ids[1], ids[0]});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const std::vector<float> got = FromF32Bytes(rows->data);
+  ASSERT_EQ(got.size(), 3 * kDim);
+  const std::vector<float> first = InitialRow(config, ids[0]);
+  EXPECT_THAT(std::vector<float>(got.begin(), got.begin() + kDim), ElementsAreArray(first));
+  EXPECT_THAT(std::vector<float>(got.begin() + 2 * kDim, got.end()), ElementsAreArray(first));
+  EXPECT_NE(InitialRow(config, ids[0]), InitialRow(config, ids[1]));
+  for (float v : got) EXPECT_LE(std::fabs(v), SparseInitScale(config.sparse_tables(0)));
+  const v1::SparseTableStatus table = TableStatus(store->ShardStatus());
+  EXPECT_EQ(table.rows(), 2u);  // the repeated id is one row
+  EXPECT_EQ(table.rows_pulled(), 3u);
+  EXPECT_GT(table.bytes_per_row(), kDim * sizeof(float));
+}
+
+TEST(SparseTable, AsyncAppliesEachPushToItsRowsOnlyAndCountsStaleness) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 2);
+  ASSERT_TRUE(PullRows(*store, ids).ok());
+  const std::vector<float> grad(kDim, 1.0f);
+  absl::StatusOr<ShardStore::SparsePushResult> r =
+      store->PushSparse(Gradient(0, 0, 0, {ids[0]}, grad));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version, 1u);
+  // Async: lr / num_workers per update, computed on version 0 (staleness 0).
+  std::vector<float> want = InitialRow(config, ids[0]);
+  for (float& v : want) v -= kLr / 2 * 1.0f;
+  EXPECT_THAT(*store->TEST_ReadRow("emb", ids[0]), Pointwise(FloatNear(1e-6), want));
+  EXPECT_THAT(*store->TEST_ReadRow("emb", ids[1]), ElementsAreArray(InitialRow(config, ids[1])));
+  // Rank 1's gradient was computed on version 0 too: staleness 1.
+  ASSERT_TRUE(store->PushSparse(Gradient(1, 0, 0, {ids[0]}, grad)).ok());
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(TableStatus(status).version(), 2u);
+  EXPECT_EQ(status.staleness_max(), 1u);
+  EXPECT_EQ(TableStatus(status).rows_pushed(), 2u);
+}
+
+TEST(SparseTable, SyncAveragesTheStepsRowsOnceEveryWorkerPushedAndPullsWait) {
+  const v1::JobConfig config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 3);
+  // Rank 0 touches rows a and b, rank 1 rows b and c.
+  ASSERT_TRUE(store->PushSparse(Gradient(0, 0, 0, {ids[0], ids[1]},
+                                         {1, 1, 1, 1, 2, 2, 2, 2})).ok());
+  // Rank 0's pull at its next clock waits for the step.
+  absl::StatusOr<ShardStore::PulledRows> early = PullRows(*store, {ids[1]}, 1, 0);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("table 'emb'"));
+  std::thread pusher([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(store->PushSparse(Gradient(1, 0, 0, {ids[1], ids[2]},
+                                           {4, 4, 4, 4, 8, 8, 8, 8})).ok());
+  });
+  absl::StatusOr<ShardStore::PulledRows> pulled =
+      PullRows(*store, {ids[0], ids[1], ids[2]}, 1, 0, absl::Seconds(10));
+  pusher.join();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(pulled->version, 1u);
+  // One update with the average of the two workers' gradients (sum / 2).
+  const float step_grad[3] = {0.5f, 3.0f, 4.0f};
+  const std::vector<float> got = FromF32Bytes(pulled->data);
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<float> init = InitialRow(config, ids[r]);
+    for (uint32_t k = 0; k < kDim; ++k)
+      EXPECT_NEAR(got[r * kDim + k], init[k] - kLr * step_grad[r], 1e-6) << "row " << r;
+  }
+  EXPECT_EQ(store->ShardStatus().updates_applied(), 1u);
+}
+
+TEST(SparseTable, SyncStepCompletesWithAPushThatTouchesNoRows) {
+  const v1::JobConfig config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 1);
+  ASSERT_TRUE(store->PushSparse(Gradient(0, 0, 0, ids, std::vector<float>(kDim, 1.0f))).ok());
+  ASSERT_TRUE(store->PushSparse(Gradient(1, 0, 0, {}, {})).ok());
+  EXPECT_EQ(TableStatus(store->ShardStatus()).version(), 1u);
+  std::vector<float> want = InitialRow(config, ids[0]);
+  for (float& v : want) v -= kLr * 0.5f;
+  EXPECT_THAT(*store->TEST_ReadRow("emb", ids[0]), Pointwise(FloatNear(1e-6), want));
+}
+
+TEST(SparseTable, ARetriedPushIsAppliedExactlyOnce) {
+  for (v1::ConsistencyMode mode : {v1::MODE_SYNC, v1::MODE_ASYNC, v1::MODE_SSP}) {
+    SCOPED_TRACE(ModeName(mode));
+    const v1::JobConfig config = SparseJob(mode, v1::OPTIMIZER_SGD);
+    std::unique_ptr<ShardStore> store = MakeStore(config);
+    const std::vector<int64_t> ids = IdsOf(0, 1);
+    const std::vector<float> grad(kDim, 1.0f);
+    for (uint32_t rank : {0u, 1u}) {
+      ASSERT_TRUE(store->PushSparse(Gradient(rank, 0, 0, ids, grad)).ok());
+      // The retry of the same (incarnation, step): acknowledged, not applied.
+      absl::StatusOr<ShardStore::SparsePushResult> retry =
+          store->PushSparse(Gradient(rank, 0, 0, ids, grad));
+      ASSERT_TRUE(retry.ok()) << retry.status();
+      EXPECT_TRUE(retry->duplicate);
+    }
+    const v1::ShardStatus status = store->ShardStatus();
+    EXPECT_EQ(status.duplicate_pushes(), 2u);
+    // Sync: one step of the average; async and ssp: two updates at lr / 2.
+    std::vector<float> want = InitialRow(config, ids[0]);
+    for (float& v : want) v -= kLr * 1.0f;
+    EXPECT_THAT(*store->TEST_ReadRow("emb", ids[0]), Pointwise(FloatNear(1e-6), want));
+  }
+}
+
+TEST(SparseTable, AdamIsLazyAndCountsEachRowsOwnUpdates) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM);
+  config.mutable_optimizer()->set_beta1(0.9f);
+  config.mutable_optimizer()->set_beta2(0.999f);
+  config.mutable_optimizer()->set_epsilon(1e-8f);
+  config.set_num_workers(1);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 2);
+  ASSERT_TRUE(PullRows(*store, ids).ok());
+  // Three updates of row a, then the first of row b: row b's first Adam step
+  // is bias-corrected as t = 1 (a step of lr * sign(g)), not as t = 4.
+  for (uint64_t step = 0; step < 3; ++step)
+    ASSERT_TRUE(store->PushSparse(Gradient(0, step, step, {ids[0]}, std::vector<float>(kDim, 1.0f))).ok());
+  ASSERT_TRUE(store->PushSparse(Gradient(0, 3, 3, {ids[1]}, std::vector<float>(kDim, 2.0f))).ok());
+  std::vector<float> want = InitialRow(config, ids[1]);
+  for (float& v : want) v -= kLr;  // async lr / 1 worker; m̂ / sqrt(v̂) = 1
+  EXPECT_THAT(*store->TEST_ReadRow("emb", ids[1]), Pointwise(FloatNear(1e-5), want));
+}
+
+TEST(SparseTable, TheRowLimitRefusesAPullOrPushThatWouldPassItAndCreatesNothing) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD, /*max_rows=*/2);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 3);
+  ASSERT_TRUE(PullRows(*store, {ids[0]}).ok());
+  absl::StatusOr<ShardStore::PulledRows> over = PullRows(*store, {ids[1], ids[2]});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("max_rows_per_shard"));
+  EXPECT_EQ(TableStatus(store->ShardStatus()).rows(), 1u);
+  absl::StatusOr<ShardStore::SparsePushResult> push = store->PushSparse(
+      Gradient(0, 0, 0, {ids[1], ids[2]}, std::vector<float>(2 * kDim, 1.0f)));
+  EXPECT_EQ(push.status().code(), absl::StatusCode::kResourceExhausted);
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(TableStatus(status).rows(), 1u);
+  EXPECT_EQ(TableStatus(status).version(), 0u);
+  EXPECT_EQ(status.rejected_pushes(), 1u);
+  // Within the limit both still work.
+  EXPECT_TRUE(PullRows(*store, {ids[0], ids[1]}).ok());
+}
+
+TEST(SparseTable, RestoringTheInitialValuesDropsEveryRow) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 1);
+  ASSERT_TRUE(store->PushSparse(Gradient(0, 0, 0, ids, std::vector<float>(kDim, 1.0f))).ok());
+  ASSERT_TRUE(store->Restore(2, 0, {}, {}).ok());
+  const v1::SparseTableStatus table = TableStatus(store->ShardStatus());
+  EXPECT_EQ(table.rows(), 0u);
+  EXPECT_EQ(table.version(), 0u);
+  absl::StatusOr<ShardStore::PulledRows> rows = PullRows(*store, ids);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_THAT(FromF32Bytes(rows->data), ElementsAreArray(InitialRow(config, ids[0])));
+}
+
+TEST(SparseTable, TheHottestRowsShareIsReported) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 200);
+  ASSERT_TRUE(PullRows(*store, ids).ok());       // 200 rows, one pull each
+  for (int i = 0; i < 98; ++i) ASSERT_TRUE(PullRows(*store, {ids[0], ids[1]}).ok());
+  // The hottest 1% is 2 rows with 99 pulls each, of 396 pulls in all.
+  EXPECT_NEAR(TableStatus(store->ShardStatus()).hottest_share(), 198.0 / 396.0, 1e-9);
+}
+
+// ---- The network edge ----
+
+class SparseEdgeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD, /*max_rows=*/100);
+    store_ = MakeStore(config_);
+    ASSERT_NE(store_, nullptr);
+    service_ = std::make_unique<ParameterServerService>(store_.get());
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::ParameterServer::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", server_.port)));
+    own_ = IdsOf(0, 2);
+    foreign_ = IdsOf(1, 1)[0];
+  }
+  void TearDown() override {
+    if (server_.server != nullptr) server_.server->Shutdown();
+  }
+
+  v1::SparsePushRequest GoodPush(uint64_t step = 0) const {
+    v1::SparsePushRequest r;
+    r.set_job_id("sparse-job");
+    r.set_worker_rank(0);
+    r.set_incarnation(1);
+    r.set_step(step);
+    r.set_table("emb");
+    for (int64_t id : own_) r.add_ids(id);
+    r.set_dtype(v1::DTYPE_F32);
+    r.set_gradients(F32Bytes(std::vector<float>(own_.size() * kDim, 1.0f)));
+    return r;
+  }
+  grpc::Status PushSparse(const v1::SparsePushRequest& r, v1::SparsePushResponse* out = nullptr) {
+    v1::SparsePushResponse ignored;
+    grpc::ClientContext context;
+    return stub_->PushSparse(&context, r, out != nullptr ? out : &ignored);
+  }
+  grpc::Status PullSparse(const std::vector<int64_t>& ids, v1::SparsePullResponse* out) {
+    v1::SparsePullRequest r;
+    r.set_job_id("sparse-job");
+    r.set_table("emb");
+    for (int64_t id : ids) r.add_ids(id);
+    grpc::ClientContext context;
+    return stub_->PullSparse(&context, r, out);
+  }
+  // A bad push is refused with `code`, its message says `why`, and no row,
+  // version or counter but rejected_pushes moved.
+  void ExpectRefused(const v1::SparsePushRequest& r, grpc::StatusCode code,
+                     const std::string& why) {
+    const v1::ShardStatus before = store_->ShardStatus();
+    const grpc::Status s = PushSparse(r);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(why));
+    const v1::ShardStatus after = store_->ShardStatus();
+    EXPECT_EQ(after.rejected_pushes(), before.rejected_pushes() + 1);
+    EXPECT_EQ(TableStatus(after).rows(), TableStatus(before).rows());
+    EXPECT_EQ(TableStatus(after).version(), TableStatus(before).version());
+    EXPECT_EQ(TableStatus(after).rows_pushed(), TableStatus(before).rows_pushed());
+    for (int64_t id : own_) EXPECT_FALSE(store_->TEST_ReadRow("emb", id).ok()) << id;
+  }
+
+  v1::JobConfig config_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<ParameterServerService> service_;
+  GrpcServer server_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::vector<int64_t> own_;
+  int64_t foreign_ = 0;
+};
+
+TEST_F(SparseEdgeTest, AGoodPushAndPullRoundTripOverGrpc) {
+  v1::SparsePullResponse pulled;
+  ASSERT_TRUE(PullSparse(own_, &pulled).ok());
+  EXPECT_EQ(pulled.dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(pulled.version(), 0u);
+  EXPECT_EQ(pulled.values().size(), own_.size() * kDim * sizeof(float));
+  v1::SparsePushResponse response;
+  ASSERT_TRUE(PushSparse(GoodPush(), &response).ok());
+  EXPECT_EQ(response.version(), 1u);
+  EXPECT_FALSE(response.duplicate());
+  ASSERT_TRUE(PullSparse(own_, &pulled).ok());
+  EXPECT_EQ(pulled.version(), 1u);
+}
+
+TEST_F(SparseEdgeTest, ARetriedPushOverGrpcIsAppliedOnce) {
+  ASSERT_TRUE(PushSparse(GoodPush()).ok());
+  const std::vector<float> once = *store_->TEST_ReadRow("emb", own_[0]);
+  v1::SparsePushResponse retry;
+  ASSERT_TRUE(PushSparse(GoodPush(), &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(retry.version(), 1u);
+  EXPECT_EQ(*store_->TEST_ReadRow("emb", own_[0]), once);
+  EXPECT_EQ(store_->ShardStatus().duplicate_pushes(), 1u);
+}
+
+TEST_F(SparseEdgeTest, AnIdOutsideTheTablesRangeIsRefused) {
+  v1::SparsePushRequest r = GoodPush();
+  r.set_ids(1, 1000);
+  ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "row id 1000 is outside sparse table 'emb'");
+  r.set_ids(1, -1);
+  ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "row id -1 is outside");
+}
+
+TEST_F(SparseEdgeTest, ARowOfTheWrongWidthIsRefused) {
+  v1::SparsePushRequest r = GoodPush();
+  r.set_gradients(F32Bytes(std::vector<float>(own_.size() * kDim - 1, 1.0f)));
+  ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "expected 32 bytes of gradients (2 rows x 4");
+}
+
+TEST_F(SparseEdgeTest, DuplicateIdsInOnePushAreRefused) {
+  v1::SparsePushRequest r = GoodPush();
+  r.set_ids(1, own_[0]);
+  ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("row id ", own_[0], " appears twice in one push"));
+}
+
+TEST_F(SparseEdgeTest, NonFiniteGradientsAreRefused) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    3e38f}) {
+    v1::SparsePushRequest r = GoodPush();
+    std::vector<float> values(own_.size() * kDim, 1.0f);
+    values[kDim + 2] = bad;
+    r.set_gradients(F32Bytes(values));
+    ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("gradient element 2 of row ", own_[1]));
+  }
+}
+
+TEST_F(SparseEdgeTest, ARowOfAnotherShardOrAnUnknownTableIsNotFound) {
+  v1::SparsePushRequest r = GoodPush();
+  r.set_ids(0, foreign_);
+  ExpectRefused(r, grpc::StatusCode::NOT_FOUND, "is held by shard 1, not shard 0");
+  r = GoodPush();
+  r.set_table("nope");
+  ExpectRefused(r, grpc::StatusCode::NOT_FOUND, "no sparse table 'nope'");
+  v1::SparsePullResponse pulled;
+  EXPECT_EQ(PullSparse({foreign_}, &pulled).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(TableStatus(store_->ShardStatus()).rows(), 0u);
+}
+
+TEST_F(SparseEdgeTest, AnOtherJobOrAnUnknownRankIsRefused) {
+  v1::SparsePushRequest r = GoodPush();
+  r.set_job_id("other");
+  ExpectRefused(r, grpc::StatusCode::FAILED_PRECONDITION, "request for job 'other'");
+  r = GoodPush();
+  r.set_worker_rank(7);
+  ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 7");
+}
+
+TEST_F(SparseEdgeTest, APullPastTheRowLimitIsResourceExhaustedAndCreatesNothing) {
+  std::vector<int64_t> many = IdsOf(0, 101);
+  v1::SparsePullResponse pulled;
+  const grpc::Status s = PullSparse(many, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(TableStatus(store_->ShardStatus()).rows(), 0u);
+}
+
+TEST(SparseTableConfig, TablesAreValidatedAndNotYetCheckpointed) {
+  v1::JobConfig config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.mutable_sparse_tables(0)->set_dim(0);
+  EXPECT_THAT(ValidateJobConfig(config).message(), HasSubstr("dim must be in [1, 4096]"));
+  config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  *config.add_sparse_tables() = config.sparse_tables(0);
+  EXPECT_THAT(ValidateJobConfig(config).message(), HasSubstr("appears twice"));
+  config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  config.mutable_sparse_tables(0)->set_name("bad name");
+  EXPECT_THAT(ValidateJobConfig(config).message(), HasSubstr("[A-Za-z0-9_.-]"));
+  config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  config.set_checkpoint_dir("/tmp/x");
+  EXPECT_THAT(ValidateJobConfig(config).message(),
+              HasSubstr("checkpoints do not cover sparse tables yet"));
+}
+
+TEST(SparsePlacement, IdsSpreadEvenlyOverTheShards) {
+  std::vector<int> count(4, 0);
+  for (int64_t id = 0; id < 40000; ++id) ++count[SparseShardOf(id, 4)];
+  for (int c : count) EXPECT_NEAR(c, 10000, 400);
+}
+
+}  // namespace
+}  // namespace grps
