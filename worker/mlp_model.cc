@@ -26,6 +26,7 @@ MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
 }
 
 void MlpModel::SetParameters(const float* host_params) {
+  backward_batch_ = 0;
   backend_->CopyToDevice(params_.data(), host_params, num_params_ * sizeof(float));
 }
 
@@ -37,13 +38,31 @@ void MlpModel::GetGradients(float* host_grads) {
   backend_->CopyToHost(host_grads, grads_.data(), num_params_ * sizeof(float));
 }
 
+void MlpModel::GetInputGradient(float* host_dx) {
+  assert(backward_batch_ > 0);
+  if (input_grad_.data() == nullptr) {
+    input_grad_ = DeviceBuffer(backend_, static_cast<size_t>(max_batch_) *
+                                             widths_[0] * sizeof(float));
+  }
+  // dx = dz_0 W_0^T, with dz_0 = d loss / d pre-activation of the first layer.
+  const int in = static_cast<int>(widths_[0]);
+  const int out = static_cast<int>(widths_[1]);
+  backend_->Gemm(false, true, backward_batch_, in, out, 1.0f, deltas_[0].f32(),
+                 out, params_.f32() + weight_offset_[0], out, 0.0f,
+                 input_grad_.f32(), in);
+  backend_->CopyToHost(host_dx, input_grad_.data(),
+                       static_cast<size_t>(backward_batch_) * in * sizeof(float));
+}
+
 float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
                                 int batch, int64_t* correct) {
   assert(batch > 0 && batch <= max_batch_);
   backend_->CopyToDevice(activations_[0].data(), host_x,
                          static_cast<size_t>(batch) * widths_[0] * sizeof(float));
   backend_->CopyToDevice(labels_.data(), host_labels, batch * sizeof(int32_t));
-  return Run(batch, /*backward=*/true, correct);
+  const float loss = Run(batch, /*backward=*/true, correct);
+  backward_batch_ = batch;
+  return loss;
 }
 
 EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,

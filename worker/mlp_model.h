@@ -44,6 +44,11 @@ class MlpModel {
                         int batch, int64_t* correct);
   // Copies the gradient of the last ForwardBackward to host memory.
   void GetGradients(float* host_grads);
+  // Writes d(mean loss)/d(input) of the last ForwardBackward to host memory:
+  // batch x widths()[0] floats, row-major like host_x. Computed on demand
+  // (one Gemm) from the parameters of that pass, so it requires that a
+  // ForwardBackward ran and no SetParameters came since (Evaluate may).
+  void GetInputGradient(float* host_dx);
 
   // Forward only, in batches of at most max_batch.
   EvalResult Evaluate(const float* host_x, const int32_t* host_labels,
@@ -67,6 +72,10 @@ class MlpModel {
   // (post-ReLU for hidden layers, logits for the last).
   std::vector<DeviceBuffer> activations_;
   std::vector<DeviceBuffer> deltas_;  // d loss / d pre-activation, per layer
+  // The batch of the last ForwardBackward whose deltas_ and params_ are still
+  // current; 0 when there is none (GetInputGradient's precondition).
+  int backward_batch_ = 0;
+  DeviceBuffer input_grad_;  // max_batch x widths[0], allocated on first use
 };
 
 }  // namespace grps

@@ -1,0 +1,116 @@
+#include "worker/embedding_model.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <utility>
+
+namespace grps {
+namespace {
+
+std::vector<int64_t> HeadWidths(int64_t embedding_dim,
+                                std::vector<int64_t> hidden,
+                                int64_t num_classes) {
+  hidden.insert(hidden.begin(), embedding_dim);
+  hidden.push_back(num_classes);
+  return hidden;
+}
+
+}  // namespace
+
+EmbeddingModel::EmbeddingModel(Backend* backend, int64_t embedding_dim,
+                               std::vector<int64_t> hidden,
+                               int64_t num_classes, EmbeddingCombiner combiner,
+                               int max_batch)
+    : embedding_dim_(embedding_dim),
+      combiner_(combiner),
+      max_batch_(max_batch),
+      head_(backend, HeadWidths(embedding_dim, std::move(hidden), num_classes),
+            max_batch),
+      bags_(static_cast<size_t>(max_batch) * embedding_dim),
+      bag_grads_(static_cast<size_t>(max_batch) * embedding_dim) {
+  assert(embedding_dim_ >= 1 && num_classes >= 1 && max_batch_ >= 1);
+}
+
+void EmbeddingModel::SetHeadParameters(const float* host_params) {
+  head_.SetParameters(host_params);
+}
+
+void EmbeddingModel::GetHeadParameters(float* host_params) {
+  head_.GetParameters(host_params);
+}
+
+void EmbeddingModel::GetHeadGradients(float* host_grads) {
+  head_.GetGradients(host_grads);
+}
+
+void EmbeddingModel::ComputeBags(const SparseBatch& batch, int first,
+                                 int count, const float* rows) {
+  const int64_t dim = embedding_dim_;
+  const std::vector<int64_t>& offsets = batch.offsets();
+  const std::vector<int32_t>& row_of = batch.rows();
+  const std::vector<float>& values = batch.values();
+  std::fill(bags_.begin(), bags_.begin() + count * dim, 0.0f);
+  for (int i = 0; i < count; ++i) {
+    float* bag = bags_.data() + i * dim;
+    const int64_t begin = offsets[first + i];
+    const int64_t end = offsets[first + i + 1];
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = Weight(values[j], end - begin);
+      const float* row = rows + static_cast<int64_t>(row_of[j]) * dim;
+      for (int64_t d = 0; d < dim; ++d) bag[d] += w * row[d];
+    }
+  }
+}
+
+float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
+                                      const float* rows, int64_t* correct) {
+  const int n = batch.size();
+  assert(n >= 1 && n <= max_batch_);
+  const int64_t dim = embedding_dim_;
+  ComputeBags(batch, 0, n, rows);
+  const float loss =
+      head_.ForwardBackward(bags_.data(), batch.labels().data(), n, correct);
+  head_.GetInputGradient(bag_grads_.data());
+
+  // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d bag.
+  const std::vector<int64_t>& offsets = batch.offsets();
+  const std::vector<int32_t>& row_of = batch.rows();
+  const std::vector<float>& values = batch.values();
+  row_grads_.assign(batch.unique_ids().size() * dim, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    const float* bag_grad = bag_grads_.data() + i * dim;
+    const int64_t begin = offsets[i];
+    const int64_t end = offsets[i + 1];
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = Weight(values[j], end - begin);
+      float* grad = row_grads_.data() + static_cast<int64_t>(row_of[j]) * dim;
+      for (int64_t d = 0; d < dim; ++d) grad[d] += w * bag_grad[d];
+    }
+  }
+  return loss;
+}
+
+EvalResult EmbeddingModel::Evaluate(const SparseBatch& examples,
+                                    const float* rows) {
+  EvalResult result;
+  const int count = examples.size();
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int first = 0; first < count; first += max_batch_) {
+    const int n = std::min(max_batch_, count - first);
+    ComputeBags(examples, first, n, rows);
+    const EvalResult part =
+        head_.Evaluate(bags_.data(), examples.labels().data() + first, n);
+    loss_sum += part.loss * n;
+    hits += std::llround(part.accuracy * n);
+  }
+  result.examples = count;
+  if (count > 0) {
+    result.loss = loss_sum / count;
+    result.accuracy = static_cast<double>(hits) / count;
+  }
+  return result;
+}
+
+}  // namespace grps

@@ -1,0 +1,110 @@
+// EmbeddingModel: a classifier over sparse features. Each example's features
+// pick rows of an embedding table (by HashFeatureId, see sparse_batch.h);
+// the rows, each weighted by its feature's value, are combined into one bag
+// of embedding_dim floats, and the bag feeds a dense head (an MlpModel of
+// widths {embedding_dim, hidden..., classes}) trained with softmax
+// cross-entropy.
+//
+// The table lives on the parameter servers, in sparse tables keyed by int64
+// id; the model never holds it. Per step the caller pulls the rows of
+// SparseBatch::unique_ids(), passes them to ForwardBackward, and pushes
+// row_gradients() for the same ids: one row per distinct id, already summed
+// over every occurrence. The head's parameters are a flat array in
+// MlpModel's layout, so they live in the dense chunks like a dense model's.
+#ifndef GRPS_WORKER_EMBEDDING_MODEL_H_
+#define GRPS_WORKER_EMBEDDING_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "tensor/backend.h"
+#include "worker/mlp_model.h"
+#include "worker/sparse_batch.h"
+
+namespace grps {
+
+// How an example's rows become its bag, for an example whose nonzeros j have
+// values v_j and rows r_j:
+enum class EmbeddingCombiner {
+  kSum,   // bag = sum_j v_j r_j
+  kMean,  // bag = (1 / n) sum_j v_j r_j, n = the example's nonzero count.
+          // (Not divided by sum_j v_j: values may sum to zero.)
+};
+// Under both, an example with no nonzeros gets a zero bag, so its prediction
+// is the head's response to zero; it contributes no row gradient.
+
+// The bag runs on the host (a loop over nonzeros, cheap beside the head);
+// the head runs on the Backend, as MlpModel does.
+//
+// Thread safety: one thread at a time (like the Backend it runs on).
+class EmbeddingModel {
+ public:
+  // embedding_dim >= 1, num_classes >= 1, max_batch >= 1, hidden widths
+  // >= 1 each (none: a softmax regression on the bag). *backend must
+  // outlive the model.
+  EmbeddingModel(Backend* backend, int64_t embedding_dim,
+                 std::vector<int64_t> hidden, int64_t num_classes,
+                 EmbeddingCombiner combiner, int max_batch);
+
+  int64_t embedding_dim() const { return embedding_dim_; }
+  EmbeddingCombiner combiner() const { return combiner_; }
+  int max_batch() const { return max_batch_; }
+  // {embedding_dim, hidden..., num_classes}.
+  const std::vector<int64_t>& head_widths() const { return head_.widths(); }
+
+  // The dense head, exactly as MlpModel with head_widths(): the same count,
+  // layout, and meaning of its parameters and gradients.
+  int64_t num_head_parameters() const { return head_.num_parameters(); }
+  void SetHeadParameters(const float* host_params);
+  void GetHeadParameters(float* host_params);
+
+  // Forward and backward over `batch` (1 <= batch.size() <= max_batch,
+  // labels in [0, num_classes)). `rows` holds the pulled rows:
+  // batch.unique_ids().size() x embedding_dim floats, row i for
+  // unique_ids()[i]. Returns the mean loss over the batch and leaves
+  //   * d(mean loss)/d(head parameters) for GetHeadGradients;
+  //   * d(mean loss)/d(rows) in row_gradients();
+  // *correct (if not null) counts argmax == label.
+  float ForwardBackward(const SparseBatch& batch, const float* rows,
+                        int64_t* correct);
+
+  // Copies the head gradient of the last ForwardBackward to host memory
+  // (num_head_parameters() floats).
+  void GetHeadGradients(float* host_grads);
+
+  // The row gradient of the last ForwardBackward: that batch's
+  // unique_ids().size() x embedding_dim floats, row i for unique_ids()[i],
+  // summed over every nonzero that reads it (so pushing it as it is pushes
+  // each id once). Empty before the first ForwardBackward; the span is valid
+  // until the next ForwardBackward or the model's destruction.
+  absl::Span<const float> row_gradients() const { return row_grads_; }
+
+  // Forward only, over every example of `examples` (any size, 0 included),
+  // in batches of at most max_batch; `rows` as for ForwardBackward, for
+  // examples.unique_ids(). Leaves the gradients of the last ForwardBackward
+  // as they were.
+  EvalResult Evaluate(const SparseBatch& examples, const float* rows);
+
+ private:
+  // bags_[0, count) = the bags of examples [first, first + count).
+  void ComputeBags(const SparseBatch& batch, int first, int count,
+                   const float* rows);
+  // The weight of nonzero j, whose example has n nonzeros, in the bag.
+  float Weight(float value, int64_t n) const {
+    return combiner_ == EmbeddingCombiner::kMean ? value / static_cast<float>(n)
+                                                 : value;
+  }
+
+  const int64_t embedding_dim_;
+  const EmbeddingCombiner combiner_;
+  const int max_batch_;
+  MlpModel head_;
+  std::vector<float> bags_;       // host, max_batch x embedding_dim
+  std::vector<float> bag_grads_;  // host, max_batch x embedding_dim
+  std::vector<float> row_grads_;  // host, unique ids x embedding_dim
+};
+
+}  // namespace grps
+
+#endif  // GRPS_WORKER_EMBEDDING_MODEL_H_
