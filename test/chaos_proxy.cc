@@ -99,20 +99,26 @@ ChaosProxy::Decision ChaosProxy::Decide() {
   return d;
 }
 
-grpc::Status ChaosProxy::Push(grpc::ServerContext* context,
-                              const v1::PushRequest* request,
-                              v1::PushResponse* response) {
+template <typename Request, typename Response>
+grpc::Status ChaosProxy::FaultyPush(grpc::ServerContext* context, const Request& request,
+                                    Response* response,
+                                    grpc::Status (v1::ParameterServer::Stub::*forward)(
+                                        grpc::ClientContext*, const Request&, Response*)) {
   const Decision d = Decide();
   absl::SleepFor(d.delay);
   if (d.drop_request)
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "chaos proxy: push dropped before the shard");
-  std::unique_ptr<grpc::ClientContext> forward =
+  std::unique_ptr<grpc::ClientContext> forwarded =
       grpc::ClientContext::FromServerContext(*context);
-  const grpc::Status status = stub_->Push(forward.get(), *request, response);
+  const grpc::Status status = (stub_.get()->*forward)(forwarded.get(), request, response);
   if (d.duplicate) {
     absl::MutexLock lock(&mu_);
-    echoes_.push_back(Echo{absl::Now() + d.duplicate_delay, *request});
+    echoes_.push_back(Echo{absl::Now() + d.duplicate_delay,
+                           [this, forward, copy = request](grpc::ClientContext* c) {
+                             Response ignored;
+                             (void)(stub_.get()->*forward)(c, copy, &ignored);
+                           }});
     echo_added_.Signal();
   }
   if (d.drop_reply) {  // whatever the shard said, the client never hears it
@@ -121,6 +127,12 @@ grpc::Status ChaosProxy::Push(grpc::ServerContext* context,
                         "chaos proxy: the shard's reply was dropped");
   }
   return status;
+}
+
+grpc::Status ChaosProxy::Push(grpc::ServerContext* context,
+                              const v1::PushRequest* request,
+                              v1::PushResponse* response) {
+  return FaultyPush(context, *request, response, &v1::ParameterServer::Stub::Push);
 }
 
 void ChaosProxy::EchoLoop() {
@@ -137,14 +149,13 @@ void ChaosProxy::EchoLoop() {
       echo_added_.WaitWithDeadline(&mu_, next->due);
       continue;  // re-examine: a sooner echo may have come, or stopping_
     }
-    v1::PushRequest request = std::move(next->request);
+    std::function<void(grpc::ClientContext*)> send = std::move(next->send);
     echoes_.erase(next);
     mu_.Unlock();
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + kEchoDeadline));
-    v1::PushResponse ignored;
     // The outcome does not matter: the client already has its reply.
-    (void)stub_->Push(&context, request, &ignored);
+    send(&context);
     mu_.Lock();
     ++counters_.duplicated;  // after the call: the shard has seen it
   }
@@ -169,10 +180,7 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
 grpc::Status ChaosProxy::PushSparse(grpc::ServerContext* context,
                                     const v1::SparsePushRequest* request,
                                     v1::SparsePushResponse* response) {
-  CountCall();
-  std::unique_ptr<grpc::ClientContext> forward =
-      grpc::ClientContext::FromServerContext(*context);
-  return stub_->PushSparse(forward.get(), *request, response);
+  return FaultyPush(context, *request, response, &v1::ParameterServer::Stub::PushSparse);
 }
 
 grpc::Status ChaosProxy::PullSparse(grpc::ServerContext* context,

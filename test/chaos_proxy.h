@@ -1,6 +1,7 @@
 // ChaosProxy: a grps.v1.ParameterServer that stands between workers and one
 // real shard and makes the network between them unreliable. Every call is
-// forwarded to the backend shard; pushes are where the faults are:
+// forwarded to the backend shard; pushes (dense and sparse alike) are where
+// the faults are:
 //
 //   drop_request  the push is not forwarded; the client gets UNAVAILABLE.
 //   drop_reply    the push is forwarded (and applied), but the client gets
@@ -20,7 +21,7 @@
 // capped: they never stop a run from finishing), so a client that retries
 // always gets through in the end.
 //
-// Pulls, shard status and the sparse calls are forwarded as they are (with
+// Pulls (dense and sparse) and shard status are forwarded as they are (with
 // the caller's deadline and cancellation); a backend that is down answers
 // UNAVAILABLE through the proxy, as it would directly.
 //
@@ -32,6 +33,7 @@
 #define GRPS_TEST_CHAOS_PROXY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -61,7 +63,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
 
   struct Counters {
     uint64_t calls = 0;   // every RPC received (pushes, pulls, status, ...)
-    uint64_t pushes = 0;  // Push RPCs received
+    uint64_t pushes = 0;  // Push and PushSparse RPCs received
     uint64_t dropped_requests = 0;
     uint64_t dropped_replies = 0;
     uint64_t duplicated = 0;  // second copies sent (their calls returned)
@@ -108,11 +110,20 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     bool duplicate = false;
     absl::Duration duplicate_delay;
   };
-  // A second copy waiting to be sent.
+  // A second copy waiting to be sent: `send` sends it (a copy of the
+  // request, to the backend, with `context`).
   struct Echo {
     absl::Time due;
-    v1::PushRequest request;
+    std::function<void(grpc::ClientContext* context)> send;
   };
+  // A push of either kind through the faults: `forward` sends the request
+  // to the backend, `clear` empties the reply.
+  template <typename Request, typename Response>
+  grpc::Status FaultyPush(grpc::ServerContext* context, const Request& request,
+                          Response* response,
+                          grpc::Status (v1::ParameterServer::Stub::*forward)(
+                              grpc::ClientContext*, const Request&, Response*))
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   explicit ChaosProxy(Options options);
   Decision Decide() ABSL_LOCKS_EXCLUDED(mu_);

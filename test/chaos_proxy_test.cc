@@ -8,6 +8,7 @@
 // decisions follow from the seed.
 #include "test/chaos_proxy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -19,12 +20,14 @@
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_store.h"
 #include "test/in_process_shards.h"
 #include "tensor/backend.h"
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 
 namespace grps {
 namespace {
@@ -227,6 +230,112 @@ TEST(ChaosProxy, SyncTrainingThroughDropsDuplicatesAndDelaysEqualsDirectTraining
 }
 
 // One single-worker sync shard for pushing by hand.
+// Sparse tables through the same faults: two workers train rows of a table
+// (Adam, whose per-row step count makes a row updated twice visible) in sync
+// mode with the worker's SparseClient, which retries UNAVAILABLE pushes; the
+// rows end bit for bit as without the proxies.
+constexpr int kSparseRows = 300;
+
+struct SparseOutcome {
+  std::vector<float> rows;  // every row of the table, id order
+  uint64_t duplicates = 0;  // over the shards
+  uint64_t sparse_pushes_through_proxies = 0;
+};
+
+SparseOutcome TrainSparse(bool chaos) {
+  v1::JobConfig config = Config(kWorkers, /*servers=*/2);
+  v1::SparseTableSpec* table = config.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(8);
+  table->set_rows(kSparseRows);
+  v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
+  InProcessShards shards(config, &map);
+  std::vector<std::unique_ptr<ServedProxy>> proxies;
+  v1::ShardMap worker_map = map;
+  if (chaos) {
+    for (uint32_t s = 0; s < 2; ++s) {
+      proxies.push_back(std::make_unique<ServedProxy>(
+          EveryFault(map.shards(s).address(), /*seed=*/200 + s)));
+      worker_map.mutable_shards(s)->set_address(proxies.back()->address());
+    }
+  }
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+    threads.emplace_back([&, rank] {
+      SparseClient client(config, worker_map, rank, /*incarnation=*/1);
+      for (int step = 0; step < kSteps; ++step) {
+        // 16 distinct ids per step and rank, overlapping between the ranks.
+        std::vector<int64_t> ids;
+        for (int k = 0; k < 16; ++k)
+          ids.push_back((step * 37 + rank * 5 + k * 11) % kSparseRows);
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        std::vector<float> rows(ids.size() * 8), grads(rows.size());
+        Backoff retry;
+        retry.initial = absl::Milliseconds(20);
+        retry.give_up_after = absl::Seconds(20);
+        const absl::Status pulled = RetryTransient(retry, [&] {
+          return client.Pull("emb", ids, step, absl::Seconds(20), rows.data());
+        });
+        ASSERT_TRUE(pulled.ok()) << "rank " << rank << " step " << step << ": " << pulled;
+        // The gradient of 0.5 |row - target|^2: it depends on the row, so an
+        // update applied twice changes every later step.
+        for (size_t i = 0; i < rows.size(); ++i)
+          grads[i] = rows[i] - 0.01f * static_cast<float>(ids[i / 8] % 7);
+        ParameterClient::RetryPolicy push_retry;
+        const absl::StatusOr<SparseClient::PushOutcome> pushed =
+            client.Push("emb", step, ids, grads.data(), push_retry);
+        ASSERT_TRUE(pushed.ok()) << "rank " << rank << " step " << step << ": "
+                                 << pushed.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  SparseOutcome out;
+  for (auto& p : proxies) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    ChaosProxy::Counters c = p->counters();
+    while (c.duplicated < c.faults - c.dropped_requests - c.dropped_replies &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+      c = p->counters();
+    }
+    out.sparse_pushes_through_proxies += c.pushes;
+  }
+  proxies.clear();
+  SparseClient reader(config, map, 0, 1);
+  std::vector<int64_t> all(kSparseRows);
+  for (int i = 0; i < kSparseRows; ++i) all[i] = i;
+  out.rows.resize(kSparseRows * 8);
+  EXPECT_TRUE(reader.Pull("emb", all, kSteps, absl::Seconds(20), out.rows.data()).ok());
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const v1::ShardStatus status = shards.store(s).ShardStatus();
+    out.duplicates += status.duplicate_pushes();
+    EXPECT_EQ(status.tables(0).version(), static_cast<uint64_t>(kSteps)) << "shard " << s;
+  }
+  return out;
+}
+
+TEST(ChaosProxy, SparsePushesThroughDropsDuplicatesAndDelaysAreAppliedExactlyOnce) {
+  const SparseOutcome direct = TrainSparse(/*chaos=*/false);
+  const SparseOutcome chaos = TrainSparse(/*chaos=*/true);
+  EXPECT_EQ(direct.duplicates, 0u);
+  EXPECT_GT(chaos.duplicates, 0u);
+  // Every step of both workers reached both shards, plus the retries.
+  EXPECT_GT(chaos.sparse_pushes_through_proxies, static_cast<uint64_t>(kSteps * kWorkers * 2));
+  ASSERT_EQ(direct.rows.size(), chaos.rows.size());
+  EXPECT_EQ(std::memcmp(direct.rows.data(), chaos.rows.data(),
+                        direct.rows.size() * sizeof(float)),
+            0);
+  // And training moved the rows (the comparison is not of two initial tables).
+  v1::SparseTableSpec spec;
+  spec.set_name("emb");
+  spec.set_dim(8);
+  std::vector<float> initial(8);
+  InitializeSparseRow(spec, Config(kWorkers, 2).seed(), 0, initial.data());
+  EXPECT_NE(std::vector<float>(direct.rows.begin(), direct.rows.begin() + 8), initial);
+}
+
 class ChaosProxyCounters : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -38,8 +38,8 @@ bool SameTensor(const v1::TensorSpec& a, const v1::TensorSpec& b) {
                     b.shape().end());
 }
 
-// Sleeps `d` in short slices; returns false (early) once `stop` or a signal
-// says to give up.
+}  // namespace
+
 bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
   const absl::Time until = absl::Now() + d;
   while (true) {
@@ -49,8 +49,6 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
     absl::SleepFor(std::min(left, absl::Milliseconds(10)));
   }
 }
-
-}  // namespace
 
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {

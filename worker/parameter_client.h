@@ -220,6 +220,10 @@ class ParameterClient {
   std::atomic<uint64_t> bytes_pulled_{0};
 };
 
+// Sleeps `d` in short slices; returns false (early) once `stop` (may be
+// null) or a signal says to give up. The clients' retry backoff.
+bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop);
+
 }  // namespace grps
 
 #endif  // GRPS_WORKER_PARAMETER_CLIENT_H_

@@ -1,0 +1,221 @@
+#include "worker/sparse_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "daemon/daemon.h"
+#include "job/sparse_tables.h"
+#include "tensor/dtype.h"
+#include "wire/chunk_codec.h"
+
+namespace grps {
+namespace {
+
+bool Transient(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+}
+
+// Runs `start(shard, done)` for every shard in `shards` at once and waits
+// until each has called done.
+void ForEachShardAtOnce(absl::Span<const size_t> shards,
+                        const std::function<void(size_t, std::function<void()>)>& start) {
+  absl::BlockingCounter pending(static_cast<int>(shards.size()));
+  for (size_t s : shards) start(s, [&pending] { pending.DecrementCount(); });
+  pending.Wait();
+}
+
+}  // namespace
+
+SparseClient::SparseClient(const v1::JobConfig& config, const v1::ShardMap& map,
+                           uint32_t rank, uint64_t incarnation)
+    : config_(config),
+      rank_(rank),
+      incarnation_(incarnation),
+      shards_(config.num_servers()) {
+  for (const v1::SparseTableSpec& spec : config_.sparse_tables()) {
+    auto t = std::make_unique<TableState>();
+    t->spec = spec;
+    t->versions = std::vector<std::atomic<uint64_t>>(shards_);
+    tables_.push_back(std::move(t));
+  }
+  absl::MutexLock lock(&mu_);
+  addresses_.assign(shards_, "");
+  stubs_.assign(shards_, nullptr);
+  for (const v1::ShardEndpoint& e : map.shards()) {
+    if (e.shard() >= shards_) continue;
+    addresses_[e.shard()] = e.address();
+    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
+  }
+}
+
+void SparseClient::UpdateShardMap(const v1::ShardMap& map) {
+  absl::MutexLock lock(&mu_);
+  for (const v1::ShardEndpoint& e : map.shards()) {
+    if (e.shard() >= shards_ || e.address().empty()) continue;
+    // A fresh channel also for the same address: the old one may sit in
+    // gRPC's reconnect backoff after the shard's process died.
+    addresses_[e.shard()] = e.address();
+    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
+  }
+}
+
+std::shared_ptr<v1::ParameterServer::Stub> SparseClient::StubOf(size_t shard) const {
+  absl::MutexLock lock(&mu_);
+  return stubs_[shard];
+}
+
+absl::StatusOr<SparseClient::TableState*> SparseClient::Find(const std::string& table) {
+  for (const std::unique_ptr<TableState>& t : tables_)
+    if (t->spec.name() == table) return t.get();
+  return absl::NotFoundError(absl::StrCat("the job has no sparse table '", table, "'"));
+}
+
+void SparseClient::Split(absl::Span<const int64_t> ids,
+                         std::vector<std::vector<size_t>>* by_shard) const {
+  by_shard->assign(shards_, {});
+  for (size_t i = 0; i < ids.size(); ++i) (*by_shard)[SparseShardOf(ids[i], shards_)].push_back(i);
+}
+
+absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64_t> ids,
+                                uint64_t clock, absl::Duration timeout, float* out) {
+  absl::StatusOr<TableState*> t = Find(table);
+  if (!t.ok()) return t.status();
+  const uint32_t dim = (*t)->spec.dim();
+  std::vector<std::vector<size_t>> by_shard;
+  Split(ids, &by_shard);
+  struct Call {
+    grpc::ClientContext context;
+    v1::SparsePullRequest request;
+    v1::SparsePullResponse response;
+    grpc::Status status;
+    std::shared_ptr<v1::ParameterServer::Stub> stub;
+  };
+  std::vector<Call> calls(shards_);
+  std::vector<size_t> all(shards_);
+  for (size_t s = 0; s < shards_; ++s) all[s] = s;
+  const uint32_t timeout_ms =
+      static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+  ForEachShardAtOnce(all, [&](size_t s, std::function<void()> done) {
+    Call& c = calls[s];
+    c.request.set_job_id(config_.job_id());
+    c.request.set_worker_rank(rank_);
+    c.request.set_table(table);
+    for (size_t i : by_shard[s]) c.request.add_ids(ids[i]);
+    c.request.set_dtype(config_.wire_dtype());
+    c.request.set_clock(clock);
+    c.request.set_generation(generation_.load());
+    c.request.set_timeout_ms(timeout_ms);
+    // The call's own deadline leaves the shard time to answer after its wait.
+    c.context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(10)));
+    c.stub = StubOf(s);
+    c.stub->async()->PullSparse(&c.context, &c.request, &c.response,
+                                [&c, done](grpc::Status status) {
+                                  c.status = std::move(status);
+                                  done();
+                                });
+  });
+  for (size_t s = 0; s < shards_; ++s) {
+    Call& c = calls[s];
+    if (!c.status.ok())
+      return absl::Status(ToAbsl(c.status).code(),
+                          absl::StrCat("shard ", s, ": ", c.status.error_message()));
+    absl::StatusOr<DType> dtype = DTypeFromWire(c.response.dtype(), true, "sparse pull reply");
+    if (!dtype.ok()) return dtype.status();
+    const size_t n = by_shard[s].size() * dim;
+    if (c.response.values().size() != n * DTypeSize(*dtype))
+      return absl::InternalError(absl::StrCat("shard ", s, " sent ", c.response.values().size(),
+                                              " bytes for ", by_shard[s].size(), " rows of ",
+                                              dim));
+    thread_local std::vector<float> rows;
+    rows.resize(n);
+    ConvertElements(c.response.values().data(), *dtype, rows.data(), DType::kF32, n);
+    for (size_t j = 0; j < by_shard[s].size(); ++j)
+      std::memcpy(out + by_shard[s][j] * dim, rows.data() + j * dim, dim * sizeof(float));
+    (*t)->versions[s].store(c.response.version());
+    bytes_pulled_.fetch_add(c.response.values().size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
+    const std::string& table, uint64_t step, absl::Span<const int64_t> ids, const float* grads,
+    const ParameterClient::RetryPolicy& retry) {
+  absl::StatusOr<TableState*> t = Find(table);
+  if (!t.ok()) return t.status();
+  const uint32_t dim = (*t)->spec.dim();
+  const DType dtype = *DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
+  std::vector<std::vector<size_t>> by_shard;
+  Split(ids, &by_shard);
+  std::vector<v1::SparsePushRequest> requests(shards_);
+  for (size_t s = 0; s < shards_; ++s) {
+    v1::SparsePushRequest& r = requests[s];
+    r.set_job_id(config_.job_id());
+    r.set_worker_rank(rank_);
+    r.set_incarnation(incarnation_);
+    r.set_step(step);
+    r.set_table(table);
+    r.set_dtype(DTypeToWire(dtype));
+    r.set_version((*t)->versions[s].load());
+    r.set_generation(generation_.load());
+    std::string* bytes = r.mutable_gradients();
+    bytes->resize(by_shard[s].size() * dim * DTypeSize(dtype));
+    for (size_t j = 0; j < by_shard[s].size(); ++j) {
+      const size_t i = by_shard[s][j];
+      r.add_ids(ids[i]);
+      ConvertElements(grads + i * dim, DType::kF32, bytes->data() + j * dim * DTypeSize(dtype),
+                      dtype, dim);
+    }
+  }
+  std::vector<v1::SparsePushResponse> responses(shards_);
+  std::vector<grpc::Status> statuses(shards_);
+  std::vector<size_t> todo(shards_);
+  for (size_t s = 0; s < shards_; ++s) todo[s] = s;
+  const absl::Time give_up = absl::Now() + retry.retry_for;
+  absl::Duration backoff = retry.initial_backoff;
+  PushOutcome outcome;
+  while (true) {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts(shards_);
+    std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs(shards_);
+    ForEachShardAtOnce(todo, [&](size_t s, std::function<void()> done) {
+      contexts[s] = std::make_unique<grpc::ClientContext>();
+      contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+      stubs[s] = StubOf(s);
+      stubs[s]->async()->PushSparse(contexts[s].get(), &requests[s], &responses[s],
+                                    [&statuses, s, done](grpc::Status status) {
+                                      statuses[s] = std::move(status);
+                                      done();
+                                    });
+    });
+    std::vector<size_t> again;
+    for (size_t s : todo) {
+      const grpc::Status& st = statuses[s];
+      if (st.ok()) {
+        bytes_pushed_.fetch_add(requests[s].gradients().size());
+        outcome.duplicates += responses[s].duplicate();
+        outcome.late += responses[s].late();
+        outcome.too_stale += responses[s].too_stale();
+      } else if (Transient(st)) {
+        again.push_back(s);
+      } else {
+        return absl::Status(ToAbsl(st).code(),
+                            absl::StrCat("shard ", s, ": ", st.error_message()));
+      }
+    }
+    if (again.empty()) return outcome;
+    const grpc::Status& first = statuses[again.front()];
+    if (absl::Now() + backoff > give_up)
+      return absl::Status(ToAbsl(first).code(),
+                          absl::StrCat("shard ", again.front(), ": ", first.error_message()));
+    if (!SleepUnlessStopped(backoff, retry.stop))
+      return absl::CancelledError(
+          absl::StrCat("gave up retrying (", first.error_message(), ")"));
+    backoff = std::min(backoff * 2, retry.max_backoff);
+    todo = std::move(again);
+  }
+}
+
+}  // namespace grps
