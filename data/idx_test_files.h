@@ -1,5 +1,6 @@
 // Test-only helpers that write IDX files (plain or gzip) into the test's
-// temporary directory, for idx_reader_test and dataset_test.
+// temporary directory, for the data/ tests (IDX, libsvm, CSV and text
+// files).
 #ifndef GRPS_DATA_IDX_TEST_FILES_H_
 #define GRPS_DATA_IDX_TEST_FILES_H_
 
