@@ -1,8 +1,5 @@
 #include "data/idx_reader.h"
 
-#include <sys/stat.h>
-#include <zlib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -14,124 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "data/byte_source.h"
 
 namespace grps {
 namespace {
 
 constexpr uint8_t kIdxUnsignedByte = 0x08;
-
-// A file opened for sequential reading, either plain or gzip-compressed
-// (chosen by the 1f 8b magic bytes). Move-only; closes the file on
-// destruction.
-class ByteSource {
- public:
-  static absl::StatusOr<ByteSource> Open(const std::string& path) {
-    FILE* file = std::fopen(path.c_str(), "rb");
-    if (file == nullptr) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-    }
-    struct stat st;
-    if (fstat(fileno(file), &st) == 0 && S_ISDIR(st.st_mode)) {
-      std::fclose(file);
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, " is a directory, not an IDX file"));
-    }
-    unsigned char magic[2] = {0, 0};
-    const size_t got = std::fread(magic, 1, 2, file);
-    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-      std::fclose(file);
-      gzFile gz = gzopen(path.c_str(), "rb");
-      if (gz == nullptr) {
-        return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-      }
-      gzbuffer(gz, 1 << 17);
-      ByteSource source;
-      source.gz_ = gz;
-      return source;
-    }
-    std::rewind(file);
-    ByteSource source;
-    source.file_ = file;
-    if (fstat(fileno(file), &st) == 0 && S_ISREG(st.st_mode)) {
-      source.plain_size_ = static_cast<uint64_t>(st.st_size);
-    }
-    return source;
-  }
-
-  ByteSource(ByteSource&& other) noexcept { *this = std::move(other); }
-  ByteSource& operator=(ByteSource&& other) noexcept {
-    std::swap(file_, other.file_);
-    std::swap(gz_, other.gz_);
-    std::swap(gzip_stream_cut_, other.gzip_stream_cut_);
-    std::swap(plain_size_, other.plain_size_);
-    return *this;
-  }
-  ~ByteSource() {
-    if (file_ != nullptr) std::fclose(file_);
-    if (gz_ != nullptr) gzclose(gz_);
-  }
-
-  bool gzip() const { return gz_ != nullptr; }
-  // The size of a plain regular file, known before reading it.
-  std::optional<uint64_t> plain_size() const { return plain_size_; }
-  // True once a read hit the end of a gzip stream that lacks its end (the
-  // compressed file was cut short). Reads then report end of data.
-  bool gzip_stream_cut() const { return gzip_stream_cut_; }
-
-  // Reads up to n bytes into dst; returns fewer only at the end of the data.
-  // A corrupt gzip stream or an I/O error is an error Status; `path` only
-  // names the file in messages.
-  absl::StatusOr<size_t> Read(void* dst, size_t n, const std::string& path) {
-    return gz_ != nullptr ? ReadGzip(dst, n, path) : ReadPlain(dst, n, path);
-  }
-
- private:
-  ByteSource() = default;
-
-  absl::StatusOr<size_t> ReadPlain(void* dst, size_t n,
-                                   const std::string& path) {
-    const size_t got = std::fread(dst, 1, n, file_);
-    if (got < n && std::ferror(file_)) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-    }
-    return got;
-  }
-
-  absl::StatusOr<size_t> ReadGzip(void* dst, size_t n,
-                                  const std::string& path) {
-    // gzread takes an unsigned count and returns an int: read in pieces.
-    constexpr size_t kPiece = size_t{1} << 26;
-    size_t total = 0;
-    while (total < n) {
-      const unsigned want =
-          static_cast<unsigned>(std::min(kPiece, n - total));
-      const int got = gzread(gz_, static_cast<char*>(dst) + total, want);
-      if (got > 0) total += static_cast<size_t>(got);
-      if (got >= 0 && static_cast<unsigned>(got) == want) continue;
-      // A short read: the end of the data, or an error. zlib keeps handing
-      // out what it decompressed before a cut, so a cut shows up here.
-      int err = Z_OK;
-      const char* message = gzerror(gz_, &err);
-      if (err == Z_BUF_ERROR) {
-        // zlib's "unexpected end of file": the compressed data stops
-        // mid-stream. The caller reports it with the byte counts.
-        gzip_stream_cut_ = true;
-      } else if (err == Z_ERRNO) {
-        return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-      } else if (err != Z_OK || got < 0) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": corrupt gzip data: ", message));
-      }
-      break;
-    }
-    return total;
-  }
-
-  FILE* file_ = nullptr;
-  gzFile gz_ = nullptr;
-  bool gzip_stream_cut_ = false;
-  std::optional<uint64_t> plain_size_;
-};
 
 std::string DimsString(const std::vector<uint32_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
@@ -299,7 +184,7 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, uint64_t max_bytes,
                                  const char* what) {
   // Keeps header + payload sizes far from 64-bit overflow.
   max_bytes = std::min(max_bytes, uint64_t{1} << 62);
-  absl::StatusOr<ByteSource> source = ByteSource::Open(path);
+  absl::StatusOr<ByteSource> source = ByteSource::Open(path, "an IDX file");
   if (!source.ok()) return source.status();
   absl::StatusOr<IdxHeader> header =
       ReadHeader(*source, path, max_bytes, expected_magic, what);

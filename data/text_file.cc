@@ -1,8 +1,5 @@
 #include "data/text_file.h"
 
-#include <sys/stat.h>
-#include <zlib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -13,6 +10,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "data/byte_source.h"
 
 namespace grps {
 namespace {
@@ -25,90 +23,28 @@ absl::Status TooLong(const std::string& path, uint64_t max_bytes,
       path, " holds more than the limit of ", max_bytes, " bytes", how));
 }
 
-absl::StatusOr<std::string> ReadPlain(FILE* file, const std::string& path,
-                                      uint64_t max_bytes) {
-  struct stat st;
-  if (fstat(fileno(file), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return TooLong(path, max_bytes, "");
-  }
-  std::string text;
-  while (true) {
-    const size_t old_size = text.size();
-    text.resize(old_size + kReadPiece);
-    const size_t got = std::fread(text.data() + old_size, 1, kReadPiece, file);
-    text.resize(old_size + got);
-    if (text.size() > max_bytes) return TooLong(path, max_bytes, "");
-    if (got < kReadPiece) break;
-  }
-  if (std::ferror(file)) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  }
-  return text;
-}
-
-absl::StatusOr<std::string> ReadGzip(gzFile gz, const std::string& path,
-                                     uint64_t max_bytes) {
-  std::string text;
-  while (true) {
-    const size_t old_size = text.size();
-    text.resize(old_size + kReadPiece);
-    const int got = gzread(gz, text.data() + old_size, kReadPiece);
-    text.resize(old_size + std::max(got, 0));
-    if (text.size() > max_bytes) {
-      return TooLong(path, max_bytes, " after decompression");
-    }
-    if (got == static_cast<int>(kReadPiece)) continue;
-    // A short read: the end of the data, or an error.
-    int err = Z_OK;
-    const char* message = gzerror(gz, &err);
-    if (err == Z_BUF_ERROR) {
-      // zlib's "unexpected end of file": the stream stops mid-way.
-      return absl::DataLossError(absl::StrCat(
-          path, ": gzip stream is cut short after ", text.size(),
-          " bytes of text"));
-    }
-    if (err == Z_ERRNO) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-    }
-    if (err != Z_OK || got < 0) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": corrupt gzip data: ", message));
-    }
-    return text;
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path,
                                          uint64_t max_bytes) {
-  FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  absl::StatusOr<ByteSource> source = ByteSource::Open(path, "a text file");
+  if (!source.ok()) return source.status();
+  if (source->plain_size().has_value() && *source->plain_size() > max_bytes)
+    return TooLong(path, max_bytes, "");
+  const char* how = source->gzip() ? " after decompression" : "";
+  std::string text;
+  while (true) {
+    const size_t old_size = text.size();
+    text.resize(old_size + kReadPiece);
+    absl::StatusOr<size_t> got = source->Read(text.data() + old_size, kReadPiece, path);
+    if (!got.ok()) return got.status();
+    text.resize(old_size + *got);
+    if (text.size() > max_bytes) return TooLong(path, max_bytes, how);
+    if (*got < kReadPiece) break;
   }
-  struct stat st;
-  if (fstat(fileno(file), &st) == 0 && S_ISDIR(st.st_mode)) {
-    std::fclose(file);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is a directory, not a text file"));
-  }
-  unsigned char magic[2] = {0, 0};
-  const size_t got = std::fread(magic, 1, 2, file);
-  if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-    std::fclose(file);
-    gzFile gz = gzopen(path.c_str(), "rb");
-    if (gz == nullptr) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-    }
-    gzbuffer(gz, 1 << 17);
-    absl::StatusOr<std::string> text = ReadGzip(gz, path, max_bytes);
-    gzclose(gz);
-    return text;
-  }
-  std::rewind(file);
-  absl::StatusOr<std::string> text = ReadPlain(file, path, max_bytes);
-  std::fclose(file);
+  if (source->gzip_stream_cut())
+    return absl::DataLossError(absl::StrCat(path, ": gzip stream is cut short after ",
+                                            text.size(), " bytes of text"));
   return text;
 }
 

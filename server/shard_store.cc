@@ -323,13 +323,16 @@ struct ShardStore::Waiter {
   // With target i's lock held, every target ready: reads it into the
   // answer. An error fails the pull (nothing is served).
   virtual absl::Status ReadLocked(size_t i, Target& t) = 0;
-  virtual void Fail(absl::Status status) = 0;
-  // Called once, outside every lock: hands the answer to the callback.
+  // The pull ends with `status` instead of what it read.
+  void Fail(absl::Status status) { error = std::move(status); }
+  // Called once, outside every lock: hands the answer (what was read, or
+  // `error`) to the callback.
   virtual void Finish() = 0;
 
   const PullWait* wait = nullptr;  // points into the subclass's spec
   std::vector<Target*> targets;
   absl::Time start;
+  absl::Status error;
 };
 
 struct ShardStore::DenseWaiter final : Waiter {
@@ -347,16 +350,11 @@ struct ShardStore::DenseWaiter final : Waiter {
     c.counters.bytes_out += p.data.size();
     return absl::OkStatus();
   }
-  void Fail(absl::Status status) override { out = std::move(status); }
-  void Finish() override {
-    if (out.ok()) out = std::move(pulled);
-    done(std::move(out));
-  }
+  void Finish() override { error.ok() ? done(std::move(pulled)) : done(error); }
 
   PullSpec spec;
   PullCallback done;
   std::vector<PulledChunk> pulled;
-  absl::StatusOr<std::vector<PulledChunk>> out = std::vector<PulledChunk>{};
 };
 
 struct ShardStore::SparseWaiter final : Waiter {
@@ -376,16 +374,11 @@ struct ShardStore::SparseWaiter final : Waiter {
     table.rows_pulled += spec.ids.size();
     return absl::OkStatus();
   }
-  void Fail(absl::Status status) override { out = std::move(status); }
-  void Finish() override {
-    if (out.ok()) out = std::move(pulled);
-    done(std::move(out));
-  }
+  void Finish() override { error.ok() ? done(std::move(pulled)) : done(error); }
 
   SparsePullSpec spec;
   SparsePullCallback done;
   PulledRows pulled;
-  absl::StatusOr<PulledRows> out = PulledRows{};
 };
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
