@@ -707,14 +707,16 @@ absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
   return SparsePushResult{outcome.version, outcome.duplicate, outcome.late, outcome.too_stale};
 }
 
+absl::Status ShardStore::CheckPuller(uint32_t rank) const {
+  if (shutdown_.load()) return absl::UnavailableError("shard is shutting down");
+  if (rank >= num_workers_)
+    return absl::InvalidArgumentError(absl::StrCat("unknown worker rank ", rank));
+  return absl::OkStatus();
+}
+
 void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
-  if (shutdown_.load()) {
-    done(absl::UnavailableError("shard is shutting down"));
-    return;
-  }
-  if (spec.worker_rank >= num_workers_) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("unknown worker rank ", spec.worker_rank)));
+  if (absl::Status s = CheckPuller(spec.worker_rank); !s.ok()) {
+    done(s);
     return;
   }
   auto w = std::make_unique<DenseWaiter>();
@@ -736,13 +738,8 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
 }
 
 void ShardStore::PullSparseAsync(SparsePullSpec spec, SparsePullCallback done) {
-  if (shutdown_.load()) {
-    done(absl::UnavailableError("shard is shutting down"));
-    return;
-  }
-  if (spec.worker_rank >= num_workers_) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("unknown worker rank ", spec.worker_rank)));
+  if (absl::Status s = CheckPuller(spec.worker_rank); !s.ok()) {
+    done(s);
     return;
   }
   Table* table = FindTable(spec.table);

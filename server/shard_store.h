@@ -372,6 +372,8 @@ class ShardStore {
                                     absl::Span<const uint64_t> wire_bytes,
                                     const std::vector<bool>& duplicate,
                                     const LiveSet& live_set);
+  // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank.
+  absl::Status CheckPuller(uint32_t rank) const;
   // Queues `w` (or answers RESOURCE_EXHAUSTED when too many wait) and looks.
   void AddWaiter(std::unique_ptr<Waiter> w);
   // OK for generation 0 or the shard's; ABORTED for an older one,

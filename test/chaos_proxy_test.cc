@@ -101,6 +101,20 @@ ChaosProxy::Options EveryFault(const std::string& backend, uint64_t seed) {
   return o;
 }
 
+// The proxy's counters once the second copies it still holds have reached
+// the shard: destroying a proxy drops them, so wait for them (a bounded
+// poll; each is sent within max_delay_ms).
+ChaosProxy::Counters Settled(const ServedProxy& proxy) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  ChaosProxy::Counters c = proxy.counters();
+  while (c.duplicated < c.faults - c.dropped_requests - c.dropped_replies &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+    c = proxy.counters();
+  }
+  return c;
+}
+
 struct Outcome {
   std::vector<float> weights;
   std::vector<v1::ShardStatus> shards;
@@ -160,19 +174,8 @@ Outcome Train(const Data& data, bool chaos, uint32_t servers = 2) {
   const absl::Status read = reader.Pull(kSteps, absl::Seconds(20), out.weights.data());
   EXPECT_TRUE(read.ok()) << read;
   EXPECT_EQ(reader.min_pulled_version(), static_cast<uint64_t>(kSteps));
-  // Let the proxies' second copies still queued reach the shards before the
-  // counts are read: destroying a proxy drops them, so wait for them here
-  // (a bounded poll; each is sent within max_delay_ms).
-  for (auto& p : proxies) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    ChaosProxy::Counters c = p->counters();
-    while (c.duplicated < c.faults - c.dropped_requests - c.dropped_replies &&
-           absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(5));
-      c = p->counters();
-    }
-    out.proxies.push_back(c);
-  }
+  // The proxies' second copies reach the shards before the counts are read.
+  for (auto& p : proxies) out.proxies.push_back(Settled(*p));
   for (auto& p : proxies) p.reset();  // waits for nothing more in flight
   for (size_t s = 0; s < shards.size(); ++s)
     out.shards.push_back(shards.store(s).ShardStatus());
@@ -292,16 +295,7 @@ SparseOutcome TrainSparse(bool chaos) {
   }
   for (auto& t : threads) t.join();
   SparseOutcome out;
-  for (auto& p : proxies) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    ChaosProxy::Counters c = p->counters();
-    while (c.duplicated < c.faults - c.dropped_requests - c.dropped_replies &&
-           absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(5));
-      c = p->counters();
-    }
-    out.sparse_pushes_through_proxies += c.pushes;
-  }
+  for (auto& p : proxies) out.sparse_pushes_through_proxies += Settled(*p).pushes;
   proxies.clear();
   SparseClient reader(config, map, 0, 1);
   std::vector<int64_t> all(kSparseRows);
