@@ -1192,7 +1192,6 @@ v1::ShardStatus ShardStore::ShardStatus() const {
   for (const std::unique_ptr<Table>& table : tables_) {
     Table& t = *table;
     absl::MutexLock lock(&t.mu);
-    min_version = std::min(min_version, t.version());
     held += t.policy->held();
     total.Add(t.counters);
     v1::SparseTableStatus* ts = s.add_tables();
@@ -1209,7 +1208,8 @@ v1::ShardStatus ShardStore::ShardStatus() const {
     ts->set_hottest_share(t.rows.hottest_share());
     ts->set_max_rows_per_shard(t.spec.max_rows_per_shard());
   }
-  if (chunks_.empty() && tables_.empty()) min_version = 0;
+  // The chunks' version (each table reports its own).
+  if (chunks_.empty()) min_version = 0;
   s.set_version(min_version);
   s.set_num_elements(elements);
   s.set_bytes_in(total.bytes_in);
