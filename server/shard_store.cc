@@ -268,7 +268,9 @@ class ShardStore::Table final : public Target {
         backend_(std::move(backend)),
         rows(spec, config.optimizer(), config.seed(), backend_.get()) {}
 
-  std::unique_ptr<GradientBuffer> NewBuffer() override { return rows.NewBuffer(); }
+  std::unique_ptr<GradientBuffer> NewBuffer() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return rows.NewBuffer();
+  }
 
   // Back to the initial values: no rows, version 0.
   void Reset(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
