@@ -53,6 +53,12 @@ v1::JobConfig SparseJob(v1::ConsistencyMode mode, v1::OptimizerKind optimizer,
   config.set_mode(mode);
   config.set_num_workers(2);
   config.set_num_servers(2);
+  // A small dense model beside the table: Restore holds every target's lock
+  // at once, and ThreadSanitizer's deadlock detector tracks at most 64 held.
+  config.set_model(v1::MODEL_SOFTMAX);
+  config.clear_hidden_units();
+  config.set_input_features(8);
+  config.set_num_classes(2);
   config.set_chunk_bytes(1024);
   config.mutable_optimizer()->set_kind(optimizer);
   config.mutable_optimizer()->set_learning_rate(kLr);
