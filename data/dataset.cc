@@ -47,13 +47,27 @@ absl::StatusOr<Dataset> Dataset::Create(int64_t num_features,
   return dataset;
 }
 
-absl::StatusOr<Dataset> Dataset::Subset(int64_t first, int64_t count) const {
-  if (first < 0 || count < 0 || first > num_examples() ||
-      count > num_examples() - first) {
+absl::Status CheckSubsetRange(int64_t first, int64_t count, int64_t num_examples) {
+  if (first < 0 || count < 0 || first > num_examples || count > num_examples - first) {
     return absl::OutOfRangeError(absl::StrCat(
         "subset [", first, ", ", first, " + ", count,
-        ") is not within the dataset's ", num_examples(), " examples"));
+        ") is not within the dataset's ", num_examples, " examples"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExampleIndices(absl::Span<const int64_t> indices, int64_t num_examples) {
+  for (int64_t index : indices) {
+    if (index < 0 || index >= num_examples) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "example index ", index, " is outside [0, ", num_examples, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Dataset> Dataset::Subset(int64_t first, int64_t count) const {
+  if (absl::Status s = CheckSubsetRange(first, count, num_examples()); !s.ok()) return s;
   Dataset subset;
   subset.num_features_ = num_features_;
   subset.num_classes_ = num_classes_;
@@ -75,12 +89,7 @@ absl::Status Dataset::Gather(absl::Span<const int64_t> indices,
         " features and ", n, " labels; buffers hold ", features.size(),
         " and ", labels.size()));
   }
-  for (int64_t index : indices) {
-    if (index < 0 || index >= num_examples()) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "example index ", index, " is outside [0, ", num_examples(), ")"));
-    }
-  }
+  if (absl::Status s = CheckExampleIndices(indices, num_examples()); !s.ok()) return s;
   for (uint64_t i = 0; i < n; ++i) {
     std::memcpy(features.data() + i * num_features_,
                 features_.data() + indices[i] * num_features_,

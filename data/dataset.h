@@ -67,6 +67,12 @@ class Dataset {
   std::vector<int32_t> labels_;
 };
 
+// The checks Dataset and SparseDataset share: OutOfRange unless 0 <= first,
+// 0 <= count and first + count <= num_examples (Subset); OutOfRange naming
+// the first index outside [0, num_examples) (Gather).
+absl::Status CheckSubsetRange(int64_t first, int64_t count, int64_t num_examples);
+absl::Status CheckExampleIndices(absl::Span<const int64_t> indices, int64_t num_examples);
+
 // MNIST and Fashion-MNIST both label 10 classes (digits 0-9, ten kinds of
 // clothing).
 inline constexpr int32_t kMnistNumClasses = 10;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "data/dataset.h"
 
 namespace grps {
 
@@ -84,12 +85,7 @@ absl::StatusOr<SparseDataset> SparseDataset::Create(
 
 absl::StatusOr<SparseDataset> SparseDataset::Subset(int64_t first,
                                                     int64_t count) const {
-  if (first < 0 || count < 0 || first > num_examples() ||
-      count > num_examples() - first) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "subset [", first, ", ", first, " + ", count,
-        ") is not within the dataset's ", num_examples(), " examples"));
-  }
+  if (absl::Status s = CheckSubsetRange(first, count, num_examples()); !s.ok()) return s;
   SparseDataset subset;
   subset.num_classes_ = num_classes_;
   subset.feature_space_ = feature_space_;
@@ -108,12 +104,7 @@ absl::StatusOr<SparseDataset> SparseDataset::Subset(int64_t first,
 
 absl::Status SparseDataset::Gather(absl::Span<const int64_t> indices,
                                    Batch* batch) const {
-  for (int64_t index : indices) {
-    if (index < 0 || index >= num_examples()) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "example index ", index, " is outside [0, ", num_examples(), ")"));
-    }
-  }
+  if (absl::Status s = CheckExampleIndices(indices, num_examples()); !s.ok()) return s;
   batch->offsets.assign(1, 0);
   batch->ids.clear();
   batch->values.clear();
