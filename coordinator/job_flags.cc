@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "data/synthetic_sparse.h"
 #include "job/job_config.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
@@ -34,11 +35,53 @@ ABSL_FLAG(std::string, mode, grps::ModeName(Defaults().mode()),
 ABSL_FLAG(uint32_t, staleness, Defaults().staleness_bound(),
           "ssp: how many clocks a worker may run ahead of the slowest live one");
 ABSL_FLAG(std::string, model, grps::ModelName(Defaults().model()),
-          "model: mlp or softmax (softmax regression, no hidden layers)");
+          "model: mlp, softmax (softmax regression, no hidden layers) or embedding "
+          "(sparse features -> embedding bag -> the mlp head of --hidden)");
 ABSL_FLAG(std::string, hidden, absl::StrJoin(Defaults().hidden_units(), ","),
           "mlp hidden layer widths, comma-separated (\"\" for none)");
 ABSL_FLAG(std::string, dataset, Defaults().dataset().path(),
-          "directory of IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz])");
+          "idx and idx-sparse: directory of IDX files "
+          "({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]); csv and libsvm: the "
+          "training set's file");
+ABSL_FLAG(std::string, data_format, "",
+          "dataset format: idx or csv (dense models); idx-sparse, libsvm or synthetic "
+          "(the embedding model); \"\" = idx for a dense model, idx-sparse for the "
+          "embedding model");
+ABSL_FLAG(std::string, test_data, Defaults().dataset().test_path(),
+          "csv and libsvm: the test set's file (--dataset is the training set's)");
+ABSL_FLAG(bool, csv_header, Defaults().dataset().csv_header(),
+          "csv: the first line is a header");
+ABSL_FLAG(int32_t, csv_label_column, Defaults().dataset().csv_label_column(),
+          "csv: the label's column, from 0 (-1: the last)");
+ABSL_FLAG(bool, libsvm_zero_based, Defaults().dataset().libsvm_zero_based(),
+          "libsvm: ids are numbered from 0 (default: from 1, as libsvm writes them)");
+ABSL_FLAG(uint32_t, sparse_buckets, Defaults().dataset().sparse_buckets(),
+          "idx-sparse: intensity buckets per pixel, each its own feature id (0 = 4)");
+ABSL_FLAG(uint64_t, synthetic_train, 0,
+          "synthetic: training examples (0 = the generator's 100000)");
+ABSL_FLAG(uint64_t, synthetic_test, 0, "synthetic: test examples (0 = 10000)");
+ABSL_FLAG(uint64_t, synthetic_vocabulary, 0,
+          "synthetic: distinct feature ids (0 = 10000)");
+ABSL_FLAG(uint32_t, synthetic_features, 0,
+          "synthetic: feature ids per example (0 = 10)");
+ABSL_FLAG(double, synthetic_zipf, -1,
+          "synthetic: skew of the ids' frequencies, in [0, 4] (-1 = 0.5)");
+ABSL_FLAG(double, synthetic_margin, -1,
+          "synthetic: examples nearer the true boundary are redrawn, in [0, 10] "
+          "(-1 = 1.25)");
+ABSL_FLAG(double, synthetic_noise, -1,
+          "synthetic: chance a label is redrawn at random, in [0, 1) (-1 = 0.1)");
+ABSL_FLAG(uint32_t, classes, Defaults().num_classes(), "classes of the data set");
+ABSL_FLAG(uint32_t, features, Defaults().input_features(),
+          "dense models: features per example");
+ABSL_FLAG(uint32_t, embedding_dim, 64, "embedding model: floats per embedding row");
+ABSL_FLAG(uint64_t, embedding_rows, 0,
+          "embedding model: rows of the table features are hashed into (0 = no "
+          "hashing: a feature is its own row id)");
+ABSL_FLAG(std::string, embedding_combiner, "sum",
+          "embedding model: how an example's rows are pooled, sum or mean");
+ABSL_FLAG(uint64_t, embedding_max_rows_per_shard, 0,
+          "embedding model: rows one shard may create (0 = no limit)");
 ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
           "use only the first N training examples (0 = all)");
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),
@@ -119,6 +162,54 @@ absl::StatusOr<v1::DType> ParseWireDType(absl::string_view name) {
   return DTypeToWire(*dtype);
 }
 
+absl::Status SetDataset(v1::ModelKind model, v1::DatasetConfig* d) {
+  std::string format = absl::AsciiStrToLower(absl::GetFlag(FLAGS_data_format));
+  if (format.empty()) format = model == v1::MODEL_EMBEDDING ? "idx-sparse" : "idx";
+  d->set_format(format);
+  d->set_path(absl::GetFlag(FLAGS_dataset));
+  d->set_test_path(absl::GetFlag(FLAGS_test_data));
+  d->set_train_limit(absl::GetFlag(FLAGS_train_limit));
+  d->set_test_limit(absl::GetFlag(FLAGS_test_limit));
+  d->set_csv_header(absl::GetFlag(FLAGS_csv_header));
+  d->set_csv_label_column(absl::GetFlag(FLAGS_csv_label_column));
+  d->set_libsvm_zero_based(absl::GetFlag(FLAGS_libsvm_zero_based));
+  d->set_sparse_buckets(absl::GetFlag(FLAGS_sparse_buckets));
+  if (format != "synthetic") return absl::OkStatus();
+  v1::SyntheticDataConfig* s = d->mutable_synthetic();
+  s->set_num_train(absl::GetFlag(FLAGS_synthetic_train));
+  s->set_num_test(absl::GetFlag(FLAGS_synthetic_test));
+  s->set_vocabulary(absl::GetFlag(FLAGS_synthetic_vocabulary));
+  s->set_features_per_example(absl::GetFlag(FLAGS_synthetic_features));
+  // -1 is the generator's default; a flag set to another negative is
+  // refused by validation.
+  const SyntheticSparseOptions defaults;
+  auto or_default = [](double flag, double fallback) { return flag == -1 ? fallback : flag; };
+  s->set_zipf_exponent(or_default(absl::GetFlag(FLAGS_synthetic_zipf), defaults.zipf_exponent));
+  s->set_margin(or_default(absl::GetFlag(FLAGS_synthetic_margin), defaults.margin));
+  s->set_label_noise(or_default(absl::GetFlag(FLAGS_synthetic_noise), defaults.label_noise));
+  return absl::OkStatus();
+}
+
+absl::Status SetEmbedding(v1::JobConfig* c) {
+  const std::string combiner = absl::AsciiStrToLower(absl::GetFlag(FLAGS_embedding_combiner));
+  if (combiner == "sum") {
+    c->set_embedding_combiner(v1::COMBINER_SUM);
+  } else if (combiner == "mean") {
+    c->set_embedding_combiner(v1::COMBINER_MEAN);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--embedding_combiner: unknown combiner '", combiner, "' (one of: sum, mean)"));
+  }
+  c->set_embedding_dim(absl::GetFlag(FLAGS_embedding_dim));
+  c->set_embedding_rows(absl::GetFlag(FLAGS_embedding_rows));
+  v1::SparseTableSpec* table = c->add_sparse_tables();
+  table->set_name(kEmbeddingTable);
+  table->set_dim(c->embedding_dim());
+  table->set_rows(c->embedding_rows());
+  table->set_max_rows_per_shard(absl::GetFlag(FLAGS_embedding_max_rows_per_shard));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
@@ -134,16 +225,19 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   if (!model.ok()) return FlagError("model", model.status());
   c.set_model(*model);
   c.clear_hidden_units();
-  if (*model == v1::MODEL_MLP) {
+  if (*model == v1::MODEL_MLP || *model == v1::MODEL_EMBEDDING) {
     absl::StatusOr<std::vector<uint32_t>> hidden =
         ParseHiddenUnits(absl::GetFlag(FLAGS_hidden));
     if (!hidden.ok()) return FlagError("hidden", hidden.status());
     for (uint32_t units : *hidden) c.add_hidden_units(units);
   }
 
-  c.mutable_dataset()->set_path(absl::GetFlag(FLAGS_dataset));
-  c.mutable_dataset()->set_train_limit(absl::GetFlag(FLAGS_train_limit));
-  c.mutable_dataset()->set_test_limit(absl::GetFlag(FLAGS_test_limit));
+  c.set_num_classes(absl::GetFlag(FLAGS_classes));
+  c.set_input_features(absl::GetFlag(FLAGS_features));
+  if (absl::Status s = SetDataset(*model, c.mutable_dataset()); !s.ok()) return s;
+  if (*model == v1::MODEL_EMBEDDING) {
+    if (absl::Status s = SetEmbedding(&c); !s.ok()) return s;
+  }
 
   v1::OptimizerConfig* opt = c.mutable_optimizer();
   absl::StatusOr<v1::OptimizerKind> kind =

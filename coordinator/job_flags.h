@@ -3,8 +3,13 @@
 // defaults to DefaultJobConfig()'s value.
 //
 //   --job_id --mode=sync|async|ssp --staleness (ssp bound)
-//   --model=mlp|softmax --hidden="256,128" ("" for none) --dataset=DIR
-//   --train_limit --test_limit
+//   --model=mlp|softmax|embedding --hidden="256,128" ("" for none)
+//   --dataset=DIR|FILE --data_format=idx|csv|idx-sparse|libsvm|synthetic
+//   --test_data --csv_header --csv_label_column --libsvm_zero_based
+//   --sparse_buckets --synthetic_{train,test,vocabulary,features,zipf,
+//   margin,noise} --classes --features --train_limit --test_limit
+//   --embedding_dim --embedding_rows --embedding_combiner=sum|mean
+//   --embedding_max_rows_per_shard (the table "embedding")
 //   --optimizer=sgd|momentum|nesterov|adam|adagrad --lr --momentum
 //   --weight_decay --warmup_steps --decay_steps --decay_rate
 //   --batch --epochs --steps --servers --workers --seed --chunk_kb
@@ -23,7 +28,8 @@ namespace grps {
 
 
 // The job the flags describe, validated (ValidateJobConfig). --model=softmax
-// drops the hidden layers. InvalidArgument names the offending flag (or,
+// drops the hidden layers; --model=embedding adds the sparse table
+// "embedding" (embedding_rows x embedding_dim). InvalidArgument names the offending flag (or,
 // from ValidateJobConfig, the JobConfig field).
 absl::StatusOr<v1::JobConfig> JobConfigFromFlags();
 

@@ -22,6 +22,16 @@ ABSL_DECLARE_FLAG(uint64_t, checkpoint_every_steps);
 ABSL_DECLARE_FLAG(uint32_t, checkpoint_every_s);
 ABSL_DECLARE_FLAG(uint32_t, recovery_timeout_ms);
 ABSL_DECLARE_FLAG(uint32_t, coordinator_timeout_ms);
+ABSL_DECLARE_FLAG(std::string, data_format);
+ABSL_DECLARE_FLAG(std::string, dataset);
+ABSL_DECLARE_FLAG(std::string, test_data);
+ABSL_DECLARE_FLAG(uint32_t, classes);
+ABSL_DECLARE_FLAG(uint32_t, embedding_dim);
+ABSL_DECLARE_FLAG(uint64_t, embedding_rows);
+ABSL_DECLARE_FLAG(std::string, embedding_combiner);
+ABSL_DECLARE_FLAG(uint64_t, embedding_max_rows_per_shard);
+ABSL_DECLARE_FLAG(double, synthetic_noise);
+ABSL_DECLARE_FLAG(uint64_t, synthetic_vocabulary);
 
 namespace grps {
 namespace {
@@ -34,6 +44,68 @@ TEST(JobFlags, DefaultFlagsDescribeTheDefaultJob) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*config, DefaultJobConfig()))
       << config->DebugString();
+}
+
+TEST(JobFlags, TheEmbeddingModelGetsItsTableAndReadsFashionMnistAsSparseByDefault) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_model, "embedding");
+  absl::SetFlag(&FLAGS_embedding_dim, 32);
+  absl::SetFlag(&FLAGS_embedding_rows, 5000);
+  absl::SetFlag(&FLAGS_embedding_combiner, "mean");
+  absl::SetFlag(&FLAGS_embedding_max_rows_per_shard, 3000);
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->dataset().format(), "idx-sparse");
+  EXPECT_EQ(config->embedding_combiner(), v1::COMBINER_MEAN);
+  ASSERT_EQ(config->sparse_tables_size(), 1);
+  const v1::SparseTableSpec& t = config->sparse_tables(0);
+  EXPECT_EQ(t.name(), "embedding");
+  EXPECT_EQ(t.dim(), 32u);
+  EXPECT_EQ(t.rows(), 5000u);
+  EXPECT_EQ(t.max_rows_per_shard(), 3000u);
+  // The head keeps --hidden.
+  EXPECT_EQ(LayerWidths(*config), (std::vector<int64_t>{32, 256, 128, 10}));
+  absl::SetFlag(&FLAGS_embedding_combiner, "max");
+  config = JobConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("--embedding_combiner"), std::string::npos);
+}
+
+TEST(JobFlags, SyntheticFlagsFillTheGeneratorsOptionsAndAreValidated) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_model, "embedding");
+  absl::SetFlag(&FLAGS_data_format, "synthetic");
+  absl::SetFlag(&FLAGS_classes, 4);
+  absl::SetFlag(&FLAGS_synthetic_vocabulary, 500);
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_classes(), 4u);
+  EXPECT_EQ(config->dataset().synthetic().vocabulary(), 500u);
+  // Unset: the generator's defaults, spelled out.
+  EXPECT_DOUBLE_EQ(config->dataset().synthetic().label_noise(), 0.1);
+  EXPECT_DOUBLE_EQ(config->dataset().synthetic().margin(), 1.25);
+  absl::SetFlag(&FLAGS_synthetic_noise, 1.5);
+  config = JobConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("label_noise"), std::string::npos);
+}
+
+TEST(JobFlags, CsvAndLibsvmNeedATestFile) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_data_format, "csv");
+  absl::SetFlag(&FLAGS_dataset, "/data/train.csv");
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("test_path"), std::string::npos);
+  absl::SetFlag(&FLAGS_test_data, "/data/test.csv");
+  config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->dataset().test_path(), "/data/test.csv");
+  // A dense model cannot read libsvm.
+  absl::SetFlag(&FLAGS_data_format, "libsvm");
+  config = JobConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("idx or csv"), std::string::npos);
 }
 
 TEST(JobFlags, DurabilityFlagsSetTheirFields) {

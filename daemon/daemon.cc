@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <csignal>
 #include <cstdio>
@@ -176,6 +177,12 @@ int UsableCores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+double PeakRssMiB() {
+  struct rusage usage = {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<double>(usage.ru_maxrss) / 1024;  // Linux: KiB
 }
 
 void InstallShutdownHandlers() {

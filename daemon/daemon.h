@@ -106,6 +106,9 @@ void InstallShutdownHandlers();
 
 // The cores this process may run on (its CPU affinity mask), at least 1.
 int UsableCores();
+// The most resident memory this process has held so far (getrusage's
+// ru_maxrss), in MiB.
+double PeakRssMiB();
 // True once SIGINT or SIGTERM arrived.
 bool ShutdownRequested();
 // How many SIGINT and SIGTERM arrived so far (to tell a later one apart).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +58,48 @@ uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config) {
                                               : config.coordinator_timeout_ms();
 }
 
+namespace {
+
+// The data set's fields, for the model that reads it.
+absl::Status ValidateDataset(const v1::JobConfig& c) {
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("job config: dataset.", what));
+  };
+  const v1::DatasetConfig& d = c.dataset();
+  const std::string& f = d.format();
+  if (c.model() == v1::MODEL_EMBEDDING) {
+    if (f != "idx-sparse" && f != "libsvm" && f != "synthetic")
+      return bad("format must be idx-sparse, libsvm or synthetic for the embedding model");
+  } else if (f != "idx" && f != "csv") {
+    return bad("format must be idx or csv for a dense model (mlp, softmax)");
+  }
+  if (f != "synthetic" && d.path().empty()) return bad("path is empty");
+  if ((f == "csv" || f == "libsvm") && d.test_path().empty())
+    return bad(absl::StrCat("test_path is empty (", f, " reads the test set from it)"));
+  if (d.path().size() > 4096 || d.test_path().size() > 4096)
+    return bad("path and test_path must be at most 4096 bytes");
+  if (d.sparse_buckets() > 256) return bad("sparse_buckets must be in [0, 256]");
+  if (f != "synthetic") return absl::OkStatus();
+  // The generator's own limits (data/synthetic_sparse.h), checked here so
+  // that a bad job is refused at the coordinator, not by every worker.
+  const v1::SyntheticDataConfig& s = d.synthetic();
+  const uint64_t vocabulary = s.vocabulary() > 0 ? s.vocabulary() : 10000;
+  const uint64_t k = s.features_per_example() > 0 ? s.features_per_example() : 10;
+  if (vocabulary * c.num_classes() > (1ull << 28) || vocabulary > (1ull << 28))
+    return bad("synthetic.vocabulary x num_classes must be at most 2^28");
+  if (k > vocabulary) return bad("synthetic.features_per_example must be at most vocabulary");
+  if (s.num_train() > (1ull << 30) / k || s.num_test() > (1ull << 30) / k)
+    return bad("synthetic: num_train and num_test x features_per_example must be at most 2^30");
+  if (!(s.zipf_exponent() >= 0 && s.zipf_exponent() <= 4))
+    return bad("synthetic.zipf_exponent must be in [0, 4]");
+  if (!(s.margin() >= 0 && s.margin() <= 10)) return bad("synthetic.margin must be in [0, 10]");
+  if (!(s.label_noise() >= 0 && s.label_noise() < 1))
+    return bad("synthetic.label_noise must be in [0, 1)");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
@@ -67,14 +110,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return bad("mode must be sync, async or ssp");
   if (c.mode() == v1::MODE_SSP && c.staleness_bound() > 1000000)
     return bad("staleness_bound must be at most 1000000");
-  if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX)
-    return bad("model must be mlp or softmax");
+  if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX &&
+      c.model() != v1::MODEL_EMBEDDING)
+    return bad("model must be mlp, softmax or embedding");
   if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)
     return bad("softmax regression has no hidden layers");
   for (uint32_t h : c.hidden_units())
     if (h == 0 || h > (1u << 16)) return bad("hidden_units must be in [1, 65536]");
-  if (c.dataset().format() != "idx") return bad("dataset.format must be idx");
-  if (c.dataset().path().empty()) return bad("dataset.path is empty");
+  if (absl::Status s = ValidateDataset(c); !s.ok()) return s;
   const v1::OptimizerConfig& o = c.optimizer();
   if (o.kind() < v1::OPTIMIZER_SGD || o.kind() > v1::OPTIMIZER_ADAGRAD)
     return bad("optimizer kind is unknown");
@@ -125,16 +168,37 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
       c.coordinator_timeout_ms() <= c.heartbeat_interval_ms())
     return bad("coordinator_timeout_ms must be 0 (60000) or exceed "
                "heartbeat_interval_ms");
-  if (c.input_features() == 0 || c.input_features() > (1u << 24))
+  if (c.model() != v1::MODEL_EMBEDDING &&
+      (c.input_features() == 0 || c.input_features() > (1u << 24)))
     return bad("input_features must be in [1, 2^24]");
   if (c.num_classes() < 2 || c.num_classes() > 100000)
     return bad("num_classes must be in [2, 100000]");
-  return ValidateSparseTables(c);
+  if (absl::Status s = ValidateSparseTables(c); !s.ok()) return s;
+  if (c.model() != v1::MODEL_EMBEDDING) return absl::OkStatus();
+  if (c.embedding_dim() == 0 || c.embedding_dim() > 4096)
+    return bad("embedding_dim must be in [1, 4096]");
+  if (c.embedding_rows() > static_cast<uint64_t>(INT64_MAX))
+    return bad("embedding_rows must be at most 2^63 - 1 (ids are int64)");
+  if (c.embedding_combiner() != v1::COMBINER_UNSPECIFIED &&
+      c.embedding_combiner() != v1::COMBINER_SUM &&
+      c.embedding_combiner() != v1::COMBINER_MEAN)
+    return bad("embedding_combiner must be sum or mean");
+  const v1::SparseTableSpec* table = FindSparseTable(c, kEmbeddingTable);
+  if (table == nullptr)
+    return bad(absl::StrCat("the embedding model needs the sparse table \"",
+                            kEmbeddingTable, "\""));
+  if (table->dim() != c.embedding_dim() || table->rows() != c.embedding_rows())
+    return bad(absl::StrCat("sparse table \"", kEmbeddingTable, "\" is ", table->rows(),
+                            " rows x ", table->dim(), ", the model's embedding ",
+                            c.embedding_rows(), " x ", c.embedding_dim()));
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {
-  std::vector<int64_t> widths{config.input_features()};
-  if (config.model() == v1::MODEL_MLP)
+  std::vector<int64_t> widths{config.model() == v1::MODEL_EMBEDDING
+                                  ? config.embedding_dim()
+                                  : config.input_features()};
+  if (config.model() == v1::MODEL_MLP || config.model() == v1::MODEL_EMBEDDING)
     for (uint32_t h : config.hidden_units()) widths.push_back(h);
   widths.push_back(config.num_classes());
   return widths;
@@ -192,7 +256,8 @@ std::string LateGradientsName(v1::LateGradientPolicy policy) {
 
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {
   return Lookup<v1::ModelKind>(
-      name, "model", {{"mlp", v1::MODEL_MLP}, {"softmax", v1::MODEL_SOFTMAX}});
+      name, "model",
+      {{"mlp", v1::MODEL_MLP}, {"softmax", v1::MODEL_SOFTMAX}, {"embedding", v1::MODEL_EMBEDDING}});
 }
 
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {

@@ -19,6 +19,9 @@ namespace grps {
 // every 468 steps (about one epoch of the default job), batch 64, 3 epochs.
 v1::JobConfig DefaultJobConfig();
 
+// The sparse table the embedding model's rows live in.
+inline constexpr char kEmbeddingTable[] = "embedding";
+
 // Checks every field a daemon relies on; InvalidArgument names the field.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
 
@@ -32,7 +35,8 @@ uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config);
 // (zeros). Requires a valid config.
 std::vector<v1::TensorSpec> ModelTensors(const v1::JobConfig& config);
 
-// Layer widths input, hidden..., classes.
+// Layer widths input, hidden..., classes. The embedding model's input is
+// its bag (embedding_dim): these are its dense head's widths.
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config);
 
 // Parsers for flag values; InvalidArgument on anything unknown.
@@ -43,7 +47,7 @@ std::string LateGradientsName(v1::LateGradientPolicy policy);  // "fold", "drop"
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name);
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);
 std::string ModeName(v1::ConsistencyMode mode);       // "sync", "async", ...
-std::string ModelName(v1::ModelKind model);           // "mlp", "softmax"
+std::string ModelName(v1::ModelKind model);           // "mlp", "softmax", "embedding"
 std::string OptimizerName(v1::OptimizerKind kind);    // "sgd", "adam", ...
 std::string JobStateName(v1::JobState state);         // "running", ...
 std::string MemberStateName(v1::MemberState state);   // "alive", ...

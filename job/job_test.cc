@@ -59,6 +59,75 @@ TEST(JobConfig, MlpTensorsFollowLayerWidths) {
   EXPECT_EQ(ModelTensors(c).size(), 2u);
 }
 
+// The embedding model of a valid job: the table "embedding" of its rows and
+// dim, a sparse data format, and no input_features to agree with.
+v1::JobConfig EmbeddingJob() {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_model(v1::MODEL_EMBEDDING);
+  c.mutable_dataset()->set_format("synthetic");
+  c.set_embedding_dim(8);
+  c.set_embedding_rows(1000);
+  c.set_input_features(0);
+  v1::SparseTableSpec* t = c.add_sparse_tables();
+  t->set_name(kEmbeddingTable);
+  t->set_dim(8);
+  t->set_rows(1000);
+  return c;
+}
+
+std::string Refusal(const v1::JobConfig& c) {
+  const absl::Status s = ValidateJobConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  return std::string(s.message());
+}
+
+TEST(JobConfig, TheEmbeddingModelNeedsItsTableAndASparseFormat) {
+  v1::JobConfig c = EmbeddingJob();
+  ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  // The head's input is the bag: embedding_dim wide.
+  EXPECT_EQ(LayerWidths(c), (std::vector<int64_t>{8, 256, 128, 10}));
+  EXPECT_EQ(ModelTensors(c)[0].shape(0), 8);
+  c.mutable_sparse_tables(0)->set_dim(9);
+  EXPECT_NE(Refusal(c).find("1000 rows x 9"), std::string::npos);
+  c = EmbeddingJob();
+  c.mutable_sparse_tables(0)->set_name("other");
+  EXPECT_NE(Refusal(c).find("needs the sparse table \"embedding\""), std::string::npos);
+  c = EmbeddingJob();
+  c.mutable_dataset()->set_format("idx");
+  EXPECT_NE(Refusal(c).find("idx-sparse, libsvm or synthetic"), std::string::npos);
+  c = EmbeddingJob();
+  c.set_embedding_dim(0);
+  EXPECT_NE(Refusal(c).find("embedding_dim"), std::string::npos);
+  c = EmbeddingJob();
+  c.set_embedding_combiner(static_cast<v1::EmbeddingCombiner>(9));
+  EXPECT_NE(Refusal(c).find("embedding_combiner"), std::string::npos);
+  // A dense model reads dense formats only, and libsvm and csv need a test
+  // file.
+  c = DefaultJobConfig();
+  c.mutable_dataset()->set_format("libsvm");
+  EXPECT_NE(Refusal(c).find("idx or csv"), std::string::npos);
+  c.mutable_dataset()->set_format("csv");
+  EXPECT_NE(Refusal(c).find("test_path"), std::string::npos);
+  c.mutable_dataset()->set_test_path("/data/test.csv");
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+}
+
+TEST(JobConfig, SyntheticDataIsCheckedAgainstTheGeneratorsLimits) {
+  v1::JobConfig c = EmbeddingJob();
+  c.mutable_dataset()->mutable_synthetic()->set_label_noise(1);
+  EXPECT_NE(Refusal(c).find("label_noise"), std::string::npos);
+  c = EmbeddingJob();
+  c.mutable_dataset()->mutable_synthetic()->set_vocabulary(5);
+  c.mutable_dataset()->mutable_synthetic()->set_features_per_example(6);
+  EXPECT_NE(Refusal(c).find("features_per_example"), std::string::npos);
+  c = EmbeddingJob();
+  c.mutable_dataset()->mutable_synthetic()->set_vocabulary(uint64_t{1} << 27);
+  EXPECT_NE(Refusal(c).find("2^28"), std::string::npos);
+  c = EmbeddingJob();
+  c.mutable_dataset()->mutable_synthetic()->set_margin(-1);
+  EXPECT_NE(Refusal(c).find("margin"), std::string::npos);
+}
+
 TEST(JobConfig, ParsersNameTheAllowedValues) {
   EXPECT_EQ(*ParseMode("ASYNC"), v1::MODE_ASYNC);
   absl::StatusOr<v1::ConsistencyMode> bad = ParseMode("bsp");

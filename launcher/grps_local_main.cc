@@ -69,7 +69,7 @@ ABSL_FLAG(std::optional<uint32_t>, straggle_ms, std::nullopt,
 
 // Job settings, forwarded to the coordinator when set (see kJobFlags).
 ABSL_FLAG(std::optional<std::string>, model, std::nullopt,
-          "model: mlp or softmax (coordinator default: mlp)");
+          "model: mlp, softmax or embedding (coordinator default: mlp)");
 ABSL_FLAG(std::optional<std::string>, hidden, std::nullopt,
           "mlp hidden layer widths, e.g. 256,128 (coordinator default: 256,128)");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
@@ -88,7 +88,42 @@ ABSL_FLAG(std::optional<uint32_t>, epochs, std::nullopt,
 ABSL_FLAG(std::optional<uint64_t>, steps, std::nullopt, "steps per worker");
 ABSL_FLAG(std::optional<std::string>, dataset, std::nullopt,
           "IDX dataset directory (coordinator default: "
-          "/usr/share/datasets/fashion-mnist)");
+          "/usr/share/datasets/fashion-mnist), or the csv or libsvm training file");
+ABSL_FLAG(std::optional<std::string>, data_format, std::nullopt,
+          "idx or csv (dense models); idx-sparse, libsvm or synthetic (embedding)");
+ABSL_FLAG(std::optional<std::string>, test_data, std::nullopt,
+          "csv and libsvm: the test set's file");
+ABSL_FLAG(std::optional<bool>, csv_header, std::nullopt, "csv: the first line is a header");
+ABSL_FLAG(std::optional<int32_t>, csv_label_column, std::nullopt,
+          "csv: the label's column (-1: the last)");
+ABSL_FLAG(std::optional<bool>, libsvm_zero_based, std::nullopt,
+          "libsvm: ids are numbered from 0");
+ABSL_FLAG(std::optional<uint32_t>, sparse_buckets, std::nullopt,
+          "idx-sparse: intensity buckets per pixel");
+ABSL_FLAG(std::optional<uint64_t>, synthetic_train, std::nullopt,
+          "synthetic: training examples");
+ABSL_FLAG(std::optional<uint64_t>, synthetic_test, std::nullopt, "synthetic: test examples");
+ABSL_FLAG(std::optional<uint64_t>, synthetic_vocabulary, std::nullopt,
+          "synthetic: distinct feature ids");
+ABSL_FLAG(std::optional<uint32_t>, synthetic_features, std::nullopt,
+          "synthetic: feature ids per example");
+ABSL_FLAG(std::optional<double>, synthetic_zipf, std::nullopt,
+          "synthetic: skew of the ids' frequencies");
+ABSL_FLAG(std::optional<double>, synthetic_margin, std::nullopt,
+          "synthetic: redraw examples nearer the true boundary than this");
+ABSL_FLAG(std::optional<double>, synthetic_noise, std::nullopt,
+          "synthetic: chance a label is redrawn at random");
+ABSL_FLAG(std::optional<uint32_t>, classes, std::nullopt, "classes of the data set");
+ABSL_FLAG(std::optional<uint32_t>, features, std::nullopt,
+          "dense models: features per example");
+ABSL_FLAG(std::optional<uint32_t>, embedding_dim, std::nullopt,
+          "embedding model: floats per row");
+ABSL_FLAG(std::optional<uint64_t>, embedding_rows, std::nullopt,
+          "embedding model: rows features are hashed into (0: no hashing)");
+ABSL_FLAG(std::optional<std::string>, embedding_combiner, std::nullopt,
+          "embedding model: sum or mean");
+ABSL_FLAG(std::optional<uint64_t>, embedding_max_rows_per_shard, std::nullopt,
+          "embedding model: rows one shard may create (0: no limit)");
 ABSL_FLAG(std::optional<uint64_t>, train_limit, std::nullopt,
           "use only the first N training examples");
 ABSL_FLAG(std::optional<uint64_t>, test_limit, std::nullopt,
@@ -141,6 +176,11 @@ constexpr const char* kJobFlags[] = {
     "backup_workers",              "late_gradients",
     "checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_s",
     "recovery_timeout_ms", "coordinator_timeout_ms",
+    "data_format", "test_data", "csv_header", "csv_label_column", "libsvm_zero_based",
+    "sparse_buckets", "synthetic_train", "synthetic_test", "synthetic_vocabulary",
+    "synthetic_features", "synthetic_zipf", "synthetic_margin", "synthetic_noise",
+    "classes", "features", "embedding_dim", "embedding_rows", "embedding_combiner",
+    "embedding_max_rows_per_shard",
 };
 
 constexpr char kUsage[] =

@@ -516,10 +516,17 @@ int Run() {
   if (exit_code != 0) spdlog::error("{}", reason);
   spdlog::info(
       "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
-      "duplicate, {} rejected), {} pulls, {:.1f} MiB in, {:.1f} MiB out",
+      "duplicate, {} rejected), {} pulls, {:.1f} MiB in, {:.1f} MiB out; peak RSS "
+      "{:.1f} MiB",
       store->shard(), reason, s.version(), s.updates_applied(), s.pushes(),
       s.duplicate_pushes(), s.rejected_pushes(), s.pulls(), MiB(s.bytes_in()),
-      MiB(s.bytes_out()));
+      MiB(s.bytes_out()), PeakRssMiB());
+  for (const v1::SparseTableStatus& t : s.tables())
+    spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
+                 "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",
+                 store->shard(), t.name(), t.rows(), t.dim(), MiB(t.bytes()),
+                 t.bytes_per_row(), t.version(), t.rows_pushed(), t.rows_pulled(),
+                 100 * t.hottest_share());
   // Everything is saved and every thread of ours has stopped; skip gRPC's
   // library shutdown (see ExitNow).
   ExitNow(exit_code);

@@ -83,13 +83,13 @@ absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
     for (int64_t id : ids)
       if (!index_.contains(id) && counted.try_emplace(id, true).second) ++missing;
     if (index_.size() + missing > limit)
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "sparse table '", spec_.name(), "' holds ", index_.size(),
           " rows on this shard; ", missing, " more would pass its limit of ", limit,
           " (max_rows_per_shard)"));
   }
   if (index_.size() + ids.size() > std::numeric_limits<uint32_t>::max())
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "sparse table '", spec_.name(), "' cannot hold more than 2^32 rows per shard"));
   for (int64_t id : ids) SlotOf(id);
   return absl::OkStatus();

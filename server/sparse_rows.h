@@ -43,8 +43,10 @@ class SparseRows {
   uint64_t size() const { return index_.size(); }
 
   // Creates the rows of `ids` that do not exist yet, all or none:
-  // RESOURCE_EXHAUSTED (nothing created) when that would take the shard past
-  // the table's max_rows_per_shard. `ids` may repeat.
+  // FAILED_PRECONDITION (nothing created) when that would take the shard
+  // past the table's max_rows_per_shard: the table is full, and sending the
+  // request again will not help (unlike RESOURCE_EXHAUSTED, which clients
+  // retry as a shard short of memory for calls). `ids` may repeat.
   absl::Status Ensure(absl::Span<const int64_t> ids);
 
   // Copies the rows of `ids` (each must exist: Ensure) to out, dim floats

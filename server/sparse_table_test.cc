@@ -267,12 +267,12 @@ TEST(SparseTable, TheRowLimitRefusesAPullOrPushThatWouldPassItAndCreatesNothing)
   const std::vector<int64_t> ids = IdsOf(0, 3);
   ASSERT_TRUE(PullRows(*store, {ids[0]}).ok());
   absl::StatusOr<ShardStore::PulledRows> over = PullRows(*store, {ids[1], ids[2]});
-  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(over.status().message(), HasSubstr("max_rows_per_shard"));
   EXPECT_EQ(TableStatus(store->ShardStatus()).rows(), 1u);
   absl::StatusOr<ShardStore::SparsePushResult> push = store->PushSparse(
       Gradient(0, 0, 0, {ids[1], ids[2]}, std::vector<float>(2 * kDim, 1.0f)));
-  EXPECT_EQ(push.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
   const v1::ShardStatus status = store->ShardStatus();
   EXPECT_EQ(TableStatus(status).rows(), 1u);
   EXPECT_EQ(TableStatus(status).version(), 0u);
@@ -454,11 +454,11 @@ TEST_F(SparseEdgeTest, AnOtherJobOrAnUnknownRankIsRefused) {
   ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 7");
 }
 
-TEST_F(SparseEdgeTest, APullPastTheRowLimitIsResourceExhaustedAndCreatesNothing) {
+TEST_F(SparseEdgeTest, APullPastTheRowLimitIsFailedPreconditionAndCreatesNothing) {
   std::vector<int64_t> many = IdsOf(0, 101);
   v1::SparsePullResponse pulled;
   const grpc::Status s = PullSparse(many, &pulled);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_EQ(TableStatus(store_->ShardStatus()).rows(), 0u);
 }
 

@@ -6,17 +6,77 @@ namespace grps {
 namespace {
 // Examples per forward pass of an evaluation.
 constexpr int kEvalBatch = 500;
+
+class DenseEvalTarget : public EvalTarget {
+ public:
+  DenseEvalTarget(std::vector<int64_t> widths, const Dataset* test)
+      : test_(test),
+        backend_(CreateCpuBackend()),
+        model_(backend_.get(), std::move(widths), kEvalBatch) {}
+
+  absl::StatusOr<EvalResult> Evaluate(uint64_t,
+                                      const std::vector<float>& weights) override {
+    model_.SetParameters(weights.data());
+    return model_.Evaluate(test_->features().data(), test_->labels().data(),
+                           test_->num_examples());
+  }
+
+ private:
+  const Dataset* const test_;
+  std::unique_ptr<Backend> backend_;
+  MlpModel model_;
+};
+
+class EmbeddingEvalTarget : public EvalTarget {
+ public:
+  EmbeddingEvalTarget(std::vector<int64_t> widths, EmbeddingCombiner combiner,
+                      SparseBatch test, RowReader read_rows)
+      : test_(std::move(test)),
+        read_rows_(std::move(read_rows)),
+        backend_(CreateCpuBackend()),
+        model_(backend_.get(), widths.front(),
+               std::vector<int64_t>(widths.begin() + 1, widths.end() - 1), widths.back(),
+               combiner, kEvalBatch) {}
+
+  absl::StatusOr<EvalResult> Evaluate(uint64_t step,
+                                      const std::vector<float>& weights) override {
+    rows_.resize(test_.unique_ids().size() * model_.embedding_dim());
+    if (absl::Status s = read_rows_(test_.unique_ids(), step, rows_.data()); !s.ok())
+      return s;
+    model_.SetHeadParameters(weights.data());
+    return model_.Evaluate(test_, rows_.data());
+  }
+
+ private:
+  const SparseBatch test_;
+  const RowReader read_rows_;
+  std::unique_ptr<Backend> backend_;
+  EmbeddingModel model_;
+  std::vector<float> rows_;
+};
+
 }  // namespace
+
+std::unique_ptr<EvalTarget> MakeDenseEvalTarget(std::vector<int64_t> widths,
+                                                const Dataset* test) {
+  return std::make_unique<DenseEvalTarget>(std::move(widths), test);
+}
+
+std::unique_ptr<EvalTarget> MakeEmbeddingEvalTarget(std::vector<int64_t> widths,
+                                                    EmbeddingCombiner combiner,
+                                                    SparseBatch test, RowReader read_rows) {
+  return std::make_unique<EmbeddingEvalTarget>(std::move(widths), combiner, std::move(test),
+                                               std::move(read_rows));
+}
+
+Evaluator::Evaluator(std::unique_ptr<EvalTarget> target, ResultCallback on_result)
+    : on_result_(std::move(on_result)), target_(std::move(target)) {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 Evaluator::Evaluator(std::vector<int64_t> widths, const Dataset* test,
                      ResultCallback on_result)
-    : test_(test),
-      on_result_(std::move(on_result)),
-      backend_(CreateCpuBackend()),
-      model_(std::make_unique<MlpModel>(backend_.get(), std::move(widths),
-                                        kEvalBatch)) {
-  thread_ = std::thread([this] { Loop(); });
-}
+    : Evaluator(MakeDenseEvalTarget(std::move(widths), test), std::move(on_result)) {}
 
 Evaluator::~Evaluator() {
   {
@@ -80,11 +140,14 @@ void Evaluator::WaitIdle() {
 
 Evaluator::Result Evaluator::Run(uint64_t step,
                                  const std::vector<float>& weights) {
-  model_->SetParameters(weights.data());
   Result result;
   result.step = step;
-  result.eval = model_->Evaluate(test_->features().data(),
-                                 test_->labels().data(), test_->num_examples());
+  absl::StatusOr<EvalResult> eval = target_->Evaluate(step, weights);
+  if (eval.ok()) {
+    result.eval = *eval;
+  } else {
+    result.error = eval.status();
+  }
   result.finished = absl::Now();
   return result;
 }

@@ -10,6 +10,7 @@
 #include "data/epoch_shuffler.h"
 #include "data/partition.h"
 #include "job/job_config.h"
+#include "worker/job_data.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -25,20 +26,6 @@ constexpr absl::Duration kWaitLogEvery = absl::Seconds(10);
 absl::Duration CoordinatorTimeout(const v1::JobConfig& config) {
   return absl::Milliseconds(
       config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
-}
-
-absl::StatusOr<Dataset> LoadSplit(const v1::JobConfig& config, DatasetSplit split,
-                                  uint64_t limit) {
-  absl::StatusOr<Dataset> data = LoadIdxDirectory(
-      config.dataset().path(), split, static_cast<int32_t>(config.num_classes()));
-  if (!data.ok()) return data.status();
-  if (data->num_features() != config.input_features())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset has ", data->num_features(), " features per example, the job's model ",
-        config.input_features()));
-  if (limit > 0 && static_cast<int64_t>(limit) < data->num_examples())
-    return data->Subset(0, limit);
-  return data;
 }
 
 bool Ended(v1::JobState state) {
@@ -60,9 +47,27 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       coordinator_timeout_(CoordinatorTimeout(registration.config())),
       backend_(backend),
       options_(std::move(options)),
-      model_(backend, LayerWidths(config_), static_cast<int>(config_.batch_size())),
       params_(config_, registration.shard_map(), rank_, incarnation_),
       metrics_(rank_) {
+  const std::vector<int64_t> widths = LayerWidths(config_);
+  const int batch = static_cast<int>(config_.batch_size());
+  if (config_.model() == v1::MODEL_EMBEDDING) {
+    embedding_ = std::make_unique<EmbeddingModel>(
+        backend, widths.front(), std::vector<int64_t>(widths.begin() + 1, widths.end() - 1),
+        widths.back(),
+        config_.embedding_combiner() == v1::COMBINER_MEAN ? EmbeddingCombiner::kMean
+                                                          : EmbeddingCombiner::kSum,
+        batch);
+    // Made before the heartbeat thread starts, which hands them new maps.
+    sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
+                                             incarnation_);
+    eval_sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
+                                                  incarnation_);
+    sparse_->set_generation(registration.generation());
+    eval_sparse_->set_generation(registration.generation());
+  } else {
+    model_ = std::make_unique<MlpModel>(backend, widths, batch);
+  }
   host_params_.resize(params_.num_parameters());
   host_grads_.resize(params_.num_parameters());
   progress_.set_test_accuracy(-1);
@@ -132,6 +137,10 @@ bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
     last_progress_ = absl::Now();
   }
   params_.set_generation(order.generation());
+  if (sparse_ != nullptr) {
+    sparse_->set_generation(order.generation());
+    eval_sparse_->set_generation(order.generation());
+  }
   *step = resume;
   if (order.checkpoint_id() == 0)
     spdlog::warn("rolled back to the initial values: resuming at step {} (generation {})",
@@ -216,6 +225,10 @@ void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
   if (resp.has_shard_map() && resp.shard_map().epoch() > params_.map_epoch() &&
       resp.shard_map().epoch() != refused_map_epoch_) {
     absl::Status s = params_.UpdateShardMap(resp.shard_map());
+    if (s.ok() && sparse_ != nullptr) {
+      sparse_->UpdateShardMap(resp.shard_map());
+      eval_sparse_->UpdateShardMap(resp.shard_map());
+    }
     if (s.ok()) {
       spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
     } else {
@@ -234,16 +247,16 @@ void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
     restore_ = resp.restore();
 }
 
-absl::Status Trainer::PullWeights(uint64_t clock) {
+absl::Status Trainer::WaitToPull(absl::string_view what, uint64_t clock,
+                                 const std::function<absl::Status()>& attempt) {
   // A pull may wait for other workers (sync, ssp) or for a shard to come
   // back; keep waiting, in slices so that the end of the job or a roll-back
   // is noticed, as long as the job runs and the coordinator answers.
   absl::Time logged = absl::Now();
   while (true) {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    absl::Status s = params_.Pull(clock, kPullSlice, host_params_.data());
+    absl::Status s = attempt();
     if (s.ok()) {
-      model_.SetParameters(host_params_.data());
       NoteProgress();
       return s;
     }
@@ -257,15 +270,30 @@ absl::Status Trainer::PullWeights(uint64_t clock) {
       return s;
     if (StuckWithoutCoordinator())
       return absl::UnavailableError(absl::StrCat(
-          "no weights for clock ", clock, " and no word from the coordinator for ",
+          "no ", what, " for clock ", clock, " and no word from the coordinator for ",
           absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
     if (absl::Now() - logged >= kWaitLogEvery) {
-      spdlog::info("waiting to read the weights of clock {}: {}", clock,
+      spdlog::info("waiting to read the {} of clock {}: {}", std::string(what), clock,
                    std::string(s.message()));
       logged = absl::Now();
     }
     SleepUnlessShutdown(absl::Milliseconds(100));
   }
+}
+
+absl::Status Trainer::PullWeights(uint64_t clock) {
+  return WaitToPull("weights", clock, [&] {
+    return params_.Pull(clock, kPullSlice, host_params_.data());
+  });
+}
+
+ParameterClient::RetryPolicy Trainer::PushRetry() {
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
+  retry.stop = [this] {
+    return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
+  };
+  return retry;
 }
 
 absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
@@ -274,11 +302,7 @@ absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
   // weights once the mode allows (sync: when the step completes), which saves
   // a round trip per step; if they do not come within a pull slice, the next
   // step pulls as usual.
-  ParameterClient::RetryPolicy retry;
-  retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
-  retry.stop = [this] {
-    return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
-  };
+  const ParameterClient::RetryPolicy retry = PushRetry();
   absl::Time logged = absl::Now();
   while (true) {
     absl::StatusOr<ParameterClient::PushOutcome> pushed = params_.Wait(
@@ -320,6 +344,12 @@ absl::Status Trainer::WaitForRestoreOrder(const absl::Status& refused) {
 }
 
 void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
+  if (!result.error.ok()) {
+    // The job goes on; the next snapshot is evaluated as usual.
+    spdlog::warn("{}evaluation of step {} failed: {}", final_eval ? "final " : "",
+                 result.step, std::string(result.error.message()));
+    return;
+  }
   v1::WorkerProgress snapshot;
   {
     absl::MutexLock lock(&mu_);
@@ -347,24 +377,107 @@ void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
 }
 
 absl::Status Trainer::LoadData() {
-  absl::StatusOr<Dataset> train =
-      LoadSplit(config_, DatasetSplit::kTrain, config_.dataset().train_limit());
-  if (!train.ok()) return train.status();
-  train_ = std::move(*train);
-  // Any worker may become the evaluator (the lowest live rank does).
-  absl::StatusOr<Dataset> test =
-      LoadSplit(config_, DatasetSplit::kTest, config_.dataset().test_limit());
+  // Any worker may become the evaluator (the lowest live rank does), so
+  // each loads the test set too.
+  if (embedding_ == nullptr) {
+    absl::StatusOr<DenseData> data = LoadDenseData(config_);
+    if (!data.ok()) return data.status();
+    train_ = std::move(data->train);
+    test_ = std::move(data->test);
+    evaluator_ = std::make_unique<Evaluator>(
+        LayerWidths(config_), &test_,
+        [this](const Evaluator::Result& r) { OnEvaluation(r, false); });
+    return absl::OkStatus();
+  }
+  absl::StatusOr<SparseData> data = LoadSparseData(config_);
+  if (!data.ok()) return data.status();
+  spdlog::info("{}", data->description);
+  sparse_train_ = std::move(data->train);
+  sparse_test_ = std::move(data->test);
+  absl::StatusOr<SparseBatch> test = SparseBatch::Create(
+      {sparse_test_.offsets(), sparse_test_.all_ids(), sparse_test_.all_values(),
+       sparse_test_.labels()},
+      config_.embedding_rows());
   if (!test.ok()) return test.status();
-  test_ = std::move(*test);
+  const uint32_t dim = config_.embedding_dim();
+  RowReader read_rows = [this, dim](absl::Span<const int64_t> ids, uint64_t clock,
+                                    float* out) -> absl::Status {
+    // In pieces of about 16 MiB, far below a message's limit.
+    const size_t piece = std::max<size_t>(1, (size_t{16} << 20) / (dim * sizeof(float)));
+    for (size_t first = 0; first < ids.size(); first += piece) {
+      const absl::Span<const int64_t> part = ids.subspan(first, piece);
+      absl::Status s = WaitToPull("embedding rows", clock, [&] {
+        return eval_sparse_->Pull(kEmbeddingTable, part, clock, kPullSlice,
+                                  out + first * dim);
+      });
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
   evaluator_ = std::make_unique<Evaluator>(
-      LayerWidths(config_), &test_,
+      MakeEmbeddingEvalTarget(LayerWidths(config_), embedding_->combiner(),
+                              std::move(*test), std::move(read_rows)),
       [this](const Evaluator::Result& r) { OnEvaluation(r, false); });
   return absl::OkStatus();
 }
 
+int64_t Trainer::TrainExamples() const {
+  return embedding_ != nullptr ? sparse_train_.num_examples() : train_.num_examples();
+}
+
+absl::StatusOr<float> Trainer::DenseStep(absl::Span<const int64_t> idx) {
+  const int batch = static_cast<int>(idx.size());
+  thread_local std::vector<float> x;
+  thread_local std::vector<int32_t> y;
+  x.resize(idx.size() * train_.num_features());
+  y.resize(idx.size());
+  if (absl::Status s = train_.Gather(idx, absl::MakeSpan(x), absl::MakeSpan(y)); !s.ok())
+    return s;
+  model_->SetParameters(host_params_.data());
+  const float loss = model_->ForwardBackward(x.data(), y.data(), batch, nullptr);
+  model_->GetGradients(host_grads_.data());
+  return loss;
+}
+
+absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, absl::Span<const int64_t> idx) {
+  if (absl::Status s = sparse_train_.Gather(idx, &raw_batch_); !s.ok()) return s;
+  if (absl::Status s = sparse_batch_.Build({raw_batch_.offsets, raw_batch_.ids,
+                                            raw_batch_.values, raw_batch_.labels},
+                                           config_.embedding_rows());
+      !s.ok())
+    return s;
+  const std::vector<int64_t>& ids = sparse_batch_.unique_ids();
+  rows_.resize(ids.size() * embedding_->embedding_dim());
+  // The rows as of this clock: the pull waits at the shards as the dense
+  // one does.
+  if (absl::Status s = WaitToPull("embedding rows", step, [&] {
+        return sparse_->Pull(kEmbeddingTable, ids, step, kPullSlice, rows_.data());
+      });
+      !s.ok())
+    return s;
+  embedding_->SetHeadParameters(host_params_.data());
+  const float loss = embedding_->ForwardBackward(sparse_batch_, rows_.data(), nullptr);
+  if (!std::isfinite(loss)) return loss;  // the caller says so; nothing is pushed
+  embedding_->GetHeadGradients(host_grads_.data());
+  // The rows' gradients first: this push returns at once, while the head's
+  // (in PushGradients) may wait for the next weights.
+  absl::StatusOr<SparseClient::PushOutcome> pushed = sparse_->Push(
+      kEmbeddingTable, step, ids, embedding_->row_gradients().data(), PushRetry());
+  if (!pushed.ok()) {
+    if (Interrupted() != Interrupt::kNone) return pushed.status();
+    if (pushed.status().code() == absl::StatusCode::kAborted)
+      return WaitForRestoreOrder(pushed.status());
+    return absl::Status(pushed.status().code(),
+                        absl::StrCat("pushing the embedding rows of step ", step, ": ",
+                                     pushed.status().message()));
+  }
+  NoteProgress();
+  return loss;
+}
+
 absl::Status Trainer::Run() {
   if (absl::Status s = LoadData(); !s.ok()) return s;
-  const uint64_t total = TotalSteps(config_, train_.num_examples());
+  const uint64_t total = TotalSteps(config_, TrainExamples());
   {
     absl::MutexLock lock(&mu_);
     progress_.set_total_steps(total);
@@ -394,19 +507,17 @@ absl::Status Trainer::Run() {
 absl::Status Trainer::Train(uint64_t total) {
   const int64_t batch = config_.batch_size();
   absl::StatusOr<PartitionRange> part =
-      PartitionForRank(train_.num_examples(), rank_, config_.num_workers());
+      PartitionForRank(TrainExamples(), rank_, config_.num_workers());
   if (!part.ok()) return part.status();
   // Every worker runs the same number of steps per epoch, so sync steps line
   // up: floor(floor(N / workers) / batch).
   const uint64_t per_epoch = std::max<uint64_t>(
-      1, train_.num_examples() / config_.num_workers() / batch);
+      1, TrainExamples() / config_.num_workers() / batch);
   if (part->size() < batch)
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", rank_, "'s partition has ", part->size(),
         " examples, fewer than one batch of ", batch));
   EpochShuffler shuffler(config_.seed(), *part);
-  std::vector<float> x(batch * train_.num_features());
-  std::vector<int32_t> y(batch);
   uint64_t step = next_step_;
   uint64_t resumed_at = step;
   // (After a roll-back, TakeRollBack says where training resumes.)
@@ -424,7 +535,13 @@ absl::Status Trainer::Train(uint64_t total) {
   int64_t epoch_loaded = -1;
   uint64_t late = 0, too_stale = 0;
   // The client's byte counts when the metrics last took them.
-  uint64_t bytes_pushed_seen = params_.bytes_pushed(), bytes_pulled_seen = params_.bytes_pulled();
+  auto bytes_pushed = [this] {
+    return params_.bytes_pushed() + (sparse_ != nullptr ? sparse_->bytes_pushed() : 0);
+  };
+  auto bytes_pulled = [this] {
+    return params_.bytes_pulled() + (sparse_ != nullptr ? sparse_->bytes_pulled() : 0);
+  };
+  uint64_t bytes_pushed_seen = bytes_pushed(), bytes_pulled_seen = bytes_pulled();
   std::unique_ptr<BatchIterator> batches;
   // The clock whose weights the last push's replies brought into
   // host_params_ (see PushGradients).
@@ -448,11 +565,11 @@ absl::Status Trainer::Train(uint64_t total) {
       batches = std::make_unique<BatchIterator>(std::move(*it));
       epoch_loaded = epoch;
     }
-    if (pulled_for == step) {
-      model_.SetParameters(host_params_.data());
-    } else if (absl::Status s = PullWeights(step); !s.ok()) {
-      if (Interrupted() != Interrupt::kNone) continue;
-      return s;
+    if (pulled_for != step) {
+      if (absl::Status s = PullWeights(step); !s.ok()) {
+        if (Interrupted() != Interrupt::kNone) continue;
+        return s;
+      }
     }
     pulled_for.reset();
     // The evaluator evaluates the weights of this step on its own thread; a
@@ -461,13 +578,16 @@ absl::Status Trainer::Train(uint64_t total) {
         step % config_.eval_every_steps() == 0 && IsEvaluator())
       evaluator_->Submit(step, host_params_);
     absl::Span<const int64_t> idx = batches->Batch(step % per_epoch);
-    if (absl::Status s = train_.Gather(idx, absl::MakeSpan(x), absl::MakeSpan(y)); !s.ok())
-      return s;
-    const float loss = model_.ForwardBackward(x.data(), y.data(), batch, nullptr);
+    absl::StatusOr<float> computed =
+        embedding_ != nullptr ? EmbeddingStep(step, idx) : DenseStep(idx);
+    if (!computed.ok()) {
+      if (Interrupted() != Interrupt::kNone) continue;
+      return computed.status();
+    }
+    const float loss = *computed;
     if (!std::isfinite(loss))
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               " (learning rate too high?)"));
-    model_.GetGradients(host_grads_.data());
     absl::StatusOr<ParameterClient::PushOutcome> pushed = PushGradients(step, batch);
     if (!pushed.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
@@ -492,7 +612,7 @@ absl::Status Trainer::Train(uint64_t total) {
     metrics_.loss.Set(loss_ema);
     if (pushed->late > 0) metrics_.late_pushes.Increment();
     if (pushed->too_stale > 0) metrics_.too_stale_pushes.Increment();
-    const uint64_t pushed_bytes = params_.bytes_pushed(), pulled_bytes = params_.bytes_pulled();
+    const uint64_t pushed_bytes = bytes_pushed(), pulled_bytes = bytes_pulled();
     metrics_.pushed_bytes.Increment(static_cast<double>(pushed_bytes - bytes_pushed_seen));
     metrics_.pulled_bytes.Increment(static_cast<double>(pulled_bytes - bytes_pulled_seen));
     bytes_pushed_seen = pushed_bytes;
@@ -593,6 +713,11 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
         return Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
       const Evaluator::Result result = evaluator_->EvaluateNow(total, host_params_);
       OnEvaluation(result, /*final_eval=*/true);
+      if (!result.error.ok())
+        return Interrupted() != Interrupt::kNone
+                   ? absl::OkStatus()
+                   : absl::Status(result.error.code(),
+                                  absl::StrCat("final evaluation: ", result.error.message()));
       done.set_has_final_eval(true);
       done.set_final_test_accuracy(static_cast<float>(result.eval.accuracy));
       done.set_final_test_loss(static_cast<float>(result.eval.loss));

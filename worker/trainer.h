@@ -1,7 +1,9 @@
 // Trainer: one worker's part of a job. Per step: pull the weights (the
 // shards decide how long the pull waits, from the worker's clock), compute
 // the gradient of one batch of its data partition, push it to the shards,
-// report progress in the heartbeat. The worker the coordinator names as
+// report progress in the heartbeat. The embedding model's step also pulls
+// the rows its batch reads from the sparse table and pushes their
+// gradients (before the dense head's, whose push brings the next weights). The worker the coordinator names as
 // evaluator evaluates snapshots of its weights on an Evaluator thread; after
 // the last step the worker reports WorkerDone and stays (heartbeating) until
 // the job ends, evaluating the final weights if the coordinator asks it to.
@@ -26,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,14 +37,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
+#include "data/sparse_dataset.h"
 #include "proto/grps.grpc.pb.h"
 #include "tensor/backend.h"
+#include "worker/embedding_model.h"
 #include "worker/evaluator.h"
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_batch.h"
+#include "worker/sparse_client.h"
 #include "worker/straggler.h"
 #include "worker/worker_metrics.h"
 
@@ -94,6 +102,24 @@ class Trainer {
   void NoteProgress() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status LoadData();
+  int64_t TrainExamples() const;
+  // One step's gradients of the batch `idx` (indices into the training
+  // set), computed on the weights in host_params_: the dense model's into
+  // host_grads_; the embedding model's head gradients into host_grads_,
+  // after pulling the batch's rows (clock `step`) and before pushing their
+  // gradients. Returns the batch's mean loss.
+  absl::StatusOr<float> DenseStep(absl::Span<const int64_t> idx);
+  absl::StatusOr<float> EmbeddingStep(uint64_t step, absl::Span<const int64_t> idx);
+  // Retries `attempt` (a pull that may wait at the shards for `clock`, at
+  // most a pull slice at a time) until it succeeds, the job ends or rolls
+  // back (CANCELLED), it fails otherwise than by waiting or an unavailable
+  // shard, or the coordinator has been silent too long. `what` names what
+  // is read, for the log.
+  absl::Status WaitToPull(absl::string_view what, uint64_t clock,
+                          const std::function<absl::Status()>& attempt);
+  // The retry policy of every push: as long as the job runs and the
+  // coordinator answers.
+  ParameterClient::RetryPolicy PushRetry();
   // Trains until the last step. Returns OK when done or interrupted by the
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
@@ -123,11 +149,23 @@ class Trainer {
   uint64_t next_step_;  // training thread: where Train starts
   const absl::Duration coordinator_timeout_;
   Backend* backend_;
+  TrainerOptions options_;
+  ParameterClient params_;
+  // The dense model (mlp, softmax) and its data...
+  std::unique_ptr<MlpModel> model_;
   Dataset train_;
   Dataset test_;
-  TrainerOptions options_;
-  MlpModel model_;
-  ParameterClient params_;
+  // ... or the embedding model's: its dense head lives in params_, its rows
+  // in the sparse table kEmbeddingTable, read and written by sparse_ (the
+  // training thread's) and eval_sparse_ (the evaluator's).
+  std::unique_ptr<EmbeddingModel> embedding_;
+  std::unique_ptr<SparseClient> sparse_;
+  std::unique_ptr<SparseClient> eval_sparse_;
+  SparseDataset sparse_train_;
+  SparseDataset sparse_test_;
+  SparseDataset::Batch raw_batch_;  // training thread: the step's examples
+  SparseBatch sparse_batch_;        // ... hashed into the table's ids
+  std::vector<float> rows_;         // ... and their rows
   std::vector<float> host_params_;
   std::vector<float> host_grads_;
   std::unique_ptr<Evaluator> evaluator_;

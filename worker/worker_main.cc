@@ -148,7 +148,7 @@ int Main(int argc, char** argv) {
     spdlog::error("{}; exiting 1", std::string(s.message()));
     ExitNow(1);
   }
-  spdlog::info("done");
+  spdlog::info("done (peak RSS {:.1f} MiB)", PeakRssMiB());
   // Skip gRPC's library shutdown (see ExitNow).
   ExitNow(0);
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The embedding model end to end (issue 11): grps-local runs real daemons
+# whose workers pull and push rows of the sparse table "embedding" and the
+# dense head's chunks.
+#   1. Synthetic sparse data with a known Bayes accuracy: sync and async each
+#      come within 2 points of it.
+#   2. Fashion-MNIST through the sparse path (each pixel bucketed into
+#      intensity ids) reaches 0.84, printed beside the dense MLP of the same
+#      test run.
+#   3. A libsvm file, hashed into a table of 1000 rows with a row limit per
+#      shard: trains, and the shards hold at most the rows there are.
+set -euo pipefail
+BIN=${1:?usage: e2e_sparse_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+
+# run NAME FLAGS...: a grps-local job in $WORK/NAME; prints its final test
+# accuracy on stdout.
+run() {
+  local name=$1; shift
+  local dir="$WORK/$name"
+  "$BIN/grps-local" --run_dir="$dir" --result_json="$dir/result.json" --backend=cpu \
+    --timeout_s=200 "$@" >"$WORK/$name.log" 2>&1 || fail "$name: grps-local exited $?"
+  json 'j["final_test_accuracy"]' <"$dir/result.json"
+}
+
+# The worker states the data set's Bayes accuracy (the generator knows it).
+SYNTH=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad
+       --lr=0.1 --embedding_dim=16 --hidden= --epochs=3)
+for mode in sync async; do
+  acc=$(run "synthetic-$mode" --mode="$mode" "${SYNTH[@]}")
+  bayes=$(grep -ho "Bayes accuracy [0-9.]*" "$WORK/synthetic-$mode/worker-0.log" |
+          head -1 | awk '{print $3}')
+  [ -n "$bayes" ] || fail "synthetic-$mode: the worker did not log the Bayes accuracy"
+  echo "synthetic $mode: test accuracy $acc, Bayes $bayes"
+  python3 -c "import sys; sys.exit(0 if $acc >= $bayes - 0.02 else 1)" ||
+    fail "synthetic $mode: $acc is more than 2 points below the Bayes accuracy $bayes"
+  # Each shard holds part of the table, never more than the 10,000 ids.
+  for s in 0 1; do
+    rows=$(grep -ho "table embedding: [0-9]* rows" "$WORK/synthetic-$mode/server-$s.log" |
+           awk '{print $3}')
+    [ -n "$rows" ] && [ "$rows" -gt 1000 ] && [ "$rows" -le 10000 ] ||
+      fail "synthetic $mode: shard $s holds '${rows}' rows of the 10000-id table"
+  done
+done
+
+DATA=/usr/share/datasets/fashion-mnist
+if [ -d "$DATA" ]; then
+  sparse=$(run fmnist-sparse --model=embedding)
+  dense=$(run fmnist-dense)
+  echo "Fashion-MNIST: embedding model (sparse) $sparse, dense MLP $dense"
+  python3 -c "import sys; sys.exit(0 if $sparse >= 0.84 else 1)" ||
+    fail "Fashion-MNIST through the sparse path reached $sparse, below 0.84"
+else
+  echo "Fashion-MNIST part skipped: $DATA missing (apt-get install dataset-fashion-mnist)"
+fi
+
+# A libsvm file: class c's examples draw most of their ids from their own
+# range of 1-based ids; hashed into 1000 rows, at most 600 a shard.
+python3 - "$WORK" <<'PY'
+import random, sys
+rng = random.Random(7)
+for name, n in (("train", 6000), ("test", 1000)):
+    with open(f"{sys.argv[1]}/{name}.libsvm", "w") as f:
+        for _ in range(n):
+            c = rng.randrange(3)
+            ids = {rng.randrange(c * 200, c * 200 + 200) + 1 for _ in range(6)}
+            ids |= {rng.randrange(600) + 1 for _ in range(4)}
+            f.write(f"{c} " + " ".join(f"{i}:1" for i in sorted(ids)) + "\n")
+PY
+acc=$(run libsvm --model=embedding --data_format=libsvm --dataset="$WORK/train.libsvm" \
+      --test_data="$WORK/test.libsvm" --classes=3 --embedding_rows=1000 --embedding_dim=8 \
+      --embedding_max_rows_per_shard=600 --hidden=16 --optimizer=adagrad --lr=0.1 --epochs=2)
+echo "libsvm: test accuracy $acc"
+python3 -c "import sys; sys.exit(0 if $acc >= 0.9 else 1)" || fail "libsvm: accuracy $acc"
+total=0
+for s in 0 1; do
+  rows=$(grep -ho "table embedding: [0-9]* rows" "$WORK/libsvm/server-$s.log" | awk '{print $3}')
+  [ -n "$rows" ] || fail "libsvm: shard $s did not report its table"
+  total=$((total + rows))
+done
+[ "$total" -le 600 ] || fail "libsvm: the shards hold $total rows for 600 distinct ids"
+echo "PASS"
