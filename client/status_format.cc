@@ -331,7 +331,53 @@ std::string FormatShardsTable(const v1::JobStatus& status) {
     if (optional.held) row.push_back(absl::StrCat(s.held_gradients()));
     consistency.AddRow(std::move(row));
   }
-  return absl::StrCat(traffic.Render(), "\n", consistency.Render());
+  std::string text = absl::StrCat(traffic.Render(), "\n", consistency.Render());
+  if (std::string tables = FormatSparseTables(status); !tables.empty())
+    absl::StrAppend(&text, "\n", tables);
+  return text;
+}
+
+std::string FormatSparseTables(const v1::JobStatus& status) {
+  TextTable rows({{"table"},
+                  {"shard", true},
+                  {"rows", true},
+                  {"MiB", true},
+                  {"B/row", true},
+                  {"version", true},
+                  {"rows pushed", true},
+                  {"rows pulled", true},
+                  {"hottest 1%", true}});
+  // Per table, in the order first seen: each shard's row traffic.
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> traffic;
+  for (const v1::ShardStatus& s : status.shards()) {
+    for (const v1::SparseTableStatus& t : s.tables()) {
+      rows.AddRow({t.name(), absl::StrCat(s.shard()), absl::StrCat(t.rows()), Mib(t.bytes()),
+                   Fixed(t.bytes_per_row(), 0), absl::StrCat(t.version()),
+                   absl::StrCat(t.rows_pushed()), absl::StrCat(t.rows_pulled()),
+                   absl::StrCat(Fixed(100 * t.hottest_share(), 1), "%")});
+      auto it = std::find_if(traffic.begin(), traffic.end(),
+                             [&](const auto& e) { return e.first == t.name(); });
+      if (it == traffic.end()) it = traffic.insert(traffic.end(), {t.name(), {}});
+      it->second.push_back(t.rows_pushed() + t.rows_pulled());
+    }
+  }
+  if (traffic.empty()) return "";
+  std::string text = rows.Render();
+  for (const auto& [name, per_shard] : traffic) {
+    uint64_t total = 0, busiest = 0;
+    for (uint64_t t : per_shard) {
+      total += t;
+      busiest = std::max(busiest, t);
+    }
+    if (total == 0) {
+      absl::StrAppend(&text, "table ", name, ": no row traffic yet\n");
+      continue;
+    }
+    const double mean = static_cast<double>(total) / per_shard.size();
+    absl::StrAppend(&text, "table ", name, ": row traffic skew over ", per_shard.size(),
+                    " shards ", Fixed(busiest / mean, 2), " (busiest shard / mean)\n");
+  }
+  return text;
 }
 
 std::string FormatJobStatus(const v1::JobStatus& status, int64_t now_unix_ms) {

@@ -49,7 +49,15 @@ std::string FormatWorkersTable(const v1::JobStatus& status);
 // "late folded/dropped" (sync with backup workers), too stale (async / ssp
 // with max_staleness), waiting pulls (sync with backup workers, ssp) and held
 // gradients (ssp).
+// A job with sparse tables gets a third table, one row per table per shard:
+// rows, memory (MiB and bytes a row), version, rows pushed and pulled, the
+// share of that traffic the shard's hottest 1% of rows took; and a line per
+// table with the skew of its row traffic over the shards (the busiest
+// shard's traffic over the mean; 1.00 is even).
 std::string FormatShardsTable(const v1::JobStatus& status);
+
+// That third table and the skew lines ("" for a job without tables).
+std::string FormatSparseTables(const v1::JobStatus& status);
 
 // Header, workers table and shards table, separated by blank lines: what
 // `grpsctl status` prints.

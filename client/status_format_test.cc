@@ -338,6 +338,41 @@ TEST(ShardsTable, ShowsANonZeroCounterOutsideItsMode) {
   for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
 }
 
+TEST(ShardsTable, ShowsEachSparseTablePerShardAndTheSkewOfItsRowTraffic) {
+  v1::JobStatus s = RunningJob();
+  EXPECT_EQ(FormatSparseTables(s), "");  // no tables: nothing
+  ASSERT_EQ(s.shards_size(), 1);
+  s.add_shards()->set_shard(1);
+  const uint64_t traffic[2][2] = {{3000, 6000}, {1000, 2000}};  // pushed, pulled
+  for (int shard = 0; shard < 2; ++shard) {
+    v1::SparseTableStatus* t = s.mutable_shards(shard)->add_tables();
+    t->set_name("embedding");
+    t->set_dim(16);
+    t->set_rows(shard == 0 ? 5000 : 4000);
+    t->set_bytes(shard == 0 ? 850000 : 680000);
+    t->set_bytes_per_row(170);
+    t->set_version(120);
+    t->set_rows_pushed(traffic[shard][0]);
+    t->set_rows_pulled(traffic[shard][1]);
+    t->set_hottest_share(0.125);
+  }
+  const std::string text = FormatShardsTable(s);
+  const std::vector<std::vector<std::string>> tables = ShardTables(text);
+  ASSERT_EQ(tables.size(), 3u) << text;
+  ASSERT_GE(tables[2].size(), 4u) << text;
+  EXPECT_NE(tables[2][0].find("hottest 1%"), std::string::npos) << text;
+  const std::string shard0 = LineStartingWith(text, "embedding      0");
+  EXPECT_NE(shard0.find("5000"), std::string::npos) << text;
+  EXPECT_NE(shard0.find("0.81"), std::string::npos) << text;   // MiB
+  EXPECT_NE(shard0.find("12.5%"), std::string::npos) << text;
+  // 9000 and 3000 rows of traffic: the busiest shard has 1.5 x the mean.
+  EXPECT_NE(text.find("table embedding: row traffic skew over 2 shards 1.50"),
+            std::string::npos)
+      << text;
+  // grpsctl status shows them too.
+  EXPECT_NE(FormatJobStatus(s, 0).find("row traffic skew"), std::string::npos);
+}
+
 TEST(JobStatusText, HasHeaderThenWorkersThenShards) {
   std::string text = FormatJobStatus(RunningJob());
   size_t header = text.find("sync-20240101-120000");

@@ -76,8 +76,9 @@ ABSL_FLAG(uint32_t, features, Defaults().input_features(),
           "dense models: features per example");
 ABSL_FLAG(uint32_t, embedding_dim, 64, "embedding model: floats per embedding row");
 ABSL_FLAG(uint64_t, embedding_rows, 0,
-          "embedding model: rows of the table features are hashed into (0 = no "
-          "hashing: a feature is its own row id)");
+          "embedding model: rows of the table (0 = ids unbounded); a feature is its "
+          "own row id when the data's feature space fits, else features are hashed "
+          "into the rows");
 ABSL_FLAG(std::string, embedding_combiner, "sum",
           "embedding model: how an example's rows are pooled, sum or mean");
 ABSL_FLAG(uint64_t, embedding_max_rows_per_shard, 0,

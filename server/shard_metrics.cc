@@ -60,6 +60,34 @@ std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus&
 
   gauge("grps_shard_checkpoint_bytes", "size of the shard's file of its newest checkpoint",
         static_cast<double>(s.checkpoint().bytes()));
+
+  // Sparse tables: one series per table, labelled shard and table (no
+  // family when the job has none).
+  if (s.tables_size() == 0) return families;
+  auto per_table = [&](prometheus::MetricFamily family, auto value) {
+    for (const v1::SparseTableStatus& t : s.tables()) {
+      Labels with_table = labels;
+      with_table.push_back({"table", t.name()});
+      AddValue(family, with_table, static_cast<double>(value(t)));
+    }
+    families.push_back(std::move(family));
+  };
+  using T = v1::SparseTableStatus;
+  per_table(GaugeFamily("grps_table_rows", "rows of the sparse table created on this shard"),
+            [](const T& t) { return t.rows(); });
+  per_table(GaugeFamily("grps_table_bytes",
+                        "memory of those rows: values, optimizer state and index"),
+            [](const T& t) { return t.bytes(); });
+  per_table(GaugeFamily("grps_table_version", "updates applied to the table on this shard"),
+            [](const T& t) { return t.version(); });
+  per_table(CounterFamily("grps_table_rows_pushed_total",
+                          "row gradients received (one per id per push)"),
+            [](const T& t) { return t.rows_pushed(); });
+  per_table(CounterFamily("grps_table_rows_pulled_total", "rows served by pulls"),
+            [](const T& t) { return t.rows_pulled(); });
+  per_table(GaugeFamily("grps_table_hottest_share",
+                        "share of the row traffic that went to the hottest 1% of rows"),
+            [](const T& t) { return t.hottest_share(); });
   return families;
 }
 

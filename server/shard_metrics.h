@@ -18,6 +18,13 @@
 //                                         versions (histogram, le = 0, 1, ...)
 //   grps_shard_checkpoint_bytes           the shard's file of its newest
 //                                         checkpoint (gauge)
+//
+// Per sparse table, labelled shard and table:
+//   grps_table_rows, grps_table_bytes     rows created here and their memory
+//   grps_table_version                    updates applied (gauge)
+//   grps_table_rows_pushed_total, grps_table_rows_pulled_total
+//   grps_table_hottest_share              the hottest 1% of rows' share of
+//                                         the row traffic (gauge)
 #ifndef GRPS_SERVER_SHARD_METRICS_H_
 #define GRPS_SERVER_SHARD_METRICS_H_
 

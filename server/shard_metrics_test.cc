@@ -38,6 +38,34 @@ TEST(ShardMetrics, CountersAreTheShardStatusFiguresLabelledWithTheShard) {
   EXPECT_EQ(families.at("grps_shard_late_gradients_total").metric.at(0).counter.value, 5);
 }
 
+TEST(ShardMetrics, EachSparseTableHasItsSeriesLabelledWithShardAndTable) {
+  v1::ShardStatus status;
+  status.set_shard(1);
+  EXPECT_EQ(ByName(status).count("grps_table_rows"), 0u);  // no tables, no families
+  for (const char* name : {"embedding", "users"}) {
+    v1::SparseTableStatus* t = status.add_tables();
+    t->set_name(name);
+    t->set_rows(name[0] == 'e' ? 700 : 30);
+    t->set_bytes(119000);
+    t->set_rows_pushed(5000);
+    t->set_rows_pulled(9000);
+    t->set_hottest_share(0.25);
+  }
+  auto families = ByName(status);
+  const prometheus::MetricFamily& rows = families.at("grps_table_rows");
+  ASSERT_EQ(rows.metric.size(), 2u);
+  ASSERT_EQ(rows.metric[0].label.size(), 2u);
+  EXPECT_EQ(rows.metric[0].label[0].value, "1");
+  EXPECT_EQ(rows.metric[0].label[1].name, "table");
+  EXPECT_EQ(rows.metric[0].label[1].value, "embedding");
+  EXPECT_EQ(rows.metric[0].gauge.value, 700);
+  EXPECT_EQ(rows.metric[1].label[1].value, "users");
+  EXPECT_EQ(rows.metric[1].gauge.value, 30);
+  EXPECT_EQ(families.at("grps_table_rows_pulled_total").metric.at(0).counter.value, 9000);
+  EXPECT_EQ(families.at("grps_table_hottest_share").metric.at(1).gauge.value, 0.25);
+  EXPECT_EQ(families.at("grps_table_bytes").metric.at(0).gauge.value, 119000);
+}
+
 TEST(ShardMetrics, TheStalenessHistogramHasTheShardsCountsAndTheirSum) {
   v1::ShardStatus status;
   // 5 updates of staleness 0, 3 of 1, 2 of 2 or more; mean 0.9 (sum 9).

@@ -7,8 +7,9 @@
 #   2. Fashion-MNIST through the sparse path (each pixel bucketed into
 #      intensity ids) reaches 0.84, printed beside the dense MLP of the same
 #      test run.
-#   3. A libsvm file, hashed into a table of 1000 rows with a row limit per
-#      shard: trains, and the shards hold at most the rows there are.
+#   3. A libsvm file of 600 feature ids, hashed into a table of 500 rows
+#      with a row limit per shard: trains, and the shards hold at most the
+#      500 rows there are.
 set -euo pipefail
 BIN=${1:?usage: e2e_sparse_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -55,7 +56,7 @@ else
 fi
 
 # A libsvm file: class c's examples draw most of their ids from their own
-# range of 1-based ids; hashed into 1000 rows, at most 600 a shard.
+# range of 1-based ids; 600 ids hashed into 500 rows, at most 400 a shard.
 python3 - "$WORK" <<'PY'
 import random, sys
 rng = random.Random(7)
@@ -68,8 +69,8 @@ for name, n in (("train", 6000), ("test", 1000)):
             f.write(f"{c} " + " ".join(f"{i}:1" for i in sorted(ids)) + "\n")
 PY
 acc=$(run libsvm --model=embedding --data_format=libsvm --dataset="$WORK/train.libsvm" \
-      --test_data="$WORK/test.libsvm" --classes=3 --embedding_rows=1000 --embedding_dim=8 \
-      --embedding_max_rows_per_shard=600 --hidden=16 --optimizer=adagrad --lr=0.1 --epochs=2)
+      --test_data="$WORK/test.libsvm" --classes=3 --embedding_rows=500 --embedding_dim=8 \
+      --embedding_max_rows_per_shard=400 --hidden=16 --optimizer=adagrad --lr=0.1 --epochs=2)
 echo "libsvm: test accuracy $acc"
 python3 -c "import sys; sys.exit(0 if $acc >= 0.9 else 1)" || fail "libsvm: accuracy $acc"
 total=0
@@ -78,5 +79,7 @@ for s in 0 1; do
   [ -n "$rows" ] || fail "libsvm: shard $s did not report its table"
   total=$((total + rows))
 done
-[ "$total" -le 600 ] || fail "libsvm: the shards hold $total rows for 600 distinct ids"
+grep -q "features are hashed into the table's 500 rows" "$WORK/libsvm/worker-0.log" ||
+  fail "libsvm: the worker did not hash 600 features into 500 rows"
+[ "$total" -le 500 ] || fail "libsvm: the shards hold $total rows of a 500-row table"
 echo "PASS"

@@ -1,5 +1,6 @@
 #include "worker/job_data.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -117,6 +118,13 @@ absl::StatusOr<DenseData> LoadDenseData(const v1::JobConfig& config) {
   data.train = std::move(*train);
   data.test = std::move(*test);
   return data;
+}
+
+uint64_t FeatureHashRows(const SparseData& data, uint64_t embedding_rows) {
+  const uint64_t train = data.train.feature_space(), test = data.test.feature_space();
+  if (embedding_rows == 0) return 0;
+  if (train > 0 && test > 0 && std::max(train, test) <= embedding_rows) return 0;
+  return embedding_rows;
 }
 
 absl::StatusOr<SparseData> LoadSparseData(const v1::JobConfig& config) {

@@ -38,6 +38,13 @@ struct SparseData {
 // every label below num_classes.
 absl::StatusOr<SparseData> LoadSparseData(const v1::JobConfig& config);
 
+// The table_rows to hash the data's features with (HashFeatureId): 0 (a
+// feature is its own row id) when the table has no row bound, or when both
+// sets' feature spaces are bounded and fit in the table's rows, so that no
+// two features share a row; else embedding_rows. Decided from the data and
+// the config alone, so every worker decides alike.
+uint64_t FeatureHashRows(const SparseData& data, uint64_t embedding_rows);
+
 }  // namespace grps
 
 #endif  // GRPS_WORKER_JOB_DATA_H_

@@ -392,12 +392,21 @@ absl::Status Trainer::LoadData() {
   absl::StatusOr<SparseData> data = LoadSparseData(config_);
   if (!data.ok()) return data.status();
   spdlog::info("{}", data->description);
+  hash_rows_ = FeatureHashRows(*data, config_.embedding_rows());
+  if (hash_rows_ == 0)
+    spdlog::info("features are the table's row ids (feature space {} {})",
+                 std::max(data->train.feature_space(), data->test.feature_space()),
+                 config_.embedding_rows() == 0
+                     ? std::string("; the table has no row bound")
+                     : absl::StrCat("fits the table's ", config_.embedding_rows(), " rows"));
+  else
+    spdlog::info("features are hashed into the table's {} rows", hash_rows_);
   sparse_train_ = std::move(data->train);
   sparse_test_ = std::move(data->test);
   absl::StatusOr<SparseBatch> test = SparseBatch::Create(
       {sparse_test_.offsets(), sparse_test_.all_ids(), sparse_test_.all_values(),
        sparse_test_.labels()},
-      config_.embedding_rows());
+      hash_rows_);
   if (!test.ok()) return test.status();
   const uint32_t dim = config_.embedding_dim();
   RowReader read_rows = [this, dim](absl::Span<const int64_t> ids, uint64_t clock,
@@ -443,7 +452,7 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, absl::Span<const int
   if (absl::Status s = sparse_train_.Gather(idx, &raw_batch_); !s.ok()) return s;
   if (absl::Status s = sparse_batch_.Build({raw_batch_.offsets, raw_batch_.ids,
                                             raw_batch_.values, raw_batch_.labels},
-                                           config_.embedding_rows());
+                                           hash_rows_);
       !s.ok())
     return s;
   const std::vector<int64_t>& ids = sparse_batch_.unique_ids();

@@ -163,6 +163,7 @@ class Trainer {
   std::unique_ptr<SparseClient> eval_sparse_;
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
+  uint64_t hash_rows_ = 0;          // FeatureHashRows of the data
   SparseDataset::Batch raw_batch_;  // training thread: the step's examples
   SparseBatch sparse_batch_;        // ... hashed into the table's ids
   std::vector<float> rows_;         // ... and their rows
