@@ -1,6 +1,7 @@
 // grps_wire_bench: a push and then a pull of a dense model of 1, 16, 64 and
 // 256 MiB through 1 and 2 shards, beside two yardsticks measured in the same
-// run on the same loopback:
+// run on the same loopback (and, last, sparse rows beside the dense path of
+// the same bytes: see SparseVersusDense):
 //   - bare gRPC: the same bytes as one ByteBuffer each way (the request from
 //     slices over a stored array, the reply from slices over another), on
 //     one channel, each copied once out of the received slices and nothing
@@ -43,11 +44,15 @@
 #include "proto/grps.grpc.pb.h"
 #include "test/in_process_shards.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 
 ABSL_FLAG(std::string, mib, "1,16,64,256", "model sizes in MiB");
 ABSL_FLAG(int, reps, 3, "timed repetitions per figure (best is shown)");
 ABSL_FLAG(uint64_t, sync_steps, 1000,
           "sync steps of the default model with no compute (0: skip)");
+ABSL_FLAG(std::string, sparse_rows, "1024,16384,131072",
+          "sparse: rows per push + pull (\"\": skip)");
+ABSL_FLAG(std::string, sparse_dims, "16,64", "sparse: floats per row");
 
 namespace grps {
 namespace {
@@ -237,6 +242,86 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
   return ms;
 }
 
+// ---- Sparse rows beside the dense path of the same bytes ----
+
+struct SparseFigures {
+  double sparse_ms = 0;          // pull, then push, of `rows` rows
+  double dense_ms = 0;           // push, then pull, of rows x dim floats
+  double push_bytes_per_row = 0;  // on the wire: ids, values, framing
+  double pull_bytes_per_row = 0;
+};
+
+// A worker's step of the sparse path: pull `rows` distinct random rows of a
+// table of `dim` floats (ids in [0, 2^40)), then push their gradients,
+// through 2 shards in async mode (so each push is applied on arrival); beside a dense model
+// of rows x dim floats pushed and pulled through the same 2 shards by
+// ParameterClient, the yardstick: what the same bytes of values cost on the
+// dense path. Rows are created by the warm-up; the timed runs read and
+// update rows that exist.
+SparseFigures SparseVersusDense(int64_t rows, uint32_t dim, int reps, std::string* error) {
+  SparseFigures f;
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("wire-bench-sparse");
+  config.set_mode(v1::MODE_ASYNC);
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+  v1::SparseTableSpec* table = config.add_sparse_tables();
+  table->set_name("bench");
+  table->set_dim(dim);
+  std::unique_ptr<Shards> served = Serve(config, rows * dim * sizeof(float), error);
+  if (served == nullptr) return f;
+  std::vector<int64_t> ids(rows);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int64_t& id : ids) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64: distinct, spread
+    id = static_cast<int64_t>(x >> 24);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  SparseClient sparse(config, served->map, 0, 1);
+  std::vector<float> values(ids.size() * dim), grads(values.size(), 1e-3f);
+  ParameterClient::RetryPolicy retry;
+  uint64_t step = 0;
+  absl::Status failed;
+  uint64_t pushed_before = 0, pulled_before = 0;
+  int timed = -1;  // BestMs runs a warm-up first, which creates the rows
+  f.sparse_ms = BestMs(reps, [&] {
+    if (++timed == 1) {
+      pushed_before = sparse.bytes_pushed();
+      pulled_before = sparse.bytes_pulled();
+    }
+    absl::Status pulled = sparse.Pull("bench", ids, step, absl::Seconds(30), values.data());
+    absl::StatusOr<SparseClient::PushOutcome> pushed =
+        sparse.Push("bench", step++, ids, grads.data(), retry);
+    if (failed.ok() && !pulled.ok()) failed = pulled;
+    if (failed.ok() && !pushed.ok()) failed = pushed.status();
+  });
+  const double ops = static_cast<double>(timed) * ids.size();
+  f.push_bytes_per_row = (sparse.bytes_pushed() - pushed_before) / ops;
+  f.pull_bytes_per_row = (sparse.bytes_pulled() - pulled_before) / ops;
+  uint64_t rows_held = 0;
+  for (size_t s = 0; s < served->served.size(); ++s) {
+    const v1::ShardStatus status = served->served.store(s).ShardStatus();
+    for (const v1::SparseTableStatus& t : status.tables()) rows_held += t.rows();
+  }
+  ParameterClient dense(config, served->map, 0, 1);
+  std::vector<float> dense_grads(rows * dim, 1e-3f), params(dense_grads.size());
+  f.dense_ms = BestMs(reps, [&] {
+    absl::StatusOr<ParameterClient::PushOutcome> pushed =
+        dense.Push(step, dense_grads.data(), 1, absl::Seconds(30));
+    absl::Status pulled = dense.Pull(++step, absl::Seconds(30), params.data());
+    if (failed.ok() && !pushed.ok()) failed = pushed.status();
+    if (failed.ok() && !pulled.ok()) failed = pulled;
+  });
+  if (!failed.ok()) *error = std::string(failed.message());
+  if (static_cast<int64_t>(ids.size()) != rows)
+    *error = absl::StrCat(rows - ids.size(), " random ids repeated");
+  if (rows_held != ids.size())
+    *error = absl::StrCat("the shards hold ", rows_held, " rows for ", ids.size(), " ids");
+  return f;
+}
+
 // The sync step of the default job's model with no compute: `workers`
 // threads, each a worker with its own client, pushing and pulling (fused,
 // as grps-worker does) through 2 shards for `steps` steps. Milliseconds per
@@ -318,6 +403,48 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
               "tcp: the same bytes written and read back on one loopback connection.\n");
+  std::vector<int64_t> sparse_rows;
+  std::vector<uint32_t> sparse_dims;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_sparse_rows), ',', absl::SkipEmpty())) {
+    int64_t n;
+    if (!absl::SimpleAtoi(r, &n) || n <= 0) {
+      std::fprintf(stderr, "--sparse_rows: bad count '%s'\n", std::string(r).c_str());
+      return 2;
+    }
+    sparse_rows.push_back(n);
+  }
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_sparse_dims), ',', absl::SkipEmpty())) {
+    uint32_t n;
+    if (!absl::SimpleAtoi(d, &n) || n == 0 || n > 4096) {
+      std::fprintf(stderr, "--sparse_dims: bad width '%s'\n", std::string(d).c_str());
+      return 2;
+    }
+    sparse_dims.push_back(n);
+  }
+  if (!sparse_rows.empty() && !sparse_dims.empty()) {
+    std::printf("\nsparse rows: a pull then a push of N distinct rows of a table through 2 shards "
+                "(async, SGD), beside the dense path of the same bytes of values (push + pull "
+                "of N x dim floats, the yardstick); best of %d, ms\n\n", reps);
+    std::printf("%4s %8s %10s %12s %10s %10s %10s %14s\n", "dim", "rows", "sparse ms",
+                "rows/s", "B/row push", "B/row pull", "dense ms", "sparse / dense");
+    for (uint32_t dim : sparse_dims)
+      for (int64_t rows : sparse_rows) {
+        std::string e;
+        const SparseFigures f = SparseVersusDense(rows, dim, reps, &e);
+        if (!e.empty()) {
+          ok = false;
+          std::printf("%4u %8lld failed: %s\n", dim, static_cast<long long>(rows), e.c_str());
+          continue;
+        }
+        std::printf("%4u %8lld %10.2f %12.0f %10.1f %10.1f %10.2f %14.2f\n", dim,
+                    static_cast<long long>(rows), f.sparse_ms, rows / (f.sparse_ms / 1000),
+                    f.push_bytes_per_row, f.pull_bytes_per_row, f.dense_ms,
+                    f.sparse_ms / f.dense_ms);
+        std::fflush(stdout);
+      }
+    std::printf("\nB/row: serialized bytes a row costs each way (4 bytes a value, its id, "
+                "framing); the dense path moves 4 bytes a value and no ids.\n");
+  }
   return ok ? 0 : 1;
 }
 

@@ -2,7 +2,8 @@
 # Short runs of the benchmarks, so that CI keeps them working; their figures
 # come from full runs by hand (docs/performance.md). Each must exit 0 and
 # print its table with the yardstick beside the figure:
-#   - grps_wire_bench: 1 MiB through 1 and 2 shards, 50 sync steps;
+#   - grps_wire_bench: 1 MiB through 1 and 2 shards, 50 sync steps, 1024
+#     sparse rows of 16 beside the dense path of the same bytes;
 #   - grps_train_bench: sync with 2 servers for 100 steps (it starts the real
 #     daemons from BIN_DIR);
 #   - bench/exit_latency: one short job.
@@ -12,9 +13,11 @@ source "$(dirname "$0")/lib.sh"
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
 
-"$BIN/grps_wire_bench" --mib=1 --reps=1 --sync_steps=50 >"$WORK/wire.out" 2>&1 \
+"$BIN/grps_wire_bench" --mib=1 --reps=1 --sync_steps=50 --sparse_rows=1024 --sparse_dims=16 \
+  >"$WORK/wire.out" 2>&1 \
   || { cat "$WORK/wire.out"; fail "grps_wire_bench failed"; }
 grep -q "bare grpc" "$WORK/wire.out" && grep -q "sync step of the default model" "$WORK/wire.out" \
+  && grep -q "sparse / dense" "$WORK/wire.out" \
   || { cat "$WORK/wire.out"; fail "grps_wire_bench printed no table"; }
 
 "$BIN/grps_train_bench" --configs=sync:2 --steps=100 --no_accuracy --compute_seconds=0.2 \

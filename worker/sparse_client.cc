@@ -146,7 +146,7 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
     for (size_t j = 0; j < by_shard[s].size(); ++j)
       std::memcpy(out + by_shard[s][j] * dim, rows.data() + j * dim, dim * sizeof(float));
     (*t)->versions[s].store(c.response.version());
-    bytes_pulled_.fetch_add(c.response.values().size());
+    bytes_pulled_.fetch_add(c.response.ByteSizeLong());
   }
   return absl::OkStatus();
 }
@@ -204,7 +204,7 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
     for (size_t s : todo) {
       const grpc::Status& st = statuses[s];
       if (st.ok()) {
-        bytes_pushed_.fetch_add(requests[s].gradients().size());
+        bytes_pushed_.fetch_add(requests[s].ByteSizeLong());
         outcome.duplicates += responses[s].duplicate();
         outcome.late += responses[s].late();
         outcome.too_stale += responses[s].too_stale();

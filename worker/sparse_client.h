@@ -67,6 +67,8 @@ class SparseClient {
                                    absl::Span<const int64_t> ids, const float* grads,
                                    const ParameterClient::RetryPolicy& retry);
 
+  // The serialized size of the pushes that succeeded (ids, values and
+  // framing) and of the pulls' replies, as ParameterClient counts its own.
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
 
