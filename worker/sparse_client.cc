@@ -97,6 +97,18 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   const uint32_t dim = (*t)->spec.dim();
   std::vector<std::vector<size_t>> by_shard;
   Split(ids, &by_shard);
+  // A reply gRPC could not carry is refused here, as the shard would refuse
+  // it (RESOURCE_EXHAUSTED, which callers retry as a passing shortage).
+  absl::StatusOr<DType> wire = DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
+  if (!wire.ok()) return wire.status();
+  for (size_t s = 0; s < shards_; ++s) {
+    const uint64_t reply = static_cast<uint64_t>(by_shard[s].size()) * dim * DTypeSize(*wire);
+    if (reply + 64 > static_cast<uint64_t>(kMaxMessageBytes))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a pull of ", by_shard[s].size(), " rows of table '", table, "' from shard ", s,
+          " would be a reply of ", reply, " bytes, past the ", kMaxMessageBytes,
+          "-byte message limit; pull fewer rows at once"));
+  }
   struct Call {
     grpc::ClientContext context;
     v1::SparsePullRequest request;
