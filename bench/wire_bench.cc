@@ -219,6 +219,22 @@ std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::st
   return shards;
 }
 
+// Best time of a push of `elements` gradients and a pull of the next step's
+// weights by one ParameterClient (rank 0) of `map`, from clock *step on;
+// the first failure goes to *failed.
+double DensePushPullMs(const v1::JobConfig& config, const v1::ShardMap& map, size_t elements,
+                       int reps, uint64_t* step, absl::Status* failed) {
+  ParameterClient client(config, map, 0, 1);
+  std::vector<float> grads(elements, 1e-3f), params(elements);
+  return BestMs(reps, [&] {
+    absl::StatusOr<ParameterClient::PushOutcome> pushed =
+        client.Push(*step, grads.data(), 1, absl::Seconds(30));
+    absl::Status pulled = client.Pull(++*step, absl::Seconds(30), params.data());
+    if (failed->ok() && !pushed.ok()) *failed = pushed.status();
+    if (failed->ok() && !pulled.ok()) *failed = pulled;
+  });
+}
+
 double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
   v1::JobConfig config = DefaultJobConfig();
   config.set_job_id("wire-bench");
@@ -227,17 +243,10 @@ double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
   config.set_num_workers(1);
   std::unique_ptr<Shards> served = Serve(config, bytes, error);
   if (served == nullptr) return 0;
-  ParameterClient client(config, served->map, 0, 1);
-  std::vector<float> grads(bytes / sizeof(float), 1e-3f), params(grads.size());
   uint64_t step = 0;
   absl::Status failed;
-  const double ms = BestMs(reps, [&] {
-    absl::StatusOr<ParameterClient::PushOutcome> pushed =
-        client.Push(step, grads.data(), 1, absl::Seconds(30));
-    absl::Status pulled = client.Pull(++step, absl::Seconds(30), params.data());
-    if (failed.ok() && !pushed.ok()) failed = pushed.status();
-    if (failed.ok() && !pulled.ok()) failed = pulled;
-  });
+  const double ms = DensePushPullMs(config, served->map, bytes / sizeof(float), reps, &step,
+                                    &failed);
   if (!failed.ok()) *error = std::string(failed.message());
   return ms;
 }
@@ -305,15 +314,7 @@ SparseFigures SparseVersusDense(int64_t rows, uint32_t dim, int reps, std::strin
     const v1::ShardStatus status = served->served.store(s).ShardStatus();
     for (const v1::SparseTableStatus& t : status.tables()) rows_held += t.rows();
   }
-  ParameterClient dense(config, served->map, 0, 1);
-  std::vector<float> dense_grads(rows * dim, 1e-3f), params(dense_grads.size());
-  f.dense_ms = BestMs(reps, [&] {
-    absl::StatusOr<ParameterClient::PushOutcome> pushed =
-        dense.Push(step, dense_grads.data(), 1, absl::Seconds(30));
-    absl::Status pulled = dense.Pull(++step, absl::Seconds(30), params.data());
-    if (failed.ok() && !pushed.ok()) failed = pushed.status();
-    if (failed.ok() && !pulled.ok()) failed = pulled;
-  });
+  f.dense_ms = DensePushPullMs(config, served->map, rows * dim, reps, &step, &failed);
   if (!failed.ok()) *error = std::string(failed.message());
   if (static_cast<int64_t>(ids.size()) != rows)
     *error = absl::StrCat(rows - ids.size(), " random ids repeated");
