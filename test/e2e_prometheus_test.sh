@@ -25,7 +25,9 @@ with open(path, "w") as f:
 PY
 }
 
-STEPS=1500
+# Long enough (over a second even on a fast machine) that the samples/s
+# gauge is scraped during the run, not only from its last window.
+STEPS=4000
 # Each daemon's metrics port, picked now, so that Prometheus knows all five
 # targets before the job starts: a job of a few seconds may end before a
 # reloaded configuration would be scraped.

@@ -633,8 +633,10 @@ absl::Status Trainer::Train(uint64_t total) {
       progress_.set_epoch(static_cast<uint32_t>(epoch));
       progress_.set_loss(static_cast<float>(loss_ema));
       progress_.set_samples(progress_.samples() + batch);
+      // The rate covers about a second; the last step publishes its window
+      // however short, so that a run shorter than a second has a rate too.
       const double window = absl::ToDoubleSeconds(now - window_start);
-      if (window >= 1.0) {
+      if (window >= 1.0 || (step + 1 == total && window > 0)) {
         progress_.set_samples_per_sec(static_cast<float>(window_samples / window));
         metrics_.samples_per_second.Set(progress_.samples_per_sec());
         window_start = now;
