@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
 
 namespace grps {
 namespace {
@@ -78,7 +82,128 @@ absl::Status Unframe(absl::string_view bytes, const std::string& path,
   return absl::OkStatus();
 }
 
+// Appends to `dst` the rows of `src` that hash to shard `shard` of
+// `num_shards`, and merges the table's version, marks and held steps
+// (LoadShardState). `first`: `dst` is empty and takes them as they are.
+absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t shard,
+                        bool first, const std::string& path, v1::TableState* dst) {
+  if (first) {
+    dst->set_name(src.name());
+    dst->set_dim(src.dim());
+    dst->set_version(src.version());
+    *dst->mutable_marks() = src.marks();
+    *dst->mutable_held_from() = src.held_from();
+    for (int k = 0; k < src.optimizer_state_size(); ++k) dst->add_optimizer_state();
+  } else {
+    if (src.name() != dst->name() || src.dim() != dst->dim() ||
+        src.optimizer_state_size() != dst->optimizer_state_size())
+      return absl::DataLossError(absl::StrCat(path, ": sparse table '", src.name(),
+                                              "' differs in dim or optimizer state from "
+                                              "another shard's file"));
+    dst->set_version(std::max(dst->version(), src.version()));
+    // Each rank's mark: the lowest, so that nothing a file had not applied
+    // is taken for a duplicate.
+    auto key = [](const v1::DedupMark& m) {
+      return std::make_tuple(m.valid(), m.incarnation(), m.step());
+    };
+    for (int r = 0; r < src.marks_size(); ++r) {
+      if (r >= dst->marks_size()) break;
+      v1::DedupMark* d = dst->mutable_marks(r);
+      if (!src.marks(r).valid() || !d->valid())
+        d->set_valid(false);
+      else if (key(src.marks(r)) < key(*d))
+        *d = src.marks(r);
+    }
+    LowerHeldFrom(src.held_from(), dst->mutable_held_from());
+  }
+  const size_t row_bytes = static_cast<size_t>(src.dim()) * sizeof(float);
+  for (int i = 0; i < src.ids_size(); ++i) {
+    const int64_t id = src.ids(i);
+    if (SparseShardOf(id, num_shards) != shard) continue;
+    const size_t at = static_cast<size_t>(i) * row_bytes;
+    dst->add_ids(id);
+    dst->mutable_values()->append(src.values(), at, row_bytes);
+    for (int k = 0; k < src.optimizer_state_size(); ++k)
+      dst->mutable_optimizer_state(k)->append(src.optimizer_state(k), at, row_bytes);
+    dst->add_updates(src.updates_size() == 0 ? 0 : src.updates(i));
+  }
+  return absl::OkStatus();
+}
+
+// LoadChunks and LoadShardState: the chunks `chunk_ids` and, when
+// `tables_for` is (num_shards, shard), the tables' rows of that shard.
+absl::StatusOr<ShardState> LoadState(Env* env, const std::string& dir,
+                                     const v1::CheckpointManifest& manifest,
+                                     absl::Span<const uint32_t> chunk_ids,
+                                     std::optional<std::pair<uint32_t, uint32_t>> tables_for) {
+  const v1::ShardMap& map = manifest.shard_map();
+  const uint32_t saved_shards = static_cast<uint32_t>(map.shards_size());
+  const int num_tables = tables_for.has_value() ? manifest.config().sparse_tables_size() : 0;
+  std::set<uint32_t> shards;
+  for (uint32_t id : chunk_ids) {
+    if (id >= static_cast<uint32_t>(map.chunks_size()))
+      return absl::NotFoundError(absl::StrCat(dir, ": the checkpoint has no chunk ", id));
+    shards.insert(map.chunks(id).shard());
+  }
+  // A table's rows: the shard's own file when the count is the same, else
+  // every file.
+  const bool same_count = tables_for.has_value() && tables_for->first == saved_shards;
+  if (num_tables > 0) {
+    for (uint32_t k = 0; k < saved_shards; ++k)
+      if (!same_count || k == tables_for->second) shards.insert(k);
+  }
+  std::map<uint32_t, v1::ChunkState> found;
+  const std::set<uint32_t> wanted(chunk_ids.begin(), chunk_ids.end());
+  ShardState out;
+  out.tables.resize(num_tables);
+  bool first = true;
+  for (uint32_t shard : shards) {
+    const v1::ShardCheckpoint* entry = nullptr;
+    for (const v1::ShardCheckpoint& s : manifest.shards())
+      if (s.shard() == shard) entry = &s;
+    if (entry == nullptr)
+      return absl::DataLossError(absl::StrCat(dir, ": the manifest has no file for shard ", shard));
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        ReadShardFile(env, dir, *entry, manifest.job_id(), manifest.id());
+    if (!file.ok()) return file.status();
+    for (v1::ChunkState& c : *file->mutable_chunks())
+      if (wanted.count(c.chunk_id())) found[c.chunk_id()] = std::move(c);
+    if (num_tables == 0 || (same_count && shard != tables_for->second)) continue;
+    const std::string path = JoinPath(dir, entry->file());
+    if (file->tables_size() != num_tables)
+      return absl::DataLossError(absl::StrCat(path, ": holds ", file->tables_size(),
+                                              " sparse tables, the job has ", num_tables));
+    for (int t = 0; t < num_tables; ++t) {
+      if (file->tables(t).name() != manifest.config().sparse_tables(t).name())
+        return absl::DataLossError(absl::StrCat(path, ": sparse table ", t, " is '",
+                                                file->tables(t).name(), "', the job's is '",
+                                                manifest.config().sparse_tables(t).name(), "'"));
+      if (absl::Status s = MergeTable(file->tables(t), tables_for->first, tables_for->second,
+                                      first, path, &out.tables[t]);
+          !s.ok())
+        return s;
+    }
+    first = false;
+  }
+  out.chunks.reserve(chunk_ids.size());
+  for (uint32_t id : chunk_ids) {
+    auto it = found.find(id);
+    if (it == found.end())
+      return absl::NotFoundError(absl::StrCat(dir, ": no shard file holds chunk ", id));
+    out.chunks.push_back(it->second);
+  }
+  return out;
+}
+
 }  // namespace
+
+void LowerHeldFrom(const google::protobuf::Map<uint32_t, uint64_t>& from,
+                   google::protobuf::Map<uint32_t, uint64_t>* into) {
+  for (const auto& [rank, step] : from) {
+    auto it = into->find(rank);
+    if (it == into->end() || step < it->second) (*into)[rank] = step;
+  }
+}
 
 std::string CheckpointFolder(absl::string_view root, uint64_t id) {
   return JoinPath(root, absl::StrFormat("%s%08u", kFolderPrefix, id));
@@ -88,6 +213,12 @@ std::string ShardFileName(uint32_t shard) { return absl::StrFormat("shard-%05u.c
 
 absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& dir,
                                                    const v1::ShardCheckpointFile& file) {
+  // A message past 2 GiB does not serialize.
+  if (const size_t size = file.ByteSizeLong();
+      size > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shard ", file.shard(), "'s part of the checkpoint is ", size >> 20,
+        " MiB, past the 2 GiB a checkpoint file may hold: spread the job over more shards"));
   if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
   const std::string bytes = Frame(file);
   const std::string name = ShardFileName(file.shard());
@@ -100,12 +231,19 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& 
   out.set_bytes(bytes.size());
   out.set_crc32(Crc32(bytes));
   out.set_num_chunks(file.chunks_size());
-  uint64_t lo = UINT64_MAX, hi = 0;
-  for (const v1::ChunkState& c : file.chunks()) {
-    lo = std::min<uint64_t>(lo, c.version());
-    hi = std::max<uint64_t>(hi, c.version());
+  out.set_num_tables(file.tables_size());
+  uint64_t lo = UINT64_MAX, hi = 0, rows = 0;
+  auto span = [&](uint64_t version) {
+    lo = std::min(lo, version);
+    hi = std::max(hi, version);
+  };
+  for (const v1::ChunkState& c : file.chunks()) span(c.version());
+  for (const v1::TableState& t : file.tables()) {
+    span(t.version());
+    rows += t.ids_size();
   }
-  out.set_min_version(file.chunks_size() > 0 ? lo : 0);
+  out.set_num_rows(rows);
+  out.set_min_version(lo == UINT64_MAX ? 0 : lo);
   out.set_max_version(hi);
   return out;
 }
@@ -195,6 +333,26 @@ absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(Env* env, const std::str
         return damaged(shard.file(), ": chunk ", c.chunk_id(), " does not fit the layout's chunk ",
                        want[i]);
     }
+    // And every table of the job, each row of its width and of this shard.
+    const auto& specs = manifest->config().sparse_tables();
+    if (file->tables_size() != specs.size())
+      return damaged(shard.file(), " holds ", file->tables_size(), " sparse tables, the job has ",
+                     specs.size());
+    for (int t = 0; t < specs.size(); ++t) {
+      const v1::TableState& table = file->tables(t);
+      const uint64_t bytes = static_cast<uint64_t>(table.ids_size()) * specs[t].dim() * sizeof(float);
+      bool fits = table.name() == specs[t].name() && table.dim() == specs[t].dim() &&
+                  table.values().size() == bytes &&
+                  (table.updates_size() == 0 || table.updates_size() == table.ids_size());
+      for (const std::string& slot : table.optimizer_state()) fits = fits && slot.size() == bytes;
+      if (!fits)
+        return damaged(shard.file(), ": sparse table '", table.name(),
+                       "' does not fit the job's table '", specs[t].name(), "'");
+      for (int64_t id : table.ids())
+        if (SparseShardOf(id, static_cast<uint32_t>(map.shards_size())) != shard.shard())
+          return damaged(shard.file(), ": row ", id, " of sparse table '", table.name(),
+                         "' belongs to another shard");
+    }
   }
   return manifest;
 }
@@ -261,39 +419,41 @@ absl::Status CheckSameChunks(const v1::ShardMap& saved, const v1::ShardMap& curr
   return absl::OkStatus();
 }
 
+absl::Status CheckSameTables(const v1::JobConfig& saved, const v1::JobConfig& current) {
+  auto differ = [](auto... why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's sparse tables differ from this job's: ", why...,
+        " (the same --model and --embedding_dim are needed)"));
+  };
+  if (saved.sparse_tables_size() != current.sparse_tables_size())
+    return differ(saved.sparse_tables_size(), " tables there, ", current.sparse_tables_size(),
+                  " here");
+  for (const v1::SparseTableSpec& t : saved.sparse_tables()) {
+    const v1::SparseTableSpec* here = FindSparseTable(current, t.name());
+    if (here == nullptr) return differ("this job has no table '", t.name(), "'");
+    if (here->dim() != t.dim())
+      return differ("table '", t.name(), "' has rows of ", t.dim(), " there, ", here->dim(),
+                    " here");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardState> LoadShardState(Env* env, const std::string& dir,
+                                          const v1::CheckpointManifest& manifest,
+                                          absl::Span<const uint32_t> chunk_ids,
+                                          uint32_t num_shards, uint32_t shard) {
+  if (num_shards == 0 || shard >= num_shards)
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard, " of ", num_shards, " is not a shard"));
+  return LoadState(env, dir, manifest, chunk_ids, std::make_pair(num_shards, shard));
+}
+
 absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
     Env* env, const std::string& dir, const v1::CheckpointManifest& manifest,
     absl::Span<const uint32_t> chunk_ids) {
-  const v1::ShardMap& map = manifest.shard_map();
-  std::set<uint32_t> shards;
-  for (uint32_t id : chunk_ids) {
-    if (id >= static_cast<uint32_t>(map.chunks_size()))
-      return absl::NotFoundError(absl::StrCat(dir, ": the checkpoint has no chunk ", id));
-    shards.insert(map.chunks(id).shard());
-  }
-  std::map<uint32_t, v1::ChunkState> found;
-  const std::set<uint32_t> wanted(chunk_ids.begin(), chunk_ids.end());
-  for (uint32_t shard : shards) {
-    const v1::ShardCheckpoint* entry = nullptr;
-    for (const v1::ShardCheckpoint& s : manifest.shards())
-      if (s.shard() == shard) entry = &s;
-    if (entry == nullptr)
-      return absl::DataLossError(absl::StrCat(dir, ": the manifest has no file for shard ", shard));
-    absl::StatusOr<v1::ShardCheckpointFile> file =
-        ReadShardFile(env, dir, *entry, manifest.job_id(), manifest.id());
-    if (!file.ok()) return file.status();
-    for (v1::ChunkState& c : *file->mutable_chunks())
-      if (wanted.count(c.chunk_id())) found[c.chunk_id()] = std::move(c);
-  }
-  std::vector<v1::ChunkState> out;
-  out.reserve(chunk_ids.size());
-  for (uint32_t id : chunk_ids) {
-    auto it = found.find(id);
-    if (it == found.end())
-      return absl::NotFoundError(absl::StrCat(dir, ": no shard file holds chunk ", id));
-    out.push_back(it->second);
-  }
-  return out;
+  absl::StatusOr<ShardState> state = LoadState(env, dir, manifest, chunk_ids, std::nullopt);
+  if (!state.ok()) return state.status();
+  return std::move(state->chunks);
 }
 
 }  // namespace grps

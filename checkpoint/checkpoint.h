@@ -5,7 +5,8 @@
 //                                       /MANIFEST
 //
 // Each shard writes its file (a ShardCheckpointFile: every chunk it holds
-// with values, optimizer state and exactly-once marks), framed as
+// with values, optimizer state and exactly-once marks, and every sparse
+// table's rows on that shard with theirs), framed as
 //   "GRPSCKP1" | u64 payload length (LE) | payload | u32 CRC-32 of payload (LE)
 // and written atomically (daemon/env.h). The coordinator writes MANIFEST
 // (a CheckpointManifest, framed the same way) last, once every shard's file
@@ -14,9 +15,15 @@
 // checkpoint: it is refused with a status that says what is wrong, and
 // nothing in it or in any other checkpoint is changed.
 //
-// Chunks are cut independently of the shard count (job/shard_map.h), so a
-// checkpoint restores into any number of shards: LoadChunks reads the chunks
-// a shard now owns from whichever files hold them.
+// Chunks are cut independently of the shard count (job/shard_map.h), and a
+// sparse row's shard is a hash of its id (job/sparse_tables.h), so a
+// checkpoint restores into any number of shards: LoadShardState reads the
+// chunks a shard now owns from whichever files hold them, and the rows that
+// now hash to it from every file.
+//
+// A file is one protocol buffer message, so it holds at most 2 GiB: a
+// shard's part past that fails (RESOURCE_EXHAUSTED, the checkpoint is not
+// taken) and the job needs more shards.
 //
 // Thread safety: free functions, no shared state beyond the Env.
 #ifndef GRPS_CHECKPOINT_CHECKPOINT_H_
@@ -44,7 +51,9 @@ inline constexpr char kManifestName[] = "MANIFEST";
 
 // Writes `file` as `dir`/ShardFileName(file.shard()) (creating `dir`), and
 // returns what the manifest records of it: id, shard, state WRITTEN, file
-// name, bytes, crc32, min/max version and number of chunks.
+// name, bytes, crc32, min/max version (over chunks and tables), the number
+// of chunks, of tables and of rows. RESOURCE_EXHAUSTED when the file would
+// pass 2 GiB.
 absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(
     Env* env, const std::string& dir, const v1::ShardCheckpointFile& file);
 
@@ -54,6 +63,11 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(
 absl::StatusOr<v1::ShardCheckpointFile> ReadShardFile(
     Env* env, const std::string& dir, const v1::ShardCheckpoint& expected,
     absl::string_view job_id, uint64_t checkpoint_id);
+
+// Lowers each rank's step in `into` to that of `from` where it is lower
+// (or missing): the held steps (held_from) of several chunks or tables.
+void LowerHeldFrom(const google::protobuf::Map<uint32_t, uint64_t>& from,
+                   google::protobuf::Map<uint32_t, uint64_t>* into);
 
 // Writes `dir`/MANIFEST atomically. Call only once every shard file it names
 // is durable.
@@ -95,6 +109,11 @@ absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env,
 absl::Status CheckSameChunks(const v1::ShardMap& saved,
                              const v1::ShardMap& current);
 
+// FAILED_PRECONDITION unless `saved` (the checkpoint's job) and `current`
+// have the same sparse tables: names and dims (their order, ranges and row
+// limits may differ).
+absl::Status CheckSameTables(const v1::JobConfig& saved, const v1::JobConfig& current);
+
 // The state of each chunk in `chunk_ids` (in that order) from the checkpoint
 // in `dir` described by `manifest`, reading only the shard files that hold
 // them (each checked as ReadShardFile does). NOT_FOUND for a chunk the
@@ -102,6 +121,26 @@ absl::Status CheckSameChunks(const v1::ShardMap& saved,
 absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
     Env* env, const std::string& dir, const v1::CheckpointManifest& manifest,
     absl::Span<const uint32_t> chunk_ids);
+
+// What shard `shard` of `num_shards` restores from a checkpoint: its chunks
+// (`chunk_ids`, as LoadChunks) and, per sparse table of the checkpoint
+// (the manifest's config order), the rows that hash to it now.
+//
+// With the checkpoint's own shard count a table's state is the shard's own
+// file's, exactly. With another, the rows come from every file; the version
+// is the highest of the files', each rank's dedup mark the lowest (invalid if
+// any is) and each held_from the lowest. In sync mode every file has the
+// same version and marks, so this is exact too; in async and ssp a step
+// that one shard had applied and another had not is applied again to the
+// rows of the first when the rank pushes it again.
+struct ShardState {
+  std::vector<v1::ChunkState> chunks;
+  std::vector<v1::TableState> tables;
+};
+absl::StatusOr<ShardState> LoadShardState(Env* env, const std::string& dir,
+                                          const v1::CheckpointManifest& manifest,
+                                          absl::Span<const uint32_t> chunk_ids,
+                                          uint32_t num_shards, uint32_t shard);
 
 }  // namespace grps
 

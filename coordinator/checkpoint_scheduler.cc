@@ -111,7 +111,7 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
                   now);
         return;
       }
-      if (mode_ == v1::MODE_SYNC && report.num_chunks() > 0 &&
+      if (mode_ == v1::MODE_SYNC && report.num_chunks() + report.num_tables() > 0 &&
           (report.min_version() != pending_->request.version() ||
            report.max_version() != pending_->request.version())) {
         EndFailed(absl::StrCat("shard ", shard, " wrote versions ",
@@ -150,7 +150,7 @@ std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
   if (config.mode() != v1::MODE_SYNC) {
     step = std::numeric_limits<uint64_t>::max();
     for (const auto& [shard, r] : pending_->reports)
-      if (r.num_chunks() > 0) step = std::min(step, r.min_version());
+      if (r.num_chunks() + r.num_tables() > 0) step = std::min(step, r.min_version());
     if (step == std::numeric_limits<uint64_t>::max()) step = 0;
   }
   m.set_step(step);
@@ -189,7 +189,7 @@ void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status,
   if (mode_ != v1::MODE_SYNC) {
     step = std::numeric_limits<uint64_t>::max();
     for (const auto& [shard, r] : pending_->reports)
-      if (r.num_chunks() > 0) step = std::min(step, r.min_version());
+      if (r.num_chunks() + r.num_tables() > 0) step = std::min(step, r.min_version());
     if (step == std::numeric_limits<uint64_t>::max()) step = 0;
   }
   for (const auto& [shard, r] : pending_->reports) bytes += r.bytes();

@@ -143,6 +143,14 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
                  choice->dir.c_str(), std::string(s.message()).c_str());
     return 2;
   }
+  if (absl::Status s = CheckSameTables(choice->manifest->config(), config); !s.ok()) {
+    std::fprintf(stderr,
+                 "grps-coordinator: checkpoint %s holds other sparse tables than this job's "
+                 "(%s); use the same --model and --embedding_dim, or another "
+                 "--checkpoint_dir\n",
+                 choice->dir.c_str(), std::string(s.message()).c_str());
+    return 2;
+  }
   // The optimizer state in the files is that optimizer's (Adam's moments,
   // momentum's velocity): another optimizer cannot continue from it.
   if (choice->manifest->config().optimizer().kind() != config.optimizer().kind()) {

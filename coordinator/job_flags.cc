@@ -38,7 +38,7 @@ ABSL_FLAG(std::string, model, grps::ModelName(Defaults().model()),
           "model: mlp, softmax (softmax regression, no hidden layers) or embedding "
           "(sparse features -> embedding bag -> the mlp head of --hidden)");
 ABSL_FLAG(std::string, hidden, absl::StrJoin(Defaults().hidden_units(), ","),
-          "mlp hidden layer widths, comma-separated (\"\" for none)");
+          "mlp hidden layer widths, comma-separated (\"\" or none for none)");
 ABSL_FLAG(std::string, dataset, Defaults().dataset().path(),
           "idx and idx-sparse: directory of IDX files "
           "({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]); csv and libsvm: the "

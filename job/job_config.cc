@@ -271,6 +271,7 @@ absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {
 
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv) {
   std::vector<uint32_t> units;
+  if (absl::StripAsciiWhitespace(csv) == "none") return units;
   for (absl::string_view part : absl::StrSplit(csv, ',', absl::SkipWhitespace())) {
     uint32_t v = 0;
     if (!absl::SimpleAtoi(part, &v) || v == 0)

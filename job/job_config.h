@@ -45,6 +45,7 @@ absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name);
 absl::StatusOr<v1::LateGradientPolicy> ParseLateGradients(absl::string_view name);
 std::string LateGradientsName(v1::LateGradientPolicy policy);  // "fold", "drop"
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name);
+// "256,128" -> {256, 128}; "" or "none" -> no hidden layers.
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);
 std::string ModeName(v1::ConsistencyMode mode);       // "sync", "async", ...
 std::string ModelName(v1::ModelKind model);           // "mlp", "softmax", "embedding"

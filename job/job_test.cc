@@ -135,6 +135,11 @@ TEST(JobConfig, ParsersNameTheAllowedValues) {
   EXPECT_NE(bad.status().message().find("sync, async, ssp"), std::string::npos);
   EXPECT_EQ(ParseHiddenUnits("256, 128")->size(), 2u);
   EXPECT_FALSE(ParseHiddenUnits("256,x").ok());
+  // No hidden layers: "" for grps-coordinator, "none" also for grps-local
+  // (whose unset flags are empty).
+  EXPECT_TRUE(ParseHiddenUnits("")->empty());
+  EXPECT_TRUE(ParseHiddenUnits("none")->empty());
+  EXPECT_FALSE(ParseHiddenUnits("none,4").ok());
   EXPECT_EQ(*ParseOptimizer("adam"), v1::OPTIMIZER_ADAM);
 }
 

@@ -76,10 +76,6 @@ absl::Status ValidateSparseTables(const v1::JobConfig& config) {
   }
   if (config.sparse_tables_size() > 64)
     return absl::InvalidArgumentError("job config: at most 64 sparse tables");
-  if (config.sparse_tables_size() > 0 && !config.checkpoint_dir().empty())
-    return absl::InvalidArgumentError(
-        "job config: checkpoints do not cover sparse tables yet; a job with "
-        "sparse_tables takes no checkpoint_dir");
   return absl::OkStatus();
 }
 

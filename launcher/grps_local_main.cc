@@ -71,7 +71,7 @@ ABSL_FLAG(std::optional<uint32_t>, straggle_ms, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, model, std::nullopt,
           "model: mlp, softmax or embedding (coordinator default: mlp)");
 ABSL_FLAG(std::optional<std::string>, hidden, std::nullopt,
-          "mlp hidden layer widths, e.g. 256,128 (coordinator default: 256,128)");
+          "mlp hidden layer widths, e.g. 256,128, or none (coordinator default: 256,128)");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
           "sgd, momentum, nesterov, adam or adagrad (coordinator default: momentum)");
 ABSL_FLAG(std::optional<float>, lr, std::nullopt, "learning rate");

@@ -135,18 +135,19 @@ double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 // How long a checkpoint may wait for its version to be reached.
 constexpr absl::Duration kCaptureTimeout = absl::Seconds(60);
 
-// The states of this shard's chunks for `order`: none (the initial values)
-// when it names no checkpoint, else read from the checkpoint's files, whose
-// chunk layout must be this job's.
-absl::StatusOr<std::vector<v1::ChunkState>> LoadRestore(const v1::RestoreOrder& order,
-                                                        const v1::ShardMap& map,
-                                                        uint32_t shard) {
-  if (order.checkpoint_id() == 0) return std::vector<v1::ChunkState>{};
+// The states of this shard's chunks and sparse tables for `order`: none
+// (the initial values) when it names no checkpoint, else read from the
+// checkpoint's files, whose chunk layout and tables must be this job's.
+absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::JobConfig& config,
+                                       const v1::ShardMap& map, uint32_t shard) {
+  if (order.checkpoint_id() == 0) return ShardState{};
   absl::StatusOr<v1::CheckpointManifest> manifest =
       VerifyCheckpoint(Env::Default(), order.dir(), "");
   if (!manifest.ok()) return manifest.status();
   if (absl::Status s = CheckSameChunks(manifest->shard_map(), map); !s.ok()) return s;
-  return LoadChunks(Env::Default(), order.dir(), *manifest, ChunksOfShard(map, shard));
+  if (absl::Status s = CheckSameTables(manifest->config(), config); !s.ok()) return s;
+  return LoadShardState(Env::Default(), order.dir(), *manifest, ChunksOfShard(map, shard),
+                        static_cast<uint32_t>(map.shards_size()), shard);
 }
 
 // grps_checkpoint_write_seconds{result}: how long this shard took to collect
@@ -250,14 +251,15 @@ class Checkpointer {
       report = *written;
       report.set_coordinator_incarnation(request.coordinator_incarnation());
       for (const v1::ChunkState& chunk : file->chunks())
-        for (const auto& [rank, step] : chunk.held_from()) {
-          auto it = report.mutable_held_from()->find(rank);
-          if (it == report.mutable_held_from()->end() || step < it->second)
-            (*report.mutable_held_from())[rank] = step;
-        }
-      spdlog::info("checkpoint {}: shard {} wrote {} chunks ({:.2f} MiB) at versions "
+        LowerHeldFrom(chunk.held_from(), report.mutable_held_from());
+      for (const v1::TableState& table : file->tables())
+        LowerHeldFrom(table.held_from(), report.mutable_held_from());
+      spdlog::info("checkpoint {}: shard {} wrote {} chunks{} ({:.2f} MiB) at versions "
                    "{}..{} in {}",
-                   request.id(), store_->shard(), report.num_chunks(), MiB(report.bytes()),
+                   request.id(), store_->shard(), report.num_chunks(),
+                   report.num_tables() > 0 ? absl::StrCat(" and ", report.num_rows(), " sparse rows")
+                                           : "",
+                   MiB(report.bytes()),
                    report.min_version(), report.max_version(),
                    absl::FormatDuration(absl::Now() - start));
     } else {
@@ -372,15 +374,16 @@ int Run() {
     spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
     return 1;
   }
-  absl::StatusOr<std::vector<v1::ChunkState>> restored =
-      LoadRestore(order, options.shard_map, options.shard);
+  absl::StatusOr<ShardState> restored =
+      LoadRestore(order, options.config, options.shard_map, options.shard);
   if (!restored.ok()) {
     stop_server();
     spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", options.shard,
                   order.checkpoint_id(), order.dir(), std::string(restored.status().message()));
     return 1;
   }
-  options.restore = std::move(*restored);
+  options.restore = std::move(restored->chunks);
+  options.restore_tables = std::move(restored->tables);
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
       ShardStore::Create(std::move(options));
   if (!created.ok()) {
@@ -404,10 +407,14 @@ int Run() {
       store->shard(), config.num_servers(), held.num_chunks(), held.num_elements(),
       MiB(held.num_elements() * sizeof(float)), address, config.job_id(),
       ModeName(config.mode()), registration->incarnation(), MiB(memory));
-  if (order.checkpoint_id() > 0)
-    spdlog::info("shard {} restored {} chunks from checkpoint {} at step {} (generation {})",
-                 store->shard(), held.num_chunks(), order.checkpoint_id(), order.step(),
-                 order.generation());
+  if (order.checkpoint_id() > 0) {
+    uint64_t rows = 0;
+    for (const v1::SparseTableStatus& t : held.tables()) rows += t.rows();
+    spdlog::info("shard {} restored {} chunks{} from checkpoint {} at step {} (generation {})",
+                 store->shard(), held.num_chunks(),
+                 held.tables_size() > 0 ? absl::StrCat(" and ", rows, " sparse rows") : "",
+                 order.checkpoint_id(), order.step(), order.generation());
+  }
   Checkpointer checkpointer(store.get());
   const absl::Duration coordinator_timeout = absl::Milliseconds(
       config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
@@ -475,12 +482,12 @@ int Run() {
       if (response.has_restore() &&
           response.restore().generation() > store->generation()) {
         const v1::RestoreOrder& order = response.restore();
-        absl::StatusOr<std::vector<v1::ChunkState>> states =
-            LoadRestore(order, store->shard_map(), store->shard());
-        absl::Status restored = states.ok()
-                                    ? store->Restore(order.generation(), order.checkpoint_id(),
-                                                     *states, order.worker_steps())
-                                    : states.status();
+        absl::StatusOr<ShardState> states =
+            LoadRestore(order, store->config(), store->shard_map(), store->shard());
+        absl::Status restored =
+            states.ok() ? store->Restore(order.generation(), order.checkpoint_id(), states->chunks,
+                                         order.worker_steps(), states->tables)
+                        : states.status();
         if (!restored.ok()) {
           reason = absl::StrCat("cannot roll back to checkpoint ", order.checkpoint_id(), ": ",
                                 restored.message());

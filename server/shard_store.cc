@@ -10,6 +10,7 @@
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
 #include "server/chunk_optimizer.h"
 #include "server/sparse_rows.h"
 #include "wire/buffer_pool.h"
@@ -85,7 +86,12 @@ class ShardStore::Target : public UpdateTarget {
     Update(grad, lr);
     ++version_;
     ++counters.updates;
-    Updated();
+    // A sync checkpoint armed for this version takes the state now, before
+    // any later update.
+    if (capture_at != 0 && version_ == capture_at) {
+      Capture(/*sync=*/true);
+      capture_at = 0;
+    }
     if (staleness < 0) return;
     const uint64_t st = static_cast<uint64_t>(staleness);
     ++counters.staleness_count;
@@ -94,13 +100,23 @@ class ShardStore::Target : public UpdateTarget {
     ++counters.staleness_histogram[std::min<uint64_t>(st, kStalenessBuckets - 1)];
   }
 
-  // Back to the start of a (restored) generation: a new policy, no marks.
+  // Back to the start of a (restored) generation: a new policy, no marks,
+  // no capture.
   void ResetEngine(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     policy = MakeChunkPolicy(config);
     policy->Restored(resume_steps);
     marks.assign(marks.size(), AcceptedMark{});
+    capture_at = 0;
+    DropCapture();
   }
+
+  // Checkpoint capture (ArmCheckpoint, CollectCheckpoint): Capture keeps
+  // the state as it is now, TakeCapture moves a kept state into the file
+  // (false when there is none yet), DropCapture forgets it.
+  virtual void Capture(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  virtual bool TakeCapture(v1::ShardCheckpointFile* file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  virtual void DropCapture() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   const uint64_t order;
   const std::string name;  // "chunk 3", "table 'emb'": for messages
@@ -109,8 +125,39 @@ class ShardStore::Target : public UpdateTarget {
  protected:
   // The optimizer update itself.
   virtual void Update(const GradientRef& grad, float lr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
-  // After an update (version bumped): a checkpoint capture may take it.
-  virtual void Updated() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {}
+
+  // The dedup marks as a checkpoint keeps them. `sync`: the marks say no
+  // more than step version - 1 was applied, because a push for the open step
+  // is in its aggregate, which the checkpoint does not keep: after a
+  // roll-back that push must be accepted again. ssp: a held gradient is not
+  // in the values either; its mark must not say it was applied, and the
+  // rank must compute it again (`held_from`).
+  void SnapshotMarks(bool sync, google::protobuf::RepeatedPtrField<v1::DedupMark>* out,
+                     google::protobuf::Map<uint32_t, uint64_t>* held_from) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (uint32_t rank = 0; rank < marks.size(); ++rank) {
+      const AcceptedMark& m = marks[rank];
+      v1::DedupMark* d = out->Add();
+      const bool capped = sync && m.valid && m.step >= version_;
+      d->set_valid(m.valid && !(capped && version_ == 0));
+      d->set_incarnation(m.incarnation);
+      d->set_step(capped && version_ > 0 ? version_ - 1 : m.step);
+      if (const std::optional<uint64_t> held = policy->LowestHeldStep(rank);
+          held.has_value() && d->valid() && d->step() >= *held) {
+        (*held_from)[rank] = *held;
+        if (*held == 0)
+          d->set_valid(false);
+        else
+          d->set_step(*held - 1);
+      }
+    }
+  }
+  // The marks of a restored state.
+  void LoadMarks(const google::protobuf::RepeatedPtrField<v1::DedupMark>& saved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (int r = 0; r < saved.size() && r < static_cast<int>(marks.size()); ++r)
+      marks[r] = AcceptedMark{saved[r].valid(), saved[r].incarnation(), saved[r].step()};
+  }
 
   uint64_t version_ ABSL_GUARDED_BY(mu) = 0;
 
@@ -118,6 +165,8 @@ class ShardStore::Target : public UpdateTarget {
   std::unique_ptr<ChunkPolicy> policy ABSL_GUARDED_BY(mu);
   std::vector<AcceptedMark> marks ABSL_GUARDED_BY(mu);  // by rank
   ChunkCounters counters ABSL_GUARDED_BY(mu);
+  // An armed sync capture: the version at which Apply captures (0: none).
+  uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
 };
 
 namespace {
@@ -170,10 +219,7 @@ class ShardStore::Chunk final : public Target {
     return std::make_unique<DenseGradientBuffer>(backend_.get(), num_elements_);
   }
 
-  // This chunk's state now, for a checkpoint. `sync`: the marks say no more
-  // than step version - 1 was applied, because a push for the open step is
-  // in its aggregate, which the checkpoint does not keep: after a roll-back
-  // that push must be accepted again.
+  // This chunk's state now, for a checkpoint (SnapshotMarks says `sync`).
   v1::ChunkState Snapshot(bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     v1::ChunkState out;
     out.set_chunk_id(id);
@@ -182,26 +228,18 @@ class ShardStore::Chunk final : public Target {
     out.set_values(reinterpret_cast<const char*>(values.f32()),
                    num_elements_ * sizeof(float));
     for (std::string& slot : optimizer->SaveState()) out.add_optimizer_state(std::move(slot));
-    for (uint32_t rank = 0; rank < marks.size(); ++rank) {
-      const AcceptedMark& m = marks[rank];
-      v1::DedupMark* d = out.add_marks();
-      const bool capped = sync && m.valid && m.step >= version_;
-      d->set_valid(m.valid && !(capped && version_ == 0));
-      d->set_incarnation(m.incarnation);
-      d->set_step(capped && version_ > 0 ? version_ - 1 : m.step);
-      // ssp: a held gradient is not in the values either; its mark must not
-      // say it was applied, and the rank must compute it again.
-      if (const std::optional<uint64_t> held = policy->LowestHeldStep(rank);
-          held.has_value() && d->valid() && d->step() >= *held) {
-        (*out.mutable_held_from())[rank] = *held;
-        if (*held == 0)
-          d->set_valid(false);
-        else
-          d->set_step(*held - 1);
-      }
-    }
+    SnapshotMarks(sync, out.mutable_marks(), out.mutable_held_from());
     return out;
   }
+
+  void Capture(bool sync) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured = Snapshot(sync); }
+  bool TakeCapture(v1::ShardCheckpointFile* file) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!captured.has_value()) return false;
+    *file->add_chunks() = std::move(*captured);
+    captured.reset();
+    return true;
+  }
+  void DropCapture() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
 
   // Replaces the state with `state` (checked by MatchStates), or with the
   // initial values at version 0 when null; drops the mode's pending state.
@@ -210,8 +248,6 @@ class ShardStore::Chunk final : public Target {
                      absl::Span<const uint64_t> resume_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ResetEngine(config, resume_steps);
-    capture_at = 0;
-    captured.reset();
     if (state == nullptr) {
       version_ = 0;
       optimizer->Reset();
@@ -223,10 +259,7 @@ class ShardStore::Chunk final : public Target {
     std::vector<const std::string*> slots;
     for (const std::string& slot : state->optimizer_state()) slots.push_back(&slot);
     optimizer->LoadState(slots);
-    for (int r = 0; r < state->marks_size() && r < static_cast<int>(marks.size()); ++r) {
-      const v1::DedupMark& m = state->marks(r);
-      marks[r] = AcceptedMark{m.valid(), m.incarnation(), m.step()};
-    }
+    LoadMarks(state->marks());
     return absl::OkStatus();
   }
 
@@ -235,12 +268,6 @@ class ShardStore::Chunk final : public Target {
  protected:
   void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     optimizer->Apply(values.f32(), grad.values.data(), lr, version_);
-  }
-  void Updated() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (capture_at != 0 && version_ == capture_at) {
-      captured = Snapshot(/*sync=*/true);
-      capture_at = 0;
-    }
   }
 
  private:
@@ -251,9 +278,6 @@ class ShardStore::Chunk final : public Target {
  public:
   DeviceBuffer values ABSL_GUARDED_BY(mu);
   std::unique_ptr<ChunkOptimizer> optimizer ABSL_GUARDED_BY(mu);
-  // A checkpoint capture: the version at which Apply copies the state into
-  // `captured` (0: none armed).
-  uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
   std::optional<v1::ChunkState> captured ABSL_GUARDED_BY(mu);
 };
 
@@ -265,33 +289,70 @@ class ShardStore::Table final : public Target {
         const v1::JobConfig& config)
       : Target((uint64_t{1} << 32) + index, absl::StrCat("table '", spec.name(), "'"), config),
         spec(spec),
-        backend_(std::move(backend)),
-        rows(spec, config.optimizer(), config.seed(), backend_.get()) {}
-
-  std::unique_ptr<GradientBuffer> NewBuffer() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return rows.NewBuffer();
+        config_(config),
+        backend_(std::move(backend)) {
+    absl::MutexLock lock(&mu);
+    rows = NewRows();
   }
 
-  // Back to the initial values: no rows, version 0.
-  void Reset(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
+  // Empty rows of this table (a restore fills them before taking the lock).
+  std::unique_ptr<SparseRows> NewRows() const {
+    return std::make_unique<SparseRows>(spec, config_.optimizer(), config_.seed(),
+                                        backend_.get());
+  }
+
+  std::unique_ptr<GradientBuffer> NewBuffer() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return rows->NewBuffer();
+  }
+
+  // The table's rows on this shard now, for a checkpoint.
+  v1::TableState Snapshot(bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    v1::TableState out;
+    out.set_name(spec.name());
+    out.set_version(version_);
+    rows->Save(&out);
+    SnapshotMarks(sync, out.mutable_marks(), out.mutable_held_from());
+    return out;
+  }
+  void Capture(bool sync) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured = Snapshot(sync); }
+  bool TakeCapture(v1::ShardCheckpointFile* file) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!captured.has_value()) return false;
+    *file->add_tables() = std::move(*captured);
+    captured.reset();
+    return true;
+  }
+  void DropCapture() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
+
+  // Back to `state` with its rows already loaded into `loaded` (Restore), or
+  // to the initial values (no rows, version 0) when `state` is null.
+  void Reset(const v1::TableState* state, std::unique_ptr<SparseRows> loaded,
+             const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ResetEngine(config, resume_steps);
-    rows.Clear();
-    version_ = 0;
+    if (state == nullptr) {
+      rows->Clear();
+      version_ = 0;
+      return;
+    }
+    rows = std::move(loaded);
+    version_ = state->version();
+    LoadMarks(state->marks());
   }
 
   const v1::SparseTableSpec spec;
 
  protected:
   void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    rows.Apply(grad, lr);
+    rows->Apply(grad, lr);
   }
 
  private:
+  const v1::JobConfig& config_;  // the store's, which outlives its tables
   const std::unique_ptr<Backend> backend_;
 
  public:
-  SparseRows rows ABSL_GUARDED_BY(mu);
+  std::unique_ptr<SparseRows> rows ABSL_GUARDED_BY(mu);
+  std::optional<v1::TableState> captured ABSL_GUARDED_BY(mu);
   uint64_t rows_pushed ABSL_GUARDED_BY(mu) = 0;  // row gradients taken
   uint64_t rows_pulled ABSL_GUARDED_BY(mu) = 0;  // rows served
 };
@@ -363,11 +424,11 @@ struct ShardStore::SparseWaiter final : Waiter {
   absl::Status ReadLocked(size_t, Target& t) override {
     Table& table = static_cast<Table&>(t);
     table.mu.AssertHeld();
-    if (absl::Status s = table.rows.Ensure(spec.ids); !s.ok()) return s;
+    if (absl::Status s = table.rows->Ensure(spec.ids); !s.ok()) return s;
     const size_t n = spec.ids.size() * table.spec.dim();
     thread_local std::vector<float> rows;
     rows.resize(n);
-    table.rows.Read(spec.ids, rows.data());
+    table.rows->Read(spec.ids, rows.data());
     pulled.version = table.version();
     pulled.data.resize(n * DTypeSize(spec.dtype));
     ConvertElements(rows.data(), DType::kF32, pulled.data.data(), spec.dtype, n);
@@ -401,11 +462,13 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(
   const uint64_t generation = options.generation;
   const uint64_t restored_checkpoint = options.restored_checkpoint;
   std::vector<v1::ChunkState> restore = std::move(options.restore);
+  std::vector<v1::TableState> restore_tables = std::move(options.restore_tables);
   std::vector<uint64_t> resume_steps = std::move(options.resume_steps);
   std::unique_ptr<ShardStore> store(new ShardStore(std::move(options)));
   if (absl::Status s = store->Initialize(); !s.ok()) return s;
   if (restored_checkpoint > 0 || generation > 0) {
-    if (absl::Status s = store->Restore(generation, restored_checkpoint, restore, resume_steps);
+    if (absl::Status s = store->Restore(generation, restored_checkpoint, restore, resume_steps,
+                                        restore_tables);
         !s.ok())
       return s;
   }
@@ -694,11 +757,11 @@ absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
       return s;
     if (!duplicate[0]) {
       // The rows' limit is decided before the push is taken: all or nothing.
-      if (absl::Status s = table->rows.Ensure(push.ids); !s.ok()) {
+      if (absl::Status s = table->rows->Ensure(push.ids); !s.ok()) {
         rejected_.fetch_add(1);
         return s;
       }
-      table->rows.CountPushed(push.ids);
+      table->rows->CountPushed(push.ids);
       table->rows_pushed += push.ids.size();
     }
     outcome = AcceptLocked(push.worker_rank, push.incarnation, push.step, targets, grads,
@@ -794,7 +857,7 @@ absl::StatusOr<std::vector<float>> ShardStore::TEST_ReadRow(const std::string& t
   Table* t = FindTable(table);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no table '", table, "'"));
   absl::MutexLock lock(&t->mu);
-  const float* row = t->rows.TEST_Row(id);
+  const float* row = t->rows->TEST_Row(id);
   if (row == nullptr) return absl::NotFoundError(absl::StrCat("no row ", id));
   return std::vector<float>(row, row + t->spec.dim());
 }
@@ -1025,11 +1088,45 @@ absl::StatusOr<std::vector<const v1::ChunkState*>> ShardStore::MatchStates(
   return by_chunk;
 }
 
+absl::StatusOr<std::vector<ShardStore::LoadedTable>> ShardStore::LoadTables(
+    const std::vector<v1::TableState>& states, bool required) const {
+  std::vector<LoadedTable> loaded(tables_.size());
+  for (const v1::TableState& state : states) {
+    auto it = std::find_if(tables_.begin(), tables_.end(), [&](const auto& t) {
+      return t->spec.name() == state.name();
+    });
+    if (it == tables_.end())
+      return absl::InvalidArgumentError(
+          absl::StrCat("the checkpoint has a sparse table '", state.name(), "' this job has not"));
+    const Table& t = **it;
+    LoadedTable& out = loaded[it - tables_.begin()];
+    if (out.state != nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(t.name, " appears twice in the checkpoint"));
+    for (int64_t id : state.ids())
+      if (!SparseIdInRange(t.spec, id) || SparseShardOf(id, config_.num_servers()) != shard_)
+        return absl::InvalidArgumentError(absl::StrCat(
+            t.name, ": the checkpoint gives shard ", shard_, " row ", id,
+            ", which is out of the table's range or another shard's"));
+    out.state = &state;
+    out.rows = t.NewRows();
+    if (absl::Status s = out.rows->Load(state); !s.ok()) return s;
+  }
+  for (size_t i = 0; required && i < loaded.size(); ++i)
+    if (loaded[i].state == nullptr)
+      return absl::InvalidArgumentError(
+          absl::StrCat("the checkpoint has no state for ", tables_[i]->name));
+  return loaded;
+}
+
 absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
                                  const std::vector<v1::ChunkState>& states,
-                                 absl::Span<const uint64_t> resume_steps) {
+                                 absl::Span<const uint64_t> resume_steps,
+                                 const std::vector<v1::TableState>& tables) {
   absl::StatusOr<std::vector<const v1::ChunkState*>> matched = MatchStates(states);
   if (!matched.ok()) return matched.status();
+  absl::StatusOr<std::vector<LoadedTable>> loaded =
+      LoadTables(tables, /*required=*/checkpoint_id > 0);
+  if (!loaded.ok()) return loaded.status();
   {
     ChunkLocks locks(AllTargets());
     if (generation_.load() > 0 && generation <= generation_.load())
@@ -1046,12 +1143,11 @@ absl::Status ShardStore::Restore(uint64_t generation, uint64_t checkpoint_id,
         return absl::InternalError(absl::StrCat("chunk ", c.id, ": ", s.message()));
       c.policy->LiveSetChanged(c, *live_set);
     }
-    // Tables are not in checkpoints (ValidateSparseTables): every restore
-    // takes them back to their initial values.
-    for (const std::unique_ptr<Table>& table : tables_) {
-      Table& t = *table;
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      Table& t = *tables_[i];
       t.mu.AssertHeld();
-      t.Reset(config_, resume_steps);
+      LoadedTable& l = (*loaded)[i];
+      t.Reset(l.state, std::move(l.rows), config_, resume_steps);
       t.policy->LiveSetChanged(t, *live_set);
     }
     generation_.store(generation);
@@ -1072,28 +1168,23 @@ absl::Status ShardStore::ArmCheckpoint(const v1::CheckpointRequest& request) {
   capture_epoch_.fetch_add(1);
   const uint64_t at = request.version();
   absl::Status armed;
-  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
-    Chunk& c = *chunk;
-    absl::MutexLock lock(&c.mu);
-    c.captured.reset();
-    c.capture_at = 0;
+  const std::vector<Target*> targets = AllTargets();
+  for (Target* t : targets) {
+    absl::MutexLock lock(&t->mu);
+    t->DropCapture();
+    t->capture_at = 0;
     if (!armed.ok()) continue;  // disarming the rest
-    if (at == 0 || c.version() == at) {
-      c.captured = c.Snapshot(/*sync=*/at > 0);
-    } else if (c.version() > at) {
+    if (at == 0 || t->version() == at) {
+      t->Capture(/*sync=*/at > 0);
+    } else if (t->version() > at) {
       armed = absl::FailedPreconditionError(absl::StrCat(
-          "chunk ", c.id, " is already at version ", c.version(), ", past the checkpoint's ",
-          at));
+          t->name, " is already at version ", t->version(), ", past the checkpoint's ", at));
     } else {
-      c.capture_at = at;
+      t->capture_at = at;
     }
   }
   if (!armed.ok()) {
-    for (const std::unique_ptr<Chunk>& c : chunks_) {
-      absl::MutexLock lock(&c->mu);
-      c->capture_at = 0;
-      c->captured.reset();
-    }
+    DisarmAll();
     armed_.reset();
     return armed;
   }
@@ -1122,22 +1213,17 @@ absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CollectCheckpoint(uint64_t i
   file.set_checkpoint_id(request.id());
   file.set_shard(shard_);
   absl::Status stop;
-  for (const std::unique_ptr<Chunk>& chunk : chunks_) {
-    Chunk& c = *chunk;
+  for (Target* t : AllTargets()) {
     while (stop.ok()) {
       {
-        absl::MutexLock lock(&c.mu);
+        absl::MutexLock lock(&t->mu);
         // A newer arm may have put its own capture here already: the epoch
-        // is checked under the chunk's lock, which that arm takes after
+        // is checked under the target's lock, which that arm takes after
         // bumping it.
         if (capture_epoch_.load() != epoch)
           return absl::AbortedError(absl::StrCat("checkpoint ", request.id(),
                                                  " was superseded by a newer one"));
-        if (c.captured.has_value()) {
-          *file.add_chunks() = std::move(*c.captured);
-          c.captured.reset();
-          break;
-        }
+        if (t->TakeCapture(&file)) break;
       }
       if (capture_epoch_.load() != epoch)
         return absl::AbortedError(absl::StrCat("checkpoint ", request.id(),
@@ -1148,20 +1234,24 @@ absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CollectCheckpoint(uint64_t i
         stop = absl::UnavailableError("shard is shutting down");
       else if (absl::Now() >= deadline)
         stop = absl::DeadlineExceededError(absl::StrCat(
-            "chunk ", c.id, " did not reach version ", request.version(), " in time"));
+            t->name, " did not reach version ", request.version(), " in time"));
       else
         absl::SleepFor(absl::Milliseconds(1));
     }
   }
   if (!stop.ok()) {
-    for (const std::unique_ptr<Chunk>& c : chunks_) {
-      absl::MutexLock lock(&c->mu);
-      c->capture_at = 0;
-      c->captured.reset();
-    }
+    DisarmAll();
     return stop;
   }
   return file;
+}
+
+void ShardStore::DisarmAll() {
+  for (Target* t : AllTargets()) {
+    absl::MutexLock lock(&t->mu);
+    t->capture_at = 0;
+    t->DropCapture();
+  }
 }
 
 void ShardStore::SetCheckpointReport(const v1::ShardCheckpoint& report) {
@@ -1200,14 +1290,14 @@ v1::ShardStatus ShardStore::ShardStatus() const {
     ts->set_name(t.spec.name());
     ts->set_dim(t.spec.dim());
     ts->set_version(t.version());
-    ts->set_rows(t.rows.size());
-    ts->set_bytes(t.rows.bytes());
-    ts->set_bytes_per_row(t.rows.size() == 0 ? 0.0
-                                             : static_cast<double>(t.rows.bytes()) /
-                                                   static_cast<double>(t.rows.size()));
+    ts->set_rows(t.rows->size());
+    ts->set_bytes(t.rows->bytes());
+    ts->set_bytes_per_row(t.rows->size() == 0 ? 0.0
+                                             : static_cast<double>(t.rows->bytes()) /
+                                                   static_cast<double>(t.rows->size()));
     ts->set_rows_pushed(t.rows_pushed);
     ts->set_rows_pulled(t.rows_pulled);
-    ts->set_hottest_share(t.rows.hottest_share());
+    ts->set_hottest_share(t.rows->hottest_share());
     ts->set_max_rows_per_shard(t.spec.max_rows_per_shard());
   }
   // The chunks' version (each table reports its own).

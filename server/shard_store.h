@@ -66,6 +66,7 @@
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
 #include "server/consistency_policy.h"
+#include "server/sparse_rows.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
 
@@ -89,10 +90,12 @@ class ShardStore {
     std::function<std::unique_ptr<Backend>()> make_backend;
     // The job generation the shard starts in, and the state its chunks start
     // from: one ChunkState per chunk of this shard, from checkpoint
-    // `restored_checkpoint` (empty: the initial values).
+    // `restored_checkpoint` (empty: the initial values), and one TableState
+    // per sparse table (its rows on this shard), as Restore takes them.
     uint64_t generation = 0;
     uint64_t restored_checkpoint = 0;
     std::vector<v1::ChunkState> restore;
+    std::vector<v1::TableState> restore_tables;
     // By rank: the step each worker resumes at (RestoreOrder.worker_steps).
     std::vector<uint64_t> resume_steps;
     // Pulls that may wait at once; more get RESOURCE_EXHAUSTED. 0:
@@ -277,11 +280,12 @@ class ShardStore {
 
   uint64_t generation() const { return generation_.load(); }
 
-  // The shard's part of checkpoint `request`: every chunk (ascending id) as
-  // it is now when request.version() is 0, else as it is at exactly that
-  // version (waiting, on the calling thread, for chunks still below it).
-  // FAILED_PRECONDITION naming the chunk when one is already past the
-  // version; DEADLINE_EXCEEDED when a chunk has not reached it by
+  // The shard's part of checkpoint `request`: every chunk (ascending id) and
+  // every sparse table's rows (config order) as they are now when
+  // request.version() is 0, else as they are at exactly that version
+  // (waiting, on the calling thread, for those still below it).
+  // FAILED_PRECONDITION naming the chunk or table when one is already past
+  // the version; DEADLINE_EXCEEDED when a chunk has not reached it by
   // `deadline`; ABORTED if the shard is restored meanwhile.
   absl::StatusOr<v1::ShardCheckpointFile> CaptureCheckpoint(
       const v1::CheckpointRequest& request, absl::Time deadline);
@@ -298,17 +302,22 @@ class ShardStore {
       ABSL_LOCKS_EXCLUDED(capture_mu_);
 
   // Moves the shard to `generation` with its chunks as in `states` (one per
-  // chunk of this shard, any order; empty: the initial values at version 0),
-  // the optimizer state and dedup marks included, and the mode's pending
-  // state (an open sync step, held ssp gradients) dropped. All-or-nothing:
-  // INVALID_ARGUMENT (nothing changes) when a state is missing or does not
-  // fit its chunk, or FAILED_PRECONDITION when `generation` is not newer.
+  // chunk of this shard, any order; empty: the initial values at version 0)
+  // and its sparse tables as in `tables` (one per table, its rows that hash
+  // to this shard; needed when checkpoint_id > 0, else empty: no rows at
+  // version 0), the optimizer state and dedup marks included, and the mode's
+  // pending state (an open sync step, held ssp gradients) dropped.
+  // All-or-nothing: INVALID_ARGUMENT (nothing changes) when a state is
+  // missing or does not fit its chunk or table (a row of another shard or
+  // out of range included), FAILED_PRECONDITION when a table's rows pass
+  // its max_rows_per_shard or `generation` is not newer.
   // `resume_steps` (by rank) are the steps the workers resume at; ssp starts
   // its clocks there on every shard alike. A rank without one rejoins at its
   // first pull.
   absl::Status Restore(uint64_t generation, uint64_t checkpoint_id,
                        const std::vector<v1::ChunkState>& states,
-                       absl::Span<const uint64_t> resume_steps);
+                       absl::Span<const uint64_t> resume_steps,
+                       const std::vector<v1::TableState>& tables = {});
 
   // The shard's report of its part of the newest checkpoint, shown in
   // ShardStatus().checkpoint().
@@ -382,6 +391,17 @@ class ShardStore {
   // Checks `states` against the chunks; the index of each chunk's state.
   absl::StatusOr<std::vector<const v1::ChunkState*>> MatchStates(
       const std::vector<v1::ChunkState>& states) const;
+  // Each table's rows from `states` (Restore's `tables`), loaded into new
+  // SparseRows (by table index; null: back to no rows) and checked, before
+  // Restore takes any lock.
+  struct LoadedTable {
+    const v1::TableState* state = nullptr;
+    std::unique_ptr<SparseRows> rows;
+  };
+  absl::StatusOr<std::vector<LoadedTable>> LoadTables(const std::vector<v1::TableState>& states,
+                                                      bool required) const;
+  // Ends every target's capture (a failed or superseded checkpoint).
+  void DisarmAll();
   std::shared_ptr<const LiveSet> live() const ABSL_LOCKS_EXCLUDED(members_mu_);
 
   // Examines the waiting pulls and completes those that are ready, timed

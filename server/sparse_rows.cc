@@ -4,6 +4,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "job/sparse_tables.h"
@@ -210,6 +212,76 @@ void SparseRows::Clear() {
   updates_.clear();
   traffic_.clear();
   total_traffic_ = 0;
+}
+
+void SparseRows::Save(v1::TableState* out) const {
+  const size_t n = index_.size();
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  out->set_dim(dim_);
+  out->mutable_ids()->Resize(static_cast<int>(n), 0);
+  for (const auto& [id, slot] : index_) out->set_ids(static_cast<int>(slot), id);
+  // Each part of a row (values, then each state slot) goes to its own field.
+  std::vector<char*> parts;
+  out->mutable_values()->resize(n * row_bytes);
+  parts.push_back(out->mutable_values()->data());
+  for (uint32_t k = 0; k < slots_; ++k) {
+    std::string* slot = out->add_optimizer_state();
+    slot->resize(n * row_bytes);
+    parts.push_back(slot->data());
+  }
+  for (size_t slot = 0; slot < n; ++slot) {
+    const float* row = RowAt(static_cast<uint32_t>(slot));
+    for (size_t k = 0; k < parts.size(); ++k)
+      std::memcpy(parts[k] + slot * row_bytes, row + k * dim_, row_bytes);
+  }
+  out->mutable_updates()->Add(updates_.begin(), updates_.begin() + n);
+}
+
+absl::Status SparseRows::Load(const v1::TableState& state) {
+  auto bad = [&](auto... why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse table '", spec_.name(), "' in the checkpoint: ", why...));
+  };
+  const size_t n = static_cast<size_t>(state.ids_size());
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  if (state.dim() != dim_)
+    return bad("rows of ", state.dim(), " values, the table's have ", dim_);
+  if (state.values().size() != n * row_bytes)
+    return bad(state.values().size(), " bytes of values for ", n, " rows of ", dim_);
+  if (state.optimizer_state_size() != static_cast<int>(slots_))
+    return bad(state.optimizer_state_size(), " optimizer state slots, this optimizer keeps ",
+               slots_, " (the same --optimizer is needed)");
+  for (const std::string& slot : state.optimizer_state())
+    if (slot.size() != n * row_bytes)
+      return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows");
+  if (state.updates_size() != 0 && static_cast<size_t>(state.updates_size()) != n)
+    return bad(state.updates_size(), " update counts for ", n, " rows");
+  if (spec_.max_rows_per_shard() > 0 && n > spec_.max_rows_per_shard())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sparse table '", spec_.name(), "': the checkpoint puts ", n,
+        " rows on this shard, past its limit of ", spec_.max_rows_per_shard(),
+        " (max_rows_per_shard): restore into more shards, or raise the limit"));
+  if (n > std::numeric_limits<uint32_t>::max())
+    return bad(n, " rows on one shard (at most 2^32)");
+  Clear();
+  index_.reserve(n);
+  updates_.reserve(n);
+  traffic_.reserve(n);
+  std::vector<const char*> parts{state.values().data()};
+  for (const std::string& slot : state.optimizer_state()) parts.push_back(slot.data());
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t slot = static_cast<uint32_t>(i);
+    if (!index_.try_emplace(state.ids(static_cast<int>(i)), slot).second)
+      return bad("row ", state.ids(static_cast<int>(i)), " appears twice");
+    if (slot % kRowsPerBlock == 0)
+      blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+    float* row = RowAt(slot);
+    for (size_t k = 0; k < parts.size(); ++k)
+      std::memcpy(row + k * dim_, parts[k] + i * row_bytes, row_bytes);
+    updates_.push_back(state.updates_size() == 0 ? 0 : state.updates(static_cast<int>(i)));
+    traffic_.push_back(0);
+  }
+  return absl::OkStatus();
 }
 
 std::unique_ptr<GradientBuffer> SparseRows::NewBuffer() const {

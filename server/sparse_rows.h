@@ -73,6 +73,19 @@ class SparseRows {
   // Drops every row (a restore to the initial values).
   void Clear();
 
+  // The rows as a checkpoint keeps them (v1::TableState): dim, ids in slot
+  // order, values, the optimizer state slots and each row's update count.
+  // The name, version and marks are the owner's; the traffic counters are
+  // not kept.
+  void Save(v1::TableState* out) const;
+
+  // Fills an empty SparseRows with the rows of `state`, exactly as Save
+  // wrote them. INVALID_ARGUMENT naming the table when the state does not
+  // fit (dim, sizes, optimizer slots, an id twice), FAILED_PRECONDITION when
+  // it holds more rows than max_rows_per_shard; the caller then drops this
+  // object (a failed load leaves it half filled).
+  absl::Status Load(const v1::TableState& state);
+
   // A zero gradient of this table's shape, for the consistency policies.
   std::unique_ptr<GradientBuffer> NewBuffer() const;
 

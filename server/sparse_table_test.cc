@@ -1,8 +1,12 @@
 // Sparse tables on a shard: rows created on first use, row-wise optimizers,
 // the consistency modes applied to rows as to chunks, exactly-once pushes,
-// the row limit, and the network edge's refusals, each changing nothing.
+// the row limit, the network edge's refusals, each changing nothing, and
+// checkpoints of the rows restored into any number of shards.
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -10,7 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
@@ -86,15 +92,28 @@ std::vector<float> InitialRow(const v1::JobConfig& config, int64_t id) {
   return row;
 }
 
-std::unique_ptr<ShardStore> MakeStore(const v1::JobConfig& config) {
+v1::ShardMap MapOf(const v1::JobConfig& config) {
   absl::StatusOr<v1::ShardMap> map =
       BuildShardMap(ModelTensors(config), config.num_servers(), config.chunk_bytes());
   EXPECT_TRUE(map.ok()) << map.status();
+  return map.ok() ? *map : v1::ShardMap();
+}
+
+// Shard `shard` of the job; restored from checkpoint 1 (generation 1) when
+// `restore` is given.
+std::unique_ptr<ShardStore> MakeStore(const v1::JobConfig& config, uint32_t shard = 0,
+                                      ShardState* restore = nullptr) {
   ShardStore::Options options;
   options.config = config;
-  options.shard_map = *map;
-  options.shard = 0;
+  options.shard_map = MapOf(config);
+  options.shard = shard;
   options.incarnation = 1;
+  if (restore != nullptr) {
+    options.generation = 1;
+    options.restored_checkpoint = 1;
+    options.restore = std::move(restore->chunks);
+    options.restore_tables = std::move(restore->tables);
+  }
   absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(std::move(options));
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? std::move(*store) : nullptr;
@@ -462,7 +481,7 @@ TEST_F(SparseEdgeTest, APullPastTheRowLimitIsFailedPreconditionAndCreatesNothing
   EXPECT_EQ(TableStatus(store_->ShardStatus()).rows(), 0u);
 }
 
-TEST(SparseTableConfig, TablesAreValidatedAndNotYetCheckpointed) {
+TEST(SparseTableConfig, TablesAreValidated) {
   v1::JobConfig config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
   EXPECT_TRUE(ValidateJobConfig(config).ok());
   config.mutable_sparse_tables(0)->set_dim(0);
@@ -475,8 +494,275 @@ TEST(SparseTableConfig, TablesAreValidatedAndNotYetCheckpointed) {
   EXPECT_THAT(ValidateJobConfig(config).message(), HasSubstr("[A-Za-z0-9_.-]"));
   config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
   config.set_checkpoint_dir("/tmp/x");
-  EXPECT_THAT(ValidateJobConfig(config).message(),
-              HasSubstr("checkpoints do not cover sparse tables yet"));
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+}
+
+// ---- Checkpoints ----
+
+// Checkpoint 1 of `stores` (shards 0..n-1 of `config`), as each is now,
+// written under `root` with its manifest. The folder.
+std::string WriteCheckpoint(const std::string& root, const v1::JobConfig& config,
+                            const std::vector<std::unique_ptr<ShardStore>>& stores) {
+  const std::string dir = CheckpointFolder(root, 1);
+  v1::CheckpointRequest request;
+  request.set_id(1);
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id(config.job_id());
+  manifest.set_id(1);
+  *manifest.mutable_shard_map() = MapOf(config);
+  *manifest.mutable_config() = config;
+  for (const std::unique_ptr<ShardStore>& store : stores) {
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        store->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(file.ok()) << file.status();
+    absl::StatusOr<v1::ShardCheckpoint> written = WriteShardFile(Env::Default(), dir, *file);
+    EXPECT_TRUE(written.ok()) << written.status();
+    *manifest.add_shards() = *written;
+  }
+  EXPECT_TRUE(WriteManifest(Env::Default(), dir, manifest).ok());
+  return dir;
+}
+
+class SparseCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sparse_checkpoint_test.XXXXXX";
+    root_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  std::string root_;
+};
+
+TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOne) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM);
+  config.mutable_optimizer()->set_beta1(0.9f);
+  config.mutable_optimizer()->set_beta2(0.999f);
+  config.mutable_optimizer()->set_epsilon(1e-8f);
+  config.set_num_workers(1);
+  // Two shards, each with 30 rows that had from 1 to 3 updates.
+  std::vector<std::unique_ptr<ShardStore>> before;
+  std::vector<int64_t> all;
+  for (uint32_t shard : {0u, 1u}) {
+    before.push_back(MakeStore(config, shard));
+    const std::vector<int64_t> ids = IdsOf(shard, 30);
+    all.insert(all.end(), ids.begin(), ids.end());
+    for (uint64_t step = 0; step < 3; ++step) {
+      std::vector<int64_t> some(ids.begin() + 10 * step, ids.end());
+      std::vector<float> grad(some.size() * kDim);
+      for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+      ASSERT_TRUE(before[shard]->PushSparse(Gradient(0, step, step, some, grad)).ok());
+    }
+  }
+  const std::string dir = WriteCheckpoint(root_, config, before);
+  absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(Env::Default(), dir, "");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->shards(0).num_tables(), 1u);
+  EXPECT_EQ(manifest->shards(0).num_rows() + manifest->shards(1).num_rows(), all.size());
+
+  for (uint32_t shards : {3u, 1u}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    v1::JobConfig now = config;
+    now.set_num_servers(shards);
+    const v1::ShardMap map = MapOf(now);
+    std::vector<std::unique_ptr<ShardStore>> after;
+    uint64_t rows = 0;
+    for (uint32_t k = 0; k < shards; ++k) {
+      absl::StatusOr<ShardState> state =
+          LoadShardState(Env::Default(), dir, *manifest, ChunksOfShard(map, k), shards, k);
+      ASSERT_TRUE(state.ok()) << state.status();
+      after.push_back(MakeStore(now, k, &*state));
+      ASSERT_NE(after.back(), nullptr);
+      rows += TableStatus(after.back()->ShardStatus()).rows();
+      EXPECT_EQ(TableStatus(after.back()->ShardStatus()).version(), 3u);
+    }
+    // Every row is on exactly one new shard, as it was.
+    EXPECT_EQ(rows, all.size());
+    for (int64_t id : all) {
+      ShardStore& was = *before[SparseShardOf(id, 2)];
+      ShardStore& is = *after[SparseShardOf(id, shards)];
+      EXPECT_EQ(*is.TEST_ReadRow("emb", id), *was.TEST_ReadRow("emb", id)) << "row " << id;
+    }
+    // The optimizer state came too: the same next update moves a row the
+    // same way as on a copy of the old shard restored from the same files
+    // (Adam's moments and the row's own update count). (`before` stays as
+    // captured, for the next shard count.)
+    const int64_t id = all.front();
+    const std::vector<int64_t> ids{id};
+    const std::vector<float> grad{0.5f, -0.25f, 1.0f, 2.0f};
+    const uint32_t old_shard = SparseShardOf(id, 2);
+    absl::StatusOr<ShardState> state = LoadShardState(
+        Env::Default(), dir, *manifest, ChunksOfShard(MapOf(config), old_shard), 2, old_shard);
+    ASSERT_TRUE(state.ok()) << state.status();
+    std::unique_ptr<ShardStore> twin = MakeStore(config, old_shard, &*state);
+    ShardStore& moved = *after[SparseShardOf(id, shards)];
+    for (ShardStore* store : {&moved, twin.get()}) {
+      absl::StatusOr<ShardStore::SparsePushResult> pushed =
+          store->PushSparse(Gradient(0, 3, 3, ids, grad));
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+      EXPECT_FALSE(pushed->duplicate);
+    }
+    EXPECT_NE(*moved.TEST_ReadRow("emb", id), *before[old_shard]->TEST_ReadRow("emb", id));
+    EXPECT_EQ(*moved.TEST_ReadRow("emb", id), *twin->TEST_ReadRow("emb", id));
+  }
+}
+
+TEST_F(SparseCheckpointTest, ASyncCheckpointTakesTheTableAtItsStepAndRetriesStayExactlyOnce) {
+  const v1::JobConfig config = SparseJob(v1::MODE_SYNC, v1::OPTIMIZER_SGD);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 1);
+  const std::vector<float> one(kDim, 1.0f);
+  // Armed for version 1 before step 0 completes; step 1 follows at once.
+  v1::CheckpointRequest request;
+  request.set_id(1);
+  request.set_version(1);
+  ASSERT_TRUE(store->ArmCheckpoint(request).ok());
+  // The dense chunks beside the table take each step too (zero gradients).
+  const v1::ShardMap map = MapOf(config);
+  std::vector<std::vector<float>> zeros;
+  for (uint32_t c : ChunksOfShard(map, 0)) zeros.emplace_back(map.chunks(c).num_elements(), 0.0f);
+  for (uint64_t step : {0u, 1u})
+    for (uint32_t rank : {0u, 1u}) {
+      ASSERT_TRUE(store->PushSparse(Gradient(rank, step, step, ids, one)).ok());
+      ShardStore::GradientPush dense;
+      dense.worker_rank = rank;
+      dense.incarnation = 1;
+      dense.step = step;
+      for (size_t i = 0; i < zeros.size(); ++i)
+        dense.chunks.push_back({ChunksOfShard(map, 0)[i], step, zeros[i], 0});
+      ASSERT_TRUE(store->Push(dense).ok());
+    }
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      store->CollectCheckpoint(1, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tables_size(), 1);
+  const v1::TableState& table = file->tables(0);
+  EXPECT_EQ(table.version(), 1u);
+  ASSERT_EQ(table.ids_size(), 1);
+  std::vector<float> after_step0 = InitialRow(config, ids[0]);
+  for (float& v : after_step0) v -= kLr;
+  EXPECT_EQ(FromF32Bytes(table.values()), after_step0);
+  // The marks say step 0 was applied, not step 1 (in no checkpoint's values).
+  ASSERT_EQ(table.marks_size(), 2);
+  EXPECT_TRUE(table.marks(0).valid());
+  EXPECT_EQ(table.marks(0).step(), 0u);
+
+  // Rolled back to it: a retry of step 0 is a duplicate, step 1 is taken.
+  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {1, 1},
+                             {file->tables().begin(), file->tables().end()})
+                  .ok());
+  absl::StatusOr<ShardStore::SparsePushResult> retry =
+      store->PushSparse(Gradient(0, 0, 0, ids, one));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_TRUE(retry->duplicate);
+  EXPECT_EQ(*store->TEST_ReadRow("emb", ids[0]), after_step0);
+  for (uint32_t rank : {0u, 1u}) {
+    absl::StatusOr<ShardStore::SparsePushResult> again =
+        store->PushSparse(Gradient(rank, 1, 1, ids, one));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_FALSE(again->duplicate);
+  }
+  EXPECT_EQ(TableStatus(store->ShardStatus()).version(), 2u);
+}
+
+TEST_F(SparseCheckpointTest, ATableStateThatDoesNotFitChangesNothing) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_MOMENTUM, /*max_rows=*/3);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 4);
+  ASSERT_TRUE(store->PushSparse(Gradient(0, 0, 0, {ids[0]}, std::vector<float>(kDim, 1))).ok());
+  const std::vector<float> row = *store->TEST_ReadRow("emb", ids[0]);
+  v1::CheckpointRequest request;
+  request.set_id(1);
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      store->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<v1::ChunkState> chunks(file->chunks().begin(), file->chunks().end());
+  const v1::TableState good = file->tables(0);
+  auto restore = [&](const v1::TableState& t) {
+    return store->Restore(2, 1, chunks, {}, std::vector<v1::TableState>{t});
+  };
+  auto with_row = [&](int64_t id) {
+    v1::TableState t = good;
+    t.add_ids(id);
+    t.mutable_values()->append(kDim * sizeof(float), '\0');
+    t.mutable_optimizer_state(0)->append(kDim * sizeof(float), '\0');
+    t.add_updates(1);
+    return t;
+  };
+  v1::TableState t = with_row(IdsOf(1, 1)[0]);
+  EXPECT_THAT(restore(t).message(), HasSubstr("another shard's"));
+  t = with_row(ids[0]);
+  EXPECT_THAT(restore(t).message(), HasSubstr("appears twice"));
+  t = good;
+  t.set_dim(kDim + 1);
+  EXPECT_THAT(restore(t).message(), HasSubstr("rows of 5 values"));
+  t = good;
+  t.clear_optimizer_state();
+  EXPECT_THAT(restore(t).message(), HasSubstr("optimizer state slots"));
+  t = with_row(ids[1]);
+  t = [&] {
+    v1::TableState u = t;
+    for (int64_t id : {ids[2], ids[3]}) {
+      u.add_ids(id);
+      u.mutable_values()->append(kDim * sizeof(float), '\0');
+      u.mutable_optimizer_state(0)->append(kDim * sizeof(float), '\0');
+      u.add_updates(1);
+    }
+    return u;
+  }();
+  const absl::Status over = restore(t);
+  EXPECT_EQ(over.code(), absl::StatusCode::kFailedPrecondition) << over;
+  EXPECT_THAT(over.message(), HasSubstr("max_rows_per_shard"));
+  t = good;
+  t.set_name("other");
+  EXPECT_THAT(restore(t).message(), HasSubstr("table 'other' this job has not"));
+  EXPECT_THAT(store->Restore(2, 1, chunks, {}, {}).message(),
+              HasSubstr("no state for table 'emb'"));
+  // Nothing changed: the generation, the row, the version.
+  EXPECT_EQ(store->generation(), 0u);
+  EXPECT_EQ(*store->TEST_ReadRow("emb", ids[0]), row);
+  EXPECT_EQ(TableStatus(store->ShardStatus()).rows(), 1u);
+  EXPECT_EQ(TableStatus(store->ShardStatus()).version(), 1u);
+  // And the good state restores.
+  EXPECT_TRUE(restore(good).ok());
+  EXPECT_EQ(*store->TEST_ReadRow("emb", ids[0]), row);
+}
+
+TEST_F(SparseCheckpointTest, AFileWithARowOfAnotherShardOrAnotherWidthIsDamaged) {
+  const v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  std::vector<std::unique_ptr<ShardStore>> stores;
+  stores.push_back(MakeStore(config, 0));
+  stores.push_back(MakeStore(config, 1));
+  ASSERT_TRUE(stores[0]->PushSparse(Gradient(0, 0, 0, IdsOf(0, 2), std::vector<float>(2 * kDim, 1))).ok());
+  const std::string dir = WriteCheckpoint(root_, config, stores);
+  ASSERT_TRUE(VerifyCheckpoint(Env::Default(), dir, "").ok());
+  // The job's table is now wider than the rows in the files.
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(Env::Default(), dir);
+  ASSERT_TRUE(manifest.ok());
+  v1::JobConfig wider = config;
+  wider.mutable_sparse_tables(0)->set_dim(kDim * 2);
+  EXPECT_THAT(CheckSameTables(manifest->config(), wider).message(), HasSubstr("rows of 4 there, 8 here"));
+  manifest->mutable_config()->mutable_sparse_tables(0)->set_dim(kDim * 2);
+  ASSERT_TRUE(WriteManifest(Env::Default(), dir, *manifest).ok());
+  EXPECT_THAT(VerifyCheckpoint(Env::Default(), dir, "").status().message(),
+              HasSubstr("does not fit the job's table 'emb'"));
+  // Shard 1's file with shard 0's rows, which hash to shard 0.
+  manifest->mutable_config()->mutable_sparse_tables(0)->set_dim(kDim);
+  v1::CheckpointRequest request;
+  request.set_id(1);
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      stores[1]->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+  absl::StatusOr<v1::ShardCheckpointFile> of_shard0 =
+      stores[0]->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(file.ok() && of_shard0.ok());
+  *file->mutable_tables() = of_shard0->tables();
+  absl::StatusOr<v1::ShardCheckpoint> written = WriteShardFile(Env::Default(), dir, *file);
+  ASSERT_TRUE(written.ok());
+  *manifest->mutable_shards(1) = *written;
+  ASSERT_TRUE(WriteManifest(Env::Default(), dir, *manifest).ok());
+  absl::Status damaged = VerifyCheckpoint(Env::Default(), dir, "").status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(damaged.message()), HasSubstr("belongs to another shard"));
 }
 
 TEST(SparsePlacement, IdsSpreadEvenlyOverTheShards) {

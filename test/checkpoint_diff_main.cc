@@ -1,17 +1,24 @@
-// grps-checkpoint-diff: compares the model in two checkpoints, chunk by chunk.
+// grps-checkpoint-diff: compares the model in two checkpoints, chunk by
+// chunk and sparse row by row.
 //
-//   grps-checkpoint-diff DIR_A DIR_B   exit 0 when both verify and every chunk
+//   grps-checkpoint-diff DIR_A DIR_B   exit 0 when both verify, every chunk
 //                                      has bit-identical values, optimizer
-//                                      state and version; 1 with the first
-//                                      difference otherwise
+//                                      state and version, and every sparse
+//                                      table the same rows with bit-identical
+//                                      values, optimizer state and update
+//                                      counts; 1 with the first difference
+//                                      otherwise
 //   grps-checkpoint-diff --step DIR    prints the checkpoint's step
 //   grps-checkpoint-diff --newest ROOT prints the newest complete checkpoint
 //                                      folder under ROOT (exit 1 if none)
 //
 // The checkpoints may come from jobs with different numbers of servers: the
-// chunks are compared by id. For tests and drills (docs/durability.md).
+// chunks are compared by id, the rows by table and id. For tests and drills
+// (docs/durability.md).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,14 +36,57 @@ int Usage() {
   return 2;
 }
 
-absl::StatusOr<std::vector<v1::ChunkState>> AllChunks(const std::string& dir,
-                                                      v1::CheckpointManifest* manifest) {
+// Every chunk, and every row of every table (as one shard of one holds them).
+absl::StatusOr<ShardState> Everything(const std::string& dir, v1::CheckpointManifest* manifest) {
   absl::StatusOr<v1::CheckpointManifest> m = VerifyCheckpoint(Env::Default(), dir, "");
   if (!m.ok()) return m.status();
   *manifest = *m;
   std::vector<uint32_t> ids;
   for (const v1::ChunkSpec& c : m->shard_map().chunks()) ids.push_back(c.chunk_id());
-  return LoadChunks(Env::Default(), dir, *m, ids);
+  return LoadShardState(Env::Default(), dir, *m, ids, 1, 0);
+}
+
+// One row of a table: its values, each optimizer slot's part, its updates.
+struct Row {
+  std::vector<std::string> parts;
+  uint32_t updates = 0;
+  bool operator==(const Row& o) const { return parts == o.parts && updates == o.updates; }
+};
+std::map<int64_t, Row> RowsOf(const v1::TableState& t) {
+  std::map<int64_t, Row> rows;
+  const size_t bytes = static_cast<size_t>(t.dim()) * sizeof(float);
+  for (int i = 0; i < t.ids_size(); ++i) {
+    Row& row = rows[t.ids(i)];
+    row.parts.push_back(t.values().substr(i * bytes, bytes));
+    for (const std::string& slot : t.optimizer_state()) row.parts.push_back(slot.substr(i * bytes, bytes));
+    row.updates = t.updates_size() == 0 ? 0 : t.updates(i);
+  }
+  return rows;
+}
+
+// The first difference between the tables of `a` and `b` (matched by name),
+// or "".
+std::string DiffTables(const std::vector<v1::TableState>& a, const std::vector<v1::TableState>& b,
+                       uint64_t* rows) {
+  if (a.size() != b.size()) return "the checkpoints hold different numbers of sparse tables";
+  for (const v1::TableState& x : a) {
+    auto y = std::find_if(b.begin(), b.end(), [&](const auto& t) { return t.name() == x.name(); });
+    if (y == b.end()) return "sparse table '" + x.name() + "' is in one checkpoint only";
+    if (x.version() != y->version())
+      return "sparse table '" + x.name() + "' differs in its version (" +
+             std::to_string(x.version()) + " and " + std::to_string(y->version()) + ")";
+    const std::map<int64_t, Row> rx = RowsOf(x), ry = RowsOf(*y);
+    if (rx.size() != ry.size())
+      return "sparse table '" + x.name() + "' has " + std::to_string(rx.size()) + " rows and " +
+             std::to_string(ry.size());
+    for (const auto& [id, row] : rx) {
+      auto it = ry.find(id);
+      if (it == ry.end() || !(it->second == row))
+        return "sparse table '" + x.name() + "' differs in row " + std::to_string(id);
+    }
+    *rows += rx.size();
+  }
+  return "";
 }
 
 int Main(int argc, char** argv) {
@@ -60,9 +110,9 @@ int Main(int argc, char** argv) {
   }
   if (argc != 3 || argv[1][0] == '-') return Usage();
   v1::CheckpointManifest ma, mb;
-  absl::StatusOr<std::vector<v1::ChunkState>> a = AllChunks(argv[1], &ma);
-  absl::StatusOr<std::vector<v1::ChunkState>> b = AllChunks(argv[2], &mb);
-  for (const auto* s : {&a, &b})
+  absl::StatusOr<ShardState> sa = Everything(argv[1], &ma);
+  absl::StatusOr<ShardState> sb = Everything(argv[2], &mb);
+  for (const auto* s : {&sa, &sb})
     if (!s->ok()) {
       std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(s->status().message()).c_str());
       return 1;
@@ -71,6 +121,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  const std::vector<v1::ChunkState>* a = &sa->chunks;
+  const std::vector<v1::ChunkState>* b = &sb->chunks;
   uint64_t bytes = 0;
   for (size_t i = 0; i < a->size(); ++i) {
     const v1::ChunkState& x = (*a)[i];
@@ -89,8 +141,14 @@ int Main(int argc, char** argv) {
     }
     bytes += x.values().size();
   }
-  std::printf("identical: %zu chunks, %llu bytes of values, steps %llu and %llu\n", a->size(),
-              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(ma.step()),
+  uint64_t rows = 0;
+  if (const std::string what = DiffTables(sa->tables, sb->tables, &rows); !what.empty()) {
+    std::printf("%s\n", what.c_str());
+    return 1;
+  }
+  std::printf("identical: %zu chunks, %llu bytes of values, %llu sparse rows, steps %llu and %llu\n",
+              a->size(), static_cast<unsigned long long>(bytes),
+              static_cast<unsigned long long>(rows), static_cast<unsigned long long>(ma.step()),
               static_cast<unsigned long long>(mb.step()));
   return 0;
 }

@@ -26,7 +26,7 @@ run() {
 
 # The worker states the data set's Bayes accuracy (the generator knows it).
 SYNTH=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad
-       --lr=0.1 --embedding_dim=16 --hidden= --epochs=3)
+       --lr=0.1 --embedding_dim=16 --hidden=none --epochs=3)
 for mode in sync async; do
   acc=$(run "synthetic-$mode" --mode="$mode" "${SYNTH[@]}")
   bayes=$(grep -ho "Bayes accuracy [0-9.]*" "$WORK/synthetic-$mode/worker-0.log" |
