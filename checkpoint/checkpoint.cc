@@ -48,13 +48,15 @@ uint64_t GetLE(absl::string_view in, int bytes) {
   return v;
 }
 
+// Serialized in place, after the header: a shard's part of a checkpoint may
+// be a gigabyte, and is held once.
 std::string Frame(const google::protobuf::Message& message) {
-  std::string payload;
-  message.SerializeToString(&payload);
+  const size_t size = message.ByteSizeLong();
   std::string out(kMagic, kMagicLen);
-  PutLE(&out, payload.size(), 8);
-  out += payload;
-  PutLE(&out, Crc32(payload), 4);
+  PutLE(&out, size, 8);
+  out.resize(kHeaderLen + size);
+  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out.data() + kHeaderLen));
+  PutLE(&out, Crc32(absl::string_view(out).substr(kHeaderLen, size)), 4);
   return out;
 }
 
