@@ -114,9 +114,18 @@ class ShardStore::Target : public UpdateTarget {
   // Checkpoint capture (ArmCheckpoint, CollectCheckpoint): Capture keeps
   // the state as it is now, TakeCapture moves a kept state into the file
   // (false when there is none yet), DropCapture forgets it.
-  virtual void Capture(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
-  virtual bool TakeCapture(v1::ShardCheckpointFile* file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
-  virtual void DropCapture() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  void Capture(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    captured.emplace();
+    SnapshotInto(sync, &*captured);
+  }
+  bool TakeCapture(v1::ShardCheckpointFile* file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!captured.has_value()) return false;
+    for (v1::ChunkState& c : *captured->mutable_chunks()) *file->add_chunks() = std::move(c);
+    for (v1::TableState& t : *captured->mutable_tables()) *file->add_tables() = std::move(t);
+    captured.reset();
+    return true;
+  }
+  void DropCapture() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
 
   const uint64_t order;
   const std::string name;  // "chunk 3", "table 'emb'": for messages
@@ -125,6 +134,10 @@ class ShardStore::Target : public UpdateTarget {
  protected:
   // The optimizer update itself.
   virtual void Update(const GradientRef& grad, float lr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  // Adds this target's state now to `into`, for a checkpoint (SnapshotMarks
+  // says what `sync` means).
+  virtual void SnapshotInto(bool sync, v1::ShardCheckpointFile* into) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   // The dedup marks as a checkpoint keeps them. `sync`: the marks say no
   // more than step version - 1 was applied, because a push for the open step
@@ -165,8 +178,10 @@ class ShardStore::Target : public UpdateTarget {
   std::unique_ptr<ChunkPolicy> policy ABSL_GUARDED_BY(mu);
   std::vector<AcceptedMark> marks ABSL_GUARDED_BY(mu);  // by rank
   ChunkCounters counters ABSL_GUARDED_BY(mu);
-  // An armed sync capture: the version at which Apply captures (0: none).
+  // An armed sync capture: the version at which Apply captures (0: none),
+  // and the state captured, until collected.
   uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
+  std::optional<v1::ShardCheckpointFile> captured ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -219,27 +234,6 @@ class ShardStore::Chunk final : public Target {
     return std::make_unique<DenseGradientBuffer>(backend_.get(), num_elements_);
   }
 
-  // This chunk's state now, for a checkpoint (SnapshotMarks says `sync`).
-  v1::ChunkState Snapshot(bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    v1::ChunkState out;
-    out.set_chunk_id(id);
-    out.set_version(version_);
-    out.set_num_elements(num_elements_);
-    out.set_values(reinterpret_cast<const char*>(values.f32()),
-                   num_elements_ * sizeof(float));
-    for (std::string& slot : optimizer->SaveState()) out.add_optimizer_state(std::move(slot));
-    SnapshotMarks(sync, out.mutable_marks(), out.mutable_held_from());
-    return out;
-  }
-
-  void Capture(bool sync) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured = Snapshot(sync); }
-  bool TakeCapture(v1::ShardCheckpointFile* file) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!captured.has_value()) return false;
-    *file->add_chunks() = std::move(*captured);
-    captured.reset();
-    return true;
-  }
-  void DropCapture() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
 
   // Replaces the state with `state` (checked by MatchStates), or with the
   // initial values at version 0 when null; drops the mode's pending state.
@@ -269,6 +263,16 @@ class ShardStore::Chunk final : public Target {
   void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     optimizer->Apply(values.f32(), grad.values.data(), lr, version_);
   }
+  void SnapshotInto(bool sync, v1::ShardCheckpointFile* into) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    v1::ChunkState* out = into->add_chunks();
+    out->set_chunk_id(id);
+    out->set_version(version_);
+    out->set_num_elements(num_elements_);
+    out->set_values(reinterpret_cast<const char*>(values.f32()), num_elements_ * sizeof(float));
+    for (std::string& slot : optimizer->SaveState()) out->add_optimizer_state(std::move(slot));
+    SnapshotMarks(sync, out->mutable_marks(), out->mutable_held_from());
+  }
 
  private:
   const uint64_t num_elements_;
@@ -278,7 +282,6 @@ class ShardStore::Chunk final : public Target {
  public:
   DeviceBuffer values ABSL_GUARDED_BY(mu);
   std::unique_ptr<ChunkOptimizer> optimizer ABSL_GUARDED_BY(mu);
-  std::optional<v1::ChunkState> captured ABSL_GUARDED_BY(mu);
 };
 
 // One sparse table's rows on this shard. Locked after every chunk (its
@@ -305,23 +308,6 @@ class ShardStore::Table final : public Target {
     return rows->NewBuffer();
   }
 
-  // The table's rows on this shard now, for a checkpoint.
-  v1::TableState Snapshot(bool sync) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    v1::TableState out;
-    out.set_name(spec.name());
-    out.set_version(version_);
-    rows->Save(&out);
-    SnapshotMarks(sync, out.mutable_marks(), out.mutable_held_from());
-    return out;
-  }
-  void Capture(bool sync) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured = Snapshot(sync); }
-  bool TakeCapture(v1::ShardCheckpointFile* file) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!captured.has_value()) return false;
-    *file->add_tables() = std::move(*captured);
-    captured.reset();
-    return true;
-  }
-  void DropCapture() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
 
   // Back to `state` with its rows already loaded into `loaded` (Restore), or
   // to the initial values (no rows, version 0) when `state` is null.
@@ -345,6 +331,14 @@ class ShardStore::Table final : public Target {
   void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     rows->Apply(grad, lr);
   }
+  void SnapshotInto(bool sync, v1::ShardCheckpointFile* into) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    v1::TableState* out = into->add_tables();
+    out->set_name(spec.name());
+    out->set_version(version_);
+    rows->Save(out);
+    SnapshotMarks(sync, out->mutable_marks(), out->mutable_held_from());
+  }
 
  private:
   const v1::JobConfig& config_;  // the store's, which outlives its tables
@@ -352,7 +346,6 @@ class ShardStore::Table final : public Target {
 
  public:
   std::unique_ptr<SparseRows> rows ABSL_GUARDED_BY(mu);
-  std::optional<v1::TableState> captured ABSL_GUARDED_BY(mu);
   uint64_t rows_pushed ABSL_GUARDED_BY(mu) = 0;  // row gradients taken
   uint64_t rows_pulled ABSL_GUARDED_BY(mu) = 0;  // rows served
 };
