@@ -234,7 +234,6 @@ class ShardStore::Chunk final : public Target {
     return std::make_unique<DenseGradientBuffer>(backend_.get(), num_elements_);
   }
 
-
   // Replaces the state with `state` (checked by MatchStates), or with the
   // initial values at version 0 when null; drops the mode's pending state.
   absl::Status Reset(const v1::ChunkState* state, const v1::ChunkSpec& spec,
@@ -307,7 +306,6 @@ class ShardStore::Table final : public Target {
   std::unique_ptr<GradientBuffer> NewBuffer() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return rows->NewBuffer();
   }
-
 
   // Back to `state` with its rows already loaded into `loaded` (Restore), or
   // to the initial values (no rows, version 0) when `state` is null.
