@@ -145,12 +145,15 @@ double BareGrpcMs(size_t bytes, int reps) {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
-                   [&](grpc::Status s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     done = true;
-                     cv.notify_one();
-                   });
+    StartUnaryCall(
+        [&](grpc::ClientUnaryReactor* r) {
+          stub.PrepareUnaryCall(&context, method, grpc::StubOptions(), &request, &reply, r);
+        },
+        [&](grpc::Status) {
+          std::lock_guard<std::mutex> lock(mu);
+          done = true;
+          cv.notify_one();
+        });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
     CopyOut(reply, &params);

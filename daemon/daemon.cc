@@ -146,6 +146,58 @@ absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>&
   return std::string(reinterpret_cast<const char*>(reply.begin()), reply.size());
 }
 
+namespace {
+
+// ThreadSanitizer's annotation interface (sanitizer/tsan_interface.h), in
+// TSan builds only.
+#if defined(__SANITIZE_THREAD__)
+#define GRPS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GRPS_TSAN 1
+#endif
+#endif
+#ifdef GRPS_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void HandOverToGrpc(void* addr) { __tsan_release(addr); }
+void TakeOverFromGrpc(void* addr) { __tsan_acquire(addr); }
+#else
+void HandOverToGrpc(void*) {}
+void TakeOverFromGrpc(void*) {}
+#endif
+
+// One call's reactor (see StartUnaryCall): deletes itself once done.
+class UnaryCallReactor final : public grpc::ClientUnaryReactor {
+ public:
+  explicit UnaryCallReactor(std::function<void(grpc::Status)> done) : done_(std::move(done)) {}
+
+  void Start() {
+    HandOverToGrpc(this);
+    StartCall();  // the last use of `this` on the calling thread
+  }
+
+  // gRPC's last reaction: the reactor may go here.
+  void OnDone(const grpc::Status& status) override {
+    TakeOverFromGrpc(this);
+    std::function<void(grpc::Status)> done = std::move(done_);
+    delete this;
+    done(status);
+  }
+
+ private:
+  std::function<void(grpc::Status)> done_;
+};
+
+}  // namespace
+
+void StartUnaryCall(const std::function<void(grpc::ClientUnaryReactor*)>& bind,
+                    std::function<void(grpc::Status)> done) {
+  auto* reactor = new UnaryCallReactor(std::move(done));
+  bind(reactor);
+  reactor->Start();
+}
+
 absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
                                absl::Duration timeout) {
   // grpc.health.v1.HealthCheckRequest{service: ""} is zero bytes; the reply

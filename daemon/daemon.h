@@ -15,6 +15,7 @@
 #include "daemon/security.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/support/client_callback.h"
 
 namespace grps {
 
@@ -88,6 +89,25 @@ absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>&
                                            const std::string& method,
                                            const std::string& request_bytes,
                                            absl::Duration timeout);
+
+// Starts a unary call of gRPC's callback API and runs `done` with its status
+// on gRPC's callback thread when it completes. `bind` hands the reactor to the
+// stub, e.g.
+//
+//   StartUnaryCall([&](grpc::ClientUnaryReactor* r) {
+//     stub->async()->Pull(&context, &request, &response, r);
+//   }, [&](grpc::Status s) { ... });
+//
+// Use it for every callback call instead of the std::function overloads:
+// gRPC core (built without ThreadSanitizer in Debian) hands a completion to
+// its executor through lock-free queues TSan cannot see, so what the caller
+// wrote before the call (the request, the callback's captures) would read as
+// racing with `done`. The reactor declares that hand-off on its own address
+// (a release as the call starts, an acquire as it completes): exactly the
+// order gRPC guarantees, per call, and no more, so a real race between
+// `done` and another thread is still reported. No cost outside TSan builds.
+void StartUnaryCall(const std::function<void(grpc::ClientUnaryReactor*)>& bind,
+                    std::function<void(grpc::Status)> done);
 
 // Asks the gRPC health service behind `channel` about the whole server:
 // true for SERVING, false for NOT_SERVING; the call's error otherwise.

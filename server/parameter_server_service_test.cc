@@ -386,11 +386,14 @@ TEST_F(ParameterServerServiceTest, SixtyFourWaitingPullsNeedNoThreadEach) {
   for (int i = 0; i < kPulls; ++i) {
     auto call = std::make_unique<Call>();
     Call* c = call.get();
-    stub_->async()->Pull(&c->context, &waiting, &c->response,
-                         [c](grpc::Status status) {
-                           c->status = std::move(status);
-                           c->done.Notify();
-                         });
+    StartUnaryCall(
+        [&](grpc::ClientUnaryReactor* r) {
+          stub_->async()->Pull(&c->context, &waiting, &c->response, r);
+        },
+        [c](grpc::Status status) {
+          c->status = std::move(status);
+          c->done.Notify();
+        });
     calls.push_back(std::move(call));
   }
   // Poll the shard's gauge (bounded) until it holds all of them.
@@ -501,12 +504,15 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
     contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
     v1::PullRequest request = PullOf({own_[0]}, 1);  // waits for step 0
     request.set_timeout_ms(300000);
-    stub_->async()->Pull(contexts.back().get(), &request, &replies[i],
-                         [&](grpc::Status s) {
-                           absl::MutexLock lock(&mu);
-                           codes.push_back(s.error_code());
-                           ++finished;
-                         });
+    StartUnaryCall(
+        [&](grpc::ClientUnaryReactor* r) {
+          stub_->async()->Pull(contexts.back().get(), &request, &replies[i], r);
+        },
+        [&](grpc::Status s) {
+          absl::MutexLock lock(&mu);
+          codes.push_back(s.error_code());
+          ++finished;
+        });
   }
   const absl::Time until = absl::Now() + absl::Seconds(20);
   while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < until)

@@ -169,11 +169,12 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
   // Owned by the completion callback, which runs exactly once.
   grpc::ClientContext* forward =
       grpc::ClientContext::FromCallbackServerContext(*context).release();
-  stub_->async()->Pull(forward, request, response,
-                       [reactor, forward](grpc::Status status) {
-                         delete forward;
-                         reactor->Finish(status);
-                       });
+  StartUnaryCall(
+      [&](grpc::ClientUnaryReactor* r) { stub_->async()->Pull(forward, request, response, r); },
+      [reactor, forward](grpc::Status status) {
+        delete forward;
+        reactor->Finish(status);
+      });
   return reactor;
 }
 

@@ -60,11 +60,14 @@ int Main(int argc, char** argv) {
       grpc::ByteBuffer reply;
       absl::Notification done;
       grpc::Status status;
-      stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
-                     [&](grpc::Status s) {
-                       status = std::move(s);
-                       done.Notify();
-                     });
+      StartUnaryCall(
+          [&](grpc::ClientUnaryReactor* r) {
+            stub.PrepareUnaryCall(&context, method, grpc::StubOptions(), &request, &reply, r);
+          },
+          [&](grpc::Status s) {
+            status = std::move(s);
+            done.Notify();
+          });
       done.WaitForNotification();
       results[i] = absl::StrCat(
           absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",

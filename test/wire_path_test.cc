@@ -241,13 +241,17 @@ TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {
     std::condition_variable cv;
     bool done = false;
     grpc::Status status;
-    stub.UnaryCall(&context, "/grps.v1.ParameterServer/Push", grpc::StubOptions(), &request,
-                   &reply, [&](grpc::Status s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     status = s;
-                     done = true;
-                     cv.notify_one();
-                   });
+    StartUnaryCall(
+        [&](grpc::ClientUnaryReactor* r) {
+          stub.PrepareUnaryCall(&context, "/grps.v1.ParameterServer/Push", grpc::StubOptions(),
+                                &request, &reply, r);
+        },
+        [&](grpc::Status s) {
+          std::lock_guard<std::mutex> lock(mu);
+          status = s;
+          done = true;
+          cv.notify_one();
+        });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();

@@ -224,11 +224,12 @@ void ParameterClient::StartCall(Operation* op, size_t index) {
   // attempt sends this one to the shard's new endpoint.
   call.stub = StubOf(*call.part);
   call.reply.Clear();
-  call.stub->UnaryCall(call.context.get(), op->push ? kPushMethod : kPullMethod,
-                       grpc::StubOptions(), &call.request, &call.reply,
-                       [this, op, index](grpc::Status status) {
-                         OnCallDone(op, index, std::move(status));
-                       });
+  StartUnaryCall(
+      [&](grpc::ClientUnaryReactor* reactor) {
+        call.stub->PrepareUnaryCall(call.context.get(), op->push ? kPushMethod : kPullMethod,
+                                    grpc::StubOptions(), &call.request, &call.reply, reactor);
+      },
+      [this, op, index](grpc::Status status) { OnCallDone(op, index, std::move(status)); });
 }
 
 void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status status) {

@@ -134,11 +134,14 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
     // The call's own deadline leaves the shard time to answer after its wait.
     c.context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(10)));
     c.stub = StubOf(s);
-    c.stub->async()->PullSparse(&c.context, &c.request, &c.response,
-                                [&c, done](grpc::Status status) {
-                                  c.status = std::move(status);
-                                  done();
-                                });
+    StartUnaryCall(
+        [&](grpc::ClientUnaryReactor* r) {
+          c.stub->async()->PullSparse(&c.context, &c.request, &c.response, r);
+        },
+        [&c, done](grpc::Status status) {
+          c.status = std::move(status);
+          done();
+        });
   });
   for (size_t s = 0; s < shards_; ++s) {
     Call& c = calls[s];
@@ -206,11 +209,14 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
       contexts[s] = std::make_unique<grpc::ClientContext>();
       contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
       stubs[s] = StubOf(s);
-      stubs[s]->async()->PushSparse(contexts[s].get(), &requests[s], &responses[s],
-                                    [&statuses, s, done](grpc::Status status) {
-                                      statuses[s] = std::move(status);
-                                      done();
-                                    });
+      StartUnaryCall(
+          [&](grpc::ClientUnaryReactor* r) {
+            stubs[s]->async()->PushSparse(contexts[s].get(), &requests[s], &responses[s], r);
+          },
+          [&statuses, s, done](grpc::Status status) {
+            statuses[s] = std::move(status);
+            done();
+          });
     });
     std::vector<size_t> again;
     for (size_t s : todo) {
