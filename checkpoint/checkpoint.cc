@@ -104,17 +104,16 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
                                               "another shard's file"));
     dst->set_version(std::max(dst->version(), src.version()));
     // Each rank's mark: the lowest, so that nothing a file had not applied
-    // is taken for a duplicate.
-    auto key = [](const v1::DedupMark& m) {
-      return std::make_tuple(m.valid(), m.incarnation(), m.step());
-    };
-    for (int r = 0; r < src.marks_size(); ++r) {
-      if (r >= dst->marks_size()) break;
+    // is taken for a duplicate; none (invalid) where a file has none.
+    while (dst->marks_size() < src.marks_size()) dst->add_marks();
+    for (int r = 0; r < dst->marks_size(); ++r) {
       v1::DedupMark* d = dst->mutable_marks(r);
-      if (!src.marks(r).valid() || !d->valid())
+      if (r >= src.marks_size() || !src.marks(r).valid() || !d->valid()) {
         d->set_valid(false);
-      else if (key(src.marks(r)) < key(*d))
+      } else if (std::make_pair(src.marks(r).incarnation(), src.marks(r).step()) <
+                 std::make_pair(d->incarnation(), d->step())) {
         *d = src.marks(r);
+      }
     }
     LowerHeldFrom(src.held_from(), dst->mutable_held_from());
   }
@@ -308,6 +307,8 @@ absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(Env* env, const std::str
   auto damaged = [&](auto... why) { return absl::DataLossError(absl::StrCat(dir, ": ", why...)); };
   if (absl::Status s = ValidateShardMap(manifest->shard_map()); !s.ok())
     return damaged("the manifest's ", s.message());
+  if (absl::Status s = ValidateSparseTables(manifest->config()); !s.ok())
+    return damaged("the manifest's ", s.message());
   const v1::ShardMap& map = manifest->shard_map();
   if (manifest->shards_size() != map.shards_size())
     return damaged("the manifest names ", manifest->shards_size(), " shard files for ",
@@ -342,14 +343,14 @@ absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(Env* env, const std::str
                      specs.size());
     for (int t = 0; t < specs.size(); ++t) {
       const v1::TableState& table = file->tables(t);
-      const uint64_t bytes = static_cast<uint64_t>(table.ids_size()) * specs[t].dim() * sizeof(float);
-      bool fits = table.name() == specs[t].name() && table.dim() == specs[t].dim() &&
-                  table.values().size() == bytes &&
-                  (table.updates_size() == 0 || table.updates_size() == table.ids_size());
-      for (const std::string& slot : table.optimizer_state()) fits = fits && slot.size() == bytes;
-      if (!fits)
+      if (table.name() != specs[t].name())
         return damaged(shard.file(), ": sparse table '", table.name(),
                        "' does not fit the job's table '", specs[t].name(), "'");
+      // Any number of optimizer slots here (a shard checks its optimizer's).
+      if (absl::Status s = CheckTableState(table, specs[t].dim(), table.optimizer_state_size());
+          !s.ok())
+        return damaged(shard.file(), ": sparse table '", table.name(),
+                       "' does not fit the job's table '", specs[t].name(), "': ", s.message());
       for (int64_t id : table.ids())
         if (SparseShardOf(id, static_cast<uint32_t>(map.shards_size())) != shard.shard())
           return damaged(shard.file(), ": row ", id, " of sparse table '", table.name(),
@@ -425,7 +426,7 @@ absl::Status CheckSameTables(const v1::JobConfig& saved, const v1::JobConfig& cu
   auto differ = [](auto... why) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint's sparse tables differ from this job's: ", why...,
-        " (the same --model and --embedding_dim are needed)"));
+        " (the same --model, --embedding_dim and --embedding_rows are needed)"));
   };
   if (saved.sparse_tables_size() != current.sparse_tables_size())
     return differ(saved.sparse_tables_size(), " tables there, ", current.sparse_tables_size(),
@@ -435,6 +436,11 @@ absl::Status CheckSameTables(const v1::JobConfig& saved, const v1::JobConfig& cu
     if (here == nullptr) return differ("this job has no table '", t.name(), "'");
     if (here->dim() != t.dim())
       return differ("table '", t.name(), "' has rows of ", t.dim(), " there, ", here->dim(),
+                    " here");
+    // A row's id means another feature in another range (and a row past
+    // this job's range would be refused by the servers one by one).
+    if (here->rows() != t.rows())
+      return differ("table '", t.name(), "' has ", t.rows(), " rows there, ", here->rows(),
                     " here");
   }
   return absl::OkStatus();

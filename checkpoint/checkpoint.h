@@ -110,8 +110,9 @@ absl::Status CheckSameChunks(const v1::ShardMap& saved,
                              const v1::ShardMap& current);
 
 // FAILED_PRECONDITION unless `saved` (the checkpoint's job) and `current`
-// have the same sparse tables: names and dims (their order, ranges and row
-// limits may differ).
+// have the same sparse tables: names, dims and ranges (rows); their order,
+// init scales and row limits may differ (a shard refuses a restore past its
+// row limit itself).
 absl::Status CheckSameTables(const v1::JobConfig& saved, const v1::JobConfig& current);
 
 // The state of each chunk in `chunk_ids` (in that order) from the checkpoint
@@ -122,7 +123,8 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
     Env* env, const std::string& dir, const v1::CheckpointManifest& manifest,
     absl::Span<const uint32_t> chunk_ids);
 
-// What shard `shard` of `num_shards` restores from a checkpoint: its chunks
+// What shard `shard` of `num_shards` restores from a checkpoint that
+// VerifyCheckpoint accepted (its files' sizes are trusted): its chunks
 // (`chunk_ids`, as LoadChunks) and, per sparse table of the checkpoint
 // (the manifest's config order), the rows that hash to it now.
 //

@@ -146,13 +146,7 @@ std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
   m.set_job_id(config.job_id());
   m.set_id(pending_->request.id());
   m.set_mode(config.mode());
-  uint64_t step = pending_->request.version();
-  if (config.mode() != v1::MODE_SYNC) {
-    step = std::numeric_limits<uint64_t>::max();
-    for (const auto& [shard, r] : pending_->reports)
-      if (r.num_chunks() + r.num_tables() > 0) step = std::min(step, r.min_version());
-    if (step == std::numeric_limits<uint64_t>::max()) step = 0;
-  }
+  const uint64_t step = CutStep();
   m.set_step(step);
   for (const auto& [shard, r] : pending_->reports) *m.add_shards() = r;
   *m.mutable_shard_map() = shard_map;
@@ -171,6 +165,16 @@ std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
   return m;
 }
 
+uint64_t CheckpointScheduler::CutStep() const {
+  if (mode_ == v1::MODE_SYNC) return pending_->request.version();
+  // The lowest version any shard holding state was cut at (an empty shard
+  // says nothing).
+  uint64_t step = std::numeric_limits<uint64_t>::max();
+  for (const auto& [shard, r] : pending_->reports)
+    if (r.num_chunks() + r.num_tables() > 0) step = std::min(step, r.min_version());
+  return step == std::numeric_limits<uint64_t>::max() ? 0 : step;
+}
+
 void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status,
                                       absl::Time now) {
   if (!pending_.has_value() || !pending_->writing || pending_->request.id() != id)
@@ -185,13 +189,7 @@ void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status,
   s.set_state(v1::CHECKPOINT_STATE_COMPLETE);
   s.set_dir(pending_->request.dir());
   uint64_t bytes = 0;
-  uint64_t step = pending_->request.version();
-  if (mode_ != v1::MODE_SYNC) {
-    step = std::numeric_limits<uint64_t>::max();
-    for (const auto& [shard, r] : pending_->reports)
-      if (r.num_chunks() + r.num_tables() > 0) step = std::min(step, r.min_version());
-    if (step == std::numeric_limits<uint64_t>::max()) step = 0;
-  }
+  const uint64_t step = CutStep();
   for (const auto& [shard, r] : pending_->reports) bytes += r.bytes();
   s.set_step(step);
   s.set_bytes(bytes);

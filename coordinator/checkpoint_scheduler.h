@@ -117,6 +117,10 @@ class CheckpointScheduler {
     bool writing = false;
   };
   void EndFailed(std::string error, absl::Time now);
+  // The step the pending checkpoint holds: the version asked for in sync
+  // mode; else the lowest version at which a shard holding any state was
+  // cut.
+  uint64_t CutStep() const;
 
   const std::string root_;
   const v1::ConsistencyMode mode_;

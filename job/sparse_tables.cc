@@ -58,6 +58,29 @@ bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id) {
   return spec.rows() == 0 || (id >= 0 && static_cast<uint64_t>(id) < spec.rows());
 }
 
+absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slots) {
+  auto bad = [&](auto... why) {
+    return absl::InvalidArgumentError(absl::StrCat(why...));
+  };
+  if (state.dim() != dim) return bad("rows of ", state.dim(), " values, the table's have ", dim);
+  // Divided, not multiplied: the sizes come from a file.
+  const size_t n = static_cast<size_t>(state.ids_size());
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  auto whole = [&](const std::string& part) {
+    return row_bytes > 0 && part.size() % row_bytes == 0 && part.size() / row_bytes == n;
+  };
+  if (!whole(state.values()))
+    return bad(state.values().size(), " bytes of values for ", n, " rows of ", dim);
+  if (state.optimizer_state_size() != slots)
+    return bad(state.optimizer_state_size(), " optimizer state slots, this optimizer keeps ",
+               slots, " (the same --optimizer is needed)");
+  for (const std::string& slot : state.optimizer_state())
+    if (!whole(slot)) return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows");
+  if (state.updates_size() != 0 && static_cast<size_t>(state.updates_size()) != n)
+    return bad(state.updates_size(), " update counts for ", n, " rows");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSparseTables(const v1::JobConfig& config) {
   absl::flat_hash_set<std::string> names;
   for (const v1::SparseTableSpec& t : config.sparse_tables()) {

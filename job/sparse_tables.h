@@ -35,6 +35,13 @@ bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id);
 // InvalidArgument names the table and the field.
 absl::Status ValidateSparseTables(const v1::JobConfig& config);
 
+// Checks that a checkpoint's rows of a table (TableState) are whole rows of
+// `dim` floats: as many values as ids times dim, `slots` optimizer state
+// slots of that size each, and no update count or one per row. The rows'
+// ids are not looked at. INVALID_ARGUMENT says what does not fit (the
+// caller names the table and the file).
+absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slots);
+
 // The table of that name, or null.
 const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
                                            std::string_view name);

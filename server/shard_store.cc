@@ -107,13 +107,12 @@ class ShardStore::Target : public UpdateTarget {
     policy = MakeChunkPolicy(config);
     policy->Restored(resume_steps);
     marks.assign(marks.size(), AcceptedMark{});
-    capture_at = 0;
-    DropCapture();
+    Disarm();
   }
 
   // Checkpoint capture (ArmCheckpoint, CollectCheckpoint): Capture keeps
   // the state as it is now, TakeCapture moves a kept state into the file
-  // (false when there is none yet), DropCapture forgets it.
+  // (false when there is none yet), Disarm forgets it and any capture armed.
   void Capture(bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     captured.emplace();
     SnapshotInto(sync, &*captured);
@@ -125,7 +124,10 @@ class ShardStore::Target : public UpdateTarget {
     captured.reset();
     return true;
   }
-  void DropCapture() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { captured.reset(); }
+  void Disarm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    capture_at = 0;
+    captured.reset();
+  }
 
   const uint64_t order;
   const std::string name;  // "chunk 3", "table 'emb'": for messages
@@ -1162,14 +1164,13 @@ absl::Status ShardStore::ArmCheckpoint(const v1::CheckpointRequest& request) {
   const std::vector<Target*> targets = AllTargets();
   for (Target* t : targets) {
     absl::MutexLock lock(&t->mu);
-    t->DropCapture();
-    t->capture_at = 0;
-    if (!armed.ok()) continue;  // disarming the rest
+    t->Disarm();
     if (at == 0 || t->version() == at) {
       t->Capture(/*sync=*/at > 0);
     } else if (t->version() > at) {
       armed = absl::FailedPreconditionError(absl::StrCat(
           t->name, " is already at version ", t->version(), ", past the checkpoint's ", at));
+      break;  // DisarmAll below
     } else {
       t->capture_at = at;
     }
@@ -1240,8 +1241,7 @@ absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CollectCheckpoint(uint64_t i
 void ShardStore::DisarmAll() {
   for (Target* t : AllTargets()) {
     absl::MutexLock lock(&t->mu);
-    t->capture_at = 0;
-    t->DropCapture();
+    t->Disarm();
   }
 }
 

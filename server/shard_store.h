@@ -34,12 +34,13 @@
 // `duplicate_pushes` those recognised as retries, `rejected_pushes` those
 // refused or too stale, `pulls` the chunks served.
 //
-// Durability (docs/durability.md). CaptureCheckpoint copies each chunk's
-// state (values, optimizer state, version, dedup marks) either as it is now
-// or, in sync mode, at the instant the chunk reaches a given version, inside
-// the chunk's lock and before any later update, so every chunk of the shard
-// is cut at the same step without pausing training. Restore replaces every
-// chunk's state (from a checkpoint, or the initial values) and moves the
+// Durability (docs/durability.md). CaptureCheckpoint copies each target's
+// state (a chunk's values, optimizer state, version and dedup marks; a
+// sparse table's rows with theirs) either as it is now or, in sync mode, at
+// the instant the target reaches a given version, inside its lock and before
+// any later update, so every chunk and table of the shard is cut at the same
+// step without pausing training. Restore replaces every target's state (from
+// a checkpoint, or the initial values: no rows) and moves the
 // shard to a new job generation; a push or pull tagged with an older
 // generation is then refused with ABORTED, one with a newer generation with
 // UNAVAILABLE (0 = unchecked), and pulls waiting from before fail ABORTED.
@@ -289,11 +290,11 @@ class ShardStore {
   // `deadline`; ABORTED if the shard is restored meanwhile.
   absl::StatusOr<v1::ShardCheckpointFile> CaptureCheckpoint(
       const v1::CheckpointRequest& request, absl::Time deadline);
-  // CaptureCheckpoint in two halves: ArmCheckpoint copies the chunks that are
-  // at the version (all of them for version 0) and arms the others, without
-  // waiting (FAILED_PRECONDITION as above); it supersedes an earlier capture,
-  // whose CollectCheckpoint then returns ABORTED. CollectCheckpoint waits for
-  // the armed chunks and returns the file.
+  // CaptureCheckpoint in two halves: ArmCheckpoint copies the targets (chunks
+  // and tables) that are at the version (all of them for version 0) and arms
+  // the others, without waiting (FAILED_PRECONDITION as above); it supersedes
+  // an earlier capture, whose CollectCheckpoint then returns ABORTED.
+  // CollectCheckpoint waits for the armed targets and returns the file.
   absl::Status ArmCheckpoint(const v1::CheckpointRequest& request)
       ABSL_LOCKS_EXCLUDED(capture_mu_);
   // `id` names the armed checkpoint to collect (ABORTED if another one has

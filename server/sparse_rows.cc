@@ -244,25 +244,13 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   };
   const size_t n = static_cast<size_t>(state.ids_size());
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  if (state.dim() != dim_)
-    return bad("rows of ", state.dim(), " values, the table's have ", dim_);
-  if (state.values().size() != n * row_bytes)
-    return bad(state.values().size(), " bytes of values for ", n, " rows of ", dim_);
-  if (state.optimizer_state_size() != static_cast<int>(slots_))
-    return bad(state.optimizer_state_size(), " optimizer state slots, this optimizer keeps ",
-               slots_, " (the same --optimizer is needed)");
-  for (const std::string& slot : state.optimizer_state())
-    if (slot.size() != n * row_bytes)
-      return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows");
-  if (state.updates_size() != 0 && static_cast<size_t>(state.updates_size()) != n)
-    return bad(state.updates_size(), " update counts for ", n, " rows");
+  if (absl::Status s = CheckTableState(state, dim_, static_cast<int>(slots_)); !s.ok())
+    return bad(s.message());
   if (spec_.max_rows_per_shard() > 0 && n > spec_.max_rows_per_shard())
     return absl::FailedPreconditionError(absl::StrCat(
         "sparse table '", spec_.name(), "': the checkpoint puts ", n,
         " rows on this shard, past its limit of ", spec_.max_rows_per_shard(),
         " (max_rows_per_shard): restore into more shards, or raise the limit"));
-  if (n > std::numeric_limits<uint32_t>::max())
-    return bad(n, " rows on one shard (at most 2^32)");
   Clear();
   index_.reserve(n);
   updates_.reserve(n);

@@ -79,8 +79,8 @@ class SparseRows {
   // not kept.
   void Save(v1::TableState* out) const;
 
-  // Fills an empty SparseRows with the rows of `state`, exactly as Save
-  // wrote them. INVALID_ARGUMENT naming the table when the state does not
+  // Replaces every row with the rows of `state`, exactly as Save wrote
+  // them. INVALID_ARGUMENT naming the table when the state does not
   // fit (dim, sizes, optimizer slots, an id twice), FAILED_PRECONDITION when
   // it holds more rows than max_rows_per_shard; the caller then drops this
   // object (a failed load leaves it half filled).

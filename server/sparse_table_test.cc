@@ -742,6 +742,12 @@ TEST_F(SparseCheckpointTest, AFileWithARowOfAnotherShardOrAnotherWidthIsDamaged)
   v1::JobConfig wider = config;
   wider.mutable_sparse_tables(0)->set_dim(kDim * 2);
   EXPECT_THAT(CheckSameTables(manifest->config(), wider).message(), HasSubstr("rows of 4 there, 8 here"));
+  // Or has another range of ids: an id names another feature there.
+  v1::JobConfig other_range = config;
+  other_range.mutable_sparse_tables(0)->set_rows(config.sparse_tables(0).rows() + 1);
+  EXPECT_THAT(CheckSameTables(manifest->config(), other_range).message(),
+              HasSubstr(absl::StrCat(config.sparse_tables(0).rows(), " rows there, ",
+                                     config.sparse_tables(0).rows() + 1, " here")));
   manifest->mutable_config()->mutable_sparse_tables(0)->set_dim(kDim * 2);
   ASSERT_TRUE(WriteManifest(Env::Default(), dir, *manifest).ok());
   EXPECT_THAT(VerifyCheckpoint(Env::Default(), dir, "").status().message(),
