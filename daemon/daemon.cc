@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "daemon/hand_over.h"
 #include "daemon/metrics.h"
 #include "daemon/refusal_log.h"
 #include "daemon/security.h"
@@ -147,25 +148,6 @@ absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>&
 }
 
 namespace {
-
-// ThreadSanitizer's annotation interface (sanitizer/tsan_interface.h), in
-// TSan builds only.
-#if defined(__SANITIZE_THREAD__)
-#define GRPS_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define GRPS_TSAN 1
-#endif
-#endif
-#ifdef GRPS_TSAN
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-void HandOverToGrpc(void* addr) { __tsan_release(addr); }
-void TakeOverFromGrpc(void* addr) { __tsan_acquire(addr); }
-#else
-void HandOverToGrpc(void*) {}
-void TakeOverFromGrpc(void*) {}
-#endif
 
 // One call's reactor (see StartUnaryCall): deletes itself once done.
 class UnaryCallReactor final : public grpc::ClientUnaryReactor {

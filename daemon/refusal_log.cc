@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "daemon/hand_over.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -66,9 +67,15 @@ namespace {
 
 class RefusalLogInterceptor : public grpc::experimental::Interceptor {
  public:
-  explicit RefusalLogInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {}
+  // gRPC makes, runs and deletes an interceptor on whichever of its threads
+  // the call is on: each hands it over (daemon/hand_over.h).
+  explicit RefusalLogInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {
+    HandOverToGrpc(this);
+  }
+  ~RefusalLogInterceptor() override { TakeOverFromGrpc(this); }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    TakeOverFromGrpc(this);
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
@@ -80,6 +87,7 @@ class RefusalLogInterceptor : public grpc::experimental::Interceptor {
                                    status.error_message());
       }
     }
+    HandOverToGrpc(this);  // Proceed may go on, and delete this, elsewhere
     methods->Proceed();
   }
 

@@ -406,7 +406,7 @@ struct ShardStore::DenseWaiter final : Waiter {
     c.counters.bytes_out += p.data.size();
     return absl::OkStatus();
   }
-  void Finish() override { error.ok() ? done(std::move(pulled)) : done(error); }
+  void Finish() override { error.ok() ? done(std::move(pulled)) : done(std::move(error)); }
 
   PullSpec spec;
   PullCallback done;
@@ -430,7 +430,7 @@ struct ShardStore::SparseWaiter final : Waiter {
     table.rows_pulled += spec.ids.size();
     return absl::OkStatus();
   }
-  void Finish() override { error.ok() ? done(std::move(pulled)) : done(error); }
+  void Finish() override { error.ok() ? done(std::move(pulled)) : done(std::move(error)); }
 
   SparsePullSpec spec;
   SparsePullCallback done;
