@@ -246,7 +246,8 @@ absl::Status RetryTransient(const Backoff& policy,
     absl::Status status = attempt();
     const bool transient =
         absl::IsUnavailable(status) ||
-        (policy.retry_deadline_exceeded && absl::IsDeadlineExceeded(status));
+        (policy.retry_deadline_exceeded && absl::IsDeadlineExceeded(status)) ||
+        (policy.retry_resource_exhausted && absl::IsResourceExhausted(status));
     if (!transient || absl::Now() + backoff > give_up) return status;
     SleepUnlessShutdown(backoff);
     if (ShutdownRequested()) return absl::CancelledError("signal received");

@@ -148,6 +148,10 @@ struct Backoff {
   // (a call that merely outlived its deadline, such as a registration that
   // waits for the job to form).
   bool retry_deadline_exceeded = false;
+  // RESOURCE_EXHAUSTED too: for calls whose handler never answers it, where
+  // it can only be the peer's gRPC memory quota refusing the call while
+  // something else holds the memory (a passing shortage).
+  bool retry_resource_exhausted = false;
 };
 
 // Calls `attempt` until it returns OK, and retries it while it fails with a

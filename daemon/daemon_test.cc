@@ -63,6 +63,24 @@ TEST(Daemon, RetryTransientReturnsOtherErrorsAtOnce) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST(Daemon, RetryTransientRetriesResourceExhaustedOnlyWhenAsked) {
+  Backoff policy;
+  policy.initial = absl::Milliseconds(1);
+  int calls = 0;
+  auto short_of_memory_twice = [&] {
+    return ++calls < 3 ? absl::ResourceExhaustedError("Received RST_STREAM with error code 11")
+                       : absl::OkStatus();
+  };
+  absl::Status s = RetryTransient(policy, short_of_memory_twice);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(calls, 1);
+  calls = 0;
+  policy.retry_resource_exhausted = true;
+  s = RetryTransient(policy, short_of_memory_twice);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 3);
+}
+
 TEST(Daemon, RetryTransientGivesUpWithTheLastStatus) {
   Backoff policy;
   policy.initial = absl::Milliseconds(5);

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # What a client can make a daemon hold with big messages. While grps-local
-# trains the default job (with tokens), grps-flood-client sends eight 200 MiB
-# messages at once (1.6 GiB), three times:
+# trains the default job (with tokens) for nine epochs, long enough to
+# outlast the floods on a loaded machine, grps-flood-client sends eight
+# 200 MiB messages at once (1.6 GiB), three times:
 #   - to a server's Push without a token: refused on its headers
 #     (UNAUTHENTICATED);
 #   - to a server's Push with the worker token: refused while it arrives
 #     (RESOURCE_EXHAUSTED, the server's gRPC memory quota);
 #   - to the coordinator's RegisterWorker with the worker token: the same.
-# Neither daemon's peak memory (VmHWM) rises by 400 MB (without the quota,
-# four such messages took a server to 551 MB), the workers ride it out
-# (a push refused for memory is retried), and the job completes with test
-# accuracy >= 0.85.
+# Neither daemon's peak memory (VmHWM) rises by 800 MB, half of what was
+# sent (without the quota, the server's rose by 1086 MB; with it, by 100 to
+# 200 MB on an idle machine and up to 563 MB with every core busy: gRPC
+# 1.51 resets streams as it reclaims memory, which lags under load), the
+# workers ride it out (a push refused for memory is retried), and the job
+# completes with test accuracy >= 0.85.
 set -euo pipefail
 BIN=${1:?usage: e2e_big_messages_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -22,7 +25,7 @@ WORKER=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 RUN=$WORK/run
 GRPS_TOKEN=$ADMIN GRPS_WORKER_TOKEN=$WORKER start local "$BIN/grps-local" --run_dir="$RUN" \
   --result_json="$RUN/result.json" --backend=cpu --timeout_s=280 \
-  --straggler_rank=0 --straggle_ms=3
+  --epochs=9 --straggler_rank=0 --straggle_ms=3
 wait_for_file "$RUN/coordinator.port" 30
 COORD=127.0.0.1:$(cat "$RUN/coordinator.port")
 
@@ -41,6 +44,7 @@ hwm_mb() { awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$1/status" 2>/dev/null |
 # with EXPECTED_CODE.
 flood() {
   local out
+  echo "  (at global step $(global_step "$RUN"), ${SECONDS} s into the test)"
   out=$("$BIN/grps-flood-client" --target="$1" --method="$2" --mib=200 --count=8 \
     ${3:+--token=$3}) || fail "grps-flood-client failed: $out"
   echo "$out" | sed 's/^/  /'
@@ -48,9 +52,9 @@ flood() {
 }
 # rise WHAT BEFORE_MB NOW_MB
 rise() {
-  [ -n "$3" ] || fail "$1: the daemon is gone"
+  [ -n "$3" ] || fail "$1: the daemon is gone (exited before the job ended)"
   echo "$1: peak memory $2 MB before, $3 MB after"
-  [ $(($3 - $2)) -lt 400 ] || fail "$1: peak memory rose by $(($3 - $2)) MB"
+  [ $(($3 - $2)) -lt 800 ] || fail "$1: peak memory rose by $(($3 - $2)) MB"
 }
 
 before=$(hwm_mb "$SERVER_PID")

@@ -659,6 +659,9 @@ absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
   // its heartbeat: its refusal is retried as long as the silence bound.
   const absl::Time refusals_until = absl::Now() + coordinator_timeout_;
   Backoff policy;
+  // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
+  // coordinator's memory quota, busy with someone else's big messages.
+  policy.retry_resource_exhausted = true;
   absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     if (CoordinatorSilence() > coordinator_timeout_)
