@@ -4,7 +4,8 @@
 # Fashion-MNIST to well above chance (a few seconds: long enough to be seen
 # mid-run now that a step of this small model takes about a millisecond),
 # checks `grpsctl status --json` against the live job, and checks that every
-# process exits 0.
+# process exits 0. Worker 0's gRPC health (--health_listen) says NOT_SERVING
+# before it is registered and SERVING once it is.
 set -euo pipefail
 BIN=${1:?usage: e2e_training_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -19,13 +20,35 @@ start coordinator "$BIN/grps-coordinator" --listen=127.0.0.1:0 --port_file="$WOR
   --heartbeat_ms=200 --heartbeat_timeout_ms=3000 --linger_ms=3000
 wait_for_file "$WORK/coordinator.port" 20
 COORD=127.0.0.1:$(cat "$WORK/coordinator.port")
+# Worker 0 comes first, with a health port: NOT_SERVING while it cannot
+# register (no server yet), SERVING once it has.
+HEALTH=127.0.0.1:$(free_port)
+start worker-0 "$BIN/grps-worker" --coordinator="$COORD" --backend=cpu \
+  --curve_csv="$WORK/curve-0.csv" --health_listen="$HEALTH"
+health=""
+for ((i = 0; i < 100; i++)); do
+  health=$("$BIN/grpsctl" health --address="$HEALTH" 2>&1 || true)
+  [[ "$health" == *NOT_SERVING* ]] && break
+  sleep 0.1
+done
+[[ "$health" == *NOT_SERVING* ]] || fail "worker 0's health before the job formed: $health"
+echo "before registration: $health"
 for s in 0 1; do
   start server-$s "$BIN/grps-server" --coordinator="$COORD" --listen=127.0.0.1:0
 done
-for w in 0 1; do
-  start worker-$w "$BIN/grps-worker" --coordinator="$COORD" --backend=cpu \
-    --curve_csv="$WORK/curve-$w.csv"
+start worker-1 "$BIN/grps-worker" --coordinator="$COORD" --backend=cpu \
+  --curve_csv="$WORK/curve-1.csv"
+for ((i = 0; i < 100; i++)); do
+  "$BIN/grpsctl" health --address="$HEALTH" >/dev/null 2>&1 && break
+  sleep 0.1
 done
+health=$("$BIN/grpsctl" health --address="$HEALTH" 2>&1) \
+  || fail "worker 0's health once registered: $health"
+echo "registered: $health"
+other=$("$BIN/grps-flood-client" --target="$HEALTH" --method=/grps.v1.Coordinator/GetJobStatus \
+  --mib=1 --count=1 2>&1 || true)
+[[ "$other" == UNIMPLEMENTED* ]] || fail "worker 0's health port served another method: $other"
+echo "the health port, asked for GetJobStatus: $other"
 # Keep the last snapshot of the job: the coordinator exits when it is done.
 start watch "$BIN/grpsctl" --coordinator="$COORD" --json --interval_ms=200 watch
 

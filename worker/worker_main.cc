@@ -6,12 +6,14 @@
 // coordinator_timeout_ms where the worker needed one), or training failed;
 // 2 on bad flags.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "daemon/metrics.h"
+#include "daemon/security.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
@@ -35,6 +37,10 @@ ABSL_FLAG(int, straggle_ms, 0,
           "experiments: sleep this many milliseconds after each step");
 ABSL_FLAG(int, register_timeout_s, 120,
           "give up if the coordinator does not register us within this time");
+ABSL_FLAG(std::string, health_listen, "",
+          "serve gRPC health, and nothing else, on HOST:PORT (for probes; no "
+          "token needed): NOT_SERVING until the worker is registered, then "
+          "SERVING while it trains and waits for the job to end; empty: no port");
 
 namespace grps {
 namespace {
@@ -103,12 +109,31 @@ int Main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_blas_threads) > 0 && !(*backend)->IsCuda())
     SetCpuBlasThreads(absl::GetFlag(FLAGS_blas_threads));
 
-  // The worker serves no gRPC; its metrics endpoint is also what says it is
-  // alive (deploy/: the liveness probe asks it for /metrics).
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags("grps-worker");
   if (!metrics.ok()) {
     spdlog::error("{}", std::string(metrics.status().message()));
     return 1;
+  }
+  // The worker only calls out; this port answers health checks alone, so
+  // probes ask the worker what they ask every daemon. It serves with the
+  // process's TLS, and a token that no one holds when the job has tokens:
+  // every call but health (reflection) is then refused, and without TLS
+  // the port must be on loopback, as every daemon's.
+  std::optional<GrpcServer> health;
+  if (const std::string listen = absl::GetFlag(FLAGS_health_listen); !listen.empty()) {
+    SecurityConfig security = ProcessSecurity();
+    security.worker_token.clear();
+    if (!security.call_token.empty()) security.admin_token = RandomHexToken();
+    ServerLimits limits;
+    limits.max_receive_bytes = 4 << 10;  // a health check is a few bytes
+    absl::StatusOr<GrpcServer> started = StartGrpcServer(listen, {}, security, limits);
+    if (!started.ok()) {
+      spdlog::error("--health_listen: {}", std::string(started.status().message()));
+      return 1;
+    }
+    started->server->GetHealthCheckService()->SetServingStatus(false);
+    spdlog::info("gRPC health on port {}: NOT_SERVING until registered", started->port);
+    health = std::move(*started);
   }
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
@@ -137,6 +162,8 @@ int Main(int argc, char** argv) {
                    : std::string(),
                reg->generation() > 0 ? absl::StrCat(" (generation ", reg->generation(), ")")
                                      : std::string());
+
+  if (health) health->server->GetHealthCheckService()->SetServingStatus(true);
 
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
