@@ -1,6 +1,7 @@
 #include "server/parameter_server_service.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -534,7 +535,12 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
     absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(store_->ShardStatus().waiting_pulls(), 0u)
       << "cancelled pulls still wait in the store a second later";
+  const absl::Duration left_after = absl::Now() - cancelled;
   const int threads_after = ThreadCount();
+  std::printf("threads: %d before, %d with %d pulls waiting, %d after; the store was empty "
+              "%s after the cancel\n",
+              threads_before, threads_waiting, kPulls, threads_after,
+              absl::FormatDuration(left_after).c_str());
   // A waiting pull is a waiter, not a thread: waiting costs none, and
   // leaving frees none (gRPC's own pollers may come and go by a few).
   EXPECT_LE(threads_waiting, threads_before + 8)
