@@ -286,6 +286,61 @@ TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing)
   EXPECT_EQ(shards.store(0).ShardStatus().pushes(), 1u);
 }
 
+TEST_F(SecurityTest, EveryParameterServerRpcWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
+  absl::StatusOr<v1::ShardMap> map = OneTensorMap(config_, 16);
+  ASSERT_TRUE(map.ok());
+  InProcessShards shards;
+  ASSERT_TRUE(shards.Serve(config_, &*map, Served()).ok());
+  shards.SetLiveWorkers(2);
+  const std::string key = MemberKey(kAdmin);
+  for (const std::string token : {std::string(), std::string("wrong-token")}) {
+    SCOPED_TRACE(token.empty() ? "no token" : "wrong token");
+    auto stub = v1::ParameterServer::NewStub(
+        MakeChannel(map->shards(0).address(), Caller(token), false));
+    // With rank 0's real member secret: the token is checked first.
+    auto context = [&] {
+      auto c = Context();
+      c->AddMetadata("grps-member-secret",
+                     MemberSecret(key, "secure-job", MemberKind::kWorker, 0, 1));
+      return c;
+    };
+    v1::PushRequest push;
+    push.set_job_id("secure-job");
+    push.set_incarnation(1);
+    push.set_num_samples(1);
+    v1::ChunkData* chunk = push.add_chunks();
+    chunk->set_dtype(v1::DTYPE_F32);
+    chunk->set_data(std::string(16 * sizeof(float), '\0'));
+    v1::PushResponse push_reply;
+    EXPECT_EQ(stub->Push(context().get(), push, &push_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::PullRequest pull;
+    pull.set_job_id("secure-job");
+    pull.add_chunk_ids(0);
+    v1::PullResponse pull_reply;
+    EXPECT_EQ(stub->Pull(context().get(), pull, &pull_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::SparsePushRequest push_sparse;
+    push_sparse.set_job_id("secure-job");
+    v1::SparsePushResponse push_sparse_reply;
+    EXPECT_EQ(stub->PushSparse(context().get(), push_sparse, &push_sparse_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::SparsePullRequest pull_sparse;
+    pull_sparse.set_job_id("secure-job");
+    v1::SparsePullResponse pull_sparse_reply;
+    EXPECT_EQ(stub->PullSparse(context().get(), pull_sparse, &pull_sparse_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ShardStatus status_reply;
+    EXPECT_EQ(stub->GetShardStatus(context().get(), {}, &status_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  const v1::ShardStatus status = shards.store(0).ShardStatus();
+  EXPECT_EQ(status.pushes(), 0u);
+  EXPECT_EQ(status.updates_applied(), 0u);
+  EXPECT_EQ(status.bytes_in(), 0u);
+  EXPECT_EQ(status.bytes_out(), 0u);
+}
+
 TEST(SecurityConfigTest, ATokenWithoutTlsIsOnlyServedOnLoopback) {
   absl::StatusOr<GrpcServer> server = StartGrpcServer("0.0.0.0:0", {}, Served());
   ASSERT_FALSE(server.ok());
