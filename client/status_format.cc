@@ -269,6 +269,9 @@ std::string FormatWorkersTable(const v1::JobStatus& status) {
     if (status.has_evaluator_rank() && status.evaluator_rank() == w.rank())
       notes.push_back("eval");
     if (w.straggler()) notes.push_back("straggler");
+    if (p.gradient_norm() > 0)
+      notes.push_back(absl::StrCat("clipped ", p.clipped_steps(), " (norm ",
+                                   Fixed(p.gradient_norm(), 2), ")"));
     std::vector<std::string> row = {
         absl::StrCat(w.rank()), MemberStateName(w.state()),
         p.total_steps() > 0 ? absl::StrCat(p.step(), "/", p.total_steps())

@@ -229,6 +229,16 @@ TEST(WorkersTable, ShowsLateGradientsAndNotesTheEvaluator) {
   EXPECT_THAT(Lines(FormatWorkersTable(s))[2], HasSubstr("eval, straggler"));
 }
 
+TEST(WorkersTable, NotesHowOftenAClippingWorkerClippedAndItsGradientNorm) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_workers(0)->mutable_progress()->set_clipped_steps(37);
+  s.mutable_workers(0)->mutable_progress()->set_gradient_norm(2.345f);
+  std::vector<std::string> lines = Lines(FormatWorkersTable(s));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[1], HasSubstr("clipped 37 (norm 2.35)"));
+  EXPECT_THAT(lines[2], Not(HasSubstr("clipped")));  // this job does not clip
+}
+
 TEST(WorkersTable, ShowsTheLateColumnWithBackupWorkers) {
   v1::JobStatus s = RunningJob();
   s.mutable_config()->set_backup_workers(1);

@@ -117,6 +117,15 @@ ABSL_FLAG(float, topk, Defaults().gradient_topk(),
           "push only this fraction of each chunk's gradient elements, the largest, "
           "keeping the rest on the worker for its next push (top-k with error "
           "feedback); 0 = whole gradients");
+ABSL_FLAG(uint32_t, accumulate_steps, Defaults().accumulate_steps(),
+          "dense models: each push carries the mean gradient of this many local "
+          "batches of --batch (gradient accumulation; 0 or 1 = one)");
+ABSL_FLAG(float, clip_norm, Defaults().clip_norm(),
+          "scale each worker's gradient down to this global L2 norm before the "
+          "push when it is longer (0 = no clipping by norm)");
+ABSL_FLAG(float, clip_value, Defaults().clip_value(),
+          "clamp each gradient element to [-v, v] before the push (0 = no "
+          "clipping by value)");
 ABSL_FLAG(uint32_t, eval_every, Defaults().eval_every_steps(),
           "evaluate test accuracy every this many steps (0 = only at the end)");
 ABSL_FLAG(uint32_t, heartbeat_ms, Defaults().heartbeat_interval_ms(),
@@ -270,6 +279,9 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   c.set_wire_dtype(*wire);
 
   c.set_gradient_topk(absl::GetFlag(FLAGS_topk));
+  c.set_accumulate_steps(absl::GetFlag(FLAGS_accumulate_steps));
+  c.set_clip_norm(absl::GetFlag(FLAGS_clip_norm));
+  c.set_clip_value(absl::GetFlag(FLAGS_clip_value));
   c.set_eval_every_steps(absl::GetFlag(FLAGS_eval_every));
   c.set_heartbeat_interval_ms(absl::GetFlag(FLAGS_heartbeat_ms));
   c.set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));

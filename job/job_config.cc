@@ -143,6 +143,15 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return bad("wire_dtype must be f32, f16 or bf16");
   if (!(c.gradient_topk() >= 0 && c.gradient_topk() <= 1))
     return bad("gradient_topk must be in [0, 1] (0: send gradients whole)");
+  if (c.accumulate_steps() > 1024) return bad("accumulate_steps must be in [0, 1024]");
+  if (AccumulateSteps(c) > 1 && c.model() == v1::MODEL_EMBEDDING)
+    return bad("accumulate_steps applies to dense models (mlp, softmax) only");
+  if (static_cast<uint64_t>(c.batch_size()) * AccumulateSteps(c) > 65536)
+    return bad("batch_size x accumulate_steps must be at most 65536");
+  if (!(c.clip_norm() >= 0) || !std::isfinite(c.clip_norm()))
+    return bad("clip_norm must be a number >= 0 (0: no clipping by norm)");
+  if (!(c.clip_value() >= 0) || !std::isfinite(c.clip_value()))
+    return bad("clip_value must be a number >= 0 (0: no clipping by value)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
     return bad("backup_workers applies to sync mode only");
   if (c.backup_workers() >= c.num_workers())
@@ -351,10 +360,19 @@ float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
   return lr;
 }
 
+uint32_t AccumulateSteps(const v1::JobConfig& config) {
+  return std::max<uint32_t>(1, config.accumulate_steps());
+}
+
+uint64_t StepExamples(const v1::JobConfig& config) {
+  return static_cast<uint64_t>(std::max<uint32_t>(1, config.batch_size())) *
+         AccumulateSteps(config);
+}
+
 uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples) {
   if (config.steps() > 0) return config.steps();
   uint64_t per_worker = train_examples / std::max<uint32_t>(1, config.num_workers());
-  uint64_t per_epoch = per_worker / std::max<uint32_t>(1, config.batch_size());
+  uint64_t per_epoch = per_worker / StepExamples(config);
   return std::max<uint64_t>(1, per_epoch * config.epochs());
 }
 

@@ -65,8 +65,14 @@ float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step);
 float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
                         uint64_t staleness);
 
+// Local batches a push carries (accumulate_steps, at least 1), and the
+// examples of one worker's step: batch_size x AccumulateSteps.
+uint32_t AccumulateSteps(const v1::JobConfig& config);
+uint64_t StepExamples(const v1::JobConfig& config);
+
 // Steps per worker: config.steps if set, else
-// epochs * floor(floor(train_examples / num_workers) / batch_size), at least 1.
+// epochs * floor(floor(train_examples / num_workers) / StepExamples), at
+// least 1.
 uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples);
 
 }  // namespace grps

@@ -134,6 +134,14 @@ ABSL_FLAG(std::optional<std::string>, wire_dtype, std::nullopt,
           "dtype on the wire: f32, f16 or bf16");
 ABSL_FLAG(std::optional<float>, topk, std::nullopt,
           "push only this fraction of each gradient (top-k with error feedback)");
+ABSL_FLAG(std::optional<uint32_t>, accumulate_steps, std::nullopt,
+          "dense models: each push carries the mean gradient of this many local "
+          "batches of --batch (gradient accumulation)");
+ABSL_FLAG(std::optional<float>, clip_norm, std::nullopt,
+          "scale each worker's gradient down to this global L2 norm before the push "
+          "when it is longer");
+ABSL_FLAG(std::optional<float>, clip_value, std::nullopt,
+          "clamp each gradient element to [-v, v] before the push");
 ABSL_FLAG(std::optional<uint32_t>, eval_every, std::nullopt,
           "evaluate every this many steps (0 = only at the end)");
 ABSL_FLAG(std::optional<uint32_t>, heartbeat_ms, std::nullopt, "heartbeat interval (ms)");
@@ -171,6 +179,7 @@ constexpr const char* kJobFlags[] = {
     "weight_decay", "warmup_steps", "decay_steps", "decay_rate",  "batch",
     "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
     "seed",         "chunk_kb",    "wire_dtype", "topk",         "eval_every",
+    "accumulate_steps", "clip_norm", "clip_value",
     "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
     "backup_workers",              "late_gradients",

@@ -249,7 +249,16 @@ RunResult ResultOf(const LaunchOptions& options,
     if (config.num_workers() > 0) r.workers = config.num_workers();
     r.steps = static_cast<uint64_t>(std::llround(ProgressOf(*latest).step));
     uint64_t samples = 0;
-    for (const v1::WorkerStatus& w : latest->workers()) samples += w.progress().samples();
+    int norms = 0;
+    for (const v1::WorkerStatus& w : latest->workers()) {
+      samples += w.progress().samples();
+      r.clipped_steps += w.progress().clipped_steps();
+      if (w.progress().gradient_norm() > 0) {
+        r.gradient_norm += w.progress().gradient_norm();
+        ++norms;
+      }
+    }
+    if (norms > 0) r.gradient_norm /= norms;
     if (wall_seconds > 0) r.samples_per_sec = samples / wall_seconds;
     r.backup_workers = config.backup_workers();
     r.staleness_bound = config.staleness_bound();
@@ -300,6 +309,8 @@ std::string ResultJson(const RunResult& r) {
       ",\"staleness_mean\":", JsonNumber(r.staleness_mean),
       ",\"staleness_max\":", r.staleness_max,
       ",\"staleness_histogram\":", JsonArray(r.staleness_histogram),
+      ",\"clipped_steps\":", r.clipped_steps,
+      ",\"gradient_norm\":", JsonNumber(r.gradient_norm),
       ",\"exit\":", JsonString(r.exit));
   if (r.exit != "ok") absl::StrAppend(&json, ",\"error\":", JsonString(r.error));
   return json + "}\n";

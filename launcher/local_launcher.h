@@ -177,6 +177,10 @@ struct RunResult {
   double staleness_mean = 0;
   uint64_t staleness_max = 0;
   std::vector<uint64_t> staleness_histogram;
+  // Gradient clipping (zero when the job does not clip): steps clipped, over
+  // every worker, and the workers' mean recent gradient norm before it.
+  uint64_t clipped_steps = 0;
+  double gradient_norm = 0;
 };
 
 // Fills the job's figures from the launch options, then from the newest

@@ -8,6 +8,13 @@
 //                                      values, optimizer state and update
 //                                      counts; 1 with the first difference
 //                                      otherwise
+//   grps-checkpoint-diff --tolerance R DIR_A DIR_B
+//                                      the same, but chunk values and
+//                                      optimizer state need only agree
+//                                      within R: |a - b| <= R (1e-3 + |a|)
+//                                      element by element (float rounding
+//                                      of the same computation in another
+//                                      order); prints the largest difference
 //   grps-checkpoint-diff --step DIR    prints the checkpoint's step
 //   grps-checkpoint-diff --newest ROOT prints the newest complete checkpoint
 //                                      folder under ROOT (exit 1 if none)
@@ -16,7 +23,9 @@
 // chunks are compared by id, the rows by table and id. For tests and drills
 // (docs/durability.md).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -30,7 +39,7 @@ namespace {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: grps-checkpoint-diff DIR_A DIR_B\n"
+               "usage: grps-checkpoint-diff [--tolerance R] DIR_A DIR_B\n"
                "       grps-checkpoint-diff --step DIR\n"
                "       grps-checkpoint-diff --newest ROOT\n");
   return 2;
@@ -62,6 +71,20 @@ std::map<int64_t, Row> RowsOf(const v1::TableState& t) {
     row.updates = t.updates_size() == 0 ? 0 : t.updates(i);
   }
   return rows;
+}
+
+// The largest |a - b| / (1e-3 + |a|) over two f32 arrays of the same size.
+double LargestDifference(const std::string& a, const std::string& b) {
+  const size_t n = std::min(a.size(), b.size()) / sizeof(float);
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float x, y;
+    std::memcpy(&x, a.data() + i * sizeof(float), sizeof(float));
+    std::memcpy(&y, b.data() + i * sizeof(float), sizeof(float));
+    const double d = std::fabs(double(x) - y) / (1e-3 + std::fabs(double(x)));
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return worst;
 }
 
 // The first difference between the tables of `a` and `b` (matched by name),
@@ -108,6 +131,14 @@ int Main(int argc, char** argv) {
     std::printf("%s\n", choice->dir.c_str());
     return 0;
   }
+  double tolerance = -1;  // bit-identical
+  if (argc == 5 && std::strcmp(argv[1], "--tolerance") == 0) {
+    char* end = nullptr;
+    tolerance = std::strtod(argv[2], &end);
+    if (end == argv[2] || *end != '\0' || !(tolerance >= 0)) return Usage();
+    argv += 2;
+    argc -= 2;
+  }
   if (argc != 3 || argv[1][0] == '-') return Usage();
   v1::CheckpointManifest ma, mb;
   absl::StatusOr<ShardState> sa = Everything(argv[1], &ma);
@@ -124,15 +155,23 @@ int Main(int argc, char** argv) {
   const std::vector<v1::ChunkState>* a = &sa->chunks;
   const std::vector<v1::ChunkState>* b = &sb->chunks;
   uint64_t bytes = 0;
+  double largest = 0;
+  // Equal, or within the tolerance when there is one.
+  auto differ = [&](const std::string& u, const std::string& v) {
+    if (tolerance < 0 || u.size() != v.size()) return u != v;
+    const double d = LargestDifference(u, v);
+    largest = std::max(largest, d);
+    return d > tolerance;
+  };
   for (size_t i = 0; i < a->size(); ++i) {
     const v1::ChunkState& x = (*a)[i];
     const v1::ChunkState& y = (*b)[i];
     std::string what;
     if (x.version() != y.version()) what = "version";
-    else if (x.values() != y.values()) what = "values";
+    else if (differ(x.values(), y.values())) what = "values";
     else if (x.optimizer_state_size() != y.optimizer_state_size()) what = "optimizer state";
     for (int k = 0; what.empty() && k < x.optimizer_state_size(); ++k)
-      if (x.optimizer_state(k) != y.optimizer_state(k)) what = "optimizer state";
+      if (differ(x.optimizer_state(k), y.optimizer_state(k))) what = "optimizer state";
     if (!what.empty()) {
       std::printf("chunk %u differs in its %s (versions %llu and %llu)\n", x.chunk_id(),
                   what.c_str(), static_cast<unsigned long long>(x.version()),
@@ -146,8 +185,10 @@ int Main(int argc, char** argv) {
     std::printf("%s\n", what.c_str());
     return 1;
   }
-  std::printf("identical: %zu chunks, %llu bytes of values, %llu sparse rows, steps %llu and %llu\n",
-              a->size(), static_cast<unsigned long long>(bytes),
+  if (tolerance >= 0)
+    std::printf("within %g (largest relative difference %.3g): ", tolerance, largest);
+  std::printf("%s: %zu chunks, %llu bytes of values, %llu sparse rows, steps %llu and %llu\n",
+              tolerance >= 0 ? "same" : "identical", a->size(), static_cast<unsigned long long>(bytes),
               static_cast<unsigned long long>(rows), static_cast<unsigned long long>(ma.step()),
               static_cast<unsigned long long>(mb.step()));
   return 0;

@@ -4,7 +4,9 @@
 // bound 0 trains like sync: with plain SGD its per-gradient updates of lr / 2
 // on the weights of the same clock add up to sync's averaged step. Runs real
 // shards (the ParameterServer service over gRPC on loopback) and the
-// worker's own MlpModel and ParameterClient.
+// worker's own MlpModel and ParameterClient. Gradient accumulation is exact
+// the same way: k local batches of B, pushed as their mean, equal one batch
+// of k x B.
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -53,10 +55,13 @@ v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer,
 }
 
 // Trains kSteps with `workers` workers; step s uses examples
-// [s * 2B, (s + 1) * 2B), split evenly among the workers in rank order.
+// [s * 2B, (s + 1) * 2B), split evenly among the workers in rank order. A
+// worker that accumulates computes its share as `accumulate` local batches
+// and pushes their mean gradient (MlpModel::AccumulateGradients, as the
+// trainer does).
 std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
                          const Data& data,
-                         v1::ConsistencyMode mode = v1::MODE_SYNC) {
+                         v1::ConsistencyMode mode = v1::MODE_SYNC, int accumulate = 1) {
   v1::JobConfig config = Config(workers, optimizer, mode);
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
   InProcessShards shards(config, &map);
@@ -65,17 +70,21 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
   for (uint32_t rank = 0; rank < workers; ++rank) {
     threads.emplace_back([&, rank] {
       std::unique_ptr<Backend> backend = CreateCpuBackend();
-      MlpModel model(backend.get(), LayerWidths(config), per_worker);
+      const int local = per_worker / accumulate;
+      MlpModel model(backend.get(), LayerWidths(config), local);
       ParameterClient client(config, map, rank, /*incarnation=*/1);
       std::vector<float> params(client.num_parameters()), grads(params.size());
       for (int step = 0; step < kSteps; ++step) {
         const absl::Status pulled = client.Pull(step, absl::Seconds(20), params.data());
         ASSERT_TRUE(pulled.ok()) << "step " << step << ": " << pulled;
         model.SetParameters(params.data());
-        const int first = step * 2 * kBatch + rank * per_worker;
-        model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], per_worker,
-                              nullptr);
-        model.GetGradients(grads.data());
+        for (int j = 0; j < accumulate; ++j) {
+          const int first = step * 2 * kBatch + rank * per_worker + j * local;
+          model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], local, nullptr);
+          if (accumulate > 1) model.AccumulateGradients(/*first=*/j == 0);
+        }
+        if (accumulate > 1) model.GetMeanGradients(grads.data(), accumulate);
+        else model.GetGradients(grads.data());
         const absl::StatusOr<ParameterClient::PushOutcome> pushed =
             client.Push(step, grads.data(), per_worker, absl::Seconds(5));
         ASSERT_TRUE(pushed.ok()) << "step " << step << ": " << pushed.status();
@@ -138,6 +147,22 @@ TEST(SspEquivalence, SspWithBoundZeroGivesTheWeightsOfSyncWithSgd) {
   ExpectSame(Train(2, v1::OPTIMIZER_SGD, data, v1::MODE_SYNC),
              Train(2, v1::OPTIMIZER_SGD, data, v1::MODE_SSP),
              InitialWeights(v1::OPTIMIZER_SGD), "ssp(0) and sync");
+}
+
+// Gradient accumulation (JobConfig.accumulate_steps): k local batches of B
+// pushed as one mean gradient train exactly as one batch of k x B.
+TEST(AccumulationEquivalence, FourBatchesOfBOverFourAccumulatedEqualOneBatchOf2BWithMomentum) {
+  Data data = MakeData(2 * kBatch * kSteps);
+  ExpectSame(Train(1, v1::OPTIMIZER_MOMENTUM, data),
+             Train(1, v1::OPTIMIZER_MOMENTUM, data, v1::MODE_SYNC, /*accumulate=*/4),
+             InitialWeights(v1::OPTIMIZER_MOMENTUM), "4 accumulated x B/2 and 1 x 2B");
+}
+
+TEST(AccumulationEquivalence, TwoWorkersAccumulatingTwoBatchesEqualOneWorkerOf2BWithAdam) {
+  Data data = MakeData(2 * kBatch * kSteps);
+  ExpectSame(Train(1, v1::OPTIMIZER_ADAM, data),
+             Train(2, v1::OPTIMIZER_ADAM, data, v1::MODE_SYNC, /*accumulate=*/2),
+             InitialWeights(v1::OPTIMIZER_ADAM), "2 workers x 2 accumulated x B/2 and 1 x 2B");
 }
 
 }  // namespace

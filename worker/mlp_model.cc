@@ -38,6 +38,21 @@ void MlpModel::GetGradients(float* host_grads) {
   backend_->CopyToHost(host_grads, grads_.data(), num_params_ * sizeof(float));
 }
 
+void MlpModel::AccumulateGradients(bool first) {
+  if (grad_sum_.data() == nullptr)
+    grad_sum_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
+  if (first)
+    backend_->CopyOnDevice(grad_sum_.data(), grads_.data(), num_params_ * sizeof(float));
+  else
+    backend_->Axpy(1.0f, grads_.f32(), grad_sum_.f32(), num_params_);
+}
+
+void MlpModel::GetMeanGradients(float* host_grads, int count) {
+  assert(grad_sum_.data() != nullptr && count > 0);
+  if (count > 1) backend_->Scale(1.0f / static_cast<float>(count), grad_sum_.f32(), num_params_);
+  backend_->CopyToHost(host_grads, grad_sum_.data(), num_params_ * sizeof(float));
+}
+
 void MlpModel::GetInputGradient(float* host_dx) {
   assert(backward_batch_ > 0);
   if (input_grad_.data() == nullptr) {

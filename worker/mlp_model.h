@@ -44,6 +44,11 @@ class MlpModel {
                         int batch, int64_t* correct);
   // Copies the gradient of the last ForwardBackward to host memory.
   void GetGradients(float* host_grads);
+  // Gradient accumulation, in backend memory: AccumulateGradients adds the
+  // gradient of the last ForwardBackward to a sum (`first`: starts a new
+  // sum with it); GetMeanGradients writes sum / count to host memory.
+  void AccumulateGradients(bool first);
+  void GetMeanGradients(float* host_grads, int count);
   // Writes d(mean loss)/d(input) of the last ForwardBackward to host memory:
   // batch x widths()[0] floats, row-major like host_x. Computed on demand
   // (one Gemm) from the parameters of that pass, so it requires that a
@@ -76,6 +81,7 @@ class MlpModel {
   // current; 0 when there is none (GetInputGradient's precondition).
   int backward_batch_ = 0;
   DeviceBuffer input_grad_;  // max_batch x widths[0], allocated on first use
+  DeviceBuffer grad_sum_;    // AccumulateGradients' sum, allocated on first use
 };
 
 }  // namespace grps

@@ -48,6 +48,7 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       backend_(backend),
       options_(std::move(options)),
       params_(config_, registration.shard_map(), rank_, incarnation_),
+      clip_limits_{config_.clip_value(), config_.clip_norm()},
       metrics_(rank_) {
   const std::vector<int64_t> widths = LayerWidths(config_);
   const int batch = static_cast<int>(config_.batch_size());
@@ -434,28 +435,33 @@ int64_t Trainer::TrainExamples() const {
   return embedding_ != nullptr ? sparse_train_.num_examples() : train_.num_examples();
 }
 
-absl::StatusOr<float> Trainer::DenseStep(absl::Span<const int64_t> idx) {
-  const int batch = static_cast<int>(idx.size());
-  thread_local std::vector<float> x;
-  thread_local std::vector<int32_t> y;
-  x.resize(idx.size() * train_.num_features());
-  y.resize(idx.size());
-  if (absl::Status s = train_.Gather(idx, absl::MakeSpan(x), absl::MakeSpan(y)); !s.ok())
-    return s;
+absl::StatusOr<float> Trainer::DenseStep(const StepBatch& batch) {
+  // accumulate_steps local batches of batch_size, summed on the backend.
+  const int local = static_cast<int>(config_.batch_size());
+  const int count = static_cast<int>(AccumulateSteps(config_));
+  const int64_t features = train_.num_features();
   model_->SetParameters(host_params_.data());
-  const float loss = model_->ForwardBackward(x.data(), y.data(), batch, nullptr);
-  model_->GetGradients(host_grads_.data());
-  return loss;
+  double loss = 0;
+  for (int j = 0; j < count; ++j) {
+    loss += model_->ForwardBackward(batch.x.data() + j * local * features,
+                                    batch.y.data() + j * local, local, nullptr);
+    if (count > 1) model_->AccumulateGradients(/*first=*/j == 0);
+  }
+  if (count > 1) model_->GetMeanGradients(host_grads_.data(), count);
+  else model_->GetGradients(host_grads_.data());
+  Clip({});
+  return static_cast<float>(loss / count);
 }
 
-absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, absl::Span<const int64_t> idx) {
-  if (absl::Status s = sparse_train_.Gather(idx, &raw_batch_); !s.ok()) return s;
-  if (absl::Status s = sparse_batch_.Build({raw_batch_.offsets, raw_batch_.ids,
-                                            raw_batch_.values, raw_batch_.labels},
-                                           hash_rows_);
-      !s.ok())
-    return s;
-  const std::vector<int64_t>& ids = sparse_batch_.unique_ids();
+void Trainer::Clip(absl::Span<float> rows) {
+  if (clip_limits_.norm <= 0 && clip_limits_.value <= 0) return;
+  const absl::Span<float> parts[] = {absl::MakeSpan(host_grads_), rows};
+  clip_ = ClipGradient(clip_limits_, parts);
+}
+
+absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& batch) {
+  const SparseBatch& sparse_batch = batch.sparse;
+  const std::vector<int64_t>& ids = sparse_batch.unique_ids();
   rows_.resize(ids.size() * embedding_->embedding_dim());
   // The rows as of this clock: the pull waits at the shards as the dense
   // one does.
@@ -465,13 +471,19 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, absl::Span<const int
       !s.ok())
     return s;
   embedding_->SetHeadParameters(host_params_.data());
-  const float loss = embedding_->ForwardBackward(sparse_batch_, rows_.data(), nullptr);
+  const float loss = embedding_->ForwardBackward(sparse_batch, rows_.data(), nullptr);
   if (!std::isfinite(loss)) return loss;  // the caller says so; nothing is pushed
   embedding_->GetHeadGradients(host_grads_.data());
+  const float* row_grads = embedding_->row_gradients().data();
+  if (clip_limits_.norm > 0 || clip_limits_.value > 0) {
+    row_grads_.assign(embedding_->row_gradients().begin(), embedding_->row_gradients().end());
+    Clip(absl::MakeSpan(row_grads_));
+    row_grads = row_grads_.data();
+  }
   // The rows' gradients first: this push returns at once, while the head's
   // (in PushGradients) may wait for the next weights.
   absl::StatusOr<SparseClient::PushOutcome> pushed = sparse_->Push(
-      kEmbeddingTable, step, ids, embedding_->row_gradients().data(), PushRetry());
+      kEmbeddingTable, step, ids, row_grads, PushRetry());
   if (!pushed.ok()) {
     if (Interrupted() != Interrupt::kNone) return pushed.status();
     if (pushed.status().code() == absl::StatusCode::kAborted)
@@ -514,34 +526,62 @@ absl::Status Trainer::Run() {
 }
 
 absl::Status Trainer::Train(uint64_t total) {
-  const int64_t batch = config_.batch_size();
+  const int64_t batch = static_cast<int64_t>(StepExamples(config_));
   absl::StatusOr<PartitionRange> part =
       PartitionForRank(TrainExamples(), rank_, config_.num_workers());
   if (!part.ok()) return part.status();
   // Every worker runs the same number of steps per epoch, so sync steps line
-  // up: floor(floor(N / workers) / batch).
+  // up: floor(floor(N / workers) / (batch_size x accumulate_steps)).
   const uint64_t per_epoch = std::max<uint64_t>(
       1, TrainExamples() / config_.num_workers() / batch);
   if (part->size() < batch)
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", rank_, "'s partition has ", part->size(),
-        " examples, fewer than one batch of ", batch));
-  EpochShuffler shuffler(config_.seed(), *part);
+        " examples, fewer than one step's ", batch));
   uint64_t step = next_step_;
   uint64_t resumed_at = step;
   // (After a roll-back, TakeRollBack says where training resumes.)
   if (Interrupted() != Interrupt::kRollBack)
-    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}",
+    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}",
                rank_, step, total, per_epoch, part->begin, part->end,
                backend_->Name(),
+               AccumulateSteps(config_) > 1
+                   ? absl::StrCat("; each step accumulates ", AccumulateSteps(config_),
+                                  " batches of ", config_.batch_size())
+                   : std::string(),
                options_.straggler.active()
                    ? absl::StrCat("; straggles: ", options_.straggler.Describe())
                    : std::string());
 
+  // The loader thread prepares step + 1's examples while this thread
+  // trains on step's. It keeps the epoch's batch order (shuffled per epoch).
+  EpochShuffler shuffler(config_.seed(), *part);
+  int64_t order_epoch = -1;
+  std::optional<BatchIterator> order;
+  BatchLoader<StepBatch> loader([&](uint64_t s, StepBatch* out) -> absl::Status {
+    const int64_t epoch = static_cast<int64_t>(s / per_epoch);
+    if (epoch != order_epoch) {
+      absl::StatusOr<BatchIterator> it =
+          BatchIterator::Create(shuffler.Order(epoch), batch, LastBatch::kDrop);
+      if (!it.ok()) return it.status();
+      order.emplace(std::move(*it));
+      order_epoch = epoch;
+    }
+    const absl::Span<const int64_t> idx = order->Batch(static_cast<int64_t>(s % per_epoch));
+    if (embedding_ == nullptr) {
+      out->x.resize(idx.size() * train_.num_features());
+      out->y.resize(idx.size());
+      return train_.Gather(idx, absl::MakeSpan(out->x), absl::MakeSpan(out->y));
+    }
+    if (absl::Status st = sparse_train_.Gather(idx, &out->raw); !st.ok()) return st;
+    return out->sparse.Build({out->raw.offsets, out->raw.ids, out->raw.values, out->raw.labels},
+                             hash_rows_);
+  });
+
   absl::Time window_start = absl::Now();
   uint64_t window_samples = 0;
   double loss_ema = -1;
-  int64_t epoch_loaded = -1;
+  double norm_ema = -1;
   uint64_t late = 0, too_stale = 0;
   // The client's byte counts when the metrics last took them.
   auto bytes_pushed = [this] {
@@ -551,7 +591,6 @@ absl::Status Trainer::Train(uint64_t total) {
     return params_.bytes_pulled() + (sparse_ != nullptr ? sparse_->bytes_pulled() : 0);
   };
   uint64_t bytes_pushed_seen = bytes_pushed(), bytes_pulled_seen = bytes_pulled();
-  std::unique_ptr<BatchIterator> batches;
   // The clock whose weights the last push's replies brought into
   // host_params_ (see PushGradients).
   std::optional<uint64_t> pulled_for;
@@ -560,20 +599,16 @@ absl::Status Trainer::Train(uint64_t total) {
     // checkpoint's step, as a restart's start_step does.
     if (TakeRollBack(total, &step)) {
       resumed_at = step;
-      epoch_loaded = -1;
       pulled_for.reset();
     }
     if (Interrupted() != Interrupt::kNone) break;
     if (step >= total) break;
     const absl::Time step_start = absl::Now();
     const int64_t epoch = step / per_epoch;
-    if (epoch != epoch_loaded) {
-      absl::StatusOr<BatchIterator> it =
-          BatchIterator::Create(shuffler.Order(epoch), batch, LastBatch::kDrop);
-      if (!it.ok()) return it.status();
-      batches = std::make_unique<BatchIterator>(std::move(*it));
-      epoch_loaded = epoch;
-    }
+    absl::StatusOr<StepBatch*> examples = loader.Take(
+        step, options_.load_ahead && step + 1 < total ? std::optional<uint64_t>(step + 1)
+                                                       : std::nullopt);
+    if (!examples.ok()) return examples.status();
     if (pulled_for != step) {
       if (absl::Status s = PullWeights(step); !s.ok()) {
         if (Interrupted() != Interrupt::kNone) continue;
@@ -586,9 +621,8 @@ absl::Status Trainer::Train(uint64_t total) {
     if (config_.eval_every_steps() > 0 && step > resumed_at &&
         step % config_.eval_every_steps() == 0 && IsEvaluator())
       evaluator_->Submit(step, host_params_);
-    absl::Span<const int64_t> idx = batches->Batch(step % per_epoch);
-    absl::StatusOr<float> computed =
-        embedding_ != nullptr ? EmbeddingStep(step, idx) : DenseStep(idx);
+    absl::StatusOr<float> computed = embedding_ != nullptr ? EmbeddingStep(step, **examples)
+                                                           : DenseStep(**examples);
     if (!computed.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
       return computed.status();
@@ -621,6 +655,11 @@ absl::Status Trainer::Train(uint64_t total) {
     metrics_.loss.Set(loss_ema);
     if (pushed->late > 0) metrics_.late_pushes.Increment();
     if (pushed->too_stale > 0) metrics_.too_stale_pushes.Increment();
+    if (clip_.has_value()) {
+      norm_ema = norm_ema < 0 ? clip_->norm : 0.95 * norm_ema + 0.05 * clip_->norm;
+      metrics_.gradient_norm.Set(norm_ema);
+      if (clip_->clipped()) metrics_.clipped_steps.Increment();
+    }
     const uint64_t pushed_bytes = bytes_pushed(), pulled_bytes = bytes_pulled();
     metrics_.pushed_bytes.Increment(static_cast<double>(pushed_bytes - bytes_pushed_seen));
     metrics_.pulled_bytes.Increment(static_cast<double>(pulled_bytes - bytes_pulled_seen));
@@ -633,6 +672,10 @@ absl::Status Trainer::Train(uint64_t total) {
       progress_.set_epoch(static_cast<uint32_t>(epoch));
       progress_.set_loss(static_cast<float>(loss_ema));
       progress_.set_samples(progress_.samples() + batch);
+      if (clip_.has_value()) {
+        progress_.set_gradient_norm(static_cast<float>(norm_ema));
+        if (clip_->clipped()) progress_.set_clipped_steps(progress_.clipped_steps() + 1);
+      }
       // The rate covers about a second; the last step publishes its window
       // however short, so that a run shorter than a second has a rate too.
       const double window = absl::ToDoubleSeconds(now - window_start);

@@ -44,8 +44,10 @@
 #include "data/sparse_dataset.h"
 #include "proto/grps.grpc.pb.h"
 #include "tensor/backend.h"
+#include "worker/batch_loader.h"
 #include "worker/embedding_model.h"
 #include "worker/evaluator.h"
+#include "worker/gradient_clipping.h"
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_batch.h"
@@ -58,6 +60,9 @@ namespace grps {
 struct TrainerOptions {
   std::string curve_csv;  // training curve, one row per report; "" = none
   Straggler straggler;    // injected slowness (none by default)
+  // Prepare the next step's batch on the data-loading thread while this one
+  // trains; false: in the training thread (for comparisons).
+  bool load_ahead = true;
 };
 
 // Runs in the calling thread; a heartbeat thread runs beside it.
@@ -103,13 +108,25 @@ class Trainer {
 
   absl::Status LoadData();
   int64_t TrainExamples() const;
-  // One step's gradients of the batch `idx` (indices into the training
-  // set), computed on the weights in host_params_: the dense model's into
-  // host_grads_; the embedding model's head gradients into host_grads_,
-  // after pulling the batch's rows (clock `step`) and before pushing their
-  // gradients. Returns the batch's mean loss.
-  absl::StatusOr<float> DenseStep(absl::Span<const int64_t> idx);
-  absl::StatusOr<float> EmbeddingStep(uint64_t step, absl::Span<const int64_t> idx);
+  // One step's examples, as the BatchLoader prepares them: the dense
+  // model's inputs and labels (accumulate_steps local batches, one after
+  // the other), or the embedding model's batch hashed into row ids.
+  struct StepBatch {
+    std::vector<float> x;
+    std::vector<int32_t> y;
+    SparseDataset::Batch raw;
+    SparseBatch sparse;
+  };
+  // One step's gradient, computed on the weights in host_params_ and
+  // clipped as the job says: the dense model's (the mean over its local
+  // batches) into host_grads_; the embedding model's head gradients into
+  // host_grads_, after pulling the batch's rows (clock `step`) and before
+  // pushing their gradients. Returns the mean loss.
+  absl::StatusOr<float> DenseStep(const StepBatch& batch);
+  absl::StatusOr<float> EmbeddingStep(uint64_t step, const StepBatch& batch);
+  // Clips host_grads_ and `rows` (the embedding rows' gradients, or empty)
+  // as one gradient, when the job clips; notes how in clip_.
+  void Clip(absl::Span<float> rows);
   // Retries `attempt` (a pull that may wait at the shards for `clock`, at
   // most a pull slice at a time) until it succeeds, the job ends or rolls
   // back (CANCELLED), it fails otherwise than by waiting or an unavailable
@@ -164,11 +181,12 @@ class Trainer {
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
   uint64_t hash_rows_ = 0;          // FeatureHashRows of the data
-  SparseDataset::Batch raw_batch_;  // training thread: the step's examples
-  SparseBatch sparse_batch_;        // ... hashed into the table's ids
-  std::vector<float> rows_;         // ... and their rows
+  std::vector<float> rows_;         // training thread: the step's rows
+  std::vector<float> row_grads_;    // ... and their gradients, when clipped
   std::vector<float> host_params_;
   std::vector<float> host_grads_;
+  const ClipLimits clip_limits_;
+  std::optional<ClipResult> clip_;  // training thread: the last step's clipping
   std::unique_ptr<Evaluator> evaluator_;
   WorkerMetrics metrics_;  // training thread only
   const absl::Time start_ = absl::Now();

@@ -35,6 +35,9 @@ ABSL_FLAG(double, straggle_factor, 1.0,
           "sleeps F - 1 times its own step time); 1 = no slowdown");
 ABSL_FLAG(int, straggle_ms, 0,
           "experiments: sleep this many milliseconds after each step");
+ABSL_FLAG(bool, load_ahead, true,
+          "prepare the next step's batch on a data-loading thread while this one "
+          "trains (false: in the training thread, for comparisons)");
 ABSL_FLAG(int, register_timeout_s, 120,
           "give up if the coordinator does not register us within this time");
 ABSL_FLAG(std::string, health_listen, "",
@@ -168,6 +171,7 @@ int Main(int argc, char** argv) {
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
   options.straggler = *straggler;
+  options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
   Trainer trainer(stub.get(), *reg, backend->get(), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {

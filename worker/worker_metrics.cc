@@ -43,6 +43,13 @@ WorkerMetrics::WorkerMetrics(uint32_t rank)
                             absl::StrCat(rank))),
       too_stale_pushes(CounterOf("grps_worker_too_stale_pushes_total",
                                  "async and ssp: pushes a shard refused as too stale",
-                                 absl::StrCat(rank))) {}
+                                 absl::StrCat(rank))),
+      clipped_steps(CounterOf("grps_worker_clipped_steps_total",
+                              "steps whose gradient was clipped (clip_norm, clip_value)",
+                              absl::StrCat(rank))),
+      gradient_norm(GaugeOf("grps_worker_gradient_norm",
+                            "global L2 norm of the gradient before clipping (smoothed; "
+                            "only when the job clips)",
+                            absl::StrCat(rank))) {}
 
 }  // namespace grps

@@ -9,6 +9,9 @@
 //   grps_worker_pulled_bytes_total     weight payload bytes pulled
 //   grps_worker_late_pushes_total      pushes a shard counted late (sync)
 //   grps_worker_too_stale_pushes_total pushes a shard refused as too stale
+//   grps_worker_clipped_steps_total    steps whose gradient was clipped
+//   grps_worker_gradient_norm          gradient norm before clipping, smoothed
+//                                      (only when the job clips)
 #ifndef GRPS_WORKER_WORKER_METRICS_H_
 #define GRPS_WORKER_WORKER_METRICS_H_
 
@@ -32,6 +35,8 @@ struct WorkerMetrics {
   prometheus::Counter& pulled_bytes;
   prometheus::Counter& late_pushes;
   prometheus::Counter& too_stale_pushes;
+  prometheus::Counter& clipped_steps;
+  prometheus::Gauge& gradient_norm;
 };
 
 }  // namespace grps

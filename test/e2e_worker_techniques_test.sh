@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The worker's training techniques, through grps-local's real daemons:
+# 1. Gradient accumulation is exact: a job whose workers push the mean of 4
+#    local batches of 16 ends with the weights and momentum, within float
+#    rounding (1e-3 relative; 8e-5 measured), of the same job with batches
+#    of 64 (final checkpoints compared by grps-checkpoint-diff --tolerance),
+#    and not within it of a job with batches of 16 (so the comparison can
+#    tell them apart).
+# 2. Clipping by global norm: the default job (Fashion-MNIST, MLP
+#    784-256-128-10, sync, 2 servers, 2 workers, 3 epochs) with
+#    --clip_norm=1 trains to 0.85, and its result counts the clipped steps
+#    and the gradient norm before clipping.
+set -euo pipefail
+BIN=${1:?usage: e2e_worker_techniques_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+
+# local_job NAME FLAGS...: grps-local in $WORK/NAME, checkpoints in
+# $WORK/NAME/ckpt; fails unless it completes.
+local_job() {
+  local name=$1; shift
+  start "$name" "$BIN/grps-local" --run_dir="$WORK/$name" \
+    --result_json="$WORK/$name/result.json" --backend=cpu --timeout_s=200 "$@"
+  wait_pid "$(eval echo "\$PID_$name")" 220
+  [ "$EXIT_CODE" = 0 ] || fail "grps-local ($name) exited with $EXIT_CODE"
+}
+final_checkpoint() { "$BIN/grps-checkpoint-diff" --newest "$WORK/$1/ckpt"; }
+
+SMALL=(--train_limit=4096 --test_limit=1000 --epochs=2 --eval_every=0 --seed=11)
+local_job big "${SMALL[@]}" --batch=64 --checkpoint_dir="$WORK/big/ckpt"
+local_job accumulated "${SMALL[@]}" --batch=16 --accumulate_steps=4 \
+  --checkpoint_dir="$WORK/accumulated/ckpt"
+local_job small "${SMALL[@]}" --batch=16 --steps=64 --checkpoint_dir="$WORK/small/ckpt"
+grep -q "each step accumulates 4 batches of 16" "$WORK/accumulated/worker-0.log" \
+  || fail "the accumulating worker did not say it accumulates"
+BIG=$(final_checkpoint big)
+ACC=$(final_checkpoint accumulated)
+echo "steps: batch 64 $("$BIN/grps-checkpoint-diff" --step "$BIG"), 4 x 16 accumulated $("$BIN/grps-checkpoint-diff" --step "$ACC")"
+"$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$BIG" "$ACC" \
+  || fail "4 accumulated batches of 16 did not train as batches of 64"
+if "$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$BIG" "$(final_checkpoint small)"; then
+  fail "batches of 16 without accumulation also passed: the comparison proves nothing"
+fi
+
+local_job clipped --clip_norm=1
+python3 - "$WORK/clipped/result.json" <<'PY' || fail "the clipped job's result is wrong"
+import json, sys
+r = json.load(open(sys.argv[1]))
+acc = r["final_test_accuracy"]
+print(f"clip_norm 1: final test accuracy {acc:.4f}, {r['clipped_steps']} of "
+      f"{2 * r['steps']} worker steps clipped, recent gradient norm {r['gradient_norm']:.3f}, "
+      f"wall {r['wall_seconds']:.1f} s")
+if r["exit"] != "ok" or acc is None or acc < 0.85:
+    print("expected a completed job at 0.85 or better"); sys.exit(1)
+if not (0 < r["clipped_steps"] <= 2 * r["steps"]) or not r["gradient_norm"] > 0:
+    print("expected clipped steps and a gradient norm"); sys.exit(1)
+PY
+echo "PASS"
