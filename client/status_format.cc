@@ -269,6 +269,9 @@ std::string FormatWorkersTable(const v1::JobStatus& status) {
     if (status.has_evaluator_rank() && status.evaluator_rank() == w.rank())
       notes.push_back("eval");
     if (w.straggler()) notes.push_back("straggler");
+    if (p.loss_scale() > 0)
+      notes.push_back(absl::StrCat("f16 scale ", absl::StrFormat("%.9g", p.loss_scale()), ", ", p.overflow_steps(),
+                                   " overflow", p.overflow_steps() == 1 ? "" : "s"));
     if (p.gradient_norm() > 0)
       notes.push_back(absl::StrCat("clipped ", p.clipped_steps(), " (norm ",
                                    Fixed(p.gradient_norm(), 2), ")"));

@@ -239,6 +239,16 @@ TEST(WorkersTable, NotesHowOftenAClippingWorkerClippedAndItsGradientNorm) {
   EXPECT_THAT(lines[2], Not(HasSubstr("clipped")));  // this job does not clip
 }
 
+TEST(WorkersTable, NotesAnF16WorkersLossScaleAndItsOverflows) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_workers(1)->mutable_progress()->set_loss_scale(16777216.0f);
+  s.mutable_workers(1)->mutable_progress()->set_overflow_steps(3);
+  std::vector<std::string> lines = Lines(FormatWorkersTable(s));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[2], HasSubstr("f16 scale 16777216, 3 overflows"));
+  EXPECT_THAT(lines[1], Not(HasSubstr("f16")));
+}
+
 TEST(WorkersTable, ShowsTheLateColumnWithBackupWorkers) {
   v1::JobStatus s = RunningJob();
   s.mutable_config()->set_backup_workers(1);

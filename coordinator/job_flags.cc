@@ -126,6 +126,13 @@ ABSL_FLAG(float, clip_norm, Defaults().clip_norm(),
 ABSL_FLAG(float, clip_value, Defaults().clip_value(),
           "clamp each gradient element to [-v, v] before the push (0 = no "
           "clipping by value)");
+ABSL_FLAG(std::string, compute_dtype, DTypeFlagName(Defaults().compute_dtype()),
+          "dense models: the workers' forward and backward passes compute in f32, "
+          "bf16 or f16 (mixed precision: the servers keep f32 weights; f16 scales "
+          "the loss dynamically)");
+ABSL_FLAG(float, loss_scale, Defaults().loss_scale(),
+          "f16 compute: the initial loss scale (0 = 65536); it halves when a "
+          "gradient overflows and doubles after 2000 finite steps");
 ABSL_FLAG(uint32_t, eval_every, Defaults().eval_every_steps(),
           "evaluate test accuracy every this many steps (0 = only at the end)");
 ABSL_FLAG(uint32_t, heartbeat_ms, Defaults().heartbeat_interval_ms(),
@@ -282,6 +289,10 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   c.set_accumulate_steps(absl::GetFlag(FLAGS_accumulate_steps));
   c.set_clip_norm(absl::GetFlag(FLAGS_clip_norm));
   c.set_clip_value(absl::GetFlag(FLAGS_clip_value));
+  absl::StatusOr<v1::DType> compute = ParseWireDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute.ok()) return FlagError("compute_dtype", compute.status());
+  c.set_compute_dtype(*compute);
+  c.set_loss_scale(absl::GetFlag(FLAGS_loss_scale));
   c.set_eval_every_steps(absl::GetFlag(FLAGS_eval_every));
   c.set_heartbeat_interval_ms(absl::GetFlag(FLAGS_heartbeat_ms));
   c.set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));

@@ -40,6 +40,7 @@ v1::JobConfig DefaultJobConfig() {
   c.set_seed(42);
   c.set_chunk_bytes(256 * 1024);
   c.set_wire_dtype(v1::DTYPE_F32);
+  c.set_compute_dtype(v1::DTYPE_F32);
   c.set_eval_every_steps(200);
   c.set_late_gradients(v1::LATE_GRADIENTS_FOLD);
   c.set_heartbeat_interval_ms(500);
@@ -152,6 +153,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return bad("clip_norm must be a number >= 0 (0: no clipping by norm)");
   if (!(c.clip_value() >= 0) || !std::isfinite(c.clip_value()))
     return bad("clip_value must be a number >= 0 (0: no clipping by value)");
+  if (c.compute_dtype() != v1::DTYPE_UNSPECIFIED && c.compute_dtype() != v1::DTYPE_F32 &&
+      c.compute_dtype() != v1::DTYPE_F16 && c.compute_dtype() != v1::DTYPE_BF16)
+    return bad("compute_dtype must be f32, f16 or bf16");
+  if ((c.compute_dtype() == v1::DTYPE_F16 || c.compute_dtype() == v1::DTYPE_BF16) &&
+      c.model() == v1::MODEL_EMBEDDING)
+    return bad("compute_dtype f16 and bf16 apply to dense models (mlp, softmax) only");
+  if (!(c.loss_scale() >= 0) || !std::isfinite(c.loss_scale()) || c.loss_scale() > 16777216)
+    return bad("loss_scale must be in [0, 2^24] (0: 65536)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
     return bad("backup_workers applies to sync mode only");
   if (c.backup_workers() >= c.num_workers())

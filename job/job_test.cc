@@ -101,6 +101,13 @@ TEST(JobConfig, TheEmbeddingModelNeedsItsTableAndASparseFormat) {
   c = EmbeddingJob();
   c.set_embedding_combiner(static_cast<v1::EmbeddingCombiner>(9));
   EXPECT_NE(Refusal(c).find("embedding_combiner"), std::string::npos);
+  // Accumulation is the dense models'; clipping is every model's.
+  c = EmbeddingJob();
+  c.set_accumulate_steps(2);
+  EXPECT_NE(Refusal(c).find("dense models"), std::string::npos);
+  c.set_accumulate_steps(1);
+  c.set_clip_norm(1);
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
   // A dense model reads dense formats only, and libsvm and csv need a test
   // file.
   c = DefaultJobConfig();
@@ -151,6 +158,44 @@ TEST(JobConfig, TotalStepsDerivesFromEpochsPerWorkerPartition) {
   EXPECT_EQ(TotalSteps(c, 60000), 3u * (30000 / 64));
   c.set_steps(17);
   EXPECT_EQ(TotalSteps(c, 60000), 17u);
+}
+
+TEST(JobConfig, AnAccumulatingStepTakesAccumulateStepsBatches) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_batch_size(16);
+  c.set_accumulate_steps(4);
+  EXPECT_EQ(AccumulateSteps(c), 4u);
+  EXPECT_EQ(StepExamples(c), 64u);
+  EXPECT_EQ(TotalSteps(c, 60000), 3u * (30000 / 64));
+  c.set_accumulate_steps(0);  // unset: one batch per step
+  EXPECT_EQ(AccumulateSteps(c), 1u);
+  EXPECT_EQ(StepExamples(c), 16u);
+}
+
+TEST(JobConfig, AccumulationAndClippingAreValidated) {
+  auto refused = [](const v1::JobConfig& c, const std::string& what) {
+    const absl::Status s = ValidateJobConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_accumulate_steps(8);
+  c.set_clip_norm(1.5f);
+  c.set_clip_value(0.1f);
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  c.set_accumulate_steps(1025);
+  refused(c, "accumulate_steps must be in [0, 1024]");
+  c.set_accumulate_steps(1024);
+  c.set_batch_size(100);  // 102,400 examples a step
+  refused(c, "batch_size x accumulate_steps");
+  c = DefaultJobConfig();
+  c.set_clip_norm(-1);
+  refused(c, "clip_norm");
+  c.set_clip_norm(INFINITY);
+  refused(c, "clip_norm");
+  c = DefaultJobConfig();
+  c.set_clip_value(NAN);
+  refused(c, "clip_value");
 }
 
 TEST(JobConfig, LearningRateWarmsUpThenDecays) {

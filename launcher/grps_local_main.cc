@@ -142,6 +142,10 @@ ABSL_FLAG(std::optional<float>, clip_norm, std::nullopt,
           "when it is longer");
 ABSL_FLAG(std::optional<float>, clip_value, std::nullopt,
           "clamp each gradient element to [-v, v] before the push");
+ABSL_FLAG(std::optional<std::string>, compute_dtype, std::nullopt,
+          "dense models: the workers compute in f32, bf16 or f16 (mixed precision)");
+ABSL_FLAG(std::optional<float>, loss_scale, std::nullopt,
+          "f16 compute: the initial loss scale (0 = 65536)");
 ABSL_FLAG(std::optional<uint32_t>, eval_every, std::nullopt,
           "evaluate every this many steps (0 = only at the end)");
 ABSL_FLAG(std::optional<uint32_t>, heartbeat_ms, std::nullopt, "heartbeat interval (ms)");
@@ -179,7 +183,7 @@ constexpr const char* kJobFlags[] = {
     "weight_decay", "warmup_steps", "decay_steps", "decay_rate",  "batch",
     "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
     "seed",         "chunk_kb",    "wire_dtype", "topk",         "eval_every",
-    "accumulate_steps", "clip_norm", "clip_value",
+    "accumulate_steps", "clip_norm", "clip_value", "compute_dtype", "loss_scale",
     "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",
     "backup_workers",              "late_gradients",

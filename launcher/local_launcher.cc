@@ -253,6 +253,10 @@ RunResult ResultOf(const LaunchOptions& options,
     for (const v1::WorkerStatus& w : latest->workers()) {
       samples += w.progress().samples();
       r.clipped_steps += w.progress().clipped_steps();
+      r.overflow_steps += w.progress().overflow_steps();
+      if (w.progress().loss_scale() > 0 &&
+          (r.loss_scale == 0 || w.progress().loss_scale() < r.loss_scale))
+        r.loss_scale = w.progress().loss_scale();
       if (w.progress().gradient_norm() > 0) {
         r.gradient_norm += w.progress().gradient_norm();
         ++norms;
@@ -311,6 +315,8 @@ std::string ResultJson(const RunResult& r) {
       ",\"staleness_histogram\":", JsonArray(r.staleness_histogram),
       ",\"clipped_steps\":", r.clipped_steps,
       ",\"gradient_norm\":", JsonNumber(r.gradient_norm),
+      ",\"overflow_steps\":", r.overflow_steps,
+      ",\"loss_scale\":", JsonNumber(r.loss_scale),
       ",\"exit\":", JsonString(r.exit));
   if (r.exit != "ok") absl::StrAppend(&json, ",\"error\":", JsonString(r.error));
   return json + "}\n";

@@ -181,6 +181,10 @@ struct RunResult {
   // every worker, and the workers' mean recent gradient norm before it.
   uint64_t clipped_steps = 0;
   double gradient_norm = 0;
+  // f16 compute (zero otherwise): gradients that overflowed and were
+  // skipped, over every worker, and the lowest loss scale among them now.
+  uint64_t overflow_steps = 0;
+  double loss_scale = 0;
 };
 
 // Fills the job's figures from the launch options, then from the newest

@@ -278,7 +278,8 @@ TEST(ResultJson, HasEveryFieldOfTheResult) {
         "final_test_accuracy", "final_test_loss", "wall_seconds", "samples_per_sec",
         "run_dir", "started_unix", "workers_died", "workers_restarted", "backup_workers",
         "staleness_bound", "late_gradients", "too_stale", "staleness_mean",
-        "staleness_max", "staleness_histogram", "clipped_steps", "gradient_norm", "exit"})
+        "staleness_max", "staleness_histogram", "clipped_steps", "gradient_norm",
+        "overflow_steps", "loss_scale", "exit"})
     EXPECT_EQ(f.count(key), 1u) << key;
   EXPECT_EQ(f.count("error"), 0u);
   EXPECT_EQ(f.at("mode").string_value(), "sync");

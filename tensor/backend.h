@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "tensor/dtype.h"
 
 namespace grps {
 
@@ -102,6 +103,10 @@ class Backend {
   virtual void Axpy(float alpha, const float* x, float* y, size_t n) = 0;
   // x *= alpha
   virtual void Scale(float alpha, float* x, size_t n) = 0;
+  // x = the nearest value of `dtype` (round to nearest even; f16 overflows
+  // to +-inf past 65504), still stored as f32: the rounding of a 16-bit
+  // computation on f32 buffers (mixed precision). kF32 leaves x as it is.
+  virtual void RoundTo(DType dtype, float* x, size_t n) = 0;
   // sum of x (accumulated in double).
   virtual double Sum(const float* x, size_t n) = 0;
   // sum of x^2 (accumulated in double).

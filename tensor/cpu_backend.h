@@ -51,6 +51,7 @@ class CpuBackend : public Backend {
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;
   void Scale(float alpha, float* x, size_t n) override;
+  void RoundTo(DType dtype, float* x, size_t n) override;
   double Sum(const float* x, size_t n) override;
   double SquaredNorm(const float* x, size_t n) override;
 

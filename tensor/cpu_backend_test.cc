@@ -105,6 +105,49 @@ TEST_F(CpuBackendTest, FillSetsEveryElementAndNothingElse) {
   EXPECT_EQ(out[36], -1.0f);
 }
 
+TEST_F(CpuBackendTest, RoundToKeepsTheNearest16BitValueAndF16OverflowsToInfinity) {
+  const std::vector<float> x = {1.0f + 1.0f / 4096, 65504.0f, 70000.0f, -1e-9f, 3.14159265f};
+  DeviceBuffer half = Upload(x), bf = Upload(x), f32 = Upload(x);
+  backend_->RoundTo(DType::kF16, half.f32(), x.size());
+  backend_->RoundTo(DType::kBF16, bf.f32(), x.size());
+  backend_->RoundTo(DType::kF32, f32.f32(), x.size());
+  const std::vector<float> h = Download(half), b = Download(bf);
+  EXPECT_EQ(h[0], 1.0f);  // 2^-12 is below f16's half ulp at 1 (2^-11)
+  EXPECT_EQ(h[1], 65504.0f);
+  EXPECT_EQ(h[2], INFINITY);
+  EXPECT_EQ(h[3], 0.0f);  // below half the smallest subnormal
+  EXPECT_EQ(h[4], HalfToFloat(FloatToHalf(3.14159265f)));
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[2], 70144.0f);  // bf16 has f32's range, 8 bits of precision
+  EXPECT_EQ(b[3], BFloat16ToFloat(FloatToBFloat16(-1e-9f)));
+  EXPECT_NE(b[3], 0.0f);
+  EXPECT_EQ(Download(f32), x);
+}
+
+TEST_F(CpuBackendTest, RoundToF16IsTheScalarConversionOnEveryKindOfValue) {
+  // Normal, subnormal, past the range, ties, NaN and signed zeros: the
+  // vector conversion (F16C, where the CPU has it) agrees bit for bit.
+  std::uniform_real_distribution<float> mantissa(-2, 2);
+  std::uniform_int_distribution<int> exponent(-30, 20);
+  std::vector<float> x;
+  for (int i = 0; i < 100000; ++i) x.push_back(std::ldexp(mantissa(rng_), exponent(rng_)));
+  for (float v : {0.0f, -0.0f, NAN, INFINITY, -INFINITY, 65504.0f, 65520.0f, 65519.99f,
+                  1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048})
+    x.push_back(v);
+  DeviceBuffer buf = Upload(x);
+  backend_->RoundTo(DType::kF16, buf.f32(), x.size());
+  const std::vector<float> out = Download(buf);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = HalfToFloat(FloatToHalf(x[i]));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(out[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&want, &out[i], sizeof(float)), 0)
+          << "x[" << i << "] = " << x[i] << ": " << out[i] << ", not " << want;
+    }
+  }
+}
+
 // ---- Gemm -------------------------------------------------------------------
 
 // C = alpha * op(A) op(B) + beta * C on row-major storage with row strides;

@@ -28,6 +28,11 @@ MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
 void MlpModel::SetParameters(const float* host_params) {
   backward_batch_ = 0;
   backend_->CopyToDevice(params_.data(), host_params, num_params_ * sizeof(float));
+  Round(params_.f32(), num_params_);
+}
+
+void MlpModel::Round(float* x, size_t n) {
+  if (compute_dtype_ != DType::kF32) backend_->RoundTo(compute_dtype_, x, n);
 }
 
 void MlpModel::GetParameters(float* host_params) {
@@ -70,12 +75,12 @@ void MlpModel::GetInputGradient(float* host_dx) {
 }
 
 float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
-                                int batch, int64_t* correct) {
+                                int batch, int64_t* correct, float loss_scale) {
   assert(batch > 0 && batch <= max_batch_);
   backend_->CopyToDevice(activations_[0].data(), host_x,
                          static_cast<size_t>(batch) * widths_[0] * sizeof(float));
   backend_->CopyToDevice(labels_.data(), host_labels, batch * sizeof(int32_t));
-  const float loss = Run(batch, /*backward=*/true, correct);
+  const float loss = Run(batch, /*backward=*/true, correct, loss_scale);
   backward_batch_ = batch;
   return loss;
 }
@@ -103,9 +108,10 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
   return result;
 }
 
-float MlpModel::Run(int batch, bool backward, int64_t* correct) {
+float MlpModel::Run(int batch, bool backward, int64_t* correct, float loss_scale) {
   const size_t layers = widths_.size() - 1;
   float* p = params_.f32();
+  Round(activations_[0].f32(), static_cast<size_t>(batch) * widths_[0]);
   // Forward: z = h W + b; h' = relu(z) except after the last layer.
   for (size_t l = 0; l < layers; ++l) {
     const int in = static_cast<int>(widths_[l]);
@@ -115,6 +121,7 @@ float MlpModel::Run(int batch, bool backward, int64_t* correct) {
     backend_->Gemm(false, false, batch, out, in, 1.0f, h, in, p + weight_offset_[l],
                    out, 0.0f, z, out);
     backend_->BiasAdd(z, p + bias_offset_[l], batch, out);
+    Round(z, static_cast<size_t>(batch) * out);
     if (l + 1 < layers) backend_->Relu(z, z, static_cast<size_t>(batch) * out);
   }
   const int classes = static_cast<int>(widths_.back());
@@ -122,6 +129,9 @@ float MlpModel::Run(int batch, bool backward, int64_t* correct) {
       activations_[layers].f32(), labels_.i32(), batch, classes,
       backward ? deltas_[layers - 1].f32() : nullptr, correct);
   if (!backward) return loss;
+  const int rows_out = batch * classes;
+  if (loss_scale != 1.0f) backend_->Scale(loss_scale, deltas_[layers - 1].f32(), rows_out);
+  Round(deltas_[layers - 1].f32(), rows_out);
   // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
   float* g = grads_.f32();
   for (size_t l = layers; l-- > 0;) {
@@ -131,14 +141,17 @@ float MlpModel::Run(int batch, bool backward, int64_t* correct) {
     backend_->Gemm(true, false, in, out, batch, 1.0f, activations_[l].f32(), in,
                    dz, out, 0.0f, g + weight_offset_[l], out);
     backend_->BiasGrad(dz, g + bias_offset_[l], batch, out);
+    Round(g + weight_offset_[l], static_cast<size_t>(in) * out + out);  // dW, then db
     if (l > 0) {
       float* dh = deltas_[l - 1].f32();
       backend_->Gemm(false, true, batch, in, out, 1.0f, dz, out,
                      p + weight_offset_[l], out, 0.0f, dh, in);
+      Round(dh, static_cast<size_t>(batch) * in);
       backend_->ReluGrad(activations_[l].f32(), dh, dh,
                          static_cast<size_t>(batch) * in);
     }
   }
+  if (loss_scale != 1.0f) backend_->Scale(1.0f / loss_scale, g, num_params_);
   return loss;
 }
 

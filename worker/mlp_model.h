@@ -32,6 +32,15 @@ class MlpModel {
   int64_t num_parameters() const { return num_params_; }
   const std::vector<int64_t>& widths() const { return widths_; }
 
+  // Mixed precision: with kF16 or kBF16 the passes compute as 16-bit
+  // hardware does, on f32 buffers: the weights (set by SetParameters), the
+  // input, every layer's output and every gradient are rounded to the
+  // dtype (Backend::RoundTo), the products accumulate in f32, and the
+  // softmax and its loss stay f32. The weights the caller holds (the
+  // servers' f32 master weights) are not touched. Default kF32.
+  void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
+  DType compute_dtype() const { return compute_dtype_; }
+
   // Copies host parameters (num_parameters() floats) into the model.
   void SetParameters(const float* host_params);
   // Copies the model's parameters to host memory.
@@ -40,8 +49,12 @@ class MlpModel {
   // Forward and backward over `batch` examples (row-major x[batch, input],
   // labels in [0, classes)); leaves d(mean loss)/d(params) in the gradient
   // buffer and returns the mean loss. *correct (if not null) counts hits.
+  // loss_scale: the backward pass runs on the loss times this (so that
+  // small f16 gradients do not flush to zero) and the gradient is divided
+  // by it again in f32; a value the compute dtype cannot hold becomes inf
+  // (the caller checks the gradient and lowers the scale).
   float ForwardBackward(const float* host_x, const int32_t* host_labels,
-                        int batch, int64_t* correct);
+                        int batch, int64_t* correct, float loss_scale = 1.0f);
   // Copies the gradient of the last ForwardBackward to host memory.
   void GetGradients(float* host_grads);
   // Gradient accumulation, in backend memory: AccumulateGradients adds the
@@ -62,11 +75,14 @@ class MlpModel {
  private:
   // Runs the forward pass over `batch` rows already in input_; returns the
   // loss and, if backward, fills the gradient buffer.
-  float Run(int batch, bool backward, int64_t* correct);
+  float Run(int batch, bool backward, int64_t* correct, float loss_scale = 1.0f);
+  // Rounds x to the compute dtype (nothing in f32).
+  void Round(float* x, size_t n);
 
   Backend* backend_;
   std::vector<int64_t> widths_;
   int max_batch_;
+  DType compute_dtype_ = DType::kF32;
   int64_t num_params_ = 0;
   std::vector<int64_t> weight_offset_;  // per layer, into the flat arrays
   std::vector<int64_t> bias_offset_;

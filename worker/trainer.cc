@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "daemon/daemon.h"
 #include "data/batch_iterator.h"
 #include "data/epoch_shuffler.h"
@@ -49,6 +50,7 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       options_(std::move(options)),
       params_(config_, registration.shard_map(), rank_, incarnation_),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
+      scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
       metrics_(rank_) {
   const std::vector<int64_t> widths = LayerWidths(config_);
   const int batch = static_cast<int>(config_.batch_size());
@@ -68,6 +70,9 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
     eval_sparse_->set_generation(registration.generation());
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
+    model_->set_compute_dtype(config_.compute_dtype() == v1::DTYPE_F16    ? DType::kF16
+                              : config_.compute_dtype() == v1::DTYPE_BF16 ? DType::kBF16
+                                                                          : DType::kF32);
   }
   host_params_.resize(params_.num_parameters());
   host_grads_.resize(params_.num_parameters());
@@ -435,22 +440,41 @@ int64_t Trainer::TrainExamples() const {
   return embedding_ != nullptr ? sparse_train_.num_examples() : train_.num_examples();
 }
 
-absl::StatusOr<float> Trainer::DenseStep(const StepBatch& batch) {
+absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch) {
   // accumulate_steps local batches of batch_size, summed on the backend.
   const int local = static_cast<int>(config_.batch_size());
   const int count = static_cast<int>(AccumulateSteps(config_));
   const int64_t features = train_.num_features();
   model_->SetParameters(host_params_.data());
-  double loss = 0;
-  for (int j = 0; j < count; ++j) {
-    loss += model_->ForwardBackward(batch.x.data() + j * local * features,
-                                    batch.y.data() + j * local, local, nullptr);
-    if (count > 1) model_->AccumulateGradients(/*first=*/j == 0);
+  while (true) {
+    const float scale = scaler_.scale();
+    double loss = 0;
+    for (int j = 0; j < count; ++j) {
+      loss += model_->ForwardBackward(batch.x.data() + j * local * features,
+                                      batch.y.data() + j * local, local, nullptr, scale);
+      if (count > 1) model_->AccumulateGradients(/*first=*/j == 0);
+    }
+    if (count > 1) model_->GetMeanGradients(host_grads_.data(), count);
+    else model_->GetGradients(host_grads_.data());
+    // f16: a gradient that overflowed is skipped, never pushed; the step's
+    // batch is computed again at half the scale, so that the step still
+    // brings this worker's gradient (a sync step waits for it).
+    const bool finite = !scaler_.dynamic() ||
+                        std::all_of(host_grads_.begin(), host_grads_.end(),
+                                    [](float g) { return std::isfinite(g); });
+    if (scaler_.Update(finite)) {
+      Clip({});
+      return static_cast<float>(loss / count);
+    }
+    if (scale <= 1.0f)
+      return absl::InternalError(absl::StrCat(
+          "the f16 gradient of step ", step, " is not finite even at loss scale 1"));
+    if (scaler_.overflows() <= 10 || scaler_.overflows() % 100 == 0)
+      spdlog::info("step {}: the f16 gradient overflowed at loss scale {}; skipped, computing "
+                   "it again at {} ({} overflow{} so far)",
+                   step, scale, scaler_.scale(), scaler_.overflows(),
+                   scaler_.overflows() == 1 ? "" : "s");
   }
-  if (count > 1) model_->GetMeanGradients(host_grads_.data(), count);
-  else model_->GetGradients(host_grads_.data());
-  Clip({});
-  return static_cast<float>(loss / count);
 }
 
 void Trainer::Clip(absl::Span<float> rows) {
@@ -542,9 +566,15 @@ absl::Status Trainer::Train(uint64_t total) {
   uint64_t resumed_at = step;
   // (After a roll-back, TakeRollBack says where training resumes.)
   if (Interrupted() != Interrupt::kRollBack)
-    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}",
+    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}{}",
                rank_, step, total, per_epoch, part->begin, part->end,
                backend_->Name(),
+               model_ != nullptr && model_->compute_dtype() != DType::kF32
+                   ? absl::StrCat(", computing in ", std::string(DTypeName(model_->compute_dtype())),
+                                  scaler_.dynamic()
+                                      ? absl::StrFormat(" (loss scale %.9g)", scaler_.scale())
+                                      : std::string())
+                   : std::string(),
                AccumulateSteps(config_) > 1
                    ? absl::StrCat("; each step accumulates ", AccumulateSteps(config_),
                                   " batches of ", config_.batch_size())
@@ -582,6 +612,8 @@ absl::Status Trainer::Train(uint64_t total) {
   uint64_t window_samples = 0;
   double loss_ema = -1;
   double norm_ema = -1;
+  uint64_t overflows_seen = scaler_.overflows();
+  uint64_t batches_taken = 0;
   uint64_t late = 0, too_stale = 0;
   // The client's byte counts when the metrics last took them.
   auto bytes_pushed = [this] {
@@ -609,6 +641,7 @@ absl::Status Trainer::Train(uint64_t total) {
         step, options_.load_ahead && step + 1 < total ? std::optional<uint64_t>(step + 1)
                                                        : std::nullopt);
     if (!examples.ok()) return examples.status();
+    ++batches_taken;
     if (pulled_for != step) {
       if (absl::Status s = PullWeights(step); !s.ok()) {
         if (Interrupted() != Interrupt::kNone) continue;
@@ -622,7 +655,7 @@ absl::Status Trainer::Train(uint64_t total) {
         step % config_.eval_every_steps() == 0 && IsEvaluator())
       evaluator_->Submit(step, host_params_);
     absl::StatusOr<float> computed = embedding_ != nullptr ? EmbeddingStep(step, **examples)
-                                                           : DenseStep(**examples);
+                                                           : DenseStep(step, **examples);
     if (!computed.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
       return computed.status();
@@ -655,6 +688,11 @@ absl::Status Trainer::Train(uint64_t total) {
     metrics_.loss.Set(loss_ema);
     if (pushed->late > 0) metrics_.late_pushes.Increment();
     if (pushed->too_stale > 0) metrics_.too_stale_pushes.Increment();
+    if (scaler_.dynamic()) {
+      metrics_.loss_scale.Set(scaler_.scale());
+      metrics_.overflow_steps.Increment(static_cast<double>(scaler_.overflows() - overflows_seen));
+      overflows_seen = scaler_.overflows();
+    }
     if (clip_.has_value()) {
       norm_ema = norm_ema < 0 ? clip_->norm : 0.95 * norm_ema + 0.05 * clip_->norm;
       metrics_.gradient_norm.Set(norm_ema);
@@ -672,6 +710,10 @@ absl::Status Trainer::Train(uint64_t total) {
       progress_.set_epoch(static_cast<uint32_t>(epoch));
       progress_.set_loss(static_cast<float>(loss_ema));
       progress_.set_samples(progress_.samples() + batch);
+      if (scaler_.dynamic()) {
+        progress_.set_loss_scale(scaler_.scale());
+        progress_.set_overflow_steps(scaler_.overflows());
+      }
       if (clip_.has_value()) {
         progress_.set_gradient_norm(static_cast<float>(norm_ema));
         if (clip_->clipped()) progress_.set_clipped_steps(progress_.clipped_steps() + 1);
@@ -694,6 +736,9 @@ absl::Status Trainer::Train(uint64_t total) {
     ++step;
   }
   next_step_ = step;
+  spdlog::info("data loading: {} of the {} batches taken were prepared ahead{}",
+               loader.prepared_ahead(), batches_taken,
+               options_.load_ahead ? "" : " (--load_ahead=false)");
   return absl::OkStatus();
 }
 

@@ -48,6 +48,7 @@
 #include "worker/embedding_model.h"
 #include "worker/evaluator.h"
 #include "worker/gradient_clipping.h"
+#include "worker/loss_scaler.h"
 #include "worker/mlp_model.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_batch.h"
@@ -122,7 +123,7 @@ class Trainer {
   // batches) into host_grads_; the embedding model's head gradients into
   // host_grads_, after pulling the batch's rows (clock `step`) and before
   // pushing their gradients. Returns the mean loss.
-  absl::StatusOr<float> DenseStep(const StepBatch& batch);
+  absl::StatusOr<float> DenseStep(uint64_t step, const StepBatch& batch);
   absl::StatusOr<float> EmbeddingStep(uint64_t step, const StepBatch& batch);
   // Clips host_grads_ and `rows` (the embedding rows' gradients, or empty)
   // as one gradient, when the job clips; notes how in clip_.
@@ -186,6 +187,7 @@ class Trainer {
   std::vector<float> host_params_;
   std::vector<float> host_grads_;
   const ClipLimits clip_limits_;
+  LossScaler scaler_;  // training thread: f16's loss scale
   std::optional<ClipResult> clip_;  // training thread: the last step's clipping
   std::unique_ptr<Evaluator> evaluator_;
   WorkerMetrics metrics_;  // training thread only

@@ -50,6 +50,12 @@ WorkerMetrics::WorkerMetrics(uint32_t rank)
       gradient_norm(GaugeOf("grps_worker_gradient_norm",
                             "global L2 norm of the gradient before clipping (smoothed; "
                             "only when the job clips)",
-                            absl::StrCat(rank))) {}
+                            absl::StrCat(rank))),
+      loss_scale(GaugeOf("grps_worker_loss_scale",
+                         "f16 compute: the dynamic loss scale now", absl::StrCat(rank))),
+      overflow_steps(CounterOf("grps_worker_overflow_steps_total",
+                               "f16 compute: gradients that overflowed and were skipped "
+                               "(computed again at half the scale)",
+                               absl::StrCat(rank))) {}
 
 }  // namespace grps

@@ -12,6 +12,8 @@
 //   grps_worker_clipped_steps_total    steps whose gradient was clipped
 //   grps_worker_gradient_norm          gradient norm before clipping, smoothed
 //                                      (only when the job clips)
+//   grps_worker_loss_scale             f16 compute: the loss scale now
+//   grps_worker_overflow_steps_total   f16 gradients that overflowed, skipped
 #ifndef GRPS_WORKER_WORKER_METRICS_H_
 #define GRPS_WORKER_WORKER_METRICS_H_
 
@@ -37,6 +39,8 @@ struct WorkerMetrics {
   prometheus::Counter& too_stale_pushes;
   prometheus::Counter& clipped_steps;
   prometheus::Gauge& gradient_norm;
+  prometheus::Gauge& loss_scale;
+  prometheus::Counter& overflow_steps;
 };
 
 }  // namespace grps

@@ -22,6 +22,8 @@
 #include "tensor/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -197,6 +199,14 @@ __global__ void ScaleKernel(float alpha, float* x, size_t n) {
   GRPS_GRID_STRIDE(i, n) { x[i] *= alpha; }
 }
 
+__global__ void RoundToHalfKernel(float* x, size_t n) {
+  GRPS_GRID_STRIDE(i, n) { x[i] = __half2float(__float2half_rn(x[i])); }
+}
+
+__global__ void RoundToBFloat16Kernel(float* x, size_t n) {
+  GRPS_GRID_STRIDE(i, n) { x[i] = __bfloat162float(__float2bfloat16_rn(x[i])); }
+}
+
 // ---- softmax cross-entropy -------------------------------------------------
 
 // Scalars that the loss kernel accumulates and the host reads back at once.
@@ -359,6 +369,7 @@ class CudaBackend : public Backend {
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;
   void Scale(float alpha, float* x, size_t n) override;
+  void RoundTo(DType dtype, float* x, size_t n) override;
   double Sum(const float* x, size_t n) override;
   double SquaredNorm(const float* x, size_t n) override;
 
@@ -657,6 +668,17 @@ void CudaBackend::Scale(float alpha, float* x, size_t n) {
   if (n == 0) return;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream_>>>(alpha, x, n);
   GRPS_LAUNCH_CHECK("ScaleKernel");
+}
+
+void CudaBackend::RoundTo(DType dtype, float* x, size_t n) {
+  if (n == 0 || dtype == DType::kF32) return;
+  if (dtype == DType::kF16) {
+    RoundToHalfKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n);
+    GRPS_LAUNCH_CHECK("RoundToHalfKernel");
+  } else {
+    RoundToBFloat16Kernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n);
+    GRPS_LAUNCH_CHECK("RoundToBFloat16Kernel");
+  }
 }
 
 void CudaBackend::EnqueueSum(const float* x, size_t n, bool square,

@@ -45,9 +45,9 @@ bool Contains(const std::string& text, const std::string& part) {
   for (size_t i = 0; i < want.size(); ++i) {
     const double w = want[i];
     const double g = got[i];
-    const bool ok = std::isnan(w)
-                        ? std::isnan(g)
-                        : std::abs(w - g) <= atol + rtol * std::abs(w);
+    // Equal infinities agree too (their difference is NaN).
+    const bool ok = w == g || (std::isnan(w) ? std::isnan(g)
+                                             : std::abs(w - g) <= atol + rtol * std::abs(w));
     if (!ok && bad++ == 0) first_bad = i;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
@@ -311,6 +311,19 @@ TEST_F(CudaParityTest, AxpyAndScaleMatchCpu) {
   cpu_->Scale(1.7f, y.cpu.f32(), n);
   gpu_->Scale(1.7f, y.gpu.f32(), n);
   EXPECT_TRUE(Agree(y, 1e-6, 1e-7));
+}
+
+TEST_F(CudaParityTest, RoundToMatchesCpuBitForBit) {
+  constexpr size_t n = 100003;
+  std::vector<float> values = Random(n);
+  for (size_t i = 0; i < n; i += 7) values[i] *= 1e5f;  // some past f16's range
+  for (size_t i = 3; i < n; i += 11) values[i] *= 1e-7f;  // some subnormal in f16
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    BufferPair x = Upload(values);
+    cpu_->RoundTo(dtype, x.cpu.f32(), n);
+    gpu_->RoundTo(dtype, x.gpu.f32(), n);
+    EXPECT_TRUE(Agree(x, 0, 0)) << DTypeName(dtype);
+  }
 }
 
 TEST_F(CudaParityTest, SumAndSquaredNormMatchCpuInDouble) {
