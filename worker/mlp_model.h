@@ -65,7 +65,8 @@ class MlpModel {
   // Writes d(mean loss)/d(input) of the last ForwardBackward to host memory:
   // batch x widths()[0] floats, row-major like host_x. Computed on demand
   // (one Gemm) from the parameters of that pass, so it requires that a
-  // ForwardBackward ran and no SetParameters came since (Evaluate may).
+  // ForwardBackward ran and no SetParameters came since (Evaluate may), in
+  // f32 at loss scale 1.
   void GetInputGradient(float* host_dx);
 
   // Forward only, in batches of at most max_batch.
