@@ -15,6 +15,8 @@
 //                                      element by element (float rounding
 //                                      of the same computation in another
 //                                      order); prints the largest difference
+//                                      (sparse rows still compare bit for
+//                                      bit)
 //   grps-checkpoint-diff --step DIR    prints the checkpoint's step
 //   grps-checkpoint-diff --newest ROOT prints the newest complete checkpoint
 //                                      folder under ROOT (exit 1 if none)
@@ -81,6 +83,7 @@ double LargestDifference(const std::string& a, const std::string& b) {
     float x, y;
     std::memcpy(&x, a.data() + i * sizeof(float), sizeof(float));
     std::memcpy(&y, b.data() + i * sizeof(float), sizeof(float));
+    if (x == y) continue;  // equal infinities too
     const double d = std::fabs(double(x) - y) / (1e-3 + std::fabs(double(x)));
     worst = std::isnan(d) ? INFINITY : std::max(worst, d);
   }
