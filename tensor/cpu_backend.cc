@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -37,8 +38,14 @@ __attribute__((target("avx,f16c"))) size_t RoundToHalfF16c(float* x, size_t n) {
   }
   return i;
 }
+// (clang 14 does not know "f16c" as a __builtin_cpu_supports feature; the
+// CPUID bit is the same test.)
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0 &&
+           __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 #endif
