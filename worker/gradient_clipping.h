@@ -14,6 +14,7 @@ namespace grps {
 struct ClipLimits {
   float value = 0;  // clamp each element to [-value, value]; 0: no clamp
   float norm = 0;   // then scale to this global L2 norm if longer; 0: none
+  bool active() const { return value > 0 || norm > 0; }
 };
 
 struct ClipResult {

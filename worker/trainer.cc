@@ -11,6 +11,7 @@
 #include "data/epoch_shuffler.h"
 #include "data/partition.h"
 #include "job/job_config.h"
+#include "wire/chunk_codec.h"
 #include "worker/job_data.h"
 #include "spdlog/spdlog.h"
 
@@ -70,9 +71,9 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
     eval_sparse_->set_generation(registration.generation());
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
-    model_->set_compute_dtype(config_.compute_dtype() == v1::DTYPE_F16    ? DType::kF16
-                              : config_.compute_dtype() == v1::DTYPE_BF16 ? DType::kBF16
-                                                                          : DType::kF32);
+    // Validated by the coordinator: UNSPECIFIED, F32, F16 or BF16.
+    model_->set_compute_dtype(
+        DTypeFromWire(config_.compute_dtype(), true, "compute_dtype").value_or(DType::kF32));
   }
   host_params_.resize(params_.num_parameters());
   host_grads_.resize(params_.num_parameters());
@@ -478,7 +479,7 @@ absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch) 
 }
 
 void Trainer::Clip(absl::Span<float> rows) {
-  if (clip_limits_.norm <= 0 && clip_limits_.value <= 0) return;
+  if (!clip_limits_.active()) return;
   const absl::Span<float> parts[] = {absl::MakeSpan(host_grads_), rows};
   clip_ = ClipGradient(clip_limits_, parts);
 }
@@ -499,7 +500,7 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   if (!std::isfinite(loss)) return loss;  // the caller says so; nothing is pushed
   embedding_->GetHeadGradients(host_grads_.data());
   const float* row_grads = embedding_->row_gradients().data();
-  if (clip_limits_.norm > 0 || clip_limits_.value > 0) {
+  if (clip_limits_.active()) {
     row_grads_.assign(embedding_->row_gradients().begin(), embedding_->row_gradients().end());
     Clip(absl::MakeSpan(row_grads_));
     row_grads = row_grads_.data();
