@@ -8,6 +8,16 @@
 // CopyToHost (which synchronizes) or Synchronize(). Scalar-returning ops
 // (Sum, SquaredNorm, SoftmaxCrossEntropy) synchronize.
 //
+// Two queues: every op above runs on the compute queue. The copy queue runs
+// beside it and carries the asynchronous copies (CopyToDeviceAsync,
+// CopyToHostAsync), so that a step's uploads and downloads overlap its
+// compute. Nothing orders the two queues but events: Record marks a point in
+// one queue, and Wait makes the other queue (or WaitOnHost, the host) wait
+// until the ops before that point are done. A queue may start an op as soon
+// as the ops before it in that queue and the events it waits for are done.
+// The CPU backend runs everything at once, in call order, which is one of
+// the orders these rules allow.
+//
 // Thread safety: a Backend instance is used by one thread at a time.
 #ifndef GRPS_TENSOR_BACKEND_H_
 #define GRPS_TENSOR_BACKEND_H_
@@ -15,8 +25,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "tensor/dtype.h"
@@ -54,6 +67,28 @@ struct AdagradParams {
   float weight_decay = 0.0f;
 };
 
+// The result of EnqueueSoftmaxCrossEntropy, written into host memory once
+// the compute queue has run the op.
+struct LossOutput {
+  double loss_sum = 0;    // sum of the rows' losses
+  uint64_t correct = 0;   // rows whose argmax is the label
+  int32_t bad_label = 0;  // 1 if a label was outside [0, cols) (a bug of the
+                          // caller's; the CPU backend aborts instead)
+  int32_t rows = 0;       // set when the op is enqueued
+  float mean_loss() const {
+    return rows > 0 ? static_cast<float>(loss_sum / rows) : 0.0f;
+  }
+};
+
+enum class Queue { kCompute, kCopy };
+
+// A point in one of a backend's queues (Backend::Record); made by
+// Backend::CreateEvent and used with that backend only.
+class BackendEvent {
+ public:
+  virtual ~BackendEvent() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -61,6 +96,10 @@ class Backend {
   // "cpu (OpenBLAS, 2 threads)" / "cuda (NVIDIA H100, sm_90)".
   virtual std::string Name() const = 0;
   virtual bool IsCuda() const = 0;
+  // The device's peak f32 rate without tensor cores, in GFLOP/s (units x
+  // 2 flops per fused multiply-add x clock), for benchmarks to print beside
+  // what they measure; 0 when unknown (the CPU backend).
+  virtual double PeakGflops() const { return 0; }
 
   // ---- memory ----
   // Returns backend memory of at least `bytes` bytes (never null; aborts only
@@ -72,6 +111,32 @@ class Backend {
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void Fill(float* x, float value, size_t n) = 0;
   virtual void Synchronize() = 0;
+
+  // ---- host memory, the copy queue and events ----
+  // Host memory that the device copies to and from without staging
+  // (page-locked on CUDA; aligned ordinary memory on the CPU), of at least
+  // `bytes` bytes, never null. The asynchronous copies below overlap compute
+  // only from and to such memory. Free with FreeHost.
+  virtual void* AllocateHost(size_t bytes) = 0;
+  virtual void FreeHost(void* ptr) = 0;
+  // Enqueue a copy on the copy queue and return at once. The host memory
+  // must stay unchanged (to the device) or unread (to the host) until an
+  // event recorded on the copy queue after the copy is done; the backend
+  // memory must not be used by compute ops that may run meanwhile (order
+  // them with events).
+  virtual void CopyToDeviceAsync(void* dst, const void* host_src,
+                                 size_t bytes) = 0;
+  virtual void CopyToHostAsync(void* host_dst, const void* src,
+                               size_t bytes) = 0;
+  virtual std::unique_ptr<BackendEvent> CreateEvent() = 0;
+  // Marks the point after every op enqueued so far on `queue`; a later
+  // Record moves the mark (waits enqueued before it keep the old point).
+  virtual void Record(Queue queue, BackendEvent* event) = 0;
+  // The ops enqueued on `queue` from now on wait until the event's point is
+  // done. The host does not wait. An event never recorded is done.
+  virtual void Wait(Queue queue, const BackendEvent& event) = 0;
+  // The host waits until the event's point is done.
+  virtual void WaitOnHost(const BackendEvent& event) = 0;
 
   // ---- dense linear algebra ----
   // C[m,n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.
@@ -97,6 +162,13 @@ class Backend {
   virtual float SoftmaxCrossEntropy(const float* logits, const int32_t* labels,
                                     int rows, int cols, float* dlogits,
                                     int64_t* correct) = 0;
+  // SoftmaxCrossEntropy without waiting: enqueued on the compute queue,
+  // which writes the results into *out (host memory from AllocateHost) when
+  // it runs the op; read them after an event recorded after it is done.
+  virtual void EnqueueSoftmaxCrossEntropy(const float* logits,
+                                          const int32_t* labels, int rows,
+                                          int cols, float* dlogits,
+                                          LossOutput* out) = 0;
 
   // ---- vector ops ----
   // y += alpha * x
@@ -175,6 +247,56 @@ class DeviceBuffer {
   Backend* backend_ = nullptr;
   size_t bytes_ = 0;
   void* ptr_ = nullptr;
+};
+
+// RAII owner of `count` values of T in host memory from AllocateHost, for
+// the asynchronous copies. Movable, not copyable.
+template <typename T>
+class HostArray {
+  static_assert(std::is_trivially_destructible_v<T>,
+                "HostArray never runs destructors");
+
+ public:
+  HostArray() = default;
+  HostArray(Backend* backend, size_t count)
+      : backend_(backend), count_(count),
+        ptr_(static_cast<T*>(backend->AllocateHost(count * sizeof(T)))) {
+    for (size_t i = 0; i < count_; ++i) new (ptr_ + i) T();
+  }
+  ~HostArray() { Reset(); }
+  HostArray(HostArray&& o) noexcept { *this = std::move(o); }
+  HostArray& operator=(HostArray&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      backend_ = o.backend_;
+      count_ = o.count_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+      o.count_ = 0;
+    }
+    return *this;
+  }
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return count_; }
+  T* begin() { return ptr_; }
+  T* end() { return ptr_ + count_; }
+  const T* begin() const { return ptr_; }
+  const T* end() const { return ptr_ + count_; }
+  T& operator[](size_t i) { return ptr_[i]; }
+  const T& operator[](size_t i) const { return ptr_[i]; }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr) backend_->FreeHost(ptr_);
+    ptr_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  size_t count_ = 0;
+  T* ptr_ = nullptr;
 };
 
 }  // namespace grps

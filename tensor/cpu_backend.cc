@@ -101,6 +101,24 @@ void CpuBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(host_dst, src, bytes);
 }
 
+void* CpuBackend::AllocateHost(size_t bytes) { return AllocateAligned(bytes); }
+
+void CpuBackend::FreeHost(void* ptr) { std::free(ptr); }
+
+void CpuBackend::CopyToDeviceAsync(void* dst, const void* host_src,
+                                   size_t bytes) {
+  CopyToDevice(dst, host_src, bytes);
+}
+
+void CpuBackend::CopyToHostAsync(void* host_dst, const void* src,
+                                 size_t bytes) {
+  CopyToHost(host_dst, src, bytes);
+}
+
+std::unique_ptr<BackendEvent> CpuBackend::CreateEvent() {
+  return std::make_unique<BackendEvent>();
+}
+
 void CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
@@ -156,6 +174,16 @@ void CpuBackend::ReluGrad(const float* y, const float* dy, float* dx,
 float CpuBackend::SoftmaxCrossEntropy(const float* logits,
                                       const int32_t* labels, int rows, int cols,
                                       float* dlogits, int64_t* correct) {
+  LossOutput out;
+  EnqueueSoftmaxCrossEntropy(logits, labels, rows, cols, dlogits, &out);
+  if (correct != nullptr) *correct = static_cast<int64_t>(out.correct);
+  return out.mean_loss();
+}
+
+void CpuBackend::EnqueueSoftmaxCrossEntropy(const float* logits,
+                                            const int32_t* labels, int rows,
+                                            int cols, float* dlogits,
+                                            LossOutput* out) {
   CheckOrDie(rows >= 0 && cols > 0, "SoftmaxCrossEntropy: bad dimensions");
   double total_loss = 0.0;
   int64_t hits = 0;
@@ -197,8 +225,10 @@ float CpuBackend::SoftmaxCrossEntropy(const float* logits,
     }
     total_loss += std::log(sum) - static_cast<double>(label_shifted);
   }
-  if (correct != nullptr) *correct = hits;
-  return rows > 0 ? static_cast<float>(total_loss / rows) : 0.0f;
+  out->loss_sum = total_loss;
+  out->correct = static_cast<uint64_t>(hits);
+  out->bad_label = 0;
+  out->rows = rows;
 }
 
 void CpuBackend::Axpy(float alpha, const float* x, float* y, size_t n) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "tensor/backend.h"
@@ -38,6 +39,18 @@ class CpuBackend : public Backend {
   // Every op completes before it returns.
   void Synchronize() override {}
 
+  // One queue in effect: the copies run at once, and events are done as
+  // soon as they are recorded.
+  void* AllocateHost(size_t bytes) override;
+  void FreeHost(void* ptr) override;
+  void CopyToDeviceAsync(void* dst, const void* host_src,
+                         size_t bytes) override;
+  void CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override;
+  std::unique_ptr<BackendEvent> CreateEvent() override;
+  void Record(Queue, BackendEvent*) override {}
+  void Wait(Queue, const BackendEvent&) override {}
+  void WaitOnHost(const BackendEvent&) override {}
+
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
             const float* a, int lda, const float* b, int ldb, float beta,
             float* c, int ldc) override;
@@ -48,6 +61,9 @@ class CpuBackend : public Backend {
   float SoftmaxCrossEntropy(const float* logits, const int32_t* labels,
                             int rows, int cols, float* dlogits,
                             int64_t* correct) override;
+  void EnqueueSoftmaxCrossEntropy(const float* logits, const int32_t* labels,
+                                  int rows, int cols, float* dlogits,
+                                  LossOutput* out) override;
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;
   void Scale(float alpha, float* x, size_t n) override;

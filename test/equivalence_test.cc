@@ -57,7 +57,7 @@ v1::JobConfig Config(uint32_t workers, v1::OptimizerKind optimizer,
 // Trains kSteps with `workers` workers; step s uses examples
 // [s * 2B, (s + 1) * 2B), split evenly among the workers in rank order. A
 // worker that accumulates computes its share as `accumulate` local batches
-// and pushes their mean gradient (MlpModel::AccumulateGradients, as the
+// and pushes their mean gradient (MlpModel::ComputeStaged, as the
 // trainer does).
 std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
                          const Data& data,
@@ -78,13 +78,18 @@ std::vector<float> Train(uint32_t workers, v1::OptimizerKind optimizer,
         const absl::Status pulled = client.Pull(step, absl::Seconds(20), params.data());
         ASSERT_TRUE(pulled.ok()) << "step " << step << ": " << pulled;
         model.SetParameters(params.data());
-        for (int j = 0; j < accumulate; ++j) {
+        // As the trainer does: each batch is staged while the one before
+        // it computes, and the passes' mean lands in grads.
+        const auto stage = [&](int j) {
           const int first = step * 2 * kBatch + rank * per_worker + j * local;
-          model.ForwardBackward(&data.x[first * kFeatures], &data.y[first], local, nullptr);
-          if (accumulate > 1) model.AccumulateGradients(/*first=*/j == 0);
+          model.StageBatch(j, &data.x[first * kFeatures], &data.y[first], local);
+        };
+        stage(0);
+        for (int j = 0; j < accumulate; ++j) {
+          if (j + 1 < accumulate) stage(j + 1);
+          model.ComputeStaged(j, j, accumulate, 1.0f, grads.data());
         }
-        if (accumulate > 1) model.GetMeanGradients(grads.data(), accumulate);
-        else model.GetGradients(grads.data());
+        model.FinishStep();
         const absl::StatusOr<ParameterClient::PushOutcome> pushed =
             client.Push(step, grads.data(), per_worker, absl::Seconds(5));
         ASSERT_TRUE(pushed.ok()) << "step " << step << ": " << pushed.status();

@@ -67,6 +67,15 @@ class BatchLoader {
     return &current_;
   }
 
+  // Step's batch if the loader has it prepared now, else null; never waits.
+  // It stays unchanged until the next Take, which returns it for step
+  // (training thread).
+  const Batch* PeekReady(uint64_t step) {
+    absl::MutexLock lock(&mu_);
+    if (!Idle() || ready_step_ != step || !ready_status_.ok()) return nullptr;
+    return &ahead_;
+  }
+
   // How many Takes found their batch prepared ahead (training thread).
   uint64_t prepared_ahead() const { return ahead_hits_; }
 

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace grps {
@@ -50,6 +52,33 @@ TEST(BatchLoader, AStepOtherThanTheOneAskedForIsPreparedInTheCallersThread) {
   EXPECT_EQ((*b)->step, 3u);
   EXPECT_EQ((*b)->made_by, std::this_thread::get_id());
   EXPECT_EQ(loader.prepared_ahead(), 0u);
+}
+
+TEST(BatchLoader, PeekReadyShowsTheNextBatchOnlyOnceItIsPreparedAndTakeReturnsIt) {
+  absl::Notification release;
+  BatchLoader<std::vector<int>> loader([&](uint64_t step, std::vector<int>* out) {
+    if (step == 1) release.WaitForNotification();
+    out->assign(1000, static_cast<int>(step));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(loader.Take(0, 1).ok());
+  // Still being prepared: PeekReady does not wait for it.
+  EXPECT_EQ(loader.PeekReady(1), nullptr);
+  release.Notify();
+  const std::vector<int>* peeked = nullptr;
+  for (int i = 0; i < 2000 && peeked == nullptr; ++i) {
+    peeked = loader.PeekReady(1);
+    if (peeked == nullptr) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_NE(peeked, nullptr);
+  EXPECT_EQ(peeked->front(), 1);
+  EXPECT_EQ(loader.PeekReady(2), nullptr);  // not the step it holds
+  const std::vector<int> seen = *peeked;
+  absl::StatusOr<std::vector<int>*> taken = loader.Take(1, std::nullopt);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(**taken, seen);
+  EXPECT_EQ(loader.prepared_ahead(), 1u);
+  EXPECT_EQ(loader.PeekReady(1), nullptr);  // taken: nothing is ahead now
 }
 
 TEST(BatchLoader, TheBatchTheCallerHoldsIsNotTouchedWhileTheNextIsPrepared) {

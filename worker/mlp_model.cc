@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
+
+#include "tensor/host_memory.h"
 
 namespace grps {
 
 MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
     : backend_(backend), widths_(std::move(widths)), max_batch_(max_batch) {
   assert(widths_.size() >= 2 && max_batch_ > 0);
-  const size_t layers = widths_.size() - 1;
-  for (size_t l = 0; l < layers; ++l) {
+  for (size_t l = 0; l < layers(); ++l) {
     weight_offset_.push_back(num_params_);
     num_params_ += widths_[l] * widths_[l + 1];
     bias_offset_.push_back(num_params_);
@@ -17,18 +19,45 @@ MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
   }
   params_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
   grads_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
-  labels_ = DeviceBuffer(backend_, max_batch_ * sizeof(int32_t));
-  for (size_t l = 0; l <= layers; ++l)
-    activations_.emplace_back(backend_, max_batch_ * widths_[l] * sizeof(float));
-  for (size_t l = 0; l < layers; ++l)
+  const size_t input = static_cast<size_t>(max_batch_) * widths_[0];
+  for (InputSlot& slot : slots_) {
+    slot.x = HostArray<float>(backend_, input);
+    slot.labels = HostArray<int32_t>(backend_, max_batch_);
+    slot.device_x = DeviceBuffer(backend_, input * sizeof(float));
+    slot.device_labels = DeviceBuffer(backend_, max_batch_ * sizeof(int32_t));
+    slot.uploaded = backend_->CreateEvent();
+    slot.released = backend_->CreateEvent();
+  }
+  for (size_t l = 0; l < layers(); ++l) {
+    outputs_.emplace_back(backend_, max_batch_ * widths_[l + 1] * sizeof(float));
     deltas_.emplace_back(backend_, max_batch_ * widths_[l + 1] * sizeof(float));
+    layer_uploaded_.push_back(backend_->CreateEvent());
+  }
+  layers_awaited_ = layers();
+  params_released_ = backend_->CreateEvent();
+  layer_grads_ready_ = backend_->CreateEvent();
+  grads_downloaded_ = backend_->CreateEvent();
+  sync_loss_ = HostArray<LossOutput>(backend_, 1);
   backend_->Fill(params_.f32(), 0.0f, num_params_);
 }
 
 void MlpModel::SetParameters(const float* host_params) {
   backward_batch_ = 0;
-  backend_->CopyToDevice(params_.data(), host_params, num_params_ * sizeof(float));
-  Round(params_.f32(), num_params_);
+  // Not over weights that enqueued passes still read.
+  backend_->Wait(Queue::kCopy, *params_released_);
+  for (size_t l = 0; l < layers(); ++l) {
+    backend_->CopyToDeviceAsync(params_.f32() + weight_offset_[l],
+                                host_params + weight_offset_[l], LayerSize(l) * sizeof(float));
+    backend_->Record(Queue::kCopy, layer_uploaded_[l].get());
+  }
+  layers_awaited_ = 0;
+}
+
+void MlpModel::AwaitLayers(size_t l) {
+  for (; layers_awaited_ <= l; ++layers_awaited_) {
+    backend_->Wait(Queue::kCompute, *layer_uploaded_[layers_awaited_]);
+    Round(params_.f32() + weight_offset_[layers_awaited_], LayerSize(layers_awaited_));
+  }
 }
 
 void MlpModel::Round(float* x, size_t n) {
@@ -36,6 +65,7 @@ void MlpModel::Round(float* x, size_t n) {
 }
 
 void MlpModel::GetParameters(float* host_params) {
+  AwaitLayers(layers() - 1);
   backend_->CopyToHost(host_params, params_.data(), num_params_ * sizeof(float));
 }
 
@@ -43,19 +73,74 @@ void MlpModel::GetGradients(float* host_grads) {
   backend_->CopyToHost(host_grads, grads_.data(), num_params_ * sizeof(float));
 }
 
-void MlpModel::AccumulateGradients(bool first) {
-  if (grad_sum_.data() == nullptr)
-    grad_sum_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
-  if (first)
-    backend_->CopyOnDevice(grad_sum_.data(), grads_.data(), num_params_ * sizeof(float));
-  else
-    backend_->Axpy(1.0f, grads_.f32(), grad_sum_.f32(), num_params_);
+MlpModel::InputSlot& MlpModel::Stage(std::optional<uint64_t> tag, const float* host_x,
+                                     const int32_t* host_labels, int batch) {
+  CheckOrDie(batch > 0 && batch <= max_batch_, "MlpModel", "a batch larger than max_batch");
+  InputSlot* slot = &slots_[next_slot_];
+  if (slot->tag.has_value()) slot = &slots_[1 - next_slot_];
+  CheckOrDie(!slot->tag.has_value(), "MlpModel", "a third batch staged");
+  next_slot_ = static_cast<int>(slot - slots_.data()) == 0 ? 1 : 0;
+  // The staging memory is free once its last upload is done, and the device
+  // buffer once the passes that read it are.
+  backend_->WaitOnHost(*slot->uploaded);
+  const size_t x_bytes = static_cast<size_t>(batch) * widths_[0] * sizeof(float);
+  std::memcpy(slot->x.data(), host_x, x_bytes);
+  std::memcpy(slot->labels.data(), host_labels, batch * sizeof(int32_t));
+  backend_->Wait(Queue::kCopy, *slot->released);
+  backend_->CopyToDeviceAsync(slot->device_x.data(), slot->x.data(), x_bytes);
+  backend_->CopyToDeviceAsync(slot->device_labels.data(), slot->labels.data(),
+                              batch * sizeof(int32_t));
+  backend_->Record(Queue::kCopy, slot->uploaded.get());
+  slot->tag = tag;
+  slot->batch = batch;
+  return *slot;
 }
 
-void MlpModel::GetMeanGradients(float* host_grads, int count) {
-  assert(grad_sum_.data() != nullptr && count > 0);
-  if (count > 1) backend_->Scale(1.0f / static_cast<float>(count), grad_sum_.f32(), num_params_);
-  backend_->CopyToHost(host_grads, grad_sum_.data(), num_params_ * sizeof(float));
+void MlpModel::StageBatch(uint64_t tag, const float* host_x, const int32_t* host_labels,
+                          int batch) {
+  CheckOrDie(!IsStaged(tag), "MlpModel", "a batch staged twice");
+  Stage(tag, host_x, host_labels, batch);
+}
+
+bool MlpModel::IsStaged(uint64_t tag) const {
+  return std::any_of(slots_.begin(), slots_.end(),
+                     [tag](const InputSlot& s) { return s.tag == tag; });
+}
+
+void MlpModel::DropStaged() {
+  for (InputSlot& slot : slots_) slot.tag.reset();
+}
+
+void MlpModel::ComputeStaged(uint64_t tag, int pass, int passes, float loss_scale,
+                             float* host_grads) {
+  CheckOrDie(passes > 0 && pass >= 0 && pass < passes, "MlpModel", "pass out of range");
+  CheckOrDie(host_grads != nullptr, "MlpModel", "a step's gradients need a destination");
+  auto slot = std::find_if(slots_.begin(), slots_.end(),
+                           [tag](const InputSlot& s) { return s.tag == tag; });
+  CheckOrDie(slot != slots_.end(), "MlpModel", "computing a batch that is not staged");
+  slot->tag.reset();
+  if (pass == 0) {
+    if (step_losses_.size() < static_cast<size_t>(passes)) {
+      backend_->Synchronize();  // no loss is still being written
+      step_losses_ = HostArray<LossOutput>(backend_, passes);
+    }
+    step_passes_ = 0;
+  }
+  Run(*slot, /*backward=*/true, &step_losses_[step_passes_++], loss_scale,
+      {pass, passes, host_grads});
+}
+
+float MlpModel::FinishStep() {
+  backend_->WaitOnHost(*grads_downloaded_);
+  double loss = 0;
+  for (int i = 0; i < step_passes_; ++i) loss += CheckedMean(step_losses_[i], nullptr);
+  return step_passes_ > 0 ? static_cast<float>(loss / step_passes_) : 0.0f;
+}
+
+float MlpModel::CheckedMean(const LossOutput& loss, int64_t* correct) {
+  CheckOrDie(loss.bad_label == 0, "MlpModel", "a label outside [0, classes)");
+  if (correct != nullptr) *correct = static_cast<int64_t>(loss.correct);
+  return loss.mean_loss();
 }
 
 void MlpModel::GetInputGradient(float* host_dx) {
@@ -76,13 +161,11 @@ void MlpModel::GetInputGradient(float* host_dx) {
 
 float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
                                 int batch, int64_t* correct, float loss_scale) {
-  assert(batch > 0 && batch <= max_batch_);
-  backend_->CopyToDevice(activations_[0].data(), host_x,
-                         static_cast<size_t>(batch) * widths_[0] * sizeof(float));
-  backend_->CopyToDevice(labels_.data(), host_labels, batch * sizeof(int32_t));
-  const float loss = Run(batch, /*backward=*/true, correct, loss_scale);
+  InputSlot& slot = Stage(std::nullopt, host_x, host_labels, batch);
+  Run(slot, /*backward=*/true, sync_loss_.data(), loss_scale, {});
+  backend_->Synchronize();
   backward_batch_ = batch;
-  return loss;
+  return CheckedMean(sync_loss_[0], correct);
 }
 
 EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
@@ -90,15 +173,22 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
   EvalResult result;
   double loss_sum = 0;
   int64_t hits = 0;
-  for (int64_t first = 0; first < count; first += max_batch_) {
+  auto stage = [&](int64_t first) -> InputSlot& {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, count - first));
-    backend_->CopyToDevice(activations_[0].data(), host_x + first * widths_[0],
-                           static_cast<size_t>(batch) * widths_[0] * sizeof(float));
-    backend_->CopyToDevice(labels_.data(), host_labels + first,
-                           batch * sizeof(int32_t));
-    int64_t correct = 0;
-    loss_sum += static_cast<double>(Run(batch, /*backward=*/false, &correct)) * batch;
-    hits += correct;
+    return Stage(std::nullopt, host_x + first * widths_[0], host_labels + first, batch);
+  };
+  if (count > 0) {
+    InputSlot* slot = &stage(0);
+    for (int64_t first = 0; first < count; first += max_batch_) {
+      InputSlot& current = *slot;
+      Run(current, /*backward=*/false, sync_loss_.data(), 1.0f, {});
+      // The next batch uploads while this one computes.
+      if (first + max_batch_ < count) slot = &stage(first + max_batch_);
+      backend_->Synchronize();
+      int64_t correct = 0;
+      loss_sum += static_cast<double>(CheckedMean(sync_loss_[0], &correct)) * current.batch;
+      hits += correct;
+    }
   }
   result.examples = count;
   if (count > 0) {
@@ -108,51 +198,82 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
   return result;
 }
 
-float MlpModel::Run(int batch, bool backward, int64_t* correct, float loss_scale) {
-  const size_t layers = widths_.size() - 1;
+void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_scale,
+                   const PassPlan& plan) {
+  const int batch = slot.batch;
   float* p = params_.f32();
-  Round(activations_[0].f32(), static_cast<size_t>(batch) * widths_[0]);
+  float* input = slot.device_x.f32();
+  backend_->Wait(Queue::kCompute, *slot.uploaded);
+  slot.tag.reset();
+  Round(input, static_cast<size_t>(batch) * widths_[0]);
   // Forward: z = h W + b; h' = relu(z) except after the last layer.
-  for (size_t l = 0; l < layers; ++l) {
+  for (size_t l = 0; l < layers(); ++l) {
     const int in = static_cast<int>(widths_[l]);
     const int out = static_cast<int>(widths_[l + 1]);
-    float* h = activations_[l].f32();
-    float* z = activations_[l + 1].f32();
+    const float* h = l == 0 ? input : outputs_[l - 1].f32();
+    float* z = outputs_[l].f32();
+    AwaitLayers(l);
     backend_->Gemm(false, false, batch, out, in, 1.0f, h, in, p + weight_offset_[l],
                    out, 0.0f, z, out);
     backend_->BiasAdd(z, p + bias_offset_[l], batch, out);
     Round(z, static_cast<size_t>(batch) * out);
-    if (l + 1 < layers) backend_->Relu(z, z, static_cast<size_t>(batch) * out);
+    if (l + 1 < layers()) backend_->Relu(z, z, static_cast<size_t>(batch) * out);
   }
   const int classes = static_cast<int>(widths_.back());
-  float loss = backend_->SoftmaxCrossEntropy(
-      activations_[layers].f32(), labels_.i32(), batch, classes,
-      backward ? deltas_[layers - 1].f32() : nullptr, correct);
-  if (!backward) return loss;
-  const int rows_out = batch * classes;
-  if (loss_scale != 1.0f) backend_->Scale(loss_scale, deltas_[layers - 1].f32(), rows_out);
-  Round(deltas_[layers - 1].f32(), rows_out);
-  // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
-  float* g = grads_.f32();
-  for (size_t l = layers; l-- > 0;) {
-    const int in = static_cast<int>(widths_[l]);
-    const int out = static_cast<int>(widths_[l + 1]);
-    float* dz = deltas_[l].f32();
-    backend_->Gemm(true, false, in, out, batch, 1.0f, activations_[l].f32(), in,
-                   dz, out, 0.0f, g + weight_offset_[l], out);
-    backend_->BiasGrad(dz, g + bias_offset_[l], batch, out);
-    Round(g + weight_offset_[l], static_cast<size_t>(in) * out + out);  // dW, then db
-    if (l > 0) {
-      float* dh = deltas_[l - 1].f32();
-      backend_->Gemm(false, true, batch, in, out, 1.0f, dz, out,
-                     p + weight_offset_[l], out, 0.0f, dh, in);
-      Round(dh, static_cast<size_t>(batch) * in);
-      backend_->ReluGrad(activations_[l].f32(), dh, dh,
-                         static_cast<size_t>(batch) * in);
+  float* dlogits = backward ? deltas_.back().f32() : nullptr;
+  backend_->EnqueueSoftmaxCrossEntropy(outputs_.back().f32(), slot.device_labels.i32(),
+                                       batch, classes, dlogits, loss);
+  if (backward) {
+    const size_t rows_out = static_cast<size_t>(batch) * classes;
+    if (loss_scale != 1.0f) backend_->Scale(loss_scale, dlogits, rows_out);
+    Round(dlogits, rows_out);
+    // Not over gradients that the copy queue is still downloading.
+    backend_->Wait(Queue::kCompute, *grads_downloaded_);
+    // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
+    float* g = grads_.f32();
+    for (size_t l = layers(); l-- > 0;) {
+      const int in = static_cast<int>(widths_[l]);
+      const int out = static_cast<int>(widths_[l + 1]);
+      const float* h = l == 0 ? input : outputs_[l - 1].f32();
+      float* dz = deltas_[l].f32();
+      backend_->Gemm(true, false, in, out, batch, 1.0f, h, in, dz, out, 0.0f,
+                     g + weight_offset_[l], out);
+      backend_->BiasGrad(dz, g + bias_offset_[l], batch, out);
+      Round(g + weight_offset_[l], LayerSize(l));  // dW, then db
+      if (l > 0) {
+        float* dh = deltas_[l - 1].f32();
+        backend_->Gemm(false, true, batch, in, out, 1.0f, dz, out,
+                       p + weight_offset_[l], out, 0.0f, dh, in);
+        Round(dh, static_cast<size_t>(batch) * in);
+        backend_->ReluGrad(outputs_[l - 1].f32(), dh, dh, static_cast<size_t>(batch) * in);
+      }
+      FinishLayerGradient(l, loss_scale, plan);
     }
+    if (plan.pass + 1 == plan.passes && plan.host_grads != nullptr)
+      backend_->Record(Queue::kCopy, grads_downloaded_.get());
   }
-  if (loss_scale != 1.0f) backend_->Scale(1.0f / loss_scale, g, num_params_);
-  return loss;
+  backend_->Record(Queue::kCompute, slot.released.get());
+  backend_->Record(Queue::kCompute, params_released_.get());
+}
+
+void MlpModel::FinishLayerGradient(size_t l, float loss_scale, const PassPlan& plan) {
+  const size_t n = LayerSize(l);
+  float* result = grads_.f32() + weight_offset_[l];
+  if (loss_scale != 1.0f) backend_->Scale(1.0f / loss_scale, result, n);
+  if (plan.passes > 1) {
+    if (grad_sum_.data() == nullptr)
+      grad_sum_ = DeviceBuffer(backend_, num_params_ * sizeof(float));
+    float* sum = grad_sum_.f32() + weight_offset_[l];
+    if (plan.pass == 0) backend_->CopyOnDevice(sum, result, n * sizeof(float));
+    else backend_->Axpy(1.0f, result, sum, n);
+    if (plan.pass + 1 == plan.passes) backend_->Scale(1.0f / plan.passes, sum, n);
+    result = sum;
+  }
+  if (plan.pass + 1 < plan.passes || plan.host_grads == nullptr) return;
+  // The download of this layer overlaps the backward pass of the ones below.
+  backend_->Record(Queue::kCompute, layer_grads_ready_.get());
+  backend_->Wait(Queue::kCopy, *layer_grads_ready_);
+  backend_->CopyToHostAsync(plan.host_grads + weight_offset_[l], result, n * sizeof(float));
 }
 
 }  // namespace grps

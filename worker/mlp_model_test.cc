@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "tensor/backend.h"
+#include "tensor/lazy_copy_backend.h"
 
 namespace grps {
 namespace {
@@ -175,6 +180,177 @@ TEST(MlpModelMixedPrecision, AnF16GradientBeyondItsRangeOverflowsToInfinity) {
   // bf16 has f32's range: the same scale is harmless there.
   const std::vector<float> bf = GradientIn(DType::kBF16, 16777216.0f, p, b, 32);
   EXPECT_TRUE(std::all_of(bf.begin(), bf.end(), [](float v) { return std::isfinite(v); }));
+}
+
+// ---- the pipelined step, on a backend whose copies run as late as allowed ----
+
+TEST(LazyCopyBackend, ACopyNobodyWaitedForHasNotHappened) {
+  LazyCopyBackend lazy(CreateCpuBackend());
+  DeviceBuffer device(&lazy, 4 * sizeof(float));
+  lazy.Fill(device.f32(), 0.0f, 4);
+  HostArray<float> host(&lazy, 4);
+  for (size_t i = 0; i < 4; ++i) host[i] = static_cast<float>(i + 1);
+  lazy.CopyToDeviceAsync(device.data(), host.data(), 4 * sizeof(float));
+  std::unique_ptr<BackendEvent> uploaded = lazy.CreateEvent();
+  lazy.Record(Queue::kCopy, uploaded.get());
+  std::vector<float> seen(4);
+  lazy.CopyToHost(seen.data(), device.data(), 4 * sizeof(float));
+  EXPECT_EQ(seen, std::vector<float>(4, 0.0f));
+  EXPECT_EQ(lazy.pending_copies(), 1u);
+  lazy.Wait(Queue::kCompute, *uploaded);
+  lazy.CopyToHost(seen.data(), device.data(), 4 * sizeof(float));
+  EXPECT_EQ(seen, (std::vector<float>{1, 2, 3, 4}));
+}
+
+// What the trainer gets from a step of `passes` batches: the mean gradient
+// and the mean loss, computed here pass by pass with the synchronous calls
+// on the CPU backend, the mean in the order the model takes it.
+struct StepResult {
+  std::vector<float> grads;
+  float loss = 0;
+};
+
+StepResult SynchronousStep(DType dtype, float loss_scale, const std::vector<int64_t>& widths,
+                           const std::vector<float>& params, const std::vector<Batch>& passes) {
+  auto backend = CreateCpuBackend();
+  const int batch = static_cast<int>(passes[0].y.size());
+  MlpModel model(backend.get(), widths, batch);
+  model.set_compute_dtype(dtype);
+  model.SetParameters(params.data());
+  StepResult result;
+  result.grads.assign(model.num_parameters(), 0.0f);
+  std::vector<float> g(model.num_parameters());
+  double loss = 0;
+  for (size_t j = 0; j < passes.size(); ++j) {
+    loss += model.ForwardBackward(passes[j].x.data(), passes[j].y.data(), batch, nullptr,
+                                  loss_scale);
+    model.GetGradients(g.data());
+    for (size_t i = 0; i < g.size(); ++i) result.grads[i] = j == 0 ? g[i] : result.grads[i] + g[i];
+  }
+  if (passes.size() > 1) {
+    const float inv = 1.0f / static_cast<float>(passes.size());
+    for (float& v : result.grads) v *= inv;
+  }
+  result.loss = static_cast<float>(loss / passes.size());
+  return result;
+}
+
+class PipelinedStepTest : public ::testing::TestWithParam<DType> {};
+
+// Four steps of three passes each, driven as Trainer::DenseStep drives them:
+// each batch staged while the one before computes, the next step's first
+// batch staged before FinishStep, the host's weights and batches overwritten
+// as soon as the model allows. Every step's gradient and loss are bit for bit
+// the synchronous ones: no upload or download was used before it was done.
+TEST_P(PipelinedStepTest, EqualsSynchronousPassesWhenCopiesRunAsLateAsAllowed) {
+  const DType dtype = GetParam();
+  const float loss_scale = dtype == DType::kF16 ? 1024.0f : 1.0f;
+  const std::vector<int64_t> widths = {6, 5, 4, 3};
+  constexpr int kBatch = 4, kPasses = 3, kSteps = 4;
+  std::vector<std::vector<Batch>> data(kSteps + 1);
+  for (int s = 0; s <= kSteps; ++s)
+    for (int j = 0; j < kPasses; ++j) data[s].push_back(RandomBatch(kBatch, 6, 3, 100 * s + j));
+
+  LazyCopyBackend lazy(CreateCpuBackend());
+  MlpModel model(&lazy, widths, kBatch);
+  model.set_compute_dtype(dtype);
+  HostArray<float> host_params(&lazy, model.num_parameters());
+  HostArray<float> host_grads(&lazy, model.num_parameters());
+  // The caller's batch buffer, refilled as the trainer's loader refills it.
+  Batch scratch;
+  auto stage = [&](int s, int j) {
+    scratch = data[s][j];
+    model.StageBatch(s * kPasses + j, scratch.x.data(), scratch.y.data(), kBatch);
+    std::fill(scratch.x.begin(), scratch.x.end(), 99.0f);
+    std::fill(scratch.y.begin(), scratch.y.end(), 0);
+  };
+  for (int s = 0; s < kSteps; ++s) {
+    const std::vector<float> params = RandomParams(model.num_parameters(), 10 + s);
+    std::copy(params.begin(), params.end(), host_params.begin());
+    model.SetParameters(host_params.data());
+    if (!model.IsStaged(s * kPasses)) stage(s, 0);
+    for (int j = 0; j < kPasses; ++j) {
+      if (j + 1 < kPasses) stage(s, j + 1);
+      model.ComputeStaged(s * kPasses + j, j, kPasses, loss_scale, host_grads.data());
+    }
+    stage(s + 1, 0);
+    const float loss = model.FinishStep();
+    const std::vector<float> grads(host_grads.begin(), host_grads.end());
+    // As a push's reply does: the next weights land in the host buffer.
+    std::fill(host_params.begin(), host_params.end(), -7.0f);
+    const StepResult want = SynchronousStep(dtype, loss_scale, widths, params, data[s]);
+    EXPECT_EQ(grads, want.grads) << "step " << s;
+    EXPECT_EQ(loss, want.loss) << "step " << s;
+  }
+  EXPECT_TRUE(model.IsStaged(kSteps * kPasses));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PipelinedStepTest,
+                         ::testing::Values(DType::kF32, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST(MlpModelPipeline, EvaluateAndGetParametersWaitForTheirUploads) {
+  const std::vector<int64_t> widths = {6, 5, 3};
+  const Batch test = RandomBatch(23, 6, 3, 5);
+  const std::vector<float> params = RandomParams(6 * 5 + 5 + 5 * 3 + 3, 6);
+  auto cpu = CreateCpuBackend();
+  MlpModel plain(cpu.get(), widths, 4);
+  plain.SetParameters(params.data());
+  const EvalResult want = plain.Evaluate(test.x.data(), test.y.data(), 23);
+
+  LazyCopyBackend lazy(CreateCpuBackend());
+  MlpModel model(&lazy, widths, 4);
+  HostArray<float> host(&lazy, params.size());
+  std::copy(params.begin(), params.end(), host.begin());
+  model.SetParameters(host.data());
+  std::vector<float> back(params.size());
+  model.GetParameters(back.data());
+  EXPECT_EQ(back, params);
+  const EvalResult got = model.Evaluate(test.x.data(), test.y.data(), 23);
+  EXPECT_EQ(got.loss, want.loss);
+  EXPECT_EQ(got.accuracy, want.accuracy);
+  EXPECT_EQ(got.examples, 23);
+}
+
+TEST(MlpModelPipeline, DroppedBatchesAreNoLongerStaged) {
+  auto backend = CreateCpuBackend();
+  MlpModel model(backend.get(), {3, 2}, 2);
+  const Batch b = RandomBatch(2, 3, 2, 1);
+  model.StageBatch(7, b.x.data(), b.y.data(), 2);
+  model.StageBatch(8, b.x.data(), b.y.data(), 2);
+  EXPECT_TRUE(model.IsStaged(7));
+  EXPECT_TRUE(model.IsStaged(8));
+  model.DropStaged();
+  EXPECT_FALSE(model.IsStaged(7));
+  EXPECT_FALSE(model.IsStaged(8));
+  std::vector<float> grads(model.num_parameters());
+  EXPECT_DEATH(model.ComputeStaged(7, 0, 1, 1.0f, grads.data()), "not staged");
+}
+
+// On a GPU (skipped elsewhere): the pipelined step computes what the CPU
+// computes, within float rounding (summation order, fused multiply-add).
+TEST(MlpModelCuda, PipelinedStepMatchesTheCpuWithinRounding) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(BackendKind::kCuda);
+  if (!cuda.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << cuda.status().message();
+  const std::vector<int64_t> widths = {784, 256, 128, 10};
+  constexpr int kBatch = 64, kPasses = 2;
+  MlpModel model(cuda->get(), widths, kBatch);
+  const std::vector<float> params = RandomParams(model.num_parameters(), 3);
+  std::vector<Batch> passes = {RandomBatch(kBatch, 784, 10, 4), RandomBatch(kBatch, 784, 10, 5)};
+  HostArray<float> host_params(cuda->get(), params.size()), host_grads(cuda->get(), params.size());
+  std::copy(params.begin(), params.end(), host_params.begin());
+  model.SetParameters(host_params.data());
+  model.StageBatch(0, passes[0].x.data(), passes[0].y.data(), kBatch);
+  model.StageBatch(1, passes[1].x.data(), passes[1].y.data(), kBatch);
+  model.ComputeStaged(0, 0, kPasses, 1.0f, host_grads.data());
+  model.ComputeStaged(1, 1, kPasses, 1.0f, host_grads.data());
+  const float loss = model.FinishStep();
+  const StepResult want = SynchronousStep(DType::kF32, 1.0f, widths, params, passes);
+  EXPECT_NEAR(loss, want.loss, 1e-4 * std::abs(want.loss));
+  const std::vector<float> got(host_grads.begin(), host_grads.end());
+  EXPECT_LT(RelativeDifference(want.grads, got), 1e-4);
 }
 
 }  // namespace

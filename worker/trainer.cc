@@ -75,8 +75,8 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
     model_->set_compute_dtype(
         DTypeFromWire(config_.compute_dtype(), true, "compute_dtype").value_or(DType::kF32));
   }
-  host_params_.resize(params_.num_parameters());
-  host_grads_.resize(params_.num_parameters());
+  host_params_ = HostArray<float>(backend_, params_.num_parameters());
+  host_grads_ = HostArray<float>(backend_, params_.num_parameters());
   progress_.set_test_accuracy(-1);
   progress_.set_test_loss(-1);
   progress_.set_step(start_step_);
@@ -441,22 +441,34 @@ int64_t Trainer::TrainExamples() const {
   return embedding_ != nullptr ? sparse_train_.num_examples() : train_.num_examples();
 }
 
-absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch) {
-  // accumulate_steps local batches of batch_size, summed on the backend.
+absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch,
+                                         const StepBatch* next) {
+  // accumulate_steps local batches of batch_size, averaged on the backend.
+  // Each is staged (uploaded) while the one before it computes, and the
+  // first of step + 1 while this step's last computes and downloads.
   const int local = static_cast<int>(config_.batch_size());
   const int count = static_cast<int>(AccumulateSteps(config_));
   const int64_t features = train_.num_features();
+  const auto tag = [count](uint64_t s, int j) { return s * count + j; };
+  const auto stage = [&](uint64_t s, const StepBatch& b, int j) {
+    model_->StageBatch(tag(s, j), b.x.data() + j * local * features, b.y.data() + j * local,
+                       local);
+  };
   model_->SetParameters(host_params_.data());
   while (true) {
     const float scale = scaler_.scale();
-    double loss = 0;
-    for (int j = 0; j < count; ++j) {
-      loss += model_->ForwardBackward(batch.x.data() + j * local * features,
-                                      batch.y.data() + j * local, local, nullptr, scale);
-      if (count > 1) model_->AccumulateGradients(/*first=*/j == 0);
+    // Staged ahead by the step before, unless it was not ready then (or a
+    // roll-back moved the step).
+    if (!model_->IsStaged(tag(step, 0))) {
+      model_->DropStaged();
+      stage(step, batch, 0);
     }
-    if (count > 1) model_->GetMeanGradients(host_grads_.data(), count);
-    else model_->GetGradients(host_grads_.data());
+    for (int j = 0; j < count; ++j) {
+      if (j + 1 < count) stage(step, batch, j + 1);
+      model_->ComputeStaged(tag(step, j), j, count, scale, host_grads_.data());
+    }
+    if (next != nullptr) stage(step + 1, *next, 0);
+    const float loss = model_->FinishStep();
     // f16: a gradient that overflowed is skipped, never pushed; the step's
     // batch is computed again at half the scale, so that the step still
     // brings this worker's gradient (a sync step waits for it).
@@ -465,8 +477,9 @@ absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch) 
                                     [](float g) { return std::isfinite(g); });
     if (scaler_.Update(finite)) {
       Clip({});
-      return static_cast<float>(loss / count);
+      return loss;
     }
+    model_->DropStaged();
     if (scale <= 1.0f)
       return absl::InternalError(absl::StrCat(
           "the f16 gradient of step ", step, " is not finite even at loss scale 1"));
@@ -480,7 +493,8 @@ absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch) 
 
 void Trainer::Clip(absl::Span<float> rows) {
   if (!clip_limits_.active()) return;
-  const absl::Span<float> parts[] = {absl::MakeSpan(host_grads_), rows};
+  const absl::Span<float> parts[] = {absl::MakeSpan(host_grads_.data(), host_grads_.size()),
+                                     rows};
   clip_ = ClipGradient(clip_limits_, parts);
 }
 
@@ -654,9 +668,12 @@ absl::Status Trainer::Train(uint64_t total) {
     // busy evaluator skips rather than hold training up.
     if (config_.eval_every_steps() > 0 && step > resumed_at &&
         step % config_.eval_every_steps() == 0 && IsEvaluator())
-      evaluator_->Submit(step, host_params_);
-    absl::StatusOr<float> computed = embedding_ != nullptr ? EmbeddingStep(step, **examples)
-                                                           : DenseStep(step, **examples);
+      evaluator_->Submit(step, std::vector<float>(host_params_.begin(), host_params_.end()));
+    absl::StatusOr<float> computed =
+        embedding_ != nullptr
+            ? EmbeddingStep(step, **examples)
+            : DenseStep(step, **examples,
+                        options_.load_ahead ? loader.PeekReady(step + 1) : nullptr);
     if (!computed.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
       return computed.status();
@@ -814,7 +831,8 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
       // the final weights.
       if (absl::Status s = PullWeights(total); !s.ok())
         return Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
-      const Evaluator::Result result = evaluator_->EvaluateNow(total, host_params_);
+      const Evaluator::Result result = evaluator_->EvaluateNow(
+          total, std::vector<float>(host_params_.begin(), host_params_.end()));
       OnEvaluation(result, /*final_eval=*/true);
       if (!result.error.ok())
         return Interrupted() != Interrupt::kNone

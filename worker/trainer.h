@@ -122,8 +122,11 @@ class Trainer {
   // clipped as the job says: the dense model's (the mean over its local
   // batches) into host_grads_; the embedding model's head gradients into
   // host_grads_, after pulling the batch's rows (clock `step`) and before
-  // pushing their gradients. Returns the mean loss.
-  absl::StatusOr<float> DenseStep(uint64_t step, const StepBatch& batch);
+  // pushing their gradients. Returns the mean loss. `next`, if not null, is
+  // step + 1's batch, ready: its first local batch is uploaded while this
+  // step computes.
+  absl::StatusOr<float> DenseStep(uint64_t step, const StepBatch& batch,
+                                  const StepBatch* next);
   absl::StatusOr<float> EmbeddingStep(uint64_t step, const StepBatch& batch);
   // Clips host_grads_ and `rows` (the embedding rows' gradients, or empty)
   // as one gradient, when the job clips; notes how in clip_.
@@ -184,8 +187,9 @@ class Trainer {
   uint64_t hash_rows_ = 0;          // FeatureHashRows of the data
   std::vector<float> rows_;         // training thread: the step's rows
   std::vector<float> row_grads_;    // ... and their gradients, when clipped
-  std::vector<float> host_params_;
-  std::vector<float> host_grads_;
+  // Page-locked where the backend copies asynchronously (CUDA).
+  HostArray<float> host_params_;
+  HostArray<float> host_grads_;
   const ClipLimits clip_limits_;
   LossScaler scaler_;  // training thread: f16's loss scale
   std::optional<ClipResult> clip_;  // training thread: the last step's clipping

@@ -2,10 +2,14 @@
 // other op is a kernel below. Built only as the plugin libgrps_cuda.so (see
 // cuda_backend.h for how it is loaded).
 //
-// Ordering: every op is enqueued on one stream that the backend owns, so ops
-// run in the order they were called. CopyToDevice, CopyToHost, Synchronize
-// and the scalar-returning ops (Sum, SquaredNorm, SoftmaxCrossEntropy) wait
-// for the stream; after CopyToDevice returns the caller may reuse host_src.
+// Ordering: the compute queue is one stream that the backend owns, so its
+// ops run in the order they were called. CopyToDevice, CopyToHost,
+// Synchronize and the scalar-returning ops (Sum, SquaredNorm,
+// SoftmaxCrossEntropy) wait for that stream; after CopyToDevice returns the
+// caller may reuse host_src. The copy queue is a second stream, for the
+// asynchronous copies; events (cudaEvent_t, without timing) order the two.
+// Nothing here synchronizes the whole device but Free and the rare growth of
+// a scratch buffer (cudaFree waits for the device).
 //
 // Errors: whether a device is usable is decided once, by the factory at the
 // bottom, which reports rather than aborts. After that, a failing CUDA or
@@ -28,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -209,12 +214,11 @@ __global__ void RoundToBFloat16Kernel(float* x, size_t n) {
 
 // ---- softmax cross-entropy -------------------------------------------------
 
-// Scalars that the loss kernel accumulates and the host reads back at once.
-struct LossScalars {
-  double loss_sum;                 // sum of the per-row losses
-  unsigned long long correct;      // rows whose argmax is the label
-  int bad_label;                   // 1 if some label was outside [0, cols)
-};
+// The loss kernel accumulates into a LossOutput (backend.h) in device
+// memory, which is copied back up to its `rows`, which the host sets.
+constexpr size_t kLossOutputDeviceBytes = offsetof(LossOutput, rows);
+static_assert(sizeof(unsigned long long) == sizeof(uint64_t),
+              "LossOutput::correct is updated with atomicAdd");
 
 // One warp per row. Lanes stride over the columns; the row's max (with the
 // lowest index among equal maxima) and the sum of exp(x - max) are reduced
@@ -225,7 +229,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits,
                                           const int32_t* labels, int rows,
                                           int cols, float* dlogits,
                                           float* row_loss,
-                                          LossScalars* scalars) {
+                                          LossOutput* scalars) {
   const size_t row =
       (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -271,7 +275,10 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits,
   const float label_shifted = x[label] - max;
   if (lane == 0) {
     row_loss[row] = logf(sum_exp) - label_shifted;
-    if (best_index == label) atomicAdd(&scalars->correct, 1ull);
+    if (best_index == label) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&scalars->correct),
+                1ull);
+    }
   }
   if (dlogits != nullptr) {
     __syncwarp();
@@ -346,6 +353,7 @@ class CudaBackend : public Backend {
 
   std::string Name() const override { return name_; }
   bool IsCuda() const override { return true; }
+  double PeakGflops() const override { return peak_gflops_; }
 
   void* Allocate(size_t bytes) override;
   void Free(void* ptr) override;
@@ -355,6 +363,16 @@ class CudaBackend : public Backend {
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   void Fill(float* x, float value, size_t n) override;
   void Synchronize() override;
+
+  void* AllocateHost(size_t bytes) override;
+  void FreeHost(void* ptr) override;
+  void CopyToDeviceAsync(void* dst, const void* host_src,
+                         size_t bytes) override;
+  void CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override;
+  std::unique_ptr<BackendEvent> CreateEvent() override;
+  void Record(Queue queue, BackendEvent* event) override;
+  void Wait(Queue queue, const BackendEvent& event) override;
+  void WaitOnHost(const BackendEvent& event) override;
 
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
             const float* a, int lda, const float* b, int ldb, float beta,
@@ -366,6 +384,9 @@ class CudaBackend : public Backend {
   float SoftmaxCrossEntropy(const float* logits, const int32_t* labels,
                             int rows, int cols, float* dlogits,
                             int64_t* correct) override;
+  void EnqueueSoftmaxCrossEntropy(const float* logits, const int32_t* labels,
+                                  int rows, int cols, float* dlogits,
+                                  LossOutput* out) override;
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;
   void Scale(float alpha, float* x, size_t n) override;
@@ -399,13 +420,20 @@ class CudaBackend : public Backend {
   // Returns a device buffer of at least `count` floats for per-row losses.
   float* RowLossBuffer(int count);
 
+  cudaStream_t StreamOf(Queue queue) const {
+    return queue == Queue::kCompute ? stream_ : copy_stream_;
+  }
+
   std::string name_;
+  double peak_gflops_ = 0;
   int max_blocks_ = 0;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // the compute queue
+  cudaStream_t copy_stream_ = nullptr;  // the copy queue
   cublasHandle_t cublas_ = nullptr;
   double* partial_ = nullptr;       // kMaxReduceBlocks partial sums
   double* sum_result_ = nullptr;    // Sum / SquaredNorm result
-  LossScalars* loss_scalars_ = nullptr;
+  LossOutput* loss_scalars_ = nullptr;  // device memory
+  LossOutput* sync_loss_ = nullptr;     // page-locked, SoftmaxCrossEntropy's
   float* row_loss_ = nullptr;
   int row_loss_capacity_ = 0;
 };
@@ -452,10 +480,23 @@ std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   backend->name_ = "cuda (" + std::string(prop.name) + ", " + arch + ")";
+  // f32 units per multiprocessor: 64 on sm_80, 128 on sm_86 and later
+  // (sm_90 included). The peak clock is in kHz.
+  int clock_khz = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, kDevice) ==
+      cudaSuccess) {
+    const int units = prop.major == 8 && prop.minor == 0 ? 64 : 128;
+    backend->peak_gflops_ = 2.0 * units * prop.multiProcessorCount *
+                            (clock_khz / 1e6);
+  } else {
+    cudaGetLastError();  // the peak stays unknown
+  }
   backend->max_blocks_ = std::max(1, prop.multiProcessorCount *
                                          (prop.maxThreadsPerMultiProcessor /
                                           kThreads));
   if ((err = cudaStreamCreateWithFlags(&backend->stream_,
+                                       cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaStreamCreateWithFlags(&backend->copy_stream_,
                                        cudaStreamNonBlocking)) != cudaSuccess) {
     *error = CudaErrorText("cudaStreamCreate", err);
     return nullptr;
@@ -475,7 +516,9 @@ std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
                         kMaxReduceBlocks * sizeof(double))) != cudaSuccess ||
       (err = cudaMalloc(&backend->sum_result_, sizeof(double))) !=
           cudaSuccess ||
-      (err = cudaMalloc(&backend->loss_scalars_, sizeof(LossScalars))) !=
+      (err = cudaMalloc(&backend->loss_scalars_, sizeof(LossOutput))) !=
+          cudaSuccess ||
+      (err = cudaMallocHost(&backend->sync_loss_, sizeof(LossOutput))) !=
           cudaSuccess) {
     *error = CudaErrorText("allocating the backend's scratch memory", err);
     return nullptr;
@@ -487,11 +530,14 @@ std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
 // the runtime already unloading, and there is nothing left to protect.
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+  cudaFreeHost(sync_loss_);
   cudaFree(row_loss_);
   cudaFree(loss_scalars_);
   cudaFree(sum_result_);
   cudaFree(partial_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -553,6 +599,74 @@ void CudaBackend::Fill(float* x, float value, size_t n) {
 
 void CudaBackend::Synchronize() {
   GRPS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- host memory, the copy queue and events ----
+
+void* CudaBackend::AllocateHost(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMallocHost(&ptr, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) {
+    const std::string detail = std::to_string(bytes) + " bytes: " +
+                               cudaGetErrorString(err);
+    Die("cudaMallocHost", detail.c_str(), __FILE__, __LINE__);
+  }
+  return ptr;
+}
+
+void CudaBackend::FreeHost(void* ptr) { GRPS_CUDA_CHECK(cudaFreeHost(ptr)); }
+
+void CudaBackend::CopyToDeviceAsync(void* dst, const void* host_src,
+                                    size_t bytes) {
+  if (bytes == 0) return;
+  GRPS_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes,
+                                  cudaMemcpyHostToDevice, copy_stream_));
+}
+
+void CudaBackend::CopyToHostAsync(void* host_dst, const void* src,
+                                  size_t bytes) {
+  if (bytes == 0) return;
+  GRPS_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes,
+                                  cudaMemcpyDeviceToHost, copy_stream_));
+}
+
+class CudaEvent : public BackendEvent {
+ public:
+  CudaEvent() {
+    GRPS_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+const CudaEvent& AsCuda(const BackendEvent& event) {
+  const auto* cuda = dynamic_cast<const CudaEvent*>(&event);
+  GRPS_REQUIRE(cuda != nullptr, "an event of another backend");
+  return *cuda;
+}
+
+std::unique_ptr<BackendEvent> CudaBackend::CreateEvent() {
+  return std::make_unique<CudaEvent>();
+}
+
+void CudaBackend::Record(Queue queue, BackendEvent* event) {
+  GRPS_CUDA_CHECK(cudaEventRecord(AsCuda(*event).get(), StreamOf(queue)));
+}
+
+// Waiting on an event never recorded returns at once, as the contract says.
+void CudaBackend::Wait(Queue queue, const BackendEvent& event) {
+  GRPS_CUDA_CHECK(cudaStreamWaitEvent(StreamOf(queue), AsCuda(event).get(), 0));
+}
+
+void CudaBackend::WaitOnHost(const BackendEvent& event) {
+  GRPS_CUDA_CHECK(cudaEventSynchronize(AsCuda(event).get()));
 }
 
 // ---- dense linear algebra ----
@@ -631,29 +745,40 @@ float CudaBackend::SoftmaxCrossEntropy(const float* logits,
                                        const int32_t* labels, int rows,
                                        int cols, float* dlogits,
                                        int64_t* correct) {
+  EnqueueSoftmaxCrossEntropy(logits, labels, rows, cols, dlogits, sync_loss_);
+  GRPS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  GRPS_REQUIRE(sync_loss_->bad_label == 0,
+               "SoftmaxCrossEntropy: a label is outside [0, cols)");
+  if (correct != nullptr) *correct = static_cast<int64_t>(sync_loss_->correct);
+  return sync_loss_->mean_loss();
+}
+
+void CudaBackend::EnqueueSoftmaxCrossEntropy(const float* logits,
+                                             const int32_t* labels, int rows,
+                                             int cols, float* dlogits,
+                                             LossOutput* out) {
   GRPS_REQUIRE(rows >= 0 && cols > 0, "SoftmaxCrossEntropy: bad dimensions");
+  // Set now; the copy below writes only the fields before `rows`.
+  out->rows = rows;
   if (rows == 0) {
-    if (correct != nullptr) *correct = 0;
-    return 0.0f;
+    // An earlier enqueued loss may still be copying into *out: write after it.
+    GRPS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    out->loss_sum = 0;
+    out->correct = 0;
+    out->bad_label = 0;
+    return;
   }
   float* row_loss = RowLossBuffer(rows);
   GRPS_CUDA_CHECK(
-      cudaMemsetAsync(loss_scalars_, 0, sizeof(LossScalars), stream_));
+      cudaMemsetAsync(loss_scalars_, 0, sizeof(LossOutput), stream_));
   constexpr int kRowsPerBlock = kThreads / kWarp;
   const unsigned blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream_>>>(
       logits, labels, rows, cols, dlogits, row_loss, loss_scalars_);
   GRPS_LAUNCH_CHECK("SoftmaxCrossEntropyKernel");
   EnqueueSum(row_loss, rows, /*square=*/false, &loss_scalars_->loss_sum);
-
-  LossScalars host;
-  GRPS_CUDA_CHECK(cudaMemcpyAsync(&host, loss_scalars_, sizeof(host),
+  GRPS_CUDA_CHECK(cudaMemcpyAsync(out, loss_scalars_, kLossOutputDeviceBytes,
                                   cudaMemcpyDeviceToHost, stream_));
-  GRPS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  GRPS_REQUIRE(host.bad_label == 0,
-               "SoftmaxCrossEntropy: a label is outside [0, cols)");
-  if (correct != nullptr) *correct = static_cast<int64_t>(host.correct);
-  return static_cast<float>(host.loss_sum / rows);
 }
 
 // ---- vector ops ----
