@@ -1,9 +1,10 @@
 // grps_step_bench: a worker's compute step on one backend, before and after
 // the pipelined step, and GEMM throughput beside the device's peak.
 //
-//   - GEMM: n x n by n x n in f32 through Backend::Gemm, 2 n^3 flops a call,
-//     in GFLOP/s beside Backend::PeakGflops (on CUDA: multiprocessors x f32
-//     units x 2 x clock; unknown on the CPU).
+//   - GEMM: n x n by n x n through Backend::Gemm in f32, and GemmIn on f16
+//     and bf16 values (tensor cores on a GPU), 2 n^3 flops a call, in
+//     GFLOP/s beside Backend::PeakGflops, the f32 peak without tensor cores
+//     (on CUDA: multiprocessors x f32 units x 2 x clock; unknown on the CPU).
 //   - Step: what a worker computes each step for a model of --models widths
 //     and --batch examples, timed two ways in the same run:
 //       synchronous (the yardstick, the calls of the worker before the
@@ -36,6 +37,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tensor/backend.h"
+#include "tensor/dtype.h"
 #include "worker/mlp_model.h"
 
 ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda");
@@ -44,6 +46,7 @@ ABSL_FLAG(std::string, models, "784,256,128,10;784,4096,3072,10",
           "models to step, each its layer widths; ';' between models");
 ABSL_FLAG(int, batch, 64, "examples per step");
 ABSL_FLAG(double, seconds, 1.0, "time spent on each figure");
+ABSL_FLAG(std::string, compute_dtype, "f32", "the steps' compute dtype: f32, bf16 or f16");
 
 namespace grps {
 namespace {
@@ -74,28 +77,33 @@ double TimePerCall(Backend& backend, double seconds, Fn once) {
   return absl::ToDoubleSeconds(elapsed) / calls;
 }
 
-void BenchGemm(Backend& backend, int n, double seconds) {
+void BenchGemm(Backend& backend, DType dtype, int n, double seconds) {
   const size_t count = static_cast<size_t>(n) * n;
   const std::vector<float> host = Random(count, 1, 1.0f);
   DeviceBuffer a(&backend, count * sizeof(float)), b(&backend, count * sizeof(float)),
       c(&backend, count * sizeof(float));
   backend.CopyToDevice(a.data(), host.data(), a.bytes());
   backend.CopyToDevice(b.data(), host.data(), b.bytes());
+  backend.RoundTo(dtype, a.f32(), count);
+  backend.RoundTo(dtype, b.f32(), count);
   const double per_call = TimePerCall(backend, seconds, [&] {
-    backend.Gemm(false, false, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(), n);
+    backend.GemmIn(dtype, false, false, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(),
+                   n);
   });
   const double gflops = 2.0 * n * n * static_cast<double>(n) / per_call / 1e9;
   const double peak = backend.PeakGflops();
+  const std::string name(DTypeName(dtype));
   if (peak > 0)
-    std::printf("gemm %5d   %10.1f GFLOP/s   peak %10.1f   %5.1f %% of peak\n", n, gflops,
-                peak, 100.0 * gflops / peak);
+    std::printf("gemm %-4s %5d   %10.1f GFLOP/s   f32 peak %10.1f   %6.1f %% of it\n",
+                name.c_str(), n, gflops, peak, 100.0 * gflops / peak);
   else
-    std::printf("gemm %5d   %10.1f GFLOP/s   peak unknown\n", n, gflops);
+    std::printf("gemm %-4s %5d   %10.1f GFLOP/s   f32 peak unknown\n", name.c_str(), n, gflops);
 }
 
-void BenchStep(Backend& backend, const std::vector<int64_t>& widths, int batch,
+void BenchStep(Backend& backend, DType dtype, const std::vector<int64_t>& widths, int batch,
                double seconds) {
   MlpModel model(&backend, widths, batch);
+  model.set_compute_dtype(dtype);
   const size_t params = static_cast<size_t>(model.num_parameters());
   const std::vector<float> weights = Random(params, 2, 0.05f);
   // Two batches taking turns, as the loader's do.
@@ -125,10 +133,10 @@ void BenchStep(Backend& backend, const std::vector<int64_t>& widths, int batch,
     model.FinishStep();
     ++step;
   });
-  std::printf("step %-22s batch %d, %.1f MB of weights: synchronous %8.3f ms, pipelined "
-              "%8.3f ms, ratio %.2f\n",
-              absl::StrJoin(widths, "-").c_str(), batch, params * 4.0 / 1e6, sync * 1e3,
-              pipelined * 1e3, sync / pipelined);
+  std::printf("step %-22s %s, batch %d, %.1f MB of weights: synchronous %8.3f ms, "
+              "pipelined %8.3f ms, ratio %.2f\n",
+              absl::StrJoin(widths, "-").c_str(), std::string(DTypeName(dtype)).c_str(), batch,
+              params * 4.0 / 1e6, sync * 1e3, pipelined * 1e3, sync / pipelined);
 }
 
 int Main() {
@@ -143,6 +151,11 @@ int Main() {
     return 1;
   }
   const double seconds = absl::GetFlag(FLAGS_seconds);
+  absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "--compute_dtype: %s\n", std::string(dtype.status().message()).c_str());
+    return 2;
+  }
   std::printf("backend: %s\n", (*backend)->Name().c_str());
   for (absl::string_view n : absl::StrSplit(absl::GetFlag(FLAGS_gemm), ',', absl::SkipEmpty())) {
     int size = 0;
@@ -150,7 +163,12 @@ int Main() {
       std::fprintf(stderr, "--gemm: not a size: %s\n", std::string(n).c_str());
       return 2;
     }
-    BenchGemm(**backend, size, seconds);
+    BenchGemm(**backend, DType::kF32, size, seconds);
+    // The CPU runs GemmIn as Gemm: only a GPU has 16-bit figures of its own.
+    if ((*backend)->IsCuda()) {
+      BenchGemm(**backend, DType::kF16, size, seconds);
+      BenchGemm(**backend, DType::kBF16, size, seconds);
+    }
   }
   for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_models), ';', absl::SkipEmpty())) {
     std::vector<int64_t> widths;
@@ -166,7 +184,7 @@ int Main() {
       std::fprintf(stderr, "--models: a model needs at least two widths\n");
       return 2;
     }
-    BenchStep(**backend, widths, absl::GetFlag(FLAGS_batch), seconds);
+    BenchStep(**backend, *dtype, widths, absl::GetFlag(FLAGS_batch), seconds);
   }
   return 0;
 }

@@ -145,6 +145,17 @@ class Backend {
   virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k,
                     float alpha, const float* a, int lda, const float* b,
                     int ldb, float beta, float* c, int ldc) = 0;
+  // Gemm on operands that hold values of `operands` (rounded to it, as
+  // MlpModel's 16-bit compute leaves them): where the device has 16-bit
+  // matrix units (tensor cores) they multiply, accumulating in f32, and the
+  // result is Gemm's up to summation order. The CPU backend, and kF32,
+  // run Gemm.
+  virtual void GemmIn(DType operands, bool trans_a, bool trans_b, int m, int n,
+                      int k, float alpha, const float* a, int lda,
+                      const float* b, int ldb, float beta, float* c, int ldc) {
+    (void)operands;
+    Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   // x[r, c] += bias[c] for an x of rows x cols.
   virtual void BiasAdd(float* x, const float* bias, int rows, int cols) = 0;
   // dbias[c] = sum_r dy[r, c].

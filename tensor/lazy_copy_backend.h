@@ -74,6 +74,11 @@ class LazyCopyBackend : public Backend {
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  void GemmIn(DType operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+              const float* a, int lda, const float* b, int ldb, float beta, float* c,
+              int ldc) override {
+    inner_->GemmIn(operands, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   void BiasAdd(float* x, const float* bias, int rows, int cols) override {
     inner_->BiasAdd(x, bias, rows, cols);
   }

@@ -6,7 +6,8 @@
 #     sparse rows of 16 beside the dense path of the same bytes;
 #   - grps_train_bench: sync with 2 servers for 100 steps (it starts the real
 #     daemons from BIN_DIR);
-#   - bench/exit_latency: one short job.
+#   - bench/exit_latency: one short job;
+#   - grps_step_bench: a small GEMM and a small model's step, both ways.
 set -euo pipefail
 BIN=${1:?usage: bench_smoke_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -30,5 +31,9 @@ bash "$(dirname "$0")/../bench/exit_latency" --runs 1 --bin "$BIN" --root "$WORK
   -- --steps=20 --eval_every=0 --test_limit=1000 >"$WORK/exit.out" 2>&1 \
   || { cat "$WORK/exit.out"; fail "exit_latency failed"; }
 grep -q "^worst:" "$WORK/exit.out" || { cat "$WORK/exit.out"; fail "exit_latency printed no result"; }
-cat "$WORK/wire.out" "$WORK/train.out" "$WORK/exit.out"
+"$BIN/grps_step_bench" --backend=cpu --gemm=64 --models=20,8,3 --batch=4 --seconds=0.05 \
+  >"$WORK/step.out" 2>&1 || { cat "$WORK/step.out"; fail "grps_step_bench failed"; }
+grep -q "^gemm f32" "$WORK/step.out" && grep -q "synchronous .* pipelined .* ratio" "$WORK/step.out" \
+  || { cat "$WORK/step.out"; fail "grps_step_bench printed no table"; }
+cat "$WORK/wire.out" "$WORK/train.out" "$WORK/exit.out" "$WORK/step.out"
 echo "PASS"

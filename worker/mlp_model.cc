@@ -152,9 +152,9 @@ void MlpModel::GetInputGradient(float* host_dx) {
   // dx = dz_0 W_0^T, with dz_0 = d loss / d pre-activation of the first layer.
   const int in = static_cast<int>(widths_[0]);
   const int out = static_cast<int>(widths_[1]);
-  backend_->Gemm(false, true, backward_batch_, in, out, 1.0f, deltas_[0].f32(),
-                 out, params_.f32() + weight_offset_[0], out, 0.0f,
-                 input_grad_.f32(), in);
+  backend_->GemmIn(compute_dtype_, false, true, backward_batch_, in, out, 1.0f,
+                   deltas_[0].f32(), out, params_.f32() + weight_offset_[0], out, 0.0f,
+                   input_grad_.f32(), in);
   backend_->CopyToHost(host_dx, input_grad_.data(),
                        static_cast<size_t>(backward_batch_) * in * sizeof(float));
 }
@@ -213,8 +213,8 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
     const float* h = l == 0 ? input : outputs_[l - 1].f32();
     float* z = outputs_[l].f32();
     AwaitLayers(l);
-    backend_->Gemm(false, false, batch, out, in, 1.0f, h, in, p + weight_offset_[l],
-                   out, 0.0f, z, out);
+    backend_->GemmIn(compute_dtype_, false, false, batch, out, in, 1.0f, h, in,
+                     p + weight_offset_[l], out, 0.0f, z, out);
     backend_->BiasAdd(z, p + bias_offset_[l], batch, out);
     Round(z, static_cast<size_t>(batch) * out);
     if (l + 1 < layers()) backend_->Relu(z, z, static_cast<size_t>(batch) * out);
@@ -236,14 +236,14 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
       const int out = static_cast<int>(widths_[l + 1]);
       const float* h = l == 0 ? input : outputs_[l - 1].f32();
       float* dz = deltas_[l].f32();
-      backend_->Gemm(true, false, in, out, batch, 1.0f, h, in, dz, out, 0.0f,
-                     g + weight_offset_[l], out);
+      backend_->GemmIn(compute_dtype_, true, false, in, out, batch, 1.0f, h, in, dz, out,
+                       0.0f, g + weight_offset_[l], out);
       backend_->BiasGrad(dz, g + bias_offset_[l], batch, out);
       Round(g + weight_offset_[l], LayerSize(l));  // dW, then db
       if (l > 0) {
         float* dh = deltas_[l - 1].f32();
-        backend_->Gemm(false, true, batch, in, out, 1.0f, dz, out,
-                       p + weight_offset_[l], out, 0.0f, dh, in);
+        backend_->GemmIn(compute_dtype_, false, true, batch, in, out, 1.0f, dz, out,
+                         p + weight_offset_[l], out, 0.0f, dh, in);
         Round(dh, static_cast<size_t>(batch) * in);
         backend_->ReluGrad(outputs_[l - 1].f32(), dh, dh, static_cast<size_t>(batch) * in);
       }

@@ -377,6 +377,9 @@ class CudaBackend : public Backend {
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
             const float* a, int lda, const float* b, int ldb, float beta,
             float* c, int ldc) override;
+  void GemmIn(DType operands, bool trans_a, bool trans_b, int m, int n, int k,
+              float alpha, const float* a, int lda, const float* b, int ldb,
+              float beta, float* c, int ldc) override;
   void BiasAdd(float* x, const float* bias, int rows, int cols) override;
   void BiasGrad(const float* dy, float* dbias, int rows, int cols) override;
   void Relu(const float* x, float* y, size_t n) override;
@@ -413,6 +416,11 @@ class CudaBackend : public Backend {
     return static_cast<unsigned>(
         std::min<size_t>(wanted, static_cast<size_t>(max_blocks_)));
   }
+
+  // Gemm and GemmIn: cuBLAS with the given compute type.
+  void GemmWith(cublasComputeType_t compute, bool trans_a, bool trans_b,
+                int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc);
 
   // Enqueues the sum of x[0, n) (squared if `square`) in double into
   // *result_ on the stream; n > 0.
@@ -674,6 +682,29 @@ void CudaBackend::WaitOnHost(const BackendEvent& event) {
 void CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k,
                        float alpha, const float* a, int lda, const float* b,
                        int ldb, float beta, float* c, int ldc) {
+  GemmWith(CUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, a, lda, b,
+           ldb, beta, c, ldc);
+}
+
+// The operands are f32 buffers holding 16-bit values, so the down-conversion
+// that the fast compute types allow (to the 16-bit type or TF32, cuBLAS's
+// choice) is exact: the tensor cores multiply exactly what the CPU does.
+void CudaBackend::GemmIn(DType operands, bool trans_a, bool trans_b, int m,
+                         int n, int k, float alpha, const float* a, int lda,
+                         const float* b, int ldb, float beta, float* c,
+                         int ldc) {
+  const cublasComputeType_t compute =
+      operands == DType::kF16    ? CUBLAS_COMPUTE_32F_FAST_16F
+      : operands == DType::kBF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                 : CUBLAS_COMPUTE_32F;
+  GemmWith(compute, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+           ldc);
+}
+
+void CudaBackend::GemmWith(cublasComputeType_t compute, bool trans_a,
+                           bool trans_b, int m, int n, int k, float alpha,
+                           const float* a, int lda, const float* b, int ldb,
+                           float beta, float* c, int ldc) {
   GRPS_REQUIRE(m >= 0 && n >= 0 && k >= 0, "Gemm: negative dimension");
   if (m == 0 || n == 0) return;
   GRPS_REQUIRE(lda >= (trans_a ? m : k) && lda >= 1,
@@ -693,9 +724,17 @@ void CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k,
   // column-major matrix of its transpose with the same ld, so row-major
   // C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands
   // and the dimensions m and n, and keep each operand's transpose flag.
-  GRPS_CUBLAS_CHECK(cublasSgemm(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
-                                &alpha, b, ldb, a, lda, &beta, c, ldc));
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (compute == CUBLAS_COMPUTE_32F) {
+    GRPS_CUBLAS_CHECK(cublasSgemm(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb,
+                                  a, lda, &beta, c, ldc));
+    return;
+  }
+  GRPS_CUBLAS_CHECK(cublasGemmEx(cublas_, op_b, op_a, n, m, k, &alpha, b,
+                                 CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                 CUDA_R_32F, ldc, compute,
+                                 CUBLAS_GEMM_DEFAULT));
 }
 
 void CudaBackend::BiasAdd(float* x, const float* bias, int rows, int cols) {

@@ -190,6 +190,27 @@ TEST_F(CudaParityTest, EnqueuedLossMatchesTheSynchronousOne) {
   EXPECT_EQ(static_cast<int64_t>(out[0].correct), correct);
 }
 
+// 16-bit operands on the tensor cores: the products are exact, the sums f32,
+// so the result is the CPU's f32 GEMM of the same rounded values up to
+// summation order.
+TEST_F(CudaParityTest, GemmInSixteenBitsMatchesTheCpuOnRoundedOperands) {
+  constexpr int m = 96, n = 130, k = 300;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    BufferPair a = Upload(Random(static_cast<size_t>(m) * k));
+    BufferPair b = Upload(Random(static_cast<size_t>(k) * n));
+    BufferPair c = Upload(std::vector<float>(static_cast<size_t>(m) * n));
+    for (BufferPair* x : {&a, &b}) {
+      cpu_->RoundTo(dtype, x->cpu.f32(), x->count);
+      gpu_->RoundTo(dtype, x->gpu.f32(), x->count);
+    }
+    cpu_->GemmIn(dtype, false, false, m, n, k, 1.0f, a.cpu.f32(), k, b.cpu.f32(), n, 0.0f,
+                 c.cpu.f32(), n);
+    gpu_->GemmIn(dtype, false, false, m, n, k, 1.0f, a.gpu.f32(), k, b.gpu.f32(), n, 0.0f,
+                 c.gpu.f32(), n);
+    EXPECT_TRUE(Agree(c, 1e-4, 1e-4)) << DTypeName(dtype);
+  }
+}
+
 TEST_F(CudaParityTest, ReportsAPeakRate) {
   // An H100 has 132 multiprocessors at 1.98 GHz: about 67 TFLOP/s.
   EXPECT_GT(gpu_->PeakGflops(), 1000.0);
