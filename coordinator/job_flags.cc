@@ -118,8 +118,8 @@ ABSL_FLAG(float, topk, Defaults().gradient_topk(),
           "keeping the rest on the worker for its next push (top-k with error "
           "feedback); 0 = whole gradients");
 ABSL_FLAG(uint32_t, accumulate_steps, Defaults().accumulate_steps(),
-          "dense models: each push carries the mean gradient of this many local "
-          "batches of --batch (gradient accumulation; 0 or 1 = one)");
+          "each push carries the mean gradient of this many local batches of "
+          "--batch (gradient accumulation; 0 or 1 = one)");
 ABSL_FLAG(float, clip_norm, Defaults().clip_norm(),
           "scale each worker's gradient down to this global L2 norm before the "
           "push when it is longer (0 = no clipping by norm)");

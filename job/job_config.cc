@@ -145,8 +145,6 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (!(c.gradient_topk() >= 0 && c.gradient_topk() <= 1))
     return bad("gradient_topk must be in [0, 1] (0: send gradients whole)");
   if (c.accumulate_steps() > 1024) return bad("accumulate_steps must be in [0, 1024]");
-  if (AccumulateSteps(c) > 1 && c.model() == v1::MODEL_EMBEDDING)
-    return bad("accumulate_steps applies to dense models (mlp, softmax) only");
   if (static_cast<uint64_t>(c.batch_size()) * AccumulateSteps(c) > 65536)
     return bad("batch_size x accumulate_steps must be at most 65536");
   if (!(c.clip_norm() >= 0) || !std::isfinite(c.clip_norm()))

@@ -135,8 +135,8 @@ ABSL_FLAG(std::optional<std::string>, wire_dtype, std::nullopt,
 ABSL_FLAG(std::optional<float>, topk, std::nullopt,
           "push only this fraction of each gradient (top-k with error feedback)");
 ABSL_FLAG(std::optional<uint32_t>, accumulate_steps, std::nullopt,
-          "dense models: each push carries the mean gradient of this many local "
-          "batches of --batch (gradient accumulation)");
+          "each push carries the mean gradient of this many local batches of "
+          "--batch (gradient accumulation)");
 ABSL_FLAG(std::optional<float>, clip_norm, std::nullopt,
           "scale each worker's gradient down to this global L2 norm before the push "
           "when it is longer");

@@ -41,7 +41,7 @@ void EmbeddingModel::GetHeadParameters(float* host_params) {
 }
 
 void EmbeddingModel::GetHeadGradients(float* host_grads) {
-  head_.GetGradients(host_grads);
+  std::copy(head_grads_.begin(), head_grads_.end(), host_grads);
 }
 
 void EmbeddingModel::ComputeBags(const SparseBatch& batch, int first,
@@ -64,31 +64,54 @@ void EmbeddingModel::ComputeBags(const SparseBatch& batch, int first,
 }
 
 float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
-                                      const float* rows, int64_t* correct) {
+                                      const float* rows, int64_t* correct,
+                                      int passes) {
   const int n = batch.size();
-  assert(n >= 1 && n <= max_batch_);
+  assert(passes >= 1 && n >= passes && n % passes == 0);
+  const int per_pass = n / passes;
+  assert(per_pass <= max_batch_);
   const int64_t dim = embedding_dim_;
-  ComputeBags(batch, 0, n, rows);
-  const float loss =
-      head_.ForwardBackward(bags_.data(), batch.labels().data(), n, correct);
-  head_.GetInputGradient(bag_grads_.data());
-
-  // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d bag.
   const std::vector<int64_t>& offsets = batch.offsets();
   const std::vector<int32_t>& row_of = batch.rows();
   const std::vector<float>& values = batch.values();
+  head_grads_.resize(head_.num_parameters());
+  pass_grads_.resize(head_.num_parameters());
   row_grads_.assign(batch.unique_ids().size() * dim, 0.0f);
-  for (int i = 0; i < n; ++i) {
-    const float* bag_grad = bag_grads_.data() + i * dim;
-    const int64_t begin = offsets[i];
-    const int64_t end = offsets[i + 1];
-    for (int64_t j = begin; j < end; ++j) {
-      const float w = Weight(values[j], end - begin);
-      float* grad = row_grads_.data() + static_cast<int64_t>(row_of[j]) * dim;
-      for (int64_t d = 0; d < dim; ++d) grad[d] += w * bag_grad[d];
+  double loss = 0;
+  int64_t hits = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int first = pass * per_pass;
+    ComputeBags(batch, first, per_pass, rows);
+    int64_t pass_hits = 0;
+    loss += head_.ForwardBackward(bags_.data(), batch.labels().data() + first,
+                                  per_pass, &pass_hits);
+    hits += pass_hits;
+    // The head's gradients are summed in the order the dense model sums its
+    // passes (MlpModel::ComputeStaged), then scaled once.
+    head_.GetGradients(pass == 0 ? head_grads_.data() : pass_grads_.data());
+    if (pass > 0) {
+      for (size_t i = 0; i < head_grads_.size(); ++i) head_grads_[i] += pass_grads_[i];
+    }
+    head_.GetInputGradient(bag_grads_.data());
+    // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d bag.
+    for (int i = 0; i < per_pass; ++i) {
+      const float* bag_grad = bag_grads_.data() + i * dim;
+      const int64_t begin = offsets[first + i];
+      const int64_t end = offsets[first + i + 1];
+      for (int64_t j = begin; j < end; ++j) {
+        const float w = Weight(values[j], end - begin);
+        float* grad = row_grads_.data() + static_cast<int64_t>(row_of[j]) * dim;
+        for (int64_t d = 0; d < dim; ++d) grad[d] += w * bag_grad[d];
+      }
     }
   }
-  return loss;
+  if (passes > 1) {
+    const float inv = 1.0f / static_cast<float>(passes);
+    for (float& g : head_grads_) g *= inv;
+    for (float& g : row_grads_) g *= inv;
+  }
+  if (correct != nullptr) *correct = hits;
+  return static_cast<float>(loss / passes);
 }
 
 EvalResult EmbeddingModel::Evaluate(const SparseBatch& examples,

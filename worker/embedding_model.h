@@ -59,15 +59,18 @@ class EmbeddingModel {
   void SetHeadParameters(const float* host_params);
   void GetHeadParameters(float* host_params);
 
-  // Forward and backward over `batch` (1 <= batch.size() <= max_batch,
-  // labels in [0, num_classes)). `rows` holds the pulled rows:
+  // Forward and backward over `batch` (labels in [0, num_classes)), in
+  // `passes` passes of batch.size() / passes consecutive examples each
+  // (gradient accumulation: passes divides batch.size(), and a pass is at
+  // most max_batch). `rows` holds the pulled rows:
   // batch.unique_ids().size() x embedding_dim floats, row i for
-  // unique_ids()[i]. Returns the mean loss over the batch and leaves
+  // unique_ids()[i]; every pass reads them as they are. Returns the mean of
+  // the passes' mean losses and leaves the mean of their gradients:
   //   * d(mean loss)/d(head parameters) for GetHeadGradients;
   //   * d(mean loss)/d(rows) in row_gradients();
   // *correct (if not null) counts argmax == label.
   float ForwardBackward(const SparseBatch& batch, const float* rows,
-                        int64_t* correct);
+                        int64_t* correct, int passes = 1);
 
   // Copies the head gradient of the last ForwardBackward to host memory
   // (num_head_parameters() floats).
@@ -103,6 +106,8 @@ class EmbeddingModel {
   std::vector<float> bags_;       // host, max_batch x embedding_dim
   std::vector<float> bag_grads_;  // host, max_batch x embedding_dim
   std::vector<float> row_grads_;  // host, unique ids x embedding_dim
+  std::vector<float> head_grads_;  // host, the last ForwardBackward's
+  std::vector<float> pass_grads_;  // host, one pass's head gradient
 };
 
 }  // namespace grps

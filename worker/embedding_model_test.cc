@@ -376,6 +376,52 @@ INSTANTIATE_TEST_SUITE_P(EmbeddingModel, EmbeddingModelCombiner,
 
 // The head is an MlpModel over the bags, parameter for parameter: given the
 // bags as dense input, MlpModel computes the same loss and head gradient.
+// Gradient accumulation: 4 passes over 3 examples each give the gradients
+// (head and rows), the loss and the hits of one batch of the 12 examples
+// within float rounding; a model whose max_batch is 3 accepts the 12.
+TEST_P(EmbeddingModelCombiner, FourPassesOfThreeExamplesEqualOneBatchOfTwelve) {
+  const int64_t dim = 3;
+  auto backend = CreateCpuBackend();
+  EmbeddingModel small(backend.get(), dim, {5}, 3, GetParam(), 3);
+  EmbeddingModel whole(backend.get(), dim, {5}, 3, GetParam(), 12);
+  std::mt19937 rng(21);
+  Csr csr;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int64_t> f;
+    std::vector<float> v;
+    for (int j = 0; j < 1 + i % 3; ++j) {
+      f.push_back(static_cast<int64_t>(rng() % 6));  // ids shared across passes
+      v.push_back(0.5f + static_cast<float>(rng() % 4));
+    }
+    csr.Add(f, v, static_cast<int32_t>(rng() % 3));
+  }
+  const SparseBatch batch = Build(csr);
+  const std::vector<float> rows = Normal(batch.unique_ids().size() * dim, 1.0f, 22);
+  const std::vector<float> head = LiveHead(small.head_widths(), 23);
+  small.SetHeadParameters(head.data());
+  whole.SetHeadParameters(head.data());
+  int64_t hits_small = -1, hits_whole = -2;
+  const float loss_small = small.ForwardBackward(batch, rows.data(), &hits_small, 4);
+  const float loss_whole = whole.ForwardBackward(batch, rows.data(), &hits_whole);
+  EXPECT_NEAR(loss_small, loss_whole, 1e-6 * std::abs(loss_whole));
+  EXPECT_EQ(hits_small, hits_whole);
+  auto close = [](absl::Span<const float> a, absl::Span<const float> b) {
+    ASSERT_EQ(a.size(), b.size());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+      norm += double{b[i]} * b[i];
+    }
+    ASSERT_GT(norm, 0);
+    EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+  };
+  close(small.row_gradients(), whole.row_gradients());
+  std::vector<float> g_small(small.num_head_parameters()), g_whole(g_small.size());
+  small.GetHeadGradients(g_small.data());
+  whole.GetHeadGradients(g_whole.data());
+  close(g_small, g_whole);
+}
+
 TEST(EmbeddingModel, HeadIsAnMlpModelOverTheBags) {
   const int64_t dim = 2;
   auto backend = CreateCpuBackend();

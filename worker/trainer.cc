@@ -510,7 +510,9 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
       !s.ok())
     return s;
   embedding_->SetHeadParameters(host_params_.data());
-  const float loss = embedding_->ForwardBackward(sparse_batch, rows_.data(), nullptr);
+  // accumulate_steps passes of batch_size over the step's examples.
+  const float loss = embedding_->ForwardBackward(sparse_batch, rows_.data(), nullptr,
+                                                 static_cast<int>(AccumulateSteps(config_)));
   if (!std::isfinite(loss)) return loss;  // the caller says so; nothing is pushed
   embedding_->GetHeadGradients(host_grads_.data());
   const float* row_grads = embedding_->row_gradients().data();
