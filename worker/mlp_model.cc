@@ -180,13 +180,13 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
   if (count > 0) {
     InputSlot* slot = &stage(0);
     for (int64_t first = 0; first < count; first += max_batch_) {
-      InputSlot& current = *slot;
-      Run(current, /*backward=*/false, sync_loss_.data(), 1.0f, {});
+      const int batch = slot->batch;
+      Run(*slot, /*backward=*/false, sync_loss_.data(), 1.0f, {});
       // The next batch uploads while this one computes.
       if (first + max_batch_ < count) slot = &stage(first + max_batch_);
       backend_->Synchronize();
       int64_t correct = 0;
-      loss_sum += static_cast<double>(CheckedMean(sync_loss_[0], &correct)) * current.batch;
+      loss_sum += static_cast<double>(CheckedMean(sync_loss_[0], &correct)) * batch;
       hits += correct;
     }
   }

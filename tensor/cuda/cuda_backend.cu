@@ -551,16 +551,23 @@ CudaBackend::~CudaBackend() {
 
 // ---- memory ----
 
-void* CudaBackend::Allocate(size_t bytes) {
+// At least one byte, so that the result is never null; running out of memory
+// is fatal, as for the CPU backend.
+template <typename AllocateFn>
+void* AllocateOrDie(AllocateFn allocate, const char* name, size_t bytes) {
   void* ptr = nullptr;
-  // At least one byte, so that the result is never null.
-  const cudaError_t err = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
+  const cudaError_t err = allocate(&ptr, std::max<size_t>(bytes, 1));
   if (err != cudaSuccess) {
     const std::string detail = std::to_string(bytes) + " bytes: " +
                                cudaGetErrorString(err);
-    Die("cudaMalloc", detail.c_str(), __FILE__, __LINE__);
+    Die(name, detail.c_str(), __FILE__, __LINE__);
   }
   return ptr;
+}
+
+void* CudaBackend::Allocate(size_t bytes) {
+  return AllocateOrDie([](void** p, size_t n) { return cudaMalloc(p, n); },
+                       "cudaMalloc", bytes);
 }
 
 // cudaFree waits for the device, so memory still used by enqueued ops is not
@@ -612,14 +619,8 @@ void CudaBackend::Synchronize() {
 // ---- host memory, the copy queue and events ----
 
 void* CudaBackend::AllocateHost(size_t bytes) {
-  void* ptr = nullptr;
-  const cudaError_t err = cudaMallocHost(&ptr, std::max<size_t>(bytes, 1));
-  if (err != cudaSuccess) {
-    const std::string detail = std::to_string(bytes) + " bytes: " +
-                               cudaGetErrorString(err);
-    Die("cudaMallocHost", detail.c_str(), __FILE__, __LINE__);
-  }
-  return ptr;
+  return AllocateOrDie([](void** p, size_t n) { return cudaMallocHost(p, n); },
+                       "cudaMallocHost", bytes);
 }
 
 void CudaBackend::FreeHost(void* ptr) { GRPS_CUDA_CHECK(cudaFreeHost(ptr)); }
