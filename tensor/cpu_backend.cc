@@ -212,16 +212,16 @@ void CpuBackend::EnqueueSoftmaxCrossEntropy(const float* logits,
     if (dlogits == nullptr) {
       for (int c = 0; c < cols; ++c) sum += std::exp(row[c] - max);
     } else {
-      float* out = dlogits + static_cast<size_t>(r) * cols;
+      float* drow = dlogits + static_cast<size_t>(r) * cols;
       for (int c = 0; c < cols; ++c) {
         const float e = std::exp(row[c] - max);
-        out[c] = e;
+        drow[c] = e;
         sum += e;
       }
       // d(mean loss)/dx_c = (softmax_c - [c == label]) / rows
       const float scale = static_cast<float>(1.0 / sum) * inv_rows;
-      for (int c = 0; c < cols; ++c) out[c] *= scale;
-      out[label] -= inv_rows;
+      for (int c = 0; c < cols; ++c) drow[c] *= scale;
+      drow[label] -= inv_rows;
     }
     total_loss += std::log(sum) - static_cast<double>(label_shifted);
   }

@@ -39,6 +39,8 @@ MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
   grads_downloaded_ = backend_->CreateEvent();
   sync_loss_ = HostArray<LossOutput>(backend_, 1);
   backend_->Fill(params_.f32(), 0.0f, num_params_);
+  // The first upload goes over the zeros, not under them.
+  backend_->Record(Queue::kCompute, params_released_.get());
 }
 
 void MlpModel::SetParameters(const float* host_params) {
@@ -120,17 +122,25 @@ void MlpModel::ComputeStaged(uint64_t tag, int pass, int passes, float loss_scal
   CheckOrDie(slot != slots_.end(), "MlpModel", "computing a batch that is not staged");
   slot->tag.reset();
   if (pass == 0) {
+    CheckOrDie(!step_open_, "MlpModel", "a step begun before FinishStep of the one before");
     if (step_losses_.size() < static_cast<size_t>(passes)) {
       backend_->Synchronize();  // no loss is still being written
       step_losses_ = HostArray<LossOutput>(backend_, passes);
     }
     step_passes_ = 0;
+    step_total_passes_ = passes;
+    step_open_ = true;
   }
+  CheckOrDie(step_open_ && pass == step_passes_ && passes == step_total_passes_, "MlpModel",
+             "a step's passes out of order");
   Run(*slot, /*backward=*/true, &step_losses_[step_passes_++], loss_scale,
       {pass, passes, host_grads});
 }
 
 float MlpModel::FinishStep() {
+  CheckOrDie(step_open_ && step_passes_ == step_total_passes_, "MlpModel",
+             "FinishStep before the step's last pass");
+  step_open_ = false;
   backend_->WaitOnHost(*grads_downloaded_);
   double loss = 0;
   for (int i = 0; i < step_passes_; ++i) loss += CheckedMean(step_losses_[i], nullptr);
@@ -227,7 +237,8 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
     const size_t rows_out = static_cast<size_t>(batch) * classes;
     if (loss_scale != 1.0f) backend_->Scale(loss_scale, dlogits, rows_out);
     Round(dlogits, rows_out);
-    // Not over gradients that the copy queue is still downloading.
+    // Not over gradients that the copy queue is still downloading (the
+    // synchronous calls right after a step whose FinishStep has not come).
     backend_->Wait(Queue::kCompute, *grads_downloaded_);
     // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
     float* g = grads_.f32();

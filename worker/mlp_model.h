@@ -173,6 +173,8 @@ class MlpModel {
   std::unique_ptr<BackendEvent> grads_downloaded_;   // copy: the last layer's
   HostArray<LossOutput> step_losses_;  // a loss per pass of the step
   int step_passes_ = 0;                // passes enqueued in this step
+  int step_total_passes_ = 0;          // ... of how many
+  bool step_open_ = false;             // a step's passes came, FinishStep not
   HostArray<LossOutput> sync_loss_;    // synchronous passes' and Evaluate's
   // The batch of the last ForwardBackward whose deltas_ and params_ are still
   // current; 0 when there is none (GetInputGradient's precondition).

@@ -5,12 +5,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tensor/backend.h"
-#include "tensor/lazy_copy_backend.h"
+#include "tensor/lazy_queue_backend.h"
 
 namespace grps {
 namespace {
@@ -182,10 +183,10 @@ TEST(MlpModelMixedPrecision, AnF16GradientBeyondItsRangeOverflowsToInfinity) {
   EXPECT_TRUE(std::all_of(bf.begin(), bf.end(), [](float v) { return std::isfinite(v); }));
 }
 
-// ---- the pipelined step, on a backend whose copies run as late as allowed ----
+// ---- the pipelined step, on backends that run one queue as late as allowed ----
 
-TEST(LazyCopyBackend, ACopyNobodyWaitedForHasNotHappened) {
-  LazyCopyBackend lazy(CreateCpuBackend());
+TEST(LazyQueueBackend, ACopyNobodyWaitedForHasNotHappened) {
+  LazyQueueBackend lazy(CreateCpuBackend(), LazyQueueBackend::Lazy::kCopies);
   DeviceBuffer device(&lazy, 4 * sizeof(float));
   lazy.Fill(device.f32(), 0.0f, 4);
   HostArray<float> host(&lazy, 4);
@@ -196,11 +197,30 @@ TEST(LazyCopyBackend, ACopyNobodyWaitedForHasNotHappened) {
   std::vector<float> seen(4);
   lazy.CopyToHost(seen.data(), device.data(), 4 * sizeof(float));
   EXPECT_EQ(seen, std::vector<float>(4, 0.0f));
-  EXPECT_EQ(lazy.pending_copies(), 1u);
+  EXPECT_EQ(lazy.pending(), 1u);
   lazy.Wait(Queue::kCompute, *uploaded);
   lazy.CopyToHost(seen.data(), device.data(), 4 * sizeof(float));
   EXPECT_EQ(seen, (std::vector<float>{1, 2, 3, 4}));
 }
+
+TEST(LazyQueueBackend, AComputeOpNobodyWaitedForHasNotHappened) {
+  LazyQueueBackend lazy(CreateCpuBackend(), LazyQueueBackend::Lazy::kCompute);
+  DeviceBuffer device(&lazy, 4 * sizeof(float));
+  lazy.Fill(device.f32(), 0.0f, 4);
+  lazy.Synchronize();
+  lazy.Fill(device.f32(), 5.0f, 4);
+  HostArray<float> host(&lazy, 4);
+  lazy.CopyToHostAsync(host.data(), device.data(), 4 * sizeof(float));
+  EXPECT_EQ(std::vector<float>(host.begin(), host.end()), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(lazy.pending(), 1u);
+  std::unique_ptr<BackendEvent> filled = lazy.CreateEvent();
+  lazy.Record(Queue::kCompute, filled.get());
+  lazy.Wait(Queue::kCopy, *filled);
+  lazy.CopyToHostAsync(host.data(), device.data(), 4 * sizeof(float));
+  EXPECT_EQ(std::vector<float>(host.begin(), host.end()), std::vector<float>(4, 5.0f));
+}
+
+using Lazy = LazyQueueBackend::Lazy;
 
 // What the trainer gets from a step of `passes` batches: the mean gradient
 // and the mean loss, computed here pass by pass with the synchronous calls
@@ -235,63 +255,86 @@ StepResult SynchronousStep(DType dtype, float loss_scale, const std::vector<int6
   return result;
 }
 
-class PipelinedStepTest : public ::testing::TestWithParam<DType> {};
-
-// Four steps of three passes each, driven as Trainer::DenseStep drives them:
-// each batch staged while the one before computes, the next step's first
-// batch staged before FinishStep, the host's weights and batches overwritten
-// as soon as the model allows. Every step's gradient and loss are bit for bit
-// the synchronous ones: no upload or download was used before it was done.
-TEST_P(PipelinedStepTest, EqualsSynchronousPassesWhenCopiesRunAsLateAsAllowed) {
-  const DType dtype = GetParam();
-  const float loss_scale = dtype == DType::kF16 ? 1024.0f : 1.0f;
-  const std::vector<int64_t> widths = {6, 5, 4, 3};
-  constexpr int kBatch = 4, kPasses = 3, kSteps = 4;
-  std::vector<std::vector<Batch>> data(kSteps + 1);
-  for (int s = 0; s <= kSteps; ++s)
-    for (int j = 0; j < kPasses; ++j) data[s].push_back(RandomBatch(kBatch, 6, 3, 100 * s + j));
-
-  LazyCopyBackend lazy(CreateCpuBackend());
-  MlpModel model(&lazy, widths, kBatch);
+// Runs `steps` steps of `passes` passes each on `backend`, driven as
+// Trainer::DenseStep drives them: each batch staged while the one before
+// computes, the next step's first batch staged before FinishStep, the host's
+// weights and batches overwritten as soon as the model allows. Returns each
+// step's gradient and loss beside what the synchronous calls give on the CPU.
+struct StepPair {
+  StepResult got, want;
+};
+std::vector<StepPair> PipelinedSteps(Backend* backend, DType dtype, float loss_scale,
+                                     const std::vector<int64_t>& widths, int batch, int passes,
+                                     int steps) {
+  std::vector<std::vector<Batch>> data(steps + 1);
+  for (int s = 0; s <= steps; ++s)
+    for (int j = 0; j < passes; ++j)
+      data[s].push_back(RandomBatch(batch, static_cast<int>(widths.front()),
+                                    static_cast<int>(widths.back()), 100 * s + j));
+  MlpModel model(backend, widths, batch);
   model.set_compute_dtype(dtype);
-  HostArray<float> host_params(&lazy, model.num_parameters());
-  HostArray<float> host_grads(&lazy, model.num_parameters());
+  HostArray<float> host_params(backend, model.num_parameters());
+  HostArray<float> host_grads(backend, model.num_parameters());
   // The caller's batch buffer, refilled as the trainer's loader refills it.
   Batch scratch;
   auto stage = [&](int s, int j) {
     scratch = data[s][j];
-    model.StageBatch(s * kPasses + j, scratch.x.data(), scratch.y.data(), kBatch);
+    model.StageBatch(s * passes + j, scratch.x.data(), scratch.y.data(), batch);
     std::fill(scratch.x.begin(), scratch.x.end(), 99.0f);
     std::fill(scratch.y.begin(), scratch.y.end(), 0);
   };
-  for (int s = 0; s < kSteps; ++s) {
+  std::vector<StepPair> result;
+  for (int s = 0; s < steps; ++s) {
     const std::vector<float> params = RandomParams(model.num_parameters(), 10 + s);
     std::copy(params.begin(), params.end(), host_params.begin());
     model.SetParameters(host_params.data());
-    if (!model.IsStaged(s * kPasses)) stage(s, 0);
-    for (int j = 0; j < kPasses; ++j) {
-      if (j + 1 < kPasses) stage(s, j + 1);
-      model.ComputeStaged(s * kPasses + j, j, kPasses, loss_scale, host_grads.data());
+    if (!model.IsStaged(s * passes)) stage(s, 0);
+    for (int j = 0; j < passes; ++j) {
+      if (j + 1 < passes) stage(s, j + 1);
+      model.ComputeStaged(s * passes + j, j, passes, loss_scale, host_grads.data());
     }
     stage(s + 1, 0);
-    const float loss = model.FinishStep();
-    const std::vector<float> grads(host_grads.begin(), host_grads.end());
+    StepPair pair;
+    pair.got.loss = model.FinishStep();
+    pair.got.grads.assign(host_grads.begin(), host_grads.end());
     // As a push's reply does: the next weights land in the host buffer.
     std::fill(host_params.begin(), host_params.end(), -7.0f);
-    const StepResult want = SynchronousStep(dtype, loss_scale, widths, params, data[s]);
-    EXPECT_EQ(grads, want.grads) << "step " << s;
-    EXPECT_EQ(loss, want.loss) << "step " << s;
+    pair.want = SynchronousStep(dtype, loss_scale, widths, params, data[s]);
+    result.push_back(std::move(pair));
   }
-  EXPECT_TRUE(model.IsStaged(kSteps * kPasses));
+  EXPECT_TRUE(model.IsStaged(steps * passes));
+  return result;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, PipelinedStepTest,
-                         ::testing::Values(DType::kF32, DType::kF16),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return std::string(DTypeName(info.param));
-                         });
+class PipelinedStepTest : public ::testing::TestWithParam<std::tuple<Lazy, DType>> {};
 
-TEST(MlpModelPipeline, EvaluateAndGetParametersWaitForTheirUploads) {
+// Four steps of three passes: every step's gradient and loss are bit for bit
+// the synchronous ones, with either queue or both run as late as allowed:
+// nothing was read before it was written, or overwritten while still to be
+// read.
+TEST_P(PipelinedStepTest, EqualsSynchronousPassesWhenQueuesRunAsLateAsAllowed) {
+  const auto [lazy_queue, dtype] = GetParam();
+  LazyQueueBackend lazy(CreateCpuBackend(), lazy_queue);
+  const std::vector<StepPair> steps =
+      PipelinedSteps(&lazy, dtype, dtype == DType::kF16 ? 1024.0f : 1.0f, {6, 5, 4, 3}, 4, 3, 4);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_EQ(steps[s].got.grads, steps[s].want.grads) << "step " << s;
+    EXPECT_EQ(steps[s].got.loss, steps[s].want.loss) << "step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LazyQueues, PipelinedStepTest,
+    ::testing::Combine(::testing::Values(Lazy::kCopies, Lazy::kCompute, Lazy::kBoth),
+                       ::testing::Values(DType::kF32, DType::kF16)),
+    [](const ::testing::TestParamInfo<std::tuple<Lazy, DType>>& info) {
+      return LazyQueueBackend::LazyName(std::get<0>(info.param)) + "_" +
+             std::string(DTypeName(std::get<1>(info.param)));
+    });
+
+class MlpModelPipeline : public ::testing::TestWithParam<Lazy> {};
+
+TEST_P(MlpModelPipeline, EvaluateAndGetParametersWaitForTheirUploads) {
   const std::vector<int64_t> widths = {6, 5, 3};
   const Batch test = RandomBatch(23, 6, 3, 5);
   const std::vector<float> params = RandomParams(6 * 5 + 5 + 5 * 3 + 3, 6);
@@ -300,7 +343,7 @@ TEST(MlpModelPipeline, EvaluateAndGetParametersWaitForTheirUploads) {
   plain.SetParameters(params.data());
   const EvalResult want = plain.Evaluate(test.x.data(), test.y.data(), 23);
 
-  LazyCopyBackend lazy(CreateCpuBackend());
+  LazyQueueBackend lazy(CreateCpuBackend(), GetParam());
   MlpModel model(&lazy, widths, 4);
   HostArray<float> host(&lazy, params.size());
   std::copy(params.begin(), params.end(), host.begin());
@@ -314,7 +357,13 @@ TEST(MlpModelPipeline, EvaluateAndGetParametersWaitForTheirUploads) {
   EXPECT_EQ(got.examples, 23);
 }
 
-TEST(MlpModelPipeline, DroppedBatchesAreNoLongerStaged) {
+INSTANTIATE_TEST_SUITE_P(LazyQueues, MlpModelPipeline,
+                         ::testing::Values(Lazy::kCopies, Lazy::kCompute, Lazy::kBoth),
+                         [](const ::testing::TestParamInfo<Lazy>& info) {
+                           return LazyQueueBackend::LazyName(info.param);
+                         });
+
+TEST(MlpModelStaging, DroppedBatchesAreNoLongerStaged) {
   auto backend = CreateCpuBackend();
   MlpModel model(backend.get(), {3, 2}, 2);
   const Batch b = RandomBatch(2, 3, 2, 1);
@@ -327,30 +376,29 @@ TEST(MlpModelPipeline, DroppedBatchesAreNoLongerStaged) {
   EXPECT_FALSE(model.IsStaged(8));
   std::vector<float> grads(model.num_parameters());
   EXPECT_DEATH(model.ComputeStaged(7, 0, 1, 1.0f, grads.data()), "not staged");
+  // A step's passes come in order, and FinishStep after the last.
+  model.StageBatch(9, b.x.data(), b.y.data(), 2);
+  model.StageBatch(10, b.x.data(), b.y.data(), 2);
+  EXPECT_DEATH(model.ComputeStaged(9, 1, 2, 1.0f, grads.data()), "out of order");
+  model.ComputeStaged(9, 0, 2, 1.0f, grads.data());
+  EXPECT_DEATH(model.FinishStep(), "before the step's last pass");
+  model.ComputeStaged(10, 1, 2, 1.0f, grads.data());
+  model.FinishStep();
 }
 
 // On a GPU (skipped elsewhere): the pipelined step computes what the CPU
 // computes, within float rounding (summation order, fused multiply-add).
-TEST(MlpModelCuda, PipelinedStepMatchesTheCpuWithinRounding) {
+TEST(MlpModelCuda, PipelinedStepsMatchTheCpuWithinRounding) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(BackendKind::kCuda);
   if (!cuda.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << cuda.status().message();
-  const std::vector<int64_t> widths = {784, 256, 128, 10};
-  constexpr int kBatch = 64, kPasses = 2;
-  MlpModel model(cuda->get(), widths, kBatch);
-  const std::vector<float> params = RandomParams(model.num_parameters(), 3);
-  std::vector<Batch> passes = {RandomBatch(kBatch, 784, 10, 4), RandomBatch(kBatch, 784, 10, 5)};
-  HostArray<float> host_params(cuda->get(), params.size()), host_grads(cuda->get(), params.size());
-  std::copy(params.begin(), params.end(), host_params.begin());
-  model.SetParameters(host_params.data());
-  model.StageBatch(0, passes[0].x.data(), passes[0].y.data(), kBatch);
-  model.StageBatch(1, passes[1].x.data(), passes[1].y.data(), kBatch);
-  model.ComputeStaged(0, 0, kPasses, 1.0f, host_grads.data());
-  model.ComputeStaged(1, 1, kPasses, 1.0f, host_grads.data());
-  const float loss = model.FinishStep();
-  const StepResult want = SynchronousStep(DType::kF32, 1.0f, widths, params, passes);
-  EXPECT_NEAR(loss, want.loss, 1e-4 * std::abs(want.loss));
-  const std::vector<float> got(host_grads.begin(), host_grads.end());
-  EXPECT_LT(RelativeDifference(want.grads, got), 1e-4);
+  // The default model; three steps of two passes, new weights each step.
+  const std::vector<StepPair> steps =
+      PipelinedSteps(cuda->get(), DType::kF32, 1.0f, {784, 256, 128, 10}, 64, 2, 3);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_NEAR(steps[s].got.loss, steps[s].want.loss, 1e-4 * std::abs(steps[s].want.loss))
+        << "step " << s;
+    EXPECT_LT(RelativeDifference(steps[s].want.grads, steps[s].got.grads), 1e-4) << "step " << s;
+  }
 }
 
 }  // namespace

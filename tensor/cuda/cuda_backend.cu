@@ -217,6 +217,8 @@ __global__ void RoundToBFloat16Kernel(float* x, size_t n) {
 // The loss kernel accumulates into a LossOutput (backend.h) in device
 // memory, which is copied back up to its `rows`, which the host sets.
 constexpr size_t kLossOutputDeviceBytes = offsetof(LossOutput, rows);
+static_assert(offsetof(LossOutput, rows) + sizeof(int32_t) == sizeof(LossOutput),
+              "every field but rows is copied back: rows must be the last");
 static_assert(sizeof(unsigned long long) == sizeof(uint64_t),
               "LossOutput::correct is updated with atomicAdd");
 
@@ -488,12 +490,13 @@ std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   backend->name_ = "cuda (" + std::string(prop.name) + ", " + arch + ")";
-  // f32 units per multiprocessor: 64 on sm_80, 128 on sm_86 and later
+  // f32 units per multiprocessor: 64 up to sm_80, 128 on sm_86 and later
   // (sm_90 included). The peak clock is in kHz.
   int clock_khz = 0;
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, kDevice) ==
       cudaSuccess) {
-    const int units = prop.major == 8 && prop.minor == 0 ? 64 : 128;
+    const int units =
+        prop.major < 8 || (prop.major == 8 && prop.minor == 0) ? 64 : 128;
     backend->peak_gflops_ = 2.0 * units * prop.multiProcessorCount *
                             (clock_khz / 1e6);
   } else {

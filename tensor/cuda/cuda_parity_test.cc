@@ -151,6 +151,7 @@ TEST_F(CudaParityTest, AsyncCopiesAndEventsOrderTheTwoQueues) {
   for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000);
   DeviceBuffer device(gpu_.get(), n * sizeof(float));
   gpu_->Fill(device.f32(), 0.0f, n);
+  gpu_->Synchronize();  // the copy below is not ordered after the Fill
   std::unique_ptr<BackendEvent> uploaded = gpu_->CreateEvent();
   std::unique_ptr<BackendEvent> scaled = gpu_->CreateEvent();
   std::unique_ptr<BackendEvent> downloaded = gpu_->CreateEvent();
