@@ -28,7 +28,8 @@ EmbeddingModel::EmbeddingModel(Backend* backend, int64_t embedding_dim,
       head_(backend, HeadWidths(embedding_dim, std::move(hidden), num_classes),
             max_batch),
       bags_(static_cast<size_t>(max_batch) * embedding_dim),
-      bag_grads_(static_cast<size_t>(max_batch) * embedding_dim) {
+      bag_grads_(static_cast<size_t>(max_batch) * embedding_dim),
+      head_grads_(backend, head_.num_parameters()) {
   assert(embedding_dim_ >= 1 && num_classes >= 1 && max_batch_ >= 1);
 }
 
@@ -74,24 +75,14 @@ float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
   const std::vector<int64_t>& offsets = batch.offsets();
   const std::vector<int32_t>& row_of = batch.rows();
   const std::vector<float>& values = batch.values();
-  head_grads_.resize(head_.num_parameters());
-  pass_grads_.resize(head_.num_parameters());
   row_grads_.assign(batch.unique_ids().size() * dim, 0.0f);
-  double loss = 0;
-  int64_t hits = 0;
   for (int pass = 0; pass < passes; ++pass) {
     const int first = pass * per_pass;
     ComputeBags(batch, first, per_pass, rows);
-    int64_t pass_hits = 0;
-    loss += head_.ForwardBackward(bags_.data(), batch.labels().data() + first,
-                                  per_pass, &pass_hits);
-    hits += pass_hits;
-    // The head's gradients are summed in the order the dense model sums its
-    // passes (MlpModel::ComputeStaged), then scaled once.
-    head_.GetGradients(pass == 0 ? head_grads_.data() : pass_grads_.data());
-    if (pass > 0) {
-      for (size_t i = 0; i < head_grads_.size(); ++i) head_grads_[i] += pass_grads_[i];
-    }
+    // The head's passes are the dense model's: averaged on the backend,
+    // the mean downloaded by the last.
+    head_.StageBatch(pass, bags_.data(), batch.labels().data() + first, per_pass);
+    head_.ComputeStaged(pass, pass, passes, 1.0f, head_grads_.data());
     head_.GetInputGradient(bag_grads_.data());
     // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d bag.
     for (int i = 0; i < per_pass; ++i) {
@@ -105,13 +96,12 @@ float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
       }
     }
   }
+  const float loss = head_.FinishStep(correct);
   if (passes > 1) {
     const float inv = 1.0f / static_cast<float>(passes);
-    for (float& g : head_grads_) g *= inv;
     for (float& g : row_grads_) g *= inv;
   }
-  if (correct != nullptr) *correct = hits;
-  return static_cast<float>(loss / passes);
+  return loss;
 }
 
 EvalResult EmbeddingModel::Evaluate(const SparseBatch& examples,

@@ -106,8 +106,7 @@ class EmbeddingModel {
   std::vector<float> bags_;       // host, max_batch x embedding_dim
   std::vector<float> bag_grads_;  // host, max_batch x embedding_dim
   std::vector<float> row_grads_;  // host, unique ids x embedding_dim
-  std::vector<float> head_grads_;  // host, the last ForwardBackward's
-  std::vector<float> pass_grads_;  // host, one pass's head gradient
+  HostArray<float> head_grads_;   // the last ForwardBackward's, page-locked
 };
 
 }  // namespace grps

@@ -137,13 +137,19 @@ void MlpModel::ComputeStaged(uint64_t tag, int pass, int passes, float loss_scal
       {pass, passes, host_grads});
 }
 
-float MlpModel::FinishStep() {
+float MlpModel::FinishStep(int64_t* correct) {
   CheckOrDie(step_open_ && step_passes_ == step_total_passes_, "MlpModel",
              "FinishStep before the step's last pass");
   step_open_ = false;
   backend_->WaitOnHost(*grads_downloaded_);
   double loss = 0;
-  for (int i = 0; i < step_passes_; ++i) loss += CheckedMean(step_losses_[i], nullptr);
+  int64_t hits = 0;
+  for (int i = 0; i < step_passes_; ++i) {
+    int64_t pass_hits = 0;
+    loss += CheckedMean(step_losses_[i], &pass_hits);
+    hits += pass_hits;
+  }
+  if (correct != nullptr) *correct = hits;
   return step_passes_ > 0 ? static_cast<float>(loss / step_passes_) : 0.0f;
 }
 
@@ -174,7 +180,6 @@ float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
   InputSlot& slot = Stage(std::nullopt, host_x, host_labels, batch);
   Run(slot, /*backward=*/true, sync_loss_.data(), loss_scale, {});
   backend_->Synchronize();
-  backward_batch_ = batch;
   return CheckedMean(sync_loss_[0], correct);
 }
 
@@ -234,6 +239,7 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
   backend_->EnqueueSoftmaxCrossEntropy(outputs_.back().f32(), slot.device_labels.i32(),
                                        batch, classes, dlogits, loss);
   if (backward) {
+    backward_batch_ = batch;
     const size_t rows_out = static_cast<size_t>(batch) * classes;
     if (loss_scale != 1.0f) backend_->Scale(loss_scale, dlogits, rows_out);
     Round(dlogits, rows_out);

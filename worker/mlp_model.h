@@ -79,8 +79,9 @@ class MlpModel {
   void ComputeStaged(uint64_t tag, int pass, int passes, float loss_scale,
                      float* host_grads);
   // Waits until the last pass's gradients are in host_grads; returns the
-  // mean loss of the step's passes.
-  float FinishStep();
+  // mean loss of the step's passes. *correct (if not null) counts the hits
+  // of all its passes.
+  float FinishStep(int64_t* correct = nullptr);
 
   // ---- synchronous passes (tests, the embedding model's head) ----
   // Forward and backward over `batch` examples (row-major x[batch, input],
@@ -95,11 +96,11 @@ class MlpModel {
                         int batch, int64_t* correct, float loss_scale = 1.0f);
   // Copies the gradient of the last ForwardBackward to host memory.
   void GetGradients(float* host_grads);
-  // Writes d(mean loss)/d(input) of the last ForwardBackward to host memory:
-  // batch x widths()[0] floats, row-major like host_x. Computed on demand
-  // (one Gemm) from the parameters of that pass, so it requires that a
-  // ForwardBackward ran and no SetParameters came since (Evaluate may), in
-  // f32 at loss scale 1.
+  // Writes d(mean loss)/d(input) of the last backward pass (ForwardBackward
+  // or ComputeStaged) to host memory: batch x widths()[0] floats, row-major
+  // like host_x. Computed on demand (one Gemm) from the parameters of that
+  // pass, so it requires that a backward pass ran and no SetParameters came
+  // since (Evaluate may), at loss scale 1.
   void GetInputGradient(float* host_dx);
 
   // Forward only, in batches of at most max_batch.
@@ -176,7 +177,7 @@ class MlpModel {
   int step_total_passes_ = 0;          // ... of how many
   bool step_open_ = false;             // a step's passes came, FinishStep not
   HostArray<LossOutput> sync_loss_;    // synchronous passes' and Evaluate's
-  // The batch of the last ForwardBackward whose deltas_ and params_ are still
+  // The batch of the last backward pass whose deltas_ and params_ are still
   // current; 0 when there is none (GetInputGradient's precondition).
   int backward_batch_ = 0;
   DeviceBuffer input_grad_;  // max_batch x widths[0], allocated on first use
