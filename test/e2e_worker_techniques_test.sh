@@ -34,34 +34,32 @@ local_job() {
 }
 final_checkpoint() { "$BIN/grps-checkpoint-diff" --newest "$WORK/$1/ckpt"; }
 
-SMALL=(--train_limit=4096 --test_limit=1000 --epochs=2 --eval_every=0 --seed=11)
-local_job big "${SMALL[@]}" --batch=64 --checkpoint_dir="$WORK/big/ckpt"
-local_job accumulated "${SMALL[@]}" --batch=16 --accumulate_steps=4 \
-  --checkpoint_dir="$WORK/accumulated/ckpt"
-local_job small "${SMALL[@]}" --batch=16 --steps=64 --checkpoint_dir="$WORK/small/ckpt"
-grep -q "each step accumulates 4 batches of 16" "$WORK/accumulated/worker-0.log" \
-  || fail "the accumulating worker did not say it accumulates"
-BIG=$(final_checkpoint big)
-ACC=$(final_checkpoint accumulated)
-echo "steps: batch 64 $("$BIN/grps-checkpoint-diff" --step "$BIG"), 4 x 16 accumulated $("$BIN/grps-checkpoint-diff" --step "$ACC")"
-"$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$BIG" "$ACC" \
-  || fail "4 accumulated batches of 16 did not train as batches of 64"
-if "$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$BIG" "$(final_checkpoint small)"; then
-  fail "batches of 16 without accumulation also passed: the comparison proves nothing"
-fi
-
-EMB=(--model=embedding --train_limit=2048 --test_limit=500 --epochs=1 --eval_every=0 --seed=12)
-local_job emb_big "${EMB[@]}" --batch=64 --checkpoint_dir="$WORK/emb_big/ckpt"
-local_job emb_accumulated "${EMB[@]}" --batch=16 --accumulate_steps=4 \
-  --checkpoint_dir="$WORK/emb_accumulated/ckpt"
-"$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$(final_checkpoint emb_big)" \
-  "$(final_checkpoint emb_accumulated)" \
-  || fail "the embedding model's 4 accumulated batches of 16 did not train as batches of 64"
-local_job emb_small "${EMB[@]}" --batch=16 --steps=16 --checkpoint_dir="$WORK/emb_small/ckpt"
-if "$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$(final_checkpoint emb_big)" \
-  "$(final_checkpoint emb_small)"; then
-  fail "embedding batches of 16 without accumulation also passed: the comparison proves nothing"
-fi
+# check_accumulation PREFIX STEPS FLAGS...: jobs PREFIX_big (batches of 64),
+# PREFIX_accumulated (4 x 16 accumulated) and PREFIX_small (STEPS plain
+# batches of 16, as many steps as the others take): the accumulated job's
+# final checkpoint (chunks and sparse rows) is within 1e-3 of the big one's,
+# and the small one's is not.
+check_accumulation() {
+  local p=$1 steps=$2; shift 2
+  local_job "${p}_big" "$@" --batch=64 --checkpoint_dir="$WORK/${p}_big/ckpt"
+  local_job "${p}_accumulated" "$@" --batch=16 --accumulate_steps=4 \
+    --checkpoint_dir="$WORK/${p}_accumulated/ckpt"
+  local_job "${p}_small" "$@" --batch=16 --steps="$steps" --checkpoint_dir="$WORK/${p}_small/ckpt"
+  grep -q "each step accumulates 4 batches of 16" "$WORK/${p}_accumulated/worker-0.log" \
+    || fail "$p: the accumulating worker did not say it accumulates"
+  local big acc
+  big=$(final_checkpoint "${p}_big")
+  acc=$(final_checkpoint "${p}_accumulated")
+  echo "$p steps: batch 64 $("$BIN/grps-checkpoint-diff" --step "$big"), 4 x 16 accumulated $("$BIN/grps-checkpoint-diff" --step "$acc")"
+  "$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$big" "$acc" \
+    || fail "$p: 4 accumulated batches of 16 did not train as batches of 64"
+  if "$BIN/grps-checkpoint-diff" --tolerance 1e-3 "$big" "$(final_checkpoint "${p}_small")"; then
+    fail "$p: batches of 16 without accumulation also passed: the comparison proves nothing"
+  fi
+}
+check_accumulation mlp 64 --train_limit=4096 --test_limit=1000 --epochs=2 --eval_every=0 --seed=11
+check_accumulation embedding 16 --model=embedding --train_limit=2048 --test_limit=500 --epochs=1 \
+  --eval_every=0 --seed=12
 
 local_job clipped --clip_norm=1
 python3 - "$WORK/clipped/result.json" <<'PY' || fail "the clipped job's result is wrong"
