@@ -80,7 +80,8 @@ RUN if [ "$GRPS_CUDA" = ON ]; then \
 COPY --from=build /out/bin/ /usr/local/bin/
 COPY --from=build /out/lib/ /usr/local/lib/
 RUN ldconfig \
- && useradd --system --uid 10001 --user-group --no-create-home \
+ && groupadd --system --gid 10001 grps \
+ && useradd --system --uid 10001 --gid grps --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin grps
 USER 10001:10001
 # deploy/ names the program to run (command:); alone, the image says what

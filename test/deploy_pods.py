@@ -35,6 +35,17 @@ test passes when every pod exits 0, the coordinator says the job completed,
 with at least --min_accuracy, and the checkpoint volume holds a complete
 checkpoint. Every process started is ended on exit (and on this process's
 death: PR_SET_PDEATHSIG).
+
+With --image IMAGE (deploy/build-image), the pods run in that image instead,
+with podman on the host's network: the flags are those of the image's own
+binaries, each container runs as its securityContext says (user, fsGroup,
+read-only root file system, capabilities dropped, no privilege escalation),
+its volumes are mounted at their mount paths (owned as fsGroup makes them;
+Secret files with their defaultMode), its environment is the manifest's
+alone (no path rewritten), the DNS names stay names, resolved through
+/etc/hosts entries to the pods' loopback addresses, and exec probes run in
+the container (podman exec). Only 0.0.0.0 still becomes the pod's address,
+because the pods share the host's network.
 """
 
 import argparse
@@ -43,6 +54,7 @@ import ctypes
 import os
 import random
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -71,13 +83,20 @@ def load(path):
 
 
 _flags_cache = {}
+# podman and the image, with --image; None: the pods run as local processes.
+PODMAN = None
+IMAGE = None
+# podman run's options that every container needs (set with PODMAN).
+RUN_OPTS = []
 
 
 def flags_of(binary):
     """The flag names `binary --helpfull` lists, absl's own left out."""
     if binary not in _flags_cache:
-        out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True,
-                             timeout=30)
+        argv = [binary, "--helpfull"]
+        if IMAGE:
+            argv = PODMAN + ["run", "--rm", "--network", "none"] + RUN_OPTS + [IMAGE] + argv
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         names, from_absl = set(), False
         for line in (out.stdout + out.stderr).splitlines():
             section = re.match(r"\s*Flags from (\S+):", line)
@@ -272,6 +291,8 @@ def binary_of(program, bin_dir, where):
     if not program or not program.startswith(IMAGE_BIN):
         raise ManifestError("%s: runs %r, not a program of the image (%s...)"
                             % (where, program, IMAGE_BIN))
+    if IMAGE:
+        return program  # flags_of fails for a program the image lacks
     local = os.path.join(bin_dir, program[len(IMAGE_BIN):])
     if not os.access(local, os.X_OK):
         raise ManifestError("%s: %s: no such program in %s" % (where, program, bin_dir))
@@ -384,9 +405,11 @@ class Resolver:
             r"(?<![\w.-])(%s)(?:\.[a-z0-9-]+(?:\.svc(?:\.cluster\.local)?)?)?(?![\w.-])"
             % "|".join(re.escape(n) for n in names)) if names else None
 
-    def rewrite(self, text, pod, where):
+    def rewrite(self, text, pod, where, names=True):
+        """0.0.0.0 to the pod's address, and (with `names`) every DNS name to
+        the address of the pod it resolves to."""
         text = re.sub(r"(?<![\w.])(0\.0\.0\.0|\[::\])(?=:\d)", pod.ip, text)
-        if self.pattern is None:
+        if self.pattern is None or not names:
             return text
 
         def repl(m):
@@ -396,6 +419,14 @@ class Resolver:
                                     "pod's DNS name" % (where, m.group(0)))
             return ip
         return self.pattern.sub(repl, text)
+
+    def hosts(self, text):
+        """The DNS names in `text` (as written there) with their addresses:
+        the /etc/hosts entries a container needs to resolve them."""
+        if self.pattern is None:
+            return {}
+        return {m.group(0): self.names[m.group(1)] for m in self.pattern.finditer(text)
+                if self.names[m.group(1)] is not None}
 
 
 def choose_addresses(pods, ports_of):
@@ -452,6 +483,8 @@ def volume_dirs(pod, objects_by_kind, work):
             raise ManifestError("pod %s: volume %s: a kind this test does not know"
                                 % (pod.name, vol["name"]))
         os.makedirs(path, exist_ok=True)
+        if IMAGE:
+            own_volume(path, pod, vol)
         dirs[vol["name"]] = path
     mounts = {}
     for c in pod.spec.get("containers", []):
@@ -463,6 +496,58 @@ def volume_dirs(pod, objects_by_kind, work):
                 local = os.path.join(local, m["subPath"])
             mounts[m["mountPath"].rstrip("/")] = local
     return mounts
+
+
+def own_volume(path, pod, vol):
+    """What the kubelet does to a volume for a pod's securityContext. With
+    fsGroup, the volume's group is fsGroup: a claim's and an emptyDir's
+    folder writable by it (set-group-id), a Secret's or ConfigMap's files
+    root's, of group fsGroup, with the volume's defaultMode. Without, a claim
+    is as a provisioner makes it (root's, 0755), an emptyDir open to all, and
+    a Secret's files root's alone with their defaultMode."""
+    group = pod.spec.get("securityContext", {}).get("fsGroup")
+    ref = vol.get("secret") or vol.get("configMap")
+    if ref is None:
+        if group is not None:
+            os.chown(path, 0, group)
+            os.chmod(path, 0o2775)
+        else:
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o1777 if "emptyDir" in vol else 0o755)
+        return
+    os.chown(path, 0, 0)
+    os.chmod(path, 0o755)
+    for name in os.listdir(path):
+        os.chown(os.path.join(path, name), 0, group or 0)
+        os.chmod(os.path.join(path, name), ref.get("defaultMode", 0o644))
+
+
+def podman_argv(pod, container, cname, env, argv, hosts, work, by_kind):
+    """`podman run` of one container, as the kubelet would run it."""
+    ctx = pod.spec.get("securityContext", {})
+    cctx = container.get("securityContext", {})
+    out = PODMAN + ["run", "--rm", "--name", cname, "--network", "host", "--pull", "never"]
+    out += RUN_OPTS
+    user = cctx.get("runAsUser", ctx.get("runAsUser"))
+    if user is not None:
+        out += ["--user", "%d:%d" % (user, cctx.get("runAsGroup", ctx.get("runAsGroup", user)))]
+    if "fsGroup" in ctx:
+        out += ["--group-add", str(ctx["fsGroup"])]
+    if cctx.get("readOnlyRootFilesystem"):
+        out += ["--read-only"]
+    if "ALL" in cctx.get("capabilities", {}).get("drop", []):
+        out += ["--cap-drop", "ALL"]
+    if cctx.get("allowPrivilegeEscalation") is False:
+        out += ["--security-opt", "no-new-privileges"]
+    for name, ip in sorted(hosts.items()):
+        out += ["--add-host", "%s:%s" % (name, ip)]
+    read_only = {m["mountPath"].rstrip("/") for m in container.get("volumeMounts", [])
+                 if m.get("readOnly")}
+    for mount, local in sorted(volume_dirs(pod, by_kind, work).items()):
+        out += ["--volume", "%s:%s%s" % (local, mount, ":ro" if mount in read_only else "")]
+    for k, v in sorted(env.items()):
+        out += ["--env", "%s=%s" % (k, v)]
+    return out + [IMAGE] + argv
 
 
 def rewrite_paths(text, mounts):
@@ -481,10 +566,13 @@ class Runner:
         self.work = work
         self.procs = {}  # pod name -> Popen
         self.logs = {}
+        self.containers = []  # podman's names, with --image
 
-    def start(self, pod_name, argv, env):
+    def start(self, pod_name, argv, env, container_name=None):
         log = os.path.join(self.work, pod_name + ".log")
         self.logs[pod_name] = log
+        if container_name:
+            self.containers.append(container_name)
         cwd = os.path.join(self.work, "cwd", pod_name)
         os.makedirs(cwd, exist_ok=True)
         with open(log, "w") as f:
@@ -503,6 +591,9 @@ class Runner:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.containers:
+            subprocess.run(PODMAN + ["rm", "--force", "--ignore", "--time", "1"] + self.containers,
+                           capture_output=True, timeout=60)
 
     def tail(self, pod_name, lines=15):
         try:
@@ -563,33 +654,42 @@ def run(args, objects, runs):
 
     # Each container's final command and environment, as run here.
     started = []
+    hosts = {}  # with --image: every DNS name written in a manifest -> address
     for pod, container, binary, _, _ in runs:
         where = "pod %s container %s" % (pod.name, container["name"])
         env = container_env(pod, container, by_kind)  # again: status.podIP is known now
         mounts = volume_dirs(pod, by_kind, work)
 
         def local(text, pod=pod, mounts=mounts, where=where):
+            if IMAGE:
+                hosts.update(resolver.hosts(text))
+                return resolver.rewrite(text, pod, where, names=False)
             return rewrite_paths(resolver.rewrite(text, pod, where), mounts)
         env = {k: (local(v) if k.startswith("GRPS_") else v) for k, v in env.items()}
         argv = [expand_refs(a, env) for a in container.get("command", []) + container.get("args", [])]
         argv = [binary] + [local(a) for a in argv[1:]]
+        cname = "grps-pods-%d-%s" % (os.getpid(), pod.name) if IMAGE else None
 
         # A probe runs in the pod's network namespace, where 127.0.0.1 is the
         # pod itself: here, its address.
-        def argv_of(command, env=env, local=local, where=where, pod=pod):
+        def argv_of(command, env=env, local=local, where=where, pod=pod, cname=cname):
             command = [expand_refs(a, env) for a in command]
             command = [re.sub(r"(?<![\w.])(127\.0\.0\.1|localhost)(?=:\d)", pod.ip, a)
                        for a in command]
-            return [binary_of(command[0], args.bin, where)] + [local(a) for a in command[1:]]
-        started.append((pod, container, argv, local_env(env), argv_of))
+            command = [binary_of(command[0], args.bin, where)] + [local(a) for a in command[1:]]
+            return PODMAN + ["exec", cname] + command if IMAGE else command
+        started.append((pod, container, argv, env if IMAGE else local_env(env), argv_of, cname))
 
     runner = Runner(work)
     begin = time.time()
     probes_ok, scraped, codes = {}, {}, {}
     wall = 0.0
     try:
-        for pod, container, argv, env, _ in started:
-            runner.start(pod.name, argv, env)
+        for pod, container, argv, env, _, cname in started:
+            if IMAGE:
+                argv = podman_argv(pod, container, cname, env, argv, hosts, work, by_kind)
+                env = local_env({})
+            runner.start(pod.name, argv, env, cname)
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -625,7 +725,7 @@ def run(args, objects, runs):
                         scraped[pod.name] = (ok, said)
                 stop.wait(0.2)
         watchers = [threading.Thread(target=watch, args=(pod, c, env, argv_of), daemon=True)
-                    for pod, c, _, env, argv_of in started]
+                    for pod, c, _, env, argv_of, _ in started]
         for w in watchers:
             w.start()
 
@@ -719,7 +819,25 @@ def main():
     parser.add_argument("--run", help="a rendered overlay to check and run")
     parser.add_argument("--timeout", type=float, default=150)
     parser.add_argument("--min_accuracy", type=float, default=0.7)
+    parser.add_argument("--image", help="run the pods in this image with podman "
+                        "(deploy/build-image) instead of as local processes")
     args = parser.parse_args()
+    if args.image:
+        global PODMAN, IMAGE, RUN_OPTS
+        IMAGE = args.image
+        PODMAN = ["podman"]
+        # As deploy/build-image: runc where crun refuses cgroup v1, and this
+        # process's own hard limits, which a container may not raise.
+        if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            PODMAN += ["--runtime", "runc"]
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        nproc = 16384 if nproc == resource.RLIM_INFINITY else min(nproc, 16384)
+        RUN_OPTS = ["--ulimit", "nofile=%d:%d" % (nofile, nofile),
+                    "--ulimit", "nproc=%d:%d" % (nproc, nproc)]
+        if os.geteuid() != 0:
+            print("FAIL: --image needs root (rootful podman, volumes owned as fsGroup)")
+            return 1
     args.bin = os.path.abspath(args.bin)
     args.work = os.path.abspath(args.work)
     secrets = load(args.secrets)

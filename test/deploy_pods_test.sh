@@ -10,6 +10,9 @@
 # their metrics must be scrapable, and the job must complete (every pod
 # exits 0) with test accuracy >= 0.7 and a checkpoint on the claim's
 # volume. test/deploy_pods.py does the work and says what it checks.
+# With GRPS_IMAGE=grps:cpu (deploy/build-image; root, podman) the pods run in
+# that image instead: its binaries, its user, its libraries, /etc/hosts
+# for the DNS names (on demand; CI has no image).
 # Usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR (default: the repository's deploy/)]
 set -euo pipefail
 BIN=${1:?usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR]}
@@ -33,7 +36,8 @@ done
 "$DEPLOY/make-secrets" "$WORK/secrets" >/dev/null
 
 /usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
-  --work "$WORK/pods" "${checks[@]}" --run "$WORK/dev.yaml" --timeout 150 --min_accuracy 0.7 &
+  --work "$WORK/pods" "${checks[@]}" --run "$WORK/dev.yaml" --timeout 150 --min_accuracy 0.7 \
+  ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
 echo "PASS"
