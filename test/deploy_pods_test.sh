@@ -12,7 +12,7 @@
 # volume. test/deploy_pods.py does the work and says what it checks.
 # With GRPS_IMAGE=grps:cpu (deploy/build-image; root, podman) the pods run in
 # that image instead: its binaries, its user, its libraries, /etc/hosts
-# for the DNS names (on demand; CI has no image).
+# for the DNS names (CI does this after deploy/build-image).
 # Usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR (default: the repository's deploy/)]
 set -euo pipefail
 BIN=${1:?usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR]}
