@@ -54,7 +54,6 @@ import ctypes
 import os
 import random
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -86,8 +85,6 @@ _flags_cache = {}
 # podman and the image, with --image; None: the pods run as local processes.
 PODMAN = None
 IMAGE = None
-# podman run's options that every container needs (set with PODMAN).
-RUN_OPTS = []
 
 
 def flags_of(binary):
@@ -95,7 +92,7 @@ def flags_of(binary):
     if binary not in _flags_cache:
         argv = [binary, "--helpfull"]
         if IMAGE:
-            argv = PODMAN + ["run", "--rm", "--network", "none"] + RUN_OPTS + [IMAGE] + argv
+            argv = PODMAN + ["run", "--rm", "--network", "none", IMAGE] + argv
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         names, from_absl = set(), False
         for line in (out.stdout + out.stderr).splitlines():
@@ -482,9 +479,10 @@ def volume_dirs(pod, objects_by_kind, work):
         else:
             raise ManifestError("pod %s: volume %s: a kind this test does not know"
                                 % (pod.name, vol["name"]))
+        created = not os.path.isdir(path)
         os.makedirs(path, exist_ok=True)
         if IMAGE:
-            own_volume(path, pod, vol)
+            own_volume(path, pod, vol, created)
         dirs[vol["name"]] = path
     mounts = {}
     for c in pod.spec.get("containers", []):
@@ -498,22 +496,23 @@ def volume_dirs(pod, objects_by_kind, work):
     return mounts
 
 
-def own_volume(path, pod, vol):
+def own_volume(path, pod, vol, created):
     """What the kubelet does to a volume for a pod's securityContext. With
     fsGroup, the volume's group is fsGroup: a claim's and an emptyDir's
     folder writable by it (set-group-id), a Secret's or ConfigMap's files
     root's, of group fsGroup, with the volume's defaultMode. Without, a claim
-    is as a provisioner makes it (root's, 0755), an emptyDir open to all, and
-    a Secret's files root's alone with their defaultMode."""
+    stays as it is (a new one as a provisioner makes it: root's, 0755), an
+    emptyDir is open to all, and a Secret's files are root's alone with
+    their defaultMode."""
     group = pod.spec.get("securityContext", {}).get("fsGroup")
     ref = vol.get("secret") or vol.get("configMap")
     if ref is None:
+        if created:
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o1777 if "emptyDir" in vol else 0o755)
         if group is not None:
             os.chown(path, 0, group)
             os.chmod(path, 0o2775)
-        else:
-            os.chown(path, 0, 0)
-            os.chmod(path, 0o1777 if "emptyDir" in vol else 0o755)
         return
     os.chown(path, 0, 0)
     os.chmod(path, 0o755)
@@ -527,7 +526,6 @@ def podman_argv(pod, container, cname, env, argv, hosts, work, by_kind):
     ctx = pod.spec.get("securityContext", {})
     cctx = container.get("securityContext", {})
     out = PODMAN + ["run", "--rm", "--name", cname, "--network", "host", "--pull", "never"]
-    out += RUN_OPTS
     user = cctx.get("runAsUser", ctx.get("runAsUser"))
     if user is not None:
         out += ["--user", "%d:%d" % (user, cctx.get("runAsGroup", ctx.get("runAsGroup", user)))]
@@ -823,18 +821,12 @@ def main():
                         "(deploy/build-image) instead of as local processes")
     args = parser.parse_args()
     if args.image:
-        global PODMAN, IMAGE, RUN_OPTS
+        global PODMAN, IMAGE
         IMAGE = args.image
-        PODMAN = ["podman"]
-        # As deploy/build-image: runc where crun refuses cgroup v1, and this
-        # process's own hard limits, which a container may not raise.
-        if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-            PODMAN += ["--runtime", "runc"]
-        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        nproc = 16384 if nproc == resource.RLIM_INFINITY else min(nproc, 16384)
-        RUN_OPTS = ["--ulimit", "nofile=%d:%d" % (nofile, nofile),
-                    "--ulimit", "nproc=%d:%d" % (nproc, nproc)]
+        # runc where crun refuses cgroup v1, and the limits a container may
+        # have here: deploy/podman, as deploy/build-image runs it.
+        PODMAN = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy",
+                               "podman")]
         if os.geteuid() != 0:
             print("FAIL: --image needs root (rootful podman, volumes owned as fsGroup)")
             return 1
