@@ -85,6 +85,8 @@ _flags_cache = {}
 # podman and the image, with --image; None: the pods run as local processes.
 PODMAN = None
 IMAGE = None
+# What a `podman exec` may take beyond the probe's own timeoutSeconds.
+PODMAN_EXEC_SLACK_S = 30
 
 
 def flags_of(binary):
@@ -521,8 +523,9 @@ def own_volume(path, pod, vol, created):
         os.chmod(os.path.join(path, name), ref.get("defaultMode", 0o644))
 
 
-def podman_argv(pod, container, cname, env, argv, hosts, work, by_kind):
-    """`podman run` of one container, as the kubelet would run it."""
+def podman_argv(pod, container, cname, env, argv, hosts, mounts):
+    """`podman run` of one container, as the kubelet would run it: `env` its
+    environment, `mounts` mount path -> local folder (volume_dirs)."""
     ctx = pod.spec.get("securityContext", {})
     cctx = container.get("securityContext", {})
     out = PODMAN + ["run", "--rm", "--name", cname, "--network", "host", "--pull", "never"]
@@ -541,7 +544,7 @@ def podman_argv(pod, container, cname, env, argv, hosts, work, by_kind):
         out += ["--add-host", "%s:%s" % (name, ip)]
     read_only = {m["mountPath"].rstrip("/") for m in container.get("volumeMounts", [])
                  if m.get("readOnly")}
-    for mount, local in sorted(volume_dirs(pod, by_kind, work).items()):
+    for mount, local in sorted(mounts.items()):
         out += ["--volume", "%s:%s%s" % (local, mount, ":ro" if mount in read_only else "")]
     for k, v in sorted(env.items()):
         out += ["--env", "%s=%s" % (k, v)]
@@ -612,8 +615,12 @@ def local_env(env):
 
 def probe_once(probe, pod, argv_of, env, timeout):
     if "exec" in probe:
-        argv = argv_of(probe["exec"]["command"])
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+        argv = argv_of(probe["exec"]["command"], timeout)
+        # In the image the probe's own limit is kept inside the container
+        # (argv_of); podman's start of the exec session, seconds on a busy
+        # machine, is not the probe's time.
+        r = subprocess.run(argv, env=env, capture_output=True, text=True,
+                           timeout=timeout + (PODMAN_EXEC_SLACK_S if IMAGE else 0),
                            preexec_fn=_die_with_parent)
         return r.returncode == 0, (r.stdout + r.stderr).strip()
     if "tcpSocket" in probe:
@@ -653,6 +660,7 @@ def run(args, objects, runs):
     # Each container's final command and environment, as run here.
     started = []
     hosts = {}  # with --image: every DNS name written in a manifest -> address
+    in_image = {}  # with --image: pod name -> its container's (env, mounts)
     for pod, container, binary, _, _ in runs:
         where = "pod %s container %s" % (pod.name, container["name"])
         env = container_env(pod, container, by_kind)  # again: status.podIP is known now
@@ -670,13 +678,17 @@ def run(args, objects, runs):
 
         # A probe runs in the pod's network namespace, where 127.0.0.1 is the
         # pod itself: here, its address.
-        def argv_of(command, env=env, local=local, where=where, pod=pod, cname=cname):
+        def argv_of(command, timeout, env=env, local=local, where=where, pod=pod, cname=cname):
             command = [expand_refs(a, env) for a in command]
             command = [re.sub(r"(?<![\w.])(127\.0\.0\.1|localhost)(?=:\d)", pod.ip, a)
                        for a in command]
             command = [binary_of(command[0], args.bin, where)] + [local(a) for a in command[1:]]
-            return PODMAN + ["exec", cname] + command if IMAGE else command
-        started.append((pod, container, argv, env if IMAGE else local_env(env), argv_of, cname))
+            if IMAGE:
+                return PODMAN + ["exec", cname, "timeout", "%g" % timeout] + command
+            return command
+        if IMAGE:
+            in_image[pod.name] = (env, mounts)
+        started.append((pod, container, argv, local_env({} if IMAGE else env), argv_of, cname))
 
     runner = Runner(work)
     begin = time.time()
@@ -685,8 +697,8 @@ def run(args, objects, runs):
     try:
         for pod, container, argv, env, _, cname in started:
             if IMAGE:
-                argv = podman_argv(pod, container, cname, env, argv, hosts, work, by_kind)
-                env = local_env({})
+                image_env, mounts = in_image[pod.name]
+                argv = podman_argv(pod, container, cname, image_env, argv, hosts, mounts)
             runner.start(pod.name, argv, env, cname)
         lock = threading.Lock()
         stop = threading.Event()
