@@ -297,71 +297,90 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(Env* env, const std::string&
   return manifest;
 }
 
+absl::Status CheckManifest(const v1::CheckpointManifest& manifest, const std::string& dir) {
+  auto damaged = [&](auto... why) { return absl::DataLossError(absl::StrCat(dir, ": ", why...)); };
+  if (absl::Status s = ValidateShardMap(manifest.shard_map()); !s.ok())
+    return damaged("the manifest's ", s.message());
+  if (absl::Status s = ValidateSparseTables(manifest.config()); !s.ok())
+    return damaged("the manifest's ", s.message());
+  if (manifest.shards_size() != manifest.shard_map().shards_size())
+    return damaged("the manifest names ", manifest.shards_size(), " shard files for ",
+                   manifest.shard_map().shards_size(), " shards");
+  for (int k = 0; k < manifest.shards_size(); ++k)
+    if (manifest.shards(k).shard() != static_cast<uint32_t>(k))
+      return damaged("the manifest's shard files are out of order");
+  return absl::OkStatus();
+}
+
+absl::Status VerifyShardFile(Env* env, const std::string& dir,
+                             const v1::CheckpointManifest& manifest, uint32_t k) {
+  auto damaged = [&](auto... why) { return absl::DataLossError(absl::StrCat(dir, ": ", why...)); };
+  if (k >= static_cast<uint32_t>(manifest.shards_size()))
+    return damaged("the manifest has no file for shard ", k);
+  const v1::ShardMap& map = manifest.shard_map();
+  const v1::ShardCheckpoint& shard = manifest.shards(static_cast<int>(k));
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      ReadShardFile(env, dir, shard, manifest.job_id(), manifest.id());
+  if (!file.ok()) return file.status();
+  // The file holds exactly the chunks the layout put on its shard, each
+  // of its size: a restore can trust what it loads.
+  const std::vector<uint32_t> want = ChunksOfShard(map, shard.shard());
+  if (file->chunks_size() != static_cast<int>(want.size()))
+    return damaged(shard.file(), " holds ", file->chunks_size(), " chunks, the layout puts ",
+                   want.size(), " on shard ", shard.shard());
+  for (int i = 0; i < file->chunks_size(); ++i) {
+    const v1::ChunkState& c = file->chunks(i);
+    const uint64_t bytes = map.chunks(want[i]).num_elements() * sizeof(float);
+    bool fits = c.chunk_id() == want[i] && c.num_elements() * sizeof(float) == bytes &&
+                c.values().size() == bytes;
+    for (const std::string& slot : c.optimizer_state()) fits = fits && slot.size() == bytes;
+    if (!fits)
+      return damaged(shard.file(), ": chunk ", c.chunk_id(), " does not fit the layout's chunk ",
+                     want[i]);
+  }
+  // And every table of the job, each row of its width and of this shard.
+  const auto& specs = manifest.config().sparse_tables();
+  if (file->tables_size() != specs.size())
+    return damaged(shard.file(), " holds ", file->tables_size(), " sparse tables, the job has ",
+                   specs.size());
+  for (int t = 0; t < specs.size(); ++t) {
+    const v1::TableState& table = file->tables(t);
+    if (table.name() != specs[t].name())
+      return damaged(shard.file(), ": sparse table '", table.name(),
+                     "' does not fit the job's table '", specs[t].name(), "'");
+    // Any number of optimizer slots here (a shard checks its optimizer's).
+    if (absl::Status s = CheckTableState(table, specs[t].dim(), table.optimizer_state_size());
+        !s.ok())
+      return damaged(shard.file(), ": sparse table '", table.name(),
+                     "' does not fit the job's table '", specs[t].name(), "': ", s.message());
+    for (int64_t id : table.ids())
+      if (SparseShardOf(id, static_cast<uint32_t>(map.shards_size())) != shard.shard())
+        return damaged(shard.file(), ": row ", id, " of sparse table '", table.name(),
+                       "' belongs to another shard");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(Env* env, const std::string& dir,
-                                                        absl::string_view job_id) {
+                                                        absl::string_view job_id,
+                                                        CheckpointFiles files) {
   absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(env, dir);
   if (!manifest.ok()) return manifest.status();
   if (!job_id.empty() && manifest->job_id() != job_id)
     return absl::NotFoundError(absl::StrCat(dir, ": a checkpoint of job '",
                                             manifest->job_id(), "', not '", job_id, "'"));
-  auto damaged = [&](auto... why) { return absl::DataLossError(absl::StrCat(dir, ": ", why...)); };
-  if (absl::Status s = ValidateShardMap(manifest->shard_map()); !s.ok())
-    return damaged("the manifest's ", s.message());
-  if (absl::Status s = ValidateSparseTables(manifest->config()); !s.ok())
-    return damaged("the manifest's ", s.message());
-  const v1::ShardMap& map = manifest->shard_map();
-  if (manifest->shards_size() != map.shards_size())
-    return damaged("the manifest names ", manifest->shards_size(), " shard files for ",
-                   map.shards_size(), " shards");
-  for (int k = 0; k < manifest->shards_size(); ++k) {
-    const v1::ShardCheckpoint& shard = manifest->shards(k);
-    if (shard.shard() != static_cast<uint32_t>(k))
-      return damaged("the manifest's shard files are out of order");
-    absl::StatusOr<v1::ShardCheckpointFile> file =
-        ReadShardFile(env, dir, shard, manifest->job_id(), manifest->id());
-    if (!file.ok()) return file.status();
-    // The file holds exactly the chunks the layout put on its shard, each
-    // of its size: a restore can trust what it loads.
-    const std::vector<uint32_t> want = ChunksOfShard(map, shard.shard());
-    if (file->chunks_size() != static_cast<int>(want.size()))
-      return damaged(shard.file(), " holds ", file->chunks_size(), " chunks, the layout puts ",
-                     want.size(), " on shard ", shard.shard());
-    for (int i = 0; i < file->chunks_size(); ++i) {
-      const v1::ChunkState& c = file->chunks(i);
-      const uint64_t bytes = map.chunks(want[i]).num_elements() * sizeof(float);
-      bool fits = c.chunk_id() == want[i] && c.num_elements() * sizeof(float) == bytes &&
-                  c.values().size() == bytes;
-      for (const std::string& slot : c.optimizer_state()) fits = fits && slot.size() == bytes;
-      if (!fits)
-        return damaged(shard.file(), ": chunk ", c.chunk_id(), " does not fit the layout's chunk ",
-                       want[i]);
-    }
-    // And every table of the job, each row of its width and of this shard.
-    const auto& specs = manifest->config().sparse_tables();
-    if (file->tables_size() != specs.size())
-      return damaged(shard.file(), " holds ", file->tables_size(), " sparse tables, the job has ",
-                     specs.size());
-    for (int t = 0; t < specs.size(); ++t) {
-      const v1::TableState& table = file->tables(t);
-      if (table.name() != specs[t].name())
-        return damaged(shard.file(), ": sparse table '", table.name(),
-                       "' does not fit the job's table '", specs[t].name(), "'");
-      // Any number of optimizer slots here (a shard checks its optimizer's).
-      if (absl::Status s = CheckTableState(table, specs[t].dim(), table.optimizer_state_size());
-          !s.ok())
-        return damaged(shard.file(), ": sparse table '", table.name(),
-                       "' does not fit the job's table '", specs[t].name(), "': ", s.message());
-      for (int64_t id : table.ids())
-        if (SparseShardOf(id, static_cast<uint32_t>(map.shards_size())) != shard.shard())
-          return damaged(shard.file(), ": row ", id, " of sparse table '", table.name(),
-                         "' belongs to another shard");
-    }
-  }
+  if (absl::Status s = CheckManifest(*manifest, dir); !s.ok()) return s;
+  if (files == CheckpointFiles::kManifestOnly) return manifest;
+  for (int k = 0; k < manifest->shards_size(); ++k)
+    if (absl::Status s = VerifyShardFile(env, dir, *manifest, static_cast<uint32_t>(k)); !s.ok())
+      return s;
   return manifest;
 }
 
 absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env, const std::string& root,
-                                                      absl::string_view job_id) {
+                                                      absl::string_view job_id,
+                                                      CheckpointFiles files,
+                                                      absl::Span<const uint64_t> refused) {
   CheckpointChoice choice;
   absl::StatusOr<std::vector<std::string>> names = env->ListDir(root);
   if (!names.ok()) {
@@ -380,7 +399,11 @@ absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env, const std::strin
   }
   for (const auto& [id, name] : folders) {
     const std::string dir = JoinPath(root, name);
-    absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(env, dir, job_id);
+    if (std::find(refused.begin(), refused.end(), id) != refused.end()) {
+      choice.refused.push_back(absl::StrCat(name, ": a shard could not restore it"));
+      continue;
+    }
+    absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(env, dir, job_id, files);
     if (manifest.ok() && manifest->id() != id)
       manifest = absl::DataLossError(absl::StrCat(dir, ": the manifest is for checkpoint ",
                                                   manifest->id()));
@@ -419,6 +442,22 @@ absl::Status CheckSameChunks(const v1::ShardMap& saved, const v1::ShardMap& curr
         a.offset() != b.offset() || a.num_elements() != b.num_elements())
       return differ("chunk ", c, " differs");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShards(const v1::ShardMap& saved, const v1::ShardMap& current) {
+  if (saved.shards_size() != current.shards_size())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint has ", saved.shards_size(), " shards and this job ",
+        current.shards_size(), "; with per-shard checkpoint storage each shard's file is on "
+        "its own volume, so a checkpoint restores only into its own number of shards (use "
+        "--servers=", saved.shards_size(), ", or shared storage to change the count)"));
+  for (int c = 0; c < saved.chunks_size() && c < current.chunks_size(); ++c)
+    if (saved.chunks(c).shard() != current.chunks(c).shard())
+      return absl::FailedPreconditionError(
+          absl::StrCat("chunk ", c, " was on shard ", saved.chunks(c).shard(), " and is on shard ",
+                       current.chunks(c).shard(), " now; per-shard checkpoint storage needs the "
+                       "same placement"));
   return absl::OkStatus();
 }
 

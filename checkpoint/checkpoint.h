@@ -79,12 +79,30 @@ absl::Status WriteManifest(Env* env, const std::string& dir,
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(Env* env,
                                                     const std::string& dir);
 
-// A manifest, and every file it names present with the recorded size and
-// CRC-32 (each file is read once), and the manifest's job id `job_id`
-// unless that is empty. The first problem found, as DATA_LOSS or NOT_FOUND
-// with the folder and file named.
+// What VerifyCheckpoint reads: the manifest and every file it names
+// (shared storage), or the manifest alone (per-shard storage: the shards'
+// files are on their own volumes, and each shard checks its own with
+// VerifyShardFile before it restores).
+enum class CheckpointFiles { kEveryFile, kManifestOnly };
+
+// A manifest that parses and is consistent (a valid layout and tables, one
+// file per shard, in order), the manifest's job id `job_id` unless that is
+// empty, and with kEveryFile every file it names present with the recorded
+// size and CRC-32 and holding what the layout puts on its shard (each file
+// is read once). The first problem found, as DATA_LOSS or NOT_FOUND with
+// the folder and file named.
 absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(
-    Env* env, const std::string& dir, absl::string_view job_id);
+    Env* env, const std::string& dir, absl::string_view job_id,
+    CheckpointFiles files = CheckpointFiles::kEveryFile);
+
+// The manifest's own checks of VerifyCheckpoint (DATA_LOSS naming `dir`).
+absl::Status CheckManifest(const v1::CheckpointManifest& manifest, const std::string& dir);
+
+// Shard `k`'s file in `dir` as VerifyCheckpoint checks it: the size and
+// CRC-32 that `manifest` records, the framing, and exactly the chunks and
+// table rows the manifest's layout puts on shard k.
+absl::Status VerifyShardFile(Env* env, const std::string& dir,
+                             const v1::CheckpointManifest& manifest, uint32_t k);
 
 // The newest complete checkpoint under `root` (of `job_id`, or of any job
 // when `job_id` is empty: a job restarted from a folder may have a new id):
@@ -93,21 +111,29 @@ absl::StatusOr<v1::CheckpointManifest> VerifyCheckpoint(
 // one is skipped and described in `refused` ("ckpt-00000007: shard-00001.ckpt:
 // CRC-32 mismatch ..."). `found` is empty when none is complete (also when
 // `root` does not exist). Errors only when `root` cannot be listed for
-// another reason.
+// another reason. `files` says what is verified (VerifyCheckpoint); the ids
+// in `refused` (checkpoints a shard could not restore) are skipped.
 struct CheckpointChoice {
   std::optional<v1::CheckpointManifest> manifest;
   std::string dir;  // the chosen folder
   std::vector<std::string> refused;
 };
-absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env,
-                                                      const std::string& root,
-                                                      absl::string_view job_id);
+absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(
+    Env* env, const std::string& root, absl::string_view job_id,
+    CheckpointFiles files = CheckpointFiles::kEveryFile,
+    absl::Span<const uint64_t> refused = {});
 
 // FAILED_PRECONDITION unless `saved` and `current` cut the same tensors into
 // the same chunks (names, shapes, chunk ids, offsets, sizes); the shard
 // assignment and endpoints may differ.
 absl::Status CheckSameChunks(const v1::ShardMap& saved,
                              const v1::ShardMap& current);
+
+// Per-shard storage: FAILED_PRECONDITION unless `saved` and `current` have
+// as many shards and put every chunk on the same shard (the shard's own
+// file then holds every chunk it restores, and a table's rows hash to the
+// same shard). Call after CheckSameChunks.
+absl::Status CheckSameShards(const v1::ShardMap& saved, const v1::ShardMap& current);
 
 // FAILED_PRECONDITION unless `saved` (the checkpoint's job) and `current`
 // have the same sparse tables: names, dims and ranges (rows); their order,

@@ -266,5 +266,66 @@ TEST_F(CheckpointTest, ADifferentChunkLayoutIsRefused) {
   EXPECT_TRUE(CheckSameChunks(Layout(2), Layout(5)).ok());
 }
 
+TEST_F(CheckpointTest, PerShardStorageChecksTheManifestAloneThenEachShardItsOwnFile) {
+  WriteTwo();
+  // Per-shard storage: the coordinator's folder holds the manifests only.
+  const std::string shard0 = ShardPath(2, 0);
+  ASSERT_TRUE(Env::Default()->RemoveFile(shard0).ok());
+  ASSERT_TRUE(Env::Default()->RemoveFile(ShardPath(2, 1)).ok());
+  ExpectFallsBackToTheFirst("shard-00000.ckpt");  // every file is needed
+  absl::StatusOr<CheckpointChoice> manifests =
+      FindNewestCheckpoint(Env::Default(), root_, "job", CheckpointFiles::kManifestOnly);
+  ASSERT_TRUE(manifests.ok() && manifests->manifest.has_value());
+  EXPECT_EQ(manifests->manifest->id(), 2u);
+  // A checkpoint a shard could not restore is skipped, and said so.
+  const uint64_t refused[] = {2};
+  manifests = FindNewestCheckpoint(Env::Default(), root_, "job", CheckpointFiles::kManifestOnly,
+                                   refused);
+  ASSERT_TRUE(manifests.ok() && manifests->manifest.has_value());
+  EXPECT_EQ(manifests->manifest->id(), 1u);
+  ASSERT_EQ(manifests->refused.size(), 1u);
+  EXPECT_THAT(manifests->refused[0], HasSubstr("a shard could not restore it"));
+  // A damaged manifest is still refused without the files.
+  ASSERT_TRUE(FaultInjectionEnv::CorruptByte(
+                  JoinPath(CheckpointFolder(root_, 2), kManifestName), -6)
+                  .ok());
+  manifests = FindNewestCheckpoint(Env::Default(), root_, "job", CheckpointFiles::kManifestOnly);
+  ASSERT_TRUE(manifests.ok() && manifests->manifest.has_value());
+  EXPECT_EQ(manifests->manifest->id(), 1u);
+
+  // A shard checks its own file against the manifest: intact, damaged,
+  // missing, and another shard's file under its name.
+  const v1::CheckpointManifest m1 = *ReadManifest(Env::Default(), CheckpointFolder(root_, 1));
+  const std::string dir1 = CheckpointFolder(root_, 1);
+  EXPECT_TRUE(VerifyShardFile(Env::Default(), dir1, m1, 0).ok());
+  EXPECT_TRUE(VerifyShardFile(Env::Default(), dir1, m1, 1).ok());
+  absl::Status other = VerifyShardFile(Env::Default(), dir1, m1, 2);
+  EXPECT_TRUE(absl::IsDataLoss(other)) << other;
+  const std::string path1 = ShardPath(1, 1);
+  const std::string good = *Env::Default()->ReadFile(path1);
+  ASSERT_TRUE(FaultInjectionEnv::CorruptByte(path1, 40).ok());
+  absl::Status flipped = VerifyShardFile(Env::Default(), dir1, m1, 1);
+  EXPECT_TRUE(absl::IsDataLoss(flipped)) << flipped;
+  EXPECT_THAT(std::string(flipped.message()), HasSubstr("shard-00001.ckpt"));
+  EXPECT_TRUE(VerifyShardFile(Env::Default(), dir1, m1, 0).ok());  // the other is fine
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path1, *Env::Default()->ReadFile(ShardPath(1, 0)))
+                  .ok());
+  EXPECT_FALSE(VerifyShardFile(Env::Default(), dir1, m1, 1).ok());
+  ASSERT_TRUE(Env::Default()->RemoveFile(path1).ok());
+  EXPECT_TRUE(absl::IsNotFound(VerifyShardFile(Env::Default(), dir1, m1, 1)));
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path1, good).ok());
+  EXPECT_TRUE(VerifyShardFile(Env::Default(), dir1, m1, 1).ok());
+}
+
+TEST_F(CheckpointTest, PerShardStorageNeedsTheSameShardsAndPlacement) {
+  EXPECT_TRUE(CheckSameShards(Layout(2), Layout(2)).ok());
+  absl::Status more = CheckSameShards(Layout(2), Layout(3));
+  EXPECT_TRUE(absl::IsFailedPrecondition(more)) << more;
+  EXPECT_THAT(std::string(more.message()), HasSubstr("--servers=2"));
+  v1::ShardMap moved = Layout(2);
+  moved.mutable_chunks(0)->set_shard(1 - moved.chunks(0).shard());
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckSameShards(Layout(2), moved)));
+}
+
 }  // namespace
 }  // namespace grps

@@ -120,10 +120,15 @@ StateFileVerdict ReadStateFile(Env* env, const std::string& path,
 std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
                                         const v1::ShardMap& map,
                                         CoordinatorService* service) {
+  const bool per_shard = config.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
   absl::StatusOr<CheckpointChoice> choice =
       // Any job's: a job started again on its folder may have a new id
-      // (grps-local names each run).
-      FindNewestCheckpoint(env, config.checkpoint_dir(), "");
+      // (grps-local names each run). Per-shard storage: the manifests alone
+      // are here; each server checks its own file when it restores, and one
+      // it cannot load sends the job to the checkpoint before.
+      FindNewestCheckpoint(env, config.checkpoint_dir(), "",
+                           per_shard ? CheckpointFiles::kManifestOnly
+                                     : CheckpointFiles::kEveryFile);
   if (!choice.ok()) {
     spdlog::error("--checkpoint_dir: {}", std::string(choice.status().message()));
     return 1;
@@ -150,6 +155,13 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
                  "--checkpoint_dir\n",
                  choice->dir.c_str(), std::string(s.message()).c_str());
     return 2;
+  }
+  if (per_shard) {
+    if (absl::Status s = CheckSameShards(choice->manifest->shard_map(), map); !s.ok()) {
+      std::fprintf(stderr, "grps-coordinator: checkpoint %s: %s\n", choice->dir.c_str(),
+                   std::string(s.message()).c_str());
+      return 2;
+    }
   }
   // The optimizer state in the files is that optimizer's (Adam's moments,
   // momentum's velocity): another optimizer cannot continue from it.

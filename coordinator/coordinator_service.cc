@@ -95,6 +95,8 @@ void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,
   restore_.set_checkpoint_id(manifest.id());
   restore_.set_dir(dir);
   restore_.set_step(manifest.step());
+  if (config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
+    *restore_.mutable_manifest() = manifest;
   restore_.clear_worker_steps();
   for (uint32_t r = 0; r < config_.num_workers(); ++r)
     restore_.add_worker_steps(
@@ -142,6 +144,8 @@ absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
   message_ = state.message();
   restore_ = state.restore();
   restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  refused_checkpoints_.assign(state.refused_checkpoints().begin(),
+                              state.refused_checkpoints().end());
   if (newest.has_value())
     checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
                                    state.checkpoints_completed());
@@ -395,8 +399,11 @@ v1::RestoreOrder CoordinatorService::VerifiedRestoreOrderLocked() const {
   // What is on disk, not only what this coordinator saw complete: one that
   // took the job over from an older state file may not know the newest.
   // Any job's, as at the start: the job may have resumed from another's.
-  absl::StatusOr<CheckpointChoice> choice =
-      FindNewestCheckpoint(env_, config_.checkpoint_dir(), "");
+  const bool per_shard = config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
+  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(
+      env_, config_.checkpoint_dir(), "",
+      per_shard ? CheckpointFiles::kManifestOnly : CheckpointFiles::kEveryFile,
+      refused_checkpoints_);
   if (!choice.ok()) {
     spdlog::error("roll-back: {}; back to the initial values",
                   std::string(choice.status().message()));
@@ -417,7 +424,17 @@ v1::RestoreOrder CoordinatorService::VerifiedRestoreOrderLocked() const {
   for (uint32_t r = 0; r < config_.num_workers(); ++r)
     order.add_worker_steps(r < static_cast<uint32_t>(m.worker_steps_size()) ? m.worker_steps(r)
                                                                             : m.step());
+  if (per_shard) *order.mutable_manifest() = m;
   return order;
+}
+
+bool CoordinatorService::RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed) {
+  if (failed.id() == 0 || failed.id() != restore_.checkpoint_id()) return false;
+  refused_checkpoints_.push_back(failed.id());
+  spdlog::error("server of shard {} cannot restore checkpoint {}: {}; the checkpoint is "
+                "refused for the rest of the job",
+                shard, failed.id(), failed.error());
+  return true;
 }
 
 void CoordinatorService::RollBackLocked(absl::string_view why, absl::Time now) {
@@ -654,11 +671,18 @@ grpc::Status CoordinatorService::HandleRegisterServer(
                request->address(), reg->rejoined ? "re-registered" : "registered",
                reg->slot, reg->incarnation, membership_.shard_map().epoch());
   v1::RestoreOrder restore = restore_;
-  if (reg->rejoined && state_ == v1::JOB_STATE_RUNNING) {
+  const bool refused =
+      request->has_restore_failed() && RefuseRestoreLocked(reg->slot, request->restore_failed());
+  if ((reg->rejoined && state_ == v1::JOB_STATE_RUNNING) || refused) {
     // Every mode rolls back to one cut: the shard's own updates since the
     // checkpoint are gone, and the others' must not outrun them (async
     // workers would push gradients of versions the shard no longer has).
-    RollBackLocked(absl::StrCat("server of shard ", reg->slot, " restarted"), now);
+    // A checkpoint the shard cannot load is replaced by the one before it,
+    // for every member.
+    RollBackLocked(refused ? absl::StrCat("shard ", reg->slot, " cannot restore checkpoint ",
+                                          request->restore_failed().id())
+                           : absl::StrCat("server of shard ", reg->slot, " restarted"),
+                   now);
     restore = restore_;
     *rolled_back = true;
   }
@@ -853,6 +877,13 @@ grpc::Status CoordinatorService::HandleHeartbeat(const v1::HeartbeatRequest& req
   if (request->member_case() == v1::HeartbeatRequest::kServerShard) {
     const uint32_t shard = request->server_shard();
     NoteServerHandleHeartbeat(shard);
+    if (request->shard().has_restore_failed() &&
+        RefuseRestoreLocked(shard, request->shard().restore_failed())) {
+      RollBackLocked(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
+                                  request->shard().restore_failed().id()),
+                     now);
+      current_generation = false;
+    }
     NoteGlobalStepLocked(now);
     if (request->shard().has_checkpoint() && current_generation) {
       const bool was_pending = checkpoints_.pending();
@@ -1242,6 +1273,8 @@ v1::CoordinatorState CoordinatorService::ExportStateLocked(absl::Time now) const
   state.set_state(state_);
   state.set_message(message_);
   *state.mutable_restore() = restore_;
+  state.mutable_refused_checkpoints()->Add(refused_checkpoints_.begin(),
+                                           refused_checkpoints_.end());
   state.set_next_checkpoint_id(checkpoints_.next_id());
   if (checkpoints_.last_complete().id() > 0)
     *state.mutable_last_checkpoint() = checkpoints_.last_complete();

@@ -291,7 +291,17 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // checkpoint_dir that verifies now (a damaged newer one is refused, and
   // said so), or the initial values when there is none. Reads files under
   // the lock: roll-backs are rare.
+  // With per-shard storage only the manifests are on this coordinator's
+  // volume: they are what is verified, and the order carries the manifest.
+  // Checkpoints in refused_checkpoints_ are skipped.
   v1::RestoreOrder VerifiedRestoreOrderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shard `shard` could not follow the restore order of checkpoint
+  // failed.id() (failed.error() says why). When that is the current order's
+  // checkpoint it is refused for the rest of the job and true is returned:
+  // the caller rolls back, to the checkpoint before it. A stale report (an
+  // older order's) is ignored.
+  bool RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RegisterServer past the job id check; sets *rolled_back.
   grpc::Status HandleRegisterServer(const v1::RegisterServerRequest& request,
                                     v1::RegisterServerResponse* response,
@@ -352,6 +362,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
+  // Checkpoints a shard could not restore (RefuseRestoreLocked).
+  std::vector<uint64_t> refused_checkpoints_ ABSL_GUARDED_BY(mu_);
   // The final checkpoint: asked for (its id), settled, and the deadline of
   // the wait for it (InfiniteFuture until training is done).
   uint64_t final_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;

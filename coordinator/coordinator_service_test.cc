@@ -47,6 +47,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     config_.set_heartbeat_interval_ms(100);
     config_.set_heartbeat_timeout_ms(1000);
     config_.set_checkpoint_dir(checkpoint_dir);
+    config_.set_checkpoint_storage(storage_);
     ASSERT_TRUE(ValidateJobConfig(config_).ok());
     absl::StatusOr<v1::ShardMap> map =
         BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
@@ -74,11 +75,13 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   grpc::Status RegisterServer(int32_t shard, const std::string& address,
                               v1::RegisterServerResponse* response,
-                              const std::string& job_id = "test-job") {
+                              const std::string& job_id = "test-job",
+                              const v1::ShardCheckpoint* restore_failed = nullptr) {
     v1::RegisterServerRequest request;
     request.set_job_id(job_id);
     request.set_address(address);
     request.set_requested_shard(shard);
+    if (restore_failed != nullptr) *request.mutable_restore_failed() = *restore_failed;
     return stub_->RegisterServer(Context().get(), request, response);
   }
 
@@ -195,9 +198,11 @@ class CoordinatorServiceTest : public ::testing::Test {
   }
 
   // What shard `shard`'s server does for `request`: writes a (small) shard
-  // file with WriteShardFile, and returns the report.
+  // file with WriteShardFile (into request.dir(), or with per-shard storage
+  // into the checkpoint's folder under `own_root`), and returns the report.
   v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request,
-                                     uint32_t shard, uint64_t version) {
+                                     uint32_t shard, uint64_t version,
+                                     const std::string& own_root = "") {
     v1::ShardCheckpointFile file;
     file.set_job_id("test-job");
     file.set_checkpoint_id(request.id());
@@ -211,7 +216,9 @@ class CoordinatorServiceTest : public ::testing::Test {
       c->set_values(std::string(4 * chunk.num_elements(), '\0'));
     }
     absl::StatusOr<v1::ShardCheckpoint> written =
-        WriteShardFile(Env::Default(), request.dir(), file);
+        WriteShardFile(Env::Default(),
+                       own_root.empty() ? request.dir() : CheckpointFolder(own_root, request.id()),
+                       file);
     EXPECT_TRUE(written.ok()) << written.status();
     if (!written.ok()) return v1::ShardCheckpoint();
     written->set_coordinator_incarnation(request.coordinator_incarnation());
@@ -219,6 +226,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  v1::CheckpointStorage storage_ = v1::CHECKPOINT_STORAGE_SHARED;  // set before StartJob
   v1::ShardMap map_;
   v1::JobConfig config_;
   std::unique_ptr<CoordinatorService> service_;
@@ -1484,6 +1492,92 @@ TEST_F(CoordinatorServiceTest, ARollBackRefusesADamagedNewestCheckpointAndUsesTh
   ASSERT_TRUE(state.ParseFromString(*state_bytes));
   EXPECT_EQ(state.restore().generation(), 2u);
   EXPECT_EQ(state.restore().checkpoint_id(), taken[0].id());
+}
+
+TEST_F(CoordinatorServiceTest, PerShardStorageKeepsManifestsAndFallsBackFromACheckpointAShardCannotLoad) {
+  // Each shard's files on its own volume, the manifests on the coordinator's.
+  storage_ = v1::CHECKPOINT_STORAGE_PER_SHARD;
+  const std::string dir = TempFolder("per-shard");
+  const std::vector<std::string> own = {TempFolder("shard0"), TempFolder("shard1")};
+  StartJob(2, 1, v1::MODE_ASYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  std::vector<uint64_t> taken;
+  for (uint64_t version : {10u, 20u}) {
+    v1::CheckpointJobResponse asked;
+    ASSERT_TRUE(
+        stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+    for (uint32_t k = 0; k < 2; ++k) {
+      ASSERT_TRUE(Beat(ServerRequest(k, s[k].incarnation(), version), &reply).ok());
+      ASSERT_TRUE(reply.has_checkpoint());
+      v1::HeartbeatRequest written = ServerRequest(k, s[k].incarnation(), version);
+      *written.mutable_shard()->mutable_checkpoint() =
+          WriteFakeShard(reply.checkpoint(), k, version, own[k]);
+      ASSERT_TRUE(Beat(written, &reply).ok());
+    }
+    taken.push_back(asked.checkpoint().id());
+    ASSERT_EQ(Status().last_checkpoint().id(), taken.back());
+  }
+  // The coordinator's folder holds the manifests and no shard file: as
+  // shared storage it verifies nothing, by its manifests alone the newest.
+  absl::StatusOr<std::vector<std::string>> names =
+      Env::Default()->ListDir(CheckpointFolder(dir, taken[1]));
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, ElementsAre(kManifestName));
+  absl::StatusOr<CheckpointChoice> shared = FindNewestCheckpoint(Env::Default(), dir, "");
+  ASSERT_TRUE(shared.ok());
+  EXPECT_FALSE(shared->manifest.has_value());
+  absl::StatusOr<CheckpointChoice> manifests =
+      FindNewestCheckpoint(Env::Default(), dir, "", CheckpointFiles::kManifestOnly);
+  ASSERT_TRUE(manifests.ok() && manifests->manifest.has_value());
+  EXPECT_EQ(manifests->manifest->id(), taken[1]);
+
+  // Server 1 restarts: the order carries the manifest (its shard's file
+  // size and CRC-32 are what it checks its own file against).
+  v1::RegisterServerResponse again;
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7001", &again).ok());
+  EXPECT_EQ(again.restore().generation(), 2u);
+  EXPECT_EQ(again.restore().checkpoint_id(), taken[1]);
+  EXPECT_EQ(again.restore().manifest().id(), taken[1]);
+  ASSERT_EQ(again.restore().manifest().shards_size(), 2);
+  // Its file is damaged: it says so as it registers again, and the job
+  // goes to the checkpoint before, for every member.
+  v1::ShardCheckpoint failed;
+  failed.set_id(taken[1]);
+  failed.set_shard(1);
+  failed.set_state(v1::CHECKPOINT_STATE_FAILED);
+  failed.set_error("shard-00001.ckpt: CRC-32 mismatch");
+  ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7001", &again, "test-job", &failed).ok());
+  EXPECT_EQ(again.restore().generation(), 3u);
+  EXPECT_EQ(again.restore().checkpoint_id(), taken[0]);
+  EXPECT_EQ(again.restore().manifest().id(), taken[0]);
+  EXPECT_EQ(again.restore().step(), 10u);
+  // A report of the refused one again (late) changes nothing.
+  v1::HeartbeatRequest late = ServerRequest(0, s[0].incarnation(), 20, /*generation=*/2);
+  *late.mutable_shard()->mutable_restore_failed() = failed;
+  ASSERT_TRUE(Beat(late, &reply).ok());
+  EXPECT_EQ(reply.generation(), 3u);
+  EXPECT_EQ(reply.restore().checkpoint_id(), taken[0]);
+  // Shard 0 cannot load that one either (its heartbeat says so): back to
+  // the initial values, which need no file and no manifest.
+  v1::HeartbeatRequest cannot = ServerRequest(0, s[0].incarnation(), 20, /*generation=*/2);
+  failed.set_id(taken[0]);
+  failed.set_shard(0);
+  *cannot.mutable_shard()->mutable_restore_failed() = failed;
+  ASSERT_TRUE(Beat(cannot, &reply).ok());
+  EXPECT_EQ(reply.generation(), 4u);
+  EXPECT_EQ(reply.restore().checkpoint_id(), 0u);
+  EXPECT_FALSE(reply.restore().has_manifest());
+  // The refusals are in the state file: a coordinator that takes the job
+  // over does not order them again.
+  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
+  absl::StatusOr<std::string> state_bytes =
+      Env::Default()->ReadFile(JoinPath(dir, "coordinator.state"));
+  ASSERT_TRUE(state_bytes.ok()) << state_bytes.status();
+  v1::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*state_bytes));
+  EXPECT_THAT(state.refused_checkpoints(), ElementsAre(taken[1], taken[0]));
 }
 
 TEST_F(CoordinatorServiceTest, AMemberOfANewerGenerationRollsTheJobBackPastIt) {

@@ -153,6 +153,12 @@ ABSL_FLAG(std::string, checkpoint_dir, Defaults().checkpoint_dir(),
           "folder for checkpoints, reachable by every server and the "
           "coordinator (empty: no checkpoints); a job started with one "
           "resumes from its newest complete checkpoint");
+ABSL_FLAG(std::string, checkpoint_storage,
+          grps::CheckpointStorageName(Defaults().checkpoint_storage()),
+          "shared: --checkpoint_dir is one folder that every server and the coordinator "
+          "reach; per_shard: each server keeps its own shard's files (at the same path on "
+          "a volume of its own, or at its --checkpoint_dir) and the coordinator only the "
+          "manifests (a checkpoint then restores only into as many shards)");
 ABSL_FLAG(uint64_t, checkpoint_every_steps, Defaults().checkpoint_every_steps(),
           "take a checkpoint every this many global steps (0 = not by steps)");
 ABSL_FLAG(uint32_t, checkpoint_every_s, Defaults().checkpoint_every_seconds(),
@@ -305,6 +311,10 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   c.set_late_gradients(*late);
 
   c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<v1::CheckpointStorage> storage =
+      ParseCheckpointStorage(absl::GetFlag(FLAGS_checkpoint_storage));
+  if (!storage.ok()) return FlagError("checkpoint_storage", storage.status());
+  c.set_checkpoint_storage(*storage);
   c.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   c.set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   c.set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));

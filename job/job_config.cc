@@ -176,6 +176,9 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
       c.checkpoint_dir().empty())
     return bad("checkpoint_every_steps and checkpoint_every_seconds need a "
                "checkpoint_dir");
+  if (c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_SHARED &&
+      c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_PER_SHARD)
+    return bad("checkpoint_storage is not a storage kind");
   if (c.recovery_timeout_ms() > 0 &&
       c.recovery_timeout_ms() < c.heartbeat_timeout_ms())
     return bad("recovery_timeout_ms must be 0 (30000) or at least "
@@ -268,6 +271,16 @@ absl::StatusOr<v1::LateGradientPolicy> ParseLateGradients(absl::string_view name
 
 std::string LateGradientsName(v1::LateGradientPolicy policy) {
   return policy == v1::LATE_GRADIENTS_DROP ? "drop" : "fold";
+}
+
+absl::StatusOr<v1::CheckpointStorage> ParseCheckpointStorage(absl::string_view name) {
+  return Lookup<v1::CheckpointStorage>(name, "checkpoint storage",
+                                       {{"shared", v1::CHECKPOINT_STORAGE_SHARED},
+                                        {"per_shard", v1::CHECKPOINT_STORAGE_PER_SHARD}});
+}
+
+std::string CheckpointStorageName(v1::CheckpointStorage storage) {
+  return storage == v1::CHECKPOINT_STORAGE_PER_SHARD ? "per_shard" : "shared";
 }
 
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {

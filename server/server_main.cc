@@ -61,6 +61,11 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(int32_t, shard, -1, "shard to serve; -1 takes any free shard");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written here (atomically) once listening");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "with per-shard checkpoint storage (the coordinator's "
+          "--checkpoint_storage=per_shard): where this server keeps its shard's "
+          "checkpoint files; empty: the job's --checkpoint_dir, on this server's own "
+          "volume. Must be empty or the job's folder with shared storage");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
           "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
@@ -101,12 +106,15 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
 // Sleeps up to `d`, returning early on SIGINT/SIGTERM.
 // RegisterServer, retried with exponential backoff while the coordinator is
 // unreachable, for up to kRegisterPatience. CANCELLED if a signal arrived.
+// `restore_failed`: the order of the previous registration could not be
+// followed (the coordinator then answers with the checkpoint before).
 absl::StatusOr<v1::RegisterServerResponse> Register(
     v1::Coordinator::Stub& coordinator, const std::string& address,
-    int32_t shard) {
+    int32_t shard, const v1::ShardCheckpoint* restore_failed = nullptr) {
   v1::RegisterServerRequest request;
   request.set_address(address);
   request.set_requested_shard(shard);
+  if (restore_failed != nullptr) *request.mutable_restore_failed() = *restore_failed;
   Backoff policy;
   policy.max = absl::Seconds(5);
   policy.give_up_after = kRegisterPatience;
@@ -138,9 +146,60 @@ constexpr absl::Duration kCaptureTimeout = absl::Seconds(60);
 // The states of this shard's chunks and sparse tables for `order`: none
 // (the initial values) when it names no checkpoint, else read from the
 // checkpoint's files, whose chunk layout and tables must be this job's.
+bool PerShardStorage(const v1::JobConfig& config) {
+  return config.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
+}
+
+// The folder of checkpoint `id` where this shard's file is: the
+// coordinator's (`dir`, the request's or order's) with shared storage; with
+// per-shard storage the job's path on this server's own volume, or under
+// its --checkpoint_dir.
+std::string OwnCheckpointFolder(const v1::JobConfig& config, uint64_t id,
+                                const std::string& dir) {
+  if (!PerShardStorage(config)) return dir;
+  const std::string own = absl::GetFlag(FLAGS_checkpoint_dir);
+  return CheckpointFolder(own.empty() ? config.checkpoint_dir() : own, id);
+}
+
+// Per-shard storage: the manifest comes with the order (it is on the
+// coordinator's volume); the shard checks and loads its own file only.
+absl::StatusOr<ShardState> LoadOwnRestore(const v1::RestoreOrder& order,
+                                          const v1::JobConfig& config, const v1::ShardMap& map,
+                                          uint32_t shard) {
+  const v1::CheckpointManifest& manifest = order.manifest();
+  if (manifest.id() != order.checkpoint_id())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the restore order of checkpoint ", order.checkpoint_id(),
+        " carries no manifest (the coordinator is not set up for per-shard storage?)"));
+  const std::string dir = OwnCheckpointFolder(config, order.checkpoint_id(), order.dir());
+  if (absl::Status s = CheckManifest(manifest, dir); !s.ok()) return s;
+  if (absl::Status s = CheckSameChunks(manifest.shard_map(), map); !s.ok()) return s;
+  if (absl::Status s = CheckSameShards(manifest.shard_map(), map); !s.ok()) return s;
+  if (absl::Status s = CheckSameTables(manifest.config(), config); !s.ok()) return s;
+  if (absl::Status s = VerifyShardFile(Env::Default(), dir, manifest, shard); !s.ok()) return s;
+  return LoadShardState(Env::Default(), dir, manifest, ChunksOfShard(map, shard),
+                        static_cast<uint32_t>(map.shards_size()), shard);
+}
+
+// How often a starting server reports a checkpoint it cannot load before it
+// gives up (each report sends the job one checkpoint further back).
+constexpr int kMaxRestoreRefusals = 64;
+
+// What a shard reports of a restore order it could not follow.
+v1::ShardCheckpoint RestoreFailure(const v1::RestoreOrder& order, uint32_t shard,
+                                   const absl::Status& why) {
+  v1::ShardCheckpoint failed;
+  failed.set_id(order.checkpoint_id());
+  failed.set_shard(shard);
+  failed.set_state(v1::CHECKPOINT_STATE_FAILED);
+  failed.set_error(std::string(why.message()));
+  return failed;
+}
+
 absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::JobConfig& config,
                                        const v1::ShardMap& map, uint32_t shard) {
   if (order.checkpoint_id() == 0) return ShardState{};
+  if (PerShardStorage(config)) return LoadOwnRestore(order, config, map, shard);
   absl::StatusOr<v1::CheckpointManifest> manifest =
       VerifyCheckpoint(Env::Default(), order.dir(), "");
   if (!manifest.ok()) return manifest.status();
@@ -244,7 +303,10 @@ class Checkpointer {
     absl::StatusOr<v1::ShardCheckpointFile> file =
         store_->CollectCheckpoint(request.id(), start + kCaptureTimeout);
     absl::StatusOr<v1::ShardCheckpoint> written =
-        file.ok() ? WriteShardFile(Env::Default(), request.dir(), *file)
+        file.ok() ? WriteShardFile(Env::Default(),
+                                   OwnCheckpointFolder(store_->config(), request.id(),
+                                                       request.dir()),
+                                   *file)
                   : absl::StatusOr<v1::ShardCheckpoint>(file.status());
     CheckpointSeconds(written.ok()).Observe(absl::ToDoubleSeconds(absl::Now() - start));
     if (written.ok()) {
@@ -349,13 +411,48 @@ int Run() {
       v1::Coordinator::NewStub(MakeChannel(coordinator_address));
   absl::StatusOr<v1::RegisterServerResponse> registration =
       Register(*coordinator, address, requested_shard);
-  if (!registration.ok()) {
-    stop_server();
-    if (absl::IsCancelled(registration.status())) return 0;
-    spdlog::error("cannot register with the coordinator at {}: {}",
-                  coordinator_address,
-                  std::string(registration.status().message()));
-    return 1;
+  absl::StatusOr<ShardState> restored;
+  // A checkpoint this shard cannot load (a damaged or missing file) is
+  // reported by registering again: the coordinator refuses it and answers
+  // with the one before it, down to the initial values, which always load.
+  for (int refusals = 0;; ++refusals) {
+    if (!registration.ok()) {
+      stop_server();
+      if (absl::IsCancelled(registration.status())) return 0;
+      spdlog::error("cannot register with the coordinator at {}: {}", coordinator_address,
+                    std::string(registration.status().message()));
+      return 1;
+    }
+    if (absl::Status valid = ValidateShardMap(registration->shard_map()); !valid.ok()) {
+      stop_server();
+      spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
+      return 1;
+    }
+    const std::string own_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    if (!PerShardStorage(registration->config()) && !own_dir.empty() &&
+        own_dir != registration->config().checkpoint_dir()) {
+      stop_server();
+      spdlog::error("--checkpoint_dir={} is for per-shard checkpoint storage; this job keeps "
+                    "every shard's files in the coordinator's {}",
+                    own_dir, registration->config().checkpoint_dir());
+      return 2;
+    }
+    const v1::RestoreOrder& order = registration->restore();
+    restored = LoadRestore(order, registration->config(), registration->shard_map(),
+                           registration->shard());
+    if (restored.ok()) break;
+    spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", registration->shard(),
+                  order.checkpoint_id(),
+                  OwnCheckpointFolder(registration->config(), order.checkpoint_id(), order.dir()),
+                  std::string(restored.status().message()));
+    if (order.checkpoint_id() == 0 || refusals == kMaxRestoreRefusals) {
+      stop_server();
+      return 1;
+    }
+    const v1::ShardCheckpoint failed =
+        RestoreFailure(order, registration->shard(), restored.status());
+    registration = Register(*coordinator, address, static_cast<int32_t>(registration->shard()),
+                            &failed);
   }
 
   SetMemberSecret(registration->member_secret());
@@ -369,19 +466,6 @@ int Run() {
   options.generation = order.generation();
   options.restored_checkpoint = order.checkpoint_id();
   options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
-  if (absl::Status valid = ValidateShardMap(options.shard_map); !valid.ok()) {
-    stop_server();
-    spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
-    return 1;
-  }
-  absl::StatusOr<ShardState> restored =
-      LoadRestore(order, options.config, options.shard_map, options.shard);
-  if (!restored.ok()) {
-    stop_server();
-    spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", options.shard,
-                  order.checkpoint_id(), order.dir(), std::string(restored.status().message()));
-    return 1;
-  }
   options.restore = std::move(restored->chunks);
   options.restore_tables = std::move(restored->tables);
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
@@ -426,6 +510,9 @@ int Run() {
   int exit_code = 0;
   std::string reason = "signal received";
   int failures = 0;
+  // A roll-back order this shard could not follow: reported in every
+  // heartbeat until the coordinator sends another order.
+  std::optional<v1::ShardCheckpoint> restore_failed;
   while (!ShutdownRequested()) {
     const absl::Time tick = absl::Now();
     v1::HeartbeatRequest request;
@@ -433,6 +520,7 @@ int Run() {
     request.set_server_shard(store->shard());
     request.set_incarnation(registration->incarnation());
     *request.mutable_shard() = store->ShardStatus();
+    if (restore_failed.has_value()) *request.mutable_shard()->mutable_restore_failed() = *restore_failed;
     request.set_shard_map_epoch(map_epoch);
     request.set_generation(store->generation());
     grpc::ClientContext context;
@@ -488,14 +576,24 @@ int Run() {
             states.ok() ? store->Restore(order.generation(), order.checkpoint_id(), states->chunks,
                                          order.worker_steps(), states->tables)
                         : states.status();
-        if (!restored.ok()) {
-          reason = absl::StrCat("cannot roll back to checkpoint ", order.checkpoint_id(), ": ",
-                                restored.message());
+        if (!restored.ok() && order.checkpoint_id() == 0) {
+          reason = absl::StrCat("cannot roll back to the initial values: ", restored.message());
           exit_code = 1;
           break;
         }
-        spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})",
-                     store->shard(), order.checkpoint_id(), order.step(), order.generation());
+        if (!restored.ok()) {
+          // The shard keeps its state and generation (so it serves nothing
+          // of the new one); the coordinator refuses this checkpoint and
+          // orders the one before it.
+          if (!restore_failed.has_value() || restore_failed->id() != order.checkpoint_id())
+            spdlog::error("shard {} cannot roll back to checkpoint {}: {}; reported",
+                          store->shard(), order.checkpoint_id(), std::string(restored.message()));
+          restore_failed = RestoreFailure(order, store->shard(), restored);
+        } else {
+          restore_failed.reset();
+          spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})",
+                       store->shard(), order.checkpoint_id(), order.step(), order.generation());
+        }
       }
       if (response.has_checkpoint()) checkpointer.MaybeStart(response.checkpoint());
       // Until the job runs, every rank counts toward a step's quorum, so an

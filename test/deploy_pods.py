@@ -26,8 +26,9 @@ address of its own (127.A.B.N), which stands for its IP, so that the fixed
 ports of different pods do not collide; a listen address 0.0.0.0 becomes it,
 and every Service and pod DNS name in a GRPS_* value or an argument becomes
 the address of the pod it resolves to. Volumes are folders (one per
-PersistentVolumeClaim, shared by the pods that mount it; Secrets and
-ConfigMaps written out as files) and mount paths in values are rewritten to
+PersistentVolumeClaim, shared by the pods that mount it, and one per pod and
+volumeClaimTemplate of a StatefulSet, as its claim "<template>-<pod>";
+Secrets and ConfigMaps written out as files) and mount paths in values are rewritten to
 them. The Secrets come from --secrets (deploy/make-secrets). While the job
 runs, every exec probe is run (it must succeed at least once) and every pod
 with prometheus.io/scrape is scraped at its annotated port and path. The
@@ -123,6 +124,9 @@ class Pod:
         self.ip = None
         self.extra_env = {}
         self.hostnames = []
+        # A StatefulSet's volumeClaimTemplates: volume name -> the claim the
+        # controller makes for this pod ("<template>-<pod>").
+        self.claims = {}
 
 
 def expand_pods(objects):
@@ -139,6 +143,8 @@ def expand_pods(objects):
                 p.labels["statefulset.kubernetes.io/pod-name"] = p.name
                 if spec.get("serviceName"):
                     p.hostnames.append("%s.%s" % (p.name, spec["serviceName"]))
+                for t in spec.get("volumeClaimTemplates", []):
+                    p.claims[t["metadata"]["name"]] = "%s-%s" % (t["metadata"]["name"], p.name)
                 pods.append(p)
         elif kind == "Job":
             completions = spec.get("completions", 1)
@@ -454,8 +460,18 @@ def port_free(ip, port):
 def volume_dirs(pod, objects_by_kind, work):
     """Mount path -> local folder, for every volume mount of the pod's containers."""
     dirs = {}
+    # Each pod's own claims first: a pod volume of the same name is an error
+    # here (Kubernetes would quietly use the claim).
+    templated = [{"name": name, "persistentVolumeClaim": {"claimName": claim}}
+                 for name, claim in sorted(pod.claims.items())]
     for vol in pod.spec.get("volumes", []):
-        if "persistentVolumeClaim" in vol:
+        if vol["name"] in pod.claims:
+            raise ManifestError("pod %s: volume %s is also a volumeClaimTemplate"
+                                % (pod.name, vol["name"]))
+    for vol in templated + pod.spec.get("volumes", []):
+        if vol["name"] in pod.claims:
+            path = os.path.join(work, "volumes", "pvc-" + pod.claims[vol["name"]])
+        elif "persistentVolumeClaim" in vol:
             claim = vol["persistentVolumeClaim"]["claimName"]
             if claim not in objects_by_kind.get("PersistentVolumeClaim", {}):
                 raise ManifestError("pod %s: claim %s is not in the manifests" % (pod.name, claim))
@@ -521,6 +537,37 @@ def own_volume(path, pod, vol, created):
     for name in os.listdir(path):
         os.chown(os.path.join(path, name), 0, group or 0)
         os.chmod(os.path.join(path, name), ref.get("defaultMode", 0o644))
+
+
+def check_checkpoint_volumes(volumes, shards, own_claims):
+    """The newest checkpoint with a MANIFEST has every shard's file on some
+    volume, shard K's on pod K's own claim when the servers have claims of
+    their own (`own_claims`: K -> volume folder names), and a coordinator
+    state file is there. Failures, as messages."""
+    found = {}  # ckpt-N -> {file name: volume}
+    states = []
+    for d, _, files in os.walk(volumes):
+        for f in files:
+            volume = os.path.relpath(d, volumes).split(os.sep)[0]
+            if f == "coordinator.state":
+                states.append(volume)
+            elif os.path.basename(d).startswith("ckpt-") and (f == "MANIFEST" or f.endswith(".ckpt")):
+                found.setdefault(os.path.basename(d), {})[f] = volume
+    complete = sorted(n for n, files in found.items() if "MANIFEST" in files)
+    if not complete or not states:
+        return ["no complete checkpoint or no coordinator state file on a volume"]
+    newest = complete[-1]
+    files = found[newest]
+    print("checkpoint volumes: %d complete checkpoints; %s: %s; state file on %s" % (
+        len(complete), newest, ", ".join("%s on %s" % (f, v) for f, v in sorted(files.items())),
+        states[0]))
+    missing = ["shard-%05d.ckpt" % k for k in range(shards) if "shard-%05d.ckpt" % k not in files]
+    if missing:
+        return ["%s has a MANIFEST but no %s on any volume" % (newest, " ".join(missing))]
+    return ["%s: shard-%05d.ckpt is on %s, not on its pod's own claim (%s)"
+            % (newest, k, files["shard-%05d.ckpt" % k], " ".join(sorted(own_claims[k])))
+            for k in range(shards)
+            if own_claims.get(k) and files["shard-%05d.ckpt" % k] not in own_claims[k]]
 
 
 def podman_argv(pod, container, cname, env, argv, hosts, mounts):
@@ -803,12 +850,10 @@ def run(args, objects, runs):
                   % (m.group(1), accuracy, wall))
             if accuracy < args.min_accuracy:
                 failures.append("accuracy %.4f < %.2f" % (accuracy, args.min_accuracy))
-    volumes = os.path.join(work, "volumes")
-    manifests = [os.path.join(d, f) for d, _, fs in os.walk(volumes) for f in fs if f == "MANIFEST"]
-    states = [os.path.join(d, f) for d, _, fs in os.walk(volumes) for f in fs if f == "coordinator.state"]
-    print("checkpoint volume: %d complete checkpoints, %d state file" % (len(manifests), len(states)))
-    if not manifests or not states:
-        failures.append("no complete checkpoint or no coordinator state file on a volume")
+    shards = sum(o["spec"].get("replicas", 1) for o in by_kind.get("StatefulSet", {}).values())
+    own_claims = {p.index: {"pvc-" + c for c in p.claims.values()}
+                  for p in pods if p.owner[0] == "StatefulSet" and p.claims}
+    failures += check_checkpoint_volumes(os.path.join(work, "volumes"), shards, own_claims)
 
     if failures:
         for name in runner.procs:
