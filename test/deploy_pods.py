@@ -604,6 +604,36 @@ def rewrite_paths(text, mounts):
     return text
 
 
+def checkpoint_complete(logs, training=False):
+    """The id of the newest checkpoint the coordinator (its log, logs[0])
+    said is complete, or None; with `training`, None too once it said
+    training is done (a restart must land while the job trains)."""
+    if not logs or not os.path.exists(logs[0]):
+        return None
+    text = open(logs[0], errors="replace").read()
+    if training and "training done" in text:
+        return None
+    ids = re.findall(r"checkpoint (\d+) complete at step", text)
+    return ids[-1] if ids else None
+
+
+def restart_pod(runner, name, argv, env, cname):
+    """Kills pod `name`'s process (its container, with --image) with SIGKILL
+    and starts it again as it was, logging to NAME.restarted.log. Returns
+    the checkpoint it was killed after."""
+    after = checkpoint_complete([runner.logs[n] for n in runner.logs
+                                 if n.startswith("grps-coordinator")])
+    p = runner.procs[name]
+    if IMAGE:
+        subprocess.run(PODMAN + ["kill", "--signal", "KILL", cname],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    else:
+        p.kill()
+    p.wait(60)
+    runner.start(name, argv, env, cname, log_name=name + ".restarted")
+    return after
+
+
 def _die_with_parent():
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -616,10 +646,10 @@ class Runner:
         self.logs = {}
         self.containers = []  # podman's names, with --image
 
-    def start(self, pod_name, argv, env, container_name=None):
-        log = os.path.join(self.work, pod_name + ".log")
+    def start(self, pod_name, argv, env, container_name=None, log_name=None):
+        log = os.path.join(self.work, (log_name or pod_name) + ".log")
         self.logs[pod_name] = log
-        if container_name:
+        if container_name and container_name not in self.containers:
             self.containers.append(container_name)
         cwd = os.path.join(self.work, "cwd", pod_name)
         os.makedirs(cwd, exist_ok=True)
@@ -741,12 +771,15 @@ def run(args, objects, runs):
     begin = time.time()
     probes_ok, scraped, codes = {}, {}, {}
     wall = 0.0
+    restarted = None  # with --restart: the checkpoint it was killed after
     try:
+        launched = {}  # pod name -> what runner.start was given
         for pod, container, argv, env, _, cname in started:
             if IMAGE:
                 image_env, mounts = in_image[pod.name]
                 argv = podman_argv(pod, container, cname, image_env, argv, hosts, mounts)
             runner.start(pod.name, argv, env, cname)
+            launched[pod.name] = (argv, env, cname)
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -787,7 +820,18 @@ def run(args, objects, runs):
             w.start()
 
         deadline = begin + args.timeout
+        restart = {name: launched[name] for name in launched if name == args.restart}
+        if args.restart and not restart:
+            raise ManifestError("--restart %s: no such pod" % args.restart)
+        coordinator_log = [runner.logs[p.name] for p, c, *_ in started
+                           if c["command"][0].endswith("/grps-coordinator")]
         while len(codes) < len(runner.procs) and time.time() < deadline:
+            if restart and restarted is None and checkpoint_complete(coordinator_log, True):
+                # What the StatefulSet does for a pod whose process died:
+                # the same pod (name, ordinal, claim) started again.
+                restarted = restart_pod(runner, args.restart, *restart[args.restart])
+                print("%6.1f s  %s killed (SIGKILL) after checkpoint %s, started again" % (
+                    time.time() - begin, args.restart, restarted))
             for name, p in runner.procs.items():
                 if name not in codes and p.poll() is not None:
                     codes[name] = p.returncode
@@ -835,6 +879,18 @@ def run(args, objects, runs):
                                 % (pod.name, ", ".join(left)))
 
     # The job's outcome, as the coordinator tells it.
+    if args.restart:
+        log = open(runner.logs[args.restart], errors="replace").read()
+        m = re.search(r"restored (\d+) chunks.* from checkpoint (\d+) at step (\d+)", log)
+        if restarted is None:
+            failures.append("--restart %s: no checkpoint was complete while the job trained"
+                            % args.restart)
+        elif not m:
+            failures.append("%s, started again, did not restore a checkpoint (its log: %s)"
+                            % (args.restart, runner.logs[args.restart]))
+        else:
+            print("%s started again: restored %s chunks from checkpoint %s (step %s) on its "
+                  "own claim" % (args.restart, m.group(1), m.group(2), m.group(3)))
     coordinator = [p for p, c, *_ in started if c["command"][0].endswith("/grps-coordinator")]
     accuracy = None
     if len(coordinator) != 1:
@@ -874,6 +930,9 @@ def main():
     parser.add_argument("--run", help="a rendered overlay to check and run")
     parser.add_argument("--timeout", type=float, default=150)
     parser.add_argument("--min_accuracy", type=float, default=0.7)
+    parser.add_argument("--restart", help="kill this pod once a checkpoint is complete and "
+                        "start it again (as its StatefulSet would); it must restore from "
+                        "the checkpoint on its own claim")
     parser.add_argument("--image", help="run the pods in this image with podman "
                         "(deploy/build-image) instead of as local processes")
     args = parser.parse_args()

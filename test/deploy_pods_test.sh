@@ -8,8 +8,12 @@
 # environments, each pod on a loopback address of its own, with the Secrets
 # of deploy/make-secrets (tokens, mutual TLS). Their exec probes must pass,
 # their metrics must be scrapable, and the job must complete (every pod
-# exits 0) with test accuracy >= 0.7 and a checkpoint on the claim's
-# volume. test/deploy_pods.py does the work and says what it checks.
+# exits 0) with test accuracy >= 0.7 and a checkpoint whose manifest is on
+# the coordinator's claim and each shard's file on its own pod's claim.
+# Once a checkpoint is complete, pod grps-server-1 is killed (SIGKILL) and
+# started again as its StatefulSet would (same name, ordinal and claim): it
+# must restore that checkpoint from its own claim.
+# test/deploy_pods.py does the work and says what it checks.
 # With GRPS_IMAGE=grps:cpu (deploy/build-image; root, podman) the pods run in
 # that image instead: its binaries, its user, its libraries, /etc/hosts
 # for the DNS names (CI does this after deploy/build-image).
@@ -37,6 +41,7 @@ done
 
 /usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
   --work "$WORK/pods" "${checks[@]}" --run "$WORK/dev.yaml" --timeout 150 --min_accuracy 0.7 \
+  --restart grps-server-1 \
   ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
