@@ -143,9 +143,6 @@ double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 // How long a checkpoint may wait for its version to be reached.
 constexpr absl::Duration kCaptureTimeout = absl::Seconds(60);
 
-// The states of this shard's chunks and sparse tables for `order`: none
-// (the initial values) when it names no checkpoint, else read from the
-// checkpoint's files, whose chunk layout and tables must be this job's.
 bool PerShardStorage(const v1::JobConfig& config) {
   return config.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
 }
@@ -196,6 +193,9 @@ v1::ShardCheckpoint RestoreFailure(const v1::RestoreOrder& order, uint32_t shard
   return failed;
 }
 
+// The states of this shard's chunks and sparse tables for `order`: none
+// (the initial values) when it names no checkpoint, else read from the
+// checkpoint's files, whose chunk layout and tables must be this job's.
 absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::JobConfig& config,
                                        const v1::ShardMap& map, uint32_t shard) {
   if (order.checkpoint_id() == 0) return ShardState{};
@@ -411,7 +411,7 @@ int Run() {
       v1::Coordinator::NewStub(MakeChannel(coordinator_address));
   absl::StatusOr<v1::RegisterServerResponse> registration =
       Register(*coordinator, address, requested_shard);
-  absl::StatusOr<ShardState> restored;
+  absl::StatusOr<ShardState> loaded;
   // A checkpoint this shard cannot load (a damaged or missing file) is
   // reported by registering again: the coordinator refuses it and answers
   // with the one before it, down to the initial values, which always load.
@@ -438,19 +438,19 @@ int Run() {
       return 2;
     }
     const v1::RestoreOrder& order = registration->restore();
-    restored = LoadRestore(order, registration->config(), registration->shard_map(),
-                           registration->shard());
-    if (restored.ok()) break;
+    loaded = LoadRestore(order, registration->config(), registration->shard_map(),
+                         registration->shard());
+    if (loaded.ok()) break;
     spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", registration->shard(),
                   order.checkpoint_id(),
                   OwnCheckpointFolder(registration->config(), order.checkpoint_id(), order.dir()),
-                  std::string(restored.status().message()));
+                  std::string(loaded.status().message()));
     if (order.checkpoint_id() == 0 || refusals == kMaxRestoreRefusals) {
       stop_server();
       return 1;
     }
     const v1::ShardCheckpoint failed =
-        RestoreFailure(order, registration->shard(), restored.status());
+        RestoreFailure(order, registration->shard(), loaded.status());
     registration = Register(*coordinator, address, static_cast<int32_t>(registration->shard()),
                             &failed);
   }
@@ -466,8 +466,8 @@ int Run() {
   options.generation = order.generation();
   options.restored_checkpoint = order.checkpoint_id();
   options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
-  options.restore = std::move(restored->chunks);
-  options.restore_tables = std::move(restored->tables);
+  options.restore = std::move(loaded->chunks);
+  options.restore_tables = std::move(loaded->tables);
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
       ShardStore::Create(std::move(options));
   if (!created.ok()) {
@@ -520,7 +520,8 @@ int Run() {
     request.set_server_shard(store->shard());
     request.set_incarnation(registration->incarnation());
     *request.mutable_shard() = store->ShardStatus();
-    if (restore_failed.has_value()) *request.mutable_shard()->mutable_restore_failed() = *restore_failed;
+    if (restore_failed.has_value())
+      *request.mutable_shard()->mutable_restore_failed() = *restore_failed;
     request.set_shard_map_epoch(map_epoch);
     request.set_generation(store->generation());
     grpc::ClientContext context;
