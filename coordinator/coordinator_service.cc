@@ -91,17 +91,8 @@ void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,
                                     const std::string& dir) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  restore_ = RestoreOrderFor(manifest, dir);
   restore_.set_generation(2);
-  restore_.set_checkpoint_id(manifest.id());
-  restore_.set_dir(dir);
-  restore_.set_step(manifest.step());
-  if (config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
-    *restore_.mutable_manifest() = manifest;
-  restore_.clear_worker_steps();
-  for (uint32_t r = 0; r < config_.num_workers(); ++r)
-    restore_.add_worker_steps(
-        r < static_cast<uint32_t>(manifest.worker_steps_size()) ? manifest.worker_steps(r)
-                                                               : manifest.step());
   checkpoints_.SetNewestComplete(manifest, dir, 0);
   membership_.ResetResumeSteps({restore_.worker_steps().begin(),
                                 restore_.worker_steps().end()},
@@ -416,15 +407,21 @@ v1::RestoreOrder CoordinatorService::VerifiedRestoreOrderLocked() const {
                   config_.checkpoint_dir());
     return order;
   }
-  const v1::CheckpointManifest& m = *choice->manifest;
-  order.set_checkpoint_id(m.id());
-  order.set_dir(choice->dir);
-  order.set_step(m.step());
-  order.clear_worker_steps();
+  return RestoreOrderFor(*choice->manifest, choice->dir);
+}
+
+v1::RestoreOrder CoordinatorService::RestoreOrderFor(const v1::CheckpointManifest& manifest,
+                                                     const std::string& dir) const {
+  v1::RestoreOrder order;
+  order.set_checkpoint_id(manifest.id());
+  order.set_dir(dir);
+  order.set_step(manifest.step());
   for (uint32_t r = 0; r < config_.num_workers(); ++r)
-    order.add_worker_steps(r < static_cast<uint32_t>(m.worker_steps_size()) ? m.worker_steps(r)
-                                                                            : m.step());
-  if (per_shard) *order.mutable_manifest() = m;
+    order.add_worker_steps(r < static_cast<uint32_t>(manifest.worker_steps_size())
+                               ? manifest.worker_steps(r)
+                               : manifest.step());
+  if (config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
+    *order.mutable_manifest() = manifest;
   return order;
 }
 

@@ -295,6 +295,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // volume: they are what is verified, and the order carries the manifest.
   // Checkpoints in refused_checkpoints_ are skipped.
   v1::RestoreOrder VerifiedRestoreOrderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The order (generation not set) to restore checkpoint `manifest` from
+  // `dir`: its step, each rank's resume step, and with per-shard storage
+  // the manifest itself.
+  v1::RestoreOrder RestoreOrderFor(const v1::CheckpointManifest& manifest,
+                                   const std::string& dir) const;
   // Shard `shard` could not follow the restore order of checkpoint
   // failed.id() (failed.error() says why). When that is the current order's
   // checkpoint it is refused for the rest of the job and true is returned:
