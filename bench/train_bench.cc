@@ -49,8 +49,9 @@
 #include "tensor/cpu_backend.h"
 #include "worker/mlp_model.h"
 
-ABSL_FLAG(std::string, configs, "sync:2,sync:1,async:2,ssp:2",
-          "grps runs, each MODE:SERVERS (ssp uses --staleness)");
+ABSL_FLAG(std::string, configs, "sync:2,sync:2:grpc,sync:1,async:2,ssp:2",
+          "grps runs, each MODE:SERVERS[:TRANSPORT] (ssp uses --staleness; TRANSPORT is "
+          "the job's --local_transport, shm by default, or grpc: every byte through gRPC)");
 ABSL_FLAG(uint32_t, workers, 2, "workers of every grps run, and threads of the yardstick");
 ABSL_FLAG(uint32_t, staleness, 2, "the ssp runs' staleness bound");
 ABSL_FLAG(std::optional<uint64_t>, steps, std::nullopt,
@@ -175,7 +176,10 @@ struct RunFigures {
 struct GrpsConfig {
   std::string mode;
   uint32_t servers = 2;
-  std::string Name() const { return absl::StrCat(mode, " ", servers, "s"); }
+  std::string transport = "shm";
+  std::string Name() const {
+    return absl::StrCat(mode, " ", servers, "s", transport == "shm" ? "" : " " + transport);
+  }
 };
 
 RunFigures RunGrps(const GrpsConfig& c, bool accuracy_run, const std::string& run_dir) {
@@ -196,6 +200,7 @@ RunFigures RunGrps(const GrpsConfig& c, bool accuracy_run, const std::string& ru
       {"eval_every", accuracy_run ? absl::StrCat(absl::GetFlag(FLAGS_eval_every)) : "0"});
   if (c.mode == "ssp")
     o.job_flags.push_back({"staleness", absl::StrCat(absl::GetFlag(FLAGS_staleness))});
+  o.job_flags.push_back({"local_transport", c.transport});
   if (absl::GetFlag(FLAGS_steps))
     o.job_flags.push_back({"steps", absl::StrCat(*absl::GetFlag(FLAGS_steps))});
   RunFigures f;
@@ -259,9 +264,11 @@ int Main(int argc, char** argv) {
     std::vector<std::string> parts = absl::StrSplit(item, ':');
     GrpsConfig c;
     c.mode = parts[0];
-    if (!ParseMode(c.mode).ok() ||
-        (parts.size() > 1 && !absl::SimpleAtoi(parts[1], &c.servers)) || c.servers == 0) {
-      std::fprintf(stderr, "--configs: bad entry '%s' (MODE:SERVERS)\n",
+    if (parts.size() > 2) c.transport = parts[2];
+    if (!ParseMode(c.mode).ok() || parts.size() > 3 ||
+        (parts.size() > 1 && !absl::SimpleAtoi(parts[1], &c.servers)) || c.servers == 0 ||
+        !ParseLocalTransport(c.transport).ok()) {
+      std::fprintf(stderr, "--configs: bad entry '%s' (MODE:SERVERS[:TRANSPORT])\n",
                    std::string(item).c_str());
       return 2;
     }
@@ -293,21 +300,21 @@ int Main(int argc, char** argv) {
   std::printf("  yardstick (the better)       %9.0f\n\n", yardstick);
   std::fflush(stdout);
 
-  std::printf("%-10s %10s %11s %9s %12s %10s %8s\n", "grps", "train/s", "launch/s",
+  std::printf("%-15s %10s %11s %9s %12s %10s %8s\n", "grps", "train/s", "launch/s",
               "wall s", "to target s", "final acc", "ratio");
   bool all_ok = true;
   for (const GrpsConfig& c : configs) {
-    const std::string stem = absl::StrCat(root, "/", c.mode, "-", c.servers, "s");
+    const std::string stem = absl::StrCat(root, "/", c.mode, "-", c.servers, "s-", c.transport);
     RunFigures rate = RunGrps(c, false, stem + "-rate");
     RunFigures acc;
     if (rate.ok && !absl::GetFlag(FLAGS_no_accuracy)) acc = RunGrps(c, true, stem + "-acc");
     if (!rate.ok || (!absl::GetFlag(FLAGS_no_accuracy) && !acc.ok)) {
       all_ok = false;
-      std::printf("%-10s failed: %s\n", c.Name().c_str(),
+      std::printf("%-15s failed: %s\n", c.Name().c_str(),
                   (rate.ok ? acc.error : rate.error).c_str());
       continue;
     }
-    std::printf("%-10s %10.0f %11.0f %9.2f %12s %10s %8.2f\n", c.Name().c_str(),
+    std::printf("%-15s %10.0f %11.0f %9.2f %12s %10s %8.2f\n", c.Name().c_str(),
                 rate.train_samples_per_sec, rate.job_samples_per_sec, rate.wall_s,
                 Fmt(acc.time_to_target_s, "%.2f").c_str(),
                 Fmt(acc.ok ? acc.final_accuracy : rate.final_accuracy, "%.4f").c_str(),

@@ -159,6 +159,11 @@ ABSL_FLAG(std::string, checkpoint_storage,
           "reach; per_shard: each server keeps its own shard's files (at the same path on "
           "a volume of its own, or at its --checkpoint_dir) and the coordinator only the "
           "manifests (a checkpoint then restores only into as many shards)");
+ABSL_FLAG(std::string, local_transport,
+          grps::LocalTransportName(Defaults().local_transport()),
+          "how a worker's dense pushes and fused pulls reach a shard on the same machine: "
+          "shm (through the worker's shared-memory lane, where the shard can map it; "
+          "gRPC messages otherwise) or grpc (every byte through gRPC)");
 ABSL_FLAG(uint64_t, checkpoint_every_steps, Defaults().checkpoint_every_steps(),
           "take a checkpoint every this many global steps (0 = not by steps)");
 ABSL_FLAG(uint32_t, checkpoint_every_s, Defaults().checkpoint_every_seconds(),
@@ -315,6 +320,10 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
       ParseCheckpointStorage(absl::GetFlag(FLAGS_checkpoint_storage));
   if (!storage.ok()) return FlagError("checkpoint_storage", storage.status());
   c.set_checkpoint_storage(*storage);
+  absl::StatusOr<v1::LocalTransport> transport =
+      ParseLocalTransport(absl::GetFlag(FLAGS_local_transport));
+  if (!transport.ok()) return FlagError("local_transport", transport.status());
+  c.set_local_transport(*transport);
   c.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   c.set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   c.set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));

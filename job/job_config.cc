@@ -179,6 +179,9 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_SHARED &&
       c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_PER_SHARD)
     return bad("checkpoint_storage is not a storage kind");
+  if (c.local_transport() != v1::LOCAL_TRANSPORT_SHARED_MEMORY &&
+      c.local_transport() != v1::LOCAL_TRANSPORT_GRPC)
+    return bad("local_transport is not a transport");
   if (c.recovery_timeout_ms() > 0 &&
       c.recovery_timeout_ms() < c.heartbeat_timeout_ms())
     return bad("recovery_timeout_ms must be 0 (30000) or at least "
@@ -281,6 +284,16 @@ absl::StatusOr<v1::CheckpointStorage> ParseCheckpointStorage(absl::string_view n
 
 std::string CheckpointStorageName(v1::CheckpointStorage storage) {
   return storage == v1::CHECKPOINT_STORAGE_PER_SHARD ? "per_shard" : "shared";
+}
+
+absl::StatusOr<v1::LocalTransport> ParseLocalTransport(absl::string_view name) {
+  return Lookup<v1::LocalTransport>(name, "local transport",
+                                    {{"shm", v1::LOCAL_TRANSPORT_SHARED_MEMORY},
+                                     {"grpc", v1::LOCAL_TRANSPORT_GRPC}});
+}
+
+std::string LocalTransportName(v1::LocalTransport transport) {
+  return transport == v1::LOCAL_TRANSPORT_GRPC ? "grpc" : "shm";
 }
 
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {

@@ -46,6 +46,8 @@ absl::StatusOr<v1::LateGradientPolicy> ParseLateGradients(absl::string_view name
 std::string LateGradientsName(v1::LateGradientPolicy policy);  // "fold", "drop"
 absl::StatusOr<v1::CheckpointStorage> ParseCheckpointStorage(absl::string_view name);
 std::string CheckpointStorageName(v1::CheckpointStorage storage);  // "shared", "per_shard"
+absl::StatusOr<v1::LocalTransport> ParseLocalTransport(absl::string_view name);
+std::string LocalTransportName(v1::LocalTransport transport);  // "shm", "grpc"
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name);
 // "256,128" -> {256, 128}; "" or "none" -> no hidden layers.
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);

@@ -132,6 +132,9 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "seed for initialization 
 ABSL_FLAG(std::optional<uint64_t>, chunk_kb, std::nullopt, "dense chunk size in KiB");
 ABSL_FLAG(std::optional<std::string>, wire_dtype, std::nullopt,
           "dtype on the wire: f32, f16 or bf16");
+ABSL_FLAG(std::optional<std::string>, local_transport, std::nullopt,
+          "shm (the default: pushes and fused pulls through each worker's shared-memory "
+          "lane) or grpc (every byte through gRPC)");
 ABSL_FLAG(std::optional<float>, topk, std::nullopt,
           "push only this fraction of each gradient (top-k with error feedback)");
 ABSL_FLAG(std::optional<uint32_t>, accumulate_steps, std::nullopt,
@@ -182,7 +185,7 @@ constexpr const char* kJobFlags[] = {
     "model",        "hidden",      "optimizer",  "lr",           "momentum",
     "weight_decay", "warmup_steps", "decay_steps", "decay_rate",  "batch",
     "epochs",       "steps",       "dataset",    "train_limit",  "test_limit",
-    "seed",         "chunk_kb",    "wire_dtype", "topk",         "eval_every",
+    "seed",         "chunk_kb",    "wire_dtype", "local_transport", "topk", "eval_every",
     "accumulate_steps", "clip_norm", "clip_value", "compute_dtype", "loss_scale",
     "heartbeat_ms",
     "heartbeat_timeout_ms",        "staleness",  "max_staleness", "staleness_aware_lr",

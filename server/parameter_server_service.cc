@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "job/sparse_tables.h"
@@ -86,11 +87,21 @@ std::vector<float>& ScratchBuffer() {
   return scratch;
 }
 
+// Whether a call comes over loopback (or a Unix socket): from this machine.
+bool LoopbackPeer(const std::string& peer) {
+  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]") || absl::StartsWith(peer, "ipv6:%5B::1%5D") ||
+         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
+         absl::StartsWith(peer, "ipv6:%5B::ffff:127.");
+}
+
 // Validates a whole push and turns it into a typed one. The returned spans
-// point into `scratch`, which must outlive the result.
+// point into `scratch`, which must outlive the result. `lane` (may be null)
+// is the push's mapped lane: a chunk with a lane_offset is read from it.
 absl::StatusOr<ShardStore::GradientPush> DecodePush(
     const ShardStore& store, const v1::PushRequest& header,
-    std::vector<ReceivedChunk>& chunks, std::vector<float>* scratch) {
+    std::vector<ReceivedChunk>& chunks, const MappedLane* lane,
+    std::vector<float>* scratch) {
   if (absl::Status s = CheckJob(store, header.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckRank(store, header.worker_rank()); !s.ok())
     return s;
@@ -103,6 +114,7 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   struct Checked {
     const v1::ChunkSpec* spec;
     DType dtype;
+    const char* in_lane;  // the values in the lane, or null: in the message
   };
   std::vector<Checked> checked;
   checked.reserve(chunks.size());
@@ -125,12 +137,21 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": ", chunk.indices.left(), " bytes of indices for ", n, " elements"));
     const uint64_t expected = count * DTypeSize(*dtype);
-    if (chunk.data.left() != expected)
+    const char* in_lane = nullptr;
+    if (chunk.lane_offset != 0) {
+      if (lane == nullptr || sparse || !chunk.data.AtEnd())
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": a lane offset needs the push's lane, whole values and no data"));
+      absl::StatusOr<char*> at = lane->At(chunk.lane_offset, expected);
+      if (!at.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", at.status().message()));
+      in_lane = *at;
+    } else if (chunk.data.left() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": expected ", expected, " bytes (", count, " x ",
           std::string(DTypeName(*dtype)), "), got ", chunk.data.left()));
+    }
     scratch_floats += n;
-    checked.push_back({*spec, *dtype});
+    checked.push_back({*spec, *dtype, in_lane});
   }
 
   // Every gradient is copied once, out of the received slices, into the
@@ -148,12 +169,19 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     ReceivedChunk& chunk = chunks[i];
     const Checked& c = checked[i];
     const size_t n = c.spec->num_elements();
-    const uint64_t wire_bytes = chunk.data.left() + chunk.indices.left();
+    const uint64_t wire_bytes = c.in_lane != nullptr
+                                    ? n * DTypeSize(c.dtype)
+                                    : chunk.data.left() + chunk.indices.left();
     float* dst = scratch->data() + used;
     used += n;
-    if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok())
+    if (c.in_lane != nullptr) {
+      // The one copy out of the worker's memory; what is checked below is
+      // this copy, whatever the worker writes there meanwhile.
+      ConvertElements(c.in_lane, c.dtype, dst, DType::kF32, n);
+    } else if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
+    }
     const absl::Span<const float> values = absl::MakeConstSpan(dst, n);
     if (int64_t bad = FirstOutOfRange(values); bad >= 0)
       return absl::InvalidArgumentError(absl::StrCat(
@@ -177,16 +205,40 @@ bool ParseRequest(const grpc::ByteBuffer& bytes, Message* message) {
   return grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok();
 }
 
-// What a pull read, handed to the reply without a copy.
-std::vector<WireChunk> ToWireChunks(std::vector<ShardStore::PulledChunk>& pulled) {
+// What a pull read, handed to the reply without a copy; `lane_offsets`
+// (empty, or one per chunk) says where in the caller's lane each chunk's
+// values already are.
+std::vector<WireChunk> ToWireChunks(std::vector<ShardStore::PulledChunk>& pulled,
+                                    const std::vector<uint64_t>& lane_offsets = {}) {
   std::vector<WireChunk> chunks(pulled.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
     chunks[i].chunk_id = pulled[i].chunk_id;
     chunks[i].version = pulled[i].version;
     chunks[i].owned = std::move(pulled[i].data);
     chunks[i].recycle = &BufferPool::Default();
+    if (!lane_offsets.empty()) chunks[i].lane_offset = lane_offsets[i];
   }
   return chunks;
+}
+
+// Where the pull half of a push writes each pushed chunk's values in the
+// push's lane: back to back from lane.reply_offset, in `dtype`. Fills
+// `offsets` and `into`; INVALID_ARGUMENT when they do not fit the lane.
+absl::Status ReplyPlaces(const ShardStore& store, const ShardStore::GradientPush& push,
+                         const v1::SharedLane& ref, const MappedLane& lane, DType dtype,
+                         std::vector<uint64_t>* offsets, std::vector<char*>* into) {
+  uint64_t at = ref.reply_offset();
+  for (const ShardStore::ChunkGradient& g : push.chunks) {
+    const uint64_t bytes = store.shard_map().chunks(g.chunk_id).num_elements() * DTypeSize(dtype);
+    absl::StatusOr<char*> place = lane.At(at, bytes);
+    if (!place.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("reply of chunk ", g.chunk_id, ": ", place.status().message()));
+    offsets->push_back(at);
+    into->push_back(*place);
+    at += bytes;
+  }
+  return absl::OkStatus();
 }
 
 // The end of a pull's wait: now + timeout_ms (0: now, no wait), never past
@@ -334,11 +386,30 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
                                               s.message())));
     return reactor;
   }
+  std::shared_ptr<MappedLane> lane;
+  if (request.has_lane()) {
+    absl::StatusOr<std::shared_ptr<MappedLane>> mapped = LaneOf(*store, *context, request);
+    if (!mapped.ok()) {
+      if (!absl::IsUnimplemented(mapped.status()))
+        store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
+      reactor->Finish(ToGrpc(mapped.status()));
+      return reactor;
+    }
+    lane = std::move(*mapped);
+  }
   absl::StatusOr<ShardStore::GradientPush> push =
-      DecodePush(*store, request, chunks, &ScratchBuffer());
+      DecodePush(*store, request, chunks, lane.get(), &ScratchBuffer());
   absl::StatusOr<DType> pull_dtype =
       DTypeFromWire(request.pull_dtype(), true, "push's pull_dtype");
   if (push.ok() && !pull_dtype.ok()) push = pull_dtype.status();
+  // The pull half's places in the lane are checked before anything changes.
+  std::vector<uint64_t> reply_offsets;
+  std::vector<char*> reply_into;
+  if (push.ok() && request.pull() && lane != nullptr && request.lane().reply_offset() != 0)
+    if (absl::Status s = ReplyPlaces(*store, *push, request.lane(), *lane, *pull_dtype,
+                                     &reply_offsets, &reply_into);
+        !s.ok())
+      push = s;
   if (!push.ok()) {
     store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
     reactor->Finish(ToGrpc(push.status()));
@@ -379,16 +450,44 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   spec.dtype = *pull_dtype;
   spec.deadline = PullDeadline(*context, std::max<uint32_t>(1, request.pull_timeout_ms()));
   spec.cancelled = reactor->cancelled();
+  spec.into = std::move(reply_into);
+  // The lane stays mapped until the values are written.
   store->PullAsync(
       std::move(spec),
-      [reactor, response, header = std::move(header),
-       wire](absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
+      [reactor, response, header = std::move(header), wire, lane = std::move(lane),
+       reply_offsets = std::move(reply_offsets)](
+          absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
         // Not ready in time (or refused): the push stands; the worker pulls.
-        *response = EncodePushResponse(
-            header, wire, pulled.ok() ? ToWireChunks(*pulled) : std::vector<WireChunk>());
+        *response = EncodePushResponse(header, wire,
+                                       pulled.ok() ? ToWireChunks(*pulled, reply_offsets)
+                                                   : std::vector<WireChunk>());
         reactor->Finish(grpc::Status::OK);
       });
   return reactor;
+}
+
+absl::StatusOr<std::shared_ptr<MappedLane>> ParameterServerService::LaneOf(
+    const ShardStore& store, const grpc::CallbackServerContext& context,
+    const v1::PushRequest& request) {
+  // Only a worker of this job, on this machine, makes the shard open a file.
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
+  if (grpc::Status member = CheckMemberSecret(
+          member_key_, store.config().job_id(), MemberKind::kWorker, request.worker_rank(),
+          request.incarnation(), CallerMemberSecret(context));
+      !member.ok())
+    return ToAbsl(member);
+  if (!LoopbackPeer(context.peer()))
+    return absl::UnimplementedError(absl::StrCat(
+        "a shared-memory lane is for a worker on this machine; this push comes from ",
+        QuoteUntrusted(context.peer()), ": send the values in the message"));
+  absl::StatusOr<std::shared_ptr<MappedLane>> lane =
+      lanes_.Get(request.worker_rank(), request.lane());
+  if (!lane.ok())
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot use the push's shared-memory lane (", lane.status().message(),
+        "): send the values in the message"));
+  return lane;
 }
 
 namespace {

@@ -18,6 +18,9 @@
 //   RESOURCE_EXHAUSTED   a pull reply would exceed the message limit; a
 //                        sparse table would pass its max_rows_per_shard
 //   UNAVAILABLE          no store attached yet, or shutting down
+//   UNIMPLEMENTED        a push names a shared-memory lane this shard cannot
+//                        use (a caller not on loopback, or a lane it cannot
+//                        map): nothing changed; send the values in bytes
 //
 // Push, Pull and PullSparse use gRPC's callback API: a pull that has to wait is a waiter
 // in the store, not a gRPC thread parked on a condition variable, so any
@@ -25,8 +28,13 @@
 // wire/chunk_codec.h over the values the store read (no copy into a protobuf
 // field; the bytes are PullResponse's and PushResponse's all the same).
 //
+// A push may carry its values, and receive its fused pull's, through the
+// worker's shared-memory lane (wire/shared_lane.h) instead of the message:
+// the lane is mapped once per worker and checked like any other input.
+//
 // Thread safety: gRPC calls the handlers from many threads at once; the
-// service keeps no mutable state besides the attached store pointer.
+// service's mutable state is the attached store pointer and the table of
+// mapped lanes (which locks itself).
 #ifndef GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
 #define GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
 
@@ -36,6 +44,7 @@
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/shard_store.h"
+#include "wire/shared_lane.h"
 
 namespace grps {
 
@@ -91,8 +100,16 @@ class ParameterServerService final
                               v1::ShardStatus* response) override;
 
  private:
+  // The lane `request` names, mapped, once its caller has proven to be a
+  // worker of this job on this machine; the status to refuse the push with
+  // otherwise.
+  absl::StatusOr<std::shared_ptr<MappedLane>> LaneOf(const ShardStore& store,
+                                                      const grpc::CallbackServerContext& context,
+                                                      const v1::PushRequest& request);
+
   const std::string member_key_;
   std::atomic<ShardStore*> store_{nullptr};
+  LaneTable lanes_;
 };
 
 }  // namespace grps

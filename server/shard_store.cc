@@ -397,13 +397,19 @@ struct ShardStore::DenseWaiter final : Waiter {
     c.mu.AssertHeld();
     PulledChunk& p = pulled[i];
     p.chunk_id = c.id;
-    // Every byte is written below: a pooled buffer needs no clearing.
-    p.data = BufferPool::Default().Take(c.num_elements() * DTypeSize(spec.dtype));
+    const size_t bytes = c.num_elements() * DTypeSize(spec.dtype);
+    char* dst = nullptr;
+    if (spec.into.empty()) {
+      // Every byte is written below: a pooled buffer needs no clearing.
+      p.data = BufferPool::Default().Take(bytes);
+      dst = p.data.data();
+    } else {
+      dst = spec.into[i];
+    }
     p.version = c.version();
-    ConvertElements(c.values.f32(), DType::kF32, p.data.data(), spec.dtype,
-                    c.num_elements());
+    ConvertElements(c.values.f32(), DType::kF32, dst, spec.dtype, c.num_elements());
     ++c.counters.pulls;
-    c.counters.bytes_out += p.data.size();
+    c.counters.bytes_out += bytes;
     return absl::OkStatus();
   }
   void Finish() override { error.ok() ? done(std::move(pulled)) : done(std::move(error)); }
@@ -787,6 +793,10 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
       return;
     }
     w->targets.push_back(c);
+  }
+  if (!spec.into.empty() && spec.into.size() != spec.chunk_ids.size()) {
+    done(absl::InvalidArgumentError("a pull's destinations do not match its chunks"));
+    return;
   }
   w->pulled.resize(w->targets.size());
   w->spec = std::move(spec);

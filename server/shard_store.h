@@ -138,7 +138,8 @@ class ShardStore {
     uint32_t chunk_id = 0;
     uint64_t version = 0;
     // num_elements values in the requested dtype, in a buffer from
-    // BufferPool::Default() (give it back there when done, or let it go).
+    // BufferPool::Default() (give it back there when done, or let it go);
+    // empty when PullSpec::into named where they go.
     std::string data;
   };
 
@@ -159,6 +160,11 @@ class ShardStore {
 
   struct PullSpec : PullWait {
     std::vector<uint32_t> chunk_ids;  // empty: every chunk of this shard
+    // Empty, or one destination per chunk id (which must then be given):
+    // each chunk's values are written there, in `dtype`, instead of into
+    // PulledChunk::data (left empty). The caller keeps them writable until
+    // the callback has run.
+    std::vector<char*> into;
   };
   using PullCallback =
       std::function<void(absl::StatusOr<std::vector<PulledChunk>>)>;

@@ -15,10 +15,11 @@ namespace {
 namespace push_request {
 constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
                    kChunks = 5, kNumSamples = 6, kGeneration = 7, kPull = 8,
-                   kPullTimeoutMs = 9, kPullDType = 10;
+                   kPullTimeoutMs = 9, kPullDType = 10, kLane = 11;
 }
 namespace chunk_data {
-constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4, kIndices = 5;
+constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4, kIndices = 5,
+                   kLaneOffset = 6;
 }
 namespace pull_response {
 constexpr uint32_t kChunks = 1;
@@ -36,7 +37,8 @@ size_t ChunkDataBytes(const WireChunk& c, v1::DType dtype) {
          VarintFieldSize(chunk_data::kDType, dtype) +
          LenFieldSize(chunk_data::kData, PayloadBytes(c)) +
          VarintFieldSize(chunk_data::kVersion, c.version) +
-         (c.indices.empty() ? 0 : LenFieldSize(chunk_data::kIndices, c.indices.size()));
+         (c.indices.empty() ? 0 : LenFieldSize(chunk_data::kIndices, c.indices.size())) +
+         VarintFieldSize(chunk_data::kLaneOffset, c.lane_offset);
 }
 
 // Appends `chunks` as repeated ChunkData field `field`.
@@ -52,6 +54,7 @@ void WriteChunks(uint32_t field, v1::DType dtype, std::vector<WireChunk>& chunks
       w.OwnedBytes(chunk_data::kData, std::move(c.owned), c.recycle);
     w.Varint(chunk_data::kVersion, c.version);
     if (!c.indices.empty()) w.OwnedBytes(chunk_data::kIndices, std::move(c.indices));
+    w.Varint(chunk_data::kLaneOffset, c.lane_offset);
   }
 }
 
@@ -72,12 +75,13 @@ absl::StatusOr<ReceivedChunk> ReadChunkData(SliceReader r) {
       // The last one wins, as in protobuf.
       (field == chunk_data::kData ? c.data : c.indices) = std::move(*data);
     } else if ((field == chunk_data::kChunkId || field == chunk_data::kDType ||
-                field == chunk_data::kVersion) &&
+                field == chunk_data::kVersion || field == chunk_data::kLaneOffset) &&
                type == WireType::kVarint) {
       if (absl::Status s = r.ReadVarint(&v); !s.ok()) return s;
       if (field == chunk_data::kChunkId) c.chunk_id = static_cast<uint32_t>(v);
       if (field == chunk_data::kDType) c.dtype = static_cast<int>(v);
       if (field == chunk_data::kVersion) c.version = v;
+      if (field == chunk_data::kLaneOffset) c.lane_offset = v;
     } else if (absl::Status s = r.SkipValue(type); !s.ok()) {
       return s;
     }
@@ -131,6 +135,7 @@ grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtyp
   w.Varint(push_request::kPull, header.pull() ? 1 : 0);
   w.Varint(push_request::kPullTimeoutMs, header.pull_timeout_ms());
   w.Varint(push_request::kPullDType, header.pull_dtype());
+  if (header.has_lane()) w.String(push_request::kLane, header.lane().SerializeAsString());
   return w.Finish();
 }
 
@@ -231,11 +236,17 @@ absl::Status DecodePushRequest(
       },
       on_chunk,
       [header](uint32_t field, SliceReader& value) -> absl::Status {
-        if (field != push_request::kJobId) return absl::OkStatus();
-        std::string job_id(value.left(), '\0');
-        return value.ReadBytes(job_id.data(), job_id.size()).ok()
-                   ? (header->set_job_id(std::move(job_id)), absl::OkStatus())
-                   : absl::DataLossError("malformed job id");
+        if (field != push_request::kJobId && field != push_request::kLane)
+          return absl::OkStatus();
+        std::string bytes(value.left(), '\0');
+        if (!value.ReadBytes(bytes.data(), bytes.size()).ok())
+          return absl::DataLossError("malformed job id or lane");
+        if (field == push_request::kJobId) {
+          header->set_job_id(std::move(bytes));
+        } else if (!header->mutable_lane()->ParseFromString(bytes)) {
+          return absl::DataLossError("malformed lane");
+        }
+        return absl::OkStatus();
       });
 }
 

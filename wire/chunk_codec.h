@@ -45,10 +45,14 @@ struct WireChunk {
   BufferPool* recycle = nullptr;
   // A sparse gradient: the uint32 indices of the values (ChunkData.indices).
   std::string indices;
+  // Not 0: the values are in the sender's shared-memory lane at this offset
+  // (ChunkData.lane_offset); no payload is written.
+  uint64_t lane_offset = 0;
 };
 
-// A PushRequest: the scalar fields of `header` (its chunks are ignored) and
-// `chunks`, each tagged `dtype`. Every field of the contract is written.
+// A PushRequest: the scalar fields and the lane of `header` (its chunks are
+// ignored) and `chunks`, each tagged `dtype`. Every field of the contract is
+// written.
 grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtype,
                                    std::vector<WireChunk> chunks);
 
@@ -67,6 +71,7 @@ struct ReceivedChunk {
   uint64_t version = 0;
   SliceReader data;
   SliceReader indices;  // empty unless the gradient is sparse
+  uint64_t lane_offset = 0;  // not 0: the values are in the sender's lane
 };
 
 // Calls `on_chunk` for every ChunkData of the PullResponse in `buffer`, in
@@ -76,8 +81,8 @@ absl::Status DecodePullResponse(
     const grpc::ByteBuffer& buffer,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
 
-// A PushRequest: its scalar fields into *header (its chunks stay empty) and
-// `on_chunk` for every ChunkData, as DecodePullResponse.
+// A PushRequest: its scalar fields and lane into *header (its chunks stay
+// empty) and `on_chunk` for every ChunkData, as DecodePullResponse.
 absl::Status DecodePushRequest(
     const grpc::ByteBuffer& buffer, v1::PushRequest* header,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);

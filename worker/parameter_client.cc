@@ -14,6 +14,7 @@
 #include "job/shard_map.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
+#include "wire/shared_lane.h"
 
 namespace grps {
 namespace {
@@ -50,10 +51,23 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
   }
 }
 
+// A LaneSegment with a place of `bytes[i]` bytes for each part i: its
+// gradients at `push[i]`, its fused pull's values at `reply[i]`, and whether
+// a call holds the place (`busy[i]`).
+struct ParameterClient::Lane {
+  std::shared_ptr<LaneSegment> segment;
+  std::vector<uint64_t> push, reply, bytes;
+  std::unique_ptr<std::atomic<bool>[]> busy;
+};
+
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
   const Part* part = nullptr;
+  size_t part_index = 0;
   bool pulled = false;  // a fused push's reply carried every chunk
+  // The lane whose place for the part this push holds, or null: bytes.
+  std::shared_ptr<Lane> lane;
+  uint64_t lane_bytes = 0;  // gradient bytes it put in the lane
   std::unique_ptr<grpc::ClientContext> context;  // fresh for every attempt
   std::shared_ptr<grpc::GenericStub> stub;       // alive while the call is
   grpc::ByteBuffer request;
@@ -67,6 +81,10 @@ struct ParameterClient::Call {
 // pattern of gRPC's callback examples), so they are used here.
 struct ParameterClient::Operation {
   bool push = false;
+  // A push: what every call is encoded from (again, for a retry).
+  v1::PushRequest header;  // no chunks, no lane
+  const float* host_grads = nullptr;
+  DType dtype = DType::kF32;  // of the values on the wire
   float* host_params = nullptr;  // pull, fused push: where the values go
   absl::Time deadline;           // pull: of every attempt
   std::vector<Call> calls;       // a call's status is guarded by mu
@@ -113,11 +131,52 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
       bytes += chunk_bytes;
     }
   }
+  {
+    absl::MutexLock lock(&lane_mu_);
+    lane_ = MakeLane();
+    lane_refused_.assign(layout_.shards_size(), false);
+  }
   absl::MutexLock lock(&mu_);
   endpoints_.resize(layout_.shards_size());
   stubs_.resize(layout_.shards_size());
   for (const v1::ShardEndpoint& e : layout_.shards()) ConnectShard(e);
   epoch_ = layout_.epoch();
+}
+
+std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
+  const float topk = config_.gradient_topk();
+  if (config_.local_transport() != v1::LOCAL_TRANSPORT_SHARED_MEMORY || (topk > 0 && topk < 1))
+    return nullptr;  // sparse (top-k) gradients travel in bytes
+  auto lane = std::make_shared<Lane>();
+  uint64_t at = kLaneHeaderBytes;
+  for (const Part& part : parts_) {
+    uint64_t bytes = 0;
+    for (uint32_t id : part.chunk_ids)
+      bytes += layout_.chunks(id).num_elements() * sizeof(float);  // the widest dtype
+    bytes = (bytes + 63) / 64 * 64;
+    lane->bytes.push_back(bytes);
+    lane->push.push_back(at);
+    lane->reply.push_back(at + bytes);
+    at += 2 * bytes;
+  }
+  if (at > kMaxLaneBytes) return nullptr;
+  absl::StatusOr<std::shared_ptr<LaneSegment>> segment =
+      LaneSegment::Create(at - kLaneHeaderBytes);
+  if (!segment.ok()) return nullptr;
+  lane->segment = std::move(*segment);
+  lane->busy = std::make_unique<std::atomic<bool>[]>(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) lane->busy[i].store(false);
+  return lane;
+}
+
+void ParameterClient::RetireLane(const std::shared_ptr<Lane>& lane) {
+  absl::MutexLock lock(&lane_mu_);
+  if (lane_ == lane) lane_ = MakeLane();
+}
+
+bool ParameterClient::LaneUsable(size_t shard) const {
+  absl::MutexLock lock(&lane_mu_);
+  return lane_ != nullptr && shard < lane_refused_.size() && !lane_refused_[shard];
 }
 
 ParameterClient::~ParameterClient() {
@@ -239,12 +298,29 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
   v1::PushResponse header;
   bool complete = false;
   if (result.ok())
-    result = ReadReply(*call.part, call.reply, op->push, op->host_params, &header, &complete);
+    result = ReadReply(*call.part, op->push ? &call : nullptr, call.reply, op->push,
+                       op->host_params, &header, &complete);
   if (!result.ok())
     result = absl::Status(result.code(),
                           absl::StrCat(op->push ? "push to shard " : "pull from shard ",
                                        shard, ": ", result.message()));
-  if (result.ok() && op->push) bytes_pushed_ += call.request.Length();
+  if (result.ok() && op->push) {
+    bytes_pushed_ += call.request.Length() + call.lane_bytes;
+    lane_bytes_ += call.lane_bytes;
+  }
+  if (call.lane != nullptr) {
+    if (result.ok()) {
+      call.lane->busy[index].store(false);
+    } else if (absl::IsUnimplemented(result)) {
+      // The shard cannot use the lane (and changed nothing): bytes from now on.
+      absl::MutexLock lock(&lane_mu_);
+      lane_refused_[shard] = true;
+      call.lane->busy[index].store(false);
+    } else {
+      // The shard may still write this place late: never use it again.
+      RetireLane(call.lane);
+    }
+  }
   std::lock_guard<std::mutex> lock(op->mu);
   call.status = std::move(result);
   call.pulled = complete;
@@ -253,9 +329,11 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
   if (--op->outstanding == 0) op->done.notify_all();
 }
 
-absl::Status ParameterClient::ReadReply(const Part& part, const grpc::ByteBuffer& reply,
-                                        bool push, float* host_params,
-                                        v1::PushResponse* push_header, bool* complete) {
+absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
+                                        const grpc::ByteBuffer& reply, bool push,
+                                        float* host_params, v1::PushResponse* push_header,
+                                        bool* complete) {
+  const Lane* lane = call != nullptr ? call->lane.get() : nullptr;
   thread_local std::string scratch;  // for f16 / bf16 payloads, reused
   std::vector<bool> wanted(layout_.chunks_size(), false), seen(wanted.size(), false);
   for (uint32_t id : part.chunk_ids) wanted[id] = true;
@@ -270,11 +348,24 @@ absl::Status ParameterClient::ReadReply(const Part& part, const grpc::ByteBuffer
     absl::StatusOr<DType> d =
         DTypeFromWire(c.dtype, false, absl::StrCat("chunk ", c.chunk_id));
     if (!d.ok()) return absl::DataLossError(d.status().message());
-    bytes += c.data.left();
-    if (absl::Status r = ReadValues(c.data, *d, host_params + chunk_offset_[c.chunk_id],
-                                    layout_.chunks(c.chunk_id).num_elements(), &scratch);
-        !r.ok())
-      return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, ": ", r.message()));
+    const uint64_t n = layout_.chunks(c.chunk_id).num_elements();
+    float* dst = host_params + chunk_offset_[c.chunk_id];
+    if (c.lane_offset != 0) {
+      // Only inside this part's reply place of the lane the push named.
+      const uint64_t size = n * DTypeSize(*d);
+      const size_t i = call != nullptr ? call->part_index : 0;
+      if (lane == nullptr || !c.data.AtEnd() || c.lane_offset < lane->reply[i] ||
+          c.lane_offset - lane->reply[i] > lane->bytes[i] ||
+          size > lane->bytes[i] - (c.lane_offset - lane->reply[i]))
+        return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, " names lane offset ",
+                                                c.lane_offset, " outside its place"));
+      ConvertElements(lane->segment->base() + c.lane_offset, *d, dst, DType::kF32, n);
+      bytes += size;
+    } else {
+      bytes += c.data.left();
+      if (absl::Status r = ReadValues(c.data, *d, dst, n, &scratch); !r.ok())
+        return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, ": ", r.message()));
+    }
     chunk_version_[c.chunk_id].store(c.version);
     return absl::OkStatus();
   };
@@ -341,12 +432,20 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
   const DType d = *DTypeFromWire(wire, true, "push");
   auto op = std::make_unique<Operation>();
   op->push = true;
+  op->header = header;
+  op->host_grads = host_grads;
+  op->dtype = d;
   op->host_params = pull_into;
   op->calls.resize(parts_.size());
   const float topk = config_.gradient_topk();
   const bool sparse = topk > 0 && topk < 1;
+  if (!sparse) {
+    for (size_t i = 0; i < parts_.size(); ++i) EncodePushCall(op.get(), i);
+    return Register(std::move(op));
+  }
+  // Top-k: each part's selection is made once; a retry sends the same bytes.
   absl::MutexLock topk_lock(&topk_mu_);
-  if (sparse) {
+  {
     if (residual_.empty() || residual_generation_ != header.generation()) {
       residual_.assign(num_params_, 0.0f);
       residual_step_.reset();
@@ -368,22 +467,60 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
       WireChunk& c = chunks[k];
       c.chunk_id = id;
       c.version = chunk_version_[id].load();
-      if (sparse) {
-        const size_t keep = static_cast<size_t>(std::ceil(topk * static_cast<double>(n)));
-        SparsifyTopK(values, residual_.data() + chunk_offset_[id], n, keep, d, &c.indices,
-                     &c.owned, &topk_order_);
-      } else if (d == DType::kF32) {
-        c.external = values;
-        c.external_bytes = n * sizeof(float);
-      } else {
-        c.owned.resize(n * DTypeSize(d));
-        ConvertElements(values, DType::kF32, c.owned.data(), d, n);
-      }
+      const size_t keep = static_cast<size_t>(std::ceil(topk * static_cast<double>(n)));
+      SparsifyTopK(values, residual_.data() + chunk_offset_[id], n, keep, d, &c.indices,
+                   &c.owned, &topk_order_);
     }
     op->calls[i].request = EncodePushRequest(header, wire, std::move(chunks));
     op->calls[i].part = &parts_[i];
+    op->calls[i].part_index = i;
   }
   return Register(std::move(op));
+}
+
+void ParameterClient::EncodePushCall(Operation* op, size_t index) {
+  Call& call = op->calls[index];
+  const Part& part = parts_[index];
+  call.part = &part;
+  call.part_index = index;
+  call.lane = nullptr;
+  call.lane_bytes = 0;
+  {
+    absl::MutexLock lock(&lane_mu_);
+    if (lane_ != nullptr && !lane_refused_[part.shard] && !lane_->busy[index].exchange(true))
+      call.lane = lane_;
+  }
+  v1::PushRequest header = op->header;
+  uint64_t at = 0;
+  if (call.lane != nullptr) {
+    *header.mutable_lane() = call.lane->segment->Ref();
+    if (header.pull()) header.mutable_lane()->set_reply_offset(call.lane->reply[index]);
+    at = call.lane->push[index];
+  }
+  const DType d = op->dtype;
+  std::vector<WireChunk> chunks(part.chunk_ids.size());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const uint32_t id = part.chunk_ids[k];
+    const uint64_t n = layout_.chunks(id).num_elements();
+    const float* values = op->host_grads + chunk_offset_[id];
+    WireChunk& c = chunks[k];
+    c.chunk_id = id;
+    c.version = chunk_version_[id].load();
+    if (call.lane != nullptr) {
+      // The one copy of the push: into the lane, where the shard reads it.
+      ConvertElements(values, DType::kF32, call.lane->segment->base() + at, d, n);
+      c.lane_offset = at;
+      at += n * DTypeSize(d);
+      call.lane_bytes += n * DTypeSize(d);
+    } else if (d == DType::kF32) {
+      c.external = values;
+      c.external_bytes = n * sizeof(float);
+    } else {
+      c.owned.resize(n * DTypeSize(d));
+      ConvertElements(values, DType::kF32, c.owned.data(), d, n);
+    }
+  }
+  call.request = EncodePushRequest(header, DTypeToWire(d), std::move(chunks));
 }
 
 namespace {
@@ -413,7 +550,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   while (true) {
-    std::vector<size_t> again;
+    std::vector<size_t> again, refused;
     absl::Status first;
     {
       op->AwaitCalls();
@@ -421,10 +558,13 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
       for (size_t i = 0; i < op->calls.size(); ++i) {
         const absl::Status& s = op->calls[i].status;
         if (s.ok()) continue;
-        if (op->push && Transient(s, op->calls[i].request)) again.push_back(i);
+        // A shard that cannot use the lane changed nothing: bytes, at once.
+        if (op->push && op->calls[i].lane != nullptr && absl::IsUnimplemented(s))
+          refused.push_back(i);
+        else if (op->push && Transient(s, op->calls[i].request)) again.push_back(i);
         else if (first.ok()) first = s;
       }
-      if (first.ok() && again.empty()) {
+      if (first.ok() && again.empty() && refused.empty()) {
         PushOutcome outcome = op->outcome;
         outcome.pulled = op->push && op->host_params != nullptr;
         for (const Call& c : op->calls) outcome.pulled = outcome.pulled && c.pulled;
@@ -432,17 +572,24 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
       }
     }
     if (!first.ok()) return first;
-    absl::Status unavailable = op->calls[again.front()].status;
-    if (absl::Now() + backoff > give_up) return unavailable;
-    if (!SleepUnlessStopped(backoff, retry.stop))
-      return absl::CancelledError(
-          absl::StrCat("gave up retrying (", unavailable.message(), ")"));
-    backoff = std::min(backoff * 2, retry.max_backoff);
+    if (!again.empty()) {
+      absl::Status unavailable = op->calls[again.front()].status;
+      if (absl::Now() + backoff > give_up) return unavailable;
+      if (!SleepUnlessStopped(backoff, retry.stop))
+        return absl::CancelledError(
+            absl::StrCat("gave up retrying (", unavailable.message(), ")"));
+      backoff = std::min(backoff * 2, retry.max_backoff);
+    }
+    again.insert(again.end(), refused.begin(), refused.end());
     {
       std::lock_guard<std::mutex> lock(op->mu);
       op->outstanding = static_cast<int>(again.size());
     }
-    for (size_t i : again) StartCall(op.get(), i);
+    for (size_t i : again) {
+      // A lane call is encoded again: on a fresh lane, or in bytes.
+      if (op->calls[i].lane != nullptr) EncodePushCall(op.get(), i);
+      StartCall(op.get(), i);
+    }
   }
 }
 

@@ -11,6 +11,14 @@
 // kChannelsPerShard channels (separate TCP connections), so no model is too
 // large for gRPC's message limit. The RPCs run on gRPC's callback API: no
 // thread is created per call.
+//
+// Shared-memory lanes (JobConfig.local_transport, wire/shared_lane.h): a
+// dense push's gradients, and its fused pull's weights, travel through a
+// memfd of this process that a shard on the same machine maps, each request
+// in a place of its own; the gRPC call carries the rest. A shard that cannot
+// use the lane refuses the push unchanged, and from then on that shard gets
+// bytes. A lane call that fails otherwise retires the lane (a late write by
+// the shard goes to the old one) and is sent again on a fresh one.
 #ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
 #define GRPS_WORKER_PARAMETER_CLIENT_H_
 
@@ -153,6 +161,11 @@ class ParameterClient {
 
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+  // Of those, the bytes that went through shared-memory lanes.
+  uint64_t lane_bytes() const { return lane_bytes_.load(); }
+  // Whether pushes to `shard` may still use a lane (the job asks for lanes,
+  // one could be made, and the shard has not refused it).
+  bool LaneUsable(size_t shard) const ABSL_LOCKS_EXCLUDED(lane_mu_);
 
  private:
   // The chunks of one request: all of one shard's, or a run of them.
@@ -163,6 +176,7 @@ class ParameterClient {
   };
   struct Call;
   struct Operation;
+  struct Lane;
 
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
   void ConnectShard(const v1::ShardEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,10 +187,18 @@ class ParameterClient {
   void StartCall(Operation* op, size_t index);
   // Runs on a gRPC thread when a call ends.
   void OnCallDone(Operation* op, size_t index, grpc::Status status);
+  // Builds push call `index` of `op` (again: a retry), through the lane
+  // when it can take the part, in bytes otherwise.
+  void EncodePushCall(Operation* op, size_t index) ABSL_LOCKS_EXCLUDED(lane_mu_);
+  // A fresh lane with a place for every part; null where none can be made.
+  std::shared_ptr<Lane> MakeLane() const;
+  // Replaces `lane` with a fresh one if it is still the current one.
+  void RetireLane(const std::shared_ptr<Lane>& lane) ABSL_LOCKS_EXCLUDED(lane_mu_);
   // Reads a reply's chunks (a pull's, or a fused push's) into host_params;
-  // *complete says whether every chunk of `part` came.
-  absl::Status ReadReply(const Part& part, const grpc::ByteBuffer& reply, bool push,
-                         float* host_params, v1::PushResponse* push_header,
+  // *complete says whether every chunk of `part` came. `call` (null for a
+  // pull) is the push whose lane may hold the values.
+  absl::Status ReadReply(const Part& part, const Call* call, const grpc::ByteBuffer& reply,
+                         bool push, float* host_params, v1::PushResponse* push_header,
                          bool* complete);
 
   // Fixed at construction: the layout never changes (UpdateShardMap only
@@ -215,9 +237,14 @@ class ParameterClient {
   uint64_t residual_generation_ ABSL_GUARDED_BY(topk_mu_) = 0;
   std::vector<uint32_t> topk_order_ ABSL_GUARDED_BY(topk_mu_);
 
+  mutable absl::Mutex lane_mu_;
+  std::shared_ptr<Lane> lane_ ABSL_GUARDED_BY(lane_mu_);  // null: bytes only
+  std::vector<bool> lane_refused_ ABSL_GUARDED_BY(lane_mu_);  // by shard
+
   // Added to by the calls' callbacks.
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
+  std::atomic<uint64_t> lane_bytes_{0};
 };
 
 // Sleeps `d` in short slices; returns false (early) once `stop` (may be
