@@ -8,12 +8,17 @@
 //     decoded or applied: what gRPC itself costs;
 //   - loopback TCP (Boost.Asio): the same bytes written and read back on one
 //     connection: what the kernel's loopback costs.
-// The grps figure is the real path: ParameterClient (wire/ codec, requests
+// The grps figures are the real path: ParameterClient (wire/ codec, requests
 // of at most 4 MiB over two channels per shard) to ShardStores behind their
 // gRPC servers in this process, in async mode, so each push is validated and
-// applied (SGD) on arrival and each pull is served at once. Each figure is
-// the best of --reps (after one warm-up); the table ends with grps's ratio
-// to bare gRPC.
+// applied (SGD) on arrival and each pull is served at once:
+//   - "grps 1s", "grps 2s": every byte through gRPC (local_transport grpc),
+//     a push and then a pull;
+//   - "shm 2s": through the worker's shared-memory lane (the default for a
+//     shard on the same machine; wire/shared_lane.h), a push fused with the
+//     pull as grps-worker sends it: the values cross no socket.
+// Each figure is the best of --reps (after one warm-up); the table ends with
+// the ratios to bare gRPC.
 //
 //   grps_wire_bench                   # 1, 16, 64, 256 MiB
 //   grps_wire_bench --mib=64 --reps=5
@@ -224,12 +229,21 @@ std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::st
 
 // Best time of a push of `elements` gradients and a pull of the next step's
 // weights by one ParameterClient (rank 0) of `map`, from clock *step on;
-// the first failure goes to *failed.
+// `fused`: in one round trip (PushAsync with pull_into). The first failure,
+// or a fused push whose reply lacked the weights, goes to *failed.
 double DensePushPullMs(const v1::JobConfig& config, const v1::ShardMap& map, size_t elements,
-                       int reps, uint64_t* step, absl::Status* failed) {
+                       int reps, uint64_t* step, absl::Status* failed, bool fused = false) {
   ParameterClient client(config, map, 0, 1);
   std::vector<float> grads(elements, 1e-3f), params(elements);
   return BestMs(reps, [&] {
+    if (fused) {
+      absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(
+          client.PushAsync((*step)++, grads.data(), 1, params.data(), absl::Seconds(30)));
+      if (failed->ok() && !pushed.ok()) *failed = pushed.status();
+      if (failed->ok() && pushed.ok() && !pushed->pulled)
+        *failed = absl::InternalError("a fused push came back without the weights");
+      return;
+    }
     absl::StatusOr<ParameterClient::PushOutcome> pushed =
         client.Push(*step, grads.data(), 1, absl::Seconds(30));
     absl::Status pulled = client.Pull(++*step, absl::Seconds(30), params.data());
@@ -238,18 +252,23 @@ double DensePushPullMs(const v1::JobConfig& config, const v1::ShardMap& map, siz
   });
 }
 
-double GrpsMs(size_t bytes, uint32_t shards, int reps, std::string* error) {
+// `transport`: the job's local_transport; shared memory is measured fused,
+// as grps-worker pushes, and must have gone through the lanes.
+double GrpsMs(size_t bytes, uint32_t shards, v1::LocalTransport transport, int reps,
+              std::string* error) {
   v1::JobConfig config = DefaultJobConfig();
   config.set_job_id("wire-bench");
   config.set_mode(v1::MODE_ASYNC);
   config.set_num_servers(shards);
   config.set_num_workers(1);
+  config.set_local_transport(transport);
   std::unique_ptr<Shards> served = Serve(config, bytes, error);
   if (served == nullptr) return 0;
   uint64_t step = 0;
   absl::Status failed;
+  const bool shm = transport == v1::LOCAL_TRANSPORT_SHARED_MEMORY;
   const double ms = DensePushPullMs(config, served->map, bytes / sizeof(float), reps, &step,
-                                    &failed);
+                                    &failed, /*fused=*/shm);
   if (!failed.ok()) *error = std::string(failed.message());
   return ms;
 }
@@ -275,6 +294,7 @@ SparseFigures SparseVersusDense(int64_t rows, uint32_t dim, int reps, std::strin
   v1::JobConfig config = DefaultJobConfig();
   config.set_job_id("wire-bench-sparse");
   config.set_mode(v1::MODE_ASYNC);
+  config.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);  // bytes, as the sparse path
   config.set_num_servers(2);
   config.set_num_workers(1);
   config.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
@@ -330,11 +350,13 @@ SparseFigures SparseVersusDense(int64_t rows, uint32_t dim, int reps, std::strin
 // threads, each a worker with its own client, pushing and pulling (fused,
 // as grps-worker does) through 2 shards for `steps` steps. Milliseconds per
 // step.
-double SyncStepMs(uint32_t workers, uint64_t steps, std::string* error) {
+double SyncStepMs(uint32_t workers, uint64_t steps, v1::LocalTransport transport,
+                  std::string* error) {
   v1::JobConfig config = DefaultJobConfig();
   config.set_job_id("wire-bench-sync");
   config.set_mode(v1::MODE_SYNC);
   config.set_num_workers(workers);
+  config.set_local_transport(transport);
   int64_t params = 0;
   for (const v1::TensorSpec& t : ModelTensors(config)) params += NumElements(t);
   std::unique_ptr<Shards> served = Serve(config, params * sizeof(float), error);
@@ -374,39 +396,45 @@ int Main(int argc, char** argv) {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   std::printf("grps_wire_bench: push + pull, best of %d, ms (%d cores, loopback)\n\n", reps,
               UsableCores());
-  std::printf("%8s %10s %10s %10s %10s %12s %12s\n", "MiB", "tcp", "bare grpc", "grps 1s",
-              "grps 2s", "1s / bare", "2s / bare");
+  std::printf("%8s %10s %10s %10s %10s %10s %12s %12s %12s\n", "MiB", "tcp", "bare grpc",
+              "grps 1s", "grps 2s", "shm 2s", "1s / bare", "2s / bare", "shm / bare");
   bool ok = true;
   for (size_t mib : sizes) {
     const size_t bytes = mib << 20;
     const double tcp = TcpMs(bytes, reps);
     const double bare = BareGrpcMs(bytes, reps);
-    std::string e1, e2;
-    const double one = GrpsMs(bytes, 1, reps, &e1);
-    const double two = GrpsMs(bytes, 2, reps, &e2);
-    if (!e1.empty() || !e2.empty()) {
+    std::string e1, e2, e3;
+    const double one = GrpsMs(bytes, 1, v1::LOCAL_TRANSPORT_GRPC, reps, &e1);
+    const double two = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_GRPC, reps, &e2);
+    const double shm = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_SHARED_MEMORY, reps, &e3);
+    if (!e1.empty() || !e2.empty() || !e3.empty()) {
       ok = false;
-      std::printf("%8zu failed: %s\n", mib, (e1.empty() ? e2 : e1).c_str());
+      std::printf("%8zu failed: %s\n", mib, (!e1.empty() ? e1 : !e2.empty() ? e2 : e3).c_str());
       continue;
     }
-    std::printf("%8zu %10.1f %10.1f %10.1f %10.1f %12.2f %12.2f\n", mib, tcp, bare, one, two,
-                one / bare, two / bare);
+    std::printf("%8zu %10.1f %10.1f %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f\n", mib, tcp, bare,
+                one, two, shm, one / bare, two / bare, shm / bare);
     std::fflush(stdout);
   }
   if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0) {
-    std::string e;
-    const double ms = SyncStepMs(2, steps, &e);
-    if (!e.empty()) {
-      ok = false;
-      std::printf("\nsync step failed: %s\n", e.c_str());
-    } else {
-      std::printf("\nsync step of the default model (2 workers as threads, 2 shards, fused "
-                  "push + pull, no compute): %.3f ms over %llu steps\n",
-                  ms, static_cast<unsigned long long>(steps));
+    std::printf("\nsync step of the default model (2 workers as threads, 2 shards, fused "
+                "push + pull, no compute), over %llu steps:\n",
+                static_cast<unsigned long long>(steps));
+    for (v1::LocalTransport t : {v1::LOCAL_TRANSPORT_GRPC, v1::LOCAL_TRANSPORT_SHARED_MEMORY}) {
+      std::string e;
+      const double ms = SyncStepMs(2, steps, t, &e);
+      if (!e.empty()) {
+        ok = false;
+        std::printf("  %-5s failed: %s\n", LocalTransportName(t).c_str(), e.c_str());
+      } else {
+        std::printf("  %-5s %.3f ms\n", LocalTransportName(t).c_str(), ms);
+      }
     }
   }
   std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
-              "tcp: the same bytes written and read back on one loopback connection.\n");
+              "tcp: the same bytes written and read back on one loopback connection; "
+              "grps 1s, 2s: every byte through gRPC; shm 2s: the values through the worker's "
+              "shared-memory lane, push and pull fused.\n");
   std::vector<int64_t> sparse_rows;
   std::vector<uint32_t> sparse_dims;
   for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_sparse_rows), ',', absl::SkipEmpty())) {

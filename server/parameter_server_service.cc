@@ -430,6 +430,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     reactor->Finish(ToGrpc(result.status()));
     return reactor;
   }
+  // A push seen before is a retry (the worker sends one on a fresh lane) or
+  // a copy the network made: its place in the lane may belong to a newer
+  // call by now, so its values come back in the message.
+  if (result->duplicates > 0) {
+    reply_offsets.clear();
+    reply_into.clear();
+  }
   v1::PushResponse header;
   for (uint64_t v : result->versions) header.add_versions(v);
   header.set_duplicates(result->duplicates);

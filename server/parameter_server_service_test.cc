@@ -20,6 +20,7 @@
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
 #include "tensor/dtype.h"
+#include "wire/shared_lane.h"
 
 namespace grps {
 namespace {
@@ -474,6 +475,132 @@ TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {
   const v1::ShardStatus status = store_->ShardStatus();
   EXPECT_EQ(status.bytes_in(), 2 * (8 + 4) * 2u);  // two f16 pushes
   EXPECT_EQ(status.bytes_out(), (8 + 4) * 2u);     // one bf16 pull
+}
+
+// ---- shared-memory lanes ------------------------------------------------
+
+// A worker's lane with room for every chunk of shard 0 twice: its gradients
+// from kLaneHeaderBytes, the fused pull's values from reply_at.
+struct TestLane {
+  std::shared_ptr<LaneSegment> segment;
+  uint64_t reply_at = 0;
+};
+
+class LaneTest : public ParameterServerServiceTest {
+ protected:
+  TestLane NewLane() {
+    TestLane lane;
+    absl::StatusOr<std::shared_ptr<LaneSegment>> segment = LaneSegment::Create(4096);
+    EXPECT_TRUE(segment.ok()) << segment.status();
+    if (segment.ok()) lane.segment = *segment;
+    lane.reply_at = kLaneHeaderBytes + 2048;
+    return lane;
+  }
+
+  // GoodPush(rank, step, value) with its values in `lane` and the reply's
+  // values asked into it too.
+  v1::PushRequest LanePush(const TestLane& lane, uint32_t rank, uint64_t step, float value) {
+    v1::PushRequest request = GoodPush(rank, step, value);
+    uint64_t at = kLaneHeaderBytes;
+    for (v1::ChunkData& c : *request.mutable_chunks()) {
+      std::memcpy(lane.segment->base() + at, c.data().data(), c.data().size());
+      c.clear_data();
+      c.set_lane_offset(at);
+      at += Elements(c.chunk_id()) * sizeof(float);
+    }
+    *request.mutable_lane() = lane.segment->Ref();
+    request.mutable_lane()->set_reply_offset(lane.reply_at);
+    request.set_pull(true);
+    request.set_pull_timeout_ms(10000);
+    return request;
+  }
+};
+
+TEST_F(LaneTest, APushThroughTheLaneIsAppliedAsInBytesAndItsReplyComesThroughTheLane) {
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(LanePush(lane, 0, 0, 1.0f), &response).ok());
+
+  // The step completed (1 and 3 averaged); the reply names where the new
+  // weights are in the lane, back to back from reply_offset, and carries no
+  // bytes of them.
+  ASSERT_EQ(response.chunks_size(), 2);
+  uint64_t at = lane.reply_at;
+  for (const v1::ChunkData& c : response.chunks()) {
+    EXPECT_TRUE(c.data().empty());
+    EXPECT_EQ(c.lane_offset(), at);
+    EXPECT_EQ(c.version(), 1u);
+    std::vector<float> expected = InitialValues(c.chunk_id());
+    for (float& v : expected) v -= 0.5f * 2.0f;
+    std::vector<float> in_lane(expected.size());
+    std::memcpy(in_lane.data(), lane.segment->base() + at, in_lane.size() * sizeof(float));
+    EXPECT_EQ(in_lane, expected);
+    EXPECT_EQ(store_->TEST_ReadChunk(c.chunk_id())->values, expected);
+    at += in_lane.size() * sizeof(float);
+  }
+  const v1::ShardStatus status = store_->ShardStatus();
+  EXPECT_EQ(status.bytes_in(), 2 * (8 + 4) * 4u) << "the lane's bytes count as bytes in";
+  EXPECT_EQ(status.bytes_out(), (8 + 4) * 4u);
+}
+
+TEST_F(LaneTest, AGradientInTheLaneIsCheckedAsOneInBytes) {
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushRequest request = LanePush(lane, 0, 0, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(lane.segment->base() + kLaneHeaderBytes + 4, &nan, sizeof(nan));
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "is nan");
+}
+
+TEST_F(LaneTest, APlaceOutsideTheLaneIsInvalidArgumentAndChangesNothing) {
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushRequest request = LanePush(lane, 0, 0, 1.0f);
+  request.mutable_chunks(1)->set_lane_offset(lane.segment->size() - 4);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "outside the lane");
+
+  request = LanePush(lane, 0, 0, 1.0f);
+  request.mutable_lane()->set_reply_offset(lane.segment->size() - 8);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "outside the lane");
+}
+
+TEST_F(LaneTest, ALaneOffsetWithoutALaneOrBesideBytesIsInvalidArgument) {
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushRequest request = LanePush(lane, 0, 0, 1.0f);
+  request.clear_lane();
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "lane offset");
+
+  request = LanePush(lane, 0, 0, 1.0f);
+  request.mutable_chunks(0)->set_data(F32Bytes(std::vector<float>(Elements(own_[0]), 1.0f)));
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "lane offset");
+}
+
+TEST_F(LaneTest, ALaneTheShardCannotMapIsUnimplementedAndChangesNothing) {
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushRequest request = LanePush(lane, 0, 0, 1.0f);
+  request.mutable_lane()->set_nonce(request.lane().nonce() ^ 0xff);
+  const Snapshot before = Take();
+  const grpc::Status status = Push(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("send the values in the message"));
+  ExpectUnchanged(before);
+  // Not a bad push: the worker sends it again in bytes.
+  EXPECT_EQ(store_->ShardStatus().rejected_pushes(), 0u);
+  ASSERT_TRUE(Push(GoodPush(0, 0, 1.0f)).ok());
+}
+
+TEST_F(LaneTest, ALaneOfAnotherJobOrRankIsRefusedBeforeItIsOpened) {
+  const TestLane lane = NewLane();
+  ASSERT_NE(lane.segment, nullptr);
+  v1::PushRequest request = LanePush(lane, 0, 0, 1.0f);
+  request.set_job_id("other-job");
+  ExpectPushRefused(request, grpc::StatusCode::FAILED_PRECONDITION, "job 'other-job'");
+  request = LanePush(lane, 5, 0, 1.0f);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 5");
 }
 
 TEST_F(ParameterServerServiceTest, PullWaitsThenTimesOutWithDeadlineExceeded) {

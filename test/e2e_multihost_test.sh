@@ -12,7 +12,11 @@
 # exits 0, that each job completes (every worker finished all its steps, the
 # shards applied the updates the mode implies and serve at the addresses
 # expected, the final evaluation is present) with test accuracy >=
-# $MIN_ACCURACY, that sync on the hosts ends with the very model sync on
+# $MIN_ACCURACY, that the workers on the hosts send their values through
+# gRPC (each shard refuses their shared-memory lanes: they are in another
+# network namespace, although they share this machine's PIDs; the loopback
+# yardstick asks for gRPC outright, so that it measures loopback TCP), that
+# sync on the hosts ends with the very model sync on
 # loopback does (the same final test loss and accuracy: latency changes when
 # a step completes, not what it computes; with two workers the sum of their
 # gradients is the same in either order of arrival), and that the workers'
@@ -209,8 +213,11 @@ run_job() {
     for h in "${HOSTS[@]}"; do before+=("$(shaper_counters "$h")"); done
   fi
   local t0=$SECONDS
+  local transport=shm
+  [ "$place" = loopback ] && transport=grpc
   serve "$place" "$run-coordinator" coord 7070 - "$BIN/grps-coordinator" \
     --job_id="$run" --mode="$mode" --servers=2 --workers=2 --steps=$STEPS --batch=32 \
+    --local_transport=$transport \
     --train_limit=6000 --test_limit=2000 --eval_every=100 --hidden=64 --chunk_kb=64 \
     --heartbeat_ms=200 --heartbeat_timeout_ms=3000 --linger_ms=3000
   local coord=$ADDRESS
@@ -232,6 +239,16 @@ run_job() {
     [ "$EXIT_CODE" = 0 ] || fail "$run: $name exited with $EXIT_CODE"
   done
   local launch_to_exit=$((SECONDS - t0))
+  if [ "$place" = hosts ]; then
+    for w in 0 1; do
+      local refused
+      refused=$(grep -c "cannot use this worker's shared-memory lane" "$WORK/$run-worker-$w.log" || true)
+      [ "$refused" = 2 ] ||
+        fail "$run: worker $w was refused the lane by $refused of 2 shards (see $run-worker-$w.log)"
+      grep -q "another network namespace" "$WORK/$run-worker-$w.log" ||
+        fail "$run: worker $w's lane was refused for another reason"
+    done
+  fi
   local relayed=0
   if [ "$place" = hosts ] && [ "$LATENCY" = relay ]; then
     # The daemons are gone, so the relays' connections have ended: stop the

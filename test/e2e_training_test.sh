@@ -135,6 +135,19 @@ check(j.get("has_final_eval") is True, "final evaluation present")
 print("final status ok")
 PY
 
+# Workers and servers on one machine: the values went through the workers'
+# shared-memory lanes (all but the first pull of each worker).
+for w in 0 1; do
+  line=$(grep 'dense values:' "$WORK/worker-$w.log") || fail "worker $w did not report its bytes"
+  echo "worker $w: ${line#*dense values: }"
+  python3 - "$line" <<'PY' || fail "worker $w's values did not go through its lanes: $line"
+import re, sys
+pushed, pulled, lanes = map(float, re.search(
+    r"pushed ([0-9.]+) MiB and pulled ([0-9.]+) MiB, ([0-9.]+) MiB", sys.argv[1]).groups())
+sys.exit(0 if pushed > 0 and lanes >= 0.95 * (pushed + pulled) else 1)
+PY
+done
+
 final=$(json 'j["final_test_accuracy"]' <"$WORK/final.json")
 echo "final test accuracy after $STEPS steps: $final"
 python3 -c "import sys; sys.exit(0 if float('$final') >= 0.6 else 1)" \

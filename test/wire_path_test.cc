@@ -72,6 +72,60 @@ TEST(WirePath, FusedPushBringsTheWeightsOfTheNextStep) {
   EXPECT_FLOAT_EQ(pulled[1], -grads[1]);
 }
 
+// Two workers' fused pushes for `steps` sync steps through 2 real shards,
+// with the job's `transport` and wire `dtype`: the weights each worker ends
+// with (both must agree), and the bytes that went through lanes.
+struct LaneRun {
+  std::vector<float> weights;
+  uint64_t lane_bytes = 0;
+  uint64_t bytes_moved = 0;  // pushed and pulled
+};
+LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps) {
+  v1::JobConfig config = Config(v1::MODE_SYNC, 2, 2);
+  config.set_local_transport(transport);
+  config.set_wire_dtype(dtype);
+  config.set_chunk_bytes(64 << 10);
+  v1::ShardMap map = MapOf(config, 200000);
+  InProcessShards shards(config, &map);
+  shards.SetLiveWorkers(2);
+  ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
+  std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
+  EXPECT_TRUE(w0.Pull(0, absl::Seconds(5), p0.data()).ok());
+  EXPECT_TRUE(w1.Pull(0, absl::Seconds(5), p1.data()).ok());
+  std::vector<float> g0 = Ramp(p0.size()), g1(p1.size());
+  for (size_t i = 0; i < g1.size(); ++i) g1[i] = 0.25f - g0[i];
+  for (int step = 0; step < steps; ++step) {
+    std::thread second([&] {
+      absl::StatusOr<ParameterClient::PushOutcome> r =
+          w1.Wait(w1.PushAsync(step, g1.data(), 1, p1.data(), absl::Seconds(5)));
+      EXPECT_TRUE(r.ok() && r->pulled) << r.status();
+    });
+    absl::StatusOr<ParameterClient::PushOutcome> r =
+        w0.Wait(w0.PushAsync(step, g0.data(), 1, p0.data(), absl::Seconds(5)));
+    EXPECT_TRUE(r.ok() && r->pulled) << r.status();
+    second.join();
+  }
+  EXPECT_EQ(p0, p1);
+  return {p0, w0.lane_bytes() + w1.lane_bytes(),
+          w0.bytes_pushed() + w1.bytes_pushed() + w0.bytes_pulled() + w1.bytes_pulled()};
+}
+
+TEST(WirePath, TheLanesOfWorkersOnTheShardsMachineCarryTheValuesAndChangeNoResult) {
+  for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    const LaneRun bytes = RunTwoWorkers(v1::LOCAL_TRANSPORT_GRPC, dtype, 3);
+    const LaneRun lanes = RunTwoWorkers(v1::LOCAL_TRANSPORT_SHARED_MEMORY, dtype, 3);
+    EXPECT_EQ(lanes.weights, bytes.weights) << "bit for bit";
+    EXPECT_FLOAT_EQ(bytes.weights[7], -3 * 0.125f);  // three steps of mean gradient 0.125
+    EXPECT_EQ(bytes.lane_bytes, 0u);
+    // Every gradient and every fused pull went through the lanes: both ways,
+    // 2 workers x 3 steps x the model in the wire dtype.
+    const uint64_t size = dtype == v1::DTYPE_F32 ? 4 : 2;
+    EXPECT_EQ(lanes.lane_bytes, 2 * 2 * 3 * 200000 * size);
+    EXPECT_GE(lanes.bytes_moved, lanes.lane_bytes);
+  }
+}
+
 TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 2, 1);
   v1::ShardMap map = MapOf(config, 1000);

@@ -243,7 +243,7 @@ absl::Status DecodePushRequest(
           return absl::DataLossError("malformed job id or lane");
         if (field == push_request::kJobId) {
           header->set_job_id(std::move(bytes));
-        } else if (!header->mutable_lane()->ParseFromString(bytes)) {
+        } else if (!header->mutable_lane()->MergeFromString(bytes)) {  // as protobuf merges a repeated message field
           return absl::DataLossError("malformed lane");
         }
         return absl::OkStatus();

@@ -89,6 +89,15 @@ absl::StatusOr<std::shared_ptr<MappedLane>> MappedLane::Open(const v1::SharedLan
         "lane of pid ", ref.pid(), " fd ", ref.fd(), " size ", ref.size(), " is malformed"));
   const std::string path = absl::StrCat("/proc/", ref.pid(), "/fd/", ref.fd());
   const std::string what = absl::StrCat("lane ", path);
+  // Another network namespace is another host, even where the PID
+  // namespace is shared (test hosts made with `ip netns`): no lane.
+  struct stat ours, theirs;
+  if (stat("/proc/self/ns/net", &ours) != 0 ||
+      stat(absl::StrCat("/proc/", ref.pid(), "/ns/net").c_str(), &theirs) != 0)
+    return absl::FailedPreconditionError(Errno(absl::StrCat(what, ": network namespace").c_str()));
+  if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev)
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the worker is in another network namespace"));
   // Only a grps memfd is opened at all: never a device, a FIFO or a file
   // of the process that the name might lead to.
   char target[128] = {};

@@ -8,9 +8,10 @@
 // (a mapping of it can then never fault past its end), that starts with a
 // header holding a random nonce. A push names it by (pid, fd, size, nonce)
 // (v1::SharedLane). The shard opens it through /proc/<pid>/fd/<fd>, checks
-// that it is such a memfd of exactly that size, maps it and checks the
-// nonce: on another machine or in another PID namespace the name leads
-// nowhere, or to something else, and the lane is refused.
+// that the process shares its network namespace and that the descriptor is
+// such a memfd of exactly that size, maps it and checks the nonce: on
+// another machine, in another PID or network namespace, the name leads
+// nowhere or to something else, and the lane is refused.
 //
 // Neither side trusts the other's bytes in the lane: the shard copies a
 // gradient out once and validates its copy (the worker may still be
@@ -69,8 +70,8 @@ class LaneSegment {
 class MappedLane {
  public:
   // Maps the lane `ref` names, or says why not (FAILED_PRECONDITION): no
-  // such process or descriptor here, not a sealed grps memfd, another size,
-  // another nonce.
+  // such process or descriptor here, a process in another network
+  // namespace, not a sealed grps memfd, another size, another nonce.
   static absl::StatusOr<std::shared_ptr<MappedLane>> Open(const v1::SharedLane& ref);
   ~MappedLane();
   MappedLane(const MappedLane&) = delete;

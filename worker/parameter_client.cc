@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "daemon/daemon.h"
 #include "job/shard_map.h"
 #include "tensor/dtype.h"
@@ -314,6 +315,9 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
     } else if (absl::IsUnimplemented(result)) {
       // The shard cannot use the lane (and changed nothing): bytes from now on.
       absl::MutexLock lock(&lane_mu_);
+      if (!lane_refused_[shard])
+        spdlog::info("shard {} cannot use this worker's shared-memory lane; its values go "
+                     "through gRPC ({})", shard, std::string(result.message()));
       lane_refused_[shard] = true;
       call.lane->busy[index].store(false);
     } else {
@@ -337,7 +341,7 @@ absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
   thread_local std::string scratch;  // for f16 / bf16 payloads, reused
   std::vector<bool> wanted(layout_.chunks_size(), false), seen(wanted.size(), false);
   for (uint32_t id : part.chunk_ids) wanted[id] = true;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, lane_read = 0;
   size_t count = 0;
   auto on_chunk = [&](ReceivedChunk& c) -> absl::Status {
     if (c.chunk_id >= wanted.size() || !wanted[c.chunk_id] || seen[c.chunk_id] ||
@@ -361,6 +365,7 @@ absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
                                                 c.lane_offset, " outside its place"));
       ConvertElements(lane->segment->base() + c.lane_offset, *d, dst, DType::kF32, n);
       bytes += size;
+      lane_read += size;
     } else {
       bytes += c.data.left();
       if (absl::Status r = ReadValues(c.data, *d, dst, n, &scratch); !r.ok())
@@ -373,6 +378,7 @@ absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
                         : DecodePullResponse(reply, on_chunk);
   if (!s.ok()) return s;
   bytes_pulled_ += bytes;
+  lane_bytes_ += lane_read;
   *complete = count == part.chunk_ids.size();
   // A pull must bring every chunk; a fused push's reply may bring none.
   if (!push && !*complete) {

@@ -161,7 +161,7 @@ class ParameterClient {
 
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
-  // Of those, the bytes that went through shared-memory lanes.
+  // Of those, the bytes that went through shared-memory lanes (both ways).
   uint64_t lane_bytes() const { return lane_bytes_.load(); }
   // Whether pushes to `shard` may still use a lane (the job asks for lanes,
   // one could be made, and the shard has not refused it).

@@ -21,9 +21,17 @@
 namespace grps {
 namespace {
 
+// What a shard saw of a push: the lane it named (nonce 0: none) and whether
+// its chunks carried their values as bytes.
+struct SeenPush {
+  uint64_t lane_nonce = 0;
+  bool bytes = false;
+};
+
 // A shard that answers every pull with its chunks filled with `fill`, and
 // records the generation of every push and pull it sees. Replies to pushes
-// with `push_error` when one is set.
+// with `push_error` when one is set, and to pushes that name a lane with
+// UNIMPLEMENTED when it refuses lanes (as a shard on another machine does).
 class FakeShard : public v1::ParameterServer::Service {
  public:
   FakeShard(const v1::ShardMap& map, uint32_t shard, float fill)
@@ -33,6 +41,14 @@ class FakeShard : public v1::ParameterServer::Service {
                     v1::PushResponse* resp) override {
     absl::MutexLock lock(&mu_);
     push_generations_.push_back(req->generation());
+    SeenPush& seen = pushes_.emplace_back();
+    seen.lane_nonce = req->has_lane() ? req->lane().nonce() : 0;
+    seen.bytes = req->chunks_size() > 0;
+    for (const v1::ChunkData& c : req->chunks())
+      seen.bytes = seen.bytes && c.lane_offset() == 0 &&
+                   c.data().size() == map_.chunks(c.chunk_id()).num_elements() * sizeof(float);
+    if (refuse_lanes_ && req->has_lane())
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no lanes here");
     if (!push_error_.ok()) return ToGrpc(push_error_);
     for (int i = 0; i < req->chunks_size(); ++i) resp->add_versions(1);
     return grpc::Status::OK;
@@ -58,6 +74,14 @@ class FakeShard : public v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     push_error_ = std::move(s);
   }
+  void RefuseLanes() {
+    absl::MutexLock lock(&mu_);
+    refuse_lanes_ = true;
+  }
+  std::vector<SeenPush> pushes() {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
   std::vector<uint64_t> push_generations() {
     absl::MutexLock lock(&mu_);
     return push_generations_;
@@ -73,6 +97,8 @@ class FakeShard : public v1::ParameterServer::Service {
   const float fill_;
   absl::Mutex mu_;
   absl::Status push_error_ ABSL_GUARDED_BY(mu_);
+  bool refuse_lanes_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<SeenPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> push_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pull_generations_ ABSL_GUARDED_BY(mu_);
 };
@@ -303,6 +329,80 @@ TEST_F(ParameterClientTest, UpdateShardMapRefusesOtherChunksAndMissingAddresses)
 
   EXPECT_EQ(client.map_epoch(), 1u);
   EXPECT_EQ(PulledValueOfShard(client, 1), 1.0f);  // still the old endpoint
+}
+
+TEST_F(ParameterClientTest, AShardThatCannotUseTheLaneGetsThePushInBytesAndNoLaneAfter) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  shard1->service->RefuseLanes();
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  ASSERT_TRUE(client.LaneUsable(0) && client.LaneUsable(1));
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  ASSERT_TRUE(client.Push(0, grads.data(), 1, absl::Seconds(5)).ok());
+  ASSERT_TRUE(client.Push(1, grads.data(), 1, absl::Seconds(5)).ok());
+
+  // Refused once, at once sent again in bytes, and bytes from then on.
+  const std::vector<SeenPush> refused = shard1->service->pushes();
+  ASSERT_EQ(refused.size(), 3u);
+  EXPECT_NE(refused[0].lane_nonce, 0u);
+  EXPECT_FALSE(refused[0].bytes);
+  for (size_t i : {1, 2}) {
+    EXPECT_EQ(refused[i].lane_nonce, 0u) << i;
+    EXPECT_TRUE(refused[i].bytes) << i;
+  }
+  EXPECT_FALSE(client.LaneUsable(1));
+  // The other shard keeps its lane.
+  const std::vector<SeenPush> kept = shard0->service->pushes();
+  ASSERT_EQ(kept.size(), 2u);
+  for (const SeenPush& p : kept) {
+    EXPECT_NE(p.lane_nonce, 0u);
+    EXPECT_FALSE(p.bytes);
+  }
+  EXPECT_TRUE(client.LaneUsable(0));
+}
+
+TEST_F(ParameterClientTest, ALaneCallThatFailsIsSentAgainOnAFreshLane) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  shard1->service->FailPushesWith(absl::UnavailableError("restarting"));
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  ParameterClient::RetryPolicy retry;
+  retry.retry_for = absl::Seconds(60);
+  retry.stop = [&] {  // after the first failure the shard is back
+    shard1->service->FailPushesWith(absl::OkStatus());
+    return false;
+  };
+  ASSERT_TRUE(client.Push(0, grads.data(), 1, retry).ok());
+  // The shard may still write the failed call's place late: the retry, and
+  // every push after it, uses another lane.
+  const std::vector<SeenPush> seen = shard1->service->pushes();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[0].lane_nonce, 0u);
+  EXPECT_NE(seen[1].lane_nonce, 0u);
+  EXPECT_NE(seen[0].lane_nonce, seen[1].lane_nonce);
+  ASSERT_TRUE(client.Push(1, grads.data(), 1, absl::Seconds(5)).ok());
+  EXPECT_EQ(shard0->service->pushes().back().lane_nonce, seen[1].lane_nonce);
+  EXPECT_TRUE(client.LaneUsable(1));
+}
+
+TEST_F(ParameterClientTest, AJobThatAsksForGrpcSendsEveryByteInTheMessage) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  EXPECT_FALSE(client.LaneUsable(0));
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  ASSERT_TRUE(client.Push(0, grads.data(), 1, absl::Seconds(5)).ok());
+  for (ServedShard* shard : {shard0.get(), shard1.get()}) {
+    ASSERT_EQ(shard->service->pushes().size(), 1u);
+    EXPECT_EQ(shard->service->pushes()[0].lane_nonce, 0u);
+    EXPECT_TRUE(shard->service->pushes()[0].bytes);
+  }
+  EXPECT_EQ(client.lane_bytes(), 0u);
 }
 
 }  // namespace

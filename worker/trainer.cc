@@ -816,6 +816,11 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
   if (absl::Status s = ReportDone(done); !s.ok()) return s;
   if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
   spdlog::info("finished {} steps; waiting for the job to end", total);
+  constexpr double kMiB = 1 << 20;
+  spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
+               "through shared-memory lanes",
+               params_.bytes_pushed() / kMiB, params_.bytes_pulled() / kMiB,
+               params_.lane_bytes() / kMiB);
 
   bool evaluated = false;
   while (Interrupted() == Interrupt::kNone) {
