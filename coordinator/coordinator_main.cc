@@ -190,7 +190,7 @@ int Main(int argc, char** argv) {
       "grps-coordinator [--mode=sync|async|ssp] [--servers=N] [--workers=M] "
       "[--listen=HOST:PORT] [--port_file=FILE] ...: the control plane of a "
       "grps job (every flag can also be set as GRPS_<FLAG>)");
-  InitLogging("coordinator");
+  InitDaemon("coordinator");
   InstallShutdownHandlers();
   if (absl::Status s = InitProcessSecurity(Role::kAdmin, /*serves=*/true); !s.ok()) {
     spdlog::error("{}", std::string(s.message()));

@@ -54,7 +54,8 @@ std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
   return absl::ParseCommandLine(argc, argv);
 }
 
-void InitLogging(absl::string_view process_name) {
+void InitDaemon(absl::string_view process_name) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   auto logger = spdlog::stderr_color_mt(std::string(process_name));
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
   spdlog::set_default_logger(logger);

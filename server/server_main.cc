@@ -646,7 +646,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "grps-server --coordinator=HOST:PORT [--listen=HOST:PORT] [--shard=N] "
       "[--port_file=PATH]\n  One parameter shard of a grps job.");
-  grps::InitLogging("server");
+  grps::InitDaemon("server");
   grps::InstallShutdownHandlers();
   if (absl::Status s = grps::InitProcessSecurity(grps::Role::kAdmin, /*serves=*/true);
       !s.ok()) {

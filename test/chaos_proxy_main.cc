@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
       "[--drop_request=P] [--drop_reply=P] [--duplicate=P] [--max_delay_ms=N] "
       "[--max_faults=N] [--port_file=PATH]\n"
       "  A ParameterServer proxy that drops, duplicates and delays pushes.");
-  grps::InitLogging("chaos-proxy");
+  grps::InitDaemon("chaos-proxy");
   grps::InstallShutdownHandlers();
   return grps::Run();
 }

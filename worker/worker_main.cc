@@ -77,7 +77,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
 int Main(int argc, char** argv) {
   ParseFlagsWithEnvironment(argc, argv,
                             "grps-worker --coordinator=HOST:PORT [--backend=auto]");
-  InitLogging("worker");
+  InitDaemon("worker");
   InstallShutdownHandlers();
   if (absl::Status s = InitProcessSecurity(Role::kWorker, /*serves=*/false); !s.ok()) {
     spdlog::error("{}", std::string(s.message()));
