@@ -52,14 +52,28 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
   }
 }
 
-// A LaneSegment with a place of `bytes[i]` bytes for each part i: its
-// gradients at `push[i]`, its fused pull's values at `reply[i]`, and whether
-// a call holds the place (`busy[i]`).
+// A LaneSegment with a place of `bytes[i]` bytes at `place[i]` for each
+// part i, and whether a call holds it (`busy[i]`). A push's gradients and
+// its fused pull's weights share the place: the shard copies the gradients
+// out before it accepts the push, and writes the weights after.
 struct ParameterClient::Lane {
   std::shared_ptr<LaneSegment> segment;
-  std::vector<uint64_t> push, reply, bytes;
+  std::vector<uint64_t> place, bytes;
   std::unique_ptr<std::atomic<bool>[]> busy;
 };
+
+namespace {
+
+// Whether a push that failed with `s` may have been accepted by the shard
+// without the worker hearing so: then the shard may still write the fused
+// pull's weights into the call's place. A status the shard's handler or
+// its gRPC quota sent means it refused the push before anything waited.
+bool MayWriteLate(const absl::Status& s) {
+  return absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) || absl::IsUnavailable(s) ||
+         absl::IsUnknown(s) || absl::IsInternal(s) || absl::IsDataLoss(s);
+}
+
+}  // namespace
 
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
@@ -156,9 +170,8 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
       bytes += layout_.chunks(id).num_elements() * sizeof(float);  // the widest dtype
     bytes = (bytes + 63) / 64 * 64;
     lane->bytes.push_back(bytes);
-    lane->push.push_back(at);
-    lane->reply.push_back(at + bytes);
-    at += 2 * bytes;
+    lane->place.push_back(at);
+    at += bytes;
   }
   if (at > kMaxLaneBytes) return nullptr;
   absl::StatusOr<std::shared_ptr<LaneSegment>> segment =
@@ -310,19 +323,19 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
     lane_bytes_ += call.lane_bytes;
   }
   if (call.lane != nullptr) {
-    if (result.ok()) {
-      call.lane->busy[index].store(false);
-    } else if (absl::IsUnimplemented(result)) {
-      // The shard cannot use the lane (and changed nothing): bytes from now on.
-      absl::MutexLock lock(&lane_mu_);
-      if (!lane_refused_[shard])
-        spdlog::info("shard {} cannot use this worker's shared-memory lane; its values go "
-                     "through gRPC ({})", shard, std::string(result.message()));
-      lane_refused_[shard] = true;
-      call.lane->busy[index].store(false);
-    } else {
-      // The shard may still write this place late: never use it again.
+    if (MayWriteLate(result)) {
+      // Never use this place again: a fresh lane for this and later calls.
       RetireLane(call.lane);
+    } else {
+      if (absl::IsUnimplemented(result)) {
+        // The shard cannot use the lane (and changed nothing): bytes from now on.
+        absl::MutexLock lock(&lane_mu_);
+        if (!lane_refused_[shard])
+          spdlog::info("shard {} cannot use this worker's shared-memory lane; its values go "
+                       "through gRPC ({})", shard, std::string(result.message()));
+        lane_refused_[shard] = true;
+      }
+      call.lane->busy[index].store(false);
     }
   }
   std::lock_guard<std::mutex> lock(op->mu);
@@ -358,9 +371,9 @@ absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
       // Only inside this part's reply place of the lane the push named.
       const uint64_t size = n * DTypeSize(*d);
       const size_t i = call != nullptr ? call->part_index : 0;
-      if (lane == nullptr || !c.data.AtEnd() || c.lane_offset < lane->reply[i] ||
-          c.lane_offset - lane->reply[i] > lane->bytes[i] ||
-          size > lane->bytes[i] - (c.lane_offset - lane->reply[i]))
+      if (lane == nullptr || !c.data.AtEnd() || c.lane_offset < lane->place[i] ||
+          c.lane_offset - lane->place[i] > lane->bytes[i] ||
+          size > lane->bytes[i] - (c.lane_offset - lane->place[i]))
         return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, " names lane offset ",
                                                 c.lane_offset, " outside its place"));
       ConvertElements(lane->segment->base() + c.lane_offset, *d, dst, DType::kF32, n);
@@ -500,8 +513,8 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
   uint64_t at = 0;
   if (call.lane != nullptr) {
     *header.mutable_lane() = call.lane->segment->Ref();
-    if (header.pull()) header.mutable_lane()->set_reply_offset(call.lane->reply[index]);
-    at = call.lane->push[index];
+    at = call.lane->place[index];
+    if (header.pull()) header.mutable_lane()->set_reply_offset(at);
   }
   const DType d = op->dtype;
   std::vector<WireChunk> chunks(part.chunk_ids.size());

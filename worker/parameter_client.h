@@ -17,8 +17,9 @@
 // memfd of this process that a shard on the same machine maps, each request
 // in a place of its own; the gRPC call carries the rest. A shard that cannot
 // use the lane refuses the push unchanged, and from then on that shard gets
-// bytes. A lane call that fails otherwise retires the lane (a late write by
-// the shard goes to the old one) and is sent again on a fresh one.
+// bytes. A lane call that fails where the shard may have accepted it
+// (deadline, cancellation, a lost connection) retires the lane (a late
+// write of the weights goes to the old one) and is sent again on a fresh one.
 #ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
 #define GRPS_WORKER_PARAMETER_CLIENT_H_
 

@@ -279,6 +279,11 @@ TEST_F(ParameterClientTest, PushRefusedForMemoryIsRetriedUntilTheShardTakesIt) {
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(shard1->service->push_generations().size(), 2u);
   EXPECT_EQ(shard0->service->push_generations().size(), 1u);
+  // Refused before the shard read it: the retry keeps its lane.
+  const std::vector<SeenPush> seen = shard1->service->pushes();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[0].lane_nonce, 0u);
+  EXPECT_EQ(seen[1].lane_nonce, seen[0].lane_nonce);
 }
 
 TEST_F(ParameterClientTest, StopPredicateEndsARetryingPushQuickly) {
