@@ -160,6 +160,25 @@ void WritePushes(CorpusWriter& out) {
     bytes += std::string("\xba\x06\x03xyz", 6);  // field 103, 3 bytes
     out.Write(t, "valid_with_unknown_fields", bytes);
   }
+  {
+    // Values in a shared-memory lane the shard cannot map (no such process
+    // here): refused, nothing changed; and a lane offset without a lane.
+    v1::PushRequest p = h;
+    p.set_pull(true);
+    v1::SharedLane* lane = p.mutable_lane();
+    lane->set_pid(1u << 23);
+    lane->set_fd(7);
+    lane->set_size(4096);
+    lane->set_nonce(0x1234567890abcdefull);
+    lane->set_reply_offset(64);
+    v1::ChunkData* c = p.add_chunks();
+    c->set_chunk_id(0);
+    c->set_dtype(v1::DTYPE_F32);
+    c->set_lane_offset(64);
+    out.Write(t, "bad_lane_not_mappable", p.SerializeAsString());
+    p.clear_lane();
+    out.Write(t, "bad_lane_offset_without_lane", p.SerializeAsString());
+  }
   out.Write(t, "bad_chunk1_held_by_shard1", Push(h, v1::DTYPE_F32, {Dense(1)}));
   out.Write(t, "bad_chunk9_unknown", Push(h, v1::DTYPE_F32, {Dense(9)}));
   out.Write(t, "bad_short_payload",
