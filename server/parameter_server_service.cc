@@ -416,14 +416,17 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     return reactor;
   }
   // Only the member that registered as this rank's incarnation may push as
-  // it (checked before the store admits the incarnation).
-  if (grpc::Status member = CheckMemberSecret(
-          member_key_, store->config().job_id(), MemberKind::kWorker,
-          request.worker_rank(), request.incarnation(), CallerMemberSecret(*context));
-      !member.ok()) {
-    store->CountRejectedAtEdge(chunks.size());
-    reactor->Finish(member);
-    return reactor;
+  // it (checked before the store admits the incarnation; LaneOf has
+  // checked it for a push with a lane).
+  if (lane == nullptr) {
+    if (grpc::Status member = CheckMemberSecret(
+            member_key_, store->config().job_id(), MemberKind::kWorker,
+            request.worker_rank(), request.incarnation(), CallerMemberSecret(*context));
+        !member.ok()) {
+      store->CountRejectedAtEdge(chunks.size());
+      reactor->Finish(member);
+      return reactor;
+    }
   }
   absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
   if (!result.ok()) {

@@ -14,6 +14,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "test/in_process_shards.h"
+#include "wire/shared_lane.h"
 
 #ifndef GRPS_TESTDATA_DIR
 #define GRPS_TESTDATA_DIR "test/testdata"
@@ -284,6 +285,26 @@ TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing)
   grpc::Status s = stub->Push(context.get(), push, &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(shards.store(0).ShardStatus().pushes(), 1u);
+
+  // Through a shared-memory lane: the member secret is checked before the
+  // shard looks at the lane (a lane it could not map would be UNIMPLEMENTED).
+  absl::StatusOr<std::shared_ptr<LaneSegment>> lane = LaneSegment::Create(4096);
+  ASSERT_TRUE(lane.ok()) << lane.status();
+  push.set_worker_rank(1);
+  push.mutable_chunks(0)->clear_data();
+  push.mutable_chunks(0)->set_lane_offset(kLaneHeaderBytes);
+  *push.mutable_lane() = (*lane)->Ref();
+  push.mutable_lane()->set_nonce(push.lane().nonce() + 1);
+  auto no_secret = Context();
+  EXPECT_EQ(stub->Push(no_secret.get(), push, &reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  *push.mutable_lane() = (*lane)->Ref();
+  auto member = Context();
+  member->AddMetadata("grps-member-secret",
+                      MemberSecret(key, "secure-job", MemberKind::kWorker, 1, 1));
+  s = stub->Push(member.get(), push, &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(shards.store(0).ShardStatus().pushes(), 2u);
 }
 
 TEST_F(SecurityTest, EveryParameterServerRpcWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
