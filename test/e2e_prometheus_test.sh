@@ -115,6 +115,7 @@ declare -A Q=(
   [push_p50_seconds]="histogram_quantile(0.5, sum by (le) (max_over_time(grps_rpc_server_handling_seconds_bucket{method=\"/grps.v1.ParameterServer/Push\"}[$W])))"
   [shard_received_mib]="sum(max_over_time(grps_shard_received_bytes_total[$W])) / 2^20"
   [worker_pushed_mib]="sum(max_over_time(grps_worker_pushed_bytes_total[$W])) / 2^20"
+  [worker_lane_mib]="sum(max_over_time(grps_worker_lane_bytes_total[$W])) / 2^20"
   [job_global_step_max]="max_over_time(grps_job_global_step[$W])"
 )
 declare -A V
@@ -139,5 +140,7 @@ ge "${V[step_seconds_p50]}" 0.00001 || fail "no step time"
 ge "${V[samples_per_second_max]}" 1 || fail "no samples/s"
 ge "${V[push_calls_ok]}" 1 || fail "push calls: ${V[push_calls_ok]}"
 ge "${V[shard_received_mib]}" 0.01 || fail "no bytes received"
+# Every daemon runs on this machine: the values went through lanes.
+ge "${V[worker_lane_mib]}" 0.01 || fail "no bytes through shared-memory lanes"
 ge "${V[job_global_step_max]}" 1 || fail "no global step"
 echo "PASS: prometheus scraped all 5 daemons of an async job of $STEPS steps"

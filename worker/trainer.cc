@@ -640,6 +640,7 @@ absl::Status Trainer::Train(uint64_t total) {
     return params_.bytes_pulled() + (sparse_ != nullptr ? sparse_->bytes_pulled() : 0);
   };
   uint64_t bytes_pushed_seen = bytes_pushed(), bytes_pulled_seen = bytes_pulled();
+  uint64_t lane_bytes_seen = params_.lane_bytes();
   // The clock whose weights the last push's replies brought into
   // host_params_ (see PushGradients).
   std::optional<uint64_t> pulled_for;
@@ -723,6 +724,9 @@ absl::Status Trainer::Train(uint64_t total) {
     metrics_.pulled_bytes.Increment(static_cast<double>(pulled_bytes - bytes_pulled_seen));
     bytes_pushed_seen = pushed_bytes;
     bytes_pulled_seen = pulled_bytes;
+    const uint64_t lane_bytes = params_.lane_bytes();
+    metrics_.lane_bytes.Increment(static_cast<double>(lane_bytes - lane_bytes_seen));
+    lane_bytes_seen = lane_bytes;
     v1::WorkerProgress snapshot;
     {
       absl::MutexLock lock(&mu_);

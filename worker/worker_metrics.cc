@@ -38,6 +38,10 @@ WorkerMetrics::WorkerMetrics(uint32_t rank)
                              absl::StrCat(rank))),
       pulled_bytes(CounterOf("grps_worker_pulled_bytes_total", "weight payload bytes pulled",
                              absl::StrCat(rank))),
+      lane_bytes(CounterOf("grps_worker_lane_bytes_total",
+                           "of the bytes pushed and pulled, those that went through "
+                           "shared-memory lanes (a shard on the same machine)",
+                           absl::StrCat(rank))),
       late_pushes(CounterOf("grps_worker_late_pushes_total",
                             "sync: pushes that a shard counted as after their step",
                             absl::StrCat(rank))),

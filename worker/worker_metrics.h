@@ -7,6 +7,8 @@
 //   grps_worker_loss                   recent training loss, smoothed (gauge)
 //   grps_worker_pushed_bytes_total     gradient payload bytes pushed
 //   grps_worker_pulled_bytes_total     weight payload bytes pulled
+//   grps_worker_lane_bytes_total       of those, bytes through shared-memory
+//                                      lanes (both ways)
 //   grps_worker_late_pushes_total      pushes a shard counted late (sync)
 //   grps_worker_too_stale_pushes_total pushes a shard refused as too stale
 //   grps_worker_clipped_steps_total    steps whose gradient was clipped
@@ -35,6 +37,7 @@ struct WorkerMetrics {
   prometheus::Gauge& loss;
   prometheus::Counter& pushed_bytes;
   prometheus::Counter& pulled_bytes;
+  prometheus::Counter& lane_bytes;
   prometheus::Counter& late_pushes;
   prometheus::Counter& too_stale_pushes;
   prometheus::Counter& clipped_steps;
