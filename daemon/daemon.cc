@@ -15,7 +15,10 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -259,6 +262,20 @@ absl::Status RetryTransient(const Backoff& policy,
 absl::string_view HostOf(absl::string_view address) {
   const size_t colon = address.rfind(':');
   return colon == absl::string_view::npos ? address : address.substr(0, colon);
+}
+
+bool IsLoopbackAddress(absl::string_view address) {
+  const absl::string_view host = HostOf(address);
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" ||
+         absl::StartsWith(host, "[::ffff:127.");
+}
+
+bool IsLoopbackPeer(absl::string_view peer) {
+  if (absl::StartsWith(peer, "unix:")) return true;
+  if (!absl::ConsumePrefix(&peer, "ipv4:") && !absl::ConsumePrefix(&peer, "ipv6:")) return false;
+  // gRPC writes an IPv6 peer's brackets as %5B and %5D.
+  return IsLoopbackAddress(
+      absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}, {"%5b", "["}, {"%5d", "]"}}));
 }
 
 std::string WithPort(const std::string& address, int port) {

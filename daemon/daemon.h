@@ -169,6 +169,13 @@ struct Backoff {
 absl::Status RetryTransient(const Backoff& policy,
                             const std::function<absl::Status()>& attempt);
 
+// Whether "host:port" names this machine's loopback (localhost, 127.x,
+// [::1], [::ffff:127.x]).
+bool IsLoopbackAddress(absl::string_view address);
+// Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:%5B::1%5D:5000",
+// "unix:...") is a caller on this machine's loopback or a Unix socket.
+bool IsLoopbackPeer(absl::string_view peer);
+
 // "host:port" with the host part of `address` and the given port.
 std::string WithPort(const std::string& address, int port);
 // The host part of "host:port" ("[v6]" keeps its brackets); all of it when

@@ -27,6 +27,22 @@ TEST(Daemon, WithPortReplacesThePort) {
   EXPECT_EQ(WithPort("127.0.0.1:0", 5000), "127.0.0.1:5000");
 }
 
+TEST(Daemon, LoopbackAddressesAndPeersAreThisMachinesOnly) {
+  for (const char* address : {"localhost:1", "127.0.0.1:0", "127.9.8.7:70", "[::1]:5",
+                              "[::ffff:127.0.0.1]:5"})
+    EXPECT_TRUE(IsLoopbackAddress(address)) << address;
+  for (const char* address : {"0.0.0.0:7070", "10.1.2.3:1", "[::]:1", "grps-server-0:7071",
+                              "128.0.0.1:1"})
+    EXPECT_FALSE(IsLoopbackAddress(address)) << address;
+  // As gRPC names a caller.
+  for (const char* peer : {"ipv4:127.0.0.1:43028", "ipv6:[::1]:5000", "ipv6:%5B::1%5D:5000",
+                           "ipv6:%5B::ffff:127.0.0.1%5D:5000", "unix:/tmp/socket"})
+    EXPECT_TRUE(IsLoopbackPeer(peer)) << peer;
+  for (const char* peer : {"ipv4:10.77.3.2:41000", "ipv6:%5B2001:db8::1%5D:5000", "",
+                           "127.0.0.1:5000", "ipv4:128.0.0.1:1"})
+    EXPECT_FALSE(IsLoopbackPeer(peer)) << peer;
+}
+
 TEST(Daemon, StatusConversionKeepsCodeAndMessage) {
   absl::Status s = ToAbsl(ToGrpc(absl::NotFoundError("no chunk 7")));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);

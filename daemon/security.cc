@@ -191,11 +191,6 @@ class TokenInterceptorFactory
   const bool member_secret_source_;
 };
 
-bool IsLoopbackHost(absl::string_view address) {
-  const absl::string_view host = HostOf(address);
-  return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]";
-}
-
 }  // namespace
 
 absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(Role own_role) {
@@ -265,7 +260,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     options.pem_key_cert_pairs.push_back({config.tls_key_pem, config.tls_cert_pem});
     credentials = grpc::SslServerCredentials(options);
   } else if (config.auth_enabled()) {
-    if (!IsLoopbackHost(address))
+    if (!IsLoopbackAddress(address))
       return absl::InvalidArgumentError(absl::StrCat(
           "a token without TLS is only accepted on a loopback address, not ",
           address, " (anyone on the network could read it): give --tls_cert "

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "job/sparse_tables.h"
@@ -85,14 +84,6 @@ int64_t FirstOutOfRange(absl::Span<const float> values) {
 std::vector<float>& ScratchBuffer() {
   thread_local std::vector<float> scratch;
   return scratch;
-}
-
-// Whether a call comes over loopback (or a Unix socket): from this machine.
-bool LoopbackPeer(const std::string& peer) {
-  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
-         absl::StartsWith(peer, "ipv6:[::1]") || absl::StartsWith(peer, "ipv6:%5B::1%5D") ||
-         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
-         absl::StartsWith(peer, "ipv6:%5B::ffff:127.");
 }
 
 // Validates a whole push and turns it into a typed one. The returned spans
@@ -487,7 +478,7 @@ absl::StatusOr<std::shared_ptr<MappedLane>> ParameterServerService::LaneOf(
           request.incarnation(), CallerMemberSecret(context));
       !member.ok())
     return ToAbsl(member);
-  if (!LoopbackPeer(context.peer()))
+  if (!IsLoopbackPeer(context.peer()))
     return absl::UnimplementedError(absl::StrCat(
         "a shared-memory lane is for a worker on this machine; this push comes from ",
         QuoteUntrusted(context.peer()), ": send the values in the message"));

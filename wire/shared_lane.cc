@@ -137,7 +137,7 @@ bool MappedLane::Names(const v1::SharedLane& ref) const {
 }
 
 absl::StatusOr<char*> MappedLane::At(uint64_t offset, uint64_t bytes) const {
-  if (offset < kLaneHeaderBytes || offset > size_ || bytes > size_ - offset)
+  if (!LaneSpanWithin(offset, bytes, kLaneHeaderBytes, size_))
     return absl::InvalidArgumentError(absl::StrCat(
         bytes, " bytes at offset ", offset, " are outside the lane's values [",
         kLaneHeaderBytes, ", ", size_, ")"));

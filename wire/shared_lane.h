@@ -38,6 +38,12 @@ inline constexpr uint64_t kLaneHeaderBytes = 64;
 // The largest lane a shard maps.
 inline constexpr uint64_t kMaxLaneBytes = uint64_t{4} << 30;
 
+// Whether `bytes` bytes at `offset` lie within [begin, end), where
+// begin <= end; no sum can wrap around.
+inline bool LaneSpanWithin(uint64_t offset, uint64_t bytes, uint64_t begin, uint64_t end) {
+  return offset >= begin && offset <= end && bytes <= end - offset;
+}
+
 // The worker's side: a sealed, mapped memfd. Thread-safe to share; what is
 // written where is the owner's business.
 class LaneSegment {

@@ -78,7 +78,6 @@ bool MayWriteLate(const absl::Status& s) {
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
   const Part* part = nullptr;
-  size_t part_index = 0;
   bool pulled = false;  // a fused push's reply carried every chunk
   // The lane whose place for the part this push holds, or null: bytes.
   std::shared_ptr<Lane> lane;
@@ -368,12 +367,11 @@ absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
     const uint64_t n = layout_.chunks(c.chunk_id).num_elements();
     float* dst = host_params + chunk_offset_[c.chunk_id];
     if (c.lane_offset != 0) {
-      // Only inside this part's reply place of the lane the push named.
+      // Only inside this part's place in the lane the push named.
       const uint64_t size = n * DTypeSize(*d);
-      const size_t i = call != nullptr ? call->part_index : 0;
-      if (lane == nullptr || !c.data.AtEnd() || c.lane_offset < lane->place[i] ||
-          c.lane_offset - lane->place[i] > lane->bytes[i] ||
-          size > lane->bytes[i] - (c.lane_offset - lane->place[i]))
+      const size_t i = static_cast<size_t>(&part - parts_.data());
+      if (lane == nullptr || !c.data.AtEnd() ||
+          !LaneSpanWithin(c.lane_offset, size, lane->place[i], lane->place[i] + lane->bytes[i]))
         return absl::DataLossError(absl::StrCat("chunk ", c.chunk_id, " names lane offset ",
                                                 c.lane_offset, " outside its place"));
       ConvertElements(lane->segment->base() + c.lane_offset, *d, dst, DType::kF32, n);
@@ -492,7 +490,6 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
     }
     op->calls[i].request = EncodePushRequest(header, wire, std::move(chunks));
     op->calls[i].part = &parts_[i];
-    op->calls[i].part_index = i;
   }
   return Register(std::move(op));
 }
@@ -501,7 +498,6 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
   Call& call = op->calls[index];
   const Part& part = parts_[index];
   call.part = &part;
-  call.part_index = index;
   call.lane = nullptr;
   call.lane_bytes = 0;
   {
