@@ -294,24 +294,30 @@ std::string FormatWorkersTable(const v1::JobStatus& status) {
 }
 
 std::string FormatShardsTable(const v1::JobStatus& status) {
-  TextTable traffic({{"shard", true},
-                     {"address"},
-                     {"version", true},
-                     {"chunks", true},
-                     {"MiB", true},
-                     {"in", true},
-                     {"out", true},
-                     {"pushes", true},
-                     {"pulls", true},
-                     {"checkpoint"}});
+  // "rung": of the pushes, those taken from shared-memory lane doorbells
+  // (shown once a shard has taken one).
+  const bool rung = std::any_of(status.shards().begin(), status.shards().end(),
+                                [](const v1::ShardStatus& s) { return s.doorbell_pushes() > 0; });
+  std::vector<TextTable::Column> traffic_columns = {
+      {"shard", true}, {"address"},    {"version", true}, {"chunks", true},
+      {"MiB", true},   {"in", true},   {"out", true},     {"pushes", true}};
+  if (rung) traffic_columns.push_back({"rung", true});
+  traffic_columns.push_back({"pulls", true});
+  traffic_columns.push_back({"checkpoint"});
+  TextTable traffic(std::move(traffic_columns));
   for (const v1::ShardStatus& s : status.shards()) {
-    traffic.AddRow({absl::StrCat(s.shard()),
-                    s.address().empty() ? "-" : s.address(),
-                    absl::StrCat(s.version()), absl::StrCat(s.num_chunks()),
-                    Mib(s.num_elements() * 4), HumanBytes(s.bytes_in()),
-                    HumanBytes(s.bytes_out()), absl::StrCat(s.pushes()),
-                    absl::StrCat(s.pulls()),
-                    ShardCheckpointText(s)});
+    std::vector<std::string> row = {absl::StrCat(s.shard()),
+                                    s.address().empty() ? "-" : s.address(),
+                                    absl::StrCat(s.version()),
+                                    absl::StrCat(s.num_chunks()),
+                                    Mib(s.num_elements() * 4),
+                                    HumanBytes(s.bytes_in()),
+                                    HumanBytes(s.bytes_out()),
+                                    absl::StrCat(s.pushes())};
+    if (rung) row.push_back(absl::StrCat(s.doorbell_pushes()));
+    row.push_back(absl::StrCat(s.pulls()));
+    row.push_back(ShardCheckpointText(s));
+    traffic.AddRow(std::move(row));
   }
 
   const ShardColumns optional = ShardColumnsOf(status);

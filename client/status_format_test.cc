@@ -292,6 +292,19 @@ TEST(ShardsTable, ShowsTrafficThenConsistencyCountersEachUnder100Columns) {
     for (const std::string& line : table) EXPECT_LE(line.size(), 100u) << line;
 }
 
+TEST(ShardsTable, ShowsThePushesRungAtLaneDoorbellsOnceThereAreAny) {
+  v1::JobStatus job = RunningJob();
+  std::vector<std::vector<std::string>> tables = ShardTables(FormatShardsTable(job));
+  ASSERT_FALSE(tables.empty());
+  EXPECT_THAT(tables[0][0], Not(HasSubstr("rung")));
+  job.mutable_shards(0)->set_doorbell_pushes(4321);
+  tables = ShardTables(FormatShardsTable(job));
+  ASSERT_FALSE(tables.empty());
+  EXPECT_THAT(tables[0][0], HasSubstr("rung"));
+  EXPECT_THAT(tables[0][1], HasSubstr("4321"));
+  for (const std::string& line : tables[0]) EXPECT_LE(line.size(), 100u) << line;
+}
+
 // The consistency table's lines.
 std::vector<std::string> Consistency(const v1::JobStatus& s) {
   std::vector<std::vector<std::string>> tables = ShardTables(FormatShardsTable(s));

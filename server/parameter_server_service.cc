@@ -5,15 +5,18 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "daemon/refusal_log.h"
 #include "job/sparse_tables.h"
 #include "tensor/dtype.h"
 #include "wire/buffer_pool.h"
 #include "wire/chunk_codec.h"
+#include "wire/lane_doorbell.h"
 
 namespace grps {
 namespace {
@@ -232,17 +235,19 @@ absl::Status ReplyPlaces(const ShardStore& store, const ShardStore::GradientPush
   return absl::OkStatus();
 }
 
+// A call's deadline; InfiniteFuture for none.
+absl::Time CallDeadline(const grpc::ServerContextBase& context) {
+  const auto deadline = context.deadline();
+  return deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                                  : absl::FromChrono(deadline);
+}
+
 // The end of a pull's wait: now + timeout_ms (0: now, no wait), never past
-// the call's deadline or kMaxPullWait.
-absl::Time PullDeadline(const grpc::ServerContextBase& context,
-                        uint32_t timeout_ms) {
+// `call_deadline` or kMaxPullWait.
+absl::Time PullDeadline(absl::Time call_deadline, uint32_t timeout_ms) {
   const absl::Time now = absl::Now();
-  absl::Time deadline = std::min(now + ParameterServerService::kMaxPullWait,
-                                 now + absl::Milliseconds(timeout_ms));
-  const auto call_deadline = context.deadline();
-  if (call_deadline != std::chrono::system_clock::time_point::max())
-    deadline = std::min(deadline, absl::FromChrono(call_deadline));
-  return deadline;
+  return std::min({now + ParameterServerService::kMaxPullWait,
+                   now + absl::Milliseconds(timeout_ms), call_deadline});
 }
 
 // A unary call that may wait in the store as a pull: when the client
@@ -330,7 +335,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
     return reactor;
   }
   absl::StatusOr<ShardStore::PullSpec> spec =
-      DecodePull(*store, request, PullDeadline(*context, request.timeout_ms()));
+      DecodePull(*store, request, PullDeadline(CallDeadline(*context), request.timeout_ms()));
   if (!spec.ok()) {
     reactor->Finish(ToGrpc(spec.status()));
     return reactor;
@@ -363,28 +368,86 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     reactor->Finish(ToGrpc(NotReady()));
     return reactor;
   }
+  PushSource source;
+  source.context = context;
+  ServePush(store, *request_bytes, source, reactor->cancelled(),
+            [reactor, response](grpc::Status status, grpc::ByteBuffer reply) {
+              if (status.ok()) *response = std::move(reply);
+              reactor->Finish(status);
+            });
+  return reactor;
+}
+
+// A doorbell this shard serves: a worker's lane, the area in it, and who
+// proved to own it when it opened.
+struct ParameterServerService::Doorbell {
+  Doorbell(uint32_t rank, uint64_t incarnation, std::shared_ptr<MappedLane> lane,
+           const v1::SharedLane& ref, char* area)
+      : rank(rank), incarnation(incarnation), lane(std::move(lane)), ref(ref),
+        bell(area, ref.doorbell_slots(), ref.doorbell_slot_bytes()),
+        busy(std::make_unique<std::atomic<bool>[]>(ref.doorbell_slots())),
+        served(ref.doorbell_slots()) {
+    for (uint32_t i = 0; i < ref.doorbell_slots(); ++i) {
+      busy[i].store(false);
+      // Requests rung before the doorbell opened were not meant for it.
+      served[i] = bell.request_seq(i);
+    }
+  }
+
+  const uint32_t rank;
+  const uint64_t incarnation;
+  const std::shared_ptr<MappedLane> lane;  // mapped while anything serves it
+  const v1::SharedLane ref;
+  LaneDoorbell bell;
+  std::unique_ptr<std::atomic<bool>[]> busy;  // a slot's request is being served
+  std::vector<uint32_t> served;               // the thread's: last sequence taken
+  std::atomic<bool> stop{false};
+  // Set at stop: a push of this doorbell waiting in the store ends.
+  const std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread;
+};
+
+void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer& bytes,
+                                       const PushSource& source,
+                                       std::shared_ptr<const std::atomic<bool>> cancelled,
+                                       PushDone done) {
   v1::PushRequest request;  // the scalar fields; chunks stay in the slices
   std::vector<ReceivedChunk> chunks;
-  if (absl::Status s = DecodePushRequest(*request_bytes, &request,
+  if (absl::Status s = DecodePushRequest(bytes, &request,
                                          [&chunks](ReceivedChunk& c) {
                                            chunks.push_back(std::move(c));
                                            return absl::OkStatus();
                                          });
       !s.ok()) {
     store->CountRejectedAtEdge(1);
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("push request is not a PushRequest: ",
-                                              s.message())));
-    return reactor;
+    done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("push request is not a PushRequest: ", s.message())),
+         {});
+    return;
   }
+  const Doorbell* doorbell = source.doorbell.get();
   std::shared_ptr<MappedLane> lane;
-  if (request.has_lane()) {
-    absl::StatusOr<std::shared_ptr<MappedLane>> mapped = LaneOf(*store, *context, request);
+  if (doorbell != nullptr) {
+    // Only the worker that opened the doorbell rings it, on its own lane.
+    if (request.worker_rank() != doorbell->rank ||
+        request.incarnation() != doorbell->incarnation || !request.has_lane() ||
+        !doorbell->lane->Names(request.lane())) {
+      store->CountRejectedAtEdge(std::max<size_t>(1, chunks.size()));
+      done(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("a push rung at the doorbell of worker ", doorbell->rank,
+                                     " must come from that worker's incarnation on its lane")),
+           {});
+      return;
+    }
+    lane = doorbell->lane;
+  } else if (request.has_lane()) {
+    absl::StatusOr<std::shared_ptr<MappedLane>> mapped =
+        LaneOf(*store, *source.context, request);
     if (!mapped.ok()) {
       if (!absl::IsUnimplemented(mapped.status()))
         store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
-      reactor->Finish(ToGrpc(mapped.status()));
-      return reactor;
+      done(ToGrpc(mapped.status()), {});
+      return;
     }
     lane = std::move(*mapped);
   }
@@ -403,26 +466,27 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
       push = s;
   if (!push.ok()) {
     store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
-    reactor->Finish(ToGrpc(push.status()));
-    return reactor;
+    done(ToGrpc(push.status()), {});
+    return;
   }
   // Only the member that registered as this rank's incarnation may push as
   // it (checked before the store admits the incarnation; LaneOf has
-  // checked it for a push with a lane).
+  // checked it for a push with a lane, and the doorbell's opening for its
+  // pushes).
   if (lane == nullptr) {
     if (grpc::Status member = CheckMemberSecret(
             member_key_, store->config().job_id(), MemberKind::kWorker,
-            request.worker_rank(), request.incarnation(), CallerMemberSecret(*context));
+            request.worker_rank(), request.incarnation(), CallerMemberSecret(*source.context));
         !member.ok()) {
       store->CountRejectedAtEdge(chunks.size());
-      reactor->Finish(member);
-      return reactor;
+      done(member, {});
+      return;
     }
   }
   absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
   if (!result.ok()) {
-    reactor->Finish(ToGrpc(result.status()));
-    return reactor;
+    done(ToGrpc(result.status()), {});
+    return;
   }
   // A push seen before is a retry (the worker sends one on a fresh lane) or
   // a copy the network made: its place in the lane may belong to a newer
@@ -436,11 +500,12 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   header.set_duplicates(result->duplicates);
   header.set_late(result->late);
   header.set_too_stale(result->too_stale);
+  if (doorbell == nullptr && lane != nullptr && request.lane().doorbell_offset() != 0)
+    header.set_doorbell(ServeDoorbell(store, request, lane));
   const v1::DType wire = DTypeToWire(*pull_dtype);
   if (!request.pull()) {
-    *response = EncodePushResponse(header, wire, {});
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    done(grpc::Status::OK, EncodePushResponse(header, wire, {}));
+    return;
   }
   // The pull half: the pushed chunks at the worker's next clock.
   ShardStore::PullSpec spec;
@@ -449,22 +514,129 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   spec.clock = request.step() + 1;
   spec.generation = request.generation();
   spec.dtype = *pull_dtype;
-  spec.deadline = PullDeadline(*context, std::max<uint32_t>(1, request.pull_timeout_ms()));
-  spec.cancelled = reactor->cancelled();
+  spec.deadline = PullDeadline(source.context != nullptr ? CallDeadline(*source.context)
+                                                         : absl::InfiniteFuture(),
+                               std::max<uint32_t>(1, request.pull_timeout_ms()));
+  spec.cancelled = std::move(cancelled);
   spec.into = std::move(reply_into);
   // The lane stays mapped until the values are written.
   store->PullAsync(
       std::move(spec),
-      [reactor, response, header = std::move(header), wire, lane = std::move(lane),
+      [done = std::move(done), header = std::move(header), wire, lane = std::move(lane),
        reply_offsets = std::move(reply_offsets)](
           absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
         // Not ready in time (or refused): the push stands; the worker pulls.
-        *response = EncodePushResponse(header, wire,
-                                       pulled.ok() ? ToWireChunks(*pulled, reply_offsets)
-                                                   : std::vector<WireChunk>());
-        reactor->Finish(grpc::Status::OK);
+        done(grpc::Status::OK,
+             EncodePushResponse(header, wire,
+                                pulled.ok() ? ToWireChunks(*pulled, reply_offsets)
+                                            : std::vector<WireChunk>()));
       });
-  return reactor;
+}
+
+bool ParameterServerService::ServeDoorbell(ShardStore* store, const v1::PushRequest& request,
+                                           std::shared_ptr<MappedLane> lane) {
+  const v1::SharedLane& ref = request.lane();
+  if (!LaneDoorbell::CheckGeometry(ref.doorbell_slots(), ref.doorbell_slot_bytes()).ok() ||
+      ref.doorbell_offset() % 64 != 0)
+    return false;
+  absl::StatusOr<char*> area = lane->At(
+      ref.doorbell_offset(),
+      LaneDoorbell::AreaBytes(ref.doorbell_slots(), ref.doorbell_slot_bytes()));
+  if (!area.ok()) return false;
+  std::shared_ptr<Doorbell> old;
+  {
+    absl::MutexLock lock(&doorbells_mu_);
+    std::shared_ptr<Doorbell>& served = doorbells_[request.worker_rank()];
+    if (served != nullptr && served->lane == lane &&
+        served->incarnation == request.incarnation() &&
+        served->ref.doorbell_offset() == ref.doorbell_offset() &&
+        served->ref.doorbell_slots() == ref.doorbell_slots() &&
+        served->ref.doorbell_slot_bytes() == ref.doorbell_slot_bytes())
+      return !served->stop.load();
+    old = std::move(served);
+    served = std::make_shared<Doorbell>(request.worker_rank(), request.incarnation(), lane, ref,
+                                        *area);
+    served->thread = std::thread(&ParameterServerService::DoorbellLoop, this, store, served);
+  }
+  if (old != nullptr) {
+    old->stop.store(true);
+    old->bell.Wake();
+    old->thread.join();
+  }
+  return true;
+}
+
+namespace {
+
+// A refused rung push goes to the log that gRPC's refused calls go to.
+void NoteRefusedRing(uint32_t rank, grpc::StatusCode code, absl::string_view message) {
+  RefusalLog::Process().Note("/grps.v1.ParameterServer/Push (rung at a lane doorbell)", code,
+                             absl::StrCat("worker ", rank, "'s lane"), message);
+}
+
+}  // namespace
+
+void ParameterServerService::DoorbellLoop(ShardStore* store, std::shared_ptr<Doorbell> d) {
+  while (!d->stop.load()) {
+    // A worker that replaced its lane (a failed call, a restart) rings the
+    // new one's doorbell; this one is done.
+    if (!lanes_.IsCurrent(d->rank, d->lane.get())) break;
+    d->bell.Beat();
+    // The rings are noted before the slots are looked at: one rung after
+    // the note ends the wait below at once, so none is missed.
+    const uint32_t seen = d->bell.rings();
+    for (uint32_t slot = 0; slot < d->bell.slots(); ++slot) {
+      const uint32_t seq = d->bell.request_seq(slot);
+      // One request per slot at a time: one rung before its answer waits.
+      if (seq == d->served[slot] || d->busy[slot].load()) continue;
+      d->served[slot] = seq;
+      d->busy[slot].store(true);
+      doorbell_pushes_.fetch_add(1);
+      grpc::ByteBuffer request;
+      if (absl::Status s = d->bell.TakeRequest(slot, &request); !s.ok()) {
+        store->CountRejectedAtEdge(1);
+        NoteRefusedRing(d->rank, grpc::StatusCode::INVALID_ARGUMENT, s.message());
+        d->busy[slot].store(false);
+        d->bell.Answer(slot, seq, s, {});
+        continue;
+      }
+      PushSource source;
+      source.doorbell = d;
+      ServePush(store, request, source, d->cancelled,
+                [d, slot, seq](grpc::Status status, grpc::ByteBuffer reply) {
+                  if (IsRefusal(status.error_code()))
+                    NoteRefusedRing(d->rank, status.error_code(), status.error_message());
+                  // Free before the answer: the worker may ring the slot
+                  // again as soon as it has read it.
+                  d->busy[slot].store(false);
+                  d->bell.Answer(slot, seq, ToAbsl(status), reply);
+                });
+    }
+    d->bell.AwaitRing(seen, kDoorbellBeat);
+  }
+  // A stopped doorbell beats no more: a worker waiting at it gives up.
+}
+
+void ParameterServerService::StopDoorbells() {
+  absl::flat_hash_map<uint32_t, std::shared_ptr<Doorbell>> served;
+  {
+    absl::MutexLock lock(&doorbells_mu_);
+    served.swap(doorbells_);
+  }
+  for (auto& [rank, d] : served) {
+    d->stop.store(true);
+    d->cancelled->store(true);
+    d->bell.Wake();
+  }
+  if (ShardStore* store = store_.load(); store != nullptr) store->WakePulls();
+  for (auto& [rank, d] : served) d->thread.join();
+}
+
+size_t ParameterServerService::doorbells_served() const {
+  absl::MutexLock lock(&doorbells_mu_);
+  size_t n = 0;
+  for (const auto& [rank, d] : doorbells_) n += d->stop.load() ? 0 : 1;
+  return n;
 }
 
 absl::StatusOr<std::shared_ptr<MappedLane>> ParameterServerService::LaneOf(
@@ -638,7 +810,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PullSparse(
     return reactor;
   }
   absl::StatusOr<ShardStore::SparsePullSpec> spec =
-      DecodeSparsePull(*store, *request, PullDeadline(*context, request->timeout_ms()));
+      DecodeSparsePull(*store, *request, PullDeadline(CallDeadline(*context), request->timeout_ms()));
   if (!spec.ok()) {
     reactor->Finish(ToGrpc(spec.status()));
     return reactor;
@@ -666,8 +838,15 @@ grpc::Status ParameterServerService::GetShardStatus(
   if (store == nullptr) return ToGrpc(NotReady());
   if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok())
     return ToGrpc(s);
-  *response = store->ShardStatus();
+  *response = ShardStatus(*store);
   return grpc::Status::OK;
+}
+
+v1::ShardStatus ParameterServerService::ShardStatus(const ShardStore& store) const {
+  v1::ShardStatus status = store.ShardStatus();
+  status.set_doorbells(static_cast<uint32_t>(doorbells_served()));
+  status.set_doorbell_pushes(doorbell_pushes_.load());
+  return status;
 }
 
 }  // namespace grps

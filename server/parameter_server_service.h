@@ -30,17 +30,29 @@
 //
 // A push may carry its values, and receive its fused pull's, through the
 // worker's shared-memory lane (wire/shared_lane.h) instead of the message:
-// the lane is mapped once per worker and checked like any other input.
+// the lane is mapped once per worker and checked like any other input. A
+// lane push may also ask the shard to serve a doorbell in the lane
+// (wire/lane_doorbell.h): a thread per worker then takes that worker's
+// later pushes from the lane instead of from gRPC, each served by the same
+// code as a call (the member secret was checked when the doorbell opened,
+// for that rank, incarnation and lane).
 //
 // Thread safety: gRPC calls the handlers from many threads at once; the
-// service's mutable state is the attached store pointer and the table of
-// mapped lanes (which locks itself).
+// service's mutable state is the attached store pointer, the table of
+// mapped lanes (which locks itself) and the doorbells served (under
+// doorbells_mu_).
 #ifndef GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
 #define GRPS_SERVER_PARAMETER_SERVER_SERVICE_H_
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/shard_store.h"
@@ -73,10 +85,21 @@ class ParameterServerService final
   // Convenience for tests and for callers that already have the store.
   explicit ParameterServerService(ShardStore* store, std::string member_key = "")
       : member_key_(std::move(member_key)), store_(store) {}
+  ~ParameterServerService() override { StopDoorbells(); }
 
   // Serves `store` from now on. `store` is not owned and must outlive every
   // RPC (shut the gRPC server down before destroying it). Call at most once.
   void Attach(ShardStore* store) { store_.store(store); }
+
+  // Stops serving doorbells: their pushes waiting in the store end, and
+  // their threads are joined. Call before the store goes away (with the
+  // gRPC server's shutdown); the destructor calls it too.
+  void StopDoorbells() ABSL_LOCKS_EXCLUDED(doorbells_mu_);
+  // Doorbells served now (one per worker at most).
+  size_t doorbells_served() const ABSL_LOCKS_EXCLUDED(doorbells_mu_);
+  // The store's status with what this service adds (ShardStatus.doorbells,
+  // doorbell_pushes).
+  v1::ShardStatus ShardStatus(const ShardStore& store) const;
 
   // A PushRequest in, a PushResponse out, as raw bytes. A push with
   // PushRequest.pull waits (as a waiter, holding no thread) for the pushed
@@ -100,6 +123,26 @@ class ParameterServerService final
                               v1::ShardStatus* response) override;
 
  private:
+  struct Doorbell;
+  // Who a push comes from: a gRPC call, or a doorbell this shard serves.
+  struct PushSource {
+    const grpc::CallbackServerContext* context = nullptr;
+    std::shared_ptr<Doorbell> doorbell;
+  };
+  using PushDone = std::function<void(grpc::Status, grpc::ByteBuffer)>;
+
+  // The one path of a push, from its bytes to its reply: `done` is called
+  // exactly once, maybe on another thread (a sync step's last pusher), maybe
+  // before ServePush returns. `cancelled`: set when the caller gave up.
+  void ServePush(ShardStore* store, const grpc::ByteBuffer& bytes, const PushSource& source,
+                 std::shared_ptr<const std::atomic<bool>> cancelled, PushDone done);
+  // Serves the doorbell the accepted lane push `request` asks for, unless
+  // it is served already; whether it is served.
+  bool ServeDoorbell(ShardStore* store, const v1::PushRequest& request,
+                     std::shared_ptr<MappedLane> lane) ABSL_LOCKS_EXCLUDED(doorbells_mu_);
+  // A doorbell's thread: takes each rung request and serves it.
+  void DoorbellLoop(ShardStore* store, std::shared_ptr<Doorbell> doorbell);
+
   // The lane `request` names, mapped, once its caller has proven to be a
   // worker of this job on this machine; the status to refuse the push with
   // otherwise.
@@ -110,6 +153,10 @@ class ParameterServerService final
   const std::string member_key_;
   std::atomic<ShardStore*> store_{nullptr};
   LaneTable lanes_;
+  mutable absl::Mutex doorbells_mu_;
+  absl::flat_hash_map<uint32_t, std::shared_ptr<Doorbell>> doorbells_
+      ABSL_GUARDED_BY(doorbells_mu_);  // by worker rank
+  std::atomic<uint64_t> doorbell_pushes_{0};  // requests taken from doorbells
 };
 
 }  // namespace grps

@@ -20,6 +20,7 @@
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
 #include "tensor/dtype.h"
+#include "wire/lane_doorbell.h"
 #include "wire/shared_lane.h"
 
 namespace grps {
@@ -601,6 +602,198 @@ TEST_F(LaneTest, ALaneOfAnotherJobOrRankIsRefusedBeforeItIsOpened) {
   ExpectPushRefused(request, grpc::StatusCode::FAILED_PRECONDITION, "job 'other-job'");
   request = LanePush(lane, 5, 0, 1.0f);
   ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 5");
+}
+
+// ---- doorbells ------------------------------------------------------------
+
+// A lane with a doorbell area of one slot after its values; pushes rung
+// there are PushRequests serialized by protobuf, as a plain client would.
+class DoorbellTest : public LaneTest {
+ protected:
+  static constexpr uint32_t kSlotBytes = 1024;
+
+  TestLane NewDoorbellLane() {
+    TestLane lane;
+    absl::StatusOr<std::shared_ptr<LaneSegment>> segment = LaneSegment::Create(8192);
+    EXPECT_TRUE(segment.ok()) << segment.status();
+    if (segment.ok()) lane.segment = *segment;
+    lane.reply_at = kLaneHeaderBytes + 2048;
+    return lane;
+  }
+  static uint64_t AreaOffset() { return kLaneHeaderBytes + 4096; }
+  static LaneDoorbell BellOf(const TestLane& lane) {
+    return LaneDoorbell(lane.segment->base() + AreaOffset(), 1, kSlotBytes);
+  }
+
+  // LanePush asking shard 0 to serve the lane's doorbell.
+  v1::PushRequest DoorbellPush(const TestLane& lane, uint32_t rank, uint64_t step, float value) {
+    v1::PushRequest request = LanePush(lane, rank, step, value);
+    request.mutable_lane()->set_doorbell_offset(AreaOffset());
+    request.mutable_lane()->set_doorbell_slots(1);
+    request.mutable_lane()->set_doorbell_slot_bytes(kSlotBytes);
+    return request;
+  }
+
+  // Rings `bytes` at `lane`'s doorbell and waits for the answer.
+  absl::Status RingBytes(const TestLane& lane, const std::string& bytes,
+                         v1::PushResponse* response = nullptr) {
+    LaneDoorbell bell = BellOf(lane);
+    grpc::Slice slice(bytes.data(), bytes.size());
+    const uint32_t seq = bell.Ring(0, grpc::ByteBuffer(&slice, 1));
+    if (!bell.AwaitAnswer(0, seq, absl::Seconds(20)))
+      return absl::DeadlineExceededError("no answer at the doorbell");
+    grpc::ByteBuffer reply;
+    if (absl::Status s = bell.TakeAnswer(0, &reply); !s.ok()) return s;
+    v1::PushResponse ignored;
+    if (!grpc::SerializationTraits<v1::PushResponse>::Deserialize(&reply,
+                                                                 response ? response : &ignored)
+             .ok())
+      return absl::DataLossError("the answer is not a PushResponse");
+    return absl::OkStatus();
+  }
+  absl::Status Ring(const TestLane& lane, const v1::PushRequest& request,
+                    v1::PushResponse* response = nullptr) {
+    return RingBytes(lane, request.SerializeAsString(), response);
+  }
+
+  // The expected weights of shard 0's chunks after SGD steps of these mean
+  // gradients.
+  std::vector<float> After(uint32_t chunk_id, std::vector<float> means) const {
+    std::vector<float> values = InitialValues(chunk_id);
+    for (float mean : means)
+      for (float& v : values) v -= 0.5f * mean;
+    return values;
+  }
+};
+
+TEST_F(DoorbellTest, ALanePushOpensTheDoorbellAndARungPushIsServedAsACallWouldBe) {
+  const TestLane lane = NewDoorbellLane();
+  ASSERT_NE(lane.segment, nullptr);
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f), &response).ok());
+  EXPECT_TRUE(response.doorbell()) << "the shard says it serves the doorbell";
+  EXPECT_EQ(service_->doorbells_served(), 1u);
+
+  // Step 1: rank 1 calls, rank 0 rings; the step completes (1 and 5
+  // averaged) and the rung push's weights come back through the lane.
+  ASSERT_TRUE(Push(GoodPush(1, 1, 5.0f)).ok());
+  v1::PushResponse rung;
+  ASSERT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f), &rung).ok());
+  ASSERT_EQ(rung.chunks_size(), 2);
+  uint64_t at = lane.reply_at;
+  for (const v1::ChunkData& c : rung.chunks()) {
+    EXPECT_EQ(c.lane_offset(), at);
+    EXPECT_EQ(c.version(), 2u);
+    const std::vector<float> expected = After(c.chunk_id(), {2.0f, 3.0f});
+    std::vector<float> in_lane(expected.size());
+    std::memcpy(in_lane.data(), lane.segment->base() + at, in_lane.size() * sizeof(float));
+    EXPECT_EQ(in_lane, expected);
+    EXPECT_EQ(store_->TEST_ReadChunk(c.chunk_id())->values, expected);
+    at += in_lane.size() * sizeof(float);
+  }
+  // Rung again: the same push is a duplicate, applied once; its weights
+  // come back in the message.
+  ASSERT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f), &rung).ok());
+  EXPECT_EQ(rung.duplicates(), 2u);
+  EXPECT_EQ(store_->TEST_ReadChunk(own_[0])->values, After(own_[0], {2.0f, 3.0f}));
+}
+
+TEST_F(DoorbellTest, ARingFromAnotherRankIncarnationOrLaneIsRefusedAndChangesNothing) {
+  const TestLane lane = NewDoorbellLane();
+  const TestLane other = NewDoorbellLane();
+  ASSERT_NE(lane.segment, nullptr);
+  ASSERT_NE(other.segment, nullptr);
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f)).ok());
+  ASSERT_EQ(service_->doorbells_served(), 1u);
+  const Snapshot before = Take();
+  const uint64_t rejected = store_->ShardStatus().rejected_pushes();
+  v1::PushRequest request = LanePush(lane, 1, 1, 1.0f);
+  absl::Status s = Ring(lane, request);
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  request = LanePush(lane, 0, 1, 1.0f);
+  request.set_incarnation(2);
+  EXPECT_TRUE(absl::IsPermissionDenied(Ring(lane, request)));
+  request = LanePush(lane, 0, 1, 1.0f);
+  *request.mutable_lane() = other.segment->Ref();  // names another lane
+  EXPECT_TRUE(absl::IsPermissionDenied(Ring(lane, request)));
+  // Bytes that are no PushRequest, or a NaN: refused as a call's would be.
+  s = RingBytes(lane, std::string("\xff\xff\xff", 3));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not a PushRequest"));
+  request = LanePush(lane, 0, 1, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(lane.segment->base() + kLaneHeaderBytes, &nan, sizeof(nan));
+  s = Ring(lane, request);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  ExpectUnchanged(before);
+  EXPECT_EQ(store_->ShardStatus().rejected_pushes(), rejected + 5 * 2 - 1)
+      << "each refusal counts its chunks (the unreadable one counts 1)";
+  // The doorbell still serves its worker.
+  ASSERT_TRUE(Push(GoodPush(1, 1, 3.0f)).ok());
+  EXPECT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f)).ok());
+}
+
+TEST_F(DoorbellTest, ADoorbellOutsideTheLaneIsNotServedButThePushStands) {
+  const TestLane lane = NewDoorbellLane();
+  ASSERT_NE(lane.segment, nullptr);
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  v1::PushRequest request = DoorbellPush(lane, 0, 0, 1.0f);
+  request.mutable_lane()->set_doorbell_offset(lane.segment->size() - 512);
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(request, &response).ok());
+  EXPECT_FALSE(response.doorbell());
+  EXPECT_EQ(response.chunks_size(), 2) << "applied, and its step completed";
+  request = DoorbellPush(lane, 0, 1, 1.0f);
+  request.mutable_lane()->set_doorbell_slot_bytes(1000);  // not a multiple of 64
+  ASSERT_TRUE(Push(GoodPush(1, 1, 3.0f)).ok());
+  ASSERT_TRUE(Push(request, &response).ok());
+  EXPECT_FALSE(response.doorbell());
+  EXPECT_EQ(service_->doorbells_served(), 0u);
+}
+
+TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) {
+  const TestLane first = NewDoorbellLane();
+  const TestLane second = NewDoorbellLane();
+  ASSERT_NE(first.segment, nullptr);
+  ASSERT_NE(second.segment, nullptr);
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  ASSERT_TRUE(Push(DoorbellPush(first, 0, 0, 1.0f)).ok());
+  const LaneDoorbell old_bell = BellOf(first);
+  // It beats while it serves.
+  const uint32_t beat = old_bell.beat();
+  absl::SleepFor(kDoorbellBeat * 3);
+  EXPECT_NE(old_bell.beat(), beat);
+
+  // The worker's next lane (a retry, a restart) replaces it.
+  ASSERT_TRUE(Push(GoodPush(1, 1, 3.0f)).ok());
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(DoorbellPush(second, 0, 1, 1.0f), &response).ok());
+  EXPECT_TRUE(response.doorbell());
+  EXPECT_EQ(service_->doorbells_served(), 1u);
+  const uint32_t last = old_bell.beat();
+  absl::SleepFor(kDoorbellBeat * 3);
+  EXPECT_EQ(old_bell.beat(), last) << "the old lane's doorbell serves no more";
+
+  // A rung push waiting for its step (rank 1 has not pushed step 2) is
+  // answered when the service stops: applied, without the weights.
+  LaneDoorbell bell = BellOf(second);
+  const std::string request = LanePush(second, 0, 2, 1.0f).SerializeAsString();
+  grpc::Slice slice(request.data(), request.size());
+  const uint32_t seq = bell.Ring(0, grpc::ByteBuffer(&slice, 1));
+  EXPECT_FALSE(bell.AwaitAnswer(0, seq, absl::Milliseconds(200))) << "waits for rank 1";
+  service_->StopDoorbells();
+  ASSERT_TRUE(bell.AwaitAnswer(0, seq, absl::Seconds(5)));
+  grpc::ByteBuffer reply;
+  ASSERT_TRUE(bell.TakeAnswer(0, &reply).ok());
+  v1::PushResponse answered;
+  ASSERT_TRUE(grpc::SerializationTraits<v1::PushResponse>::Deserialize(&reply, &answered).ok());
+  EXPECT_EQ(answered.chunks_size(), 0);
+  EXPECT_EQ(service_->doorbells_served(), 0u);
+  const uint32_t stopped = bell.beat();
+  absl::SleepFor(kDoorbellBeat * 3);
+  EXPECT_EQ(bell.beat(), stopped);
 }
 
 TEST_F(ParameterServerServiceTest, PullWaitsThenTimesOutWithDeadlineExceeded) {

@@ -388,15 +388,16 @@ int Run() {
   }
   auto stop_server = [&] {
     if (store != nullptr) store->Shutdown();
+    service.StopDoorbells();
     server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   };
 
   // Metrics from the start (a scrape before the shard is attached finds the
   // RPC metrics only), the shard's own once it is attached.
   std::atomic<const ShardStore*> attached{nullptr};
-  auto shard_metrics = std::make_shared<CollectFunction>([&attached] {
+  auto shard_metrics = std::make_shared<CollectFunction>([&attached, &service] {
     const ShardStore* s = attached.load();
-    return s != nullptr ? ShardMetricFamilies(s->ShardStatus())
+    return s != nullptr ? ShardMetricFamilies(service.ShardStatus(*s))
                         : std::vector<prometheus::MetricFamily>{};
   });
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -519,7 +520,7 @@ int Run() {
     request.set_job_id(config.job_id());
     request.set_server_shard(store->shard());
     request.set_incarnation(registration->incarnation());
-    *request.mutable_shard() = store->ShardStatus();
+    *request.mutable_shard() = service.ShardStatus(*store);
     if (restore_failed.has_value())
       *request.mutable_shard()->mutable_restore_failed() = *restore_failed;
     request.set_shard_map_epoch(map_epoch);
@@ -557,7 +558,7 @@ int Run() {
         reason = absl::StrCat("job ", JobStateName(state));
         // Leave the coordinator this shard's final figures.
         request.set_final_report(true);
-        *request.mutable_shard() = store->ShardStatus();
+        *request.mutable_shard() = service.ShardStatus(*store);
         grpc::ClientContext last;
         last.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
         coordinator->Heartbeat(&last, request, &response).ok();
@@ -618,14 +619,14 @@ int Run() {
 
   stop_server();  // also ends a checkpoint capture that is waiting
   checkpointer.Join();
-  const v1::ShardStatus s = store->ShardStatus();
+  const v1::ShardStatus s = service.ShardStatus(*store);
   if (exit_code != 0) spdlog::error("{}", reason);
   spdlog::info(
       "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
-      "duplicate, {} rejected), {} pulls, {:.1f} MiB in, {:.1f} MiB out; peak RSS "
-      "{:.1f} MiB",
+      "duplicate, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB in, {:.1f} MiB "
+      "out; peak RSS {:.1f} MiB",
       store->shard(), reason, s.version(), s.updates_applied(), s.pushes(),
-      s.duplicate_pushes(), s.rejected_pushes(), s.pulls(), MiB(s.bytes_in()),
+      s.duplicate_pushes(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()),
       MiB(s.bytes_out()), PeakRssMiB());
   for (const v1::SparseTableStatus& t : s.tables())
     spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "

@@ -23,6 +23,11 @@ std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus&
         static_cast<double>(s.version()));
   counter("grps_shard_updates_applied_total", "optimizer updates applied, one per chunk",
           s.updates_applied());
+  gauge("grps_shard_doorbells", "workers whose shared-memory lane doorbell the shard serves",
+        s.doorbells());
+  counter("grps_shard_doorbell_pushes_total",
+          "pushes taken from lane doorbells instead of gRPC calls (also in pushes_total)",
+          s.doorbell_pushes());
   counter("grps_shard_pushes_total", "push requests", s.pushes());
   counter("grps_shard_pulls_total", "pull requests", s.pulls());
   counter("grps_shard_duplicate_pushes_total",

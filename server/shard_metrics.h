@@ -5,6 +5,9 @@
 //   grps_shard_version                    min chunk version (gauge)
 //   grps_shard_updates_applied_total      optimizer updates (per chunk)
 //   grps_shard_pushes_total, grps_shard_pulls_total
+//   grps_shard_doorbells                  workers whose lane doorbell it
+//                                         serves (gauge)
+//   grps_shard_doorbell_pushes_total      pushes rung at doorbells
 //   grps_shard_duplicate_pushes_total     retries answered from the record
 //   grps_shard_rejected_pushes_total      refused gradients (too stale included)
 //   grps_shard_received_bytes_total       gradient payload bytes in pushes

@@ -3,7 +3,10 @@
 # dropped, answered with a lost reply, sent twice and delayed, plus a server
 # killed with SIGKILL and restarted mid-run, change nothing: the job's final
 # checkpoint holds the same chunks, bit for bit (values, optimizer state,
-# versions), as that of the same job run undisturbed.
+# versions), as that of the same job run undisturbed. The network faults
+# run with --local_transport=grpc (every push crosses the proxies); a third
+# run kills a server while the workers ring its lane doorbells (the default
+# transport), and must end the same.
 #
 # The proxies: each server listens on 127.0.0.1:P and registers the address
 # of its grps-chaos-proxy (--advertise_address=127.0.0.1:Q), which forwards
@@ -30,15 +33,18 @@ JOB_FLAGS=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --seed=7
 # final_checkpoint NAME: the newest checkpoint folder of run NAME.
 final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
 
-# job NAME [chaos]: runs the job with its daemons named NAME-*, checkpoints
-# in $WORK/NAME/ckpt; with "chaos", behind proxies and with a server kill.
-# Returns once every daemon exited 0.
+# job NAME [proxies|kill]: runs the job with its daemons named NAME-*,
+# checkpoints in $WORK/NAME/ckpt; with "proxies", every byte through gRPC,
+# behind proxies, and a server kill; with "kill", the kill alone. Returns
+# once every daemon exited 0.
 job() {
-  local name=$1 chaos=${2:-} s w
+  local name=$1 mode=${2:-} s w
+  local chaos=; [ "$mode" = proxies ] && chaos=1
+  local transport=shm; [ -n "$chaos" ] && transport=grpc
   mkdir -p "$WORK/$name"
   start "$name-coordinator" "$BIN/grps-coordinator" --listen=127.0.0.1:0 \
     --port_file="$WORK/$name/coordinator.port" --job_id=once --mode=sync --servers=2 \
-    --workers=2 --steps=$STEPS --eval_every=500 "${JOB_FLAGS[@]}" \
+    --workers=2 --steps=$STEPS --eval_every=500 "${JOB_FLAGS[@]}" --local_transport=$transport \
     --checkpoint_dir="$WORK/$name/ckpt" --checkpoint_every_steps=$EVERY \
     --recovery_timeout_ms=20000 --coordinator_timeout_ms=30000 --linger_ms=1000
   wait_for_file "$WORK/$name/coordinator.port" 20
@@ -65,9 +71,9 @@ job() {
       --straggle_ms=$PACE_MS
   done
 
-  if [ -n "$chaos" ]; then
+  if [ -n "$mode" ]; then
     # The workers talk to the proxies: the shards registered their addresses.
-    wait_until "$coord" "sorted(s.get('address') for s in j.get('shards', [])) == sorted('${PROXIES[*]}'.split())" \
+    [ -z "$chaos" ] || wait_until "$coord" "sorted(s.get('address') for s in j.get('shards', [])) == sorted('${PROXIES[*]}'.split())" \
       20 "the shards to register the proxies' addresses"
     wait_until "$coord" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" \
       60 "a complete checkpoint"
@@ -88,9 +94,12 @@ job() {
     wait_pid "${!var}" 120
     [ "$EXIT_CODE" = 0 ] || fail "$name: $d exited with $EXIT_CODE"
   done
-  if [ -n "$chaos" ]; then
-    wait_pid "$PID_chaos_server_0_restarted" 60
+  if [ -n "$mode" ]; then
+    local restarted=PID_${name}_server_0_restarted
+    wait_pid "${!restarted}" 60
     [ "$EXIT_CODE" = 0 ] || fail "$name: the restarted server 0 exited with $EXIT_CODE"
+  fi
+  if [ -n "$chaos" ]; then
     for s in 0 1; do
       local var=PID_${name}_proxy_$s
       kill -TERM "${!var}"
@@ -105,7 +114,8 @@ job() {
 
 PROXIES=()
 job ref
-job chaos chaos
+job chaos proxies
+job kill kill
 
 # The proxies did their work.
 faults=0
@@ -120,16 +130,26 @@ done
 [ "$faults" -gt 0 ] || fail "the proxies injected no fault"
 
 # The job rolled back once for the restarted server.
-grep -q "rolled back to checkpoint" "$WORK/chaos-server-1.log" \
-  || fail "the surviving shard did not roll back"
+for name in chaos kill; do
+  grep -q "rolled back to checkpoint" "$WORK/$name-server-1.log" \
+    || fail "$name: the surviving shard did not roll back"
+done
+# The kill run's pushes were rung at the shards' lane doorbells.
+for w in 0 1; do
+  line=$(grep 'dense values:' "$WORK/kill-worker-$w.log") || fail "kill: worker $w reported no bytes"
+  echo "kill: worker $w: ${line#*dense values: }"
+  [[ "$line" =~ \ ([1-9][0-9]*)\ of\ [0-9]+\ push\ calls\ rung ]] \
+    || fail "kill: worker $w rang no lane doorbell"
+done
 
 # Bit for bit the same final checkpoint, at the last step; and the comparison
 # can tell apart two checkpoints that differ (the first against the final).
-ref=$(final_checkpoint ref); chaos=$(final_checkpoint chaos)
-for c in "$ref" "$chaos"; do
+ref=$(final_checkpoint ref); chaos=$(final_checkpoint chaos); killed=$(final_checkpoint kill)
+for c in "$ref" "$chaos" "$killed"; do
   [ "$("$BIN/grps-checkpoint-diff" --step "$c")" = "$STEPS" ] || fail "$c is not at step $STEPS"
 done
-"$BIN/grps-checkpoint-diff" "$ref" "$chaos" || fail "the final checkpoints differ"
+"$BIN/grps-checkpoint-diff" "$ref" "$chaos" || fail "the final checkpoints differ (proxies)"
+"$BIN/grps-checkpoint-diff" "$ref" "$killed" || fail "the final checkpoints differ (kill, doorbells)"
 first=$(ls -d "$WORK/chaos/ckpt"/ckpt-* | sort | head -n 1)
 set +e
 "$BIN/grps-checkpoint-diff" "$first" "$chaos" >/dev/null 2>&1

@@ -116,6 +116,7 @@ declare -A Q=(
   [shard_received_mib]="sum(max_over_time(grps_shard_received_bytes_total[$W])) / 2^20"
   [worker_pushed_mib]="sum(max_over_time(grps_worker_pushed_bytes_total[$W])) / 2^20"
   [worker_lane_mib]="sum(max_over_time(grps_worker_lane_bytes_total[$W])) / 2^20"
+  [shard_doorbell_pushes]="sum(max_over_time(grps_shard_doorbell_pushes_total[$W]))"
   [job_global_step_max]="max_over_time(grps_job_global_step[$W])"
 )
 declare -A V
@@ -142,5 +143,6 @@ ge "${V[push_calls_ok]}" 1 || fail "push calls: ${V[push_calls_ok]}"
 ge "${V[shard_received_mib]}" 0.01 || fail "no bytes received"
 # Every daemon runs on this machine: the values went through lanes.
 ge "${V[worker_lane_mib]}" 0.01 || fail "no bytes through shared-memory lanes"
+ge "${V[shard_doorbell_pushes]}" 1 || fail "no pushes rung at lane doorbells"
 ge "${V[job_global_step_max]}" 1 || fail "no global step"
 echo "PASS: prometheus scraped all 5 daemons of an async job of $STEPS steps"

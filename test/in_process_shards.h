@@ -46,6 +46,7 @@ class InProcessShards {
   InProcessShards& operator=(const InProcessShards&) = delete;
 
   ShardStore& store(size_t s) { return *stores_[s]; }
+  ParameterServerService& service(size_t s) { return *services_[s]; }
   size_t size() const { return stores_.size(); }
 
  private:

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "job/shard_map.h"
 #include "proto/grps.grpc.pb.h"
 #include "test/in_process_shards.h"
+#include "wire/lane_doorbell.h"
 #include "worker/parameter_client.h"
 
 namespace grps {
@@ -75,12 +77,17 @@ TEST(WirePath, FusedPushBringsTheWeightsOfTheNextStep) {
 // Two workers' fused pushes for `steps` sync steps through 2 real shards,
 // with the job's `transport` and wire `dtype`: the weights each worker ends
 // with (both must agree), and the bytes that went through lanes.
+// `before_step` (may be null) runs before each step with the shards and the
+// step.
 struct LaneRun {
   std::vector<float> weights;
   uint64_t lane_bytes = 0;
   uint64_t bytes_moved = 0;  // pushed and pulled
+  uint64_t push_calls = 0;
+  uint64_t doorbell_calls = 0;  // of those, rung at lane doorbells
 };
-LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps) {
+LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps,
+                      const std::function<void(InProcessShards&, int)>& before_step = nullptr) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 2, 2);
   config.set_local_transport(transport);
   config.set_wire_dtype(dtype);
@@ -95,6 +102,7 @@ LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps) 
   std::vector<float> g0 = Ramp(p0.size()), g1(p1.size());
   for (size_t i = 0; i < g1.size(); ++i) g1[i] = 0.25f - g0[i];
   for (int step = 0; step < steps; ++step) {
+    if (before_step) before_step(shards, step);
     std::thread second([&] {
       absl::StatusOr<ParameterClient::PushOutcome> r =
           w1.Wait(w1.PushAsync(step, g1.data(), 1, p1.data(), absl::Seconds(5)));
@@ -107,7 +115,8 @@ LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps) 
   }
   EXPECT_EQ(p0, p1);
   return {p0, w0.lane_bytes() + w1.lane_bytes(),
-          w0.bytes_pushed() + w1.bytes_pushed() + w0.bytes_pulled() + w1.bytes_pulled()};
+          w0.bytes_pushed() + w1.bytes_pushed() + w0.bytes_pulled() + w1.bytes_pulled(),
+          w0.push_calls() + w1.push_calls(), w0.doorbell_calls() + w1.doorbell_calls()};
 }
 
 TEST(WirePath, TheLanesOfWorkersOnTheShardsMachineCarryTheValuesAndChangeNoResult) {
@@ -123,7 +132,34 @@ TEST(WirePath, TheLanesOfWorkersOnTheShardsMachineCarryTheValuesAndChangeNoResul
     const uint64_t size = dtype == v1::DTYPE_F32 ? 4 : 2;
     EXPECT_EQ(lanes.lane_bytes, 2 * 2 * 3 * 200000 * size);
     EXPECT_GE(lanes.bytes_moved, lanes.lane_bytes);
+    // Each worker's first push to each shard is a call that opens the
+    // shard's doorbell in its lane; the later ones are rung there.
+    EXPECT_EQ(bytes.push_calls, 2 * 2 * 3u);
+    EXPECT_EQ(bytes.doorbell_calls, 0u);
+    EXPECT_EQ(lanes.push_calls, 2 * 2 * 3u);
+    EXPECT_EQ(lanes.doorbell_calls, 2 * 2 * 2u);
   }
+}
+
+TEST(WirePath, AShardThatStopsServingDoorbellsGetsThePushThroughGrpcAppliedOnce) {
+  const LaneRun bytes = RunTwoWorkers(v1::LOCAL_TRANSPORT_GRPC, v1::DTYPE_F32, 4);
+  // Before step 2, shard 0 stops serving doorbells (as one that stopped or
+  // died would): both workers' rings there go unanswered and unbeaten, the
+  // workers give up on their lanes after kDoorbellSilence and send the
+  // pushes again through gRPC on fresh lanes, which open new doorbells.
+  const absl::Time start = absl::Now();
+  const LaneRun lanes = RunTwoWorkers(v1::LOCAL_TRANSPORT_SHARED_MEMORY, v1::DTYPE_F32, 4,
+                                      [](InProcessShards& shards, int step) {
+                                        if (step == 2) shards.service(0).StopDoorbells();
+                                      });
+  EXPECT_EQ(lanes.weights, bytes.weights) << "each push applied exactly once";
+  EXPECT_GE(absl::Now() - start, kDoorbellSilence);
+  // Per worker, shard 0: a call (step 0), rung (1), rung and failed (2),
+  // its retry a call on the fresh lane, rung (3); shard 1: a call (0), rung
+  // (1, 2), and a call at step 3 (the fresh lane's doorbell there is not
+  // open yet).
+  EXPECT_EQ(lanes.push_calls, 2 * (5 + 4u));
+  EXPECT_EQ(lanes.doorbell_calls, 2 * (3 + 2u));
 }
 
 TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {

@@ -25,7 +25,8 @@ namespace pull_response {
 constexpr uint32_t kChunks = 1;
 }
 namespace push_response {
-constexpr uint32_t kVersions = 1, kDuplicates = 2, kLate = 3, kTooStale = 4, kChunks = 5;
+constexpr uint32_t kVersions = 1, kDuplicates = 2, kLate = 3, kTooStale = 4, kChunks = 5,
+                   kDoorbell = 6;
 }
 
 size_t PayloadBytes(const WireChunk& c) {
@@ -162,6 +163,7 @@ grpc::ByteBuffer EncodePushResponse(const v1::PushResponse& header, v1::DType dt
   w.Varint(push_response::kDuplicates, header.duplicates());
   w.Varint(push_response::kLate, header.late());
   w.Varint(push_response::kTooStale, header.too_stale());
+  w.Varint(push_response::kDoorbell, header.doorbell() ? 1 : 0);
   WriteChunks(push_response::kChunks, dtype, chunks, w);
   return w.Finish();
 }
@@ -260,6 +262,7 @@ absl::Status DecodePushResponse(
         if (field == push_response::kDuplicates) header->set_duplicates(v32);
         if (field == push_response::kLate) header->set_late(v32);
         if (field == push_response::kTooStale) header->set_too_stale(v32);
+        if (field == push_response::kDoorbell) header->set_doorbell(v != 0);
       },
       on_chunk);
 }

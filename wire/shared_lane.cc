@@ -158,4 +158,10 @@ absl::StatusOr<std::shared_ptr<MappedLane>> LaneTable::Get(uint32_t rank,
   return *lane;
 }
 
+bool LaneTable::IsCurrent(uint32_t rank, const MappedLane* lane) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_rank_.find(rank);
+  return it != by_rank_.end() && it->second.get() == lane;
+}
+
 }  // namespace grps

@@ -108,9 +108,11 @@ class LaneTable {
   // The lane of worker `rank` that `ref` names, mapped on first use.
   absl::StatusOr<std::shared_ptr<MappedLane>> Get(uint32_t rank, const v1::SharedLane& ref)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `lane` is still worker `rank`'s lane (not replaced by a newer).
+  bool IsCurrent(uint32_t rank, const MappedLane* lane) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<MappedLane>> by_rank_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -15,6 +15,7 @@
 #include "job/shard_map.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
+#include "wire/lane_doorbell.h"
 #include "wire/shared_lane.h"
 
 namespace grps {
@@ -55,11 +56,20 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
 // A LaneSegment with a place of `bytes[i]` bytes at `place[i]` for each
 // part i, and whether a call holds it (`busy[i]`). A push's gradients and
 // its fused pull's weights share the place: the shard copies the gradients
-// out before it accepts the push, and writes the weights after.
+// out before it accepts the push, and writes the weights after. After the
+// places, a doorbell area for each shard (wire/lane_doorbell.h) with a slot
+// for each of its parts (`slot[i]`), and whether the shard serves it
+// (`open[shard]`, set when a reply says so).
 struct ParameterClient::Lane {
   std::shared_ptr<LaneSegment> segment;
   std::vector<uint64_t> place, bytes;
   std::unique_ptr<std::atomic<bool>[]> busy;
+  std::vector<uint64_t> doorbell_offset;  // by shard
+  std::vector<uint32_t> doorbell_slots;   // by shard
+  uint32_t slot_bytes = 0;
+  std::vector<LaneDoorbell> doorbell;     // by shard
+  std::vector<uint32_t> slot;             // by part
+  std::unique_ptr<std::atomic<bool>[]> open;  // by shard
 };
 
 namespace {
@@ -81,6 +91,11 @@ struct ParameterClient::Call {
   bool pulled = false;  // a fused push's reply carried every chunk
   // The lane whose place for the part this push holds, or null: bytes.
   std::shared_ptr<Lane> lane;
+  // Rung at the lane's doorbell (not called through gRPC), with this
+  // sequence, at this time; completed by the thread that waits for it.
+  bool rung = false;
+  uint32_t seq = 0;
+  absl::Time rung_at;
   uint64_t lane_bytes = 0;  // gradient bytes it put in the lane
   std::unique_ptr<grpc::ClientContext> context;  // fresh for every attempt
   std::shared_ptr<grpc::GenericStub> stub;       // alive while the call is
@@ -163,6 +178,9 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
     return nullptr;  // sparse (top-k) gradients travel in bytes
   auto lane = std::make_shared<Lane>();
   uint64_t at = kLaneHeaderBytes;
+  size_t most_chunks = 0;
+  const size_t shards = layout_.shards_size();
+  lane->doorbell_slots.assign(shards, 0);
   for (const Part& part : parts_) {
     uint64_t bytes = 0;
     for (uint32_t id : part.chunk_ids)
@@ -171,6 +189,18 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
     lane->bytes.push_back(bytes);
     lane->place.push_back(at);
     at += bytes;
+    most_chunks = std::max(most_chunks, part.chunk_ids.size());
+    lane->slot.push_back(lane->doorbell_slots[part.shard]++);
+  }
+  // A slot holds a PushRequest without values, or its PushResponse: the
+  // job id, the lane, and a few varints per chunk.
+  const uint64_t capacity = 1024 + config_.job_id().size() + 64 * uint64_t{most_chunks};
+  lane->slot_bytes = LaneDoorbell::SlotBytesFor(static_cast<uint32_t>(
+      std::min<uint64_t>(capacity, kMaxDoorbellSlotBytes)));
+  for (size_t shard = 0; shard < shards; ++shard) {
+    lane->doorbell_offset.push_back(at);
+    at += LaneDoorbell::AreaBytes(std::max<uint32_t>(1, lane->doorbell_slots[shard]),
+                                  lane->slot_bytes);
   }
   if (at > kMaxLaneBytes) return nullptr;
   absl::StatusOr<std::shared_ptr<LaneSegment>> segment =
@@ -179,6 +209,13 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
   lane->segment = std::move(*segment);
   lane->busy = std::make_unique<std::atomic<bool>[]>(parts_.size());
   for (size_t i = 0; i < parts_.size(); ++i) lane->busy[i].store(false);
+  lane->open = std::make_unique<std::atomic<bool>[]>(shards);
+  for (size_t shard = 0; shard < shards; ++shard) {
+    lane->open[shard].store(false);
+    lane->doorbell.emplace_back(lane->segment->base() + lane->doorbell_offset[shard],
+                                std::max<uint32_t>(1, lane->doorbell_slots[shard]),
+                                lane->slot_bytes);
+  }
   return lane;
 }
 
@@ -195,7 +232,7 @@ bool ParameterClient::LaneUsable(size_t shard) const {
 ParameterClient::~ParameterClient() {
   // The calls of tickets nobody waited for still point at this client.
   absl::MutexLock lock(&ops_mu_);
-  for (auto& [ticket, op] : ops_) op->AwaitCalls();
+  for (auto& [ticket, op] : ops_) AwaitCalls(op.get());
 }
 
 void ParameterClient::ConnectShard(const v1::ShardEndpoint& e) {
@@ -289,9 +326,17 @@ ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op)
 
 void ParameterClient::StartCall(Operation* op, size_t index) {
   Call& call = op->calls[index];
+  if (op->push && call.lane != nullptr && call.lane->open[call.part->shard].load() &&
+      call.request.Length() <= call.lane->doorbell[call.part->shard].capacity()) {
+    // The shard serves this lane's doorbell: the same request, rung there.
+    call.rung = true;
+    call.rung_at = absl::Now();
+    call.seq = call.lane->doorbell[call.part->shard].Ring(call.lane->slot[index], call.request);
+    return;
+  }
   call.context = std::make_unique<grpc::ClientContext>();
   call.context->set_deadline(absl::ToChronoTime(
-      op->push ? absl::Now() + absl::Seconds(30) : op->deadline));
+      op->push ? absl::Now() + kPushCallTimeout : op->deadline));
   // Each attempt asks for the stub again: a map update since the last
   // attempt sends this one to the shard's new endpoint.
   call.stub = StubOf(*call.part);
@@ -317,11 +362,14 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
     result = absl::Status(result.code(),
                           absl::StrCat(op->push ? "push to shard " : "pull from shard ",
                                        shard, ": ", result.message()));
+  if (op->push) push_calls_.fetch_add(1);
   if (result.ok() && op->push) {
     bytes_pushed_ += call.request.Length() + call.lane_bytes;
     lane_bytes_ += call.lane_bytes;
   }
   if (call.lane != nullptr) {
+    // The shard serves the lane's doorbell: its later pushes are rung.
+    if (result.ok() && header.doorbell()) call.lane->open[shard].store(true);
     if (MayWriteLate(result)) {
       // Never use this place again: a fresh lane for this and later calls.
       RetireLane(call.lane);
@@ -343,6 +391,50 @@ void ParameterClient::OnCallDone(Operation* op, size_t index, grpc::Status statu
   op->outcome.late += header.late();
   op->outcome.too_stale += header.too_stale();
   if (--op->outstanding == 0) op->done.notify_all();
+}
+
+void ParameterClient::AwaitCalls(Operation* op) {
+  for (size_t i = 0; i < op->calls.size(); ++i)
+    if (op->calls[i].rung) FinishRung(op, i);
+  op->AwaitCalls();
+}
+
+void ParameterClient::FinishRung(Operation* op, size_t index) {
+  Call& call = op->calls[index];
+  call.rung = false;
+  const size_t shard = call.part->shard;
+  const uint32_t slot = call.lane->slot[index];
+  const LaneDoorbell& bell = call.lane->doorbell[shard];
+  // A call's deadline, as the gRPC call's; a shard that stops beating is
+  // gone (or stopped serving the doorbell) long before it.
+  const absl::Time deadline = call.rung_at + kPushCallTimeout;
+  uint32_t beat = bell.beat();
+  absl::Time beat_at = absl::Now();
+  absl::Status status;
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (bell.AwaitAnswer(slot, call.seq, std::min(deadline - now, kDoorbellBeat))) {
+      status = bell.TakeAnswer(slot, &call.reply);
+      break;
+    }
+    const absl::Time later = absl::Now();
+    if (later >= deadline) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "no answer at the shard's doorbell in ", absl::FormatDuration(kPushCallTimeout)));
+      break;
+    }
+    if (const uint32_t b = bell.beat(); b != beat) {
+      beat = b;
+      beat_at = later;
+    } else if (later - beat_at >= kDoorbellSilence) {
+      status = absl::UnavailableError(absl::StrCat(
+          "the shard stopped serving this worker's doorbell (no beat for ",
+          absl::FormatDuration(later - beat_at), ")"));
+      break;
+    }
+  }
+  doorbell_calls_.fetch_add(1);
+  OnCallDone(op, index, ToGrpc(status));
 }
 
 absl::Status ParameterClient::ReadReply(const Part& part, const Call* call,
@@ -508,7 +600,11 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
   v1::PushRequest header = op->header;
   uint64_t at = 0;
   if (call.lane != nullptr) {
-    *header.mutable_lane() = call.lane->segment->Ref();
+    v1::SharedLane* ref = header.mutable_lane();
+    *ref = call.lane->segment->Ref();
+    ref->set_doorbell_offset(call.lane->doorbell_offset[part.shard]);
+    ref->set_doorbell_slots(call.lane->doorbell[part.shard].slots());
+    ref->set_doorbell_slot_bytes(call.lane->slot_bytes);
     at = call.lane->place[index];
     if (header.pull()) header.mutable_lane()->set_reply_offset(at);
   }
@@ -568,7 +664,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
     std::vector<size_t> again, refused;
     absl::Status first;
     {
-      op->AwaitCalls();
+      AwaitCalls(op.get());
       std::lock_guard<std::mutex> lock(op->mu);
       for (size_t i = 0; i < op->calls.size(); ++i) {
         const absl::Status& s = op->calls[i].status;

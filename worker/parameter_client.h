@@ -20,6 +20,14 @@
 // bytes. A lane call that fails where the shard may have accepted it
 // (deadline, cancellation, a lost connection) retires the lane (a late
 // write of the weights goes to the old one) and is sent again on a fresh one.
+//
+// Doorbells (wire/lane_doorbell.h): each lane push also asks its shard to
+// serve a doorbell in the lane; once a shard's reply says it does, the
+// next pushes to it are rung there instead of called (the same request
+// bytes, the same reply), and Wait's thread sleeps on the answer's futex
+// word. A shard that stops beating for kDoorbellSilence, or no answer in
+// kPushCallTimeout, fails the call UNAVAILABLE or DEADLINE_EXCEEDED: the
+// lane is retired and the push sent again through gRPC.
 #ifndef GRPS_WORKER_PARAMETER_CLIENT_H_
 #define GRPS_WORKER_PARAMETER_CLIENT_H_
 
@@ -70,6 +78,8 @@ class ParameterClient {
   // alone), and the channels each shard's requests are spread over.
   static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
   static constexpr int kChannelsPerShard = 2;
+  // The deadline of one push attempt (a gRPC call, or a doorbell's ring).
+  static constexpr absl::Duration kPushCallTimeout = absl::Seconds(30);
 
   // Names a PushAsync or PullAsync in flight.
   using Ticket = uint64_t;
@@ -164,6 +174,10 @@ class ParameterClient {
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
   // Of those, the bytes that went through shared-memory lanes (both ways).
   uint64_t lane_bytes() const { return lane_bytes_.load(); }
+  // Push calls (one per part and attempt), and of those the ones rung at
+  // doorbells instead of called through gRPC.
+  uint64_t push_calls() const { return push_calls_.load(); }
+  uint64_t doorbell_calls() const { return doorbell_calls_.load(); }
   // Whether pushes to `shard` may still use a lane (the job asks for lanes,
   // one could be made, and the shard has not refused it).
   bool LaneUsable(size_t shard) const ABSL_LOCKS_EXCLUDED(lane_mu_);
@@ -186,8 +200,13 @@ class ParameterClient {
   Ticket Register(std::unique_ptr<Operation> op) ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Sends `op`'s call `index` (again).
   void StartCall(Operation* op, size_t index);
-  // Runs on a gRPC thread when a call ends.
+  // Runs on a gRPC thread when a call ends (on the waiting thread for a
+  // rung call).
   void OnCallDone(Operation* op, size_t index, grpc::Status status);
+  // Waits for every call of `op`: first the rung ones, on this thread.
+  void AwaitCalls(Operation* op);
+  // Waits for the answer to rung call `index` and completes it.
+  void FinishRung(Operation* op, size_t index);
   // Builds push call `index` of `op` (again: a retry), through the lane
   // when it can take the part, in bytes otherwise.
   void EncodePushCall(Operation* op, size_t index) ABSL_LOCKS_EXCLUDED(lane_mu_);
@@ -246,6 +265,8 @@ class ParameterClient {
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> lane_bytes_{0};
+  std::atomic<uint64_t> push_calls_{0};
+  std::atomic<uint64_t> doorbell_calls_{0};
 };
 
 // Sleeps `d` in short slices; returns false (early) once `stop` (may be

@@ -822,9 +822,9 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
   spdlog::info("finished {} steps; waiting for the job to end", total);
   constexpr double kMiB = 1 << 20;
   spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
-               "through shared-memory lanes",
+               "through shared-memory lanes; {} of {} push calls rung at lane doorbells",
                params_.bytes_pushed() / kMiB, params_.bytes_pulled() / kMiB,
-               params_.lane_bytes() / kMiB);
+               params_.lane_bytes() / kMiB, params_.doorbell_calls(), params_.push_calls());
 
   bool evaluated = false;
   while (Interrupted() == Interrupt::kNone) {
