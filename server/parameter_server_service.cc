@@ -1,5 +1,7 @@
 #include "server/parameter_server_service.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -577,6 +579,7 @@ void NoteRefusedRing(uint32_t rank, grpc::StatusCode code, absl::string_view mes
 }  // namespace
 
 void ParameterServerService::DoorbellLoop(ShardStore* store, std::shared_ptr<Doorbell> d) {
+  pthread_setname_np(pthread_self(), "grps-doorbell");
   while (!d->stop.load()) {
     // A worker that replaced its lane (a failed call, a restart) rings the
     // new one's doorbell; this one is done.

@@ -195,9 +195,22 @@ class DenseGradientBuffer final : public GradientBuffer {
       : backend_(backend), n_(n), sum_(backend, n * sizeof(float)) {
     backend_->Fill(sum_.f32(), 0.0f, n_);
   }
-  void Add(const GradientRef& g) override { backend_->Axpy(1.0f, g.values.data(), sum_.f32(), n_); }
+  // The first gradient after a Clear is copied, not added to zeros: one
+  // pass over the chunk fewer per step.
+  void Add(const GradientRef& g) override {
+    if (empty_) {
+      backend_->CopyOnDevice(sum_.f32(), g.values.data(), n_ * sizeof(float));
+      empty_ = false;
+    } else {
+      backend_->Axpy(1.0f, g.values.data(), sum_.f32(), n_);
+    }
+  }
   void Scale(float factor) override { backend_->Scale(factor, sum_.f32(), n_); }
-  void Clear() override { backend_->Fill(sum_.f32(), 0.0f, n_); }
+  void Clear() override {
+    if (empty_) return;
+    backend_->Fill(sum_.f32(), 0.0f, n_);
+    empty_ = true;
+  }
   GradientRef Ref() const override {
     return GradientRef{absl::MakeConstSpan(sum_.f32(), n_), {}};
   }
@@ -206,6 +219,7 @@ class DenseGradientBuffer final : public GradientBuffer {
   Backend* const backend_;
   const uint64_t n_;
   DeviceBuffer sum_;
+  bool empty_ = true;  // nothing added since the last Clear
 };
 
 }  // namespace
@@ -830,8 +844,8 @@ void ShardStore::AddWaiter(std::unique_ptr<Waiter> w) {
     absl::MutexLock lock(&waiters_mu_);
     full = waiters_.size() + in_scan_ >= max_waiting_pulls_;
     if (!full) {
+      if (w->wait->deadline < timer_at_) timer_wake_.Signal();
       waiters_.push_back(std::move(w));
-      timer_wake_.Signal();
     }
   }
   if (full) {  // answered outside the lock
@@ -982,10 +996,13 @@ void ShardStore::WakeWaiters() {
     }
     {
       absl::MutexLock lock(&waiters_mu_);
-      for (std::unique_ptr<Waiter>& w : still_waiting)
+      bool sooner = false;
+      for (std::unique_ptr<Waiter>& w : still_waiting) {
+        sooner |= w->wait->deadline < timer_at_;
         waiters_.push_back(std::move(w));
+      }
       in_scan_ = 0;
-      timer_wake_.Signal();
+      if (sooner) timer_wake_.Signal();
     }
     for (std::unique_ptr<Waiter>& w : answered) w->Finish();
   }
@@ -998,7 +1015,9 @@ void ShardStore::TimerLoop() {
     for (const std::unique_ptr<Waiter>& w : waiters_)
       next = std::min(next, w->wait->deadline);
     if (next > absl::Now()) {
+      timer_at_ = next;
       timer_wake_.WaitWithDeadline(&waiters_mu_, next);
+      timer_at_ = absl::InfinitePast();  // awake: it looks at every waiter
       continue;
     }
     waiters_mu_.Unlock();
@@ -1006,7 +1025,9 @@ void ShardStore::TimerLoop() {
     waiters_mu_.Lock();
     // A waiter past its deadline may still be in another thread's scan;
     // give that thread a moment rather than spin.
+    timer_at_ = absl::Now() + absl::Milliseconds(1);
     timer_wake_.WaitWithTimeout(&waiters_mu_, absl::Milliseconds(1));
+    timer_at_ = absl::InfinitePast();
   }
 }
 

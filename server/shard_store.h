@@ -447,6 +447,10 @@ class ShardStore {
   bool scanning_ ABSL_GUARDED_BY(waiters_mu_) = false;
   bool look_again_ ABSL_GUARDED_BY(waiters_mu_) = false;
   bool stop_timer_ ABSL_GUARDED_BY(waiters_mu_) = false;
+  // When the timer thread wakes next by itself: a waiter due earlier wakes
+  // it (timer_wake_); one due later does not (each wake is a thread switch,
+  // and every sync step adds a waiter per worker).
+  absl::Time timer_at_ ABSL_GUARDED_BY(waiters_mu_) = absl::InfinitePast();
   std::thread timer_;
 
   std::atomic<bool> shutdown_{false};
