@@ -548,6 +548,8 @@ bool ParameterServerService::ServeDoorbell(ShardStore* store, const v1::PushRequ
   std::shared_ptr<Doorbell> old;
   {
     absl::MutexLock lock(&doorbells_mu_);
+    if (doorbells_stopped_) return false;
+    if (!beater_.joinable()) beater_ = std::thread(&ParameterServerService::BeatLoop, this);
     std::shared_ptr<Doorbell>& served = doorbells_[request.worker_rank()];
     if (served != nullptr && served->lane == lane &&
         served->incarnation == request.incarnation() &&
@@ -582,9 +584,11 @@ void ParameterServerService::DoorbellLoop(ShardStore* store, std::shared_ptr<Doo
   pthread_setname_np(pthread_self(), "grps-doorbell");
   while (!d->stop.load()) {
     // A worker that replaced its lane (a failed call, a restart) rings the
-    // new one's doorbell; this one is done.
-    if (!lanes_.IsCurrent(d->rank, d->lane.get())) break;
-    d->bell.Beat();
+    // new one's doorbell; this one is done (and beats no more).
+    if (!lanes_.IsCurrent(d->rank, d->lane.get())) {
+      d->stop.store(true);
+      break;
+    }
     // The rings are noted before the slots are looked at: one rung after
     // the note ends the wait below at once, so none is missed.
     const uint32_t seen = d->bell.rings();
@@ -617,15 +621,29 @@ void ParameterServerService::DoorbellLoop(ShardStore* store, std::shared_ptr<Doo
     }
     d->bell.AwaitRing(seen, kDoorbellBeat);
   }
-  // A stopped doorbell beats no more: a worker waiting at it gives up.
+}
+
+void ParameterServerService::BeatLoop() {
+  pthread_setname_np(pthread_self(), "grps-beat");
+  absl::MutexLock lock(&doorbells_mu_);
+  while (!doorbells_stopped_) {
+    for (auto& [rank, d] : doorbells_)
+      if (!d->stop.load()) d->bell.Beat();
+    beat_wake_.WaitWithTimeout(&doorbells_mu_, kDoorbellBeat);
+  }
 }
 
 void ParameterServerService::StopDoorbells() {
   absl::flat_hash_map<uint32_t, std::shared_ptr<Doorbell>> served;
+  std::thread beater;
   {
     absl::MutexLock lock(&doorbells_mu_);
+    doorbells_stopped_ = true;
     served.swap(doorbells_);
+    beater.swap(beater_);
+    beat_wake_.Signal();
   }
+  if (beater.joinable()) beater.join();
   for (auto& [rank, d] : served) {
     d->stop.store(true);
     d->cancelled->store(true);

@@ -48,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -142,6 +143,9 @@ class ParameterServerService final
                      std::shared_ptr<MappedLane> lane) ABSL_LOCKS_EXCLUDED(doorbells_mu_);
   // A doorbell's thread: takes each rung request and serves it.
   void DoorbellLoop(ShardStore* store, std::shared_ptr<Doorbell> doorbell);
+  // One thread beats every doorbell served, every kDoorbellBeat: the beat
+  // says the shard lives and serves it, however long a push takes.
+  void BeatLoop() ABSL_LOCKS_EXCLUDED(doorbells_mu_);
 
   // The lane `request` names, mapped, once its caller has proven to be a
   // worker of this job on this machine; the status to refuse the push with
@@ -156,6 +160,9 @@ class ParameterServerService final
   mutable absl::Mutex doorbells_mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Doorbell>> doorbells_
       ABSL_GUARDED_BY(doorbells_mu_);  // by worker rank
+  bool doorbells_stopped_ ABSL_GUARDED_BY(doorbells_mu_) = false;  // for good
+  absl::CondVar beat_wake_;
+  std::thread beater_ ABSL_GUARDED_BY(doorbells_mu_);
   std::atomic<uint64_t> doorbell_pushes_{0};  // requests taken from doorbells
 };
 

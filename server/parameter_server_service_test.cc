@@ -794,6 +794,16 @@ TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) 
   const uint32_t stopped = bell.beat();
   absl::SleepFor(kDoorbellBeat * 3);
   EXPECT_EQ(bell.beat(), stopped);
+  // Stopped for good: a push asking for a doorbell is served as a call.
+  const TestLane third = NewDoorbellLane();
+  ASSERT_NE(third.segment, nullptr);
+  ASSERT_TRUE(Push(GoodPush(1, 2, 3.0f)).ok());  // step 2 completes
+  v1::PushRequest plain = DoorbellPush(third, 0, 3, 1.0f);
+  plain.set_pull(false);
+  const grpc::Status pushed = Push(plain, &response);
+  ASSERT_TRUE(pushed.ok()) << pushed.error_message();
+  EXPECT_FALSE(response.doorbell());
+  EXPECT_EQ(service_->doorbells_served(), 0u);
 }
 
 TEST_F(ParameterServerServiceTest, PullWaitsThenTimesOutWithDeadlineExceeded) {

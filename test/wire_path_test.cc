@@ -143,10 +143,11 @@ TEST(WirePath, TheLanesOfWorkersOnTheShardsMachineCarryTheValuesAndChangeNoResul
 
 TEST(WirePath, AShardThatStopsServingDoorbellsGetsThePushThroughGrpcAppliedOnce) {
   const LaneRun bytes = RunTwoWorkers(v1::LOCAL_TRANSPORT_GRPC, v1::DTYPE_F32, 4);
-  // Before step 2, shard 0 stops serving doorbells (as one that stopped or
-  // died would): both workers' rings there go unanswered and unbeaten, the
-  // workers give up on their lanes after kDoorbellSilence and send the
-  // pushes again through gRPC on fresh lanes, which open new doorbells.
+  // Before step 2, shard 0 stops serving doorbells for good (as a shard
+  // that is shutting down does; one that died beats no more either): both
+  // workers' rings there go unanswered and unbeaten, the workers give up on
+  // their lanes after kDoorbellSilence and send the pushes again through
+  // gRPC on fresh lanes.
   const absl::Time start = absl::Now();
   const LaneRun lanes = RunTwoWorkers(v1::LOCAL_TRANSPORT_SHARED_MEMORY, v1::DTYPE_F32, 4,
                                       [](InProcessShards& shards, int step) {
@@ -155,11 +156,11 @@ TEST(WirePath, AShardThatStopsServingDoorbellsGetsThePushThroughGrpcAppliedOnce)
   EXPECT_EQ(lanes.weights, bytes.weights) << "each push applied exactly once";
   EXPECT_GE(absl::Now() - start, kDoorbellSilence);
   // Per worker, shard 0: a call (step 0), rung (1), rung and failed (2),
-  // its retry a call on the fresh lane, rung (3); shard 1: a call (0), rung
-  // (1, 2), and a call at step 3 (the fresh lane's doorbell there is not
-  // open yet).
+  // its retry a call on the fresh lane, a call (3: the shard opens no
+  // doorbell any more); shard 1: a call (0), rung (1, 2), and a call at
+  // step 3 (the fresh lane's doorbell there is not open yet).
   EXPECT_EQ(lanes.push_calls, 2 * (5 + 4u));
-  EXPECT_EQ(lanes.doorbell_calls, 2 * (3 + 2u));
+  EXPECT_EQ(lanes.doorbell_calls, 2 * (2 + 2u));
 }
 
 TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {
