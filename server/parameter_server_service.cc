@@ -83,6 +83,23 @@ int64_t FirstOutOfRange(absl::Span<const float> values) {
   return -1;
 }
 
+// Copies n f32 values from `src` (the worker's lane: any alignment) to
+// `dst` and returns FirstOutOfRange of the copy, in one pass over both.
+int64_t CopyFirstOutOfRange(const char* src, float* dst, size_t n) {
+  constexpr uint32_t kAbs = 0x7fffffffu;
+  uint32_t limit;
+  const float max = ParameterServerService::kMaxGradientMagnitude;
+  std::memcpy(&limit, &max, sizeof(limit));
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i * sizeof(float), sizeof(bits));
+    any |= static_cast<uint32_t>((bits & kAbs) > limit);
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+  return any == 0 ? -1 : FirstOutOfRange(absl::MakeConstSpan(dst, n));
+}
+
 // Gradients converted to f32 live here between validation and the store.
 // One per gRPC thread, grown and reused, so a steady stream of pushes
 // allocates nothing.
@@ -170,16 +187,22 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
                                     : chunk.data.left() + chunk.indices.left();
     float* dst = scratch->data() + used;
     used += n;
-    if (c.in_lane != nullptr) {
-      // The one copy out of the worker's memory; what is checked below is
-      // this copy, whatever the worker writes there meanwhile.
-      ConvertElements(c.in_lane, c.dtype, dst, DType::kF32, n);
-    } else if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
+    int64_t bad = -1;
+    if (c.in_lane != nullptr && c.dtype == DType::kF32) {
+      // The one copy out of the worker's memory, checked as it is made;
+      // what is checked is this copy, whatever the worker writes meanwhile.
+      bad = CopyFirstOutOfRange(c.in_lane, dst, n);
+    } else {
+      if (c.in_lane != nullptr) {
+        ConvertElements(c.in_lane, c.dtype, dst, DType::kF32, n);
+      } else if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
+      }
+      bad = FirstOutOfRange(absl::MakeConstSpan(dst, n));
     }
     const absl::Span<const float> values = absl::MakeConstSpan(dst, n);
-    if (int64_t bad = FirstOutOfRange(values); bad >= 0)
+    if (bad >= 0)
       return absl::InvalidArgumentError(absl::StrCat(
           "chunk ", chunk.chunk_id, ": gradient element ", bad, " is ",
           values[bad], " (NaN, infinity and magnitudes above ",

@@ -205,21 +205,21 @@ class DenseGradientBuffer final : public GradientBuffer {
       backend_->Axpy(1.0f, g.values.data(), sum_.f32(), n_);
     }
   }
-  void Scale(float factor) override { backend_->Scale(factor, sum_.f32(), n_); }
-  void Clear() override {
-    if (empty_) return;
-    backend_->Fill(sum_.f32(), 0.0f, n_);
-    empty_ = true;
+  void Scale(float factor) override {
+    if (!empty_) backend_->Scale(factor, sum_.f32(), n_);
   }
+  // The values are left as they are: the next Add overwrites them.
+  void Clear() override { empty_ = true; }
   GradientRef Ref() const override {
+    if (empty_) backend_->Fill(sum_.f32(), 0.0f, n_);  // nothing added: zeros
     return GradientRef{absl::MakeConstSpan(sum_.f32(), n_), {}};
   }
 
  private:
   Backend* const backend_;
   const uint64_t n_;
-  DeviceBuffer sum_;
-  bool empty_ = true;  // nothing added since the last Clear
+  mutable DeviceBuffer sum_;  // Ref fills it with zeros when empty
+  bool empty_ = true;         // nothing added since the last Clear
 };
 
 }  // namespace

@@ -43,7 +43,27 @@ MlpModel::MlpModel(Backend* backend, std::vector<int64_t> widths, int max_batch)
   backend_->Record(Queue::kCompute, params_released_.get());
 }
 
+void MlpModel::UseParameters(const float* host_params) {
+  if (backend_->IsCuda() || compute_dtype_ != DType::kF32) {
+    SetParameters(host_params);
+    return;
+  }
+  // The passes read the caller's array where it is: nothing to upload or
+  // round, no pass of the model is still running (FinishStep, Evaluate and
+  // ForwardBackward wait for theirs).
+  backward_batch_ = 0;
+  backend_->WaitOnHost(*params_released_);
+  used_params_ = host_params;
+  for (size_t l = 0; l < layers(); ++l) backend_->Record(Queue::kCopy, layer_uploaded_[l].get());
+  layers_awaited_ = 0;
+}
+
+const float* MlpModel::Params() const {
+  return used_params_ != nullptr ? used_params_ : params_.f32();
+}
+
 void MlpModel::SetParameters(const float* host_params) {
+  used_params_ = nullptr;
   backward_batch_ = 0;
   // Not over weights that enqueued passes still read.
   backend_->Wait(Queue::kCopy, *params_released_);
@@ -68,7 +88,7 @@ void MlpModel::Round(float* x, size_t n) {
 
 void MlpModel::GetParameters(float* host_params) {
   AwaitLayers(layers() - 1);
-  backend_->CopyToHost(host_params, params_.data(), num_params_ * sizeof(float));
+  backend_->CopyToHost(host_params, Params(), num_params_ * sizeof(float));
 }
 
 void MlpModel::GetGradients(float* host_grads) {
@@ -169,7 +189,7 @@ void MlpModel::GetInputGradient(float* host_dx) {
   const int in = static_cast<int>(widths_[0]);
   const int out = static_cast<int>(widths_[1]);
   backend_->GemmIn(compute_dtype_, false, true, backward_batch_, in, out, 1.0f,
-                   deltas_[0].f32(), out, params_.f32() + weight_offset_[0], out, 0.0f,
+                   deltas_[0].f32(), out, Params() + weight_offset_[0], out, 0.0f,
                    input_grad_.f32(), in);
   backend_->CopyToHost(host_dx, input_grad_.data(),
                        static_cast<size_t>(backward_batch_) * in * sizeof(float));
@@ -216,7 +236,7 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
 void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_scale,
                    const PassPlan& plan) {
   const int batch = slot.batch;
-  float* p = params_.f32();
+  const float* p = Params();
   float* input = slot.device_x.f32();
   backend_->Wait(Queue::kCompute, *slot.uploaded);
   slot.tag.reset();
@@ -247,7 +267,11 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
     // synchronous calls right after a step whose FinishStep has not come).
     backend_->Wait(Queue::kCompute, *grads_downloaded_);
     // Backward: dW = h^T dz, db = colsum(dz), dh = dz W^T, dz_prev = relu'(dh).
-    float* g = grads_.f32();
+    // On the CPU a one-pass step's gradients are written where the caller
+    // wants them: there is no device to download them from.
+    float* g = plan.host_grads != nullptr && plan.passes == 1 && !backend_->IsCuda()
+                   ? plan.host_grads
+                   : grads_.f32();
     for (size_t l = layers(); l-- > 0;) {
       const int in = static_cast<int>(widths_[l]);
       const int out = static_cast<int>(widths_[l + 1]);
@@ -264,7 +288,7 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
         Round(dh, static_cast<size_t>(batch) * in);
         backend_->ReluGrad(outputs_[l - 1].f32(), dh, dh, static_cast<size_t>(batch) * in);
       }
-      FinishLayerGradient(l, loss_scale, plan);
+      FinishLayerGradient(l, g, loss_scale, plan);
     }
     if (plan.pass + 1 == plan.passes && plan.host_grads != nullptr)
       backend_->Record(Queue::kCopy, grads_downloaded_.get());
@@ -273,9 +297,10 @@ void MlpModel::Run(InputSlot& slot, bool backward, LossOutput* loss, float loss_
   backend_->Record(Queue::kCompute, params_released_.get());
 }
 
-void MlpModel::FinishLayerGradient(size_t l, float loss_scale, const PassPlan& plan) {
+void MlpModel::FinishLayerGradient(size_t l, float* grads, float loss_scale,
+                                   const PassPlan& plan) {
   const size_t n = LayerSize(l);
-  float* result = grads_.f32() + weight_offset_[l];
+  float* result = grads + weight_offset_[l];
   if (loss_scale != 1.0f) backend_->Scale(1.0f / loss_scale, result, n);
   if (plan.passes > 1) {
     if (grad_sum_.data() == nullptr)
@@ -287,9 +312,12 @@ void MlpModel::FinishLayerGradient(size_t l, float loss_scale, const PassPlan& p
     result = sum;
   }
   if (plan.pass + 1 < plan.passes || plan.host_grads == nullptr) return;
-  // The download of this layer overlaps the backward pass of the ones below.
+  // The download of this layer overlaps the backward pass of the ones below
+  // (a gradient written in place needs none, but FinishStep still waits
+  // for the pass through the copy queue).
   backend_->Record(Queue::kCompute, layer_grads_ready_.get());
   backend_->Wait(Queue::kCopy, *layer_grads_ready_);
+  if (result == plan.host_grads + weight_offset_[l]) return;
   backend_->CopyToHostAsync(plan.host_grads + weight_offset_[l], result, n * sizeof(float));
 }
 

@@ -52,6 +52,12 @@ class MlpModel {
   // ForwardBackward, Evaluate or GetParameters has returned (each waits for
   // the uploads).
   void SetParameters(const float* host_params);
+  // As SetParameters, except that on the CPU in f32 the passes read
+  // `host_params` in place instead of a copy: the caller keeps it alive and
+  // unchanged until the next SetParameters or UseParameters (the trainer's
+  // weights, which change only between steps). Elsewhere it is
+  // SetParameters.
+  void UseParameters(const float* host_params);
   // Copies the model's parameters to host memory.
   void GetParameters(float* host_params);
 
@@ -135,7 +141,11 @@ class MlpModel {
            const PassPlan& plan);
   // Unscales, accumulates and (last pass) starts downloading layer l's
   // gradient.
-  void FinishLayerGradient(size_t l, float loss_scale, const PassPlan& plan);
+  // `grads`: the flat array the pass wrote its gradients into (the
+  // model's, or on the CPU the caller's host_grads).
+  void FinishLayerGradient(size_t l, float* grads, float loss_scale, const PassPlan& plan);
+  // The weights the passes read: UseParameters' array, or the model's.
+  const float* Params() const;
   // Makes the compute queue wait for the upload of layers [0, l] and round
   // them, once per SetParameters.
   void AwaitLayers(size_t l);
@@ -158,6 +168,7 @@ class MlpModel {
   std::vector<int64_t> weight_offset_;  // per layer, into the flat arrays
   std::vector<int64_t> bias_offset_;
   DeviceBuffer params_;
+  const float* used_params_ = nullptr;  // UseParameters' array, if in use
   DeviceBuffer grads_;
   std::array<InputSlot, 2> slots_;
   int next_slot_ = 0;

@@ -263,9 +263,11 @@ StepResult SynchronousStep(DType dtype, float loss_scale, const std::vector<int6
 struct StepPair {
   StepResult got, want;
 };
+// `in_place`: the weights go in through UseParameters (read where they
+// are on the CPU in f32) instead of SetParameters.
 std::vector<StepPair> PipelinedSteps(Backend* backend, DType dtype, float loss_scale,
                                      const std::vector<int64_t>& widths, int batch, int passes,
-                                     int steps) {
+                                     int steps, bool in_place = false) {
   std::vector<std::vector<Batch>> data(steps + 1);
   for (int s = 0; s <= steps; ++s)
     for (int j = 0; j < passes; ++j)
@@ -287,7 +289,8 @@ std::vector<StepPair> PipelinedSteps(Backend* backend, DType dtype, float loss_s
   for (int s = 0; s < steps; ++s) {
     const std::vector<float> params = RandomParams(model.num_parameters(), 10 + s);
     std::copy(params.begin(), params.end(), host_params.begin());
-    model.SetParameters(host_params.data());
+    if (in_place) model.UseParameters(host_params.data());
+    else model.SetParameters(host_params.data());
     if (!model.IsStaged(s * passes)) stage(s, 0);
     for (int j = 0; j < passes; ++j) {
       if (j + 1 < passes) stage(s, j + 1);
@@ -317,6 +320,23 @@ TEST_P(PipelinedStepTest, EqualsSynchronousPassesWhenQueuesRunAsLateAsAllowed) {
   LazyQueueBackend lazy(CreateCpuBackend(), lazy_queue);
   const std::vector<StepPair> steps =
       PipelinedSteps(&lazy, dtype, dtype == DType::kF16 ? 1024.0f : 1.0f, {6, 5, 4, 3}, 4, 3, 4);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    EXPECT_EQ(steps[s].got.grads, steps[s].want.grads) << "step " << s;
+    EXPECT_EQ(steps[s].got.loss, steps[s].want.loss) << "step " << s;
+  }
+}
+
+// One-pass steps on the CPU: the weights read in place (UseParameters) and
+// the gradients written straight into the caller's array, with no copy
+// either way, give the synchronous calls' gradients and losses bit for bit,
+// with the queues run as late as allowed (in f16 UseParameters copies, as
+// SetParameters does).
+TEST_P(PipelinedStepTest, OnePassStepsReadAndWriteTheHostArraysInPlaceUnchanged) {
+  const auto [lazy_queue, dtype] = GetParam();
+  LazyQueueBackend lazy(CreateCpuBackend(), lazy_queue);
+  const std::vector<StepPair> steps =
+      PipelinedSteps(&lazy, dtype, dtype == DType::kF16 ? 1024.0f : 1.0f, {6, 5, 4, 3}, 4, 1, 4,
+                     /*in_place=*/true);
   for (size_t s = 0; s < steps.size(); ++s) {
     EXPECT_EQ(steps[s].got.grads, steps[s].want.grads) << "step " << s;
     EXPECT_EQ(steps[s].got.loss, steps[s].want.loss) << "step " << s;

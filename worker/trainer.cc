@@ -454,7 +454,9 @@ absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch,
     model_->StageBatch(tag(s, j), b.x.data() + j * local * features, b.y.data() + j * local,
                        local);
   };
-  model_->SetParameters(host_params_.data());
+  // The weights change only between steps (the pulls write them after
+  // FinishStep): the model reads them in place where it can.
+  model_->UseParameters(host_params_.data());
   while (true) {
     const float scale = scaler_.scale();
     // Staged ahead by the step before, unless it was not ready then (or a
