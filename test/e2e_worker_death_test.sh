@@ -139,10 +139,12 @@ run_mode() {  # MODE [extra grps-local flags...]
 # The job must still be running when the restarted worker registers (the
 # heartbeat timeout after the kill, then its start-up), however fast the
 # others train meanwhile: once the dead worker is declared dead, nothing
-# waits for it in any mode. Hence jobs of several thousand steps.
+# waits for it in any mode. Hence jobs of several thousand steps, and in
+# async and ssp worker 0 paced at 1 ms a step (the job ends when it has
+# trained its steps, so it lasts 8 s at least however fast a step is).
 STEPS=4000 run_mode sync
-STEPS=8000 run_mode async
-STEPS=8000 run_mode ssp --staleness=2
+STEPS=8000 run_mode async --straggler_rank=0 --straggle_ms=1
+STEPS=8000 run_mode ssp --staleness=2 --straggler_rank=0 --straggle_ms=1
 
 # Sync: a worker stopped past the timeout is declared dead; resumed, it
 # rejoins (its late gradient is folded and counted) and finishes.
