@@ -139,23 +139,25 @@ run_mode() {  # MODE [extra grps-local flags...]
 # The job must still be running when the restarted worker registers (the
 # heartbeat timeout after the kill, then its start-up), however fast the
 # others train meanwhile: once the dead worker is declared dead, nothing
-# waits for it in any mode. Hence jobs of several thousand steps, and in
-# async and ssp worker 0 paced at 1 ms a step (the job ends when it has
-# trained its steps, so it lasts 8 s at least however fast a step is).
-STEPS=4000 run_mode sync
-STEPS=8000 run_mode async --straggler_rank=0 --straggle_ms=1
-STEPS=8000 run_mode ssp --staleness=2 --straggler_rank=0 --straggle_ms=1
+# waits for it in any mode. Hence jobs of thousands of steps with worker 0
+# paced at 2 ms a step: the job ends when it has trained its steps, so it
+# lasts 6 to 8 s at least however fast a step is.
+PACE=(--straggler_rank=0 --straggle_ms=2)
+STEPS=3000 run_mode sync "${PACE[@]}"
+STEPS=4000 run_mode async "${PACE[@]}"
+STEPS=4000 run_mode ssp --staleness=2 "${PACE[@]}"
 
 # Sync: a worker stopped past the timeout is declared dead; resumed, it
 # rejoins (its late gradient is folded and counted) and finishes.
-# (2400 steps, ~10 s: long enough that the stop lands mid-job even when this
-# script's polling lags on a loaded machine; a worker that had finished would
-# never be declared dead.)
+# (2400 steps, worker 0 paced at 3 ms a step, 7 s at least: long enough
+# that the stop lands mid-job even when this script's polling lags on a
+# loaded machine; a worker that had finished would never be declared dead.)
 run=$WORK/run-stop
 start local-stop "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" \
   --mode=sync --servers=2 --workers=3 --steps=2400 --batch=32 --train_limit=6000 \
   --test_limit=1000 --hidden=64 --eval_every=300 --backend=cpu \
-  --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200
+  --heartbeat_ms=$HEARTBEAT_MS --heartbeat_timeout_ms=$TIMEOUT_MS --timeout_s=200 \
+  --straggler_rank=0 --straggle_ms=3
 wait_until_step "$run" 100 90
 victim=$(child_pid "$PID_local_stop" "grps-worker .*--rank=2 ") || fail "stop: no worker child of rank 2"
 kill -STOP "$victim"
