@@ -353,6 +353,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
     reactor->Finish(ToGrpc(NotReady()));
     return reactor;
   }
+  if (!request_bytes->Valid()) {  // as in Push
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the pull's message never arrived"));
+    return reactor;
+  }
   v1::PullRequest request;
   if (!ParseRequest(*request_bytes, &request)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -391,6 +395,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   auto* reactor = new PullReactor(store);
   if (store == nullptr) {
     reactor->Finish(ToGrpc(NotReady()));
+    return reactor;
+  }
+  if (!request_bytes->Valid()) {
+    // gRPC calls the handler without a message when the transport could not
+    // read it (the memory quota reset the stream): the client sees that
+    // failure, not this answer; nothing was refused.
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the push's message never arrived"));
     return reactor;
   }
   PushSource source;

@@ -233,6 +233,13 @@ TEST_F(ParameterServerServiceTest, PushForAnotherJobIsFailedPrecondition) {
                     "job 'other-job'");
 }
 
+// An empty message is a message (every field at its default): refused as
+// such, not taken for one that never arrived.
+TEST_F(ParameterServerServiceTest, AnEmptyPushOrPullIsRefusedForItsJob) {
+  ExpectPushRefused(v1::PushRequest(), grpc::StatusCode::FAILED_PRECONDITION, "job ''");
+  ExpectPullRefused(v1::PullRequest(), grpc::StatusCode::FAILED_PRECONDITION, "job ''");
+}
+
 TEST_F(ParameterServerServiceTest, AHugeJobIdIsCutAndEscapedInTheError) {
   // A 1 MiB job id echoed whole made a status the client refuses (and took
   // down another call on the connection).
