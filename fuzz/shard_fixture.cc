@@ -12,6 +12,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "wire/wire_format.h"
 
 namespace grps {
 
@@ -158,14 +159,6 @@ grpc::ByteBuffer ManySlices(const uint8_t* data, size_t size) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  if (!buffer.Valid()) return {};
-  std::vector<grpc::Slice> slices;
-  FUZZ_CHECK(buffer.Dump(&slices).ok(), "ByteBuffer::Dump failed");
-  std::string out;
-  for (const grpc::Slice& s : slices)
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
+std::string Flatten(const grpc::ByteBuffer& buffer) { return BufferBytes(buffer); }
 
 }  // namespace grps

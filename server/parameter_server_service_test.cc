@@ -496,9 +496,11 @@ struct TestLane {
 
 class LaneTest : public ParameterServerServiceTest {
  protected:
-  TestLane NewLane() {
+  // `value_bytes`: 4096 holds the values and the reply; more leaves room
+  // after them.
+  TestLane NewLane(uint64_t value_bytes = 4096) {
     TestLane lane;
-    absl::StatusOr<std::shared_ptr<LaneSegment>> segment = LaneSegment::Create(4096);
+    absl::StatusOr<std::shared_ptr<LaneSegment>> segment = LaneSegment::Create(value_bytes);
     EXPECT_TRUE(segment.ok()) << segment.status();
     if (segment.ok()) lane.segment = *segment;
     lane.reply_at = kLaneHeaderBytes + 2048;
@@ -619,14 +621,8 @@ class DoorbellTest : public LaneTest {
  protected:
   static constexpr uint32_t kSlotBytes = 1024;
 
-  TestLane NewDoorbellLane() {
-    TestLane lane;
-    absl::StatusOr<std::shared_ptr<LaneSegment>> segment = LaneSegment::Create(8192);
-    EXPECT_TRUE(segment.ok()) << segment.status();
-    if (segment.ok()) lane.segment = *segment;
-    lane.reply_at = kLaneHeaderBytes + 2048;
-    return lane;
-  }
+  // A lane with its doorbell area after the first 4096 bytes of values.
+  TestLane NewDoorbellLane() { return NewLane(8192); }
   static uint64_t AreaOffset() { return kLaneHeaderBytes + 4096; }
   static LaneDoorbell BellOf(const TestLane& lane) {
     return LaneDoorbell(lane.segment->base() + AreaOffset(), 1, kSlotBytes);
@@ -639,6 +635,16 @@ class DoorbellTest : public LaneTest {
     request.mutable_lane()->set_doorbell_slots(1);
     request.mutable_lane()->set_doorbell_slot_bytes(kSlotBytes);
     return request;
+  }
+
+  // Step 0 of both workers, rank 0's through `lane` asking for its
+  // doorbell: the step completes and the doorbell opens.
+  void OpenDoorbell(const TestLane& lane) {
+    ASSERT_NE(lane.segment, nullptr);
+    ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+    v1::PushResponse response;
+    ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f), &response).ok());
+    EXPECT_TRUE(response.doorbell()) << "the shard says it serves the doorbell";
   }
 
   // Rings `bytes` at `lane`'s doorbell and waits for the answer.
@@ -675,11 +681,7 @@ class DoorbellTest : public LaneTest {
 
 TEST_F(DoorbellTest, ALanePushOpensTheDoorbellAndARungPushIsServedAsACallWouldBe) {
   const TestLane lane = NewDoorbellLane();
-  ASSERT_NE(lane.segment, nullptr);
-  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
-  v1::PushResponse response;
-  ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f), &response).ok());
-  EXPECT_TRUE(response.doorbell()) << "the shard says it serves the doorbell";
+  OpenDoorbell(lane);
   EXPECT_EQ(service_->doorbells_served(), 1u);
 
   // Step 1: rank 1 calls, rank 0 rings; the step completes (1 and 5
@@ -709,10 +711,8 @@ TEST_F(DoorbellTest, ALanePushOpensTheDoorbellAndARungPushIsServedAsACallWouldBe
 TEST_F(DoorbellTest, ARingFromAnotherRankIncarnationOrLaneIsRefusedAndChangesNothing) {
   const TestLane lane = NewDoorbellLane();
   const TestLane other = NewDoorbellLane();
-  ASSERT_NE(lane.segment, nullptr);
   ASSERT_NE(other.segment, nullptr);
-  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
-  ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f)).ok());
+  OpenDoorbell(lane);
   ASSERT_EQ(service_->doorbells_served(), 1u);
   const Snapshot before = Take();
   const uint64_t rejected = store_->ShardStatus().rejected_pushes();
@@ -763,10 +763,8 @@ TEST_F(DoorbellTest, ADoorbellOutsideTheLaneIsNotServedButThePushStands) {
 TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) {
   const TestLane first = NewDoorbellLane();
   const TestLane second = NewDoorbellLane();
-  ASSERT_NE(first.segment, nullptr);
   ASSERT_NE(second.segment, nullptr);
-  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
-  ASSERT_TRUE(Push(DoorbellPush(first, 0, 0, 1.0f)).ok());
+  OpenDoorbell(first);
   const LaneDoorbell old_bell = BellOf(first);
   // It beats while it serves.
   const uint32_t beat = old_bell.beat();

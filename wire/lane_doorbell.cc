@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "wire/wire_format.h"
 
 namespace grps {
 namespace {
@@ -39,16 +40,6 @@ void FutexWait(const uint32_t* word, uint32_t expected, absl::Duration timeout) 
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 void FutexWakeAll(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
-
-// Copies `buffer` to `dst` (its length checked by the caller).
-void CopyOut(const grpc::ByteBuffer& buffer, char* dst) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) return;
-  for (const grpc::Slice& s : slices) {
-    std::memcpy(dst, s.begin(), s.size());
-    dst += s.size();
-  }
-}
 
 grpc::ByteBuffer CopyIn(const char* src, size_t bytes) {
   grpc::Slice slice(src, bytes);
@@ -78,7 +69,7 @@ uint32_t LaneDoorbell::SlotBytesFor(uint32_t capacity) {
 uint32_t LaneDoorbell::Ring(uint32_t slot, const grpc::ByteBuffer& request) {
   char* s = Slot(slot);
   const uint32_t bytes = static_cast<uint32_t>(std::min<size_t>(request.Length(), capacity()));
-  CopyOut(request, s + kDoorbellHeadBytes);
+  CopyBufferBytes(request, s + kDoorbellHeadBytes);
   Store(s, kRequestBytesWord, bytes);
   const uint32_t seq = Load(s, kRequestWord) + 1;
   Store(s, kRequestWord, seq);
@@ -151,7 +142,7 @@ void LaneDoorbell::Answer(uint32_t slot, uint32_t seq, const absl::Status& statu
         "the reply of ", reply.Length(), " bytes does not fit the doorbell's ", capacity(),
         ": ask through gRPC"));
   if (answer.ok()) {
-    CopyOut(reply, data);
+    CopyBufferBytes(reply, data);
     Store(s, kReplyBytesWord, static_cast<uint32_t>(reply.Length()));
   } else {
     const size_t bytes = std::min<size_t>(answer.message().size(), capacity());

@@ -15,20 +15,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wire/shared_lane.h"
+#include "wire/wire_format.h"
 
 namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string Bytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices)
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
 
 grpc::ByteBuffer Buffer(const std::string& bytes) {
   grpc::Slice slice(bytes.data(), bytes.size());
@@ -76,14 +68,14 @@ TEST(LaneDoorbell, TheShardTakesWhatWasRungAndTheWorkerReadsTheAnswer) {
     const uint32_t seq = p.shard->request_seq(1);
     grpc::ByteBuffer request;
     ASSERT_TRUE(p.shard->TakeRequest(1, &request).ok());
-    EXPECT_EQ(Bytes(request), "push of step 7");
+    EXPECT_EQ(BufferBytes(request), "push of step 7");
     p.shard->Answer(1, seq, absl::OkStatus(), Buffer("versions 8"));
   });
   const uint32_t seq = p.worker->Ring(1, Buffer("push of step 7"));
   ASSERT_TRUE(p.worker->AwaitAnswer(1, seq, absl::Seconds(10)));
   grpc::ByteBuffer reply;
   ASSERT_TRUE(p.worker->TakeAnswer(1, &reply).ok());
-  EXPECT_EQ(Bytes(reply), "versions 8");
+  EXPECT_EQ(BufferBytes(reply), "versions 8");
   EXPECT_EQ(p.shard->answer_seq(1), seq);
   EXPECT_EQ(p.shard->answer_seq(0), 0u) << "the other slot is untouched";
   shard.join();
@@ -181,7 +173,7 @@ TEST(LaneDoorbell, RingsAndAnswersCrossProcesses) {
       served = seq;
       grpc::ByteBuffer request;
       if (!p.shard->TakeRequest(0, &request).ok()) _exit(2);
-      p.shard->Answer(0, seq, absl::OkStatus(), Buffer(Bytes(request) + " done"));
+      p.shard->Answer(0, seq, absl::OkStatus(), Buffer(BufferBytes(request) + " done"));
       ++round;
     }
     _exit(0);
@@ -192,7 +184,7 @@ TEST(LaneDoorbell, RingsAndAnswersCrossProcesses) {
     ASSERT_TRUE(p.worker->AwaitAnswer(0, seq, absl::Seconds(10))) << round;
     grpc::ByteBuffer reply;
     ASSERT_TRUE(p.worker->TakeAnswer(0, &reply).ok());
-    EXPECT_EQ(Bytes(reply), request + " done");
+    EXPECT_EQ(BufferBytes(reply), request + " done");
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

@@ -49,6 +49,21 @@ size_t LenFieldSize(uint32_t field, uint64_t body_bytes) {
   return VarintSize(KeyOf(field, WireType::kLen)) + VarintSize(body_bytes) + body_bytes;
 }
 
+void CopyBufferBytes(const grpc::ByteBuffer& buffer, char* dst) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Valid() || !buffer.Dump(&slices).ok()) return;
+  for (const grpc::Slice& s : slices) {
+    std::memcpy(dst, s.begin(), s.size());
+    dst += s.size();
+  }
+}
+
+std::string BufferBytes(const grpc::ByteBuffer& buffer) {
+  std::string out(buffer.Valid() ? buffer.Length() : 0, '\0');
+  CopyBufferBytes(buffer, out.data());
+  return out;
+}
+
 // ---- MessageWriter ----
 
 void MessageWriter::RawVarint(uint64_t value) {

@@ -41,6 +41,12 @@ size_t VarintFieldSize(uint32_t field, uint64_t value);
 // ExternalBytes, OwnedBytes; String unless empty).
 size_t LenFieldSize(uint32_t field, uint64_t body_bytes);
 
+// Copies the bytes of `buffer`, slice after slice, to `dst` (room for
+// buffer.Length() bytes); nothing for a buffer that holds no message.
+void CopyBufferBytes(const grpc::ByteBuffer& buffer, char* dst);
+// The bytes of `buffer`, joined (empty for a buffer that holds no message).
+std::string BufferBytes(const grpc::ByteBuffer& buffer);
+
 // Builds one message. Not thread-safe; one writer per message.
 class MessageWriter {
  public:

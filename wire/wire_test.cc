@@ -12,16 +12,6 @@
 namespace grps {
 namespace {
 
-// The bytes of a ByteBuffer, joined.
-std::string Bytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices)
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
-
 // `bytes` cut into slices of `piece` bytes (the last one shorter), as gRPC
 // may hand a received message over.
 grpc::ByteBuffer Sliced(const std::string& bytes, size_t piece) {
@@ -60,7 +50,7 @@ TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
 
   const grpc::ByteBuffer encoded = EncodePushRequest(header, v1::DTYPE_F32, std::move(chunks));
   v1::PushRequest parsed;
-  ASSERT_TRUE(parsed.ParseFromString(Bytes(encoded)));
+  ASSERT_TRUE(parsed.ParseFromString(BufferBytes(encoded)));
   EXPECT_EQ(parsed.job_id(), "job-7");
   EXPECT_EQ(parsed.worker_rank(), 3u);
   EXPECT_EQ(parsed.incarnation(), 1234567890123ull);
@@ -79,7 +69,7 @@ TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
   EXPECT_EQ(parsed.chunks(1).chunk_id(), 9u);
   EXPECT_EQ(std::memcmp(parsed.chunks(1).data().data(), b.data(), b.size() * 4), 0);
   // The same bytes protobuf itself would write.
-  EXPECT_EQ(Bytes(encoded), parsed.SerializeAsString());
+  EXPECT_EQ(BufferBytes(encoded), parsed.SerializeAsString());
 }
 
 TEST(ChunkCodec, ExternalPayloadIsNotCopied) {
@@ -138,7 +128,7 @@ TEST(ChunkCodec, ReadValuesConvertsHalfPrecision) {
   std::vector<WireChunk> chunks(1);
   chunks[0].chunk_id = 2;
   chunks[0].owned = half;
-  const std::string bytes = Bytes(EncodePullResponse(v1::DTYPE_F16, std::move(chunks)));
+  const std::string bytes = BufferBytes(EncodePullResponse(v1::DTYPE_F16, std::move(chunks)));
   std::vector<float> got(a.size());
   std::string scratch;
   absl::Status s = DecodePullResponse(Sliced(bytes, 3), [&](ReceivedChunk& r) {
@@ -248,7 +238,7 @@ TEST(ChunkCodec, PushResponseRoundTripsThroughProtobuf) {
   chunks[0].external = a.data();
   chunks[0].external_bytes = a.size() * sizeof(float);
   const std::string bytes =
-      Bytes(EncodePushResponse(header, v1::DTYPE_F32, std::move(chunks)));
+      BufferBytes(EncodePushResponse(header, v1::DTYPE_F32, std::move(chunks)));
   v1::PushResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(bytes));
   EXPECT_EQ(parsed.versions_size(), 2);
