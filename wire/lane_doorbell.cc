@@ -9,7 +9,6 @@
 #include <climits>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "wire/wire_format.h"
