@@ -42,7 +42,8 @@
 
 namespace grps {
 
-// The shard's serving thread beats at least this often; a worker that sees
+// The shard beats a doorbell it serves at least this often (from a thread
+// of its own, however long a push takes); a worker that sees
 // no beat for kDoorbellSilence takes the shard for gone.
 inline constexpr absl::Duration kDoorbellBeat = absl::Milliseconds(100);
 inline constexpr absl::Duration kDoorbellSilence = absl::Seconds(1);
