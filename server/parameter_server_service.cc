@@ -59,26 +59,32 @@ absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
   return &spec;
 }
 
-// Index of the first element of `values` that is NaN, infinite or larger in
-// magnitude than kMaxGradientMagnitude, or -1. Compares the bits of |v|
-// (NaN and infinity have the largest), so the loop has no branch and
-// vectorizes.
-int64_t FirstOutOfRange(absl::Span<const float> values) {
-  constexpr uint32_t kAbs = 0x7fffffffu;
-  uint32_t limit;
+// The bits of kMaxGradientMagnitude: a float is NaN, infinite or larger in
+// magnitude when the bits of its |v| are above them (NaN and infinity have
+// the largest), a test with no branch, so loops of it vectorize.
+uint32_t GradientLimitBits() {
+  uint32_t bits;
   const float max = ParameterServerService::kMaxGradientMagnitude;
-  std::memcpy(&limit, &max, sizeof(limit));
+  std::memcpy(&bits, &max, sizeof(bits));
+  return bits;
+}
+bool OutOfRangeBits(uint32_t bits, uint32_t limit) { return (bits & 0x7fffffffu) > limit; }
+
+// Index of the first element of `values` that is out of range
+// (OutOfRangeBits), or -1.
+int64_t FirstOutOfRange(absl::Span<const float> values) {
+  const uint32_t limit = GradientLimitBits();
   uint32_t any = 0;
   for (float v : values) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof(bits));
-    any |= static_cast<uint32_t>((bits & kAbs) > limit);
+    any |= static_cast<uint32_t>(OutOfRangeBits(bits, limit));
   }
   if (any == 0) return -1;
   for (size_t i = 0; i < values.size(); ++i) {
     uint32_t bits;
     std::memcpy(&bits, &values[i], sizeof(bits));
-    if ((bits & kAbs) > limit) return static_cast<int64_t>(i);
+    if (OutOfRangeBits(bits, limit)) return static_cast<int64_t>(i);
   }
   return -1;
 }
@@ -86,15 +92,12 @@ int64_t FirstOutOfRange(absl::Span<const float> values) {
 // Copies n f32 values from `src` (the worker's lane: any alignment) to
 // `dst` and returns FirstOutOfRange of the copy, in one pass over both.
 int64_t CopyFirstOutOfRange(const char* src, float* dst, size_t n) {
-  constexpr uint32_t kAbs = 0x7fffffffu;
-  uint32_t limit;
-  const float max = ParameterServerService::kMaxGradientMagnitude;
-  std::memcpy(&limit, &max, sizeof(limit));
+  const uint32_t limit = GradientLimitBits();
   uint32_t any = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, src + i * sizeof(float), sizeof(bits));
-    any |= static_cast<uint32_t>((bits & kAbs) > limit);
+    any |= static_cast<uint32_t>(OutOfRangeBits(bits, limit));
     std::memcpy(dst + i, &bits, sizeof(bits));
   }
   return any == 0 ? -1 : FirstOutOfRange(absl::MakeConstSpan(dst, n));
@@ -633,25 +636,23 @@ void ParameterServerService::DoorbellLoop(ShardStore* store, std::shared_ptr<Doo
       d->served[slot] = seq;
       d->busy[slot].store(true);
       doorbell_pushes_.fetch_add(1);
+      PushDone answer = [d, slot, seq](grpc::Status status, grpc::ByteBuffer reply) {
+        if (IsRefusal(status.error_code()))
+          NoteRefusedRing(d->rank, status.error_code(), status.error_message());
+        // Free before the answer: the worker may ring the slot again as soon
+        // as it has read it.
+        d->busy[slot].store(false);
+        d->bell.Answer(slot, seq, ToAbsl(status), reply);
+      };
       grpc::ByteBuffer request;
       if (absl::Status s = d->bell.TakeRequest(slot, &request); !s.ok()) {
         store->CountRejectedAtEdge(1);
-        NoteRefusedRing(d->rank, grpc::StatusCode::INVALID_ARGUMENT, s.message());
-        d->busy[slot].store(false);
-        d->bell.Answer(slot, seq, s, {});
+        answer(ToGrpc(s), {});
         continue;
       }
       PushSource source;
       source.doorbell = d;
-      ServePush(store, request, source, d->cancelled,
-                [d, slot, seq](grpc::Status status, grpc::ByteBuffer reply) {
-                  if (IsRefusal(status.error_code()))
-                    NoteRefusedRing(d->rank, status.error_code(), status.error_message());
-                  // Free before the answer: the worker may ring the slot
-                  // again as soon as it has read it.
-                  d->busy[slot].store(false);
-                  d->bell.Answer(slot, seq, ToAbsl(status), reply);
-                });
+      ServePush(store, request, source, d->cancelled, std::move(answer));
     }
     d->bell.AwaitRing(seen, kDoorbellBeat);
   }

@@ -65,7 +65,6 @@ struct ParameterClient::Lane {
   std::vector<uint64_t> place, bytes;
   std::unique_ptr<std::atomic<bool>[]> busy;
   std::vector<uint64_t> doorbell_offset;  // by shard
-  std::vector<uint32_t> doorbell_slots;   // by shard
   uint32_t slot_bytes = 0;
   std::vector<LaneDoorbell> doorbell;     // by shard
   std::vector<uint32_t> slot;             // by part
@@ -180,7 +179,8 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
   uint64_t at = kLaneHeaderBytes;
   size_t most_chunks = 0;
   const size_t shards = layout_.shards_size();
-  lane->doorbell_slots.assign(shards, 0);
+  // Each shard's slots: one per part to it (at least one, as an area needs).
+  std::vector<uint32_t> slots(shards, 0);
   for (const Part& part : parts_) {
     uint64_t bytes = 0;
     for (uint32_t id : part.chunk_ids)
@@ -190,7 +190,7 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
     lane->place.push_back(at);
     at += bytes;
     most_chunks = std::max(most_chunks, part.chunk_ids.size());
-    lane->slot.push_back(lane->doorbell_slots[part.shard]++);
+    lane->slot.push_back(slots[part.shard]++);
   }
   // A slot holds a PushRequest without values, or its PushResponse: the
   // job id, the lane, and a few varints per chunk.
@@ -198,9 +198,9 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
   lane->slot_bytes = LaneDoorbell::SlotBytesFor(static_cast<uint32_t>(
       std::min<uint64_t>(capacity, kMaxDoorbellSlotBytes)));
   for (size_t shard = 0; shard < shards; ++shard) {
+    slots[shard] = std::max<uint32_t>(1, slots[shard]);
     lane->doorbell_offset.push_back(at);
-    at += LaneDoorbell::AreaBytes(std::max<uint32_t>(1, lane->doorbell_slots[shard]),
-                                  lane->slot_bytes);
+    at += LaneDoorbell::AreaBytes(slots[shard], lane->slot_bytes);
   }
   if (at > kMaxLaneBytes) return nullptr;
   absl::StatusOr<std::shared_ptr<LaneSegment>> segment =
@@ -213,8 +213,7 @@ std::shared_ptr<ParameterClient::Lane> ParameterClient::MakeLane() const {
   for (size_t shard = 0; shard < shards; ++shard) {
     lane->open[shard].store(false);
     lane->doorbell.emplace_back(lane->segment->base() + lane->doorbell_offset[shard],
-                                std::max<uint32_t>(1, lane->doorbell_slots[shard]),
-                                lane->slot_bytes);
+                                slots[shard], lane->slot_bytes);
   }
   return lane;
 }
