@@ -630,6 +630,17 @@ grpc::Status CoordinatorService::CheckMember(const grpc::ServerContext& context,
                            CallerMemberSecret(context));
 }
 
+bool CoordinatorService::HoldsLiveRankLocked(const grpc::ServerContext& context,
+                                             int32_t rank) const {
+  // Without authentication there are no secrets, so nothing proves it.
+  if (rank < 0 || member_key_.empty()) return false;
+  const std::optional<uint64_t> incarnation = membership_.LiveIncarnation(rank);
+  return incarnation.has_value() &&
+         CheckMemberSecret(member_key_, config_.job_id(), MemberKind::kWorker, rank,
+                           *incarnation, CallerMemberSecret(context))
+             .ok();
+}
+
 grpc::Status CoordinatorService::RegisterServer(
     grpc::ServerContext* context, const v1::RegisterServerRequest* request,
     v1::RegisterServerResponse* response) {
@@ -740,7 +751,8 @@ grpc::Status CoordinatorService::RegisterWorker(
                                      JobStateName(state_), ")"));
   const absl::Time now = clock_();
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterWorker(
-      requested_rank, request->host(), request->backend(), now);
+      requested_rank, request->host(), request->backend(), now,
+      HoldsLiveRankLocked(*context, requested_rank));
   if (!reg.ok()) return ToGrpc(reg.status());
   NoteRegistrationLocked(now);
   spdlog::info(

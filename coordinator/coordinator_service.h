@@ -324,6 +324,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // RequireRole for acting as a member, then its member secret.
   grpc::Status CheckMember(const grpc::ServerContext& context, MemberKind kind,
                            uint32_t index, uint64_t incarnation) const;
+  // Whether the caller of a RegisterWorker for `rank` sent the member secret
+  // of that rank's live incarnation (it may then re-register the rank).
+  bool HoldsLiveRankLocked(const grpc::ServerContext& context, int32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::JobConfig config_;
   const Clock clock_;

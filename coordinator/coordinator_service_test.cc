@@ -494,6 +494,30 @@ TEST_F(CoordinatorServiceTest, SilentWorkerIsDeclaredDeadAndLeavesTheLiveSet) {
   EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
 }
 
+TEST_F(CoordinatorServiceTest, ALiveRankIsRefusedUntilItsWorkerIsDeclaredDead) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  const uint64_t epoch = Status().membership_epoch();
+  // A restart within the heartbeat timeout: the old incarnation still lives.
+  clock_.Advance(absl::Milliseconds(500));
+  v1::RegisterWorkerResponse again;
+  grpc::Status taken = RegisterWorker(1, &again);
+  EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(taken.error_message().find("once the old incarnation is declared dead"),
+            std::string::npos)
+      << taken.error_message();
+  EXPECT_EQ(Status().membership_epoch(), epoch);
+  v1::HeartbeatResponse reply;
+  EXPECT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  // Silent for longer than the timeout: declared dead, and the rank is free.
+  clock_.Advance(absl::Milliseconds(1100));
+  service_->DetectFailures();
+  EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_DEAD);
+  ASSERT_TRUE(RegisterWorker(1, &again).ok());
+  EXPECT_GT(again.incarnation(), w[1].incarnation());
+}
+
 TEST_F(CoordinatorServiceTest, ReturningWorkerGetsANewIncarnation) {
   StartJob(1, 2);
   RegisterAllServers();
@@ -1410,6 +1434,10 @@ TEST_F(CoordinatorServiceTest,
   EXPECT_EQ(again.restore().dir(), request.dir());
   ASSERT_EQ(again.restore().worker_steps_size(), 2);
   EXPECT_EQ(again.restore().worker_steps(1), request.version());
+  // Rank 1's process dies too, and is declared dead before its restart
+  // takes the rank.
+  clock_.Advance(absl::Seconds(2));
+  service_->DetectFailures();
   v1::RegisterWorkerResponse restarted_worker;
   ASSERT_TRUE(RegisterWorker(1, &restarted_worker).ok());
   EXPECT_EQ(restarted_worker.start_step(), request.version());

@@ -127,13 +127,22 @@ absl::Status Membership::ValidateWorkerRequest(int32_t requested_rank,
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> Membership::PickRank(int32_t requested) const {
+absl::StatusOr<uint32_t> Membership::PickRank(int32_t requested, bool holds_live_rank,
+                                              absl::Time now) const {
   const uint32_t n = num_workers();
   if (requested != -1) {
     const uint32_t r = static_cast<uint32_t>(requested);
-    if (workers_[r].state == v1::MEMBER_STATE_FINISHED)
+    const Worker& worker = workers_[r];
+    if (worker.state == v1::MEMBER_STATE_FINISHED)
       return absl::FailedPreconditionError(
           absl::StrCat("worker rank ", r, " has already finished"));
+    if (worker.state == v1::MEMBER_STATE_ALIVE && !holds_live_rank)
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker rank ", r, " is alive (incarnation ", worker.incarnation,
+          ", last heartbeat ", absl::FormatDuration(now - worker.last_heartbeat),
+          " ago); a restarted worker gets its rank once the old incarnation is "
+          "declared dead, after ", absl::FormatDuration(heartbeat_timeout_),
+          " without a heartbeat"));
     return r;
   }
   for (uint32_t r = 0; r < n; ++r)
@@ -176,11 +185,11 @@ absl::StatusOr<Membership::Registration> Membership::RegisterServer(
 
 absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
     int32_t requested_rank, absl::string_view host, absl::string_view backend,
-    absl::Time now) {
+    absl::Time now, bool holds_live_rank) {
   if (absl::Status s = ValidateWorkerRequest(requested_rank, host, backend);
       !s.ok())
     return s;
-  absl::StatusOr<uint32_t> rank = PickRank(requested_rank);
+  absl::StatusOr<uint32_t> rank = PickRank(requested_rank, holds_live_rank, now);
   if (!rank.ok()) return rank.status();
   Worker& worker = workers_[*rank];
   Registration reg;
@@ -198,6 +207,12 @@ absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
   // A new live worker, or a live rank with a new incarnation.
   ++membership_epoch_;
   return reg;
+}
+
+std::optional<uint64_t> Membership::LiveIncarnation(uint32_t rank) const {
+  if (rank >= num_workers() || workers_[rank].state != v1::MEMBER_STATE_ALIVE)
+    return std::nullopt;
+  return workers_[rank].incarnation;
 }
 
 absl::Status Membership::ServerHeartbeat(uint32_t shard, uint64_t incarnation,

@@ -2,12 +2,17 @@
 // by rank, with their incarnations, liveness and latest reports, and the
 // shard map whose endpoints the servers' registrations fill in.
 //
-// Slots. A registration takes the requested slot (even a live one: a
-// restarted process may come back before its old incarnation timed out), or
-// else the lowest slot never registered, or else the lowest DEAD one. A server that registers
-// again from the address its shard already has gets that shard back. A slot
-// that is re-taken gets a new incarnation, which fences off the previous
-// process: its heartbeats and WorkerDone calls get FAILED_PRECONDITION.
+// Slots. A registration takes the requested slot, or else the lowest slot
+// never registered, or else the lowest DEAD one. A live rank is not handed
+// over: a worker registration that names an ALIVE rank is refused
+// (ALREADY_EXISTS) unless the caller proved it is that rank's current
+// incarnation (its member secret), so a restarted worker takes its rank once
+// the old incarnation is declared DEAD, within a heartbeat timeout. A server
+// may take its live shard back (servers hold the admin token; a restarted
+// server rolls the job back). A server that registers again from the address
+// its shard already has gets that shard back. A slot that is re-taken gets a
+// new incarnation, which fences off the previous process: its heartbeats and
+// WorkerDone calls get FAILED_PRECONDITION.
 // Incarnations only grow, also across coordinator restarts (they start at
 // the registration's Unix time in milliseconds).
 //
@@ -112,11 +117,18 @@ class Membership {
 
   // Registers a worker for `requested_rank` (-1: any). The errors of
   // ValidateWorkerRequest; FAILED_PRECONDITION for a rank that already
-  // finished; RESOURCE_EXHAUSTED when no rank is free.
+  // finished; ALREADY_EXISTS for an ALIVE rank unless `holds_live_rank` (the
+  // caller proved it is the incarnation LiveIncarnation names);
+  // RESOURCE_EXHAUSTED when no rank is free.
   absl::StatusOr<Registration> RegisterWorker(int32_t requested_rank,
                                               absl::string_view host,
                                               absl::string_view backend,
-                                              absl::Time now);
+                                              absl::Time now,
+                                              bool holds_live_rank);
+
+  // The incarnation of `rank` while it is ALIVE; nullopt for a rank out of
+  // range, never registered, DEAD or FINISHED.
+  std::optional<uint64_t> LiveIncarnation(uint32_t rank) const;
 
   // Records a heartbeat and the server's latest status (its shard, address
   // and incarnation fields are replaced by the registered ones). NOT_FOUND
@@ -227,7 +239,8 @@ class Membership {
   // The slot a registration takes, or an error.
   absl::StatusOr<uint32_t> PickShard(int32_t requested,
                                      absl::string_view address) const;
-  absl::StatusOr<uint32_t> PickRank(int32_t requested) const;
+  absl::StatusOr<uint32_t> PickRank(int32_t requested, bool holds_live_rank,
+                                    absl::Time now) const;
   // Checks that (rank, incarnation) names the current worker of that rank.
   absl::Status CheckWorker(uint32_t rank, uint64_t incarnation) const;
   uint64_t NextIncarnation(absl::Time now);

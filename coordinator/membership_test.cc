@@ -34,7 +34,8 @@ class MembershipTest : public ::testing::Test {
     return r.ok() ? *r : Membership::Registration{};
   }
   Membership::Registration Worker(int32_t rank, absl::Time now = kT0) {
-    absl::StatusOr<Membership::Registration> r = m_.RegisterWorker(rank, "host", "cpu", now);
+    absl::StatusOr<Membership::Registration> r = m_.RegisterWorker(rank, "host", "cpu", now,
+                                                                   /*holds_live_rank=*/false);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : Membership::Registration{};
   }
@@ -126,13 +127,13 @@ TEST_F(MembershipTest, WorkerGetsRequestedRankOrLowestFree) {
   EXPECT_EQ(Worker(2).slot, 2u);
   EXPECT_EQ(Worker(-1).slot, 0u);
   EXPECT_EQ(Worker(-1).slot, 1u);
-  EXPECT_EQ(m_.RegisterWorker(-1, "h", "cpu", kT0).status().code(),
+  EXPECT_EQ(m_.RegisterWorker(-1, "h", "cpu", kT0, false).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(m_.RegisterWorker(3, "h", "cpu", kT0).status().code(),
+  EXPECT_EQ(m_.RegisterWorker(3, "h", "cpu", kT0, false).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(m_.RegisterWorker(-1, std::string(1000, 'h'), "cpu", kT0).status().code(),
+  EXPECT_EQ(m_.RegisterWorker(-1, std::string(1000, 'h'), "cpu", kT0, false).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(m_.RegisterWorker(-1, "host", "cpu\x1b[31m", kT0).status().code(),
+  EXPECT_EQ(m_.RegisterWorker(-1, "host", "cpu\x1b[31m", kT0, false).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u, 2u));
 }
@@ -144,19 +145,45 @@ TEST_F(MembershipTest, IncarnationsGrowAndStartFromTheClock) {
   EXPECT_GT(b.incarnation, a.incarnation);
 }
 
+TEST_F(MembershipTest, ALiveRankIsNotHandedOverToAnotherRegistration) {
+  Membership::Registration live = Worker(1);
+  const uint64_t epoch = m_.membership_epoch();
+  absl::StatusOr<Membership::Registration> taken =
+      m_.RegisterWorker(1, "stranger", "cpu", kT0 + absl::Seconds(1), false);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(taken.status().message().find("rank 1 is alive"), std::string::npos);
+  EXPECT_EQ(m_.membership_epoch(), epoch);
+  EXPECT_EQ(m_.LiveIncarnation(1), live.incarnation);
+  EXPECT_TRUE(Beat(1, live.incarnation, kT0 + absl::Seconds(1)).ok());
+  // Once the old incarnation is declared dead, the rank is free again.
+  m_.DetectFailures(kT0 + absl::Seconds(7));
+  EXPECT_EQ(m_.LiveIncarnation(1), std::nullopt);
+  EXPECT_TRUE(m_.RegisterWorker(1, "stranger", "cpu", kT0 + absl::Seconds(7), false).ok());
+}
+
+TEST_F(MembershipTest, TheHolderOfALiveRankMayRegisterItAgain) {
+  Membership::Registration live = Worker(1);
+  absl::StatusOr<Membership::Registration> again =
+      m_.RegisterWorker(1, "host", "cpu", kT0 + absl::Seconds(1), /*holds_live_rank=*/true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->rejoined);
+  EXPECT_GT(again->incarnation, live.incarnation);
+}
+
 TEST_F(MembershipTest, ReturningWorkerGetsNewIncarnationAndFencesTheOldOne) {
   Membership::Registration old = Worker(1);
   const uint64_t epoch = m_.membership_epoch();
-  Membership::Registration fresh = Worker(1, kT0 + absl::Seconds(1));
+  m_.DetectFailures(kT0 + absl::Seconds(6));
+  Membership::Registration fresh = Worker(1, kT0 + absl::Seconds(6));
   EXPECT_TRUE(fresh.rejoined);
   EXPECT_GT(fresh.incarnation, old.incarnation);
   EXPECT_GT(m_.membership_epoch(), epoch);
   EXPECT_THAT(m_.live_workers().incarnations, ElementsAre(fresh.incarnation));
 
-  absl::Status stale = Beat(1, old.incarnation, kT0 + absl::Seconds(2));
+  absl::Status stale = Beat(1, old.incarnation, kT0 + absl::Seconds(7));
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(stale.message().find("stale incarnation"), std::string::npos);
-  EXPECT_TRUE(Beat(1, fresh.incarnation, kT0 + absl::Seconds(2)).ok());
+  EXPECT_TRUE(Beat(1, fresh.incarnation, kT0 + absl::Seconds(7)).ok());
 }
 
 TEST_F(MembershipTest, HeartbeatFromUnknownMemberIsNotFound) {
@@ -238,7 +265,7 @@ TEST_F(MembershipTest, FinishedWorkerLeavesTheLiveSetAndKeepsItsRank) {
   // Finished is not dead: silence does not change it, nor may it be retaken.
   m_.DetectFailures(kT0 + absl::Minutes(1));
   EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
-  EXPECT_EQ(m_.RegisterWorker(0, "h", "cpu", kT0).status().code(),
+  EXPECT_EQ(m_.RegisterWorker(0, "h", "cpu", kT0, false).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
@@ -291,7 +318,8 @@ TEST_F(MembershipTest, RestartedWorkerGetsTheStepItsRankReached) {
   ASSERT_TRUE(m_.WorkerHeartbeat(1, second.incarnation, &p, kT0 + absl::Seconds(6),
                                  &revived)
                   .ok());
-  Membership::Registration third = Worker(1, kT0 + absl::Seconds(7));
+  m_.DetectFailures(kT0 + absl::Seconds(12));
+  Membership::Registration third = Worker(1, kT0 + absl::Seconds(12));
   EXPECT_EQ(third.start_step, 42u);
   EXPECT_EQ(Worker(0).start_step, 0u);
 }
@@ -418,10 +446,10 @@ TEST_F(MembershipTest, ExportedStateImportsIntoAFreshMembership) {
   Membership::Registration s0 = Server(0, "10.0.0.1:5000");
   Server(1, "10.0.0.2:5000");
   Membership::Registration w0 = Worker(0);
-  Worker(1);
+  Membership::Registration w1 = Worker(1);
   v1::WorkerProgress done;
   done.set_step(30);
-  ASSERT_TRUE(m_.FinishWorker(1, Worker(1).incarnation, done, kT0).ok());
+  ASSERT_TRUE(m_.FinishWorker(1, w1.incarnation, done, kT0).ok());
   v1::CoordinatorState state;
   m_.ExportTo(&state);
 

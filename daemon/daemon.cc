@@ -93,6 +93,7 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
+  interceptors.push_back(MakeRoleInterceptorFactory(security));
   interceptors.push_back(MakeRefusalLogInterceptorFactory());
   interceptors.push_back(MakeRpcMetricsInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -251,7 +252,8 @@ absl::Status RetryTransient(const Backoff& policy,
     const bool transient =
         absl::IsUnavailable(status) ||
         (policy.retry_deadline_exceeded && absl::IsDeadlineExceeded(status)) ||
-        (policy.retry_resource_exhausted && absl::IsResourceExhausted(status));
+        (policy.retry_resource_exhausted && absl::IsResourceExhausted(status)) ||
+        (policy.retry_already_exists && absl::IsAlreadyExists(status));
     if (!transient || absl::Now() + backoff > give_up) return status;
     SleepUnlessShutdown(backoff);
     if (ShutdownRequested()) return absl::CancelledError("signal received");

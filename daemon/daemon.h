@@ -159,6 +159,9 @@ struct Backoff {
   // it can only be the peer's gRPC memory quota refusing the call while
   // something else holds the memory (a passing shortage).
   bool retry_resource_exhausted = false;
+  // ALREADY_EXISTS too: a worker's registration for a rank whose old
+  // incarnation is still alive, until the coordinator declares it dead.
+  bool retry_already_exists = false;
 };
 
 // Calls `attempt` until it returns OK, and retries it while it fails with a

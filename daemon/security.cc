@@ -46,7 +46,11 @@ ABSL_FLAG(std::string, tls_server_name, "",
 namespace grps {
 namespace {
 
-constexpr char kRoleProperty[] = "grps-role";
+// The call's role, as RoleInterceptor writes it into the call's own metadata
+// (a caller's header of that name is dropped first).
+constexpr char kRoleHeader[] = "grps-role";
+constexpr char kAdminRole[] = "admin";
+constexpr char kWorkerRole[] = "worker";
 constexpr char kMemberSecretHeader[] = "grps-member-secret";
 constexpr char kHealthPathPrefix[] = "/grpc.health.v1.Health/";
 
@@ -78,19 +82,58 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   return text;
 }
 
-// Refuses every call without a known token, but health checks; records the
-// caller's role for RequireRole.
+// The job's two tokens and the role each earns.
+struct TokenRoles {
+  std::string admin_token;
+  std::string worker_token;
+
+  // kAdminRole, kWorkerRole, or nullptr for any other token (compared in
+  // constant time).
+  const char* RoleOf(absl::string_view token) const {
+    if (ConstantTimeEquals(token, admin_token)) return kAdminRole;
+    if (!worker_token.empty() && ConstantTimeEquals(token, worker_token))
+      return kWorkerRole;
+    return nullptr;
+  }
+
+  // The role of a call whose metadata carries exactly one "authorization:
+  // Bearer <token>" header with one of the job's tokens; UNAUTHENTICATED,
+  // saying why, otherwise. The one check the processor (which refuses) and
+  // RoleInterceptor (which tells the handlers) both apply.
+  grpc::Status RoleOfCall(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                          const char** role) const {
+    *role = nullptr;
+    const grpc::string_ref key("authorization");
+    auto header = metadata.find(key);
+    if (header == metadata.end())
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "no bearer token (authorization: Bearer <token>)");
+    if (metadata.count(key) > 1)
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "more than one authorization header");
+    absl::string_view value(header->second.data(), header->second.size());
+    if (!absl::ConsumePrefix(&value, "Bearer "))
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "the authorization header is not 'Bearer <token>'");
+    *role = RoleOf(value);
+    if (*role == nullptr)
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+    return grpc::Status::OK;
+  }
+};
+
+// Refuses every call without a known token, but health checks. Per call:
+// gRPC hands it the connection's AuthContext, which it only reads.
 class TokenProcessor : public grpc::AuthMetadataProcessor {
  public:
   TokenProcessor(std::string admin_token, std::string worker_token)
-      : admin_token_(std::move(admin_token)),
-        worker_token_(std::move(worker_token)) {}
+      : tokens_{std::move(admin_token), std::move(worker_token)} {}
 
   bool IsBlocking() const override { return false; }
 
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
                        OutputMetadata* consumed, OutputMetadata* response) override {
-    grpc::Status status = Check(metadata, context, consumed);
+    grpc::Status status = Check(tokens_, metadata);
     if (!status.ok()) {
       auto path = metadata.find(":path");
       RefusalLog::Process().Note(
@@ -114,37 +157,65 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
     return "a caller (address unknown to the token check)";
   }
 
-  grpc::Status Check(const InputMetadata& metadata, grpc::AuthContext* context,
-                     OutputMetadata* consumed) {
+  static grpc::Status Check(const TokenRoles& tokens, const InputMetadata& metadata) {
     auto path = metadata.find(":path");
     if (path != metadata.end() &&
         absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
                          kHealthPathPrefix))
       return grpc::Status::OK;
-    auto header = metadata.find("authorization");
-    if (header == metadata.end())
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "no bearer token (authorization: Bearer <token>)");
-    absl::string_view value(header->second.data(), header->second.size());
-    if (!absl::ConsumePrefix(&value, "Bearer "))
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "the authorization header is not 'Bearer <token>'");
+    // Nothing is written to the AuthContext: it is the connection's, shared
+    // by every call on it (RoleInterceptor gives each call its role), and
+    // the header stays in the call's metadata for RoleInterceptor to read.
     const char* role = nullptr;
-    if (ConstantTimeEquals(value, admin_token_)) {
-      role = "admin";
-    } else if (!worker_token_.empty() && ConstantTimeEquals(value, worker_token_)) {
-      role = "worker";
-    } else {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
-    }
-    context->AddProperty(kRoleProperty, role);
-    consumed->insert({"authorization", std::string(header->second.data(),
-                                                   header->second.size())});
-    return grpc::Status::OK;
+    return tokens.RoleOfCall(metadata, &role);
   }
 
-  const std::string admin_token_;
-  const std::string worker_token_;
+  const TokenRoles tokens_;
+};
+
+// Gives each call its own role: drops any grps-role header the caller sent
+// and adds the one its bearer token earns (every caller is an admin when
+// authentication is off). TokenProcessor has refused every call with a
+// wrong token before this runs. The header lives in the call's metadata
+// map, which gRPC frees with the call, and the values are string literals:
+// nothing is shared between calls and nothing grows.
+class RoleInterceptor : public grpc::experimental::Interceptor {
+ public:
+  RoleInterceptor(const TokenRoles* tokens, bool auth_enabled)
+      : tokens_(tokens), auth_enabled_(auth_enabled) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      std::multimap<grpc::string_ref, grpc::string_ref>* metadata =
+          methods->GetRecvInitialMetadata();
+      metadata->erase(grpc::string_ref(kRoleHeader));
+      const char* role = kAdminRole;
+      if (auth_enabled_) tokens_->RoleOfCall(*metadata, &role).IgnoreError();
+      if (role != nullptr) metadata->emplace(kRoleHeader, role);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const TokenRoles* const tokens_;  // owned by the factory, which outlives calls
+  const bool auth_enabled_;
+};
+
+class RoleInterceptorFactory
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RoleInterceptorFactory(const SecurityConfig& config)
+      : tokens_{config.admin_token, config.worker_token},
+        auth_enabled_(config.auth_enabled()) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo*) override {
+    return new RoleInterceptor(&tokens_, auth_enabled_);
+  }
+
+ private:
+  const TokenRoles tokens_;
+  const bool auth_enabled_;
 };
 
 // Adds the bearer token and, when set, the process's member secret to every
@@ -305,15 +376,22 @@ void AddChannelSecurityArguments(const SecurityConfig& config,
     args->SetSslTargetNameOverride(config.tls_server_name);
 }
 
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeRoleInterceptorFactory(const SecurityConfig& config) {
+  return std::make_unique<RoleInterceptorFactory>(config);
+}
+
 grpc::Status RequireRole(const grpc::ServerContextBase& context, Role needed) {
-  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr) return grpc::Status::OK;
-  std::vector<grpc::string_ref> roles = auth->FindPropertyValues(kRoleProperty);
-  // No role: authentication is off (with it on, the processor refuses a call
-  // before a handler can see it, or gives it a role).
-  if (roles.empty()) return grpc::Status::OK;
-  const absl::string_view role(roles.front().data(), roles.front().size());
-  if (role == "admin" || needed == Role::kWorker) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(grpc::string_ref(kRoleHeader));
+  // No role: a server built without MakeRoleInterceptorFactory. Refuse
+  // rather than trust.
+  if (it == metadata.end())
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "this server gives calls no role");
+  const absl::string_view role(it->second.data(), it->second.size());
+  if (role == kAdminRole || (needed == Role::kWorker && role == kWorkerRole))
+    return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                       "this call needs the admin token; the worker token may not make it");
 }

@@ -7,7 +7,8 @@
 // worker token (`--worker_token`, GRPS_WORKER_TOKEN), held by workers. A call
 // that carries neither is refused with UNAUTHENTICATED before any handler
 // runs; handlers then check the role with RequireRole (a worker's token cannot
-// stop the job or register a server).
+// stop the job or register a server). The role is decided for each call from
+// that call's token; nothing about it is kept on the connection.
 //
 // Member secrets. Registration returns a secret bound to (job, member kind,
 // rank or shard, incarnation), never shown in any status; a push, heartbeat or
@@ -34,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace grps {
 
@@ -103,8 +105,17 @@ MakeChannelInterceptors(const SecurityConfig& config, bool member_secret_source)
 void AddChannelSecurityArguments(const SecurityConfig& config,
                                  grpc::ChannelArguments* args);
 
+// The server interceptor that gives each call its role, from that call's own
+// bearer token (never from its connection: two calls on one connection with
+// different tokens get different roles). Every server serving with `config`
+// installs it (StartGrpcServer does).
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeRoleInterceptorFactory(const SecurityConfig& config);
+
 // OK when the caller of `context` holds `needed` (or any role above it);
 // PERMISSION_DENIED otherwise. Always OK when authentication is off.
+// Reads the role MakeRoleInterceptorFactory's interceptor gave the call; a
+// call with none (a server without it) is refused.
 grpc::Status RequireRole(const grpc::ServerContextBase& context, Role needed);
 
 // The member secret the caller sent, or "" when none.

@@ -1,8 +1,10 @@
 // Authentication, roles, member secrets and TLS, over real gRPC on
 // 127.0.0.1: a coordinator and a shard served with a job's tokens, called by
 // clients holding the admin token, the worker token, a wrong one or none.
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -246,6 +248,107 @@ TEST_F(SecurityTest, OnlyTheHolderOfARanksMemberSecretMayHeartbeatOrFinishAsIt) 
   const std::string shown = service_->Status().DebugString();
   for (const std::string& secret : worker_secrets_)
     EXPECT_EQ(shown.find(secret), std::string::npos);
+}
+
+// A call on a channel that sends no token of its own, carrying `token`.
+std::unique_ptr<grpc::ClientContext> WithToken(const std::string& token) {
+  std::unique_ptr<grpc::ClientContext> context = Context();
+  context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  return context;
+}
+
+TEST_F(SecurityTest, EachCallOnAConnectionGetsTheRoleOfItsOwnToken) {
+  // One channel, one connection: the admin token first, then the worker's.
+  auto stub = Stub("");
+  v1::JobStatus status;
+  ASSERT_TRUE(stub->GetJobStatus(WithToken(kAdmin).get(), {}, &status).ok());
+  v1::StopJobResponse stop_reply;
+  EXPECT_EQ(stub->StopJob(WithToken(kWorker).get(), {}, &stop_reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // A role header of the caller's own is not believed.
+  auto claims_admin = WithToken(kWorker);
+  claims_admin->AddMetadata("grps-role", "admin");
+  EXPECT_EQ(stub->StopJob(claims_admin.get(), {}, &stop_reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Two tokens on one call: refused, whichever comes first.
+  auto both = WithToken(kWorker);
+  both->AddMetadata("authorization", absl::StrCat("Bearer ", kAdmin));
+  EXPECT_EQ(stub->StopJob(both.get(), {}, &stop_reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(service_->state(), v1::JOB_STATE_WAITING);
+
+  // Another connection: the worker token first, then the admin's.
+  auto other = Stub("");
+  ASSERT_TRUE(other->GetJobStatus(WithToken(kWorker).get(), {}, &status).ok());
+  v1::CheckpointJobResponse checkpoint_reply;
+  const grpc::Status checkpoint =
+      other->CheckpointJob(WithToken(kAdmin).get(), {}, &checkpoint_reply);
+  EXPECT_NE(checkpoint.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << checkpoint.error_message();
+  EXPECT_TRUE(other->StopJob(WithToken(kAdmin).get(), {}, &stop_reply).ok());
+  EXPECT_EQ(service_->state(), v1::JOB_STATE_STOPPED);
+}
+
+TEST_F(SecurityTest, ConcurrentAuthenticatedCallsOnOneConnectionEachKeepTheirRole) {
+  FormJob();
+  // Threads share one channel; half of them hold the admin token, half the
+  // worker token, all on the same connection at once.
+  auto stub = Stub("");
+  constexpr int kThreads = 8;
+  constexpr int kCalls = 300;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      const bool admin = t % 2 == 0;
+      for (int i = 0; i < kCalls; ++i) {
+        v1::HeartbeatRequest beat;
+        beat.set_job_id("secure-job");
+        beat.set_worker_rank(0);
+        beat.set_incarnation(incarnations_[0]);
+        auto context = WithToken(admin ? kAdmin : kWorker);
+        context->AddMetadata("grps-member-secret", worker_secrets_[0]);
+        v1::HeartbeatResponse reply;
+        if (!stub->Heartbeat(context.get(), beat, &reply).ok()) ++wrong;
+        v1::StopJobResponse stop_reply;
+        v1::StopJobRequest stop;
+        // The admin's StopJob is never made: the job must stay up.
+        if (!admin && stub->StopJob(WithToken(kWorker).get(), stop, &stop_reply).error_code() !=
+                          grpc::StatusCode::PERMISSION_DENIED)
+          ++wrong;
+      }
+    });
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(service_->state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SecurityTest, ALiveRankIsNotHandedOverUnlessTheCallerHoldsItsSecret) {
+  FormJob();
+  v1::RegisterWorkerRequest take;
+  take.set_requested_rank(0);
+  take.set_host("stranger");
+  take.set_backend("cpu");
+  v1::RegisterWorkerResponse reply;
+  // Without rank 0's secret, or with another rank's: refused, rank 0 keeps
+  // its incarnation and goes on.
+  for (const std::string& secret : {std::string(), worker_secrets_[1]}) {
+    auto context = Context();
+    if (!secret.empty()) context->AddMetadata("grps-member-secret", secret);
+    const grpc::Status taken = Stub(kWorker)->RegisterWorker(context.get(), take, &reply);
+    EXPECT_EQ(taken.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_NE(taken.error_message().find("rank 0 is alive"), std::string::npos)
+        << taken.error_message();
+  }
+  EXPECT_EQ(service_->Status().workers(0).incarnation(), incarnations_[0]);
+  EXPECT_TRUE(WorkerHeartbeat(0, worker_secrets_[0]).ok());
+  // With its secret, the member itself may register again (a new incarnation).
+  auto holder = Context();
+  holder->AddMetadata("grps-member-secret", worker_secrets_[0]);
+  const grpc::Status again = Stub(kWorker)->RegisterWorker(holder.get(), take, &reply);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(reply.rank(), 0u);
+  EXPECT_GT(reply.incarnation(), incarnations_[0]);
 }
 
 TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing) {

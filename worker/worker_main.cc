@@ -61,12 +61,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
   policy.max = absl::Seconds(1);
   policy.give_up_after = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
   policy.retry_deadline_exceeded = true;  // the job may still be forming
+  // Our rank's previous incarnation (a process we replace, or a reply that
+  // was lost) holds it until the coordinator declares it dead.
+  policy.retry_already_exists = true;
   const absl::Time give_up = absl::Now() + policy.give_up_after;
   v1::RegisterWorkerResponse resp;
+  bool said_taken = false;
   absl::Status st = RetryTransient(policy, [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
-    return ToAbsl(stub->RegisterWorker(&ctx, req, &resp));
+    absl::Status s = ToAbsl(stub->RegisterWorker(&ctx, req, &resp));
+    if (absl::IsAlreadyExists(s) && !said_taken) {
+      said_taken = true;
+      spdlog::info("waiting for our rank: {}", std::string(s.message()));
+    }
+    return s;
   });
   if (st.ok()) return resp;
   return absl::Status(st.code(), absl::StrCat("cannot register with the coordinator at ",
