@@ -22,6 +22,7 @@
 // (starting one per input would be all the fuzzer did), but the calls change
 // nothing it keeps: every input sees the same job.
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -136,6 +137,18 @@ Served& Server() {
     s->server = std::move(*server);
     s->stub = v1::Coordinator::NewStub(MakeChannel(
         absl::StrCat("127.0.0.1:", s->server.port), SecurityConfig(), false));
+    // Stopped and freed at exit, before LeakSanitizer's check of the run
+    // (registered earlier, so run later): a server still running would
+    // hold its threads' memory.
+    std::atexit([] {
+      Served& s = Server();
+      s.stub.reset();
+      s.service->Shutdown();
+      s.server.server->Shutdown();
+      s.server.server->Wait();
+      s.server = GrpcServer();
+      s.service.reset();
+    });
     return s;
   }();
   return *served;
@@ -182,7 +195,7 @@ void Check(const Call& call, const grpc::Status& status) {
 // long-lived gRPC server's threads and per-connection state come and go
 // across inputs, which that check would report as leaks of each input.
 // Every other sanitizer check stays on, and LeakSanitizer still checks the
-// whole run at exit.
+// whole run at exit, once the server is stopped and freed.
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   static std::vector<char*> args;
   static char no_leak_check[] = "-detect_leaks=0";
