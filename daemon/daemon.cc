@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -32,9 +33,37 @@
 
 namespace grps {
 
+namespace {
+
+// Whether --help lists the flag defined in `filename`: every flag of grps
+// (a binary's flags live in its libraries as well as in its main file, so
+// Abseil's default, the flags of the file named after the binary, found
+// none), none of Abseil's own (--flagfile, --helpfull, ...).
+bool IsGrpsFlagFile(absl::string_view filename) {
+  return !absl::StrContains(filename, "absl/");
+}
+
+// "server/server_main.cc", not the build machine's path to it. (Abseil
+// filters the flags on this name: Abseil's own keep their path.)
+std::string FolderAndFile(absl::string_view filename) {
+  if (!IsGrpsFlagFile(filename)) return std::string(filename);
+  const size_t last = filename.rfind('/');
+  if (last == absl::string_view::npos || last == 0) return std::string(filename);
+  const size_t folder = filename.rfind('/', last - 1);
+  return std::string(folder == absl::string_view::npos ? filename
+                                                       : filename.substr(folder + 1));
+}
+
+}  // namespace
+
 std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
                                              absl::string_view usage) {
   absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = &IsGrpsFlagFile;
+  usage_config.contains_helpshort_flags = &IsGrpsFlagFile;
+  usage_config.normalize_filename = &FolderAndFile;
+  absl::SetFlagsUsageConfig(usage_config);
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     std::string env = absl::StrCat("GRPS_", absl::AsciiStrToUpper(name));
     const char* value = std::getenv(env.c_str());
