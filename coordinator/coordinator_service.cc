@@ -743,7 +743,9 @@ grpc::Status CoordinatorService::RegisterWorker(
           absl::StrCat("waiting for ",
                        Members("shard", membership_.UnregisteredShards()),
                        " to register"));
+    ++waiting_registrations_;
     changed_.WaitWithDeadline(&mu_, std::min(deadline, real_now + kPollInterval));
+    --waiting_registrations_;
   }
   if (EndedLocked())
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -1196,6 +1198,11 @@ void CoordinatorService::Stop(absl::string_view reason) {
 v1::JobState CoordinatorService::state() const {
   absl::MutexLock lock(&mu_);
   return state_;
+}
+
+int CoordinatorService::waiting_registrations() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_registrations_;
 }
 
 v1::JobStatus CoordinatorService::Status() const {

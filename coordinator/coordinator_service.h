@@ -190,6 +190,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   v1::JobState state() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::JobStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  // RegisterWorker calls waiting right now for the shards to register (so
+  // a test can act once a call is blocked, not after a guessed sleep).
+  int waiting_registrations() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waits up to `timeout` (real time) for the job to end; true if it has.
   bool WaitForEnd(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -368,6 +371,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::set<uint32_t> shards_told_end_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> ranks_told_end_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);

@@ -308,10 +308,18 @@ TEST_F(CoordinatorServiceTest, ShutdownReleasesAWaitingRegistration) {
     v1::RegisterWorkerResponse response;
     status = RegisterWorker(-1, &response, absl::Seconds(30));
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Shut down only once the registration waits (one that came after the
+  // shutdown would be refused on arrival, and the test would not test the
+  // release).
+  const absl::Time patience = absl::Now() + absl::Seconds(10);
+  while (service_->waiting_registrations() == 0 && absl::Now() < patience)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(service_->waiting_registrations(), 1);
+  const absl::Time start = absl::Now();
   service_->Shutdown();
   worker.join();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 TEST_F(CoordinatorServiceTest, RequestsForAnotherJobAreRejected) {

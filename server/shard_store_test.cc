@@ -421,7 +421,12 @@ TEST(ShardStorePull, ShutdownWakesWaitingPullsWithUnavailable) {
   std::thread puller([&] {
     pulled = store->Pull({}, 1, absl::Now() + absl::Seconds(30), DType::kF32);
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  // Shut down only once the pull waits (a pull that came after the shutdown
+  // would be refused on arrival, and the test would not test the wake-up).
+  const absl::Time patience = absl::Now() + absl::Seconds(10);
+  while (store->ShardStatus().waiting_pulls() == 0 && absl::Now() < patience)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(store->ShardStatus().waiting_pulls(), 1u);
   const absl::Time start = absl::Now();
   store->Shutdown();
   puller.join();
