@@ -3,19 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "job/split_mix.h"
 
 namespace grps {
-namespace {
-
-// SplitMix64: a counter-based generator, so element i needs no predecessor.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 absl::Status InitializeRange(const ::grps::v1::TensorSpec& tensor,
                              uint64_t seed, uint32_t tensor_index,
@@ -30,9 +20,9 @@ absl::Status InitializeRange(const ::grps::v1::TensorSpec& tensor,
   const double fan_in = tensor.shape_size() > 0 ? tensor.shape(0) : 1;
   const double fan_out = tensor.shape_size() > 1 ? tensor.shape(1) : fan_in;
   const double limit = std::sqrt(6.0 / (fan_in + fan_out));
-  const uint64_t stream = Mix(seed ^ Mix(tensor_index + 1));
+  const uint64_t stream = SplitMix64(seed ^ SplitMix64(tensor_index + 1));
   for (uint64_t i = 0; i < count; ++i) {
-    uint64_t bits = Mix(stream + offset + i);
+    uint64_t bits = SplitMix64(stream + offset + i);
     double u = (bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
     out[i] = static_cast<float>((2.0 * u - 1.0) * limit);
   }

@@ -4,17 +4,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "job/split_mix.h"
 
 namespace grps {
 namespace {
-
-// SplitMix64's finalizer (as job/initializer.cc).
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // FNV-1a of the table's name: a stream per table.
 uint64_t NameHash(std::string_view name) {
@@ -35,7 +28,7 @@ bool ValidName(std::string_view name) {
 }  // namespace
 
 uint32_t SparseShardOf(int64_t id, uint32_t num_servers) {
-  return static_cast<uint32_t>(Mix(static_cast<uint64_t>(id)) % num_servers);
+  return static_cast<uint32_t>(SplitMix64(static_cast<uint64_t>(id)) % num_servers);
 }
 
 float SparseInitScale(const v1::SparseTableSpec& spec) {
@@ -46,9 +39,9 @@ float SparseInitScale(const v1::SparseTableSpec& spec) {
 void InitializeSparseRow(const v1::SparseTableSpec& spec, uint64_t seed,
                          int64_t id, float* out) {
   const double scale = SparseInitScale(spec);
-  const uint64_t stream = Mix(seed ^ Mix(NameHash(spec.name()) ^ Mix(static_cast<uint64_t>(id))));
+  const uint64_t stream = SplitMix64(seed ^ SplitMix64(NameHash(spec.name()) ^ SplitMix64(static_cast<uint64_t>(id))));
   for (uint32_t i = 0; i < spec.dim(); ++i) {
-    const uint64_t bits = Mix(stream + i);
+    const uint64_t bits = SplitMix64(stream + i);
     const double u = (bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
     out[i] = static_cast<float>((2.0 * u - 1.0) * scale);
   }

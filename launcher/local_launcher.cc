@@ -26,6 +26,7 @@
 #include "client/job_client.h"
 #include "client/status_format.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "job/job_config.h"
 
 namespace grps {
@@ -80,26 +81,6 @@ std::string JsonArray(const std::vector<uint64_t>& values) {
   return absl::StrCat("[", absl::StrJoin(values, ","), "]");
 }
 
-// Writes `contents` to a temporary file beside `path`, then renames it over
-// `path`.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << contents;
-    f.flush();
-    if (!f)
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ",
-                                                 std::strerror(errno)));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
-  }
-  return absl::OkStatus();
-}
 
 int TerminalWidth(std::FILE* out) {
   winsize ws = {};
@@ -760,7 +741,7 @@ void LocalLauncher::PlotCurves() {
   const std::string svg_path = InDir(options_.run_dir, "curves.svg");
   const double started_unix = absl::ToDoubleSeconds(start_ - absl::UnixEpoch());
   if (absl::Status s = WriteFileAtomically(
-          script_path, CurvesGnuplotScript(curves, started_unix, svg_path));
+          Env::Default(), script_path, CurvesGnuplotScript(curves, started_unix, svg_path));
       !s.ok()) {
     Say(absl::StrCat("grps-local: no plot: ", s.message()));
     return;
@@ -835,7 +816,8 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
     Say(absl::StrCat("grps-local: job ", exit, "; logs in ", options_.run_dir));
   }
   if (!options_.result_json.empty()) {
-    if (absl::Status s = WriteFileAtomically(options_.result_json, ResultJson(result));
+    if (absl::Status s =
+            WriteFileAtomically(Env::Default(), options_.result_json, ResultJson(result));
         !s.ok()) {
       Say(absl::StrCat("grps-local: ", s.message()));
       return kLaunchFailed;

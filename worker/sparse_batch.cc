@@ -5,19 +5,13 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "job/split_mix.h"
 
 namespace grps {
 
 uint64_t HashFeatureId(int64_t feature, uint64_t table_rows) {
   if (table_rows == 0) return static_cast<uint64_t>(feature);
-  // splitmix64 (Steele, Lea, Flood 2014): one step of its state, then its
-  // finalizer. Bijective on 64 bits, and every input bit flips about half of
-  // the output bits.
-  uint64_t z = static_cast<uint64_t>(feature) + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return z % table_rows;
+  return SplitMix64(static_cast<uint64_t>(feature)) % table_rows;
 }
 
 absl::StatusOr<SparseBatch> SparseBatch::Create(const SparseExamples& examples,

@@ -1,0 +1,23 @@
+// SplitMix64 (Steele, Lea, Flood 2014): one step of its state from `x`, then
+// its finalizer. Bijective on 64 bits, and every input bit flips about half
+// of the output bits. grps keys on it what must never change once a job has
+// stored values: initial values by element index (job/initializer.cc), a
+// sparse row's shard and initial values (job/sparse_tables.cc) and a hashed
+// feature's row (worker/sparse_batch.cc).
+#ifndef GRPS_JOB_SPLIT_MIX_H_
+#define GRPS_JOB_SPLIT_MIX_H_
+
+#include <cstdint>
+
+namespace grps {
+
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace grps
+
+#endif  // GRPS_JOB_SPLIT_MIX_H_
