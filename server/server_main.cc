@@ -39,6 +39,7 @@
 #include "daemon/metrics.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_metrics.h"
@@ -103,8 +104,7 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Sleeps up to `d`, returning early on SIGINT/SIGTERM.
-// RegisterServer, retried with exponential backoff while the coordinator is
+// RegisterServer, retried by the member agent while the coordinator is
 // unreachable, for up to kRegisterPatience. CANCELLED if a signal arrived.
 // `restore_failed`: the order of the previous registration could not be
 // followed (the coordinator then answers with the checkpoint before).
@@ -115,27 +115,11 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
   request.set_address(address);
   request.set_requested_shard(shard);
   if (restore_failed != nullptr) *request.mutable_restore_failed() = *restore_failed;
-  Backoff policy;
-  policy.max = absl::Seconds(5);
-  policy.give_up_after = kRegisterPatience;
-  policy.retry_deadline_exceeded = true;
-  v1::RegisterServerResponse response;
-  int attempts = 0;
-  absl::Status status = RetryTransient(policy, [&] {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    absl::Status s = ToAbsl(coordinator.RegisterServer(&context, request, &response));
-    if (!s.ok() && (++attempts == 1 || attempts % 10 == 0))
-      spdlog::warn("coordinator not reachable yet ({}); retrying",
-                   std::string(s.message()));
-    return s;
-  });
-  if (status.ok()) return response;
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
-    return absl::UnavailableError(absl::StrCat(
-        "coordinator unreachable for ", absl::FormatDuration(kRegisterPatience),
-        ": ", status.message()));
-  return status;
+  RegisterOptions options;
+  options.patience = kRegisterPatience;
+  options.attempt_timeout = absl::Seconds(5);
+  options.max_backoff = absl::Seconds(5);
+  return RegisterServer(&coordinator, request, options);
 }
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -353,6 +337,124 @@ class Checkpointer {
   std::thread thread_;  // last: started once the members above exist
 };
 
+// How the shard's part in the job ended.
+struct Ending {
+  int exit_code = 0;
+  std::string reason = "signal received";
+};
+
+// A roll-back order from a heartbeat reply: restores the shard, or records
+// in *restore_failed why it could not (reported in every heartbeat until the
+// coordinator orders another). Returns an Ending when the shard cannot go
+// on (not even the initial values load).
+std::optional<Ending> FollowRestoreOrder(const v1::RestoreOrder& order, ShardStore& store,
+                                         std::optional<v1::ShardCheckpoint>* restore_failed) {
+  absl::StatusOr<ShardState> states =
+      LoadRestore(order, store.config(), store.shard_map(), store.shard());
+  absl::Status restored =
+      states.ok() ? store.Restore(order.generation(), order.checkpoint_id(), states->chunks,
+                                  order.worker_steps(), states->tables)
+                  : states.status();
+  if (!restored.ok() && order.checkpoint_id() == 0)
+    return Ending{1, absl::StrCat("cannot roll back to the initial values: ", restored.message())};
+  if (!restored.ok()) {
+    // The shard keeps its state and generation (so it serves nothing of the
+    // new one); the coordinator refuses this checkpoint and orders the one
+    // before it.
+    if (!restore_failed->has_value() || (*restore_failed)->id() != order.checkpoint_id())
+      spdlog::error("shard {} cannot roll back to checkpoint {}: {}; reported", store.shard(),
+                    order.checkpoint_id(), std::string(restored.message()));
+    *restore_failed = RestoreFailure(order, store.shard(), restored);
+    return std::nullopt;
+  }
+  restore_failed->reset();
+  spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})", store.shard(),
+               order.checkpoint_id(), order.step(), order.generation());
+  return std::nullopt;
+}
+
+// Heartbeats as the shard's member until the job ends, another server takes
+// the shard, the coordinator has been silent past its timeout, or a signal
+// arrives; follows what the replies carry (a roll-back, a checkpoint, the
+// live workers, the shard map's epoch).
+Ending HeartbeatUntilTheEnd(MemberAgent& agent, ShardStore& store,
+                            ParameterServerService& service, Checkpointer& checkpointer,
+                            const std::string& coordinator_address) {
+  const v1::JobConfig& config = store.config();
+  const absl::Duration coordinator_timeout = absl::Milliseconds(
+      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
+  uint64_t map_epoch = store.shard_map().epoch();
+  Ending ending;
+  int failures = 0;
+  std::optional<v1::ShardCheckpoint> restore_failed;
+  auto status_report = [&](v1::HeartbeatRequest* request) {
+    *request->mutable_shard() = service.ShardStatus(store);
+    if (restore_failed.has_value())
+      *request->mutable_shard()->mutable_restore_failed() = *restore_failed;
+    request->set_shard_map_epoch(map_epoch);
+    request->set_generation(store.generation());
+  };
+  MemberAgent::Handlers handlers;
+  handlers.fill = status_report;
+  handlers.on_error = [&](const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // Our incarnation is stale: another server has taken this shard.
+      ending = {1, absl::StrCat("shard ", store.shard(), " was taken over by another server (",
+                                status.error_message(), ")")};
+      return MemberAgent::Next::kStop;
+    }
+    // Training goes on without the coordinator; keep trying, for a while.
+    if (failures++ % 20 == 0)
+      spdlog::warn("heartbeat to {} failed ({}); still serving", coordinator_address,
+                   status.error_message());
+    if (agent.Silence() > coordinator_timeout) {
+      ending = {1, absl::StrCat("no answer from the coordinator for ",
+                                absl::FormatDuration(coordinator_timeout))};
+      return MemberAgent::Next::kStop;
+    }
+    return MemberAgent::Next::kGoOn;
+  };
+  handlers.on_reply = [&](const v1::HeartbeatResponse& response) {
+    if (failures > 0) spdlog::info("coordinator reachable again");
+    failures = 0;
+    const v1::JobState state = response.job_state();
+    if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED) {
+      ending.reason = absl::StrCat("job ", JobStateName(state));
+      // Leave the coordinator this shard's final figures.
+      v1::HeartbeatRequest last;
+      status_report(&last);
+      last.set_final_report(true);
+      v1::HeartbeatResponse ignored;
+      agent.Beat(std::move(last), &ignored, absl::Seconds(2)).IgnoreError();
+      return MemberAgent::Next::kStop;
+    }
+    if (state == v1::JOB_STATE_FAILED) {
+      ending = {1, "job failed"};
+      return MemberAgent::Next::kStop;
+    }
+    if (response.has_restore() && response.restore().generation() > store.generation()) {
+      if (std::optional<Ending> end =
+              FollowRestoreOrder(response.restore(), store, &restore_failed)) {
+        ending = *std::move(end);
+        return MemberAgent::Next::kStop;
+      }
+    }
+    if (response.has_checkpoint()) checkpointer.MaybeStart(response.checkpoint());
+    // Until the job runs, every rank counts toward a step's quorum, so an
+    // early worker cannot complete step 0 alone.
+    if (state == v1::JOB_STATE_RUNNING)
+      store.SetLiveWorkers(std::vector<uint32_t>(response.live_workers().begin(),
+                                                 response.live_workers().end()),
+                           std::vector<uint64_t>(response.live_worker_incarnations().begin(),
+                                                 response.live_worker_incarnations().end()));
+    if (response.has_shard_map() && response.shard_map().epoch() > map_epoch)
+      map_epoch = response.shard_map().epoch();
+    return MemberAgent::Next::kGoOn;
+  };
+  agent.Run(handlers);
+  return ending;
+}
+
 int Run() {
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -501,121 +603,15 @@ int Run() {
                  order.checkpoint_id(), order.step(), order.generation());
   }
   Checkpointer checkpointer(store.get());
-  const absl::Duration coordinator_timeout = absl::Milliseconds(
-      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
-  absl::Time last_heard = absl::Now();
-
-  const absl::Duration interval =
-      absl::Milliseconds(config.heartbeat_interval_ms());
-  uint64_t map_epoch = store->shard_map().epoch();
-  int exit_code = 0;
-  std::string reason = "signal received";
-  int failures = 0;
-  // A roll-back order this shard could not follow: reported in every
-  // heartbeat until the coordinator sends another order.
-  std::optional<v1::ShardCheckpoint> restore_failed;
-  while (!ShutdownRequested()) {
-    const absl::Time tick = absl::Now();
-    v1::HeartbeatRequest request;
-    request.set_job_id(config.job_id());
-    request.set_server_shard(store->shard());
-    request.set_incarnation(registration->incarnation());
-    *request.mutable_shard() = service.ShardStatus(*store);
-    if (restore_failed.has_value())
-      *request.mutable_shard()->mutable_restore_failed() = *restore_failed;
-    request.set_shard_map_epoch(map_epoch);
-    request.set_generation(store->generation());
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(
-        absl::Now() + std::max(interval, absl::Seconds(1))));
-    v1::HeartbeatResponse response;
-    const grpc::Status status =
-        coordinator->Heartbeat(&context, request, &response);
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      // Our incarnation is stale: another server has taken this shard.
-      reason = absl::StrCat("shard ", store->shard(), " was taken over by another server (",
-                            status.error_message(), ")");
-      exit_code = 1;
-      break;
-    }
-    if (!status.ok()) {
-      // Training goes on without the coordinator; keep trying, for a while.
-      if (failures++ % 20 == 0)
-        spdlog::warn("heartbeat to {} failed ({}); still serving",
-                     coordinator_address, status.error_message());
-      if (absl::Now() - last_heard > coordinator_timeout) {
-        reason = absl::StrCat("no answer from the coordinator for ",
-                              absl::FormatDuration(coordinator_timeout));
-        exit_code = 1;
-        break;
-      }
-    } else {
-      last_heard = absl::Now();
-      if (failures > 0) spdlog::info("coordinator reachable again");
-      failures = 0;
-      const v1::JobState state = response.job_state();
-      if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED) {
-        reason = absl::StrCat("job ", JobStateName(state));
-        // Leave the coordinator this shard's final figures.
-        request.set_final_report(true);
-        *request.mutable_shard() = service.ShardStatus(*store);
-        grpc::ClientContext last;
-        last.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-        coordinator->Heartbeat(&last, request, &response).ok();
-        break;
-      }
-      if (state == v1::JOB_STATE_FAILED) {
-        reason = "job failed";
-        exit_code = 1;
-        break;
-      }
-      if (response.has_restore() &&
-          response.restore().generation() > store->generation()) {
-        const v1::RestoreOrder& order = response.restore();
-        absl::StatusOr<ShardState> states =
-            LoadRestore(order, store->config(), store->shard_map(), store->shard());
-        absl::Status restored =
-            states.ok() ? store->Restore(order.generation(), order.checkpoint_id(), states->chunks,
-                                         order.worker_steps(), states->tables)
-                        : states.status();
-        if (!restored.ok() && order.checkpoint_id() == 0) {
-          reason = absl::StrCat("cannot roll back to the initial values: ", restored.message());
-          exit_code = 1;
-          break;
-        }
-        if (!restored.ok()) {
-          // The shard keeps its state and generation (so it serves nothing
-          // of the new one); the coordinator refuses this checkpoint and
-          // orders the one before it.
-          if (!restore_failed.has_value() || restore_failed->id() != order.checkpoint_id())
-            spdlog::error("shard {} cannot roll back to checkpoint {}: {}; reported",
-                          store->shard(), order.checkpoint_id(), std::string(restored.message()));
-          restore_failed = RestoreFailure(order, store->shard(), restored);
-        } else {
-          restore_failed.reset();
-          spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})",
-                       store->shard(), order.checkpoint_id(), order.step(), order.generation());
-        }
-      }
-      if (response.has_checkpoint()) checkpointer.MaybeStart(response.checkpoint());
-      // Until the job runs, every rank counts toward a step's quorum, so an
-      // early worker cannot complete step 0 alone.
-      if (state == v1::JOB_STATE_RUNNING)
-        store->SetLiveWorkers(
-            std::vector<uint32_t>(response.live_workers().begin(),
-                                  response.live_workers().end()),
-            std::vector<uint64_t>(response.live_worker_incarnations().begin(),
-                                  response.live_worker_incarnations().end()));
-      if (response.has_shard_map() && response.shard_map().epoch() > map_epoch)
-        map_epoch = response.shard_map().epoch();
-    }
-    // Sooner while the job is ending, when the coordinator asks.
-    const absl::Duration next =
-        response.next_heartbeat_ms() > 0
-            ? std::min(interval, absl::Milliseconds(response.next_heartbeat_ms()))
-            : interval;
-    SleepUnlessShutdown(next - (absl::Now() - tick));
-  }
+  const absl::Duration interval = absl::Milliseconds(config.heartbeat_interval_ms());
+  MemberAgent agent(coordinator.get(),
+                    {config.job_id(), MemberKind::kServer, store->shard(),
+                     registration->incarnation()},
+                    interval, std::max(interval, absl::Seconds(1)));
+  const Ending ending =
+      HeartbeatUntilTheEnd(agent, *store, service, checkpointer, coordinator_address);
+  const int exit_code = ending.exit_code;
+  const std::string& reason = ending.reason;
 
   stop_server();  // also ends a checkpoint capture that is waiting
   checkpointer.Join();

@@ -52,7 +52,12 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       params_(config_, registration.shard_map(), rank_, incarnation_),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
       scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
-      metrics_(rank_) {
+      metrics_(rank_),
+      agent_(coordinator,
+             {registration.config().job_id(), MemberKind::kWorker, registration.rank(),
+              registration.incarnation()},
+             absl::Milliseconds(registration.config().heartbeat_interval_ms()),
+             absl::Milliseconds(registration.config().heartbeat_interval_ms()) * 4) {
   const std::vector<int64_t> widths = LayerWidths(config_);
   const int batch = static_cast<int>(config_.batch_size());
   if (config_.model() == v1::MODEL_EMBEDDING) {
@@ -92,13 +97,12 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
     else
       spdlog::warn("cannot write curve to {}", options_.curve_csv);
   }
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  agent_.Start(HeartbeatHandlers());
 }
 
 Trainer::~Trainer() {
   evaluator_.reset();  // its callback uses the members below
-  stop_heartbeat_ = true;
-  if (heartbeat_.joinable()) heartbeat_.join();
+  agent_.Stop();
   absl::MutexLock lock(&curve_mu_);
   if (curve_ != nullptr) std::fclose(curve_);
 }
@@ -158,16 +162,10 @@ bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
   return true;
 }
 
-absl::Duration Trainer::CoordinatorSilence() const {
-  absl::MutexLock lock(&mu_);
-  return absl::Now() - last_heartbeat_ok_;
-}
-
 bool Trainer::StuckWithoutCoordinator() const {
+  if (CoordinatorSilence() <= coordinator_timeout_) return false;
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  return now - last_progress_ > coordinator_timeout_ &&
-         now - last_heartbeat_ok_ > coordinator_timeout_;
+  return absl::Now() - last_progress_ > coordinator_timeout_;
 }
 
 void Trainer::NoteProgress() {
@@ -180,50 +178,37 @@ bool Trainer::IsEvaluator() const {
   return evaluator_rank_.has_value() && *evaluator_rank_ == rank_;
 }
 
-void Trainer::HeartbeatLoop() {
+MemberAgent::Handlers Trainer::HeartbeatHandlers() {
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
-  bool silent = false;  // logged that the coordinator does not answer
-  while (!stop_heartbeat_) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(config_.job_id());
-    req.set_worker_rank(rank_);
-    req.set_incarnation(incarnation_);
-    req.set_shard_map_epoch(params_.map_epoch());
-    {
-      absl::MutexLock lock(&mu_);
-      *req.mutable_progress() = progress_;
-      req.set_generation(generation_);
-      req.set_finished(finished_);
+  MemberAgent::Handlers handlers;
+  handlers.fill = [this](v1::HeartbeatRequest* req) {
+    req->set_shard_map_epoch(params_.map_epoch());
+    absl::MutexLock lock(&mu_);
+    *req->mutable_progress() = progress_;
+    req->set_generation(generation_);
+    req->set_finished(finished_);
+  };
+  handlers.on_reply = [this](const v1::HeartbeatResponse& resp) {
+    if (said_silent_) spdlog::info("the coordinator answers again");
+    said_silent_ = false;
+    OnHeartbeatReply(resp);
+    return MemberAgent::Next::kGoOn;
+  };
+  handlers.on_error = [this, interval](const grpc::Status& st) {
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+      spdlog::warn("heartbeat: {}", st.error_message());
+    // Training goes on without a coordinator; say so once.
+    if (!said_silent_ && CoordinatorSilence() > interval * 4) {
+      spdlog::warn("no answer from the coordinator for {} ({}); training goes on, "
+                   "waits that need it give up after {}",
+                   absl::FormatDuration(CoordinatorSilence()), st.error_message(),
+                   absl::FormatDuration(coordinator_timeout_));
+      said_silent_ = true;
     }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + interval * 4));
-    v1::HeartbeatResponse resp;
-    grpc::Status st = coordinator_->Heartbeat(&ctx, req, &resp);
-    // Sooner while the job is ending, when the coordinator asks.
-    absl::Duration next = interval;
-    if (st.ok() && resp.next_heartbeat_ms() > 0)
-      next = std::min(interval, absl::Milliseconds(resp.next_heartbeat_ms()));
-    if (st.ok()) {
-      if (silent) spdlog::info("the coordinator answers again");
-      silent = false;
-      OnHeartbeatReply(resp);
-    } else {
-      if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
-        spdlog::warn("heartbeat: {}", st.error_message());
-      // Training goes on without a coordinator; say so once.
-      if (!silent && CoordinatorSilence() > interval * 4) {
-        spdlog::warn("no answer from the coordinator for {} ({}); training goes on, "
-                     "waits that need it give up after {}",
-                     absl::FormatDuration(CoordinatorSilence()), st.error_message(),
-                     absl::FormatDuration(coordinator_timeout_));
-        silent = true;
-      }
-    }
-    const absl::Duration slice = std::min(next, absl::Milliseconds(20));
-    for (absl::Duration slept; slept < next && !stop_heartbeat_; slept += slice)
-      absl::SleepFor(slice);
-  }
+    return MemberAgent::Next::kGoOn;
+  };
+  return handlers;
 }
 
 void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
@@ -248,7 +233,6 @@ void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
   evaluator_rank_.reset();
   if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
   evaluate_final_ = resp.evaluate_final();
-  last_heartbeat_ok_ = absl::Now();
   if (resp.has_restore() && resp.restore().generation() > generation_ &&
       (!restore_.has_value() || resp.restore().generation() > restore_->generation()))
     restore_ = resp.restore();
@@ -782,15 +766,13 @@ absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
       return absl::UnavailableError(absl::StrCat(
           "no word from the coordinator for ", absl::FormatDuration(CoordinatorSilence()),
           "; giving up"));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::WorkerDoneResponse resp;
     v1::WorkerDoneRequest request = done;
     {
       absl::MutexLock lock(&mu_);
       request.set_generation(generation_);
     }
-    absl::Status s = ToAbsl(coordinator_->WorkerDone(&ctx, request, &resp));
+    absl::Status s = ToAbsl(agent_.WorkerDone(request, &resp, absl::Seconds(10)));
     if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
     if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) &&
         absl::Now() < refusals_until)

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
 #include "data/sparse_dataset.h"
+#include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
 #include "tensor/backend.h"
 #include "worker/batch_loader.h"
@@ -101,7 +102,7 @@ class Trainer {
   // generation, sets *step to where this rank resumes, logs, returns true.
   bool TakeRollBack(uint64_t total, uint64_t* step) ABSL_LOCKS_EXCLUDED(mu_);
   // How long the coordinator has not answered a heartbeat.
-  absl::Duration CoordinatorSilence() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Duration CoordinatorSilence() const { return agent_.Silence(); }
   // A wait that has made no progress for coordinator_timeout while the
   // coordinator was silent as long: give up.
   bool StuckWithoutCoordinator() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -155,7 +156,9 @@ class Trainer {
   // OK also when a roll-back interrupted the wait (Interrupted() says so).
   absl::Status FinishAndWait(uint64_t total);
   absl::Status ReportDone(const v1::WorkerDoneRequest& done);
-  void HeartbeatLoop();
+  // What the member agent's heartbeats carry and what their replies do
+  // (run on the agent's thread).
+  MemberAgent::Handlers HeartbeatHandlers();
   void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
   void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
@@ -205,7 +208,6 @@ class Trainer {
   v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time last_heartbeat_ok_ ABSL_GUARDED_BY(mu_) = absl::Now();
   // The generation this worker trains in (reported in heartbeats; the
   // client's tag), the newest restore order of a newer one, and whether
   // WorkerDone was reported in this generation.
@@ -214,10 +216,13 @@ class Trainer {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // The last successful pull or push (or the start of the current wait).
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  // Heartbeat thread only: the newest map epoch refused, to log it once.
+  // Heartbeat thread only: the newest map epoch refused, to log it once,
+  // and whether the coordinator's silence was logged.
   uint64_t refused_map_epoch_ = 0;
-  std::atomic<bool> stop_heartbeat_{false};
-  std::thread heartbeat_;
+  bool said_silent_ = false;
+  // Registration's member: heartbeats (on a thread of its own from the
+  // constructor on) and WorkerDone.
+  MemberAgent agent_;
 };
 
 }  // namespace grps

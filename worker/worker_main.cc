@@ -16,6 +16,7 @@
 #include "daemon/security.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
@@ -57,27 +58,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
   gethostname(host, sizeof(host) - 1);
   req.set_host(host);
   req.set_backend(backend);
-  Backoff policy;
-  policy.max = absl::Seconds(1);
-  policy.give_up_after = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
-  policy.retry_deadline_exceeded = true;  // the job may still be forming
-  // Our rank's previous incarnation (a process we replace, or a reply that
-  // was lost) holds it until the coordinator declares it dead.
-  policy.retry_already_exists = true;
-  const absl::Time give_up = absl::Now() + policy.give_up_after;
-  v1::RegisterWorkerResponse resp;
-  bool said_taken = false;
-  absl::Status st = RetryTransient(policy, [&] {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
-    absl::Status s = ToAbsl(stub->RegisterWorker(&ctx, req, &resp));
-    if (absl::IsAlreadyExists(s) && !said_taken) {
-      said_taken = true;
-      spdlog::info("waiting for our rank: {}", std::string(s.message()));
-    }
-    return s;
-  });
-  if (st.ok()) return resp;
+  RegisterOptions options;
+  options.patience = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  options.attempt_timeout = absl::Seconds(10);
+  options.max_backoff = absl::Seconds(1);
+  absl::StatusOr<v1::RegisterWorkerResponse> registered = RegisterWorker(stub, req, options);
+  if (registered.ok()) return registered;
+  const absl::Status& st = registered.status();
   return absl::Status(st.code(), absl::StrCat("cannot register with the coordinator at ",
                                               absl::GetFlag(FLAGS_coordinator), ": ",
                                               st.message()));

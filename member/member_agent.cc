@@ -1,0 +1,170 @@
+#include "member/member_agent.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "spdlog/spdlog.h"
+
+namespace grps {
+namespace {
+
+// How often a sleeping loop looks at Stop() and the signals.
+constexpr absl::Duration kSleepSlice = absl::Milliseconds(20);
+
+// Calls `attempt` (one registration, given its deadline) as RegisterOptions
+// says. Says once that the rank is still held, and that the coordinator is
+// not reachable on the first failure and every tenth.
+template <typename Response>
+absl::StatusOr<Response> RegisterWithRetries(
+    const RegisterOptions& options,
+    const std::function<grpc::Status(grpc::ClientContext*, Response*)>& attempt) {
+  Backoff policy;
+  policy.max = options.max_backoff;
+  policy.give_up_after = options.patience;
+  policy.retry_deadline_exceeded = true;  // the job may still be forming
+  // A worker's rank whose previous incarnation (a process this one
+  // replaces, or a reply that was lost) still counts as alive, until the
+  // coordinator declares it dead.
+  policy.retry_already_exists = true;
+  const absl::Time give_up = absl::Now() + options.patience;
+  Response response;
+  int failures = 0;
+  bool said_taken = false;
+  absl::Status status = RetryTransient(policy, [&] {
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(std::min(give_up, absl::Now() + options.attempt_timeout)));
+    absl::Status s = ToAbsl(attempt(&context, &response));
+    if (absl::IsAlreadyExists(s)) {
+      if (!said_taken) spdlog::info("waiting for our rank: {}", std::string(s.message()));
+      said_taken = true;
+    } else if (!s.ok() && (++failures == 1 || failures % 10 == 0)) {
+      spdlog::warn("coordinator not reachable yet ({}); retrying", std::string(s.message()));
+    }
+    return s;
+  });
+  if (status.ok()) return response;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
+    return absl::UnavailableError(absl::StrCat("coordinator unreachable for ",
+                                               absl::FormatDuration(options.patience), ": ",
+                                               status.message()));
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+    v1::Coordinator::StubInterface* coordinator, const v1::RegisterWorkerRequest& request,
+    const RegisterOptions& options) {
+  return RegisterWithRetries<v1::RegisterWorkerResponse>(
+      options, [&](grpc::ClientContext* context, v1::RegisterWorkerResponse* response) {
+        return coordinator->RegisterWorker(context, request, response);
+      });
+}
+
+absl::StatusOr<v1::RegisterServerResponse> RegisterServer(
+    v1::Coordinator::StubInterface* coordinator, const v1::RegisterServerRequest& request,
+    const RegisterOptions& options) {
+  return RegisterWithRetries<v1::RegisterServerResponse>(
+      options, [&](grpc::ClientContext* context, v1::RegisterServerResponse* response) {
+        return coordinator->RegisterServer(context, request, response);
+      });
+}
+
+MemberAgent::MemberAgent(v1::Coordinator::StubInterface* coordinator, Identity identity,
+                         absl::Duration interval, absl::Duration call_timeout, Clock clock)
+    : coordinator_(coordinator),
+      identity_(std::move(identity)),
+      interval_(interval),
+      call_timeout_(call_timeout),
+      clock_(std::move(clock)),
+      last_answer_(clock_()) {}
+
+MemberAgent::~MemberAgent() { Stop(); }
+
+grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request,
+                               v1::HeartbeatResponse* response) {
+  return Beat(std::move(request), response, call_timeout_);
+}
+
+grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request, v1::HeartbeatResponse* response,
+                               absl::Duration timeout) {
+  request.set_job_id(identity_.job_id);
+  if (identity_.kind == MemberKind::kWorker)
+    request.set_worker_rank(identity_.index);
+  else
+    request.set_server_shard(identity_.index);
+  request.set_incarnation(identity_.incarnation);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Status status = coordinator_->Heartbeat(&context, request, response);
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    last_answer_ = clock_();
+  }
+  return status;
+}
+
+void MemberAgent::Run(const Handlers& handlers) { Loop(handlers, /*obey_signals=*/true); }
+
+void MemberAgent::Start(Handlers handlers) {
+  thread_ = std::thread([this, handlers = std::move(handlers)] {
+    Loop(handlers, /*obey_signals=*/false);
+  });
+}
+
+void MemberAgent::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+absl::Duration MemberAgent::Silence() const {
+  absl::MutexLock lock(&mu_);
+  return clock_() - last_answer_;
+}
+
+grpc::Status MemberAgent::WorkerDone(v1::WorkerDoneRequest request,
+                                     v1::WorkerDoneResponse* response,
+                                     absl::Duration timeout) {
+  request.set_job_id(identity_.job_id);
+  request.set_worker_rank(identity_.index);
+  request.set_incarnation(identity_.incarnation);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return coordinator_->WorkerDone(&context, request, response);
+}
+
+void MemberAgent::Loop(const Handlers& handlers, bool obey_signals) {
+  auto stopping = [&] {
+    absl::MutexLock lock(&mu_);
+    return stop_ || (obey_signals && ShutdownRequested());
+  };
+  while (!stopping()) {
+    const absl::Time tick = absl::Now();
+    v1::HeartbeatRequest request;
+    if (handlers.fill) handlers.fill(&request);
+    v1::HeartbeatResponse response;
+    const grpc::Status status = Beat(std::move(request), &response);
+    Next next = Next::kGoOn;
+    if (status.ok() && handlers.on_reply) next = handlers.on_reply(response);
+    if (!status.ok() && handlers.on_error) next = handlers.on_error(status);
+    if (next == Next::kStop) return;
+    // Sooner while the job is ending, when the coordinator asks.
+    absl::Duration pace = interval_;
+    if (status.ok() && response.next_heartbeat_ms() > 0)
+      pace = std::min(pace, absl::Milliseconds(response.next_heartbeat_ms()));
+    const absl::Time due = tick + pace;
+    absl::MutexLock lock(&mu_);
+    for (absl::Time now = absl::Now(); now < due && !stop_; now = absl::Now()) {
+      if (obey_signals && ShutdownRequested()) break;
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), std::min(due - now, kSleepSlice));
+    }
+  }
+}
+
+}  // namespace grps

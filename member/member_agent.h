@@ -1,0 +1,144 @@
+// MemberAgent: a process's part in a job, and the one place that speaks
+// membership with the coordinator. It registers (retrying while the
+// coordinator is unreachable, the job is still forming, or a worker's rank
+// is still held by its previous incarnation), heartbeats (the pace, each
+// call's deadline, the silence since the coordinator last answered) and
+// reports a worker's end (WorkerDone). grps-server and grps-worker each hold
+// one; nothing else in grps calls RegisterServer, RegisterWorker, Heartbeat
+// or WorkerDone.
+//
+// The holder says what a heartbeat carries and does what a reply says (the
+// live set, a restore order, a checkpoint request, the end of the job): the
+// agent knows nothing of shards or training.
+//
+//   MemberAgent agent(stub, {job, MemberKind::kWorker, rank, incarnation},
+//                     interval, call_timeout);
+//   agent.Start({fill, on_reply, on_error});   // a thread of its own
+//   ... agent.Silence() ...                    // any thread
+//   agent.Stop();
+//
+// Every wait is bounded: registration by RegisterOptions::patience, each
+// call by its deadline; a holder gives up on a silent coordinator by
+// comparing Silence() with the job's coordinator_timeout_ms.
+//
+// Thread safety: Beat, WorkerDone, Silence and Stop may be called from any
+// thread. Run or Start is called once. *coordinator must outlive the agent.
+#ifndef GRPS_MEMBER_MEMBER_AGENT_H_
+#define GRPS_MEMBER_MEMBER_AGENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/security.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grps.grpc.pb.h"
+
+namespace grps {
+
+// How a registration is retried: while the coordinator is unreachable
+// (UNAVAILABLE), an attempt outlived its deadline (the coordinator holds a
+// worker's registration until every shard has registered) or the rank is
+// still alive (ALREADY_EXISTS), with exponential backoff up to max_backoff,
+// for at most `patience`; CANCELLED once SIGINT/SIGTERM arrived.
+struct RegisterOptions {
+  absl::Duration patience = absl::Seconds(60);
+  absl::Duration attempt_timeout = absl::Seconds(10);
+  absl::Duration max_backoff = absl::Seconds(1);
+};
+
+// The coordinator's answer. On giving up, UNAVAILABLE ("coordinator
+// unreachable for <patience>: ...") or the last refusal.
+absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+    v1::Coordinator::StubInterface* coordinator, const v1::RegisterWorkerRequest& request,
+    const RegisterOptions& options);
+absl::StatusOr<v1::RegisterServerResponse> RegisterServer(
+    v1::Coordinator::StubInterface* coordinator, const v1::RegisterServerRequest& request,
+    const RegisterOptions& options);
+
+class MemberAgent {
+ public:
+  using Clock = std::function<absl::Time()>;
+
+  // The member a registration made; every heartbeat names it.
+  struct Identity {
+    std::string job_id;
+    MemberKind kind = MemberKind::kWorker;
+    uint32_t index = 0;  // rank or shard
+    uint64_t incarnation = 0;
+  };
+
+  // What a heartbeat handler says: go on beating, or end the loop.
+  enum class Next { kGoOn, kStop };
+  // Each may be empty (nothing to add; go on).
+  struct Handlers {
+    // Adds the holder's fields (progress, shard status, generation, ...).
+    std::function<void(v1::HeartbeatRequest*)> fill;
+    std::function<Next(const v1::HeartbeatResponse&)> on_reply;
+    std::function<Next(const grpc::Status&)> on_error;
+  };
+
+  // `interval`: the job's heartbeat interval; `call_timeout`: each
+  // heartbeat's deadline. `clock` measures Silence (tests drive it); the
+  // pace is real time.
+  MemberAgent(v1::Coordinator::StubInterface* coordinator, Identity identity,
+              absl::Duration interval, absl::Duration call_timeout,
+              Clock clock = &absl::Now);
+  ~MemberAgent();  // Stop()
+
+  MemberAgent(const MemberAgent&) = delete;
+  MemberAgent& operator=(const MemberAgent&) = delete;
+
+  // One heartbeat now: `request` carries the holder's fields, the agent
+  // sets the job, the member and its incarnation. An answer resets Silence.
+  grpc::Status Beat(v1::HeartbeatRequest request, v1::HeartbeatResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same with a deadline of its own (a last report on the way out).
+  grpc::Status Beat(v1::HeartbeatRequest request, v1::HeartbeatResponse* response,
+                    absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Heartbeats on the calling thread, every interval (sooner when a reply
+  // asks, next_heartbeat_ms), until a handler says kStop, Stop() is called
+  // or SIGINT/SIGTERM arrives.
+  void Run(const Handlers& handlers) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same on a thread of the agent's own, which a signal does not stop
+  // (the holder decides what a signal means, and calls Stop()).
+  void Start(Handlers handlers) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the loop at once (joins Start's thread). Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // How long since the coordinator last answered a heartbeat (or since the
+  // agent was made).
+  absl::Duration Silence() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A worker's WorkerDone: the agent sets the job, the rank and the
+  // incarnation. The holder decides what to retry (it depends on its state).
+  grpc::Status WorkerDone(v1::WorkerDoneRequest request, v1::WorkerDoneResponse* response,
+                          absl::Duration timeout);
+
+  const Identity& identity() const { return identity_; }
+
+ private:
+  void Loop(const Handlers& handlers, bool obey_signals) ABSL_LOCKS_EXCLUDED(mu_);
+
+  v1::Coordinator::StubInterface* const coordinator_;
+  const Identity identity_;
+  const absl::Duration interval_;
+  const absl::Duration call_timeout_;
+  const Clock clock_;
+
+  mutable absl::Mutex mu_;
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // Start's; joined by Stop
+};
+
+}  // namespace grps
+
+#endif  // GRPS_MEMBER_MEMBER_AGENT_H_
