@@ -44,21 +44,22 @@ alive() {  # NAME PID
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 load() { "$BIN/grps-auth-load" --coordinator="$COORD" --wait_s=10 "$@"; }
 
-echo "== 1. $RUNS x $THREADS threads x $CALLS heartbeats as rank 0, one channel"
-for ((run = 1; run <= RUNS; run++)); do
-  out=$(load --rpc=heartbeat --rank=0 --threads="$THREADS" --calls="$CALLS") ||
-    { echo "$out"; alive coordinator "$PID_coordinator"; fail "heartbeat run $run: not every call was OK"; }
-  echo "run $run: ${out##*$'\n'}"
-  alive coordinator "$PID_coordinator"
-done
+# runs RPC DAEMON PID: RUNS runs of `--rpc=RPC` as rank 0; every call must be
+# OK and DAEMON must stay up.
+runs() {
+  local run out
+  for ((run = 1; run <= RUNS; run++)); do
+    out=$(load --rpc="$1" --rank=0 --threads="$THREADS" --calls="$CALLS") ||
+      { echo "$out"; alive "$2" "$3"; fail "$1 run $run: not every call was OK"; }
+    echo "run $run: ${out##*$'\n'}"
+    alive "$2" "$3"
+  done
+}
 
+echo "== 1. $RUNS x $THREADS threads x $CALLS heartbeats as rank 0, one channel"
+runs heartbeat coordinator "$PID_coordinator"
 echo "== 2. $RUNS x $THREADS threads x $CALLS pushes to the server, one channel"
-for ((run = 1; run <= RUNS; run++)); do
-  out=$(load --rpc=push --rank=0 --threads="$THREADS" --calls="$CALLS") ||
-    { echo "$out"; alive server "$PID_server"; fail "push run $run: not every call was OK"; }
-  echo "run $run: ${out##*$'\n'}"
-  alive server "$PID_server"
-done
+runs push server "$PID_server"
 
 echo "== 3. the server's memory over $SHARD_STATUS_CALLS authenticated calls on one channel"
 load --rpc=shard_status --threads=1 --calls=10000 >/dev/null || fail "warm-up GetShardStatus failed"
