@@ -142,6 +142,11 @@ absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
                                    state.checkpoints_completed());
   checkpoints_.SetNextId(state.next_checkpoint_id());
   coordinator_restarted_ = true;
+  // Members reconnect within kMaxReconnectBackoff of our return, then
+  // heartbeat: nobody is silent before that.
+  no_deaths_before_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms()) +
+                      kMaxReconnectBackoff +
+                      absl::Milliseconds(config_.heartbeat_interval_ms());
   elapsed_before_ = std::max(0.0, state.elapsed_seconds());
   started_ = now;
   global_step_moved_ = now;
@@ -1173,7 +1178,8 @@ grpc::Status CoordinatorService::CheckpointJob(
 void CoordinatorService::DetectFailures() {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  Membership::Failures failures = membership_.DetectFailures(now);
+  Membership::Failures failures;
+  if (now >= no_deaths_before_) failures = membership_.DetectFailures(now);
   for (uint32_t shard : failures.shards)
     spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead",
                  shard, config_.heartbeat_timeout_ms());

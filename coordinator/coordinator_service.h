@@ -132,7 +132,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void SetNextCheckpointId(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the job back from a persisted state of this job whose state is
   // WAITING or RUNNING (INVALID_ARGUMENT otherwise, nothing changes). Every
-  // member counts as heartbeating now. `from` names the file, for the log.
+  // member counts as heartbeating now, and none is declared dead for a
+  // grace of the heartbeat timeout plus kMaxReconnectBackoff plus a
+  // heartbeat interval: the members' channels must dial the new coordinator
+  // again first. `from` names the file, for the log.
   absl::Status TakeOver(const v1::CoordinatorState& state, absl::string_view from)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -395,6 +398,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> rank_generation_
       ABSL_GUARDED_BY(mu_);
   bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
+  // DetectFailures declares no one dead before this (TakeOver's grace).
+  absl::Time no_deaths_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Job time before this coordinator took the job over.
   double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
 

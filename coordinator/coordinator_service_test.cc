@@ -1318,6 +1318,41 @@ TEST_F(CoordinatorServiceTest, TakenOverStateAnswersTheOldMembersAndTheJobComple
   EXPECT_EQ(status.last_checkpoint().step(), 10u);
 }
 
+TEST_F(CoordinatorServiceTest, ATakenOverJobGivesItsMembersAGraceToReconnect) {
+  const std::string dir = TempFolder("grace");
+  StartJob(1, 2, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
+  const std::string state_file = JoinPath(dir, "coordinator.state");
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  v1::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*bytes));
+  service_->Shutdown();
+  server_.server->Shutdown();
+  StartJob(1, 2, v1::MODE_SYNC, dir, [&](CoordinatorService* service) {
+    ASSERT_TRUE(service->TakeOver(state, state_file).ok());
+  });
+  // Past the heartbeat timeout (1 s) but within the grace (1 s + 1 s of
+  // reconnection + 100 ms): the members are still dialling; nobody dies.
+  clock_.Advance(absl::Milliseconds(1900));
+  service_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_ALIVE);
+  // Rank 1 comes back; the others stay silent past the grace: dead.
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(300));
+  service_->DetectFailures();
+  status = Status();
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_DEAD);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_DEAD);
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_ALIVE);
+}
+
 TEST_F(CoordinatorServiceTest, AWorkerDoneLostWithTheCoordinatorIsTakenFromTheHeartbeat) {
   // Both workers finish, but the coordinator dies before it saves that; the
   // one that takes over from the older state hears "finished" in their

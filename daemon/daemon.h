@@ -19,6 +19,10 @@
 
 namespace grps {
 
+// The longest a channel made by MakeChannel waits before dialling a peer
+// that refused or dropped it again.
+inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
+
 // Largest message any grps channel or server accepts (bigger ones get
 // RESOURCE_EXHAUSTED from gRPC before reaching a handler).
 inline constexpr int kMaxMessageBytes = 64 << 20;

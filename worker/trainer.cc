@@ -760,12 +760,16 @@ absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
   // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
   // coordinator's memory quota, busy with someone else's big messages.
   policy.retry_resource_exhausted = true;
+  // A coordinator that is stopped or overloaded answers late: retried too,
+  // as every failure, for as long as the coordinator's silence allows.
+  policy.retry_deadline_exceeded = true;
+  bool gave_up = false;
   absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    if (CoordinatorSilence() > coordinator_timeout_)
-      return absl::UnavailableError(absl::StrCat(
-          "no word from the coordinator for ", absl::FormatDuration(CoordinatorSilence()),
-          "; giving up"));
+    if (CoordinatorSilence() > coordinator_timeout_) {
+      gave_up = true;
+      return absl::CancelledError("the coordinator is silent");  // ends the retries
+    }
     v1::WorkerDoneResponse resp;
     v1::WorkerDoneRequest request = done;
     {
@@ -785,6 +789,10 @@ absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
     return st;
   }
   if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  if (gave_up)
+    return absl::UnavailableError(absl::StrCat(
+        "WorkerDone: no word from the coordinator for ",
+        absl::FormatDuration(coordinator_timeout_), "; giving up"));
   // The job rolled back after this worker finished: the heartbeat brings
   // the restore order, and the worker trains again.
   if (absl::IsAborted(st)) return WaitForRestoreOrder(st);
