@@ -1,5 +1,6 @@
 #include "server/shard_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -151,6 +153,26 @@ TEST(ShardStoreSync, StepWaitsForAllLiveWorkersAndAppliesTheAverageOnce) {
   EXPECT_EQ(status.pushes(), 2u);
   EXPECT_EQ(status.version(), 1u);
   EXPECT_EQ(status.bytes_in(), 32u);
+}
+
+TEST(ShardStoreSync, AStepSumsItsGradientsInRankOrderWhateverTheirArrivalOrder) {
+  // Values where float addition is not associative: 1e8 + 1 rounds to 1e8.
+  const std::vector<std::vector<float>> grads = {{1e8f, 1, 1, 0.1f},
+                                                 {1, -1e8f, 1e8f, 0.2f},
+                                                 {-1e8f, 1e8f, -1e8f, 0.3f}};
+  std::vector<float> rank_order = grads[0];
+  for (size_t r = 1; r < grads.size(); ++r)
+    for (size_t i = 0; i < rank_order.size(); ++i) rank_order[i] += grads[r][i];
+  for (float& v : rank_order) v *= 1.0f / 3.0f;
+  std::vector<uint32_t> arrival = {0, 1, 2};
+  do {
+    SCOPED_TRACE(absl::StrCat("arrival ", arrival[0], arrival[1], arrival[2]));
+    auto store = MakeStore(Config(v1::MODE_SYNC, 3), SmallTensors(1));
+    const std::vector<float> init = InitialValues(*store, 0);
+    for (uint32_t rank : arrival) ASSERT_TRUE(Send(*store, {rank, 0, 0, grads[rank]}).ok());
+    ASSERT_EQ(Version(*store, 0), 1u);
+    EXPECT_EQ(Values(*store, 0), SgdStep(init, rank_order, 0.5f));
+  } while (std::next_permutation(arrival.begin(), arrival.end()));
 }
 
 TEST(ShardStoreSync, EachStepUsesItsScheduledLearningRate) {

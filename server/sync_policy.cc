@@ -25,6 +25,17 @@
 // A pull from rank r at any clock waits until the step r last contributed
 // to has completed; a rank whose last gradient was late, or that has not
 // pushed in this incarnation, reads at once and so joins at the open step.
+//
+// A step's sum is added up in rank order, whatever order its gradients
+// arrive in: the contributions by rank, then the folded late gradients by
+// rank. Floating-point addition is not associative, so a sum in arrival
+// order made two runs of the same job differ with three workers or more;
+// in rank order a step's update depends only on who contributed what. A
+// contribution of rank r goes into the sum at once when every rank below r
+// is in (or gives nothing this step: known only at completion); otherwise it
+// waits in a buffer of its rank, added at completion. With at most two
+// workers every contribution goes in at once: a + b and b + a are the same
+// bits, and the copy into a buffer would cost a step's time for nothing.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +51,10 @@ class SyncPolicy final : public ChunkPolicy {
       : optimizer_(config.optimizer()),
         backup_workers_(config.backup_workers()),
         fold_(config.late_gradients() != v1::LATE_GRADIENTS_DROP),
+        any_order_(config.num_workers() <= 2),
         contributed_(config.num_workers(), false),
+        waiting_(config.num_workers()),
+        folds_(config.num_workers()),
         awaiting_(config.num_workers(), 0),
         incarnation_(config.num_workers(), 0),
         last_(config.num_workers()) {}
@@ -63,16 +77,14 @@ class SyncPolicy final : public ChunkPolicy {
     last_[g.rank] = LastGradient{true, g.incarnation, g.base_version};
     if (sum_ == nullptr) sum_ = chunk.NewBuffer();
     if (g.base_version == chunk.version() && !contributed_[g.rank]) {
-      sum_->Add(grad);
-      contributed_[g.rank] = true;
-      ++contributors_;
+      Contribute(g.rank, grad, chunk);
       awaiting_[g.rank] = chunk.version() + 1;
       MaybeComplete(chunk, live);
       return GradientFate::kAggregated;
     }
     awaiting_[g.rank] = 0;
     if (!fold_) return GradientFate::kLateDropped;
-    sum_->Add(grad);
+    Held(&folds_, g.rank, chunk).Add(grad);
     ++folded_;
     MaybeComplete(chunk, live);
     return GradientFate::kLateFolded;
@@ -95,6 +107,50 @@ class SyncPolicy final : public ChunkPolicy {
   }
 
  private:
+  // A gradient held for the sum, by rank: made at first use, kept across
+  // steps (Clear empties it without freeing).
+  struct HeldGradient {
+    std::unique_ptr<GradientBuffer> buffer;
+    bool full = false;
+  };
+  static GradientBuffer& Held(std::vector<HeldGradient>* by_rank, uint32_t rank,
+                              UpdateTarget& chunk) {
+    HeldGradient& held = (*by_rank)[rank];
+    if (held.buffer == nullptr) held.buffer = chunk.NewBuffer();
+    held.full = true;
+    return *held.buffer;
+  }
+  // Adds the held gradient of each rank in [from, to), in rank order, to
+  // sum_ and empties it.
+  void AddHeld(std::vector<HeldGradient>* by_rank, size_t from, size_t to) {
+    for (size_t r = from; r < to; ++r) {
+      HeldGradient& held = (*by_rank)[r];
+      if (!held.full) continue;
+      sum_->Add(held.buffer->Ref());
+      held.buffer->Clear();
+      held.full = false;
+    }
+  }
+
+  // Rank `rank`'s gradient for the open step, into the sum in rank order.
+  void Contribute(uint32_t rank, const GradientRef& grad, UpdateTarget& chunk) {
+    contributed_[rank] = true;
+    ++contributors_;
+    if (any_order_) {
+      sum_->Add(grad);
+      return;
+    }
+    if (rank != summed_below_) {
+      Held(&waiting_, rank, chunk).Add(grad);
+      return;
+    }
+    sum_->Add(grad);
+    // The ranks above that were waiting for this one follow it.
+    for (++summed_below_; summed_below_ < waiting_.size() && waiting_[summed_below_].full;
+         ++summed_below_)
+      AddHeld(&waiting_, summed_below_, summed_below_ + 1);
+  }
+
   bool MaybeComplete(UpdateTarget& chunk, const LiveSet& live) {
     if (contributors_ == 0 && folded_ == 0) return false;
     if (live.count > 0) {
@@ -105,25 +161,36 @@ class SyncPolicy final : public ChunkPolicy {
           live.count > backup_workers_ ? live.count - backup_workers_ : 1;
       if (live_contributors < needed) return false;
     }
+    // The contributions of ranks above one that gave nothing, then the
+    // folded late gradients, each in rank order.
+    AddHeld(&waiting_, summed_below_, waiting_.size());
+    AddHeld(&folds_, 0, folds_.size());
     sum_->Scale(1.0f / static_cast<float>(contributors_ + folded_));
     chunk.Apply(sum_->Ref(), ScheduledLearningRate(optimizer_, chunk.version()), -1);
     sum_->Clear();
     std::fill(contributed_.begin(), contributed_.end(), false);
     contributors_ = 0;
     folded_ = 0;
+    summed_below_ = 0;
     return true;
   }
 
   const v1::OptimizerConfig optimizer_;
   const uint32_t backup_workers_;
   const bool fold_;
+  const bool any_order_;  // at most two workers: contributions in any order
   // The open step: the sum of its gradients (made by the chunk at the first
   // gradient), who contributed (by rank), and how many late gradients were
-  // folded into it.
+  // folded into it. sum_ holds the contributions of ranks below
+  // summed_below_ (each rank below it contributed); higher ranks' wait in
+  // waiting_, the late gradients in folds_, until completion.
   std::unique_ptr<GradientBuffer> sum_;
   std::vector<bool> contributed_;
   uint32_t contributors_ = 0;
   uint32_t folded_ = 0;
+  uint32_t summed_below_ = 0;
+  std::vector<HeldGradient> waiting_;
+  std::vector<HeldGradient> folds_;
   // By rank: the version a pull waits for (the step it contributed to + 1).
   std::vector<uint64_t> awaiting_;
   std::vector<uint64_t> incarnation_;  // as last reported; 0 = unknown
