@@ -26,8 +26,11 @@
 // counts as the latest evaluation. After the end, evaluator_rank names the
 // rank whose final evaluation was taken, if any.
 //
-// A restarted worker's RegisterWorker reply carries start_step (see
-// Membership).
+// A restarted worker's RegisterWorker reply carries start_step, its rank's
+// resume step (see Membership). A resume step behind the old incarnation's
+// last push is harmless: the shards acknowledge those steps as duplicates
+// (server/shard_store.h); in sync the worker then joins the others at the
+// step they are at (worker/trainer.h).
 //
 // Checkpoints (with JobConfig.checkpoint_dir; see CheckpointScheduler and
 // docs/durability.md). One at a time, asked for every checkpoint_every_steps

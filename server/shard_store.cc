@@ -674,7 +674,13 @@ absl::Status ShardStore::DecideLocked(uint32_t rank, uint64_t incarnation, uint6
           "stale incarnation: worker ", rank, " pushed as incarnation ", incarnation,
           " but incarnation ", mark.incarnation, " already pushed to ", t.name));
     }
-    if (mark.valid && incarnation == mark.incarnation && step <= mark.step) {
+    // A step of the rank this target has applied already, from this
+    // incarnation (a retry) or an earlier one (a restarted worker resumes
+    // from its rank's last reported step, which may be behind its last
+    // push): acknowledged, not applied again. Exactly once across
+    // incarnations, per target: a step that reached one shard and not
+    // another before the worker died is applied where it was missing.
+    if (mark.valid && step <= mark.step) {
       (*duplicate)[i] = true;
       continue;
     }

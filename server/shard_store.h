@@ -26,8 +26,10 @@
 // PushResult.
 //
 // Deduplication (every mode): per chunk and rank, the newest (incarnation,
-// step) accepted. A push not newer than that is a retry: acknowledged, not
-// applied again. A push from an older incarnation is refused.
+// step) accepted. A push of a step not newer than that, from that
+// incarnation or a newer one, is a retry (or a restarted worker's step that
+// its previous incarnation had pushed): acknowledged, not applied again. A
+// push from an older incarnation is refused.
 //
 // Accounting unit: one chunk gradient. `pushes` counts chunk gradients
 // accepted (including duplicates, late and too-stale ones),

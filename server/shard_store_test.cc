@@ -380,10 +380,11 @@ TEST(ShardStoreSync, ASecondGradientOnTheSameVersionIsRefusedNotFoldedAgain) {
   EXPECT_EQ(Values(*store, 0), SgdStep(init, {2, 2, 2, 2}, 0.5f));
   EXPECT_EQ(store->ShardStatus().late_gradients(), 0u);
   // The next version is fine, and so is a new incarnation of the rank on
-  // the version it is served.
+  // the version it is served (at the step the others are at: its step 0
+  // is one its old incarnation pushed, a duplicate).
   EXPECT_TRUE(Send(*store, {0, 1, 0, {1, 1, 1, 1}, 1}).ok());
   store->SetLiveWorkers(std::vector<uint32_t>{0, 1}, std::vector<uint64_t>{1, 2});
-  EXPECT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}, 1, 2}).ok());
+  EXPECT_TRUE(Send(*store, {1, 1, 0, {1, 1, 1, 1}, 1, 2}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
 }
 
@@ -585,6 +586,26 @@ TEST(ShardStoreAsync, GradientFromAFutureVersionIsRejected) {
   EXPECT_EQ(Version(*store, 0), 0u);
 }
 
+TEST(ShardStoreAsync, AStepAnEarlierIncarnationOfTheRankPushedIsNotAppliedAgain) {
+  auto store = MakeStore(Config(v1::MODE_ASYNC, 1), SmallTensors(1));
+  ASSERT_TRUE(Send(*store, {0, 5, 0, {1, 1, 1, 1}, 0, /*incarnation=*/1}).ok());
+  const std::vector<float> after_first = Values(*store, 0);
+  // The worker restarts (incarnation 2) and resumes at step 4, behind its
+  // last push: steps 4 and 5 are duplicates, step 6 is new.
+  for (uint64_t step : {4, 5}) {
+    auto again = Send(*store, {0, step, 0, {1, 1, 1, 1}, 1, 2});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->duplicates, 1u);
+  }
+  EXPECT_EQ(Values(*store, 0), after_first);
+  EXPECT_EQ(Version(*store, 0), 1u);
+  ASSERT_TRUE(Send(*store, {0, 6, 0, {1, 1, 1, 1}, 1, 2}).ok());
+  EXPECT_EQ(Version(*store, 0), 2u);
+  // The old incarnation is fenced off.
+  EXPECT_EQ(Send(*store, {0, 7, 0, {1, 1, 1, 1}, 2, 1}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(ShardStoreAsync, DuplicatePushIsAppliedOnce) {
   auto store = MakeStore(Config(v1::MODE_ASYNC, 1), SmallTensors(1));
   ASSERT_TRUE(Send(*store, {0, 7, 0, {1, 1, 1, 1}, 0, 1}).ok());
@@ -599,8 +620,9 @@ TEST(ShardStoreAsync, DuplicatePushIsAppliedOnce) {
   EXPECT_EQ(Values(*store, 0), after_first);
   EXPECT_EQ(Version(*store, 0), 1u);
 
-  // A restarted worker counts its steps again from 0 under a new incarnation.
-  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}, 1, 2}).ok());
+  // A restarted worker goes on after its rank's steps under a new
+  // incarnation.
+  ASSERT_TRUE(Send(*store, {0, 8, 0, {1, 1, 1, 1}, 1, 2}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
   EXPECT_EQ(store->ShardStatus().duplicate_pushes(), 2u);
 }

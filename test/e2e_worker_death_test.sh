@@ -8,7 +8,11 @@
 #     timeout (slack for a loaded machine);
 #   - a restarted worker for the same rank (started here, by hand, after the
 #     coordinator has declared the old one dead) rejoins and finishes;
-#   - grps-local exits 0, says what happened, and reports a final accuracy.
+#   - grps-local exits 0, says what happened, and reports a final accuracy;
+#   - no step is lost or applied twice, and the shards agree: sync ends at
+#     its step count (the restarted rank joins the others at the global
+#     step), async and ssp at workers x steps (a step the old incarnation
+#     had pushed is a duplicate for the new one).
 # Sync also covers a worker stopped (SIGSTOP) past the heartbeat timeout and
 # then resumed (SIGCONT): it is declared dead, comes back, and finishes.
 set -euo pipefail
@@ -134,6 +138,16 @@ run_mode() {  # MODE [extra grps-local flags...]
   [ "$EXIT_CODE" = 0 ] || fail "$mode: grps-local exited with $EXIT_CODE"
   grep -q "worker-1" "$WORK/local-$mode.log" || fail "$mode: grps-local did not say what happened"
   check_result "$run" "$mode"
+  # No step lost or applied twice, and no shard ahead of another: sync
+  # completes each of its steps once (the restarted rank joins the others at
+  # the global step); async and ssp apply each rank's each step once (steps
+  # the old incarnation had pushed are duplicates for the new one).
+  local versions expected=$STEPS
+  [ "$mode" = sync ] || expected=$((3 * STEPS))
+  versions=$(sed -n 's/.*shard [0-9]* exiting (job completed): version \([0-9]*\),.*/\1/p' \
+    "$run"/server-*.log | sort -u | tr '\n' ' ')
+  echo "$mode: shard versions at the end: $versions(expected $expected)"
+  [ "$versions" = "$expected " ] || fail "$mode: shards ended at versions $versions, not all $expected"
 }
 
 # The job must still be running when the restarted worker registers (the

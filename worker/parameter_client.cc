@@ -307,6 +307,12 @@ uint64_t ParameterClient::min_pulled_version() const {
   return lowest;
 }
 
+uint64_t ParameterClient::max_pulled_version() const {
+  uint64_t highest = 0;
+  for (const std::atomic<uint64_t>& v : chunk_version_) highest = std::max(highest, v.load());
+  return highest;
+}
+
 ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op) {
   Operation* raw = op.get();
   Ticket ticket;

@@ -167,8 +167,9 @@ class ParameterClient {
   // As above with the default RetryPolicy.
   absl::StatusOr<PushOutcome> Wait(Ticket ticket);
 
-  // Smallest chunk version seen by the last Pull.
+  // Smallest and largest chunk version seen by the last Pull.
   uint64_t min_pulled_version() const;
+  uint64_t max_pulled_version() const;
 
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }

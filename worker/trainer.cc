@@ -87,6 +87,7 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
   progress_.set_step(start_step_);
   generation_ = registration.generation();
   params_.set_generation(generation_);
+  joining_ = config_.mode() == v1::MODE_SYNC;
   if (!options_.curve_csv.empty()) {
     absl::MutexLock lock(&curve_mu_);
     curve_ = std::fopen(options_.curve_csv.c_str(), "w");
@@ -270,6 +271,21 @@ absl::Status Trainer::WaitToPull(absl::string_view what, uint64_t clock,
     }
     SleepUnlessShutdown(absl::Milliseconds(100));
   }
+}
+
+absl::Status Trainer::JoinTheOthers(uint64_t* step) {
+  if (absl::Status s = PullWeights(*step); !s.ok()) return s;
+  // The highest version: a shard that is a step behind the others (it has
+  // not completed the step they pushed everywhere yet) takes this rank's
+  // gradient for that step, and the rank stays one step behind there. At
+  // the lowest, the rank would be a step ahead on the others, and at the
+  // end make a step there that no other shard makes.
+  const uint64_t at = params_.max_pulled_version();
+  if (at > *step) {
+    spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
+    *step = at;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::PullWeights(uint64_t clock) {
@@ -638,6 +654,14 @@ absl::Status Trainer::Train(uint64_t total) {
       pulled_for.reset();
     }
     if (Interrupted() != Interrupt::kNone) break;
+    if (joining_) {
+      if (absl::Status s = JoinTheOthers(&step); !s.ok()) {
+        if (Interrupted() != Interrupt::kNone) continue;
+        return s;
+      }
+      pulled_for = step;
+      resumed_at = std::max(resumed_at, step);
+    }
     if (step >= total) break;
     const absl::Time step_start = absl::Now();
     const int64_t epoch = step / per_epoch;
@@ -677,6 +701,8 @@ absl::Status Trainer::Train(uint64_t total) {
       return pushed.status();
     }
     if (pushed->pulled) pulled_for = step + 1;
+    // In time for its step: in lock-step with the others from now on.
+    if (pushed->late == 0) joining_ = false;
     // Late and too-stale gradients are the mode at work, counted by the
     // shards; the worker carries on.
     if (pushed->late > 0 && late++ % 100 == 0)

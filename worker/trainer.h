@@ -146,6 +146,13 @@ class Trainer {
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
   absl::Status PullWeights(uint64_t clock);
+  // Sync, until this incarnation's first gradient in time for its step:
+  // pulls the weights for *step and, when the others are further on (a
+  // restarted worker, or one whose gradient came late), moves *step to
+  // their step (the highest version pulled), so that the rank trains the
+  // job's remaining steps with them instead of its lost steps alone after
+  // them.
+  absl::Status JoinTheOthers(uint64_t* step);
   absl::StatusOr<ParameterClient::PushOutcome> PushGradients(uint64_t step,
                                                              uint32_t samples);
   // After a push or pull refused as from an old generation: waits for the
@@ -171,6 +178,7 @@ class Trainer {
   uint64_t incarnation_;
   uint64_t start_step_;
   uint64_t next_step_;  // training thread: where Train starts
+  bool joining_ = false;  // training thread: see JoinTheOthers
   const absl::Duration coordinator_timeout_;
   Backend* backend_;
   TrainerOptions options_;
