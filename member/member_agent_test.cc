@@ -45,6 +45,12 @@ class MemberAgentTest : public ::testing::Test {
     service_ = std::make_unique<CoordinatorService>(config_, map_,
                                                     [this] { return clock_.Now(); });
     absl::StatusOr<GrpcServer> server = StartGrpcServer(address, {service_.get()});
+    // A port given back a moment ago may be another connection's ephemeral
+    // port for a moment (the range is shared).
+    for (int tries = 0; !server.ok() && tries < 50; ++tries) {
+      absl::SleepFor(absl::Milliseconds(100));
+      server = StartGrpcServer(address, {service_.get()});
+    }
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     address_ = absl::StrCat("127.0.0.1:", server_.port);

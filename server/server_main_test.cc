@@ -306,8 +306,13 @@ TEST_F(GrpsServerBinaryTest, RetriesRegistrationUntilTheCoordinatorAppears) {
   ASSERT_TRUE(serving.ok()) << serving.status();
   EXPECT_FALSE(*serving);
 
-  absl::StatusOr<GrpcServer> server =
-      StartGrpcServer(address, {coordinator_.get()});
+  // The port was free a moment ago; another test's connection may hold it
+  // as its own ephemeral port for a moment (the range is shared).
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(address, {coordinator_.get()});
+  for (int tries = 0; !server.ok() && tries < 50; ++tries) {
+    absl::SleepFor(absl::Milliseconds(100));
+    server = StartGrpcServer(address, {coordinator_.get()});
+  }
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
   EXPECT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
