@@ -87,7 +87,10 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
   progress_.set_step(start_step_);
   generation_ = registration.generation();
   params_.set_generation(generation_);
-  joining_ = config_.mode() == v1::MODE_SYNC;
+  // A rank that starts mid-job (a restart) joins the others; one that starts
+  // with the job is in step with them from the first step (a straggler
+  // behind backup workers keeps its own steps, as before).
+  joining_ = config_.mode() == v1::MODE_SYNC && start_step_ > 0;
   if (!options_.curve_csv.empty()) {
     absl::MutexLock lock(&curve_mu_);
     curve_ = std::fopen(options_.curve_csv.c_str(), "w");

@@ -146,7 +146,8 @@ class Trainer {
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
   absl::Status PullWeights(uint64_t clock);
-  // Sync, until this incarnation's first gradient in time for its step:
+  // Sync, for a rank that starts mid-job (start step > 0), until this
+  // incarnation's first gradient in time for its step:
   // pulls the weights for *step and, when the others are further on (a
   // restarted worker, or one whose gradient came late), moves *step to
   // their step (the highest version pulled), so that the rank trains the
