@@ -187,6 +187,18 @@ class CoordinatorServiceTest : public ::testing::Test {
     return request;
   }
 
+  // What this coordinator persists now (in `dir`), as a coordinator that
+  // takes the job over reads it; *file names the state file.
+  v1::CoordinatorState PersistedState(const std::string& dir, std::string* file) {
+    EXPECT_TRUE(service_->PersistState(/*force=*/true).ok());
+    *file = JoinPath(dir, "coordinator.state");
+    absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(*file);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    v1::CoordinatorState state;
+    EXPECT_TRUE(bytes.ok() && state.ParseFromString(*bytes));
+    return state;
+  }
+
   // A fresh empty folder for this test.
   static std::string TempFolder(const std::string& name) {
     static int counter = 0;
@@ -1280,12 +1292,8 @@ TEST_F(CoordinatorServiceTest, TakenOverStateAnswersTheOldMembersAndTheJobComple
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
   ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
-  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
-  const std::string state_file = JoinPath(dir, "coordinator.state");
-  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  v1::CoordinatorState state;
-  ASSERT_TRUE(state.ParseFromString(*bytes));
+  std::string state_file;
+  const v1::CoordinatorState state = PersistedState(dir, &state_file);
   EXPECT_EQ(state.state(), v1::JOB_STATE_RUNNING);
 
   // The coordinator dies; a new one takes the job back from the file.
@@ -1323,12 +1331,8 @@ TEST_F(CoordinatorServiceTest, ATakenOverJobGivesItsMembersAGraceToReconnect) {
   StartJob(1, 2, v1::MODE_SYNC, dir);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
-  const std::string state_file = JoinPath(dir, "coordinator.state");
-  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  v1::CoordinatorState state;
-  ASSERT_TRUE(state.ParseFromString(*bytes));
+  std::string state_file;
+  const v1::CoordinatorState state = PersistedState(dir, &state_file);
   service_->Shutdown();
   server_.server->Shutdown();
   StartJob(1, 2, v1::MODE_SYNC, dir, [&](CoordinatorService* service) {
@@ -1361,12 +1365,8 @@ TEST_F(CoordinatorServiceTest, AWorkerDoneLostWithTheCoordinatorIsTakenFromTheHe
   StartJob(1, 2, v1::MODE_SYNC, dir);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(service_->PersistState(/*force=*/true).ok());
-  const std::string state_file = JoinPath(dir, "coordinator.state");
-  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(state_file);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  v1::CoordinatorState state;
-  ASSERT_TRUE(state.ParseFromString(*bytes));
+  std::string state_file;
+  const v1::CoordinatorState state = PersistedState(dir, &state_file);
   ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
   ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
 
