@@ -146,11 +146,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // Separate channels get separate TCP connections (see SPEC §8).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // A peer that comes back (a restarted coordinator or server) is dialled
-  // again within kMaxReconnectBackoff, not after gRPC's default backoff,
-  // which grows to two minutes: a restarted coordinator's grace for its
-  // members to reconnect counts on it.
+  // again within kMaxReconnectBackoff of a refused attempt, not after
+  // gRPC's default backoff, which grows to two minutes: a restarted
+  // coordinator's grace for its members to reconnect counts on it. (The
+  // time one attempt may take to connect stays gRPC's, 20 s: a TLS
+  // handshake over a slow network must not be cut short.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(kMaxReconnectBackoff)));
   AddChannelSecurityArguments(security, &args);
