@@ -99,121 +99,155 @@ absl::Status ValidateDataset(const v1::JobConfig& c) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// "job config: <what>" as InvalidArgument.
+absl::Status Bad(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
+}
 
-absl::Status ValidateJobConfig(const v1::JobConfig& c) {
-  auto bad = [](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
-  };
-  if (c.job_id().empty()) return bad("job_id is empty");
+// The mode and the model's shape.
+absl::Status ValidateModel(const v1::JobConfig& c) {
+  if (c.job_id().empty()) return Bad("job_id is empty");
   if (c.mode() != v1::MODE_SYNC && c.mode() != v1::MODE_ASYNC &&
       c.mode() != v1::MODE_SSP)
-    return bad("mode must be sync, async or ssp");
+    return Bad("mode must be sync, async or ssp");
   if (c.mode() == v1::MODE_SSP && c.staleness_bound() > 1000000)
-    return bad("staleness_bound must be at most 1000000");
+    return Bad("staleness_bound must be at most 1000000");
   if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX &&
       c.model() != v1::MODEL_EMBEDDING)
-    return bad("model must be mlp, softmax or embedding");
+    return Bad("model must be mlp, softmax or embedding");
   if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)
-    return bad("softmax regression has no hidden layers");
+    return Bad("softmax regression has no hidden layers");
   for (uint32_t h : c.hidden_units())
-    if (h == 0 || h > (1u << 16)) return bad("hidden_units must be in [1, 65536]");
-  if (absl::Status s = ValidateDataset(c); !s.ok()) return s;
-  const v1::OptimizerConfig& o = c.optimizer();
+    if (h == 0 || h > (1u << 16)) return Bad("hidden_units must be in [1, 65536]");
+  if (c.model() != v1::MODEL_EMBEDDING &&
+      (c.input_features() == 0 || c.input_features() > (1u << 24)))
+    return Bad("input_features must be in [1, 2^24]");
+  if (c.num_classes() < 2 || c.num_classes() > 100000)
+    return Bad("num_classes must be in [2, 100000]");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerConfig& o) {
   if (o.kind() < v1::OPTIMIZER_SGD || o.kind() > v1::OPTIMIZER_ADAGRAD)
-    return bad("optimizer kind is unknown");
+    return Bad("optimizer kind is unknown");
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate()))
-    return bad("learning_rate must be a positive number");
-  if (o.momentum() < 0 || o.momentum() >= 1) return bad("momentum must be in [0, 1)");
+    return Bad("learning_rate must be a positive number");
+  if (o.momentum() < 0 || o.momentum() >= 1) return Bad("momentum must be in [0, 1)");
   if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1)
-    return bad("beta1 and beta2 must be in [0, 1)");
-  if (o.weight_decay() < 0) return bad("weight_decay must be >= 0");
+    return Bad("beta1 and beta2 must be in [0, 1)");
+  if (o.weight_decay() < 0) return Bad("weight_decay must be >= 0");
   if (o.decay_steps() > 0 && !(o.decay_rate() > 0 && o.decay_rate() <= 1))
-    return bad("decay_rate must be in (0, 1]");
+    return Bad("decay_rate must be in (0, 1]");
+  return absl::OkStatus();
+}
+
+// How many members, steps and bytes: the job's size.
+absl::Status ValidateSize(const v1::JobConfig& c) {
   if (c.batch_size() == 0 || c.batch_size() > 65536)
-    return bad("batch_size must be in [1, 65536]");
-  if (c.steps() == 0 && c.epochs() == 0) return bad("set steps or epochs");
+    return Bad("batch_size must be in [1, 65536]");
+  if (c.steps() == 0 && c.epochs() == 0) return Bad("set steps or epochs");
   if (c.num_servers() == 0 || c.num_servers() > 256)
-    return bad("num_servers must be in [1, 256]");
+    return Bad("num_servers must be in [1, 256]");
   if (c.num_workers() == 0 || c.num_workers() > 1024)
-    return bad("num_workers must be in [1, 1024]");
+    return Bad("num_workers must be in [1, 1024]");
   if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
-    return bad("chunk_bytes must be in [1 KiB, 64 MiB]");
+    return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
       c.wire_dtype() != v1::DTYPE_BF16)
-    return bad("wire_dtype must be f32, f16 or bf16");
+    return Bad("wire_dtype must be f32, f16 or bf16");
+  if (c.local_transport() != v1::LOCAL_TRANSPORT_SHARED_MEMORY &&
+      c.local_transport() != v1::LOCAL_TRANSPORT_GRPC)
+    return Bad("local_transport is not a transport");
+  return absl::OkStatus();
+}
+
+// What a worker does to its gradient before the push, and how it computes.
+absl::Status ValidateGradients(const v1::JobConfig& c) {
   if (!(c.gradient_topk() >= 0 && c.gradient_topk() <= 1))
-    return bad("gradient_topk must be in [0, 1] (0: send gradients whole)");
-  if (c.accumulate_steps() > 1024) return bad("accumulate_steps must be in [0, 1024]");
+    return Bad("gradient_topk must be in [0, 1] (0: send gradients whole)");
+  if (c.accumulate_steps() > 1024) return Bad("accumulate_steps must be in [0, 1024]");
   if (static_cast<uint64_t>(c.batch_size()) * AccumulateSteps(c) > 65536)
-    return bad("batch_size x accumulate_steps must be at most 65536");
+    return Bad("batch_size x accumulate_steps must be at most 65536");
   if (!(c.clip_norm() >= 0) || !std::isfinite(c.clip_norm()))
-    return bad("clip_norm must be a number >= 0 (0: no clipping by norm)");
+    return Bad("clip_norm must be a number >= 0 (0: no clipping by norm)");
   if (!(c.clip_value() >= 0) || !std::isfinite(c.clip_value()))
-    return bad("clip_value must be a number >= 0 (0: no clipping by value)");
+    return Bad("clip_value must be a number >= 0 (0: no clipping by value)");
   if (c.compute_dtype() != v1::DTYPE_UNSPECIFIED && c.compute_dtype() != v1::DTYPE_F32 &&
       c.compute_dtype() != v1::DTYPE_F16 && c.compute_dtype() != v1::DTYPE_BF16)
-    return bad("compute_dtype must be f32, f16 or bf16");
+    return Bad("compute_dtype must be f32, f16 or bf16");
   if ((c.compute_dtype() == v1::DTYPE_F16 || c.compute_dtype() == v1::DTYPE_BF16) &&
       c.model() == v1::MODEL_EMBEDDING)
-    return bad("compute_dtype f16 and bf16 apply to dense models (mlp, softmax) only");
+    return Bad("compute_dtype f16 and bf16 apply to dense models (mlp, softmax) only");
   if (!(c.loss_scale() >= 0) || !std::isfinite(c.loss_scale()) || c.loss_scale() > 16777216)
-    return bad("loss_scale must be in [0, 2^24] (0: 65536)");
+    return Bad("loss_scale must be in [0, 2^24] (0: 65536)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
-    return bad("backup_workers applies to sync mode only");
+    return Bad("backup_workers applies to sync mode only");
   if (c.backup_workers() >= c.num_workers())
-    return bad("backup_workers must be less than num_workers");
+    return Bad("backup_workers must be less than num_workers");
   if (c.late_gradients() != v1::LATE_GRADIENTS_UNSPECIFIED &&
       c.late_gradients() != v1::LATE_GRADIENTS_FOLD &&
       c.late_gradients() != v1::LATE_GRADIENTS_DROP)
-    return bad("late_gradients must be fold or drop");
+    return Bad("late_gradients must be fold or drop");
+  return absl::OkStatus();
+}
+
+// Heartbeats, timeouts and checkpoints: how the job survives faults.
+absl::Status ValidateFaultTolerance(const v1::JobConfig& c) {
   if (c.heartbeat_interval_ms() == 0 ||
       c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms())
-    return bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
+    return Bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
   if (c.checkpoint_dir().size() > 4096)
-    return bad("checkpoint_dir must be at most 4096 bytes");
+    return Bad("checkpoint_dir must be at most 4096 bytes");
   if ((c.checkpoint_every_steps() > 0 || c.checkpoint_every_seconds() > 0) &&
       c.checkpoint_dir().empty())
-    return bad("checkpoint_every_steps and checkpoint_every_seconds need a "
+    return Bad("checkpoint_every_steps and checkpoint_every_seconds need a "
                "checkpoint_dir");
   if (c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_SHARED &&
       c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_PER_SHARD)
-    return bad("checkpoint_storage is not a storage kind");
-  if (c.local_transport() != v1::LOCAL_TRANSPORT_SHARED_MEMORY &&
-      c.local_transport() != v1::LOCAL_TRANSPORT_GRPC)
-    return bad("local_transport is not a transport");
+    return Bad("checkpoint_storage is not a storage kind");
   if (c.recovery_timeout_ms() > 0 &&
       c.recovery_timeout_ms() < c.heartbeat_timeout_ms())
-    return bad("recovery_timeout_ms must be 0 (30000) or at least "
+    return Bad("recovery_timeout_ms must be 0 (30000) or at least "
                "heartbeat_timeout_ms");
   if (c.coordinator_timeout_ms() > 0 &&
       c.coordinator_timeout_ms() <= c.heartbeat_interval_ms())
-    return bad("coordinator_timeout_ms must be 0 (60000) or exceed "
+    return Bad("coordinator_timeout_ms must be 0 (60000) or exceed "
                "heartbeat_interval_ms");
-  if (c.model() != v1::MODEL_EMBEDDING &&
-      (c.input_features() == 0 || c.input_features() > (1u << 24)))
-    return bad("input_features must be in [1, 2^24]");
-  if (c.num_classes() < 2 || c.num_classes() > 100000)
-    return bad("num_classes must be in [2, 100000]");
-  if (absl::Status s = ValidateSparseTables(c); !s.ok()) return s;
-  if (c.model() != v1::MODEL_EMBEDDING) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// The embedding model's table.
+absl::Status ValidateEmbedding(const v1::JobConfig& c) {
   if (c.embedding_dim() == 0 || c.embedding_dim() > 4096)
-    return bad("embedding_dim must be in [1, 4096]");
+    return Bad("embedding_dim must be in [1, 4096]");
   if (c.embedding_rows() > static_cast<uint64_t>(INT64_MAX))
-    return bad("embedding_rows must be at most 2^63 - 1 (ids are int64)");
+    return Bad("embedding_rows must be at most 2^63 - 1 (ids are int64)");
   if (c.embedding_combiner() != v1::COMBINER_UNSPECIFIED &&
       c.embedding_combiner() != v1::COMBINER_SUM &&
       c.embedding_combiner() != v1::COMBINER_MEAN)
-    return bad("embedding_combiner must be sum or mean");
+    return Bad("embedding_combiner must be sum or mean");
   const v1::SparseTableSpec* table = FindSparseTable(c, kEmbeddingTable);
   if (table == nullptr)
-    return bad(absl::StrCat("the embedding model needs the sparse table \"",
+    return Bad(absl::StrCat("the embedding model needs the sparse table \"",
                             kEmbeddingTable, "\""));
   if (table->dim() != c.embedding_dim() || table->rows() != c.embedding_rows())
-    return bad(absl::StrCat("sparse table \"", kEmbeddingTable, "\" is ", table->rows(),
+    return Bad(absl::StrCat("sparse table \"", kEmbeddingTable, "\" is ", table->rows(),
                             " rows x ", table->dim(), ", the model's embedding ",
                             c.embedding_rows(), " x ", c.embedding_dim()));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& c) {
+  for (absl::Status (*check)(const v1::JobConfig&) :
+       {ValidateModel, ValidateDataset, ValidateSize, ValidateGradients,
+        ValidateFaultTolerance, ValidateSparseTables}) {
+    if (absl::Status s = check(c); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateOptimizer(c.optimizer()); !s.ok()) return s;
+  if (c.model() != v1::MODEL_EMBEDDING) return absl::OkStatus();
+  return ValidateEmbedding(c);
 }
 
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {
