@@ -1,10 +1,14 @@
 #include "coordinator/job_flags.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "data/synthetic_sparse.h"
@@ -179,6 +183,11 @@ namespace grps {
 
 namespace {
 
+// Declared in this file (__FILE__ as the build names it).
+bool IsJobFlag(const absl::CommandLineFlag& flag) {
+  return absl::EndsWith(flag.Filename(), "coordinator/job_flags.cc");
+}
+
 absl::Status FlagError(absl::string_view flag, const absl::Status& status) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", status.message()));
 }
@@ -238,38 +247,26 @@ absl::Status SetEmbedding(v1::JobConfig* c) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
-  v1::JobConfig c = DefaultJobConfig();
-  c.set_job_id(absl::GetFlag(FLAGS_job_id));
-
-  absl::StatusOr<v1::ConsistencyMode> mode = ParseMode(absl::GetFlag(FLAGS_mode));
-  if (!mode.ok()) return FlagError("mode", mode.status());
-  c.set_mode(*mode);
-  c.set_staleness_bound(absl::GetFlag(FLAGS_staleness));
-
+absl::Status SetModel(v1::JobConfig* c) {
   absl::StatusOr<v1::ModelKind> model = ParseModel(absl::GetFlag(FLAGS_model));
   if (!model.ok()) return FlagError("model", model.status());
-  c.set_model(*model);
-  c.clear_hidden_units();
+  c->set_model(*model);
+  c->clear_hidden_units();
   if (*model == v1::MODEL_MLP || *model == v1::MODEL_EMBEDDING) {
     absl::StatusOr<std::vector<uint32_t>> hidden =
         ParseHiddenUnits(absl::GetFlag(FLAGS_hidden));
     if (!hidden.ok()) return FlagError("hidden", hidden.status());
-    for (uint32_t units : *hidden) c.add_hidden_units(units);
+    for (uint32_t units : *hidden) c->add_hidden_units(units);
   }
+  c->set_num_classes(absl::GetFlag(FLAGS_classes));
+  c->set_input_features(absl::GetFlag(FLAGS_features));
+  if (absl::Status s = SetDataset(*model, c->mutable_dataset()); !s.ok()) return s;
+  if (*model == v1::MODEL_EMBEDDING) return SetEmbedding(c);
+  return absl::OkStatus();
+}
 
-  c.set_num_classes(absl::GetFlag(FLAGS_classes));
-  c.set_input_features(absl::GetFlag(FLAGS_features));
-  if (absl::Status s = SetDataset(*model, c.mutable_dataset()); !s.ok()) return s;
-  if (*model == v1::MODEL_EMBEDDING) {
-    if (absl::Status s = SetEmbedding(&c); !s.ok()) return s;
-  }
-
-  v1::OptimizerConfig* opt = c.mutable_optimizer();
-  absl::StatusOr<v1::OptimizerKind> kind =
-      ParseOptimizer(absl::GetFlag(FLAGS_optimizer));
+absl::Status SetOptimizer(v1::OptimizerConfig* opt) {
+  absl::StatusOr<v1::OptimizerKind> kind = ParseOptimizer(absl::GetFlag(FLAGS_optimizer));
   if (!kind.ok()) return FlagError("optimizer", kind.status());
   opt->set_kind(*kind);
   opt->set_learning_rate(absl::GetFlag(FLAGS_lr));
@@ -278,59 +275,96 @@ absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
   opt->set_warmup_steps(absl::GetFlag(FLAGS_warmup_steps));
   opt->set_decay_steps(absl::GetFlag(FLAGS_decay_steps));
   opt->set_decay_rate(absl::GetFlag(FLAGS_decay_rate));
+  return absl::OkStatus();
+}
 
-  c.set_batch_size(absl::GetFlag(FLAGS_batch));
-  c.set_epochs(absl::GetFlag(FLAGS_epochs));
-  c.set_steps(absl::GetFlag(FLAGS_steps));
-  c.set_num_servers(absl::GetFlag(FLAGS_servers));
-  c.set_num_workers(absl::GetFlag(FLAGS_workers));
-  c.set_seed(absl::GetFlag(FLAGS_seed));
-
+// The job's size, its wire and what a worker does to a gradient.
+absl::Status SetShapeAndGradients(v1::JobConfig* c) {
+  c->set_batch_size(absl::GetFlag(FLAGS_batch));
+  c->set_epochs(absl::GetFlag(FLAGS_epochs));
+  c->set_steps(absl::GetFlag(FLAGS_steps));
+  c->set_num_servers(absl::GetFlag(FLAGS_servers));
+  c->set_num_workers(absl::GetFlag(FLAGS_workers));
+  c->set_seed(absl::GetFlag(FLAGS_seed));
   const uint64_t chunk_kb = absl::GetFlag(FLAGS_chunk_kb);
   if (chunk_kb == 0 || chunk_kb > 64 * 1024)
     return absl::InvalidArgumentError(
         absl::StrCat("--chunk_kb must be in [1, 65536], got ", chunk_kb));
-  c.set_chunk_bytes(chunk_kb * 1024);
-
+  c->set_chunk_bytes(chunk_kb * 1024);
   absl::StatusOr<v1::DType> wire = ParseWireDType(absl::GetFlag(FLAGS_wire_dtype));
   if (!wire.ok()) return FlagError("wire_dtype", wire.status());
-  c.set_wire_dtype(*wire);
-
-  c.set_gradient_topk(absl::GetFlag(FLAGS_topk));
-  c.set_accumulate_steps(absl::GetFlag(FLAGS_accumulate_steps));
-  c.set_clip_norm(absl::GetFlag(FLAGS_clip_norm));
-  c.set_clip_value(absl::GetFlag(FLAGS_clip_value));
-  absl::StatusOr<v1::DType> compute = ParseWireDType(absl::GetFlag(FLAGS_compute_dtype));
-  if (!compute.ok()) return FlagError("compute_dtype", compute.status());
-  c.set_compute_dtype(*compute);
-  c.set_loss_scale(absl::GetFlag(FLAGS_loss_scale));
-  c.set_eval_every_steps(absl::GetFlag(FLAGS_eval_every));
-  c.set_heartbeat_interval_ms(absl::GetFlag(FLAGS_heartbeat_ms));
-  c.set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  c.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
-  c.set_staleness_aware_lr(absl::GetFlag(FLAGS_staleness_aware_lr));
-  c.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
-  absl::StatusOr<v1::LateGradientPolicy> late =
-      ParseLateGradients(absl::GetFlag(FLAGS_late_gradients));
-  if (!late.ok()) return FlagError("late_gradients", late.status());
-  c.set_late_gradients(*late);
-
-  c.set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
-  absl::StatusOr<v1::CheckpointStorage> storage =
-      ParseCheckpointStorage(absl::GetFlag(FLAGS_checkpoint_storage));
-  if (!storage.ok()) return FlagError("checkpoint_storage", storage.status());
-  c.set_checkpoint_storage(*storage);
+  c->set_wire_dtype(*wire);
   absl::StatusOr<v1::LocalTransport> transport =
       ParseLocalTransport(absl::GetFlag(FLAGS_local_transport));
   if (!transport.ok()) return FlagError("local_transport", transport.status());
-  c.set_local_transport(*transport);
-  c.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
-  c.set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
-  c.set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));
-  c.set_coordinator_timeout_ms(absl::GetFlag(FLAGS_coordinator_timeout_ms));
+  c->set_local_transport(*transport);
+  c->set_gradient_topk(absl::GetFlag(FLAGS_topk));
+  c->set_accumulate_steps(absl::GetFlag(FLAGS_accumulate_steps));
+  c->set_clip_norm(absl::GetFlag(FLAGS_clip_norm));
+  c->set_clip_value(absl::GetFlag(FLAGS_clip_value));
+  absl::StatusOr<v1::DType> compute = ParseWireDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute.ok()) return FlagError("compute_dtype", compute.status());
+  c->set_compute_dtype(*compute);
+  c->set_loss_scale(absl::GetFlag(FLAGS_loss_scale));
+  c->set_eval_every_steps(absl::GetFlag(FLAGS_eval_every));
+  return absl::OkStatus();
+}
 
+// The mode's rules: staleness, backup workers, late gradients.
+absl::Status SetMode(v1::JobConfig* c) {
+  absl::StatusOr<v1::ConsistencyMode> mode = ParseMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) return FlagError("mode", mode.status());
+  c->set_mode(*mode);
+  c->set_staleness_bound(absl::GetFlag(FLAGS_staleness));
+  c->set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  c->set_staleness_aware_lr(absl::GetFlag(FLAGS_staleness_aware_lr));
+  c->set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
+  absl::StatusOr<v1::LateGradientPolicy> late =
+      ParseLateGradients(absl::GetFlag(FLAGS_late_gradients));
+  if (!late.ok()) return FlagError("late_gradients", late.status());
+  c->set_late_gradients(*late);
+  return absl::OkStatus();
+}
+
+// Heartbeats, timeouts and checkpoints.
+absl::Status SetFaultTolerance(v1::JobConfig* c) {
+  c->set_heartbeat_interval_ms(absl::GetFlag(FLAGS_heartbeat_ms));
+  c->set_heartbeat_timeout_ms(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  c->set_checkpoint_dir(absl::GetFlag(FLAGS_checkpoint_dir));
+  absl::StatusOr<v1::CheckpointStorage> storage =
+      ParseCheckpointStorage(absl::GetFlag(FLAGS_checkpoint_storage));
+  if (!storage.ok()) return FlagError("checkpoint_storage", storage.status());
+  c->set_checkpoint_storage(*storage);
+  c->set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
+  c->set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  c->set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));
+  c->set_coordinator_timeout_ms(absl::GetFlag(FLAGS_coordinator_timeout_ms));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> JobConfigFromFlags() {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_job_id(absl::GetFlag(FLAGS_job_id));
+  for (absl::Status (*set)(v1::JobConfig*) :
+       {SetMode, SetModel, SetShapeAndGradients, SetFaultTolerance}) {
+    if (absl::Status s = set(&c); !s.ok()) return s;
+  }
+  if (absl::Status s = SetOptimizer(c.mutable_optimizer()); !s.ok()) return s;
   if (absl::Status s = ValidateJobConfig(c); !s.ok()) return s;
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> ChangedJobFlags() {
+  std::vector<std::pair<std::string, std::string>> changed;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!IsJobFlag(*flag)) continue;
+    std::string value = flag->CurrentValue();
+    if (value != flag->DefaultValue()) changed.emplace_back(name, std::move(value));
+  }
+  std::sort(changed.begin(), changed.end());
+  return changed;
 }
 
 }  // namespace grps

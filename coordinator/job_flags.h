@@ -1,6 +1,7 @@
 // The command-line flags (and GRPS_* environment variables, see
-// daemon/daemon.h) that define a job, read by grps-coordinator. Every flag
-// defaults to DefaultJobConfig()'s value.
+// daemon/daemon.h) that define a job: declared here once, read by
+// grps-coordinator and passed on to it by grps-local. Every flag defaults to
+// DefaultJobConfig()'s value.
 //
 //   --job_id --mode=sync|async|ssp --staleness (ssp bound)
 //   --model=mlp|softmax|embedding --hidden="256,128" ("" for none)
@@ -21,6 +22,10 @@
 #ifndef GRPS_COORDINATOR_JOB_FLAGS_H_
 #define GRPS_COORDINATOR_JOB_FLAGS_H_
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "proto/grps.pb.h"
 
@@ -32,6 +37,11 @@ namespace grps {
 // "embedding" (embedding_rows x embedding_dim). InvalidArgument names the offending flag (or,
 // from ValidateJobConfig, the JobConfig field).
 absl::StatusOr<v1::JobConfig> JobConfigFromFlags();
+
+// The job flags whose value is not their default, as {name, value} sorted by
+// name (from the command line or GRPS_<FLAG> alike): what a launcher passes
+// on to grps-coordinator, whose defaults are the same declarations.
+std::vector<std::pair<std::string, std::string>> ChangedJobFlags();
 
 }  // namespace grps
 

@@ -1,6 +1,8 @@
 #include "coordinator/job_flags.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -44,6 +46,21 @@ TEST(JobFlags, DefaultFlagsDescribeTheDefaultJob) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(MessageDifferencer::Equals(*config, DefaultJobConfig()))
       << config->DebugString();
+}
+
+TEST(JobFlags, OnlyFlagsSetAwayFromTheirDefaultAreChangedJobFlags) {
+  absl::FlagSaver saver;
+  EXPECT_TRUE(ChangedJobFlags().empty());
+  absl::SetFlag(&FLAGS_lr, 0.125f);
+  absl::SetFlag(&FLAGS_mode, "async");
+  absl::SetFlag(&FLAGS_batch, DefaultJobConfig().batch_size());  // its default
+  using Flags = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(ChangedJobFlags(), (Flags{{"lr", "0.125"}, {"mode", "async"}}));
+  // The job those flags describe is what a coordinator given them builds.
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->optimizer().learning_rate(), 0.125f);
+  EXPECT_EQ(config->mode(), v1::MODE_ASYNC);
 }
 
 TEST(JobFlags, TheEmbeddingModelGetsItsTableAndReadsFashionMnistAsSparseByDefault) {
