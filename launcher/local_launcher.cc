@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -108,6 +109,13 @@ absl::Status WriteSecretFile(const std::string& path, const std::string& content
   return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
 }
 
+// The daemon's --metrics_listen, when the launch serves metrics.
+void AddMetrics(const LaunchOptions& options, int offset, ChildSpec* spec) {
+  if (!options.metrics) return;
+  spec->argv.push_back(absl::StrCat("--metrics_listen=", options.metrics->host, ":",
+                                    options.metrics->first_port + offset));
+}
+
 const std::string* FindJobFlag(const LaunchOptions& options, const std::string& name) {
   for (const auto& [n, v] : options.job_flags)
     if (n == name) return &v;
@@ -133,6 +141,13 @@ ChildSpec CoordinatorSpec(const LaunchOptions& options, int port) {
   for (const auto& [name, value] : options.job_flags)
     spec.argv.push_back(absl::StrCat("--", name, "=", value));
   AddSecurity(options, /*worker=*/false, &spec);
+  // The coordinator dials no one: it refuses the name its peers check.
+  spec.argv.erase(std::remove_if(spec.argv.begin(), spec.argv.end(),
+                                 [](const std::string& arg) {
+                                   return absl::StartsWith(arg, "--tls_server_name=");
+                                 }),
+                  spec.argv.end());
+  AddMetrics(options, 0, &spec);
   return spec;
 }
 
@@ -145,6 +160,7 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
                   absl::StrCat("--shard=", shard)},
                  InDir(options.run_dir, absl::StrCat("server-", shard, ".log"))};
   AddSecurity(options, /*worker=*/false, &spec);
+  AddMetrics(options, 1 + static_cast<int>(shard), &spec);
   return spec;
 }
 
@@ -169,7 +185,32 @@ ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
       spec.argv.push_back(absl::StrCat("--straggle_ms=", *options.straggle_ms));
   }
   AddSecurity(options, /*worker=*/true, &spec);
+  AddMetrics(options, 1 + static_cast<int>(options.servers + rank), &spec);
   return spec;
+}
+
+std::vector<MetricsTarget> MetricsTargets(const LaunchOptions& options) {
+  std::vector<MetricsTarget> targets;
+  if (!options.metrics) return targets;
+  auto add = [&](std::string daemon) {
+    const int port = options.metrics->first_port + static_cast<int>(targets.size());
+    targets.push_back({std::move(daemon), absl::StrCat(options.metrics->host, ":", port)});
+  };
+  add("coordinator");
+  for (uint32_t shard = 0; shard < options.servers; ++shard)
+    add(absl::StrCat("server-", shard));
+  for (uint32_t rank = 0; rank < options.workers; ++rank) add(absl::StrCat("worker-", rank));
+  return targets;
+}
+
+std::string PrometheusTargetsJson(const std::vector<MetricsTarget>& targets,
+                                  const std::string& job_id) {
+  std::vector<std::string> groups;
+  for (const MetricsTarget& t : targets)
+    groups.push_back(absl::StrCat("  {\"targets\": [", JsonString(t.address),
+                                  "], \"labels\": {\"grps_job\": ", JsonString(job_id),
+                                  ", \"daemon\": ", JsonString(t.daemon), "}}"));
+  return absl::StrCat("[\n", absl::StrJoin(groups, ",\n"), "\n]\n");
 }
 
 std::string CoordinatorPortFile(const LaunchOptions& options) {
@@ -570,8 +611,7 @@ void LocalLauncher::ShowProgress(absl::Time now) {
   std::fflush(out_);
 }
 
-int LocalLauncher::Run() {
-  start_ = absl::Now();
+std::optional<int> LocalLauncher::PrepareRunDir() {
   std::error_code ec;
   fs::create_directories(options_.run_dir, ec);
   if (ec)
@@ -596,7 +636,6 @@ int LocalLauncher::Run() {
     std::fprintf(out_, "auth: off (--noauth): anyone who can reach the ports may act "
                        "on the job\n");
   }
-
   for (const char* binary : {kCoordinatorBinary, kServerBinary, kWorkerBinary}) {
     const std::string path = InDir(options_.bin_dir, binary);
     if (access(path.c_str(), X_OK) != 0)
@@ -605,16 +644,18 @@ int LocalLauncher::Run() {
                                  " (build it, or point --bin_dir at it)"),
                     nullptr);
   }
+  return std::nullopt;
+}
 
-  // The coordinator first; the others need its address.
+std::optional<int> LocalLauncher::StartCoordinator() {
   const std::string port_file = CoordinatorPortFile(options_);
+  std::error_code ec;
   fs::remove(port_file, ec);
   if (absl::Status s = StartChild(CoordinatorSpec(options_), Role::kCoordinator);
       !s.ok())
     return Finish("failed", std::string(s.message()), nullptr);
   const absl::Time port_deadline = absl::Now() + options_.port_file_timeout;
-  std::string address;
-  while (address.empty()) {
+  while (true) {
     if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
     if (children_.front()->Poll())
       return Finish("failed",
@@ -625,7 +666,6 @@ int LocalLauncher::Run() {
     std::stringstream contents;
     contents << f.rdbuf();
     if (absl::StatusOr<int> port = ParsePort(contents.str()); f && port.ok()) {
-      address = absl::StrCat("127.0.0.1:", *port);
       coordinator_port_ = *port;
       break;
     }
@@ -636,14 +676,18 @@ int LocalLauncher::Run() {
                     &coordinator());
     absl::SleepFor(kSupervisePeriod);
   }
-  Say(absl::StrCat("coordinator: ", address, "   (",
+  coordinator_address_ = absl::StrCat("127.0.0.1:", coordinator_port_);
+  Say(absl::StrCat("coordinator: ", coordinator_address_, "   (",
                    options_.token.empty()
                        ? ""
                        : absl::StrCat("GRPS_TOKEN=$(cat ", InDir(options_.run_dir, "token"),
                                       ") "),
-                   "grpsctl --coordinator=", address, " status)"));
-  coordinator_address_ = address;
+                   "grpsctl --coordinator=", coordinator_address_, " status)"));
+  return std::nullopt;
+}
 
+std::optional<int> LocalLauncher::StartMembers() {
+  const std::string& address = coordinator_address_;
   for (uint32_t shard = 0; shard < options_.servers; ++shard)
     if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer,
                                     shard);
@@ -656,35 +700,55 @@ int LocalLauncher::Run() {
       return Finish("failed", std::string(s.message()), nullptr);
   Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
                    " workers; logs in ", options_.run_dir));
-  // Only now: every fork above happened before gRPC's client threads exist.
-  feed_ = std::make_unique<StatusFeed>(address, options_.status_interval);
+  if (options_.metrics) SayWhereMetricsAre();
+  return std::nullopt;
+}
 
-  // Supervise until every child has exited 0, or something goes wrong.
+void LocalLauncher::SayWhereMetricsAre() {
+  const std::string targets_path = InDir(options_.run_dir, "prometheus-targets.json");
+  const std::vector<MetricsTarget> targets = MetricsTargets(options_);
+  if (absl::Status s = WriteFileAtomically(Env::Default(), targets_path,
+                                           PrometheusTargetsJson(targets, options_.job_id));
+      !s.ok())
+    Say(absl::StrCat("grps-local: ", s.message()));
+  std::vector<std::string> lines;
+  for (const MetricsTarget& t : targets)
+    lines.push_back(absl::StrCat("  ", t.daemon, ": http://", t.address, "/metrics"));
+  Say(absl::StrCat("metrics (Prometheus; scrape targets in ", targets_path, "):\n",
+                   absl::StrJoin(lines, "\n")));
+}
+
+std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {
+  *all_exited = true;
+  // By index: a restart appends to children_.
+  for (size_t i = 0; i < children_.size(); ++i) {
+    ChildProcess& child = *children_[i];
+    if (!child.Poll()) {
+      *all_exited = false;
+    } else if (!child.succeeded() && !death_handled_[i]) {
+      if (options_.strict)
+        return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),
+                      &child);
+      const absl::Status s = child_role_[i] == Role::kWorker ? OnWorkerDied(i)
+                                                             : OnDaemonCrashed(i);
+      if (!s.ok()) return Finish("failed", std::string(s.message()), &child);
+    }
+  }
+  if (const ChildProcess* last_dead = EveryWorkerDead())
+    return Finish("failed",
+                  absl::StrCat("every worker died (the last: ", last_dead->name(), " ",
+                               last_dead->DescribeExit(), "); no worker is left to train"),
+                  last_dead);
+  return std::nullopt;
+}
+
+std::optional<int> LocalLauncher::Supervise() {
   std::optional<absl::Time> ended_at;
   while (true) {
     if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
-    bool all_exited = true;
-    // By index: a restart appends to children_.
-    for (size_t i = 0; i < children_.size(); ++i) {
-      ChildProcess& child = *children_[i];
-      if (!child.Poll()) {
-        all_exited = false;
-      } else if (!child.succeeded() && !death_handled_[i]) {
-        if (options_.strict)
-          return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),
-                        &child);
-        const absl::Status s = child_role_[i] == Role::kWorker ? OnWorkerDied(i)
-                                                               : OnDaemonCrashed(i);
-        if (!s.ok()) return Finish("failed", std::string(s.message()), &child);
-      }
-    }
-    if (const ChildProcess* last_dead = EveryWorkerDead())
-      return Finish("failed",
-                    absl::StrCat("every worker died (the last: ", last_dead->name(), " ",
-                                 last_dead->DescribeExit(),
-                                 "); no worker is left to train"),
-                    last_dead);
-    if (all_exited) break;
+    bool all_exited = false;
+    if (std::optional<int> code = HandleExitedChildren(&all_exited)) return code;
+    if (all_exited) return std::nullopt;
     const absl::Time now = absl::Now();
     if (options_.timeout > absl::ZeroDuration() && now - start_ >= options_.timeout)
       return Finish("timeout",
@@ -707,6 +771,18 @@ int LocalLauncher::Run() {
     }
     absl::SleepFor(kSupervisePeriod);
   }
+}
+
+int LocalLauncher::Run() {
+  start_ = absl::Now();
+  if (std::optional<int> code = PrepareRunDir()) return *code;
+  // The coordinator first; the others need its address.
+  if (std::optional<int> code = StartCoordinator()) return *code;
+  if (std::optional<int> code = StartMembers()) return *code;
+  // Only now: every fork above happened before gRPC's client threads exist.
+  feed_ = std::make_unique<StatusFeed>(coordinator_address_, options_.status_interval);
+  // Until every child has exited 0, or something goes wrong.
+  if (std::optional<int> code = Supervise()) return *code;
 
   // Every child exited 0. A job stopped by an operator ends that way too.
   feed_->Stop();

@@ -102,6 +102,15 @@ struct LaunchOptions {
   std::string token;
   std::string worker_token;
   std::vector<std::string> tls_flags;
+  // With a value, every daemon serves Prometheus metrics on `host`: the
+  // coordinator at `first_port`, server s at first_port + 1 + s, worker r
+  // at first_port + 1 + servers + r (a restarted daemon on its
+  // predecessor's port). See MetricsTargets.
+  struct MetricsPorts {
+    std::string host;
+    int first_port = 0;
+  };
+  std::optional<MetricsPorts> metrics;
   // Where to look for gnuplot (a PATH-style list); empty: no plot.
   std::string plot_search_path;
   absl::Duration plot_timeout = absl::Seconds(20);
@@ -134,6 +143,20 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
                      const std::string& coordinator);
 std::string CoordinatorPortFile(const LaunchOptions& options);
+
+// One daemon's metrics endpoint: "coordinator", "server-S" or "worker-R", and
+// its host:port.
+struct MetricsTarget {
+  std::string daemon;
+  std::string address;
+};
+// Every daemon's endpoint under `options.metrics` (none without), the
+// coordinator first, then the servers and the workers in order.
+std::vector<MetricsTarget> MetricsTargets(const LaunchOptions& options);
+// The targets as a Prometheus file_sd file: one group per daemon, labelled
+// grps_job (the job id) and daemon.
+std::string PrometheusTargetsJson(const std::vector<MetricsTarget>& targets,
+                                  const std::string& job_id);
 
 // "runs/<mode>-<YYYYmmdd-HHMMSS>" for a job started at `now` (local time).
 std::string DefaultRunDir(const std::string& mode, absl::Time now,
@@ -247,6 +270,18 @@ class LocalLauncher {
   int Finish(const std::string& exit, const std::string& error,
              const ChildProcess* failed_child);
   enum class Role { kCoordinator, kServer, kWorker };
+  // The steps of Run. Each returns Finish's exit code when the launch ends
+  // in it, nothing when it goes on.
+  std::optional<int> PrepareRunDir();
+  std::optional<int> StartCoordinator();  // sets coordinator_address_
+  std::optional<int> StartMembers();
+  std::optional<int> Supervise();  // nothing: every child exited 0
+  // One look at every child: deals with each death (restart, or the end
+  // of the launch); `all_exited` says whether none runs any more.
+  std::optional<int> HandleExitedChildren(bool* all_exited);
+  // Prints each daemon's /metrics address and writes them, as Prometheus
+  // file_sd targets, to <run_dir>/prometheus-targets.json.
+  void SayWhereMetricsAre();
   // Starts `spec`'s program as a child in `role` (`index`: shard or rank);
   // it becomes the newest child of that role and index.
   absl::Status StartChild(const ChildSpec& spec, Role role, uint32_t index = 0);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -95,6 +97,51 @@ TEST(CoordinatorSpec, ARestartListensOnTheSamePort) {
   ChildSpec spec = CoordinatorSpec(Options(), 40123);
   EXPECT_EQ(spec.argv[1], "--listen=127.0.0.1:40123");
   EXPECT_EQ(spec.argv[3], "--state_dir=/tmp/runs/sync-1");
+}
+
+TEST(MetricsTargets, EveryDaemonServesMetricsOnItsOwnPortAfterTheCoordinators) {
+  LaunchOptions options = Options();  // 3 servers, 4 workers
+  EXPECT_TRUE(MetricsTargets(options).empty());
+  const std::vector<std::string> plain = CoordinatorSpec(options).argv;
+  EXPECT_EQ(std::count_if(plain.begin(), plain.end(),
+                          [](const std::string& a) {
+                            return absl::StartsWith(a, "--metrics_listen");
+                          }),
+            0);
+  options.metrics = LaunchOptions::MetricsPorts{"127.0.0.1", 9464};
+  const std::vector<MetricsTarget> targets = MetricsTargets(options);
+  ASSERT_EQ(targets.size(), 8u);
+  EXPECT_EQ(targets[0].daemon, "coordinator");
+  EXPECT_EQ(targets[0].address, "127.0.0.1:9464");
+  EXPECT_EQ(targets[3].daemon, "server-2");
+  EXPECT_EQ(targets[3].address, "127.0.0.1:9467");
+  EXPECT_EQ(targets[7].daemon, "worker-3");
+  EXPECT_EQ(targets[7].address, "127.0.0.1:9471");
+  // Each daemon is started with the address its target names, a restarted
+  // coordinator too.
+  EXPECT_EQ(CoordinatorSpec(options, 40123).argv.back(), "--metrics_listen=127.0.0.1:9464");
+  EXPECT_EQ(ServerSpec(options, 2, "127.0.0.1:4000").argv.back(),
+            "--metrics_listen=127.0.0.1:9467");
+  EXPECT_EQ(WorkerSpec(options, 3, "127.0.0.1:4000").argv.back(),
+            "--metrics_listen=127.0.0.1:9471");
+  EXPECT_EQ(PrometheusTargetsJson({targets[0], targets[7]}, "sync-1"),
+            "[\n"
+            "  {\"targets\": [\"127.0.0.1:9464\"], \"labels\": {\"grps_job\": \"sync-1\", "
+            "\"daemon\": \"coordinator\"}},\n"
+            "  {\"targets\": [\"127.0.0.1:9471\"], \"labels\": {\"grps_job\": \"sync-1\", "
+            "\"daemon\": \"worker-3\"}}\n"
+            "]\n");
+}
+
+TEST(CoordinatorSpec, GetsTheTlsFilesButNotTheServerNameOnlyDialersCheck) {
+  LaunchOptions options = Options();
+  options.tls_flags = {"--tls_cert=c.pem", "--tls_key=k.pem", "--tls_ca=ca.pem",
+                       "--tls_server_name=grps"};
+  const std::vector<std::string> argv = CoordinatorSpec(options).argv;
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "--tls_ca=ca.pem"), 1);
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "--tls_server_name=grps"), 0);
+  const std::vector<std::string> server = ServerSpec(options, 0, "127.0.0.1:1").argv;
+  EXPECT_EQ(std::count(server.begin(), server.end(), "--tls_server_name=grps"), 1);
 }
 
 TEST(ServerSpec, NamesTheCoordinatorItsShardAndLoopback) {
