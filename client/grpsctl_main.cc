@@ -264,7 +264,9 @@ int Health(const std::string& target) {
 int Main(int argc, char** argv) {
   std::string problem = CheckCommandLine(argc, argv);
   if (!problem.empty()) return UsageError(problem);
-  std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
+  // grpsctl serves nothing: no metrics, no clients to authenticate.
+  std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage,
+                                                      {"metrics_listen", "tls_client_auth"});
   if (args.size() != 2)
     return UsageError(args.size() < 2 ? "no command given"
                                       : "expected exactly one command");

@@ -56,8 +56,25 @@ std::string FolderAndFile(absl::string_view filename) {
 
 }  // namespace
 
-std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
-                                             absl::string_view usage) {
+std::string FirstFlagGiven(int argc, char** argv,
+                           std::initializer_list<absl::string_view> flags) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg(argv[i]);
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "-")) continue;
+    absl::ConsumePrefix(&arg, "-");
+    arg = arg.substr(0, arg.find('='));
+    absl::string_view negated = arg;  // --noname sets a bool flag too
+    const bool maybe_negated = absl::ConsumePrefix(&negated, "no");
+    for (absl::string_view flag : flags)
+      if (arg == flag || (maybe_negated && negated == flag)) return std::string(flag);
+  }
+  return "";
+}
+
+std::vector<char*> ParseFlagsWithEnvironment(
+    int argc, char** argv, absl::string_view usage,
+    std::initializer_list<absl::string_view> unused_flags) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = &IsGrpsFlagFile;
@@ -82,6 +99,12 @@ std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
     if (arg.size() < 3 || arg.substr(0, 2) != "--") continue;
     for (char* p = argv[i] + 2; *p != '\0' && *p != '='; ++p)
       if (*p == '-') *p = '_';
+  }
+  if (const std::string unused = FirstFlagGiven(argc, argv, unused_flags); !unused.empty()) {
+    const absl::string_view program(argv[0]);
+    std::fprintf(stderr, "error: --%s is not used by %s\n", unused.c_str(),
+                 std::string(program.substr(program.rfind('/') + 1)).c_str());
+    std::exit(2);
   }
   return absl::ParseCommandLine(argc, argv);
 }

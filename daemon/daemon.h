@@ -5,6 +5,7 @@
 #define GRPS_DAEMON_DAEMON_H_
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +32,20 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 // GRPS_<NAME> (upper case) when it is set, then parses the command line, which
 // wins. Exits 1 with a clear message on a malformed value (from either).
 // Returns the positional arguments (argv[0] first).
-std::vector<char*> ParseFlagsWithEnvironment(int argc, char** argv,
-                                             absl::string_view usage);
+//
+// `unused_flags` names flags linked into the binary (from a library it
+// shares) that it has no use for: one given on the command line is refused
+// (exit 2, "--X is not used by <program>") rather than ignored. Only the
+// command line is checked: GRPS_* variables are often set once for every
+// daemon of a pod or a launch.
+std::vector<char*> ParseFlagsWithEnvironment(
+    int argc, char** argv, absl::string_view usage,
+    std::initializer_list<absl::string_view> unused_flags = {});
+
+// The first of `flags` that argv[1..argc) sets (--name, --name=V, --noname,
+// single dash too; none after "--"), or "" if none does.
+std::string FirstFlagGiven(int argc, char** argv,
+                           std::initializer_list<absl::string_view> flags);
 
 // Sets up a daemon's process: the default logger ("[time] [name] [level]
 // message" on stderr), and absl::Mutex without its deadlock detection.

@@ -1,6 +1,8 @@
 #include "daemon/daemon.h"
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,21 @@ TEST(Daemon, EnvironmentSetsFlagsAndCommandLineWins) {
   ParseFlagsWithEnvironment(2, argv, "test");
   EXPECT_EQ(absl::GetFlag(FLAGS_daemon_test_port), 77);
   EXPECT_EQ(absl::GetFlag(FLAGS_daemon_test_name), "from-argv");
+}
+
+TEST(Daemon, FirstFlagGivenFindsAFlagInEverySpellingBeforeTheEndOfFlags) {
+  auto given = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return FirstFlagGiven(static_cast<int>(argv.size()), argv.data(),
+                          {"metrics_listen", "tls_client_auth"});
+  };
+  EXPECT_EQ(given({"prog", "--metrics_listen=:9"}), "metrics_listen");
+  EXPECT_EQ(given({"prog", "-metrics_listen", ":9"}), "metrics_listen");
+  EXPECT_EQ(given({"prog", "--json", "--notls_client_auth"}), "tls_client_auth");
+  EXPECT_EQ(given({"prog", "--tls_client_auth"}), "tls_client_auth");
+  EXPECT_EQ(given({"prog", "--metrics_listener=x", "--nometrics", "status"}), "");
+  EXPECT_EQ(given({"prog", "--", "--metrics_listen=:9"}), "");
 }
 
 TEST(Daemon, WithPortReplacesThePort) {

@@ -2,7 +2,9 @@
 # Every binary's --help lists its flags: those of its main file and those of
 # the libraries it reads them from (the token and TLS flags, the job flags,
 # metrics), and none of Abseil's own. (With Abseil's default it listed only
-# the flags of a file named after the binary: "No flags matched".)
+# the flags of a file named after the binary: "No flags matched".) A flag a
+# binary links in but has no use for is refused, not ignored; grps-local
+# checks the job's flags before it starts anything.
 set -euo pipefail
 BIN=${1:?usage: help_flags_test.sh BIN_DIR}
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -25,5 +27,22 @@ expect grps-coordinator listen mode workers servers steps heartbeat_timeout_ms t
 expect grps-server coordinator listen shard checkpoint_dir token tls_cert metrics_listen
 expect grps-worker coordinator rank backend register_timeout_s worker_token
 expect grpsctl coordinator json token
-expect grps-local servers workers mode run_dir result_json
+expect grps-local servers workers mode run_dir result_json checkpoint_storage metrics_listen
+
+# refused EXIT MESSAGE BINARY ARG...: BINARY ARG... exits EXIT saying MESSAGE.
+refused() {
+  local want=$1 message=$2 out code=0; shift 2
+  out=$("$BIN/$1" "${@:2}" 2>&1) || code=$?
+  [ "$code" = "$want" ] || fail "$* exited $code, not $want: $out"
+  grep -qF -- "$message" <<<"$out" || fail "$* did not say '$message': $out"
+  echo "$*: exit $code, $(head -1 <<<"$out")"
+}
+refused 2 "--metrics_listen is not used by grpsctl" grpsctl --metrics_listen=127.0.0.1:9 status
+refused 2 "--tls_client_auth is not used by grpsctl" grpsctl --notls_client_auth status
+WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"
+refused 2 "--metrics_listen must be HOST:PORT" grps-local --metrics_listen=127.0.0.1:0 \
+  --run_dir="$WORK/b"
+[ ! -e "$WORK/a" ] && [ ! -e "$WORK/b" ] || fail "grps-local started a job it refused"
 echo PASS
