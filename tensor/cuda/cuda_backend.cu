@@ -410,6 +410,9 @@ class CudaBackend : public Backend {
 
  private:
   CudaBackend() = default;
+  // The streams, the cuBLAS handle and the scratch memory; false (and
+  // `error`) if any cannot be had.
+  bool CreateQueuesAndScratch(std::string* error);
 
   // Grid size for a grid-stride loop over n > 0 elements: enough blocks to
   // fill the device, no more.
@@ -452,41 +455,48 @@ std::string CudaErrorText(const char* what, cudaError_t err) {
   return std::string(what) + ": " + cudaGetErrorString(err);
 }
 
-std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
+// Device 0, its context created now, and its properties: so that a device
+// that is missing, busy, prohibited, broken or of an architecture the
+// plugin has no kernels for is reported here rather than at the first op.
+bool OpenDevice(int device, cudaDeviceProp* prop, std::string* arch, std::string* error) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     *error = CudaErrorText("cudaGetDeviceCount", err);
-    return nullptr;
+    return false;
   }
   if (count == 0) {
     *error = "no CUDA device is visible";
-    return nullptr;
+    return false;
   }
-  constexpr int kDevice = 0;
-  // cudaFree(nullptr) creates the context now, so that a device that is
-  // busy, prohibited or broken is reported here rather than at the first op.
-  if ((err = cudaSetDevice(kDevice)) != cudaSuccess ||
+  // cudaFree(nullptr) creates the context.
+  if ((err = cudaSetDevice(device)) != cudaSuccess ||
       (err = cudaFree(nullptr)) != cudaSuccess) {
     *error = CudaErrorText("initializing CUDA device 0", err);
-    return nullptr;
+    return false;
   }
-  cudaDeviceProp prop;
-  if ((err = cudaGetDeviceProperties(&prop, kDevice)) != cudaSuccess) {
+  if ((err = cudaGetDeviceProperties(prop, device)) != cudaSuccess) {
     *error = CudaErrorText("cudaGetDeviceProperties", err);
-    return nullptr;
+    return false;
   }
-  const std::string arch =
-      "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  *arch = "sm_" + std::to_string(prop->major) + std::to_string(prop->minor);
   // The plugin carries code for the architectures it was built for (sm_90);
   // on any other device the kernels would fail at their first launch.
   cudaFuncAttributes attributes;
   if ((err = cudaFuncGetAttributes(&attributes, FillKernel)) != cudaSuccess) {
     cudaGetLastError();  // clear, so that a later caller starts clean
-    *error = "the CUDA backend has no kernels for " + std::string(prop.name) +
-             " (" + arch + "): " + cudaGetErrorString(err);
-    return nullptr;
+    *error = "the CUDA backend has no kernels for " + std::string(prop->name) +
+             " (" + *arch + "): " + cudaGetErrorString(err);
+    return false;
   }
+  return true;
+}
+
+std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
+  constexpr int kDevice = 0;
+  cudaDeviceProp prop;
+  std::string arch;
+  if (!OpenDevice(kDevice, &prop, &arch, error)) return nullptr;
 
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   backend->name_ = "cuda (" + std::string(prop.name) + ", " + arch + ")";
@@ -505,36 +515,36 @@ std::unique_ptr<CudaBackend> CudaBackend::Create(std::string* error) {
   backend->max_blocks_ = std::max(1, prop.multiProcessorCount *
                                          (prop.maxThreadsPerMultiProcessor /
                                           kThreads));
-  if ((err = cudaStreamCreateWithFlags(&backend->stream_,
-                                       cudaStreamNonBlocking)) != cudaSuccess ||
-      (err = cudaStreamCreateWithFlags(&backend->copy_stream_,
-                                       cudaStreamNonBlocking)) != cudaSuccess) {
-    *error = CudaErrorText("cudaStreamCreate", err);
-    return nullptr;
-  }
-  cublasStatus_t st = cublasCreate(&backend->cublas_);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    backend->cublas_ = nullptr;
-    *error = std::string("cublasCreate: ") + cublasGetStatusString(st);
-    return nullptr;
-  }
-  if ((st = cublasSetStream(backend->cublas_, backend->stream_)) !=
-      CUBLAS_STATUS_SUCCESS) {
-    *error = std::string("cublasSetStream: ") + cublasGetStatusString(st);
-    return nullptr;
-  }
-  if ((err = cudaMalloc(&backend->partial_,
-                        kMaxReduceBlocks * sizeof(double))) != cudaSuccess ||
-      (err = cudaMalloc(&backend->sum_result_, sizeof(double))) !=
-          cudaSuccess ||
-      (err = cudaMalloc(&backend->loss_scalars_, sizeof(LossOutput))) !=
-          cudaSuccess ||
-      (err = cudaMallocHost(&backend->sync_loss_, sizeof(LossOutput))) !=
-          cudaSuccess) {
-    *error = CudaErrorText("allocating the backend's scratch memory", err);
-    return nullptr;
-  }
+  if (!backend->CreateQueuesAndScratch(error)) return nullptr;
   return backend;
+}
+
+bool CudaBackend::CreateQueuesAndScratch(std::string* error) {
+  cudaError_t err;
+  if ((err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking)) !=
+          cudaSuccess) {
+    *error = CudaErrorText("cudaStreamCreate", err);
+    return false;
+  }
+  cublasStatus_t st = cublasCreate(&cublas_);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublas_ = nullptr;
+    *error = std::string("cublasCreate: ") + cublasGetStatusString(st);
+    return false;
+  }
+  if ((st = cublasSetStream(cublas_, stream_)) != CUBLAS_STATUS_SUCCESS) {
+    *error = std::string("cublasSetStream: ") + cublasGetStatusString(st);
+    return false;
+  }
+  if ((err = cudaMalloc(&partial_, kMaxReduceBlocks * sizeof(double))) != cudaSuccess ||
+      (err = cudaMalloc(&sum_result_, sizeof(double))) != cudaSuccess ||
+      (err = cudaMalloc(&loss_scalars_, sizeof(LossOutput))) != cudaSuccess ||
+      (err = cudaMallocHost(&sync_loss_, sizeof(LossOutput))) != cudaSuccess) {
+    *error = CudaErrorText("allocating the backend's scratch memory", err);
+    return false;
+  }
+  return true;
 }
 
 // Errors are ignored here: a backend destroyed during process exit may find
