@@ -199,6 +199,15 @@ class CoordinatorServiceTest : public ::testing::Test {
     return state;
   }
 
+  // Whether a RegisterWorker call is blocked in the service, waiting for the
+  // shards, within 10 s (polls the service's hook: no guessed sleep).
+  bool WaitUntilARegistrationWaits() {
+    const absl::Time patience = absl::Now() + absl::Seconds(10);
+    while (service_->waiting_registrations() == 0 && absl::Now() < patience)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service_->waiting_registrations() > 0;
+  }
+
   // A fresh empty folder for this test.
   static std::string TempFolder(const std::string& name) {
     static int counter = 0;
@@ -287,11 +296,13 @@ TEST_F(CoordinatorServiceTest, RegisterWorkerBlocksUntilEveryShardRegisters) {
     returned = true;
   });
   v1::RegisterServerResponse s0, s1;
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s0).ok());
-  absl::SleepFor(absl::Milliseconds(300));
+  // Woken by that registration, it waits again: shard 1 is still missing.
+  ASSERT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned) << "returned with shard 1 still missing";
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_UNSPECIFIED);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7001", &s1).ok());
   worker.join();
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -323,10 +334,7 @@ TEST_F(CoordinatorServiceTest, ShutdownReleasesAWaitingRegistration) {
   // Shut down only once the registration waits (one that came after the
   // shutdown would be refused on arrival, and the test would not test the
   // release).
-  const absl::Time patience = absl::Now() + absl::Seconds(10);
-  while (service_->waiting_registrations() == 0 && absl::Now() < patience)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(service_->waiting_registrations(), 1);
+  ASSERT_TRUE(WaitUntilARegistrationWaits());
   const absl::Time start = absl::Now();
   service_->Shutdown();
   worker.join();
