@@ -112,6 +112,32 @@ class JobStateMachineTest : public ::testing::Test {
     return request;
   }
 
+  absl::Status Beat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
+    absl::StatusOr<v1::HeartbeatResponse> reply = machine_->Heartbeat(request);
+    if (reply.ok()) *response = *reply;
+    return reply.status();
+  }
+
+  absl::Status WorkerBeat(uint32_t rank, uint64_t incarnation,
+                          const v1::WorkerProgress& progress,
+                          v1::HeartbeatResponse* response) {
+    v1::HeartbeatRequest request = WorkerRequest(rank, incarnation);
+    *request.mutable_progress() = progress;
+    return Beat(request, response);
+  }
+
+  absl::Status ServerBeat(uint32_t shard, uint64_t incarnation,
+                          v1::HeartbeatResponse* response,
+                          const v1::ShardStatus& status = v1::ShardStatus(),
+                          bool final_report = false) {
+    v1::HeartbeatRequest request = ServerRequest(shard, incarnation);
+    *request.mutable_shard() = status;
+    request.set_final_report(final_report);
+    return Beat(request, response);
+  }
+
+  v1::JobStatus Status() { return machine_->Status(); }
+
   v1::HeartbeatResponse Beat(const v1::HeartbeatRequest& request) {
     absl::StatusOr<v1::HeartbeatResponse> reply = machine_->Heartbeat(request);
     EXPECT_TRUE(reply.ok()) << reply.status();
@@ -252,53 +278,6 @@ TEST_F(JobStateMachineTest, TrainingDoneThenTheFinalEvaluationCompletesTheJob) {
   EXPECT_TRUE(absl::IsFailedPrecondition(RegisterWorker(-1).status()));
 }
 
-TEST_F(JobStateMachineTest, ASilentWorkerDiesAndLeavesTheLiveSet) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  clock_.Advance(absl::Milliseconds(800));
-  Beat(WorkerRequest(1, w[1].incarnation()));
-  machine_->DetectFailures();
-  EXPECT_EQ(machine_->Status().workers(0).state(), v1::MEMBER_STATE_ALIVE);
-  clock_.Advance(absl::Milliseconds(800));  // rank 0 silent for 1.6 s
-  machine_->DetectFailures();
-  v1::JobStatus status = machine_->Status();
-  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_DEAD);
-  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_ALIVE);
-  EXPECT_THAT(Beat(ServerRequest(0, s[0].incarnation())).live_workers(), ElementsAre(1u));
-  // The dead rank does not keep the job from completing.
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  EXPECT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);  // the final evaluation
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
-  status = machine_->Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(status.message(), "worker 0 died before finishing; the others finished");
-}
-
-TEST_F(JobStateMachineTest, TheEvaluatorIsTheLowestAliveRankThenTheLowestFinishedOneHeard) {
-  StartJob(1, 3);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  EXPECT_EQ(Beat(WorkerRequest(2, w[2].incarnation())).evaluator_rank(), 0u);
-  // Rank 0 dies: rank 1 evaluates.
-  clock_.Advance(absl::Milliseconds(800));
-  Beat(WorkerRequest(1, w[1].incarnation()));
-  Beat(WorkerRequest(2, w[2].incarnation()));
-  clock_.Advance(absl::Milliseconds(800));
-  machine_->DetectFailures();
-  EXPECT_EQ(Beat(WorkerRequest(2, w[2].incarnation())).evaluator_rank(), 1u);
-  EXPECT_EQ(machine_->Status().evaluator_rank(), 1u);
-  // Both others finish; rank 1 goes silent: the final evaluator is rank 2.
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  ASSERT_TRUE(Done(2, w[2].incarnation(), 100).ok());
-  EXPECT_EQ(machine_->Status().evaluator_rank(), 1u);
-  clock_.Advance(absl::Milliseconds(800));
-  Beat(WorkerRequest(2, w[2].incarnation()));
-  clock_.Advance(absl::Milliseconds(800));
-  EXPECT_EQ(Beat(WorkerRequest(2, w[2].incarnation())).evaluator_rank(), 2u);
-  EXPECT_EQ(machine_->Status().workers(1).state(), v1::MEMBER_STATE_FINISHED);
-}
-
 TEST_F(JobStateMachineTest, ARestartedServerRollsTheJobBackAndRanksResume) {
   StartJob(2, 2);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
@@ -427,31 +406,6 @@ TEST_F(JobStateMachineTest, ACheckpointNeedsACheckpointDirARunningJobAndEverySha
   EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
 }
 
-TEST_F(JobStateMachineTest, AShardDeadPastTheRecoveryTimeoutFailsTheJob) {
-  StartJob(2, 1);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  auto beat_others_and_detect = [&] {
-    Beat(ServerRequest(0, s[0].incarnation(), 5));
-    Beat(WorkerRequest(0, w[0].incarnation()));
-    machine_->DetectFailures();
-  };
-  for (int i = 0; i < 30; ++i) {  // 1 s timeout + 29 s dead
-    clock_.Advance(absl::Seconds(1));
-    beat_others_and_detect();
-  }
-  EXPECT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(machine_->Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
-  clock_.Advance(absl::Seconds(2));
-  beat_others_and_detect();
-  v1::JobStatus status = machine_->Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(status.message().find("shard 1 has been dead for"), std::string::npos)
-      << status.message();
-  EXPECT_EQ(Beat(ServerRequest(0, s[0].incarnation(), 5)).job_state(), v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(absl::IsFailedPrecondition(machine_->StopJob("too late")));
-}
-
 TEST_F(JobStateMachineTest, StopJobIsFinalAndMayBeRepeated) {
   StartJob(1, 1);
   RegisterAllServers();
@@ -464,6 +418,338 @@ TEST_F(JobStateMachineTest, StopJobIsFinalAndMayBeRepeated) {
   v1::RegisterServerRequest late;
   late.set_address("127.0.0.1:7005");
   EXPECT_TRUE(absl::IsFailedPrecondition(machine_->RegisterServer(late).status()));
+}
+
+TEST_F(JobStateMachineTest, SilentWorkerIsDeclaredDeadAndLeavesTheLiveSet) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  const uint64_t epoch = reply.membership_epoch();
+
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(600));  // worker 1 silent for 1.2 s > 1 s
+  machine_->DetectFailures();
+
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u));
+  EXPECT_THAT(reply.live_worker_incarnations(), ElementsAre(w[0].incarnation()));
+  EXPECT_GT(reply.membership_epoch(), epoch);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_DEAD);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.membership_epoch(), reply.membership_epoch());
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobStateMachineTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();  // worker 1 dead
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // the final evaluation
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
+}
+
+TEST_F(JobStateMachineTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
+  EXPECT_EQ(status.workers(0).last_heartbeat_ms_ago(), 800u);
+}
+
+TEST_F(JobStateMachineTest, EvaluatorIsLowestAliveRankWhileTraining) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  // Rank 0 dies: rank 1 evaluates; rank 1 finishes: rank 2 does.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 2u);
+  EXPECT_FALSE(reply.evaluate_final());
+}
+
+TEST_F(JobStateMachineTest, AnEndingJobAsksItsMembersForQuickHeartbeats) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // training: the job's interval
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // one worker still trains
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  // Training is done: the final evaluation and the end should be heard at
+  // once, not an interval later.
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_GT(reply.next_heartbeat_ms(), 0u);
+  EXPECT_LE(reply.next_heartbeat_ms(), 50u);
+}
+
+TEST_F(JobStateMachineTest, FinalEvaluatorIsLowestFinishedRankStillHeartbeating) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Done(r, w[r].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));  // rank 0 silent for 1.6 s
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_FALSE(reply.evaluate_final());  // not its role
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_FINISHED);
+}
+
+TEST_F(JobStateMachineTest, EvaluateFinalWaitsUntilServersHeardTheFinalLiveSet) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  // Heard before training was done: these do not count.
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+
+  auto evaluate_final = [&] {
+    v1::HeartbeatResponse r;
+    EXPECT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &r).ok());
+    EXPECT_EQ(r.evaluator_rank(), 0u);
+    return r.evaluate_final();
+  };
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_TRUE(reply.live_workers().empty());  // the final live set
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());  // applied it
+  EXPECT_FALSE(evaluate_final());  // shard 1 has not
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_TRUE(evaluate_final());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobStateMachineTest, EvaluateFinalDoesNotWaitForADeadServer) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();  // shard 1 dead
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+}
+
+TEST_F(JobStateMachineTest, FinalEvaluationPassesToNextWhenEvaluatorGoesSilent) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+
+  // Rank 0 dies while evaluating; rank 1 keeps heartbeating.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_TRUE(reply.evaluate_final());
+
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+}
+
+TEST_F(JobStateMachineTest, JobCompletesWithoutFinalEvalWhenNoFinishedWorkerRemains) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();  // worker 1 dead
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  machine_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  clock_.Advance(absl::Milliseconds(1001));  // worker 0 silent past the timeout
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(),
+            "worker 1 died before finishing; the others finished; no final "
+            "evaluation: no finished worker was still heartbeating to run it");
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FALSE(status.has_evaluator_rank());
+  // The silent finished worker is not waited for; the live server is.
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(JobStateMachineTest, JobCompletesWhenTheFinalEvaluationArrives) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  // An evaluation before training is done is the latest, not the final one.
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  // Taken from any finished rank, not only the designated one (rank 0).
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+
+  // Both finished workers still heartbeat, so both must hear the end.
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(JobStateMachineTest,
+       JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  clock_.Advance(absl::Seconds(2));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_evaluator_rank());
+
+  // A restarted worker may still come within the recovery timeout (30 s).
+  for (int i = 0; i < 29; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+    machine_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("every worker died before finishing"),
+            std::string::npos)
+      << status.message();
+}
+
+TEST_F(JobStateMachineTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  auto beat_others = [&] {
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+    ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  };
+  for (int i = 0; i < 30; ++i) {  // 1 s timeout + 29 s dead
+    clock_.Advance(absl::Seconds(1));
+    beat_others();
+    machine_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
+  clock_.Advance(absl::Seconds(2));
+  beat_others();
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("shard 1 has been dead for"), std::string::npos)
+      << status.message();
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
 }
 
 }  // namespace
