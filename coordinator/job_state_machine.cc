@@ -71,7 +71,7 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
 }
 
 void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
-                                    const std::string& dir) {
+                                 const std::string& dir) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   restore_ = RestoreOrderFor(manifest, dir);
@@ -88,7 +88,7 @@ void JobStateMachine::SetNextCheckpointId(uint64_t id) {
 }
 
 absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
-                                          absl::string_view from) {
+                                       absl::string_view from) {
   const absl::Time now = clock_();
   if (state.config().job_id() != config_.job_id())
     return absl::InvalidArgumentError(
@@ -157,7 +157,7 @@ void JobStateMachine::NoteRegistrationLocked(absl::Time now) {
 }
 
 void JobStateMachine::EndLocked(v1::JobState state, std::string message,
-                                   absl::Time now) {
+                                absl::Time now) {
   state_ = state;
   message_ = std::move(message);
   ended_ = now;
@@ -395,7 +395,7 @@ v1::RestoreOrder JobStateMachine::VerifiedRestoreOrderLocked() const {
 }
 
 v1::RestoreOrder JobStateMachine::RestoreOrderFor(const v1::CheckpointManifest& manifest,
-                                                     const std::string& dir) const {
+                                                  const std::string& dir) const {
   v1::RestoreOrder order;
   order.set_checkpoint_id(manifest.id());
   order.set_dir(dir);
@@ -507,7 +507,7 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
 }
 
 absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
-                                             absl::Time now) {
+                                          absl::Time now) {
   if (request.incarnation() == 0)
     return absl::InvalidArgumentError("heartbeat without an incarnation");
   if (EndedLocked()) return EndedErrorLocked();

@@ -280,8 +280,6 @@ class JobStateMachine {
   // Training is done: the final checkpoint has completed, failed, was not
   // possible, or has been waited for long enough (starts it if needed).
   bool FinalCheckpointSettledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the final checkpoint; false while it cannot start yet.
-  bool StartFinalCheckpointLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Roll-backs ----
   // Rolls the whole job back, in the next generation, to the newest
