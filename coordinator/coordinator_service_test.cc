@@ -298,11 +298,11 @@ TEST_F(CoordinatorServiceTest, RegisterWorkerBlocksUntilEveryShardRegisters) {
     returned = true;
   });
   v1::RegisterServerResponse s0, s1;
-  ASSERT_TRUE(WaitUntilARegistrationWaits());
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s0).ok());
   // Woken by that registration, it waits again: shard 1 is still missing.
-  ASSERT_TRUE(WaitUntilARegistrationWaits());
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned) << "returned with shard 1 still missing";
   EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_UNSPECIFIED);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7001", &s1).ok());
@@ -336,7 +336,7 @@ TEST_F(CoordinatorServiceTest, ShutdownReleasesAWaitingRegistration) {
   // Shut down only once the registration waits (one that came after the
   // shutdown would be refused on arrival, and the test would not test the
   // release).
-  ASSERT_TRUE(WaitUntilARegistrationWaits());
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   const absl::Time start = absl::Now();
   service_->Shutdown();
   worker.join();
