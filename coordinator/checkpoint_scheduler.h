@@ -13,7 +13,7 @@
 // that doubles per failure, and
 // consecutive_failures() tells the caller to ask with a larger margin.
 //
-// Time is passed in. Not thread-safe: CoordinatorService serializes calls.
+// Time is passed in. Not thread-safe: JobStateMachine serializes calls.
 #ifndef GRPS_COORDINATOR_CHECKPOINT_SCHEDULER_H_
 #define GRPS_COORDINATOR_CHECKPOINT_SCHEDULER_H_
 

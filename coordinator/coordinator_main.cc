@@ -184,7 +184,10 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
   return std::nullopt;
 }
 
-int Main(int argc, char** argv) {
+// Parses the flags and sets up the process; the job's config and shard map,
+// or the exit code when they are invalid.
+std::optional<int> ReadJob(int argc, char** argv, v1::JobConfig* config,
+                           v1::ShardMap* map) {
   ParseFlagsWithEnvironment(
       argc, argv,
       "grps-coordinator [--mode=sync|async|ssp] [--servers=N] [--workers=M] "
@@ -196,31 +199,170 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", std::string(s.message()));
     return 2;
   }
-
-  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
-  if (!config.ok()) {
+  absl::StatusOr<v1::JobConfig> flags = JobConfigFromFlags();
+  if (!flags.ok()) {
     std::fprintf(stderr, "grps-coordinator: invalid job: %s\n",
-                 std::string(config.status().message()).c_str());
+                 std::string(flags.status().message()).c_str());
     return 2;
   }
-  absl::StatusOr<v1::ShardMap> map = BuildShardMap(
+  *config = std::move(*flags);
+  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
       ModelTensors(*config), config->num_servers(), config->chunk_bytes());
-  if (!map.ok()) {
+  if (!built.ok()) {
     std::fprintf(stderr, "grps-coordinator: invalid job: %s\n",
-                 std::string(map.status().message()).c_str());
+                 std::string(built.status().message()).c_str());
     return 2;
   }
+  *map = std::move(*built);
   if (absl::GetFlag(FLAGS_linger_ms) < 0) {
     std::fprintf(stderr, "grps-coordinator: --linger_ms must be >= 0\n");
     return 2;
   }
+  return std::nullopt;
+}
+
+// Where the state file lives (empty: nowhere), per --state_dir.
+std::string StateDir(const v1::JobConfig& config) {
+  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir == "(checkpoint_dir)") state_dir = config.checkpoint_dir();
+  return state_dir;
+}
+
+// Where the job starts from: the state file taken over, or else the newest
+// checkpoint. An exit code when it cannot start.
+std::optional<int> PlaceJob(Env* env, const v1::JobConfig& config, const v1::ShardMap& map,
+                            const StateFileVerdict& verdict, const std::string& state_path,
+                            CoordinatorService* service) {
+  if (!config.checkpoint_dir().empty())
+    service->SetNextCheckpointId(HighestCheckpointFolder(env, config.checkpoint_dir()) + 1);
+  if (verdict.take_over.has_value()) {
+    if (absl::Status s = service->TakeOver(*verdict.take_over, state_path); !s.ok()) {
+      std::fprintf(stderr, "grps-coordinator: cannot take the job back: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
+    return std::nullopt;
+  }
+  if (config.checkpoint_dir().empty()) return std::nullopt;
+  return ResumeFromCheckpoint(env, config, map, service);
+}
+
+// The gRPC server and the metrics endpoint, serving until destroyed.
+struct Serving {
+  GrpcServer server;
+  std::unique_ptr<MetricsEndpoint> metrics;
+};
+
+absl::StatusOr<Serving> StartServing(Env* env, const v1::JobConfig& config,
+                                     const v1::ShardMap& map, CoordinatorService* service) {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  // Every request to the coordinator is small: 4 MiB is far more than any
+  // needs, and gRPC holds at most the default quota for them.
+  ServerLimits limits;
+  limits.max_receive_bytes = 4 << 20;
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {service}, limits);
+  if (!server.ok()) return server.status();
+  Serving serving{std::move(*server), nullptr};
+  auto stop_now = [&serving] {
+    serving.server.server->Shutdown(absl::ToChronoTime(absl::Now()));
+  };
+  auto job_metrics = std::make_shared<CollectFunction>(
+      [service] { return JobMetricFamilies(service->Status()); });
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+      StartMetricsFromFlags("grps-coordinator", {job_metrics});
+  if (!metrics.ok()) {
+    stop_now();
+    return metrics.status();
+  }
+  serving.metrics = std::move(*metrics);
+  spdlog::info(
+      "job {}: {} {} ({} chunks), {}, {} servers, {} workers; listening on {}",
+      config.job_id(), ModelName(config.model()), absl::StrJoin(LayerWidths(config), "-"),
+      map.chunks_size(), ModeName(config.mode()), config.num_servers(),
+      config.num_workers(), WithPort(listen, serving.server.port));
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    if (absl::Status s =
+            WriteFileAtomically(env, port_file, absl::StrCat(serving.server.port, "\n"));
+        !s.ok()) {
+      stop_now();
+      return absl::Status(s.code(), absl::StrCat("--port_file: ", s.message()));
+    }
+  }
+  return serving;
+}
+
+// Detects failures every heartbeat interval, on this thread, and rewrites
+// the state file on a thread of its own (an fsync may take seconds, and
+// failure detection and checkpoint scheduling must not wait for it), until
+// the job ends or a signal arrives.
+void RunUntilTheJobEnds(const v1::JobConfig& config, CoordinatorService* service) {
+  std::atomic<bool> persisting{true};
+  std::thread persister([service, &persisting] {
+    while (persisting.load()) {
+      if (absl::Status s = service->PersistState(/*force=*/false); !s.ok())
+        spdlog::warn("state file: {}", std::string(s.message()));
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  const absl::Duration tick = absl::Milliseconds(config.heartbeat_interval_ms());
+  absl::Time next_tick = absl::Now() + tick;
+  while (true) {
+    if (ShutdownRequested()) {
+      service->Stop("the coordinator received a shutdown signal");
+      break;
+    }
+    if (absl::Now() >= next_tick) {
+      service->DetectFailures();
+      next_tick = absl::Now() + tick;
+    }
+    const absl::Duration wait = std::min(absl::Milliseconds(100), next_tick - absl::Now());
+    if (service->WaitForEnd(std::max(wait, absl::ZeroDuration()))) break;
+  }
+  persisting.store(false);
+  persister.join();
+}
+
+// Lingers so that every live daemon hears the final state from a heartbeat
+// reply and exits by itself; a member that dies meanwhile stops counting.
+void LingerUntilEveryMemberHeard(CoordinatorService* service) {
+  const absl::Time linger_end =
+      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms));
+  // A signal that arrives now cuts the linger short (the job has ended;
+  // nothing is lost). The one that stopped the job does not.
+  const int signals_before_linger = ShutdownSignals();
+  while (absl::Now() < linger_end && !service->EveryLiveMemberSawEnd() &&
+         ShutdownSignals() == signals_before_linger) {
+    service->DetectFailures();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!service->EveryLiveMemberSawEnd())
+    spdlog::warn("exiting before every live daemon heard that the job ended");
+}
+
+// "job j completed after 1m5s at global step 1500; final test accuracy ...".
+std::string ResultLine(const v1::JobStatus& status) {
+  std::string result = absl::StrCat(
+      "job ", status.job_id(), " ", JobStateName(status.state()), " after ",
+      absl::FormatDuration(absl::Seconds(static_cast<int64_t>(status.elapsed_seconds()))),
+      " at global step ", status.global_step());
+  if (status.has_final_eval())
+    absl::StrAppend(&result, "; final test accuracy ",
+                    absl::SixDigits(status.final_test_accuracy()), ", loss ",
+                    absl::SixDigits(status.final_test_loss()));
+  if (!status.message().empty()) absl::StrAppend(&result, " (", status.message(), ")");
+  return result;
+}
+
+int Main(int argc, char** argv) {
+  v1::JobConfig config;
+  v1::ShardMap map;
+  if (std::optional<int> code = ReadJob(argc, argv, &config, &map)) return *code;
 
   Env* env = Env::Default();
-  std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (state_dir == "(checkpoint_dir)") state_dir = config->checkpoint_dir();
+  const std::string state_dir = StateDir(config);
   const std::string state_path =
       state_dir.empty() ? std::string() : JoinPath(state_dir, kStateFileName);
-  StateFileVerdict verdict = ReadStateFile(env, state_path, *config);
+  StateFileVerdict verdict = ReadStateFile(env, state_path, config);
   if (verdict.exit_code.has_value()) return *verdict.exit_code;
   if (!state_dir.empty()) {
     if (absl::Status s = env->CreateDir(state_dir); !s.ok()) {
@@ -233,102 +375,17 @@ int Main(int argc, char** argv) {
   options.env = env;
   options.state_path = state_path;
   options.member_key = MemberKey(ProcessSecurity().admin_token);
-  CoordinatorService service(*config, *map, &absl::Now, options);
-  if (!config->checkpoint_dir().empty())
-    service.SetNextCheckpointId(
-        HighestCheckpointFolder(env, config->checkpoint_dir()) + 1);
-  if (verdict.take_over.has_value()) {
-    if (absl::Status s = service.TakeOver(*verdict.take_over, state_path); !s.ok()) {
-      std::fprintf(stderr, "grps-coordinator: cannot take the job back: %s\n",
-                   std::string(s.message()).c_str());
-      return 2;
-    }
-  } else if (!config->checkpoint_dir().empty()) {
-    if (std::optional<int> code = ResumeFromCheckpoint(env, *config, *map, &service))
-      return *code;
-  }
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  // Every request to the coordinator is small: 4 MiB is far more than any
-  // needs, and gRPC holds at most the default quota for them.
-  ServerLimits limits;
-  limits.max_receive_bytes = 4 << 20;
-  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service}, limits);
-  if (!server.ok()) {
-    spdlog::error("{}", std::string(server.status().message()));
+  CoordinatorService service(config, map, &absl::Now, options);
+  if (std::optional<int> code = PlaceJob(env, config, map, verdict, state_path, &service))
+    return *code;
+  absl::StatusOr<Serving> serving = StartServing(env, config, map, &service);
+  if (!serving.ok()) {
+    spdlog::error("{}", std::string(serving.status().message()));
     return 1;
   }
-  auto job_metrics = std::make_shared<CollectFunction>(
-      [&service] { return JobMetricFamilies(service.Status()); });
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-      StartMetricsFromFlags("grps-coordinator", {job_metrics});
-  if (!metrics.ok()) {
-    spdlog::error("{}", std::string(metrics.status().message()));
-    server->server->Shutdown(absl::ToChronoTime(absl::Now()));
-    return 1;
-  }
-  spdlog::info(
-      "job {}: {} {} ({} chunks), {}, {} servers, {} workers; listening on {}",
-      config->job_id(), ModelName(config->model()),
-      absl::StrJoin(LayerWidths(*config), "-"), map->chunks_size(),
-      ModeName(config->mode()), config->num_servers(), config->num_workers(),
-      WithPort(listen, server->port));
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file);
-      !port_file.empty()) {
-    if (absl::Status s = WriteFileAtomically(env, port_file,
-                                             absl::StrCat(server->port, "\n"));
-        !s.ok()) {
-      spdlog::error("--port_file: {}", std::string(s.message()));
-      server->server->Shutdown(absl::ToChronoTime(absl::Now()));
-      return 1;
-    }
-  }
 
-  // The state file, on a thread of its own: an fsync may take seconds, and
-  // failure detection and checkpoint scheduling must not wait for it.
-  std::atomic<bool> persisting{true};
-  std::thread persister([&service, &persisting] {
-    while (persisting.load()) {
-      if (absl::Status s = service.PersistState(/*force=*/false); !s.ok())
-        spdlog::warn("state file: {}", std::string(s.message()));
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  });
-
-  // Failure detection every heartbeat interval, on this thread, until the
-  // job ends or a signal arrives.
-  const absl::Duration tick = absl::Milliseconds(config->heartbeat_interval_ms());
-  absl::Time next_tick = absl::Now() + tick;
-  while (true) {
-    if (ShutdownRequested()) {
-      service.Stop("the coordinator received a shutdown signal");
-      break;
-    }
-    if (absl::Now() >= next_tick) {
-      service.DetectFailures();
-      next_tick = absl::Now() + tick;
-    }
-    const absl::Duration wait =
-        std::min(absl::Milliseconds(100), next_tick - absl::Now());
-    if (service.WaitForEnd(std::max(wait, absl::ZeroDuration()))) break;
-  }
-  persisting.store(false);
-  persister.join();
-
-  // Linger so that every live daemon hears the final state from a heartbeat
-  // reply and exits by itself; a member that dies meanwhile stops counting.
-  const absl::Time linger_end =
-      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_linger_ms));
-  // A signal that arrives now cuts the linger short (the job has ended;
-  // nothing is lost). The one that stopped the job does not.
-  const int signals_before_linger = ShutdownSignals();
-  while (absl::Now() < linger_end && !service.EveryLiveMemberSawEnd() &&
-         ShutdownSignals() == signals_before_linger) {
-    service.DetectFailures();
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (!service.EveryLiveMemberSawEnd())
-    spdlog::warn("exiting before every live daemon heard that the job ended");
-
+  RunUntilTheJobEnds(config, &service);
+  LingerUntilEveryMemberHeard(&service);
   if (absl::Status s = service.PersistState(/*force=*/true); !s.ok())
     spdlog::warn("state file: {}", std::string(s.message()));
   service.Shutdown();
@@ -337,19 +394,10 @@ int Main(int argc, char** argv) {
   // stays pending until cancelled: measured, 500 ms of a 500 ms deadline,
   // 50 of 50), so the deadline is short: every member has heard the end and
   // the state is saved.
-  server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
+  serving->server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
 
   const v1::JobStatus status = service.Status();
-  std::string result = absl::StrCat(
-      "job ", status.job_id(), " ", JobStateName(status.state()), " after ",
-      absl::FormatDuration(absl::Seconds(static_cast<int64_t>(status.elapsed_seconds()))),
-      " at global step ", status.global_step());
-  if (status.has_final_eval())
-    absl::StrAppend(&result, "; final test accuracy ",
-                    absl::SixDigits(status.final_test_accuracy()), ", loss ",
-                    absl::SixDigits(status.final_test_loss()));
-  if (!status.message().empty()) absl::StrAppend(&result, " (", status.message(), ")");
-  spdlog::info("{}", result);
+  spdlog::info("{}", ResultLine(status));
   // The state is saved and every member has heard the end; skip gRPC's
   // library shutdown (see ExitNow).
   ExitNow(status.state() == v1::JOB_STATE_FAILED ? 1 : 0);

@@ -1,35 +1,21 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
-#include <limits>
 #include <chrono>
 #include <cmath>
 #include <utility>
-#include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "checkpoint/checkpoint.h"
-#include "coordinator/job_summary.h"
 #include "daemon/daemon.h"
-#include "job/job_config.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
 
 namespace {
 
-// How often a blocked RPC looks at its client (cancellation) while waiting.
-constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 // How long before a waiting RPC's deadline its handler gives up, so that
 // its answer reaches a caller that is still waiting.
 constexpr absl::Duration kAnswerMargin = absl::Milliseconds(100);
-// The heartbeat interval asked of members while the job is ending.
-constexpr uint32_t kEndingHeartbeatMs = 50;
-// How long the final watch snapshot waits for the servers' final reports.
-constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 constexpr absl::Duration kDefaultWatchInterval = absl::Seconds(1);
 constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(100);
 constexpr size_t kMaxReasonBytes = 1024;
@@ -41,588 +27,41 @@ absl::Time DeadlineOf(const grpc::ServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
-         state == v1::JOB_STATE_FAILED;
+// The state machine waits until the client's deadline (less `margin`) or
+// its cancellation.
+JobStateMachine::Wait WaitFor(grpc::ServerContext* context,
+                              absl::Duration margin = absl::ZeroDuration()) {
+  JobStateMachine::Wait wait;
+  wait.deadline = DeadlineOf(*context) - margin;
+  wait.cancelled = [context] { return context->IsCancelled(); };
+  return wait;
 }
 
-// Throttles of PersistState.
-constexpr absl::Duration kPersistEvery = absl::Milliseconds(200);
-constexpr absl::Duration kPersistProgressEvery = absl::Seconds(5);
-
-std::string MiB(uint64_t bytes) {
-  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-}
-
-// "30s", "1m5s": a duration in whole seconds.
-std::string WholeSeconds(absl::Duration d) {
-  return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(d)));
-}
-
-// "shard 1" or "shards 0, 1".
-std::string Members(absl::string_view noun, const std::vector<uint32_t>& v) {
-  return absl::StrCat(noun, v.size() == 1 ? " " : "s ", absl::StrJoin(v, ", "));
+JobStateMachine::Options MachineOptions(CoordinatorOptions options) {
+  JobStateMachine::Options out;
+  out.env = options.env;
+  out.state_path = std::move(options.state_path);
+  out.reconnect_backoff = kMaxReconnectBackoff;
+  return out;
 }
 
 }  // namespace
 
-CoordinatorService::CoordinatorService(v1::JobConfig config,
-                                       v1::ShardMap shard_map, Clock clock,
-                                       CoordinatorOptions options)
-    : config_(std::move(config)),
-      clock_(std::move(clock)),
-      env_(options.env != nullptr ? options.env : Env::Default()),
-      state_path_(std::move(options.state_path)),
-      member_key_(std::move(options.member_key)),
-      membership_(std::move(shard_map), config_.num_workers(),
-                  absl::Milliseconds(config_.heartbeat_timeout_ms())),
-      checkpoints_(config_, config_.num_servers()) {
-  // Generation 0 is "unchecked" on the wire (a plain client): a job starts
-  // at 1, so that a push from before the first roll-back is fenced too.
-  restore_.set_generation(1);
-  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
-  // Real time, not clock_: tests run coordinators one after another on a
-  // fake clock.
-  checkpoints_.set_coordinator_incarnation(
-      static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixNanos(absl::Now()))));
-}
+CoordinatorService::CoordinatorService(v1::JobConfig config, v1::ShardMap shard_map,
+                                       Clock clock, CoordinatorOptions options)
+    : member_key_(options.member_key),
+      machine_(std::move(config), std::move(shard_map), std::move(clock),
+               MachineOptions(std::move(options))) {}
 
-void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,
-                                    const std::string& dir) {
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  restore_ = RestoreOrderFor(manifest, dir);
-  restore_.set_generation(2);
-  checkpoints_.SetNewestComplete(manifest, dir, 0);
-  membership_.ResetResumeSteps({restore_.worker_steps().begin(),
-                                restore_.worker_steps().end()},
-                               now);
-}
-
-void CoordinatorService::SetNextCheckpointId(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  checkpoints_.SetNextId(id);
-}
-
-absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
-                                          absl::string_view from) {
-  const absl::Time now = clock_();
-  if (state.config().job_id() != config_.job_id())
-    return absl::InvalidArgumentError(
-        absl::StrCat(from, " is of job '", state.config().job_id(), "', not '",
-                     config_.job_id(), "'"));
-  if (state.state() != v1::JOB_STATE_WAITING && state.state() != v1::JOB_STATE_RUNNING)
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, ": job is ", JobStateName(state.state()), "; only a waiting or "
-        "running job is taken back"));
-  // The newest complete checkpoint's worker steps come from its manifest.
-  std::optional<v1::CheckpointManifest> newest;
-  if (state.last_checkpoint().id() > 0) {
-    absl::StatusOr<v1::CheckpointManifest> m =
-        ReadManifest(env_, state.last_checkpoint().dir());
-    if (m.ok() && m->id() == state.last_checkpoint().id()) {
-      newest = *m;
-    } else {
-      spdlog::warn("{}: cannot read the manifest of checkpoint {} in {}: {}", std::string(from),
-                   state.last_checkpoint().id(), state.last_checkpoint().dir(),
-                   m.ok() ? "another id" : std::string(m.status().message()));
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
-    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
-  state_ = state.state();
-  message_ = state.message();
-  restore_ = state.restore();
-  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
-  refused_checkpoints_.assign(state.refused_checkpoints().begin(),
-                              state.refused_checkpoints().end());
-  if (newest.has_value())
-    checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
-                                   state.checkpoints_completed());
-  checkpoints_.SetNextId(state.next_checkpoint_id());
-  coordinator_restarted_ = true;
-  // Members reconnect within kMaxReconnectBackoff of our return, then
-  // heartbeat: nobody is silent before that.
-  no_deaths_before_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms()) +
-                      kMaxReconnectBackoff +
-                      absl::Milliseconds(config_.heartbeat_interval_ms());
-  elapsed_before_ = std::max(0.0, state.elapsed_seconds());
-  started_ = now;
-  global_step_moved_ = now;
-  spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
-               "complete, next id {})",
-               config_.job_id(), restore_.generation(), std::string(from), JobStateName(state_),
-               checkpoints_.completed(), checkpoints_.next_id());
-  return absl::OkStatus();
-}
-
-v1::RestoreOrder CoordinatorService::restore_order() const {
-  absl::MutexLock lock(&mu_);
-  return restore_;
-}
+CoordinatorService::~CoordinatorService() { WaitForManifestWrites(); }
 
 absl::Status CoordinatorService::CheckJobId(absl::string_view job_id,
                                             bool allow_empty) const {
-  if (job_id == config_.job_id() || (allow_empty && job_id.empty()))
-    return absl::OkStatus();
+  const std::string& ours = machine_.config().job_id();
+  if (job_id == ours || (allow_empty && job_id.empty())) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("request is for job '", QuoteUntrusted(job_id),
-                   "', this coordinator runs job '", config_.job_id(), "'"));
-}
-
-bool CoordinatorService::EndedLocked() const { return IsFinal(state_); }
-
-void CoordinatorService::NoteRegistrationLocked(absl::Time now) {
-  if (started_ == absl::InfinitePast()) started_ = now;
-}
-
-void CoordinatorService::EndLocked(v1::JobState state, std::string message,
-                                   absl::Time now) {
-  state_ = state;
-  message_ = std::move(message);
-  ended_ = now;
-  spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), message_);
-  changed_.SignalAll();
-}
-
-void CoordinatorService::UpdateStateLocked(absl::Time now) {
-  if (EndedLocked()) return;
-  if (state_ == v1::JOB_STATE_WAITING) {
-    if (!membership_.UnregisteredShards().empty() ||
-        !membership_.UnregisteredRanks().empty())
-      return;
-    state_ = v1::JOB_STATE_RUNNING;
-    global_step_moved_ = now;
-    spdlog::info("job {} running: {} servers and {} workers registered",
-                 config_.job_id(), config_.num_servers(), config_.num_workers());
-    changed_.SignalAll();
-  }
-  if (!TrainingDoneLocked()) {
-    if (announced_training_done_) ResetTrainingDoneLocked();
-    return;
-  }
-  if (!announced_training_done_) {
-    announced_training_done_ = true;
-    spdlog::info("job {}: training done ({}); waiting for the final evaluation{}",
-                 config_.job_id(), TrainingDoneMessageLocked(),
-                 checkpoints_.enabled() ? " and the final checkpoint" : "");
-  }
-  if (!FinalCheckpointSettledLocked(now)) return;
-  if (has_final_eval_) {
-    EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
-    return;
-  }
-  if (membership_.FinishedRanksHeartbeating(now).empty()) {
-    EndLocked(v1::JOB_STATE_COMPLETED,
-              absl::StrCat(TrainingDoneMessageLocked(),
-                           "; no final evaluation: no finished worker was "
-                           "still heartbeating to run it"),
-              now);
-    return;
-  }
-}
-
-void CoordinatorService::ResetTrainingDoneLocked() {
-  announced_training_done_ = false;
-  final_checkpoint_id_ = 0;
-  final_checkpoint_settled_ = false;
-  final_checkpoint_deadline_ = absl::InfiniteFuture();
-  final_live_set_acks_.clear();
-  final_evaluation_asked_of_.reset();
-  has_final_eval_ = false;
-}
-
-bool CoordinatorService::FinalCheckpointSettledLocked(absl::Time now) {
-  if (!checkpoints_.enabled() || final_checkpoint_settled_) return true;
-  auto Settle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    final_checkpoint_settled_ = true;
-    return true;
-  };
-  if (final_checkpoint_deadline_ == absl::InfiniteFuture())
-    final_checkpoint_deadline_ = now + CheckpointScheduler::kTimeout;
-  if (final_checkpoint_id_ == 0) {
-    // A sync checkpoint asked for at a step the shards will not reach now.
-    if (checkpoints_.pending() && config_.mode() == v1::MODE_SYNC &&
-        checkpoints_.pending_summary().step() > SyncCheckpointVersionLocked())
-      checkpoints_.Fail(absl::StrCat("training ended before step ",
-                                     checkpoints_.pending_summary().step()),
-                        now);
-    // One in progress was cut before the last updates: let it end, then
-    // take the final one.
-    if (checkpoints_.pending()) return now >= final_checkpoint_deadline_ && Settle();
-    absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "final");
-    if (!request.ok()) {
-      if (absl::IsUnavailable(request.status()) && now < final_checkpoint_deadline_)
-        return false;  // a shard is not alive right now; try again
-      spdlog::warn("job {}: no final checkpoint: {}", config_.job_id(),
-                   std::string(request.status().message()));
-      return Settle();
-    }
-    final_checkpoint_id_ = request->id();
-  }
-  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(final_checkpoint_id_);
-  if (summary.state() == v1::CHECKPOINT_STATE_PENDING) {
-    if (now < final_checkpoint_deadline_) return false;
-    spdlog::warn("job {}: the final checkpoint {} did not complete in {}; ending "
-                 "without it",
-                 config_.job_id(), final_checkpoint_id_,
-                 WholeSeconds(CheckpointScheduler::kTimeout));
-  } else if (summary.state() == v1::CHECKPOINT_STATE_FAILED &&
-             now < final_checkpoint_deadline_) {
-    // Try again (with a fresh id) until the deadline.
-    final_checkpoint_id_ = 0;
-    return false;
-  }
-  final_checkpoint_settled_ = true;
-  return true;
-}
-
-uint64_t CoordinatorService::MaxWorkerTotalLocked() const {
-  uint64_t total = 0;
-  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
-    total = std::max(total, w.progress().total_steps());
-  return total;
-}
-
-uint64_t CoordinatorService::MaxWorkerStepLocked() const {
-  uint64_t step = 0;
-  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
-    step = std::max(step, w.progress().step());
-  return step;
-}
-
-uint64_t CoordinatorService::SyncCheckpointVersionLocked() const {
-  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
-  uint64_t highest = 0;
-  for (uint64_t v : versions) highest = std::max(highest, v);
-  if (TrainingDoneLocked()) {
-    // Every step is done: the shards are at (or about to report) the
-    // finished workers' step count, and stay there.
-    return std::max(highest, MaxWorkerStepLocked());
-  }
-  // Ahead of every shard by what they may do before they hear the request
-  // (about one heartbeat interval each way), more after failures.
-  const double per_interval =
-      steps_per_second_ * config_.heartbeat_interval_ms() / 1000.0;
-  // Versions reach the coordinator a heartbeat late and the request reaches
-  // the shards a heartbeat later: three intervals of steps, and some slack.
-  uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
-  margin <<= std::min<uint32_t>(checkpoints_.consecutive_failures(), 4);
-  uint64_t version = highest + margin;
-  const uint64_t total = MaxWorkerTotalLocked();
-  // Never past the last step: a cut there would wait for good. (After a
-  // roll-back the versions reported may still be the pre-roll-back ones.)
-  if (total > 0 && version > total) version = total;
-  return version;
-}
-
-absl::StatusOr<v1::CheckpointRequest> CoordinatorService::StartCheckpointLocked(
-    absl::Time now, absl::string_view why) {
-  std::vector<uint32_t> not_alive;
-  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now))
-    if (shard.state() != v1::MEMBER_STATE_ALIVE) not_alive.push_back(shard.shard());
-  if (!not_alive.empty())
-    return absl::UnavailableError(absl::StrCat(
-        Members("shard", not_alive), not_alive.size() == 1 ? " is" : " are",
-        " not alive; a checkpoint needs every shard"));
-  uint64_t version = 0;
-  std::vector<uint64_t> worker_steps;
-  if (config_.mode() == v1::MODE_SYNC) {
-    version = SyncCheckpointVersionLocked();
-  } else {
-    for (const v1::WorkerStatus& w : membership_.WorkerStatuses(now))
-      worker_steps.push_back(w.progress().step());
-  }
-  v1::CheckpointRequest request = checkpoints_.Start(
-      version, std::move(worker_steps), global_step_.value_or(0), now);
-  spdlog::info("checkpoint {} ({}) asked of {} shards{}", request.id(),
-               std::string(why), membership_.num_shards(),
-               config_.mode() == v1::MODE_SYNC
-                   ? absl::StrCat(" at step ", version)
-                   : std::string(" (each chunk as it is)"));
-  changed_.SignalAll();
-  return request;
-}
-
-void CoordinatorService::TickCheckpointsLocked(absl::Time now) {
-  if (!checkpoints_.enabled()) return;
-  if (checkpoints_.TimedOut(now)) {
-    const uint64_t id = checkpoints_.pending_summary().id();
-    checkpoints_.Fail(absl::StrCat("not every shard wrote its file within ",
-                                   WholeSeconds(CheckpointScheduler::kTimeout)),
-                      now);
-    spdlog::warn("checkpoint {} failed: {}", id,
-                 checkpoints_.SummaryOf(id).error());
-    changed_.SignalAll();
-  }
-  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked()) return;
-  if (!checkpoints_.Due(global_step_.value_or(0), now)) return;
-  absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "periodic");
-  if (!request.ok())
-    spdlog::debug("periodic checkpoint not asked for: {}",
-                  std::string(request.status().message()));
-}
-
-void CoordinatorService::WriteReadyManifest() {
-  std::optional<v1::CheckpointManifest> manifest;
-  {
-    absl::MutexLock lock(&mu_);
-    manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), config_,
-                                                clock_());
-  }
-  if (!manifest.has_value()) return;
-  const std::string dir = CheckpointFolder(config_.checkpoint_dir(), manifest->id());
-  const absl::Status status = WriteManifest(env_, dir, *manifest);
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  checkpoints_.FinishWrite(manifest->id(), status, now);
-  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(manifest->id());
-  if (summary.state() == v1::CHECKPOINT_STATE_COMPLETE)
-    spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s",
-                 summary.id(), summary.step(), manifest->shards_size(),
-                 MiB(summary.bytes()), summary.seconds());
-  else
-    spdlog::warn("checkpoint {} failed: {}", summary.id(), summary.error());
-  UpdateStateLocked(now);
-  changed_.SignalAll();
-}
-
-v1::RestoreOrder CoordinatorService::VerifiedRestoreOrderLocked() const {
-  v1::RestoreOrder order;  // the initial values
-  order.mutable_worker_steps()->Resize(config_.num_workers(), 0);
-  if (config_.checkpoint_dir().empty()) return order;
-  // What is on disk, not only what this coordinator saw complete: one that
-  // took the job over from an older state file may not know the newest.
-  // Any job's, as at the start: the job may have resumed from another's.
-  const bool per_shard = config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
-  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(
-      env_, config_.checkpoint_dir(), "",
-      per_shard ? CheckpointFiles::kManifestOnly : CheckpointFiles::kEveryFile,
-      refused_checkpoints_);
-  if (!choice.ok()) {
-    spdlog::error("roll-back: {}; back to the initial values",
-                  std::string(choice.status().message()));
-    return order;
-  }
-  for (const std::string& refused : choice->refused)
-    spdlog::warn("roll-back: checkpoint refused: {}", refused);
-  if (!choice->manifest.has_value()) {
-    spdlog::error("roll-back: no checkpoint in {} verifies; back to the initial values",
-                  config_.checkpoint_dir());
-    return order;
-  }
-  return RestoreOrderFor(*choice->manifest, choice->dir);
-}
-
-v1::RestoreOrder CoordinatorService::RestoreOrderFor(const v1::CheckpointManifest& manifest,
-                                                     const std::string& dir) const {
-  v1::RestoreOrder order;
-  order.set_checkpoint_id(manifest.id());
-  order.set_dir(dir);
-  order.set_step(manifest.step());
-  for (uint32_t r = 0; r < config_.num_workers(); ++r)
-    order.add_worker_steps(r < static_cast<uint32_t>(manifest.worker_steps_size())
-                               ? manifest.worker_steps(r)
-                               : manifest.step());
-  if (config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
-    *order.mutable_manifest() = manifest;
-  return order;
-}
-
-bool CoordinatorService::RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed) {
-  if (failed.id() == 0 || failed.id() != restore_.checkpoint_id()) return false;
-  refused_checkpoints_.push_back(failed.id());
-  spdlog::error("server of shard {} cannot restore checkpoint {}: {}; the checkpoint is "
-                "refused for the rest of the job",
-                shard, failed.id(), failed.error());
-  return true;
-}
-
-void CoordinatorService::RollBackLocked(absl::string_view why, absl::Time now) {
-  v1::RestoreOrder order = VerifiedRestoreOrderLocked();
-  order.set_generation(restore_.generation() + 1);
-  restore_ = order;
-  checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
-                                 order.generation(), ")"),
-                    now);
-  const std::vector<uint32_t> revived = membership_.ResetResumeSteps(
-      {order.worker_steps().begin(), order.worker_steps().end()}, now);
-  ResetTrainingDoneLocked();
-  global_step_.reset();
-  global_step_moved_ = now;
-  spdlog::warn(
-      "{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why), config_.job_id(),
-      order.checkpoint_id() == 0 ? std::string("the initial values")
-                                 : absl::StrCat("checkpoint ", order.checkpoint_id()),
-      order.step(), order.generation(),
-      revived.empty() ? std::string()
-                      : absl::StrCat("; finished ", Members("worker", revived),
-                                     " train again"));
-}
-
-void CoordinatorService::FollowGenerationLocked(uint64_t generation, absl::Time now) {
-  if (generation <= restore_.generation() ||
-      generation == std::numeric_limits<uint64_t>::max())
-    return;
-  const uint64_t was = restore_.generation();
-  restore_.set_generation(generation);
-  RollBackLocked(absl::StrCat("a member runs in generation ", generation,
-                              ", this coordinator was at ", was),
-                 now);
-}
-
-void CoordinatorService::NoteGlobalStepLocked(absl::Time now) {
-  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
-  if (versions.empty()) return;
-  const uint64_t step = *std::min_element(versions.begin(), versions.end());
-  if (!global_step_.has_value() || *global_step_ != step) global_step_moved_ = now;
-  if (rate_anchor_time_ == absl::InfinitePast() || step < rate_anchor_step_) {
-    rate_anchor_time_ = now;
-    rate_anchor_step_ = step;
-  } else if (now - rate_anchor_time_ >= absl::Milliseconds(500)) {
-    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
-                        absl::ToDoubleSeconds(now - rate_anchor_time_);
-    rate_anchor_time_ = now;
-    rate_anchor_step_ = step;
-  } else if (steps_per_second_ == 0 && step > rate_anchor_step_ &&
-             now - rate_anchor_time_ >= absl::Milliseconds(100)) {
-    // No estimate yet (the job just started or rolled back): a first one
-    // from what there is, so that an early checkpoint's margin is not blind.
-    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
-                        absl::ToDoubleSeconds(now - rate_anchor_time_);
-  }
-  global_step_ = step;
-}
-
-void CoordinatorService::CheckRecoveryLocked(absl::Time now) {
-  if (state_ != v1::JOB_STATE_RUNNING) return;
-  const absl::Duration recovery = absl::Milliseconds(RecoveryTimeoutMs(config_));
-  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
-  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now)) {
-    if (shard.state() != v1::MEMBER_STATE_DEAD) continue;
-    const absl::Duration dead_for =
-        absl::Milliseconds(shard.last_heartbeat_ms_ago()) - timeout;
-    if (dead_for >= recovery) {
-      EndLocked(v1::JOB_STATE_FAILED,
-                absl::StrCat("shard ", shard.shard(), " has been dead for ",
-                             WholeSeconds(dead_for),
-                             " and no server took it over"),
-                now);
-      return;
-    }
-  }
-  if (membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
-      membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty()) {
-    if (no_workers_since_ == absl::InfiniteFuture()) no_workers_since_ = now;
-    if (now - no_workers_since_ >= recovery) {
-      EndLocked(v1::JOB_STATE_FAILED,
-                absl::StrCat("every worker died before finishing; none came back "
-                             "within ",
-                             WholeSeconds(recovery)),
-                now);
-    }
-  } else {
-    no_workers_since_ = absl::InfiniteFuture();
-  }
-}
-
-absl::Status CoordinatorService::AdoptLocked(const v1::HeartbeatRequest& request,
-                                             absl::Time now) {
-  if (request.incarnation() == 0)
-    return absl::InvalidArgumentError("heartbeat without an incarnation");
-  if (EndedLocked())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config_.job_id(), " has ended (", JobStateName(state_), ")"));
-  if (request.member_case() == v1::HeartbeatRequest::kServerShard) {
-    if (absl::Status s = membership_.AdoptServer(request.server_shard(),
-                                                 request.incarnation(),
-                                                 request.shard().address(), now);
-        !s.ok())
-      return s;
-    spdlog::info("adopted the server of shard {} at {} (incarnation {}) from its "
-                 "heartbeat; shard map epoch {}",
-                 request.server_shard(), request.shard().address(),
-                 request.incarnation(), membership_.shard_map().epoch());
-  } else {
-    if (absl::Status s = membership_.AdoptWorker(
-            request.worker_rank(), request.incarnation(), request.finished(),
-            request.has_progress() ? &request.progress() : nullptr, now);
-        !s.ok())
-      return s;
-    spdlog::info("adopted worker {} (incarnation {}{}) from its heartbeat",
-                 request.worker_rank(), request.incarnation(),
-                 request.finished() ? ", finished" : "");
-  }
-  NoteRegistrationLocked(now);
-  coordinator_restarted_ = true;
-  FollowGenerationLocked(request.generation(), now);
-  return absl::OkStatus();
-}
-
-bool CoordinatorService::TrainingDoneLocked() const {
-  // RUNNING means every rank registered, so the unfinished ones are ALIVE or
-  // DEAD.
-  return state_ == v1::JOB_STATE_RUNNING &&
-         membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
-         !membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty();
-}
-
-std::string CoordinatorService::TrainingDoneMessageLocked() const {
-  const std::vector<uint32_t> dead = membership_.RanksInState(v1::MEMBER_STATE_DEAD);
-  if (dead.empty()) return "every worker finished";
-  return absl::StrCat(Members("worker", dead),
-                      " died before finishing; the others finished");
-}
-
-std::optional<uint32_t> CoordinatorService::EvaluatorLocked(absl::Time now) const {
-  if (EndedLocked()) {
-    if (has_final_eval_) return final_evaluator_rank_;
-    return std::nullopt;
-  }
-  const std::vector<uint32_t> candidates =
-      TrainingDoneLocked() ? membership_.FinishedRanksHeartbeating(now)
-                           : membership_.RanksInState(v1::MEMBER_STATE_ALIVE);
-  if (candidates.empty()) return std::nullopt;
-  return candidates.front();
-}
-
-void CoordinatorService::NoteServerHandleHeartbeat(uint32_t shard) {
-  if (!TrainingDoneLocked()) return;
-  const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
-  const uint64_t epoch = membership_.membership_epoch();
-  auto it = final_live_set_acks_.find(shard);
-  if (it != final_live_set_acks_.end() &&
-      it->second.incarnation == incarnation &&
-      it->second.membership_epoch == epoch) {
-    it->second.heard = true;
-    return;
-  }
-  // This reply is the first to carry the final live set to this server.
-  final_live_set_acks_[shard] = {incarnation, epoch, /*heard=*/false};
-}
-
-bool CoordinatorService::ServersHeardFinalLiveSetLocked() const {
-  const uint64_t epoch = membership_.membership_epoch();
-  for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE)) {
-    auto it = final_live_set_acks_.find(shard);
-    if (it == final_live_set_acks_.end() || !it->second.heard ||
-        it->second.membership_epoch != epoch ||
-        it->second.incarnation !=
-            membership_.shard_map().shards(shard).incarnation())
-      return false;
-  }
-  return true;
-}
-
-std::string CoordinatorService::WaitingMessageLocked() const {
-  std::vector<std::string> missing;
-  std::vector<uint32_t> shards = membership_.UnregisteredShards();
-  std::vector<uint32_t> ranks = membership_.UnregisteredRanks();
-  if (!shards.empty()) missing.push_back(Members("shard", shards));
-  if (!ranks.empty()) missing.push_back(Members("worker", ranks));
-  return absl::StrCat("waiting for ", absl::StrJoin(missing, " and "),
-                      " to register");
+                   "', this coordinator runs job '", ours, "'"));
 }
 
 grpc::Status CoordinatorService::CheckMember(const grpc::ServerContext& context,
@@ -631,162 +70,64 @@ grpc::Status CoordinatorService::CheckMember(const grpc::ServerContext& context,
   grpc::Status role = RequireRole(
       context, kind == MemberKind::kServer ? Role::kAdmin : Role::kWorker);
   if (!role.ok()) return role;
-  return CheckMemberSecret(member_key_, config_.job_id(), kind, index, incarnation,
-                           CallerMemberSecret(context));
-}
-
-bool CoordinatorService::HoldsLiveRankLocked(const grpc::ServerContext& context,
-                                             int32_t rank) const {
-  // Without authentication there are no secrets, so nothing proves it.
-  if (rank < 0 || member_key_.empty()) return false;
-  const std::optional<uint64_t> incarnation = membership_.LiveIncarnation(rank);
-  return incarnation.has_value() &&
-         CheckMemberSecret(member_key_, config_.job_id(), MemberKind::kWorker, rank,
-                           *incarnation, CallerMemberSecret(context))
-             .ok();
+  return CheckMemberSecret(member_key_, machine_.config().job_id(), kind, index,
+                           incarnation, CallerMemberSecret(context));
 }
 
 grpc::Status CoordinatorService::RegisterServer(
     grpc::ServerContext* context, const v1::RegisterServerRequest* request,
     v1::RegisterServerResponse* response) {
-  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
-    return role;
-  if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
-    return ToGrpc(s);
-  bool rolled_back = false;
-  grpc::Status result = HandleRegisterServer(*request, response, &rolled_back);
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
+  if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<JobStateMachine::ServerRegistration> reg =
+      machine_.RegisterServer(*request);
+  if (!reg.ok()) return ToGrpc(reg.status());
+  *response = std::move(reg->response);
+  response->set_member_secret(MemberSecret(member_key_, machine_.config().job_id(),
+                                           MemberKind::kServer, response->shard(),
+                                           response->incarnation()));
   // A roll-back goes to disk at once, before the restarted server hears of
   // it (the others hear within a heartbeat): a coordinator that takes over
   // must not hand out the older generation's order.
-  if (rolled_back) {
+  if (reg->rolled_back) {
     if (absl::Status s = PersistState(/*force=*/true); !s.ok())
       spdlog::warn("state file: {}", std::string(s.message()));
   }
-  return result;
-}
-
-grpc::Status CoordinatorService::HandleRegisterServer(
-    const v1::RegisterServerRequest& req, v1::RegisterServerResponse* response,
-    bool* rolled_back) {
-  const v1::RegisterServerRequest* request = &req;
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  if (EndedLocked())
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("job ", config_.job_id(), " has ended (",
-                                     JobStateName(state_), ")"));
-  absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
-      request->has_requested_shard() ? request->requested_shard() : -1,
-      request->address(), now);
-  if (!reg.ok()) return ToGrpc(reg.status());
-  NoteRegistrationLocked(now);
-  spdlog::info("server {} {} shard {} (incarnation {}); shard map epoch {}",
-               request->address(), reg->rejoined ? "re-registered" : "registered",
-               reg->slot, reg->incarnation, membership_.shard_map().epoch());
-  v1::RestoreOrder restore = restore_;
-  const bool refused =
-      request->has_restore_failed() && RefuseRestoreLocked(reg->slot, request->restore_failed());
-  if ((reg->rejoined && state_ == v1::JOB_STATE_RUNNING) || refused) {
-    // Every mode rolls back to one cut: the shard's own updates since the
-    // checkpoint are gone, and the others' must not outrun them (async
-    // workers would push gradients of versions the shard no longer has).
-    // A checkpoint the shard cannot load is replaced by the one before it,
-    // for every member.
-    RollBackLocked(refused ? absl::StrCat("shard ", reg->slot, " cannot restore checkpoint ",
-                                          request->restore_failed().id())
-                           : absl::StrCat("server of shard ", reg->slot, " restarted"),
-                   now);
-    restore = restore_;
-    *rolled_back = true;
-  }
-  UpdateStateLocked(now);
-  changed_.SignalAll();
-  response->set_shard(reg->slot);
-  response->set_incarnation(reg->incarnation);
-  response->set_member_secret(MemberSecret(member_key_, config_.job_id(),
-                                           MemberKind::kServer, reg->slot,
-                                           reg->incarnation));
-  *response->mutable_config() = config_;
-  *response->mutable_shard_map() = membership_.shard_map();
-  *response->mutable_restore() = std::move(restore);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::RegisterWorker(
     grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
-  if (grpc::Status role = RequireRole(*context, Role::kWorker); !role.ok())
-    return role;
-  if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok())
-    return ToGrpc(s);
-  // Unset: any free rank (a request that says nothing must not take over
-  // rank 0).
-  const int32_t requested_rank =
-      request->has_requested_rank() ? request->requested_rank() : -1;
+  if (grpc::Status role = RequireRole(*context, Role::kWorker); !role.ok()) return role;
+  if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok()) return ToGrpc(s);
+  const std::string& job_id = machine_.config().job_id();
+  const int32_t rank = request->has_requested_rank() ? request->requested_rank() : -1;
+  // Whether the caller sent the member secret of the rank's live incarnation
+  // (without authentication there are no secrets, so nothing proves it).
+  auto proves = [&](uint64_t incarnation) {
+    return !member_key_.empty() &&
+           CheckMemberSecret(member_key_, job_id, MemberKind::kWorker, rank, incarnation,
+                             CallerMemberSecret(*context))
+               .ok();
+  };
   // The wait ends kAnswerMargin before the caller's deadline: a rank given
   // just as the caller gives up would be held by nobody until the heartbeat
   // timeout (the handler's deadline is later than the caller's by the
   // request's transit, and its cancellation arrives later still).
-  const absl::Time deadline = DeadlineOf(*context) - kAnswerMargin;
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = membership_.ValidateWorkerRequest(
-          requested_rank, request->host(), request->backend());
-      !s.ok())
-    return ToGrpc(s);
-  // Take no rank before the map is complete: a worker that gives up waiting
-  // must not hold one.
-  while (!membership_.AllShardsRegistered() && !EndedLocked()) {
-    if (shutting_down_)
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "coordinator is shutting down");
-    if (context->IsCancelled())
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= deadline)
-      return grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("waiting for ",
-                       Members("shard", membership_.UnregisteredShards()),
-                       " to register"));
-    ++waiting_registrations_;
-    changed_.WaitWithDeadline(&mu_, std::min(deadline, real_now + kPollInterval));
-    --waiting_registrations_;
-  }
-  if (EndedLocked())
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("job ", config_.job_id(), " has ended (",
-                                     JobStateName(state_), ")"));
-  const absl::Time now = clock_();
-  absl::StatusOr<Membership::Registration> reg = membership_.RegisterWorker(
-      requested_rank, request->host(), request->backend(), now,
-      HoldsLiveRankLocked(*context, requested_rank));
+  absl::StatusOr<v1::RegisterWorkerResponse> reg =
+      machine_.RegisterWorker(*request, WaitFor(context, kAnswerMargin), proves);
   if (!reg.ok()) return ToGrpc(reg.status());
-  NoteRegistrationLocked(now);
-  spdlog::info(
-      "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
-      "epoch {}",
-      request->host(), request->backend(),
-      reg->rejoined ? "re-registered" : "registered", reg->slot, reg->incarnation,
-      reg->start_step, membership_.membership_epoch());
-  UpdateStateLocked(now);
-  changed_.SignalAll();
-  response->set_rank(reg->slot);
-  response->set_incarnation(reg->incarnation);
-  response->set_member_secret(MemberSecret(member_key_, config_.job_id(),
-                                           MemberKind::kWorker, reg->slot,
-                                           reg->incarnation));
-  response->set_start_step(reg->start_step);
-  response->set_generation(restore_.generation());
-  *response->mutable_config() = config_;
-  *response->mutable_shard_map() = membership_.shard_map();
+  *response = std::move(*reg);
+  response->set_member_secret(MemberSecret(member_key_, job_id, MemberKind::kWorker,
+                                           response->rank(), response->incarnation()));
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const v1::HeartbeatRequest* request,
                                            v1::HeartbeatResponse* response) {
-  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
-    return ToGrpc(s);
+  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok()) return ToGrpc(s);
   if (request->member_case() != v1::HeartbeatRequest::MEMBER_NOT_SET) {
     const bool worker = request->member_case() == v1::HeartbeatRequest::kWorkerRank;
     if (grpc::Status member = CheckMember(
@@ -796,12 +137,14 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
         !member.ok())
       return member;
   }
-  grpc::Status result = HandleHeartbeat(*request, response);
+  absl::StatusOr<v1::HeartbeatResponse> reply = machine_.Heartbeat(*request);
+  if (!reply.ok()) return ToGrpc(reply.status());
+  *response = std::move(*reply);
   // A shard's report may have been the last one a checkpoint waited for.
-  if (result.ok() && request->member_case() == v1::HeartbeatRequest::kServerShard &&
+  if (request->member_case() == v1::HeartbeatRequest::kServerShard &&
       request->shard().has_checkpoint())
     StartManifestWrite();
-  return result;
+  return grpc::Status::OK;
 }
 
 void CoordinatorService::StartManifestWrite() {
@@ -814,7 +157,7 @@ void CoordinatorService::StartManifestWrite() {
   writer_busy_ = true;
   manifest_writer_ = std::thread([this] {
     while (true) {
-      WriteReadyManifest();
+      machine_.WriteReadyManifest();
       absl::MutexLock lock(&writer_mu_);
       if (!writer_again_) {
         writer_busy_ = false;
@@ -832,152 +175,10 @@ void CoordinatorService::WaitForManifestWrites() {
   if (manifest_writer_.joinable()) manifest_writer_.join();
 }
 
-CoordinatorService::~CoordinatorService() { WaitForManifestWrites(); }
-
-grpc::Status CoordinatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
-                                                 v1::HeartbeatResponse* response) {
-  const v1::HeartbeatRequest* request = &req;
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  // A member that has not followed the newest restore order yet: its
-  // progress belongs to a state the job left.
-  // (0: a client that does not say; taken as current.)
-  bool current_generation =
-      request->generation() == 0 || request->generation() >= restore_.generation();
-  bool revived = false;
-  absl::Status s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    switch (request->member_case()) {
-      case v1::HeartbeatRequest::kWorkerRank:
-        s = membership_.WorkerHeartbeat(
-            request->worker_rank(), request->incarnation(),
-            request->has_progress() && current_generation ? &request->progress()
-                                                          : nullptr,
-            now, &revived);
-        if (s.ok() && revived)
-          spdlog::info("worker {} is alive again; membership epoch {}",
-                       request->worker_rank(), membership_.membership_epoch());
-        break;
-      case v1::HeartbeatRequest::kServerShard:
-        s = membership_.ServerHeartbeat(request->server_shard(),
-                                        request->incarnation(), request->shard(),
-                                        now, &revived);
-        if (s.ok() && revived)
-          spdlog::info("server of shard {} is alive again", request->server_shard());
-        break;
-      default:
-        return ToGrpc(absl::InvalidArgumentError(
-            "heartbeat must name a worker_rank or a server_shard"));
-    }
-    if (s.ok() || attempt > 0) break;
-    // A member this coordinator never registered (it restarted), or a newer
-    // incarnation of one it knows: take it in, then record the heartbeat.
-    if ((!absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)) ||
-        request->incarnation() == 0)
-      break;
-    if (absl::Status adopted = AdoptLocked(*request, now); !adopted.ok()) {
-      if (absl::IsNotFound(s)) s = adopted;
-      break;
-    }
-    UpdateStateLocked(now);
-    changed_.SignalAll();
-  }
-  if (!s.ok()) return ToGrpc(s);
-  if (request->generation() > restore_.generation() && !EndedLocked()) {
-    // A member this coordinator knows from an older state file runs in a
-    // newer generation: every member rolls back past it (this one too).
-    FollowGenerationLocked(request->generation(), now);
-    current_generation = false;
-  }
-
-  if (request->member_case() == v1::HeartbeatRequest::kServerShard) {
-    const uint32_t shard = request->server_shard();
-    NoteServerHandleHeartbeat(shard);
-    if (request->shard().has_restore_failed() &&
-        RefuseRestoreLocked(shard, request->shard().restore_failed())) {
-      RollBackLocked(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
-                                  request->shard().restore_failed().id()),
-                     now);
-      current_generation = false;
-    }
-    NoteGlobalStepLocked(now);
-    if (request->shard().has_checkpoint() && current_generation) {
-      const bool was_pending = checkpoints_.pending();
-      const uint64_t id = checkpoints_.pending_summary().id();
-      checkpoints_.Report(shard, request->shard().checkpoint(), now);
-      if (was_pending && !checkpoints_.pending()) {
-        spdlog::warn("checkpoint {} failed: {}", id, checkpoints_.SummaryOf(id).error());
-        changed_.SignalAll();
-      }
-    }
-    if (current_generation) {
-      if (std::optional<v1::CheckpointRequest> ask = checkpoints_.RequestFor(shard);
-          ask.has_value() && !EndedLocked())
-        *response->mutable_checkpoint() = std::move(*ask);
-    }
-  } else {
-    rank_generation_[request->worker_rank()] = {request->incarnation(),
-                                                request->generation()};
-    if (request->finished() && request->has_progress() && current_generation &&
-        !EndedLocked()) {
-      // Its WorkerDone reached a coordinator that died before it saved it:
-      // the heartbeat says what WorkerDone said.
-      const std::vector<uint32_t> finished =
-          membership_.RanksInState(v1::MEMBER_STATE_FINISHED);
-      if (std::find(finished.begin(), finished.end(), request->worker_rank()) ==
-              finished.end() &&
-          membership_
-              .FinishWorker(request->worker_rank(), request->incarnation(),
-                            request->progress(), now)
-              .ok())
-        spdlog::info("worker {} finished at step {} (said by its heartbeat)",
-                     request->worker_rank(), request->progress().step());
-    }
-  }
-  UpdateStateLocked(now);
-
-  response->set_job_state(state_);
-  response->set_generation(restore_.generation());
-  if (TrainingDoneLocked() || EndedLocked())
-    response->set_next_heartbeat_ms(
-        std::min(kEndingHeartbeatMs, config_.heartbeat_interval_ms()));
-  if (!current_generation) *response->mutable_restore() = restore_;
-  Membership::LiveWorkers live = membership_.live_workers();
-  response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
-  response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
-                                                    live.incarnations.end());
-  response->set_membership_epoch(membership_.membership_epoch());
-  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now);
-      evaluator.has_value() && !EndedLocked()) {
-    response->set_evaluator_rank(*evaluator);
-    if (request->member_case() == v1::HeartbeatRequest::kWorkerRank &&
-        request->worker_rank() == *evaluator && TrainingDoneLocked() &&
-        ServersHeardFinalLiveSetLocked()) {
-      response->set_evaluate_final(true);
-      if (final_evaluation_asked_of_ != evaluator) {
-        final_evaluation_asked_of_ = evaluator;
-        spdlog::info("job {}: worker {} evaluates the final weights",
-                     config_.job_id(), *evaluator);
-      }
-    }
-  }
-  if (request->shard_map_epoch() < membership_.shard_map().epoch())
-    *response->mutable_shard_map() = membership_.shard_map();
-  if (EndedLocked()) {
-    if (request->member_case() == v1::HeartbeatRequest::kWorkerRank)
-      ranks_told_end_.insert(request->worker_rank());
-    else if (request->final_report())
-      shards_told_end_.insert(request->server_shard());
-    changed_.SignalAll();
-  }
-  return grpc::Status::OK;
-}
-
 grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
                                             const v1::WorkerDoneRequest* request,
                                             v1::WorkerDoneResponse* response) {
-  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok())
-    return ToGrpc(s);
+  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok()) return ToGrpc(s);
   if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
                                         request->worker_rank(), request->incarnation());
       !member.ok())
@@ -988,64 +189,20 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "final_test_accuracy must be in [0, 1] and "
                         "final_test_loss finite");
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  // A rank that finished in an older generation finished training the job
-  // rolled back from: it trains again. The request says its generation; a
-  // client that sends none is judged by its current incarnation's last
-  // heartbeat.
-  bool stale = request->generation() > 0 &&
-               request->generation() < restore_.generation();
-  if (request->generation() == 0) {
-    auto it = rank_generation_.find(request->worker_rank());
-    stale = it != rank_generation_.end() &&
-            it->second.first == request->incarnation() && it->second.second > 0 &&
-            it->second.second < restore_.generation();
-  }
-  if (stale)
-    return grpc::Status(
-        grpc::StatusCode::ABORTED,
-        absl::StrCat("job rolled back to checkpoint ", restore_.checkpoint_id(),
-                     " (generation ", restore_.generation(),
-                     "); resume from the restore order"));
-  absl::Status s = membership_.FinishWorker(
-      request->worker_rank(), request->incarnation(), request->progress(), now);
-  if (!s.ok()) return ToGrpc(s);
-  std::string eval_note;
-  if (request->has_final_eval() && !EndedLocked()) {
-    const Membership::Evaluation eval{request->final_test_accuracy(),
-                                      request->final_test_loss()};
-    membership_.RecordEvaluation(eval);
-    // Only weights read after training was done are final.
-    const bool final = TrainingDoneLocked();
-    if (final) {
-      has_final_eval_ = true;
-      final_eval_ = eval;
-      final_evaluator_rank_ = request->worker_rank();
-    }
-    eval_note = absl::StrCat(
-        final ? "; final test accuracy " : "; test accuracy (not final: training "
-                                           "is not done) ",
-        eval.accuracy, ", loss ", eval.loss);
-  }
-  spdlog::info("worker {} finished at step {}{}", request->worker_rank(),
-               request->progress().step(), eval_note);
-  UpdateStateLocked(now);
-  return grpc::Status::OK;
+  return ToGrpc(machine_.WorkerDone(*request));
 }
 
 grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
                                              const v1::GetShardMapRequest* request,
                                              v1::ShardMap* response) {
-  absl::MutexLock lock(&mu_);
-  *response = membership_.shard_map();
+  *response = machine_.shard_map();
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* context,
                                               const v1::GetJobStatusRequest* request,
                                               v1::JobStatus* response) {
-  *response = Status();
+  *response = machine_.Status();
   return grpc::Status::OK;
 }
 
@@ -1069,289 +226,89 @@ grpc::Status CoordinatorService::WatchJobStatus(
           ? kDefaultWatchInterval
           : std::max(kMinWatchInterval, absl::Milliseconds(request->interval_ms()));
   while (true) {
-    v1::JobStatus snapshot;
-    bool ended = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (shutting_down_)
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "coordinator is shutting down");
-      snapshot = StatusLocked(clock_());
-      ended = EndedLocked();
-    }
-    if (ended) {
-      // The last snapshot carries every live server's final report, so a
-      // watcher sees the job's true final figures (bounded wait).
-      const absl::Time give_up = absl::Now() + kFinalReportWait;
-      absl::MutexLock lock(&mu_);
-      while (!EveryLiveMemberSawEndLocked(clock_()) && !shutting_down_ &&
-             absl::Now() < give_up && !context->IsCancelled())
-        changed_.WaitWithDeadline(&mu_, std::min(give_up, absl::Now() + kPollInterval));
-      snapshot = StatusLocked(clock_());
-    }
-    if (!writer->Write(snapshot))
+    absl::StatusOr<v1::JobStatus> snapshot = machine_.WatchSnapshot(WaitFor(context));
+    if (!snapshot.ok()) return ToGrpc(snapshot.status());
+    if (!writer->Write(*snapshot))
       return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
-    if (ended) return grpc::Status::OK;
-    const absl::Time next = absl::Now() + interval;
-    absl::MutexLock lock(&mu_);
-    while (!EndedLocked() && !shutting_down_) {
-      if (context->IsCancelled())
-        return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
-      const absl::Time real_now = absl::Now();
-      if (real_now >= next) break;
-      changed_.WaitWithDeadline(&mu_, std::min(next, real_now + kPollInterval));
-    }
+    const v1::JobState state = snapshot->state();
+    if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
+        state == v1::JOB_STATE_FAILED)
+      return grpc::Status::OK;
+    JobStateMachine::Wait next = WaitFor(context);
+    next.deadline = absl::Now() + interval;
+    if (absl::Status s = machine_.WaitForNextSnapshot(next); !s.ok()) return ToGrpc(s);
   }
 }
 
 grpc::Status CoordinatorService::StopJob(grpc::ServerContext* context,
                                          const v1::StopJobRequest* request,
                                          v1::StopJobResponse* response) {
-  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
-    return role;
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
   if (request->reason().size() > kMaxReasonBytes)
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("stop reason must be at most ", kMaxReasonBytes, " bytes"));
-  absl::MutexLock lock(&mu_);
-  if (state_ == v1::JOB_STATE_STOPPED) return grpc::Status::OK;
-  if (EndedLocked())
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("job ", config_.job_id(), " already ",
-                                     JobStateName(state_)));
-  EndLocked(v1::JOB_STATE_STOPPED,
-            request->reason().empty() ? "stopped by an operator"
-                                      : request->reason(),
-            clock_());
+  return ToGrpc(machine_.StopJob(request->reason().empty() ? "stopped by an operator"
+                                                           : request->reason()));
+}
+
+grpc::Status CoordinatorService::CheckpointJob(grpc::ServerContext* context,
+                                               const v1::CheckpointJobRequest* request,
+                                               v1::CheckpointJobResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
+  absl::StatusOr<v1::CheckpointSummary> summary =
+      machine_.CheckpointJob(request->wait(), WaitFor(context));
+  if (!summary.ok()) return ToGrpc(summary.status());
+  *response->mutable_checkpoint() = std::move(*summary);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CheckpointJob(
-    grpc::ServerContext* context, const v1::CheckpointJobRequest* request,
-    v1::CheckpointJobResponse* response) {
-  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok())
-    return role;
-  if (!checkpoints_enabled())
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("job ", config_.job_id(),
-                                     " has no checkpoint_dir (start the "
-                                     "coordinator with --checkpoint_dir)"));
-  const absl::Time deadline = DeadlineOf(*context);
-  uint64_t id = 0;
-  {
-    const absl::Time now = clock_();
-    absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_STATE_RUNNING)
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("job ", config_.job_id(), " is ",
-                                       JobStateName(state_), ", not running"));
-    if (checkpoints_.pending()) {
-      id = checkpoints_.pending_summary().id();
-    } else {
-      absl::StatusOr<v1::CheckpointRequest> started =
-          StartCheckpointLocked(now, "asked for by an operator");
-      if (!started.ok()) return ToGrpc(started.status());
-      id = started->id();
-    }
-    if (!request->wait()) {
-      *response->mutable_checkpoint() = checkpoints_.SummaryOf(id);
-      return grpc::Status::OK;
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  while (checkpoints_.SummaryOf(id).state() == v1::CHECKPOINT_STATE_PENDING) {
-    if (shutting_down_)
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "coordinator is shutting down");
-    if (context->IsCancelled())
-      return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= deadline)
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("checkpoint ", id, " is still pending"));
-    changed_.WaitWithDeadline(&mu_, std::min(deadline, real_now + kPollInterval));
-  }
-  *response->mutable_checkpoint() = checkpoints_.SummaryOf(id);
-  return grpc::Status::OK;
+void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,
+                                    const std::string& dir) {
+  machine_.ResumeFrom(manifest, dir);
 }
 
-void CoordinatorService::DetectFailures() {
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  Membership::Failures failures;
-  if (now >= no_deaths_before_) failures = membership_.DetectFailures(now);
-  for (uint32_t shard : failures.shards)
-    spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead",
-                 shard, config_.heartbeat_timeout_ms());
-  for (uint32_t rank : failures.ranks)
-    spdlog::warn("worker {} missed its heartbeats for {} ms: dead; membership "
-                 "epoch {}",
-                 rank, config_.heartbeat_timeout_ms(),
-                 membership_.membership_epoch());
-  // Also when nothing died: a finished worker's silence is judged here.
-  UpdateStateLocked(now);
-  CheckRecoveryLocked(now);
-  TickCheckpointsLocked(now);
+void CoordinatorService::SetNextCheckpointId(uint64_t id) {
+  machine_.SetNextCheckpointId(id);
 }
 
-void CoordinatorService::Stop(absl::string_view reason) {
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  if (EndedLocked()) return;
-  EndLocked(v1::JOB_STATE_STOPPED, std::string(reason), now);
+absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
+                                          absl::string_view from) {
+  return machine_.TakeOver(state, from);
 }
 
-v1::JobState CoordinatorService::state() const {
-  absl::MutexLock lock(&mu_);
-  return state_;
-}
+void CoordinatorService::DetectFailures() { machine_.DetectFailures(); }
+
+void CoordinatorService::Stop(absl::string_view reason) { machine_.Stop(reason); }
+
+v1::JobState CoordinatorService::state() const { return machine_.state(); }
+
+v1::JobStatus CoordinatorService::Status() const { return machine_.Status(); }
 
 int CoordinatorService::waiting_registrations() const {
-  absl::MutexLock lock(&mu_);
-  return waiting_registrations_;
-}
-
-v1::JobStatus CoordinatorService::Status() const {
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  return StatusLocked(now);
-}
-
-v1::JobStatus CoordinatorService::StatusLocked(absl::Time now) const {
-  v1::JobStatus status;
-  status.set_job_id(config_.job_id());
-  status.set_state(state_);
-  status.set_mode(config_.mode());
-  *status.mutable_config() = config_;
-  for (v1::WorkerStatus& w : membership_.WorkerStatuses(now))
-    *status.add_workers() = std::move(w);
-  for (v1::ShardStatus& s : membership_.ShardStatuses(now))
-    *status.add_shards() = std::move(s);
-  SummarizeJobStatus(&status);
-  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now); evaluator.has_value())
-    status.set_evaluator_rank(*evaluator);
-  std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
-  status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
-  status.set_test_loss(eval.has_value() ? eval->loss : -1);
-  status.set_has_final_eval(has_final_eval_);
-  if (has_final_eval_) {
-    status.set_final_test_accuracy(final_eval_.accuracy);
-    status.set_final_test_loss(final_eval_.loss);
-  }
-  if (started_ != absl::InfinitePast())
-    status.set_elapsed_seconds(
-        elapsed_before_ +
-        std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_)));
-  if (checkpoints_.last_complete().id() > 0)
-    *status.mutable_last_checkpoint() = checkpoints_.last_complete();
-  if (v1::CheckpointSummary pending = checkpoints_.pending_summary(); pending.id() > 0)
-    *status.mutable_pending_checkpoint() = std::move(pending);
-  status.set_checkpoints_completed(checkpoints_.completed());
-  status.set_generation(restore_.generation());
-  if (state_ == v1::JOB_STATE_RUNNING && global_step_moved_ != absl::InfinitePast())
-    status.set_global_step_idle_seconds(
-        std::max(0.0, absl::ToDoubleSeconds(now - global_step_moved_)));
-  status.set_coordinator_restarted(coordinator_restarted_);
-  status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
-                                                     : message_);
-  status.set_membership_epoch(membership_.membership_epoch());
-  return status;
+  return machine_.waiting_registrations();
 }
 
 bool CoordinatorService::WaitForEnd(absl::Duration timeout) const {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
-  while (!EndedLocked()) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
-  }
-  return EndedLocked();
+  return machine_.WaitForEnd(timeout);
 }
 
 bool CoordinatorService::EveryLiveMemberSawEnd() const {
-  absl::MutexLock lock(&mu_);
-  return EveryLiveMemberSawEndLocked(clock_());
-}
-
-bool CoordinatorService::EveryLiveMemberSawEndLocked(absl::Time now) const {
-  if (!EndedLocked()) return false;
-  for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE))
-    if (shards_told_end_.count(shard) == 0) return false;
-  for (uint32_t rank : membership_.RanksInState(v1::MEMBER_STATE_ALIVE))
-    if (ranks_told_end_.count(rank) == 0) return false;
-  for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
-    if (ranks_told_end_.count(rank) == 0) return false;
-  return true;
+  return machine_.EveryLiveMemberSawEnd();
 }
 
 v1::CoordinatorState CoordinatorService::ExportState() const {
-  const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  return ExportStateLocked(now);
-}
-
-v1::CoordinatorState CoordinatorService::ExportStateLocked(absl::Time now) const {
-  v1::CoordinatorState state;
-  *state.mutable_config() = config_;
-  state.set_state(state_);
-  state.set_message(message_);
-  *state.mutable_restore() = restore_;
-  state.mutable_refused_checkpoints()->Add(refused_checkpoints_.begin(),
-                                           refused_checkpoints_.end());
-  state.set_next_checkpoint_id(checkpoints_.next_id());
-  if (checkpoints_.last_complete().id() > 0)
-    *state.mutable_last_checkpoint() = checkpoints_.last_complete();
-  state.set_checkpoints_completed(checkpoints_.completed());
-  membership_.ExportTo(&state);
-  if (started_ != absl::InfinitePast())
-    state.set_elapsed_seconds(
-        elapsed_before_ +
-        std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_)));
-  state.set_unix_time_ms(
-      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now))));
-  return state;
+  return machine_.ExportState();
 }
 
 absl::Status CoordinatorService::PersistState(bool force) {
-  if (state_path_.empty()) return absl::OkStatus();
-  absl::MutexLock persist(&persist_mu_);
-  const absl::Time now = clock_();
-  v1::CoordinatorState state = ExportState();
-  v1::CoordinatorState material = state;
-  material.clear_elapsed_seconds();
-  material.clear_unix_time_ms();
-  for (v1::WorkerStatus& w : *material.mutable_workers()) {
-    const uint64_t step = w.progress().step();
-    w.clear_progress();
-    w.mutable_progress()->set_step(step);
-  }
-  std::string material_bytes = material.SerializeAsString();
-  state.clear_unix_time_ms();
-  state.clear_elapsed_seconds();
-  std::string full_bytes = state.SerializeAsString();
-  const bool material_changed = material_bytes != persisted_material_;
-  const bool changed = material_changed || full_bytes != persisted_full_;
-  if (!changed) return absl::OkStatus();
-  if (!force) {
-    const absl::Duration since = now - persisted_at_;
-    if (!(material_changed && since >= kPersistEvery) &&
-        !(since >= kPersistProgressEvery))
-      return absl::OkStatus();
-  }
-  v1::CoordinatorState to_write = ExportState();
-  if (absl::Status s = WriteFileAtomically(env_, state_path_,
-                                           to_write.SerializeAsString());
-      !s.ok())
-    return s;
-  persisted_material_ = std::move(material_bytes);
-  persisted_full_ = std::move(full_bytes);
-  persisted_at_ = now;
-  return absl::OkStatus();
+  return machine_.PersistState(force);
 }
 
-void CoordinatorService::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shutting_down_ = true;
-  changed_.SignalAll();
+v1::RestoreOrder CoordinatorService::restore_order() const {
+  return machine_.restore_order();
 }
+
+void CoordinatorService::Shutdown() { machine_.ReleaseWaiters(); }
 
 }  // namespace grps

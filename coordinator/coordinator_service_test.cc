@@ -1,5 +1,7 @@
-// CoordinatorService over real gRPC on 127.0.0.1 with real stubs. Liveness
-// runs on a fake clock, so no test waits for a heartbeat timeout.
+// CoordinatorService over real gRPC on 127.0.0.1 with real stubs: roles and
+// job ids, statuses, blocking registrations, watch streams, checkpoints and
+// take-overs end to end. The job's rules alone are job_state_machine_test's.
+// Liveness runs on a fake clock, so no test waits for a heartbeat timeout.
 #include "coordinator/coordinator_service.h"
 
 #include <atomic>
@@ -199,6 +201,15 @@ class CoordinatorServiceTest : public ::testing::Test {
     return state;
   }
 
+  // Whether a RegisterWorker call is blocked in the service, waiting for the
+  // shards, within 10 s (polls the service's hook: no guessed sleep).
+  bool WaitUntilARegistrationWaits() {
+    const absl::Time patience = absl::Now() + absl::Seconds(10);
+    while (service_->waiting_registrations() == 0 && absl::Now() < patience)
+      absl::SleepFor(absl::Milliseconds(1));
+    return service_->waiting_registrations() > 0;
+  }
+
   // A fresh empty folder for this test.
   static std::string TempFolder(const std::string& name) {
     static int counter = 0;
@@ -287,11 +298,13 @@ TEST_F(CoordinatorServiceTest, RegisterWorkerBlocksUntilEveryShardRegisters) {
     returned = true;
   });
   v1::RegisterServerResponse s0, s1;
-  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7000", &s0).ok());
-  absl::SleepFor(absl::Milliseconds(300));
+  // Woken by that registration, it waits again: shard 1 is still missing.
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   EXPECT_FALSE(returned) << "returned with shard 1 still missing";
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_UNSPECIFIED);
   ASSERT_TRUE(RegisterServer(-1, "127.0.0.1:7001", &s1).ok());
   worker.join();
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -323,10 +336,7 @@ TEST_F(CoordinatorServiceTest, ShutdownReleasesAWaitingRegistration) {
   // Shut down only once the registration waits (one that came after the
   // shutdown would be refused on arrival, and the test would not test the
   // release).
-  const absl::Time patience = absl::Now() + absl::Seconds(10);
-  while (service_->waiting_registrations() == 0 && absl::Now() < patience)
-    absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(service_->waiting_registrations(), 1);
+  EXPECT_TRUE(WaitUntilARegistrationWaits());
   const absl::Time start = absl::Now();
   service_->Shutdown();
   worker.join();
@@ -489,31 +499,6 @@ TEST_F(CoordinatorServiceTest, HeartbeatsUpdateTheJobStatus) {
   EXPECT_DOUBLE_EQ(status.elapsed_seconds(), 1.0);
 }
 
-TEST_F(CoordinatorServiceTest, SilentWorkerIsDeclaredDeadAndLeavesTheLiveSet) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  const uint64_t epoch = reply.membership_epoch();
-
-  clock_.Advance(absl::Milliseconds(600));
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(600));  // worker 1 silent for 1.2 s > 1 s
-  service_->DetectFailures();
-
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  EXPECT_THAT(reply.live_workers(), ElementsAre(0u));
-  EXPECT_THAT(reply.live_worker_incarnations(), ElementsAre(w[0].incarnation()));
-  EXPECT_GT(reply.membership_epoch(), epoch);
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_DEAD);
-  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
-  EXPECT_EQ(status.membership_epoch(), reply.membership_epoch());
-  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
-}
-
 TEST_F(CoordinatorServiceTest, ALiveRankIsRefusedUntilItsWorkerIsDeclaredDead) {
   StartJob(1, 2);
   RegisterAllServers();
@@ -600,24 +585,6 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-TEST_F(CoordinatorServiceTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
-  StartJob(1, 2);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  service_->DetectFailures();  // worker 1 dead
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // the final evaluation
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
-}
-
 TEST_F(CoordinatorServiceTest, RestartedWorkerGetsStartStep) {
   StartJob(1, 2);
   RegisterAllServers();
@@ -636,268 +603,6 @@ TEST_F(CoordinatorServiceTest, RestartedWorkerGetsStartStep) {
   EXPECT_EQ(again.start_step(), 37u);
   ASSERT_TRUE(RegisterWorker(0, &again).ok());
   EXPECT_EQ(again.start_step(), 0u);
-}
-
-TEST_F(CoordinatorServiceTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
-  StartJob(1, 2);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
-  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
-  clock_.Advance(absl::Milliseconds(800));
-  service_->DetectFailures();
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
-  EXPECT_EQ(status.workers(0).last_heartbeat_ms_ago(), 800u);
-}
-
-TEST_F(CoordinatorServiceTest, EvaluatorIsLowestAliveRankWhileTraining) {
-  StartJob(1, 3);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(reply.has_evaluator_rank());
-  EXPECT_EQ(reply.evaluator_rank(), 0u);
-  EXPECT_FALSE(reply.evaluate_final());
-  EXPECT_EQ(Status().evaluator_rank(), 0u);
-
-  // Rank 0 dies: rank 1 evaluates; rank 1 finishes: rank 2 does.
-  clock_.Advance(absl::Milliseconds(800));
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  service_->DetectFailures();
-  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.evaluator_rank(), 1u);
-  EXPECT_EQ(Status().evaluator_rank(), 1u);
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.evaluator_rank(), 2u);
-  EXPECT_FALSE(reply.evaluate_final());
-}
-
-TEST_F(CoordinatorServiceTest, AnEndingJobAsksItsMembersForQuickHeartbeats) {
-  StartJob(1, 2);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // training: the job's interval
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // one worker still trains
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  // Training is done: the final evaluation and the end should be heard at
-  // once, not an interval later.
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_GT(reply.next_heartbeat_ms(), 0u);
-  EXPECT_LE(reply.next_heartbeat_ms(), 50u);
-}
-
-TEST_F(CoordinatorServiceTest, FinalEvaluatorIsLowestFinishedRankStillHeartbeating) {
-  StartJob(1, 3);
-  RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Done(r, w[r].incarnation(), 100).ok());
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(Status().evaluator_rank(), 0u);
-
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));  // rank 0 silent for 1.6 s
-  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(reply.has_evaluator_rank());
-  EXPECT_EQ(reply.evaluator_rank(), 1u);
-  EXPECT_FALSE(reply.evaluate_final());  // not its role
-  EXPECT_EQ(Status().evaluator_rank(), 1u);
-  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_FINISHED);
-}
-
-TEST_F(CoordinatorServiceTest, EvaluateFinalWaitsUntilServersHeardTheFinalLiveSet) {
-  StartJob(2, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  // Heard before training was done: these do not count.
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-
-  auto evaluate_final = [&] {
-    v1::HeartbeatResponse r;
-    EXPECT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &r).ok());
-    EXPECT_EQ(r.evaluator_rank(), 0u);
-    return r.evaluate_final();
-  };
-  EXPECT_FALSE(evaluate_final());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  EXPECT_TRUE(reply.live_workers().empty());  // the final live set
-  EXPECT_FALSE(evaluate_final());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());  // applied it
-  EXPECT_FALSE(evaluate_final());  // shard 1 has not
-  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
-  EXPECT_FALSE(evaluate_final());
-  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
-  EXPECT_TRUE(evaluate_final());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.evaluator_rank(), 0u);
-  EXPECT_FALSE(reply.evaluate_final());
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-}
-
-TEST_F(CoordinatorServiceTest, EvaluateFinalDoesNotWaitForADeadServer) {
-  StartJob(2, 1);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  v1::HeartbeatResponse reply;
-  clock_.Advance(absl::Milliseconds(800));
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_FALSE(reply.evaluate_final());
-  clock_.Advance(absl::Milliseconds(800));
-  service_->DetectFailures();  // shard 1 dead
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_TRUE(reply.evaluate_final());
-}
-
-TEST_F(CoordinatorServiceTest, FinalEvaluationPassesToNextWhenEvaluatorGoesSilent) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_TRUE(reply.evaluate_final());
-
-  // Rank 0 dies while evaluating; rank 1 keeps heartbeating.
-  clock_.Advance(absl::Milliseconds(800));
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.evaluator_rank(), 0u);
-  EXPECT_FALSE(reply.evaluate_final());
-  clock_.Advance(absl::Milliseconds(800));
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  service_->DetectFailures();
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.evaluator_rank(), 1u);
-  EXPECT_TRUE(reply.evaluate_final());
-
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(status.message(), "every worker finished");
-  EXPECT_TRUE(status.has_final_eval());
-  EXPECT_EQ(status.evaluator_rank(), 1u);
-}
-
-TEST_F(CoordinatorServiceTest, JobCompletesWithoutFinalEvalWhenNoFinishedWorkerRemains) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  service_->DetectFailures();  // worker 1 dead
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
-  service_->DetectFailures();
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-
-  clock_.Advance(absl::Milliseconds(1001));  // worker 0 silent past the timeout
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  service_->DetectFailures();
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(status.message(),
-            "worker 1 died before finishing; the others finished; no final "
-            "evaluation: no finished worker was still heartbeating to run it");
-  EXPECT_FALSE(status.has_final_eval());
-  EXPECT_FALSE(status.has_evaluator_rank());
-  // The silent finished worker is not waited for; the live server is.
-  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
-  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
-}
-
-TEST_F(CoordinatorServiceTest, JobCompletesWhenTheFinalEvaluationArrives) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  // An evaluation before training is done is the latest, not the final one.
-  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
-  EXPECT_FALSE(status.has_final_eval());
-  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-
-  // Taken from any finished rank, not only the designated one (rank 0).
-  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
-  status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(status.message(), "every worker finished");
-  EXPECT_TRUE(status.has_final_eval());
-  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
-  EXPECT_EQ(status.evaluator_rank(), 1u);
-
-  // Both finished workers still heartbeat, so both must hear the end.
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
-  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_FALSE(reply.evaluate_final());
-  EXPECT_FALSE(service_->EveryLiveMemberSawEnd());
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
-}
-
-TEST_F(CoordinatorServiceTest,
-       JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
-  StartJob(1, 2);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  RegisterAllWorkers();
-  clock_.Advance(absl::Seconds(2));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  service_->DetectFailures();
-  service_->DetectFailures();
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
-  EXPECT_FALSE(status.has_evaluator_rank());
-
-  // A restarted worker may still come within the recovery timeout (30 s).
-  for (int i = 0; i < 29; ++i) {
-    clock_.Advance(absl::Seconds(1));
-    ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-    service_->DetectFailures();
-  }
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  clock_.Advance(absl::Seconds(1));
-  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
-  service_->DetectFailures();
-  status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(status.message().find("every worker died before finishing"),
-            std::string::npos)
-      << status.message();
 }
 
 TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
@@ -1257,33 +962,6 @@ TEST_F(CoordinatorServiceTest, AsyncServerRestartRollsTheJobBackToo) {
   EXPECT_EQ(again.restore().generation(), 2u);
   EXPECT_EQ(again.restore().checkpoint_id(), 0u);  // none yet: the initial values
   EXPECT_EQ(Status().generation(), 2u);
-}
-
-TEST_F(CoordinatorServiceTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
-  StartJob(2, 1);
-  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
-  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::HeartbeatResponse reply;
-  auto beat_others = [&] {
-    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
-    ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  };
-  for (int i = 0; i < 30; ++i) {  // 1 s timeout + 29 s dead
-    clock_.Advance(absl::Seconds(1));
-    beat_others();
-    service_->DetectFailures();
-  }
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
-  clock_.Advance(absl::Seconds(2));
-  beat_others();
-  service_->DetectFailures();
-  v1::JobStatus status = Status();
-  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(status.message().find("shard 1 has been dead for"), std::string::npos)
-      << status.message();
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
-  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
 }
 
 TEST_F(CoordinatorServiceTest, TakenOverStateAnswersTheOldMembersAndTheJobCompletes) {

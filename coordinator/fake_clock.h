@@ -1,6 +1,6 @@
-// FakeClock: a CoordinatorService::Clock for tests and fuzzing that moves
+// FakeClock: a JobStateMachine::Clock for tests and fuzzing that moves
 // only when told, so liveness and timeouts need no real waiting.
-// Thread-safe: the service's RPC threads read it while the test advances it.
+// Thread-safe: RPC threads read it while the test advances it.
 #ifndef GRPS_COORDINATOR_FAKE_CLOCK_H_
 #define GRPS_COORDINATOR_FAKE_CLOCK_H_
 

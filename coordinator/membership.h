@@ -42,7 +42,7 @@
 // changes. Both start at 0.
 //
 // Time is passed in (`now`), so tests drive the clock.
-// Not thread-safe: the caller (CoordinatorService) serializes every call.
+// Not thread-safe: the caller (JobStateMachine) serializes every call.
 #ifndef GRPS_COORDINATOR_MEMBERSHIP_H_
 #define GRPS_COORDINATOR_MEMBERSHIP_H_
 

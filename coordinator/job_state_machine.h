@@ -1,0 +1,387 @@
+// JobStateMachine: the job as the coordinator runs it, without the network.
+// It hands out shards and ranks (through Membership), tracks liveness,
+// decides the job's state, its evaluator, its checkpoints and roll-backs, and
+// what a restarted coordinator takes over. CoordinatorService translates the
+// RPCs of grps.v1.Coordinator to its methods; the requests reach it past the
+// edge's checks (role, member secret, job id).
+//
+// States: WAITING until every shard and rank registered once, then RUNNING.
+// Training is done when every rank is FINISHED or DEAD, at least one
+// FINISHED; the job stays RUNNING for the final checkpoint (at most
+// CheckpointScheduler::kTimeout) and the final evaluation, and becomes
+// COMPLETED when the evaluation arrives, or without one once no finished
+// worker heartbeats any more. A job whose ranks all died without finishing
+// stays RUNNING (a restarted worker may come) until the recovery timeout.
+// STOPPED by StopJob or Stop(); FAILED by DetectFailures (a shard dead, or no
+// worker left, for longer than the recovery timeout). COMPLETED, STOPPED and
+// FAILED are final: registrations are refused, heartbeats carry the state.
+//
+// The evaluator: while training, the lowest ALIVE rank; once training is
+// done, the lowest FINISHED rank still heartbeating, told evaluate_final only
+// once every ALIVE server heartbeated again after a reply that carried the
+// final (empty) live set. Only a final evaluation from after training was
+// done is final.
+//
+// Checkpoints (with checkpoint_dir; see CheckpointScheduler and
+// docs/durability.md): one at a time, periodic, by CheckpointJob, and a final
+// one. Each live server's heartbeat replies carry the request until the
+// shard reports it; once every shard wrote its file, WriteReadyManifest
+// writes the MANIFEST (outside the lock).
+//
+// Generations (restore_order()): a job starts at 1, one resumed (ResumeFrom)
+// at 2. A server that registers again while the job runs, a shard that cannot
+// restore the ordered checkpoint, or a member of a newer generation rolls the
+// job back: generation + 1 with the newest checkpoint that verifies, every
+// rank resumes at its worker step and FINISHED ranks train again. A member
+// whose heartbeat names an older generation gets the restore order and its
+// progress is not recorded until it follows.
+//
+// A restarted coordinator: ExportState / PersistState write what TakeOver
+// reads; a heartbeat from a member it does not know is adopted. After
+// TakeOver nobody is declared dead for a grace period (see TakeOver).
+//
+// Time: `clock` for liveness, timeouts and status figures; blocking waits
+// (Wait) use real time. Thread-safe: one mutex guards all state; file I/O of
+// manifests and the state file happens outside it.
+#ifndef GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
+#define GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/checkpoint_scheduler.h"
+#include "coordinator/membership.h"
+#include "daemon/env.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+class JobStateMachine {
+ public:
+  using Clock = std::function<absl::Time()>;
+
+  struct Options {
+    // File access for manifests, roll-backs and the state file; nullptr:
+    // Env::Default().
+    Env* env = nullptr;
+    // Where PersistState writes the CoordinatorState; empty: nowhere.
+    std::string state_path;
+    // The longest a member's channel waits between attempts to dial the
+    // coordinator again (part of TakeOver's grace).
+    absl::Duration reconnect_backoff = absl::Seconds(1);
+  };
+
+  // How a blocking call waits: until `deadline` (real time), unless
+  // `cancelled` says the caller left, or ReleaseWaiters is called.
+  struct Wait {
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled = [] { return false; };
+  };
+
+  // A server's registration; `rolled_back` when it rolled the job back (the
+  // caller persists the state before answering). member_secret is not set.
+  struct ServerRegistration {
+    v1::RegisterServerResponse response;
+    bool rolled_back = false;
+  };
+
+  // `config` must be valid (ValidateJobConfig) and `shard_map` built from it.
+  JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map, Clock clock,
+                  Options options);
+
+  const v1::JobConfig& config() const { return config_; }
+
+  // ---- Before serving (once) ----
+
+  // The job resumes from the complete checkpoint `manifest` in `dir`
+  // (already checked against the shard map): generation 2, every rank
+  // starts at its worker step.
+  void ResumeFrom(const v1::CheckpointManifest& manifest, const std::string& dir)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Checkpoint ids below `id` are taken.
+  void SetNextCheckpointId(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the job back from a persisted state of this job whose state is
+  // WAITING or RUNNING (INVALID_ARGUMENT otherwise, nothing changes). Every
+  // member counts as heartbeating now, and none is declared dead before the
+  // heartbeat timeout plus reconnect_backoff plus a heartbeat interval: the
+  // members must dial the new coordinator first. `from` names the file.
+  absl::Status TakeOver(const v1::CoordinatorState& state, absl::string_view from)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Members (requests of proto/grps.proto) ----
+
+  // FAILED_PRECONDITION once the job ended. A known shard registering again
+  // while RUNNING rolls the job back; so does restore_failed naming the
+  // current order's checkpoint (refused for the rest of the job).
+  absl::StatusOr<ServerRegistration> RegisterServer(
+      const v1::RegisterServerRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits (`wait`) until every shard registered before it takes a rank, so
+  // a caller that gives up holds none: DEADLINE_EXCEEDED names the missing
+  // shards, CANCELLED, UNAVAILABLE after ReleaseWaiters. `proves(incarnation)`
+  // says whether the caller holds the requested rank's live incarnation (it
+  // may then register the rank again). member_secret is not set.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request, const Wait& wait,
+      const std::function<bool(uint64_t incarnation)>& proves)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // ABORTED for a rank that finished in a generation the job rolled back
+  // from (it trains again). A final evaluation must be in range (checked at
+  // the edge).
+  absl::Status WorkerDone(const v1::WorkerDoneRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Operators ----
+
+  // STOPPED with `reason`; OK on a stopped job, FAILED_PRECONDITION on one
+  // that ended otherwise.
+  absl::Status StopJob(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops the job unless it already ended.
+  void Stop(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks for a checkpoint (or joins the pending one). FAILED_PRECONDITION
+  // without checkpoint_dir or unless RUNNING; UNAVAILABLE while a shard is
+  // not alive. With `wait_for_it`, waits until it is COMPLETE or FAILED
+  // (DEADLINE_EXCEEDED at the deadline).
+  absl::StatusOr<v1::CheckpointSummary> CheckpointJob(bool wait_for_it,
+                                                      const Wait& wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A watcher's snapshot: the status now, or once the job ended, the status
+  // once every live member saw the end (at most 3 s, or until cancelled).
+  // UNAVAILABLE after ReleaseWaiters.
+  absl::StatusOr<v1::JobStatus> WatchSnapshot(const Wait& wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns at wait.deadline or when the job ends (OK), CANCELLED when the
+  // caller left; OK at once after ReleaseWaiters.
+  absl::Status WaitForNextSnapshot(const Wait& wait) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- For the hosting process ----
+
+  // Marks members silent for longer than the heartbeat timeout DEAD (not
+  // during TakeOver's grace), fails the job past the recovery timeout, times
+  // out and triggers checkpoints, and completes the job when training is
+  // done and no finished worker is left to evaluate. Call every heartbeat
+  // interval.
+  void DetectFailures() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the manifest of a checkpoint every shard has written, if any
+  // (the file I/O outside the lock). Call after a shard's checkpoint report.
+  void WriteReadyManifest() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes ExportState() to the state path (no-op without one) when it
+  // changed: at most every 200 ms for membership, generation, checkpoint or
+  // job state changes, every 5 s for progress alone; `force`: now if it
+  // changed at all. Call from one thread at a time.
+  absl::Status PersistState(bool force) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+  // Ends every blocking wait (UNAVAILABLE) and refuses new ones.
+  void ReleaseWaiters() ABSL_LOCKS_EXCLUDED(mu_);
+
+  v1::JobState state() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::JobStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ShardMap shard_map() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::RestoreOrder restore_order() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::CoordinatorState ExportState() const ABSL_LOCKS_EXCLUDED(mu_);
+  // RegisterWorker calls waiting right now for the shards to register.
+  int waiting_registrations() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` (real time) for the job to end; true if it has.
+  bool WaitForEnd(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+  // True once the job ended and every live server, live worker and finished
+  // worker still heartbeating got a heartbeat reply carrying the final state.
+  bool EveryLiveMemberSawEnd() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // ---- Job state ----
+  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EndedErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-derives state_ after a membership change; logs transitions.
+  void UpdateStateLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLocked(v1::JobState state, std::string message, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteRegistrationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EveryLiveMemberSawEndLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RUNNING, no rank ALIVE and at least one FINISHED.
+  bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the training-done phase (final checkpoint, evaluation).
+  void ResetTrainingDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "every worker finished" or "worker 1 died before finishing; ...".
+  std::string TrainingDoneMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the job is still WAITING.
+  std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobStatus StatusLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double ElapsedSecondsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tracks the global step (min live shard version) and its rate.
+  void NoteGlobalStepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the job past the recovery timeout.
+  void CheckRecoveryLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- The evaluator ----
+  // nullopt when there is none.
+  std::optional<uint32_t> EvaluatorLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a server heartbeat for the final-live-set handshake.
+  void NoteServerHeartbeatLocked(uint32_t shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ServersHeardFinalLiveSetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Heartbeats ----
+  // Records the heartbeat in Membership, adopting a member this coordinator
+  // does not know (or a newer incarnation of one it knows).
+  absl::Status RecordHeartbeatLocked(const v1::HeartbeatRequest& request,
+                                     bool current_generation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyHeartbeatLocked(const v1::HeartbeatRequest& request,
+                                    bool current_generation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AdoptLocked(const v1::HeartbeatRequest& request, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A server's restore failure, version and checkpoint report; false when
+  // the server is no longer in the current generation.
+  bool ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
+                             bool current_generation, absl::Time now,
+                             v1::HeartbeatResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorkerHeartbeatLocked(const v1::HeartbeatRequest& request,
+                             bool current_generation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillHeartbeatReplyLocked(const v1::HeartbeatRequest& request,
+                                bool current_generation, absl::Time now,
+                                v1::HeartbeatResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a WorkerDone of `request`'s generation is from before the
+  // newest roll-back (a client that names none is judged by its current
+  // incarnation's last heartbeat).
+  bool StaleWorkerDoneLocked(const v1::WorkerDoneRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Checkpoints ----
+  bool checkpoints_enabled() const { return !config_.checkpoint_dir().empty(); }
+  // Asks for a checkpoint now (none may be pending). UNAVAILABLE while a
+  // shard is not alive.
+  absl::StatusOr<v1::CheckpointRequest> StartCheckpointLocked(absl::Time now,
+                                                              absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sync version a checkpoint asked for now should have.
+  uint64_t SyncCheckpointVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The highest total_steps / step any worker reported.
+  uint64_t MaxWorkerTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t MaxWorkerStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Periodic trigger and timeout of checkpoints.
+  void TickCheckpointsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Training is done: the final checkpoint has completed, failed, was not
+  // possible, or has been waited for long enough (starts it if needed).
+  bool FinalCheckpointSettledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Roll-backs ----
+  // Rolls the whole job back, in the next generation, to the newest
+  // checkpoint that verifies now (`why` is logged).
+  void RollBackLocked(absl::string_view why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member runs in a generation newer than this coordinator's: roll back
+  // past it, so that every member restores the same checkpoint.
+  void FollowGenerationLocked(uint64_t generation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The order of a roll-back (generation not set): the newest checkpoint in
+  // checkpoint_dir that verifies now (with per-shard storage: its manifest),
+  // skipping refused_checkpoints_, or the initial values. Reads files under
+  // the lock: roll-backs are rare.
+  v1::RestoreOrder VerifiedRestoreOrderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The order (generation not set) to restore checkpoint `manifest` from `dir`.
+  v1::RestoreOrder RestoreOrderFor(const v1::CheckpointManifest& manifest,
+                                   const std::string& dir) const;
+  // Shard `shard` could not restore checkpoint failed.id(). When that is the
+  // current order's checkpoint it is refused for the rest of the job and
+  // true is returned: the caller rolls back. A stale report is ignored.
+  bool RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  v1::CoordinatorState ExportStateLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const v1::JobConfig config_;
+  const Clock clock_;
+  Env* const env_;
+  const std::string state_path_;
+  const absl::Duration reconnect_backoff_;
+
+  mutable absl::Mutex mu_;
+  // Signalled on every registration, state change, checkpoint change and
+  // ReleaseWaiters().
+  mutable absl::CondVar changed_;
+  Membership membership_ ABSL_GUARDED_BY(mu_);
+  v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
+  std::string message_ ABSL_GUARDED_BY(mu_);
+  bool has_final_eval_ ABSL_GUARDED_BY(mu_) = false;
+  Membership::Evaluation final_eval_ ABSL_GUARDED_BY(mu_);
+  uint32_t final_evaluator_rank_ ABSL_GUARDED_BY(mu_) = 0;
+  // The final-live-set handshake, by shard: a reply after training was done
+  // went to this server incarnation at this membership epoch (the live set
+  // it carried), and `heard` once a later heartbeat of the same incarnation
+  // arrived at the same epoch. Counted in heartbeats, not time, so two
+  // heartbeats within one clock tick still order.
+  struct FinalLiveSetAck {
+    uint64_t incarnation = 0;
+    uint64_t membership_epoch = 0;
+    bool heard = false;
+  };
+  std::map<uint32_t, FinalLiveSetAck> final_live_set_acks_ ABSL_GUARDED_BY(mu_);
+  // The last rank told evaluate_final (for logging it once).
+  std::optional<uint32_t> final_evaluation_asked_of_ ABSL_GUARDED_BY(mu_);
+  // Logged once per training-done phase.
+  bool announced_training_done_ ABSL_GUARDED_BY(mu_) = false;
+  // First registration and end of the job (InfinitePast/InfiniteFuture
+  // until they happen).
+  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time ended_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Members that received a heartbeat reply with the final state.
+  std::set<uint32_t> shards_told_end_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> ranks_told_end_ ABSL_GUARDED_BY(mu_);
+  bool releasing_waiters_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
+
+  CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
+  v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
+  // Checkpoints a shard could not restore (RefuseRestoreLocked).
+  std::vector<uint64_t> refused_checkpoints_ ABSL_GUARDED_BY(mu_);
+  // The final checkpoint: asked for (its id), settled, and the deadline of
+  // the wait for it (InfiniteFuture until training is done).
+  uint64_t final_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool final_checkpoint_settled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time final_checkpoint_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The global step (min live shard version), when it last moved, and its
+  // rate in steps per second.
+  std::optional<uint64_t> global_step_ ABSL_GUARDED_BY(mu_);
+  absl::Time global_step_moved_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t rate_anchor_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rate_anchor_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double steps_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  // Since when the running job has had no ALIVE and no FINISHED worker.
+  absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The (incarnation, generation) each rank last heartbeated in.
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> rank_generation_
+      ABSL_GUARDED_BY(mu_);
+  bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
+  // DetectFailures declares no one dead before this (TakeOver's grace).
+  absl::Time no_deaths_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Job time before this coordinator took the job over.
+  double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // PersistState: serializes writers; what was last written and when.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::string persisted_material_ ABSL_GUARDED_BY(persist_mu_);
+  std::string persisted_full_ ABSL_GUARDED_BY(persist_mu_);
+  absl::Time persisted_at_ ABSL_GUARDED_BY(persist_mu_) = absl::InfinitePast();
+};
+
+}  // namespace grps
+
+#endif  // GRPS_COORDINATOR_JOB_STATE_MACHINE_H_

@@ -1,0 +1,756 @@
+// JobStateMachine on a fake clock, without gRPC: requests go in as messages,
+// time moves only when a test advances it.
+#include "coordinator/job_state_machine.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "checkpoint/checkpoint.h"
+#include "coordinator/fake_clock.h"
+#include "daemon/env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAre;
+
+class JobStateMachineTest : public ::testing::Test {
+ protected:
+  // A job of `servers` shards and `workers` ranks, heartbeat timeout 1 s.
+  void StartJob(uint32_t servers, uint32_t workers,
+                v1::ConsistencyMode mode = v1::MODE_SYNC,
+                const std::string& checkpoint_dir = "") {
+    config_ = DefaultJobConfig();
+    config_.set_job_id("test-job");
+    config_.set_mode(mode);
+    config_.set_num_servers(servers);
+    config_.set_num_workers(workers);
+    config_.set_heartbeat_interval_ms(100);
+    config_.set_heartbeat_timeout_ms(1000);
+    config_.set_checkpoint_dir(checkpoint_dir);
+    ASSERT_TRUE(ValidateJobConfig(config_).ok());
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    machine_ = NewMachine();
+  }
+
+  std::unique_ptr<JobStateMachine> NewMachine() {
+    JobStateMachine::Options options;
+    options.reconnect_backoff = absl::Seconds(1);
+    return std::make_unique<JobStateMachine>(config_, map_, [this] { return clock_.Now(); },
+                                             options);
+  }
+
+  JobStateMachine::ServerRegistration RegisterServer(int32_t shard,
+                                                     const std::string& address) {
+    v1::RegisterServerRequest request;
+    request.set_address(address);
+    request.set_requested_shard(shard);
+    absl::StatusOr<JobStateMachine::ServerRegistration> reg =
+        machine_->RegisterServer(request);
+    EXPECT_TRUE(reg.ok()) << reg.status();
+    return reg.ok() ? *reg : JobStateMachine::ServerRegistration();
+  }
+
+  // Servers for every shard at 127.0.0.1:7000 + shard.
+  std::vector<v1::RegisterServerResponse> RegisterAllServers() {
+    std::vector<v1::RegisterServerResponse> out;
+    for (uint32_t s = 0; s < config_.num_servers(); ++s)
+      out.push_back(RegisterServer(s, absl::StrCat("127.0.0.1:", 7000 + s)).response);
+    return out;
+  }
+
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(int32_t rank) {
+    v1::RegisterWorkerRequest request;
+    request.set_host("worker-host");
+    request.set_backend("cpu");
+    request.set_requested_rank(rank);
+    JobStateMachine::Wait wait;
+    wait.deadline = absl::Now() + absl::Seconds(10);
+    return machine_->RegisterWorker(request, wait, [](uint64_t) { return false; });
+  }
+
+  std::vector<v1::RegisterWorkerResponse> RegisterAllWorkers() {
+    std::vector<v1::RegisterWorkerResponse> out;
+    for (uint32_t r = 0; r < config_.num_workers(); ++r) {
+      absl::StatusOr<v1::RegisterWorkerResponse> reg = RegisterWorker(r);
+      EXPECT_TRUE(reg.ok()) << reg.status();
+      out.push_back(reg.ok() ? *reg : v1::RegisterWorkerResponse());
+    }
+    return out;
+  }
+
+  static v1::HeartbeatRequest WorkerRequest(uint32_t rank, uint64_t incarnation,
+                                            uint64_t generation = 0) {
+    v1::HeartbeatRequest request;
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    request.set_generation(generation);
+    request.set_shard_map_epoch(~0ull);
+    return request;
+  }
+
+  static v1::HeartbeatRequest ServerRequest(uint32_t shard, uint64_t incarnation,
+                                            uint64_t version = 0, uint64_t generation = 0) {
+    v1::HeartbeatRequest request;
+    request.set_server_shard(shard);
+    request.set_incarnation(incarnation);
+    request.set_generation(generation);
+    request.set_shard_map_epoch(~0ull);
+    request.mutable_shard()->set_version(version);
+    request.mutable_shard()->set_num_chunks(1);
+    return request;
+  }
+
+  absl::Status Beat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
+    absl::StatusOr<v1::HeartbeatResponse> reply = machine_->Heartbeat(request);
+    if (reply.ok()) *response = *reply;
+    return reply.status();
+  }
+
+  absl::Status WorkerBeat(uint32_t rank, uint64_t incarnation,
+                          const v1::WorkerProgress& progress,
+                          v1::HeartbeatResponse* response) {
+    v1::HeartbeatRequest request = WorkerRequest(rank, incarnation);
+    *request.mutable_progress() = progress;
+    return Beat(request, response);
+  }
+
+  absl::Status ServerBeat(uint32_t shard, uint64_t incarnation,
+                          v1::HeartbeatResponse* response,
+                          const v1::ShardStatus& status = v1::ShardStatus(),
+                          bool final_report = false) {
+    v1::HeartbeatRequest request = ServerRequest(shard, incarnation);
+    *request.mutable_shard() = status;
+    request.set_final_report(final_report);
+    return Beat(request, response);
+  }
+
+  v1::JobStatus Status() { return machine_->Status(); }
+
+  v1::HeartbeatResponse Beat(const v1::HeartbeatRequest& request) {
+    absl::StatusOr<v1::HeartbeatResponse> reply = machine_->Heartbeat(request);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? *reply : v1::HeartbeatResponse();
+  }
+
+  absl::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step,
+                    bool final_eval = false, uint64_t generation = 0) {
+    v1::WorkerDoneRequest request;
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    request.set_generation(generation);
+    request.mutable_progress()->set_step(step);
+    request.mutable_progress()->set_total_steps(step);
+    if (final_eval) {
+      request.set_has_final_eval(true);
+      request.set_final_test_accuracy(0.87f);
+      request.set_final_test_loss(0.36f);
+    }
+    return machine_->WorkerDone(request);
+  }
+
+  // A fresh empty folder for this test.
+  static std::string TempFolder(const std::string& name) {
+    static int counter = 0;
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/jsm-", getpid(), "-",
+                                         name, "-", ++counter);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+
+  // What shard `shard`'s server does for `request`: writes its (small) file
+  // and returns the report.
+  v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request, uint32_t shard,
+                                     uint64_t version) {
+    v1::ShardCheckpointFile file;
+    file.set_job_id("test-job");
+    file.set_checkpoint_id(request.id());
+    file.set_shard(shard);
+    for (const v1::ChunkSpec& chunk : map_.chunks()) {
+      if (chunk.shard() != shard) continue;
+      v1::ChunkState* c = file.add_chunks();
+      c->set_chunk_id(chunk.chunk_id());
+      c->set_version(version);
+      c->set_num_elements(chunk.num_elements());
+      c->set_values(std::string(4 * chunk.num_elements(), '\0'));
+    }
+    absl::StatusOr<v1::ShardCheckpoint> written =
+        WriteShardFile(Env::Default(), request.dir(), file);
+    EXPECT_TRUE(written.ok()) << written.status();
+    if (!written.ok()) return v1::ShardCheckpoint();
+    written->set_coordinator_incarnation(request.coordinator_incarnation());
+    return *written;
+  }
+
+  FakeClock clock_;
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+  std::unique_ptr<JobStateMachine> machine_;
+};
+
+TEST_F(JobStateMachineTest, JobRunsOnceEveryShardAndEveryRankRegistered) {
+  StartJob(2, 2);
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_WAITING);
+  RegisterServer(1, "127.0.0.1:7001");
+  EXPECT_EQ(machine_->Status().message(),
+            "waiting for shard 0 and workers 0, 1 to register");
+  RegisterServer(0, "127.0.0.1:7000");
+  ASSERT_TRUE(RegisterWorker(0).ok());
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(machine_->Status().message(), "waiting for worker 1 to register");
+  absl::StatusOr<v1::RegisterWorkerResponse> last = RegisterWorker(1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(last->rank(), 1u);
+  EXPECT_EQ(last->generation(), 1u);
+  EXPECT_EQ(last->shard_map().shards(1).address(), "127.0.0.1:7001");
+  EXPECT_TRUE(last->member_secret().empty());  // the service's business
+}
+
+TEST_F(JobStateMachineTest, ARegistrationWaitsForTheShardsUntilItsDeadline) {
+  StartJob(2, 1);
+  RegisterServer(0, "127.0.0.1:7000");
+  v1::RegisterWorkerRequest request;
+  request.set_host("worker-host");
+  request.set_backend("cpu");
+  JobStateMachine::Wait wait;
+  wait.deadline = absl::Now() + absl::Milliseconds(50);
+  absl::StatusOr<v1::RegisterWorkerResponse> reg =
+      machine_->RegisterWorker(request, wait, [](uint64_t) { return false; });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(reg.status())) << reg.status();
+  EXPECT_EQ(reg.status().message(), "waiting for shard 1 to register");
+  wait.deadline = absl::InfiniteFuture();
+  wait.cancelled = [] { return true; };
+  EXPECT_TRUE(absl::IsCancelled(
+      machine_->RegisterWorker(request, wait, [](uint64_t) { return false; }).status()));
+  machine_->ReleaseWaiters();
+  wait.cancelled = [] { return false; };
+  EXPECT_TRUE(absl::IsUnavailable(
+      machine_->RegisterWorker(request, wait, [](uint64_t) { return false; }).status()));
+  EXPECT_EQ(machine_->waiting_registrations(), 0);
+}
+
+TEST_F(JobStateMachineTest, TrainingDoneThenTheFinalEvaluationCompletesTheJob) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  // Training is done; the job waits for the final evaluation, which rank 0
+  // runs once the server has heard the final (empty) live set.
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(Beat(WorkerRequest(0, w[0].incarnation())).evaluate_final());
+  EXPECT_TRUE(Beat(ServerRequest(0, s[0].incarnation())).live_workers().empty());
+  Beat(ServerRequest(0, s[0].incarnation()));
+  v1::HeartbeatResponse reply = Beat(WorkerRequest(0, w[0].incarnation()));
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_TRUE(reply.evaluate_final());
+  EXPECT_FALSE(Beat(WorkerRequest(1, w[1].incarnation())).evaluate_final());
+
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = machine_->Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
+  EXPECT_TRUE(machine_->WaitForEnd(absl::ZeroDuration()));
+  // The end is known to every member once each heard it.
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  v1::HeartbeatRequest final_report = ServerRequest(0, s[0].incarnation());
+  final_report.set_final_report(true);
+  EXPECT_EQ(Beat(final_report).job_state(), v1::JOB_STATE_COMPLETED);
+  Beat(WorkerRequest(0, w[0].incarnation()));
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  Beat(WorkerRequest(1, w[1].incarnation()));
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+  EXPECT_TRUE(absl::IsFailedPrecondition(RegisterWorker(-1).status()));
+}
+
+TEST_F(JobStateMachineTest, ARestartedServerRollsTheJobBackAndRanksResume) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 50).ok());
+
+  // Shard 1's server comes back at its address while the job runs.
+  JobStateMachine::ServerRegistration again = RegisterServer(1, "127.0.0.1:7001");
+  EXPECT_TRUE(again.rolled_back);
+  EXPECT_EQ(again.response.restore().generation(), 2u);
+  EXPECT_EQ(again.response.restore().checkpoint_id(), 0u);  // the initial values
+  EXPECT_THAT(again.response.restore().worker_steps(), ElementsAre(0u, 0u));
+  EXPECT_EQ(machine_->restore_order().generation(), 2u);
+  v1::JobStatus status = machine_->Status();
+  EXPECT_EQ(status.generation(), 2u);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);  // trains again
+
+  // Members of generation 1 get the restore order; rank 0's old WorkerDone
+  // is refused.
+  v1::HeartbeatResponse reply = Beat(ServerRequest(0, s[0].incarnation(), 30, 1));
+  EXPECT_EQ(reply.restore().generation(), 2u);
+  reply = Beat(WorkerRequest(0, w[0].incarnation(), 1));
+  EXPECT_EQ(reply.restore().generation(), 2u);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u));
+  EXPECT_TRUE(absl::IsAborted(Done(0, w[0].incarnation(), 50, false, /*generation=*/1)));
+  // Once it follows, nothing more is said.
+  EXPECT_FALSE(Beat(WorkerRequest(0, w[0].incarnation(), 2)).has_restore());
+}
+
+TEST_F(JobStateMachineTest, ATakenOverJobGivesItsMembersAGraceBeforeAnyDies) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
+  const v1::CoordinatorState state = machine_->ExportState();
+  EXPECT_EQ(state.state(), v1::JOB_STATE_RUNNING);
+
+  clock_.Advance(absl::Seconds(5));
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
+  v1::JobStatus status = machine_->Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(status.coordinator_restarted());
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_FINISHED);
+  // Past the heartbeat timeout (1 s) but within the grace (1 s + 1 s of
+  // reconnection + 100 ms): nobody dies.
+  clock_.Advance(absl::Milliseconds(1900));
+  machine_->DetectFailures();
+  status = machine_->Status();
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  // The server comes back; rank 0 stays silent past the grace: dead.
+  Beat(ServerRequest(0, s[0].incarnation()));
+  clock_.Advance(absl::Milliseconds(300));
+  machine_->DetectFailures();
+  status = machine_->Status();
+  EXPECT_EQ(status.shards(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_DEAD);
+
+  // Only a waiting or running job of this job id is taken over.
+  v1::CoordinatorState ended = state;
+  ended.set_state(v1::JOB_STATE_COMPLETED);
+  EXPECT_TRUE(absl::IsInvalidArgument(NewMachine()->TakeOver(ended, "f")));
+  v1::CoordinatorState other = state;
+  other.mutable_config()->set_job_id("other-job");
+  EXPECT_TRUE(absl::IsInvalidArgument(NewMachine()->TakeOver(other, "f")));
+}
+
+TEST_F(JobStateMachineTest, ACheckpointIsAskedOfEveryShardAndCompletesOnceAllWrote) {
+  const std::string dir = TempFolder("checkpoint");
+  StartJob(2, 1, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  Beat(ServerRequest(0, s[0].incarnation(), 7));
+  Beat(ServerRequest(1, s[1].incarnation(), 8));
+  absl::StatusOr<v1::CheckpointSummary> asked =
+      machine_->CheckpointJob(/*wait_for_it=*/false, JobStateMachine::Wait());
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->state(), v1::CHECKPOINT_STATE_PENDING);
+
+  const v1::CheckpointRequest request = Beat(ServerRequest(0, s[0].incarnation(), 8)).checkpoint();
+  EXPECT_EQ(request.id(), asked->id());
+  EXPECT_GT(request.version(), 8u);  // ahead of every shard
+  EXPECT_EQ(Beat(ServerRequest(1, s[1].incarnation(), 8)).checkpoint().id(), request.id());
+
+  // Shard 0 wrote its file: no manifest yet, and it is no longer asked.
+  v1::HeartbeatRequest beat0 = ServerRequest(0, s[0].incarnation(), request.version());
+  *beat0.mutable_shard()->mutable_checkpoint() = WriteFakeShard(request, 0, request.version());
+  EXPECT_FALSE(Beat(beat0).has_checkpoint());
+  machine_->WriteReadyManifest();
+  EXPECT_FALSE(ReadManifest(Env::Default(), request.dir()).ok());
+  EXPECT_EQ(machine_->Status().pending_checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
+
+  v1::HeartbeatRequest beat1 = ServerRequest(1, s[1].incarnation(), request.version());
+  *beat1.mutable_shard()->mutable_checkpoint() = WriteFakeShard(request, 1, request.version());
+  Beat(beat1);
+  machine_->WriteReadyManifest();
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(Env::Default(), request.dir());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->id(), request.id());
+  EXPECT_EQ(manifest->step(), request.version());
+  v1::JobStatus status = machine_->Status();
+  EXPECT_EQ(status.last_checkpoint().id(), request.id());
+  EXPECT_EQ(status.last_checkpoint().state(), v1::CHECKPOINT_STATE_COMPLETE);
+  EXPECT_EQ(status.checkpoints_completed(), 1u);
+  // The completed checkpoint is what a coordinator that takes over knows.
+  EXPECT_EQ(machine_->ExportState().last_checkpoint().id(), request.id());
+}
+
+TEST_F(JobStateMachineTest, ACheckpointNeedsACheckpointDirARunningJobAndEveryShardAlive) {
+  StartJob(1, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
+  StartJob(2, 1, v1::MODE_SYNC, TempFolder("refused"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  Beat(ServerRequest(0, s[0].incarnation()));
+  Beat(WorkerRequest(0, w[0].incarnation()));
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();  // shard 1 dead
+  absl::StatusOr<v1::CheckpointSummary> asked =
+      machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
+}
+
+TEST_F(JobStateMachineTest, StopJobIsFinalAndMayBeRepeated) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  RegisterAllWorkers();
+  ASSERT_TRUE(machine_->StopJob("enough").ok());
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_STOPPED);
+  EXPECT_EQ(machine_->Status().message(), "enough");
+  EXPECT_TRUE(machine_->StopJob("again").ok());
+  EXPECT_EQ(machine_->Status().message(), "enough");
+  v1::RegisterServerRequest late;
+  late.set_address("127.0.0.1:7005");
+  EXPECT_TRUE(absl::IsFailedPrecondition(machine_->RegisterServer(late).status()));
+}
+
+TEST_F(JobStateMachineTest, SilentWorkerIsDeclaredDeadAndLeavesTheLiveSet) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  const uint64_t epoch = reply.membership_epoch();
+
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(600));  // worker 1 silent for 1.2 s > 1 s
+  machine_->DetectFailures();
+
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u));
+  EXPECT_THAT(reply.live_worker_incarnations(), ElementsAre(w[0].incarnation()));
+  EXPECT_GT(reply.membership_epoch(), epoch);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_DEAD);
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.membership_epoch(), reply.membership_epoch());
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobStateMachineTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();  // worker 1 dead
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // the final evaluation
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
+}
+
+TEST_F(JobStateMachineTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
+  EXPECT_EQ(status.workers(0).last_heartbeat_ms_ago(), 800u);
+}
+
+TEST_F(JobStateMachineTest, EvaluatorIsLowestAliveRankWhileTraining) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  // Rank 0 dies: rank 1 evaluates; rank 1 finishes: rank 2 does.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 2u);
+  EXPECT_FALSE(reply.evaluate_final());
+}
+
+TEST_F(JobStateMachineTest, AnEndingJobAsksItsMembersForQuickHeartbeats) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // training: the job's interval
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // one worker still trains
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  // Training is done: the final evaluation and the end should be heard at
+  // once, not an interval later.
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_GT(reply.next_heartbeat_ms(), 0u);
+  EXPECT_LE(reply.next_heartbeat_ms(), 50u);
+}
+
+TEST_F(JobStateMachineTest, FinalEvaluatorIsLowestFinishedRankStillHeartbeating) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Done(r, w[r].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().evaluator_rank(), 0u);
+
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));  // rank 0 silent for 1.6 s
+  ASSERT_TRUE(WorkerBeat(2, w[2].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(reply.has_evaluator_rank());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_FALSE(reply.evaluate_final());  // not its role
+  EXPECT_EQ(Status().evaluator_rank(), 1u);
+  EXPECT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_FINISHED);
+}
+
+TEST_F(JobStateMachineTest, EvaluateFinalWaitsUntilServersHeardTheFinalLiveSet) {
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  // Heard before training was done: these do not count.
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(1u));
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+
+  auto evaluate_final = [&] {
+    v1::HeartbeatResponse r;
+    EXPECT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &r).ok());
+    EXPECT_EQ(r.evaluator_rank(), 0u);
+    return r.evaluate_final();
+  };
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_TRUE(reply.live_workers().empty());  // the final live set
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());  // applied it
+  EXPECT_FALSE(evaluate_final());  // shard 1 has not
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_FALSE(evaluate_final());
+  ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
+  EXPECT_TRUE(evaluate_final());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobStateMachineTest, EvaluateFinalDoesNotWaitForADeadServer) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();  // shard 1 dead
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+}
+
+TEST_F(JobStateMachineTest, FinalEvaluationPassesToNextWhenEvaluatorGoesSilent) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.evaluate_final());
+
+  // Rank 0 dies while evaluating; rank 1 keeps heartbeating.
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 0u);
+  EXPECT_FALSE(reply.evaluate_final());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.evaluator_rank(), 1u);
+  EXPECT_TRUE(reply.evaluate_final());
+
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+}
+
+TEST_F(JobStateMachineTest, JobCompletesWithoutFinalEvalWhenNoFinishedWorkerRemains) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();  // worker 1 dead
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  machine_->DetectFailures();
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  clock_.Advance(absl::Milliseconds(1001));  // worker 0 silent past the timeout
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(),
+            "worker 1 died before finishing; the others finished; no final "
+            "evaluation: no finished worker was still heartbeating to run it");
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FALSE(status.has_evaluator_rank());
+  // The silent finished worker is not waited for; the live server is.
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(JobStateMachineTest, JobCompletesWhenTheFinalEvaluationArrives) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  // An evaluation before training is done is the latest, not the final one.
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+
+  // Taken from any finished rank, not only the designated one (rank 0).
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 100, /*final_eval=*/true).ok());
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "every worker finished");
+  EXPECT_TRUE(status.has_final_eval());
+  EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
+  EXPECT_EQ(status.evaluator_rank(), 1u);
+
+  // Both finished workers still heartbeat, so both must hear the end.
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply, v1::ShardStatus(), true).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_FALSE(reply.evaluate_final());
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+}
+
+TEST_F(JobStateMachineTest,
+       JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
+  StartJob(1, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  clock_.Advance(absl::Seconds(2));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(status.has_evaluator_rank());
+
+  // A restarted worker may still come within the recovery timeout (30 s).
+  for (int i = 0; i < 29; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+    machine_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  machine_->DetectFailures();
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("every worker died before finishing"),
+            std::string::npos)
+      << status.message();
+}
+
+TEST_F(JobStateMachineTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  auto beat_others = [&] {
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+    ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  };
+  for (int i = 0; i < 30; ++i) {  // 1 s timeout + 29 s dead
+    clock_.Advance(absl::Seconds(1));
+    beat_others();
+    machine_->DetectFailures();
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
+  clock_.Advance(absl::Seconds(2));
+  beat_others();
+  machine_->DetectFailures();
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(status.message().find("shard 1 has been dead for"), std::string::npos)
+      << status.message();
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+  EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
+}
+
+}  // namespace
+}  // namespace grps
