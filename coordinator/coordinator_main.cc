@@ -192,7 +192,9 @@ std::optional<int> ReadJob(int argc, char** argv, v1::JobConfig* config,
       argc, argv,
       "grps-coordinator [--mode=sync|async|ssp] [--servers=N] [--workers=M] "
       "[--listen=HOST:PORT] [--port_file=FILE] ...: the control plane of a "
-      "grps job (every flag can also be set as GRPS_<FLAG>)");
+      "grps job (every flag can also be set as GRPS_<FLAG>)",
+      // The coordinator dials no one: no server name to check.
+      {"tls_server_name"});
   InitDaemon("coordinator");
   InstallShutdownHandlers();
   if (absl::Status s = InitProcessSecurity(Role::kAdmin, /*serves=*/true); !s.ok()) {

@@ -39,6 +39,8 @@ refused() {
 }
 refused 2 "--metrics_listen is not used by grpsctl" grpsctl --metrics_listen=127.0.0.1:9 status
 refused 2 "--tls_client_auth is not used by grpsctl" grpsctl --notls_client_auth status
+refused 2 "--tls_server_name is not used by grps-coordinator" grps-coordinator \
+  --tls_server_name=grps
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"
