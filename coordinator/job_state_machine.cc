@@ -666,14 +666,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
     changed_.WaitWithDeadline(&mu_, std::min(wait.deadline, real_now + kPollInterval));
     --waiting_registrations_;
   }
-  if (EndedLocked()) return EndedErrorLocked();
+  if (EndedLocked()) {
+    if (requested_rank >= 0) ranks_awaited_.erase(requested_rank);
+    return EndedErrorLocked();
+  }
   const absl::Time now = clock_();
   const std::optional<uint64_t> live =
       requested_rank < 0 ? std::nullopt : membership_.LiveIncarnation(requested_rank);
   absl::StatusOr<Membership::Registration> reg =
       membership_.RegisterWorker(requested_rank, request.host(), request.backend(), now,
                                  live.has_value() && proves(*live));
+  if (absl::IsAlreadyExists(reg.status())) ranks_awaited_.insert(requested_rank);
   if (!reg.ok()) return reg.status();
+  ranks_awaited_.erase(reg->slot);
   NoteRegistrationLocked(now);
   spdlog::info(
       "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
@@ -1060,7 +1065,7 @@ bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
     if (ranks_told_end_.count(rank) == 0) return false;
   for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
     if (ranks_told_end_.count(rank) == 0) return false;
-  return true;
+  return ranks_awaited_.empty();
 }
 
 double JobStateMachine::ElapsedSecondsLocked(absl::Time now) const {

@@ -345,6 +345,12 @@ class JobStateMachine {
   // Members that received a heartbeat reply with the final state.
   std::set<uint32_t> shards_told_end_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> ranks_told_end_ ABSL_GUARDED_BY(mu_);
+  // Ranks a registration asked for and was refused because the rank was
+  // alive (a restarted worker waiting for it), until such a registration
+  // gets the rank or hears that the job ended: the coordinator lingers for
+  // them too, so that the restarted worker exits rather than retry a
+  // coordinator that is gone.
+  std::set<uint32_t> ranks_awaited_ ABSL_GUARDED_BY(mu_);
   bool releasing_waiters_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -278,6 +278,33 @@ TEST_F(JobStateMachineTest, TrainingDoneThenTheFinalEvaluationCompletesTheJob) {
   EXPECT_TRUE(absl::IsFailedPrecondition(RegisterWorker(-1).status()));
 }
 
+TEST_F(JobStateMachineTest, AWorkerWaitingForItsRankHearsTheEndBeforeTheCoordinatorLeaves) {
+  StartJob(1, 2, v1::MODE_ASYNC);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  // Rank 1 was killed and started again: its old incarnation still counts
+  // as alive, so the new one waits.
+  EXPECT_TRUE(absl::IsAlreadyExists(RegisterWorker(1).status()));
+  // The old one is declared dead and rank 0 finishes the job before the
+  // new one asks again.
+  clock_.Advance(absl::Milliseconds(1100));
+  Beat(ServerRequest(0, s[0].incarnation()));
+  Beat(WorkerRequest(0, w[0].incarnation()));
+  machine_->DetectFailures();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  ASSERT_EQ(machine_->state(), v1::JOB_STATE_COMPLETED);
+  v1::HeartbeatRequest final_report = ServerRequest(0, s[0].incarnation());
+  final_report.set_final_report(true);
+  Beat(final_report);
+  Beat(WorkerRequest(0, w[0].incarnation()));
+  // Every member heard the end, but the waiting worker has not: the
+  // coordinator must not leave it retrying a coordinator that is gone.
+  EXPECT_FALSE(machine_->EveryLiveMemberSawEnd());
+  absl::StatusOr<v1::RegisterWorkerResponse> late = RegisterWorker(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+  EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
+}
+
 TEST_F(JobStateMachineTest, ARestartedServerRollsTheJobBackAndRanksResume) {
   StartJob(2, 2);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
