@@ -91,6 +91,13 @@ enum class GradientFate {
 
 bool IsLate(GradientFate fate);
 
+// How a chunk joins a checkpoint (ChunkPolicy::Cut).
+enum class CheckpointCut {
+  kNow,    // its state as it is now
+  kArmed,  // its state the moment an update brings it to the cut version
+  kPast,   // it is past the cut version: the checkpoint fails
+};
+
 class ChunkPolicy {
  public:
   virtual ~ChunkPolicy() = default;
@@ -141,12 +148,33 @@ class ChunkPolicy {
   // May complete a step or apply held updates; returns true if it did.
   virtual bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) = 0;
 
+  // The chunk version a pusher is told for a gradient that became `fate`:
+  // by default the chunk's version now (sync: the version at which the
+  // gradient's step completes).
+  virtual uint64_t AckVersion(const ChunkGradientMeta& g, GradientFate fate,
+                              const UpdateTarget& chunk) const {
+    return chunk.version();
+  }
+
   // Gradients accepted but not yet applied, right now (ssp's held ones).
   virtual uint64_t held() const { return 0; }
 
-  // The lowest step of `rank`'s gradients accepted but not yet applied
-  // (ssp's held ones), if any.
-  virtual std::optional<uint64_t> LowestHeldStep(uint32_t rank) const {
+  // ---- Checkpoints ----
+
+  // How the chunk joins a checkpoint asked for at `version` (0: no version
+  // named). Default (async, ssp): each chunk as it is now.
+  virtual CheckpointCut Cut(uint64_t version, const UpdateTarget& chunk) const {
+    return CheckpointCut::kNow;
+  }
+
+  // What a checkpoint of the chunk as it is now keeps of `rank`'s dedup
+  // mark; `mark` comes with the rank's newest accepted push. A push whose
+  // gradient the values do not hold yet (in sync's open step, or held by
+  // ssp) must be taken again after a roll-back to this checkpoint, so the
+  // mark is moved back before it. Returns the step from which the rank must
+  // compute again, if the mode knows one (ssp). Default: the mark as it is.
+  virtual std::optional<uint64_t> KeepMark(uint32_t rank, const UpdateTarget& chunk,
+                                           v1::DedupMark* mark) const {
     return std::nullopt;
   }
 
