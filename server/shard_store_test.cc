@@ -447,9 +447,9 @@ TEST(ShardStorePull, ShutdownWakesWaitingPullsWithUnavailable) {
   // Shut down only once the pull waits (a pull that came after the shutdown
   // would be refused on arrival, and the test would not test the wake-up).
   const absl::Time patience = absl::Now() + absl::Seconds(10);
-  while (store->ShardStatus().waiting_pulls() == 0 && absl::Now() < patience)
+  while (store->waiting_pulls() == 0 && absl::Now() < patience)
     absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(store->ShardStatus().waiting_pulls(), 1u);
+  ASSERT_EQ(store->waiting_pulls(), 1u);
   const absl::Time start = absl::Now();
   store->Shutdown();
   puller.join();
