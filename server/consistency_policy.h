@@ -1,10 +1,12 @@
 // ConsistencyPolicy: every rule of a consistency mode, in one place per mode.
 // A policy decides, for one target (a dense chunk, or a sparse table's part
 // on a shard: both are "chunks" below), what a gradient becomes (added to a sync
-// step, applied now, held, late, too stale), with which learning rate, and
-// when a pull from a worker at a given clock may be answered. The ShardStore
-// around it owns the chunk's values, lock and counters, deduplicates retried
-// pushes and keeps the waiting pulls; it asks the policy and does as told.
+// step, applied now, held, late, too stale), with which learning rate, when
+// a pull from a worker at a given clock may be answered, and how a
+// checkpoint cuts the chunk (at which version, and what of the dedup marks
+// it keeps). The ShardStore around it owns the chunk's values, lock and
+// counters, deduplicates retried pushes and keeps the waiting pulls; it asks
+// the policy and does as told, and branches on no mode itself.
 //
 //   sync_policy.cc   BSP, with backup workers and late gradients (fold/drop)
 //   async_policy.cc  ASP: every gradient applied on arrival
