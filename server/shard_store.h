@@ -9,14 +9,16 @@
 //   shard_checkpoint.h  checkpoint capture and restore
 //   shard_status.h      counters and the ShardStatus report
 //
-// and the rules of each mode live in its ConsistencyPolicy
-// (server/consistency_policy.h, one per chunk).
+// and the rules of each mode live in its ChunkPolicy
+// (server/consistency_policy.h, one per chunk and table).
 //
 // Each chunk has its own mutex; no lock spans the shard on the hot path, so
 // pushes and pulls of different chunks run in parallel. A push that names
-// several chunks locks them in ascending chunk id order (the only place two
-// chunk locks are held at once), which makes the push all-or-nothing
-// without a global lock.
+// several chunks locks them in ascending chunk id order (TargetLocks, the
+// only place two chunk locks are held at once), which makes the push
+// all-or-nothing without a global lock. Lock order: the checkpoint
+// capture's mutex, the targets' (TargetLocks order), the live set's; the
+// waiting pulls' mutex is never held with a target's.
 //
 // Inputs are trusted: the caller (ParameterServerService, the network edge)
 // has checked job id, rank, chunk ownership, lengths and finiteness. What the
