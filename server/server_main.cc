@@ -597,6 +597,21 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(
   return StartMetricsFromFlags("grps-server", {shard_metrics});
 }
 
+// Sizes the gRPC server's memory quota for the store, attaches the store to
+// the service and the metrics, and only then says SERVING (health check):
+// before, every RPC answers UNAVAILABLE.
+void GoLive(ShardStore& store, GrpcServer& server, ParameterServerService& service,
+            std::atomic<const ShardStore*>& attached,
+            const v1::RegisterServerResponse& registration, const std::string& address) {
+  const v1::ShardStatus held = store.ShardStatus();
+  const size_t memory = ServerMemoryBytes(held.num_elements(), store.config().num_workers());
+  server.quota->Resize(memory);
+  service.Attach(&store);
+  attached.store(&store);
+  server.server->GetHealthCheckService()->SetServingStatus(true);
+  LogServing(store, held, registration, address, memory);
+}
+
 // The flags Run reads, checked: what is wrong, as INVALID_ARGUMENT.
 absl::Status CheckRunFlags() {
   if (absl::GetFlag(FLAGS_coordinator).empty())
@@ -662,14 +677,7 @@ int Run() {
     return 1;
   }
   store = std::move(*created);
-  const v1::ShardStatus held = store->ShardStatus();
-  const size_t memory = ServerMemoryBytes(held.num_elements(), store->config().num_workers());
-  server->quota->Resize(memory);
-  service.Attach(store.get());
-  attached.store(store.get());
-  // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
-  server->server->GetHealthCheckService()->SetServingStatus(true);
-  LogServing(*store, held, registration, address, memory);
+  GoLive(*store, *server, service, attached, registration, address);
   Checkpointer checkpointer(store.get());
   const absl::Duration interval = absl::Milliseconds(store->config().heartbeat_interval_ms());
   MemberAgent agent(coordinator.get(),
