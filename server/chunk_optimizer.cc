@@ -9,14 +9,13 @@ namespace grps {
 ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
                                Backend* backend, uint64_t num_elements)
     : config_(config), backend_(backend), n_(num_elements) {
-  const v1::OptimizerKind kind = config_.kind();
+  const uint32_t slots = OptimizerStateSlots(config_.kind());
   const size_t bytes = n_ * sizeof(float);
-  if (kind == v1::OPTIMIZER_MOMENTUM || kind == v1::OPTIMIZER_NESTEROV ||
-      kind == v1::OPTIMIZER_ADAM || kind == v1::OPTIMIZER_ADAGRAD) {
+  if (slots >= 1) {
     a_ = DeviceBuffer(backend_, bytes);
     backend_->Fill(a_.f32(), 0.0f, n_);
   }
-  if (kind == v1::OPTIMIZER_ADAM) {
+  if (slots >= 2) {
     b_ = DeviceBuffer(backend_, bytes);
     backend_->Fill(b_.f32(), 0.0f, n_);
   }
@@ -24,41 +23,61 @@ ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
 
 void ChunkOptimizer::Apply(float* param, const float* grad, float lr,
                            uint64_t update_index) {
-  switch (config_.kind()) {
+  ApplyOptimizerStep(config_, *backend_, lr, static_cast<int64_t>(update_index + 1), param, grad,
+                     a_.f32(), b_.f32(), n_);
+}
+
+uint32_t OptimizerStateSlots(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_MOMENTUM:
+    case v1::OPTIMIZER_NESTEROV:
+    case v1::OPTIMIZER_ADAGRAD:
+      return 1;
+    case v1::OPTIMIZER_ADAM:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, float lr,
+                        int64_t step, float* param, const float* grad, float* a, float* b,
+                        uint64_t n) {
+  switch (config.kind()) {
     case v1::OPTIMIZER_MOMENTUM:
     case v1::OPTIMIZER_NESTEROV: {
       MomentumParams p;
       p.lr = lr;
-      p.momentum = config_.momentum();
-      p.nesterov = config_.kind() == v1::OPTIMIZER_NESTEROV;
-      p.weight_decay = config_.weight_decay();
-      backend_->MomentumUpdate(p, param, grad, a_.f32(), n_);
+      p.momentum = config.momentum();
+      p.nesterov = config.kind() == v1::OPTIMIZER_NESTEROV;
+      p.weight_decay = config.weight_decay();
+      backend.MomentumUpdate(p, param, grad, a, n);
       return;
     }
     case v1::OPTIMIZER_ADAM: {
       AdamParams p;
       p.lr = lr;
-      p.beta1 = config_.beta1();
-      p.beta2 = config_.beta2();
-      p.epsilon = config_.epsilon();
-      p.weight_decay = config_.weight_decay();
-      p.step = static_cast<int64_t>(update_index + 1);
-      backend_->AdamUpdate(p, param, grad, a_.f32(), b_.f32(), n_);
+      p.beta1 = config.beta1();
+      p.beta2 = config.beta2();
+      p.epsilon = config.epsilon();
+      p.weight_decay = config.weight_decay();
+      p.step = step;
+      backend.AdamUpdate(p, param, grad, a, b, n);
       return;
     }
     case v1::OPTIMIZER_ADAGRAD: {
       AdagradParams p;
       p.lr = lr;
-      p.epsilon = config_.epsilon();
-      p.weight_decay = config_.weight_decay();
-      backend_->AdagradUpdate(p, param, grad, a_.f32(), n_);
+      p.epsilon = config.epsilon();
+      p.weight_decay = config.weight_decay();
+      backend.AdagradUpdate(p, param, grad, a, n);
       return;
     }
     default: {  // OPTIMIZER_SGD; ValidateJobConfig admits nothing else.
       SgdParams p;
       p.lr = lr;
-      p.weight_decay = config_.weight_decay();
-      backend_->SgdUpdate(p, param, grad, n_);
+      p.weight_decay = config.weight_decay();
+      backend.SgdUpdate(p, param, grad, n);
       return;
     }
   }

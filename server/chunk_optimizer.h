@@ -17,6 +17,19 @@
 
 namespace grps {
 
+// The optimizer's state slots per element for `kind` (velocity, moments,
+// accumulator): 0 for SGD, 2 for Adam.
+uint32_t OptimizerStateSlots(v1::OptimizerKind kind);
+
+// One update of n elements of `param` from `grad` with `config`'s optimizer
+// at learning rate `lr`: the one kernel dense chunks and sparse rows share.
+// `a` and `b` are the state slots OptimizerStateSlots names (null where the
+// optimizer has none); `step` counts the updates of these elements, this one
+// included (Adam's bias correction).
+void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, float lr,
+                        int64_t step, float* param, const float* grad, float* a, float* b,
+                        uint64_t n);
+
 class ChunkOptimizer {
  public:
   // `backend` allocates the state and must outlive the optimizer. `config`

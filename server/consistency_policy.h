@@ -1,10 +1,12 @@
 // ConsistencyPolicy: every rule of a consistency mode, in one place per mode.
 // A policy decides, for one target (a dense chunk, or a sparse table's part
 // on a shard: both are "chunks" below), what a gradient becomes (added to a sync
-// step, applied now, held, late, too stale), with which learning rate, and
-// when a pull from a worker at a given clock may be answered. The ShardStore
-// around it owns the chunk's values, lock and counters, deduplicates retried
-// pushes and keeps the waiting pulls; it asks the policy and does as told.
+// step, applied now, held, late, too stale), with which learning rate, when
+// a pull from a worker at a given clock may be answered, and how a
+// checkpoint cuts the chunk (at which version, and what of the dedup marks
+// it keeps). The ShardStore around it owns the chunk's values, lock and
+// counters, deduplicates retried pushes and keeps the waiting pulls; it asks
+// the policy and does as told, and branches on no mode itself.
 //
 //   sync_policy.cc   BSP, with backup workers and late gradients (fold/drop)
 //   async_policy.cc  ASP: every gradient applied on arrival
@@ -91,6 +93,13 @@ enum class GradientFate {
 
 bool IsLate(GradientFate fate);
 
+// How a chunk joins a checkpoint (ChunkPolicy::Cut).
+enum class CheckpointCut {
+  kNow,    // its state as it is now
+  kArmed,  // its state the moment an update brings it to the cut version
+  kPast,   // it is past the cut version: the checkpoint fails
+};
+
 class ChunkPolicy {
  public:
   virtual ~ChunkPolicy() = default;
@@ -141,12 +150,33 @@ class ChunkPolicy {
   // May complete a step or apply held updates; returns true if it did.
   virtual bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) = 0;
 
+  // The chunk version a pusher is told for a gradient that became `fate`:
+  // by default the chunk's version now (sync: the version at which the
+  // gradient's step completes).
+  virtual uint64_t AckVersion(const ChunkGradientMeta& g, GradientFate fate,
+                              const UpdateTarget& chunk) const {
+    return chunk.version();
+  }
+
   // Gradients accepted but not yet applied, right now (ssp's held ones).
   virtual uint64_t held() const { return 0; }
 
-  // The lowest step of `rank`'s gradients accepted but not yet applied
-  // (ssp's held ones), if any.
-  virtual std::optional<uint64_t> LowestHeldStep(uint32_t rank) const {
+  // ---- Checkpoints ----
+
+  // How the chunk joins a checkpoint asked for at `version` (0: no version
+  // named). Default (async, ssp): each chunk as it is now.
+  virtual CheckpointCut Cut(uint64_t version, const UpdateTarget& chunk) const {
+    return CheckpointCut::kNow;
+  }
+
+  // What a checkpoint of the chunk as it is now keeps of `rank`'s dedup
+  // mark; `mark` comes with the rank's newest accepted push. A push whose
+  // gradient the values do not hold yet (in sync's open step, or held by
+  // ssp) must be taken again after a roll-back to this checkpoint, so the
+  // mark is moved back before it. Returns the step from which the rank must
+  // compute again, if the mode knows one (ssp). Default: the mark as it is.
+  virtual std::optional<uint64_t> KeepMark(uint32_t rank, const UpdateTarget& chunk,
+                                           v1::DedupMark* mark) const {
     return std::nullopt;
   }
 

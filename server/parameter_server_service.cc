@@ -111,6 +111,78 @@ std::vector<float>& ScratchBuffer() {
   return scratch;
 }
 
+// One received chunk of a push, checked: its spec, its dtype, and where its
+// values are.
+struct CheckedChunk {
+  const v1::ChunkSpec* spec;
+  DType dtype;
+  const char* in_lane;  // the values in the lane, or null: in the message
+};
+
+// Checks one received chunk against the shard's map, the chunks `seen`
+// before it in the push (it joins them) and the push's lane (may be null):
+// a chunk of this shard, once, a known dtype, sparse indices that fit, and
+// as many bytes as its values need, in the message or the lane.
+absl::StatusOr<CheckedChunk> CheckReceivedChunk(const ShardStore& store,
+                                                const ReceivedChunk& chunk,
+                                                const MappedLane* lane,
+                                                absl::flat_hash_set<uint32_t>* seen) {
+  const std::string what = absl::StrCat("chunk ", chunk.chunk_id);
+  absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, chunk.chunk_id);
+  if (!spec.ok()) return spec.status();
+  if (!seen->insert(chunk.chunk_id).second)
+    return absl::InvalidArgumentError(absl::StrCat(what, " appears twice in one push"));
+  absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype, false, what);
+  if (!dtype.ok()) return dtype.status();
+  const uint64_t n = (*spec)->num_elements();
+  // A sparse gradient (top-k) carries one value per index.
+  const bool sparse = !chunk.indices.AtEnd();
+  const uint64_t count = sparse ? chunk.indices.left() / sizeof(uint32_t) : n;
+  if (sparse && (chunk.indices.left() % sizeof(uint32_t) != 0 || count > n))
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", chunk.indices.left(), " bytes of indices for ", n, " elements"));
+  const uint64_t expected = count * DTypeSize(*dtype);
+  if (chunk.lane_offset != 0) {
+    if (lane == nullptr || sparse || !chunk.data.AtEnd())
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": a lane offset needs the push's lane, whole values and no data"));
+    absl::StatusOr<char*> at = lane->At(chunk.lane_offset, expected);
+    if (!at.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", at.status().message()));
+    return CheckedChunk{*spec, *dtype, *at};
+  }
+  if (chunk.data.left() != expected)
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": expected ", expected, " bytes (", count, " x ",
+        std::string(DTypeName(*dtype)), "), got ", chunk.data.left()));
+  return CheckedChunk{*spec, *dtype, nullptr};
+}
+
+// Copies a checked chunk's gradient, as f32, into `dst` (num_elements
+// floats) and checks every value: INVALID_ARGUMENT for one out of range.
+absl::Status ReadCheckedGradient(ReceivedChunk& chunk, const CheckedChunk& c, float* dst) {
+  thread_local std::string narrow;  // f16 / bf16 payloads on their way to f32
+  const size_t n = c.spec->num_elements();
+  int64_t bad = -1;
+  if (c.in_lane != nullptr && c.dtype == DType::kF32) {
+    // The one copy out of the worker's memory, checked as it is made;
+    // what is checked is this copy, whatever the worker writes meanwhile.
+    bad = CopyFirstOutOfRange(c.in_lane, dst, n);
+  } else {
+    if (c.in_lane != nullptr) {
+      ConvertElements(c.in_lane, c.dtype, dst, DType::kF32, n);
+    } else if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
+    }
+    bad = FirstOutOfRange(absl::MakeConstSpan(dst, n));
+  }
+  if (bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "chunk ", chunk.chunk_id, ": gradient element ", bad, " is ", dst[bad],
+      " (NaN, infinity and magnitudes above ", ParameterServerService::kMaxGradientMagnitude,
+      " are refused: they would overflow the sum or the weights)"));
+}
+
 // Validates a whole push and turns it into a typed one. The returned spans
 // point into `scratch`, which must outlive the result. `lane` (may be null)
 // is the push's mapped lane: a chunk with a lane_offset is read from it.
@@ -126,96 +198,39 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   if (header.num_samples() == 0)
     return absl::InvalidArgumentError(
         "push says its gradients come from 0 samples (num_samples must be at least 1)");
-
-  struct Checked {
-    const v1::ChunkSpec* spec;
-    DType dtype;
-    const char* in_lane;  // the values in the lane, or null: in the message
-  };
-  std::vector<Checked> checked;
+  std::vector<CheckedChunk> checked;
   checked.reserve(chunks.size());
   absl::flat_hash_set<uint32_t> seen;
   size_t scratch_floats = 0;
   for (const ReceivedChunk& chunk : chunks) {
-    const std::string what = absl::StrCat("chunk ", chunk.chunk_id);
-    absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, chunk.chunk_id);
-    if (!spec.ok()) return spec.status();
-    if (!seen.insert(chunk.chunk_id).second)
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " appears twice in one push"));
-    absl::StatusOr<DType> dtype = DTypeFromWire(chunk.dtype, false, what);
-    if (!dtype.ok()) return dtype.status();
-    const uint64_t n = (*spec)->num_elements();
-    // A sparse gradient (top-k) carries one value per index.
-    const bool sparse = !chunk.indices.AtEnd();
-    const uint64_t count = sparse ? chunk.indices.left() / sizeof(uint32_t) : n;
-    if (sparse && (chunk.indices.left() % sizeof(uint32_t) != 0 || count > n))
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", chunk.indices.left(), " bytes of indices for ", n, " elements"));
-    const uint64_t expected = count * DTypeSize(*dtype);
-    const char* in_lane = nullptr;
-    if (chunk.lane_offset != 0) {
-      if (lane == nullptr || sparse || !chunk.data.AtEnd())
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": a lane offset needs the push's lane, whole values and no data"));
-      absl::StatusOr<char*> at = lane->At(chunk.lane_offset, expected);
-      if (!at.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", at.status().message()));
-      in_lane = *at;
-    } else if (chunk.data.left() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": expected ", expected, " bytes (", count, " x ",
-          std::string(DTypeName(*dtype)), "), got ", chunk.data.left()));
-    }
-    scratch_floats += n;
-    checked.push_back({*spec, *dtype, in_lane});
+    absl::StatusOr<CheckedChunk> c = CheckReceivedChunk(store, chunk, lane, &seen);
+    if (!c.ok()) return c.status();
+    scratch_floats += c->spec->num_elements();
+    checked.push_back(*c);
   }
 
   // Every gradient is copied once, out of the received slices, into the
   // thread's reused scratch (sized once, so the spans below stay valid).
   if (scratch->size() < scratch_floats) scratch->resize(scratch_floats);
-  thread_local std::string narrow;  // f16 / bf16 payloads on their way to f32
   ShardStore::GradientPush push;
   push.worker_rank = header.worker_rank();
   push.incarnation = header.incarnation();
   push.step = header.step();
   push.generation = header.generation();
   push.chunks.reserve(checked.size());
-  size_t used = 0;
+  float* dst = scratch->data();
   for (size_t i = 0; i < chunks.size(); ++i) {
     ReceivedChunk& chunk = chunks[i];
-    const Checked& c = checked[i];
+    const CheckedChunk& c = checked[i];
     const size_t n = c.spec->num_elements();
-    const uint64_t wire_bytes = c.in_lane != nullptr
-                                    ? n * DTypeSize(c.dtype)
-                                    : chunk.data.left() + chunk.indices.left();
-    float* dst = scratch->data() + used;
-    used += n;
-    int64_t bad = -1;
-    if (c.in_lane != nullptr && c.dtype == DType::kF32) {
-      // The one copy out of the worker's memory, checked as it is made;
-      // what is checked is this copy, whatever the worker writes meanwhile.
-      bad = CopyFirstOutOfRange(c.in_lane, dst, n);
-    } else {
-      if (c.in_lane != nullptr) {
-        ConvertElements(c.in_lane, c.dtype, dst, DType::kF32, n);
-      } else if (absl::Status s = ReadGradient(chunk, c.dtype, dst, n, &narrow); !s.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("chunk ", chunk.chunk_id, ": ", s.message()));
-      }
-      bad = FirstOutOfRange(absl::MakeConstSpan(dst, n));
-    }
-    const absl::Span<const float> values = absl::MakeConstSpan(dst, n);
-    if (bad >= 0)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", chunk.chunk_id, ": gradient element ", bad, " is ",
-          values[bad], " (NaN, infinity and magnitudes above ",
-          ParameterServerService::kMaxGradientMagnitude,
-          " are refused: they would overflow the sum or the weights)"));
     ShardStore::ChunkGradient& g = push.chunks.emplace_back();
     g.chunk_id = chunk.chunk_id;
     g.base_version = chunk.version;
-    g.values = values;
-    g.wire_bytes = wire_bytes;
+    g.wire_bytes = c.in_lane != nullptr ? n * DTypeSize(c.dtype)
+                                        : chunk.data.left() + chunk.indices.left();
+    if (absl::Status s = ReadCheckedGradient(chunk, c, dst); !s.ok()) return s;
+    g.values = absl::MakeConstSpan(dst, n);
+    dst += n;
   }
   return push;
 }
@@ -263,6 +278,48 @@ absl::Status ReplyPlaces(const ShardStore& store, const ShardStore::GradientPush
   return absl::OkStatus();
 }
 
+// A push past the edge's checks, with its pull half's dtype and, for a push
+// whose reply goes into its lane, the places there.
+struct CheckedPush {
+  ShardStore::GradientPush push;
+  DType pull_dtype = DType::kF32;
+  std::vector<uint64_t> reply_offsets;
+  std::vector<char*> reply_into;
+};
+
+// DecodePush, the pull half's dtype and its places in the lane (may be
+// null), all checked before anything changes.
+absl::StatusOr<CheckedPush> CheckPush(const ShardStore& store, const v1::PushRequest& request,
+                                      std::vector<ReceivedChunk>& chunks,
+                                      const MappedLane* lane) {
+  absl::StatusOr<ShardStore::GradientPush> push =
+      DecodePush(store, request, chunks, lane, &ScratchBuffer());
+  if (!push.ok()) return push.status();
+  absl::StatusOr<DType> pull_dtype =
+      DTypeFromWire(request.pull_dtype(), true, "push's pull_dtype");
+  if (!pull_dtype.ok()) return pull_dtype.status();
+  CheckedPush checked;
+  checked.push = std::move(*push);
+  checked.pull_dtype = *pull_dtype;
+  if (request.pull() && lane != nullptr && request.lane().reply_offset() != 0)
+    if (absl::Status s = ReplyPlaces(store, checked.push, request.lane(), *lane,
+                                     checked.pull_dtype, &checked.reply_offsets,
+                                     &checked.reply_into);
+        !s.ok())
+      return s;
+  return checked;
+}
+
+// The header of the reply to a push the store took.
+v1::PushResponse PushReplyHeader(const ShardStore::PushResult& result) {
+  v1::PushResponse header;
+  for (uint64_t v : result.versions) header.add_versions(v);
+  header.set_duplicates(result.duplicates);
+  header.set_late(result.late);
+  header.set_too_stale(result.too_stale);
+  return header;
+}
+
 // A call's deadline; InfiniteFuture for none.
 absl::Time CallDeadline(const grpc::ServerContextBase& context) {
   const auto deadline = context.deadline();
@@ -276,6 +333,36 @@ absl::Time PullDeadline(absl::Time call_deadline, uint32_t timeout_ms) {
   const absl::Time now = absl::Now();
   return std::min({now + ParameterServerService::kMaxPullWait,
                    now + absl::Milliseconds(timeout_ms), call_deadline});
+}
+
+// The pull half of a push the store took: the pushed chunks at the
+// worker's next clock, in the reply after `header`; without values when
+// they are not ready in time (the push stands; the worker pulls). The lane
+// stays mapped until the values are written.
+void ServePullHalf(ShardStore* store, const v1::PushRequest& request, CheckedPush checked,
+                   absl::Time call_deadline, std::shared_ptr<const std::atomic<bool>> cancelled,
+                   v1::PushResponse header, std::shared_ptr<MappedLane> lane,
+                   std::function<void(grpc::Status, grpc::ByteBuffer)> done) {
+  ShardStore::PullSpec spec;
+  spec.worker_rank = request.worker_rank();
+  for (const ShardStore::ChunkGradient& g : checked.push.chunks)
+    spec.chunk_ids.push_back(g.chunk_id);
+  spec.clock = request.step() + 1;
+  spec.generation = request.generation();
+  spec.dtype = checked.pull_dtype;
+  spec.deadline = PullDeadline(call_deadline, std::max<uint32_t>(1, request.pull_timeout_ms()));
+  spec.cancelled = std::move(cancelled);
+  spec.into = std::move(checked.reply_into);
+  store->PullAsync(
+      std::move(spec),
+      [done = std::move(done), header = std::move(header), wire = DTypeToWire(checked.pull_dtype),
+       lane = std::move(lane), reply_offsets = std::move(checked.reply_offsets)](
+          absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
+        done(grpc::Status::OK,
+             EncodePushResponse(header, wire,
+                                pulled.ok() ? ToWireChunks(*pulled, reply_offsets)
+                                            : std::vector<WireChunk>()));
+      });
 }
 
 // A unary call that may wait in the store as a pull: when the client
@@ -446,6 +533,28 @@ struct ParameterServerService::Doorbell {
   std::thread thread;
 };
 
+absl::StatusOr<std::shared_ptr<MappedLane>> ParameterServerService::PushLane(
+    ShardStore& store, const v1::PushRequest& request, size_t chunks,
+    const PushSource& source) {
+  if (const Doorbell* doorbell = source.doorbell.get(); doorbell != nullptr) {
+    // Only the worker that opened the doorbell rings it, on its own lane.
+    if (request.worker_rank() != doorbell->rank ||
+        request.incarnation() != doorbell->incarnation || !request.has_lane() ||
+        !doorbell->lane->Names(request.lane())) {
+      store.CountRejectedAtEdge(std::max<size_t>(1, chunks));
+      return absl::PermissionDeniedError(
+          absl::StrCat("a push rung at the doorbell of worker ", doorbell->rank,
+                       " must come from that worker's incarnation on its lane"));
+    }
+    return doorbell->lane;
+  }
+  if (!request.has_lane()) return nullptr;
+  absl::StatusOr<std::shared_ptr<MappedLane>> mapped = LaneOf(store, *source.context, request);
+  if (!mapped.ok() && !absl::IsUnimplemented(mapped.status()))
+    store.CountRejectedAtEdge(std::max<uint64_t>(1, chunks));
+  return mapped;
+}
+
 void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer& bytes,
                                        const PushSource& source,
                                        std::shared_ptr<const std::atomic<bool>> cancelled,
@@ -464,55 +573,23 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
          {});
     return;
   }
-  const Doorbell* doorbell = source.doorbell.get();
-  std::shared_ptr<MappedLane> lane;
-  if (doorbell != nullptr) {
-    // Only the worker that opened the doorbell rings it, on its own lane.
-    if (request.worker_rank() != doorbell->rank ||
-        request.incarnation() != doorbell->incarnation || !request.has_lane() ||
-        !doorbell->lane->Names(request.lane())) {
-      store->CountRejectedAtEdge(std::max<size_t>(1, chunks.size()));
-      done(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat("a push rung at the doorbell of worker ", doorbell->rank,
-                                     " must come from that worker's incarnation on its lane")),
-           {});
-      return;
-    }
-    lane = doorbell->lane;
-  } else if (request.has_lane()) {
-    absl::StatusOr<std::shared_ptr<MappedLane>> mapped =
-        LaneOf(*store, *source.context, request);
-    if (!mapped.ok()) {
-      if (!absl::IsUnimplemented(mapped.status()))
-        store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
-      done(ToGrpc(mapped.status()), {});
-      return;
-    }
-    lane = std::move(*mapped);
+  absl::StatusOr<std::shared_ptr<MappedLane>> lane =
+      PushLane(*store, request, chunks.size(), source);
+  if (!lane.ok()) {
+    done(ToGrpc(lane.status()), {});
+    return;
   }
-  absl::StatusOr<ShardStore::GradientPush> push =
-      DecodePush(*store, request, chunks, lane.get(), &ScratchBuffer());
-  absl::StatusOr<DType> pull_dtype =
-      DTypeFromWire(request.pull_dtype(), true, "push's pull_dtype");
-  if (push.ok() && !pull_dtype.ok()) push = pull_dtype.status();
-  // The pull half's places in the lane are checked before anything changes.
-  std::vector<uint64_t> reply_offsets;
-  std::vector<char*> reply_into;
-  if (push.ok() && request.pull() && lane != nullptr && request.lane().reply_offset() != 0)
-    if (absl::Status s = ReplyPlaces(*store, *push, request.lane(), *lane, *pull_dtype,
-                                     &reply_offsets, &reply_into);
-        !s.ok())
-      push = s;
-  if (!push.ok()) {
+  absl::StatusOr<CheckedPush> checked = CheckPush(*store, request, chunks, lane->get());
+  if (!checked.ok()) {
     store->CountRejectedAtEdge(std::max<uint64_t>(1, chunks.size()));
-    done(ToGrpc(push.status()), {});
+    done(ToGrpc(checked.status()), {});
     return;
   }
   // Only the member that registered as this rank's incarnation may push as
   // it (checked before the store admits the incarnation; LaneOf has
   // checked it for a push with a lane, and the doorbell's opening for its
   // pushes).
-  if (lane == nullptr) {
+  if (*lane == nullptr) {
     if (grpc::Status member = CheckMemberSecret(
             member_key_, store->config().job_id(), MemberKind::kWorker,
             request.worker_rank(), request.incarnation(), CallerMemberSecret(*source.context));
@@ -522,7 +599,7 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
       return;
     }
   }
-  absl::StatusOr<ShardStore::PushResult> result = store->Push(*push);
+  absl::StatusOr<ShardStore::PushResult> result = store->Push(checked->push);
   if (!result.ok()) {
     done(ToGrpc(result.status()), {});
     return;
@@ -531,45 +608,19 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
   // a copy the network made: its place in the lane may belong to a newer
   // call by now, so its values come back in the message.
   if (result->duplicates > 0) {
-    reply_offsets.clear();
-    reply_into.clear();
+    checked->reply_offsets.clear();
+    checked->reply_into.clear();
   }
-  v1::PushResponse header;
-  for (uint64_t v : result->versions) header.add_versions(v);
-  header.set_duplicates(result->duplicates);
-  header.set_late(result->late);
-  header.set_too_stale(result->too_stale);
-  if (doorbell == nullptr && lane != nullptr && request.lane().doorbell_offset() != 0)
-    header.set_doorbell(ServeDoorbell(store, request, lane));
-  const v1::DType wire = DTypeToWire(*pull_dtype);
+  v1::PushResponse header = PushReplyHeader(*result);
+  if (source.doorbell == nullptr && *lane != nullptr && request.lane().doorbell_offset() != 0)
+    header.set_doorbell(ServeDoorbell(store, request, *lane));
   if (!request.pull()) {
-    done(grpc::Status::OK, EncodePushResponse(header, wire, {}));
+    done(grpc::Status::OK, EncodePushResponse(header, DTypeToWire(checked->pull_dtype), {}));
     return;
   }
-  // The pull half: the pushed chunks at the worker's next clock.
-  ShardStore::PullSpec spec;
-  spec.worker_rank = request.worker_rank();
-  for (const ShardStore::ChunkGradient& g : push->chunks) spec.chunk_ids.push_back(g.chunk_id);
-  spec.clock = request.step() + 1;
-  spec.generation = request.generation();
-  spec.dtype = *pull_dtype;
-  spec.deadline = PullDeadline(source.context != nullptr ? CallDeadline(*source.context)
-                                                         : absl::InfiniteFuture(),
-                               std::max<uint32_t>(1, request.pull_timeout_ms()));
-  spec.cancelled = std::move(cancelled);
-  spec.into = std::move(reply_into);
-  // The lane stays mapped until the values are written.
-  store->PullAsync(
-      std::move(spec),
-      [done = std::move(done), header = std::move(header), wire, lane = std::move(lane),
-       reply_offsets = std::move(reply_offsets)](
-          absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
-        // Not ready in time (or refused): the push stands; the worker pulls.
-        done(grpc::Status::OK,
-             EncodePushResponse(header, wire,
-                                pulled.ok() ? ToWireChunks(*pulled, reply_offsets)
-                                            : std::vector<WireChunk>()));
-      });
+  ServePullHalf(store, request, std::move(*checked),
+                source.context != nullptr ? CallDeadline(*source.context) : absl::InfiniteFuture(),
+                std::move(cancelled), std::move(header), std::move(*lane), std::move(done));
 }
 
 bool ParameterServerService::ServeDoorbell(ShardStore* store, const v1::PushRequest& request,

@@ -137,6 +137,12 @@ class ParameterServerService final
   // before ServePush returns. `cancelled`: set when the caller gave up.
   void ServePush(ShardStore* store, const grpc::ByteBuffer& bytes, const PushSource& source,
                  std::shared_ptr<const std::atomic<bool>> cancelled, PushDone done);
+  // The lane a push comes on: its doorbell's, the one it names (mapped), or
+  // none (null); the status to refuse the push with otherwise (counted as
+  // rejected, but for UNIMPLEMENTED: lanes off).
+  absl::StatusOr<std::shared_ptr<MappedLane>> PushLane(ShardStore& store,
+                                                        const v1::PushRequest& request,
+                                                        size_t chunks, const PushSource& source);
   // Serves the doorbell the accepted lane push `request` asks for, unless
   // it is served already; whether it is served.
   bool ServeDoorbell(ShardStore* store, const v1::PushRequest& request,

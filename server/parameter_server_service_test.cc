@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -27,6 +28,17 @@ namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Whether `holds` becomes true within `timeout` (looked at every
+// millisecond): how a test waits for another thread to get somewhere.
+bool Eventually(const std::function<bool()>& holds, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!holds()) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
 
 std::string F32Bytes(const std::vector<float>& values) {
   std::string bytes(values.size() * sizeof(float), '\0');
@@ -406,11 +418,9 @@ TEST_F(ParameterServerServiceTest, SixtyFourWaitingPullsNeedNoThreadEach) {
         });
     calls.push_back(std::move(call));
   }
-  // Poll the shard's gauge (bounded) until it holds all of them.
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < give_up)
-    absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(store_->ShardStatus().waiting_pulls(), static_cast<uint64_t>(kPulls));
+  // Every pull has reached the store and waits there.
+  ASSERT_TRUE(Eventually([&] { return store_->waiting_pulls() == static_cast<size_t>(kPulls); }, absl::Seconds(20)))
+      << store_->waiting_pulls() << " pulls waiting";
   const int threads_waiting = ThreadCount();
   EXPECT_LT(threads_waiting - threads_before, 16)
       << threads_before << " threads before, " << threads_waiting
@@ -768,8 +778,7 @@ TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) 
   const LaneDoorbell old_bell = BellOf(first);
   // It beats while it serves.
   const uint32_t beat = old_bell.beat();
-  absl::SleepFor(kDoorbellBeat * 3);
-  EXPECT_NE(old_bell.beat(), beat);
+  EXPECT_TRUE(Eventually([&] { return old_bell.beat() != beat; }, kDoorbellBeat * 100));
 
   // The worker's next lane (a retry, a restart) replaces it.
   ASSERT_TRUE(Push(GoodPush(1, 1, 3.0f)).ok());
@@ -778,6 +787,7 @@ TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) 
   EXPECT_TRUE(response.doorbell());
   EXPECT_EQ(service_->doorbells_served(), 1u);
   const uint32_t last = old_bell.beat();
+  // What is tested is that nothing happens: three beats' time is the wait.
   absl::SleepFor(kDoorbellBeat * 3);
   EXPECT_EQ(old_bell.beat(), last) << "the old lane's doorbell serves no more";
 
@@ -797,7 +807,7 @@ TEST_F(DoorbellTest, ADoorbellStopsWhenItsLaneIsReplacedAndWhenTheServiceStops) 
   EXPECT_EQ(answered.chunks_size(), 0);
   EXPECT_EQ(service_->doorbells_served(), 0u);
   const uint32_t stopped = bell.beat();
-  absl::SleepFor(kDoorbellBeat * 3);
+  absl::SleepFor(kDoorbellBeat * 3);  // as above: no beat in three beats' time
   EXPECT_EQ(bell.beat(), stopped);
   // Stopped for good: a push asking for a doorbell is served as a call.
   const TestLane third = NewDoorbellLane();
@@ -850,10 +860,8 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
           ++finished;
         });
   }
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (store_->ShardStatus().waiting_pulls() < kPulls && absl::Now() < until)
-    absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_EQ(store_->ShardStatus().waiting_pulls(), static_cast<uint64_t>(kPulls));
+  ASSERT_TRUE(Eventually([&] { return store_->waiting_pulls() == static_cast<size_t>(kPulls); }, absl::Seconds(20)))
+      << store_->waiting_pulls() << " pulls waiting";
   const int threads_waiting = ThreadCount();
 
   const absl::Time cancelled = absl::Now();
@@ -865,10 +873,8 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
                         absl::Seconds(10));
     ASSERT_EQ(finished, kPulls);
   }
-  while (store_->ShardStatus().waiting_pulls() > 0 &&
-         absl::Now() < cancelled + absl::Seconds(1))
-    absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_EQ(store_->ShardStatus().waiting_pulls(), 0u)
+  EXPECT_TRUE(Eventually([&] { return store_->waiting_pulls() == 0; },
+                         cancelled + absl::Seconds(1) - absl::Now()))
       << "cancelled pulls still wait in the store a second later";
   const absl::Duration left_after = absl::Now() - cancelled;
   const int threads_after = ThreadCount();

@@ -455,39 +455,192 @@ Ending HeartbeatUntilTheEnd(MemberAgent& agent, ShardStore& store,
   return ending;
 }
 
+// A registration, and the state its restore order names, loaded.
+struct Registered {
+  v1::RegisterServerResponse registration;
+  ShardState loaded;
+};
+
+// Registers with the coordinator and loads the state the answer's restore
+// order names. A checkpoint this shard cannot load (a damaged or missing
+// file) is reported by registering again: the coordinator refuses it and
+// answers with the one before it, down to the initial values, which always
+// load. On failure, *exit_code is how the process ends (0: a signal
+// cancelled the registration).
+std::optional<Registered> RegisterAndLoad(v1::Coordinator::Stub& coordinator,
+                                          const std::string& coordinator_address,
+                                          const std::string& address, int32_t requested_shard,
+                                          int* exit_code) {
+  *exit_code = 1;
+  absl::StatusOr<v1::RegisterServerResponse> registration =
+      Register(coordinator, address, requested_shard);
+  for (int refusals = 0;; ++refusals) {
+    if (!registration.ok()) {
+      if (absl::IsCancelled(registration.status())) {
+        *exit_code = 0;
+        return std::nullopt;
+      }
+      spdlog::error("cannot register with the coordinator at {}: {}", coordinator_address,
+                    std::string(registration.status().message()));
+      return std::nullopt;
+    }
+    if (absl::Status valid = ValidateShardMap(registration->shard_map()); !valid.ok()) {
+      spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
+      return std::nullopt;
+    }
+    const std::string own_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    if (!PerShardStorage(registration->config()) && !own_dir.empty() &&
+        own_dir != registration->config().checkpoint_dir()) {
+      spdlog::error("--checkpoint_dir={} is for per-shard checkpoint storage; this job keeps "
+                    "every shard's files in the coordinator's {}",
+                    own_dir, registration->config().checkpoint_dir());
+      *exit_code = 2;
+      return std::nullopt;
+    }
+    const v1::RestoreOrder& order = registration->restore();
+    absl::StatusOr<ShardState> loaded = LoadRestore(
+        order, registration->config(), registration->shard_map(), registration->shard());
+    if (loaded.ok()) return Registered{std::move(*registration), std::move(*loaded)};
+    spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", registration->shard(),
+                  order.checkpoint_id(),
+                  OwnCheckpointFolder(registration->config(), order.checkpoint_id(), order.dir()),
+                  std::string(loaded.status().message()));
+    if (order.checkpoint_id() == 0 || refusals == kMaxRestoreRefusals) return std::nullopt;
+    const v1::ShardCheckpoint failed =
+        RestoreFailure(order, registration->shard(), loaded.status());
+    registration = Register(coordinator, address, static_cast<int32_t>(registration->shard()),
+                            &failed);
+  }
+}
+
+// The shard's store, as the registration says, from the state it loaded.
+absl::StatusOr<std::unique_ptr<ShardStore>> CreateStore(
+    const v1::RegisterServerResponse& registration, ShardState loaded,
+    const std::string& address) {
+  ShardStore::Options options;
+  options.config = registration.config();
+  options.shard_map = registration.shard_map();
+  options.shard = registration.shard();
+  options.incarnation = registration.incarnation();
+  options.address = address;
+  const v1::RestoreOrder& order = registration.restore();
+  options.generation = order.generation();
+  options.restored_checkpoint = order.checkpoint_id();
+  options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
+  options.restore = std::move(loaded.chunks);
+  options.restore_tables = std::move(loaded.tables);
+  return ShardStore::Create(std::move(options));
+}
+
+// What the shard serves, once it does, and what it restored.
+void LogServing(const ShardStore& store, const v1::ShardStatus& held,
+                const v1::RegisterServerResponse& registration, const std::string& address,
+                size_t memory) {
+  const v1::JobConfig& config = store.config();
+  spdlog::info(
+      "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
+      "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
+      store.shard(), config.num_servers(), held.num_chunks(), held.num_elements(),
+      MiB(held.num_elements() * sizeof(float)), address, config.job_id(),
+      ModeName(config.mode()), registration.incarnation(), MiB(memory));
+  const v1::RestoreOrder& order = registration.restore();
+  if (order.checkpoint_id() == 0) return;
+  uint64_t rows = 0;
+  for (const v1::SparseTableStatus& t : held.tables()) rows += t.rows();
+  spdlog::info("shard {} restored {} chunks{} from checkpoint {} at step {} (generation {})",
+               store.shard(), held.num_chunks(),
+               held.tables_size() > 0 ? absl::StrCat(" and ", rows, " sparse rows") : "",
+               order.checkpoint_id(), order.step(), order.generation());
+}
+
+// The shard's last word: why it ends, and what it did.
+void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason) {
+  spdlog::info(
+      "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
+      "duplicate, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB in, {:.1f} MiB "
+      "out; peak RSS {:.1f} MiB",
+      shard, reason, s.version(), s.updates_applied(), s.pushes(), s.duplicate_pushes(),
+      s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()), MiB(s.bytes_out()),
+      PeakRssMiB());
+  for (const v1::SparseTableStatus& t : s.tables())
+    spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
+                 "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",
+                 shard, t.name(), t.rows(), t.dim(), MiB(t.bytes()), t.bytes_per_row(),
+                 t.version(), t.rows_pushed(), t.rows_pulled(), 100 * t.hottest_share());
+}
+
+// The gRPC server of `service` on `listen`, started but not yet SERVING
+// (health check), its port written to --port_file when one is given.
+absl::StatusOr<GrpcServer> StartServer(const std::string& listen,
+                                       ParameterServerService& service) {
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
+  if (!server.ok()) return absl::Status(server.status().code(), server.status().ToString());
+  server->server->GetHealthCheckService()->SetServingStatus(false);
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WriteFileAtomically(Env::Default(), path,
+                                             absl::StrCat(server->port, "\n"));
+        !s.ok())
+      return s;
+  }
+  return server;
+}
+
+// The metrics endpoint the flags ask for: the RPC metrics from the start,
+// the shard's own once a store is `attached`.
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(
+    const std::atomic<const ShardStore*>& attached, const ParameterServerService& service) {
+  auto shard_metrics = std::make_shared<CollectFunction>([&attached, &service] {
+    const ShardStore* s = attached.load();
+    return s != nullptr ? ShardMetricFamilies(service.ShardStatus(*s))
+                        : std::vector<prometheus::MetricFamily>{};
+  });
+  return StartMetricsFromFlags("grps-server", {shard_metrics});
+}
+
+// Sizes the gRPC server's memory quota for the store, attaches the store to
+// the service and the metrics, and only then says SERVING (health check):
+// before, every RPC answers UNAVAILABLE.
+void GoLive(ShardStore& store, GrpcServer& server, ParameterServerService& service,
+            std::atomic<const ShardStore*>& attached,
+            const v1::RegisterServerResponse& registration, const std::string& address) {
+  const v1::ShardStatus held = store.ShardStatus();
+  const size_t memory = ServerMemoryBytes(held.num_elements(), store.config().num_workers());
+  server.quota->Resize(memory);
+  service.Attach(&store);
+  attached.store(&store);
+  server.server->GetHealthCheckService()->SetServingStatus(true);
+  LogServing(store, held, registration, address, memory);
+}
+
+// The flags Run reads, checked: what is wrong, as INVALID_ARGUMENT.
+absl::Status CheckRunFlags() {
+  if (absl::GetFlag(FLAGS_coordinator).empty())
+    return absl::InvalidArgumentError("--coordinator (or GRPS_COORDINATOR) is required");
+  if (absl::GetFlag(FLAGS_shard) < -1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard must be -1 (any) or a shard index, got ", absl::GetFlag(FLAGS_shard)));
+  return absl::OkStatus();
+}
+
 int Run() {
+  if (absl::Status s = CheckRunFlags(); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 1;
+  }
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const int32_t requested_shard = absl::GetFlag(FLAGS_shard);
-  if (coordinator_address.empty()) {
-    spdlog::error("--coordinator (or GRPS_COORDINATOR) is required");
-    return 1;
-  }
-  if (requested_shard < -1) {
-    spdlog::error("--shard must be -1 (any) or a shard index, got {}",
-                  requested_shard);
-    return 1;
-  }
 
   // Declared before the gRPC server, which must shut down before either
   // goes away.
   std::unique_ptr<ShardStore> store;
   ParameterServerService service(MemberKey(ProcessSecurity().admin_token));
-  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
+  absl::StatusOr<GrpcServer> server = StartServer(listen, service);
   if (!server.ok()) {
-    spdlog::error("{}", server.status().ToString());
+    spdlog::error("{}", std::string(server.status().message()));
     return 1;
   }
-  server->server->GetHealthCheckService()->SetServingStatus(false);
   const std::string address = AdvertisedAddress(listen, server->port);
-  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WriteFileAtomically(Env::Default(), path,
-                                             absl::StrCat(server->port, "\n"));
-        !s.ok()) {
-      spdlog::error("{}", std::string(s.message()));
-      return 1;
-    }
-  }
   auto stop_server = [&] {
     if (store != nullptr) store->Shutdown();
     service.StopDoorbells();
@@ -497,13 +650,7 @@ int Run() {
   // Metrics from the start (a scrape before the shard is attached finds the
   // RPC metrics only), the shard's own once it is attached.
   std::atomic<const ShardStore*> attached{nullptr};
-  auto shard_metrics = std::make_shared<CollectFunction>([&attached, &service] {
-    const ShardStore* s = attached.load();
-    return s != nullptr ? ShardMetricFamilies(service.ShardStatus(*s))
-                        : std::vector<prometheus::MetricFamily>{};
-  });
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-      StartMetricsFromFlags("grps-server", {shard_metrics});
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetrics(attached, service);
   if (!metrics.ok()) {
     stop_server();
     spdlog::error("{}", std::string(metrics.status().message()));
@@ -512,67 +659,17 @@ int Run() {
 
   std::unique_ptr<v1::Coordinator::Stub> coordinator =
       v1::Coordinator::NewStub(MakeChannel(coordinator_address));
-  absl::StatusOr<v1::RegisterServerResponse> registration =
-      Register(*coordinator, address, requested_shard);
-  absl::StatusOr<ShardState> loaded;
-  // A checkpoint this shard cannot load (a damaged or missing file) is
-  // reported by registering again: the coordinator refuses it and answers
-  // with the one before it, down to the initial values, which always load.
-  for (int refusals = 0;; ++refusals) {
-    if (!registration.ok()) {
-      stop_server();
-      if (absl::IsCancelled(registration.status())) return 0;
-      spdlog::error("cannot register with the coordinator at {}: {}", coordinator_address,
-                    std::string(registration.status().message()));
-      return 1;
-    }
-    if (absl::Status valid = ValidateShardMap(registration->shard_map()); !valid.ok()) {
-      stop_server();
-      spdlog::error("invalid job from the coordinator: {}", std::string(valid.message()));
-      return 1;
-    }
-    const std::string own_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-    if (!PerShardStorage(registration->config()) && !own_dir.empty() &&
-        own_dir != registration->config().checkpoint_dir()) {
-      stop_server();
-      spdlog::error("--checkpoint_dir={} is for per-shard checkpoint storage; this job keeps "
-                    "every shard's files in the coordinator's {}",
-                    own_dir, registration->config().checkpoint_dir());
-      return 2;
-    }
-    const v1::RestoreOrder& order = registration->restore();
-    loaded = LoadRestore(order, registration->config(), registration->shard_map(),
-                         registration->shard());
-    if (loaded.ok()) break;
-    spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", registration->shard(),
-                  order.checkpoint_id(),
-                  OwnCheckpointFolder(registration->config(), order.checkpoint_id(), order.dir()),
-                  std::string(loaded.status().message()));
-    if (order.checkpoint_id() == 0 || refusals == kMaxRestoreRefusals) {
-      stop_server();
-      return 1;
-    }
-    const v1::ShardCheckpoint failed =
-        RestoreFailure(order, registration->shard(), loaded.status());
-    registration = Register(*coordinator, address, static_cast<int32_t>(registration->shard()),
-                            &failed);
+  int exit_code = 0;
+  std::optional<Registered> registered = RegisterAndLoad(
+      *coordinator, coordinator_address, address, requested_shard, &exit_code);
+  if (!registered.has_value()) {
+    stop_server();
+    return exit_code;
   }
-
-  SetMemberSecret(registration->member_secret());
-  ShardStore::Options options;
-  options.config = registration->config();
-  options.shard_map = registration->shard_map();
-  options.shard = registration->shard();
-  options.incarnation = registration->incarnation();
-  options.address = address;
-  const v1::RestoreOrder& order = registration->restore();
-  options.generation = order.generation();
-  options.restored_checkpoint = order.checkpoint_id();
-  options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
-  options.restore = std::move(loaded->chunks);
-  options.restore_tables = std::move(loaded->tables);
+  const v1::RegisterServerResponse& registration = registered->registration;
+  SetMemberSecret(registration.member_secret());
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
-      ShardStore::Create(std::move(options));
+      CreateStore(registration, std::move(registered->loaded), address);
   if (!created.ok()) {
     stop_server();
     spdlog::error("invalid job from the coordinator: {}",
@@ -580,59 +677,23 @@ int Run() {
     return 1;
   }
   store = std::move(*created);
-  const v1::ShardStatus held = store->ShardStatus();
-  const size_t memory = ServerMemoryBytes(held.num_elements(), store->config().num_workers());
-  server->quota->Resize(memory);
-  service.Attach(store.get());
-  attached.store(store.get());
-  // Health says SERVING only now: before, every RPC answers UNAVAILABLE.
-  server->server->GetHealthCheckService()->SetServingStatus(true);
-  const v1::JobConfig& config = store->config();
-  spdlog::info(
-      "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
-      "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
-      store->shard(), config.num_servers(), held.num_chunks(), held.num_elements(),
-      MiB(held.num_elements() * sizeof(float)), address, config.job_id(),
-      ModeName(config.mode()), registration->incarnation(), MiB(memory));
-  if (order.checkpoint_id() > 0) {
-    uint64_t rows = 0;
-    for (const v1::SparseTableStatus& t : held.tables()) rows += t.rows();
-    spdlog::info("shard {} restored {} chunks{} from checkpoint {} at step {} (generation {})",
-                 store->shard(), held.num_chunks(),
-                 held.tables_size() > 0 ? absl::StrCat(" and ", rows, " sparse rows") : "",
-                 order.checkpoint_id(), order.step(), order.generation());
-  }
+  GoLive(*store, *server, service, attached, registration, address);
   Checkpointer checkpointer(store.get());
-  const absl::Duration interval = absl::Milliseconds(config.heartbeat_interval_ms());
+  const absl::Duration interval = absl::Milliseconds(store->config().heartbeat_interval_ms());
   MemberAgent agent(coordinator.get(),
-                    {config.job_id(), MemberKind::kServer, store->shard(),
-                     registration->incarnation()},
+                    {store->config().job_id(), MemberKind::kServer, store->shard(),
+                     registration.incarnation()},
                     interval, std::max(interval, absl::Seconds(1)));
   const Ending ending =
       HeartbeatUntilTheEnd(agent, *store, service, checkpointer, coordinator_address);
-  const int exit_code = ending.exit_code;
-  const std::string& reason = ending.reason;
 
   stop_server();  // also ends a checkpoint capture that is waiting
   checkpointer.Join();
-  const v1::ShardStatus s = service.ShardStatus(*store);
-  if (exit_code != 0) spdlog::error("{}", reason);
-  spdlog::info(
-      "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
-      "duplicate, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB in, {:.1f} MiB "
-      "out; peak RSS {:.1f} MiB",
-      store->shard(), reason, s.version(), s.updates_applied(), s.pushes(),
-      s.duplicate_pushes(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()),
-      MiB(s.bytes_out()), PeakRssMiB());
-  for (const v1::SparseTableStatus& t : s.tables())
-    spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
-                 "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",
-                 store->shard(), t.name(), t.rows(), t.dim(), MiB(t.bytes()),
-                 t.bytes_per_row(), t.version(), t.rows_pushed(), t.rows_pulled(),
-                 100 * t.hottest_share());
+  if (ending.exit_code != 0) spdlog::error("{}", ending.reason);
+  LogExit(store->shard(), service.ShardStatus(*store), ending.reason);
   // Everything is saved and every thread of ours has stopped; skip gRPC's
   // library shutdown (see ExitNow).
-  ExitNow(exit_code);
+  ExitNow(ending.exit_code);
 }
 
 }  // namespace

@@ -8,51 +8,64 @@
 
 namespace grps {
 
-std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus& s) {
-  const Labels labels = {{"shard", absl::StrCat(s.shard())}};
-  std::vector<prometheus::MetricFamily> families;
-  auto gauge = [&](const char* name, const char* help, double value) {
-    families.push_back(GaugeFamily(name, help));
-    AddValue(families.back(), labels, value);
-  };
-  auto counter = [&](const char* name, const char* help, uint64_t value) {
-    families.push_back(CounterFamily(name, help));
-    AddValue(families.back(), labels, static_cast<double>(value));
-  };
-  gauge("grps_shard_version", "the shard's version: the lowest over its chunks",
-        static_cast<double>(s.version()));
-  counter("grps_shard_updates_applied_total", "optimizer updates applied, one per chunk",
-          s.updates_applied());
-  gauge("grps_shard_doorbells", "workers whose shared-memory lane doorbell the shard serves",
-        s.doorbells());
-  counter("grps_shard_doorbell_pushes_total",
-          "pushes taken from lane doorbells instead of gRPC calls (also in pushes_total)",
-          s.doorbell_pushes());
-  counter("grps_shard_pushes_total", "push requests", s.pushes());
-  counter("grps_shard_pulls_total", "pull requests", s.pulls());
-  counter("grps_shard_duplicate_pushes_total",
-          "retried pushes answered from the record, not applied again", s.duplicate_pushes());
-  counter("grps_shard_rejected_pushes_total",
-          "chunk gradients refused (invalid, or staler than max_staleness)",
-          s.rejected_pushes());
-  counter("grps_shard_received_bytes_total", "gradient payload bytes received in pushes",
-          s.bytes_in());
-  counter("grps_shard_sent_bytes_total", "weight payload bytes sent in pulls", s.bytes_out());
-  counter("grps_shard_late_gradients_total",
-          "sync: chunk gradients that arrived after their step completed", s.late_gradients());
-  counter("grps_shard_late_folded_total", "sync: late gradients folded into the next step",
-          s.late_folded());
-  counter("grps_shard_late_dropped_total", "sync: late gradients dropped", s.late_dropped());
-  counter("grps_shard_too_stale_total",
-          "async and ssp: chunk gradients refused as staler than max_staleness",
-          s.too_stale());
-  gauge("grps_shard_waiting_pulls", "pulls waiting for the consistency mode to release them",
-        static_cast<double>(s.waiting_pulls()));
-  gauge("grps_shard_held_gradients",
-        "ssp: gradients accepted and held until the slowest worker reads their clock",
-        static_cast<double>(s.held_gradients()));
+namespace {
 
-  families.push_back(HistogramFamily(
+using Families = std::vector<prometheus::MetricFamily>;
+
+void AddGauge(Families* families, const Labels& labels, const char* name, const char* help,
+              double value) {
+  families->push_back(GaugeFamily(name, help));
+  AddValue(families->back(), labels, value);
+}
+
+void AddCounter(Families* families, const Labels& labels, const char* name, const char* help,
+                uint64_t value) {
+  families->push_back(CounterFamily(name, help));
+  AddValue(families->back(), labels, static_cast<double>(value));
+}
+
+// Versions, updates, and the traffic of pushes and pulls.
+void AddTrafficFamilies(const v1::ShardStatus& s, const Labels& labels, Families* families) {
+  AddGauge(families, labels, "grps_shard_version",
+           "the shard's version: the lowest over its chunks", static_cast<double>(s.version()));
+  AddCounter(families, labels, "grps_shard_updates_applied_total",
+             "optimizer updates applied, one per chunk", s.updates_applied());
+  AddGauge(families, labels, "grps_shard_doorbells",
+           "workers whose shared-memory lane doorbell the shard serves", s.doorbells());
+  AddCounter(families, labels, "grps_shard_doorbell_pushes_total",
+             "pushes taken from lane doorbells instead of gRPC calls (also in pushes_total)",
+             s.doorbell_pushes());
+  AddCounter(families, labels, "grps_shard_pushes_total", "push requests", s.pushes());
+  AddCounter(families, labels, "grps_shard_pulls_total", "pull requests", s.pulls());
+  AddCounter(families, labels, "grps_shard_duplicate_pushes_total",
+             "retried pushes answered from the record, not applied again", s.duplicate_pushes());
+  AddCounter(families, labels, "grps_shard_rejected_pushes_total",
+             "chunk gradients refused (invalid, or staler than max_staleness)",
+             s.rejected_pushes());
+  AddCounter(families, labels, "grps_shard_received_bytes_total",
+             "gradient payload bytes received in pushes", s.bytes_in());
+  AddCounter(families, labels, "grps_shard_sent_bytes_total",
+             "weight payload bytes sent in pulls", s.bytes_out());
+}
+
+// What the consistency mode made of the gradients and pulls.
+void AddConsistencyFamilies(const v1::ShardStatus& s, const Labels& labels, Families* families) {
+  AddCounter(families, labels, "grps_shard_late_gradients_total",
+             "sync: chunk gradients that arrived after their step completed", s.late_gradients());
+  AddCounter(families, labels, "grps_shard_late_folded_total",
+             "sync: late gradients folded into the next step", s.late_folded());
+  AddCounter(families, labels, "grps_shard_late_dropped_total", "sync: late gradients dropped",
+             s.late_dropped());
+  AddCounter(families, labels, "grps_shard_too_stale_total",
+             "async and ssp: chunk gradients refused as staler than max_staleness",
+             s.too_stale());
+  AddGauge(families, labels, "grps_shard_waiting_pulls",
+           "pulls waiting for the consistency mode to release them",
+           static_cast<double>(s.waiting_pulls()));
+  AddGauge(families, labels, "grps_shard_held_gradients",
+           "ssp: gradients accepted and held until the slowest worker reads their clock",
+           static_cast<double>(s.held_gradients()));
+  families->push_back(HistogramFamily(
       "grps_shard_staleness",
       "staleness of applied updates: the chunk's version at apply minus the version the "
       "gradient was computed on"));
@@ -60,22 +73,21 @@ std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus&
                                      s.staleness_histogram().end());
   uint64_t applied = 0;
   for (uint64_t c : counts) applied += c;
-  AddCountsHistogram(families.back(), labels, counts,
+  AddCountsHistogram(families->back(), labels, counts,
                      s.staleness_mean() * static_cast<double>(applied));
+}
 
-  gauge("grps_shard_checkpoint_bytes", "size of the shard's file of its newest checkpoint",
-        static_cast<double>(s.checkpoint().bytes()));
-
-  // Sparse tables: one series per table, labelled shard and table (no
-  // family when the job has none).
-  if (s.tables_size() == 0) return families;
+// Sparse tables: one series per table, labelled shard and table (no family
+// when the job has none).
+void AddTableFamilies(const v1::ShardStatus& s, const Labels& labels, Families* families) {
+  if (s.tables_size() == 0) return;
   auto per_table = [&](prometheus::MetricFamily family, auto value) {
     for (const v1::SparseTableStatus& t : s.tables()) {
       Labels with_table = labels;
       with_table.push_back({"table", t.name()});
       AddValue(family, with_table, static_cast<double>(value(t)));
     }
-    families.push_back(std::move(family));
+    families->push_back(std::move(family));
   };
   using T = v1::SparseTableStatus;
   per_table(GaugeFamily("grps_table_rows", "rows of the sparse table created on this shard"),
@@ -93,6 +105,19 @@ std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus&
   per_table(GaugeFamily("grps_table_hottest_share",
                         "share of the row traffic that went to the hottest 1% of rows"),
             [](const T& t) { return t.hottest_share(); });
+}
+
+}  // namespace
+
+std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus& s) {
+  const Labels labels = {{"shard", absl::StrCat(s.shard())}};
+  Families families;
+  AddTrafficFamilies(s, labels, &families);
+  AddConsistencyFamilies(s, labels, &families);
+  AddGauge(&families, labels, "grps_shard_checkpoint_bytes",
+           "size of the shard's file of its newest checkpoint",
+           static_cast<double>(s.checkpoint().bytes()));
+  AddTableFamilies(s, labels, &families);
   return families;
 }
 

@@ -1,21 +1,24 @@
 // ShardStore: the parameters one shard holds (dense chunks, and the rows of
 // sparse tables hashed to it), with their optimizer state, under the job's
-// consistency mode. The rules of each mode live in a
-// ConsistencyPolicy (server/consistency_policy.h, one per chunk); the store
-// owns the chunks, their locks, deduplication, counters and the pulls that
-// wait.
+// consistency mode. It is the facade ParameterServerService uses; each
+// concern is a part of its own:
+//
+//   store_targets.h     the chunks and tables, their locks and lock order
+//   push_admission.h    incarnations, deduplication, what a gradient became
+//   waiting_pulls.h     the pulls that wait, and the timer thread
+//   shard_checkpoint.h  checkpoint capture and restore
+//   shard_status.h      counters and the ShardStatus report
+//
+// and the rules of each mode live in its ChunkPolicy
+// (server/consistency_policy.h, one per chunk and table).
 //
 // Each chunk has its own mutex; no lock spans the shard on the hot path, so
 // pushes and pulls of different chunks run in parallel. A push that names
-// several chunks locks them in ascending chunk id order (the only place two
-// chunk locks are held at once), which makes the push all-or-nothing
-// without a global lock.
-//
-// Waiting pulls hold no thread: PullAsync registers a waiter and returns; the
-// waiter is completed (its callback called) by whichever thread makes it
-// ready (a push, a live-set change, another pull's read) or by the store's
-// one timer thread at its deadline. Exactly one thread examines the waiters
-// at a time; the others leave it a note and return.
+// several chunks locks them in ascending chunk id order (TargetLocks, the
+// only place two chunk locks are held at once), which makes the push
+// all-or-nothing without a global lock. Lock order: the checkpoint
+// capture's mutex, the targets' (TargetLocks order), the live set's; the
+// waiting pulls' mutex is never held with a target's.
 //
 // Inputs are trusted: the caller (ParameterServerService, the network edge)
 // has checked job id, rank, chunk ownership, lengths and finiteness. What the
@@ -25,27 +28,11 @@
 // not refusals: they are outcomes of the mode, counted and reported in the
 // PushResult.
 //
-// Deduplication (every mode): per chunk and rank, the newest (incarnation,
-// step) accepted. A push of a step not newer than that, from that
-// incarnation or a newer one, is a retry (or a restarted worker's step that
-// its previous incarnation had pushed): acknowledged, not applied again. A
-// push from an older incarnation is refused.
-//
-// Accounting unit: one chunk gradient. `pushes` counts chunk gradients
-// accepted (including duplicates, late and too-stale ones),
-// `duplicate_pushes` those recognised as retries, `rejected_pushes` those
-// refused or too stale, `pulls` the chunks served.
-//
-// Durability (docs/durability.md). CaptureCheckpoint copies each target's
-// state (a chunk's values, optimizer state, version and dedup marks; a
-// sparse table's rows with theirs) either as it is now or, in sync mode, at
-// the instant the target reaches a given version, inside its lock and before
-// any later update, so every chunk and table of the shard is cut at the same
-// step without pausing training. Restore replaces every target's state (from
-// a checkpoint, or the initial values: no rows) and moves the
-// shard to a new job generation; a push or pull tagged with an older
-// generation is then refused with ABORTED, one with a newer generation with
-// UNAVAILABLE (0 = unchecked), and pulls waiting from before fail ABORTED.
+// Generations. Restore replaces every target's state (from a checkpoint, or
+// the initial values: no rows) and moves the shard to a new job generation;
+// a push or pull tagged with an older generation is then refused with
+// ABORTED, one with a newer generation with UNAVAILABLE (0 = unchecked), and
+// pulls waiting from before fail ABORTED.
 //
 // Thread safety: every public method may be called from any thread.
 #ifndef GRPS_SERVER_SHARD_STORE_H_
@@ -58,7 +45,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,7 +55,12 @@
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
 #include "server/consistency_policy.h"
+#include "server/push_admission.h"
+#include "server/shard_checkpoint.h"
+#include "server/shard_status.h"
 #include "server/sparse_rows.h"
+#include "server/store_targets.h"
+#include "server/waiting_pulls.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
 
@@ -77,8 +68,8 @@ namespace grps {
 
 class ShardStore {
  public:
-  // Staleness histogram size; the last bucket counts staleness >= its index.
-  static constexpr int kStalenessBuckets = 16;
+  // Staleness histogram size (shard_status.h).
+  static constexpr int kStalenessBuckets = ::grps::kStalenessBuckets;
 
   struct Options {
     v1::JobConfig config;
@@ -189,7 +180,7 @@ class ShardStore {
   const std::vector<uint32_t>& chunk_ids() const { return chunk_ids_; }
 
   // Applies or aggregates a gradient push under the job's mode (see
-  // shard_store.cc for the rules). All-or-nothing: either every chunk is
+  // push_admission.h and the policies for the rules). All-or-nothing: either every chunk is
   // accepted or none changes. FAILED_PRECONDITION for a stale incarnation, a
   // step that is not current (sync), or a gradient too stale (async);
   // UNAVAILABLE after Shutdown.
@@ -208,7 +199,9 @@ class ShardStore {
   void PullAsync(PullSpec spec, PullCallback done);
   // Looks at every waiting pull again now (after a PullSpec.cancelled was
   // set).
-  void WakePulls() { WakeWaiters(); }
+  void WakePulls() { pulls_.Wake(); }
+  // Pulls waiting now (a test can wait for a pull to be blocked).
+  size_t waiting_pulls() const { return pulls_.size(); }
 
   // ---- Sparse tables (JobConfig.sparse_tables; docs/sparse.md) ----
   //
@@ -290,9 +283,10 @@ class ShardStore {
   uint64_t generation() const { return generation_.load(); }
 
   // The shard's part of checkpoint `request`: every chunk (ascending id) and
-  // every sparse table's rows (config order) as they are now when
-  // request.version() is 0, else as they are at exactly that version
-  // (waiting, on the calling thread, for those still below it).
+  // every sparse table's rows (config order) as the mode cuts them
+  // (shard_checkpoint.h): in sync at exactly request.version() (0: now),
+  // waiting, on the calling thread, for those still below it; otherwise as
+  // they are now.
   // FAILED_PRECONDITION naming the chunk or table when one is already past
   // the version; DEADLINE_EXCEEDED when a chunk has not reached it by
   // `deadline`; ABORTED if the shard is restored meanwhile.
@@ -303,12 +297,10 @@ class ShardStore {
   // the others, without waiting (FAILED_PRECONDITION as above); it supersedes
   // an earlier capture, whose CollectCheckpoint then returns ABORTED.
   // CollectCheckpoint waits for the armed targets and returns the file.
-  absl::Status ArmCheckpoint(const v1::CheckpointRequest& request)
-      ABSL_LOCKS_EXCLUDED(capture_mu_);
+  absl::Status ArmCheckpoint(const v1::CheckpointRequest& request);
   // `id` names the armed checkpoint to collect (ABORTED if another one has
   // been armed since).
-  absl::StatusOr<v1::ShardCheckpointFile> CollectCheckpoint(uint64_t id, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(capture_mu_);
+  absl::StatusOr<v1::ShardCheckpointFile> CollectCheckpoint(uint64_t id, absl::Time deadline);
 
   // Moves the shard to `generation` with its chunks as in `states` (one per
   // chunk of this shard, any order; empty: the initial values at version 0)
@@ -344,10 +336,6 @@ class ShardStore {
   void Shutdown();
 
  private:
-  class Target;
-  class Chunk;
-  class Table;
-  class ChunkLocks;
   struct Waiter;
   struct DenseWaiter;
   struct SparseWaiter;
@@ -355,71 +343,30 @@ class ShardStore {
   explicit ShardStore(Options options);
   absl::Status Initialize();
 
-  // FAILED_PRECONDITION when the pusher's incarnation is older than the one
-  // known for the rank.
-  absl::Status CheckIncarnation(uint32_t rank, uint64_t incarnation) const
-      ABSL_LOCKS_EXCLUDED(members_mu_);
-  // Records a newer incarnation of the rank, once a push of it was accepted
-  // (a refused push must not lock the rank's real incarnation out).
-  void RaiseIncarnation(uint32_t rank, uint64_t incarnation)
-      ABSL_LOCKS_EXCLUDED(members_mu_);
-  Chunk* FindChunk(uint32_t chunk_id) const;
-  Table* FindTable(std::string_view name) const;
+  StoreChunk* FindChunk(uint32_t chunk_id) const;
+  StoreTable* FindTable(std::string_view name) const;
   // Every target, chunks then tables (for the loops over all of them).
-  std::vector<Target*> AllTargets() const;
-
-  // The decision half of a push: with every target's lock held, whether the
-  // push can be taken (all or nothing), and which targets already have it
-  // (duplicate). The refusal is counted.
-  absl::Status DecideLocked(uint32_t rank, uint64_t incarnation, uint64_t step,
-                            absl::Span<Target* const> targets,
-                            absl::Span<const uint64_t> base_versions,
-                            std::vector<bool>* duplicate);
-  // The taking half: each target's gradient accepted (or acknowledged as a
-  // duplicate); what became of it, per target.
-  struct Outcome {
-    uint64_t version = 0;
-    bool duplicate = false;
-    bool late = false;
-    bool too_stale = false;
-  };
-  std::vector<Outcome> AcceptLocked(uint32_t rank, uint64_t incarnation, uint64_t step,
-                                    absl::Span<Target* const> targets,
-                                    absl::Span<const GradientRef> grads,
-                                    absl::Span<const uint64_t> base_versions,
-                                    absl::Span<const uint64_t> wire_bytes,
-                                    const std::vector<bool>& duplicate,
-                                    const LiveSet& live_set);
+  std::vector<StoreTarget*> AllTargets() const;
+  // The chunks a push names, checked against its gradients.
+  absl::StatusOr<std::vector<StoreChunk*>> ChunksOf(const GradientPush& push) const;
+  // The edge's checks of a pusher, repeated: UNAVAILABLE after Shutdown,
+  // INVALID_ARGUMENT for an unknown rank.
+  absl::Status CheckPusher(uint32_t rank) const;
+  // Decides and takes a push whose targets' locks are held.
+  absl::StatusOr<std::vector<PushAdmission::Outcome>> AdmitLocked(
+      const PushAdmission::Pusher& pusher, uint64_t generation,
+      absl::Span<const PushAdmission::TargetGradient> grads);
   // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank.
   absl::Status CheckPuller(uint32_t rank) const;
-  // Queues `w` (or answers RESOURCE_EXHAUSTED when too many wait) and looks.
-  void AddWaiter(std::unique_ptr<Waiter> w);
   // OK for generation 0 or the shard's; ABORTED for an older one,
   // UNAVAILABLE for a newer one.
   absl::Status CheckGeneration(uint64_t generation) const;
-  // Checks `states` against the chunks; the index of each chunk's state.
-  absl::StatusOr<std::vector<const v1::ChunkState*>> MatchStates(
-      const std::vector<v1::ChunkState>& states) const;
-  // Each table's rows from `states` (Restore's `tables`), loaded into new
-  // SparseRows (by table index; null: back to no rows) and checked, before
-  // Restore takes any lock.
-  struct LoadedTable {
-    const v1::TableState* state = nullptr;
-    std::unique_ptr<SparseRows> rows;
-  };
-  absl::StatusOr<std::vector<LoadedTable>> LoadTables(const std::vector<v1::TableState>& states,
-                                                      bool required) const;
-  // Ends every target's capture (a failed or superseded checkpoint).
-  void DisarmAll();
-  std::shared_ptr<const LiveSet> live() const ABSL_LOCKS_EXCLUDED(members_mu_);
-
-  // Examines the waiting pulls and completes those that are ready, timed
-  // out, or shut down; loops while another thread asked for a look.
-  void WakeWaiters() ABSL_LOCKS_EXCLUDED(waiters_mu_);
-  // Serves `w` if every target is ready, or fails it: true when it has its
-  // answer (Waiter::Finish gives it); false to wait.
-  bool TryServe(Waiter& w);
-  void TimerLoop() ABSL_LOCKS_EXCLUDED(waiters_mu_);
+  // WaitingPulls' examiner: serves `pull` if every target is ready, or fails
+  // it; true when it has its answer, false to wait.
+  bool TryServe(WaitingPull& pull);
+  // TryServe's first half: the first target not ready yet, and its version
+  // (null: none).
+  StoreTarget* Blocking(const Waiter& w, const LiveSet& live, uint64_t* version) const;
 
   const v1::JobConfig config_;
   const v1::ShardMap map_;
@@ -429,46 +376,22 @@ class ShardStore {
   const std::function<std::unique_ptr<Backend>()> make_backend_;
   const uint32_t num_workers_;
 
-  // Built by Initialize, then immutable (the Chunks themselves are not).
+  // Built by Initialize, then immutable (the targets themselves are not).
   std::vector<uint32_t> chunk_ids_;
-  std::vector<std::unique_ptr<Chunk>> chunks_;  // ascending chunk id
-  std::vector<int> local_index_;                // global chunk id -> chunks_
-  std::vector<std::unique_ptr<Table>> tables_;  // as config.sparse_tables
+  std::vector<std::unique_ptr<StoreChunk>> chunks_;  // ascending chunk id
+  std::vector<int> local_index_;                     // global chunk id -> chunks_
+  std::vector<std::unique_ptr<StoreTable>> tables_;  // as config.sparse_tables
+  std::unique_ptr<CheckpointCapture> capture_;
 
-  // Membership. Lock order: a chunk's mutex before members_mu_.
-  mutable absl::Mutex members_mu_;
-  std::shared_ptr<const LiveSet> live_ ABSL_GUARDED_BY(members_mu_);
-
-  // Waiting pulls. Lock order: waiters_mu_ is never held with a chunk's.
-  mutable absl::Mutex waiters_mu_;
-  absl::CondVar timer_wake_;
-  std::vector<std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(waiters_mu_);
-  // Waiters taken out by the scanning thread (for the waiting_pulls gauge).
-  size_t in_scan_ ABSL_GUARDED_BY(waiters_mu_) = 0;
-  const size_t max_waiting_pulls_;
-  bool scanning_ ABSL_GUARDED_BY(waiters_mu_) = false;
-  bool look_again_ ABSL_GUARDED_BY(waiters_mu_) = false;
-  bool stop_timer_ ABSL_GUARDED_BY(waiters_mu_) = false;
-  // When the timer thread wakes next by itself: a waiter due earlier wakes
-  // it (timer_wake_); one due later does not (each wake is a thread switch,
-  // and every sync step adds a waiter per worker).
-  absl::Time timer_at_ ABSL_GUARDED_BY(waiters_mu_) = absl::InfinitePast();
-  std::thread timer_;
-
+  PushAdmission admission_;
   std::atomic<bool> shutdown_{false};
-  // Changed only by Restore, with every chunk's lock held.
+  // Changed only by Restore, with every target's lock held.
   std::atomic<uint64_t> generation_{0};
   std::atomic<uint64_t> restored_checkpoint_{0};
-  // The armed capture. Lock order: capture_mu_ before a chunk's mutex.
-  absl::Mutex capture_mu_;
-  std::optional<v1::CheckpointRequest> armed_ ABSL_GUARDED_BY(capture_mu_);
-  uint64_t armed_generation_ ABSL_GUARDED_BY(capture_mu_) = 0;
-  // Bumped by every ArmCheckpoint: a collection of an older one gives up.
-  std::atomic<uint64_t> capture_epoch_{0};
   mutable absl::Mutex report_mu_;
   v1::ShardCheckpoint report_ ABSL_GUARDED_BY(report_mu_);
-  // Every refusal, at the edge or here; rare, so one shared counter.
-  std::atomic<uint64_t> rejected_{0};
+  // Last: its timer thread examines the members above.
+  WaitingPulls pulls_;
 };
 
 }  // namespace grps

@@ -9,22 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "job/sparse_tables.h"
+#include "server/chunk_optimizer.h"
 
 namespace grps {
 namespace {
-
-uint32_t StateSlots(v1::OptimizerKind kind) {
-  switch (kind) {
-    case v1::OPTIMIZER_MOMENTUM:
-    case v1::OPTIMIZER_NESTEROV:
-    case v1::OPTIMIZER_ADAGRAD:
-      return 1;
-    case v1::OPTIMIZER_ADAM:
-      return 2;
-    default:
-      return 0;
-  }
-}
 
 // The rows of a sync step's sum or a held ssp gradient: each id once, in the
 // order first added.
@@ -74,8 +62,8 @@ SparseRows::SparseRows(const v1::SparseTableSpec& spec,
       seed_(seed),
       backend_(backend),
       dim_(spec.dim()),
-      slots_(StateSlots(optimizer.kind())),
-      stride_(static_cast<size_t>(spec.dim()) * (1 + StateSlots(optimizer.kind()))) {}
+      slots_(OptimizerStateSlots(optimizer.kind())),
+      stride_(static_cast<size_t>(spec.dim()) * (1 + OptimizerStateSlots(optimizer.kind()))) {}
 
 absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
   const uint64_t limit = spec_.max_rows_per_shard();
@@ -137,44 +125,7 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     float* b = row + 2 * static_cast<size_t>(dim_);
     const float* g = grad.values.data() + i * dim_;
     const uint32_t t = ++updates_[slot];
-    switch (optimizer_.kind()) {
-      case v1::OPTIMIZER_MOMENTUM:
-      case v1::OPTIMIZER_NESTEROV: {
-        MomentumParams p;
-        p.lr = lr;
-        p.momentum = optimizer_.momentum();
-        p.nesterov = optimizer_.kind() == v1::OPTIMIZER_NESTEROV;
-        p.weight_decay = optimizer_.weight_decay();
-        backend_->MomentumUpdate(p, row, g, a, dim_);
-        break;
-      }
-      case v1::OPTIMIZER_ADAM: {
-        AdamParams p;
-        p.lr = lr;
-        p.beta1 = optimizer_.beta1();
-        p.beta2 = optimizer_.beta2();
-        p.epsilon = optimizer_.epsilon();
-        p.weight_decay = optimizer_.weight_decay();
-        p.step = t;
-        backend_->AdamUpdate(p, row, g, a, b, dim_);
-        break;
-      }
-      case v1::OPTIMIZER_ADAGRAD: {
-        AdagradParams p;
-        p.lr = lr;
-        p.epsilon = optimizer_.epsilon();
-        p.weight_decay = optimizer_.weight_decay();
-        backend_->AdagradUpdate(p, row, g, a, dim_);
-        break;
-      }
-      default: {
-        SgdParams p;
-        p.lr = lr;
-        p.weight_decay = optimizer_.weight_decay();
-        backend_->SgdUpdate(p, row, g, dim_);
-        break;
-      }
-    }
+    ApplyOptimizerStep(optimizer_, *backend_, lr, t, row, g, a, b, dim_);
   }
 }
 

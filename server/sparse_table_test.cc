@@ -205,7 +205,11 @@ TEST(SparseTable, SyncAveragesTheStepsRowsOnceEveryWorkerPushedAndPullsWait) {
   EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
   EXPECT_THAT(early.status().message(), HasSubstr("table 'emb'"));
   std::thread pusher([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    // Once the pull waits (a pull that came after the push would not).
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (store->waiting_pulls() == 0 && absl::Now() < give_up)
+      absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(store->waiting_pulls(), 1u);
     EXPECT_TRUE(store->PushSparse(Gradient(1, 0, 0, {ids[1], ids[2]},
                                            {4, 4, 4, 4, 8, 8, 8, 8})).ok());
   });

@@ -112,14 +112,17 @@ class SspPolicy final : public ChunkPolicy {
     return ReleaseHeld(chunk, live);
   }
 
-  std::optional<uint64_t> LowestHeldStep(uint32_t rank) const override {
-    std::optional<uint64_t> lowest;
-    for (const Held& h : held_) {
-      if (h.rank != rank) continue;
-      const uint64_t step = static_cast<uint64_t>(std::max<int64_t>(0, h.clock - offset_[rank]));
-      if (!lowest.has_value() || step < *lowest) lowest = step;
-    }
-    return lowest;
+  // A held gradient is not in the values: the rank computes it again from
+  // its step, and the mark must not say it was applied.
+  std::optional<uint64_t> KeepMark(uint32_t rank, const UpdateTarget&,
+                                   v1::DedupMark* mark) const override {
+    const std::optional<uint64_t> held = LowestHeldStep(rank);
+    if (!held.has_value() || !mark->valid() || mark->step() < *held) return std::nullopt;
+    if (*held == 0)
+      mark->set_valid(false);
+    else
+      mark->set_step(*held - 1);
+    return held;
   }
 
   // Every rank resumes at its step of the checkpoint, which every shard is
@@ -152,6 +155,17 @@ class SspPolicy final : public ChunkPolicy {
     uint64_t base_version;
     std::unique_ptr<GradientBuffer> grad;
   };
+
+  // The lowest step of `rank`'s held gradients, if any.
+  std::optional<uint64_t> LowestHeldStep(uint32_t rank) const {
+    std::optional<uint64_t> lowest;
+    for (const Held& h : held_) {
+      if (h.rank != rank) continue;
+      const uint64_t step = static_cast<uint64_t>(std::max<int64_t>(0, h.clock - offset_[rank]));
+      if (!lowest.has_value() || step < *lowest) lowest = step;
+    }
+    return lowest;
+  }
 
   int64_t Effective(uint32_t rank, uint64_t clock) const {
     return static_cast<int64_t>(clock) + offset_[rank];

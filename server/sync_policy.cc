@@ -90,9 +90,36 @@ class SyncPolicy final : public ChunkPolicy {
     return GradientFate::kLateFolded;
   }
 
+  // An aggregated gradient is applied when its step completes.
+  uint64_t AckVersion(const ChunkGradientMeta& g, GradientFate fate,
+                      const UpdateTarget& chunk) const override {
+    return fate == GradientFate::kAggregated ? g.base_version + 1 : chunk.version();
+  }
+
   bool ReadyToServe(uint32_t rank, uint64_t clock, const UpdateTarget& chunk,
                     const LiveSet& live) override {
     return chunk.version() >= awaiting_[rank];
+  }
+
+  // Every chunk of every shard is cut at the same step: at the checkpoint's
+  // version exactly, inside the update that reaches it.
+  CheckpointCut Cut(uint64_t version, const UpdateTarget& chunk) const override {
+    if (version == 0 || chunk.version() == version) return CheckpointCut::kNow;
+    return chunk.version() > version ? CheckpointCut::kPast : CheckpointCut::kArmed;
+  }
+
+  // A push of step >= the chunk's version is in the open step's sum (or
+  // folded into it), which the checkpoint does not keep: the mark says no
+  // more than step version - 1 was applied.
+  std::optional<uint64_t> KeepMark(uint32_t, const UpdateTarget& chunk,
+                                   v1::DedupMark* mark) const override {
+    const uint64_t version = chunk.version();
+    if (!mark->valid() || mark->step() < version) return std::nullopt;
+    if (version == 0)
+      mark->set_valid(false);
+    else
+      mark->set_step(version - 1);
+    return std::nullopt;
   }
 
   bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {

@@ -1,0 +1,169 @@
+// The rules of sync (server/sync_policy.cc), on a fake chunk.
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/consistency_policy.h"
+#include "server/policy_test_target.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAre;
+
+struct Sync {
+  explicit Sync(uint32_t workers, uint32_t backup = 0,
+                v1::LateGradientPolicy late = v1::LATE_GRADIENTS_FOLD)
+      : config(PolicyTestConfig(v1::MODE_SYNC, workers)), live(LiveSet::All(workers)) {
+    config.set_backup_workers(backup);
+    config.set_late_gradients(late);
+    policy = MakeSyncPolicy(config);
+  }
+  // Rank `rank`'s gradient of its step `step`, computed on `base`.
+  GradientFate Push(uint32_t rank, uint64_t base, std::vector<float> values, uint64_t step = 0) {
+    const ChunkGradientMeta g{rank, 1, step, base};
+    EXPECT_TRUE(policy->Check(g, chunk).ok());
+    return policy->Accept(g, Grad(values), chunk, live);
+  }
+
+  v1::JobConfig config;
+  LiveSet live;
+  std::unique_ptr<ChunkPolicy> policy;
+  FakeTarget chunk{1};
+};
+
+TEST(SyncPolicy, AStepIsAppliedOnceEveryLiveWorkerContributedWithTheAverage) {
+  Sync sync(2);
+  EXPECT_EQ(sync.Push(0, 0, {2}), GradientFate::kAggregated);
+  EXPECT_TRUE(sync.chunk.updates.empty());
+  EXPECT_EQ(sync.Push(1, 0, {4}), GradientFate::kAggregated);
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(3.0f));
+  EXPECT_EQ(sync.chunk.updates[0].staleness, -1);  // sync measures none
+}
+
+TEST(SyncPolicy, AStepSumsItsContributionsInRankOrderWhateverTheArrivalOrder) {
+  // In float, (1e8 + -1e8) + 1 = 1 but (1 + 1e8) + -1e8 = 0.
+  Sync sync(3);
+  sync.Push(2, 0, {1});
+  sync.Push(0, 0, {1e8f});
+  sync.Push(1, 0, {-1e8f});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(1.0f / 3.0f));
+}
+
+TEST(SyncPolicy, HeldContributionsFollowInRankOrderAfterARankThatGaveNothing) {
+  // One backup worker: ranks 3, 2, 1 complete the step in that order, rank
+  // 0 gives nothing. Their contributions go in as 1, 2, 3.
+  Sync sync(4, /*backup=*/1);
+  sync.Push(3, 0, {1});
+  sync.Push(2, 0, {-1e8f});
+  sync.Push(1, 0, {1e8f});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(1.0f / 3.0f));
+}
+
+TEST(SyncPolicy, FoldedLateGradientsGoInAfterTheContributionsInRankOrder) {
+  Sync sync(3, /*backup=*/1);
+  sync.Push(0, 0, {5});
+  sync.Push(1, 0, {5});  // step 0 completes without rank 2
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_EQ(sync.Push(2, 0, {1}), GradientFate::kLateFolded);
+  sync.Push(1, 1, {-1e8f}, 1);
+  sync.Push(0, 1, {1e8f}, 1);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  // (1e8 + -1e8) + 1, averaged over the two contributions and the fold.
+  EXPECT_THAT(sync.chunk.updates[1].grad, ElementsAre(1.0f / 3.0f));
+}
+
+TEST(SyncPolicy, BackupWorkersLetAStepCompleteWithTheFirstNMinusB) {
+  Sync sync(3, /*backup=*/1);
+  sync.Push(0, 0, {2});
+  EXPECT_TRUE(sync.chunk.updates.empty());
+  sync.Push(1, 0, {4});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(3.0f));
+}
+
+TEST(SyncPolicy, ALateGradientDroppedIsNotApplied) {
+  Sync sync(2, /*backup=*/1, v1::LATE_GRADIENTS_DROP);
+  sync.Push(0, 0, {2});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_EQ(sync.Push(1, 0, {100}), GradientFate::kLateDropped);
+  EXPECT_TRUE(IsLate(GradientFate::kLateDropped));
+  sync.Push(0, 1, {4}, 1);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  EXPECT_THAT(sync.chunk.updates[1].grad, ElementsAre(4.0f));
+}
+
+TEST(SyncPolicy, ShrinkingTheLiveSetCompletesAnOpenStep) {
+  Sync sync(2);
+  sync.Push(0, 0, {2});
+  EXPECT_TRUE(sync.chunk.updates.empty());
+  sync.live.live[1] = false;
+  sync.live.count = 1;
+  EXPECT_TRUE(sync.policy->LiveSetChanged(sync.chunk, sync.live));
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(2.0f));
+}
+
+TEST(SyncPolicy, ASecondGradientOnTheSameVersionIsRefused) {
+  Sync sync(2);
+  sync.Push(0, 0, {2});
+  const absl::Status again = sync.policy->Check({0, 1, 1, 0}, sync.chunk);
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_TRUE(absl::IsFailedPrecondition(sync.policy->Check({1, 1, 0, 1}, sync.chunk)))
+      << "computed on a version the chunk never had";
+}
+
+TEST(SyncPolicy, AnAggregatedGradientIsAcknowledgedAtTheVersionItsStepCompletes) {
+  Sync sync(2);
+  const ChunkGradientMeta g{0, 1, 0, 0};
+  EXPECT_EQ(sync.policy->AckVersion(g, sync.Push(0, 0, {2}), sync.chunk), 1u);
+  EXPECT_EQ(sync.chunk.version(), 0u);
+}
+
+TEST(SyncPolicy, APullWaitsForTheStepItsWorkerContributedTo) {
+  Sync sync(2);
+  EXPECT_TRUE(sync.policy->ReadyToServe(0, 0, sync.chunk, sync.live));
+  sync.Push(0, 0, {2});
+  EXPECT_FALSE(sync.policy->ReadyToServe(0, 1, sync.chunk, sync.live));
+  EXPECT_TRUE(sync.policy->ReadyToServe(1, 0, sync.chunk, sync.live));
+  sync.Push(1, 0, {2});
+  EXPECT_TRUE(sync.policy->ReadyToServe(0, 1, sync.chunk, sync.live));
+}
+
+TEST(SyncPolicy, ACheckpointIsCutAtItsVersionExactly) {
+  Sync sync(1);
+  FakeTarget at_three(1, 3);
+  EXPECT_EQ(sync.policy->Cut(0, at_three), CheckpointCut::kNow);
+  EXPECT_EQ(sync.policy->Cut(3, at_three), CheckpointCut::kNow);
+  EXPECT_EQ(sync.policy->Cut(5, at_three), CheckpointCut::kArmed);
+  EXPECT_EQ(sync.policy->Cut(2, at_three), CheckpointCut::kPast);
+}
+
+TEST(SyncPolicy, ACheckpointsMarkLeavesOutThePushesOfTheOpenStep) {
+  Sync sync(1);
+  FakeTarget at_three(1, 3);
+  v1::DedupMark open;  // a push of step 3 is in the open step's sum
+  open.set_valid(true);
+  open.set_step(3);
+  EXPECT_FALSE(sync.policy->KeepMark(0, at_three, &open).has_value());
+  EXPECT_TRUE(open.valid());
+  EXPECT_EQ(open.step(), 2u);
+  v1::DedupMark applied;
+  applied.set_valid(true);
+  applied.set_step(2);
+  sync.policy->KeepMark(0, at_three, &applied);
+  EXPECT_EQ(applied.step(), 2u);
+  FakeTarget at_zero(1, 0);
+  v1::DedupMark first;
+  first.set_valid(true);
+  first.set_step(0);
+  sync.policy->KeepMark(0, at_zero, &first);
+  EXPECT_FALSE(first.valid());
+}
+
+}  // namespace
+}  // namespace grps
