@@ -39,7 +39,7 @@ bool Ended(v1::JobState state) {
 
 Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
                  const v1::RegisterWorkerResponse& registration, Backend* backend,
-                 std::unique_ptr<ParameterShards> params, TrainerOptions options)
+                 TrainerShards shards, TrainerOptions options)
     : coordinator_(coordinator),
       config_(registration.config()),
       rank_(registration.rank()),
@@ -49,7 +49,7 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
       coordinator_timeout_(CoordinatorTimeout(registration.config())),
       backend_(backend),
       options_(std::move(options)),
-      params_(std::move(params)),
+      params_(std::move(shards.dense)),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
       scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
       metrics_(rank_),
@@ -69,13 +69,14 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
         config_.embedding_combiner() == v1::COMBINER_MEAN ? EmbeddingCombiner::kMean
                                                           : EmbeddingCombiner::kSum,
         batch);
-    // Made before the heartbeat thread starts, which hands them new maps.
-    sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
-                                             incarnation_);
-    eval_sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
-                                                  incarnation_);
-    sparse_->set_generation(registration.generation());
-    eval_sparse_->set_generation(registration.generation());
+    // Set before the heartbeat thread starts, which hands them new maps;
+    // both or neither (LoadData refuses to train without them).
+    if (shards.sparse != nullptr && shards.eval_sparse != nullptr) {
+      sparse_ = std::move(shards.sparse);
+      eval_sparse_ = std::move(shards.eval_sparse);
+      sparse_->set_generation(registration.generation());
+      eval_sparse_->set_generation(registration.generation());
+    }
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
     // Validated by the coordinator: UNSPECIFIED, F32, F16 or BF16.
@@ -401,6 +402,9 @@ absl::Status Trainer::LoadData() {
         [this](const Evaluator::Result& r) { OnEvaluation(r, false); });
     return absl::OkStatus();
   }
+  if (sparse_ == nullptr)
+    return absl::FailedPreconditionError(
+        "the embedding model needs the sparse table's clients (TrainerShards)");
   absl::StatusOr<SparseData> data = LoadSparseData(config_);
   if (!data.ok()) return data.status();
   spdlog::info("{}", data->description);
@@ -530,7 +534,7 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   }
   // The rows' gradients first: this push returns at once, while the head's
   // (in PushGradients) may wait for the next weights.
-  absl::StatusOr<SparseClient::PushOutcome> pushed = sparse_->Push(
+  absl::StatusOr<SparseShards::PushOutcome> pushed = sparse_->Push(
       kEmbeddingTable, step, ids, row_grads, PushRetry());
   if (!pushed.ok()) {
     if (Interrupted() != Interrupt::kNone) return pushed.status();

@@ -54,7 +54,7 @@
 #include "worker/mlp_model.h"
 #include "worker/parameter_shards.h"
 #include "worker/sparse_batch.h"
-#include "worker/sparse_client.h"
+#include "worker/sparse_shards.h"
 #include "worker/straggler.h"
 #include "worker/worker_metrics.h"
 
@@ -72,17 +72,27 @@ struct TrainerOptions {
   MemberAgent::Clock clock = &absl::Now;
 };
 
+// The trainer's clients of the shards (grps-worker's: a ParameterClient and
+// two SparseClients of the registration's shard map, rank and incarnation).
+struct TrainerShards {
+  std::unique_ptr<ParameterShards> dense;
+  // The embedding model's sparse table, one client for the training thread
+  // and one for the evaluator's; unused (may be null) for the dense models.
+  std::unique_ptr<SparseShards> sparse;
+  std::unique_ptr<SparseShards> eval_sparse;
+};
+
 // Runs in the calling thread; a heartbeat thread runs beside it.
 class Trainer {
  public:
   // `registration` is the coordinator's answer (validated by the caller);
-  // `params` reaches the shards of its shard map as its rank and
-  // incarnation (worker_main: a ParameterClient). Heartbeats start at once,
-  // so a worker that is still loading its data is not taken for dead.
+  // `shards` reach the shards of its shard map as its rank and incarnation
+  // (the trainer sets their generation). Heartbeats start at once, so a
+  // worker that is still loading its data is not taken for dead.
   // *coordinator and *backend must outlive the trainer.
   Trainer(v1::Coordinator::StubInterface* coordinator,
           const v1::RegisterWorkerResponse& registration, Backend* backend,
-          std::unique_ptr<ParameterShards> params, TrainerOptions options);
+          TrainerShards shards, TrainerOptions options);
   ~Trainer();
 
   // Loads the data, trains from the registration's start step to the last
@@ -240,8 +250,8 @@ class Trainer {
   // in the sparse table kEmbeddingTable, read and written by sparse_ (the
   // training thread's) and eval_sparse_ (the evaluator's).
   std::unique_ptr<EmbeddingModel> embedding_;
-  std::unique_ptr<SparseClient> sparse_;
-  std::unique_ptr<SparseClient> eval_sparse_;
+  std::unique_ptr<SparseShards> sparse_;
+  std::unique_ptr<SparseShards> eval_sparse_;
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
   uint64_t hash_rows_ = 0;          // FeatureHashRows of the data

@@ -33,6 +33,23 @@ constexpr float kLearningRate = 0.1f;
 // How long a test waits, in real time, for what must happen soon.
 constexpr absl::Duration kPatience = absl::Seconds(20);
 
+// What the fakes below saw, in order, across them: "dense push 3", ...
+class EventLog {
+ public:
+  void Add(std::string event) {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(std::move(event));
+  }
+  std::vector<std::string> events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+};
+
 // The job's dense parameters in memory: one shard that applies each push
 // at once (plain SGD), counts a version per push applied, and answers a
 // fused pull at once. Pulls and pushes are recorded, with the weights each
@@ -65,6 +82,10 @@ class InMemoryShards : public ParameterShards {
     absl::MutexLock lock(&mu_);
     refuse_from_step_ = step;
     min_generation_ = generation;
+  }
+  void set_log(EventLog* log) {
+    absl::MutexLock lock(&mu_);
+    log_ = log;
   }
   void set_fuse_pulls(bool fuse) {
     absl::MutexLock lock(&mu_);
@@ -138,6 +159,7 @@ class InMemoryShards : public ParameterShards {
       --fail_times_;
       return fail_error_;
     }
+    if (log_ != nullptr) log_->Add(absl::StrCat("dense push ", step));
     applied_.push_back({step, generation_, num_samples,
                         std::vector<float>(host_grads, host_grads + weights_.size())});
     for (size_t i = 0; i < weights_.size(); ++i) weights_[i] -= kLearningRate * host_grads[i];
@@ -171,6 +193,7 @@ class InMemoryShards : public ParameterShards {
   uint64_t refuse_from_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool fuse_pulls_ ABSL_GUARDED_BY(mu_) = true;
+  EventLog* log_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t fail_step_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_times_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_error_ ABSL_GUARDED_BY(mu_);
@@ -179,6 +202,63 @@ class InMemoryShards : public ParameterShards {
   std::vector<uint64_t> attempts_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pulls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::vector<float>>> served_ ABSL_GUARDED_BY(mu_);
+};
+
+// The embedding table in memory: a row's values are made from its id, and
+// every pull and push is logged with its ids.
+class InMemorySparseTable : public SparseShards {
+ public:
+  struct RowPush {
+    std::string table;
+    uint64_t step = 0;
+    uint64_t generation = 0;
+    std::vector<int64_t> ids;
+  };
+  InMemorySparseTable(int64_t dim, EventLog* log) : dim_(dim), log_(log) {}
+
+  std::vector<RowPush> pushes() const {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
+  // The ids pulled for each clock, in order.
+  std::vector<std::pair<uint64_t, std::vector<int64_t>>> pulls() const {
+    absl::MutexLock lock(&mu_);
+    return pulls_;
+  }
+
+  void UpdateShardMap(const v1::ShardMap&) override {}
+  void set_generation(uint64_t generation) override {
+    absl::MutexLock lock(&mu_);
+    generation_ = generation;
+  }
+  absl::Status Pull(const std::string&, absl::Span<const int64_t> ids, uint64_t clock,
+                    absl::Duration, float* out) override {
+    absl::MutexLock lock(&mu_);
+    log_->Add(absl::StrCat("sparse pull ", clock));
+    pulls_.emplace_back(clock, std::vector<int64_t>(ids.begin(), ids.end()));
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int64_t j = 0; j < dim_; ++j)
+        out[i * dim_ + j] = 0.01f * static_cast<float>((ids[i] + j) % 11 - 5);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PushOutcome> Push(const std::string& table, uint64_t step,
+                                   absl::Span<const int64_t> ids, const float*,
+                                   const ParameterShards::RetryPolicy&) override {
+    absl::MutexLock lock(&mu_);
+    log_->Add(absl::StrCat("sparse push ", step));
+    pushes_.push_back({table, step, generation_, std::vector<int64_t>(ids.begin(), ids.end())});
+    return PushOutcome();
+  }
+  uint64_t bytes_pushed() const override { return 0; }
+  uint64_t bytes_pulled() const override { return 0; }
+
+ private:
+  const int64_t dim_;
+  EventLog* const log_;
+  mutable absl::Mutex mu_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<RowPush> pushes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, std::vector<int64_t>>> pulls_ ABSL_GUARDED_BY(mu_);
 };
 
 // A coordinator that answers as the test says: heartbeats with the job's
@@ -309,7 +389,7 @@ class TrainerTest : public ::testing::Test {
     stub_ = v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", server_.port)));
   }
   void TearDown() override {
-    if (runner_.joinable()) Finish();
+    if (runner_.joinable()) Finish().IgnoreError();
     trainer_.reset();
     if (server_.server != nullptr) server_.server->Shutdown();
   }
@@ -333,13 +413,23 @@ class TrainerTest : public ::testing::Test {
   // A trainer registered at `start_step` on shards at `version`, whose
   // InMemoryShards stays reachable through shards_.
   Trainer* MakeTrainer(uint64_t start_step = 0, uint64_t version = 0) {
-    const int64_t n = MlpModel(backend_.get(), LayerWidths(config_), 1).num_parameters();
+    const std::vector<int64_t> widths = LayerWidths(config_);
+    const int64_t n = MlpModel(backend_.get(), widths, 1).num_parameters();
     auto shards = std::make_unique<InMemoryShards>(n, version);
     shards_ = shards.get();
+    shards_->set_log(&log_);
     TrainerOptions options;
     options.clock = [this] { return clock_.Now(); };
+    TrainerShards clients;
+    clients.dense = std::move(shards);
+    if (config_.model() == v1::MODEL_EMBEDDING) {
+      auto table = std::make_unique<InMemorySparseTable>(widths.front(), &log_);
+      table_ = table.get();
+      clients.sparse = std::move(table);
+      clients.eval_sparse = std::make_unique<InMemorySparseTable>(widths.front(), &log_);
+    }
     trainer_ = std::make_unique<Trainer>(stub_.get(), Registration(start_step),
-                                         backend_.get(), std::move(shards), options);
+                                         backend_.get(), std::move(clients), options);
     return trainer_.get();
   }
 
@@ -390,8 +480,10 @@ class TrainerTest : public ::testing::Test {
   FakeCoordinator coordinator_;
   GrpcServer server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  EventLog log_;
   std::unique_ptr<Trainer> trainer_;
   InMemoryShards* shards_ = nullptr;
+  InMemorySparseTable* table_ = nullptr;  // the embedding model's, for training
   std::thread runner_;
   absl::Notification done_;
   absl::Status result_;
@@ -552,6 +644,44 @@ TEST_F(TrainerTest, WithTheCoordinatorGoneWorkerDoneGivesUpAtTheTimeoutNotBefore
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("giving up"), absl::string_view::npos) << s;
   EXPECT_TRUE(coordinator_.done_reports().empty());
+}
+
+TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBeforeTheHeads) {
+  config_.set_model(v1::MODEL_EMBEDDING);
+  config_.set_embedding_dim(4);
+  config_.set_embedding_rows(0);
+  v1::SparseTableSpec* table = config_.add_sparse_tables();
+  table->set_name(kEmbeddingTable);
+  table->set_dim(4);
+  config_.mutable_dataset()->set_format("synthetic");
+  config_.mutable_dataset()->set_path("");
+  config_.mutable_dataset()->set_test_path("");
+  v1::SyntheticDataConfig* synthetic = config_.mutable_dataset()->mutable_synthetic();
+  synthetic->set_num_train(64);
+  synthetic->set_num_test(8);
+  synthetic->set_vocabulary(40);
+  synthetic->set_features_per_example(3);
+  config_.set_steps(3);
+  ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
+  Trainer* trainer = MakeTrainer();
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+
+  // Each step reads its batch's rows as of its clock, then pushes their
+  // gradients, then the head's (whose push brings the next weights).
+  EXPECT_EQ(log_.events(),
+            std::vector<std::string>({"sparse pull 0", "sparse push 0", "dense push 0",
+                                      "sparse pull 1", "sparse push 1", "dense push 1",
+                                      "sparse pull 2", "sparse push 2", "dense push 2"}));
+  const auto pulls = table_->pulls();
+  const std::vector<InMemorySparseTable::RowPush> pushes = table_->pushes();
+  ASSERT_EQ(pulls.size(), 3u);
+  ASSERT_EQ(pushes.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(pushes[s].table, kEmbeddingTable);
+    EXPECT_EQ(pushes[s].generation, 1u);
+    EXPECT_FALSE(pulls[s].second.empty());
+    EXPECT_EQ(pushes[s].ids, pulls[s].second) << "step " << s;
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "tensor/backend.h"
 #include "tensor/cpu_backend.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 #include "worker/straggler.h"
 #include "worker/trainer.h"
 
@@ -156,6 +157,20 @@ void LogRegistration(const v1::RegisterWorkerResponse& reg) {
                                     : std::string());
 }
 
+// The trainer's clients of the registration's shards, over gRPC.
+TrainerShards ConnectShards(const v1::RegisterWorkerResponse& reg) {
+  TrainerShards shards;
+  shards.dense = std::make_unique<ParameterClient>(reg.config(), reg.shard_map(), reg.rank(),
+                                                   reg.incarnation());
+  if (reg.config().model() == v1::MODEL_EMBEDDING) {
+    shards.sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(), reg.rank(),
+                                                   reg.incarnation());
+    shards.eval_sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(),
+                                                        reg.rank(), reg.incarnation());
+  }
+  return shards;
+}
+
 int Main(int argc, char** argv) {
   ParseFlagsWithEnvironment(argc, argv,
                             "grps-worker --coordinator=HOST:PORT [--backend=auto]");
@@ -198,10 +213,7 @@ int Main(int argc, char** argv) {
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
   options.straggler = straggler;
   options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
-  Trainer trainer(stub.get(), *reg, backend.get(),
-                  std::make_unique<ParameterClient>(reg->config(), reg->shard_map(), reg->rank(),
-                                                    reg->incarnation()),
-                  options);
+  Trainer trainer(stub.get(), *reg, backend.get(), ConnectShards(*reg), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
     // "job failed: <reason>", a lost coordinator, or a training error.
