@@ -272,6 +272,22 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     answering_ = answering;
   }
+  // WorkerDone is acknowledged, but the job goes on (other ranks train).
+  void KeepTheJobRunning() {
+    absl::MutexLock lock(&mu_);
+    keep_running_ = true;
+  }
+  // Waits (real time, bounded) until a heartbeat was refused: every
+  // heartbeat answered before it has been handled by the worker (a member
+  // agent beats one at a time).
+  bool AwaitRefusedHeartbeat() const {
+    absl::MutexLock lock(&mu_);
+    auto refused = [this] {
+      mu_.AssertReaderHeld();
+      return refused_heartbeats_ > 0;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&refused), kPatience);
+  }
   // The worker of rank 0 is the evaluator; after training, it evaluates the
   // final weights before the job completes.
   void AskForFinalEvaluation() {
@@ -309,7 +325,10 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     absl::MutexLock lock(&mu_);
-    if (!answering_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone");
+    if (!answering_) {
+      ++refused_heartbeats_;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone");
+    }
     response->set_job_state(state_);
     if (final_evaluation_) response->set_evaluator_rank(0);
     response->set_evaluate_final(evaluate_final_);
@@ -324,7 +343,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     done_.push_back(*request);
     if (final_evaluation_ && !request->has_final_eval())
       evaluate_final_ = true;
-    else
+    else if (!keep_running_)
       state_ = v1::JOB_STATE_COMPLETED;
     return grpc::Status::OK;
   }
@@ -337,6 +356,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
  private:
   mutable absl::Mutex mu_;
   bool answering_ ABSL_GUARDED_BY(mu_) = true;
+  bool keep_running_ ABSL_GUARDED_BY(mu_) = false;
+  int refused_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   bool final_evaluation_ ABSL_GUARDED_BY(mu_) = false;
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
@@ -644,6 +665,24 @@ TEST_F(TrainerTest, WithTheCoordinatorGoneWorkerDoneGivesUpAtTheTimeoutNotBefore
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("giving up"), absl::string_view::npos) << s;
   EXPECT_TRUE(coordinator_.done_reports().empty());
+}
+
+TEST_F(TrainerTest, AFinishedWorkerWaitingForTheJobsEndGivesUpOnAGoneCoordinator) {
+  coordinator_.KeepTheJobRunning();
+  Trainer* trainer = MakeTrainer();
+  Start(trainer);
+  ASSERT_TRUE(coordinator_.AwaitDoneCalls(1));
+  coordinator_.set_answering(false);
+  ASSERT_TRUE(coordinator_.AwaitRefusedHeartbeat());
+  EXPECT_FALSE(done_.HasBeenNotified());  // the job runs: it waits for its end
+
+  clock_.Advance(absl::Milliseconds(config_.coordinator_timeout_ms() + 1));
+  const absl::Status s = Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("finished, but no word from the coordinator"),
+            absl::string_view::npos)
+      << s;
+  ASSERT_EQ(coordinator_.done_reports().size(), 1u);
 }
 
 TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBeforeTheHeads) {
