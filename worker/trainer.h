@@ -22,6 +22,10 @@
 //   no progress ends with an error once the coordinator has been silent for
 //   coordinator_timeout_ms and the wait has lasted as long; WorkerDone and
 //   the wait for the job's end are bounded by the coordinator's silence.
+//
+// The shards and the clock are the holder's (TrainerShards,
+// TrainerOptions::clock): grps-worker gives the gRPC clients and the real
+// clock, worker/trainer_test.cc in-memory shards and a fake clock.
 #ifndef GRPS_WORKER_TRAINER_H_
 #define GRPS_WORKER_TRAINER_H_
 
@@ -75,7 +79,7 @@ struct TrainerOptions {
 // The trainer's clients of the shards (grps-worker's: a ParameterClient and
 // two SparseClients of the registration's shard map, rank and incarnation).
 struct TrainerShards {
-  std::unique_ptr<ParameterShards> dense;
+  std::unique_ptr<ParameterShards> dense;  // required
   // The embedding model's sparse table, one client for the training thread
   // and one for the evaluator's; unused (may be null) for the dense models.
   std::unique_ptr<SparseShards> sparse;
@@ -198,8 +202,8 @@ class Trainer {
   // The metrics and the progress (and curve) after step, trained from
   // step_start with `loss`; returns when the step ended.
   absl::Time ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
-                  const ParameterShards::PushOutcome& pushed, absl::Time step_start,
-                  StepStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
+                        const ParameterShards::PushOutcome& pushed, absl::Time step_start,
+                        StepStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
   void UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& pushed,
                          absl::Duration took, StepStats* stats);
   absl::Status PullWeights(uint64_t clock);
