@@ -63,7 +63,8 @@ class InMemoryShards : public ParameterShards {
     std::vector<float> grads;
   };
 
-  InMemoryShards(int64_t num_parameters, uint64_t version) : version_(version) {
+  InMemoryShards(int64_t num_parameters, uint64_t version)
+      : num_parameters_(num_parameters), version_(version) {
     weights_.resize(num_parameters);
     for (int64_t i = 0; i < num_parameters; ++i)
       weights_[i] = 0.05f * static_cast<float>(i % 7 - 3);
@@ -126,7 +127,7 @@ class InMemoryShards : public ParameterShards {
   }
 
   // ---- ParameterShards ----
-  int64_t num_parameters() const override { return static_cast<int64_t>(weights_.size()); }
+  int64_t num_parameters() const override { return num_parameters_; }
   void set_generation(uint64_t generation) override {
     absl::MutexLock lock(&mu_);
     generation_ = generation;
@@ -184,6 +185,7 @@ class InMemoryShards : public ParameterShards {
     pulled_version_ = version_;
   }
 
+  const int64_t num_parameters_;
   mutable absl::Mutex mu_;
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_);
@@ -295,7 +297,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     final_evaluation_ = true;
   }
   // The job is stopped, and the coordinator answers again to say so.
-  void StopJob() {
+  void StopTheJob() {
     absl::MutexLock lock(&mu_);
     answering_ = true;
     state_ = v1::JOB_STATE_STOPPED;
@@ -466,7 +468,7 @@ class TrainerTest : public ::testing::Test {
   absl::Status Finish() {
     if (!done_.WaitForNotificationWithTimeout(kPatience)) {
       ADD_FAILURE() << "Run did not return within " << kPatience << "; stopping the job";
-      coordinator_.StopJob();
+      coordinator_.StopTheJob();
     }
     runner_.join();
     return result_;
