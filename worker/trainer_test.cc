@@ -296,6 +296,12 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     final_evaluation_ = true;
   }
+  // The job failed for `reason`, as heartbeats and the job status say.
+  void FailTheJob(std::string reason) {
+    absl::MutexLock lock(&mu_);
+    state_ = v1::JOB_STATE_FAILED;
+    reason_ = std::move(reason);
+  }
   // The job is stopped, and the coordinator answers again to say so.
   void StopTheJob() {
     absl::MutexLock lock(&mu_);
@@ -345,13 +351,15 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     done_.push_back(*request);
     if (final_evaluation_ && !request->has_final_eval())
       evaluate_final_ = true;
-    else if (!keep_running_)
+    else if (!keep_running_ && state_ == v1::JOB_STATE_RUNNING)
       state_ = v1::JOB_STATE_COMPLETED;
     return grpc::Status::OK;
   }
   grpc::Status GetJobStatus(grpc::ServerContext*, const v1::GetJobStatusRequest*,
                             v1::JobStatus* response) override {
-    response->set_message("the fake coordinator's job");
+    absl::MutexLock lock(&mu_);
+    response->set_state(state_);
+    response->set_message(reason_);
     return grpc::Status::OK;
   }
 
@@ -363,21 +371,26 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   bool final_evaluation_ ABSL_GUARDED_BY(mu_) = false;
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
   v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
   int done_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
 };
 
-// The one training example every row repeats, and the batch a step sees.
+// The one example every training row repeats: each batch is this example
+// batch_size times.
 const std::vector<float> kFeatures = {0.5f, -1.0f, 2.0f};
 constexpr int32_t kLabel = 1;
 
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = ::testing::TempDir();
-    const std::string train = absl::StrCat(dir, "/trainer_test_train.csv");
-    const std::string test = absl::StrCat(dir, "/trainer_test_test.csv");
+    // Files of this test's own: ctest may run the others at the same time.
+    const std::string prefix =
+        absl::StrCat(::testing::TempDir(), "/trainer_test_",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string train = absl::StrCat(prefix, "_train.csv");
+    const std::string test = absl::StrCat(prefix, "_test.csv");
     {
       std::ofstream out(train);
       for (int i = 0; i < 32; ++i)
@@ -604,6 +617,14 @@ TEST_F(TrainerTest, APushRefusedOtherwiseEndsTraining) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(StepsOf(shards_->applied()), std::vector<uint64_t>({0, 1}));
   EXPECT_TRUE(coordinator_.done_reports().empty());
+}
+
+TEST_F(TrainerTest, AFailedJobEndsRunWithTheCoordinatorsReason) {
+  coordinator_.FailTheJob("shard 0 lost its data");
+  Trainer* trainer = MakeTrainer();
+  const absl::Status s = RunToEnd(trainer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_EQ(s.message(), "job failed: shard 0 lost its data");
 }
 
 TEST_F(TrainerTest, TheEvaluatorEvaluatesTheFinalWeightsAndReportsThem) {
