@@ -36,10 +36,7 @@ absl::StatusOr<int32_t> ParseLabel(absl::string_view field) {
   return static_cast<int32_t>(*value);
 }
 
-}  // namespace
-
-absl::StatusOr<Dataset> ParseCsv(absl::string_view text, absl::string_view name,
-                                 const CsvOptions& options) {
+absl::Status CheckOptions(const CsvOptions& options) {
   if (options.num_classes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_classes must be >= 0, got ", options.num_classes));
@@ -49,73 +46,101 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, absl::string_view name,
         absl::StrCat("label_column must be >= 0, or -1 for the last column; "
                      "got ", options.label_column));
   }
+  return absl::OkStatus();
+}
+
+// The shape every row must have, fixed by the first row.
+struct RowShape {
+  int64_t columns = 0;         // 0 until the first row is read
+  int64_t first_row_line = 0;  // where `columns` was set
+  int64_t label_column = 0;
+};
+
+// Checks the column count of the row on line `n` against *shape, which the
+// first row sets. The error's message says what is wrong with the row.
+absl::Status CheckColumns(absl::string_view line, int64_t n,
+                          const CsvOptions& options, RowShape* shape) {
+  const int64_t row_columns = std::count(line.begin(), line.end(), ',') + 1;
+  if (shape->columns == 0) {
+    if (row_columns < 2) {
+      return absl::InvalidArgumentError(
+          "a row needs a label and at least one feature, this one has 1 "
+          "column");
+    }
+    if (options.label_column >= row_columns) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label_column ", options.label_column,
+                       " is outside the row's ", row_columns, " columns"));
+    }
+    shape->columns = row_columns;
+    shape->first_row_line = n;
+    shape->label_column =
+        options.label_column == -1 ? row_columns - 1 : options.label_column;
+  } else if (row_columns != shape->columns) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row has ", row_columns, " columns, but line ",
+                     shape->first_row_line, " has ", shape->columns));
+  }
+  return absl::OkStatus();
+}
+
+// Appends the row's label and features. The error's message says which
+// field is wrong and how.
+absl::Status ParseRow(absl::string_view line, int64_t label_column,
+                      int32_t num_classes, std::vector<float>* features,
+                      std::vector<int32_t>* labels) {
+  int64_t column = 0;
+  while (true) {
+    const size_t comma = line.find(',');
+    const absl::string_view field = TrimSpaces(line.substr(0, comma));
+    if (column == label_column) {
+      absl::StatusOr<int32_t> label = ParseLabel(field);
+      if (!label.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "label (column ", column, "): ", label.status().message()));
+      }
+      if (num_classes != 0 && *label >= num_classes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "label ", *label, " is outside [0, ", num_classes, ")"));
+      }
+      labels->push_back(*label);
+    } else {
+      absl::StatusOr<float> value = ParseFiniteFloat(field);
+      if (!value.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("column ", column, ": ", value.status().message()));
+      }
+      features->push_back(*value);
+    }
+    if (comma == absl::string_view::npos) return absl::OkStatus();
+    line.remove_prefix(comma + 1);
+    ++column;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ParseCsv(absl::string_view text, absl::string_view name,
+                                 const CsvOptions& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   constexpr absl::string_view kUtf8Bom = "\xef\xbb\xbf";
   if (absl::StartsWith(text, kUtf8Bom)) text.remove_prefix(kUtf8Bom.size());
 
   std::vector<float> features;
   std::vector<int32_t> labels;
-  int64_t columns = 0;          // of every row, once the first is read
-  int64_t first_row_line = 0;   // where `columns` was set
-  int64_t label_column = 0;
-
+  RowShape shape;
   TextLines lines(text);
   absl::string_view line;
   while (lines.Next(&line)) {
     const int64_t n = lines.number();
     if (n == 1 && options.header) continue;
     if (TrimSpaces(line).empty()) continue;
-    auto error = [&](absl::string_view message) {
-      return LineError(name, n, message);
-    };
-
-    const int64_t row_columns = std::count(line.begin(), line.end(), ',') + 1;
-    if (columns == 0) {
-      if (row_columns < 2) {
-        return error(
-            "a row needs a label and at least one feature, this one has 1 "
-            "column");
-      }
-      if (options.label_column >= row_columns) {
-        return error(absl::StrCat("label_column ", options.label_column,
-                                  " is outside the row's ", row_columns,
-                                  " columns"));
-      }
-      columns = row_columns;
-      first_row_line = n;
-      label_column =
-          options.label_column == -1 ? columns - 1 : options.label_column;
-    } else if (row_columns != columns) {
-      return error(absl::StrCat("row has ", row_columns, " columns, but line ",
-                                first_row_line, " has ", columns));
+    absl::Status s = CheckColumns(line, n, options, &shape);
+    if (s.ok()) {
+      s = ParseRow(line, shape.label_column, options.num_classes, &features,
+                   &labels);
     }
-
-    int64_t column = 0;
-    while (true) {
-      const size_t comma = line.find(',');
-      const absl::string_view field = TrimSpaces(line.substr(0, comma));
-      if (column == label_column) {
-        absl::StatusOr<int32_t> label = ParseLabel(field);
-        if (!label.ok()) {
-          return error(absl::StrCat("label (column ", column,
-                                    "): ", label.status().message()));
-        }
-        if (options.num_classes != 0 && *label >= options.num_classes) {
-          return error(absl::StrCat("label ", *label, " is outside [0, ",
-                                    options.num_classes, ")"));
-        }
-        labels.push_back(*label);
-      } else {
-        absl::StatusOr<float> value = ParseFiniteFloat(field);
-        if (!value.ok()) {
-          return error(absl::StrCat("column ", column, ": ",
-                                    value.status().message()));
-        }
-        features.push_back(*value);
-      }
-      if (comma == absl::string_view::npos) break;
-      line.remove_prefix(comma + 1);
-      ++column;
-    }
+    if (!s.ok()) return LineError(name, n, s.message());
   }
 
   if (labels.empty()) {
@@ -125,7 +150,7 @@ absl::StatusOr<Dataset> ParseCsv(absl::string_view text, absl::string_view name,
   if (num_classes == 0) {
     num_classes = 1 + *std::max_element(labels.begin(), labels.end());
   }
-  return Dataset::Create(columns - 1, num_classes, std::move(features),
+  return Dataset::Create(shape.columns - 1, num_classes, std::move(features),
                          std::move(labels));
 }
 

@@ -727,4 +727,20 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Push(
   return Wait(PushAsync(step, host_grads, num_samples), retry);
 }
 
+absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::PushAndPull(
+    uint64_t step, const float* host_grads, uint32_t num_samples, float* pull_into,
+    absl::Duration pull_timeout, const RetryPolicy& retry) {
+  return Wait(PushAsync(step, host_grads, num_samples, pull_into, pull_timeout), retry);
+}
+
+ParameterShards::Traffic ParameterClient::traffic() const {
+  Traffic t;
+  t.bytes_pushed = bytes_pushed();
+  t.bytes_pulled = bytes_pulled();
+  t.lane_bytes = lane_bytes();
+  t.push_calls = push_calls();
+  t.doorbell_calls = doorbell_calls();
+  return t;
+}
+
 }  // namespace grps

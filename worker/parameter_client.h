@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/grps.grpc.pb.h"
+#include "worker/parameter_shards.h"
 
 namespace grps {
 
@@ -65,12 +66,12 @@ namespace grps {
 // flight: an RPC attempt that starts after it returned goes to the new
 // endpoint. Each ticket is waited for exactly once; the destructor waits
 // for the RPCs of tickets nobody waited for.
-class ParameterClient {
+class ParameterClient final : public ParameterShards {
  public:
   // `map` must be valid (ValidateShardMap) with every endpoint set.
   ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
                   uint32_t rank, uint64_t incarnation);
-  ~ParameterClient();
+  ~ParameterClient() override;
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
 
@@ -84,10 +85,10 @@ class ParameterClient {
   // Names a PushAsync or PullAsync in flight.
   using Ticket = uint64_t;
 
-  int64_t num_parameters() const { return num_params_; }
+  int64_t num_parameters() const override { return num_params_; }
 
   // The job generation every later push and pull carries (0 = unchecked).
-  void set_generation(uint64_t generation) { generation_.store(generation); }
+  void set_generation(uint64_t generation) override { generation_.store(generation); }
   uint64_t generation() const { return generation_.load(); }
 
   // Follows a newer shard map (a shard restarted, maybe on a new address):
@@ -96,9 +97,9 @@ class ParameterClient {
   // ValidateShardMap, cuts the model into other chunks or places them on
   // other shards, or lacks an endpoint address. The caller decides which
   // map is the newest (the coordinator's, by ShardMap.epoch).
-  absl::Status UpdateShardMap(const v1::ShardMap& map) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status UpdateShardMap(const v1::ShardMap& map) override ABSL_LOCKS_EXCLUDED(mu_);
   // The epoch of the map in use.
-  uint64_t map_epoch() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t map_epoch() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fills host_params (num_parameters() floats) with every chunk. `clock` is
   // the step the worker is about to compute: each shard holds the pull as
@@ -106,35 +107,12 @@ class ParameterClient {
   // worker last pushed has completed) or until `timeout` passes
   // (DEADLINE_EXCEEDED). Records each chunk's version for Push. One attempt
   // per shard: the caller decides whether to try again.
-  absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params);
+  absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params) override;
   // Pull, started: `host_params` must stay alive until Wait returns, and is
   // written (by gRPC's threads) until then.
   Ticket PullAsync(uint64_t clock, absl::Duration timeout, float* host_params);
 
-  // What the shards made of a push besides applying it: chunk gradients that
-  // arrived after their sync step (late: folded or dropped by the shard) and
-  // chunk gradients refused as too stale. Both are counted by the shards.
-  struct PushOutcome {
-    uint32_t late = 0;
-    uint32_t too_stale = 0;
-    // A push with `pull_into`: every chunk's values for clock step + 1
-    // arrived with the replies (and their versions are recorded, as a Pull
-    // records them). False: pull as usual.
-    bool pulled = false;
-  };
-
-  // How long a push keeps retrying a shard that is UNAVAILABLE (down, or
-  // not restored to this generation yet) or RESOURCE_EXHAUSTED (short of
-  // memory for calls right now), with backoff.
-  struct RetryPolicy {
-    absl::Duration retry_for = absl::Seconds(60);
-    absl::Duration initial_backoff = absl::Milliseconds(50);
-    absl::Duration max_backoff = absl::Seconds(2);
-    // Polled (from the per-shard threads, so it must be thread-safe) after
-    // every failed attempt and while backing off; once it returns true the
-    // push gives up with CANCELLED. Null: never.
-    std::function<bool()> stop;
-  };
+  // PushOutcome and RetryPolicy: see ParameterShards.
 
   // Sends the gradient of every chunk to its shard, tagged with `step` (the
   // worker's clock), the generation and the chunk version seen by the last
@@ -166,10 +144,15 @@ class ParameterClient {
   absl::StatusOr<PushOutcome> Wait(Ticket ticket, const RetryPolicy& retry);
   // As above with the default RetryPolicy.
   absl::StatusOr<PushOutcome> Wait(Ticket ticket);
+  // Wait(PushAsync(...), retry): ParameterShards' push.
+  absl::StatusOr<PushOutcome> PushAndPull(uint64_t step, const float* host_grads,
+                                          uint32_t num_samples, float* pull_into,
+                                          absl::Duration pull_timeout,
+                                          const RetryPolicy& retry) override;
 
   // Smallest and largest chunk version seen by the last Pull.
   uint64_t min_pulled_version() const;
-  uint64_t max_pulled_version() const;
+  uint64_t max_pulled_version() const override;
 
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
@@ -179,6 +162,8 @@ class ParameterClient {
   // doorbells instead of called through gRPC.
   uint64_t push_calls() const { return push_calls_.load(); }
   uint64_t doorbell_calls() const { return doorbell_calls_.load(); }
+  // All of the above at once.
+  Traffic traffic() const override;
   // Whether pushes to `shard` may still use a lane (the job asks for lanes,
   // one could be made, and the shard has not refused it).
   bool LaneUsable(size_t shard) const ABSL_LOCKS_EXCLUDED(lane_mu_);

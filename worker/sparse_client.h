@@ -34,18 +34,19 @@
 #include "absl/types/span.h"
 #include "proto/grps.grpc.pb.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_shards.h"
 
 namespace grps {
 
-class SparseClient {
+class SparseClient final : public SparseShards {
  public:
   // `map` must be valid with every endpoint set (as for ParameterClient).
   SparseClient(const v1::JobConfig& config, const v1::ShardMap& map, uint32_t rank,
                uint64_t incarnation);
 
   // As ParameterClient::UpdateShardMap: new stubs for moved endpoints.
-  void UpdateShardMap(const v1::ShardMap& map) ABSL_LOCKS_EXCLUDED(mu_);
-  void set_generation(uint64_t generation) { generation_.store(generation); }
+  void UpdateShardMap(const v1::ShardMap& map) override ABSL_LOCKS_EXCLUDED(mu_);
+  void set_generation(uint64_t generation) override { generation_.store(generation); }
 
   // Rows of `ids` (any ids, repeats allowed) of `table` into `out`
   // (ids.size() x dim floats, in the order of ids). `clock`: the step the
@@ -54,24 +55,20 @@ class SparseClient {
   // NOT_FOUND for an unknown table; INVALID_ARGUMENT, sending nothing, when
   // one shard's reply would pass the message limit; a shard's error as it is.
   absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
-                    absl::Duration timeout, float* out);
+                    absl::Duration timeout, float* out) override;
 
-  struct PushOutcome {
-    uint32_t duplicates = 0;  // shards that recognised a retry
-    uint32_t late = 0;
-    uint32_t too_stale = 0;
-  };
+  // PushOutcome: see SparseShards.
   // Gradients of `ids` (distinct: deduplicated by the caller, e.g.
   // SparseBatch) of `table`: grads holds ids.size() x dim floats. `step`: the
   // worker's clock. Retries per `retry` as ParameterClient::Push does.
   absl::StatusOr<PushOutcome> Push(const std::string& table, uint64_t step,
                                    absl::Span<const int64_t> ids, const float* grads,
-                                   const ParameterClient::RetryPolicy& retry);
+                                   const ParameterClient::RetryPolicy& retry) override;
 
   // The serialized size of the pushes that succeeded (ids, values and
   // framing) and of the pulls' replies, as ParameterClient counts its own.
-  uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
-  uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+  uint64_t bytes_pushed() const override { return bytes_pushed_.load(); }
+  uint64_t bytes_pulled() const override { return bytes_pulled_.load(); }
 
  private:
   struct TableState {

@@ -37,9 +37,9 @@ bool Ended(v1::JobState state) {
 
 }  // namespace
 
-Trainer::Trainer(v1::Coordinator::Stub* coordinator,
-                 const v1::RegisterWorkerResponse& registration,
-                 Backend* backend, TrainerOptions options)
+Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
+                 const v1::RegisterWorkerResponse& registration, Backend* backend,
+                 TrainerShards shards, TrainerOptions options)
     : coordinator_(coordinator),
       config_(registration.config()),
       rank_(registration.rank()),
@@ -49,15 +49,17 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
       coordinator_timeout_(CoordinatorTimeout(registration.config())),
       backend_(backend),
       options_(std::move(options)),
-      params_(config_, registration.shard_map(), rank_, incarnation_),
+      params_(std::move(shards.dense)),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
       scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
       metrics_(rank_),
+      start_(options_.clock()),
       agent_(coordinator,
              {registration.config().job_id(), MemberKind::kWorker, registration.rank(),
               registration.incarnation()},
              absl::Milliseconds(registration.config().heartbeat_interval_ms()),
-             absl::Milliseconds(registration.config().heartbeat_interval_ms()) * 4) {
+             absl::Milliseconds(registration.config().heartbeat_interval_ms()) * 4,
+             options_.clock) {
   const std::vector<int64_t> widths = LayerWidths(config_);
   const int batch = static_cast<int>(config_.batch_size());
   if (config_.model() == v1::MODEL_EMBEDDING) {
@@ -67,26 +69,28 @@ Trainer::Trainer(v1::Coordinator::Stub* coordinator,
         config_.embedding_combiner() == v1::COMBINER_MEAN ? EmbeddingCombiner::kMean
                                                           : EmbeddingCombiner::kSum,
         batch);
-    // Made before the heartbeat thread starts, which hands them new maps.
-    sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
-                                             incarnation_);
-    eval_sparse_ = std::make_unique<SparseClient>(config_, registration.shard_map(), rank_,
-                                                  incarnation_);
-    sparse_->set_generation(registration.generation());
-    eval_sparse_->set_generation(registration.generation());
+    // Set before the heartbeat thread starts, which hands them new maps;
+    // both or neither (LoadData refuses to train without them).
+    if (shards.sparse != nullptr && shards.eval_sparse != nullptr) {
+      sparse_ = std::move(shards.sparse);
+      eval_sparse_ = std::move(shards.eval_sparse);
+      sparse_->set_generation(registration.generation());
+      eval_sparse_->set_generation(registration.generation());
+    }
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
     // Validated by the coordinator: UNSPECIFIED, F32, F16 or BF16.
     model_->set_compute_dtype(
         DTypeFromWire(config_.compute_dtype(), true, "compute_dtype").value_or(DType::kF32));
   }
-  host_params_ = HostArray<float>(backend_, params_.num_parameters());
-  host_grads_ = HostArray<float>(backend_, params_.num_parameters());
+  host_params_ = HostArray<float>(backend_, params_->num_parameters());
+  host_grads_ = HostArray<float>(backend_, params_->num_parameters());
+  last_progress_ = start_;
   progress_.set_test_accuracy(-1);
   progress_.set_test_loss(-1);
   progress_.set_step(start_step_);
   generation_ = registration.generation();
-  params_.set_generation(generation_);
+  params_->set_generation(generation_);
   // A rank that starts mid-job (a restart) joins the others; one that starts
   // with the job is in step with them from the first step (a straggler
   // behind backup workers keeps its own steps, as before).
@@ -149,9 +153,9 @@ bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
     generation_ = order.generation();
     finished_ = false;
     progress_.set_step(resume);
-    last_progress_ = absl::Now();
+    last_progress_ = Now();
   }
-  params_.set_generation(order.generation());
+  params_->set_generation(order.generation());
   if (sparse_ != nullptr) {
     sparse_->set_generation(order.generation());
     eval_sparse_->set_generation(order.generation());
@@ -169,12 +173,12 @@ bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
 bool Trainer::StuckWithoutCoordinator() const {
   if (CoordinatorSilence() <= coordinator_timeout_) return false;
   absl::MutexLock lock(&mu_);
-  return absl::Now() - last_progress_ > coordinator_timeout_;
+  return Now() - last_progress_ > coordinator_timeout_;
 }
 
 void Trainer::NoteProgress() {
   absl::MutexLock lock(&mu_);
-  last_progress_ = absl::Now();
+  last_progress_ = Now();
 }
 
 bool Trainer::IsEvaluator() const {
@@ -186,7 +190,7 @@ MemberAgent::Handlers Trainer::HeartbeatHandlers() {
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
   MemberAgent::Handlers handlers;
   handlers.fill = [this](v1::HeartbeatRequest* req) {
-    req->set_shard_map_epoch(params_.map_epoch());
+    req->set_shard_map_epoch(params_->map_epoch());
     absl::MutexLock lock(&mu_);
     *req->mutable_progress() = progress_;
     req->set_generation(generation_);
@@ -218,9 +222,9 @@ MemberAgent::Handlers Trainer::HeartbeatHandlers() {
 void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
   // The client is thread-safe: a newer map goes to it at once, so that a
   // push retrying on another thread reaches the shard's new endpoint.
-  if (resp.has_shard_map() && resp.shard_map().epoch() > params_.map_epoch() &&
+  if (resp.has_shard_map() && resp.shard_map().epoch() > params_->map_epoch() &&
       resp.shard_map().epoch() != refused_map_epoch_) {
-    absl::Status s = params_.UpdateShardMap(resp.shard_map());
+    absl::Status s = params_->UpdateShardMap(resp.shard_map());
     if (s.ok() && sparse_ != nullptr) {
       sparse_->UpdateShardMap(resp.shard_map());
       eval_sparse_->UpdateShardMap(resp.shard_map());
@@ -247,7 +251,7 @@ absl::Status Trainer::WaitToPull(absl::string_view what, uint64_t clock,
   // A pull may wait for other workers (sync, ssp) or for a shard to come
   // back; keep waiting, in slices so that the end of the job or a roll-back
   // is noticed, as long as the job runs and the coordinator answers.
-  absl::Time logged = absl::Now();
+  absl::Time logged = Now();
   while (true) {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     absl::Status s = attempt();
@@ -267,10 +271,10 @@ absl::Status Trainer::WaitToPull(absl::string_view what, uint64_t clock,
       return absl::UnavailableError(absl::StrCat(
           "no ", what, " for clock ", clock, " and no word from the coordinator for ",
           absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
-    if (absl::Now() - logged >= kWaitLogEvery) {
+    if (Now() - logged >= kWaitLogEvery) {
       spdlog::info("waiting to read the {} of clock {}: {}", std::string(what), clock,
                    std::string(s.message()));
-      logged = absl::Now();
+      logged = Now();
     }
     SleepUnlessShutdown(absl::Milliseconds(100));
   }
@@ -283,7 +287,7 @@ absl::Status Trainer::JoinTheOthers(uint64_t* step) {
   // gradient for that step, and the rank stays one step behind there. At
   // the lowest, the rank would be a step ahead on the others, and at the
   // end make a step there that no other shard makes.
-  const uint64_t at = params_.max_pulled_version();
+  const uint64_t at = params_->max_pulled_version();
   if (at > *step) {
     spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
     *step = at;
@@ -293,12 +297,12 @@ absl::Status Trainer::JoinTheOthers(uint64_t* step) {
 
 absl::Status Trainer::PullWeights(uint64_t clock) {
   return WaitToPull("weights", clock, [&] {
-    return params_.Pull(clock, kPullSlice, host_params_.data());
+    return params_->Pull(clock, kPullSlice, host_params_.data());
   });
 }
 
-ParameterClient::RetryPolicy Trainer::PushRetry() {
-  ParameterClient::RetryPolicy retry;
+ParameterShards::RetryPolicy Trainer::PushRetry() {
+  ParameterShards::RetryPolicy retry;
   retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
   retry.stop = [this] {
     return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
@@ -306,18 +310,17 @@ ParameterClient::RetryPolicy Trainer::PushRetry() {
   return retry;
 }
 
-absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
+absl::StatusOr<ParameterShards::PushOutcome> Trainer::PushGradients(
     uint64_t step, uint32_t samples) {
   // Fused with the pull of the next clock: the shards reply with the new
   // weights once the mode allows (sync: when the step completes), which saves
   // a round trip per step; if they do not come within a pull slice, the next
   // step pulls as usual.
-  const ParameterClient::RetryPolicy retry = PushRetry();
-  absl::Time logged = absl::Now();
+  const ParameterShards::RetryPolicy retry = PushRetry();
+  absl::Time logged = Now();
   while (true) {
-    absl::StatusOr<ParameterClient::PushOutcome> pushed = params_.Wait(
-        params_.PushAsync(step, host_grads_.data(), samples, host_params_.data(), kPullSlice),
-        retry);
+    absl::StatusOr<ParameterShards::PushOutcome> pushed = params_->PushAndPull(
+        step, host_grads_.data(), samples, host_params_.data(), kPullSlice, retry);
     if (pushed.ok()) {
       NoteProgress();
       return pushed;
@@ -334,17 +337,17 @@ absl::StatusOr<ParameterClient::PushOutcome> Trainer::PushGradients(
     if (s.code() != absl::StatusCode::kDeadlineExceeded &&
         s.code() != absl::StatusCode::kUnavailable)
       return s;
-    if (absl::Now() - logged >= kWaitLogEvery) {
+    if (Now() - logged >= kWaitLogEvery) {
       spdlog::info("retrying the push of step {}: {}", step, std::string(s.message()));
-      logged = absl::Now();
+      logged = Now();
     }
   }
 }
 
 absl::Status Trainer::WaitForRestoreOrder(const absl::Status& refused) {
   spdlog::info("{}; waiting for the restore order", std::string(refused.message()));
-  const absl::Time give_up = absl::Now() + coordinator_timeout_;
-  while (absl::Now() < give_up) {
+  const absl::Time give_up = Now() + coordinator_timeout_;
+  while (Now() < give_up) {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     SleepUnlessShutdown(absl::Milliseconds(20));
   }
@@ -375,7 +378,7 @@ void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
 
 void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
                             bool evaluated) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   absl::MutexLock lock(&curve_mu_);
   if (curve_ == nullptr) return;
   std::fprintf(curve_, "%llu,%u,%.3f,%.3f,%.6f,%.1f,%.6f,%.6f,%d\n",
@@ -399,6 +402,9 @@ absl::Status Trainer::LoadData() {
         [this](const Evaluator::Result& r) { OnEvaluation(r, false); });
     return absl::OkStatus();
   }
+  if (sparse_ == nullptr)
+    return absl::FailedPreconditionError(
+        "the embedding model needs the sparse table's clients (TrainerShards)");
   absl::StatusOr<SparseData> data = LoadSparseData(config_);
   if (!data.ok()) return data.status();
   spdlog::info("{}", data->description);
@@ -528,7 +534,7 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   }
   // The rows' gradients first: this push returns at once, while the head's
   // (in PushGradients) may wait for the next weights.
-  absl::StatusOr<SparseClient::PushOutcome> pushed = sparse_->Push(
+  absl::StatusOr<SparseShards::PushOutcome> pushed = sparse_->Push(
       kEmbeddingTable, step, ids, row_grads, PushRetry());
   if (!pushed.ok()) {
     if (Interrupted() != Interrupt::kNone) return pushed.status();
@@ -571,25 +577,27 @@ absl::Status Trainer::Run() {
   }
 }
 
-absl::Status Trainer::Train(uint64_t total) {
-  const int64_t batch = static_cast<int64_t>(StepExamples(config_));
+absl::StatusOr<Trainer::StepPlan> Trainer::PlanSteps() const {
+  StepPlan plan;
+  plan.batch = static_cast<int64_t>(StepExamples(config_));
   absl::StatusOr<PartitionRange> part =
       PartitionForRank(TrainExamples(), rank_, config_.num_workers());
   if (!part.ok()) return part.status();
+  plan.part = *part;
   // Every worker runs the same number of steps per epoch, so sync steps line
   // up: floor(floor(N / workers) / (batch_size x accumulate_steps)).
-  const uint64_t per_epoch = std::max<uint64_t>(
-      1, TrainExamples() / config_.num_workers() / batch);
-  if (part->size() < batch)
+  plan.per_epoch =
+      std::max<uint64_t>(1, TrainExamples() / config_.num_workers() / plan.batch);
+  if (part->size() < plan.batch)
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", rank_, "'s partition has ", part->size(),
-        " examples, fewer than one step's ", batch));
-  uint64_t step = next_step_;
-  uint64_t resumed_at = step;
-  // (After a roll-back, TakeRollBack says where training resumes.)
-  if (Interrupted() != Interrupt::kRollBack)
-    spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}{}",
-               rank_, step, total, per_epoch, part->begin, part->end,
+        " examples, fewer than one step's ", plan.batch));
+  return plan;
+}
+
+void Trainer::LogPlan(const StepPlan& plan, uint64_t step, uint64_t total) const {
+  spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}{}",
+               rank_, step, total, plan.per_epoch, plan.part.begin, plan.part.end,
                backend_->Name(),
                model_ != nullptr && model_->compute_dtype() != DType::kF32
                    ? absl::StrCat(", computing in ", std::string(DTypeName(model_->compute_dtype())),
@@ -604,22 +612,30 @@ absl::Status Trainer::Train(uint64_t total) {
                options_.straggler.active()
                    ? absl::StrCat("; straggles: ", options_.straggler.Describe())
                    : std::string());
+}
 
-  // The loader thread prepares step + 1's examples while this thread
-  // trains on step's. It keeps the epoch's batch order (shuffled per epoch).
-  EpochShuffler shuffler(config_.seed(), *part);
-  int64_t order_epoch = -1;
-  std::optional<BatchIterator> order;
-  BatchLoader<StepBatch> loader([&](uint64_t s, StepBatch* out) -> absl::Status {
-    const int64_t epoch = static_cast<int64_t>(s / per_epoch);
-    if (epoch != order_epoch) {
+BatchLoader<Trainer::StepBatch>::Prepare Trainer::BatchSource(const StepPlan& plan) {
+  // The epoch's batch order (shuffled per epoch), made when a step of a new
+  // epoch is asked for; on the loader thread or the training thread, never
+  // both at once (BatchLoader).
+  struct Order {
+    explicit Order(EpochShuffler s) : shuffler(std::move(s)) {}
+    EpochShuffler shuffler;
+    int64_t epoch = -1;
+    std::optional<BatchIterator> batches;
+  };
+  auto order = std::make_shared<Order>(EpochShuffler(config_.seed(), plan.part));
+  return [this, plan, order](uint64_t s, StepBatch* out) -> absl::Status {
+    const int64_t epoch = static_cast<int64_t>(s / plan.per_epoch);
+    if (epoch != order->epoch) {
       absl::StatusOr<BatchIterator> it =
-          BatchIterator::Create(shuffler.Order(epoch), batch, LastBatch::kDrop);
+          BatchIterator::Create(order->shuffler.Order(epoch), plan.batch, LastBatch::kDrop);
       if (!it.ok()) return it.status();
-      order.emplace(std::move(*it));
-      order_epoch = epoch;
+      order->batches.emplace(std::move(*it));
+      order->epoch = epoch;
     }
-    const absl::Span<const int64_t> idx = order->Batch(static_cast<int64_t>(s % per_epoch));
+    const absl::Span<const int64_t> idx =
+        order->batches->Batch(static_cast<int64_t>(s % plan.per_epoch));
     if (embedding_ == nullptr) {
       out->x.resize(idx.size() * train_.num_features());
       out->y.resize(idx.size());
@@ -628,24 +644,34 @@ absl::Status Trainer::Train(uint64_t total) {
     if (absl::Status st = sparse_train_.Gather(idx, &out->raw); !st.ok()) return st;
     return out->sparse.Build({out->raw.offsets, out->raw.ids, out->raw.values, out->raw.labels},
                              hash_rows_);
-  });
+  };
+}
 
-  absl::Time window_start = absl::Now();
-  uint64_t window_samples = 0;
-  double loss_ema = -1;
-  double norm_ema = -1;
-  uint64_t overflows_seen = scaler_.overflows();
+ParameterShards::Traffic Trainer::TrafficSoFar() const {
+  ParameterShards::Traffic t = params_->traffic();
+  if (sparse_ != nullptr) {
+    t.bytes_pushed += sparse_->bytes_pushed();
+    t.bytes_pulled += sparse_->bytes_pulled();
+  }
+  return t;
+}
+
+absl::Status Trainer::Train(uint64_t total) {
+  absl::StatusOr<StepPlan> plan = PlanSteps();
+  if (!plan.ok()) return plan.status();
+  uint64_t step = next_step_;
+  uint64_t resumed_at = step;
+  // (After a roll-back, TakeRollBack says where training resumes.)
+  if (Interrupted() != Interrupt::kRollBack) LogPlan(*plan, step, total);
+
+  // The loader thread prepares step + 1's examples while this thread
+  // trains on step's.
+  BatchLoader<StepBatch> loader(BatchSource(*plan));
   uint64_t batches_taken = 0;
-  uint64_t late = 0, too_stale = 0;
-  // The client's byte counts when the metrics last took them.
-  auto bytes_pushed = [this] {
-    return params_.bytes_pushed() + (sparse_ != nullptr ? sparse_->bytes_pushed() : 0);
-  };
-  auto bytes_pulled = [this] {
-    return params_.bytes_pulled() + (sparse_ != nullptr ? sparse_->bytes_pulled() : 0);
-  };
-  uint64_t bytes_pushed_seen = bytes_pushed(), bytes_pulled_seen = bytes_pulled();
-  uint64_t lane_bytes_seen = params_.lane_bytes();
+  StepStats stats;
+  stats.window_start = Now();
+  stats.overflows_seen = scaler_.overflows();
+  stats.traffic_seen = TrafficSoFar();
   // The clock whose weights the last push's replies brought into
   // host_params_ (see PushGradients).
   std::optional<uint64_t> pulled_for;
@@ -666,112 +692,32 @@ absl::Status Trainer::Train(uint64_t total) {
       resumed_at = std::max(resumed_at, step);
     }
     if (step >= total) break;
-    const absl::Time step_start = absl::Now();
-    const int64_t epoch = step / per_epoch;
+    const absl::Time step_start = Now();
     absl::StatusOr<StepBatch*> examples = loader.Take(
         step, options_.load_ahead && step + 1 < total ? std::optional<uint64_t>(step + 1)
                                                        : std::nullopt);
     if (!examples.ok()) return examples.status();
     ++batches_taken;
-    if (pulled_for != step) {
-      if (absl::Status s = PullWeights(step); !s.ok()) {
-        if (Interrupted() != Interrupt::kNone) continue;
-        return s;
-      }
-    }
-    pulled_for.reset();
-    // The evaluator evaluates the weights of this step on its own thread; a
-    // busy evaluator skips rather than hold training up.
-    if (config_.eval_every_steps() > 0 && step > resumed_at &&
-        step % config_.eval_every_steps() == 0 && IsEvaluator())
-      evaluator_->Submit(step, std::vector<float>(host_params_.begin(), host_params_.end()));
-    absl::StatusOr<float> computed =
-        embedding_ != nullptr
-            ? EmbeddingStep(step, **examples)
-            : DenseStep(step, **examples,
-                        options_.load_ahead ? loader.PeekReady(step + 1) : nullptr);
-    if (!computed.ok()) {
+    absl::StatusOr<float> loss =
+        ComputeStep(step, **examples, options_.load_ahead ? loader.PeekReady(step + 1) : nullptr,
+                    resumed_at, &pulled_for);
+    if (!loss.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
-      return computed.status();
+      return loss.status();
     }
-    const float loss = *computed;
-    if (!std::isfinite(loss))
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
+    if (!std::isfinite(*loss))
+      return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
                                               " (learning rate too high?)"));
-    absl::StatusOr<ParameterClient::PushOutcome> pushed = PushGradients(step, batch);
+    absl::StatusOr<ParameterShards::PushOutcome> pushed = PushGradients(step, plan->batch);
     if (!pushed.ok()) {
       if (Interrupted() != Interrupt::kNone) continue;
       return pushed.status();
     }
     if (pushed->pulled) pulled_for = step + 1;
-    // In time for its step: in lock-step with the others from now on.
-    if (pushed->late == 0) joining_ = false;
-    // Late and too-stale gradients are the mode at work, counted by the
-    // shards; the worker carries on.
-    if (pushed->late > 0 && late++ % 100 == 0)
-      spdlog::info("step {}: gradient arrived after its step completed ({} time{} so far)",
-                   step, late, late == 1 ? "" : "s");
-    if (pushed->too_stale > 0 && too_stale++ % 100 == 0)
-      spdlog::info("step {}: gradient refused as too stale ({} time{} so far)", step,
-                   too_stale, too_stale == 1 ? "" : "s");
-
-    loss_ema = loss_ema < 0 ? loss : 0.95 * loss_ema + 0.05 * loss;
-    window_samples += batch;
-    const absl::Time now = absl::Now();
-    metrics_.step_seconds.Observe(absl::ToDoubleSeconds(now - step_start));
-    metrics_.steps.Increment();
-    metrics_.samples.Increment(batch);
-    metrics_.loss.Set(loss_ema);
-    if (pushed->late > 0) metrics_.late_pushes.Increment();
-    if (pushed->too_stale > 0) metrics_.too_stale_pushes.Increment();
-    if (scaler_.dynamic()) {
-      metrics_.loss_scale.Set(scaler_.scale());
-      metrics_.overflow_steps.Increment(static_cast<double>(scaler_.overflows() - overflows_seen));
-      overflows_seen = scaler_.overflows();
-    }
-    if (clip_.has_value()) {
-      norm_ema = norm_ema < 0 ? clip_->norm : 0.95 * norm_ema + 0.05 * clip_->norm;
-      metrics_.gradient_norm.Set(norm_ema);
-      if (clip_->clipped()) metrics_.clipped_steps.Increment();
-    }
-    const uint64_t pushed_bytes = bytes_pushed(), pulled_bytes = bytes_pulled();
-    metrics_.pushed_bytes.Increment(static_cast<double>(pushed_bytes - bytes_pushed_seen));
-    metrics_.pulled_bytes.Increment(static_cast<double>(pulled_bytes - bytes_pulled_seen));
-    bytes_pushed_seen = pushed_bytes;
-    bytes_pulled_seen = pulled_bytes;
-    const uint64_t lane_bytes = params_.lane_bytes();
-    metrics_.lane_bytes.Increment(static_cast<double>(lane_bytes - lane_bytes_seen));
-    lane_bytes_seen = lane_bytes;
-    v1::WorkerProgress snapshot;
-    {
-      absl::MutexLock lock(&mu_);
-      progress_.set_step(step + 1);
-      progress_.set_epoch(static_cast<uint32_t>(epoch));
-      progress_.set_loss(static_cast<float>(loss_ema));
-      progress_.set_samples(progress_.samples() + batch);
-      if (scaler_.dynamic()) {
-        progress_.set_loss_scale(scaler_.scale());
-        progress_.set_overflow_steps(scaler_.overflows());
-      }
-      if (clip_.has_value()) {
-        progress_.set_gradient_norm(static_cast<float>(norm_ema));
-        if (clip_->clipped()) progress_.set_clipped_steps(progress_.clipped_steps() + 1);
-      }
-      // The rate covers about a second; the last step publishes its window
-      // however short, so that a run shorter than a second has a rate too.
-      const double window = absl::ToDoubleSeconds(now - window_start);
-      if (window >= 1.0 || (step + 1 == total && window > 0)) {
-        progress_.set_samples_per_sec(static_cast<float>(window_samples / window));
-        metrics_.samples_per_second.Set(progress_.samples_per_sec());
-        window_start = now;
-        window_samples = 0;
-      }
-      snapshot = progress_;
-    }
-    if ((step + 1) % 50 == 0 || step + 1 == total)
-      WriteCurveRow(step + 1, snapshot, /*evaluated=*/false);
+    NotePush(step, *pushed, &stats);
+    const absl::Time step_end = ReportStep(step, total, *plan, *loss, *pushed, step_start, &stats);
     if (options_.straggler.active())
-      SleepUnlessShutdown(options_.straggler.AfterStep(now - step_start));
+      SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
     ++step;
   }
   next_step_ = step;
@@ -781,10 +727,105 @@ absl::Status Trainer::Train(uint64_t total) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<float> Trainer::ComputeStep(uint64_t step, const StepBatch& batch,
+                                           const StepBatch* next, uint64_t resumed_at,
+                                           std::optional<uint64_t>* pulled_for) {
+  if (*pulled_for != step) {
+    if (absl::Status s = PullWeights(step); !s.ok()) return s;
+  }
+  pulled_for->reset();
+  // The evaluator evaluates the weights of this step on its own thread; a
+  // busy evaluator skips rather than hold training up.
+  if (config_.eval_every_steps() > 0 && step > resumed_at &&
+      step % config_.eval_every_steps() == 0 && IsEvaluator())
+    evaluator_->Submit(step, std::vector<float>(host_params_.begin(), host_params_.end()));
+  return embedding_ != nullptr ? EmbeddingStep(step, batch) : DenseStep(step, batch, next);
+}
+
+void Trainer::NotePush(uint64_t step, const ParameterShards::PushOutcome& pushed,
+                       StepStats* stats) {
+  // In time for its step: in lock-step with the others from now on.
+  if (pushed.late == 0) joining_ = false;
+  // Late and too-stale gradients are the mode at work, counted by the
+  // shards; the worker carries on.
+  if (pushed.late > 0 && stats->late++ % 100 == 0)
+    spdlog::info("step {}: gradient arrived after its step completed ({} time{} so far)",
+                 step, stats->late, stats->late == 1 ? "" : "s");
+  if (pushed.too_stale > 0 && stats->too_stale++ % 100 == 0)
+    spdlog::info("step {}: gradient refused as too stale ({} time{} so far)", step,
+                 stats->too_stale, stats->too_stale == 1 ? "" : "s");
+}
+
+void Trainer::UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& pushed,
+                                absl::Duration took, StepStats* stats) {
+  stats->loss_ema = stats->loss_ema < 0 ? loss : 0.95 * stats->loss_ema + 0.05 * loss;
+  metrics_.step_seconds.Observe(absl::ToDoubleSeconds(took));
+  metrics_.steps.Increment();
+  metrics_.loss.Set(stats->loss_ema);
+  if (pushed.late > 0) metrics_.late_pushes.Increment();
+  if (pushed.too_stale > 0) metrics_.too_stale_pushes.Increment();
+  if (scaler_.dynamic()) {
+    metrics_.loss_scale.Set(scaler_.scale());
+    metrics_.overflow_steps.Increment(
+        static_cast<double>(scaler_.overflows() - stats->overflows_seen));
+    stats->overflows_seen = scaler_.overflows();
+  }
+  if (clip_.has_value()) {
+    stats->norm_ema =
+        stats->norm_ema < 0 ? clip_->norm : 0.95 * stats->norm_ema + 0.05 * clip_->norm;
+    metrics_.gradient_norm.Set(stats->norm_ema);
+    if (clip_->clipped()) metrics_.clipped_steps.Increment();
+  }
+  const ParameterShards::Traffic now = TrafficSoFar();
+  const ParameterShards::Traffic& seen = stats->traffic_seen;
+  metrics_.pushed_bytes.Increment(static_cast<double>(now.bytes_pushed - seen.bytes_pushed));
+  metrics_.pulled_bytes.Increment(static_cast<double>(now.bytes_pulled - seen.bytes_pulled));
+  metrics_.lane_bytes.Increment(static_cast<double>(now.lane_bytes - seen.lane_bytes));
+  stats->traffic_seen = now;
+}
+
+absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
+                         const ParameterShards::PushOutcome& pushed, absl::Time step_start,
+                         StepStats* stats) {
+  stats->window_samples += plan.batch;
+  const absl::Time now = Now();
+  metrics_.samples.Increment(plan.batch);
+  UpdateStepMetrics(loss, pushed, now - step_start, stats);
+  v1::WorkerProgress snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    progress_.set_step(step + 1);
+    progress_.set_epoch(static_cast<uint32_t>(step / plan.per_epoch));
+    progress_.set_loss(static_cast<float>(stats->loss_ema));
+    progress_.set_samples(progress_.samples() + plan.batch);
+    if (scaler_.dynamic()) {
+      progress_.set_loss_scale(scaler_.scale());
+      progress_.set_overflow_steps(scaler_.overflows());
+    }
+    if (clip_.has_value()) {
+      progress_.set_gradient_norm(static_cast<float>(stats->norm_ema));
+      if (clip_->clipped()) progress_.set_clipped_steps(progress_.clipped_steps() + 1);
+    }
+    // The rate covers about a second; the last step publishes its window
+    // however short, so that a run shorter than a second has a rate too.
+    const double window = absl::ToDoubleSeconds(now - stats->window_start);
+    if (window >= 1.0 || (step + 1 == total && window > 0)) {
+      progress_.set_samples_per_sec(static_cast<float>(stats->window_samples / window));
+      metrics_.samples_per_second.Set(progress_.samples_per_sec());
+      stats->window_start = now;
+      stats->window_samples = 0;
+    }
+    snapshot = progress_;
+  }
+  if ((step + 1) % 50 == 0 || step + 1 == total)
+    WriteCurveRow(step + 1, snapshot, /*evaluated=*/false);
+  return now;
+}
+
 absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
   // A coordinator that restarted may not know this rank until it has seen
   // its heartbeat: its refusal is retried as long as the silence bound.
-  const absl::Time refusals_until = absl::Now() + coordinator_timeout_;
+  const absl::Time refusals_until = Now() + coordinator_timeout_;
   Backoff policy;
   // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
   // coordinator's memory quota, busy with someone else's big messages.
@@ -808,7 +849,7 @@ absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
     absl::Status s = ToAbsl(agent_.WorkerDone(request, &resp, absl::Seconds(10)));
     if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
     if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) &&
-        absl::Now() < refusals_until)
+        Now() < refusals_until)
       return absl::UnavailableError(s.message());
     return s;
   });
@@ -842,10 +883,11 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
   if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
   spdlog::info("finished {} steps; waiting for the job to end", total);
   constexpr double kMiB = 1 << 20;
+  const ParameterShards::Traffic dense = params_->traffic();
   spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
                "through shared-memory lanes; {} of {} push calls rung at lane doorbells",
-               params_.bytes_pushed() / kMiB, params_.bytes_pulled() / kMiB,
-               params_.lane_bytes() / kMiB, params_.doorbell_calls(), params_.push_calls());
+               dense.bytes_pushed / kMiB, dense.bytes_pulled / kMiB, dense.lane_bytes / kMiB,
+               dense.doorbell_calls, dense.push_calls);
 
   bool evaluated = false;
   while (Interrupted() == Interrupt::kNone) {

@@ -22,6 +22,10 @@
 //   no progress ends with an error once the coordinator has been silent for
 //   coordinator_timeout_ms and the wait has lasted as long; WorkerDone and
 //   the wait for the job's end are bounded by the coordinator's silence.
+//
+// The shards and the clock are the holder's (TrainerShards,
+// TrainerOptions::clock): grps-worker gives the gRPC clients and the real
+// clock, worker/trainer_test.cc in-memory shards and a fake clock.
 #ifndef GRPS_WORKER_TRAINER_H_
 #define GRPS_WORKER_TRAINER_H_
 
@@ -41,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
+#include "data/partition.h"
 #include "data/sparse_dataset.h"
 #include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
@@ -51,9 +56,9 @@
 #include "worker/gradient_clipping.h"
 #include "worker/loss_scaler.h"
 #include "worker/mlp_model.h"
-#include "worker/parameter_client.h"
+#include "worker/parameter_shards.h"
 #include "worker/sparse_batch.h"
-#include "worker/sparse_client.h"
+#include "worker/sparse_shards.h"
 #include "worker/straggler.h"
 #include "worker/worker_metrics.h"
 
@@ -65,17 +70,33 @@ struct TrainerOptions {
   // Prepare the next step's batch on the data-loading thread while this one
   // trains; false: in the training thread (for comparisons).
   bool load_ahead = true;
+  // Measures the coordinator's silence, the bounds of every wait and the
+  // step times (tests drive it, as MemberAgent's); sleeps and gRPC
+  // deadlines are real time.
+  MemberAgent::Clock clock = &absl::Now;
+};
+
+// The trainer's clients of the shards (grps-worker's: a ParameterClient and
+// two SparseClients of the registration's shard map, rank and incarnation).
+struct TrainerShards {
+  std::unique_ptr<ParameterShards> dense;  // required
+  // The embedding model's sparse table, one client for the training thread
+  // and one for the evaluator's; unused (may be null) for the dense models.
+  std::unique_ptr<SparseShards> sparse;
+  std::unique_ptr<SparseShards> eval_sparse;
 };
 
 // Runs in the calling thread; a heartbeat thread runs beside it.
 class Trainer {
  public:
-  // `registration` is the coordinator's answer (validated by the caller).
-  // Heartbeats start at once, so a worker that is still loading its data is
-  // not taken for dead. *coordinator and *backend must outlive the trainer.
-  Trainer(v1::Coordinator::Stub* coordinator,
+  // `registration` is the coordinator's answer (validated by the caller);
+  // `shards` reach the shards of its shard map as its rank and incarnation
+  // (the trainer sets their generation). Heartbeats start at once, so a
+  // worker that is still loading its data is not taken for dead.
+  // *coordinator and *backend must outlive the trainer.
+  Trainer(v1::Coordinator::StubInterface* coordinator,
           const v1::RegisterWorkerResponse& registration, Backend* backend,
-          TrainerOptions options);
+          TrainerShards shards, TrainerOptions options);
   ~Trainer();
 
   // Loads the data, trains from the registration's start step to the last
@@ -141,10 +162,50 @@ class Trainer {
                           const std::function<absl::Status()>& attempt);
   // The retry policy of every push: as long as the job runs and the
   // coordinator answers.
-  ParameterClient::RetryPolicy PushRetry();
+  ParameterShards::RetryPolicy PushRetry();
+  // How Train walks the data: a step's examples, this rank's partition, and
+  // the steps in an epoch (the same on every rank, so sync steps line up).
+  struct StepPlan {
+    int64_t batch = 0;
+    PartitionRange part;
+    uint64_t per_epoch = 0;
+  };
+  absl::StatusOr<StepPlan> PlanSteps() const;
+  void LogPlan(const StepPlan& plan, uint64_t step, uint64_t total) const;
+  // Prepares step s's batch: the epoch's shuffled order, batch s % per_epoch.
+  BatchLoader<StepBatch>::Prepare BatchSource(const StepPlan& plan);
+  // What Train carries from step to step for the metrics and the progress
+  // it reports.
+  struct StepStats {
+    absl::Time window_start;
+    uint64_t window_samples = 0;
+    double loss_ema = -1;
+    double norm_ema = -1;
+    uint64_t overflows_seen = 0;
+    uint64_t late = 0;
+    uint64_t too_stale = 0;
+    ParameterShards::Traffic traffic_seen;
+  };
+  // The dense client's traffic, with the sparse tables' bytes added.
+  ParameterShards::Traffic TrafficSoFar() const;
   // Trains until the last step. Returns OK when done or interrupted by the
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
+  // Step's weights (pulled unless *pulled_for says they are here), a
+  // snapshot for the evaluator, and the step's gradient; returns its loss.
+  absl::StatusOr<float> ComputeStep(uint64_t step, const StepBatch& batch,
+                                    const StepBatch* next, uint64_t resumed_at,
+                                    std::optional<uint64_t>* pulled_for);
+  // Logs what the shards said of step's push; ends the joining once a
+  // gradient was in time.
+  void NotePush(uint64_t step, const ParameterShards::PushOutcome& pushed, StepStats* stats);
+  // The metrics and the progress (and curve) after step, trained from
+  // step_start with `loss`; returns when the step ended.
+  absl::Time ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
+                        const ParameterShards::PushOutcome& pushed, absl::Time step_start,
+                        StepStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
+  void UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& pushed,
+                         absl::Duration took, StepStats* stats);
   absl::Status PullWeights(uint64_t clock);
   // Sync, for a rank that starts mid-job (start step > 0), until this
   // incarnation's first gradient in time for its step:
@@ -154,7 +215,7 @@ class Trainer {
   // job's remaining steps with them instead of its lost steps alone after
   // them.
   absl::Status JoinTheOthers(uint64_t* step);
-  absl::StatusOr<ParameterClient::PushOutcome> PushGradients(uint64_t step,
+  absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step,
                                                              uint32_t samples);
   // After a push or pull refused as from an old generation: waits for the
   // heartbeat to bring the restore order (returns CANCELLED; Interrupted()
@@ -172,8 +233,9 @@ class Trainer {
   void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
       ABSL_LOCKS_EXCLUDED(curve_mu_);
   bool IsEvaluator() const;
+  absl::Time Now() const { return options_.clock(); }
 
-  v1::Coordinator::Stub* coordinator_;
+  v1::Coordinator::StubInterface* coordinator_;
   v1::JobConfig config_;
   uint32_t rank_;
   uint64_t incarnation_;
@@ -183,7 +245,7 @@ class Trainer {
   const absl::Duration coordinator_timeout_;
   Backend* backend_;
   TrainerOptions options_;
-  ParameterClient params_;
+  const std::unique_ptr<ParameterShards> params_;
   // The dense model (mlp, softmax) and its data...
   std::unique_ptr<MlpModel> model_;
   Dataset train_;
@@ -192,8 +254,8 @@ class Trainer {
   // in the sparse table kEmbeddingTable, read and written by sparse_ (the
   // training thread's) and eval_sparse_ (the evaluator's).
   std::unique_ptr<EmbeddingModel> embedding_;
-  std::unique_ptr<SparseClient> sparse_;
-  std::unique_ptr<SparseClient> eval_sparse_;
+  std::unique_ptr<SparseShards> sparse_;
+  std::unique_ptr<SparseShards> eval_sparse_;
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
   uint64_t hash_rows_ = 0;          // FeatureHashRows of the data
@@ -207,7 +269,7 @@ class Trainer {
   std::optional<ClipResult> clip_;  // training thread: the last step's clipping
   std::unique_ptr<Evaluator> evaluator_;
   WorkerMetrics metrics_;  // training thread only
-  const absl::Time start_ = absl::Now();
+  const absl::Time start_;
 
   absl::Mutex curve_mu_;
   FILE* curve_ ABSL_GUARDED_BY(curve_mu_) = nullptr;
@@ -224,7 +286,7 @@ class Trainer {
   std::optional<v1::RestoreOrder> restore_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // The last successful pull or push (or the start of the current wait).
-  absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
   // Heartbeat thread only: the newest map epoch refused, to log it once,
   // and whether the coordinator's silence was logged.
   uint64_t refused_map_epoch_ = 0;

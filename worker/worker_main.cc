@@ -6,6 +6,7 @@
 // coordinator_timeout_ms where the worker needed one), or training failed;
 // 2 on bad flags.
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,8 @@
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
 #include "tensor/cpu_backend.h"
+#include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 #include "worker/straggler.h"
 #include "worker/trainer.h"
 
@@ -70,6 +73,104 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
                                               st.message()));
 }
 
+// --backend, --blas_threads and the straggler flags: the backend and the
+// straggler, or the exit code (2: bad flags; 1: the backend cannot start),
+// logged.
+std::optional<int> SetUpCompute(std::unique_ptr<Backend>* backend, Straggler* straggler) {
+  absl::StatusOr<BackendKind> kind = ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!kind.ok()) {
+    spdlog::error("{}", std::string(kind.status().message()));
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(*kind);
+  if (!created.ok()) {
+    spdlog::error("--backend={}: {}", absl::GetFlag(FLAGS_backend),
+                  std::string(created.status().message()));
+    return 1;
+  }
+  *backend = std::move(*created);
+
+  absl::StatusOr<Straggler> made =
+      Straggler::Create(absl::GetFlag(FLAGS_straggle_factor),
+                        absl::Milliseconds(absl::GetFlag(FLAGS_straggle_ms)));
+  if (!made.ok()) {
+    spdlog::error("--straggle_factor/--straggle_ms: {}", std::string(made.status().message()));
+    return 2;
+  }
+  *straggler = *made;
+
+  if (absl::GetFlag(FLAGS_blas_threads) < 0) {
+    spdlog::error("--blas_threads must be >= 0");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_blas_threads) > 0 && !(*backend)->IsCuda())
+    SetCpuBlasThreads(absl::GetFlag(FLAGS_blas_threads));
+  return std::nullopt;
+}
+
+// --health_listen: a port that answers gRPC health and nothing else,
+// NOT_SERVING until registered; none when the flag is empty.
+absl::StatusOr<std::optional<GrpcServer>> StartHealth() {
+  const std::string listen = absl::GetFlag(FLAGS_health_listen);
+  if (listen.empty()) return std::nullopt;
+  // The worker only calls out; this port answers health checks alone, so
+  // probes ask the worker what they ask every daemon. It serves with the
+  // process's TLS, and a token that no one holds when the job has tokens:
+  // every call but health (reflection) is then refused, and without TLS
+  // the port must be on loopback, as every daemon's.
+  SecurityConfig security = ProcessSecurity();
+  security.worker_token.clear();
+  if (!security.call_token.empty()) security.admin_token = RandomHexToken();
+  ServerLimits limits;
+  limits.max_receive_bytes = 4 << 10;  // a health check is a few bytes
+  absl::StatusOr<GrpcServer> started = StartGrpcServer(listen, {}, security, limits);
+  if (!started.ok())
+    return absl::Status(started.status().code(),
+                        absl::StrCat("--health_listen: ", started.status().message()));
+  started->server->GetHealthCheckService()->SetServingStatus(false);
+  spdlog::info("gRPC health on port {}: NOT_SERVING until registered", started->port);
+  return std::optional<GrpcServer>(std::move(*started));
+}
+
+// The job and shard map a registration brought, checked before the trainer
+// trusts them.
+absl::Status CheckRegistration(const v1::RegisterWorkerResponse& reg) {
+  absl::Status valid = ValidateJobConfig(reg.config());
+  if (valid.ok()) valid = ValidateShardMap(reg.shard_map());
+  if (!valid.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator sent an unusable job: ", valid.message()));
+  for (const v1::ShardEndpoint& e : reg.shard_map().shards())
+    if (e.address().empty())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "coordinator sent a shard map without an address for shard ", e.shard()));
+  return absl::OkStatus();
+}
+
+void LogRegistration(const v1::RegisterWorkerResponse& reg) {
+  spdlog::info("registered as rank {} (incarnation {}) of job {}{}{}", reg.rank(),
+               reg.incarnation(), reg.config().job_id(),
+               reg.start_step() > 0
+                   ? absl::StrCat("; resuming at step ", reg.start_step())
+                   : std::string(),
+               reg.generation() > 0 ? absl::StrCat(" (generation ", reg.generation(), ")")
+                                    : std::string());
+}
+
+// The trainer's clients of the registration's shards, over gRPC.
+TrainerShards ConnectShards(const v1::RegisterWorkerResponse& reg) {
+  TrainerShards shards;
+  shards.dense = std::make_unique<ParameterClient>(reg.config(), reg.shard_map(), reg.rank(),
+                                                   reg.incarnation());
+  if (reg.config().model() == v1::MODEL_EMBEDDING) {
+    shards.sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(), reg.rank(),
+                                                   reg.incarnation());
+    shards.eval_sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(),
+                                                        reg.rank(), reg.incarnation());
+  }
+  return shards;
+}
+
 int Main(int argc, char** argv) {
   ParseFlagsWithEnvironment(argc, argv,
                             "grps-worker --coordinator=HOST:PORT [--backend=auto]");
@@ -79,96 +180,40 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", std::string(s.message()));
     return 2;
   }
-
-  absl::StatusOr<BackendKind> kind = ParseBackendKind(absl::GetFlag(FLAGS_backend));
-  if (!kind.ok()) {
-    spdlog::error("{}", std::string(kind.status().message()));
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(*kind);
-  if (!backend.ok()) {
-    spdlog::error("--backend={}: {}", absl::GetFlag(FLAGS_backend),
-                  std::string(backend.status().message()));
-    return 1;
-  }
-
-  absl::StatusOr<Straggler> straggler =
-      Straggler::Create(absl::GetFlag(FLAGS_straggle_factor),
-                        absl::Milliseconds(absl::GetFlag(FLAGS_straggle_ms)));
-  if (!straggler.ok()) {
-    spdlog::error("--straggle_factor/--straggle_ms: {}",
-                  std::string(straggler.status().message()));
-    return 2;
-  }
-
-  if (absl::GetFlag(FLAGS_blas_threads) < 0) {
-    spdlog::error("--blas_threads must be >= 0");
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_blas_threads) > 0 && !(*backend)->IsCuda())
-    SetCpuBlasThreads(absl::GetFlag(FLAGS_blas_threads));
+  std::unique_ptr<Backend> backend;
+  Straggler straggler;
+  if (std::optional<int> code = SetUpCompute(&backend, &straggler)) return *code;
 
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags("grps-worker");
   if (!metrics.ok()) {
     spdlog::error("{}", std::string(metrics.status().message()));
     return 1;
   }
-  // The worker only calls out; this port answers health checks alone, so
-  // probes ask the worker what they ask every daemon. It serves with the
-  // process's TLS, and a token that no one holds when the job has tokens:
-  // every call but health (reflection) is then refused, and without TLS
-  // the port must be on loopback, as every daemon's.
-  std::optional<GrpcServer> health;
-  if (const std::string listen = absl::GetFlag(FLAGS_health_listen); !listen.empty()) {
-    SecurityConfig security = ProcessSecurity();
-    security.worker_token.clear();
-    if (!security.call_token.empty()) security.admin_token = RandomHexToken();
-    ServerLimits limits;
-    limits.max_receive_bytes = 4 << 10;  // a health check is a few bytes
-    absl::StatusOr<GrpcServer> started = StartGrpcServer(listen, {}, security, limits);
-    if (!started.ok()) {
-      spdlog::error("--health_listen: {}", std::string(started.status().message()));
-      return 1;
-    }
-    started->server->GetHealthCheckService()->SetServingStatus(false);
-    spdlog::info("gRPC health on port {}: NOT_SERVING until registered", started->port);
-    health = std::move(*started);
+  absl::StatusOr<std::optional<GrpcServer>> health = StartHealth();
+  if (!health.ok()) {
+    spdlog::error("{}", std::string(health.status().message()));
+    return 1;
   }
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
-  absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), (*backend)->Name());
+  absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), backend->Name());
   if (reg.ok()) SetMemberSecret(reg->member_secret());
   if (!reg.ok()) {
     spdlog::error("{}", std::string(reg.status().message()));
     return ShutdownRequested() ? 0 : 1;
   }
-  absl::Status valid = ValidateJobConfig(reg->config());
-  if (valid.ok()) valid = ValidateShardMap(reg->shard_map());
-  if (!valid.ok()) {
-    spdlog::error("coordinator sent an unusable job: {}", std::string(valid.message()));
+  if (absl::Status valid = CheckRegistration(*reg); !valid.ok()) {
+    spdlog::error("{}", std::string(valid.message()));
     return 1;
   }
-  for (const v1::ShardEndpoint& e : reg->shard_map().shards())
-    if (e.address().empty()) {
-      spdlog::error("coordinator sent a shard map without an address for shard {}",
-                    e.shard());
-      return 1;
-    }
-  spdlog::info("registered as rank {} (incarnation {}) of job {}{}{}", reg->rank(),
-               reg->incarnation(), reg->config().job_id(),
-               reg->start_step() > 0
-                   ? absl::StrCat("; resuming at step ", reg->start_step())
-                   : std::string(),
-               reg->generation() > 0 ? absl::StrCat(" (generation ", reg->generation(), ")")
-                                     : std::string());
-
-  if (health) health->server->GetHealthCheckService()->SetServingStatus(true);
+  LogRegistration(*reg);
+  if (*health) (*health)->server->GetHealthCheckService()->SetServingStatus(true);
 
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
-  options.straggler = *straggler;
+  options.straggler = straggler;
   options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
-  Trainer trainer(stub.get(), *reg, backend->get(), options);
+  Trainer trainer(stub.get(), *reg, backend.get(), ConnectShards(*reg), options);
   absl::Status s = trainer.Run();
   if (!s.ok()) {
     // "job failed: <reason>", a lost coordinator, or a training error.
