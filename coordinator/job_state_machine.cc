@@ -146,8 +146,7 @@ v1::RestoreOrder JobStateMachine::restore_order() const {
 }
 
 absl::Status JobStateMachine::EndedErrorLocked() const {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "job ", config_.job_id(), " has ended (", JobStateName(state_), ")"));
+  return JobEndedError(config_.job_id(), state_);
 }
 
 bool JobStateMachine::EndedLocked() const { return IsFinal(state_); }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -248,6 +249,17 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (absl::Status s = ValidateOptimizer(c.optimizer()); !s.ok()) return s;
   if (c.model() != v1::MODEL_EMBEDDING) return absl::OkStatus();
   return ValidateEmbedding(c);
+}
+
+absl::Status JobEndedError(absl::string_view job_id, v1::JobState state) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job_id, " has ended (", JobStateName(state), ")"));
+}
+
+bool IsJobEnded(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         absl::StartsWith(status.message(), "job ") &&
+         absl::StrContains(status.message(), " has ended (");
 }
 
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {

@@ -57,6 +57,13 @@ std::string OptimizerName(v1::OptimizerKind kind);    // "sgd", "adam", ...
 std::string JobStateName(v1::JobState state);         // "running", ...
 std::string MemberStateName(v1::MemberState state);   // "alive", ...
 
+// What a coordinator answers a member (a registration, a heartbeat, a
+// WorkerDone) of a job that has ended in `state` (COMPLETED, STOPPED or
+// FAILED): FAILED_PRECONDITION "job J has ended (state)". IsJobEnded
+// recognises it, so that a member that arrives late exits as the others do.
+absl::Status JobEndedError(absl::string_view job_id, v1::JobState state);
+bool IsJobEnded(const absl::Status& status);
+
 // Learning rate of update number `step` (0-based) under the schedule.
 float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step);
 

@@ -306,5 +306,17 @@ TEST(JobConfig, DurabilitySettingsDefaultAndValidate) {
   EXPECT_FALSE(ValidateJobConfig(short_recovery).ok());
 }
 
+TEST(JobEnded, TheCoordinatorsAnswerToALateMemberIsRecognisedAndNothingElse) {
+  const absl::Status ended = JobEndedError("j", v1::JOB_STATE_COMPLETED);
+  EXPECT_TRUE(absl::IsFailedPrecondition(ended));
+  EXPECT_EQ(ended.message(), "job j has ended (completed)");
+  EXPECT_TRUE(IsJobEnded(ended));
+  EXPECT_TRUE(IsJobEnded(JobEndedError("j", v1::JOB_STATE_FAILED)));
+  EXPECT_FALSE(IsJobEnded(absl::FailedPreconditionError(
+      "request is for job 'x', this coordinator runs job 'j'")));
+  EXPECT_FALSE(IsJobEnded(absl::UnavailableError("job j has ended (completed)")));
+  EXPECT_FALSE(IsJobEnded(absl::OkStatus()));
+}
+
 }  // namespace
 }  // namespace grps

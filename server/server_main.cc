@@ -480,6 +480,11 @@ std::optional<Registered> RegisterAndLoad(v1::Coordinator::Stub& coordinator,
         *exit_code = 0;
         return std::nullopt;
       }
+      if (IsJobEnded(registration.status())) {  // started after the job ended
+        spdlog::info("{}: nothing to serve", std::string(registration.status().message()));
+        *exit_code = 0;
+        return std::nullopt;
+      }
       spdlog::error("cannot register with the coordinator at {}: {}", coordinator_address,
                     std::string(registration.status().message()));
       return std::nullopt;

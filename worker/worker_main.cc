@@ -198,6 +198,11 @@ int Main(int argc, char** argv) {
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
   absl::StatusOr<v1::RegisterWorkerResponse> reg = Register(stub.get(), backend->Name());
   if (reg.ok()) SetMemberSecret(reg->member_secret());
+  if (IsJobEnded(reg.status())) {
+    // A worker started (or restarted) after the others finished.
+    spdlog::info("{}: nothing left to train", std::string(reg.status().message()));
+    return 0;
+  }
   if (!reg.ok()) {
     spdlog::error("{}", std::string(reg.status().message()));
     return ShutdownRequested() ? 0 : 1;
