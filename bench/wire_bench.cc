@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -382,18 +383,24 @@ double SyncStepMs(uint32_t workers, uint64_t steps, v1::LocalTransport transport
   return absl::ToDoubleMilliseconds(absl::Now() - start) / steps;
 }
 
-int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  std::vector<size_t> sizes;
-  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_mib), ',', absl::SkipEmpty())) {
-    size_t mib;
-    if (!absl::SimpleAtoi(m, &mib) || mib == 0) {
-      std::fprintf(stderr, "--mib: bad size '%s'\n", std::string(m).c_str());
-      return 2;
+// The comma-separated positive numbers of --`flag` (each at most `max`), or
+// nothing after saying which one is bad.
+template <typename T>
+std::optional<std::vector<T>> ParseList(const std::string& text, const char* flag, T max) {
+  std::vector<T> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    T n;
+    if (!absl::SimpleAtoi(item, &n) || !(n > 0) || n > max) {
+      std::fprintf(stderr, "--%s: bad value '%s'\n", flag, std::string(item).c_str());
+      return std::nullopt;
     }
-    sizes.push_back(mib);
+    out.push_back(n);
   }
-  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  return out;
+}
+
+// Push + pull of each size against bare gRPC and TCP; false if any failed.
+bool PrintDenseTable(const std::vector<size_t>& sizes, int reps) {
   std::printf("grps_wire_bench: push + pull, best of %d, ms (%d cores, loopback)\n\n", reps,
               UsableCores());
   std::printf("%8s %10s %10s %10s %10s %10s %12s %12s %12s\n", "MiB", "tcp", "bare grpc",
@@ -416,67 +423,76 @@ int Main(int argc, char** argv) {
                 one, two, shm, one / bare, two / bare, shm / bare);
     std::fflush(stdout);
   }
-  if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0) {
-    std::printf("\nsync step of the default model (2 workers as threads, 2 shards, fused "
-                "push + pull, no compute), over %llu steps:\n",
-                static_cast<unsigned long long>(steps));
-    for (v1::LocalTransport t : {v1::LOCAL_TRANSPORT_GRPC, v1::LOCAL_TRANSPORT_SHARED_MEMORY}) {
-      std::string e;
-      const double ms = SyncStepMs(2, steps, t, &e);
-      if (!e.empty()) {
-        ok = false;
-        std::printf("  %-5s failed: %s\n", LocalTransportName(t).c_str(), e.c_str());
-      } else {
-        std::printf("  %-5s %.3f ms\n", LocalTransportName(t).c_str(), ms);
-      }
+  return ok;
+}
+
+// The default model's sync step over each transport; false if one failed.
+bool PrintSyncSteps(uint64_t steps) {
+  std::printf("\nsync step of the default model (2 workers as threads, 2 shards, fused "
+              "push + pull, no compute), over %llu steps:\n",
+              static_cast<unsigned long long>(steps));
+  bool ok = true;
+  for (v1::LocalTransport t : {v1::LOCAL_TRANSPORT_GRPC, v1::LOCAL_TRANSPORT_SHARED_MEMORY}) {
+    std::string e;
+    const double ms = SyncStepMs(2, steps, t, &e);
+    if (!e.empty()) {
+      ok = false;
+      std::printf("  %-5s failed: %s\n", LocalTransportName(t).c_str(), e.c_str());
+    } else {
+      std::printf("  %-5s %.3f ms\n", LocalTransportName(t).c_str(), ms);
     }
   }
+  return ok;
+}
+
+// Sparse rows against the dense path of the same bytes; false if any failed.
+bool PrintSparseTable(const std::vector<int64_t>& sparse_rows,
+                      const std::vector<uint32_t>& sparse_dims, int reps) {
+  std::printf("\nsparse rows: a pull then a push of N distinct rows of a table through 2 shards "
+              "(async, SGD), beside the dense path of the same bytes of values (push + pull "
+              "of N x dim floats, the yardstick); best of %d, ms\n\n", reps);
+  std::printf("%4s %8s %10s %12s %10s %10s %10s %14s\n", "dim", "rows", "sparse ms",
+              "rows/s", "B/row push", "B/row pull", "dense ms", "sparse / dense");
+  bool ok = true;
+  for (uint32_t dim : sparse_dims)
+    for (int64_t rows : sparse_rows) {
+      std::string e;
+      const SparseFigures f = SparseVersusDense(rows, dim, reps, &e);
+      if (!e.empty()) {
+        ok = false;
+        std::printf("%4u %8lld failed: %s\n", dim, static_cast<long long>(rows), e.c_str());
+        continue;
+      }
+      std::printf("%4u %8lld %10.2f %12.0f %10.1f %10.1f %10.2f %14.2f\n", dim,
+                  static_cast<long long>(rows), f.sparse_ms, rows / (f.sparse_ms / 1000),
+                  f.push_bytes_per_row, f.pull_bytes_per_row, f.dense_ms,
+                  f.sparse_ms / f.dense_ms);
+      std::fflush(stdout);
+    }
+  std::printf("\nB/row: serialized bytes a row costs each way (4 bytes a value, its id, "
+              "framing); the dense path moves 4 bytes a value and no ids.\n");
+  return ok;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::optional<std::vector<size_t>> sizes =
+      ParseList<size_t>(absl::GetFlag(FLAGS_mib), "mib", SIZE_MAX >> 20);
+  const std::optional<std::vector<int64_t>> sparse_rows =
+      ParseList<int64_t>(absl::GetFlag(FLAGS_sparse_rows), "sparse_rows", INT64_MAX);
+  const std::optional<std::vector<uint32_t>> sparse_dims =
+      ParseList<uint32_t>(absl::GetFlag(FLAGS_sparse_dims), "sparse_dims", 4096);
+  if (!sizes || !sparse_rows || !sparse_dims) return 2;
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  bool ok = PrintDenseTable(*sizes, reps);
+  if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0)
+    ok = PrintSyncSteps(steps) && ok;
   std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
               "tcp: the same bytes written and read back on one loopback connection; "
               "grps 1s, 2s: every byte through gRPC; shm 2s: the values through the worker's "
               "shared-memory lane, push and pull fused.\n");
-  std::vector<int64_t> sparse_rows;
-  std::vector<uint32_t> sparse_dims;
-  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_sparse_rows), ',', absl::SkipEmpty())) {
-    int64_t n;
-    if (!absl::SimpleAtoi(r, &n) || n <= 0) {
-      std::fprintf(stderr, "--sparse_rows: bad count '%s'\n", std::string(r).c_str());
-      return 2;
-    }
-    sparse_rows.push_back(n);
-  }
-  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_sparse_dims), ',', absl::SkipEmpty())) {
-    uint32_t n;
-    if (!absl::SimpleAtoi(d, &n) || n == 0 || n > 4096) {
-      std::fprintf(stderr, "--sparse_dims: bad width '%s'\n", std::string(d).c_str());
-      return 2;
-    }
-    sparse_dims.push_back(n);
-  }
-  if (!sparse_rows.empty() && !sparse_dims.empty()) {
-    std::printf("\nsparse rows: a pull then a push of N distinct rows of a table through 2 shards "
-                "(async, SGD), beside the dense path of the same bytes of values (push + pull "
-                "of N x dim floats, the yardstick); best of %d, ms\n\n", reps);
-    std::printf("%4s %8s %10s %12s %10s %10s %10s %14s\n", "dim", "rows", "sparse ms",
-                "rows/s", "B/row push", "B/row pull", "dense ms", "sparse / dense");
-    for (uint32_t dim : sparse_dims)
-      for (int64_t rows : sparse_rows) {
-        std::string e;
-        const SparseFigures f = SparseVersusDense(rows, dim, reps, &e);
-        if (!e.empty()) {
-          ok = false;
-          std::printf("%4u %8lld failed: %s\n", dim, static_cast<long long>(rows), e.c_str());
-          continue;
-        }
-        std::printf("%4u %8lld %10.2f %12.0f %10.1f %10.1f %10.2f %14.2f\n", dim,
-                    static_cast<long long>(rows), f.sparse_ms, rows / (f.sparse_ms / 1000),
-                    f.push_bytes_per_row, f.pull_bytes_per_row, f.dense_ms,
-                    f.sparse_ms / f.dense_ms);
-        std::fflush(stdout);
-      }
-    std::printf("\nB/row: serialized bytes a row costs each way (4 bytes a value, its id, "
-                "framing); the dense path moves 4 bytes a value and no ids.\n");
-  }
+  if (!sparse_rows->empty() && !sparse_dims->empty())
+    ok = PrintSparseTable(*sparse_rows, *sparse_dims, reps) && ok;
   return ok ? 0 : 1;
 }
 

@@ -117,6 +117,10 @@ std::string Push(const v1::PushRequest& header, v1::DType dtype,
   return Flatten(EncodePushRequest(header, dtype, std::move(wire)));
 }
 
+void WriteBadPushes(CorpusWriter& out, const v1::PushRequest& h,
+                    const std::vector<float>& ramp);
+
+// Valid pushes in every encoding, and refused ones.
 void WritePushes(CorpusWriter& out) {
   const std::string t = "push_request";
   const v1::PushRequest h = PushHeader();
@@ -179,6 +183,13 @@ void WritePushes(CorpusWriter& out) {
     p.clear_lane();
     out.Write(t, "bad_lane_offset_without_lane", p.SerializeAsString());
   }
+  WriteBadPushes(out, h, ramp);
+}
+
+// Pushes a shard must refuse, and change nothing for.
+void WriteBadPushes(CorpusWriter& out, const v1::PushRequest& h,
+                    const std::vector<float>& ramp) {
+  const std::string t = "push_request";
   out.Write(t, "bad_chunk1_held_by_shard1", Push(h, v1::DTYPE_F32, {Dense(1)}));
   out.Write(t, "bad_chunk9_unknown", Push(h, v1::DTYPE_F32, {Dense(9)}));
   out.Write(t, "bad_short_payload",
@@ -410,6 +421,9 @@ std::string Lifecycle(uint8_t job_bits) {
   return s.bytes();
 }
 
+void WriteCoordinatorEdgeScripts(CorpusWriter& out);
+
+// A job's life in each mode, checkpoints, roll-backs, deaths and rejoins.
 void WriteCoordinatorScripts(CorpusWriter& out) {
   const std::string t = "coordinator";
   out.Write(t, "lifecycle_sync", Lifecycle(0));
@@ -473,6 +487,13 @@ void WriteCoordinatorScripts(CorpusWriter& out) {
         .Add(CoordinatorAction::kGetJobStatus);
     out.Write(t, "worker_dies_and_rejoins", s.bytes());
   }
+  WriteCoordinatorEdgeScripts(out);
+}
+
+// A stopped job, members it never registered, requests before the job runs
+// and malformed ones.
+void WriteCoordinatorEdgeScripts(CorpusWriter& out) {
+  const std::string t = "coordinator";
   {
     v1::StopJobRequest stop;
     stop.set_reason("stopped by the fuzz corpus");

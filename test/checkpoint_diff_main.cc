@@ -119,6 +119,29 @@ std::string DiffTables(const std::vector<v1::TableState>& a, const std::vector<v
   return "";
 }
 
+// "" if every chunk is the same (`differ`), else which differs and how;
+// `bytes` counts the values compared.
+std::string DiffChunks(const std::vector<v1::ChunkState>& a,
+                       const std::vector<v1::ChunkState>& b, const Differ& differ,
+                       uint64_t* bytes) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const v1::ChunkState& x = a[i];
+    const v1::ChunkState& y = b[i];
+    std::string what;
+    if (x.version() != y.version()) what = "version";
+    else if (differ(x.values(), y.values())) what = "values";
+    else if (x.optimizer_state_size() != y.optimizer_state_size()) what = "optimizer state";
+    for (int k = 0; what.empty() && k < x.optimizer_state_size(); ++k)
+      if (differ(x.optimizer_state(k), y.optimizer_state(k))) what = "optimizer state";
+    if (!what.empty())
+      return "chunk " + std::to_string(x.chunk_id()) + " differs in its " + what +
+             " (versions " + std::to_string(x.version()) + " and " +
+             std::to_string(y.version()) + ")";
+    *bytes += x.values().size();
+  }
+  return "";
+}
+
 int Main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--step") == 0) {
     absl::StatusOr<v1::CheckpointManifest> m = VerifyCheckpoint(Env::Default(), argv[2], "");
@@ -159,9 +182,6 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  const std::vector<v1::ChunkState>* a = &sa->chunks;
-  const std::vector<v1::ChunkState>* b = &sb->chunks;
-  uint64_t bytes = 0;
   double largest = 0;
   // Equal, or within the tolerance when there is one.
   const Differ differ = [&](const std::string& u, const std::string& v) {
@@ -170,23 +190,13 @@ int Main(int argc, char** argv) {
     largest = std::max(largest, d);
     return d > tolerance;
   };
-  for (size_t i = 0; i < a->size(); ++i) {
-    const v1::ChunkState& x = (*a)[i];
-    const v1::ChunkState& y = (*b)[i];
-    std::string what;
-    if (x.version() != y.version()) what = "version";
-    else if (differ(x.values(), y.values())) what = "values";
-    else if (x.optimizer_state_size() != y.optimizer_state_size()) what = "optimizer state";
-    for (int k = 0; what.empty() && k < x.optimizer_state_size(); ++k)
-      if (differ(x.optimizer_state(k), y.optimizer_state(k))) what = "optimizer state";
-    if (!what.empty()) {
-      std::printf("chunk %u differs in its %s (versions %llu and %llu)\n", x.chunk_id(),
-                  what.c_str(), static_cast<unsigned long long>(x.version()),
-                  static_cast<unsigned long long>(y.version()));
-      return 1;
-    }
-    bytes += x.values().size();
+  uint64_t bytes = 0;
+  if (const std::string what = DiffChunks(sa->chunks, sb->chunks, differ, &bytes);
+      !what.empty()) {
+    std::printf("%s\n", what.c_str());
+    return 1;
   }
+  const std::vector<v1::ChunkState>* a = &sa->chunks;
   uint64_t rows = 0;
   if (const std::string what = DiffTables(sa->tables, sb->tables, differ, &rows); !what.empty()) {
     std::printf("%s\n", what.c_str());
