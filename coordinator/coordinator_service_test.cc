@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/fake_clock.h"
+#include "coordinator/test_job.h"
 #include "daemon/env.h"
 #include "daemon/daemon.h"
 #include "gmock/gmock.h"
@@ -41,18 +42,9 @@ class CoordinatorServiceTest : public ::testing::Test {
                 const std::string& checkpoint_dir = "",
                 const std::function<void(CoordinatorService*)>& before_serving =
                     nullptr) {
-    config_ = DefaultJobConfig();
-    config_.set_job_id("test-job");
-    config_.set_mode(mode);
-    config_.set_num_servers(servers);
-    config_.set_num_workers(workers);
-    config_.set_heartbeat_interval_ms(100);
-    config_.set_heartbeat_timeout_ms(1000);
-    config_.set_checkpoint_dir(checkpoint_dir);
+    config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
     config_.set_checkpoint_storage(storage_);
-    ASSERT_TRUE(ValidateJobConfig(config_).ok());
-    absl::StatusOr<v1::ShardMap> map =
-        BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
+    absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
     CoordinatorOptions options;

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "coordinator/fake_clock.h"
+#include "coordinator/test_job.h"
 #include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,17 +29,8 @@ class JobStateMachineTest : public ::testing::Test {
   void StartJob(uint32_t servers, uint32_t workers,
                 v1::ConsistencyMode mode = v1::MODE_SYNC,
                 const std::string& checkpoint_dir = "") {
-    config_ = DefaultJobConfig();
-    config_.set_job_id("test-job");
-    config_.set_mode(mode);
-    config_.set_num_servers(servers);
-    config_.set_num_workers(workers);
-    config_.set_heartbeat_interval_ms(100);
-    config_.set_heartbeat_timeout_ms(1000);
-    config_.set_checkpoint_dir(checkpoint_dir);
-    ASSERT_TRUE(ValidateJobConfig(config_).ok());
-    absl::StatusOr<v1::ShardMap> map =
-        BuildShardMap(ModelTensors(config_), servers, config_.chunk_bytes());
+    config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
+    absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
     machine_ = NewMachine();

@@ -1,0 +1,38 @@
+// The small job the coordinator's tests run, and its shard map: `servers`
+// shards and `workers` ranks of the default model, heartbeat every 100 ms,
+// a member silent for 1 s dead. For tests only.
+#ifndef GRPS_COORDINATOR_TEST_JOB_H_
+#define GRPS_COORDINATOR_TEST_JOB_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "job/job_config.h"
+#include "job/shard_map.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+inline v1::JobConfig TestJobConfig(uint32_t servers, uint32_t workers,
+                                   v1::ConsistencyMode mode, const std::string& checkpoint_dir) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_job_id("test-job");
+  config.set_mode(mode);
+  config.set_num_servers(servers);
+  config.set_num_workers(workers);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(1000);
+  config.set_checkpoint_dir(checkpoint_dir);
+  return config;
+}
+
+// The job's shard map, after checking the config as a coordinator would.
+inline absl::StatusOr<v1::ShardMap> TestShardMap(const v1::JobConfig& config) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  return BuildShardMap(ModelTensors(config), config.num_servers(), config.chunk_bytes());
+}
+
+}  // namespace grps
+
+#endif  // GRPS_COORDINATOR_TEST_JOB_H_
