@@ -24,7 +24,7 @@ PACE=(--straggler_rank=0 --straggle_ms=3)
 # wait_checkpoint RUN_DIR SECONDS: until a checkpoint is complete and the job
 # is past it; prints its step. On a loaded machine an fsync can stall for
 # seconds and the first checkpoint come late: once the global step is past
-# 1/4 of the job the kill goes ahead anyway (prints "none"), and the job
+# half the job the kill goes ahead anyway (prints "none"), and the job
 # rolls back to the initial values, which must give the same result too.
 wait_checkpoint() {
   local i step global
@@ -34,7 +34,7 @@ wait_checkpoint() {
     if [ -n "$step" ] && [ "$global" -gt "$step" ]; then
       echo "$step"; return 0
     fi
-    if [ -z "$step" ] && [ "$global" -gt $((STEPS / 4)) ]; then
+    if [ -z "$step" ] && [ "$global" -gt $((STEPS / 2)) ]; then
       echo "none"; return 0
     fi
     sleep 0.1
@@ -57,17 +57,18 @@ accuracy() { json 'j["final_test_accuracy"]' <"$1/result.json"; }
 # The newest complete checkpoint folder of a run.
 newest_checkpoint() { "$BIN/grps-checkpoint-diff" --newest "$1/checkpoints"; }
 
-# Undisturbed sync run.
+# The undisturbed sync run and the same job with one server killed after a
+# checkpoint run side by side (sync is bit-reproducible whatever the
+# timing), as do async and ssp below: the jobs mostly wait (pacing,
+# heartbeats, the restart), and the test takes half the time.
 launch calm sync
-wait_pid "$PID_calm" 200
-[ "$EXIT_CODE" = 0 ] || fail "undisturbed run: grps-local exited with $EXIT_CODE"
-
-# The same job, one server killed after a checkpoint.
 launch killed sync
 step=$(wait_checkpoint "$WORK/killed" 120)
 victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") || fail "no grps-server child"
 kill -KILL "$victim"
 echo "sync: killed server 1 (pid $victim) after the checkpoint at step $step"
+wait_pid "$PID_calm" 200
+[ "$EXIT_CODE" = 0 ] || fail "undisturbed run: grps-local exited with $EXIT_CODE"
 wait_pid "$PID_killed" 200
 [ "$EXIT_CODE" = 0 ] || fail "sync: grps-local exited with $EXIT_CODE after the kill"
 grep -q "server-1 killed by signal 9.*restarting it with --shard=1" "$WORK/killed.log" \
@@ -82,14 +83,18 @@ echo "sync: final accuracy $killed with the kill, $calm undisturbed"
 
 # Async and ssp: the job survives the same kill (ssp's clocks start again
 # from where each worker resumes; the steps the checkpoint holds count).
+for mode in async ssp; do launch "$mode" "$mode"; done
 for mode in async ssp; do
-  launch "$mode" "$mode"
   step=$(wait_checkpoint "$WORK/$mode" 120)
   var=PID_$mode
   victim=$(child_pid "${!var}" "grps-server .*--shard=0") || fail "$mode: no grps-server child"
   kill -KILL "$victim"
+  echo "$mode: killed server 0 after the checkpoint at step $step"
+done
+for mode in async ssp; do
+  var=PID_$mode
   wait_pid "${!var}" 200
   [ "$EXIT_CODE" = 0 ] || fail "$mode: grps-local exited with $EXIT_CODE after the kill"
-  echo "$mode: killed server 0 after the checkpoint at step $step; final accuracy $(accuracy "$WORK/$mode")"
+  echo "$mode: final accuracy $(accuracy "$WORK/$mode")"
 done
 echo "PASS"
