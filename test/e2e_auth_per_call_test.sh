@@ -22,7 +22,7 @@ BIN=${1:?usage: e2e_auth_per_call_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
-RUNS=${RUNS:-2}
+RUNS=${RUNS:-1}
 THREADS=${THREADS:-8}
 CALLS=${CALLS:-1500}
 SHARD_STATUS_CALLS=${SHARD_STATUS_CALLS:-50000}
