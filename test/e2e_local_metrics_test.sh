@@ -12,22 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
 
 # Five consecutive loopback ports nobody listens on right now.
-BASE=$(python3 - <<'PY'
-import random, socket
-for _ in range(200):
-    base = random.randrange(20000, 60000)
-    socks = []
-    try:
-        for p in range(base, base + 5):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-PY
-)
-[ -n "$BASE" ] || fail "no five free consecutive ports"
+BASE=$(free_port 5)
 
 RUN="$WORK/run"
 # Long enough to be scraped while it trains, short enough for ctest.

@@ -44,6 +44,12 @@ start prometheus "$PROMETHEUS" --config.file="$WORK/prometheus.yml" \
   --storage.tsdb.path="$WORK/tsdb" --web.listen-address=127.0.0.1:"$PROM_PORT" \
   --log.level=warn
 API=http://127.0.0.1:$PROM_PORT/api/v1
+# Prometheus listens before any daemon binds a port of its own.
+for ((i = 0; i < 200; i++)); do
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+    "http://127.0.0.1:$PROM_PORT/-/ready" 2>/dev/null && break
+  sleep 0.1
+done
 
 # query PROMQL: the query's result vector as JSON ("[]" until it answers).
 query() {

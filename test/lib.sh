@@ -88,9 +88,35 @@ child_pid() {
   return 1
 }
 
-# free_port: a loopback port nobody listens on right now.
+# free_port [COUNT]: the first of COUNT (default 1) consecutive loopback
+# ports nobody listens on right now, below the kernel's ephemeral range: a
+# daemon that binds port 0 later cannot be handed one of them (a port the
+# kernel picked, released and then handed out again once took Prometheus's
+# port in e2e_prometheus_test).
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 - "${1:-1}" <<'PY'
+import random, socket, sys
+count = int(sys.argv[1])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    low = int(f.read().split()[0])
+for _ in range(1000):
+    base = random.randrange(10000, max(10001, low - count))
+    socks = []
+    try:
+        for port in range(base, base + count):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", port))
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in socks:
+            s.close()
+else:
+    sys.exit("no free loopback port below the ephemeral range")
+PY
 }
 
 # field_at COORD EXPR DEFAULT: a Python expression over `grpsctl status
