@@ -1053,7 +1053,7 @@ bool JobStateMachine::WaitForEnd(absl::Duration timeout) const {
 
 bool JobStateMachine::EveryLiveMemberSawEnd() const {
   absl::MutexLock lock(&mu_);
-  return EveryLiveMemberSawEndLocked(clock_());
+  return EveryLiveMemberSawEndLocked(clock_()) && ranks_awaited_.empty();
 }
 
 bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
@@ -1064,7 +1064,7 @@ bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
     if (ranks_told_end_.count(rank) == 0) return false;
   for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
     if (ranks_told_end_.count(rank) == 0) return false;
-  return ranks_awaited_.empty();
+  return true;
 }
 
 double JobStateMachine::ElapsedSecondsLocked(absl::Time now) const {

@@ -196,7 +196,9 @@ class JobStateMachine {
   // Waits up to `timeout` (real time) for the job to end; true if it has.
   bool WaitForEnd(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
   // True once the job ended and every live server, live worker and finished
-  // worker still heartbeating got a heartbeat reply carrying the final state.
+  // worker still heartbeating got a heartbeat reply carrying the final state,
+  // and every registration refused because its rank was alive has asked
+  // again (what the coordinator lingers for).
   bool EveryLiveMemberSawEnd() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
