@@ -218,18 +218,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request,
                                      uint32_t shard, uint64_t version,
                                      const std::string& own_root = "") {
-    v1::ShardCheckpointFile file;
-    file.set_job_id("test-job");
-    file.set_checkpoint_id(request.id());
-    file.set_shard(shard);
-    for (const v1::ChunkSpec& chunk : map_.chunks()) {
-      if (chunk.shard() != shard) continue;
-      v1::ChunkState* c = file.add_chunks();
-      c->set_chunk_id(chunk.chunk_id());
-      c->set_version(version);
-      c->set_num_elements(chunk.num_elements());
-      c->set_values(std::string(4 * chunk.num_elements(), '\0'));
-    }
+    const v1::ShardCheckpointFile file = FakeShardFile(map_, request.id(), shard, version);
     absl::StatusOr<v1::ShardCheckpoint> written =
         WriteShardFile(Env::Default(),
                        own_root.empty() ? request.dir() : CheckpointFolder(own_root, request.id()),

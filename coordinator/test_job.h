@@ -1,6 +1,7 @@
-// The small job the coordinator's tests run, and its shard map: `servers`
-// shards and `workers` ranks of the default model, heartbeat every 100 ms,
-// a member silent for 1 s dead. For tests only.
+// The small job the coordinator's tests run, its shard map and the shard
+// files its fake servers write: `servers` shards and `workers` ranks of the
+// default model, heartbeat every 100 ms, a member silent for 1 s dead. For
+// tests only.
 #ifndef GRPS_COORDINATOR_TEST_JOB_H_
 #define GRPS_COORDINATOR_TEST_JOB_H_
 
@@ -31,6 +32,25 @@ inline v1::JobConfig TestJobConfig(uint32_t servers, uint32_t workers,
 inline absl::StatusOr<v1::ShardMap> TestShardMap(const v1::JobConfig& config) {
   if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
   return BuildShardMap(ModelTensors(config), config.num_servers(), config.chunk_bytes());
+}
+
+// What a shard's server writes for checkpoint `checkpoint_id` of the test
+// job: each of its chunks at `version`, values zero.
+inline v1::ShardCheckpointFile FakeShardFile(const v1::ShardMap& map, uint64_t checkpoint_id,
+                                             uint32_t shard, uint64_t version) {
+  v1::ShardCheckpointFile file;
+  file.set_job_id("test-job");
+  file.set_checkpoint_id(checkpoint_id);
+  file.set_shard(shard);
+  for (const v1::ChunkSpec& chunk : map.chunks()) {
+    if (chunk.shard() != shard) continue;
+    v1::ChunkState* c = file.add_chunks();
+    c->set_chunk_id(chunk.chunk_id());
+    c->set_version(version);
+    c->set_num_elements(chunk.num_elements());
+    c->set_values(std::string(4 * chunk.num_elements(), '\0'));
+  }
+  return file;
 }
 
 }  // namespace grps
