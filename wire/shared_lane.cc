@@ -151,11 +151,16 @@ absl::StatusOr<std::shared_ptr<MappedLane>> LaneTable::Get(uint32_t rank,
     auto it = by_rank_.find(rank);
     if (it != by_rank_.end() && it->second->Names(ref)) return it->second;
   }
+  // Mapped outside the lock (a lane may be large); calls that name the same
+  // new lane at once all get the mapping the first of them stored, so the
+  // shard holds one lane per worker (a doorbell opened on a second mapping
+  // of the same lane would replace the first and miss what was rung there).
   absl::StatusOr<std::shared_ptr<MappedLane>> lane = MappedLane::Open(ref);
   if (!lane.ok()) return lane.status();
   absl::MutexLock lock(&mu_);
-  by_rank_[rank] = *lane;
-  return *lane;
+  std::shared_ptr<MappedLane>& current = by_rank_[rank];
+  if (current == nullptr || !current->Names(ref)) current = *lane;
+  return current;
 }
 
 bool LaneTable::IsCurrent(uint32_t rank, const MappedLane* lane) const {

@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -138,6 +140,33 @@ TEST(SharedLane, TheTableKeepsOneLanePerRankAndFollowsANewOne) {
   absl::StatusOr<std::shared_ptr<MappedLane>> still = table.Get(3, second->Ref());
   ASSERT_TRUE(still.ok());
   EXPECT_EQ(still->get(), b->get());
+}
+
+// Calls of one worker that name its new lane at the same moment (the first
+// push of a step, one call per part) share one mapping: a shard holds one
+// lane per worker, whichever call maps it first.
+TEST(SharedLane, CallsNamingANewLaneAtOnceShareOneMapping) {
+  constexpr int kThreads = 8;
+  for (int round = 0; round < 20; ++round) {
+    std::shared_ptr<LaneSegment> lane = NewLane(8 << 20);
+    ASSERT_NE(lane, nullptr);
+    LaneTable table;
+    std::vector<const MappedLane*> got(kThreads, nullptr);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) {
+        }
+        absl::StatusOr<std::shared_ptr<MappedLane>> mapped = table.Get(0, lane->Ref());
+        if (mapped.ok()) got[t] = mapped->get();
+      });
+    for (std::thread& t : threads) t.join();
+    ASSERT_NE(got[0], nullptr);
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got[t], got[0]) << "thread " << t;
+    EXPECT_TRUE(table.IsCurrent(0, got[0]));
+  }
 }
 
 TEST(SharedLane, APushNamesItsLaneAndChunkPlacesAsProtobufReadsThem) {
