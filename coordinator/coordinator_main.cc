@@ -140,7 +140,14 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
                  config.checkpoint_dir(), config.job_id());
     return std::nullopt;
   }
-  if (absl::Status s = CheckSameChunks(choice->manifest->shard_map(), map); !s.ok()) {
+  // A user model's layout is the checkpoint's, cut as this job cuts.
+  v1::ShardMap layout = map;
+  if (config.model() == v1::MODEL_USER) {
+    absl::StatusOr<v1::ShardMap> built = BuildShardMap(
+        ModelTensors(choice->manifest->config()), config.num_servers(), config.chunk_bytes());
+    if (built.ok()) layout = std::move(*built);
+  }
+  if (absl::Status s = CheckSameChunks(choice->manifest->shard_map(), layout); !s.ok()) {
     std::fprintf(stderr,
                  "grps-coordinator: checkpoint %s was cut from another model or "
                  "chunk size than this job's (%s); use the same --model, "
@@ -157,7 +164,7 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
     return 2;
   }
   if (per_shard) {
-    if (absl::Status s = CheckSameShards(choice->manifest->shard_map(), map); !s.ok()) {
+    if (absl::Status s = CheckSameShards(choice->manifest->shard_map(), layout); !s.ok()) {
       std::fprintf(stderr, "grps-coordinator: checkpoint %s: %s\n", choice->dir.c_str(),
                    std::string(s.message()).c_str());
       return 2;

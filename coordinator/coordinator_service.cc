@@ -192,6 +192,23 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
   return ToGrpc(machine_.WorkerDone(*request));
 }
 
+grpc::Status CoordinatorService::DefineModel(grpc::ServerContext* context,
+                                             const v1::DefineModelRequest* request,
+                                             v1::DefineModelResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kWorker); !role.ok()) return role;
+  if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<bool> defined = machine_.DefineModel(request->tensors());
+  if (!defined.ok()) return ToGrpc(defined.status());
+  response->set_defined(*defined);
+  // The layout goes to disk before any server registers with it: a
+  // coordinator that takes over hands out the same chunks.
+  if (*defined) {
+    if (absl::Status s = PersistState(/*force=*/true); !s.ok())
+      spdlog::warn("state file: {}", std::string(s.message()));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
                                              const v1::GetShardMapRequest* request,
                                              v1::ShardMap* response) {

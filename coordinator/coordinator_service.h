@@ -80,6 +80,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status WorkerDone(grpc::ServerContext* context,
                           const v1::WorkerDoneRequest* request,
                           v1::WorkerDoneResponse* response) override;
+  // Role: worker. The model is persisted at once when this call defined it.
+  grpc::Status DefineModel(grpc::ServerContext* context, const v1::DefineModelRequest* request,
+                           v1::DefineModelResponse* response) override;
   grpc::Status GetShardMap(grpc::ServerContext* context,
                            const v1::GetShardMapRequest* request,
                            v1::ShardMap* response) override;

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "coordinator/job_summary.h"
 #include "job/job_config.h"
+#include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -74,12 +75,62 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
                                  const std::string& dir) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  // A user model is the checkpoint's (its chunks were checked against it).
+  if (config_.model() == v1::MODEL_USER && !manifest.config().model_tensors().empty()) {
+    if (absl::StatusOr<bool> defined = DefineModelLocked(manifest.config().model_tensors());
+        !defined.ok())
+      spdlog::error("checkpoint {}: {}", manifest.id(), std::string(defined.status().message()));
+  }
   restore_ = RestoreOrderFor(manifest, dir);
   restore_.set_generation(2);
   checkpoints_.SetNewestComplete(manifest, dir, 0);
   membership_.ResetResumeSteps({restore_.worker_steps().begin(),
                                 restore_.worker_steps().end()},
                                now);
+}
+
+v1::JobConfig JobStateMachine::JobConfig() const {
+  absl::MutexLock lock(&mu_);
+  return JobConfigLocked();
+}
+
+v1::JobConfig JobStateMachine::JobConfigLocked() const {
+  v1::JobConfig config = config_;
+  *config.mutable_model_tensors() = model_;
+  return config;
+}
+
+absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors) {
+  absl::MutexLock lock(&mu_);
+  if (EndedLocked()) return EndedErrorLocked();
+  return DefineModelLocked(tensors);
+}
+
+absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tensors) {
+  if (config_.model() != v1::MODEL_USER)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", config_.job_id(), " trains the built-in model '", ModelName(config_.model()),
+        "'; start it with --model=user to train a worker's own model"));
+  if (absl::Status s = ValidateUserModel(tensors); !s.ok()) return s;
+  if (!model_.empty()) {
+    const std::string difference = FirstModelDifference(model_, tensors);
+    if (!difference.empty())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this worker's model is not job ", config_.job_id(), "'s: ", difference));
+    return false;
+  }
+  absl::StatusOr<v1::ShardMap> built =
+      BuildShardMap({tensors.begin(), tensors.end()}, membership_.num_shards(),
+                    config_.chunk_bytes());
+  if (!built.ok()) return absl::InvalidArgumentError(built.status().message());
+  if (absl::Status s = ValidateShardMap(*built); !s.ok())
+    return absl::InvalidArgumentError(s.message());
+  membership_.SetLayout(*built);
+  model_ = tensors;
+  spdlog::info("job {}: the model is defined: {} tensors, {} chunks over {} shards",
+               config_.job_id(), model_.size(), built->chunks_size(), membership_.num_shards());
+  changed_.SignalAll();
+  return true;
 }
 
 void JobStateMachine::SetNextCheckpointId(uint64_t id) {
@@ -112,6 +163,11 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
     }
   }
   absl::MutexLock lock(&mu_);
+  if (config_.model() == v1::MODEL_USER && !state.config().model_tensors().empty()) {
+    if (absl::StatusOr<bool> defined = DefineModelLocked(state.config().model_tensors());
+        !defined.ok())
+      return absl::InvalidArgumentError(absl::StrCat(from, ": ", defined.status().message()));
+  }
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   state_ = state.state();
@@ -346,7 +402,7 @@ void JobStateMachine::WriteReadyManifest() {
   std::optional<v1::CheckpointManifest> manifest;
   {
     absl::MutexLock lock(&mu_);
-    manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), config_,
+    manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), JobConfigLocked(),
                                                 clock_());
   }
   if (!manifest.has_value()) return;
@@ -606,6 +662,9 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (EndedLocked()) return EndedErrorLocked();
+  if (config_.model() == v1::MODEL_USER && model_.empty())
+    return absl::UnavailableError(absl::StrCat(
+        "job ", config_.job_id(), "'s model is not defined yet: its first worker defines it"));
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
       request.has_requested_shard() ? request.requested_shard() : -1,
       request.address(), now);
@@ -633,7 +692,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
   changed_.SignalAll();
   out.response.set_shard(reg->slot);
   out.response.set_incarnation(reg->incarnation);
-  *out.response.mutable_config() = config_;
+  *out.response.mutable_config() = JobConfigLocked();
   *out.response.mutable_shard_map() = membership_.shard_map();
   *out.response.mutable_restore() = restore_;
   return out;
@@ -691,7 +750,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   response.set_incarnation(reg->incarnation);
   response.set_start_step(reg->start_step);
   response.set_generation(restore_.generation());
-  *response.mutable_config() = config_;
+  *response.mutable_config() = JobConfigLocked();
   *response.mutable_shard_map() = membership_.shard_map();
   return response;
 }
@@ -1009,7 +1068,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   status.set_job_id(config_.job_id());
   status.set_state(state_);
   status.set_mode(config_.mode());
-  *status.mutable_config() = config_;
+  *status.mutable_config() = JobConfigLocked();
   for (v1::WorkerStatus& w : membership_.WorkerStatuses(now))
     *status.add_workers() = std::move(w);
   for (v1::ShardStatus& s : membership_.ShardStatuses(now))
@@ -1080,7 +1139,7 @@ v1::CoordinatorState JobStateMachine::ExportState() const {
 
 v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   v1::CoordinatorState state;
-  *state.mutable_config() = config_;
+  *state.mutable_config() = JobConfigLocked();
   state.set_state(state_);
   state.set_message(message_);
   *state.mutable_restore() = restore_;

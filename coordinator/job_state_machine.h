@@ -63,6 +63,7 @@
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/membership.h"
+#include "job/user_model.h"
 #include "daemon/env.h"
 #include "proto/grps.pb.h"
 
@@ -101,7 +102,12 @@ class JobStateMachine {
   JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map, Clock clock,
                   Options options);
 
+  // The job's config as the flags set it: a user model's tensors are not
+  // in it (JobConfig() has them).
   const v1::JobConfig& config() const { return config_; }
+  // The config members are handed: with the user model's tensors, once
+  // defined.
+  v1::JobConfig JobConfig() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Before serving (once) ----
 
@@ -121,6 +127,14 @@ class JobStateMachine {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Members (requests of proto/grps.proto) ----
+
+  // A user model's tensors (MODEL_USER), from a worker: the first offer
+  // defines the job's layout (true); an equal offer later changes nothing
+  // (false). FAILED_PRECONDITION for a built-in model, an ended job, or an
+  // offer that differs (naming the first tensor that does);
+  // INVALID_ARGUMENT for tensors ValidateUserModel refuses. Servers
+  // register only once the model is defined.
+  absl::StatusOr<bool> DefineModel(const TensorSpecs& tensors) ABSL_LOCKS_EXCLUDED(mu_);
 
   // FAILED_PRECONDITION once the job ended. A known shard registering again
   // while RUNNING rolls the job back; so does restore_failed naming the
@@ -308,6 +322,11 @@ class JobStateMachine {
 
   v1::CoordinatorState ExportStateLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobConfig JobConfigLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DefineModel's work, also for a model adopted from a persisted state or
+  // a checkpoint.
+  absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::JobConfig config_;
   const Clock clock_;
@@ -320,6 +339,8 @@ class JobStateMachine {
   // ReleaseWaiters().
   mutable absl::CondVar changed_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
+  // MODEL_USER: the tensors the first worker defined; empty before.
+  TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   std::string message_ ABSL_GUARDED_BY(mu_);
   bool has_final_eval_ ABSL_GUARDED_BY(mu_) = false;

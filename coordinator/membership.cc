@@ -82,6 +82,11 @@ Membership::Membership(v1::ShardMap shard_map, uint32_t num_workers,
   shard_map_.set_epoch(0);
 }
 
+void Membership::SetLayout(const v1::ShardMap& built) {
+  *shard_map_.mutable_tensors() = built.tensors();
+  *shard_map_.mutable_chunks() = built.chunks();
+}
+
 absl::StatusOr<uint32_t> Membership::PickShard(int32_t requested,
                                                absl::string_view address) const {
   const uint32_t n = num_shards();

@@ -101,6 +101,11 @@ class Membership {
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
+  // A user model's layout, once its first worker defined it: the tensors and
+  // chunks of `built` (BuildShardMap over the same shard count) replace the
+  // map's; endpoints and epoch stay.
+  void SetLayout(const v1::ShardMap& built);
+
   // Registers a server listening on `address` ("host:port") for
   // `requested_shard` (-1: any). INVALID_ARGUMENT for a malformed address or
   // a shard out of range; FAILED_PRECONDITION when the address already

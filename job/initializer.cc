@@ -10,7 +10,10 @@ namespace grps {
 absl::Status InitializeRange(const ::grps::v1::TensorSpec& tensor,
                              uint64_t seed, uint32_t tensor_index,
                              uint64_t offset, uint64_t count, float* out) {
-  if (tensor.initializer() == "zeros" || tensor.initializer().empty()) {
+  // "given": zeros until worker rank 0's values come (a shard serves none
+  // of them before, ShardStore).
+  if (tensor.initializer() == "zeros" || tensor.initializer().empty() ||
+      tensor.initializer() == "given") {
     for (uint64_t i = 0; i < count; ++i) out[i] = 0.0f;
     return absl::OkStatus();
   }

@@ -1,5 +1,7 @@
 #include "job/job_config.h"
 
+#include "job/user_model.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "job/sparse_tables.h"
+#include "job/user_model.h"
 
 namespace grps {
 
@@ -64,6 +67,7 @@ namespace {
 
 // The data set's fields, for the model that reads it.
 absl::Status ValidateDataset(const v1::JobConfig& c) {
+  if (c.model() == v1::MODEL_USER) return absl::OkStatus();  // the worker's own
   auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("job config: dataset.", what));
   };
@@ -114,8 +118,16 @@ absl::Status ValidateModel(const v1::JobConfig& c) {
   if (c.mode() == v1::MODE_SSP && c.staleness_bound() > 1000000)
     return Bad("staleness_bound must be at most 1000000");
   if (c.model() != v1::MODEL_MLP && c.model() != v1::MODEL_SOFTMAX &&
-      c.model() != v1::MODEL_EMBEDDING)
-    return Bad("model must be mlp, softmax or embedding");
+      c.model() != v1::MODEL_EMBEDDING && c.model() != v1::MODEL_USER)
+    return Bad("model must be mlp, softmax, embedding or user");
+  if (c.model() == v1::MODEL_USER) {
+    // The worker's program reads its own data and sets its own shape.
+    if (c.model_tensors_size() == 0) return absl::OkStatus();
+    if (absl::Status s = ValidateUserModel(c.model_tensors()); !s.ok())
+      return Bad(absl::StrCat("model_tensors: ", s.message()));
+    return absl::OkStatus();
+  }
+  if (c.model_tensors_size() > 0) return Bad("model_tensors belong to a user model only");
   if (c.model() == v1::MODEL_SOFTMAX && c.hidden_units_size() > 0)
     return Bad("softmax regression has no hidden layers");
   for (uint32_t h : c.hidden_units())
@@ -146,7 +158,9 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& o) {
 absl::Status ValidateSize(const v1::JobConfig& c) {
   if (c.batch_size() == 0 || c.batch_size() > 65536)
     return Bad("batch_size must be in [1, 65536]");
-  if (c.steps() == 0 && c.epochs() == 0) return Bad("set steps or epochs");
+  // A user model's workers decide when they are done (gt.done()).
+  if (c.steps() == 0 && c.epochs() == 0 && c.model() != v1::MODEL_USER)
+    return Bad("set steps or epochs");
   if (c.num_servers() == 0 || c.num_servers() > 256)
     return Bad("num_servers must be in [1, 256]");
   if (c.num_workers() == 0 || c.num_workers() > 1024)
@@ -273,6 +287,8 @@ std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {
 }
 
 std::vector<v1::TensorSpec> ModelTensors(const v1::JobConfig& config) {
+  if (config.model() == v1::MODEL_USER)
+    return {config.model_tensors().begin(), config.model_tensors().end()};
   std::vector<int64_t> widths = LayerWidths(config);
   std::vector<v1::TensorSpec> tensors;
   for (size_t l = 0; l + 1 < widths.size(); ++l) {
@@ -345,7 +361,8 @@ std::string LocalTransportName(v1::LocalTransport transport) {
 absl::StatusOr<v1::ModelKind> ParseModel(absl::string_view name) {
   return Lookup<v1::ModelKind>(
       name, "model",
-      {{"mlp", v1::MODEL_MLP}, {"softmax", v1::MODEL_SOFTMAX}, {"embedding", v1::MODEL_EMBEDDING}});
+      {{"mlp", v1::MODEL_MLP}, {"softmax", v1::MODEL_SOFTMAX}, {"embedding", v1::MODEL_EMBEDDING},
+       {"user", v1::MODEL_USER}});
 }
 
 absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {
@@ -384,6 +401,7 @@ std::string ModelName(v1::ModelKind model) {
     case v1::MODEL_MLP: return "mlp";
     case v1::MODEL_SOFTMAX: return "softmax";
     case v1::MODEL_EMBEDDING: return "embedding";
+    case v1::MODEL_USER: return "user";
     default: return "unspecified";
   }
 }

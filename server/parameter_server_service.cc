@@ -15,6 +15,7 @@
 #include "daemon/daemon.h"
 #include "daemon/refusal_log.h"
 #include "job/sparse_tables.h"
+#include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 #include "wire/buffer_pool.h"
 #include "wire/chunk_codec.h"
@@ -599,6 +600,12 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
       return;
     }
   }
+  if (request.initial_values()) {
+    grpc::Status given = GiveInitialValues(store, request, checked->push, lane->get());
+    done(given, given.ok() ? EncodePushResponse(v1::PushResponse(), v1::DTYPE_F32, {})
+                           : grpc::ByteBuffer());
+    return;
+  }
   absl::StatusOr<ShardStore::PushResult> result = store->Push(checked->push);
   if (!result.ok()) {
     done(ToGrpc(result.status()), {});
@@ -621,6 +628,23 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
   ServePullHalf(store, request, std::move(*checked),
                 source.context != nullptr ? CallDeadline(*source.context) : absl::InfiniteFuture(),
                 std::move(cancelled), std::move(header), std::move(*lane), std::move(done));
+}
+
+grpc::Status ParameterServerService::GiveInitialValues(ShardStore* store,
+                                                      const v1::PushRequest& request,
+                                                      const ShardStore::GradientPush& push,
+                                                      const MappedLane* lane) {
+  if (lane != nullptr || request.pull()) {
+    store->CountRejectedAtEdge(std::max<size_t>(1, push.chunks.size()));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "initial values travel in the message, with no lane and no pull");
+  }
+  absl::StatusOr<uint32_t> taken = store->GiveInitialValues(push);
+  if (!taken.ok()) return ToGrpc(taken.status());
+  if (*taken > 0)
+    spdlog::info("shard {}: {} chunks took worker rank 0's initial values", store->shard(),
+                 *taken);
+  return grpc::Status::OK;
 }
 
 bool ParameterServerService::ServeDoorbell(ShardStore* store, const v1::PushRequest& request,

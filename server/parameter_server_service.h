@@ -145,6 +145,10 @@ class ParameterServerService final
                                                         size_t chunks, const PushSource& source);
   // Serves the doorbell the accepted lane push `request` asks for, unless
   // it is served already; whether it is served.
+  // A push of initial values (PushRequest.initial_values), checked as a
+  // push; its reply is empty.
+  grpc::Status GiveInitialValues(ShardStore* store, const v1::PushRequest& request,
+                                 const ShardStore::GradientPush& push, const MappedLane* lane);
   bool ServeDoorbell(ShardStore* store, const v1::PushRequest& request,
                      std::shared_ptr<MappedLane> lane) ABSL_LOCKS_EXCLUDED(doorbells_mu_);
   // A doorbell's thread: takes each rung request and serves it.

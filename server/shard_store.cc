@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -137,13 +138,14 @@ absl::Status ShardStore::Initialize() {
                                          std::move(backend), config_);
     {
       absl::MutexLock lock(&chunk->mu);
-      if (absl::Status s = InitializeRange(
-              map_.tensors(spec.tensor_index()), config_.seed(),
-              spec.tensor_index(), spec.offset(), spec.num_elements(),
-              chunk->values.f32());
+      const v1::TensorSpec& tensor = map_.tensors(spec.tensor_index());
+      if (absl::Status s = InitializeRange(tensor, config_.seed(), spec.tensor_index(),
+                                           spec.offset(), spec.num_elements(),
+                                           chunk->values.f32());
           !s.ok())
         return absl::InvalidArgumentError(
             absl::StrCat("chunk ", spec.chunk_id(), ": ", s.message()));
+      chunk->awaiting_values = tensor.initializer() == "given";
     }
     local_index_[spec.chunk_id()] = static_cast<int>(chunks_.size());
     chunk_ids_.push_back(spec.chunk_id());
@@ -238,6 +240,8 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   PushResult result;
   {
     TargetLocks locks(*chunks);
+    for (StoreChunk* c : *chunks)
+      if (c->awaiting_values) return AwaitingValuesError(*c);
     absl::StatusOr<std::vector<PushAdmission::Outcome>> outcomes =
         AdmitLocked(pusher, push.generation, grads);
     if (!outcomes.ok()) return outcomes.status();
@@ -251,6 +255,38 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   admission_.RaiseIncarnation(pusher);
   pulls_.Wake();
   return result;
+}
+
+absl::Status ShardStore::AwaitingValuesError(const StoreTarget& target) {
+  return absl::UnavailableError(absl::StrCat(
+      target.name, " has no values yet: worker rank 0 gives them (broadcast_parameters)"));
+}
+
+absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push) {
+  if (push.worker_rank != 0)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "initial values come from worker rank 0, not rank ", push.worker_rank));
+  if (absl::Status s = CheckPusher(push.worker_rank); !s.ok()) return s;
+  absl::StatusOr<std::vector<StoreChunk*>> chunks = ChunksOf(push);
+  if (!chunks.ok()) return chunks.status();
+  const PushAdmission::Pusher pusher{push.worker_rank, push.incarnation, push.step};
+  if (absl::Status s = admission_.CheckIncarnation(pusher, push.chunks.size()); !s.ok()) return s;
+  uint32_t taken = 0;
+  {
+    TargetLocks locks(*chunks);
+    if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
+    for (size_t i = 0; i < push.chunks.size(); ++i) {
+      const ChunkGradient& g = push.chunks[i];
+      for (float v : g.values)
+        if (!std::isfinite(v))
+          return absl::InvalidArgumentError(absl::StrCat(
+              (*chunks)[i]->name, ": an initial value is not a finite number"));
+    }
+    for (size_t i = 0; i < push.chunks.size(); ++i)
+      taken += (*chunks)[i]->Give(push.chunks[i].values) ? 1 : 0;
+  }
+  pulls_.Wake();
+  return taken;
 }
 
 absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
@@ -348,7 +384,7 @@ StoreTarget* ShardStore::Blocking(const Waiter& w, const LiveSet& live,
   const PullWait& spec = *w.wait;
   for (StoreTarget* t : w.targets) {
     absl::MutexLock lock(&t->mu);
-    const bool ready = t->version() >= spec.min_version &&
+    const bool ready = !t->awaiting_values && t->version() >= spec.min_version &&
                        (!spec.clock.has_value() ||
                         t->policy->ReadyToServe(spec.worker_rank, *spec.clock, *t, live));
     if (!ready) {
@@ -381,8 +417,15 @@ bool ShardStore::TryServe(WaitingPull& pull) {
   if (StoreTarget* blocking = Blocking(w, *live, &version); blocking != nullptr) {
     const absl::Time now = absl::Now();
     if (now < spec.deadline) return false;
+    bool blocking_awaits = false;
+    {
+      absl::MutexLock lock(&blocking->mu);
+      blocking_awaits = blocking->awaiting_values;
+    }
     w.Fail(absl::DeadlineExceededError(absl::StrCat(
-        blocking->name, " is at version ", version,
+        blocking->name,
+        blocking_awaits ? " has no values yet (worker rank 0 gives them)"
+                        : absl::StrCat(" is at version ", version),
         spec.clock.has_value() ? absl::StrCat(", not yet readable at clock ", *spec.clock,
                                               " of worker ", spec.worker_rank)
                                : std::string(),

@@ -185,6 +185,12 @@ class ShardStore {
   // step that is not current (sync), or a gradient too stale (async);
   // UNAVAILABLE after Shutdown.
   absl::StatusOr<PushResult> Push(const GradientPush& push);
+  // A user model's initial values (PushRequest.initial_values), from worker
+  // rank 0 (PERMISSION_DENIED otherwise): each chunk that awaits its values
+  // takes them (StoreChunk::Give), the others keep theirs; waiting pulls
+  // are looked at again. The number of chunks that took them.
+  // INVALID_ARGUMENT, nothing changed, for a value that is not finite.
+  absl::StatusOr<uint32_t> GiveInitialValues(const GradientPush& push);
 
   // Reads the chunks of `spec` once each is ready (version >= min_version
   // and, with a clock, the mode allows it) and calls `done` with them, or
@@ -358,6 +364,8 @@ class ShardStore {
       absl::Span<const PushAdmission::TargetGradient> grads);
   // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank.
   absl::Status CheckPuller(uint32_t rank) const;
+  // UNAVAILABLE: `target` awaits its initial values.
+  static absl::Status AwaitingValuesError(const StoreTarget& target);
   // OK for generation 0 or the shard's; ABORTED for an older one,
   // UNAVAILABLE for a newer one.
   absl::Status CheckGeneration(uint64_t generation) const;

@@ -140,9 +140,15 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   if (state == nullptr) {
     version_ = 0;
     optimizer->Reset();
+    if (!given_.empty()) {
+      std::memcpy(values.f32(), given_.data(), num_elements_ * sizeof(float));
+      return absl::OkStatus();
+    }
+    awaiting_values = tensor.initializer() == "given";
     return InitializeRange(tensor, config.seed(), spec.tensor_index(), spec.offset(),
                            spec.num_elements(), values.f32());
   }
+  awaiting_values = false;
   version_ = state->version();
   std::memcpy(values.f32(), state->values().data(), num_elements_ * sizeof(float));
   std::vector<const std::string*> slots;
@@ -150,6 +156,14 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   optimizer->LoadState(slots);
   LoadMarks(state->marks());
   return absl::OkStatus();
+}
+
+bool StoreChunk::Give(absl::Span<const float> initial) {
+  if (!awaiting_values || initial.size() != num_elements_) return false;
+  std::memcpy(values.f32(), initial.data(), num_elements_ * sizeof(float));
+  given_.assign(initial.begin(), initial.end());
+  awaiting_values = false;
+  return true;
 }
 
 void StoreChunk::Update(const GradientRef& grad, float lr) {

@@ -65,6 +65,9 @@ class StoreTarget : public UpdateTarget {
   // the state captured, until collected.
   uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
   std::optional<v1::ShardCheckpointFile> captured ABSL_GUARDED_BY(mu);
+  // A chunk of a user model's "given" tensor that has no values yet: no
+  // pull is served and no gradient taken until worker rank 0's come.
+  bool awaiting_values ABSL_GUARDED_BY(mu) = false;
 
  protected:
   // Back to the start of a (restored) generation: a new policy, no marks,
@@ -100,11 +103,16 @@ class StoreChunk final : public StoreTarget {
   std::unique_ptr<GradientBuffer> NewBuffer() override;
 
   // Replaces the state with `state` (checked by MatchChunkStates), or with
-  // the initial values at version 0 when null; drops the mode's pending
-  // state.
+  // the initial values at version 0 when null (a "given" tensor's: those
+  // rank 0 gave, or none yet); drops the mode's pending state.
   absl::Status Reset(const v1::ChunkState* state, const v1::ChunkSpec& spec,
                      const v1::TensorSpec& tensor, const v1::JobConfig& config,
                      absl::Span<const uint64_t> resume_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // A "given" tensor's initial values, from worker rank 0: taken (true)
+  // while the chunk awaits them, and kept for a roll-back to step 0;
+  // ignored (false) once it has values.
+  bool Give(absl::Span<const float> initial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   const uint32_t id;
 
@@ -121,6 +129,9 @@ class StoreChunk final : public StoreTarget {
  public:
   DeviceBuffer values ABSL_GUARDED_BY(mu);
   std::unique_ptr<ChunkOptimizer> optimizer ABSL_GUARDED_BY(mu);
+
+ private:
+  std::vector<float> given_ ABSL_GUARDED_BY(mu);  // Give's values; empty before
 };
 
 // One sparse table's rows on this shard. Locked after every chunk (its

@@ -15,7 +15,8 @@ namespace {
 namespace push_request {
 constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
                    kChunks = 5, kNumSamples = 6, kGeneration = 7, kPull = 8,
-                   kPullTimeoutMs = 9, kPullDType = 10, kLane = 11;
+                   kPullTimeoutMs = 9, kPullDType = 10, kLane = 11,
+                   kInitialValues = 12;
 }
 namespace chunk_data {
 constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4, kIndices = 5,
@@ -137,6 +138,7 @@ grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtyp
   w.Varint(push_request::kPullTimeoutMs, header.pull_timeout_ms());
   w.Varint(push_request::kPullDType, header.pull_dtype());
   if (header.has_lane()) w.String(push_request::kLane, header.lane().SerializeAsString());
+  if (header.initial_values()) w.Varint(push_request::kInitialValues, 1);
   return w.Finish();
 }
 
@@ -234,6 +236,7 @@ absl::Status DecodePushRequest(
           case push_request::kPull: header->set_pull(v != 0); break;
           case push_request::kPullTimeoutMs: header->set_pull_timeout_ms(static_cast<uint32_t>(v)); break;
           case push_request::kPullDType: header->set_pull_dtype(static_cast<v1::DType>(static_cast<int32_t>(v))); break;
+          case push_request::kInitialValues: header->set_initial_values(v != 0); break;
         }
       },
       on_chunk,

@@ -526,9 +526,7 @@ absl::Status ParameterClient::Pull(uint64_t clock, absl::Duration timeout,
   return Wait(PullAsync(clock, timeout, host_params)).status();
 }
 
-ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* host_grads,
-                                                   uint32_t num_samples, float* pull_into,
-                                                   absl::Duration pull_timeout) {
+v1::PushRequest ParameterClient::PushHeader(uint64_t step, uint32_t num_samples) const {
   v1::PushRequest header;
   header.set_job_id(config_.job_id());
   header.set_worker_rank(rank_);
@@ -536,6 +534,26 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
   header.set_step(step);
   header.set_num_samples(num_samples);
   header.set_generation(generation_.load());
+  return header;
+}
+
+absl::Status ParameterClient::GiveInitialValues(const float* host_values,
+                                                const RetryPolicy& retry) {
+  auto op = std::make_unique<Operation>();
+  op->push = true;
+  op->header = PushHeader(0, 1);  // a push names at least one sample
+  op->header.set_initial_values(true);
+  op->host_grads = host_values;
+  op->dtype = DType::kF32;  // the values exactly as the model holds them
+  op->calls.resize(parts_.size());
+  for (size_t i = 0; i < parts_.size(); ++i) EncodePushCall(op.get(), i);
+  return Wait(Register(std::move(op)), retry).status();
+}
+
+ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* host_grads,
+                                                   uint32_t num_samples, float* pull_into,
+                                                   absl::Duration pull_timeout) {
+  v1::PushRequest header = PushHeader(step, num_samples);
   if (pull_into != nullptr) {
     header.set_pull(true);
     header.set_pull_timeout_ms(static_cast<uint32_t>(
@@ -597,7 +615,7 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
   call.part = &part;
   call.lane = nullptr;
   call.lane_bytes = 0;
-  {
+  if (!op->header.initial_values()) {  // those travel in the message
     absl::MutexLock lock(&lane_mu_);
     if (lane_ != nullptr && !lane_refused_[part.shard] && !lane_->busy[index].exchange(true))
       call.lane = lane_;

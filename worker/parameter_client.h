@@ -137,6 +137,12 @@ class ParameterClient final : public ParameterShards {
                    float* pull_into = nullptr,
                    absl::Duration pull_timeout = absl::ZeroDuration());
 
+  // A user model's initial values (num_parameters() floats, exactly; the
+  // job's "given" tensors, PushRequest.initial_values): each chunk that has
+  // none yet takes them, the others keep theirs. Only rank 0's are taken
+  // (PERMISSION_DENIED otherwise). Retried as a push is.
+  absl::Status GiveInitialValues(const float* host_values, const RetryPolicy& retry);
+
   // Waits for every RPC of `ticket`. A pull's outcome is empty. A push's
   // RPCs that failed UNAVAILABLE are sent again from this thread per
   // `retry` (the pull's `retry` is ignored: one attempt per shard).
@@ -180,6 +186,8 @@ class ParameterClient final : public ParameterShards {
   struct Lane;
 
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
+  // A push's fields other than its chunks, lane and pull.
+  v1::PushRequest PushHeader(uint64_t step, uint32_t num_samples) const;
   void ConnectShard(const v1::ShardEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<grpc::GenericStub> StubOf(const Part& part) const
       ABSL_LOCKS_EXCLUDED(mu_);

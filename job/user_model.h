@@ -1,0 +1,41 @@
+// The user's own model (MODEL_USER, docs/pytorch.md): its dense tensors are
+// described by the job's first worker (Coordinator.DefineModel) rather than
+// built in. These are the rules an offer must keep, checked once at the
+// coordinator (and by the worker before it offers), and the comparison that
+// tells a worker whose model differs which tensor differs.
+#ifndef GRPS_JOB_USER_MODEL_H_
+#define GRPS_JOB_USER_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "google/protobuf/repeated_field.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+using TensorSpecs = google::protobuf::RepeatedPtrField<v1::TensorSpec>;
+
+// Bounds of a model a job takes.
+inline constexpr int kMaxUserTensors = 100000;
+inline constexpr size_t kMaxTensorNameBytes = 256;
+inline constexpr int kMaxTensorDims = 16;
+// Elements of the whole model (f32 on the shards: 16 GiB).
+inline constexpr uint64_t kMaxUserModelElements = uint64_t{1} << 32;
+
+// INVALID_ARGUMENT naming the first tensor that breaks a rule: at least one
+// tensor; names unique, 1..kMaxTensorNameBytes of [A-Za-z0-9_.:/-]; at most
+// kMaxTensorDims dims, each in [1, 2^40] (no dims: a scalar, one element);
+// initializer "given"; dtype f32, f16 or bf16 (UNSPECIFIED: f32); at most
+// kMaxUserModelElements elements in all.
+absl::Status ValidateUserModel(const TensorSpecs& tensors);
+
+// Empty when `offered` is the model `defined`; otherwise what differs,
+// naming the first tensor (by position) that does: "tensor 3 'fc.weight'
+// has shape [10, 64], the job's [10, 32]", a missing or an extra tensor.
+std::string FirstModelDifference(const TensorSpecs& defined, const TensorSpecs& offered);
+
+}  // namespace grps
+
+#endif  // GRPS_JOB_USER_MODEL_H_

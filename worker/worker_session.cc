@@ -1,0 +1,384 @@
+#include "worker/worker_session.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "job/job_config.h"
+#include "spdlog/spdlog.h"
+#include "wire/chunk_codec.h"
+
+namespace grps {
+namespace {
+
+// How often a wait logs that it still waits.
+constexpr absl::Duration kWaitLogEvery = absl::Seconds(10);
+
+absl::Duration CoordinatorTimeout(const v1::JobConfig& config) {
+  return absl::Milliseconds(CoordinatorTimeoutMs(config));
+}
+
+bool Ended(v1::JobState state) {
+  return state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
+         state == v1::JOB_STATE_FAILED;
+}
+
+}  // namespace
+
+WorkerSession::WorkerSession(v1::Coordinator::StubInterface* coordinator,
+                             const v1::RegisterWorkerResponse& registration,
+                             std::unique_ptr<ParameterShards> dense,
+                             std::unique_ptr<SparseShards> sparse, Options options)
+    : coordinator_(coordinator),
+      config_(registration.config()),
+      rank_(registration.rank()),
+      incarnation_(registration.incarnation()),
+      options_(std::move(options)),
+      coordinator_timeout_(CoordinatorTimeout(registration.config())),
+      dense_(std::move(dense)),
+      sparse_(std::move(sparse)),
+      agent_(coordinator,
+             {registration.config().job_id(), MemberKind::kWorker, registration.rank(),
+              registration.incarnation()},
+             absl::Milliseconds(registration.config().heartbeat_interval_ms()),
+             absl::Milliseconds(registration.config().heartbeat_interval_ms()) * 4,
+             options_.clock) {
+  {
+    absl::MutexLock lock(&mu_);
+    generation_ = registration.generation();
+    last_progress_ = Now();
+    progress_.set_step(registration.start_step());
+    progress_.set_test_accuracy(-1);
+    progress_.set_test_loss(-1);
+  }
+  SetGeneration(registration.generation());
+  agent_.Start(HeartbeatHandlers());
+}
+
+WorkerSession::~WorkerSession() { agent_.Stop(); }
+
+void WorkerSession::SetGeneration(uint64_t generation) {
+  dense_->set_generation(generation);
+  if (sparse_ != nullptr) sparse_->set_generation(generation);
+}
+
+uint64_t WorkerSession::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+void WorkerSession::UpdateProgress(const std::function<void(v1::WorkerProgress*)>& edit) {
+  absl::MutexLock lock(&mu_);
+  edit(&progress_);
+}
+
+v1::WorkerProgress WorkerSession::progress() const {
+  absl::MutexLock lock(&mu_);
+  return progress_;
+}
+
+std::optional<uint32_t> WorkerSession::evaluator_rank() const {
+  absl::MutexLock lock(&mu_);
+  return evaluator_rank_;
+}
+
+bool WorkerSession::asked_for_final_evaluation() const {
+  absl::MutexLock lock(&mu_);
+  return evaluate_final_ && evaluator_rank_ == rank_;
+}
+
+bool WorkerSession::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+WorkerSession::Interrupt WorkerSession::Interrupted() const {
+  if (ShutdownRequested() || (options_.interrupted && options_.interrupted()))
+    return Interrupt::kSignal;
+  absl::MutexLock lock(&mu_);
+  if (job_state_ == v1::JOB_STATE_FAILED) return Interrupt::kJobFailed;
+  if (Ended(job_state_)) return Interrupt::kJobEnded;
+  if (restore_.has_value() && restore_->generation() > generation_)
+    return Interrupt::kRollBack;
+  return Interrupt::kNone;
+}
+
+absl::Status WorkerSession::JobFailed() {
+  // The heartbeat carries only the state; the reason is in the job status.
+  v1::GetJobStatusRequest req;
+  v1::JobStatus status;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  grpc::Status st = coordinator_->GetJobStatus(&ctx, req, &status);
+  return absl::AbortedError(absl::StrCat(
+      "job failed: ", st.ok() && !status.message().empty()
+                          ? status.message()
+                          : std::string("(the coordinator gave no reason)")));
+}
+
+bool WorkerSession::TakeRollBack(uint64_t total, uint64_t* step) {
+  v1::RestoreOrder order;
+  uint64_t resume = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!restore_.has_value() || restore_->generation() <= generation_) return false;
+    order = *restore_;
+    restore_.reset();
+    resume = rank_ < static_cast<uint32_t>(order.worker_steps_size())
+                 ? order.worker_steps(rank_)
+                 : order.step();
+    resume = std::min(resume, total);
+    generation_ = order.generation();
+    finished_ = false;
+    progress_.set_step(resume);
+    last_progress_ = Now();
+  }
+  SetGeneration(order.generation());
+  *step = resume;
+  if (order.checkpoint_id() == 0)
+    spdlog::warn("rolled back to the initial values: resuming at step {} (generation {})",
+                 resume, order.generation());
+  else
+    spdlog::warn("rolled back to checkpoint {}: resuming at step {} (generation {})",
+                 order.checkpoint_id(), resume, order.generation());
+  return true;
+}
+
+bool WorkerSession::StuckWithoutCoordinator() const {
+  if (CoordinatorSilence() <= coordinator_timeout_) return false;
+  absl::MutexLock lock(&mu_);
+  return Now() - last_progress_ > coordinator_timeout_;
+}
+
+void WorkerSession::NoteProgress() {
+  absl::MutexLock lock(&mu_);
+  last_progress_ = Now();
+}
+
+MemberAgent::Handlers WorkerSession::HeartbeatHandlers() {
+  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+  MemberAgent::Handlers handlers;
+  handlers.fill = [this](v1::HeartbeatRequest* req) {
+    req->set_shard_map_epoch(dense_->map_epoch());
+    absl::MutexLock lock(&mu_);
+    *req->mutable_progress() = progress_;
+    req->set_generation(generation_);
+    req->set_finished(finished_);
+  };
+  handlers.on_reply = [this](const v1::HeartbeatResponse& resp) {
+    if (said_silent_) spdlog::info("the coordinator answers again");
+    said_silent_ = false;
+    OnHeartbeatReply(resp);
+    return MemberAgent::Next::kGoOn;
+  };
+  handlers.on_error = [this, interval](const grpc::Status& st) {
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+      spdlog::warn("heartbeat: {}", st.error_message());
+    // Training goes on without a coordinator; say so once.
+    if (!said_silent_ && CoordinatorSilence() > interval * 4) {
+      spdlog::warn("no answer from the coordinator for {} ({}); training goes on, "
+                   "waits that need it give up after {}",
+                   absl::FormatDuration(CoordinatorSilence()), st.error_message(),
+                   absl::FormatDuration(coordinator_timeout_));
+      said_silent_ = true;
+    }
+    return MemberAgent::Next::kGoOn;
+  };
+  return handlers;
+}
+
+void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
+  // The clients are thread-safe: a newer map goes to them at once, so that
+  // a push retrying on another thread reaches the shard's new endpoint.
+  if (resp.has_shard_map() && resp.shard_map().epoch() > dense_->map_epoch() &&
+      resp.shard_map().epoch() != refused_map_epoch_) {
+    absl::Status s = dense_->UpdateShardMap(resp.shard_map());
+    if (s.ok() && sparse_ != nullptr) sparse_->UpdateShardMap(resp.shard_map());
+    if (s.ok()) {
+      spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
+    } else {
+      spdlog::error("refused the coordinator's {}", std::string(s.message()));
+      refused_map_epoch_ = resp.shard_map().epoch();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  job_state_ = resp.job_state();
+  evaluator_rank_.reset();
+  if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
+  evaluate_final_ = resp.evaluate_final();
+  if (resp.has_restore() && resp.restore().generation() > generation_ &&
+      (!restore_.has_value() || resp.restore().generation() > restore_->generation()))
+    restore_ = resp.restore();
+}
+
+absl::Status WorkerSession::WaitToPull(absl::string_view what, uint64_t clock,
+                                       const std::function<absl::Status()>& attempt) {
+  // A pull may wait for other workers (sync, ssp) or for a shard to come
+  // back; keep waiting, in slices so that the end of the job or a roll-back
+  // is noticed, as long as the job runs and the coordinator answers.
+  absl::Time logged = Now();
+  while (true) {
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    absl::Status s = attempt();
+    if (s.ok()) {
+      NoteProgress();
+      return s;
+    }
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
+    // RESOURCE_EXHAUSTED: the shard has too many waiting pulls, or its gRPC
+    // is short of memory for calls right now.
+    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kResourceExhausted)
+      return s;
+    if (StuckWithoutCoordinator())
+      return absl::UnavailableError(absl::StrCat(
+          "no ", what, " for clock ", clock, " and no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
+    if (Now() - logged >= kWaitLogEvery) {
+      spdlog::info("waiting to read the {} of clock {}: {}", std::string(what), clock,
+                   std::string(s.message()));
+      logged = Now();
+    }
+    SleepUnlessShutdown(absl::Milliseconds(100));
+  }
+}
+
+absl::Status WorkerSession::PullWeights(uint64_t clock, float* params) {
+  return WaitToPull("weights", clock, [&] { return dense_->Pull(clock, kPullSlice, params); });
+}
+
+absl::Status WorkerSession::JoinTheOthers(uint64_t* step, float* params) {
+  if (absl::Status s = PullWeights(*step, params); !s.ok()) return s;
+  // The highest version: a shard that is a step behind the others (it has
+  // not completed the step they pushed everywhere yet) takes this rank's
+  // gradient for that step, and the rank stays one step behind there. At
+  // the lowest, the rank would be a step ahead on the others, and at the
+  // end make a step there that no other shard makes.
+  const uint64_t at = dense_->max_pulled_version();
+  if (at > *step) {
+    spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
+    *step = at;
+  }
+  return absl::OkStatus();
+}
+
+ParameterShards::RetryPolicy WorkerSession::PushRetry() {
+  ParameterShards::RetryPolicy retry;
+  retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
+  retry.stop = [this] {
+    return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
+  };
+  return retry;
+}
+
+absl::StatusOr<ParameterShards::PushOutcome> WorkerSession::PushGradients(uint64_t step,
+                                                                          const float* grads,
+                                                                          uint32_t samples,
+                                                                          float* params) {
+  // Fused with the pull of the next clock: the shards reply with the new
+  // weights once the mode allows (sync: when the step completes), which saves
+  // a round trip per step; if they do not come within a pull slice, the
+  // caller pulls as usual.
+  const ParameterShards::RetryPolicy retry = PushRetry();
+  absl::Time logged = Now();
+  while (true) {
+    absl::StatusOr<ParameterShards::PushOutcome> pushed =
+        dense_->PushAndPull(step, grads, samples, params, kPullSlice, retry);
+    if (pushed.ok()) {
+      NoteProgress();
+      return pushed;
+    }
+    if (Interrupted() != Interrupt::kNone) return pushed.status();
+    const absl::Status& s = pushed.status();
+    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
+    if (StuckWithoutCoordinator())
+      return absl::UnavailableError(absl::StrCat(
+          "cannot push step ", step, " and no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
+    // A push that outlived its deadline is retried too: the shards
+    // deduplicate it.
+    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kUnavailable)
+      return s;
+    if (Now() - logged >= kWaitLogEvery) {
+      spdlog::info("retrying the push of step {}: {}", step, std::string(s.message()));
+      logged = Now();
+    }
+  }
+}
+
+absl::Status WorkerSession::WaitForRestoreOrder(const absl::Status& refused) {
+  spdlog::info("{}; waiting for the restore order", std::string(refused.message()));
+  const absl::Time give_up = Now() + coordinator_timeout_;
+  while (Now() < give_up) {
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    SleepUnlessShutdown(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no restore order within ", absl::FormatDuration(coordinator_timeout_),
+      " after: ", refused.message()));
+}
+
+absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
+  done.set_job_id(config_.job_id());
+  done.set_worker_rank(rank_);
+  done.set_incarnation(incarnation_);
+  // A coordinator that restarted may not know this rank until it has seen
+  // its heartbeat: its refusal is retried as long as the silence bound.
+  const absl::Time refusals_until = Now() + coordinator_timeout_;
+  Backoff policy;
+  // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
+  // coordinator's memory quota, busy with someone else's big messages.
+  policy.retry_resource_exhausted = true;
+  // A coordinator that is stopped or overloaded answers late: retried too,
+  // as every failure, for as long as the coordinator's silence allows.
+  policy.retry_deadline_exceeded = true;
+  bool gave_up = false;
+  absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
+    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
+    if (CoordinatorSilence() > coordinator_timeout_) {
+      gave_up = true;
+      return absl::CancelledError("the coordinator is silent");  // ends the retries
+    }
+    v1::WorkerDoneResponse resp;
+    v1::WorkerDoneRequest request = done;
+    request.set_generation(generation());
+    absl::Status s = ToAbsl(agent_.WorkerDone(request, &resp, absl::Seconds(10)));
+    if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
+    if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) && Now() < refusals_until)
+      return absl::UnavailableError(s.message());
+    return s;
+  });
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    return st;
+  }
+  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  if (gave_up)
+    return absl::UnavailableError(absl::StrCat(
+        "WorkerDone: no word from the coordinator for ",
+        absl::FormatDuration(coordinator_timeout_), "; giving up"));
+  // The job rolled back after this worker finished: the heartbeat brings
+  // the restore order, and the worker trains again.
+  if (absl::IsAborted(st)) return WaitForRestoreOrder(st);
+  return absl::Status(st.code(), absl::StrCat("WorkerDone: ", st.message()));
+}
+
+absl::StatusOr<bool> WorkerSession::AwaitEndOrFinalEvaluation() {
+  while (Interrupted() == Interrupt::kNone) {
+    if (CoordinatorSilence() > coordinator_timeout_)
+      return absl::UnavailableError(absl::StrCat(
+          "finished, but no word from the coordinator for ",
+          absl::FormatDuration(coordinator_timeout_), "; giving up"));
+    if (asked_for_final_evaluation()) return true;
+    SleepUnlessShutdown(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+}  // namespace grps

@@ -1,0 +1,180 @@
+// WorkerSession: a registered worker's standing in its job, for whoever
+// computes its gradients: grps-worker's Trainer (the built-in models) and
+// the grps Python package (a user's PyTorch model, python/grps). It holds
+// the member agent (heartbeats carrying the holder's progress), follows
+// what the replies say (a newer shard map, the job's state, the evaluator,
+// a roll-back's restore order), and makes every wait of a step bounded the
+// same way:
+//
+// - a pull waits in slices while the shards hold it (sync, ssp) or a shard
+//   is away, as long as the job runs and the coordinator answers;
+// - a push retries while a shard is away, deduplicated by the shards;
+// - a refusal from an older generation (ABORTED) waits for the restore
+//   order, which TakeRollBack then applies;
+// - nothing waits past the job's end, a roll-back, a signal, the holder's
+//   own stop (`interrupted`), or coordinator_timeout_ms of silence.
+//
+// Thread safety: every method may be called from any thread; the pulls and
+// pushes are one training thread's (ParameterShards' rule).
+#ifndef GRPS_WORKER_WORKER_SESSION_H_
+#define GRPS_WORKER_WORKER_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "member/member_agent.h"
+#include "proto/grps.grpc.pb.h"
+#include "worker/parameter_shards.h"
+#include "worker/sparse_shards.h"
+
+namespace grps {
+
+// A pull waits at the shards at most this long per attempt (then the
+// session looks at the job again).
+inline constexpr absl::Duration kPullSlice = absl::Seconds(2);
+
+class WorkerSession {
+ public:
+  // What ends a wait besides its own success.
+  enum class Interrupt {
+    kNone,
+    kSignal,     // SIGINT / SIGTERM, or the holder's `interrupted`
+    kJobEnded,   // COMPLETED or STOPPED
+    kJobFailed,  // FAILED
+    kRollBack,   // a restore order of a newer generation is pending
+  };
+
+  struct Options {
+    // Measures the coordinator's silence and the bounds of every wait
+    // (tests drive it); sleeps and gRPC deadlines are real time.
+    MemberAgent::Clock clock = &absl::Now;
+    // The holder's own reason to stop waiting (Python: a KeyboardInterrupt
+    // pending); polled from the waiting thread. Null: signals only.
+    std::function<bool()> interrupted;
+  };
+
+  // `registration` is the coordinator's answer (validated by the caller);
+  // `dense` (required) and `sparse` (may be null) reach the shards of its
+  // map as its rank and incarnation; the session sets their generation and
+  // hands them newer maps. Heartbeats start at once. *coordinator must
+  // outlive the session.
+  WorkerSession(v1::Coordinator::StubInterface* coordinator,
+                const v1::RegisterWorkerResponse& registration,
+                std::unique_ptr<ParameterShards> dense, std::unique_ptr<SparseShards> sparse,
+                Options options);
+  ~WorkerSession();  // stops the heartbeats
+
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+
+  const v1::JobConfig& config() const { return config_; }
+  uint32_t rank() const { return rank_; }
+  uint64_t incarnation() const { return incarnation_; }
+  ParameterShards& dense() { return *dense_; }
+  SparseShards* sparse() { return sparse_.get(); }
+  uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- What the heartbeats carry ----
+
+  // Edits the progress the next heartbeat reports (under the session's lock).
+  void UpdateProgress(const std::function<void(v1::WorkerProgress*)>& edit)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  v1::WorkerProgress progress() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The rank the coordinator names as evaluator now, if any; whether it asks
+  // this rank to evaluate the final weights.
+  std::optional<uint32_t> evaluator_rank() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool asked_for_final_evaluation() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Bounded waits ----
+
+  Interrupt Interrupted() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The error for a FAILED job, with the coordinator's reason.
+  absl::Status JobFailed();
+  // If a restore order of a newer generation is pending: switches to its
+  // generation, sets *step to where this rank resumes (at most `total`),
+  // logs, returns true.
+  bool TakeRollBack(uint64_t total, uint64_t* step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Retries `attempt` (a pull that may wait at the shards for `clock`, at
+  // most kPullSlice at a time) until it succeeds, the job ends or rolls back
+  // (CANCELLED), it fails otherwise than by waiting or an unavailable shard,
+  // or the coordinator has been silent too long. `what` names what is read.
+  absl::Status WaitToPull(absl::string_view what, uint64_t clock,
+                          const std::function<absl::Status()>& attempt);
+  // The dense weights for `clock` into `params`, as WaitToPull waits.
+  absl::Status PullWeights(uint64_t clock, float* params);
+  // A restarted rank in sync: pulls the weights for *step and moves *step
+  // up to where the others are.
+  absl::Status JoinTheOthers(uint64_t* step, float* params);
+  // The retry policy of every push: as long as the job runs and the
+  // coordinator answers.
+  ParameterShards::RetryPolicy PushRetry();
+  // Pushes step's dense gradient, fused with the pull of step + 1 into
+  // `params`, retrying as PushRetry says and while the push outlives its
+  // deadline (the shards deduplicate it).
+  absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step, const float* grads,
+                                                             uint32_t samples, float* params);
+  // A push or pull refused as from an older generation: waits (at most
+  // coordinator_timeout_ms) until the restore order arrives; CANCELLED then
+  // (or at any other interrupt).
+  absl::Status WaitForRestoreOrder(const absl::Status& refused);
+  // WorkerDone with `done` (job, rank, incarnation and generation are set
+  // here), retried while the coordinator may still answer. OK also when an
+  // interrupt ended it; a roll-back after this rank finished waits for the
+  // restore order.
+  absl::Status ReportDone(v1::WorkerDoneRequest done);
+  // After ReportDone: waits until the job ends, a roll-back comes, or the
+  // coordinator asks this rank for the final evaluation (true); the
+  // coordinator's silence past coordinator_timeout_ms is an error.
+  absl::StatusOr<bool> AwaitEndOrFinalEvaluation();
+  bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // How long the coordinator has not answered a heartbeat.
+  absl::Duration CoordinatorSilence() const { return agent_.Silence(); }
+  absl::Duration coordinator_timeout() const { return coordinator_timeout_; }
+  // A wait that has made no progress for coordinator_timeout while the
+  // coordinator was silent as long: give up.
+  bool StuckWithoutCoordinator() const ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteProgress() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Time Now() const { return options_.clock(); }
+
+ private:
+  MemberAgent::Handlers HeartbeatHandlers();
+  void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetGeneration(uint64_t generation);
+
+  v1::Coordinator::StubInterface* const coordinator_;
+  const v1::JobConfig config_;
+  const uint32_t rank_;
+  const uint64_t incarnation_;
+  const Options options_;
+  const absl::Duration coordinator_timeout_;
+  const std::unique_ptr<ParameterShards> dense_;
+  const std::unique_ptr<SparseShards> sparse_;
+
+  mutable absl::Mutex mu_;
+  v1::WorkerProgress progress_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::RestoreOrder> restore_ ABSL_GUARDED_BY(mu_);  // pending
+  v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
+  std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
+  bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // WorkerDone answered
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
+  // The heartbeat thread's own.
+  uint64_t refused_map_epoch_ = 0;
+  bool said_silent_ = false;
+
+  MemberAgent agent_;  // last: its thread uses the members above
+};
+
+}  // namespace grps
+
+#endif  // GRPS_WORKER_WORKER_SESSION_H_
