@@ -72,6 +72,18 @@ std::string FirstFlagGiven(int argc, char** argv,
   return "";
 }
 
+absl::Status SetFlagsFromEnvironment() {
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    std::string env = absl::StrCat("GRPS_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) continue;
+    std::string error;
+    if (!flag->ParseFrom(value, &error))
+      return absl::InvalidArgumentError(absl::StrCat(env, "=", value, ": ", error));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<char*> ParseFlagsWithEnvironment(
     int argc, char** argv, absl::string_view usage,
     std::initializer_list<absl::string_view> unused_flags) {
@@ -81,16 +93,9 @@ std::vector<char*> ParseFlagsWithEnvironment(
   usage_config.contains_helpshort_flags = &IsGrpsFlagFile;
   usage_config.normalize_filename = &FolderAndFile;
   absl::SetFlagsUsageConfig(usage_config);
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    std::string env = absl::StrCat("GRPS_", absl::AsciiStrToUpper(name));
-    const char* value = std::getenv(env.c_str());
-    if (value == nullptr) continue;
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      std::fprintf(stderr, "error: %s=%s: %s\n", env.c_str(), value,
-                   error.c_str());
-      std::exit(1);
-    }
+  if (absl::Status s = SetFlagsFromEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
   }
   // Accept --result-json as well as --result_json.
   for (int i = 1; i < argc; ++i) {

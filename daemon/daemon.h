@@ -28,6 +28,11 @@ inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
 // RESOURCE_EXHAUSTED from gRPC before reaching a handler).
 inline constexpr int kMaxMessageBytes = 64 << 20;
 
+// Sets every linked flag named by a GRPS_<FLAG> variable (a process that
+// has no command line of its own: the grps Python package).
+// INVALID_ARGUMENT naming the variable whose value does not parse.
+absl::Status SetFlagsFromEnvironment();
+
 // Sets every registered absl flag `name` from the environment variable
 // GRPS_<NAME> (upper case) when it is set, then parses the command line, which
 // wins. Exits 1 with a clear message on a malformed value (from either).

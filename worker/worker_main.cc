@@ -26,6 +26,7 @@
 #include "worker/sparse_client.h"
 #include "worker/straggler.h"
 #include "worker/trainer.h"
+#include "worker/worker_session.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "coordinator host:port");
 ABSL_FLAG(int, rank, -1, "requested worker rank (-1: any free rank)");
@@ -130,21 +131,6 @@ absl::StatusOr<std::optional<GrpcServer>> StartHealth() {
   started->server->GetHealthCheckService()->SetServingStatus(false);
   spdlog::info("gRPC health on port {}: NOT_SERVING until registered", started->port);
   return std::optional<GrpcServer>(std::move(*started));
-}
-
-// The job and shard map a registration brought, checked before the trainer
-// trusts them.
-absl::Status CheckRegistration(const v1::RegisterWorkerResponse& reg) {
-  absl::Status valid = ValidateJobConfig(reg.config());
-  if (valid.ok()) valid = ValidateShardMap(reg.shard_map());
-  if (!valid.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat("coordinator sent an unusable job: ", valid.message()));
-  for (const v1::ShardEndpoint& e : reg.shard_map().shards())
-    if (e.address().empty())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "coordinator sent a shard map without an address for shard ", e.shard()));
-  return absl::OkStatus();
 }
 
 void LogRegistration(const v1::RegisterWorkerResponse& reg) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "job/job_config.h"
+#include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 #include "wire/chunk_codec.h"
 
@@ -25,6 +26,19 @@ bool Ended(v1::JobState state) {
 }
 
 }  // namespace
+
+absl::Status CheckRegistration(const v1::RegisterWorkerResponse& reg) {
+  absl::Status valid = ValidateJobConfig(reg.config());
+  if (valid.ok()) valid = ValidateShardMap(reg.shard_map());
+  if (!valid.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator sent an unusable job: ", valid.message()));
+  for (const v1::ShardEndpoint& e : reg.shard_map().shards())
+    if (e.address().empty())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "coordinator sent a shard map without an address for shard ", e.shard()));
+  return absl::OkStatus();
+}
 
 WorkerSession::WorkerSession(v1::Coordinator::StubInterface* coordinator,
                              const v1::RegisterWorkerResponse& registration,

@@ -41,6 +41,10 @@ namespace grps {
 // session looks at the job again).
 inline constexpr absl::Duration kPullSlice = absl::Seconds(2);
 
+// The job and shard map a registration brought, checked before a worker
+// trusts them: INVALID_ARGUMENT ("coordinator sent an unusable job: ...").
+absl::Status CheckRegistration(const v1::RegisterWorkerResponse& registration);
+
 class WorkerSession {
  public:
   // What ends a wait besides its own success.

@@ -1,0 +1,343 @@
+// grps._grps: the grps Python package's bridge to the C++ worker core
+// (worker/user_worker.h). Thin on purpose: arrays cross as buffers (numpy
+// views of the user's torch tensors, never copied here), a Status becomes an
+// exception, and every call that waits releases the GIL. No torch header:
+// the package works with whatever PyTorch the user has.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <Python.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "daemon/security.h"
+#include "google/protobuf/util/json_util.h"
+#include "job/job_config.h"
+#include "job/user_model.h"
+#include "proto/grps.grpc.pb.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "wire/chunk_codec.h"
+#include "worker/sparse_shards.h"
+#include "worker/user_worker.h"
+
+namespace py = pybind11;
+
+namespace grps {
+namespace {
+
+// Python exceptions of the grps package (grps.Error and its kinds).
+PyObject* error_base = nullptr;
+PyObject* job_ended_error = nullptr;
+PyObject* model_mismatch_error = nullptr;
+
+// A failed Status as the exception a Python user expects: ValueError for
+// bad input, grps.ModelMismatch, grps.JobEnded, KeyboardInterrupt for a
+// signal, grps.Error otherwise (with the status code's name).
+[[noreturn]] void Raise(const absl::Status& s) {
+  const std::string message(s.message());
+  if (absl::IsInvalidArgument(s)) throw py::value_error(message);
+  if (IsJobEnded(s)) {
+    PyErr_SetString(job_ended_error, message.c_str());
+    throw py::error_already_set();
+  }
+  if (absl::IsFailedPrecondition(s) && message.find("model") != std::string::npos) {
+    PyErr_SetString(model_mismatch_error, message.c_str());
+    throw py::error_already_set();
+  }
+  if (absl::IsCancelled(s) && PyErr_Occurred() != nullptr) throw py::error_already_set();
+  PyErr_SetString(error_base,
+                  absl::StrCat(absl::StatusCodeToString(s.code()), ": ", message).c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// A writable (or read-only) C-contiguous float32 buffer of exactly `n`
+// elements; ValueError otherwise.
+float* FloatBuffer(const py::buffer& b, int64_t n, bool writable, const char* what) {
+  py::buffer_info info = b.request(writable);
+  if (info.itemsize != 4 || info.format != py::format_descriptor<float>::format())
+    throw py::value_error(absl::StrCat(what, " must be float32 (got format '", info.format,
+                                       "')"));
+  if (info.size != n)
+    throw py::value_error(absl::StrCat(what, " has ", info.size, " elements, the model ", n));
+  int64_t expected = 4;
+  for (int d = static_cast<int>(info.ndim) - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected)
+      throw py::value_error(absl::StrCat(what, " must be contiguous"));
+    expected *= info.shape[d];
+  }
+  return static_cast<float*>(info.ptr);
+}
+
+// Polled by waits (on the waiting thread, without the GIL): a Ctrl-C in
+// the Python process ends them. The GIL is taken only to ask.
+// Only the main thread runs Python's signal handlers; other threads (gRPC's,
+// the heartbeat's) never take the GIL here.
+std::thread::id main_thread;
+
+bool PythonSignalPending() {
+  if (std::this_thread::get_id() != main_thread) return false;
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+
+void SetFlag(const char* name, const std::string& value) {
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  std::string error;
+  if (flag == nullptr || !flag->ParseFrom(value, &error))
+    throw py::value_error(absl::StrCat("--", name, "=", value, ": ", error));
+}
+
+// The process's security from GRPS_* variables, then from the arguments
+// given (non-empty ones win). Once per process is enough; again replaces it.
+void Configure(const std::map<std::string, std::string>& overrides) {
+  static std::atomic<bool> logging{false};
+  if (!logging.exchange(true) && spdlog::get("grps") == nullptr) {
+    auto logger = spdlog::stderr_color_mt("grps");
+    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [grps] [%^%l%$] %v");
+    spdlog::set_default_logger(logger);
+  }
+  Check(SetFlagsFromEnvironment());
+  for (const auto& [name, value] : overrides)
+    if (!value.empty()) SetFlag(name.c_str(), value);
+  Check(InitProcessSecurity(Role::kWorker, /*serves=*/false));
+}
+
+TensorSpecs ModelOf(const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&
+                        tensors) {
+  TensorSpecs specs;
+  for (const auto& [name, shape, dtype] : tensors) {
+    v1::TensorSpec* t = specs.Add();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_initializer("given");
+    if (dtype == "float32") t->set_dtype(v1::DTYPE_F32);
+    else if (dtype == "float16") t->set_dtype(v1::DTYPE_F16);
+    else if (dtype == "bfloat16") t->set_dtype(v1::DTYPE_BF16);
+    else
+      throw py::value_error(absl::StrCat("parameter '", name, "' is ", dtype,
+                                         ": the shards take float32, float16 and bfloat16"));
+  }
+  return specs;
+}
+
+// The job's status as JSON (proto field names), for grps.JobClient.
+std::string JobStatusJson(const std::string& address, double timeout_s) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
+  v1::JobStatus status;
+  grpc::Status st;
+  {
+    py::gil_scoped_release nogil;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s)));
+    st = stub->GetJobStatus(&context, v1::GetJobStatusRequest(), &status);
+  }
+  Check(ToAbsl(st));
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  Check(absl::Status(static_cast<absl::StatusCode>(
+                         google::protobuf::util::MessageToJsonString(status, &json, options).code()),
+                     "cannot print the job status"));
+  return json;
+}
+
+class PyWorker {
+ public:
+  PyWorker(const std::string& coordinator,
+           const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>& model,
+           int rank, double register_timeout_s) {
+    UserWorker::Options options;
+    options.coordinator = coordinator;
+    options.rank = rank;
+    options.register_timeout = absl::Seconds(register_timeout_s);
+    options.interrupted = &PythonSignalPending;
+    const TensorSpecs specs = ModelOf(model);
+    absl::StatusOr<std::unique_ptr<UserWorker>> joined;
+    {
+      py::gil_scoped_release nogil;
+      joined = UserWorker::Join(options, specs);
+    }
+    if (!joined.ok()) Raise(joined.status());
+    worker_ = std::move(*joined);
+  }
+
+  void Begin(const py::buffer& params, bool give_initial) {
+    float* p = Params(params);
+    Check(Released([&] { return worker_->Begin(p, give_initial ? p : nullptr); }));
+  }
+
+  py::dict Step(const py::buffer& grads, const py::buffer& params, uint32_t samples) {
+    const float* g = FloatBuffer(grads, worker_->num_parameters(), false, "the gradient");
+    float* p = Params(params);
+    absl::StatusOr<UserWorker::StepOutcome> outcome;
+    {
+      py::gil_scoped_release nogil;
+      outcome = worker_->Step(g, samples, p);
+    }
+    if (!outcome.ok()) Raise(outcome.status());
+    py::dict d;
+    d["rolled_back"] = outcome->rolled_back;
+    d["late"] = outcome->late;
+    d["too_stale"] = outcome->too_stale;
+    return d;
+  }
+
+  void Done(std::optional<float> accuracy, std::optional<float> loss) {
+    std::optional<UserWorker::Evaluation> eval;
+    if (accuracy.has_value()) eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1)};
+    Check(Released([&] { return worker_->Done(eval); }));
+  }
+
+  bool AwaitEnd() {
+    absl::StatusOr<bool> asked;
+    {
+      py::gil_scoped_release nogil;
+      asked = worker_->AwaitEnd();
+    }
+    if (!asked.ok()) Raise(asked.status());
+    return *asked;
+  }
+
+  void PullFinal(const py::buffer& params) {
+    float* p = Params(params);
+    Check(Released([&] { return worker_->PullFinal(p); }));
+  }
+
+  // Rows `ids` (int64, any order, repeats allowed) of `table` into `out`
+  // (len(ids) x dim float32), as of this worker's step.
+  void PullRows(const std::string& table, const py::buffer& ids, const py::buffer& out) {
+    SparseShards* sparse = Sparse();
+    auto [id_ptr, n] = Ids(ids);
+    const uint32_t dim = TableDim(table);
+    float* o = FloatBuffer(out, static_cast<int64_t>(n) * dim, true, "the rows");
+    const uint64_t clock = worker_->step();
+    Check(Released([&] {
+      return worker_->session().WaitToPull("rows", clock, [&] {
+        return sparse->Pull(table, absl::MakeConstSpan(id_ptr, n), clock, kPullSlice, o);
+      });
+    }));
+  }
+
+  // Gradients of distinct `ids` of `table` for this worker's step.
+  void PushRows(const std::string& table, const py::buffer& ids, const py::buffer& grads) {
+    SparseShards* sparse = Sparse();
+    auto [id_ptr, n] = Ids(ids);
+    const uint32_t dim = TableDim(table);
+    const float* g = FloatBuffer(grads, static_cast<int64_t>(n) * dim, false, "the row gradients");
+    for (size_t i = 0; i < n * dim; ++i)
+      if (!std::isfinite(g[i]))
+        throw py::value_error(absl::StrCat("a gradient of table '", table, "' row ",
+                                           id_ptr[i / dim], " is not finite: nothing was pushed"));
+    const uint64_t step = worker_->step();
+    Check(Released([&] {
+      WorkerSession& session = worker_->session();
+      absl::StatusOr<SparseShards::PushOutcome> pushed =
+          sparse->Push(table, step, absl::MakeConstSpan(id_ptr, n), g, session.PushRetry());
+      if (pushed.ok()) session.NoteProgress();
+      return pushed.status();
+    }));
+  }
+
+  void ReportLoss(float loss) { worker_->ReportLoss(loss); }
+  uint32_t rank() const { return worker_->rank(); }
+  uint32_t size() const { return worker_->num_workers(); }
+  uint64_t step() const { return worker_->step(); }
+  int64_t num_parameters() const { return worker_->num_parameters(); }
+  bool defined_model() const { return worker_->defined_model(); }
+  std::string mode() const { return ModeName(worker_->config().mode()); }
+  std::string job_id() const { return worker_->config().job_id(); }
+  std::vector<std::tuple<std::string, uint64_t, uint32_t>> tables() const {
+    std::vector<std::tuple<std::string, uint64_t, uint32_t>> out;
+    for (const v1::SparseTableSpec& t : worker_->config().sparse_tables())
+      out.emplace_back(t.name(), t.rows(), t.dim());
+    return out;
+  }
+
+ private:
+  template <typename F>
+  absl::Status Released(F f) {
+    py::gil_scoped_release nogil;
+    return f();
+  }
+  float* Params(const py::buffer& b) {
+    return FloatBuffer(b, worker_->num_parameters(), true, "the parameters");
+  }
+  SparseShards* Sparse() {
+    SparseShards* s = worker_->session().sparse();
+    if (s == nullptr) throw py::value_error("the job has no sparse tables (--sparse_tables)");
+    return s;
+  }
+  uint32_t TableDim(const std::string& table) const {
+    for (const v1::SparseTableSpec& t : worker_->config().sparse_tables())
+      if (t.name() == table) return t.dim();
+    throw py::value_error(absl::StrCat("the job has no sparse table '", table, "'"));
+  }
+  static std::pair<const int64_t*, size_t> Ids(const py::buffer& ids) {
+    py::buffer_info info = ids.request();
+    if (info.itemsize != 8 || (info.format != "l" && info.format != "q") || info.ndim != 1 ||
+        (info.size > 1 && info.strides[0] != 8))
+      throw py::value_error("ids must be a contiguous 1-d int64 array");
+    return {static_cast<const int64_t*>(info.ptr), static_cast<size_t>(info.size)};
+  }
+
+  std::unique_ptr<UserWorker> worker_;
+};
+
+}  // namespace
+}  // namespace grps
+
+PYBIND11_MODULE(_grps, m) {
+  using grps::PyWorker;
+  m.doc() = "grps's C++ worker core (use grps.torch)";
+  grps::main_thread = std::this_thread::get_id();
+  static py::exception<std::runtime_error> base(m, "Error");
+  grps::error_base = base.ptr();
+  static py::exception<std::runtime_error> ended(m, "JobEnded", base.ptr());
+  grps::job_ended_error = ended.ptr();
+  static py::exception<std::runtime_error> mismatch(m, "ModelMismatch", base.ptr());
+  grps::model_mismatch_error = mismatch.ptr();
+  m.def("configure", &grps::Configure, py::arg("overrides"),
+        "Sets the process's security from GRPS_* variables and the given flags.");
+  m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
+        py::arg("timeout_s") = 10.0);
+  m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);
+  py::class_<PyWorker>(m, "Worker")
+      .def(py::init<const std::string&,
+                    const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&,
+                    int, double>(),
+           py::arg("coordinator"), py::arg("model"), py::arg("rank") = -1,
+           py::arg("register_timeout_s") = 120.0)
+      .def("begin", &PyWorker::Begin, py::arg("params"), py::arg("give_initial"))
+      .def("step", &PyWorker::Step, py::arg("grads"), py::arg("params"), py::arg("samples"))
+      .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
+           py::arg("loss") = py::none())
+      .def("await_end", &PyWorker::AwaitEnd)
+      .def("pull_final", &PyWorker::PullFinal, py::arg("params"))
+      .def("pull_rows", &PyWorker::PullRows)
+      .def("push_rows", &PyWorker::PushRows)
+      .def("report_loss", &PyWorker::ReportLoss)
+      .def_property_readonly("rank", &PyWorker::rank)
+      .def_property_readonly("size", &PyWorker::size)
+      .def_property_readonly("step_count", &PyWorker::step)
+      .def_property_readonly("num_parameters", &PyWorker::num_parameters)
+      .def_property_readonly("defined_model", &PyWorker::defined_model)
+      .def_property_readonly("mode", &PyWorker::mode)
+      .def_property_readonly("job_id", &PyWorker::job_id)
+      .def_property_readonly("tables", &PyWorker::tables);
+}

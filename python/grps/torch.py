@@ -1,0 +1,451 @@
+"""Train a PyTorch model on grps servers (docs/pytorch.md).
+
+    import grps.torch as gt
+    gt.init()                               # coordinator, token, rank from GRPS_*
+    model = Net()
+    opt = gt.DistributedOptimizer(model.named_parameters())
+    gt.broadcast_parameters(model)          # the job's weights into the model
+    for x, y in loader:                     # gt.rank(), gt.size(), gt.partition(n)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+    gt.done(test_accuracy=acc, test_loss=l)
+
+The model's trainable parameters (``requires_grad``) become the job's dense
+tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
+...) and the consistency mode are the job's and run on the servers. Each
+step pushes the parameters' gradients (``p.grad``, as the user left it:
+clipped or unscaled by their own code) and leaves in the parameters the
+weights the mode serves next. Float32 parameters on the CPU are views into
+one flat array the pulls write into (no copy); others (CUDA, float16,
+bfloat16) are copied from it after each step.
+"""
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from grps import _grps
+from grps._grps import Error, JobEnded, ModelMismatch
+
+__all__ = [
+    "init", "rank", "size", "partition", "mode", "DistributedOptimizer",
+    "broadcast_parameters", "done", "state_dict", "Embedding", "EmbeddingBag",
+    "Error", "JobEnded", "ModelMismatch",
+]
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+class _Process:
+    """What gt.init() set up, and the worker once the model is known."""
+
+    def __init__(self, coordinator, rank, register_timeout_s):
+        self.coordinator = coordinator
+        self.requested_rank = rank
+        self.register_timeout_s = register_timeout_s
+        self.worker = None
+        self.model = None      # the _Model joined with
+        self.begun = False
+        self.tables = []       # gt.Embedding / gt.EmbeddingBag modules
+
+
+_process = None
+
+
+def _env_int(name, default):
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("%s=%r is not an integer" % (name, value)) from None
+
+
+def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tls_key=None,
+         tls_server_name=None, register_timeout_s=None):
+    """Sets up this process as a worker of a grps job.
+
+    Every argument defaults to its GRPS_* variable, which grps-local and
+    the Kubernetes manifests set: GRPS_COORDINATOR (host:port, default
+    127.0.0.1:7070), GRPS_RANK (-1: any free rank), GRPS_WORKER_TOKEN (or
+    GRPS_TOKEN), GRPS_TLS_CA, GRPS_TLS_CERT, GRPS_TLS_KEY,
+    GRPS_TLS_SERVER_NAME, GRPS_REGISTER_TIMEOUT_S (120). The worker joins
+    the job when the model is known (DistributedOptimizer).
+    """
+    global _process
+    if _process is not None and _process.worker is not None:
+        raise RuntimeError("gt.init(): this process already joined a job")
+    _grps.configure({
+        "worker_token": token or "",
+        "tls_ca": tls_ca or "", "tls_cert": tls_cert or "", "tls_key": tls_key or "",
+        "tls_server_name": tls_server_name or "",
+    })
+    coordinator = coordinator or os.environ.get("GRPS_COORDINATOR", "") or "127.0.0.1:7070"
+    rank = _env_int("GRPS_RANK", -1) if rank is None else int(rank)
+    if register_timeout_s is None:
+        register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
+    _process = _Process(coordinator, rank, register_timeout_s)
+
+
+def _require_process():
+    if _process is None:
+        raise RuntimeError("call gt.init() first")
+    return _process
+
+
+def _require_worker():
+    p = _require_process()
+    if p.worker is None:
+        raise RuntimeError("this worker has not joined its job yet: create the "
+                           "gt.DistributedOptimizer (or call gt.broadcast_parameters) first")
+    return p.worker
+
+
+def rank():
+    """This worker's rank: GRPS_RANK before the worker joined, the rank the
+    coordinator gave after."""
+    p = _require_process()
+    if p.worker is not None:
+        return p.worker.rank
+    if p.requested_rank >= 0:
+        return p.requested_rank
+    raise RuntimeError("the rank is given when the worker joins (set GRPS_RANK, or ask after "
+                       "gt.DistributedOptimizer)")
+
+
+def size():
+    """The job's number of workers."""
+    p = _require_process()
+    if p.worker is not None:
+        return p.worker.size
+    workers = _env_int("GRPS_WORKERS", 0)
+    if workers > 0:
+        return workers
+    return int(_job_status(p)["config"]["num_workers"])
+
+
+def mode():
+    """The job's consistency mode: "sync", "async" or "ssp"."""
+    return _require_worker().mode
+
+
+def partition(n):
+    """This worker's share of n examples, as grps-worker cuts its data: a
+    range of consecutive indices, the first n % size() ranks one longer."""
+    r, s = rank(), size()
+    base, extra = divmod(int(n), s)
+    begin = r * base + min(r, extra)
+    return range(begin, begin + base + (1 if r < extra else 0))
+
+
+def _job_status(p):
+    import json
+    return json.loads(_grps.job_status_json(p.coordinator, 10.0))
+
+
+class _Model:
+    """The trainable parameters as one flat float32 array (the job's dense
+    layout), and how each parameter maps into it."""
+
+    def __init__(self, named_parameters):
+        self.names, self.params, seen = [], [], set()
+        for name, p in named_parameters:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError("named_parameters must yield (name, tensor) pairs")
+            if not p.requires_grad or id(p) in seen:
+                continue  # frozen: the process's own; tied: once, by its first name
+            seen.add(id(p))
+            if p.dtype not in _DTYPES:
+                raise ValueError("parameter '%s' is %s: the shards take float32, float16 and "
+                                 "bfloat16" % (name, p.dtype))
+            if p.is_sparse:
+                raise ValueError("parameter '%s' is a sparse tensor: use gt.EmbeddingBag for "
+                                 "sparse rows" % name)
+            self.names.append(name)
+            self.params.append(p)
+        if not self.params:
+            raise ValueError("the model has no parameter that trains (requires_grad)")
+        self.offsets, total = [], 0
+        for p in self.params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.numel = total
+        device = self.params[0].device
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        self.flat = torch.zeros(total, dtype=torch.float32, pin_memory=pin)
+        self.grads = torch.zeros(total, dtype=torch.float32, pin_memory=pin)
+        self.copied = []  # parameters that are not views of flat
+        with torch.no_grad():
+            for p, at in zip(self.params, self.offsets):
+                view = self.flat[at:at + p.numel()]
+                view.copy_(p.detach().reshape(-1))
+                if p.dtype == torch.float32 and p.device.type == "cpu":
+                    p.data = view.view(p.shape)  # the pulls write into the model
+                else:
+                    self.copied.append((p, view))
+
+    def spec(self):
+        return [(n, list(p.shape), _DTYPES[p.dtype]) for n, p in zip(self.names, self.params)]
+
+    def same(self, other_named):
+        other = _Model.__new__(_Model)
+        other.names, other.params, seen = [], [], set()
+        for name, p in other_named:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                other.names.append(name)
+                other.params.append(p)
+        return [id(p) for p in other.params] == [id(p) for p in self.params]
+
+    def weights_to_params(self):
+        """After a pull: the parameters that are not views get the flat values."""
+        with torch.no_grad():
+            for p, view in self.copied:
+                p.data.copy_(view.view(p.shape), non_blocking=False)
+
+    def grads_from_params(self, passes):
+        """Each parameter's gradient (zeros where it has none) into grads,
+        as the mean over `passes` backward passes."""
+        with torch.no_grad():
+            for p, at in zip(self.params, self.offsets):
+                view = self.grads[at:at + p.numel()]
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    if p.grad.is_sparse:
+                        raise ValueError("sparse gradients are not pushed: use gt.EmbeddingBag")
+                    view.copy_(p.grad.detach().reshape(-1))
+            if passes > 1:
+                self.grads.div_(passes)
+
+
+def _join(named_parameters):
+    p = _require_process()
+    if p.worker is not None:
+        if not p.model.same(named_parameters):
+            raise ValueError("this process joined its job with other parameters; one model per "
+                             "process")
+        return p
+    model = _Model(named_parameters)
+    p.worker = _grps.Worker(p.coordinator, model.spec(), p.requested_rank,
+                            p.register_timeout_s)
+    p.model = model
+    return p
+
+
+def broadcast_parameters(model_or_named, root_rank=0):
+    """The job's weights into the model: on a fresh job rank 0's own values
+    become the job's initial weights (every other rank waits for them); on a
+    job that runs (a restarted worker, a job resumed from a checkpoint) the
+    job's current weights. Joins the job if the optimizer has not yet.
+    Buffers (batch norm statistics) are not the job's: each process keeps
+    its own."""
+    if root_rank != 0:
+        raise ValueError("grps takes the initial weights from rank 0")
+    named = (model_or_named.named_parameters() if isinstance(model_or_named, torch.nn.Module)
+             else model_or_named)
+    p = _join(named)
+    _begin(p)
+
+
+def _begin(p):
+    if p.begun:
+        return
+    w = p.worker
+    w.begin(p.model.flat.numpy(), w.rank == 0)
+    p.model.weights_to_params()
+    p.begun = True
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """The job's optimizer, run on the servers: step() pushes the
+    parameters' gradients and leaves in them the weights the mode serves
+    next (sync: after every worker's gradient of this step; async: the
+    newest; ssp: within the staleness bound).
+
+    ``backward_passes_per_step``: backward passes whose gradients add up in
+    ``p.grad`` before each step(); the step pushes their mean.
+    """
+
+    def __init__(self, named_parameters, backward_passes_per_step=1):
+        named = list(named_parameters)
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        self._process = _join(named)
+        self._model = self._process.model
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        super().__init__(self._model.params, {})
+
+    @property
+    def worker(self):
+        return self._process.worker
+
+    def zero_grad(self, set_to_none=True):
+        for p in self._model.params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def step(self, closure=None, samples=1):
+        """Pushes this step's gradient (``samples``: the examples it came
+        from, for the job's progress) and pulls the next weights. Raises
+        ValueError (nothing pushed) for a gradient that is not finite,
+        grps.JobEnded once the job has ended."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        p = self._process
+        _begin(p)
+        for table in p.tables:
+            table._push(p.worker)
+        model = self._model
+        model.grads_from_params(self.backward_passes_per_step)
+        try:
+            outcome = p.worker.step(model.grads.numpy(), model.flat.numpy(), int(samples))
+        except ValueError as e:
+            raise ValueError(_name_element(model, str(e))) from None
+        model.weights_to_params()
+        if loss is not None:
+            p.worker.report_loss(float(loss))
+        self.last_outcome = outcome
+        return loss
+
+
+def _name_element(model, message):
+    """'element N ...' of the flat gradient as the parameter it belongs to."""
+    import re
+    m = re.search(r"element (\d+)", message)
+    if not m:
+        return message
+    at = int(m.group(1))
+    for name, p, off in zip(model.names, model.params, model.offsets):
+        if off <= at < off + p.numel():
+            return "parameter '%s' (element %d): %s" % (name, at - off, message)
+    return message
+
+
+def report(loss=None):
+    """Adds the training loss to the progress grpsctl and grps-local show."""
+    if loss is not None:
+        _require_worker().report_loss(float(loss))
+
+
+def done(test_accuracy=None, test_loss=None, evaluate=None):
+    """This worker is done: reports its evaluation, then waits until the job
+    ends. ``evaluate``: a function returning (accuracy, loss), run on the
+    final weights (in the model) when the coordinator asks this worker for
+    the job's final evaluation; without it, the figures given are the
+    final ones."""
+    p = _require_process()
+    w = _require_worker()
+    w.done(None if test_accuracy is None else float(test_accuracy),
+           None if test_loss is None else float(test_loss))
+    evaluated = False
+    while w.await_end():
+        if evaluated:
+            continue
+        if evaluate is not None:
+            w.pull_final(p.model.flat.numpy())
+            p.model.weights_to_params()
+            acc, loss = evaluate()
+            test_accuracy, test_loss = acc, loss
+        if test_accuracy is None:
+            raise ValueError("the coordinator asks this worker for the final evaluation: "
+                             "pass test_accuracy (or evaluate=) to gt.done()")
+        w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
+        evaluated = True
+
+
+def state_dict():
+    """The job's weights as this worker last pulled them, by parameter name."""
+    p = _require_process()
+    _require_worker()
+    m = p.model
+    return {name: m.flat[at:at + t.numel()].view(t.shape).clone()
+            for name, t, at in zip(m.names, m.params, m.offsets)}
+
+
+class _SparseTable(torch.nn.Module):
+    """Rows of a grps sparse table: the rows a batch reads are pulled, their
+    gradients pushed at the optimizer's step."""
+
+    def __init__(self, table, dim):
+        super().__init__()
+        self.table = table
+        self.dim = int(dim)
+        self._pending = []  # (unique ids, rows tensor with grad) of this step
+        p = _require_process()
+        p.tables.append(self)
+
+    def _rows(self, ids):
+        """The rows of `ids` (any shape, int64) as a leaf tensor that trains,
+        and the inverse map from ids to them."""
+        w = _require_worker()
+        _begin(_require_process())
+        flat_ids = ids.reshape(-1).to(torch.int64).cpu()
+        unique, inverse = torch.unique(flat_ids, return_inverse=True)
+        unique = unique.contiguous()
+        rows = torch.empty((unique.numel(), self.dim), dtype=torch.float32)
+        if unique.numel() > 0:
+            w.pull_rows(self.table, unique.numpy(), rows.numpy())
+        rows.requires_grad_(True)
+        self._pending.append((unique, rows))
+        return rows, inverse
+
+    def _push(self, w):
+        pending, self._pending = self._pending, []
+        grads = {}
+        for unique, rows in pending:
+            if rows.grad is None:
+                continue
+            for i, row in zip(unique.tolist(), rows.grad):
+                grads[i] = grads[i] + row if i in grads else row.clone()
+        # Every step pushes (an empty push where no row was read): the
+        # table's step completes with every worker's push in sync.
+        ids = torch.tensor(sorted(grads), dtype=torch.int64)
+        g = (torch.stack([grads[i] for i in sorted(grads)]) if grads
+             else torch.empty((0, self.dim), dtype=torch.float32))
+        w.push_rows(self.table, ids.numpy(), g.contiguous().numpy())
+
+
+class Embedding(_SparseTable):
+    """torch.nn.Embedding whose rows live in the job's sparse table `table`
+    (grps-local --sparse_tables=NAME:ROWS:DIM): ids index rows."""
+
+    def forward(self, ids):
+        rows, inverse = self._rows(ids)
+        return rows[inverse].reshape(*ids.shape, self.dim)
+
+
+class EmbeddingBag(_SparseTable):
+    """torch.nn.EmbeddingBag (2-d ids, one bag per row; or 1-d ids with
+    offsets) over the job's sparse table `table`, mode "sum" or "mean"."""
+
+    def __init__(self, table, dim, mode="mean"):
+        super().__init__(table, dim)
+        if mode not in ("sum", "mean"):
+            raise ValueError("mode must be 'sum' or 'mean'")
+        self.mode = mode
+
+    def forward(self, ids, offsets=None):
+        rows, inverse = self._rows(ids)
+        if offsets is None:
+            if ids.dim() != 2:
+                raise ValueError("ids must be 2-d (one bag per row) unless offsets are given")
+            gathered = rows[inverse].reshape(ids.shape[0], ids.shape[1], self.dim)
+            return gathered.sum(1) if self.mode == "sum" else gathered.mean(1)
+        bags = torch.zeros((offsets.numel(), self.dim), dtype=torch.float32)
+        lengths = torch.diff(torch.cat([offsets.cpu(), torch.tensor([ids.numel()])]))
+        bag_of = torch.repeat_interleave(torch.arange(offsets.numel()), lengths)
+        bags = bags.index_add(0, bag_of, rows[inverse])
+        if self.mode == "mean":
+            bags = bags / lengths.clamp(min=1).unsqueeze(1).to(bags.dtype)
+        return bags

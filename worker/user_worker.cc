@@ -1,0 +1,224 @@
+#include "worker/user_worker.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
+#include "daemon/security.h"
+#include "job/job_config.h"
+#include "member/member_agent.h"
+#include "spdlog/spdlog.h"
+#include "wire/chunk_codec.h"
+#include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
+
+namespace grps {
+namespace {
+
+// DefineModel, retried while the coordinator is unreachable or slow, for
+// at most `patience`. Whether this offer defined the job's model.
+absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const TensorSpecs& model,
+                                absl::Duration patience) {
+  v1::DefineModelRequest request;
+  *request.mutable_tensors() = model;
+  Backoff policy;
+  policy.give_up_after = patience;
+  policy.max = absl::Seconds(1);
+  policy.retry_deadline_exceeded = true;
+  policy.retry_resource_exhausted = true;
+  v1::DefineModelResponse response;
+  absl::Status s = RetryTransient(policy, [&] {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return ToAbsl(stub->DefineModel(&context, request, &response));
+  });
+  if (!s.ok()) return s;
+  return response.defined();
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> RegisterAs(v1::Coordinator::Stub* stub,
+                                                      const UserWorker::Options& options) {
+  v1::RegisterWorkerRequest request;
+  if (options.rank >= 0) request.set_requested_rank(options.rank);
+  std::string host = options.host;
+  if (host.empty()) {
+    char name[256] = "localhost";
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  request.set_host(host);
+  request.set_backend(options.backend);
+  RegisterOptions patience;
+  patience.patience = options.register_timeout;
+  return RegisterWorker(stub, request, patience);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Join(const Options& options,
+                                                             const TensorSpecs& model) {
+  if (absl::Status s = ValidateUserModel(model); !s.ok()) return s;
+  auto stub = v1::Coordinator::NewStub(MakeChannel(options.coordinator));
+  const std::string where = absl::StrCat("the coordinator at ", options.coordinator);
+  absl::StatusOr<bool> defined = OfferModel(stub.get(), model, options.register_timeout);
+  if (!defined.ok())
+    return absl::Status(defined.status().code(), absl::StrCat(where, " refused the model: ",
+                                                              defined.status().message()));
+  absl::StatusOr<v1::RegisterWorkerResponse> reg = RegisterAs(stub.get(), options);
+  if (!reg.ok())
+    return absl::Status(reg.status().code(), absl::StrCat("cannot register with ", where, ": ",
+                                                          reg.status().message()));
+  if (absl::Status s = CheckRegistration(*reg); !s.ok()) return s;
+  if (reg->config().model() != v1::MODEL_USER)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", reg->config().job_id(), " trains a built-in model, not this one"));
+  if (const std::string d = FirstModelDifference(reg->config().model_tensors(), model);
+      !d.empty())
+    return absl::FailedPreconditionError(absl::StrCat("this model is not the job's: ", d));
+  SetMemberSecret(reg->member_secret());
+  spdlog::info("registered as rank {} of {} (incarnation {}) of job {}{}", reg->rank(),
+               reg->config().num_workers(), reg->incarnation(), reg->config().job_id(),
+               reg->start_step() > 0 ? absl::StrCat("; resuming at step ", reg->start_step())
+                                     : std::string());
+  return std::unique_ptr<UserWorker>(new UserWorker(std::move(stub), *reg, options, *defined));
+}
+
+UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
+                       const v1::RegisterWorkerResponse& registration, const Options& options,
+                       bool defined_model)
+    : stub_(std::move(stub)), defined_model_(defined_model), step_(registration.start_step()) {
+  auto dense = std::make_unique<ParameterClient>(registration.config(), registration.shard_map(),
+                                                 registration.rank(),
+                                                 registration.incarnation());
+  std::unique_ptr<SparseShards> sparse;
+  if (registration.config().sparse_tables_size() > 0)
+    sparse = std::make_unique<SparseClient>(registration.config(), registration.shard_map(),
+                                            registration.rank(), registration.incarnation());
+  WorkerSession::Options session_options;
+  session_options.interrupted = options.interrupted;
+  session_ = std::make_unique<WorkerSession>(stub_.get(), registration, std::move(dense),
+                                             std::move(sparse), std::move(session_options));
+  window_start_ = session_->Now();
+}
+
+UserWorker::~UserWorker() { session_.reset(); }
+
+absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
+  switch (session_->Interrupted()) {
+    case WorkerSession::Interrupt::kJobEnded:
+      return JobEndedError(config().job_id(), v1::JOB_STATE_STOPPED);
+    case WorkerSession::Interrupt::kJobFailed:
+      return session_->JobFailed();
+    case WorkerSession::Interrupt::kSignal:
+      return absl::CancelledError("interrupted");
+    case WorkerSession::Interrupt::kRollBack:
+    case WorkerSession::Interrupt::kNone:
+      break;
+  }
+  return cause;
+}
+
+absl::Status UserWorker::Begin(float* params, const float* initial) {
+  if (initial != nullptr && rank() == 0) {
+    ParameterClient& client = static_cast<ParameterClient&>(session_->dense());
+    if (absl::Status s = client.GiveInitialValues(initial, session_->PushRetry()); !s.ok())
+      return InterruptStatus(
+          absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message())));
+  }
+  absl::Status s = config().mode() == v1::MODE_SYNC && step_ > 0
+                       ? session_->JoinTheOthers(&step_, params)
+                       : session_->PullWeights(step_, params);
+  if (!s.ok()) return InterruptStatus(s);
+  session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_step(step_); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uint32_t samples,
+                                                         float* params) {
+  const int64_t n = num_parameters();
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(grads[i]))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element ", i, " of step ", step_, "'s gradient is ", grads[i],
+          ": nothing was pushed"));
+  StepOutcome outcome;
+  absl::StatusOr<ParameterShards::PushOutcome> pushed =
+      session_->PushGradients(step_, grads, std::max<uint32_t>(1, samples), params);
+  absl::Status s = pushed.status();
+  if (s.ok()) {
+    outcome.late = pushed->late;
+    outcome.too_stale = pushed->too_stale;
+    ++step_;
+    if (!pushed->pulled) s = session_->PullWeights(step_, params);
+  }
+  if (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
+      session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {
+    outcome.rolled_back = true;
+    s = session_->PullWeights(step_, params);
+  }
+  if (!s.ok()) return InterruptStatus(s);
+  samples_ += samples;
+  window_samples_ += samples;
+  const absl::Time now = session_->Now();
+  const double seconds = absl::ToDoubleSeconds(now - window_start_);
+  session_->UpdateProgress([&](v1::WorkerProgress* p) {
+    p->set_step(step_);
+    p->set_samples(samples_);
+    if (seconds >= 1) p->set_samples_per_sec(static_cast<float>(window_samples_ / seconds));
+  });
+  if (seconds >= 1) {
+    window_start_ = now;
+    window_samples_ = 0;
+  }
+  return outcome;
+}
+
+void UserWorker::ReportLoss(float loss) {
+  session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_loss(loss); });
+}
+
+absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation) {
+  v1::WorkerDoneRequest done;
+  session_->UpdateProgress([&](v1::WorkerProgress* p) {
+    p->set_total_steps(step_);
+    if (evaluation.has_value()) {
+      p->set_test_accuracy(evaluation->accuracy);
+      p->set_test_loss(evaluation->loss);
+    }
+  });
+  *done.mutable_progress() = session_->progress();
+  if (evaluation.has_value()) {
+    done.set_has_final_eval(true);
+    done.set_final_test_accuracy(evaluation->accuracy);
+    done.set_final_test_loss(evaluation->loss);
+  }
+  if (absl::Status s = session_->ReportDone(done); !s.ok()) return InterruptStatus(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> UserWorker::AwaitEnd() {
+  absl::StatusOr<bool> asked = session_->AwaitEndOrFinalEvaluation();
+  if (!asked.ok()) return asked;
+  if (*asked) return true;
+  switch (session_->Interrupted()) {
+    case WorkerSession::Interrupt::kJobFailed:
+      return session_->JobFailed();
+    case WorkerSession::Interrupt::kRollBack:
+      return absl::AbortedError(
+          "the job rolled back after this worker finished; its program has no steps left to "
+          "train again (start it again for its rank)");
+    default:
+      return false;
+  }
+}
+
+absl::Status UserWorker::PullFinal(float* params) {
+  if (absl::Status s = session_->PullWeights(step_, params); !s.ok()) return InterruptStatus(s);
+  return absl::OkStatus();
+}
+
+}  // namespace grps

@@ -1,0 +1,128 @@
+// UserWorker: a worker whose model is the user's own (MODEL_USER,
+// docs/pytorch.md): the grps Python package's C++ core. The user's program
+// computes each step's gradient (PyTorch's autograd); UserWorker offers the
+// model's tensors to the job, registers, gives rank 0's initial values,
+// pushes each step's gradient and pulls the weights the mode serves next,
+// into the caller's flat arrays. Membership, roll-backs and every bounded
+// wait are WorkerSession's, as for grps-worker.
+//
+//   UserWorker::Options options;  options.coordinator = "127.0.0.1:7070";
+//   auto w = UserWorker::Join(options, tensors);     // DefineModel + RegisterWorker
+//   w->Begin(params, rank0 ? params : nullptr);      // initial values, first pull
+//   while (...) { ...grads...; w->Step(grads, batch, params); }
+//   w->Done(evaluation);  w->AwaitEnd();
+//
+// The flat arrays hold the model's tensors back to back in the order they
+// were offered, as f32 (the shards keep f32 whatever the tensor's dtype).
+//
+// Thread safety: one thread calls Begin, Step, Done and AwaitEnd; the
+// accessors may be called from any thread.
+#ifndef GRPS_WORKER_USER_WORKER_H_
+#define GRPS_WORKER_USER_WORKER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "job/user_model.h"
+#include "proto/grps.grpc.pb.h"
+#include "worker/worker_session.h"
+
+namespace grps {
+
+class UserWorker {
+ public:
+  struct Options {
+    std::string coordinator = "127.0.0.1:7070";  // host:port
+    int32_t rank = -1;                           // -1: any free rank
+    std::string host;                            // for status; "" = gethostname
+    std::string backend = "python";              // for status
+    // How long to keep offering the model and registering while the
+    // coordinator is unreachable or the job is still forming.
+    absl::Duration register_timeout = absl::Seconds(120);
+    // The holder's own reason to stop waiting (see WorkerSession::Options).
+    std::function<bool()> interrupted;
+  };
+
+  // What a step did besides its push.
+  struct StepOutcome {
+    // The job rolled back: the weights in `params` are the restore order's
+    // and step() went back to this rank's resume step.
+    bool rolled_back = false;
+    uint32_t late = 0;       // sync: chunk gradients past their step
+    uint32_t too_stale = 0;  // async / ssp: refused by max_staleness
+  };
+
+  struct Evaluation {
+    float accuracy = 0;
+    float loss = 0;
+  };
+
+  // Offers `model` (DefineModel; the first offer defines the job's model),
+  // then registers. FAILED_PRECONDITION when the job's model differs (naming
+  // the first tensor that does) or the job trains a built-in model;
+  // INVALID_ARGUMENT for a model ValidateUserModel refuses; UNAVAILABLE when
+  // the coordinator did not answer within register_timeout. The process's
+  // security (InitProcessSecurity) must be set.
+  static absl::StatusOr<std::unique_ptr<UserWorker>> Join(const Options& options,
+                                                          const TensorSpecs& model);
+  ~UserWorker();
+
+  uint32_t rank() const { return session_->rank(); }
+  uint32_t num_workers() const { return session_->config().num_workers(); }
+  const v1::JobConfig& config() const { return session_->config(); }
+  // The steps this rank completed so far (its clock: the next push's step).
+  uint64_t step() const { return step_; }
+  // Floats of the flat parameter (and gradient) array.
+  int64_t num_parameters() const { return session_->dense().num_parameters(); }
+  // Whether this process's offer defined the job's model.
+  bool defined_model() const { return defined_model_; }
+  WorkerSession& session() { return *session_; }
+
+  // Gives rank 0's initial values (`initial`, num_parameters() floats; null:
+  // none, as every other rank) to the chunks that have none yet, then pulls
+  // the weights of this rank's first step into `params`. A rank that
+  // restarted in a sync job joins the others' step.
+  absl::Status Begin(float* params, const float* initial);
+  // Pushes step()'s gradient (`grads`, from `samples` examples) and leaves
+  // the weights of the next step in `params`. INVALID_ARGUMENT (nothing
+  // pushed) when a gradient is not a finite number: its flat index is in the
+  // message as "element N". FAILED_PRECONDITION once the job has ended.
+  absl::StatusOr<StepOutcome> Step(const float* grads, uint32_t samples, float* params);
+  // Adds to the progress the heartbeats report.
+  void ReportLoss(float loss);
+
+  // Reports this rank done (WorkerDone), with `evaluation` of its weights
+  // when given.
+  absl::Status Done(const std::optional<Evaluation>& evaluation);
+  // After Done: waits until the job ends (false) or the coordinator asks this
+  // rank to evaluate the final weights (true: pull them with PullFinal, then
+  // Done again with the evaluation).
+  absl::StatusOr<bool> AwaitEnd();
+  // The final weights into `params`.
+  absl::Status PullFinal(float* params);
+
+ private:
+  UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
+             const v1::RegisterWorkerResponse& registration, const Options& options,
+             bool defined_model);
+  // An interrupt that ended a wait, as the status Step returns.
+  absl::Status InterruptStatus(const absl::Status& cause);
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<WorkerSession> session_;
+  const bool defined_model_;
+  uint64_t step_ = 0;
+  absl::Time window_start_;
+  uint64_t window_samples_ = 0;
+  uint64_t samples_ = 0;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_WORKER_USER_WORKER_H_
