@@ -1,0 +1,61 @@
+"""Acceptance: a model grps has never seen, trained by 2 workers in sync
+with SGD on the servers, ends with the weights of one PyTorch process with
+the whole batch (within 1e-5 relative after 50 steps); so does
+backward_passes_per_step=2 at half the batch, and ssp with staleness 0."""
+
+import unittest
+
+import torch
+
+from harness import Job
+from odd_cnn import reference
+
+STEPS = 50
+LR = 0.05
+
+
+class SameWeightsAsOneProcess(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.expected = reference(STEPS, LR)
+
+    def train(self, mode_flags, passes):
+        flags = ["--optimizer=sgd", "--lr=%g" % LR, "--momentum=0", "--weight_decay=0"]
+        with Job(servers=2, workers=2, flags=flags + mode_flags) as job:
+            out = job.path("rank0.pt")
+            job.worker("odd_cnn_worker.py", ["--steps", str(STEPS), "--passes", str(passes),
+                                             "--out", out], rank=0)
+            job.worker("odd_cnn_worker.py", ["--steps", str(STEPS), "--passes", str(passes)],
+                       rank=1)
+            for r in (0, 1):
+                self.assertEqual(job.wait("worker%d" % r, 120), 0, job.logs())
+            self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
+            return torch.load(out)
+
+    def check(self, got):
+        model = got.pop("__model__")
+        # Trainable parameters: the job's (state_dict) and the model's agree,
+        # and equal the one process's.
+        self.assertEqual(sorted(got), ["conv.bias", "conv.weight", "fc.bias", "fc.weight",
+                                       "scale", "unused.bias", "unused.weight"])
+        for name, want in self.expected.items():
+            have = model[name]
+            rel = (have - want).norm() / max(want.norm(), 1e-12)
+            self.assertLess(float(rel), 1e-5, "%s differs by %g relative" % (name, rel))
+            if name in got:
+                self.assertTrue(torch.equal(got[name], have), name)
+        self.assertTrue(torch.equal(model["unused.weight"], reference(0, LR)["unused.weight"]),
+                        "a parameter that never has a gradient does not move under SGD")
+
+    def test_sync_two_workers_of_half_the_batch(self):
+        self.check(self.train(["--mode=sync"], passes=1))
+
+    def test_two_backward_passes_per_step(self):
+        self.check(self.train(["--mode=sync"], passes=2))
+
+    def test_ssp_with_staleness_zero_is_sync(self):
+        self.check(self.train(["--mode=ssp", "--staleness=0"], passes=1))
+
+
+if __name__ == "__main__":
+    unittest.main()
