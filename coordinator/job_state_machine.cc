@@ -115,8 +115,7 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
   if (!model_.empty()) {
     const std::string difference = FirstModelDifference(model_, tensors);
     if (!difference.empty())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this worker's model is not job ", config_.job_id(), "'s: ", difference));
+      return ModelMismatchError(config_.job_id(), difference);
     return false;
   }
   absl::StatusOr<v1::ShardMap> built =

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "job/shard_map.h"
 
@@ -108,6 +109,19 @@ std::string FirstModelDifference(const TensorSpecs& defined, const TensorSpecs& 
     return absl::StrCat(Describe(defined.size(), offered[defined.size()]),
                         " is not in the job's model (", defined.size(), " tensors)");
   return "";
+}
+
+namespace {
+constexpr char kMismatch[] = "this worker's model is not job ";
+}  // namespace
+
+absl::Status ModelMismatchError(const std::string& job_id, const std::string& difference) {
+  return absl::FailedPreconditionError(absl::StrCat(kMismatch, job_id, "'s: ", difference));
+}
+
+bool IsModelMismatch(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         absl::StrContains(status.message(), kMismatch);
 }
 
 }  // namespace grps

@@ -36,6 +36,12 @@ absl::Status ValidateUserModel(const TensorSpecs& tensors);
 // has shape [10, 64], the job's [10, 32]", a missing or an extra tensor.
 std::string FirstModelDifference(const TensorSpecs& defined, const TensorSpecs& offered);
 
+// FAILED_PRECONDITION: a worker's model is not job `job_id`'s, because of
+// `difference` (FirstModelDifference). IsModelMismatch recognises it, also
+// after it crossed gRPC (by code and message).
+absl::Status ModelMismatchError(const std::string& job_id, const std::string& difference);
+bool IsModelMismatch(const absl::Status& status);
+
 }  // namespace grps
 
 #endif  // GRPS_JOB_USER_MODEL_H_

@@ -51,7 +51,7 @@ PyObject* model_mismatch_error = nullptr;
     PyErr_SetString(job_ended_error, message.c_str());
     throw py::error_already_set();
   }
-  if (absl::IsFailedPrecondition(s) && message.find("model") != std::string::npos) {
+  if (IsModelMismatch(s)) {
     PyErr_SetString(model_mismatch_error, message.c_str());
     throw py::error_already_set();
   }
@@ -161,9 +161,10 @@ class PyWorker {
  public:
   PyWorker(const std::string& coordinator,
            const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>& model,
-           int rank, double register_timeout_s) {
+           int rank, double register_timeout_s, const std::string& job_id) {
     UserWorker::Options options;
     options.coordinator = coordinator;
+    options.job_id = job_id;
     options.rank = rank;
     options.register_timeout = absl::Seconds(register_timeout_s);
     options.interrupted = &PythonSignalPending;
@@ -320,9 +321,9 @@ PYBIND11_MODULE(_grps, m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&,
                     const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&,
-                    int, double>(),
+                    int, double, const std::string&>(),
            py::arg("coordinator"), py::arg("model"), py::arg("rank") = -1,
-           py::arg("register_timeout_s") = 120.0)
+           py::arg("register_timeout_s") = 120.0, py::arg("job_id") = "")
       .def("begin", &PyWorker::Begin, py::arg("params"), py::arg("give_initial"))
       .def("step", &PyWorker::Step, py::arg("grads"), py::arg("params"), py::arg("samples"))
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),

@@ -21,9 +21,10 @@ namespace {
 
 // DefineModel, retried while the coordinator is unreachable or slow, for
 // at most `patience`. Whether this offer defined the job's model.
-absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const TensorSpecs& model,
-                                absl::Duration patience) {
+absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& job_id,
+                                const TensorSpecs& model, absl::Duration patience) {
   v1::DefineModelRequest request;
+  request.set_job_id(job_id);
   *request.mutable_tensors() = model;
   Backoff policy;
   policy.give_up_after = patience;
@@ -43,6 +44,7 @@ absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const TensorSpecs& 
 absl::StatusOr<v1::RegisterWorkerResponse> RegisterAs(v1::Coordinator::Stub* stub,
                                                       const UserWorker::Options& options) {
   v1::RegisterWorkerRequest request;
+  request.set_job_id(options.job_id);
   if (options.rank >= 0) request.set_requested_rank(options.rank);
   std::string host = options.host;
   if (host.empty()) {
@@ -64,7 +66,7 @@ absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Join(const Options& opti
   if (absl::Status s = ValidateUserModel(model); !s.ok()) return s;
   auto stub = v1::Coordinator::NewStub(MakeChannel(options.coordinator));
   const std::string where = absl::StrCat("the coordinator at ", options.coordinator);
-  absl::StatusOr<bool> defined = OfferModel(stub.get(), model, options.register_timeout);
+  absl::StatusOr<bool> defined = OfferModel(stub.get(), options.job_id, model, options.register_timeout);
   if (!defined.ok())
     return absl::Status(defined.status().code(), absl::StrCat(where, " refused the model: ",
                                                               defined.status().message()));
@@ -78,7 +80,7 @@ absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Join(const Options& opti
         "job ", reg->config().job_id(), " trains a built-in model, not this one"));
   if (const std::string d = FirstModelDifference(reg->config().model_tensors(), model);
       !d.empty())
-    return absl::FailedPreconditionError(absl::StrCat("this model is not the job's: ", d));
+    return ModelMismatchError(reg->config().job_id(), d);
   SetMemberSecret(reg->member_secret());
   spdlog::info("registered as rank {} of {} (incarnation {}) of job {}{}", reg->rank(),
                reg->config().num_workers(), reg->incarnation(), reg->config().job_id(),
@@ -124,10 +126,8 @@ absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
 
 absl::Status UserWorker::Begin(float* params, const float* initial) {
   if (initial != nullptr && rank() == 0) {
-    ParameterClient& client = static_cast<ParameterClient&>(session_->dense());
-    if (absl::Status s = client.GiveInitialValues(initial, session_->PushRetry()); !s.ok())
-      return InterruptStatus(
-          absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message())));
+    initial_.assign(initial, initial + num_parameters());
+    if (absl::Status s = GiveInitialValues(); !s.ok()) return InterruptStatus(s);
   }
   absl::Status s = config().mode() == v1::MODE_SYNC && step_ > 0
                        ? session_->JoinTheOthers(&step_, params)
@@ -135,6 +135,14 @@ absl::Status UserWorker::Begin(float* params, const float* initial) {
   if (!s.ok()) return InterruptStatus(s);
   session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_step(step_); });
   return absl::OkStatus();
+}
+
+absl::Status UserWorker::GiveInitialValues() {
+  if (initial_.empty()) return absl::OkStatus();
+  ParameterClient& client = static_cast<ParameterClient&>(session_->dense());
+  absl::Status s = client.GiveInitialValues(initial_.data(), session_->PushRetry());
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message()));
 }
 
 absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uint32_t samples,
@@ -158,7 +166,8 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
   if (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
       session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {
     outcome.rolled_back = true;
-    s = session_->PullWeights(step_, params);
+    s = GiveInitialValues();
+    if (s.ok()) s = session_->PullWeights(step_, params);
   }
   if (!s.ok()) return InterruptStatus(s);
   samples_ += samples;

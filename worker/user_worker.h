@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,6 +40,7 @@ class UserWorker {
  public:
   struct Options {
     std::string coordinator = "127.0.0.1:7070";  // host:port
+    std::string job_id;                          // "" = whichever job it runs
     int32_t rank = -1;                           // -1: any free rank
     std::string host;                            // for status; "" = gethostname
     std::string backend = "python";              // for status
@@ -85,7 +87,8 @@ class UserWorker {
   WorkerSession& session() { return *session_; }
 
   // Gives rank 0's initial values (`initial`, num_parameters() floats; null:
-  // none, as every other rank) to the chunks that have none yet, then pulls
+  // none, as every other rank) to the chunks that have none yet (and keeps
+  // a copy to give again after a roll-back), then pulls
   // the weights of this rank's first step into `params`. A rank that
   // restarted in a sync job joins the others' step.
   absl::Status Begin(float* params, const float* initial);
@@ -111,6 +114,8 @@ class UserWorker {
   UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
              const v1::RegisterWorkerResponse& registration, const Options& options,
              bool defined_model);
+  // Rank 0: initial_ to the chunks that await their values.
+  absl::Status GiveInitialValues();
   // An interrupt that ended a wait, as the status Step returns.
   absl::Status InterruptStatus(const absl::Status& cause);
 
@@ -121,6 +126,9 @@ class UserWorker {
   absl::Time window_start_;
   uint64_t window_samples_ = 0;
   uint64_t samples_ = 0;
+  // Rank 0: the initial values it gave, given again after a roll-back (a
+  // restarted shard that restores no checkpoint needs them again).
+  std::vector<float> initial_;
 };
 
 }  // namespace grps

@@ -30,7 +30,7 @@ from grps import _grps
 from grps._grps import Error, JobEnded, ModelMismatch
 
 __all__ = [
-    "init", "rank", "size", "partition", "mode", "DistributedOptimizer",
+    "init", "rank", "size", "partition", "step", "mode", "DistributedOptimizer",
     "broadcast_parameters", "done", "state_dict", "Embedding", "EmbeddingBag",
     "Error", "JobEnded", "ModelMismatch",
 ]
@@ -41,8 +41,9 @@ _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "
 class _Process:
     """What gt.init() set up, and the worker once the model is known."""
 
-    def __init__(self, coordinator, rank, register_timeout_s):
+    def __init__(self, coordinator, rank, register_timeout_s, job_id):
         self.coordinator = coordinator
+        self.job_id = job_id
         self.requested_rank = rank
         self.register_timeout_s = register_timeout_s
         self.worker = None
@@ -65,12 +66,14 @@ def _env_int(name, default):
 
 
 def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tls_key=None,
-         tls_server_name=None, register_timeout_s=None):
+         tls_server_name=None, register_timeout_s=None, job_id=None):
     """Sets up this process as a worker of a grps job.
 
     Every argument defaults to its GRPS_* variable, which grps-local and
     the Kubernetes manifests set: GRPS_COORDINATOR (host:port, default
-    127.0.0.1:7070), GRPS_RANK (-1: any free rank), GRPS_WORKER_TOKEN (or
+    127.0.0.1:7070), GRPS_RANK (-1: any free rank), GRPS_JOB_ID (the job
+    this worker is for; empty: whichever the coordinator runs),
+    GRPS_WORKER_TOKEN (or
     GRPS_TOKEN), GRPS_TLS_CA, GRPS_TLS_CERT, GRPS_TLS_KEY,
     GRPS_TLS_SERVER_NAME, GRPS_REGISTER_TIMEOUT_S (120). The worker joins
     the job when the model is known (DistributedOptimizer).
@@ -87,7 +90,8 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
     rank = _env_int("GRPS_RANK", -1) if rank is None else int(rank)
     if register_timeout_s is None:
         register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
-    _process = _Process(coordinator, rank, register_timeout_s)
+    job_id = os.environ.get("GRPS_JOB_ID", "") if job_id is None else job_id
+    _process = _Process(coordinator, rank, register_timeout_s, job_id)
 
 
 def _require_process():
@@ -127,6 +131,15 @@ def size():
     return int(_job_status(p)["config"]["num_workers"])
 
 
+def step():
+    """The steps this worker has completed: the step its next opt.step()
+    pushes. A restarted rank resumes at its step (in sync, the others'); a
+    roll-back moves it back to the checkpoint's. A loop that takes its data
+    by step (``while gt.step() < steps``) trains the same examples again
+    after a roll-back."""
+    return _require_worker().step_count
+
+
 def mode():
     """The job's consistency mode: "sync", "async" or "ssp"."""
     return _require_worker().mode
@@ -161,6 +174,12 @@ class _Model:
             if p.dtype not in _DTYPES:
                 raise ValueError("parameter '%s' is %s: the shards take float32, float16 and "
                                  "bfloat16" % (name, p.dtype))
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError("parameter '%s' is on device %s: grps trains parameters on the "
+                                 "CPU or a CUDA device" % (name, p.device))
+            if self.params and p.device != self.params[0].device:
+                raise ValueError("parameter '%s' is on %s, '%s' on %s: one device per model"
+                                 % (name, p.device, self.names[0], self.params[0].device))
             if p.is_sparse:
                 raise ValueError("parameter '%s' is a sparse tensor: use gt.EmbeddingBag for "
                                  "sparse rows" % name)
@@ -231,7 +250,7 @@ def _join(named_parameters):
         return p
     model = _Model(named_parameters)
     p.worker = _grps.Worker(p.coordinator, model.spec(), p.requested_rank,
-                            p.register_timeout_s)
+                            p.register_timeout_s, p.job_id)
     p.model = model
     return p
 

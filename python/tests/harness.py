@@ -28,7 +28,7 @@ class Job:
     coordinator (--model=user) and the servers; job.worker(script, args,
     rank) starts a Python worker; every process started is ended at exit."""
 
-    def __init__(self, servers=2, workers=2, flags=(), checkpoint_dir=None):
+    def __init__(self, servers=2, workers=2, flags=(), checkpoint_dir=None, tokens=None):
         if not BIN:
             raise RuntimeError("set GRPS_BIN to the folder of the grps binaries")
         self.servers, self.workers, self.flags = servers, workers, list(flags)
@@ -36,6 +36,8 @@ class Job:
         self.checkpoint_dir = checkpoint_dir
         self.procs = {}
         self.address = None
+        # (admin, worker): the daemons get both, the workers theirs.
+        self.tokens = tokens
 
     def __enter__(self):
         port_file = os.path.join(self.work, "coordinator.port")
@@ -44,7 +46,8 @@ class Job:
                  "--heartbeat_timeout_ms=2000"] + self.flags
         if self.checkpoint_dir:
             flags.append("--checkpoint_dir=" + self.checkpoint_dir)
-        self.start("coordinator", [os.path.join(BIN, "grps-coordinator")] + flags)
+        self.start("coordinator", [os.path.join(BIN, "grps-coordinator")] + flags,
+                   self.daemon_env())
         _wait_file(port_file, 20)
         with open(port_file) as f:
             self.address = "127.0.0.1:" + f.read().strip()
@@ -57,7 +60,13 @@ class Job:
                 "--shard=%d" % shard]
         if self.checkpoint_dir:
             args.append("--checkpoint_dir=" + self.checkpoint_dir)
-        return self.start("server%d" % shard, args)
+        return self.start("server%d" % shard, args, self.daemon_env())
+
+    def daemon_env(self):
+        env = dict(os.environ)
+        if self.tokens:
+            env["GRPS_TOKEN"], env["GRPS_WORKER_TOKEN"] = self.tokens
+        return env
 
     def start(self, name, args, env=None):
         log = open(os.path.join(self.work, name + ".log"), "ab")
@@ -67,8 +76,11 @@ class Job:
         self.procs[name] = proc
         return proc
 
-    def worker(self, script, args=(), rank=-1, name=None):
+    def worker(self, script, args=(), rank=-1, name=None, env_extra=None):
         env = dict(os.environ)
+        if self.tokens:
+            env["GRPS_WORKER_TOKEN"] = self.tokens[1]
+        env.update(env_extra or {})
         env["GRPS_COORDINATOR"] = self.address
         env["GRPS_RANK"] = str(rank)
         env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + HERE + os.pathsep + env.get("PYTHONPATH", "")
@@ -80,6 +92,19 @@ class Job:
         if proc.poll() is None:
             proc.send_signal(sig)
         proc.wait(timeout=30)
+
+    def status(self):
+        """The job's status (grps.JobClient) as the admin sees it."""
+        import grps
+        return grps.JobClient(self.address, token=self.tokens[0] if self.tokens else None).status()
+
+    def wait_running(self, seconds=30):
+        end = time.time() + seconds
+        while time.time() < end:
+            if self.status().get("state") == "JOB_STATE_RUNNING":
+                return
+            time.sleep(0.1)
+        raise TimeoutError("the job is not running after %ss\n%s" % (seconds, self.logs()))
 
     def wait(self, name, timeout):
         return self.procs[name].wait(timeout=timeout)

@@ -2,6 +2,7 @@
 step's global batch and saves the job's final weights (rank 0)."""
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=50)
 parser.add_argument("--passes", type=int, default=1)
 parser.add_argument("--out", default="")
+parser.add_argument("--pace_ms", type=int, default=0, help="sleep before each step")
+parser.add_argument("--hold_until", default="",
+                    help="before gt.done(), wait (at most 120 s) until this file exists")
+parser.add_argument("--nan_at", type=int, default=-1,
+                    help="before this step, try a step with a NaN gradient (refused)")
 args = parser.parse_args()
 
 gt.init()
@@ -21,7 +27,34 @@ opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes
-for step in range(args.steps):
+def poisoned_step():
+    """A NaN gradient and a float64 gradient array: each refused, nothing pushed."""
+    import numpy as np
+    opt.zero_grad()
+    x, y = batch(0, 0, 4)
+    F.cross_entropy(model(x), y).backward()
+    model.fc.weight.grad[3, 5] = float("nan")
+    try:
+        opt.step()
+        print("NAN: accepted", flush=True)
+    except ValueError as e:
+        print("NAN: ValueError: %s" % e, flush=True)
+    n = opt.worker.num_parameters
+    try:
+        opt.worker.step(np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.float32), 1)
+        print("F64: accepted", flush=True)
+    except ValueError as e:
+        print("F64: ValueError: %s" % e, flush=True)
+
+
+# By the job's step, not a count of our own: a restarted rank resumes where
+# it is, and after a roll-back the same batches are trained again.
+while gt.step() < args.steps:
+    step = gt.step()
+    if step == args.nan_at:
+        poisoned_step()
+    if args.pace_ms:
+        time.sleep(args.pace_ms / 1000.0)
     opt.zero_grad()
     for k in range(args.passes):
         x, y = batch(step, gt.rank() * share + k * per_pass, per_pass)
@@ -31,4 +64,9 @@ if args.out:
     weights = gt.state_dict()
     weights["__model__"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.save(weights, args.out)
+if args.hold_until:
+    import os
+    end = time.time() + 120
+    while not os.path.exists(args.hold_until) and time.time() < end:
+        time.sleep(0.05)
 gt.done(test_accuracy=0.0, test_loss=0.0)

@@ -1,0 +1,86 @@
+"""Acceptance: faults with Python workers and real daemons. A worker killed
+-9: the job goes on; started again for its rank it rejoins at its step. A
+server killed -9 and started again: the job rolls back to the newest
+checkpoint, and in sync the final weights equal the undisturbed run's, bit
+for bit."""
+
+import shutil
+import signal
+import tempfile
+import time
+import unittest
+
+import torch
+
+from harness import Job
+
+STEPS = 120
+FLAGS = ["--mode=sync", "--optimizer=momentum", "--lr=0.05"]
+
+
+def wait_for(what, predicate, seconds=60):
+    end = time.time() + seconds
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def global_step(job):
+    return int(job.status().get("global_step", 0))
+
+
+class Faults(unittest.TestCase):
+    def run_job(self, fault=None):
+        ckpt = tempfile.mkdtemp(prefix="grps-py-ckpt.")
+        try:
+            flags = FLAGS + ["--checkpoint_every_steps=20"]
+            with Job(servers=2, workers=2, flags=flags, checkpoint_dir=ckpt) as job:
+                out = job.path("rank0.pt")
+                args = ["--steps", str(STEPS), "--pace_ms", "20"]
+                job.worker("odd_cnn_worker.py", args + ["--out", out], rank=0)
+                job.worker("odd_cnn_worker.py", args, rank=1)
+                if fault:
+                    fault(job, args)
+                self.assertEqual(job.wait("worker0", 180), 0, job.logs())
+                for name in list(job.procs):
+                    if name.startswith("worker1"):
+                        code = job.procs[name].poll() if name == "worker1" else job.wait(name, 60)
+                        if name != "worker1":
+                            self.assertEqual(code, 0, job.logs())
+                self.assertEqual(job.wait("coordinator", 60), 0, job.logs())
+                self.assertIn("completed", job.log("coordinator"))
+                return torch.load(out)["__model__"], {n: job.log(n) for n in job.procs}
+        finally:
+            shutil.rmtree(ckpt, ignore_errors=True)
+
+    def test_a_killed_worker_started_again_rejoins_at_its_step(self):
+        def kill_and_restart(job, args):
+            wait_for("step 30", lambda: global_step(job) >= 30)
+            job.kill("worker1")
+            killed_at = global_step(job)
+            # The job goes on without it, and it comes back for its rank.
+            wait_for("steps without worker 1", lambda: global_step(job) >= killed_at + 10)
+            job.worker("odd_cnn_worker.py", args, rank=1, name="worker1-again")
+            self.assertEqual(job.wait("worker1-again", 120), 0, job.logs())
+            log = job.log("worker1-again")
+            self.assertIn("registered as rank 1", log)
+            self.assertRegex(log, r"resuming at step [1-9]\d*", "it rejoins at its step")
+        self.run_job(kill_and_restart)
+
+    def test_a_killed_server_rolls_back_to_the_same_weights_in_sync(self):
+        undisturbed, _ = self.run_job()
+
+        def kill_server(job, args):
+            wait_for("step 50", lambda: global_step(job) >= 50)
+            job.kill("server0")
+            job.start_server(0)
+        restored, logs = self.run_job(kill_server)
+        self.assertIn("rolled back to checkpoint", logs["worker0"] + logs["worker1"])
+        for name, want in undisturbed.items():
+            self.assertTrue(torch.equal(restored[name], want), name)
+
+
+if __name__ == "__main__":
+    unittest.main()
