@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "data/synthetic_sparse.h"
 #include "job/job_config.h"
+#include "job/sparse_tables.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 
@@ -87,6 +88,10 @@ ABSL_FLAG(std::string, embedding_combiner, "sum",
           "embedding model: how an example's rows are pooled, sum or mean");
 ABSL_FLAG(uint64_t, embedding_max_rows_per_shard, 0,
           "embedding model: rows one shard may create (0 = no limit)");
+ABSL_FLAG(std::string, sparse_tables, "",
+          "user model (--model=user): the job's sparse tables, NAME:ROWS:DIM[:INIT_SCALE] "
+          "separated by commas (ROWS 0: any int64 id); a worker's gt.EmbeddingBag(NAME, DIM) "
+          "reads and trains them");
 ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
           "use only the first N training examples (0 = all)");
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),
@@ -262,6 +267,14 @@ absl::Status SetModel(v1::JobConfig* c) {
   c->set_input_features(absl::GetFlag(FLAGS_features));
   if (absl::Status s = SetDataset(*model, c->mutable_dataset()); !s.ok()) return s;
   if (*model == v1::MODEL_EMBEDDING) return SetEmbedding(c);
+  const std::string tables = absl::GetFlag(FLAGS_sparse_tables);
+  if (tables.empty()) return absl::OkStatus();
+  if (*model != v1::MODEL_USER)
+    return absl::InvalidArgumentError(
+        "--sparse_tables: a built-in model has its own table (--model=embedding)");
+  absl::StatusOr<std::vector<v1::SparseTableSpec>> parsed = ParseSparseTables(tables);
+  if (!parsed.ok()) return FlagError("sparse_tables", parsed.status());
+  for (v1::SparseTableSpec& t : *parsed) *c->add_sparse_tables() = std::move(t);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "job/split_mix.h"
 
 namespace grps {
@@ -100,6 +102,28 @@ const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
   for (const v1::SparseTableSpec& t : config.sparse_tables())
     if (t.name() == name) return &t;
   return nullptr;
+}
+
+absl::StatusOr<std::vector<v1::SparseTableSpec>> ParseSparseTables(absl::string_view text) {
+  std::vector<v1::SparseTableSpec> tables;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
+    v1::SparseTableSpec t;
+    uint64_t rows = 0;
+    uint32_t dim = 0;
+    float scale = 0;
+    if (parts.size() < 3 || parts.size() > 4 || !absl::SimpleAtoi(parts[1], &rows) ||
+        !absl::SimpleAtoi(parts[2], &dim) ||
+        (parts.size() == 4 && !absl::SimpleAtof(parts[3], &scale)))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", entry, "' is not NAME:ROWS:DIM[:INIT_SCALE]"));
+    t.set_name(std::string(parts[0]));
+    t.set_rows(rows);
+    t.set_dim(dim);
+    t.set_init_scale(scale);
+    tables.push_back(std::move(t));
+  }
+  return tables;
 }
 
 }  // namespace grps

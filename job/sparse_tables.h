@@ -7,8 +7,11 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/grps.pb.h"
 
 namespace grps {
@@ -45,6 +48,11 @@ absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slot
 // The table of that name, or null.
 const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
                                            std::string_view name);
+
+// "NAME:ROWS:DIM[:INIT_SCALE],...": the tables of a user model
+// (--sparse_tables). INVALID_ARGUMENT for an entry that does not parse;
+// the values are checked by ValidateSparseTables.
+absl::StatusOr<std::vector<v1::SparseTableSpec>> ParseSparseTables(absl::string_view text);
 
 }  // namespace grps
 
