@@ -17,49 +17,19 @@
 
 namespace grps {
 
-namespace {
-
-// How long one pull may wait at the shards before the worker looks again at
-// what the heartbeat brought (a roll-back, the end of the job).
-constexpr absl::Duration kPullSlice = absl::Seconds(2);
-// How often a wait logs that it still waits.
-constexpr absl::Duration kWaitLogEvery = absl::Seconds(10);
-
-absl::Duration CoordinatorTimeout(const v1::JobConfig& config) {
-  return absl::Milliseconds(
-      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
-}
-
-bool Ended(v1::JobState state) {
-  return state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
-         state == v1::JOB_STATE_FAILED;
-}
-
-}  // namespace
-
 Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
                  const v1::RegisterWorkerResponse& registration, Backend* backend,
                  TrainerShards shards, TrainerOptions options)
-    : coordinator_(coordinator),
-      config_(registration.config()),
+    : config_(registration.config()),
       rank_(registration.rank()),
-      incarnation_(registration.incarnation()),
       start_step_(registration.start_step()),
       next_step_(registration.start_step()),
-      coordinator_timeout_(CoordinatorTimeout(registration.config())),
       backend_(backend),
       options_(std::move(options)),
-      params_(std::move(shards.dense)),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
       scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
       metrics_(rank_),
-      start_(options_.clock()),
-      agent_(coordinator,
-             {registration.config().job_id(), MemberKind::kWorker, registration.rank(),
-              registration.incarnation()},
-             absl::Milliseconds(registration.config().heartbeat_interval_ms()),
-             absl::Milliseconds(registration.config().heartbeat_interval_ms()) * 4,
-             options_.clock) {
+      start_(options_.clock()) {
   const std::vector<int64_t> widths = LayerWidths(config_);
   const int batch = static_cast<int>(config_.batch_size());
   if (config_.model() == v1::MODEL_EMBEDDING) {
@@ -71,26 +41,16 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
         batch);
     // Set before the heartbeat thread starts, which hands them new maps;
     // both or neither (LoadData refuses to train without them).
-    if (shards.sparse != nullptr && shards.eval_sparse != nullptr) {
-      sparse_ = std::move(shards.sparse);
+    if (shards.sparse != nullptr && shards.eval_sparse != nullptr)
       eval_sparse_ = std::move(shards.eval_sparse);
-      sparse_->set_generation(registration.generation());
-      eval_sparse_->set_generation(registration.generation());
-    }
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
     // Validated by the coordinator: UNSPECIFIED, F32, F16 or BF16.
     model_->set_compute_dtype(
         DTypeFromWire(config_.compute_dtype(), true, "compute_dtype").value_or(DType::kF32));
   }
-  host_params_ = HostArray<float>(backend_, params_->num_parameters());
-  host_grads_ = HostArray<float>(backend_, params_->num_parameters());
-  last_progress_ = start_;
-  progress_.set_test_accuracy(-1);
-  progress_.set_test_loss(-1);
-  progress_.set_step(start_step_);
-  generation_ = registration.generation();
-  params_->set_generation(generation_);
+  host_params_ = HostArray<float>(backend_, shards.dense->num_parameters());
+  host_grads_ = HostArray<float>(backend_, shards.dense->num_parameters());
   // A rank that starts mid-job (a restart) joins the others; one that starts
   // with the job is in step with them from the first step (a straggler
   // behind backup workers keeps its own steps, as before).
@@ -105,256 +65,34 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
     else
       spdlog::warn("cannot write curve to {}", options_.curve_csv);
   }
-  agent_.Start(HeartbeatHandlers());
+  // Sets the clients' generation (eval_sparse_'s through SessionOptions) and
+  // starts the heartbeats.
+  session_ = std::make_unique<WorkerSession>(
+      coordinator, registration, std::move(shards.dense),
+      eval_sparse_ != nullptr ? std::move(shards.sparse) : nullptr, SessionOptions());
 }
 
 Trainer::~Trainer() {
   evaluator_.reset();  // its callback uses the members below
-  agent_.Stop();
+  session_.reset();    // stops the heartbeats
   absl::MutexLock lock(&curve_mu_);
   if (curve_ != nullptr) std::fclose(curve_);
 }
 
-Trainer::Interrupt Trainer::Interrupted() const {
-  if (ShutdownRequested()) return Interrupt::kSignal;
-  absl::MutexLock lock(&mu_);
-  if (job_state_ == v1::JOB_STATE_FAILED) return Interrupt::kJobFailed;
-  if (Ended(job_state_)) return Interrupt::kJobEnded;
-  if (restore_.has_value() && restore_->generation() > generation_)
-    return Interrupt::kRollBack;
-  return Interrupt::kNone;
-}
-
-absl::Status Trainer::JobFailed() {
-  // The heartbeat carries only the state; the reason is in the job status.
-  v1::GetJobStatusRequest req;
-  v1::JobStatus status;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  grpc::Status st = coordinator_->GetJobStatus(&ctx, req, &status);
-  return absl::AbortedError(absl::StrCat(
-      "job failed: ", st.ok() && !status.message().empty()
-                          ? status.message()
-                          : std::string("(the coordinator gave no reason)")));
-}
-
-bool Trainer::TakeRollBack(uint64_t total, uint64_t* step) {
-  v1::RestoreOrder order;
-  uint64_t resume = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!restore_.has_value() || restore_->generation() <= generation_) return false;
-    order = *restore_;
-    restore_.reset();
-    resume = rank_ < static_cast<uint32_t>(order.worker_steps_size())
-                 ? order.worker_steps(rank_)
-                 : order.step();
-    resume = std::min(resume, total);
-    generation_ = order.generation();
-    finished_ = false;
-    progress_.set_step(resume);
-    last_progress_ = Now();
-  }
-  params_->set_generation(order.generation());
-  if (sparse_ != nullptr) {
-    sparse_->set_generation(order.generation());
-    eval_sparse_->set_generation(order.generation());
-  }
-  *step = resume;
-  if (order.checkpoint_id() == 0)
-    spdlog::warn("rolled back to the initial values: resuming at step {} (generation {})",
-                 resume, order.generation());
-  else
-    spdlog::warn("rolled back to checkpoint {}: resuming at step {} (generation {})",
-                 order.checkpoint_id(), resume, order.generation());
-  return true;
-}
-
-bool Trainer::StuckWithoutCoordinator() const {
-  if (CoordinatorSilence() <= coordinator_timeout_) return false;
-  absl::MutexLock lock(&mu_);
-  return Now() - last_progress_ > coordinator_timeout_;
-}
-
-void Trainer::NoteProgress() {
-  absl::MutexLock lock(&mu_);
-  last_progress_ = Now();
-}
-
-bool Trainer::IsEvaluator() const {
-  absl::MutexLock lock(&mu_);
-  return evaluator_rank_.has_value() && *evaluator_rank_ == rank_;
-}
-
-MemberAgent::Handlers Trainer::HeartbeatHandlers() {
-  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
-  MemberAgent::Handlers handlers;
-  handlers.fill = [this](v1::HeartbeatRequest* req) {
-    req->set_shard_map_epoch(params_->map_epoch());
-    absl::MutexLock lock(&mu_);
-    *req->mutable_progress() = progress_;
-    req->set_generation(generation_);
-    req->set_finished(finished_);
+WorkerSession::Options Trainer::SessionOptions() {
+  WorkerSession::Options session;
+  session.clock = options_.clock;
+  // The evaluation client follows the training client (set together).
+  session.on_shard_map = [this](const v1::ShardMap& map) {
+    if (eval_sparse_ != nullptr) eval_sparse_->UpdateShardMap(map);
   };
-  handlers.on_reply = [this](const v1::HeartbeatResponse& resp) {
-    if (said_silent_) spdlog::info("the coordinator answers again");
-    said_silent_ = false;
-    OnHeartbeatReply(resp);
-    return MemberAgent::Next::kGoOn;
+  session.on_generation = [this](uint64_t generation) {
+    if (eval_sparse_ != nullptr) eval_sparse_->set_generation(generation);
   };
-  handlers.on_error = [this, interval](const grpc::Status& st) {
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
-      spdlog::warn("heartbeat: {}", st.error_message());
-    // Training goes on without a coordinator; say so once.
-    if (!said_silent_ && CoordinatorSilence() > interval * 4) {
-      spdlog::warn("no answer from the coordinator for {} ({}); training goes on, "
-                   "waits that need it give up after {}",
-                   absl::FormatDuration(CoordinatorSilence()), st.error_message(),
-                   absl::FormatDuration(coordinator_timeout_));
-      said_silent_ = true;
-    }
-    return MemberAgent::Next::kGoOn;
-  };
-  return handlers;
+  return session;
 }
 
-void Trainer::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
-  // The client is thread-safe: a newer map goes to it at once, so that a
-  // push retrying on another thread reaches the shard's new endpoint.
-  if (resp.has_shard_map() && resp.shard_map().epoch() > params_->map_epoch() &&
-      resp.shard_map().epoch() != refused_map_epoch_) {
-    absl::Status s = params_->UpdateShardMap(resp.shard_map());
-    if (s.ok() && sparse_ != nullptr) {
-      sparse_->UpdateShardMap(resp.shard_map());
-      eval_sparse_->UpdateShardMap(resp.shard_map());
-    }
-    if (s.ok()) {
-      spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
-    } else {
-      spdlog::error("refused the coordinator's {}", std::string(s.message()));
-      refused_map_epoch_ = resp.shard_map().epoch();
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  job_state_ = resp.job_state();
-  evaluator_rank_.reset();
-  if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
-  evaluate_final_ = resp.evaluate_final();
-  if (resp.has_restore() && resp.restore().generation() > generation_ &&
-      (!restore_.has_value() || resp.restore().generation() > restore_->generation()))
-    restore_ = resp.restore();
-}
-
-absl::Status Trainer::WaitToPull(absl::string_view what, uint64_t clock,
-                                 const std::function<absl::Status()>& attempt) {
-  // A pull may wait for other workers (sync, ssp) or for a shard to come
-  // back; keep waiting, in slices so that the end of the job or a roll-back
-  // is noticed, as long as the job runs and the coordinator answers.
-  absl::Time logged = Now();
-  while (true) {
-    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    absl::Status s = attempt();
-    if (s.ok()) {
-      NoteProgress();
-      return s;
-    }
-    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
-    // RESOURCE_EXHAUSTED: the shard has too many waiting pulls, or its gRPC
-    // is short of memory for calls right now.
-    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
-        s.code() != absl::StatusCode::kUnavailable &&
-        s.code() != absl::StatusCode::kResourceExhausted)
-      return s;
-    if (StuckWithoutCoordinator())
-      return absl::UnavailableError(absl::StrCat(
-          "no ", what, " for clock ", clock, " and no word from the coordinator for ",
-          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
-    if (Now() - logged >= kWaitLogEvery) {
-      spdlog::info("waiting to read the {} of clock {}: {}", std::string(what), clock,
-                   std::string(s.message()));
-      logged = Now();
-    }
-    SleepUnlessShutdown(absl::Milliseconds(100));
-  }
-}
-
-absl::Status Trainer::JoinTheOthers(uint64_t* step) {
-  if (absl::Status s = PullWeights(*step); !s.ok()) return s;
-  // The highest version: a shard that is a step behind the others (it has
-  // not completed the step they pushed everywhere yet) takes this rank's
-  // gradient for that step, and the rank stays one step behind there. At
-  // the lowest, the rank would be a step ahead on the others, and at the
-  // end make a step there that no other shard makes.
-  const uint64_t at = params_->max_pulled_version();
-  if (at > *step) {
-    spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
-    *step = at;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::PullWeights(uint64_t clock) {
-  return WaitToPull("weights", clock, [&] {
-    return params_->Pull(clock, kPullSlice, host_params_.data());
-  });
-}
-
-ParameterShards::RetryPolicy Trainer::PushRetry() {
-  ParameterShards::RetryPolicy retry;
-  retry.retry_for = absl::InfiniteDuration();  // bounded by `stop`
-  retry.stop = [this] {
-    return Interrupted() != Interrupt::kNone || StuckWithoutCoordinator();
-  };
-  return retry;
-}
-
-absl::StatusOr<ParameterShards::PushOutcome> Trainer::PushGradients(
-    uint64_t step, uint32_t samples) {
-  // Fused with the pull of the next clock: the shards reply with the new
-  // weights once the mode allows (sync: when the step completes), which saves
-  // a round trip per step; if they do not come within a pull slice, the next
-  // step pulls as usual.
-  const ParameterShards::RetryPolicy retry = PushRetry();
-  absl::Time logged = Now();
-  while (true) {
-    absl::StatusOr<ParameterShards::PushOutcome> pushed = params_->PushAndPull(
-        step, host_grads_.data(), samples, host_params_.data(), kPullSlice, retry);
-    if (pushed.ok()) {
-      NoteProgress();
-      return pushed;
-    }
-    if (Interrupted() != Interrupt::kNone) return pushed.status();
-    const absl::Status& s = pushed.status();
-    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
-    if (StuckWithoutCoordinator())
-      return absl::UnavailableError(absl::StrCat(
-          "cannot push step ", step, " and no word from the coordinator for ",
-          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
-    // A push that outlived its deadline is retried too: the shards
-    // deduplicate it.
-    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
-        s.code() != absl::StatusCode::kUnavailable)
-      return s;
-    if (Now() - logged >= kWaitLogEvery) {
-      spdlog::info("retrying the push of step {}: {}", step, std::string(s.message()));
-      logged = Now();
-    }
-  }
-}
-
-absl::Status Trainer::WaitForRestoreOrder(const absl::Status& refused) {
-  spdlog::info("{}; waiting for the restore order", std::string(refused.message()));
-  const absl::Time give_up = Now() + coordinator_timeout_;
-  while (Now() < give_up) {
-    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    SleepUnlessShutdown(absl::Milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "no restore order within ", absl::FormatDuration(coordinator_timeout_),
-      " after: ", refused.message()));
-}
+bool Trainer::IsEvaluator() const { return session_->evaluator_rank() == rank_; }
 
 void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
   if (!result.error.ok()) {
@@ -364,12 +102,11 @@ void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
     return;
   }
   v1::WorkerProgress snapshot;
-  {
-    absl::MutexLock lock(&mu_);
-    progress_.set_test_accuracy(static_cast<float>(result.eval.accuracy));
-    progress_.set_test_loss(static_cast<float>(result.eval.loss));
-    snapshot = progress_;
-  }
+  session_->UpdateProgress([&](v1::WorkerProgress* progress) {
+    progress->set_test_accuracy(static_cast<float>(result.eval.accuracy));
+    progress->set_test_loss(static_cast<float>(result.eval.loss));
+    snapshot = *progress;
+  });
   WriteCurveRow(result.step, snapshot, /*evaluated=*/true);
   spdlog::info("{}test accuracy {:.4f} loss {:.4f} at step {} ({} examples)",
                final_eval ? "final " : "", result.eval.accuracy, result.eval.loss,
@@ -402,7 +139,7 @@ absl::Status Trainer::LoadData() {
         [this](const Evaluator::Result& r) { OnEvaluation(r, false); });
     return absl::OkStatus();
   }
-  if (sparse_ == nullptr)
+  if (session_->sparse() == nullptr)
     return absl::FailedPreconditionError(
         "the embedding model needs the sparse table's clients (TrainerShards)");
   absl::StatusOr<SparseData> data = LoadSparseData(config_);
@@ -431,7 +168,7 @@ absl::Status Trainer::LoadData() {
     const size_t piece = std::max<size_t>(1, (size_t{16} << 20) / (dim * sizeof(float)));
     for (size_t first = 0; first < ids.size(); first += piece) {
       const absl::Span<const int64_t> part = ids.subspan(first, piece);
-      absl::Status s = WaitToPull("embedding rows", clock, [&] {
+      absl::Status s = session_->WaitToPull("embedding rows", clock, [&] {
         return eval_sparse_->Pull(kEmbeddingTable, part, clock, kPullSlice,
                                   out + first * dim);
       });
@@ -515,8 +252,9 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   rows_.resize(ids.size() * embedding_->embedding_dim());
   // The rows as of this clock: the pull waits at the shards as the dense
   // one does.
-  if (absl::Status s = WaitToPull("embedding rows", step, [&] {
-        return sparse_->Pull(kEmbeddingTable, ids, step, kPullSlice, rows_.data());
+  SparseShards& sparse = *session_->sparse();
+  if (absl::Status s = session_->WaitToPull("embedding rows", step, [&] {
+        return sparse.Pull(kEmbeddingTable, ids, step, kPullSlice, rows_.data());
       });
       !s.ok())
     return s;
@@ -534,38 +272,35 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   }
   // The rows' gradients first: this push returns at once, while the head's
   // (in PushGradients) may wait for the next weights.
-  absl::StatusOr<SparseShards::PushOutcome> pushed = sparse_->Push(
-      kEmbeddingTable, step, ids, row_grads, PushRetry());
+  absl::StatusOr<SparseShards::PushOutcome> pushed = sparse.Push(
+      kEmbeddingTable, step, ids, row_grads, session_->PushRetry());
   if (!pushed.ok()) {
-    if (Interrupted() != Interrupt::kNone) return pushed.status();
+    if (session_->Interrupted() != Interrupt::kNone) return pushed.status();
     if (pushed.status().code() == absl::StatusCode::kAborted)
-      return WaitForRestoreOrder(pushed.status());
+      return session_->WaitForRestoreOrder(pushed.status());
     return absl::Status(pushed.status().code(),
                         absl::StrCat("pushing the embedding rows of step ", step, ": ",
                                      pushed.status().message()));
   }
-  NoteProgress();
+  session_->NoteProgress();
   return loss;
 }
 
 absl::Status Trainer::Run() {
   if (absl::Status s = LoadData(); !s.ok()) return s;
   const uint64_t total = TotalSteps(config_, TrainExamples());
-  {
-    absl::MutexLock lock(&mu_);
-    progress_.set_total_steps(total);
-  }
+  session_->UpdateProgress([total](v1::WorkerProgress* p) { p->set_total_steps(total); });
   // Train, report, wait for the end; a roll-back (also one that comes after
   // WorkerDone) sends the worker back to training.
   while (true) {
     absl::Status s = Train(total);
     if (s.ok()) s = FinishAndWait(total);
-    switch (Interrupted()) {
+    switch (session_->Interrupted()) {
       case Interrupt::kSignal:
       case Interrupt::kJobEnded:
         return absl::OkStatus();
       case Interrupt::kJobFailed:
-        return JobFailed();
+        return session_->JobFailed();
       case Interrupt::kRollBack:
         continue;
       case Interrupt::kNone:
@@ -648,10 +383,10 @@ BatchLoader<Trainer::StepBatch>::Prepare Trainer::BatchSource(const StepPlan& pl
 }
 
 ParameterShards::Traffic Trainer::TrafficSoFar() const {
-  ParameterShards::Traffic t = params_->traffic();
-  if (sparse_ != nullptr) {
-    t.bytes_pushed += sparse_->bytes_pushed();
-    t.bytes_pulled += sparse_->bytes_pulled();
+  ParameterShards::Traffic t = session_->dense().traffic();
+  if (const SparseShards* sparse = session_->sparse(); sparse != nullptr) {
+    t.bytes_pushed += sparse->bytes_pushed();
+    t.bytes_pulled += sparse->bytes_pulled();
   }
   return t;
 }
@@ -662,7 +397,7 @@ absl::Status Trainer::Train(uint64_t total) {
   uint64_t step = next_step_;
   uint64_t resumed_at = step;
   // (After a roll-back, TakeRollBack says where training resumes.)
-  if (Interrupted() != Interrupt::kRollBack) LogPlan(*plan, step, total);
+  if (session_->Interrupted() != Interrupt::kRollBack) LogPlan(*plan, step, total);
 
   // The loader thread prepares step + 1's examples while this thread
   // trains on step's.
@@ -678,14 +413,14 @@ absl::Status Trainer::Train(uint64_t total) {
   while (true) {
     // A roll-back moves the data position and the clock back to the
     // checkpoint's step, as a restart's start_step does.
-    if (TakeRollBack(total, &step)) {
+    if (session_->TakeRollBack(total, &step)) {
       resumed_at = step;
       pulled_for.reset();
     }
-    if (Interrupted() != Interrupt::kNone) break;
+    if (session_->Interrupted() != Interrupt::kNone) break;
     if (joining_) {
-      if (absl::Status s = JoinTheOthers(&step); !s.ok()) {
-        if (Interrupted() != Interrupt::kNone) continue;
+      if (absl::Status s = session_->JoinTheOthers(&step, host_params_.data()); !s.ok()) {
+        if (session_->Interrupted() != Interrupt::kNone) continue;
         return s;
       }
       pulled_for = step;
@@ -702,15 +437,16 @@ absl::Status Trainer::Train(uint64_t total) {
         ComputeStep(step, **examples, options_.load_ahead ? loader.PeekReady(step + 1) : nullptr,
                     resumed_at, &pulled_for);
     if (!loss.ok()) {
-      if (Interrupted() != Interrupt::kNone) continue;
+      if (session_->Interrupted() != Interrupt::kNone) continue;
       return loss.status();
     }
     if (!std::isfinite(*loss))
       return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
                                               " (learning rate too high?)"));
-    absl::StatusOr<ParameterShards::PushOutcome> pushed = PushGradients(step, plan->batch);
+    absl::StatusOr<ParameterShards::PushOutcome> pushed = session_->PushGradients(
+        step, host_grads_.data(), static_cast<uint32_t>(plan->batch), host_params_.data());
     if (!pushed.ok()) {
-      if (Interrupted() != Interrupt::kNone) continue;
+      if (session_->Interrupted() != Interrupt::kNone) continue;
       return pushed.status();
     }
     if (pushed->pulled) pulled_for = step + 1;
@@ -731,7 +467,7 @@ absl::StatusOr<float> Trainer::ComputeStep(uint64_t step, const StepBatch& batch
                                            const StepBatch* next, uint64_t resumed_at,
                                            std::optional<uint64_t>* pulled_for) {
   if (*pulled_for != step) {
-    if (absl::Status s = PullWeights(step); !s.ok()) return s;
+    if (absl::Status s = session_->PullWeights(step, host_params_.data()); !s.ok()) return s;
   }
   pulled_for->reset();
   // The evaluator evaluates the weights of this step on its own thread; a
@@ -792,140 +528,73 @@ absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& pl
   metrics_.samples.Increment(plan.batch);
   UpdateStepMetrics(loss, pushed, now - step_start, stats);
   v1::WorkerProgress snapshot;
-  {
-    absl::MutexLock lock(&mu_);
-    progress_.set_step(step + 1);
-    progress_.set_epoch(static_cast<uint32_t>(step / plan.per_epoch));
-    progress_.set_loss(static_cast<float>(stats->loss_ema));
-    progress_.set_samples(progress_.samples() + plan.batch);
+  session_->UpdateProgress([&](v1::WorkerProgress* progress) {
+    progress->set_step(step + 1);
+    progress->set_epoch(static_cast<uint32_t>(step / plan.per_epoch));
+    progress->set_loss(static_cast<float>(stats->loss_ema));
+    progress->set_samples(progress->samples() + plan.batch);
     if (scaler_.dynamic()) {
-      progress_.set_loss_scale(scaler_.scale());
-      progress_.set_overflow_steps(scaler_.overflows());
+      progress->set_loss_scale(scaler_.scale());
+      progress->set_overflow_steps(scaler_.overflows());
     }
     if (clip_.has_value()) {
-      progress_.set_gradient_norm(static_cast<float>(stats->norm_ema));
-      if (clip_->clipped()) progress_.set_clipped_steps(progress_.clipped_steps() + 1);
+      progress->set_gradient_norm(static_cast<float>(stats->norm_ema));
+      if (clip_->clipped()) progress->set_clipped_steps(progress->clipped_steps() + 1);
     }
     // The rate covers about a second; the last step publishes its window
     // however short, so that a run shorter than a second has a rate too.
     const double window = absl::ToDoubleSeconds(now - stats->window_start);
     if (window >= 1.0 || (step + 1 == total && window > 0)) {
-      progress_.set_samples_per_sec(static_cast<float>(stats->window_samples / window));
-      metrics_.samples_per_second.Set(progress_.samples_per_sec());
+      progress->set_samples_per_sec(static_cast<float>(stats->window_samples / window));
+      metrics_.samples_per_second.Set(progress->samples_per_sec());
       stats->window_start = now;
       stats->window_samples = 0;
     }
-    snapshot = progress_;
-  }
+    snapshot = *progress;
+  });
   if ((step + 1) % 50 == 0 || step + 1 == total)
     WriteCurveRow(step + 1, snapshot, /*evaluated=*/false);
   return now;
 }
 
-absl::Status Trainer::ReportDone(const v1::WorkerDoneRequest& done) {
-  // A coordinator that restarted may not know this rank until it has seen
-  // its heartbeat: its refusal is retried as long as the silence bound.
-  const absl::Time refusals_until = Now() + coordinator_timeout_;
-  Backoff policy;
-  // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
-  // coordinator's memory quota, busy with someone else's big messages.
-  policy.retry_resource_exhausted = true;
-  // A coordinator that is stopped or overloaded answers late: retried too,
-  // as every failure, for as long as the coordinator's silence allows.
-  policy.retry_deadline_exceeded = true;
-  bool gave_up = false;
-  absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
-    if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
-    if (CoordinatorSilence() > coordinator_timeout_) {
-      gave_up = true;
-      return absl::CancelledError("the coordinator is silent");  // ends the retries
-    }
-    v1::WorkerDoneResponse resp;
-    v1::WorkerDoneRequest request = done;
-    {
-      absl::MutexLock lock(&mu_);
-      request.set_generation(generation_);
-    }
-    absl::Status s = ToAbsl(agent_.WorkerDone(request, &resp, absl::Seconds(10)));
-    if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
-    if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) &&
-        Now() < refusals_until)
-      return absl::UnavailableError(s.message());
-    return s;
-  });
-  if (st.ok()) {
-    absl::MutexLock lock(&mu_);
-    finished_ = true;
-    return st;
-  }
-  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
-  if (gave_up)
-    return absl::UnavailableError(absl::StrCat(
-        "WorkerDone: no word from the coordinator for ",
-        absl::FormatDuration(coordinator_timeout_), "; giving up"));
-  // The job rolled back after this worker finished: the heartbeat brings
-  // the restore order, and the worker trains again.
-  if (absl::IsAborted(st)) return WaitForRestoreOrder(st);
-  return absl::Status(st.code(), absl::StrCat("WorkerDone: ", st.message()));
-}
-
 absl::Status Trainer::FinishAndWait(uint64_t total) {
-  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  if (session_->Interrupted() != Interrupt::kNone) return absl::OkStatus();
   v1::WorkerDoneRequest done;
-  done.set_job_id(config_.job_id());
-  done.set_worker_rank(rank_);
-  done.set_incarnation(incarnation_);
-  {
-    absl::MutexLock lock(&mu_);
-    *done.mutable_progress() = progress_;
-  }
-  if (absl::Status s = ReportDone(done); !s.ok()) return s;
-  if (Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  *done.mutable_progress() = session_->progress();
+  if (absl::Status s = session_->ReportDone(done); !s.ok()) return s;
+  if (session_->Interrupted() != Interrupt::kNone) return absl::OkStatus();
   spdlog::info("finished {} steps; waiting for the job to end", total);
   constexpr double kMiB = 1 << 20;
-  const ParameterShards::Traffic dense = params_->traffic();
+  const ParameterShards::Traffic dense = session_->dense().traffic();
   spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
                "through shared-memory lanes; {} of {} push calls rung at lane doorbells",
                dense.bytes_pushed / kMiB, dense.bytes_pulled / kMiB, dense.lane_bytes / kMiB,
                dense.doorbell_calls, dense.push_calls);
+  absl::StatusOr<bool> final_turn = session_->AwaitEndOrFinalEvaluation();
+  if (!final_turn.ok()) return final_turn.status();
+  if (!*final_turn) return absl::OkStatus();
+  if (absl::Status s = EvaluateFinal(total, &done); !s.ok()) return s;
+  return session_->AwaitEnd();
+}
 
-  bool evaluated = false;
-  while (Interrupted() == Interrupt::kNone) {
-    if (CoordinatorSilence() > coordinator_timeout_)
-      return absl::UnavailableError(absl::StrCat(
-          "finished, but no word from the coordinator for ",
-          absl::FormatDuration(coordinator_timeout_), "; giving up"));
-    bool final_turn = false;
-    {
-      absl::MutexLock lock(&mu_);
-      final_turn = evaluate_final_ && evaluator_rank_ == rank_;
-    }
-    if (final_turn && !evaluated) {
-      // Training is over everywhere and the shards have seen it: these are
-      // the final weights.
-      if (absl::Status s = PullWeights(total); !s.ok())
-        return Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
-      const Evaluator::Result result = evaluator_->EvaluateNow(
-          total, std::vector<float>(host_params_.begin(), host_params_.end()));
-      OnEvaluation(result, /*final_eval=*/true);
-      if (!result.error.ok())
-        return Interrupted() != Interrupt::kNone
-                   ? absl::OkStatus()
-                   : absl::Status(result.error.code(),
-                                  absl::StrCat("final evaluation: ", result.error.message()));
-      done.set_has_final_eval(true);
-      done.set_final_test_accuracy(static_cast<float>(result.eval.accuracy));
-      done.set_final_test_loss(static_cast<float>(result.eval.loss));
-      {
-        absl::MutexLock lock(&mu_);
-        *done.mutable_progress() = progress_;
-      }
-      if (absl::Status s = ReportDone(done); !s.ok()) return s;
-      evaluated = true;
-    }
-    SleepUnlessShutdown(absl::Milliseconds(20));
-  }
-  return absl::OkStatus();
+absl::Status Trainer::EvaluateFinal(uint64_t total, v1::WorkerDoneRequest* done) {
+  // Training is over everywhere and the shards have seen it: these are the
+  // final weights.
+  if (absl::Status s = session_->PullWeights(total, host_params_.data()); !s.ok())
+    return session_->Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
+  const Evaluator::Result result = evaluator_->EvaluateNow(
+      total, std::vector<float>(host_params_.begin(), host_params_.end()));
+  OnEvaluation(result, /*final_eval=*/true);
+  if (!result.error.ok())
+    return session_->Interrupted() != Interrupt::kNone
+               ? absl::OkStatus()
+               : absl::Status(result.error.code(),
+                              absl::StrCat("final evaluation: ", result.error.message()));
+  done->set_has_final_eval(true);
+  done->set_final_test_accuracy(static_cast<float>(result.eval.accuracy));
+  done->set_final_test_loss(static_cast<float>(result.eval.loss));
+  *done->mutable_progress() = session_->progress();
+  return session_->ReportDone(*done);
 }
 
 }  // namespace grps

@@ -8,7 +8,12 @@
 // the last step the worker reports WorkerDone and stays (heartbeating) until
 // the job ends, evaluating the final weights if the coordinator asks it to.
 //
-// Faults (docs/durability.md):
+// The worker's membership (the heartbeats, what their replies say, every
+// bounded wait of a step, WorkerDone) is its WorkerSession's; the Trainer
+// is about its model: data, batches, the step's computation, clipping, loss
+// scaling, evaluation, metrics and the curve.
+//
+// Faults (docs/durability.md, handled by the WorkerSession):
 // - Roll-back: a heartbeat reply with a RestoreOrder of a newer generation
 //   stops the current step (also a pull that waits or a push that retries)
 //   and training resumes at the order's step for this rank, in the new
@@ -16,7 +21,8 @@
 //   A push or pull refused as from an old generation (ABORTED) waits for
 //   that order, at most coordinator_timeout_ms.
 // - Moved shards: a newer shard map from the heartbeat is handed to the
-//   ParameterClient at once, so the next attempt goes to the new endpoint.
+//   clients at once (the evaluation client too), so the next attempt goes to
+//   the new endpoint.
 // - Bounds: every wait ends when the job ends or rolls back, or on a signal.
 //   Training goes on while the coordinator is away, but a wait that makes
 //   no progress ends with an error once the coordinator has been silent for
@@ -41,7 +47,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "data/dataset.h"
@@ -61,6 +66,7 @@
 #include "worker/sparse_shards.h"
 #include "worker/straggler.h"
 #include "worker/worker_metrics.h"
+#include "worker/worker_session.h"
 
 namespace grps {
 
@@ -91,8 +97,9 @@ class Trainer {
  public:
   // `registration` is the coordinator's answer (validated by the caller);
   // `shards` reach the shards of its shard map as its rank and incarnation
-  // (the trainer sets their generation). Heartbeats start at once, so a
-  // worker that is still loading its data is not taken for dead.
+  // (the trainer's WorkerSession holds dense and sparse and sets their
+  // generation, eval_sparse's too). Heartbeats start at once, so a worker
+  // that is still loading its data is not taken for dead.
   // *coordinator and *backend must outlive the trainer.
   Trainer(v1::Coordinator::StubInterface* coordinator,
           const v1::RegisterWorkerResponse& registration, Backend* backend,
@@ -108,26 +115,7 @@ class Trainer {
   absl::Status Run();
 
  private:
-  // What ends a wait besides its own success.
-  enum class Interrupt {
-    kNone,
-    kSignal,     // SIGINT / SIGTERM
-    kJobEnded,   // COMPLETED or STOPPED
-    kJobFailed,  // FAILED
-    kRollBack,   // a restore order of a newer generation is pending
-  };
-  Interrupt Interrupted() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The error Run returns for a FAILED job, with the coordinator's reason.
-  absl::Status JobFailed();
-  // If a restore order of a newer generation is pending: switches to its
-  // generation, sets *step to where this rank resumes, logs, returns true.
-  bool TakeRollBack(uint64_t total, uint64_t* step) ABSL_LOCKS_EXCLUDED(mu_);
-  // How long the coordinator has not answered a heartbeat.
-  absl::Duration CoordinatorSilence() const { return agent_.Silence(); }
-  // A wait that has made no progress for coordinator_timeout while the
-  // coordinator was silent as long: give up.
-  bool StuckWithoutCoordinator() const ABSL_LOCKS_EXCLUDED(mu_);
-  void NoteProgress() ABSL_LOCKS_EXCLUDED(mu_);
+  using Interrupt = WorkerSession::Interrupt;
 
   absl::Status LoadData();
   int64_t TrainExamples() const;
@@ -153,16 +141,6 @@ class Trainer {
   // Clips host_grads_ and `rows` (the embedding rows' gradients, or empty)
   // as one gradient, when the job clips; notes how in clip_.
   void Clip(absl::Span<float> rows);
-  // Retries `attempt` (a pull that may wait at the shards for `clock`, at
-  // most a pull slice at a time) until it succeeds, the job ends or rolls
-  // back (CANCELLED), it fails otherwise than by waiting or an unavailable
-  // shard, or the coordinator has been silent too long. `what` names what
-  // is read, for the log.
-  absl::Status WaitToPull(absl::string_view what, uint64_t clock,
-                          const std::function<absl::Status()>& attempt);
-  // The retry policy of every push: as long as the job runs and the
-  // coordinator answers.
-  ParameterShards::RetryPolicy PushRetry();
   // How Train walks the data: a step's examples, this rank's partition, and
   // the steps in an epoch (the same on every rank, so sync steps line up).
   struct StepPlan {
@@ -203,58 +181,45 @@ class Trainer {
   // step_start with `loss`; returns when the step ended.
   absl::Time ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
                         const ParameterShards::PushOutcome& pushed, absl::Time step_start,
-                        StepStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
+                        StepStats* stats);
   void UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& pushed,
                          absl::Duration took, StepStats* stats);
-  absl::Status PullWeights(uint64_t clock);
-  // Sync, for a rank that starts mid-job (start step > 0), until this
-  // incarnation's first gradient in time for its step:
-  // pulls the weights for *step and, when the others are further on (a
-  // restarted worker, or one whose gradient came late), moves *step to
-  // their step (the highest version pulled), so that the rank trains the
-  // job's remaining steps with them instead of its lost steps alone after
-  // them.
-  absl::Status JoinTheOthers(uint64_t* step);
-  absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step,
-                                                             uint32_t samples);
-  // After a push or pull refused as from an old generation: waits for the
-  // heartbeat to bring the restore order (returns CANCELLED; Interrupted()
-  // says kRollBack), at most coordinator_timeout.
-  absl::Status WaitForRestoreOrder(const absl::Status& refused);
   // Reports the finished steps, then heartbeats until the job ends. Returns
-  // OK also when a roll-back interrupted the wait (Interrupted() says so).
+  // OK also when a roll-back interrupted the wait (session_->Interrupted()
+  // says so).
   absl::Status FinishAndWait(uint64_t total);
-  absl::Status ReportDone(const v1::WorkerDoneRequest& done);
-  // What the member agent's heartbeats carry and what their replies do
-  // (run on the agent's thread).
-  MemberAgent::Handlers HeartbeatHandlers();
-  void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
+  // The final evaluation the coordinator asked for, reported in `done`.
+  absl::Status EvaluateFinal(uint64_t total, v1::WorkerDoneRequest* done);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
   void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
       ABSL_LOCKS_EXCLUDED(curve_mu_);
   bool IsEvaluator() const;
+  // What the session needs of the trainer: the clock, and eval_sparse_
+  // following the session's clients.
+  WorkerSession::Options SessionOptions();
   absl::Time Now() const { return options_.clock(); }
 
-  v1::Coordinator::StubInterface* coordinator_;
-  v1::JobConfig config_;
-  uint32_t rank_;
-  uint64_t incarnation_;
+  const v1::JobConfig config_;  // the registration's, as the session's
+  const uint32_t rank_;
   uint64_t start_step_;
   uint64_t next_step_;  // training thread: where Train starts
-  bool joining_ = false;  // training thread: see JoinTheOthers
-  const absl::Duration coordinator_timeout_;
+  // Training thread, in sync, for a rank that starts mid-job (start step >
+  // 0): until this incarnation's first gradient in time for its step, each
+  // step first joins the others (WorkerSession::JoinTheOthers), so that the
+  // rank trains the job's remaining steps with them instead of its lost
+  // steps alone after them.
+  bool joining_ = false;
   Backend* backend_;
   TrainerOptions options_;
-  const std::unique_ptr<ParameterShards> params_;
   // The dense model (mlp, softmax) and its data...
   std::unique_ptr<MlpModel> model_;
   Dataset train_;
   Dataset test_;
-  // ... or the embedding model's: its dense head lives in params_, its rows
-  // in the sparse table kEmbeddingTable, read and written by sparse_ (the
-  // training thread's) and eval_sparse_ (the evaluator's).
+  // ... or the embedding model's: its dense head lives in the session's
+  // dense(), its rows in the sparse table kEmbeddingTable, read and written
+  // by the session's sparse() (the training thread's) and eval_sparse_ (the
+  // evaluator's; null when sparse() is).
   std::unique_ptr<EmbeddingModel> embedding_;
-  std::unique_ptr<SparseShards> sparse_;
   std::unique_ptr<SparseShards> eval_sparse_;
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
@@ -274,26 +239,11 @@ class Trainer {
   absl::Mutex curve_mu_;
   FILE* curve_ ABSL_GUARDED_BY(curve_mu_) = nullptr;
 
-  mutable absl::Mutex mu_;
-  v1::WorkerProgress progress_ ABSL_GUARDED_BY(mu_);
-  v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
-  std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
-  bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
-  // The generation this worker trains in (reported in heartbeats; the
-  // client's tag), the newest restore order of a newer one, and whether
-  // WorkerDone was reported in this generation.
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<v1::RestoreOrder> restore_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  // The last successful pull or push (or the start of the current wait).
-  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
-  // Heartbeat thread only: the newest map epoch refused, to log it once,
-  // and whether the coordinator's silence was logged.
-  uint64_t refused_map_epoch_ = 0;
-  bool said_silent_ = false;
-  // Registration's member: heartbeats (on a thread of its own from the
-  // constructor on) and WorkerDone.
-  MemberAgent agent_;
+  // The registration's membership, holding the dense and sparse clients:
+  // made last in the constructor (its heartbeats start then, and their
+  // replies reach eval_sparse_), reset first in the destructor after the
+  // evaluator. The progress the heartbeats report is its.
+  std::unique_ptr<WorkerSession> session_;
 };
 
 }  // namespace grps

@@ -75,6 +75,7 @@ WorkerSession::~WorkerSession() { agent_.Stop(); }
 void WorkerSession::SetGeneration(uint64_t generation) {
   dense_->set_generation(generation);
   if (sparse_ != nullptr) sparse_->set_generation(generation);
+  if (options_.on_generation) options_.on_generation(generation);
 }
 
 uint64_t WorkerSession::generation() const {
@@ -210,6 +211,7 @@ void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
       resp.shard_map().epoch() != refused_map_epoch_) {
     absl::Status s = dense_->UpdateShardMap(resp.shard_map());
     if (s.ok() && sparse_ != nullptr) sparse_->UpdateShardMap(resp.shard_map());
+    if (s.ok() && options_.on_shard_map) options_.on_shard_map(resp.shard_map());
     if (s.ok()) {
       spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
     } else {
@@ -384,12 +386,20 @@ absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
 }
 
 absl::StatusOr<bool> WorkerSession::AwaitEndOrFinalEvaluation() {
+  return AwaitEndOr(/*final_evaluation=*/true);
+}
+
+absl::Status WorkerSession::AwaitEnd() {
+  return AwaitEndOr(/*final_evaluation=*/false).status();
+}
+
+absl::StatusOr<bool> WorkerSession::AwaitEndOr(bool final_evaluation) {
   while (Interrupted() == Interrupt::kNone) {
     if (CoordinatorSilence() > coordinator_timeout_)
       return absl::UnavailableError(absl::StrCat(
           "finished, but no word from the coordinator for ",
           absl::FormatDuration(coordinator_timeout_), "; giving up"));
-    if (asked_for_final_evaluation()) return true;
+    if (final_evaluation && asked_for_final_evaluation()) return true;
     SleepUnlessShutdown(absl::Milliseconds(20));
   }
   return false;

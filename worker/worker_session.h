@@ -63,6 +63,16 @@ class WorkerSession {
     // The holder's own reason to stop waiting (Python: a KeyboardInterrupt
     // pending); polled from the waiting thread. Null: signals only.
     std::function<bool()> interrupted;
+    // For clients of the same shards that the holder keeps besides the
+    // session's (the Trainer's evaluation client), so that they follow the
+    // session's. Either may be null.
+    // on_shard_map: a newer shard map the session's clients took, called on
+    // the heartbeat thread after them.
+    std::function<void(const v1::ShardMap&)> on_shard_map;
+    // on_generation: the generation the session's clients were just set to,
+    // called after them: in the constructor (the registration's) and in
+    // TakeRollBack (the order's), on the caller's thread.
+    std::function<void(uint64_t)> on_generation;
   };
 
   // `registration` is the coordinator's answer (validated by the caller);
@@ -138,6 +148,9 @@ class WorkerSession {
   // coordinator asks this rank for the final evaluation (true); the
   // coordinator's silence past coordinator_timeout_ms is an error.
   absl::StatusOr<bool> AwaitEndOrFinalEvaluation();
+  // As AwaitEndOrFinalEvaluation, without stopping for the final evaluation
+  // (after it was reported): OK once an interrupt ends the wait.
+  absl::Status AwaitEnd();
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // How long the coordinator has not answered a heartbeat.
@@ -153,6 +166,9 @@ class WorkerSession {
   MemberAgent::Handlers HeartbeatHandlers();
   void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
   void SetGeneration(uint64_t generation);
+  // The wait of AwaitEnd*: true when `final_evaluation` and the coordinator
+  // asks for it.
+  absl::StatusOr<bool> AwaitEndOr(bool final_evaluation);
 
   v1::Coordinator::StubInterface* const coordinator_;
   const v1::JobConfig config_;
