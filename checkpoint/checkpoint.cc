@@ -503,4 +503,42 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
   return std::move(state->chunks);
 }
 
+absl::StatusOr<std::vector<NamedTensor>> ReadCheckpointTensors(Env* env,
+                                                               const std::string& path) {
+  absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(env, path, "");
+  std::string dir = path;
+  if (absl::IsNotFound(manifest.status())) {
+    absl::StatusOr<CheckpointChoice> newest = FindNewestCheckpoint(env, path, "");
+    if (!newest.ok()) return newest.status();
+    if (!newest->manifest.has_value())
+      return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", path));
+    manifest = *newest->manifest;
+    dir = newest->dir;
+  }
+  if (!manifest.ok()) return manifest.status();
+  const v1::ShardMap& map = manifest->shard_map();
+  std::vector<uint32_t> ids;
+  for (const v1::ChunkSpec& c : map.chunks()) ids.push_back(c.chunk_id());
+  absl::StatusOr<std::vector<v1::ChunkState>> chunks = LoadChunks(env, dir, *manifest, ids);
+  if (!chunks.ok()) return chunks.status();
+  std::vector<NamedTensor> tensors;
+  for (const v1::TensorSpec& t : map.tensors()) {
+    NamedTensor& n = tensors.emplace_back();
+    n.name = t.name();
+    n.shape.assign(t.shape().begin(), t.shape().end());
+    n.values.resize(static_cast<size_t>(NumElements(t)));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const v1::ChunkSpec& c = map.chunks(static_cast<int>(i));
+    const std::string& bytes = (*chunks)[i].values();
+    std::vector<float>& into = tensors[c.tensor_index()].values;
+    if (bytes.size() != c.num_elements() * sizeof(float) ||
+        c.offset() + c.num_elements() > into.size())
+      return absl::DataLossError(absl::StrCat(dir, ": chunk ", c.chunk_id(), " has ",
+                                              bytes.size(), " bytes"));
+    std::memcpy(into.data() + c.offset(), bytes.data(), bytes.size());
+  }
+  return tensors;
+}
+
 }  // namespace grps

@@ -170,6 +170,17 @@ absl::StatusOr<ShardState> LoadShardState(Env* env, const std::string& dir,
                                           absl::Span<const uint32_t> chunk_ids,
                                           uint32_t num_shards, uint32_t shard);
 
+// The dense tensors of a checkpoint, by name, for reading outside a job
+// (the grps Python package's gt.state_dict(checkpoint=...)). `path` is a
+// checkpoint's folder (ckpt-<id>) or a checkpoint_dir, whose newest
+// complete checkpoint is read. Every file is verified first.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+absl::StatusOr<std::vector<NamedTensor>> ReadCheckpointTensors(Env* env, const std::string& path);
+
 }  // namespace grps
 
 #endif  // GRPS_CHECKPOINT_CHECKPOINT_H_

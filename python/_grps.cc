@@ -19,6 +19,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/daemon.h"
 #include "daemon/security.h"
 #include "google/protobuf/util/json_util.h"
@@ -155,6 +156,24 @@ std::string JobStatusJson(const std::string& address, double timeout_s) {
                          google::protobuf::util::MessageToJsonString(status, &json, options).code()),
                      "cannot print the job status"));
   return json;
+}
+
+// The dense tensors of a checkpoint (a ckpt-<id> folder, or a
+// checkpoint_dir's newest), as (name, shape, float32 bytes).
+std::vector<std::tuple<std::string, std::vector<int64_t>, py::bytes>> ReadCheckpoint(
+    const std::string& path) {
+  absl::StatusOr<std::vector<NamedTensor>> tensors;
+  {
+    py::gil_scoped_release nogil;
+    tensors = ReadCheckpointTensors(Env::Default(), path);
+  }
+  if (!tensors.ok()) Raise(tensors.status());
+  std::vector<std::tuple<std::string, std::vector<int64_t>, py::bytes>> out;
+  for (const NamedTensor& t : *tensors)
+    out.emplace_back(t.name, t.shape,
+                     py::bytes(reinterpret_cast<const char*>(t.values.data()),
+                               t.values.size() * sizeof(float)));
+  return out;
 }
 
 class PyWorker {
@@ -315,6 +334,7 @@ PYBIND11_MODULE(_grps, m) {
   grps::model_mismatch_error = mismatch.ptr();
   m.def("configure", &grps::Configure, py::arg("overrides"),
         "Sets the process's security from GRPS_* variables and the given flags.");
+  m.def("read_checkpoint", &grps::ReadCheckpoint, py::arg("path"));
   m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
         py::arg("timeout_s") = 10.0);
   m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);

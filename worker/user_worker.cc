@@ -129,9 +129,9 @@ absl::Status UserWorker::Begin(float* params, const float* initial) {
     initial_.assign(initial, initial + num_parameters());
     if (absl::Status s = GiveInitialValues(); !s.ok()) return InterruptStatus(s);
   }
-  absl::Status s = config().mode() == v1::MODE_SYNC && step_ > 0
-                       ? session_->JoinTheOthers(&step_, params)
-                       : session_->PullWeights(step_, params);
+  joining_ = config().mode() == v1::MODE_SYNC && step_ > 0;
+  absl::Status s = joining_ ? session_->JoinTheOthers(&step_, params)
+                            : session_->PullWeights(step_, params);
   if (!s.ok()) return InterruptStatus(s);
   session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_step(step_); });
   return absl::OkStatus();
@@ -161,7 +161,13 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
     outcome.late = pushed->late;
     outcome.too_stale = pushed->too_stale;
     ++step_;
-    if (!pushed->pulled) s = session_->PullWeights(step_, params);
+    // In time for its step: in lock-step with the others from now on.
+    if (pushed->late == 0) joining_ = false;
+    if (joining_) {
+      s = session_->JoinTheOthers(&step_, params);
+    } else if (!pushed->pulled) {
+      s = session_->PullWeights(step_, params);
+    }
   }
   if (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
       session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {

@@ -123,6 +123,10 @@ class UserWorker {
   std::unique_ptr<WorkerSession> session_;
   const bool defined_model_;
   uint64_t step_ = 0;
+  // A rank that restarted in a sync job: it joins the others' step again
+  // after each push that came late, until one is in time (as grps-worker's
+  // Trainer does).
+  bool joining_ = false;
   absl::Time window_start_;
   uint64_t window_samples_ = 0;
   uint64_t samples_ = 0;

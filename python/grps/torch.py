@@ -383,8 +383,14 @@ def done(test_accuracy=None, test_loss=None, evaluate=None):
         evaluated = True
 
 
-def state_dict():
-    """The job's weights as this worker last pulled them, by parameter name."""
+def state_dict(checkpoint=None):
+    """The job's dense weights by parameter name: as this worker last pulled
+    them, or, with ``checkpoint`` (a ckpt-<id> folder, or a checkpoint_dir
+    whose newest complete checkpoint is read), as that checkpoint holds
+    them (no job or gt.init() needed)."""
+    if checkpoint is not None:
+        return {name: torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
+                for name, shape, data in _grps.read_checkpoint(str(checkpoint))}
     p = _require_process()
     _require_worker()
     m = p.model

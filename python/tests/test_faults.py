@@ -12,6 +12,7 @@ import unittest
 
 import torch
 
+import grps.torch as gt
 from harness import Job
 
 STEPS = 120
@@ -32,13 +33,13 @@ def global_step(job):
 
 
 class Faults(unittest.TestCase):
-    def run_job(self, fault=None):
+    def run_job(self, fault=None, steps=STEPS):
         ckpt = tempfile.mkdtemp(prefix="grps-py-ckpt.")
         try:
             flags = FLAGS + ["--checkpoint_every_steps=20"]
             with Job(servers=2, workers=2, flags=flags, checkpoint_dir=ckpt) as job:
                 out = job.path("rank0.pt")
-                args = ["--steps", str(STEPS), "--pace_ms", "20"]
+                args = ["--steps", str(steps), "--pace_ms", "20"]
                 job.worker("odd_cnn_worker.py", args + ["--out", out], rank=0)
                 job.worker("odd_cnn_worker.py", args, rank=1)
                 if fault:
@@ -51,7 +52,14 @@ class Faults(unittest.TestCase):
                             self.assertEqual(code, 0, job.logs())
                 self.assertEqual(job.wait("coordinator", 60), 0, job.logs())
                 self.assertIn("completed", job.log("coordinator"))
-                return torch.load(out)["__model__"], {n: job.log(n) for n in job.procs}
+                final = torch.load(out)["__model__"]
+                # The job's final checkpoint holds the model's parameters by name.
+                saved = gt.state_dict(checkpoint=ckpt)
+                trained = {n for n in final if n not in ("frozen.weight", "frozen.bias")}
+                self.assertEqual(set(saved), trained)
+                for name, values in saved.items():
+                    self.assertTrue(torch.equal(values, final[name]), name)
+                return final, {n: job.log(n) for n in job.procs}
         finally:
             shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -62,12 +70,13 @@ class Faults(unittest.TestCase):
             killed_at = global_step(job)
             # The job goes on without it, and it comes back for its rank.
             wait_for("steps without worker 1", lambda: global_step(job) >= killed_at + 10)
+            self.assertLess(global_step(job), 250, "the job is still running")
             job.worker("odd_cnn_worker.py", args, rank=1, name="worker1-again")
             self.assertEqual(job.wait("worker1-again", 120), 0, job.logs())
             log = job.log("worker1-again")
             self.assertIn("registered as rank 1", log)
             self.assertRegex(log, r"resuming at step [1-9]\d*", "it rejoins at its step")
-        self.run_job(kill_and_restart)
+        self.run_job(kill_and_restart, steps=400)
 
     def test_a_killed_server_rolls_back_to_the_same_weights_in_sync(self):
         undisturbed, _ = self.run_job()
