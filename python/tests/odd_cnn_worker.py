@@ -2,6 +2,7 @@
 step's global batch and saves the job's final weights (rank 0)."""
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=50)
 parser.add_argument("--passes", type=int, default=1)
 parser.add_argument("--out", default="")
+parser.add_argument("--step_ms", type=float, default=0,
+                    help="sleep this long after each step (paces a test job)")
 args = parser.parse_args()
 
 gt.init()
@@ -27,6 +30,8 @@ for step in range(args.steps):
         x, y = batch(step, gt.rank() * share + k * per_pass, per_pass)
         F.cross_entropy(model(x), y).backward()
     opt.step(samples=share)
+    if args.step_ms > 0:
+        time.sleep(args.step_ms / 1000)
 if args.out:
     weights = gt.state_dict()
     weights["__model__"] = {n: p.detach().clone() for n, p in model.named_parameters()}
