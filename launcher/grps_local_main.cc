@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -56,6 +58,13 @@ ABSL_FLAG(bool, auth, true,
           "and writes the admin token to RUN_DIR/token; --noauth: none. TLS on "
           "request: --tls_cert, --tls_key, --tls_ca [--tls_client_auth] go to "
           "every daemon");
+ABSL_FLAG(std::string, entry, "",
+          "run this command as each worker instead of grps-worker, through "
+          "/bin/sh -c \"exec CMD\", with GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, "
+          "GRPS_JOB_ID, GRPS_RUN_DIR, GRPS_WORKER_TOKEN and GRPS_TLS_* in its "
+          "environment (and PYTHONPATH finding the build tree's grps package): a "
+          "PyTorch script using grps.torch (docs/pytorch.md). The job's model is "
+          "the workers' own (--model=user)");
 ABSL_FLAG(std::optional<uint32_t>, straggler_rank, std::nullopt,
           "inject a straggler: the worker of this rank gets --straggle_factor and "
           "--straggle_ms");
@@ -74,6 +83,15 @@ constexpr char kUsage[] =
     "\n"
     "usage: grps-local [--mode=sync|async|ssp] [--servers=2] [--workers=2]\n"
     "                  [--steps=N] [--run_dir=DIR] [--result_json=FILE] ...\n"
+    "       grps-local --entry=\"python3 train.py ARGS\" [--workers=2] ...\n"
+    "\n"
+    "--entry=CMD: the workers are copies of your own program instead of\n"
+    "grps-worker, each run as /bin/sh -c \"exec CMD\" with the job in its\n"
+    "environment (GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, GRPS_JOB_ID,\n"
+    "GRPS_RUN_DIR, the worker token, GRPS_TLS_*; PYTHONPATH finds the build\n"
+    "tree's grps package): a PyTorch script that calls grps.torch.init()\n"
+    "(docs/pytorch.md). The job's model is theirs (--model=user; a built-in\n"
+    "--model is refused); they write no curves and serve no metrics.\n"
     "\n"
     "A worker that dies does not fail the job (the others go on); --strict\n"
     "makes it, --restart_workers=N restarts dead workers. A crashed server or\n"
@@ -129,9 +147,34 @@ absl::StatusOr<std::optional<LaunchOptions::MetricsPorts>> MetricsPortsFromFlag(
   return LaunchOptions::MetricsPorts{listen.substr(0, colon), port};
 }
 
+// With --entry the workers are the user's program, which defines the
+// model: the job's --model is "user" (set here unless given, so the
+// coordinator is started with it); a built-in model given is refused.
+// `model_given`: --model was on the command line or in GRPS_MODEL.
+absl::Status SetEntryModel(bool model_given) {
+  if (absl::GetFlag(FLAGS_entry).empty()) return absl::OkStatus();
+  absl::CommandLineFlag* model = absl::FindCommandLineFlag("model");
+  if (model == nullptr) return absl::InternalError("no --model flag is linked in");
+  if (model_given) {
+    const std::string value = model->CurrentValue();
+    if (absl::StatusOr<v1::ModelKind> kind = ParseModel(value);
+        kind.ok() && *kind == v1::MODEL_USER)
+      return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--entry runs your own program as the workers, and the model is the one it "
+        "defines (--model=user); --model=", value,
+        " is a model grps-worker trains: drop --model, or drop --entry"));
+  }
+  std::string error;
+  if (!model->ParseFrom("user", &error))
+    return absl::InternalError(absl::StrCat("--model=user: ", error));
+  return absl::OkStatus();
+}
+
 // The job (validated here, so a bad flag fails before any daemon starts) and
 // the launcher's own settings.
-absl::StatusOr<LaunchOptions> OptionsFromFlags() {
+absl::StatusOr<LaunchOptions> OptionsFromFlags(bool model_given) {
+  if (absl::Status s = SetEntryModel(model_given); !s.ok()) return s;
   absl::StatusOr<v1::JobConfig> job = JobConfigFromFlags();
   if (!job.ok()) return job.status();
   LaunchOptions options;
@@ -142,8 +185,10 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags() {
   for (auto& [name, value] : ChangedJobFlags())
     if (name != "job_id" && name != "mode" && name != "servers" && name != "workers")
       options.job_flags.emplace_back(name, std::move(value));
-  absl::StatusOr<std::optional<LaunchOptions::MetricsPorts>> metrics =
-      MetricsPortsFromFlag(1 + options.servers + options.workers);
+  options.entry = absl::GetFlag(FLAGS_entry);
+  // Entry workers serve no metrics: only the coordinator and the servers.
+  absl::StatusOr<std::optional<LaunchOptions::MetricsPorts>> metrics = MetricsPortsFromFlag(
+      1 + options.servers + (options.entry.empty() ? options.workers : 0));
   if (!metrics.ok()) return metrics.status();
   options.metrics = *metrics;
   options.backend = absl::GetFlag(FLAGS_backend);
@@ -178,6 +223,10 @@ absl::Status SetStraggler(LaunchOptions* options) {
   const bool straggles = options->straggle_factor || options->straggle_ms;
   if (options->straggler_rank && !straggles)
     return absl::InvalidArgumentError("--straggler_rank needs --straggle_factor or --straggle_ms");
+  if ((straggles || options->straggler_rank) && !options->entry.empty())
+    return absl::InvalidArgumentError(
+        "--straggler_rank, --straggle_factor and --straggle_ms are grps-worker's: "
+        "not with --entry");
   if (straggles && !options->straggler_rank)
     return absl::InvalidArgumentError("--straggle_factor and --straggle_ms need --straggler_rank");
   if (options->straggler_rank && *options->straggler_rank >= options->workers)
@@ -208,10 +257,13 @@ absl::Status SetSecurity(LaunchOptions* options) {
 }
 
 int Main(int argc, char** argv) {
+  // Before parsing: whether --model was given at all, its default included.
+  const bool model_given =
+      !FirstFlagGiven(argc, argv, {"model"}).empty() || std::getenv("GRPS_MODEL") != nullptr;
   std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage);
   if (args.size() > 1)
     return UsageError(absl::StrCat("unexpected argument '", args[1], "'"));
-  absl::StatusOr<LaunchOptions> options = OptionsFromFlags();
+  absl::StatusOr<LaunchOptions> options = OptionsFromFlags(model_given);
   if (!options.ok()) return UsageError(std::string(options.status().message()));
   if (absl::Status s = SetSecurity(&*options); !s.ok())
     return UsageError(std::string(s.message()));

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,13 +90,71 @@ int TerminalWidth(std::FILE* out) {
   return 80;
 }
 
-// A daemon's tokens (a worker gets only the worker token; with
-// authentication off, none, whatever the launcher's own environment holds)
-// and TLS flags.
+// A process's tokens: a worker gets only the worker token; with
+// authentication off, none, whatever the launcher's own environment holds.
+ChildProcess::Environment TokenEnvironment(const LaunchOptions& options, bool worker) {
+  return {{"GRPS_TOKEN", worker ? "" : options.token},
+          {"GRPS_WORKER_TOKEN", options.worker_token}};
+}
+
+// A daemon's tokens and TLS flags.
 void AddSecurity(const LaunchOptions& options, bool worker, ChildSpec* spec) {
-  spec->environment = {{"GRPS_TOKEN", worker ? "" : options.token},
-                       {"GRPS_WORKER_TOKEN", options.worker_token}};
+  spec->environment = TokenEnvironment(options, worker);
   spec->argv.insert(spec->argv.end(), options.tls_flags.begin(), options.tls_flags.end());
+}
+
+// The TLS flags daemons get (--tls_ca=PATH, --tls_client_auth, ...) as the
+// GRPS_TLS_* variables a program without them reads (grps.torch.init()).
+// Each one the launch does not set is removed: the launcher's own
+// environment must not add TLS the daemons do not have.
+ChildProcess::Environment TlsEnvironment(const std::vector<std::string>& tls_flags) {
+  ChildProcess::Environment environment;
+  for (const char* name :
+       {"tls_cert", "tls_key", "tls_ca", "tls_client_auth", "tls_server_name"}) {
+    const std::string bare = absl::StrCat("--", name);
+    std::string value;
+    for (const std::string& flag : tls_flags) {
+      if (flag == bare) value = "true";
+      if (absl::StartsWith(flag, bare + "=")) value = flag.substr(bare.size() + 1);
+    }
+    environment.emplace_back(absl::StrCat("GRPS_", absl::AsciiStrToUpper(name)), value);
+  }
+  return environment;
+}
+
+// The build tree's grps Python package folder: <bin_dir>/../python when it
+// holds grps/__init__.py (python/CMakeLists.txt builds it there), else "".
+std::string BuildTreePythonDir(const std::string& bin_dir) {
+  std::error_code ec;
+  const fs::path bin = fs::absolute(bin_dir, ec);
+  if (ec) return "";
+  const fs::path dir = (bin / ".." / "python").lexically_normal();
+  return fs::exists(dir / "grps" / "__init__.py", ec) ? dir.string() : "";
+}
+
+// The user's command as the worker of `rank` (see WorkerSpec).
+ChildSpec EntryWorkerSpec(const LaunchOptions& options, uint32_t rank,
+                          const std::string& coordinator) {
+  ChildSpec spec{absl::StrCat("worker-", rank),
+                 {"/bin/sh", "-c", absl::StrCat("exec ", options.entry)},
+                 InDir(options.run_dir, absl::StrCat("worker-", rank, ".log")),
+                 {{"GRPS_COORDINATOR", coordinator},
+                  {"GRPS_RANK", absl::StrCat(rank)},
+                  {"GRPS_WORKERS", absl::StrCat(options.workers)},
+                  {"GRPS_JOB_ID", options.job_id},
+                  {"GRPS_RUN_DIR", options.run_dir}}};
+  for (auto& variable : TokenEnvironment(options, /*worker=*/true))
+    spec.environment.push_back(std::move(variable));
+  for (auto& variable : TlsEnvironment(options.tls_flags))
+    spec.environment.push_back(std::move(variable));
+  if (const std::string python = BuildTreePythonDir(options.bin_dir); !python.empty()) {
+    const char* inherited = std::getenv("PYTHONPATH");
+    spec.environment.emplace_back(
+        "PYTHONPATH", inherited != nullptr && *inherited != '\0'
+                          ? absl::StrCat(python, ":", inherited)
+                          : python);
+  }
+  return spec;
 }
 
 // Writes `contents` to a new file only its owner can read.
@@ -166,6 +225,7 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
 
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
                      const std::string& coordinator) {
+  if (!options.entry.empty()) return EntryWorkerSpec(options, rank, coordinator);
   ChildSpec spec{
       absl::StrCat("worker-", rank),
       {InDir(options.bin_dir, kWorkerBinary),
@@ -199,6 +259,7 @@ std::vector<MetricsTarget> MetricsTargets(const LaunchOptions& options) {
   add("coordinator");
   for (uint32_t shard = 0; shard < options.servers; ++shard)
     add(absl::StrCat("server-", shard));
+  if (!options.entry.empty()) return targets;  // the user's program serves none
   for (uint32_t rank = 0; rank < options.workers; ++rank) add(absl::StrCat("worker-", rank));
   return targets;
 }
@@ -547,7 +608,8 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
                           absl::StrCat("worker-", rank, ".restart-",
                                        worker_restarts_[rank], ".log"));
     Say(absl::StrCat("grps-local: ", dead.name(), " ", dead.DescribeExit(),
-                     "; restarting it with --rank=", rank, " (restart ",
+                     "; restarting it with ",
+                     options_.entry.empty() ? "--rank=" : "GRPS_RANK=", rank, " (restart ",
                      workers_restarted_, " of ", options_.restart_workers, "), log ",
                      spec.log_path));
     return StartChild(spec, Role::kWorker, rank);
@@ -636,7 +698,9 @@ std::optional<int> LocalLauncher::PrepareRunDir() {
     std::fprintf(out_, "auth: off (--noauth): anyone who can reach the ports may act "
                        "on the job\n");
   }
-  for (const char* binary : {kCoordinatorBinary, kServerBinary, kWorkerBinary}) {
+  std::vector<const char*> binaries = {kCoordinatorBinary, kServerBinary};
+  if (options_.entry.empty()) binaries.push_back(kWorkerBinary);  // else the user's command
+  for (const char* binary : binaries) {
     const std::string path = InDir(options_.bin_dir, binary);
     if (access(path.c_str(), X_OK) != 0)
       return Finish("failed",
@@ -699,7 +763,9 @@ std::optional<int> LocalLauncher::StartMembers() {
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
   Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
-                   " workers; logs in ", options_.run_dir));
+                   " workers",
+                   options_.entry.empty() ? "" : absl::StrCat(" (", options_.entry, ")"),
+                   "; logs in ", options_.run_dir));
   if (options_.metrics) SayWhereMetricsAre();
   return std::nullopt;
 }
@@ -798,16 +864,18 @@ int LocalLauncher::Run() {
 }
 
 void LocalLauncher::PlotCurves() {
-  const std::string gnuplot = FindInSearchPath("gnuplot", options_.plot_search_path);
-  if (gnuplot.empty()) {
-    Say("grps-local: no plot: gnuplot is not on PATH (scripts/setup installs it)");
-    return;
-  }
   std::vector<CurveFile> curves;
   for (uint32_t rank = 0; rank < options_.workers; ++rank) {
     const std::string path =
         InDir(options_.run_dir, absl::StrCat("curve-worker-", rank, ".csv"));
     if (fs::exists(path)) curves.push_back(ReadCurveFile(path, absl::StrCat("worker-", rank)));
+  }
+  // The user's program is not asked for a curve: none is nothing to say.
+  if (curves.empty() && !options_.entry.empty()) return;
+  const std::string gnuplot = FindInSearchPath("gnuplot", options_.plot_search_path);
+  if (gnuplot.empty()) {
+    Say("grps-local: no plot: gnuplot is not on PATH (scripts/setup installs it)");
+    return;
   }
   if (curves.empty()) {
     Say("grps-local: no plot: no worker wrote a curve");

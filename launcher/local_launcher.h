@@ -6,6 +6,10 @@
 //   <run_dir>/coordinator.port              the coordinator's bound port
 //   <run_dir>/curve-worker-<rank>.csv       each worker's training curve
 //
+// With LaunchOptions::entry the M workers are copies of the user's own
+// command instead (a PyTorch script using grps.torch; see WorkerSpec), and
+// everything below holds for them the same way; they write no curves.
+//
 // A server or coordinator killed by a signal (a crash, kill -9) is started
 // again, as a StatefulSet or a Deployment would, while restarts are left
 // (LaunchOptions::restart_servers, restart_coordinator): a server with the
@@ -41,7 +45,8 @@
 // with it (see child_process.h).
 //
 // Whichever way it ends, if gnuplot is on PATH it plots the workers' curves
-// into <run_dir>/curves.svg (script: curves.gp; see CurvesGnuplotScript).
+// into <run_dir>/curves.svg (script: curves.gp; see CurvesGnuplotScript);
+// entry workers that wrote none are passed over in silence.
 //
 // The first line printed is "run dir: PATH".
 #ifndef GRPS_LAUNCHER_LOCAL_LAUNCHER_H_
@@ -77,6 +82,11 @@ struct LaunchOptions {
   uint32_t servers = 2;
   uint32_t workers = 2;
   std::string backend = "auto";  // the workers' --backend
+  // With a value, each worker runs this command (`/bin/sh -c "exec ENTRY"`)
+  // instead of grps-worker: see WorkerSpec. The job's model is then the
+  // workers' own (the coordinator's --model=user; the caller passes it in
+  // job_flags).
+  std::string entry;
   // Further coordinator flags, each passed as --name=value. A setting not
   // listed takes the coordinator's default.
   std::vector<std::pair<std::string, std::string>> job_flags;
@@ -105,7 +115,7 @@ struct LaunchOptions {
   // With a value, every daemon serves Prometheus metrics on `host`: the
   // coordinator at `first_port`, server s at first_port + 1 + s, worker r
   // at first_port + 1 + servers + r (a restarted daemon on its
-  // predecessor's port). See MetricsTargets.
+  // predecessor's port); entry workers serve none. See MetricsTargets.
   struct MetricsPorts {
     std::string host;
     int first_port = 0;
@@ -140,6 +150,19 @@ ChildSpec CoordinatorSpec(const LaunchOptions& options, int port = 0);
 // `coordinator` is the coordinator's "host:port".
 ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
                      const std::string& coordinator);
+// The worker of `rank`: grps-worker; with `options.entry`, the user's
+// command as `/bin/sh -c "exec ENTRY"` (the shell splits and quotes it as a
+// terminal would; exec leaves the program itself as the child, to be
+// signalled and reaped) with the job in its environment:
+//   GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, GRPS_JOB_ID, GRPS_RUN_DIR;
+//   GRPS_WORKER_TOKEN as grps-worker gets it (GRPS_TOKEN removed);
+//   GRPS_TLS_CERT, _KEY, _CA, _CLIENT_AUTH, _SERVER_NAME: the TLS flags
+//     daemons get, each one the launch does not set removed;
+//   PYTHONPATH led by the build tree's python folder (<bin_dir>/../python,
+//     when it holds grps/__init__.py), so `import grps.torch` works from
+//     the build tree.
+// An entry worker is given no curve file and serves no metrics.
+// Reads the launcher's PYTHONPATH and the file system.
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
                      const std::string& coordinator);
 std::string CoordinatorPortFile(const LaunchOptions& options);
@@ -151,7 +174,8 @@ struct MetricsTarget {
   std::string address;
 };
 // Every daemon's endpoint under `options.metrics` (none without), the
-// coordinator first, then the servers and the workers in order.
+// coordinator first, then the servers and the workers in order (no workers
+// with `options.entry`: the user's program serves no metrics).
 std::vector<MetricsTarget> MetricsTargets(const LaunchOptions& options);
 // The targets as a Prometheus file_sd file: one group per daemon, labelled
 // grps_job (the job id) and daemon.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -195,6 +196,125 @@ TEST(WorkerSpec, OnlyTheStragglerRankGetsTheStraggleFlags) {
   straggler = WorkerSpec(o, 2, "127.0.0.1:4000").argv;
   EXPECT_THAT(straggler, Contains("--straggle_factor=1.5"));
   EXPECT_THAT(straggler, Not(Contains(StartsWith("--straggle_ms"))));
+}
+
+// The value a spec gives `name` in its child's environment ("" removes
+// it), or nothing when the spec leaves it as the launcher's.
+std::optional<std::string> EnvironmentValue(const ChildSpec& spec, const std::string& name) {
+  std::optional<std::string> value;
+  for (const auto& [n, v] : spec.environment)
+    if (n == name) value = v;
+  return value;
+}
+
+// Sets an environment variable (nullptr: unsets it) for one scope.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  const std::string name_;
+  std::optional<std::string> old_;
+};
+
+TEST(WorkerSpec, AnEntryWorkerRunsTheCommandThroughTheShellWithTheJobInItsEnvironment) {
+  LaunchOptions o = Options();  // 4 workers, job sync-1
+  o.entry = "python3 train.py --name 'a b' \"$HOME\"";
+  o.token = "admin-secret";
+  o.worker_token = "worker-secret";
+  ChildSpec spec = WorkerSpec(o, 3, "127.0.0.1:4000");
+  EXPECT_EQ(spec.name, "worker-3");
+  EXPECT_EQ(spec.log_path, "/tmp/runs/sync-1/worker-3.log");
+  // exec: the shell becomes the program, which is what the launcher signals.
+  EXPECT_EQ(spec.argv, (std::vector<std::string>{
+                           "/bin/sh", "-c", "exec python3 train.py --name 'a b' \"$HOME\""}));
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_COORDINATOR"), "127.0.0.1:4000");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_RANK"), "3");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_WORKERS"), "4");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_JOB_ID"), "sync-1");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_RUN_DIR"), "/tmp/runs/sync-1");
+  // The worker token only, as grps-worker gets it: the admin token removed.
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_WORKER_TOKEN"), "worker-secret");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TOKEN"), "");
+  EXPECT_EQ(EnvironmentValue(WorkerSpec(Options(), 3, "127.0.0.1:4000"), "GRPS_TOKEN"), "");
+  // Authentication off: no worker token either, whatever the launcher has.
+  o.worker_token.clear();
+  EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 3, "127.0.0.1:4000"), "GRPS_WORKER_TOKEN"), "");
+}
+
+TEST(WorkerSpec, AnEntryWorkerGetsTheTlsFlagsAsVariablesAndNoneTheLaunchLacks) {
+  LaunchOptions o = Options();
+  o.entry = "python3 train.py";
+  ChildSpec plain = WorkerSpec(o, 0, "127.0.0.1:4000");
+  for (const char* name : {"GRPS_TLS_CERT", "GRPS_TLS_KEY", "GRPS_TLS_CA",
+                           "GRPS_TLS_CLIENT_AUTH", "GRPS_TLS_SERVER_NAME"})
+    EXPECT_EQ(EnvironmentValue(plain, name), "") << name;
+  o.tls_flags = {"--tls_cert=/pki/c.pem", "--tls_key=/pki/k.pem", "--tls_ca=/pki/ca.pem",
+                 "--tls_client_auth", "--tls_server_name=grps.test"};
+  ChildSpec spec = WorkerSpec(o, 0, "127.0.0.1:4000");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TLS_CERT"), "/pki/c.pem");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TLS_KEY"), "/pki/k.pem");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TLS_CA"), "/pki/ca.pem");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TLS_CLIENT_AUTH"), "true");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_TLS_SERVER_NAME"), "grps.test");
+  EXPECT_EQ(spec.argv.size(), 3u);  // nothing added to the user's command
+}
+
+TEST(WorkerSpec, AnEntryWorkerFindsTheBuildTreesPythonPackageFirst) {
+  const std::string build = TempDir();
+  std::filesystem::create_directories(build + "/bin");
+  LaunchOptions o = Options();
+  o.entry = "python3 train.py";
+  o.bin_dir = build + "/bin/";
+  {
+    // No package built there: PYTHONPATH is the launcher's.
+    ScopedVariable pythonpath("PYTHONPATH", "/site");
+    EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 0, "127.0.0.1:4000"), "PYTHONPATH"),
+              std::nullopt);
+  }
+  std::filesystem::create_directories(build + "/python/grps");
+  std::ofstream(build + "/python/grps/__init__.py") << "\n";
+  {
+    ScopedVariable pythonpath("PYTHONPATH", "/site:/more");
+    EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 0, "127.0.0.1:4000"), "PYTHONPATH"),
+              build + "/python:/site:/more");
+  }
+  {
+    ScopedVariable pythonpath("PYTHONPATH", nullptr);
+    EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 0, "127.0.0.1:4000"), "PYTHONPATH"),
+              build + "/python");
+  }
+  // grps-worker needs no Python.
+  o.entry.clear();
+  EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 0, "127.0.0.1:4000"), "PYTHONPATH"), std::nullopt);
+}
+
+TEST(MetricsTargets, EntryWorkersServeNone) {
+  LaunchOptions options = Options();  // 3 servers, 4 workers
+  options.entry = "python3 train.py";
+  options.metrics = LaunchOptions::MetricsPorts{"127.0.0.1", 9464};
+  const std::vector<MetricsTarget> targets = MetricsTargets(options);
+  ASSERT_EQ(targets.size(), 4u);
+  EXPECT_EQ(targets[0].daemon, "coordinator");
+  EXPECT_EQ(targets[3].daemon, "server-2");
+  EXPECT_EQ(ServerSpec(options, 2, "127.0.0.1:4000").argv.back(),
+            "--metrics_listen=127.0.0.1:9467");
+  EXPECT_THAT(WorkerSpec(options, 0, "127.0.0.1:4000").argv,
+              Not(Contains(StartsWith("--metrics_listen"))));
 }
 
 TEST(DefaultRunDir, IsModeAndLocalTimestampUnderRuns) {
@@ -926,6 +1046,79 @@ TEST_F(LaunchTest, DeadWorkerIsRestartedWithItsRankAsOftenAsAllowedAndNoMore) {
   google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
   EXPECT_EQ(json.fields().at("workers_died").number_value(), 3);
   EXPECT_EQ(json.fields().at("workers_restarted").number_value(), 2);
+}
+
+// An entry worker (the user's command) that records its arguments, one a
+// line, and the job's variables in $FAKE_DIR/entry-<rank>.{args,env}.
+constexpr char kEntryProgram[] = R"(#!/bin/sh
+printf '%s\n' "$@" > "$FAKE_DIR/entry-$GRPS_RANK.args"
+env | grep -E '^(GRPS_|PYTHONPATH=)' | sort > "$FAKE_DIR/entry-$GRPS_RANK.env"
+echo $$ >> "$FAKE_DIR/entry-$GRPS_RANK.starts"
+echo "entry $GRPS_RANK is up"
+)";
+
+TEST_F(LaunchTest, EntryWorkersRunTheUsersCommandInsteadOfGrpsWorker) {
+  ServeStatus({RunningJob(), FinishedJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");
+  WriteFake("grps-server", "exec sleep 0.5\n");
+  // No grps-worker in the bin dir: an entry job does not need one.
+  const std::string program = fake_dir_ + "/train";
+  std::ofstream(program) << kEntryProgram << "exec sleep 0.5\n";
+  chmod(program.c_str(), 0755);
+  options_.entry = program + " --name 'a b' --steps=3";
+  options_.worker_token = "worker-secret";
+  options_.token = "admin-secret";
+  setenv("GRPS_TLS_CA", "/launchers/own/ca.pem", 1);  // the launch has no TLS
+
+  std::string out;
+  const int code = Launch(&out);
+  unsetenv("GRPS_TLS_CA");
+  ASSERT_EQ(code, kLaunchOk) << out;
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(Lines(ReadFile(absl::StrCat(fake_dir_, "/entry-", rank, ".args"))),
+              (std::vector<std::string>{"--name", "a b", "--steps=3"}));
+    std::vector<std::string> env = Lines(ReadFile(absl::StrCat(fake_dir_, "/entry-", rank, ".env")));
+    EXPECT_THAT(env, Contains(absl::StrCat("GRPS_COORDINATOR=127.0.0.1:", server_.port)));
+    EXPECT_THAT(env, Contains(absl::StrCat("GRPS_RANK=", rank)));
+    EXPECT_THAT(env, Contains("GRPS_WORKERS=2"));
+    EXPECT_THAT(env, Contains("GRPS_JOB_ID=test-job"));
+    EXPECT_THAT(env, Contains("GRPS_RUN_DIR=" + options_.run_dir));
+    EXPECT_THAT(env, Contains("GRPS_WORKER_TOKEN=worker-secret"));
+    EXPECT_THAT(env, Not(Contains(StartsWith("GRPS_TOKEN="))));
+    EXPECT_THAT(env, Not(Contains(StartsWith("GRPS_TLS_"))));
+    EXPECT_EQ(ReadFile(absl::StrCat(options_.run_dir, "/worker-", rank, ".log")),
+              absl::StrCat("entry ", rank, " is up\n"));
+  }
+  EXPECT_THAT(out, HasSubstr("started 2 servers and 2 workers (" + options_.entry + ")"));
+  // No curves from the user's program, and nothing said about it.
+  EXPECT_THAT(out, Not(HasSubstr("no plot")));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
+  ExpectNoFakeLeft();
+}
+
+TEST_F(LaunchTest, DeadEntryWorkerIsRestartedWithItsRank) {
+  ServeStatus({RunningJob()});
+  options_.restart_workers = 1;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 2.5\n");
+  WriteFake("grps-server", "exec sleep 2\n");
+  const std::string program = fake_dir_ + "/train";
+  std::ofstream(program) << kEntryProgram
+                         << "if [ \"$GRPS_RANK\" = 1 ] && "
+                            "[ \"$(wc -l < \"$FAKE_DIR/entry-1.starts\")\" = 1 ]; then\n"
+                            "  sleep 0.3; kill -KILL $$\nfi\nexec sleep 1.5\n";
+  chmod(program.c_str(), 0755);
+  options_.entry = program;
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("worker-1 killed by signal 9 (Killed); restarting it with GRPS_RANK=1 "
+                             "(restart 1 of 1)"));
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/entry-1.starts")).size(), 2u);
+  EXPECT_EQ(Lines(ReadFile(fake_dir_ + "/entry-0.starts")).size(), 1u);
+  EXPECT_EQ(ReadFile(options_.run_dir + "/worker-1.restart-1.log"), "entry 1 is up\n");
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("workers_died").number_value(), 1);
+  EXPECT_EQ(json.fields().at("workers_restarted").number_value(), 1);
 }
 
 TEST_F(LaunchTest, EveryWorkerDeadFailsTheLaunch) {

@@ -27,7 +27,7 @@ expect grps-coordinator listen mode workers servers steps heartbeat_timeout_ms t
 expect grps-server coordinator listen shard checkpoint_dir token tls_cert metrics_listen
 expect grps-worker coordinator rank backend register_timeout_s worker_token
 expect grpsctl coordinator json token
-expect grps-local servers workers mode run_dir result_json checkpoint_storage metrics_listen
+expect grps-local servers workers mode run_dir result_json checkpoint_storage metrics_listen entry
 
 # refused EXIT MESSAGE BINARY ARG...: BINARY ARG... exits EXIT saying MESSAGE.
 refused() {
@@ -46,5 +46,13 @@ trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"
 refused 2 "--metrics_listen must be HOST:PORT" grps-local --metrics_listen=127.0.0.1:0 \
   --run_dir="$WORK/b"
-[ ! -e "$WORK/a" ] && [ ! -e "$WORK/b" ] || fail "grps-local started a job it refused"
+# --entry's workers define the model: a built-in one is refused, even the
+# default given by name, on the command line or in the environment.
+refused 2 "--model=mlp is a model grps-worker trains" grps-local --entry=true --model mlp \
+  --run_dir="$WORK/c"
+GRPS_MODEL=softmax refused 2 "--model=softmax is a model grps-worker trains" grps-local \
+  --entry=true --run_dir="$WORK/d"
+for dir in a b c d; do
+  [ ! -e "$WORK/$dir" ] || fail "grps-local started a job it refused ($dir)"
+done
 echo PASS
