@@ -5,7 +5,7 @@
 #   - 2 servers, 2 workers in sync, 30 steps: grps-local exits 0 and its
 #     result JSON says the job completed, the model is the user's and every
 #     worker ran 30 steps; each worker has its log, and none of them a curve;
-#   - a longer job (async) with worker 1 killed (SIGKILL) mid-job and
+#   - a longer job (sync) with worker 1 killed (SIGKILL) mid-job and
 #     --restart_workers=1: grps-local starts the script again with
 #     GRPS_RANK=1, it takes its rank back (the coordinator re-registers
 #     rank 1) and the job completes.
@@ -57,16 +57,12 @@ echo "plain: completed, 30 steps per worker, $(json '"%.1f" % j["wall_seconds"]'
 # 2. Worker 1 killed mid-job, restarted by grps-local: it gets its rank
 # back once the old one is declared dead (1 s without a heartbeat; the
 # restart asks again about every 1.5 s), while the survivor trains on, paced
-# at 20 ms a step for 300 steps (6 s). Async: in sync, a restarted Python
-# worker has a push refused about 100 steps after it rejoins ("worker 1
-# already pushed a gradient computed on version V") in 2 runs of 3 here, in
-# the worker core or the shards, not the launcher. (The script counts its
-# steps from 0 again: the restarted one runs 300 from where it rejoins.)
+# at 20 ms a step for 300 steps (6 s). Sync: the restarted script resumes at
+# its rank's step (gt.step()) and joins the others' step.
 run=$WORK/run-kill
 start local-kill "$BIN/grps-local" --entry "$PYTHON $WORKER --steps 300 --pace_ms 20" \
-  "${JOB[@]}" --mode async --heartbeat_ms 100 --heartbeat_timeout_ms 1000 --restart_workers 1 \
+  "${JOB[@]}" --mode sync --heartbeat_ms 100 --heartbeat_timeout_ms 1000 --restart_workers 1 \
   --run_dir "$run" --result_json "$run/result.json"
-# Async's global step counts both workers' updates: about 20 steps each.
 for ((i = 0; i < 600; i++)); do
   [ -f "$run/coordinator.port" ] && [ "$(global_step "$run")" -ge 40 ] && break
   kill -0 "$PID_local_kill" 2>/dev/null || fail "the job ended before worker 1 was killed"
