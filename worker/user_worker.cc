@@ -112,7 +112,7 @@ UserWorker::~UserWorker() { session_.reset(); }
 absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
   switch (session_->Interrupted()) {
     case WorkerSession::Interrupt::kJobEnded:
-      return JobEndedError(config().job_id(), v1::JOB_STATE_STOPPED);
+      return JobEndedError(config().job_id(), session_->job_state());
     case WorkerSession::Interrupt::kJobFailed:
       return session_->JobFailed();
     case WorkerSession::Interrupt::kSignal:

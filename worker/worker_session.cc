@@ -103,6 +103,11 @@ bool WorkerSession::asked_for_final_evaluation() const {
   return evaluate_final_ && evaluator_rank_ == rank_;
 }
 
+v1::JobState WorkerSession::job_state() const {
+  absl::MutexLock lock(&mu_);
+  return job_state_;
+}
+
 bool WorkerSession::finished() const {
   absl::MutexLock lock(&mu_);
   return finished_;

@@ -152,6 +152,8 @@ class WorkerSession {
   // (after it was reported): OK once an interrupt ends the wait.
   absl::Status AwaitEnd();
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's state as the last heartbeat reply said.
+  v1::JobState job_state() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // How long the coordinator has not answered a heartbeat.
   absl::Duration CoordinatorSilence() const { return agent_.Silence(); }
