@@ -22,6 +22,7 @@ namespace grps {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 class JobStateMachineTest : public ::testing::Test {
  protected:
@@ -758,6 +759,104 @@ TEST_F(JobStateMachineTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
       << status.message();
   ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+// ---- A user model (MODEL_USER): the first worker defines the layout ----
+
+class UserModelTest : public JobStateMachineTest {
+ protected:
+  void StartUserJob(const std::string& checkpoint_dir = "") {
+    config_ = TestJobConfig(2, 2, v1::MODE_SYNC, checkpoint_dir);
+    config_.set_model(v1::MODEL_USER);
+    absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    machine_ = NewMachine();
+  }
+
+  static TensorSpecs Model(int64_t hidden) {
+    TensorSpecs model;
+    for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"fc.weight", {hidden, 8}}, {"fc.bias", {hidden}}, {"scale", {}}}) {
+      v1::TensorSpec* t = model.Add();
+      t->set_name(name);
+      for (int64_t d : shape) t->add_shape(d);
+      t->set_initializer("given");
+    }
+    return model;
+  }
+};
+
+TEST_F(UserModelTest, ServersRegisterOnlyOnceTheFirstWorkerDefinedTheModel) {
+  StartUserJob();
+  v1::RegisterServerRequest early;
+  early.set_address("127.0.0.1:7000");
+  absl::StatusOr<JobStateMachine::ServerRegistration> refused = machine_->RegisterServer(early);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("model is not defined yet"));
+
+  absl::StatusOr<bool> defined = machine_->DefineModel(Model(4));
+  ASSERT_TRUE(defined.ok()) << defined.status();
+  EXPECT_TRUE(*defined);
+  std::vector<v1::RegisterServerResponse> servers = RegisterAllServers();
+  // The layout is the model's: its tensors in order, cut into chunks.
+  const v1::ShardMap& map = servers[0].shard_map();
+  ASSERT_EQ(map.tensors_size(), 3);
+  EXPECT_EQ(map.tensors(0).name(), "fc.weight");
+  EXPECT_EQ(map.tensors(2).shape_size(), 0);  // the scalar
+  EXPECT_EQ(map.chunks_size(), 3);
+  EXPECT_EQ(servers[1].config().model_tensors_size(), 3);
+  std::vector<v1::RegisterWorkerResponse> workers = RegisterAllWorkers();
+  EXPECT_EQ(workers[1].shard_map().chunks_size(), 3);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(UserModelTest, AnEqualOfferIsTakenAndAnotherModelIsRefusedNamingTheTensor) {
+  StartUserJob();
+  ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());
+  absl::StatusOr<bool> again = machine_->DefineModel(Model(4));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again);
+  absl::StatusOr<bool> other = machine_->DefineModel(Model(5));
+  EXPECT_TRUE(IsModelMismatch(other.status())) << other.status();
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("tensor 0 'fc.weight' has shape [5, 8], the job's [4, 8]"));
+  // Nothing changed: the job's layout is the first model's.
+  EXPECT_EQ(machine_->shard_map().tensors(0).shape(0), 4);
+  EXPECT_EQ(machine_->JobConfig().model_tensors(0).shape(0), 4);
+}
+
+TEST_F(UserModelTest, ABuiltInModelAndABadModelAreRefused) {
+  StartJob(2, 2);  // the default model, an MLP
+  EXPECT_EQ(machine_->DefineModel(Model(4)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  StartUserJob();
+  TensorSpecs bad = Model(4);
+  bad.Mutable(1)->set_name("fc.weight");
+  absl::StatusOr<bool> twice = machine_->DefineModel(bad);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.status().message(), HasSubstr("appears twice"));
+  EXPECT_EQ(machine_->shard_map().tensors_size(), 0);
+}
+
+TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
+  StartUserJob();
+  ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());
+  RegisterAllServers();
+  RegisterAllWorkers();
+  const v1::CoordinatorState state = machine_->ExportState();
+  EXPECT_EQ(state.config().model_tensors_size(), 3);
+  machine_ = NewMachine();  // a coordinator started again, with the flags' config
+  ASSERT_TRUE(machine_->TakeOver(state, "state").ok());
+  EXPECT_EQ(machine_->shard_map().chunks_size(), 3);
+  EXPECT_FALSE(*machine_->DefineModel(Model(4)));
+  EXPECT_TRUE(IsModelMismatch(machine_->DefineModel(Model(6)).status()));
 }
 
 }  // namespace

@@ -1,11 +1,18 @@
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
+#include "job/user_model.h"
 
 namespace grps {
 namespace {
@@ -316,6 +323,108 @@ TEST(JobEnded, TheCoordinatorsAnswerToALateMemberIsRecognisedAndNothingElse) {
       "request is for job 'x', this coordinator runs job 'j'")));
   EXPECT_FALSE(IsJobEnded(absl::UnavailableError("job j has ended (completed)")));
   EXPECT_FALSE(IsJobEnded(absl::OkStatus()));
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+using ::testing::HasSubstr;
+
+TensorSpecs UserModel() {
+  TensorSpecs model;
+  for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"conv.weight", {4, 1, 3, 3}}, {"conv.bias", {4}}, {"scale", {}}}) {
+    v1::TensorSpec* t = model.Add();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_initializer("given");
+  }
+  return model;
+}
+
+TEST(UserModel, ARealModelsTensorsPassAndEachBrokenRuleIsNamed) {
+  EXPECT_TRUE(ValidateUserModel(UserModel()).ok());
+  auto refused = [](const std::function<void(TensorSpecs*)>& edit) {
+    TensorSpecs m = UserModel();
+    edit(&m);
+    return std::string(ValidateUserModel(m).message());
+  };
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Clear(); }), HasSubstr("no tensors"));
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Mutable(1)->set_name("conv.weight"); }),
+              HasSubstr("tensor 1 'conv.weight': the name appears twice"));
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Mutable(0)->set_name("a b"); }),
+              HasSubstr("tensor 0: a name may hold only"));
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Mutable(1)->set_shape(0, 0); }),
+              HasSubstr("tensor 1 'conv.bias' has shape [0]"));
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Mutable(2)->set_initializer("zeros"); }),
+              HasSubstr("tensor 2 'scale' has initializer 'zeros'"));
+  EXPECT_THAT(refused([](TensorSpecs* m) { m->Mutable(2)->set_dtype(v1::DTYPE_UNSPECIFIED); }),
+              ::testing::IsEmpty());
+  EXPECT_THAT(refused([](TensorSpecs* m) {
+                m->Mutable(0)->clear_shape();
+                for (int i = 0; i < 5; ++i) m->Mutable(0)->add_shape(1 << 8);
+              }),
+              HasSubstr("more than 4294967296 elements"));
+}
+
+TEST(UserModel, TheFirstDifferenceIsNamedWithWhatTheJobHas) {
+  const TensorSpecs job = UserModel();
+  EXPECT_EQ(FirstModelDifference(job, job), "");
+  TensorSpecs other = job;
+  other.Mutable(1)->set_shape(0, 8);
+  EXPECT_EQ(FirstModelDifference(job, other),
+            "tensor 1 'conv.bias' has shape [8], the job's [4]");
+  other = job;
+  other.Mutable(0)->set_name("features.0.weight");
+  EXPECT_EQ(FirstModelDifference(job, other),
+            "tensor 0 'features.0.weight' is 'conv.weight' in the job's model");
+  other = job;
+  other.RemoveLast();
+  EXPECT_THAT(FirstModelDifference(job, other), HasSubstr("lacks tensor 2 'scale'"));
+  other = job;
+  *other.Add() = job[0];
+  other.Mutable(3)->set_name("extra");
+  EXPECT_THAT(FirstModelDifference(job, other), HasSubstr("tensor 3 'extra' is not in the job's"));
+  other = job;
+  other.Mutable(2)->set_dtype(v1::DTYPE_F16);
+  EXPECT_THAT(FirstModelDifference(job, other), HasSubstr("has dtype DTYPE_F16"));
+  EXPECT_TRUE(IsModelMismatch(ModelMismatchError("j", "x")));
+  EXPECT_FALSE(IsModelMismatch(absl::FailedPreconditionError("request is for job 'x'")));
+}
+
+TEST(UserModel, AUserJobNeedsNoDataAndItsLayoutIsItsTensors) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_model(v1::MODEL_USER);
+  c.mutable_dataset()->set_path("");
+  c.set_steps(0);
+  c.set_epochs(0);
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  EXPECT_TRUE(ModelTensors(c).empty());
+  *c.mutable_model_tensors() = UserModel();
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  ASSERT_EQ(ModelTensors(c).size(), 3u);
+  EXPECT_EQ(ModelTensors(c)[2].name(), "scale");
+  c.mutable_model_tensors(0)->set_initializer("glorot_uniform");
+  EXPECT_THAT(std::string(ValidateJobConfig(c).message()), HasSubstr("model_tensors: tensor 0"));
+  v1::JobConfig mlp = DefaultJobConfig();
+  *mlp.mutable_model_tensors() = UserModel();
+  EXPECT_THAT(std::string(ValidateJobConfig(mlp).message()), HasSubstr("user model only"));
+}
+
+TEST(SparseTablesFlag, ParsesNameRowsDimAndScale) {
+  absl::StatusOr<std::vector<v1::SparseTableSpec>> t =
+      ParseSparseTables("ids:10000000:16, users:0:8:0.01");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].name(), "ids");
+  EXPECT_EQ((*t)[0].rows(), 10000000u);
+  EXPECT_EQ((*t)[1].dim(), 8u);
+  EXPECT_FLOAT_EQ((*t)[1].init_scale(), 0.01f);
+  EXPECT_FALSE(ParseSparseTables("ids:16").ok());
+  EXPECT_FALSE(ParseSparseTables("ids:x:16").ok());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -908,6 +909,82 @@ TEST(ShardStoreCreate, HoldsOnlyItsOwnChunks) {
     EXPECT_EQ((*store)->TEST_ReadChunk(id).status().code(),
               absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->ShardStatus().num_chunks(), ChunksOfShard(*map, 1).size());
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+absl::StatusOr<uint32_t> Give(ShardStore& store, uint32_t rank, std::vector<float> values) {
+  ShardStore::GradientPush push;
+  push.worker_rank = rank;
+  push.incarnation = 1;
+  ShardStore::ChunkGradient& g = push.chunks.emplace_back();
+  g.chunk_id = 0;
+  g.values = values;
+  return store.GiveInitialValues(push);
+}
+
+// A user model's tensor ("given"): rank 0's values, not an initializer's.
+TEST(ShardStoreGivenValues, NothingIsServedOrTakenUntilRankZeroGivesTheValues) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), {Tensor("w", {2, 2}, "given")});
+  EXPECT_FALSE(Readable(*store, 1, 0));
+  absl::StatusOr<ShardStore::PushResult> early = Send(*store, {1, 0, 0, {1, 1, 1, 1}});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("has no values yet"));
+  // A pull that waits is answered once the values come.
+  absl::Notification answered;
+  absl::StatusOr<std::vector<ShardStore::PulledChunk>> waited;
+  ShardStore::PullSpec spec;
+  spec.worker_rank = 1;
+  spec.clock = 0;
+  spec.deadline = absl::Now() + absl::Seconds(30);
+  store->PullAsync(std::move(spec), [&](absl::StatusOr<std::vector<ShardStore::PulledChunk>> r) {
+    waited = std::move(r);
+    answered.Notify();
+  });
+  EXPECT_FALSE(answered.HasBeenNotified());
+
+  EXPECT_EQ(Give(*store, 1, {1, 2, 3, 4}).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Give(*store, 0, {1, 2, NAN, 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<uint32_t> taken = Give(*store, 0, {1, 2, 3, 4});
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, 1u);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(FloatsOf((*waited)[0]), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Version(*store, 0), 0u);  // values, not an update
+
+  // Given once: a second offer (another incarnation of rank 0) changes nothing.
+  EXPECT_EQ(*Give(*store, 0, {9, 9, 9, 9}), 0u);
+  EXPECT_EQ(Values(*store, 0), (std::vector<float>{1, 2, 3, 4}));
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {2, 2, 2, 2}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {2, 2, 2, 2}}).ok());
+  EXPECT_EQ(Values(*store, 0), SgdStep({1, 2, 3, 4}, {2, 2, 2, 2}, 0.5f));
+
+  // A roll-back to the start goes back to the given values.
+  ASSERT_TRUE(store->Restore(2, 0, {}, {0, 0}).ok());
+  EXPECT_EQ(Values(*store, 0), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_TRUE(Readable(*store, 0, 0));
+}
+
+TEST(ShardStoreGivenValues, AShardThatStartsAgainWaitsForTheValuesOrItsCheckpoint) {
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), {Tensor("w", {2, 2}, "given")});
+  ASSERT_TRUE(store->Restore(2, 0, {}, {0, 0}).ok());
+  EXPECT_FALSE(Readable(*store, 0, 0)) << "no values were ever given to this process";
+  v1::ChunkState state;
+  state.set_chunk_id(0);
+  state.set_version(7);
+  state.set_num_elements(4);
+  const std::vector<float> saved{5, 6, 7, 8};
+  state.set_values(std::string(reinterpret_cast<const char*>(saved.data()), 16));
+  ASSERT_TRUE(store->Restore(3, 1, {state}, {7, 7}).ok());
+  EXPECT_EQ(Values(*store, 0), saved);
+  EXPECT_TRUE(Readable(*store, 0, 7));
+  EXPECT_EQ(*Give(*store, 0, {1, 1, 1, 1}), 0u) << "the checkpoint's values stay";
 }
 
 }  // namespace

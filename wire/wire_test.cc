@@ -72,6 +72,36 @@ TEST(ChunkCodec, PushRequestIsWhatProtobufReads) {
   EXPECT_EQ(BufferBytes(encoded), parsed.SerializeAsString());
 }
 
+// A user model's initial values travel as a push with initial_values set,
+// which both codecs read.
+TEST(ChunkCodec, InitialValuesFlagIsWhatProtobufReadsAndDecodesBack) {
+  const std::vector<float> a = Ramp(16, 1);
+  v1::PushRequest header;
+  header.set_job_id("job");
+  header.set_num_samples(1);
+  header.set_initial_values(true);
+  std::vector<WireChunk> chunks(1);
+  chunks[0].chunk_id = 2;
+  chunks[0].external = a.data();
+  chunks[0].external_bytes = a.size() * sizeof(float);
+  const grpc::ByteBuffer encoded = EncodePushRequest(header, v1::DTYPE_F32, std::move(chunks));
+  v1::PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(BufferBytes(encoded)));
+  EXPECT_TRUE(parsed.initial_values());
+  EXPECT_EQ(BufferBytes(encoded), parsed.SerializeAsString());
+  v1::PushRequest decoded;
+  size_t seen = 0;
+  ASSERT_TRUE(DecodePushRequest(encoded, &decoded, [&](ReceivedChunk&) {
+                ++seen;
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_TRUE(decoded.initial_values());
+  EXPECT_EQ(seen, 1u);
+  header.set_initial_values(false);
+  EXPECT_FALSE(parsed.ParseFromString(BufferBytes(EncodePushRequest(header, v1::DTYPE_F32, {}))) &&
+               parsed.initial_values());
+}
+
 TEST(ChunkCodec, ExternalPayloadIsNotCopied) {
   const std::vector<float> a = Ramp(4096, 0);
   std::vector<WireChunk> chunks(1);

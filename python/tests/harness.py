@@ -14,6 +14,13 @@ PYTHON_DIR = os.environ.get("GRPS_PYTHON_DIR", "")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the test process dies, however
+    it dies (a ctest timeout kills it outright, skipping __exit__)."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _wait_file(path, seconds):
     end = time.time() + seconds
     while time.time() < end:
@@ -71,7 +78,7 @@ class Job:
     def start(self, name, args, env=None):
         log = open(os.path.join(self.work, name + ".log"), "ab")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.procs[name] = proc
         return proc
