@@ -31,7 +31,8 @@ best round's rate and lists every round's.
 
 Every process it starts (the ranks, the workers, the grps daemons) is ended
 by its PID when its configuration is over, also on failure, timeout, Ctrl-C
-or SIGTERM. Exits 1 when a configuration failed (its row says "failed").
+or SIGTERM, and dies with it if it is killed outright. Exits 1 when a
+configuration failed (its row says "failed").
 """
 
 import argparse
@@ -179,7 +180,8 @@ class ConfigFailed(Exception):
 
 class Processes:
     """Processes of one configuration; every one still running at exit is
-    sent SIGTERM, then SIGKILL after 5 s, by its PID."""
+    sent SIGTERM, then SIGKILL after 5 s, by its PID. Like the harness's
+    daemons, they are killed when this process dies without unwinding."""
 
     def __init__(self, work):
         self.work = work
@@ -189,9 +191,11 @@ class Processes:
         return self
 
     def start(self, name, args, env):
+        from harness import _die_with_parent  # SIGKILL if this process dies outright
         with open(os.path.join(self.work, name + ".log"), "ab") as log:
             self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, start_new_session=True)
+                                                env=env, start_new_session=True,
+                                                preexec_fn=_die_with_parent)
 
     def wait_all(self, deadline):
         for name, proc in self.procs.items():

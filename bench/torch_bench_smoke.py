@@ -10,7 +10,11 @@ import subprocess
 import sys
 import unittest
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_bench.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "torch_bench.py")
+sys.path.insert(0, os.path.join(HERE, "..", "python", "tests"))
+from harness import _die_with_parent  # noqa: E402 (a ctest timeout takes the bench too)
+
 ROWS = ["(a) PyTorch, 1 process", "(b) DDP gloo, 2 processes", "(c) grps sync, lanes",
         "(c) grps sync, gRPC only", "(c) grps async, lanes", "(c) grps async, gRPC only"]
 NUMBER = re.compile(r"^[0-9][0-9,]*(\.[0-9]+)?$")
@@ -19,9 +23,10 @@ TIMEOUT_S = 110
 
 def run_bench(args):
     """stdout, stderr and exit status; SIGTERM at the timeout (the bench then
-    ends every process it started), SIGKILL 15 s later."""
+    ends every process it started), SIGKILL 15 s later or when this process
+    dies (and with the bench, what it started)."""
     proc = subprocess.Popen([sys.executable, BENCH] + args, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
