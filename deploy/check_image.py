@@ -5,9 +5,16 @@
     CMake build reads: the top-level CMakeLists.txt, cmake/, and every folder
     of its foreach(dir ...) list; and every path it allows exists;
   * the Dockerfile builds CMake targets that exist (add_executable, and
-    add_library for the CUDA plugin);
+    add_library for the CUDA plugin, pybind11_add_module for the Python
+    extension);
   * every program the rendered manifests run (a container's command, an exec
-    probe's) is one the image installs in /usr/local/bin;
+    probe's) is one the image installs in /usr/local/bin, or, in a container
+    of the torch image (tag "torch", GRPS_TORCH=ON), /usr/bin/python3 running
+    a script the image has: one of the repository's examples/, which it
+    installs in /opt/grps/examples;
+  * the torch image has what such a worker needs: the extension built, the
+    interpreter, PyTorch and numpy installed in the runtime stage, pybind11
+    and Python's headers in the build stage, the examples copied;
   * every Debian package it installs is known to apt (apt-cache show), but
     the CUDA ones, which come from NVIDIA's repository.
 
@@ -23,6 +30,15 @@ import sys
 import yaml
 
 INSTALL_DIR = "/usr/local/bin/"
+# The torch image (GRPS_TORCH=ON; deploy/build-image --torch tags it so,
+# overlays/torch names it): its Python workers' interpreter, where it has
+# the repository's examples/, and the Debian packages each stage needs.
+TORCH_TAG = "torch"
+PYTHON = "/usr/bin/python3"
+EXAMPLES_DIR = "/opt/grps/examples/"
+TORCH_BUILD_PACKAGES = ("pybind11-dev", "python3-dev")
+TORCH_RUNTIME_PACKAGES = ("python3", "python3-numpy", "python3-torch")
+TORCH_GUARD = '"$GRPS_TORCH" = ON'
 
 
 def read(path):
@@ -57,12 +73,94 @@ def cmake_targets(root):
         if "CMakeLists.txt" in filenames:
             text = read(os.path.join(dirpath, "CMakeLists.txt"))
             executables |= set(re.findall(r"add_executable\(\s*([\w.-]+)", text))
-            libraries |= set(re.findall(r"add_library\(\s*([\w.-]+)", text))
+            libraries |= set(re.findall(r"(?:add_library|pybind11_add_module)\(\s*([\w.-]+)",
+                                        text))
     return executables, libraries
 
 
+def stages(steps):
+    """The instructions of each stage (FROM to FROM): [build, runtime]."""
+    out = []
+    for s in steps:
+        if s.startswith("FROM "):
+            out.append([])
+        elif out:
+            out[-1].append(s)
+    return out
+
+
+def installs(steps, guard=None):
+    """The Debian packages the steps install (only those of steps that
+    test `guard`, when given)."""
+    packages = []
+    for s in steps:
+        if guard is not None and guard not in s:
+            continue
+        for m in re.finditer(r"apt-get install ([^&]*)", s):
+            packages += [p for p in m.group(1).split() if not p.startswith("-") and "$" not in p]
+    return packages
+
+
+def torch_image_problems(steps, dockerfile, allowed, built):
+    """What the torch image (GRPS_TORCH=ON) lacks for a Python worker."""
+    problems = []
+    parts = stages(steps)
+    if len(parts) != 2:
+        return ["expected two stages (build, runtime), found %d" % len(parts)]
+    for stage, steps_of, needed in (("build", parts[0], TORCH_BUILD_PACKAGES),
+                                    ("runtime", parts[1], TORCH_RUNTIME_PACKAGES)):
+        packages = installs(steps_of, TORCH_GUARD)
+        for p in needed:
+            if p not in packages:
+                problems.append("the %s stage does not install %s when %s"
+                                % (stage, p, TORCH_GUARD))
+    if "_grps" not in built:
+        problems.append("GRPS_TORCH=ON does not build the extension _grps")
+    build_run = " ".join(parts[0])
+    if not re.search(r"-DGRPS_PYTHON=\$GRPS_TORCH\b", build_run):
+        problems.append("the CMake build does not get -DGRPS_PYTHON=$GRPS_TORCH")
+    if not re.search(r"site=/out/lib/.*?/dist-packages .*cp -r build/python/grps \$site/",
+                     build_run):
+        problems.append("the build stage does not copy the package build/python/grps "
+                        "under /out/lib/ (the runtime stage's /usr/local/lib/)")
+    if not re.search(r"cp -r examples /out/opt/grps/", build_run):
+        problems.append("the build stage does not copy examples/ to /out/opt/grps/ "
+                        "(the runtime stage's %s)" % EXAMPLES_DIR)
+    if not re.search(r"COPY --from=build /out/opt/ /opt/", dockerfile):
+        problems.append("the runtime stage does not COPY /out/opt/ to /opt/")
+    if "examples" not in allowed:
+        problems.append(".dockerignore leaves out examples, which the torch image installs")
+    return problems
+
+
+def image_tag(image):
+    """The tag of an image reference (registry/name:tag), "" without one."""
+    last = image.split("@")[0].rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else ""
+
+
+def python_problems(where, image, argv, root):
+    """A container that runs the Python interpreter: the torch image's, and a
+    script that image has."""
+    problems = []
+    if image_tag(image) != TORCH_TAG:
+        problems.append("%s: runs %s in image %s, which has no Python package (the torch "
+                        "image: tag %s, GRPS_TORCH=ON)" % (where, PYTHON, image, TORCH_TAG))
+    scripts = [a for a in argv[1:] if not a.startswith("-")]
+    if not scripts:
+        problems.append("%s: %s runs no script" % (where, PYTHON))
+    elif not scripts[0].startswith(EXAMPLES_DIR):
+        problems.append("%s: script %s is not one the image installs (%s...: the "
+                        "repository's examples/)" % (where, scripts[0], EXAMPLES_DIR))
+    elif not os.path.isfile(os.path.join(root, "examples", scripts[0][len(EXAMPLES_DIR):])):
+        problems.append("%s: script %s: examples/%s is not in the repository"
+                        % (where, scripts[0], scripts[0][len(EXAMPLES_DIR):]))
+    return problems
+
+
 def commands(rendered):
-    """(where, program) of every container command and exec probe."""
+    """(where, argv, image) of every container command (with its args) and
+    exec probe."""
     found = []
     for path in rendered:
         with open(path, encoding="utf-8") as f:
@@ -74,10 +172,13 @@ def commands(rendered):
                 for c in pod.get("containers", []) + pod.get("initContainers", []):
                     where = "%s: %s %s container %s" % (
                         os.path.basename(path), obj["kind"], obj["metadata"]["name"], c["name"])
-                    found.append((where + " command", (c.get("command") or [None])[0]))
+                    found.append((where + " command",
+                                  (c.get("command") or [None]) + (c.get("args") or []),
+                                  c.get("image", "")))
                     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                         if "exec" in c.get(probe, {}):
-                            found.append(("%s %s" % (where, probe), c[probe]["exec"]["command"][0]))
+                            found.append(("%s %s" % (where, probe), c[probe]["exec"]["command"],
+                                          c.get("image", "")))
     return found
 
 
@@ -129,20 +230,20 @@ def main():
     for b in installed:
         if b not in built:
             problems.append("the Dockerfile installs %s but does not build it" % b)
-    for where, program in commands(rendered):
+    for where, argv, image in commands(rendered):
+        program = argv[0]
         if program is None:
             problems.append("%s: none (the image has no ENTRYPOINT to fall back on)" % where)
+        elif program == PYTHON:
+            problems += python_problems(where, image, argv, root)
         elif not program.startswith(INSTALL_DIR) or program[len(INSTALL_DIR):] not in installed:
             problems.append("%s: %s is not a program the image installs (%s)"
                             % (where, program, ", ".join(INSTALL_DIR + b for b in sorted(installed))))
 
+    problems += torch_image_problems(steps, dockerfile, allowed, built)
+
     # Debian packages (not the CUDA ones: NVIDIA's repository, named with $CUDA).
-    packages = []
-    for s in steps:
-        if "GRPS_CUDA" in s and "cuda-keyring" in s:
-            continue
-        for m in re.finditer(r"apt-get install ([^&]*)", s):
-            packages += [p for p in m.group(1).split() if not p.startswith("-") and "$" not in p]
+    packages = installs([s for s in steps if not ("GRPS_CUDA" in s and "cuda-keyring" in s)])
     if not packages:
         problems.append("found no apt-get install in the Dockerfile")
     if packages:
@@ -158,10 +259,12 @@ def main():
         print("check_image: " + p)
     if problems:
         return 1
+    python = [argv for _, argv, _ in commands(rendered) if argv[0] == PYTHON]
     print("check_image: OK: the build context has all %d paths the CMake build reads; "
-          "it builds %s; the manifests run only what it installs (%d commands and probes); "
-          "%d Debian packages known" % (len(needed), " ".join(built), len(commands(rendered)),
-                                        len(packages)))
+          "it builds %s; the manifests run only what it installs (%d commands and probes, "
+          "%d of them %s with the torch image's examples); %d Debian packages known"
+          % (len(needed), " ".join(built), len(commands(rendered)), len(python), PYTHON,
+             len(packages)))
     return 0
 
 

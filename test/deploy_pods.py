@@ -17,11 +17,19 @@ manifest given with --check, and the one given with --run:
     must name a flag of its own binary (from `BINARY --helpfull`): a daemon
     silently ignores a variable that names none, so a misspelled one in a
     manifest would otherwise go unnoticed;
+  * a container that runs a Python script (the torch image's
+    /usr/bin/python3, a grps.torch worker: overlays/torch) must get only the
+    GRPS_* variables such a worker reads (gt.init()'s, the extension's token
+    and TLS flags), none of grps-worker's own; its script must be one of the
+    image's examples (/opt/grps/examples: the repository's examples/) or a
+    file of a ConfigMap mounted there;
   * GRPS_SERVERS and GRPS_WORKERS must match the servers' replicas and the
     workers' completions and parallelism.
 
 For --run, the pods then run as processes of this machine, with their
-container's command, arguments and environment: each pod gets a loopback
+container's command, arguments and environment (a Python worker with the
+build's grps package, BIN/../python, on PYTHONPATH, and the image's
+examples as the repository's): each pod gets a loopback
 address of its own (127.A.B.N), which stands for its IP, so that the fixed
 ports of different pods do not collide; a listen address 0.0.0.0 becomes it,
 and every Service and pod DNS name in a GRPS_* value or an argument becomes
@@ -66,6 +74,21 @@ import urllib.request
 import yaml
 
 IMAGE_BIN = "/usr/local/bin/"
+# The torch image's interpreter, and where it has the repository's examples/
+# (the Dockerfile with GRPS_TORCH=ON; deploy/check_image.py checks both).
+IMAGE_PYTHON = "/usr/bin/python3"
+IMAGE_EXAMPLES = "/opt/grps/examples"
+# What a grps.torch worker reads from the environment: gt.init()'s variables
+# (python/grps/torch.py: GRPS_COORDINATOR, GRPS_RANK, GRPS_JOB_ID,
+# GRPS_REGISTER_TIMEOUT_S; gt.size(): GRPS_WORKERS) and the flags the
+# extension sets from GRPS_* (python/_grps.cc, Configure): daemon/security.cc's
+# tokens and TLS, and daemon/metrics.cc's metrics_listen, which comes with
+# every pod's common settings (config/common.env) and which a Python worker
+# parses but serves nothing on. None of grps-worker's own flags.
+PYTHON_WORKER_VARIABLES = {
+    "GRPS_COORDINATOR", "GRPS_RANK", "GRPS_JOB_ID", "GRPS_REGISTER_TIMEOUT_S", "GRPS_WORKERS",
+    "GRPS_TOKEN", "GRPS_WORKER_TOKEN", "GRPS_TLS_CERT", "GRPS_TLS_KEY", "GRPS_TLS_CA",
+    "GRPS_TLS_CLIENT_AUTH", "GRPS_TLS_SERVER_NAME", "GRPS_METRICS_LISTEN"}
 NAMESPACE = "default"
 # The flags every absl binary has, which no manifest needs.
 ABSL_FLAGS = {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "helpfull",
@@ -293,6 +316,11 @@ def container_env(pod, container, objects_by_kind):
 
 
 def binary_of(program, bin_dir, where):
+    if program == IMAGE_PYTHON:
+        # Debian's python3 here is the image's (Debian 12, the same package).
+        if not IMAGE and not os.access(IMAGE_PYTHON, os.X_OK):
+            raise ManifestError("%s: %s: not on this machine" % (where, IMAGE_PYTHON))
+        return IMAGE_PYTHON
     if not program or not program.startswith(IMAGE_BIN):
         raise ManifestError("%s: runs %r, not a program of the image (%s...)"
                             % (where, program, IMAGE_BIN))
@@ -322,6 +350,44 @@ def flag_problems(where, binary, env, argv):
     return problems
 
 
+def python_problems(where, env):
+    """Variables a Python worker would not read (see PYTHON_WORKER_VARIABLES)."""
+    return ["%s: %s is no variable a Python worker (grps.torch) reads" % (where, var)
+            for var in sorted(env)
+            if var.startswith("GRPS_") and var not in PYTHON_WORKER_VARIABLES]
+
+
+def check_script(pod, container, argv, by_kind, examples, where):
+    """A Python container's script (its first argument that is not an
+    option) is one of the image's examples (the repository's examples/), or
+    a key of a ConfigMap volume mounted where the script is."""
+    scripts = [a for a in argv[1:] if not a.startswith("-")]
+    if not scripts:
+        raise ManifestError("%s: %s runs no script" % (where, argv[0]))
+    script = scripts[0]
+    if script.startswith(IMAGE_EXAMPLES + "/"):
+        local = os.path.join(examples, script[len(IMAGE_EXAMPLES) + 1:])
+        if not os.path.isfile(local):
+            raise ManifestError("%s: %s: no such example in %s" % (where, script, examples))
+        return
+    volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        mount = m["mountPath"].rstrip("/") + "/"
+        ref = volumes.get(m["name"], {}).get("configMap")
+        if not script.startswith(mount) or ref is None:
+            continue
+        key = script[len(mount):]
+        obj = by_kind.get("ConfigMap", {}).get(ref["name"])
+        items = {i["path"]: i["key"] for i in ref.get("items") or []} or \
+            {k: k for k in data_of(obj or {"kind": "ConfigMap"})}
+        if obj is None or key not in items:
+            raise ManifestError("%s: %s: ConfigMap %s mounted at %s has no %s"
+                                % (where, script, ref["name"], m["mountPath"], key))
+        return
+    raise ManifestError("%s: script %s is neither one of the image's examples (%s) nor a "
+                        "file of a ConfigMap volume" % (where, script, IMAGE_EXAMPLES))
+
+
 def index_objects(objects):
     by_kind = {}
     for o in objects:
@@ -349,7 +415,7 @@ def check_counts(objects):
     return problems
 
 
-def check_manifest(path, secrets, bin_dir):
+def check_manifest(path, secrets, bin_dir, examples):
     """Static checks of one rendered overlay; returns (pods with their
     containers' argv and env, problems)."""
     objects = load(path) + secrets
@@ -371,7 +437,12 @@ def check_manifest(path, secrets, bin_dir):
                 raise ManifestError("%s: no command (no wrapper, no image ENTRYPOINT: name "
                                     "the program)" % where)
             binary = binary_of(argv[0], bin_dir, where)
-            problems += flag_problems(where, binary, env, argv)
+            if binary == IMAGE_PYTHON:
+                # The script's arguments are its own.
+                check_script(pod, c, argv, by_kind, examples, where)
+                problems += python_problems(where, env)
+            else:
+                problems += flag_problems(where, binary, env, argv)
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if "grpc" in c.get(kind, {}) and env.get("GRPS_TLS_CERT"):
                     problems.append("%s: %s: Kubernetes' grpc probe cannot speak TLS, and "
@@ -599,9 +670,14 @@ def podman_argv(pod, container, cname, env, argv, hosts, mounts):
 
 
 def rewrite_paths(text, mounts):
-    for mount in sorted(mounts, key=len, reverse=True):
-        text = re.sub(r"(?<![\w/.-])%s(?=/|$|,|:)" % re.escape(mount), mounts[mount], text)
-    return text
+    """Each mount path in `text` (the longest that matches) to its local
+    folder, in one pass: a folder that is itself under a mount path (a work
+    folder in /tmp, with a volume mounted at /tmp) is not rewritten again."""
+    if not mounts:
+        return text
+    pattern = r"(?<![\w/.-])(%s)(?=/|$|,|:)" % "|".join(
+        re.escape(m) for m in sorted(mounts, key=len, reverse=True))
+    return re.sub(pattern, lambda m: mounts[m.group(1)], text)
 
 
 def checkpoint_complete(logs, training=False):
@@ -742,12 +818,15 @@ def run(args, objects, runs):
         where = "pod %s container %s" % (pod.name, container["name"])
         env = container_env(pod, container, by_kind)  # again: status.podIP is known now
         mounts = volume_dirs(pod, by_kind, work)
+        python = binary == IMAGE_PYTHON
+        # Here the image's examples are the repository's.
+        paths = dict(mounts, **({IMAGE_EXAMPLES: args.examples} if python else {}))
 
-        def local(text, pod=pod, mounts=mounts, where=where):
+        def local(text, pod=pod, paths=paths, where=where):
             if IMAGE:
                 hosts.update(resolver.hosts(text))
                 return resolver.rewrite(text, pod, where, names=False)
-            return rewrite_paths(resolver.rewrite(text, pod, where), mounts)
+            return rewrite_paths(resolver.rewrite(text, pod, where), paths)
         env = {k: (local(v) if k.startswith("GRPS_") else v) for k, v in env.items()}
         argv = [expand_refs(a, env) for a in container.get("command", []) + container.get("args", [])]
         argv = [binary] + [local(a) for a in argv[1:]]
@@ -765,6 +844,10 @@ def run(args, objects, runs):
             return command
         if IMAGE:
             in_image[pod.name] = (env, mounts)
+        if python and not IMAGE:
+            # The build's grps package, which the image installs; and no
+            # __pycache__ in the repository's examples or a volume.
+            env = dict(env, PYTHONPATH=args.python_dir, PYTHONDONTWRITEBYTECODE="1")
         started.append((pod, container, argv, local_env({} if IMAGE else env), argv_of, cname))
 
     runner = Runner(work)
@@ -933,6 +1016,9 @@ def main():
     parser.add_argument("--restart", help="kill this pod once a checkpoint is complete and "
                         "start it again (as its StatefulSet would); it must restore from "
                         "the checkpoint on its own claim")
+    parser.add_argument("--examples", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "examples"),
+        help="the repository's examples/ (the torch image's %s)" % IMAGE_EXAMPLES)
     parser.add_argument("--image", help="run the pods in this image with podman "
                         "(deploy/build-image) instead of as local processes")
     args = parser.parse_args()
@@ -947,24 +1033,26 @@ def main():
             print("FAIL: --image needs root (rootful podman, volumes owned as fsGroup)")
             return 1
     args.bin = os.path.abspath(args.bin)
+    args.examples = os.path.abspath(args.examples)
+    args.python_dir = os.path.normpath(os.path.join(args.bin, "..", "python"))
     args.work = os.path.abspath(args.work)
     secrets = load(args.secrets)
     problems = []
     try:
         for path in args.check + ([args.run] if args.run else []):
-            _, runs, found = check_manifest(path, secrets, args.bin)
+            _, runs, found = check_manifest(path, secrets, args.bin, args.examples)
             problems += found
             print("%s: %d containers: %s" % (
                 os.path.basename(path), len(runs),
-                "every GRPS_* variable and --flag names a flag of its binary" if not found
-                else "%d problems" % len(found)))
+                "every GRPS_* variable and --flag names a flag of its binary (a Python "
+                "worker's: one it reads)" if not found else "%d problems" % len(found)))
         for p in problems:
             print("FAIL: " + p)
         if problems:
             return 1
         if not args.run:
             return 0
-        objects, runs, _ = check_manifest(args.run, secrets, args.bin)
+        objects, runs, _ = check_manifest(args.run, secrets, args.bin, args.examples)
         return run(args, objects, runs)
     except ManifestError as e:
         print("FAIL: %s" % e)

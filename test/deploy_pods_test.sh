@@ -13,15 +13,25 @@
 # Once a checkpoint is complete, pod grps-server-1 is killed (SIGKILL) and
 # started again as its StatefulSet would (same name, ordinal and claim): it
 # must restore that checkpoint from its own claim.
+# Then the torch overlay's pods run the same way, with a script of the
+# user's own given as deploy/README.md says (a ConfigMap mounted as the
+# script: here examples/torch/fashion_cnn.py, 1 epoch of 12,000 examples):
+# the workers are Python processes (grps.torch from BIN/../python), and
+# the job must complete with test accuracy >= 0.6 and a checkpoint. That
+# part is skipped, and said so, without the build's grps Python package or
+# Debian's PyTorch.
 # test/deploy_pods.py does the work and says what it checks.
-# With GRPS_IMAGE=grps:cpu (deploy/build-image; root, podman) the pods run in
-# that image instead: its binaries, its user, its libraries, /etc/hosts
-# for the DNS names (CI does this after deploy/build-image).
+# With GRPS_IMAGE=grps:cpu (deploy/build-image; root, podman) the dev
+# overlay's pods run in that image instead: its binaries, its user, its
+# libraries, /etc/hosts for the DNS names (CI does this after
+# deploy/build-image); with GRPS_TORCH_IMAGE=grps:torch
+# (deploy/build-image --torch) the torch overlay's run in that one.
 # Usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR (default: the repository's deploy/)]
 set -euo pipefail
 BIN=${1:?usage: deploy_pods_test.sh BIN_DIR [DEPLOY_DIR]}
 HERE=$(cd "$(dirname "$0")" && pwd)
 DEPLOY=${2:-$HERE/../deploy}
+EXAMPLES=$HERE/../examples
 source "$HERE/lib.sh"
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
@@ -40,9 +50,62 @@ done
 "$DEPLOY/make-secrets" "$WORK/secrets" >/dev/null
 
 /usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
-  --work "$WORK/pods" "${checks[@]}" --run "$WORK/dev.yaml" --timeout 150 --min_accuracy 0.7 \
-  --restart grps-server-1 \
+  --examples "$EXAMPLES" --work "$WORK/pods" "${checks[@]}" --run "$WORK/dev.yaml" \
+  --timeout 150 --min_accuracy 0.7 --restart grps-server-1 \
   ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
+
+# The torch overlay with the user's script from a ConfigMap: the overlay a
+# user writes (deploy/README.md, "Your own PyTorch script"), with
+# fashion_cnn.py as their train.py.
+if [ -z "${GRPS_TORCH_IMAGE:-}" ] && [ ! -f "$BIN/../python/grps/__init__.py" ]; then
+  echo "PASS (the torch overlay's pods did not run: no grps Python package in $BIN/../python)"
+  exit 0
+fi
+if [ -z "${GRPS_TORCH_IMAGE:-}" ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "PASS (the torch overlay's pods did not run: /usr/bin/python3 has no torch)"
+  exit 0
+fi
+[ -d "$DEPLOY/overlays/torch" ] || fail "no torch overlay in $DEPLOY/overlays"
+mkdir "$WORK/my-job"
+cat >"$WORK/my-job/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(realpath --relative-to="$WORK/my-job" "$DEPLOY/overlays/torch")
+configMapGenerator:
+- name: grps-script
+  files:
+  - train.py=$EXAMPLES/torch/fashion_cnn.py
+patches:
+- patch: |-
+    apiVersion: batch/v1
+    kind: Job
+    metadata:
+      name: grps-worker
+    spec:
+      template:
+        spec:
+          containers:
+          - name: worker
+            command: [/usr/bin/python3, /opt/grps/script/train.py,
+                      --epochs=1, --train_limit=12000, --threads=1]
+            volumeMounts:
+            - name: script
+              mountPath: /opt/grps/script
+              readOnly: true
+          volumes:
+          - name: script
+            configMap:
+              name: grps-script
+EOF
+kubectl kustomize --load-restrictor LoadRestrictionsNone "$WORK/my-job" >"$WORK/my-job.yaml" ||
+  fail "kubectl kustomize of the torch overlay with a script of one's own failed"
+/usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
+  --examples "$EXAMPLES" --work "$WORK/torch-pods" --run "$WORK/my-job.yaml" \
+  --timeout 120 --min_accuracy 0.6 \
+  ${GRPS_TORCH_IMAGE:+--image "$GRPS_TORCH_IMAGE"} &
+PIDS+=($!)
+wait $! || fail "test/deploy_pods.py failed on the torch overlay (its FAIL lines are above)"
 echo "PASS"
