@@ -41,7 +41,7 @@ absl::StatusOr<Response> RegisterWithRetries(
       if (!said_taken) spdlog::info("waiting for our rank: {}", std::string(s.message()));
       said_taken = true;
     } else if (!s.ok() && (++failures == 1 || failures % 10 == 0)) {
-      spdlog::warn("coordinator not reachable yet ({}); retrying", std::string(s.message()));
+      spdlog::warn("not registered yet ({}); retrying", std::string(s.message()));
     }
     return s;
   });

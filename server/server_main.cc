@@ -67,6 +67,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "--checkpoint_storage=per_shard): where this server keeps its shard's "
           "checkpoint files; empty: the job's --checkpoint_dir, on this server's own "
           "volume. Must be empty or the job's folder with shared storage");
+ABSL_FLAG(int32_t, register_timeout_s, 60,
+          "how long to keep registering while the coordinator is unreachable or not "
+          "ready for servers (a user model's job takes servers once its first worker "
+          "defined the model)");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
           "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
@@ -75,7 +79,6 @@ ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
 namespace grps {
 namespace {
 
-constexpr absl::Duration kRegisterPatience = absl::Seconds(60);
 constexpr absl::Duration kShutdownGrace = absl::Seconds(2);
 
 // What gRPC may hold for the calls of a shard of `num_elements` values:
@@ -105,7 +108,7 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
 }
 
 // RegisterServer, retried by the member agent while the coordinator is
-// unreachable, for up to kRegisterPatience. CANCELLED if a signal arrived.
+// unreachable or not ready, for up to --register_timeout_s. CANCELLED if a signal arrived.
 // `restore_failed`: the order of the previous registration could not be
 // followed (the coordinator then answers with the checkpoint before).
 absl::StatusOr<v1::RegisterServerResponse> Register(
@@ -116,7 +119,7 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
   request.set_requested_shard(shard);
   if (restore_failed != nullptr) *request.mutable_restore_failed() = *restore_failed;
   RegisterOptions options;
-  options.patience = kRegisterPatience;
+  options.patience = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_register_timeout_s)));
   options.attempt_timeout = absl::Seconds(5);
   options.max_backoff = absl::Seconds(5);
   return RegisterServer(&coordinator, request, options);
