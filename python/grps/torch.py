@@ -159,34 +159,46 @@ def _job_status(p):
     return json.loads(_grps.job_status_json(p.coordinator, 10.0))
 
 
+def _trainable(named_parameters):
+    """The parameters that train, by their first name: frozen ones are the
+    process's own, a tied one counts once."""
+    names, params, seen = [], [], set()
+    for name, p in named_parameters:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("named_parameters must yield (name, tensor) pairs")
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        names.append(name)
+        params.append(p)
+    return names, params
+
+
+def _check_parameter(name, p, first):
+    if p.dtype not in _DTYPES:
+        raise ValueError("parameter '%s' is %s: the shards take float32, float16 and "
+                         "bfloat16" % (name, p.dtype))
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError("parameter '%s' is on device %s: grps trains parameters on the "
+                         "CPU or a CUDA device" % (name, p.device))
+    if first is not None and p.device != first[1].device:
+        raise ValueError("parameter '%s' is on %s, '%s' on %s: one device per model"
+                         % (name, p.device, first[0], first[1].device))
+    if p.is_sparse:
+        raise ValueError("parameter '%s' is a sparse tensor: use gt.EmbeddingBag for "
+                         "sparse rows" % name)
+
+
 class _Model:
     """The trainable parameters as one flat float32 array (the job's dense
     layout), and how each parameter maps into it."""
 
     def __init__(self, named_parameters):
-        self.names, self.params, seen = [], [], set()
-        for name, p in named_parameters:
-            if not isinstance(p, torch.Tensor):
-                raise TypeError("named_parameters must yield (name, tensor) pairs")
-            if not p.requires_grad or id(p) in seen:
-                continue  # frozen: the process's own; tied: once, by its first name
-            seen.add(id(p))
-            if p.dtype not in _DTYPES:
-                raise ValueError("parameter '%s' is %s: the shards take float32, float16 and "
-                                 "bfloat16" % (name, p.dtype))
-            if p.device.type not in ("cpu", "cuda"):
-                raise ValueError("parameter '%s' is on device %s: grps trains parameters on the "
-                                 "CPU or a CUDA device" % (name, p.device))
-            if self.params and p.device != self.params[0].device:
-                raise ValueError("parameter '%s' is on %s, '%s' on %s: one device per model"
-                                 % (name, p.device, self.names[0], self.params[0].device))
-            if p.is_sparse:
-                raise ValueError("parameter '%s' is a sparse tensor: use gt.EmbeddingBag for "
-                                 "sparse rows" % name)
-            self.names.append(name)
-            self.params.append(p)
+        self.names, self.params = _trainable(named_parameters)
         if not self.params:
             raise ValueError("the model has no parameter that trains (requires_grad)")
+        for name, p in zip(self.names, self.params):
+            _check_parameter(name, p, (self.names[0], self.params[0]))
         self.offsets, total = [], 0
         for p in self.params:
             self.offsets.append(total)
@@ -210,14 +222,7 @@ class _Model:
         return [(n, list(p.shape), _DTYPES[p.dtype]) for n, p in zip(self.names, self.params)]
 
     def same(self, other_named):
-        other = _Model.__new__(_Model)
-        other.names, other.params, seen = [], [], set()
-        for name, p in other_named:
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                other.names.append(name)
-                other.params.append(p)
-        return [id(p) for p in other.params] == [id(p) for p in self.params]
+        return [id(p) for p in _trainable(other_named)[1]] == [id(p) for p in self.params]
 
     def weights_to_params(self):
         """After a pull: the parameters that are not views get the flat values."""
@@ -427,18 +432,18 @@ class _SparseTable(torch.nn.Module):
 
     def _push(self, w):
         pending, self._pending = self._pending, []
-        grads = {}
-        for unique, rows in pending:
-            if rows.grad is None:
-                continue
-            for i, row in zip(unique.tolist(), rows.grad):
-                grads[i] = grads[i] + row if i in grads else row.clone()
+        read = [(unique, rows.grad) for unique, rows in pending if rows.grad is not None]
+        if read:
+            # A row read by several forward calls of the step: one summed gradient.
+            ids, inverse = torch.unique(torch.cat([u for u, _ in read]), return_inverse=True)
+            grads = torch.zeros((ids.numel(), self.dim), dtype=torch.float32)
+            grads.index_add_(0, inverse, torch.cat([g for _, g in read]).to(torch.float32))
+        else:
+            ids = torch.empty(0, dtype=torch.int64)
+            grads = torch.empty((0, self.dim), dtype=torch.float32)
         # Every step pushes (an empty push where no row was read): the
         # table's step completes with every worker's push in sync.
-        ids = torch.tensor(sorted(grads), dtype=torch.int64)
-        g = (torch.stack([grads[i] for i in sorted(grads)]) if grads
-             else torch.empty((0, self.dim), dtype=torch.float32))
-        w.push_rows(self.table, ids.numpy(), g.contiguous().numpy())
+        w.push_rows(self.table, ids.contiguous().numpy(), grads.contiguous().numpy())
 
 
 class Embedding(_SparseTable):
