@@ -152,9 +152,8 @@ std::string JobStatusJson(const std::string& address, double timeout_s) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
-  Check(absl::Status(static_cast<absl::StatusCode>(
-                         google::protobuf::util::MessageToJsonString(status, &json, options).code()),
-                     "cannot print the job status"));
+  if (!google::protobuf::util::MessageToJsonString(status, &json, options).ok())
+    Raise(absl::InternalError("the coordinator's job status does not print as JSON"));
   return json;
 }
 
