@@ -169,8 +169,10 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
       s = session_->PullWeights(step_, params);
     }
   }
-  if (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
-      session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {
+  // A roll-back (another may come while this one's weights are pulled):
+  // the step and weights of the restore order.
+  while (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
+         session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {
     outcome.rolled_back = true;
     s = GiveInitialValues();
     if (s.ok()) s = session_->PullWeights(step_, params);
