@@ -242,7 +242,9 @@ class PyWorker {
   // (len(ids) x dim float32), as of this worker's step.
   void PullRows(const std::string& table, const py::buffer& ids, const py::buffer& out) {
     SparseShards* sparse = Sparse();
-    auto [id_ptr, n] = Ids(ids);
+    const std::pair<const int64_t*, size_t> id_span = Ids(ids);
+    const int64_t* id_ptr = id_span.first;
+    const size_t n = id_span.second;
     const uint32_t dim = TableDim(table);
     float* o = FloatBuffer(out, static_cast<int64_t>(n) * dim, true, "the rows");
     const uint64_t clock = worker_->step();
@@ -256,7 +258,9 @@ class PyWorker {
   // Gradients of distinct `ids` of `table` for this worker's step.
   void PushRows(const std::string& table, const py::buffer& ids, const py::buffer& grads) {
     SparseShards* sparse = Sparse();
-    auto [id_ptr, n] = Ids(ids);
+    const std::pair<const int64_t*, size_t> id_span = Ids(ids);
+    const int64_t* id_ptr = id_span.first;
+    const size_t n = id_span.second;
     const uint32_t dim = TableDim(table);
     const float* g = FloatBuffer(grads, static_cast<int64_t>(n) * dim, false, "the row gradients");
     for (size_t i = 0; i < n * dim; ++i)

@@ -240,8 +240,7 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   PushResult result;
   {
     TargetLocks locks(*chunks);
-    for (StoreChunk* c : *chunks)
-      if (c->awaiting_values) return AwaitingValuesError(*c);
+    if (absl::Status s = CheckValuesGivenLocked(*chunks); !s.ok()) return s;
     absl::StatusOr<std::vector<PushAdmission::Outcome>> outcomes =
         AdmitLocked(pusher, push.generation, grads);
     if (!outcomes.ok()) return outcomes.status();
@@ -257,9 +256,19 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   return result;
 }
 
-absl::Status ShardStore::AwaitingValuesError(const StoreTarget& target) {
-  return absl::UnavailableError(absl::StrCat(
-      target.name, " has no values yet: worker rank 0 gives them (broadcast_parameters)"));
+absl::Status ShardStore::CheckValuesGivenLocked(const std::vector<StoreChunk*>& chunks) {
+  for (const StoreChunk* c : chunks)
+    if (c->awaiting_values)
+      return absl::UnavailableError(absl::StrCat(
+          c->name, " has no values yet: worker rank 0 gives them (broadcast_parameters)"));
+  return absl::OkStatus();
+}
+
+uint32_t ShardStore::GiveLocked(const std::vector<StoreChunk*>& chunks,
+                                const GradientPush& push) {
+  uint32_t taken = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) taken += chunks[i]->Give(push.chunks[i].values);
+  return taken;
 }
 
 absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push) {
@@ -282,8 +291,7 @@ absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push)
           return absl::InvalidArgumentError(absl::StrCat(
               (*chunks)[i]->name, ": an initial value is not a finite number"));
     }
-    for (size_t i = 0; i < push.chunks.size(); ++i)
-      taken += (*chunks)[i]->Give(push.chunks[i].values) ? 1 : 0;
+    taken = GiveLocked(*chunks, push);
   }
   pulls_.Wake();
   return taken;

@@ -364,8 +364,13 @@ class ShardStore {
       absl::Span<const PushAdmission::TargetGradient> grads);
   // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank.
   absl::Status CheckPuller(uint32_t rank) const;
-  // UNAVAILABLE: `target` awaits its initial values.
-  static absl::Status AwaitingValuesError(const StoreTarget& target);
+  // With every chunk's lock held (a TargetLocks, which the analysis cannot
+  // follow): UNAVAILABLE when one awaits its initial values; the values of
+  // `push` given to those that await them (how many took them).
+  static absl::Status CheckValuesGivenLocked(const std::vector<StoreChunk*>& chunks)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  static uint32_t GiveLocked(const std::vector<StoreChunk*>& chunks, const GradientPush& push)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // OK for generation 0 or the shard's; ABORTED for an older one,
   // UNAVAILABLE for a newer one.
   absl::Status CheckGeneration(uint64_t generation) const;
