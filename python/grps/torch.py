@@ -328,10 +328,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         p = self._process
         _begin(p)
-        for table in p.tables:
-            table._push(p.worker)
         model = self._model
         model.grads_from_params(self.backward_passes_per_step)
+        # Checked before anything is pushed, the rows of the sparse tables too.
+        bad = torch.nonzero(~torch.isfinite(model.grads))
+        if bad.numel() > 0:
+            at = int(bad[0])
+            raise ValueError(_name_element(model, "element %d of step %d's gradient is %s: "
+                                                  "nothing was pushed"
+                                           % (at, p.worker.step_count, float(model.grads[at]))))
+        for table in p.tables:
+            table._push(p.worker)
         try:
             outcome = p.worker.step(model.grads.numpy(), model.flat.numpy(), int(samples))
         except ValueError as e:
