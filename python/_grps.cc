@@ -29,7 +29,6 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "wire/chunk_codec.h"
-#include "worker/sparse_shards.h"
 #include "worker/user_worker.h"
 
 namespace py = pybind11;
@@ -241,40 +240,18 @@ class PyWorker {
   // Rows `ids` (int64, any order, repeats allowed) of `table` into `out`
   // (len(ids) x dim float32), as of this worker's step.
   void PullRows(const std::string& table, const py::buffer& ids, const py::buffer& out) {
-    SparseShards* sparse = Sparse();
-    const std::pair<const int64_t*, size_t> id_span = Ids(ids);
-    const int64_t* id_ptr = id_span.first;
-    const size_t n = id_span.second;
-    const uint32_t dim = TableDim(table);
-    float* o = FloatBuffer(out, static_cast<int64_t>(n) * dim, true, "the rows");
-    const uint64_t clock = worker_->step();
-    Check(Released([&] {
-      return worker_->session().WaitToPull("rows", clock, [&] {
-        return sparse->Pull(table, absl::MakeConstSpan(id_ptr, n), clock, kPullSlice, o);
-      });
-    }));
+    const absl::Span<const int64_t> id_span = Ids(ids);
+    float* o = FloatBuffer(out, static_cast<int64_t>(id_span.size()) * TableDim(table), true,
+                           "the rows");
+    Check(Released([&] { return worker_->PullRows(table, id_span, o); }));
   }
 
   // Gradients of distinct `ids` of `table` for this worker's step.
   void PushRows(const std::string& table, const py::buffer& ids, const py::buffer& grads) {
-    SparseShards* sparse = Sparse();
-    const std::pair<const int64_t*, size_t> id_span = Ids(ids);
-    const int64_t* id_ptr = id_span.first;
-    const size_t n = id_span.second;
-    const uint32_t dim = TableDim(table);
-    const float* g = FloatBuffer(grads, static_cast<int64_t>(n) * dim, false, "the row gradients");
-    for (size_t i = 0; i < n * dim; ++i)
-      if (!std::isfinite(g[i]))
-        throw py::value_error(absl::StrCat("a gradient of table '", table, "' row ",
-                                           id_ptr[i / dim], " is not finite: nothing was pushed"));
-    const uint64_t step = worker_->step();
-    Check(Released([&] {
-      WorkerSession& session = worker_->session();
-      absl::StatusOr<SparseShards::PushOutcome> pushed =
-          sparse->Push(table, step, absl::MakeConstSpan(id_ptr, n), g, session.PushRetry());
-      if (pushed.ok()) session.NoteProgress();
-      return pushed.status();
-    }));
+    const absl::Span<const int64_t> id_span = Ids(ids);
+    const float* g = FloatBuffer(grads, static_cast<int64_t>(id_span.size()) * TableDim(table),
+                                 false, "the row gradients");
+    Check(Released([&] { return worker_->PushRows(table, id_span, g); }));
   }
 
   void ReportLoss(float loss) { worker_->ReportLoss(loss); }
@@ -301,22 +278,18 @@ class PyWorker {
   float* Params(const py::buffer& b) {
     return FloatBuffer(b, worker_->num_parameters(), true, "the parameters");
   }
-  SparseShards* Sparse() {
-    SparseShards* s = worker_->session().sparse();
-    if (s == nullptr) throw py::value_error("the job has no sparse tables (--sparse_tables)");
-    return s;
-  }
   uint32_t TableDim(const std::string& table) const {
-    for (const v1::SparseTableSpec& t : worker_->config().sparse_tables())
-      if (t.name() == table) return t.dim();
-    throw py::value_error(absl::StrCat("the job has no sparse table '", table, "'"));
+    absl::StatusOr<uint32_t> dim = worker_->TableDim(table);
+    if (!dim.ok()) Raise(dim.status());
+    return *dim;
   }
-  static std::pair<const int64_t*, size_t> Ids(const py::buffer& ids) {
+  static absl::Span<const int64_t> Ids(const py::buffer& ids) {
     py::buffer_info info = ids.request();
     if (info.itemsize != 8 || (info.format != "l" && info.format != "q") || info.ndim != 1 ||
         (info.size > 1 && info.strides[0] != 8))
       throw py::value_error("ids must be a contiguous 1-d int64 array");
-    return {static_cast<const int64_t*>(info.ptr), static_cast<size_t>(info.size)};
+    return absl::MakeConstSpan(static_cast<const int64_t*>(info.ptr),
+                               static_cast<size_t>(info.size));
   }
 
   std::unique_ptr<UserWorker> worker_;

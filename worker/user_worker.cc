@@ -15,6 +15,7 @@
 #include "wire/chunk_codec.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_client.h"
+#include "worker/sparse_shards.h"
 
 namespace grps {
 namespace {
@@ -192,6 +193,40 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
     window_samples_ = 0;
   }
   return outcome;
+}
+
+absl::StatusOr<uint32_t> UserWorker::TableDim(const std::string& table) const {
+  for (const v1::SparseTableSpec& t : config().sparse_tables())
+    if (t.name() == table) return t.dim();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the job has no sparse table '", table, "' (grps-local --sparse_tables NAME:ROWS:DIM)"));
+}
+
+absl::Status UserWorker::PullRows(const std::string& table, absl::Span<const int64_t> ids,
+                                  float* out) {
+  if (absl::StatusOr<uint32_t> dim = TableDim(table); !dim.ok()) return dim.status();
+  SparseShards* sparse = session_->sparse();
+  const uint64_t clock = step_;
+  absl::Status s = session_->WaitToPull("rows", clock, [&] {
+    return sparse->Pull(table, ids, clock, kPullSlice, out);
+  });
+  return s.ok() ? s : InterruptStatus(s);
+}
+
+absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int64_t> ids,
+                                  const float* grads) {
+  absl::StatusOr<uint32_t> dim = TableDim(table);
+  if (!dim.ok()) return dim.status();
+  for (size_t i = 0; i < ids.size() * *dim; ++i)
+    if (!std::isfinite(grads[i]))
+      return absl::InvalidArgumentError(absl::StrCat("a gradient of table '", table, "' row ",
+                                                     ids[i / *dim],
+                                                     " is not finite: nothing was pushed"));
+  absl::StatusOr<SparseShards::PushOutcome> pushed =
+      session_->sparse()->Push(table, step_, ids, grads, session_->PushRetry());
+  if (!pushed.ok()) return InterruptStatus(pushed.status());
+  session_->NoteProgress();
+  return absl::OkStatus();
 }
 
 void UserWorker::ReportLoss(float loss) {

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "job/user_model.h"
 #include "proto/grps.grpc.pb.h"
 #include "worker/worker_session.h"
@@ -99,6 +100,18 @@ class UserWorker {
   absl::StatusOr<StepOutcome> Step(const float* grads, uint32_t samples, float* params);
   // Adds to the progress the heartbeats report.
   void ReportLoss(float loss);
+
+  // ---- Sparse tables (--sparse_tables) ----
+
+  // Floats per row of `table`; INVALID_ARGUMENT when the job has no such table.
+  absl::StatusOr<uint32_t> TableDim(const std::string& table) const;
+  // The rows of `ids` (any order, repeats allowed) into `out` (ids.size() x
+  // dim floats), as of step(), waiting as a pull of the weights waits.
+  absl::Status PullRows(const std::string& table, absl::Span<const int64_t> ids, float* out);
+  // The gradients of distinct `ids` for step() (`grads`: ids.size() x dim).
+  // INVALID_ARGUMENT, nothing pushed, for a gradient that is not finite.
+  absl::Status PushRows(const std::string& table, absl::Span<const int64_t> ids,
+                        const float* grads);
 
   // Reports this rank done (WorkerDone), with `evaluation` of its weights
   // when given.
