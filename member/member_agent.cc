@@ -13,9 +13,12 @@ namespace {
 // How often a sleeping loop looks at Stop() and the signals.
 constexpr absl::Duration kSleepSlice = absl::Milliseconds(20);
 
+// How often a registration that keeps failing says so.
+constexpr absl::Duration kSayAgainAfter = absl::Seconds(10);
+
 // Calls `attempt` (one registration, given its deadline) as RegisterOptions
 // says. Says once that the rank is still held, and that the coordinator is
-// not reachable on the first failure and every tenth.
+// not reachable on the first failure and every kSayAgainAfter.
 template <typename Response>
 absl::StatusOr<Response> RegisterWithRetries(
     const RegisterOptions& options,
@@ -31,17 +34,28 @@ absl::StatusOr<Response> RegisterWithRetries(
   const absl::Time give_up = absl::Now() + options.patience;
   Response response;
   int failures = 0;
+  absl::Time say_again = absl::InfinitePast();
   bool said_taken = false;
   absl::Status status = RetryTransient(policy, [&] {
     grpc::ClientContext context;
     context.set_deadline(
         absl::ToChronoTime(std::min(give_up, absl::Now() + options.attempt_timeout)));
+    // After a refusal the channel stays in TRANSIENT_FAILURE until a
+    // connection is made, and gRPC makes the next one only while a call waits
+    // on the channel in this process: retries that failed fast saw the first
+    // refusal for 10 s after the coordinator came up. The first attempt fails
+    // fast, so that an unreachable coordinator is said at once, with its reason.
+    context.set_wait_for_ready(failures > 0);
     absl::Status s = ToAbsl(attempt(&context, &response));
     if (absl::IsAlreadyExists(s)) {
       if (!said_taken) spdlog::info("waiting for our rank: {}", std::string(s.message()));
       said_taken = true;
-    } else if (!s.ok() && (++failures == 1 || failures % 10 == 0)) {
-      spdlog::warn("not registered yet ({}); retrying", std::string(s.message()));
+    } else if (!s.ok()) {
+      ++failures;
+      if (absl::Now() >= say_again) {
+        spdlog::warn("not registered yet ({}); retrying", std::string(s.message()));
+        say_again = absl::Now() + kSayAgainAfter;
+      }
     }
     return s;
   });
@@ -99,6 +113,9 @@ grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request, v1::HeartbeatRespon
   request.set_incarnation(identity_.incarnation);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // Waits for a connection (see RegisterWithRetries): a coordinator that
+  // comes back is heard as soon as it listens.
+  context.set_wait_for_ready(true);
   grpc::Status status = coordinator_->Heartbeat(&context, request, response);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);

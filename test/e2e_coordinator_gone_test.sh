@@ -29,8 +29,8 @@ start worker1 "$BIN/grps-worker" --coordinator="$COORD" --rank=1 --backend=cpu -
 
 # Worker 0 is near its last step: it will report WorkerDone to a coordinator
 # that is gone. Kill the coordinator then.
-wait_until "$COORD" "int([w for w in j['workers'] if w['rank'] == 0][0].get('progress', {}).get('step', 0)) >= 300" 120 \
-  "worker 0 to reach step 300"
+wait_until "$COORD" "len(j['workers']) == 2 and all(w.get('incarnation') for w in j['workers']) and int([w for w in j['workers'] if w['rank'] == 0][0].get('progress', {}).get('step', 0)) >= 300" 120 \
+  "worker 0 to reach step 300 with worker 1 registered"
 kill -KILL "$PID_coordinator"
 killed=$(date +%s)
 echo "coordinator killed; worker 1 still trains: $(grep -c . "$WORK/worker1.log") log lines"
