@@ -216,6 +216,19 @@ class PyWorker {
     return d;
   }
 
+  // Tensor `t`'s gradient in `grads` is final for this step: its parts go
+  // now (overlap; UserWorker::TensorReady).
+  void TensorReady(uint32_t t, const py::buffer& grads, const py::buffer& params) {
+    const float* g = FloatBuffer(grads, worker_->num_parameters(), false, "the gradient");
+    float* p = Params(params);
+    Check(Released([&] { return worker_->TensorReady(t, g, p); }));
+  }
+
+  void AbandonStep() {
+    py::gil_scoped_release nogil;
+    worker_->AbandonStep();
+  }
+
   void Done(std::optional<float> accuracy, std::optional<float> loss) {
     std::optional<UserWorker::Evaluation> eval;
     if (accuracy.has_value()) eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1)};
@@ -259,6 +272,7 @@ class PyWorker {
   uint32_t size() const { return worker_->num_workers(); }
   uint64_t step() const { return worker_->step(); }
   int64_t num_parameters() const { return worker_->num_parameters(); }
+  bool can_overlap() const { return worker_->CanOverlap(); }
   bool defined_model() const { return worker_->defined_model(); }
   std::string mode() const { return ModeName(worker_->config().mode()); }
   std::string job_id() const { return worker_->config().job_id(); }
@@ -322,6 +336,9 @@ PYBIND11_MODULE(_grps, m) {
            py::arg("register_timeout_s") = 120.0, py::arg("job_id") = "")
       .def("begin", &PyWorker::Begin, py::arg("params"), py::arg("give_initial"))
       .def("step", &PyWorker::Step, py::arg("grads"), py::arg("params"), py::arg("samples"))
+      .def("tensor_ready", &PyWorker::TensorReady, py::arg("tensor"), py::arg("grads"),
+           py::arg("params"))
+      .def("abandon_step", &PyWorker::AbandonStep)
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
            py::arg("loss") = py::none())
       .def("await_end", &PyWorker::AwaitEnd)
@@ -334,6 +351,7 @@ PYBIND11_MODULE(_grps, m) {
       .def_property_readonly("step_count", &PyWorker::step)
       .def_property_readonly("num_parameters", &PyWorker::num_parameters)
       .def_property_readonly("defined_model", &PyWorker::defined_model)
+      .def_property_readonly("can_overlap", &PyWorker::can_overlap)
       .def_property_readonly("mode", &PyWorker::mode)
       .def_property_readonly("job_id", &PyWorker::job_id)
       .def_property_readonly("tables", &PyWorker::tables);

@@ -116,6 +116,12 @@ struct ParameterClient::Operation {
   float* host_params = nullptr;  // pull, fused push: where the values go
   absl::Time deadline;           // pull: of every attempt
   std::vector<Call> calls;       // a call's status is guarded by mu
+  // A staged push (StagePush): which parts started, and how many of each
+  // part's chunks still wait for their tensor; which tensors are ready.
+  bool staged = false;
+  std::vector<bool> started;
+  std::vector<uint32_t> waiting_chunks;
+  std::vector<bool> tensor_ready;
   std::mutex mu;
   std::condition_variable done;
   int outstanding = 0;   // guarded by mu
@@ -159,6 +165,12 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
       bytes += chunk_bytes;
     }
   }
+  part_of_chunk_.assign(layout_.chunks_size(), 0);
+  for (size_t i = 0; i < parts_.size(); ++i)
+    for (uint32_t id : parts_[i].chunk_ids) part_of_chunk_[id] = static_cast<uint32_t>(i);
+  tensor_chunks_.resize(layout_.tensors_size());
+  for (const v1::ChunkSpec& c : layout_.chunks())
+    tensor_chunks_[c.tensor_index()].push_back(c.chunk_id());
   {
     absl::MutexLock lock(&lane_mu_);
     lane_ = MakeLane();
@@ -321,12 +333,22 @@ ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op)
     ticket = next_ticket_++;
     ops_.emplace(ticket, std::move(op));
   }
+  if (raw->staged) return ticket;  // its parts start as they are ready
   {
     std::lock_guard<std::mutex> lock(raw->mu);
     raw->outstanding = static_cast<int>(raw->calls.size());
   }
   for (size_t i = 0; i < raw->calls.size(); ++i) StartCall(raw, i);
   return ticket;
+}
+
+std::unique_ptr<ParameterClient::Operation> ParameterClient::Take(Ticket ticket) {
+  absl::MutexLock lock(&ops_mu_);
+  auto it = ops_.find(ticket);
+  if (it == ops_.end()) return nullptr;
+  std::unique_ptr<Operation> op = std::move(it->second);
+  ops_.erase(it);
+  return op;
 }
 
 void ParameterClient::StartCall(Operation* op, size_t index) {
@@ -550,31 +572,38 @@ absl::Status ParameterClient::GiveInitialValues(const float* host_values,
   return Wait(Register(std::move(op)), retry).status();
 }
 
+std::unique_ptr<ParameterClient::Operation> ParameterClient::NewPush(
+    uint64_t step, const float* host_grads, uint32_t num_samples, float* pull_into,
+    absl::Duration pull_timeout) const {
+  auto op = std::make_unique<Operation>();
+  op->push = true;
+  op->header = PushHeader(step, num_samples);
+  if (pull_into != nullptr) {
+    op->header.set_pull(true);
+    op->header.set_pull_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(pull_timeout))));
+    op->header.set_pull_dtype(config_.wire_dtype());
+  }
+  op->host_grads = host_grads;
+  op->dtype = *DTypeFromWire(JobWireDType(config_), true, "push");
+  op->host_params = pull_into;
+  op->calls.resize(parts_.size());
+  return op;
+}
+
 ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* host_grads,
                                                    uint32_t num_samples, float* pull_into,
                                                    absl::Duration pull_timeout) {
-  v1::PushRequest header = PushHeader(step, num_samples);
-  if (pull_into != nullptr) {
-    header.set_pull(true);
-    header.set_pull_timeout_ms(static_cast<uint32_t>(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(pull_timeout))));
-    header.set_pull_dtype(config_.wire_dtype());
-  }
+  std::unique_ptr<Operation> op =
+      NewPush(step, host_grads, num_samples, pull_into, pull_timeout);
+  const v1::PushRequest& header = op->header;
   const v1::DType wire = JobWireDType(config_);
-  const DType d = *DTypeFromWire(wire, true, "push");
-  auto op = std::make_unique<Operation>();
-  op->push = true;
-  op->header = header;
-  op->host_grads = host_grads;
-  op->dtype = d;
-  op->host_params = pull_into;
-  op->calls.resize(parts_.size());
-  const float topk = config_.gradient_topk();
-  const bool sparse = topk > 0 && topk < 1;
-  if (!sparse) {
+  const DType d = op->dtype;
+  if (CanStage()) {
     for (size_t i = 0; i < parts_.size(); ++i) EncodePushCall(op.get(), i);
     return Register(std::move(op));
   }
+  const float topk = config_.gradient_topk();
   // Top-k: each part's selection is made once; a retry sends the same bytes.
   absl::MutexLock topk_lock(&topk_mu_);
   {
@@ -607,6 +636,60 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
     op->calls[i].part = &parts_[i];
   }
   return Register(std::move(op));
+}
+
+bool ParameterClient::CanStage() const {
+  const float topk = config_.gradient_topk();
+  return !(topk > 0 && topk < 1);
+}
+
+ParameterClient::Ticket ParameterClient::StagePush(uint64_t step, const float* host_grads,
+                                                   uint32_t num_samples, float* pull_into,
+                                                   absl::Duration pull_timeout) {
+  if (!CanStage()) return PushAsync(step, host_grads, num_samples, pull_into, pull_timeout);
+  std::unique_ptr<Operation> op =
+      NewPush(step, host_grads, num_samples, pull_into, pull_timeout);
+  op->staged = true;
+  op->started.assign(parts_.size(), false);
+  op->tensor_ready.assign(tensor_chunks_.size(), false);
+  for (const Part& part : parts_)
+    op->waiting_chunks.push_back(static_cast<uint32_t>(part.chunk_ids.size()));
+  return Register(std::move(op));
+}
+
+absl::Status ParameterClient::TensorReady(Ticket ticket, uint32_t tensor_index) {
+  Operation* op = nullptr;
+  {
+    absl::MutexLock lock(&ops_mu_);
+    auto it = ops_.find(ticket);
+    if (it != ops_.end()) op = it->second.get();
+  }
+  if (op == nullptr) return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
+  if (!op->staged) return absl::OkStatus();  // top-k: all of it goes at Wait
+  if (tensor_index >= op->tensor_ready.size())
+    return absl::InvalidArgumentError(absl::StrCat("the model has no tensor ", tensor_index));
+  if (op->tensor_ready[tensor_index]) return absl::OkStatus();
+  op->tensor_ready[tensor_index] = true;
+  for (uint32_t id : tensor_chunks_[tensor_index]) {
+    const uint32_t part = part_of_chunk_[id];
+    if (--op->waiting_chunks[part] == 0) StartStaged(op, part);
+  }
+  return absl::OkStatus();
+}
+
+void ParameterClient::StartStaged(Operation* op, size_t index) {
+  op->started[index] = true;
+  EncodePushCall(op, index);
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    ++op->outstanding;
+  }
+  StartCall(op, index);
+}
+
+void ParameterClient::Discard(Ticket ticket) {
+  std::unique_ptr<Operation> op = Take(ticket);
+  if (op != nullptr) AwaitCalls(op.get());
 }
 
 void ParameterClient::EncodePushCall(Operation* op, size_t index) {
@@ -672,15 +755,12 @@ bool Transient(const absl::Status& s, const grpc::ByteBuffer& request) {
 
 absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
     Ticket ticket, const RetryPolicy& retry) {
-  std::unique_ptr<Operation> op;
-  {
-    absl::MutexLock lock(&ops_mu_);
-    auto it = ops_.find(ticket);
-    if (it == ops_.end())
-      return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
-    op = std::move(it->second);
-    ops_.erase(it);
-  }
+  std::unique_ptr<Operation> op = Take(ticket);
+  if (op == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
+  if (op->staged)
+    for (size_t i = 0; i < op->calls.size(); ++i)
+      if (!op->started[i]) StartStaged(op.get(), i);
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   while (true) {

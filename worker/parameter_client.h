@@ -137,6 +137,27 @@ class ParameterClient final : public ParameterShards {
                    float* pull_into = nullptr,
                    absl::Duration pull_timeout = absl::ZeroDuration());
 
+  // A push whose calls start as their gradients become final (overlap: a
+  // PyTorch hook per parameter, python/grps/torch.py). StagePush starts
+  // nothing; TensorReady(ticket, t) says tensor t's gradient in `host_grads`
+  // is final and starts each part whose chunks' tensors all are; Wait starts
+  // the parts left, then waits as for PushAsync. A part's gradients must
+  // stay unchanged from its start until Wait returns, and its fused pull's
+  // weights may arrive in `pull_into` before Wait is called. Top-k
+  // (JobConfig.gradient_topk) chooses over a part at once: CanStage() is
+  // false, and such a push is sent as PushAsync's, by Wait.
+  bool CanStage() const;
+  Ticket StagePush(uint64_t step, const float* host_grads, uint32_t num_samples,
+                   float* pull_into, absl::Duration pull_timeout);
+  // INVALID_ARGUMENT for a ticket that is not a staged push in flight or a
+  // tensor index out of range; a tensor said twice is ready once.
+  absl::Status TensorReady(Ticket ticket, uint32_t tensor_index) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Waits for the calls of `ticket` that started and forgets it: the parts
+  // that did not start are never sent. (A step abandoned half-way: its
+  // pushed parts stand, and a push of the same step later is deduplicated
+  // for them by the shards.)
+  void Discard(Ticket ticket) ABSL_LOCKS_EXCLUDED(ops_mu_);
+
   // A user model's initial values (num_parameters() floats, exactly; the
   // job's "given" tensors, PushRequest.initial_values): each chunk that has
   // none yet takes them, the others keep theirs. Only rank 0's are taken
@@ -188,10 +209,21 @@ class ParameterClient final : public ParameterShards {
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
   // A push's fields other than its chunks, lane and pull.
   v1::PushRequest PushHeader(uint64_t step, uint32_t num_samples) const;
+  // A push of `host_grads` for `step`, fused with a pull into `pull_into`
+  // (null: none), with a call for each part, nothing encoded.
+  std::unique_ptr<Operation> NewPush(uint64_t step, const float* host_grads,
+                                     uint32_t num_samples, float* pull_into,
+                                     absl::Duration pull_timeout) const;
   void ConnectShard(const v1::ShardEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<grpc::GenericStub> StubOf(const Part& part) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps `op` under a new ticket and starts its calls (a staged push's
+  // when they are ready).
   Ticket Register(std::unique_ptr<Operation> op) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Encodes and starts part `index` of staged push `op`.
+  void StartStaged(Operation* op, size_t index);
+  // The operation of `ticket`, taken out of ops_; null when not in flight.
+  std::unique_ptr<Operation> Take(Ticket ticket) ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Sends `op`'s call `index` (again).
   void StartCall(Operation* op, size_t index);
   // Runs on a gRPC thread when a call ends (on the waiting thread for a
@@ -224,6 +256,8 @@ class ParameterClient final : public ParameterShards {
   int64_t num_params_ = 0;
   std::vector<int64_t> chunk_offset_;           // flat offset of each chunk
   std::vector<Part> parts_;  // every chunk in exactly one
+  std::vector<uint32_t> part_of_chunk_;              // index into parts_
+  std::vector<std::vector<uint32_t>> tensor_chunks_;  // chunk ids by tensor
   // Written by the callbacks of pulls (and fused pushes), each its own
   // chunks; two pulls in flight on this client write the same ones.
   std::vector<std::atomic<uint64_t>> chunk_version_;

@@ -3,9 +3,11 @@
 // it carries, and how a retrying push ends.
 #include "worker/parameter_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,6 +197,51 @@ TEST_F(ParameterClientTest, UpdateShardMapSendsPullsAndPushesToTheNewAddress) {
   EXPECT_EQ(new1->service->push_generations().size(), 1u);
   EXPECT_TRUE(old1->service->push_generations().empty());
   EXPECT_EQ(old1->service->pull_generations().size(), 1u);  // the first pull only
+}
+
+TEST_F(ParameterClientTest, AStagedPushSendsAPartOnceAllItsTensorsAreReady) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0.5f);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 1.0f);
+  ASSERT_TRUE(shard0 && shard1);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  ASSERT_TRUE(client.CanStage());
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::vector<float> params(client.num_parameters(), 0.0f);
+  // The tensors each shard's chunks belong to (each shard's chunks are one
+  // part: the model is far below the request limit).
+  std::vector<std::set<uint32_t>> tensors_of(2);
+  for (uint32_t shard : {0u, 1u})
+    for (uint32_t id : ChunksOfShard(map_, shard))
+      tensors_of[shard].insert(map_.chunks(id).tensor_index());
+  // The ready shard: one whose tensors leave some of the other's out.
+  auto within = [](const std::set<uint32_t>& a, const std::set<uint32_t>& b) {
+    return std::includes(b.begin(), b.end(), a.begin(), a.end());
+  };
+  const uint32_t ready = within(tensors_of[1], tensors_of[0]) ? 0 : 1;
+  const uint32_t other = 1 - ready;
+  ASSERT_FALSE(within(tensors_of[other], tensors_of[ready]))
+      << "the test needs a shard with a tensor the other lacks";
+  ServedShard* shards[2] = {shard0.get(), shard1.get()};
+
+  // The ready shard's tensors, then given up: it got its push, the other
+  // shard nothing.
+  ParameterClient::Ticket ticket =
+      client.StagePush(0, grads.data(), 1, params.data(), absl::Seconds(1));
+  for (uint32_t t : tensors_of[ready]) ASSERT_TRUE(client.TensorReady(ticket, t).ok());
+  ASSERT_TRUE(client.TensorReady(ticket, *tensors_of[ready].begin()).ok());  // twice: once
+  EXPECT_EQ(client.TensorReady(ticket, map_.tensors_size()).code(),
+            absl::StatusCode::kInvalidArgument);
+  client.Discard(ticket);
+  EXPECT_EQ(shards[ready]->service->pushes().size(), 1u);
+  EXPECT_EQ(shards[other]->service->pushes().size(), 0u);
+  EXPECT_EQ(client.TensorReady(ticket, 0).code(), absl::StatusCode::kInvalidArgument);
+
+  // Nothing said ready: Wait sends every part.
+  ticket = client.StagePush(1, grads.data(), 1, params.data(), absl::Seconds(1));
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(shards[ready]->service->pushes().size(), 2u);
+  EXPECT_EQ(shards[other]->service->pushes().size(), 1u);
 }
 
 TEST_F(ParameterClientTest, PushRetriedAfterUnavailableGoesToTheNewEndpoint) {

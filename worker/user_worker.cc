@@ -106,6 +106,12 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
   session_ = std::make_unique<WorkerSession>(stub_.get(), registration, std::move(dense),
                                              std::move(sparse), std::move(session_options));
   window_start_ = session_->Now();
+  tensor_offset_.push_back(0);
+  for (const v1::TensorSpec& t : registration.config().model_tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape()) n *= d;
+    tensor_offset_.push_back(tensor_offset_.back() + n);
+  }
 }
 
 UserWorker::~UserWorker() { session_.reset(); }
@@ -140,23 +146,62 @@ absl::Status UserWorker::Begin(float* params, const float* initial) {
 
 absl::Status UserWorker::GiveInitialValues() {
   if (initial_.empty()) return absl::OkStatus();
-  ParameterClient& client = static_cast<ParameterClient&>(session_->dense());
-  absl::Status s = client.GiveInitialValues(initial_.data(), session_->PushRetry());
+  absl::Status s = client().GiveInitialValues(initial_.data(), session_->PushRetry());
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message()));
 }
 
-absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uint32_t samples,
-                                                         float* params) {
-  const int64_t n = num_parameters();
-  for (int64_t i = 0; i < n; ++i)
+ParameterClient& UserWorker::client() {
+  return static_cast<ParameterClient&>(session_->dense());
+}
+
+bool UserWorker::CanOverlap() const {
+  return static_cast<const ParameterClient&>(session_->dense()).CanStage();
+}
+
+absl::Status UserWorker::CheckFinite(const float* grads, int64_t begin, int64_t end) const {
+  for (int64_t i = begin; i < end; ++i)
     if (!std::isfinite(grads[i]))
       return absl::InvalidArgumentError(absl::StrCat(
           "element ", i, " of step ", step_, "'s gradient is ", grads[i],
-          ": nothing was pushed"));
+          staged_.has_value() ? ": it was not pushed, the tensors whose gradients were final "
+                                "before it were"
+                              : ": nothing was pushed"));
+  return absl::OkStatus();
+}
+
+absl::Status UserWorker::TensorReady(uint32_t t, const float* grads, float* params) {
+  if (t + 1 >= tensor_offset_.size())
+    return absl::InvalidArgumentError(absl::StrCat("the model has no tensor ", t));
+  if (absl::Status s = CheckFinite(grads, tensor_offset_[t], tensor_offset_[t + 1]); !s.ok())
+    return s;
+  if (!staged_.has_value())
+    staged_ = client().StagePush(step_, grads, last_samples_, params, kPullSlice);
+  return client().TensorReady(*staged_, t);
+}
+
+void UserWorker::AbandonStep() {
+  if (!staged_.has_value()) return;
+  client().Discard(*staged_);
+  staged_.reset();
+}
+
+absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uint32_t samples,
+                                                         float* params) {
+  if (absl::Status s = CheckFinite(grads, 0, num_parameters()); !s.ok()) {
+    AbandonStep();
+    return s;
+  }
+  last_samples_ = std::max<uint32_t>(1, samples);
+  std::optional<ParameterClient::Ticket> staged = std::exchange(staged_, std::nullopt);
+  WorkerSession::StartedPush started;
+  if (staged.has_value())
+    started = [&](const ParameterShards::RetryPolicy& retry) {
+      return client().Wait(*staged, retry);
+    };
   StepOutcome outcome;
   absl::StatusOr<ParameterShards::PushOutcome> pushed =
-      session_->PushGradients(step_, grads, std::max<uint32_t>(1, samples), params);
+      session_->PushGradients(step_, grads, last_samples_, params, started);
   absl::Status s = pushed.status();
   if (s.ok()) {
     outcome.late = pushed->late;

@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "job/user_model.h"
 #include "proto/grps.grpc.pb.h"
+#include "worker/parameter_client.h"
 #include "worker/worker_session.h"
 
 namespace grps {
@@ -101,6 +102,24 @@ class UserWorker {
   // Adds to the progress the heartbeats report.
   void ReportLoss(float loss);
 
+  // ---- Overlap: each tensor pushed as soon as its gradient is final ----
+
+  // Whether TensorReady can start pushes early (not with top-k, whose
+  // selection is made over a whole part: its pushes then go at Step).
+  bool CanOverlap() const;
+  // Tensor `t`'s gradient (in `grads`, the flat array this step's Step will
+  // be given) is final for step(): each part whose tensors are all final
+  // starts at once, fused with the pull of the next weights into `params`
+  // (which they may write before Step is called). A part's gradients must not
+  // change from then until Step returns. INVALID_ARGUMENT, nothing of the
+  // tensor pushed, for a gradient that is not finite ("element N" of the
+  // flat array) or a tensor the model lacks.
+  absl::Status TensorReady(uint32_t t, const float* grads, float* params);
+  // Gives up step()'s early pushes: the parts that started stand (a push of
+  // the same step later is deduplicated for them by the shards); the others
+  // are not sent. The step stays where it is.
+  void AbandonStep();
+
   // ---- Sparse tables (--sparse_tables) ----
 
   // Floats per row of `table`; INVALID_ARGUMENT when the job has no such table.
@@ -129,6 +148,11 @@ class UserWorker {
              bool defined_model);
   // Rank 0: initial_ to the chunks that await their values.
   absl::Status GiveInitialValues();
+  // The dense shards' client (UserWorker always makes a ParameterClient).
+  ParameterClient& client();
+  // INVALID_ARGUMENT naming the first element of grads[begin, end) that is
+  // not finite.
+  absl::Status CheckFinite(const float* grads, int64_t begin, int64_t end) const;
   // An interrupt that ended a wait, as the status Step returns.
   absl::Status InterruptStatus(const absl::Status& cause);
 
@@ -146,6 +170,12 @@ class UserWorker {
   // Rank 0: the initial values it gave, given again after a roll-back (a
   // restarted shard that restores no checkpoint needs them again).
   std::vector<float> initial_;
+  // The flat offset of each tensor, and the end of the last.
+  std::vector<int64_t> tensor_offset_;
+  // step()'s push while its tensors become final (TensorReady), and the
+  // samples of the last step (the staged push's; the shards only check it).
+  std::optional<ParameterClient::Ticket> staged_;
+  uint32_t last_samples_ = 1;
 };
 
 }  // namespace grps

@@ -300,15 +300,22 @@ absl::StatusOr<ParameterShards::PushOutcome> WorkerSession::PushGradients(uint64
                                                                           const float* grads,
                                                                           uint32_t samples,
                                                                           float* params) {
+  return PushGradients(step, grads, samples, params, nullptr);
+}
+
+absl::StatusOr<ParameterShards::PushOutcome> WorkerSession::PushGradients(
+    uint64_t step, const float* grads, uint32_t samples, float* params,
+    const StartedPush& started) {
   // Fused with the pull of the next clock: the shards reply with the new
   // weights once the mode allows (sync: when the step completes), which saves
   // a round trip per step; if they do not come within a pull slice, the
   // caller pulls as usual.
   const ParameterShards::RetryPolicy retry = PushRetry();
   absl::Time logged = Now();
-  while (true) {
+  for (bool first = true;; first = false) {
     absl::StatusOr<ParameterShards::PushOutcome> pushed =
-        dense_->PushAndPull(step, grads, samples, params, kPullSlice, retry);
+        first && started ? started(retry)
+                         : dense_->PushAndPull(step, grads, samples, params, kPullSlice, retry);
     if (pushed.ok()) {
       NoteProgress();
       return pushed;

@@ -135,6 +135,14 @@ class WorkerSession {
   // deadline (the shards deduplicate it).
   absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step, const float* grads,
                                                              uint32_t samples, float* params);
+  // The same, where the push is already on its way (UserWorker's staged
+  // push): `started` waits for it, with the retry policy, as the first
+  // attempt; the later ones push all of `grads` again.
+  using StartedPush = std::function<absl::StatusOr<ParameterShards::PushOutcome>(
+      const ParameterShards::RetryPolicy&)>;
+  absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step, const float* grads,
+                                                             uint32_t samples, float* params,
+                                                             const StartedPush& started);
   // A push or pull refused as from an older generation: waits (at most
   // coordinator_timeout_ms) until the restore order arrives; CANCELLED then
   // (or at any other interrupt).

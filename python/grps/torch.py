@@ -13,9 +13,9 @@
 The model's trainable parameters (``requires_grad``) become the job's dense
 tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
 ...) and the consistency mode are the job's and run on the servers. Each
-step pushes the parameters' gradients (``p.grad``, as the user left it:
-clipped or unscaled by their own code) and leaves in the parameters the
-weights the mode serves next. Float32 parameters on the CPU are views into
+parameter's gradient is pushed as soon as backward() has it (``p.grad``; with
+``overlap=False`` at step(), as the user's code left it: clipped or unscaled),
+and step() leaves in the parameters the weights the mode serves next. Float32 parameters on the CPU are views into
 one flat array the pulls write into (no copy); others (CUDA, float16,
 bfloat16) are copied from it after each step.
 """
@@ -230,20 +230,29 @@ class _Model:
             for p, view in self.copied:
                 p.data.copy_(view.view(p.shape), non_blocking=False)
 
-    def grads_from_params(self, passes):
-        """Each parameter's gradient (zeros where it has none) into grads,
-        as the mean over `passes` backward passes."""
+    def grad_view(self, i):
+        at = self.offsets[i]
+        return self.grads[at:at + self.params[i].numel()]
+
+    def grad_from_param(self, i, passes):
+        """Parameter i's gradient (zeros where it has none) into grads, as
+        the mean over `passes` backward passes."""
+        p, view = self.params[i], self.grad_view(i)
         with torch.no_grad():
-            for p, at in zip(self.params, self.offsets):
-                view = self.grads[at:at + p.numel()]
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    if p.grad.is_sparse:
-                        raise ValueError("sparse gradients are not pushed: use gt.EmbeddingBag")
-                    view.copy_(p.grad.detach().reshape(-1))
+            if p.grad is None:
+                view.zero_()
+                return
+            if p.grad.is_sparse:
+                raise ValueError("sparse gradients are not pushed: use gt.EmbeddingBag")
+            view.copy_(p.grad.detach().reshape(-1))
             if passes > 1:
-                self.grads.div_(passes)
+                view.div_(passes)
+
+    def grads_from_params(self, passes, skip=()):
+        """grad_from_param for every parameter not in `skip`."""
+        for i in range(len(self.params)):
+            if i not in skip:
+                self.grad_from_param(i, passes)
 
 
 def _join(named_parameters):
@@ -292,9 +301,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     ``backward_passes_per_step``: backward passes whose gradients add up in
     ``p.grad`` before each step(); the step pushes their mean.
+
+    ``overlap`` (default True): each parameter's gradient is pushed as soon
+    as autograd has accumulated it in the step's last backward pass (a hook
+    per parameter), so the pushes overlap the rest of backward. Code that
+    changes ``p.grad`` between backward() and step() (clipping, unscaling)
+    needs ``overlap=False``: step() raises grps.Error if a gradient it
+    pushed early changed after.
     """
 
-    def __init__(self, named_parameters, backward_passes_per_step=1):
+    def __init__(self, named_parameters, backward_passes_per_step=1, overlap=True):
         named = list(named_parameters)
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
@@ -302,6 +318,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
         super().__init__(self._model.params, {})
+        # Read by the hooks at every call: may be changed between steps.
+        self.overlap = bool(overlap)
+        self._passes = [0] * len(self._model.params)  # hook calls this step, by parameter
+        self._early = set()     # parameters pushed by their hook this step
+        self._refused = None    # the first early gradient that was not finite
+        self._hooks = []
+        if self._process.worker.can_overlap:  # not with top-k
+            for i, param in enumerate(self._model.params):
+                self._hook(i, param)
+
+    def _hook(self, i, param):
+        # The hook of the node that accumulates the parameter's gradient: it
+        # runs once p.grad holds the pass's sum (torch 1.13 has no
+        # post-accumulate hook on the tensor itself; Horovod does the same).
+        accumulate = param.expand_as(param).grad_fn.next_functions[0][0]
+        accumulate.register_hook(lambda *unused: self._accumulated(i))
+        self._hooks.append(accumulate)  # kept alive: the hook lives on it
+
+    def _accumulated(self, i):
+        self._passes[i] += 1
+        if (not self.overlap or self._passes[i] != self.backward_passes_per_step
+                or self._refused is not None):
+            return
+        p = self._process
+        _begin(p)
+        model = self._model
+        model.grad_from_param(i, self.backward_passes_per_step)
+        try:
+            p.worker.tensor_ready(i, model.grads.numpy(), model.flat.numpy())
+        except ValueError as e:
+            # Raised by step(), with the parameter's name: an exception here
+            # would end backward() half-way.
+            self._refused = _name_element(model, str(e))
+            return
+        self._early.add(i)
 
     @property
     def worker(self):
@@ -320,8 +371,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None, samples=1):
         """Pushes this step's gradient (``samples``: the examples it came
         from, for the job's progress) and pulls the next weights. Raises
-        ValueError (nothing pushed) for a gradient that is not finite,
-        grps.JobEnded once the job has ended."""
+        ValueError for a gradient that is not finite (nothing pushed; with
+        overlap, the gradients final before it were), grps.JobEnded once the
+        job has ended."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -329,14 +381,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         p = self._process
         _begin(p)
         model = self._model
-        model.grads_from_params(self.backward_passes_per_step)
-        # Checked before anything is pushed, the rows of the sparse tables too.
+        early, refused = self._early, self._refused
+        self._passes = [0] * len(model.params)
+        self._early, self._refused = set(), None
+        if refused is not None:
+            self._abandon()
+            raise ValueError(refused)
+        self._check_unchanged(early)
+        model.grads_from_params(self.backward_passes_per_step, skip=early)
+        # Checked before anything more is pushed, the rows of the sparse tables too.
         bad = torch.nonzero(~torch.isfinite(model.grads))
         if bad.numel() > 0:
             at = int(bad[0])
-            raise ValueError(_name_element(model, "element %d of step %d's gradient is %s: "
-                                                  "nothing was pushed"
-                                           % (at, p.worker.step_count, float(model.grads[at]))))
+            self._abandon()
+            raise ValueError(_name_element(model, "element %d of step %d's gradient is %s: %s"
+                                           % (at, p.worker.step_count, float(model.grads[at]),
+                                              "it was not pushed, the gradients final before "
+                                              "it were" if early else "nothing was pushed")))
         for table in p.tables:
             table._push(p.worker)
         try:
@@ -347,7 +408,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if loss is not None:
             p.worker.report_loss(float(loss))
         self.last_outcome = outcome
+        self.last_early = len(early)  # parameters whose hooks pushed them
         return loss
+
+
+    def _abandon(self):
+        """A refused step: the pushes its hooks started end (what they pushed
+        stands, and their tensors may hold the next weights already), the
+        rest is not pushed, and the step stays where it is."""
+        self._process.worker.abandon_step()
+        self._model.weights_to_params()
+
+    def _check_unchanged(self, early):
+        """A gradient pushed by its hook that the program changed before
+        step() (clipping, unscaling) would train with the old one: refused."""
+        model = self._model
+        with torch.no_grad():
+            for i in early:
+                param, passes = model.params[i], self.backward_passes_per_step
+                now = (torch.zeros(param.numel()) if param.grad is None
+                       else param.grad.detach().reshape(-1).to("cpu", torch.float32))
+                if passes > 1:
+                    now = now / passes
+                if not torch.equal(now, model.grad_view(i)):
+                    self._abandon()
+                    raise Error("the gradient of parameter '%s' changed between backward() "
+                                "and step(), after it was pushed (gradients are pushed as "
+                                "backward() makes them): clip or unscale them with "
+                                "gt.DistributedOptimizer(..., overlap=False)"
+                                % model.names[i])
 
 
 def _name_element(model, message):

@@ -18,20 +18,35 @@ parser.add_argument("--pace_ms", type=int, default=0, help="sleep before each st
 parser.add_argument("--hold_until", default="",
                     help="before gt.done(), wait (at most 120 s) until this file exists")
 parser.add_argument("--nan_at", type=int, default=-1,
-                    help="before this step, try a step with a NaN gradient (refused)")
+                    help="before this step, try steps with a NaN gradient (refused)")
+parser.add_argument("--clip_at", type=int, default=-1,
+                    help="at this step, clip the gradients between backward() and step()")
+parser.add_argument("--overlap", type=int, default=1, help="push each gradient from its hook")
 args = parser.parse_args()
 
 gt.init()
 model = make_model()
-opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes)
+opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes,
+                              overlap=bool(args.overlap))
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes
 def poisoned_step():
-    """A NaN gradient and a float64 gradient array: each refused, nothing pushed."""
+    """NaN gradients (from the loss, pushed by the hooks; set between
+    backward() and step(), without them) and a float64 gradient array: each
+    refused, nothing pushed."""
     import numpy as np
+    overlap = opt.overlap
     opt.zero_grad()
     x, y = batch(0, 0, 4)
+    (F.cross_entropy(model(x), y) * float("nan")).backward()
+    try:
+        opt.step()
+        print("NAN_LOSS: accepted", flush=True)
+    except ValueError as e:
+        print("NAN_LOSS: ValueError: %s" % e, flush=True)
+    opt.overlap = False
+    opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     model.fc.weight.grad[3, 5] = float("nan")
     try:
@@ -39,6 +54,7 @@ def poisoned_step():
         print("NAN: accepted", flush=True)
     except ValueError as e:
         print("NAN: ValueError: %s" % e, flush=True)
+    opt.overlap = overlap
     n = opt.worker.num_parameters
     try:
         opt.worker.step(np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.float32), 1)
@@ -59,7 +75,19 @@ while gt.step() < args.steps:
     for k in range(args.passes):
         x, y = batch(step, gt.rank() * share + k * per_pass, per_pass)
         F.cross_entropy(model(x), y).backward()
+    if step == args.clip_at:
+        args.clip_at = -1  # once
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        try:
+            opt.step(samples=share)
+            print("CLIP: accepted", flush=True)
+        except gt.Error as e:
+            print("CLIP: Error: %s" % e, flush=True)
+        continue  # the step again, its pushed gradients deduplicated
     opt.step(samples=share)
+    if args.out and step == 0:
+        print("EARLY: %d of %d parameters pushed by their hooks"
+              % (opt.last_early, len(list(opt.param_groups[0]["params"]))), flush=True)
 if args.out:
     weights = gt.state_dict()
     weights["__model__"] = {n: p.detach().clone() for n, p in model.named_parameters()}

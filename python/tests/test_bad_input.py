@@ -51,7 +51,10 @@ class BadInput(unittest.TestCase):
             self.assertIn("not-this-job", j)
             t = line(job.log("token"), "TOKEN")
             self.assertIn("UNAUTHENTICATED", t)
-            nan = line(job.log("worker0"), "NAN")
+            nan = line(job.log("worker0"), "NAN_LOSS")  # refused by the first hook
+            self.assertIn("ValueError: parameter '", nan)
+            self.assertIn("is nan: nothing was pushed", nan)
+            nan = line(job.log("worker0"), "NAN")  # refused at step()
             self.assertIn("ValueError: parameter 'fc.weight' (element 461)", nan)
             self.assertIn("nothing was pushed", nan)
             self.assertIn("F64: ValueError: the gradient must be float32", job.log("worker0"))
@@ -61,6 +64,17 @@ class BadInput(unittest.TestCase):
             for name, w in want.items():
                 rel = (got[name] - w).norm() / max(w.norm(), 1e-12)
                 self.assertLess(float(rel), 1e-5, name)
+
+    def test_a_gradient_changed_after_its_hook_pushed_it_is_refused(self):
+        # Clipping between backward() and step() with overlap on: the step is
+        # refused, saying how to clip, and the worker goes on with that step.
+        with Job(servers=1, workers=1, flags=FLAGS) as job:
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2"], rank=0)
+            self.assertEqual(job.wait("worker0", 120), 0, job.logs())
+            clip = line(job.log("worker0"), "CLIP")
+            self.assertIn("Error: the gradient of parameter '", clip)
+            self.assertIn("changed between backward() and step()", clip)
+            self.assertIn("overlap=False", clip)
 
     def test_parameters_of_the_wrong_dtype_or_device_are_refused_before_joining(self):
         out = subprocess.run([sys.executable, "probe.py", "local"], cwd=HERE, timeout=60,

@@ -1,6 +1,7 @@
 """Acceptance: a model grps has never seen, trained by 2 workers in sync
 with SGD on the servers, ends with the weights of one PyTorch process with
-the whole batch (within 1e-5 relative after 50 steps); so does
+the whole batch (within 1e-5 relative after 50 steps), whether each
+gradient is pushed by its hook (overlap) or at step(); so does
 backward_passes_per_step=2 at half the batch, and ssp with staleness 0."""
 
 import unittest
@@ -19,17 +20,21 @@ class SameWeightsAsOneProcess(unittest.TestCase):
     def setUpClass(cls):
         cls.expected = reference(STEPS, LR)
 
-    def train(self, mode_flags, passes):
+    def train(self, mode_flags, passes, overlap=True):
         flags = ["--optimizer=sgd", "--lr=%g" % LR, "--momentum=0", "--weight_decay=0"]
         with Job(servers=2, workers=2, flags=flags + mode_flags) as job:
             out = job.path("rank0.pt")
-            job.worker("odd_cnn_worker.py", ["--steps", str(STEPS), "--passes", str(passes),
-                                             "--out", out], rank=0)
-            job.worker("odd_cnn_worker.py", ["--steps", str(STEPS), "--passes", str(passes)],
-                       rank=1)
+            common = ["--steps", str(STEPS), "--passes", str(passes),
+                      "--overlap", str(int(overlap))]
+            job.worker("odd_cnn_worker.py", common + ["--out", out], rank=0)
+            job.worker("odd_cnn_worker.py", common, rank=1)
             for r in (0, 1):
                 self.assertEqual(job.wait("worker%d" % r, 120), 0, job.logs())
             self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
+            # With overlap, every parameter that has a gradient (all but the
+            # unused layer's two) went from its hook, before step().
+            self.assertIn("EARLY: %d of 7 parameters" % (5 if overlap else 0),
+                          job.log("worker0"))
             return torch.load(out)
 
     def check(self, got):
@@ -49,6 +54,9 @@ class SameWeightsAsOneProcess(unittest.TestCase):
 
     def test_sync_two_workers_of_half_the_batch(self):
         self.check(self.train(["--mode=sync"], passes=1))
+
+    def test_sync_with_every_push_at_step(self):
+        self.check(self.train(["--mode=sync"], passes=1, overlap=False))
 
     def test_two_backward_passes_per_step(self):
         self.check(self.train(["--mode=sync"], passes=2))
