@@ -111,6 +111,8 @@ def child_main(argv):
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--barrier", default="", help="grps: the barrier's folder")
+    p.add_argument("--overlap", type=int, default=1,
+                   help="grps: push each gradient from its hook (1) or all at step() (0)")
     p.add_argument("--out", required=True, help="this process's result (JSON)")
     a = p.parse_args(argv)
 
@@ -132,7 +134,7 @@ def child_main(argv):
     else:
         import grps.torch as gt
         gt.init()
-        opt = gt.DistributedOptimizer(model.named_parameters())
+        opt = gt.DistributedOptimizer(model.named_parameters(), overlap=bool(a.overlap))
         gt.broadcast_parameters(model)
         stepper = model
         a.rank = gt.rank()
