@@ -308,7 +308,8 @@ def run_grps(args, model, mode, transport, work, deadline):
     with harness.Job(servers=SERVERS, workers=WORKERS, flags=flags) as job:
         threads = {k: v for k, v in child_env(args, 1).items() if k.endswith("_THREADS")}
         for r in range(WORKERS):
-            argv = child_args(args, "grps", model, args.batch, 1, outs[r], barrier=barrier)
+            argv = child_args(args, "grps", model, args.batch, 1, outs[r], barrier=barrier,
+                              overlap=args.overlap)
             job.worker(argv[1], argv[2:], rank=r, env_extra=threads)
         names = ["worker%d" % r for r in range(WORKERS)] + ["coordinator"]
         for name in names:
@@ -390,6 +391,8 @@ def parse_args():
                    help="one round of 2 timed steps after 1 warm-up step (a smoke run; its "
                         "figures mean nothing)")
     p.add_argument("--lr", type=float, default=0.01, help="plain SGD's learning rate")
+    p.add_argument("--overlap", type=int, default=1, choices=[0, 1],
+                   help="grps: push each gradient from its hook (1) or all at step() (0)")
     p.add_argument("--json", default="", help="also write the figures to this file")
     p.add_argument("--bin", default=os.environ.get("GRPS_BIN") or os.path.join(ROOT, "build", "bin"),
                    help="the grps binaries (default $GRPS_BIN, else build/bin)")

@@ -224,6 +224,13 @@ class PyWorker {
     Check(Released([&] { return worker_->TensorReady(t, g, p); }));
   }
 
+  // The index of the first element of `grads` that is not finite, or -1.
+  int64_t FirstNonFinite(const py::buffer& grads) {
+    const float* g = FloatBuffer(grads, worker_->num_parameters(), false, "the gradient");
+    py::gil_scoped_release nogil;
+    return UserWorker::FirstNonFinite(g, worker_->num_parameters());
+  }
+
   void AbandonStep() {
     py::gil_scoped_release nogil;
     worker_->AbandonStep();
@@ -339,6 +346,7 @@ PYBIND11_MODULE(_grps, m) {
       .def("tensor_ready", &PyWorker::TensorReady, py::arg("tensor"), py::arg("grads"),
            py::arg("params"))
       .def("abandon_step", &PyWorker::AbandonStep)
+      .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
            py::arg("loss") = py::none())
       .def("await_end", &PyWorker::AwaitEnd)

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -159,15 +161,36 @@ bool UserWorker::CanOverlap() const {
   return static_cast<const ParameterClient&>(session_->dense()).CanStage();
 }
 
+int64_t UserWorker::FirstNonFinite(const float* values, int64_t n) {
+  // A float is NaN or infinite when its exponent bits are all set. Blocks
+  // of bits OR-ed together (a loop compilers vectorize), then the block
+  // that has one is searched.
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr int64_t kBlock = 4096;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    uint32_t any = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, values + i, sizeof(bits));
+      any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    }
+    if (any == 0) continue;
+    for (int64_t i = begin; i < end; ++i)
+      if (!std::isfinite(values[i])) return i;
+  }
+  return -1;
+}
+
 absl::Status UserWorker::CheckFinite(const float* grads, int64_t begin, int64_t end) const {
-  for (int64_t i = begin; i < end; ++i)
-    if (!std::isfinite(grads[i]))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "element ", i, " of step ", step_, "'s gradient is ", grads[i],
-          staged_.has_value() ? ": it was not pushed, the tensors whose gradients were final "
-                                "before it were"
-                              : ": nothing was pushed"));
-  return absl::OkStatus();
+  const int64_t bad = FirstNonFinite(grads + begin, end - begin);
+  if (bad < 0) return absl::OkStatus();
+  const int64_t i = begin + bad;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "element ", i, " of step ", step_, "'s gradient is ", grads[i],
+      staged_.has_value() ? ": it was not pushed, the tensors whose gradients were final "
+                            "before it were"
+                          : ": nothing was pushed"));
 }
 
 absl::Status UserWorker::TensorReady(uint32_t t, const float* grads, float* params) {
@@ -262,11 +285,11 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
                                   const float* grads) {
   absl::StatusOr<uint32_t> dim = TableDim(table);
   if (!dim.ok()) return dim.status();
-  for (size_t i = 0; i < ids.size() * *dim; ++i)
-    if (!std::isfinite(grads[i]))
-      return absl::InvalidArgumentError(absl::StrCat("a gradient of table '", table, "' row ",
-                                                     ids[i / *dim],
-                                                     " is not finite: nothing was pushed"));
+  if (const int64_t bad = FirstNonFinite(grads, static_cast<int64_t>(ids.size() * *dim));
+      bad >= 0)
+    return absl::InvalidArgumentError(absl::StrCat("a gradient of table '", table, "' row ",
+                                                   ids[bad / *dim],
+                                                   " is not finite: nothing was pushed"));
   absl::StatusOr<SparseShards::PushOutcome> pushed =
       session_->sparse()->Push(table, step_, ids, grads, session_->PushRetry());
   if (!pushed.ok()) return InterruptStatus(pushed.status());

@@ -390,9 +390,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._check_unchanged(early)
         model.grads_from_params(self.backward_passes_per_step, skip=early)
         # Checked before anything more is pushed, the rows of the sparse tables too.
-        bad = torch.nonzero(~torch.isfinite(model.grads))
-        if bad.numel() > 0:
-            at = int(bad[0])
+        at = p.worker.first_non_finite(model.grads.numpy())
+        if at >= 0:
             self._abandon()
             raise ValueError(_name_element(model, "element %d of step %d's gradient is %s: %s"
                                            % (at, p.worker.step_count, float(model.grads[at]),

@@ -31,6 +31,15 @@ opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes
+def attempt(kind, f, refusal=ValueError):
+    """Prints "KIND: accepted" or "KIND: <refusal type>: <message>"."""
+    try:
+        f()
+        print("%s: accepted" % kind, flush=True)
+    except refusal as e:
+        print("%s: %s: %s" % (kind, type(e).__name__, e), flush=True)
+
+
 def poisoned_step():
     """NaN gradients (from the loss, pushed by the hooks; set between
     backward() and step(), without them) and a float64 gradient array: each
@@ -40,27 +49,16 @@ def poisoned_step():
     opt.zero_grad()
     x, y = batch(0, 0, 4)
     (F.cross_entropy(model(x), y) * float("nan")).backward()
-    try:
-        opt.step()
-        print("NAN_LOSS: accepted", flush=True)
-    except ValueError as e:
-        print("NAN_LOSS: ValueError: %s" % e, flush=True)
+    attempt("NAN_LOSS", opt.step)
     opt.overlap = False
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     model.fc.weight.grad[3, 5] = float("nan")
-    try:
-        opt.step()
-        print("NAN: accepted", flush=True)
-    except ValueError as e:
-        print("NAN: ValueError: %s" % e, flush=True)
+    attempt("NAN", opt.step)
     opt.overlap = overlap
     n = opt.worker.num_parameters
-    try:
-        opt.worker.step(np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.float32), 1)
-        print("F64: accepted", flush=True)
-    except ValueError as e:
-        print("F64: ValueError: %s" % e, flush=True)
+    attempt("F64", lambda: opt.worker.step(np.zeros(n, dtype=np.float64),
+                                           np.zeros(n, dtype=np.float32), 1))
 
 
 # By the job's step, not a count of our own: a restarted rank resumes where
@@ -78,11 +76,7 @@ while gt.step() < args.steps:
     if step == args.clip_at:
         args.clip_at = -1  # once
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
-        try:
-            opt.step(samples=share)
-            print("CLIP: accepted", flush=True)
-        except gt.Error as e:
-            print("CLIP: Error: %s" % e, flush=True)
+        attempt("CLIP", lambda: opt.step(samples=share), refusal=gt.Error)
         continue  # the step again, its pushed gradients deduplicated
     opt.step(samples=share)
     if args.out and step == 0:
