@@ -664,7 +664,8 @@ absl::Status ParameterClient::TensorReady(Ticket ticket, uint32_t tensor_index) 
     auto it = ops_.find(ticket);
     if (it != ops_.end()) op = it->second.get();
   }
-  if (op == nullptr) return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
+  if (op == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
   if (!op->staged) return absl::OkStatus();  // top-k: all of it goes at Wait
   if (tensor_index >= op->tensor_ready.size())
     return absl::InvalidArgumentError(absl::StrCat("the model has no tensor ", tensor_index));

@@ -35,10 +35,16 @@ absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& 
   policy.retry_deadline_exceeded = true;
   policy.retry_resource_exhausted = true;
   v1::DefineModelResponse response;
+  bool refused = false;
   absl::Status s = RetryTransient(policy, [&] {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ToAbsl(stub->DefineModel(&context, request, &response));
+    // After a failure, wait for a connection, as registrations do
+    // (member/member_agent.cc says why).
+    context.set_wait_for_ready(refused);
+    absl::Status attempt = ToAbsl(stub->DefineModel(&context, request, &response));
+    refused = !attempt.ok();
+    return attempt;
   });
   if (!s.ok()) return s;
   return response.defined();
@@ -69,7 +75,8 @@ absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Join(const Options& opti
   if (absl::Status s = ValidateUserModel(model); !s.ok()) return s;
   auto stub = v1::Coordinator::NewStub(MakeChannel(options.coordinator));
   const std::string where = absl::StrCat("the coordinator at ", options.coordinator);
-  absl::StatusOr<bool> defined = OfferModel(stub.get(), options.job_id, model, options.register_timeout);
+  absl::StatusOr<bool> defined =
+      OfferModel(stub.get(), options.job_id, model, options.register_timeout);
   if (!defined.ok())
     return absl::Status(defined.status().code(), absl::StrCat(where, " refused the model: ",
                                                               defined.status().message()));
@@ -198,6 +205,10 @@ absl::Status UserWorker::TensorReady(uint32_t t, const float* grads, float* para
     return absl::InvalidArgumentError(absl::StrCat("the model has no tensor ", t));
   if (absl::Status s = CheckFinite(grads, tensor_offset_[t], tensor_offset_[t + 1]); !s.ok())
     return s;
+  // A restarted rank joining the others in sync pushes whole steps at Step,
+  // as grps-worker's does, until one is in time: it learns at each push
+  // whether the others have moved on.
+  if (joining_) return absl::OkStatus();
   if (!staged_.has_value())
     staged_ = client().StagePush(step_, grads, last_samples_, params, kPullSlice);
   return client().TensorReady(*staged_, t);

@@ -118,7 +118,8 @@ class UserWorker {
   // (which they may write before Step is called). A part's gradients must not
   // change from then until Step returns. INVALID_ARGUMENT, nothing of the
   // tensor pushed, for a gradient that is not finite ("element N" of the
-  // flat array) or a tensor the model lacks.
+  // flat array) or a tensor the model lacks. A restarted rank that is still
+  // joining the others in sync (see Step) pushes at Step instead.
   absl::Status TensorReady(uint32_t t, const float* grads, float* params);
   // Gives up step()'s early pushes: the parts that started stand (a push of
   // the same step later is deduplicated for them by the shards); the others

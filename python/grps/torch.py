@@ -13,9 +13,10 @@
 The model's trainable parameters (``requires_grad``) become the job's dense
 tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
 ...) and the consistency mode are the job's and run on the servers. Each
-parameter's gradient is pushed as soon as backward() has it (``p.grad``; with
-``overlap=False`` at step(), as the user's code left it: clipped or unscaled),
-and step() leaves in the parameters the weights the mode serves next. Float32 parameters on the CPU are views into
+parameter's gradient is pushed as soon as backward() has it (``p.grad``;
+with ``overlap=False`` at step(), as the user's code left it: clipped or
+unscaled), and step() leaves in the parameters the weights the mode serves
+next. Float32 parameters on the CPU are views into
 one flat array the pulls write into (no copy); others (CUDA, float16,
 bfloat16) are copied from it after each step.
 """
@@ -342,7 +343,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 or self._refused is not None):
             return
         p = self._process
-        _begin(p)
+        if not p.begun:
+            # The job's first weights are pulled at step() (no
+            # broadcast_parameters before): not into a model in backward.
+            return
         model = self._model
         model.grad_from_param(i, self.backward_passes_per_step)
         try:

@@ -83,6 +83,9 @@ class Faults(unittest.TestCase):
 
         def kill_server(job, args):
             wait_for("step 50", lambda: global_step(job) >= 50)
+            # A checkpoint to roll back to (on a loaded machine the first may
+            # complete after step 50).
+            wait_for("a checkpoint", lambda: int(job.status().get("checkpoints_completed", 0)) > 0)
             job.kill("server0")
             job.start_server(0)
         restored, logs = self.run_job(kill_server)
