@@ -145,7 +145,8 @@ class ParameterClient final : public ParameterShards {
   // stay unchanged from its start until Wait returns, and its fused pull's
   // weights may arrive in `pull_into` before Wait is called. Top-k
   // (JobConfig.gradient_topk) chooses over a part at once: CanStage() is
-  // false, and such a push is sent as PushAsync's, by Wait.
+  // false, and such a push is sent as PushAsync's, by Wait. One thread at a
+  // time calls TensorReady, Wait and Discard for a staged ticket.
   bool CanStage() const;
   Ticket StagePush(uint64_t step, const float* host_grads, uint32_t num_samples,
                    float* pull_into, absl::Duration pull_timeout);
