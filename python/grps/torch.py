@@ -13,9 +13,9 @@
 The model's trainable parameters (``requires_grad``) become the job's dense
 tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
 ...) and the consistency mode are the job's and run on the servers. Each
-parameter's gradient is pushed as soon as backward() has it (``p.grad``;
-with ``overlap=False`` at step(), as the user's code left it: clipped or
-unscaled), and step() leaves in the parameters the weights the mode serves
+step() pushes the parameters' gradients (``p.grad``, as the user's code
+left it: clipped or unscaled; with ``overlap=True``, each as soon as
+backward() has it) and leaves in the parameters the weights the mode serves
 next. Float32 parameters on the CPU are views into
 one flat array the pulls write into (no copy); others (CUDA, float16,
 bfloat16) are copied from it after each step.
@@ -303,15 +303,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``backward_passes_per_step``: backward passes whose gradients add up in
     ``p.grad`` before each step(); the step pushes their mean.
 
-    ``overlap`` (default True): each parameter's gradient is pushed as soon
-    as autograd has accumulated it in the step's last backward pass (a hook
-    per parameter), so the pushes overlap the rest of backward. Code that
-    changes ``p.grad`` between backward() and step() (clipping, unscaling)
-    needs ``overlap=False``: step() raises grps.Error if a gradient it
-    pushed early changed after.
+    ``overlap`` (default False): with True, each parameter's gradient is
+    pushed as soon as autograd has accumulated it in the step's last
+    backward pass (a hook per parameter), so the pushes overlap the rest of
+    backward. Code that changes ``p.grad`` between backward() and step()
+    (clipping, unscaling) must leave it False: step() raises grps.Error if a
+    gradient it pushed early changed after. docs/pytorch.md says why it is
+    not the default yet.
     """
 
-    def __init__(self, named_parameters, backward_passes_per_step=1, overlap=True):
+    def __init__(self, named_parameters, backward_passes_per_step=1, overlap=False):
         named = list(named_parameters)
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
@@ -437,8 +438,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     self._abandon()
                     raise Error("the gradient of parameter '%s' changed between backward() "
                                 "and step(), after it was pushed (gradients are pushed as "
-                                "backward() makes them): clip or unscale them with "
-                                "gt.DistributedOptimizer(..., overlap=False)"
+                                "backward() makes them with overlap=True): clip or "
+                                "unscale them with gt.DistributedOptimizer(..., "
+                                "overlap=False)"
                                 % model.names[i])
 
 

@@ -21,7 +21,7 @@ parser.add_argument("--nan_at", type=int, default=-1,
                     help="before this step, try steps with a NaN gradient (refused)")
 parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
-parser.add_argument("--overlap", type=int, default=1, help="push each gradient from its hook")
+parser.add_argument("--overlap", type=int, default=0, help="push each gradient from its hook")
 args = parser.parse_args()
 
 gt.init()

@@ -29,6 +29,7 @@ class BadInput(unittest.TestCase):
         with Job(servers=2, workers=1, flags=FLAGS, tokens=("admin-t", "worker-t")) as job:
             out, hold = job.path("rank0.pt"), job.path("probes-done")
             job.worker("odd_cnn_worker.py", ["--steps", str(STEPS), "--nan_at", "3",
+                                             "--overlap", "1",
                                              "--out", out, "--hold_until", hold], rank=0)
             job.wait_running()
             model_before = job.status()["config"]["model_tensors"]
@@ -69,7 +70,8 @@ class BadInput(unittest.TestCase):
         # Clipping between backward() and step() with overlap on: the step is
         # refused, saying how to clip, and the worker goes on with that step.
         with Job(servers=1, workers=1, flags=FLAGS) as job:
-            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2"], rank=0)
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2", "--overlap", "1"],
+                       rank=0)
             self.assertEqual(job.wait("worker0", 120), 0, job.logs())
             clip = line(job.log("worker0"), "CLIP")
             self.assertIn("Error: the gradient of parameter '", clip)
