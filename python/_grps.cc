@@ -28,6 +28,7 @@
 #include "proto/grps.grpc.pb.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 #include "worker/user_worker.h"
 
@@ -228,7 +229,7 @@ class PyWorker {
   int64_t FirstNonFinite(const py::buffer& grads) {
     const float* g = FloatBuffer(grads, worker_->num_parameters(), false, "the gradient");
     py::gil_scoped_release nogil;
-    return UserWorker::FirstNonFinite(g, worker_->num_parameters());
+    return grps::FirstNonFinite(g, worker_->num_parameters());
   }
 
   void AbandonStep() {

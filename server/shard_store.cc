@@ -1,7 +1,6 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -286,10 +285,9 @@ absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push)
     if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
     for (size_t i = 0; i < push.chunks.size(); ++i) {
       const ChunkGradient& g = push.chunks[i];
-      for (float v : g.values)
-        if (!std::isfinite(v))
-          return absl::InvalidArgumentError(absl::StrCat(
-              (*chunks)[i]->name, ": an initial value is not a finite number"));
+      if (FirstNonFinite(g.values.data(), static_cast<int64_t>(g.values.size())) >= 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            (*chunks)[i]->name, ": an initial value is not a finite number"));
     }
     taken = GiveLocked(*chunks, push);
   }

@@ -1,5 +1,7 @@
 #include "tensor/dtype.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -235,6 +237,24 @@ void ConvertElements(const void* src, DType from, void* dst, DType to,
       return ConvertFrom<DType::kBF16>(in, out, to, count);
   }
   DieInvalidDType(from);
+}
+
+int64_t FirstNonFinite(const float* values, int64_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;  // all set: NaN or infinite
+  constexpr int64_t kBlock = 4096;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    uint32_t any = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, values + i, sizeof(bits));
+      any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    }
+    if (any == 0) continue;
+    for (int64_t i = begin; i < end; ++i)
+      if (!std::isfinite(values[i])) return i;
+  }
+  return -1;
 }
 
 }  // namespace grps

@@ -37,6 +37,12 @@ float BFloat16ToFloat(uint16_t bits);
 void ConvertElements(const void* src, DType from, void* dst, DType to,
                      size_t count);
 
+// The index of the first of values[0, n) that is NaN or infinite, or -1.
+// Reads the bits: blocks OR-ed together in a loop compilers vectorize, then
+// the block that has one is searched. At memory speed: torch.isfinite took
+// 55 ms on 15.8 M floats with one thread, a third of an MLP's step.
+int64_t FirstNonFinite(const float* values, int64_t n);
+
 }  // namespace grps
 
 #endif  // GRPS_TENSOR_DTYPE_H_

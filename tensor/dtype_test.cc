@@ -363,5 +363,21 @@ TEST(ConvertElementsTest, ZeroCountTouchesNothing) {
   EXPECT_EQ(h, 0xabcd);
 }
 
+TEST(FirstNonFiniteTest, FindsTheFirstNaNOrInfinityAndOnlyThose) {
+  std::vector<float> v(10000, 1.0f);
+  v[3] = std::numeric_limits<float>::max();     // large, finite
+  v[5] = std::numeric_limits<float>::denorm_min();
+  v[6] = -0.0f;
+  EXPECT_EQ(FirstNonFinite(v.data(), static_cast<int64_t>(v.size())), -1);
+  EXPECT_EQ(FirstNonFinite(v.data(), 0), -1);
+  v[9000] = -std::numeric_limits<float>::infinity();  // a later block
+  EXPECT_EQ(FirstNonFinite(v.data(), static_cast<int64_t>(v.size())), 9000);
+  v[4096] = std::numeric_limits<float>::quiet_NaN();  // a block's first element
+  EXPECT_EQ(FirstNonFinite(v.data(), static_cast<int64_t>(v.size())), 4096);
+  v[4095] = std::numeric_limits<float>::infinity();   // the block before's last
+  EXPECT_EQ(FirstNonFinite(v.data(), static_cast<int64_t>(v.size())), 4095);
+  EXPECT_EQ(FirstNonFinite(v.data(), 4095), -1);      // n ends before it
+}
+
 }  // namespace
 }  // namespace grps

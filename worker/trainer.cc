@@ -11,6 +11,7 @@
 #include "data/epoch_shuffler.h"
 #include "data/partition.h"
 #include "job/job_config.h"
+#include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 #include "worker/job_data.h"
 #include "spdlog/spdlog.h"
@@ -220,9 +221,9 @@ absl::StatusOr<float> Trainer::DenseStep(uint64_t step, const StepBatch& batch,
     // f16: a gradient that overflowed is skipped, never pushed; the step's
     // batch is computed again at half the scale, so that the step still
     // brings this worker's gradient (a sync step waits for it).
-    const bool finite = !scaler_.dynamic() ||
-                        std::all_of(host_grads_.begin(), host_grads_.end(),
-                                    [](float g) { return std::isfinite(g); });
+    const bool finite =
+        !scaler_.dynamic() ||
+        FirstNonFinite(host_grads_.data(), static_cast<int64_t>(host_grads_.size())) < 0;
     if (scaler_.Update(finite)) {
       Clip({});
       return loss;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -14,6 +13,7 @@
 #include "job/job_config.h"
 #include "member/member_agent.h"
 #include "spdlog/spdlog.h"
+#include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_client.h"
@@ -166,27 +166,6 @@ ParameterClient& UserWorker::client() {
 
 bool UserWorker::CanOverlap() const {
   return static_cast<const ParameterClient&>(session_->dense()).CanStage();
-}
-
-int64_t UserWorker::FirstNonFinite(const float* values, int64_t n) {
-  // A float is NaN or infinite when its exponent bits are all set. Blocks
-  // of bits OR-ed together (a loop compilers vectorize), then the block
-  // that has one is searched.
-  constexpr uint32_t kExponent = 0x7f800000u;
-  constexpr int64_t kBlock = 4096;
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t end = std::min(n, begin + kBlock);
-    uint32_t any = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, values + i, sizeof(bits));
-      any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
-    }
-    if (any == 0) continue;
-    for (int64_t i = begin; i < end; ++i)
-      if (!std::isfinite(values[i])) return i;
-  }
-  return -1;
 }
 
 absl::Status UserWorker::CheckFinite(const float* grads, int64_t begin, int64_t end) const {

@@ -102,11 +102,6 @@ class UserWorker {
   // Adds to the progress the heartbeats report.
   void ReportLoss(float loss);
 
-  // The index of the first of values[0, n) that is NaN or infinite, or -1.
-  // Reads the bits (at memory speed, vectorized): torch.isfinite took 55 ms
-  // on 15.8 M floats with one thread, a third of the MLP's step.
-  static int64_t FirstNonFinite(const float* values, int64_t n);
-
   // ---- Overlap: each tensor pushed as soon as its gradient is final ----
 
   // Whether TensorReady can start pushes early (not with top-k, whose
