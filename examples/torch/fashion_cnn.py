@@ -6,6 +6,7 @@
 Each worker trains on its share of the training set (gt.partition); the
 optimizer and the consistency mode are the job's. Reads the data of Debian's
 dataset-fashion-mnist package (or --data DIR with the four IDX files).
+--device cuda trains the model on the GPU (the data is moved there once).
 """
 
 import argparse
@@ -81,12 +82,14 @@ def main():
     parser.add_argument("--train_limit", type=int, default=0, help="0: the whole training set")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
 
     gt.init()
     torch.manual_seed(args.seed)
-    model = Net()
+    model = Net().to(device)
     opt = gt.DistributedOptimizer(model.named_parameters())
     gt.broadcast_parameters(model)
 
@@ -95,14 +98,16 @@ def main():
     if args.train_limit:
         x_train, y_train = x_train[:args.train_limit], y_train[:args.train_limit]
     share = gt.partition(len(x_train))
-    x_mine, y_mine = x_train[share.start:share.stop], y_train[share.start:share.stop]
+    x_mine = x_train[share.start:share.stop].to(device)
+    y_mine = y_train[share.start:share.stop].to(device)
+    x_test, y_test = x_test.to(device), y_test.to(device)
     steps_per_epoch = len(x_mine) // args.batch
-    print("rank %d of %d: %d examples, %d steps per epoch, mode %s"
-          % (gt.rank(), gt.size(), len(x_mine), steps_per_epoch, gt.mode()), flush=True)
+    print("rank %d of %d: %d examples, %d steps per epoch, mode %s, on %s"
+          % (gt.rank(), gt.size(), len(x_mine), steps_per_epoch, gt.mode(), device), flush=True)
     g = torch.Generator().manual_seed(args.seed * 1000 + gt.rank())
     started = time.time()
     for epoch in range(args.epochs):
-        order = torch.randperm(len(x_mine), generator=g)
+        order = torch.randperm(len(x_mine), generator=g).to(device)
         for s in range(steps_per_epoch):
             idx = order[s * args.batch:(s + 1) * args.batch]
             loss = F.cross_entropy(model(x_mine[idx]), y_mine[idx])

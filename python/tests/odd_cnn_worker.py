@@ -22,10 +22,17 @@ parser.add_argument("--nan_at", type=int, default=-1,
 parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
 parser.add_argument("--overlap", type=int, default=0, help="push each gradient from its hook")
+parser.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
 args = parser.parse_args()
+device = torch.device(args.device)
+if device.type == "cuda":
+    # Full float32, as the CPU reference: no TF32 in convolutions (on by
+    # default in PyTorch) or matrix products.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 gt.init()
-model = make_model()
+model = make_model().to(device)
 opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes,
                               overlap=bool(args.overlap))
 gt.broadcast_parameters(model)
@@ -48,6 +55,7 @@ def poisoned_step():
     overlap = opt.overlap
     opt.zero_grad()
     x, y = batch(0, 0, 4)
+    x, y = x.to(device), y.to(device)
     (F.cross_entropy(model(x), y) * float("nan")).backward()
     attempt("NAN_LOSS", opt.step)
     opt.overlap = False
@@ -72,7 +80,7 @@ while gt.step() < args.steps:
     opt.zero_grad()
     for k in range(args.passes):
         x, y = batch(step, gt.rank() * share + k * per_pass, per_pass)
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
     if step == args.clip_at:
         args.clip_at = -1  # once
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
@@ -84,7 +92,7 @@ while gt.step() < args.steps:
               % (opt.last_early, len(list(opt.param_groups[0]["params"]))), flush=True)
 if args.out:
     weights = gt.state_dict()
-    weights["__model__"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights["__model__"] = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     torch.save(weights, args.out)
 if args.hold_until:
     import os
