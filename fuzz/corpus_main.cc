@@ -149,6 +149,13 @@ void WritePushes(CorpusWriter& out) {
   }
   out.Write(t, "valid_sparse_chunk0", Push(h, v1::DTYPE_F32, {Sparse(0, {0.5f, -0.5f}, {1, 5})}));
   {
+    // Rank 0's initial values (a user model's): not a step, an empty reply.
+    v1::PushRequest p = h;
+    p.set_initial_values(true);
+    out.Write(t, "valid_initial_values_chunks_0_2",
+              Push(p, v1::DTYPE_F32, {Dense(0, ramp), Dense(2, ramp)}));
+  }
+  {
     // The same push as protobuf writes it (field order, packing its own).
     v1::PushRequest p = h;
     v1::ChunkData* c = p.add_chunks();
