@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -52,6 +53,8 @@ constexpr char kUsage[] =
     "  workers   the workers table\n"
     "  shards    per-shard counters and the shard map (chunk placement)\n"
     "  stop      stop the job [--reason=TEXT]\n"
+    "  drain RANK  worker RANK leaves the job after its step in progress\n"
+    "            (as on SIGTERM); a worker started for the rank rejoins\n"
     "  checkpoint  take a checkpoint now [--wait [--wait_s=300]]\n"
     "  health    whether a daemon's gRPC health service says SERVING (exit 0)\n"
     "            [--address=HOST:PORT, default --coordinator]; over TLS when\n"
@@ -221,6 +224,16 @@ int Stop(const JobClient& client) {
   return 0;
 }
 
+int Drain(const JobClient& client, const std::string& rank_text) {
+  uint32_t rank = 0;
+  if (!absl::SimpleAtoi(rank_text, &rank))
+    return UsageError(absl::StrCat("drain: '", rank_text, "' is not a worker rank"));
+  if (absl::Status s = client.Drain(rank); !s.ok()) return Fail(s);
+  std::printf("worker %u drained: it leaves after its step in progress (see grpsctl workers)\n",
+              rank);
+  return 0;
+}
+
 int Checkpoint(const JobClient& client, bool json) {
   const bool wait = absl::GetFlag(FLAGS_wait);
   absl::StatusOr<v1::CheckpointSummary> c = client.Checkpoint(
@@ -267,14 +280,16 @@ int Main(int argc, char** argv) {
   // grpsctl serves nothing: no metrics, no clients to authenticate.
   std::vector<char*> args = ParseFlagsWithEnvironment(argc, argv, kUsage,
                                                       {"metrics_listen", "tls_client_auth"});
-  if (args.size() != 2)
-    return UsageError(args.size() < 2 ? "no command given"
-                                      : "expected exactly one command");
+  if (args.size() < 2) return UsageError("no command given");
   const std::string command = args[1];
+  // Only drain takes an argument: its rank.
+  if (args.size() != (command == "drain" ? 3u : 2u))
+    return UsageError(command == "drain" ? "drain takes one worker rank"
+                                         : "expected exactly one command");
   std::string target = absl::GetFlag(FLAGS_coordinator);
   if (command != "status" && command != "watch" && command != "workers" &&
       command != "shards" && command != "stop" && command != "checkpoint" &&
-      command != "health")
+      command != "drain" && command != "health")
     return UsageError(absl::StrCat("unknown command '", command, "'"));
   if (command == "health" && !absl::GetFlag(FLAGS_address).empty())
     target = absl::GetFlag(FLAGS_address);
@@ -295,6 +310,7 @@ int Main(int argc, char** argv) {
   if (command == "workers") return Workers(client, json);
   if (command == "shards") return Shards(client, json);
   if (command == "checkpoint") return Checkpoint(client, json);
+  if (command == "drain") return Drain(client, args[2]);
   return Stop(client);
 }
 

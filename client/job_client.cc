@@ -88,6 +88,16 @@ absl::Status JobClient::Stop(const std::string& reason) const {
   return absl::OkStatus();
 }
 
+absl::Status JobClient::Drain(uint32_t rank) const {
+  auto context = UnaryContext();
+  v1::DrainWorkerRequest request;
+  request.set_rank(rank);
+  v1::DrainWorkerResponse reply;
+  grpc::Status s = stub_->DrainWorker(context.get(), request, &reply);
+  if (!s.ok()) return Error("DrainWorker", s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CheckpointSummary> JobClient::Checkpoint(
     bool wait, absl::Duration wait_timeout) const {
   grpc::ClientContext context;

@@ -59,6 +59,9 @@ class JobClient {
   // JobStatus.message. Returns once the coordinator accepted the request.
   absl::Status Stop(const std::string& reason) const;
 
+  // Asks worker `rank` to leave the job after its step in progress.
+  absl::Status Drain(uint32_t rank) const;
+
   // Asks for a checkpoint now (or joins the one in progress). With `wait`,
   // returns once it is complete or failed, waiting up to `wait_timeout`
   // (DEADLINE_EXCEEDED after); otherwise once it is asked for.

@@ -215,6 +215,16 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                   Fixed(status.final_test_accuracy(), 4),
                                   ", test loss ",
                                   Fixed(status.final_test_loss(), 4))});
+  if (status.worker_leaves() > 0 || status.worker_joins() > 0) {
+    int live = 0;
+    for (const v1::WorkerStatus& w : status.workers())
+      if (w.state() == v1::MEMBER_STATE_ALIVE) ++live;
+    lines.push_back({"live set", absl::StrCat(live, " of ", status.workers_size(),
+                                              " ranks live; ", status.worker_leaves(),
+                                              " left, ", status.worker_joins(),
+                                              " joined (membership epoch ",
+                                              status.membership_epoch(), ")")});
+  }
   if (status.generation() > 0)
     lines.push_back({"generation", absl::StrCat(status.generation(),
                                                 " (resumed or rolled back from a "

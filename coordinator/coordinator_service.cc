@@ -189,6 +189,9 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "final_test_accuracy must be in [0, 1] and "
                         "final_test_loss finite");
+  if (request->leaving() && request->has_final_eval())
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a worker that leaves reports no final evaluation");
   return ToGrpc(machine_.WorkerDone(*request));
 }
 
@@ -278,6 +281,13 @@ grpc::Status CoordinatorService::CheckpointJob(grpc::ServerContext* context,
   if (!summary.ok()) return ToGrpc(summary.status());
   *response->mutable_checkpoint() = std::move(*summary);
   return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::DrainWorker(grpc::ServerContext* context,
+                                             const v1::DrainWorkerRequest* request,
+                                             v1::DrainWorkerResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
+  return ToGrpc(machine_.DrainWorker(request->rank()));
 }
 
 void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,

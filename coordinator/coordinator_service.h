@@ -107,6 +107,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status CheckpointJob(grpc::ServerContext* context,
                              const v1::CheckpointJobRequest* request,
                              v1::CheckpointJobResponse* response) override;
+  grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
+                           v1::DrainWorkerResponse* response) override;
 
   // ---- For the process that hosts the service; see JobStateMachine ----
   void DetectFailures();

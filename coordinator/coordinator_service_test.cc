@@ -607,6 +607,34 @@ TEST_F(CoordinatorServiceTest, StopJobStopsWithTheReason) {
   EXPECT_TRUE(stub_->StopJob(Context().get(), stop, &stopped).ok());  // idempotent
 }
 
+TEST_F(CoordinatorServiceTest, ADrainedWorkerLeavesWithoutAFinalEvaluation) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::DrainWorkerRequest drain;
+  drain.set_rank(1);
+  v1::DrainWorkerResponse drained;
+  ASSERT_TRUE(stub_->DrainWorker(Context().get(), drain, &drained).ok());
+  drain.set_rank(7);
+  EXPECT_EQ(stub_->DrainWorker(Context().get(), drain, &drained).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::WorkerDoneRequest leave;
+  leave.set_job_id("test-job");
+  leave.set_worker_rank(1);
+  leave.set_incarnation(w[1].incarnation());
+  leave.set_leaving(true);
+  leave.set_has_final_eval(true);
+  leave.set_final_test_accuracy(0.5f);
+  v1::WorkerDoneResponse done;
+  EXPECT_EQ(stub_->WorkerDone(Context().get(), leave, &done).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_ALIVE);
+  leave.set_has_final_eval(false);
+  ASSERT_TRUE(stub_->WorkerDone(Context().get(), leave, &done).ok());
+  EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_EQ(Status().worker_leaves(), 1u);
+}
+
 TEST_F(CoordinatorServiceTest, StopJobCannotStopACompletedJob) {
   StartJob(1, 1);
   RegisterAllServers();

@@ -35,6 +35,13 @@ std::vector<prometheus::MetricFamily> JobMetricFamilies(const v1::JobStatus& s) 
                     "async and ssp: chunk gradients refused as too stale, over the shards"),
       static_cast<double>(s.too_stale()));
 
+  one(CounterFamily("grps_job_worker_leaves_total",
+                    "workers that left the running job on purpose (SIGTERM, drain)"),
+      static_cast<double>(s.worker_leaves()));
+  one(CounterFamily("grps_job_worker_joins_total",
+                    "ranks registered again while the job ran (restarts, after a leave)"),
+      static_cast<double>(s.worker_joins()));
+
   std::map<std::pair<std::string, std::string>, int> members;
   for (const v1::WorkerStatus& w : s.workers()) ++members[{"worker", MemberStateName(w.state())}];
   for (const v1::ShardStatus& sh : s.shards()) ++members[{"server", MemberStateName(sh.state())}];

@@ -550,8 +550,11 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
     if (no_workers_since_ == absl::InfiniteFuture()) no_workers_since_ = now;
     if (now - no_workers_since_ >= recovery) {
       EndLocked(v1::JOB_STATE_FAILED,
-                absl::StrCat("every worker died before finishing; none came back "
-                             "within ",
+                absl::StrCat("every worker ",
+                             membership_.RanksInState(v1::MEMBER_STATE_LEFT).empty()
+                                 ? "died"
+                                 : "died or left",
+                             " before finishing; none came back within ",
                              WholeSeconds(recovery)),
                 now);
     }
@@ -601,9 +604,12 @@ bool JobStateMachine::TrainingDoneLocked() const {
 
 std::string JobStateMachine::TrainingDoneMessageLocked() const {
   const std::vector<uint32_t> dead = membership_.RanksInState(v1::MEMBER_STATE_DEAD);
-  if (dead.empty()) return "every worker finished";
-  return absl::StrCat(Members("worker", dead),
-                      " died before finishing; the others finished");
+  const std::vector<uint32_t> left = membership_.RanksInState(v1::MEMBER_STATE_LEFT);
+  if (dead.empty() && left.empty()) return "every worker finished";
+  std::vector<std::string> gone;
+  if (!dead.empty()) gone.push_back(absl::StrCat(Members("worker", dead), " died"));
+  if (!left.empty()) gone.push_back(absl::StrCat(Members("worker", left), " left"));
+  return absl::StrCat(absl::StrJoin(gone, " and "), " before finishing; the others finished");
 }
 
 std::optional<uint32_t> JobStateMachine::EvaluatorLocked(absl::Time now) const {
@@ -737,6 +743,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   if (!reg.ok()) return reg.status();
   ranks_awaited_.erase(reg->slot);
   NoteRegistrationLocked(now);
+  if (reg->rejoined && state_ == v1::JOB_STATE_RUNNING) ++worker_joins_;
   spdlog::info(
       "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
       "epoch {}",
@@ -897,6 +904,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   }
   if (request.shard_map_epoch() < membership_.shard_map().epoch())
     *response->mutable_shard_map() = membership_.shard_map();
+  if (worker && membership_.DrainRequested(request.worker_rank())) response->set_drain(true);
   if (EndedLocked()) {
     if (worker)
       ranks_told_end_.insert(request.worker_rank());
@@ -922,6 +930,7 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
     return absl::AbortedError(absl::StrCat(
         "job rolled back to checkpoint ", restore_.checkpoint_id(), " (generation ",
         restore_.generation(), "); resume from the restore order"));
+  if (request.leaving()) return LeaveLocked(request, now);
   if (absl::Status s = membership_.FinishWorker(request.worker_rank(), request.incarnation(),
                                                 request.progress(), now);
       !s.ok())
@@ -945,6 +954,38 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
   spdlog::info("worker {} finished at step {}{}", request.worker_rank(),
                request.progress().step(), eval_note);
   UpdateStateLocked(now);
+  return absl::OkStatus();
+}
+
+absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
+                                          absl::Time now) {
+  const bool drained = membership_.DrainRequested(request.worker_rank());
+  const uint64_t epoch = membership_.membership_epoch();
+  if (absl::Status s = membership_.LeaveWorker(request.worker_rank(), request.incarnation(),
+                                               request.progress(), now);
+      !s.ok())
+    return s;
+  if (membership_.membership_epoch() == epoch) return absl::OkStatus();  // said before
+  ++worker_leaves_;
+  const Membership::LiveWorkers live = membership_.live_workers();
+  spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
+               "epoch {}",
+               request.worker_rank(), request.progress().step(),
+               drained ? "drained" : "on its own",
+               live.ranks.empty() ? "none" : absl::StrJoin(live.ranks, ", "),
+               membership_.membership_epoch());
+  UpdateStateLocked(now);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status JobStateMachine::DrainWorker(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != v1::JOB_STATE_RUNNING)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job is ", JobStateName(state_), ": workers are drained from a running job"));
+  if (absl::Status s = membership_.RequestDrain(rank); !s.ok()) return s;
+  spdlog::info("worker {} drained by an operator: it leaves after its step in progress", rank);
   return absl::OkStatus();
 }
 
@@ -1094,6 +1135,8 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
     status.set_global_step_idle_seconds(
         std::max(0.0, absl::ToDoubleSeconds(now - global_step_moved_)));
   status.set_coordinator_restarted(coordinator_restarted_);
+  status.set_worker_leaves(worker_leaves_);
+  status.set_worker_joins(worker_joins_);
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());

@@ -165,6 +165,10 @@ class JobStateMachine {
   absl::Status StopJob(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the job unless it already ended.
   void Stop(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks a live worker to leave after its step in progress (its heartbeat
+  // replies say drain). FAILED_PRECONDITION unless RUNNING or the rank is
+  // ALIVE; NOT_FOUND for a rank out of range.
+  absl::Status DrainWorker(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks for a checkpoint (or joins the pending one). FAILED_PRECONDITION
   // without checkpoint_dir or unless RUNNING; UNAVAILABLE while a shard is
   // not alive. With `wait_for_it`, waits until it is COMPLETE or FAILED
@@ -276,6 +280,9 @@ class JobStateMachine {
   // Whether a WorkerDone of `request`'s generation is from before the
   // newest roll-back (a client that names none is judged by its current
   // incarnation's last heartbeat).
+  // WorkerDone with `leaving`: the rank is LEFT, out of the live set.
+  absl::Status LeaveLocked(const v1::WorkerDoneRequest& request, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StaleWorkerDoneLocked(const v1::WorkerDoneRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -399,6 +406,9 @@ class JobStateMachine {
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> rank_generation_
       ABSL_GUARDED_BY(mu_);
   bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
+  // Workers that left on purpose; ranks registered again while RUNNING.
+  uint64_t worker_leaves_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t worker_joins_ ABSL_GUARDED_BY(mu_) = 0;
   // DetectFailures declares no one dead before this (TakeOver's grace).
   absl::Time no_deaths_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Job time before this coordinator took the job over.

@@ -472,6 +472,67 @@ TEST_F(JobStateMachineTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
   EXPECT_EQ(status.message(), "worker 1 died before finishing; the others finished");
 }
 
+TEST_F(JobStateMachineTest, ADrainedWorkerIsToldSoAndLeavesTheLiveSetAtOnce) {
+  StartJob(1, 3);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.drain());
+  EXPECT_EQ(machine_->DrainWorker(3).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(machine_->DrainWorker(1).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_TRUE(reply.drain());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.drain()) << "only the drained rank is told";
+  const uint64_t epoch = reply.membership_epoch();
+
+  // It leaves after its step: no heartbeat timeout, no time passes.
+  v1::WorkerDoneRequest leave;
+  leave.set_worker_rank(1);
+  leave.set_incarnation(w[1].incarnation());
+  leave.set_leaving(true);
+  leave.mutable_progress()->set_step(57);
+  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  ASSERT_TRUE(machine_->WorkerDone(leave).ok());  // a retry counts once
+  ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 2u));
+  EXPECT_EQ(reply.membership_epoch(), epoch + 1);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_EQ(status.workers(1).progress().step(), 57u);
+  EXPECT_EQ(status.worker_leaves(), 1u);
+  EXPECT_EQ(status.worker_joins(), 0u);
+  EXPECT_EQ(machine_->DrainWorker(1).code(), absl::StatusCode::kFailedPrecondition);
+
+  // A worker started for the rank joins the running job at the rank's step.
+  absl::StatusOr<v1::RegisterWorkerResponse> back = RegisterWorker(1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->start_step(), 57u);
+  EXPECT_EQ(Status().worker_joins(), 1u);
+  ASSERT_TRUE(WorkerBeat(1, back->incarnation(), v1::WorkerProgress(), &reply).ok());
+  EXPECT_FALSE(reply.drain()) << "the drain was spent by the leave";
+}
+
+TEST_F(JobStateMachineTest, WorkersThatLeftDoNotKeepTheJobFromCompleting) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::WorkerDoneRequest leave;
+  leave.set_worker_rank(1);
+  leave.set_incarnation(w[1].incarnation());
+  leave.set_leaving(true);
+  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(status.message(), "worker 1 left before finishing; the others finished");
+  // Draining needs a running job.
+  EXPECT_EQ(machine_->DrainWorker(0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobStateMachineTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
   StartJob(1, 2);
   RegisterAllServers();

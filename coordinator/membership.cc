@@ -153,7 +153,8 @@ absl::StatusOr<uint32_t> Membership::PickRank(int32_t requested, bool holds_live
   for (uint32_t r = 0; r < n; ++r)
     if (!workers_[r].registered) return r;
   for (uint32_t r = 0; r < n; ++r)
-    if (workers_[r].state == v1::MEMBER_STATE_DEAD) return r;
+    if (workers_[r].state == v1::MEMBER_STATE_DEAD || workers_[r].state == v1::MEMBER_STATE_LEFT)
+      return r;
   return absl::ResourceExhaustedError(absl::StrCat(
       "every one of the job's ", n, " worker ranks is live or finished"));
 }
@@ -207,6 +208,7 @@ absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
   worker.host = std::string(host);
   worker.backend = std::string(backend);
   worker.state = v1::MEMBER_STATE_ALIVE;
+  worker.drain = false;
   worker.last_heartbeat = now;
   worker.progress.reset();
   // A new live worker, or a live rank with a new incarnation.
@@ -304,6 +306,39 @@ absl::Status Membership::FinishWorker(uint32_t rank, uint64_t incarnation,
   worker.last_heartbeat = now;
   RecordProgress(&worker, progress);
   return absl::OkStatus();
+}
+
+absl::Status Membership::LeaveWorker(uint32_t rank, uint64_t incarnation,
+                                     const v1::WorkerProgress& progress, absl::Time now) {
+  if (absl::Status s = CheckWorker(rank, incarnation); !s.ok()) return s;
+  if (absl::Status s = ValidateProgress(progress); !s.ok()) return s;
+  Worker& worker = workers_[rank];
+  if (worker.state == v1::MEMBER_STATE_FINISHED)
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", rank, " has already finished: it cannot leave"));
+  if (worker.state == v1::MEMBER_STATE_ALIVE) ++membership_epoch_;
+  worker.state = v1::MEMBER_STATE_LEFT;
+  worker.drain = false;
+  worker.last_heartbeat = now;
+  RecordProgress(&worker, progress);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::RequestDrain(uint32_t rank) {
+  if (rank >= num_workers())
+    return absl::NotFoundError(absl::StrCat("worker rank ", rank, " is out of range; the job has ",
+                                            num_workers(), " workers"));
+  if (workers_[rank].state != v1::MEMBER_STATE_ALIVE)
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", rank, " is not alive (",
+                     v1::MemberState_Name(workers_[rank].state), "): nothing to drain"));
+  workers_[rank].drain = true;
+  return absl::OkStatus();
+}
+
+bool Membership::DrainRequested(uint32_t rank) const {
+  return rank < num_workers() && workers_[rank].drain &&
+         workers_[rank].state == v1::MEMBER_STATE_ALIVE;
 }
 
 absl::Status Membership::AdoptServer(uint32_t shard, uint64_t incarnation,
@@ -456,8 +491,8 @@ absl::Status Membership::ImportFrom(const v1::CoordinatorState& state,
     worker.incarnation = w.incarnation();
     worker.host = w.host();
     worker.backend = w.backend();
-    worker.state = w.state() == v1::MEMBER_STATE_FINISHED
-                       ? v1::MEMBER_STATE_FINISHED
+    worker.state = w.state() == v1::MEMBER_STATE_FINISHED || w.state() == v1::MEMBER_STATE_LEFT
+                       ? w.state()
                        : v1::MEMBER_STATE_ALIVE;
     worker.last_heartbeat = now;
     if (w.has_progress()) worker.progress = w.progress();

@@ -20,6 +20,10 @@
 // longer than the heartbeat timeout, when DetectFailures marks it DEAD. A
 // heartbeat from a DEAD member with its current incarnation makes it ALIVE
 // again: the process evidently lives (a restarted process registers instead).
+// A worker that leaves on purpose (WorkerDone with `leaving`: SIGTERM, or a
+// drain an operator asked for, which its heartbeat replies carry) is LEFT:
+// out of the live set at once, not revived by a heartbeat; its rank is free
+// for a new worker, which resumes at the rank's step.
 // A worker that calls WorkerDone is FINISHED and stays so; it may go on
 // heartbeating (its last heartbeat is recorded, DetectFailures never marks it
 // DEAD) and calling WorkerDone, so FinishedRanksHeartbeating tells which
@@ -156,6 +160,18 @@ class Membership {
   absl::Status FinishWorker(uint32_t rank, uint64_t incarnation,
                             const v1::WorkerProgress& progress, absl::Time now);
 
+  // Marks the worker LEFT with its last progress (ALIVE or DEAD before;
+  // idempotent). FAILED_PRECONDITION for a FINISHED rank; errors as for
+  // FinishWorker otherwise.
+  absl::Status LeaveWorker(uint32_t rank, uint64_t incarnation,
+                           const v1::WorkerProgress& progress, absl::Time now);
+
+  // Asks an ALIVE rank to leave after its step in progress (until it leaves
+  // or the rank is registered again). NOT_FOUND out of range,
+  // FAILED_PRECONDITION unless ALIVE.
+  absl::Status RequestDrain(uint32_t rank);
+  bool DrainRequested(uint32_t rank) const;
+
   // Takes in a member this coordinator never registered (a restarted
   // coordinator hearing a heartbeat): the slot gets `incarnation`, ALIVE
   // (or FINISHED for a worker that says it finished), heartbeat at `now`;
@@ -239,6 +255,7 @@ class Membership {
     std::optional<v1::WorkerProgress> progress;
     // Highest progress step reported by any incarnation of this rank.
     uint64_t resume_step = 0;
+    bool drain = false;  // RequestDrain, until it leaves or re-registers
   };
 
   // The slot a registration takes, or an error.

@@ -269,6 +269,56 @@ TEST_F(MembershipTest, FinishedWorkerLeavesTheLiveSetAndKeepsItsRank) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(MembershipTest, AWorkerThatLeavesIsOutOfTheLiveSetAtOnceAndItsRankIsFree) {
+  Worker(0);
+  Membership::Registration w1 = Worker(1);
+  Worker(2);
+  const uint64_t epoch = m_.membership_epoch();
+  v1::WorkerProgress at;
+  at.set_step(40);
+  ASSERT_TRUE(m_.LeaveWorker(1, w1.incarnation, at, kT0).ok());
+  ASSERT_TRUE(m_.LeaveWorker(1, w1.incarnation, at, kT0).ok());  // a retry
+  EXPECT_EQ(m_.membership_epoch(), epoch + 1);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 2u));
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_LEFT), ElementsAre(1u));
+  // Left is neither dead nor revived by a late heartbeat of the old process.
+  EXPECT_THAT(m_.DetectFailures(kT0 + absl::Minutes(1)).ranks, ElementsAre(0u, 2u));
+  bool revived = true;
+  ASSERT_TRUE(m_.WorkerHeartbeat(1, w1.incarnation, nullptr, kT0, &revived).ok());
+  EXPECT_FALSE(revived);
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_LEFT), ElementsAre(1u));
+  // A new worker takes the rank and resumes at its step; the old
+  // incarnation is fenced off.
+  Membership::Registration back = Worker(1, kT0 + absl::Minutes(1));
+  EXPECT_EQ(back.slot, 1u);
+  EXPECT_TRUE(back.rejoined);
+  EXPECT_EQ(back.start_step, 40u);
+  EXPECT_EQ(m_.LeaveWorker(1, w1.incarnation, at, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MembershipTest, OnlyALiveUnfinishedRankLeavesOrIsDrained) {
+  Membership::Registration w0 = Worker(0);
+  Membership::Registration w1 = Worker(1);
+  v1::WorkerProgress done;
+  ASSERT_TRUE(m_.FinishWorker(0, w0.incarnation, done, kT0).ok());
+  EXPECT_EQ(m_.LeaveWorker(0, w0.incarnation, done, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m_.RequestDrain(0).code(), absl::StatusCode::kFailedPrecondition);  // finished
+  EXPECT_EQ(m_.RequestDrain(2).code(), absl::StatusCode::kFailedPrecondition);  // never came
+  EXPECT_EQ(m_.RequestDrain(3).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(m_.DrainRequested(1));
+  ASSERT_TRUE(m_.RequestDrain(1).ok());
+  EXPECT_TRUE(m_.DrainRequested(1));
+  // A drained rank stays live until it leaves; then the drain is spent, and a
+  // worker that takes the rank again is not drained.
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(1u));
+  ASSERT_TRUE(m_.LeaveWorker(1, w1.incarnation, done, kT0).ok());
+  EXPECT_FALSE(m_.DrainRequested(1));
+  Worker(1);
+  EXPECT_FALSE(m_.DrainRequested(1));
+}
+
 TEST_F(MembershipTest, FinishedWorkerKeepsHeartbeatingAndStaysFinished) {
   Membership::Registration w = Worker(0);
   Worker(1);
@@ -450,6 +500,8 @@ TEST_F(MembershipTest, ExportedStateImportsIntoAFreshMembership) {
   v1::WorkerProgress done;
   done.set_step(30);
   ASSERT_TRUE(m_.FinishWorker(1, w1.incarnation, done, kT0).ok());
+  Membership::Registration w2 = Worker(2);
+  ASSERT_TRUE(m_.LeaveWorker(2, w2.incarnation, done, kT0).ok());
   v1::CoordinatorState state;
   m_.ExportTo(&state);
 
@@ -461,7 +513,8 @@ TEST_F(MembershipTest, ExportedStateImportsIntoAFreshMembership) {
   EXPECT_TRUE(fresh.ServerHeartbeat(0, s0.incarnation, status, later, &revived).ok());
   EXPECT_TRUE(fresh.WorkerHeartbeat(0, w0.incarnation, nullptr, later, &revived).ok());
   EXPECT_THAT(fresh.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(1));
-  EXPECT_THAT(fresh.UnregisteredRanks(), ElementsAre(2));
+  EXPECT_THAT(fresh.RanksInState(v1::MEMBER_STATE_LEFT), ElementsAre(2));
+  EXPECT_THAT(fresh.live_workers().ranks, ElementsAre(0));
   EXPECT_EQ(fresh.shard_map().shards(1).address(), "10.0.0.2:5000");
   // Imported members count as heard from now: none is dead yet.
   EXPECT_TRUE(fresh.DetectFailures(later + kTimeout).empty());

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <csignal>
 #include <cstdio>
@@ -266,7 +267,20 @@ absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
 namespace {
 std::atomic<bool> g_shutdown{false};
 std::atomic<int> g_signals{0};
-void OnSignal(int) {
+std::atomic<bool> g_leave_on_sigterm{false};
+std::atomic<int64_t> g_leave_since_ns{0};  // CLOCK_MONOTONIC; 0: no leave asked
+
+int64_t MonotonicNs() {
+  struct timespec ts = {};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec + 1;  // never 0
+}
+
+void OnSignal(int signal) {
+  if (signal == SIGTERM && g_leave_on_sigterm.load() && g_leave_since_ns.load() == 0) {
+    g_leave_since_ns.store(MonotonicNs());
+    return;
+  }
   g_shutdown.store(true);
   g_signals.fetch_add(1);
 }
@@ -299,7 +313,23 @@ void InstallShutdownHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-bool ShutdownRequested() { return g_shutdown.load(); }
+void LeaveOnSigterm() { g_leave_on_sigterm.store(true); }
+
+void InstallLeaveOnSigterm() {
+  LeaveOnSigterm();
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool LeaveRequested() { return g_leave_since_ns.load() != 0; }
+
+bool ShutdownRequested() {
+  if (g_shutdown.load()) return true;
+  const int64_t since = g_leave_since_ns.load();
+  return since != 0 && MonotonicNs() - since > absl::ToInt64Nanoseconds(kLeaveGrace);
+}
 
 int ShutdownSignals() { return g_signals.load(); }
 

@@ -145,6 +145,18 @@ absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
 
 // Installs SIGINT/SIGTERM handlers that only record the signal.
 void InstallShutdownHandlers();
+// From now on, the first SIGTERM asks the process to leave its job
+// gracefully (LeaveRequested) rather than to stop: a worker finishes its
+// step in progress, tells the coordinator, and exits. SIGINT, a second
+// SIGTERM, or kLeaveGrace after the first, still stop it (ShutdownRequested).
+// After InstallShutdownHandlers.
+void LeaveOnSigterm();
+// For a process whose other signals are its host's (Python): installs the
+// SIGTERM handler alone, in LeaveOnSigterm's way.
+void InstallLeaveOnSigterm();
+inline constexpr absl::Duration kLeaveGrace = absl::Seconds(20);
+// True once SIGTERM arrived after LeaveOnSigterm().
+bool LeaveRequested();
 
 // Ends the process with `code` at once, after flushing the logs and stdio,
 // without running destructors. For a daemon whose work is done and saved:
@@ -158,7 +170,8 @@ int UsableCores();
 // The most resident memory this process has held so far (getrusage's
 // ru_maxrss), in MiB.
 double PeakRssMiB();
-// True once SIGINT or SIGTERM arrived.
+// True once SIGINT or SIGTERM arrived (with LeaveOnSigterm: SIGINT, a second
+// SIGTERM, or kLeaveGrace after the first).
 bool ShutdownRequested();
 // How many SIGINT and SIGTERM arrived so far (to tell a later one apart).
 int ShutdownSignals();

@@ -433,6 +433,7 @@ std::string MemberStateName(v1::MemberState state) {
     case v1::MEMBER_STATE_ALIVE: return "alive";
     case v1::MEMBER_STATE_DEAD: return "dead";
     case v1::MEMBER_STATE_FINISHED: return "finished";
+    case v1::MEMBER_STATE_LEFT: return "left";
     default: return "unspecified";
   }
 }

@@ -368,6 +368,8 @@ RunResult ResultOf(const LaunchOptions& options,
     if (counted > 0) r.staleness_mean = staleness_sum / static_cast<double>(counted);
     // The coordinator sums the shards' counts; older ones left it to us.
     r.late_gradients = latest->late_gradients() > 0 ? latest->late_gradients() : shard_late;
+    r.worker_leaves = latest->worker_leaves();
+    r.worker_joins = latest->worker_joins();
     r.too_stale = latest->too_stale() > 0 ? latest->too_stale() : shard_too_stale;
   }
   if (final_eval) {
@@ -390,6 +392,7 @@ std::string ResultJson(const RunResult& r) {
       ",\"started_unix\":", JsonUnixTime(r.started_unix),
       ",\"workers_died\":", r.workers_died,
       ",\"workers_restarted\":", r.workers_restarted,
+      ",\"worker_leaves\":", r.worker_leaves, ",\"worker_joins\":", r.worker_joins,
       ",\"backup_workers\":", r.backup_workers,
       ",\"staleness_bound\":", r.staleness_bound,
       ",\"late_gradients\":", r.late_gradients, ",\"too_stale\":", r.too_stale,

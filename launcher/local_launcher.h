@@ -213,6 +213,10 @@ struct RunResult {
   double started_unix = 0;  // the launch's start, seconds since the epoch
   uint32_t workers_died = 0;       // worker children that failed
   uint32_t workers_restarted = 0;  // of those, started again
+  // From the newest status: workers that left on purpose, ranks that joined
+  // the running job (JobStatus.worker_leaves, worker_joins).
+  uint64_t worker_leaves = 0;
+  uint64_t worker_joins = 0;
   // Consistency figures from the newest status (zero without one).
   uint32_t backup_workers = 0;
   uint32_t staleness_bound = 0;
@@ -244,7 +248,8 @@ RunResult ResultOf(const LaunchOptions& options,
 // One JSON object: {"mode", "servers", "workers", "model", "optimizer",
 // "steps", "final_test_accuracy", "final_test_loss", "wall_seconds",
 // "samples_per_sec", "run_dir", "started_unix", "workers_died",
-// "workers_restarted", "backup_workers", "staleness_bound",
+// "workers_restarted", "worker_leaves", "worker_joins", "backup_workers",
+// "staleness_bound",
 // "late_gradients", "too_stale", "staleness_mean", "staleness_max",
 // "staleness_histogram" (an array), "exit"}, plus "error" unless exit is
 // "ok". A figure not known is null.

@@ -237,6 +237,9 @@ class PyWorker {
     worker_->AbandonStep();
   }
 
+  bool LeaveRequested() const { return worker_->LeaveRequested(); }
+  void Leave() { Check(Released([&] { return worker_->Leave(); })); }
+
   void Done(std::optional<float> accuracy, std::optional<float> loss) {
     std::optional<UserWorker::Evaluation> eval;
     if (accuracy.has_value()) eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1)};
@@ -333,6 +336,9 @@ PYBIND11_MODULE(_grps, m) {
   m.def("configure", &grps::Configure, py::arg("overrides"),
         "Sets the process's security from GRPS_* variables and the given flags.");
   m.def("read_checkpoint", &grps::ReadCheckpoint, py::arg("path"));
+  m.def("leave_on_sigterm", &grps::InstallLeaveOnSigterm,
+        "SIGTERM asks this worker to leave the job after its step (Python's own "
+        "SIGTERM handling is replaced)");
   m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
         py::arg("timeout_s") = 10.0);
   m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);
@@ -347,6 +353,8 @@ PYBIND11_MODULE(_grps, m) {
       .def("tensor_ready", &PyWorker::TensorReady, py::arg("tensor"), py::arg("grads"),
            py::arg("params"))
       .def("abandon_step", &PyWorker::AbandonStep)
+      .def("leave_requested", &PyWorker::LeaveRequested)
+      .def("leave", &PyWorker::Leave)
       .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
            py::arg("loss") = py::none())

@@ -25,53 +25,6 @@ HEARTBEAT_MS=100
 TIMEOUT_MS=1500
 STEPS=1200
 
-# now_ms: wall clock in milliseconds.
-now_ms() { date +%s%3N; }
-
-# wait_until_step RUN_DIR STEP SECONDS
-wait_until_step() {
-  local i
-  for ((i = 0; i < $3 * 20; i++)); do
-    [ -f "$1/coordinator.port" ] && [ "$(global_step "$1")" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  fail "global step never reached $2 in $1"
-}
-
-# measure_stall RUN_DIR: watches the global step for the heartbeat timeout
-# plus 1.5 s and prints the longest time (ms) it stood still while training
-# went on (a job that has trained all its steps stands still by right: the
-# watch ends there). Status figures reach the coordinator in heartbeats, so a
-# gap is measured to within about one heartbeat interval.
-measure_stall() {
-  local start last_change last_step step now longest=0 line
-  start=$(now_ms); last_change=$start; last_step=$(global_step "$1")
-  while now=$(now_ms); [ $((now - start)) -lt $((TIMEOUT_MS + 1500)) ]; do
-    line=$(status "$1" | json '"%d %d" % (int(j.get("global_step", 0)), int(j["state"] == "JOB_STATE_RUNNING" and not any(w["state"] == "MEMBER_STATE_FINISHED" for w in j["workers"])))' \
-      2>/dev/null || echo "-1 1")
-    step=${line% *}
-    [ "${line#* }" = 1 ] || { now=$last_change; break; }  # training is over
-    if [ "$step" != "$last_step" ]; then
-      [ $((now - last_change)) -gt "$longest" ] && longest=$((now - last_change))
-      last_change=$now; last_step=$step
-    fi
-    sleep 0.02
-  done
-  [ $((now - last_change)) -gt "$longest" ] && longest=$((now - last_change))
-  echo "$longest"
-}
-
-# wait_worker_state RUN_DIR RANK STATE SECONDS
-wait_worker_state() {
-  local i
-  for ((i = 0; i < $4 * 10; i++)); do
-    if status "$1" | json "[w['state'] for w in j['workers'] if w['rank'] == $2][0]" 2>/dev/null \
-         | grep -q "$3"; then return 0; fi
-    sleep 0.1
-  done
-  fail "worker $2 never became $3"
-}
-
 check_result() {  # RUN_DIR MODE
   python3 - "$1/result.json" "$2" <<'PY' || fail "$2: result.json is wrong"
 import json, sys
@@ -104,7 +57,7 @@ run_mode() {  # MODE [extra grps-local flags...]
   step_at_kill=$(global_step "$run")
   kill -KILL "$victim"
   local stall
-  stall=$(measure_stall "$run")
+  stall=$(measure_stall "$run" $((TIMEOUT_MS + 1500)))
   echo "$mode: killed worker 1 (pid $victim) at global step $step_at_kill; the global step" \
        "then stood still for at most $stall ms (heartbeat timeout $TIMEOUT_MS ms)"
   # One step here is a few ms; the servers hear of the death within one

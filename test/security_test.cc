@@ -168,6 +168,9 @@ TEST_F(SecurityTest, EveryCoordinatorRpcWithoutTheTokenIsUnauthenticatedAndChang
     v1::CheckpointJobResponse checkpoint_reply;
     EXPECT_EQ(stub->CheckpointJob(Context().get(), {}, &checkpoint_reply).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
+    v1::DrainWorkerResponse drain_reply;
+    EXPECT_EQ(stub->DrainWorker(Context().get(), {}, &drain_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
     // Reflection and any other service too: the check runs before routing.
     EXPECT_EQ(UnaryCallBytes(MakeChannel(address_, Caller(token), false),
                              "/grps.v1.NoSuchService/NoSuchMethod", "", absl::Seconds(5))
@@ -189,8 +192,14 @@ TEST_F(SecurityTest, HealthChecksNeedNoToken) {
   EXPECT_TRUE(*serving);
 }
 
-TEST_F(SecurityTest, TheWorkerTokenCannotStopTheJobCheckpointOrRegisterAServer) {
+TEST_F(SecurityTest, TheWorkerTokenCannotStopTheJobCheckpointDrainOrRegisterAServer) {
   auto stub = Stub(kWorker);
+  v1::DrainWorkerResponse drain_reply;
+  EXPECT_EQ(stub->DrainWorker(Context().get(), {}, &drain_reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // The admin's drain reaches the job (which has no live rank 0 yet).
+  EXPECT_EQ(Stub(kAdmin)->DrainWorker(Context().get(), {}, &drain_reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   v1::StopJobResponse stop_reply;
   EXPECT_EQ(stub->StopJob(Context().get(), {}, &stop_reply).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);

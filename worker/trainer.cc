@@ -295,6 +295,7 @@ absl::Status Trainer::Run() {
   // WorkerDone) sends the worker back to training.
   while (true) {
     absl::Status s = Train(total);
+    if (s.ok() && leaving_) return LeaveJob(total);
     if (s.ok()) s = FinishAndWait(total);
     switch (session_->Interrupted()) {
       case Interrupt::kSignal:
@@ -419,6 +420,11 @@ absl::Status Trainer::Train(uint64_t total) {
       pulled_for.reset();
     }
     if (session_->Interrupted() != Interrupt::kNone) break;
+    // SIGTERM or a drain: leave at this step boundary (unless none is left).
+    if (step < total && session_->LeaveRequested()) {
+      leaving_ = true;
+      break;
+    }
     if (joining_) {
       if (absl::Status s = session_->JoinTheOthers(&step, host_params_.data()); !s.ok()) {
         if (session_->Interrupted() != Interrupt::kNone) continue;
@@ -556,6 +562,18 @@ absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& pl
   if ((step + 1) % 50 == 0 || step + 1 == total)
     WriteCurveRow(step + 1, snapshot, /*evaluated=*/false);
   return now;
+}
+
+absl::Status Trainer::LeaveJob(uint64_t total) {
+  const uint64_t step = next_step_;
+  session_->UpdateProgress([step](v1::WorkerProgress* p) { p->set_step(step); });
+  if (absl::Status s = session_->Leave(); !s.ok()) {
+    // The coordinator will find out by the heartbeat timeout.
+    spdlog::warn("{}; exiting anyway", std::string(s.message()));
+    return absl::OkStatus();
+  }
+  spdlog::info("left the job after {} of {} steps", step, total);
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::FinishAndWait(uint64_t total) {

@@ -188,6 +188,9 @@ class Trainer {
   // OK also when a roll-back interrupted the wait (session_->Interrupted()
   // says so).
   absl::Status FinishAndWait(uint64_t total);
+  // Leaves the job at a step boundary (WorkerDone with leaving); OK also
+  // when the coordinator did not answer (it then declares the rank dead).
+  absl::Status LeaveJob(uint64_t total);
   // The final evaluation the coordinator asked for, reported in `done`.
   absl::Status EvaluateFinal(uint64_t total, v1::WorkerDoneRequest* done);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
@@ -209,6 +212,8 @@ class Trainer {
   // rank trains the job's remaining steps with them instead of its lost
   // steps alone after them.
   bool joining_ = false;
+  // Train stopped at a step boundary to leave the job (SIGTERM, a drain).
+  bool leaving_ = false;
   Backend* backend_;
   TrainerOptions options_;
   // The dense model (mlp, softmax) and its data...

@@ -310,6 +310,13 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation) {
   return absl::OkStatus();
 }
 
+absl::Status UserWorker::Leave() {
+  AbandonStep();  // gradients a hook pushed for a step that is not taken
+  const uint64_t step = step_;
+  session_->UpdateProgress([step](v1::WorkerProgress* p) { p->set_step(step); });
+  return session_->Leave();
+}
+
 absl::StatusOr<bool> UserWorker::AwaitEnd() {
   absl::StatusOr<bool> asked = session_->AwaitEndOrFinalEvaluation();
   if (!asked.ok()) return asked;

@@ -133,6 +133,13 @@ class UserWorker {
   absl::Status PushRows(const std::string& table, absl::Span<const int64_t> ids,
                         const float* grads);
 
+  // SIGTERM (InstallLeaveOnSigterm) or a drain asked this worker to leave
+  // the job; Leave does so after the step Step finished last (the rank is
+  // out of the live set at once; a worker started for it later resumes at
+  // that step).
+  bool LeaveRequested() const { return session_->LeaveRequested(); }
+  absl::Status Leave();
+
   // Reports this rank done (WorkerDone), with `evaluation` of its weights
   // when given.
   absl::Status Done(const std::optional<Evaluation>& evaluation);

@@ -1,7 +1,12 @@
 // grps-worker: registers with the coordinator, trains its data partition
 // against the shards, and exits when the job is done.
 //
-// Exit codes: 0 when the job completed or was stopped, or on SIGINT/SIGTERM;
+// SIGTERM after registration leaves the job after the step in progress
+// (WorkerDone with leaving), as a drain (grpsctl drain RANK) does; SIGINT, a
+// second SIGTERM, or 20 s, stop it at once.
+//
+// Exit codes: 0 when the job completed or was stopped, the worker left, or on
+// SIGINT/SIGTERM;
 // 1 when the job failed, the coordinator was lost (no answer for
 // coordinator_timeout_ms where the worker needed one), or training failed;
 // 2 on bad flags.
@@ -205,6 +210,9 @@ int Main(int argc, char** argv) {
   options.straggler = straggler;
   options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
   Trainer trainer(stub.get(), *reg, backend.get(), ConnectShards(*reg), options);
+  // A member of the job now: SIGTERM (Kubernetes' scale-down) leaves it
+  // after the step in progress.
+  LeaveOnSigterm();
   absl::Status s = trainer.Run();
   if (!s.ok()) {
     // "job failed: <reason>", a lost coordinator, or a training error.

@@ -116,7 +116,10 @@ bool WorkerSession::finished() const {
 WorkerSession::Interrupt WorkerSession::Interrupted() const {
   if (ShutdownRequested() || (options_.interrupted && options_.interrupted()))
     return Interrupt::kSignal;
+  const bool leave = grps::LeaveRequested();
   absl::MutexLock lock(&mu_);
+  // A rank that finished has nothing left to do before it leaves.
+  if (finished_ && (leave || drain_)) return Interrupt::kSignal;
   if (job_state_ == v1::JOB_STATE_FAILED) return Interrupt::kJobFailed;
   if (Ended(job_state_)) return Interrupt::kJobEnded;
   if (restore_.has_value() && restore_->generation() > generation_)
@@ -229,6 +232,10 @@ void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
   evaluator_rank_.reset();
   if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
   evaluate_final_ = resp.evaluate_final();
+  if (resp.drain() && !drain_) {
+    drain_ = true;
+    spdlog::info("drained by an operator: leaving the job after the step in progress");
+  }
   if (resp.has_restore() && resp.restore().generation() > generation_ &&
       (!restore_.has_value() || resp.restore().generation() > restore_->generation()))
     restore_ = resp.restore();
@@ -349,6 +356,32 @@ absl::Status WorkerSession::WaitForRestoreOrder(const absl::Status& refused) {
   return absl::DeadlineExceededError(absl::StrCat(
       "no restore order within ", absl::FormatDuration(coordinator_timeout_),
       " after: ", refused.message()));
+}
+
+bool WorkerSession::LeaveRequested() const {
+  if (grps::LeaveRequested()) return true;
+  absl::MutexLock lock(&mu_);
+  return drain_;
+}
+
+absl::Status WorkerSession::Leave() {
+  v1::WorkerDoneRequest done;
+  done.set_job_id(config_.job_id());
+  done.set_worker_rank(rank_);
+  done.set_incarnation(incarnation_);
+  done.set_leaving(true);
+  *done.mutable_progress() = progress();
+  Backoff policy;
+  policy.give_up_after = kLeaveGrace;
+  policy.retry_deadline_exceeded = true;
+  policy.retry_resource_exhausted = true;
+  absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
+    v1::WorkerDoneResponse resp;
+    done.set_generation(generation());
+    return ToAbsl(agent_.WorkerDone(done, &resp, absl::Seconds(5)));
+  });
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("leaving the job: ", st.message()));
+  return absl::OkStatus();
 }
 
 absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {

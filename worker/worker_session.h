@@ -110,6 +110,15 @@ class WorkerSession {
   // ---- Bounded waits ----
 
   Interrupt Interrupted() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker should leave the job at its next step boundary: SIGTERM
+  // (daemon's LeaveOnSigterm) or the coordinator drained this rank. Not an
+  // interrupt: the step in progress completes.
+  bool LeaveRequested() const ABSL_LOCKS_EXCLUDED(mu_);
+  // WorkerDone with `leaving` and the progress so far: the rank is out of the
+  // live set at once. Retried while the coordinator is unreachable, for at
+  // most kLeaveGrace (the coordinator otherwise declares the rank dead after
+  // its heartbeat timeout).
+  absl::Status Leave();
   // The error for a FAILED job, with the coordinator's reason.
   absl::Status JobFailed();
   // If a restore order of a newer generation is pending: switches to its
@@ -197,6 +206,7 @@ class WorkerSession {
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // WorkerDone answered
+  bool drain_ ABSL_GUARDED_BY(mu_) = false;     // a heartbeat reply said drain
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
   // The heartbeat thread's own.
   uint64_t refused_map_epoch_ = 0;

@@ -23,6 +23,9 @@ bfloat16) are copied from it after each step.
 
 import math
 import os
+import signal
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -67,7 +70,7 @@ def _env_int(name, default):
 
 
 def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tls_key=None,
-         tls_server_name=None, register_timeout_s=None, job_id=None):
+         tls_server_name=None, register_timeout_s=None, job_id=None, leave_on_sigterm=True):
     """Sets up this process as a worker of a grps job.
 
     Every argument defaults to its GRPS_* variable, which grps-local and
@@ -78,6 +81,13 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
     GRPS_TOKEN), GRPS_TLS_CA, GRPS_TLS_CERT, GRPS_TLS_KEY,
     GRPS_TLS_SERVER_NAME, GRPS_REGISTER_TIMEOUT_S (120). The worker joins
     the job when the model is known (DistributedOptimizer).
+
+    With ``leave_on_sigterm`` (and no SIGTERM handler of the program's own),
+    SIGTERM, as Kubernetes sends when it scales the workers down, makes this
+    worker leave the job after its step in progress: the next
+    ``opt.step()`` pushes that step, tells the coordinator, and raises
+    SystemExit(0). ``grpsctl drain RANK`` does the same. A second SIGTERM,
+    or 20 s, interrupts at once.
     """
     global _process
     if _process is not None and _process.worker is not None:
@@ -93,12 +103,23 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
         register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
     job_id = os.environ.get("GRPS_JOB_ID", "") if job_id is None else job_id
     _process = _Process(coordinator, rank, register_timeout_s, job_id)
+    if (leave_on_sigterm and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        _grps.leave_on_sigterm()
 
 
 def _require_process():
     if _process is None:
         raise RuntimeError("call gt.init() first")
     return _process
+
+
+def _leave(p):
+    """SIGTERM or a drain: this step was the last; the rank leaves the job."""
+    p.worker.leave()
+    print("grps: rank %d left the job after step %d" % (p.worker.rank, p.worker.step_count),
+          file=sys.stderr, flush=True)
+    raise SystemExit(0)
 
 
 def _require_worker():
@@ -413,6 +434,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.worker.report_loss(float(loss))
         self.last_outcome = outcome
         self.last_early = len(early)  # parameters whose hooks pushed them
+        if p.worker.leave_requested():
+            _leave(p)
         return loss
 
 

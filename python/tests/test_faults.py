@@ -2,10 +2,14 @@
 -9: the job goes on; started again for its rank it rejoins at its step. A
 server killed -9 and started again: the job rolls back to the newest
 checkpoint, and in sync the final weights equal the undisturbed run's, bit
-for bit."""
+for bit. A worker sent SIGTERM, and one drained by grpsctl, leave after
+their step: out of the live set at once (never declared dead), and the job
+completes without them."""
 
+import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import unittest
@@ -13,7 +17,7 @@ import unittest
 import torch
 
 import grps.torch as gt
-from harness import Job
+from harness import BIN, Job
 
 STEPS = 120
 FLAGS = ["--mode=sync", "--optimizer=momentum", "--lr=0.05"]
@@ -62,6 +66,32 @@ class Faults(unittest.TestCase):
                 return final, {n: job.log(n) for n in job.procs}
         finally:
             shutil.rmtree(ckpt, ignore_errors=True)
+
+    def test_a_worker_sent_sigterm_or_drained_leaves_after_its_step(self):
+        with Job(servers=2, workers=3, flags=FLAGS) as job:
+            args = ["--steps", "400", "--pace_ms", "10"]
+            for r in range(3):
+                job.worker("odd_cnn_worker.py", args, rank=r)
+            wait_for("step 20", lambda: global_step(job) >= 20)
+            job.procs["worker2"].send_signal(signal.SIGTERM)
+            self.assertEqual(job.wait("worker2", 30), 0, job.logs())
+            self.assertRegex(job.log("worker2"), r"rank 2 left the job after step \d+")
+            drain = subprocess.run([os.path.join(BIN, "grpsctl"), "--coordinator=" + job.address,
+                                    "drain", "1"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(drain.returncode, 0, drain.stderr)
+            self.assertEqual(job.wait("worker1", 30), 0, job.logs())
+            self.assertRegex(job.log("worker1"), r"rank 1 left the job after step \d+")
+            workers = {w["rank"]: w for w in job.status()["workers"]}
+            self.assertEqual(workers[1]["state"], "MEMBER_STATE_LEFT")
+            self.assertEqual(workers[2]["state"], "MEMBER_STATE_LEFT")
+            # Rank 0 trains on alone, and the job completes.
+            self.assertEqual(job.wait("worker0", 180), 0, job.logs())
+            self.assertEqual(job.wait("coordinator", 60), 0, job.logs())
+            log = job.log("coordinator")
+            self.assertRegex(log, r"worker 2 left the job after step \d+ \(on its own\)")
+            self.assertRegex(log, r"worker 1 left the job after step \d+ \(drained\)")
+            self.assertIn("workers 1, 2 left before finishing", log)
+            self.assertNotIn("missed its heartbeats", log)
 
     def test_a_killed_worker_started_again_rejoins_at_its_step(self):
         def kill_and_restart(job, args):
