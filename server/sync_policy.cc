@@ -123,11 +123,17 @@ class SyncPolicy final : public ChunkPolicy {
   }
 
   bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
-    // A new incarnation has contributed nothing yet: it reads at once.
+    // A new incarnation that has contributed nothing yet reads at once (the
+    // old one's wait is not its own). One that already pushed before the
+    // heartbeat told this shard of it (a restarted worker pushes as soon as
+    // it registered) keeps waiting for the step it contributed to: reading
+    // at once, it would get the version it computed on again, and its next
+    // gradient on that version would be refused as a replay.
     for (size_t r = 0; r < awaiting_.size() && r < live.incarnations.size(); ++r) {
       const uint64_t inc = live.incarnations[r];
       if (inc == 0 || inc == incarnation_[r]) continue;
-      if (incarnation_[r] != 0) awaiting_[r] = 0;
+      const bool pushed = last_[r].valid && last_[r].incarnation == inc;
+      if (incarnation_[r] != 0 && !pushed) awaiting_[r] = 0;
       incarnation_[r] = inc;
     }
     return MaybeComplete(chunk, live);

@@ -134,6 +134,43 @@ TEST(SyncPolicy, APullWaitsForTheStepItsWorkerContributedTo) {
   EXPECT_TRUE(sync.policy->ReadyToServe(0, 1, sync.chunk, sync.live));
 }
 
+TEST(SyncPolicy, ARestartedWorkersNewIncarnationReadsAtOnceUntilItContributes) {
+  Sync sync(2);
+  sync.live.incarnations = {1, 1};
+  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Push(0, 0, {2});
+  sync.Push(1, 0, {2});
+  sync.Push(1, 1, {2}, 1);  // rank 1 waits for step 1, and dies
+  EXPECT_FALSE(sync.policy->ReadyToServe(1, 2, sync.chunk, sync.live));
+  // Its new incarnation, heard of before it pushed, reads at once.
+  sync.live.incarnations = {1, 2};
+  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  EXPECT_TRUE(sync.policy->ReadyToServe(1, 1, sync.chunk, sync.live));
+}
+
+TEST(SyncPolicy, ANewIncarnationThatPushedBeforeItWasHeardOfWaitsForItsStep) {
+  // A restarted worker pushes as soon as it registered; the shard hears of
+  // its incarnation a heartbeat later. That must not release its pull early:
+  // it would read the version it computed on again, and its next gradient on
+  // that version is refused as a replay (seen in python_faults' rejoin).
+  Sync sync(2);
+  sync.live.incarnations = {1, 1};
+  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Push(0, 0, {2});
+  sync.Push(1, 0, {2});
+  ASSERT_EQ(sync.chunk.version(), 1u);
+  const ChunkGradientMeta reborn{1, 2, 1, 1};  // incarnation 2, step 1 on version 1
+  ASSERT_TRUE(sync.policy->Check(reborn, sync.chunk).ok());
+  sync.policy->Accept(reborn, Grad({2}), sync.chunk, sync.live);
+  sync.live.incarnations = {1, 2};
+  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  EXPECT_FALSE(sync.policy->ReadyToServe(1, 2, sync.chunk, sync.live))
+      << "step 1 is still open: the pull waits for it";
+  sync.Push(0, 1, {2}, 1);
+  EXPECT_EQ(sync.chunk.version(), 2u);
+  EXPECT_TRUE(sync.policy->ReadyToServe(1, 2, sync.chunk, sync.live));
+}
+
 TEST(SyncPolicy, ACheckpointIsCutAtItsVersionExactly) {
   Sync sync(1);
   FakeTarget at_three(1, 3);

@@ -329,8 +329,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     backward pass (a hook per parameter), so the pushes overlap the rest of
     backward. Code that changes ``p.grad`` between backward() and step()
     (clipping, unscaling) must leave it False: step() raises grps.Error if a
-    gradient it pushed early changed after. docs/pytorch.md says why it is
-    not the default yet.
+    gradient it pushed early changed after; that is why it is not the
+    default (docs/pytorch.md).
     """
 
     def __init__(self, named_parameters, backward_passes_per_step=1, overlap=False):
