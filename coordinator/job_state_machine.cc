@@ -960,12 +960,14 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
 absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
                                           absl::Time now) {
   const bool drained = membership_.DrainRequested(request.worker_rank());
-  const uint64_t epoch = membership_.membership_epoch();
+  const std::vector<uint32_t> left = membership_.RanksInState(v1::MEMBER_STATE_LEFT);
+  const bool said_before =
+      std::find(left.begin(), left.end(), request.worker_rank()) != left.end();
   if (absl::Status s = membership_.LeaveWorker(request.worker_rank(), request.incarnation(),
                                                request.progress(), now);
       !s.ok())
     return s;
-  if (membership_.membership_epoch() == epoch) return absl::OkStatus();  // said before
+  if (said_before) return absl::OkStatus();  // a retry
   ++worker_leaves_;
   const Membership::LiveWorkers live = membership_.live_workers();
   spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "

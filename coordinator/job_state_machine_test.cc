@@ -518,11 +518,20 @@ TEST_F(JobStateMachineTest, WorkersThatLeftDoNotKeepTheJobFromCompleting) {
   StartJob(1, 2);
   RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  // Rank 1 was slow enough to be declared dead, then leaves: a leave too.
+  clock_.Advance(absl::Milliseconds(800));
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  ASSERT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_DEAD);
   v1::WorkerDoneRequest leave;
   leave.set_worker_rank(1);
   leave.set_incarnation(w[1].incarnation());
   leave.set_leaving(true);
   ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_EQ(Status().worker_leaves(), 1u);
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
   ASSERT_TRUE(Done(0, w[0].incarnation(), 100, /*final_eval=*/true).ok());
