@@ -42,7 +42,10 @@ runs, every exec probe is run (it must succeed at least once) and every pod
 with prometheus.io/scrape is scraped at its annotated port and path. The
 test passes when every pod exits 0, the coordinator says the job completed,
 with at least --min_accuracy, and the checkpoint volume holds a complete
-checkpoint. Every process started is ended on exit (and on this process's
+checkpoint. With --evict POD, that pod gets SIGTERM once a checkpoint is
+complete (an eviction, or the workers' Job scaled down): a worker must say
+it left the job, exit 0, and the coordinator must say so too. Every process
+started is ended on exit (and on this process's
 death: PR_SET_PDEATHSIG).
 
 With --image IMAGE (deploy/build-image), the pods run in that image instead,
@@ -710,6 +713,16 @@ def restart_pod(runner, name, argv, env, cname):
     return after
 
 
+def evict_pod(runner, name, cname):
+    """What Kubernetes does to a pod it evicts, or to a Job's pod when the Job
+    is scaled down: SIGTERM to its process (its container, with --image)."""
+    if IMAGE:
+        subprocess.run(PODMAN + ["kill", "--signal", "TERM", cname],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    else:
+        runner.procs[name].terminate()
+
+
 def _die_with_parent():
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -855,6 +868,7 @@ def run(args, objects, runs):
     probes_ok, scraped, codes = {}, {}, {}
     wall = 0.0
     restarted = None  # with --restart: the checkpoint it was killed after
+    evicted = None  # with --evict: the checkpoint it was sent SIGTERM after
     try:
         launched = {}  # pod name -> what runner.start was given
         for pod, container, argv, env, _, cname in started:
@@ -906,9 +920,17 @@ def run(args, objects, runs):
         restart = {name: launched[name] for name in launched if name == args.restart}
         if args.restart and not restart:
             raise ManifestError("--restart %s: no such pod" % args.restart)
+        if args.evict and args.evict not in launched:
+            raise ManifestError("--evict %s: no such pod" % args.evict)
         coordinator_log = [runner.logs[p.name] for p, c, *_ in started
                            if c["command"][0].endswith("/grps-coordinator")]
         while len(codes) < len(runner.procs) and time.time() < deadline:
+            if (args.evict and evicted is None and args.evict not in codes
+                    and checkpoint_complete(coordinator_log, True)):
+                evicted = checkpoint_complete(coordinator_log)
+                evict_pod(runner, args.evict, launched[args.evict][2])
+                print("%6.1f s  %s evicted (SIGTERM) after checkpoint %s" % (
+                    time.time() - begin, args.evict, evicted))
             if restart and restarted is None and checkpoint_complete(coordinator_log, True):
                 # What the StatefulSet does for a pod whose process died:
                 # the same pod (name, ordinal, claim) started again.
@@ -975,6 +997,23 @@ def run(args, objects, runs):
             print("%s started again: restored %s chunks from checkpoint %s (step %s) on its "
                   "own claim" % (args.restart, m.group(1), m.group(2), m.group(3)))
     coordinator = [p for p, c, *_ in started if c["command"][0].endswith("/grps-coordinator")]
+    if args.evict:
+        # The worker leaves after its step, says so, and exits 0; the
+        # coordinator takes its rank out of the live set and the job goes on.
+        said = open(runner.logs[args.evict], errors="replace").read()
+        told = (open(runner.logs[coordinator[0].name], errors="replace").read()
+                if len(coordinator) == 1 else "")
+        m = re.search(r"worker (\d+) left the job after step (\d+)", told)
+        if evicted is None:
+            failures.append("--evict %s: no checkpoint was complete while the job trained"
+                            % args.evict)
+        elif not re.search(r"left the job after \d+ of \d+ steps|left the job after step", said):
+            failures.append("%s, evicted, did not say it left the job" % args.evict)
+        elif not m:
+            failures.append("the coordinator did not say the evicted worker left the job")
+        else:
+            print("%s evicted: worker %s left the job after step %s, and the job went on"
+                  % (args.evict, m.group(1), m.group(2)))
     accuracy = None
     if len(coordinator) != 1:
         failures.append("expected one coordinator pod, found %d" % len(coordinator))
@@ -1016,6 +1055,10 @@ def main():
     parser.add_argument("--restart", help="kill this pod once a checkpoint is complete and "
                         "start it again (as its StatefulSet would); it must restore from "
                         "the checkpoint on its own claim")
+    parser.add_argument("--evict", help="send this pod SIGTERM once a checkpoint is "
+                        "complete, as an eviction or a scale-down of its Job does; a "
+                        "worker must leave the job after its step and exit 0, and the "
+                        "job complete without it")
     parser.add_argument("--examples", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "examples"),
         help="the repository's examples/ (the torch image's %s)" % IMAGE_EXAMPLES)

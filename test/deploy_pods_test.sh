@@ -12,7 +12,10 @@
 # the coordinator's claim and each shard's file on its own pod's claim.
 # Once a checkpoint is complete, pod grps-server-1 is killed (SIGKILL) and
 # started again as its StatefulSet would (same name, ordinal and claim): it
-# must restore that checkpoint from its own claim.
+# must restore that checkpoint from its own claim. The dev overlay runs a
+# second time with pod grps-worker-1 evicted (SIGTERM) mid-job, as a
+# scale-down of the workers' Job does: it must leave the job after its step
+# and exit 0, and the job must complete without it.
 # Then the torch overlay's pods run the same way, with a script of the
 # user's own given as deploy/README.md says (a ConfigMap mounted as the
 # script: here examples/torch/fashion_cnn.py, 1 epoch of 12,000 examples):
@@ -55,6 +58,17 @@ done
   ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
+
+# The workers' Job scaled down (or a worker pod evicted) while the job
+# trains: pod grps-worker-1 gets SIGTERM once a checkpoint is complete. It
+# must leave the job after its step and exit 0 (the Job counts it done),
+# and rank 0 must complete the job without waiting for a heartbeat timeout.
+/usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
+  --examples "$EXAMPLES" --work "$WORK/pods-evict" --run "$WORK/dev.yaml" \
+  --timeout 150 --min_accuracy 0.7 --evict grps-worker-1 \
+  ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
+PIDS+=($!)
+wait $! || fail "test/deploy_pods.py --evict failed (its FAIL lines are above)"
 
 # The torch overlay with the user's script from a ConfigMap: the overlay a
 # user writes (deploy/README.md, "Your own PyTorch script"), with
