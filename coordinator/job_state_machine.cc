@@ -186,6 +186,8 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
                       reconnect_backoff_ +
                       absl::Milliseconds(config_.heartbeat_interval_ms());
   elapsed_before_ = std::max(0.0, state.elapsed_seconds());
+  worker_leaves_ = state.worker_leaves();
+  worker_joins_ = state.worker_joins();
   started_ = now;
   global_step_moved_ = now;
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
@@ -1193,6 +1195,8 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   if (checkpoints_.last_complete().id() > 0)
     *state.mutable_last_checkpoint() = checkpoints_.last_complete();
   state.set_checkpoints_completed(checkpoints_.completed());
+  state.set_worker_leaves(worker_leaves_);
+  state.set_worker_joins(worker_joins_);
   membership_.ExportTo(&state);
   if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));
   state.set_unix_time_ms(

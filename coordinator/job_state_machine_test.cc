@@ -514,6 +514,38 @@ TEST_F(JobStateMachineTest, ADrainedWorkerIsToldSoAndLeavesTheLiveSetAtOnce) {
   EXPECT_FALSE(reply.drain()) << "the drain was spent by the leave";
 }
 
+TEST_F(JobStateMachineTest, ATakenOverJobKeepsWhoLeftAndTheCounts) {
+  StartJob(1, 3);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::WorkerDoneRequest leave;
+  leave.set_worker_rank(2);
+  leave.set_incarnation(w[2].incarnation());
+  leave.set_leaving(true);
+  leave.mutable_progress()->set_step(12);
+  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  leave.set_worker_rank(1);
+  leave.set_incarnation(w[1].incarnation());
+  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  ASSERT_TRUE(RegisterWorker(1).ok());  // a join
+  const v1::CoordinatorState state = machine_->ExportState();
+
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
+  v1::JobStatus status = machine_->Status();
+  EXPECT_EQ(status.workers(2).state(), v1::MEMBER_STATE_LEFT);
+  EXPECT_EQ(status.workers(1).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.worker_leaves(), 2u);
+  EXPECT_EQ(status.worker_joins(), 1u);
+  // The left rank is not waited for, nor declared dead.
+  clock_.Advance(absl::Seconds(10));
+  machine_->DetectFailures();
+  EXPECT_EQ(machine_->Status().workers(2).state(), v1::MEMBER_STATE_LEFT);
+  absl::StatusOr<v1::RegisterWorkerResponse> back = RegisterWorker(2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->start_step(), 12u);
+}
+
 TEST_F(JobStateMachineTest, WorkersThatLeftDoNotKeepTheJobFromCompleting) {
   StartJob(1, 2);
   RegisterAllServers();
