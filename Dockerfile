@@ -96,7 +96,7 @@ ARG CUDA=13-0
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libopenblas0-pthread zlib1g \
-      libspdlog1.10 libfmt9 libssl3 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
+      libspdlog1.10 libfmt9 libssl3 libprometheus-cpp-core1.0 \
       dataset-fashion-mnist \
  && rm -rf /var/lib/apt/lists/*
 RUN if [ "$GRPS_CUDA" = ON ]; then \

@@ -1,9 +1,16 @@
 #include "daemon/metrics.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <exception>
+#include <iterator>
 #include <limits>
+#include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -11,10 +18,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/beast/http.hpp"
 #include "grpcpp/support/interceptor.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
+#include "prometheus/text_serializer.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -22,6 +33,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "empty: no metrics endpoint");
 
 namespace grps {
+
+namespace http = boost::beast::http;
+using tcp = boost::asio::ip::tcp;
 
 std::shared_ptr<prometheus::Registry> ProcessMetrics() {
   static const auto* const registry =
@@ -131,9 +145,8 @@ prometheus::ClientMetric Metric(const Labels& labels) {
   return metric;
 }
 
-// "host:port" with a port in [0, 65535] and a host without the characters
-// civetweb would read as a list of ports or as options (",", "s", "r" after
-// the port; whitespace).
+// "host:port" with a port in [0, 65535] and a host without list separators
+// or whitespace.
 absl::Status CheckAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
   uint32_t port = 0;
@@ -144,6 +157,90 @@ absl::Status CheckAddress(const std::string& address) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address '", address, "' is not host:port"));
   return absl::OkStatus();
+}
+
+// An HTTP exchange of the metrics endpoint: one request (its line and
+// headers at most kRequestLimit bytes, no body), one reply, then the
+// connection closes. A client silent for kIoTimeout is dropped.
+constexpr size_t kRequestLimit = 8192;
+constexpr absl::Duration kIoTimeout = absl::Seconds(2);
+constexpr absl::Duration kPoll = absl::Milliseconds(100);
+
+void SetIoTimeouts(tcp::socket& socket) {
+  const timeval tv = absl::ToTimeval(kIoTimeout);
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+// Reads one request into `parser` (kRequestLimit bytes at most). The
+// socket's own timeouts bound each wait: Asio's synchronous reads would
+// wait forever on a silent client.
+boost::system::error_code ReadRequest(int fd, http::request_parser<http::empty_body>& parser) {
+  std::string pending;
+  char chunk[2048];
+  while (!parser.is_done()) {
+    if (!pending.empty()) {
+      boost::system::error_code ec;
+      const size_t used = parser.put(boost::asio::buffer(pending), ec);
+      pending.erase(0, used);
+      if (ec && ec != http::error::need_more) return ec;
+      if (parser.is_done()) break;
+      if (!ec && used > 0) continue;  // more of what arrived to parse
+    }
+    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n <= 0)  // closed, silent past the timeout, or reset
+      return pending.empty() ? http::error::end_of_stream : http::error::partial_message;
+    pending.append(chunk, static_cast<size_t>(n));
+    if (pending.size() > kRequestLimit) return http::error::header_limit;
+  }
+  return {};
+}
+
+void Answer(const MetricsEndpoint& owner, tcp::socket& socket) {
+  boost::system::error_code ec;
+  socket.non_blocking(false, ec);
+  SetIoTimeouts(socket);
+  const int fd = socket.native_handle();
+  http::request_parser<http::empty_body> parser;
+  parser.header_limit(kRequestLimit);
+  ec = ReadRequest(fd, parser);
+  http::response<http::string_body> reply;
+  reply.version(11);
+  reply.keep_alive(false);
+  reply.set(http::field::content_type, "text/plain; charset=utf-8");
+  if (ec) {
+    // A client that left or stayed silent gets nothing; one that sent what
+    // is not an HTTP request without a body, or too much of it, gets 400.
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message) return;
+    reply.result(http::status::bad_request);
+    reply.body() = absl::StrCat("bad request: ", ec.message(), "\n");
+  } else {
+    const http::request<http::empty_body>& request = parser.get();
+    const absl::string_view target(request.target().data(), request.target().size());
+    const absl::string_view path = target.substr(0, target.find('?'));
+    if (request.method() != http::verb::get) {
+      reply.result(http::status::method_not_allowed);
+      reply.set(http::field::allow, "GET");
+      reply.body() = "method not allowed: GET /metrics\n";
+    } else if (path != "/metrics") {
+      reply.result(http::status::not_found);
+      reply.body() = "not found: the metrics are at /metrics\n";
+    } else {
+      reply.result(http::status::ok);
+      reply.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      reply.body() = owner.Scrape();
+    }
+  }
+  reply.prepare_payload();
+  std::ostringstream out;
+  out << reply;
+  const std::string bytes = out.str();
+  for (size_t sent = 0; sent < bytes.size();) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;  // gone, or not reading past the timeout
+    sent += static_cast<size_t>(n);
+  }
+  ::shutdown(fd, SHUT_WR);
 }
 
 }  // namespace
@@ -191,25 +288,84 @@ void AddCountsHistogram(prometheus::MetricFamily& family, const Labels& labels,
   family.metric.push_back(std::move(metric));
 }
 
+// The endpoint's HTTP server: a listening socket, polled by a thread of its
+// own (with the default stack), which answers one connection at a time.
+struct MetricsEndpoint::Server {
+  boost::asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::atomic<bool> stopping{false};
+  std::thread thread;
+
+  // Accepts and answers until `stopping`, looking at it every kPoll.
+  void Run(const MetricsEndpoint& owner) {
+    while (!stopping.load()) {
+      pollfd listening{acceptor.native_handle(), POLLIN, 0};
+      if (::poll(&listening, 1, static_cast<int>(absl::ToInt64Milliseconds(kPoll))) <= 0)
+        continue;
+      tcp::socket socket(io);
+      boost::system::error_code ec;
+      acceptor.accept(socket, ec);  // non-blocking: a connection gone already is skipped
+      if (!ec) Answer(owner, socket);
+    }
+  }
+};
+
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& address,
     std::vector<std::shared_ptr<prometheus::Collectable>> collectables) {
   if (absl::Status s = CheckAddress(address); !s.ok()) return s;
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    // Two HTTP threads: one scrape at a time is the usual load.
-    exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  auto server = std::make_unique<Server>();
+  boost::system::error_code ec;
+  tcp::resolver resolver(server->io);
+  const tcp::resolver::results_type found =
+      resolver.resolve(host, address.substr(colon + 1),
+                       tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (!ec && found.empty()) ec = boost::asio::error::host_not_found;
+  if (!ec) {
+    const tcp::endpoint at = found.begin()->endpoint();
+    server->acceptor.open(at.protocol(), ec);
+    if (!ec) server->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) server->acceptor.bind(at, ec);
+    if (!ec) server->acceptor.listen(16, ec);
+    if (!ec) server->acceptor.non_blocking(true, ec);
   }
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty())
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
-  exposer->RegisterCollectable(ProcessMetrics());
-  for (const auto& c : collectables) exposer->RegisterCollectable(c);
-  return std::unique_ptr<MetricsEndpoint>(
-      new MetricsEndpoint(std::move(exposer), std::move(collectables), ports.front()));
+  if (ec)
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", ec.message()));
+  std::unique_ptr<MetricsEndpoint> endpoint(
+      new MetricsEndpoint(std::move(server), std::move(collectables)));
+  MetricsEndpoint* self = endpoint.get();
+  self->server_->thread = std::thread([self] { self->server_->Run(*self); });
+  return endpoint;
+}
+
+MetricsEndpoint::MetricsEndpoint(std::unique_ptr<Server> server,
+                                 std::vector<std::shared_ptr<prometheus::Collectable>> collectables)
+    : collectables_(std::move(collectables)), server_(std::move(server)) {}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  server_->stopping.store(true);
+  if (server_->thread.joinable()) server_->thread.join();
+}
+
+int MetricsEndpoint::port() const {
+  boost::system::error_code ec;
+  const tcp::endpoint at = server_->acceptor.local_endpoint(ec);
+  return ec ? 0 : at.port();
+}
+
+std::string MetricsEndpoint::Scrape() const {
+  std::vector<prometheus::MetricFamily> families = ProcessMetrics()->Collect();
+  for (const auto& c : collectables_) {
+    std::vector<prometheus::MetricFamily> more = c->Collect();
+    families.insert(families.end(), std::make_move_iterator(more.begin()),
+                    std::make_move_iterator(more.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags(

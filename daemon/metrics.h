@@ -15,6 +15,13 @@
 // The endpoint is plain HTTP without authentication, as Prometheus expects:
 // it says how the job is doing and nothing a caller could use to change it
 // (no tokens, no weights). Bind it where only the scraper reaches it.
+//
+// It is served by a thread of its own with Boost.Beast, not by
+// prometheus-cpp's Exposer: the Exposer's HTTP library (civetweb) runs its
+// requests on threads of a fixed 100 KiB stack, of which glibc gives 60 KiB
+// to OpenBLAS's thread-local storage in a worker, and any request it
+// answered with an error (a wrong path, a malformed request, a scrape that
+// came before its handler) overflowed the rest and crashed the daemon.
 #ifndef GRPS_DAEMON_METRICS_H_
 #define GRPS_DAEMON_METRICS_H_
 
@@ -28,7 +35,6 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 
@@ -75,28 +81,36 @@ void AddValue(prometheus::MetricFamily& family, const Labels& labels, double val
 void AddCountsHistogram(prometheus::MetricFamily& family, const Labels& labels,
                         const std::vector<uint64_t>& counts, double sum);
 
-// Serves ProcessMetrics() and `collectables` at http://<address>/metrics.
+// Serves ProcessMetrics() and `collectables` at http://<address>/metrics:
+// GET or HEAD of /metrics (any query) gets the text format; another path
+// 404, another method 405, a malformed or oversized request (a request line
+// and headers over 8 KiB, or a body) 400, and a client silent for 2 s is
+// dropped. One request per connection, one connection at a time.
 class MetricsEndpoint {
  public:
-  // `address` is "host:port"; port 0 picks a free one. Fails (with the
-  // reason) when the address is malformed or cannot be bound.
+  // `address` is "host:port" (an IPv4 or IPv6 address, or a name that
+  // resolves to one); port 0 picks a free one. Fails (with the reason) when
+  // the address is malformed or cannot be bound.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {});
+  ~MetricsEndpoint();  // stops serving (joins its thread)
 
-  int port() const { return port_; }
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
+
+  int port() const;
+
+  // The text format of every family: ProcessMetrics(), then the collectables.
+  std::string Scrape() const;
 
  private:
-  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer,
-                  std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
-                  int port)
-      : collectables_(std::move(collectables)), exposer_(std::move(exposer)), port_(port) {}
+  struct Server;
+  MetricsEndpoint(std::unique_ptr<Server> server,
+                  std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
 
-  // Held here: the exposer keeps weak pointers. Declared before it, so the
-  // exposer (and its HTTP threads) stops first.
-  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_ = 0;
+  const std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  std::unique_ptr<Server> server_;  // last: its thread reads the members above
 };
 
 // Starts the endpoint on --metrics_listen and logs where it listens; returns

@@ -21,9 +21,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// The body of GET http://127.0.0.1:<port><path> (HTTP/1.0, so the server
-// closes the connection after the reply); "" when nothing answers.
-std::string HttpGet(int port, const std::string& path) {
+// What 127.0.0.1:<port> replies to `request` (sent whole), until it closes
+// the connection; "" when nothing answers.
+std::string Exchange(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -32,15 +32,26 @@ std::string HttpGet(int port, const std::string& path) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string reply;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
     if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buf[4096];
       for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) reply.append(buf, n);
     }
   }
   close(fd);
+  return reply;
+}
+
+// The body of GET http://127.0.0.1:<port><path> (HTTP/1.0).
+std::string HttpGet(int port, const std::string& path) {
+  const std::string reply = Exchange(port, absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n"));
   const size_t body = reply.find("\r\n\r\n");
   return body == std::string::npos ? "" : reply.substr(body + 4);
+}
+
+// The status line of the reply to `request`.
+std::string StatusLine(int port, const std::string& request) {
+  const std::string reply = Exchange(port, request);
+  return reply.substr(0, reply.find("\r\n"));
 }
 
 TEST(MetricsEndpoint, ServesTheProcessRegistryAndItsCollectablesOnAPickedPort) {
@@ -66,6 +77,35 @@ TEST(MetricsEndpoint, ServesTheProcessRegistryAndItsCollectablesOnAPickedPort) {
   EXPECT_THAT(body, HasSubstr("grps_test_applied_total{shard=\"1\"} 42"));
   // The endpoint serves /metrics only.
   EXPECT_THAT(HttpGet((*endpoint)->port(), "/"), Not(HasSubstr("grps_test_applied_total")));
+}
+
+TEST(MetricsEndpoint, AnswersWhatIsNotAScrapeWithAnErrorAndGoesOnServing) {
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start("127.0.0.1:0");
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  EXPECT_EQ(StatusLine(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(StatusLine(port, "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_EQ(StatusLine(port, "\x16\x03\x01\x02 not http\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(StatusLine(port, absl::StrCat("GET /metrics HTTP/1.1\r\nX-Big: ",
+                                          std::string(20000, 'a'), "\r\n\r\n")),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(StatusLine(port, "POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"),
+            "HTTP/1.1 400 Bad Request")
+      << "a request with a body";
+  // A client that connects and says nothing is dropped, and the next scrape
+  // is answered.
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(StatusLine(port, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            "HTTP/1.1 200 OK");
+  close(silent);
 }
 
 TEST(MetricsEndpoint, RefusesWhatIsNotHostAndPortAndAPortInUse) {

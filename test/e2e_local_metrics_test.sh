@@ -4,7 +4,12 @@
 # Prometheus metrics on a port of its own, from PORT on. grps-local prints
 # each address and writes them as Prometheus file_sd targets. Each printed
 # address is scraped while the job runs, and answers with that daemon's own
-# metrics. (Before, grps-local accepted the flag and ignored it.)
+# metrics. (Before, grps-local accepted the flag and ignored it.) First,
+# each gets what is not a scrape: another path (404), another method (405),
+# bytes that are not HTTP and an oversized header (400); it must answer
+# each and go on serving. (Before, prometheus-cpp's HTTP threads overflowed
+# their 100 KiB stacks, 60 KiB of which OpenBLAS's thread-local storage
+# takes, on any error reply: `curl http://WORKER/` killed a worker.)
 set -euo pipefail
 BIN=${1:?usage: e2e_local_metrics_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -16,7 +21,7 @@ BASE=$(free_port 5)
 
 RUN="$WORK/run"
 # Long enough to be scraped while it trains, short enough for ctest.
-start local "$BIN/grps-local" --run_dir="$RUN" --steps=400 --train_limit=6000 --test_limit=1000 \
+start local "$BIN/grps-local" --run_dir="$RUN" --steps=3000 --train_limit=6000 --test_limit=1000 \
   --eval_every=0 --heartbeat_ms=100 --metrics_listen=127.0.0.1:"$BASE"
 
 # scrape HOST:PORT: the metrics page, or nothing.
@@ -28,6 +33,28 @@ try:
         print(r.read().decode())
 except Exception:
     pass
+PY
+}
+
+# stray HOST:PORT: the status code of each request that is not a scrape.
+stray() {
+  python3 - "$1" <<'PY'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+codes = []
+for raw in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+            b"\x16\x03\x01 not http at all\r\n\r\n",
+            b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"):
+    try:
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(raw)
+        reply = s.recv(200).split(b" ")
+        codes.append(reply[1].decode() if len(reply) > 1 else "none")
+        s.close()
+    except OSError as e:
+        codes.append("error")
+print(" ".join(codes))
 PY
 }
 
@@ -43,6 +70,12 @@ for daemon in coordinator server-0 server-1 worker-0 worker-1; do
     fail "grps-local did not print $daemon's metrics address $address"
   grep -q "\"$address\"" "$RUN/prometheus-targets.json" ||
     fail "prometheus-targets.json lacks $address"
+  for ((i = 0; i < 100; i++)); do
+    codes=$(stray "$address")
+    [ "$codes" != "error error error error" ] && break
+    sleep 0.1
+  done
+  [ "$codes" = "404 405 400 400" ] || fail "$daemon at $address answered $codes to stray requests"
   page=""
   for ((i = 0; i < 100; i++)); do
     page=$(scrape "$address")
