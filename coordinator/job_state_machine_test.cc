@@ -153,6 +153,16 @@ class JobStateMachineTest : public ::testing::Test {
     return machine_->WorkerDone(request);
   }
 
+  // The rank leaves on purpose (SIGTERM, a drain) after `step`.
+  absl::Status Leave(uint32_t rank, uint64_t incarnation, uint64_t step = 0) {
+    v1::WorkerDoneRequest request;
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    request.set_leaving(true);
+    request.mutable_progress()->set_step(step);
+    return machine_->WorkerDone(request);
+  }
+
   // A fresh empty folder for this test.
   static std::string TempFolder(const std::string& name) {
     static int counter = 0;
@@ -488,13 +498,8 @@ TEST_F(JobStateMachineTest, ADrainedWorkerIsToldSoAndLeavesTheLiveSetAtOnce) {
   const uint64_t epoch = reply.membership_epoch();
 
   // It leaves after its step: no heartbeat timeout, no time passes.
-  v1::WorkerDoneRequest leave;
-  leave.set_worker_rank(1);
-  leave.set_incarnation(w[1].incarnation());
-  leave.set_leaving(true);
-  leave.mutable_progress()->set_step(57);
-  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
-  ASSERT_TRUE(machine_->WorkerDone(leave).ok());  // a retry counts once
+  ASSERT_TRUE(Leave(1, w[1].incarnation(), 57).ok());
+  ASSERT_TRUE(Leave(1, w[1].incarnation(), 57).ok());  // a retry counts once
   ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());
   EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 2u));
   EXPECT_EQ(reply.membership_epoch(), epoch + 1);
@@ -518,15 +523,8 @@ TEST_F(JobStateMachineTest, ATakenOverJobKeepsWhoLeftAndTheCounts) {
   StartJob(1, 3);
   RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  v1::WorkerDoneRequest leave;
-  leave.set_worker_rank(2);
-  leave.set_incarnation(w[2].incarnation());
-  leave.set_leaving(true);
-  leave.mutable_progress()->set_step(12);
-  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
-  leave.set_worker_rank(1);
-  leave.set_incarnation(w[1].incarnation());
-  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  ASSERT_TRUE(Leave(2, w[2].incarnation(), 12).ok());
+  ASSERT_TRUE(Leave(1, w[1].incarnation(), 12).ok());
   ASSERT_TRUE(RegisterWorker(1).ok());  // a join
   const v1::CoordinatorState state = machine_->ExportState();
 
@@ -557,11 +555,7 @@ TEST_F(JobStateMachineTest, WorkersThatLeftDoNotKeepTheJobFromCompleting) {
   clock_.Advance(absl::Milliseconds(800));
   machine_->DetectFailures();
   ASSERT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_DEAD);
-  v1::WorkerDoneRequest leave;
-  leave.set_worker_rank(1);
-  leave.set_incarnation(w[1].incarnation());
-  leave.set_leaving(true);
-  ASSERT_TRUE(machine_->WorkerDone(leave).ok());
+  ASSERT_TRUE(Leave(1, w[1].incarnation()).ok());
   EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_LEFT);
   EXPECT_EQ(Status().worker_leaves(), 1u);
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
