@@ -294,6 +294,7 @@ struct MetricsEndpoint::Server {
   boost::asio::io_context io;
   tcp::acceptor acceptor{io};
   std::atomic<bool> stopping{false};
+  int port = 0;  // set before the thread starts
   std::thread thread;
 
   // Accepts and answers until `stopping`, looking at it every kPoll.
@@ -332,6 +333,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     if (!ec) server->acceptor.bind(at, ec);
     if (!ec) server->acceptor.listen(16, ec);
     if (!ec) server->acceptor.non_blocking(true, ec);
+    if (!ec) server->port = server->acceptor.local_endpoint(ec).port();
   }
   if (ec)
     return absl::UnavailableError(
@@ -352,11 +354,7 @@ MetricsEndpoint::~MetricsEndpoint() {
   if (server_->thread.joinable()) server_->thread.join();
 }
 
-int MetricsEndpoint::port() const {
-  boost::system::error_code ec;
-  const tcp::endpoint at = server_->acceptor.local_endpoint(ec);
-  return ec ? 0 : at.port();
-}
+int MetricsEndpoint::port() const { return server_->port; }
 
 std::string MetricsEndpoint::Scrape() const {
   std::vector<prometheus::MetricFamily> families = ProcessMetrics()->Collect();
