@@ -565,14 +565,12 @@ absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& pl
 }
 
 absl::Status Trainer::LeaveJob(uint64_t total) {
-  const uint64_t step = next_step_;
-  session_->UpdateProgress([step](v1::WorkerProgress* p) { p->set_step(step); });
-  if (absl::Status s = session_->Leave(); !s.ok()) {
+  if (absl::Status s = session_->Leave(next_step_); !s.ok()) {
     // The coordinator will find out by the heartbeat timeout.
     spdlog::warn("{}; exiting anyway", std::string(s.message()));
     return absl::OkStatus();
   }
-  spdlog::info("left the job after {} of {} steps", step, total);
+  spdlog::info("left the job after {} of {} steps", next_step_, total);
   return absl::OkStatus();
 }
 

@@ -312,9 +312,7 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation) {
 
 absl::Status UserWorker::Leave() {
   AbandonStep();  // gradients a hook pushed for a step that is not taken
-  const uint64_t step = step_;
-  session_->UpdateProgress([step](v1::WorkerProgress* p) { p->set_step(step); });
-  return session_->Leave();
+  return session_->Leave(step_);
 }
 
 absl::StatusOr<bool> UserWorker::AwaitEnd() {

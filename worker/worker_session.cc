@@ -364,7 +364,8 @@ bool WorkerSession::LeaveRequested() const {
   return drain_;
 }
 
-absl::Status WorkerSession::Leave() {
+absl::Status WorkerSession::Leave(uint64_t step) {
+  UpdateProgress([step](v1::WorkerProgress* p) { p->set_step(step); });
   v1::WorkerDoneRequest done;
   done.set_job_id(config_.job_id());
   done.set_worker_rank(rank_);

@@ -114,11 +114,11 @@ class WorkerSession {
   // (daemon's LeaveOnSigterm) or the coordinator drained this rank. Not an
   // interrupt: the step in progress completes.
   bool LeaveRequested() const ABSL_LOCKS_EXCLUDED(mu_);
-  // WorkerDone with `leaving` and the progress so far: the rank is out of the
-  // live set at once. Retried while the coordinator is unreachable, for at
-  // most kLeaveGrace (the coordinator otherwise declares the rank dead after
-  // its heartbeat timeout).
-  absl::Status Leave();
+  // WorkerDone with `leaving` and the progress so far, at `step` (the steps
+  // this rank completed): the rank is out of the live set at once. Retried
+  // while the coordinator is unreachable, for at most kLeaveGrace (the
+  // coordinator otherwise declares the rank dead after its heartbeat timeout).
+  absl::Status Leave(uint64_t step);
   // The error for a FAILED job, with the coordinator's reason.
   absl::Status JobFailed();
   // If a restore order of a newer generation is pending: switches to its
