@@ -153,6 +153,16 @@ class JobStateMachineTest : public ::testing::Test {
     return machine_->WorkerDone(request);
   }
 
+  // 1.6 s pass (the heartbeat timeout is 1 s) in which only rank 0
+  // heartbeats, halfway; then failures are detected: every other rank is dead.
+  void OnlyRankZeroHeartbeatsPastTheTimeout(uint64_t incarnation) {
+    clock_.Advance(absl::Milliseconds(800));
+    v1::HeartbeatResponse reply;
+    ASSERT_TRUE(WorkerBeat(0, incarnation, v1::WorkerProgress(), &reply).ok());
+    clock_.Advance(absl::Milliseconds(800));
+    machine_->DetectFailures();
+  }
+
   // The rank leaves on purpose (SIGTERM, a drain) after `step`.
   absl::Status Leave(uint32_t rank, uint64_t incarnation, uint64_t step = 0) {
     v1::WorkerDoneRequest request;
@@ -468,11 +478,7 @@ TEST_F(JobStateMachineTest, DeadWorkerDoesNotKeepTheJobFromCompleting) {
   StartJob(1, 2);
   RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  machine_->DetectFailures();  // worker 1 dead
+  OnlyRankZeroHeartbeatsPastTheTimeout(w[0].incarnation());  // worker 1 dead
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(Done(0, w[0].incarnation(), 100).ok());
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // the final evaluation
@@ -549,11 +555,7 @@ TEST_F(JobStateMachineTest, WorkersThatLeftDoNotKeepTheJobFromCompleting) {
   RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
   // Rank 1 was slow enough to be declared dead, then leaves: a leave too.
-  clock_.Advance(absl::Milliseconds(800));
-  v1::HeartbeatResponse reply;
-  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
-  clock_.Advance(absl::Milliseconds(800));
-  machine_->DetectFailures();
+  OnlyRankZeroHeartbeatsPastTheTimeout(w[0].incarnation());
   ASSERT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_DEAD);
   ASSERT_TRUE(Leave(1, w[1].incarnation()).ok());
   EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_LEFT);

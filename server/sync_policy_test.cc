@@ -1,5 +1,6 @@
 // The rules of sync (server/sync_policy.cc), on a fake chunk.
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -25,6 +26,12 @@ struct Sync {
     const ChunkGradientMeta g{rank, 1, step, base};
     EXPECT_TRUE(policy->Check(g, chunk).ok());
     return policy->Accept(g, Grad(values), chunk, live);
+  }
+
+  // A heartbeat told the shard of these incarnations, by rank.
+  void Hear(std::vector<uint64_t> incarnations) {
+    live.incarnations = std::move(incarnations);
+    policy->LiveSetChanged(chunk, live);
   }
 
   v1::JobConfig config;
@@ -136,15 +143,13 @@ TEST(SyncPolicy, APullWaitsForTheStepItsWorkerContributedTo) {
 
 TEST(SyncPolicy, ARestartedWorkersNewIncarnationReadsAtOnceUntilItContributes) {
   Sync sync(2);
-  sync.live.incarnations = {1, 1};
-  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Hear({1, 1});
   sync.Push(0, 0, {2});
   sync.Push(1, 0, {2});
   sync.Push(1, 1, {2}, 1);  // rank 1 waits for step 1, and dies
   EXPECT_FALSE(sync.policy->ReadyToServe(1, 2, sync.chunk, sync.live));
   // Its new incarnation, heard of before it pushed, reads at once.
-  sync.live.incarnations = {1, 2};
-  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Hear({1, 2});
   EXPECT_TRUE(sync.policy->ReadyToServe(1, 1, sync.chunk, sync.live));
 }
 
@@ -154,16 +159,14 @@ TEST(SyncPolicy, ANewIncarnationThatPushedBeforeItWasHeardOfWaitsForItsStep) {
   // it would read the version it computed on again, and its next gradient on
   // that version is refused as a replay (seen in python_faults' rejoin).
   Sync sync(2);
-  sync.live.incarnations = {1, 1};
-  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Hear({1, 1});
   sync.Push(0, 0, {2});
   sync.Push(1, 0, {2});
   ASSERT_EQ(sync.chunk.version(), 1u);
   const ChunkGradientMeta reborn{1, 2, 1, 1};  // incarnation 2, step 1 on version 1
   ASSERT_TRUE(sync.policy->Check(reborn, sync.chunk).ok());
   sync.policy->Accept(reborn, Grad({2}), sync.chunk, sync.live);
-  sync.live.incarnations = {1, 2};
-  sync.policy->LiveSetChanged(sync.chunk, sync.live);
+  sync.Hear({1, 2});
   EXPECT_FALSE(sync.policy->ReadyToServe(1, 2, sync.chunk, sync.live))
       << "step 1 is still open: the pull waits for it";
   sync.Push(0, 1, {2}, 1);
