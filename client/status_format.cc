@@ -215,7 +215,8 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                   Fixed(status.final_test_accuracy(), 4),
                                   ", test loss ",
                                   Fixed(status.final_test_loss(), 4))});
-  if (status.worker_leaves() > 0 || status.worker_joins() > 0) {
+  if (status.worker_leaves() > 0 || status.worker_joins() > 0 ||
+      status.config().max_workers() > 0) {
     int live = 0;
     for (const v1::WorkerStatus& w : status.workers())
       if (w.state() == v1::MEMBER_STATE_ALIVE) ++live;
@@ -224,6 +225,17 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                               " left, ", status.worker_joins(),
                                               " joined (membership epoch ",
                                               status.membership_epoch(), ")")});
+  }
+  if (status.data().total_blocks() > 0) {
+    const v1::DataProgress& d = status.data();
+    lines.push_back(
+        {"data", absl::StrCat("epoch ", d.epoch(), "; ", d.consumed(), " of ", d.total_blocks(),
+                              " blocks trained (", d.blocks_per_epoch(), " per epoch), ",
+                              d.leased(), " leased, ", d.returned(), " came back",
+                              d.refused_reports() > 0
+                                  ? absl::StrCat(", ", d.refused_reports(),
+                                                 " reports refused")
+                                  : std::string())});
   }
   if (status.generation() > 0)
     lines.push_back({"generation", absl::StrCat(status.generation(),
@@ -279,6 +291,7 @@ std::string FormatWorkersTable(const v1::JobStatus& status) {
     if (status.has_evaluator_rank() && status.evaluator_rank() == w.rank())
       notes.push_back("eval");
     if (w.straggler()) notes.push_back("straggler");
+    if (w.joining()) notes.push_back("joining");
     if (p.loss_scale() > 0)
       notes.push_back(absl::StrCat("f16 scale ", absl::StrFormat("%.9g", p.loss_scale()), ", ", p.overflow_steps(),
                                    " overflow", p.overflow_steps() == 1 ? "" : "s"));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "job/job_config.h"
 
 namespace grps {
 
@@ -152,7 +153,7 @@ std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
   *m.mutable_shard_map() = shard_map;
   *m.mutable_config() = config;
   if (config.mode() == v1::MODE_SYNC)
-    pending_->worker_steps.assign(config.num_workers(), step);
+    pending_->worker_steps.assign(JobRanks(config), step);
   // ssp: a rank whose gradient a shard held at the cut computes it again.
   for (const auto& [shard, r] : pending_->reports)
     for (const auto& [rank, held] : r.held_from())

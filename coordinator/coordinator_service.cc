@@ -195,6 +195,27 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
   return ToGrpc(machine_.WorkerDone(*request));
 }
 
+grpc::Status CoordinatorService::LeaseExamples(grpc::ServerContext* context,
+                                               const v1::LeaseExamplesRequest* request,
+                                               v1::LeaseExamplesResponse* response) {
+  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok()) return ToGrpc(s);
+  if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
+                                        request->worker_rank(), request->incarnation());
+      !member.ok())
+    return member;
+  if (request->want() > ExampleLedger::kMaxWant ||
+      request->trained_size() > ExampleLedger::kMaxReports ||
+      request->held_size() > ExampleLedger::kMaxReports || request->train_examples() == 0)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("LeaseExamples: want at most ", ExampleLedger::kMaxWant,
+                                     ", report and hold at most ", ExampleLedger::kMaxReports,
+                                     " blocks each, and give train_examples"));
+  absl::StatusOr<v1::LeaseExamplesResponse> leased = machine_.LeaseExamples(*request);
+  if (!leased.ok()) return ToGrpc(leased.status());
+  *response = std::move(*leased);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::DefineModel(grpc::ServerContext* context,
                                              const v1::DefineModelRequest* request,
                                              v1::DefineModelResponse* response) {

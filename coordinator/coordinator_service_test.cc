@@ -44,6 +44,7 @@ class CoordinatorServiceTest : public ::testing::Test {
                     nullptr) {
     config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
     config_.set_checkpoint_storage(storage_);
+    config_.set_max_workers(max_workers_);
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
@@ -231,6 +232,7 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   FakeClock clock_;
   v1::CheckpointStorage storage_ = v1::CHECKPOINT_STORAGE_SHARED;  // set before StartJob
+  uint32_t max_workers_ = 0;  // set before StartJob: an elastic job
   v1::ShardMap map_;
   v1::JobConfig config_;
   std::unique_ptr<CoordinatorService> service_;
@@ -633,6 +635,76 @@ TEST_F(CoordinatorServiceTest, ADrainedWorkerLeavesWithoutAFinalEvaluation) {
   ASSERT_TRUE(stub_->WorkerDone(Context().get(), leave, &done).ok());
   EXPECT_EQ(Status().workers(1).state(), v1::MEMBER_STATE_LEFT);
   EXPECT_EQ(Status().worker_leaves(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, LeaseExamplesRefusesOversizedOrIncompleteRequestsAndChangesNothing) {
+  max_workers_ = 4;
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  auto request = [&] {
+    v1::LeaseExamplesRequest r;
+    r.set_job_id("test-job");
+    r.set_worker_rank(0);
+    r.set_incarnation(w[0].incarnation());
+    r.set_want(1);
+    r.set_train_examples(64 * 10);
+    return r;
+  };
+  auto code = [&](const v1::LeaseExamplesRequest& r) {
+    v1::LeaseExamplesResponse reply;
+    return stub_->LeaseExamples(Context().get(), r, &reply).error_code();
+  };
+  v1::LeaseExamplesRequest r = request();
+  r.set_want(65);
+  EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
+  r = request();
+  for (int i = 0; i < 1025; ++i) r.add_trained()->set_block(0);
+  EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
+  r = request();
+  r.set_train_examples(0);
+  EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
+  r = request();
+  r.set_job_id("other-job");
+  EXPECT_EQ(code(r), grpc::StatusCode::FAILED_PRECONDITION);
+  r = request();
+  r.set_incarnation(w[1].incarnation());  // not rank 0's
+  EXPECT_EQ(code(r), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(Status().has_data()) << "no refused request sized the ledger";
+
+  // At the limits: 64 wanted, 1024 reported.
+  r = request();
+  r.set_want(64);
+  v1::LeaseExamplesResponse reply;
+  grpc::Status st = stub_->LeaseExamples(Context().get(), r, &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reply.blocks_size(), 15);  // 30 blocks over 2 live workers
+  EXPECT_EQ(reply.blocks_per_epoch(), 10u);
+  r = request();
+  r.set_want(0);
+  for (int i = 0; i < 1024; ++i) r.add_trained()->set_block(0);  // retries of one
+  st = stub_->LeaseExamples(Context().get(), r, &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reply.blocks_size(), 0);
+  const v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.consumed(), 1u);
+  EXPECT_EQ(data.leased(), 14u);
+  EXPECT_EQ(data.refused_reports(), 0u);
+}
+
+TEST_F(CoordinatorServiceTest, LeaseExamplesInAJobThatIsNotElasticIsFailedPrecondition) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::LeaseExamplesRequest r;
+  r.set_job_id("test-job");
+  r.set_worker_rank(0);
+  r.set_incarnation(w[0].incarnation());
+  r.set_want(1);
+  r.set_train_examples(640);
+  v1::LeaseExamplesResponse reply;
+  EXPECT_EQ(stub_->LeaseExamples(Context().get(), r, &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(CoordinatorServiceTest, StopJobCannotStopACompletedJob) {

@@ -116,7 +116,13 @@ ABSL_FLAG(uint32_t, epochs, Defaults().epochs(),
 ABSL_FLAG(uint64_t, steps, Defaults().steps(),
           "steps per worker (0 = derive from --epochs)");
 ABSL_FLAG(uint32_t, servers, Defaults().num_servers(), "parameter server shards");
-ABSL_FLAG(uint32_t, workers, Defaults().num_workers(), "workers");
+ABSL_FLAG(uint32_t, workers, Defaults().num_workers(),
+          "workers that start the job (all of them, unless --max_workers)");
+ABSL_FLAG(uint32_t, max_workers, 0,
+          "elastic job: ranks up to this many may join while it trains, and the data is "
+          "leased from the coordinator (0: exactly --workers; docs/elasticity.md)");
+ABSL_FLAG(uint32_t, min_workers, 0,
+          "elastic job: a drain that would leave fewer live workers is refused (0: 1)");
 ABSL_FLAG(uint64_t, seed, Defaults().seed(), "seed for initialization and shuffling");
 ABSL_FLAG(uint64_t, chunk_kb, Defaults().chunk_bytes() / 1024,
           "target dense chunk size in KiB (f32)");
@@ -298,6 +304,8 @@ absl::Status SetShapeAndGradients(v1::JobConfig* c) {
   c->set_steps(absl::GetFlag(FLAGS_steps));
   c->set_num_servers(absl::GetFlag(FLAGS_servers));
   c->set_num_workers(absl::GetFlag(FLAGS_workers));
+  c->set_max_workers(absl::GetFlag(FLAGS_max_workers));
+  c->set_min_workers(absl::GetFlag(FLAGS_min_workers));
   c->set_seed(absl::GetFlag(FLAGS_seed));
   const uint64_t chunk_kb = absl::GetFlag(FLAGS_chunk_kb);
   if (chunk_kb == 0 || chunk_kb > 64 * 1024)

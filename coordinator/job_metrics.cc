@@ -39,8 +39,21 @@ std::vector<prometheus::MetricFamily> JobMetricFamilies(const v1::JobStatus& s) 
                     "workers that left the running job on purpose (SIGTERM, drain)"),
       static_cast<double>(s.worker_leaves()));
   one(CounterFamily("grps_job_worker_joins_total",
-                    "ranks registered again while the job ran (restarts, after a leave)"),
+                    "ranks that joined the running job (restarts, after a leave, new ranks)"),
       static_cast<double>(s.worker_joins()));
+  if (s.data().total_blocks() > 0) {
+    // An elastic job's example ledger.
+    families.push_back(GaugeFamily("grps_job_data_blocks",
+                                   "elastic jobs: the example ledger's blocks by state"));
+    AddValue(families.back(), {{"state", "trained"}}, static_cast<double>(s.data().consumed()));
+    AddValue(families.back(), {{"state", "leased"}}, static_cast<double>(s.data().leased()));
+    AddValue(families.back(), {{"state", "total"}}, static_cast<double>(s.data().total_blocks()));
+    one(GaugeFamily("grps_job_data_epoch", "elastic jobs: the epoch of the lowest untrained block"),
+        static_cast<double>(s.data().epoch()));
+    one(CounterFamily("grps_job_data_blocks_returned_total",
+                      "elastic jobs: leased blocks that came back to be leased again"),
+        static_cast<double>(s.data().returned()));
+  }
 
   std::map<std::pair<std::string, std::string>, int> members;
   for (const v1::WorkerStatus& w : s.workers()) ++members[{"worker", MemberStateName(w.state())}];

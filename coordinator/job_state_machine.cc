@@ -58,13 +58,13 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       env_(options.env != nullptr ? options.env : Env::Default()),
       state_path_(std::move(options.state_path)),
       reconnect_backoff_(options.reconnect_backoff),
-      membership_(std::move(shard_map), config_.num_workers(),
-                  absl::Milliseconds(config_.heartbeat_timeout_ms())),
+      membership_(std::move(shard_map), JobRanks(config_),
+                  absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
       checkpoints_(config_, config_.num_servers()) {
   // Generation 0 is "unchecked" on the wire (a plain client): a job starts
   // at 1, so that a push from before the first roll-back is fenced too.
   restore_.set_generation(1);
-  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  restore_.mutable_worker_steps()->Resize(JobRanks(config_), 0);
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -169,10 +169,18 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   }
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  if (absl::Status s = ledger_.ImportFrom(state.example_ledger()); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  ledger_.LimboAfterTakeOver();
+  // What the state file may have missed is leased once every live worker
+  // has said what it holds, or after the grace below.
+  ledger_.HoldLimbo(true);
+  const Membership::LiveWorkers live = membership_.live_workers();
+  limbo_claims_awaited_ = std::set<uint32_t>(live.ranks.begin(), live.ranks.end());
   state_ = state.state();
   message_ = state.message();
   restore_ = state.restore();
-  restore_.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  restore_.mutable_worker_steps()->Resize(JobRanks(config_), 0);
   refused_checkpoints_.assign(state.refused_checkpoints().begin(),
                               state.refused_checkpoints().end());
   if (newest.has_value())
@@ -425,7 +433,7 @@ void JobStateMachine::WriteReadyManifest() {
 
 v1::RestoreOrder JobStateMachine::VerifiedRestoreOrderLocked() const {
   v1::RestoreOrder order;  // the initial values
-  order.mutable_worker_steps()->Resize(config_.num_workers(), 0);
+  order.mutable_worker_steps()->Resize(JobRanks(config_), 0);
   if (config_.checkpoint_dir().empty()) return order;
   // What is on disk, not only what this coordinator saw complete: one that
   // took the job over from an older state file may not know the newest.
@@ -456,7 +464,7 @@ v1::RestoreOrder JobStateMachine::RestoreOrderFor(const v1::CheckpointManifest& 
   order.set_checkpoint_id(manifest.id());
   order.set_dir(dir);
   order.set_step(manifest.step());
-  for (uint32_t r = 0; r < config_.num_workers(); ++r)
+  for (uint32_t r = 0; r < JobRanks(config_); ++r)
     order.add_worker_steps(r < static_cast<uint32_t>(manifest.worker_steps_size())
                                ? manifest.worker_steps(r)
                                : manifest.step());
@@ -481,8 +489,10 @@ void JobStateMachine::RollBackLocked(absl::string_view why, absl::Time now) {
   checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
                                  order.generation(), ")"),
                     now);
-  const std::vector<uint32_t> revived = membership_.ResetResumeSteps(
-      {order.worker_steps().begin(), order.worker_steps().end()}, now);
+  const std::vector<uint64_t> resume_steps(order.worker_steps().begin(),
+                                           order.worker_steps().end());
+  const std::vector<uint32_t> revived = membership_.ResetResumeSteps(resume_steps, now);
+  ledger_.RollBack(resume_steps);
   ResetTrainingDoneLocked();
   global_step_.reset();
   global_step_moved_ = now;
@@ -738,14 +748,25 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   const absl::Time now = clock_();
   const std::optional<uint64_t> live =
       requested_rank < 0 ? std::nullopt : membership_.LiveIncarnation(requested_rank);
+  // A rank that joins a running elastic job enters the quorum once it is
+  // ready to train (its first lease), not while it loads its data.
+  const bool joining = IsElastic(config_) && state_ == v1::JOB_STATE_RUNNING;
   absl::StatusOr<Membership::Registration> reg =
       membership_.RegisterWorker(requested_rank, request.host(), request.backend(), now,
-                                 live.has_value() && proves(*live));
+                                 live.has_value() && proves(*live), joining);
   if (absl::IsAlreadyExists(reg.status())) ranks_awaited_.insert(requested_rank);
   if (!reg.ok()) return reg.status();
   ranks_awaited_.erase(reg->slot);
   NoteRegistrationLocked(now);
-  if (reg->rejoined && state_ == v1::JOB_STATE_RUNNING) ++worker_joins_;
+  const bool joins = state_ == v1::JOB_STATE_RUNNING &&
+                     (reg->rejoined || reg->slot >= config_.num_workers());
+  if (joins) ++worker_joins_;
+  // An earlier incarnation's leases come back; a rank that joins an elastic
+  // job runs no older clock than the slowest live rank (its data is leased,
+  // not tied to its step).
+  ledger_.ReturnLeases(reg->slot);
+  if (joins && IsElastic(config_))
+    reg->start_step = std::max(reg->start_step, SlowestLiveStepLocked(reg->slot));
   spdlog::info(
       "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
       "epoch {}",
@@ -937,6 +958,7 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
                                                 request.progress(), now);
       !s.ok())
     return s;
+  ledger_.ReturnLeases(request.worker_rank());
   std::string eval_note;
   if (request.has_final_eval() && !EndedLocked()) {
     const Membership::Evaluation eval{request.final_test_accuracy(),
@@ -971,6 +993,7 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
     return s;
   if (said_before) return absl::OkStatus();  // a retry
   ++worker_leaves_;
+  ledger_.ReturnLeases(request.worker_rank());
   const Membership::LiveWorkers live = membership_.live_workers();
   spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
                "epoch {}",
@@ -983,11 +1006,87 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
   return absl::OkStatus();
 }
 
+void JobStateMachine::ReleaseLimboLocked(absl::Time now) {
+  if (!ledger_.holding_limbo()) return;
+  const Membership::LiveWorkers live = membership_.live_workers();
+  const bool all_heard = std::none_of(live.ranks.begin(), live.ranks.end(), [&](uint32_t r) {
+    return limbo_claims_awaited_.count(r) > 0;
+  });
+  if (!all_heard && now < no_deaths_before_) return;
+  ledger_.HoldLimbo(false);
+  spdlog::info("example ledger: {}; the blocks whose fate the state file missed are leased "
+               "again once no other block is left",
+               all_heard ? "every live worker said what it holds and trained"
+                         : "the take-over's grace is over");
+}
+
+uint64_t JobStateMachine::SlowestLiveStepLocked(uint32_t except) const {
+  const std::vector<v1::WorkerStatus> workers = membership_.WorkerStatuses(clock_());
+  std::optional<uint64_t> slowest;
+  for (uint32_t rank : membership_.live_workers().ranks) {
+    const uint64_t step = workers[rank].progress().step();
+    if (rank != except) slowest = std::min(slowest.value_or(step), step);
+  }
+  return slowest.value_or(0);
+}
+
+absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
+    const v1::LeaseExamplesRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (!IsElastic(config_))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", config_.job_id(), " is not elastic (no max_workers): its workers split the "
+        "training set by rank"));
+  if (EndedLocked()) return EndedErrorLocked();
+  if (request.generation() > 0 && request.generation() < restore_.generation())
+    return absl::AbortedError(absl::StrCat(
+        "job rolled back to generation ", restore_.generation(),
+        "; lease again once the restore order is followed"));
+  const std::optional<uint64_t> live = membership_.LiveIncarnation(request.worker_rank());
+  if (!live.has_value() || *live != request.incarnation())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
+        " is not a live incarnation: it leases no examples"));
+  if (absl::Status s = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
+      !s.ok())
+    return s;
+  if (membership_.MarkReady(request.worker_rank()))
+    spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
+                 request.worker_rank(), membership_.membership_epoch());
+  if (absl::Status s = ledger_.Claim(request.worker_rank(), request.held()); !s.ok()) return s;
+  limbo_claims_awaited_.erase(request.worker_rank());
+  ReleaseLimboLocked(clock_());
+  v1::LeaseExamplesResponse response;
+  bool exhausted = false;
+  absl::StatusOr<std::vector<uint64_t>> blocks =
+      ledger_.Lease(request.worker_rank(),
+                    std::vector<v1::TrainedBlock>(request.trained().begin(),
+                                                  request.trained().end()),
+                    request.want(), &exhausted,
+                    static_cast<uint32_t>(membership_.live_workers().ranks.size()));
+  if (!blocks.ok()) return blocks.status();
+  response.mutable_blocks()->Add(blocks->begin(), blocks->end());
+  response.set_blocks_per_epoch(ledger_.Progress().blocks_per_epoch());
+  response.set_exhausted(exhausted);
+  return response;
+}
+
 absl::Status JobStateMachine::DrainWorker(uint32_t rank) {
   absl::MutexLock lock(&mu_);
   if (state_ != v1::JOB_STATE_RUNNING)
     return absl::FailedPreconditionError(absl::StrCat(
         "the job is ", JobStateName(state_), ": workers are drained from a running job"));
+  // The live workers that stay: a rank drained already leaves too, even if
+  // it has not yet (it finishes its step first).
+  size_t staying = 0;
+  for (uint32_t r : membership_.live_workers().ranks)
+    if (r != rank && !membership_.DrainRequested(r)) ++staying;
+  const uint32_t min_workers = std::max<uint32_t>(1, config_.min_workers());
+  if (IsElastic(config_) && staying < min_workers &&
+      membership_.LiveIncarnation(rank).has_value() && !membership_.DrainRequested(rank))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "draining worker ", rank, " would leave ", staying, " live workers, fewer than the job's ",
+        "min_workers (", min_workers, ")"));
   if (absl::Status s = membership_.RequestDrain(rank); !s.ok()) return s;
   spdlog::info("worker {} drained by an operator: it leaves after its step in progress", rank);
   return absl::OkStatus();
@@ -1073,11 +1172,14 @@ void JobStateMachine::DetectFailures() {
   for (uint32_t shard : failures.shards)
     spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead",
                  shard, config_.heartbeat_timeout_ms());
-  for (uint32_t rank : failures.ranks)
+  for (uint32_t rank : failures.ranks) {
     spdlog::warn("worker {} missed its heartbeats for {} ms: dead; membership "
                  "epoch {}",
                  rank, config_.heartbeat_timeout_ms(),
                  membership_.membership_epoch());
+    ledger_.ReturnLeases(rank);
+  }
+  ReleaseLimboLocked(now);
   // Also when nothing died: a finished worker's silence is judged here.
   UpdateStateLocked(now);
   CheckRecoveryLocked(now);
@@ -1141,6 +1243,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   status.set_coordinator_restarted(coordinator_restarted_);
   status.set_worker_leaves(worker_leaves_);
   status.set_worker_joins(worker_joins_);
+  if (ledger_.sized()) *status.mutable_data() = ledger_.Progress();
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());
@@ -1197,6 +1300,7 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   state.set_checkpoints_completed(checkpoints_.completed());
   state.set_worker_leaves(worker_leaves_);
   state.set_worker_joins(worker_joins_);
+  if (ledger_.sized()) ledger_.ExportTo(state.mutable_example_ledger());
   membership_.ExportTo(&state);
   if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));
   state.set_unix_time_ms(

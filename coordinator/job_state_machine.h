@@ -62,6 +62,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_scheduler.h"
+#include "coordinator/example_ledger.h"
 #include "coordinator/membership.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
@@ -158,6 +159,15 @@ class JobStateMachine {
   absl::Status WorkerDone(const v1::WorkerDoneRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Elastic jobs (max_workers): records the blocks a live rank trained and
+  // leases it more (ExampleLedger; the first request sizes the ledger from
+  // its train_examples). FAILED_PRECONDITION for a job that is not elastic,
+  // an incarnation that is not live, or a training set of another size;
+  // ABORTED for an older generation (the job rolled back: the worker
+  // follows the restore order first); the ledger's INVALID_ARGUMENT.
+  absl::StatusOr<v1::LeaseExamplesResponse> LeaseExamples(
+      const v1::LeaseExamplesRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Operators ----
 
   // STOPPED with `reason`; OK on a stopped job, FAILED_PRECONDITION on one
@@ -168,6 +178,8 @@ class JobStateMachine {
   // Asks a live worker to leave after its step in progress (its heartbeat
   // replies say drain). FAILED_PRECONDITION unless RUNNING or the rank is
   // ALIVE; NOT_FOUND for a rank out of range.
+  // Elastic jobs also refuse (FAILED_PRECONDITION) a drain that would
+  // leave fewer live workers than min_workers.
   absl::Status DrainWorker(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks for a checkpoint (or joins the pending one). FAILED_PRECONDITION
   // without checkpoint_dir or unless RUNNING; UNAVAILABLE while a shard is
@@ -230,6 +242,13 @@ class JobStateMachine {
   void NoteRegistrationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EveryLiveMemberSawEndLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lowest progress step of the live ranks (Membership::live_workers)
+  // other than `except` (0 if none): where a rank joining an elastic job
+  // starts its clock.
+  uint64_t SlowestLiveStepLocked(uint32_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets the ledger lease its limbo once every live rank awaited has
+  // called since the take-over, or the take-over's grace is over.
+  void ReleaseLimboLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING, no rank ALIVE and at least one FINISHED.
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the training-done phase (final checkpoint, evaluation).
@@ -346,6 +365,14 @@ class JobStateMachine {
   // ReleaseWaiters().
   mutable absl::CondVar changed_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs: which blocks of examples each epoch's workers trained,
+  // and the leases they hold. Leases come back when a rank leaves, dies,
+  // finishes or registers again; a roll-back takes back what was trained
+  // after each rank's resume step.
+  ExampleLedger ledger_ ABSL_GUARDED_BY(mu_);
+  // After TakeOver: the live ranks whose first lease (their claims) the
+  // ledger's limbo waits for.
+  std::set<uint32_t> limbo_claims_awaited_ ABSL_GUARDED_BY(mu_);
   // MODEL_USER: the tensors the first worker defined; empty before.
   TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;

@@ -14,6 +14,7 @@
 #include "coordinator/test_job.h"
 #include "daemon/env.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -955,6 +956,353 @@ TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
   EXPECT_EQ(machine_->shard_map().chunks_size(), 3);
   EXPECT_FALSE(*machine_->DefineModel(Model(4)));
   EXPECT_TRUE(IsModelMismatch(machine_->DefineModel(Model(6)).status()));
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+
+// ---- An elastic job (max_workers): ranks join while it runs; the data is
+// leased from the coordinator's example ledger ----
+
+class ElasticJobTest : public JobStateMachineTest {
+ protected:
+  // One shard; `workers` ranks start the job, up to `max_workers` may be.
+  void StartElasticJob(uint32_t workers, uint32_t max_workers, uint32_t min_workers = 0) {
+    config_ = TestJobConfig(1, workers, v1::MODE_SYNC, "");
+    config_.set_max_workers(max_workers);
+    config_.set_min_workers(min_workers);
+    absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    machine_ = NewMachine();
+  }
+
+  // Ten blocks of one step's examples (batch 64) an epoch; three epochs
+  // (the test job's default): 30 blocks.
+  static constexpr uint64_t kTrainExamples = 64 * 10;
+
+  absl::StatusOr<v1::LeaseExamplesResponse> Lease(
+      uint32_t rank, uint64_t incarnation, uint32_t want,
+      const std::vector<std::pair<uint64_t, uint64_t>>& trained = {},
+      uint64_t generation = 0, uint64_t train_examples = kTrainExamples) {
+    v1::LeaseExamplesRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(rank);
+    request.set_incarnation(incarnation);
+    request.set_generation(generation);
+    request.set_want(want);
+    request.set_train_examples(train_examples);
+    for (const auto& [block, step] : trained) {
+      v1::TrainedBlock* t = request.add_trained();
+      t->set_block(block);
+      t->set_step(step);
+    }
+    return machine_->LeaseExamples(request);
+  }
+
+  // The blocks leased to `rank`, expecting the lease to succeed.
+  std::vector<uint64_t> Blocks(uint32_t rank, uint64_t incarnation, uint32_t want,
+                               const std::vector<std::pair<uint64_t, uint64_t>>& trained = {}) {
+    absl::StatusOr<v1::LeaseExamplesResponse> leased = Lease(rank, incarnation, want, trained);
+    EXPECT_TRUE(leased.ok()) << leased.status();
+    if (!leased.ok()) return {};
+    return {leased->blocks().begin(), leased->blocks().end()};
+  }
+
+  static v1::WorkerProgress AtStep(uint64_t step) {
+    v1::WorkerProgress progress;
+    progress.set_step(step);
+    return progress;
+  }
+};
+
+TEST_F(ElasticJobTest, AnElasticJobRunsOnceItsStartingRanksRegisteredNotItsSpareOnes) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  ASSERT_TRUE(RegisterWorker(0).ok());
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(Status().message(), "waiting for worker 1 to register");
+  absl::StatusOr<v1::RegisterWorkerResponse> last = RegisterWorker(1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.workers_size(), 4);  // every rank that may join is shown
+  EXPECT_EQ(status.workers(3).state(), v1::MEMBER_STATE_UNSPECIFIED);
+  EXPECT_EQ(status.worker_joins(), 0u);
+  EXPECT_FALSE(status.has_data());  // no worker leased yet
+  EXPECT_THAT(Beat(WorkerRequest(1, last->incarnation())).live_workers(), ElementsAre(0u, 1u));
+}
+
+TEST_F(ElasticJobTest, ARankJoiningARunningJobEntersTheLiveSetAtItsFirstLease) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), AtStep(40), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), AtStep(25), &reply).ok());
+
+  absl::StatusOr<v1::RegisterWorkerResponse> joined = RegisterWorker(3);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->rank(), 3u);
+  EXPECT_EQ(joined->start_step(), 25u);  // the slowest live rank's step
+  EXPECT_EQ(Status().worker_joins(), 1u);
+  EXPECT_EQ(Status().workers(3).state(), v1::MEMBER_STATE_ALIVE);
+  // Loading its data: alive, but out of the quorum.
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), AtStep(41), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u));
+  const uint64_t epoch = reply.membership_epoch();
+
+  ASSERT_FALSE(Blocks(3, joined->incarnation(), 1).empty());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), AtStep(42), &reply).ok());
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u, 3u));
+  EXPECT_THAT(reply.live_worker_incarnations(),
+              ElementsAre(w[0].incarnation(), w[1].incarnation(), joined->incarnation()));
+  EXPECT_EQ(reply.membership_epoch(), epoch + 1);
+  // Only the first lease makes it ready.
+  ASSERT_FALSE(Blocks(3, joined->incarnation(), 1).empty());
+  EXPECT_EQ(Status().membership_epoch(), epoch + 1);
+  EXPECT_EQ(Status().worker_joins(), 1u);
+}
+
+TEST_F(ElasticJobTest, ARankStillLoadingItsDataDoesNotHoldBackTheNextJoinersStartStep) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), AtStep(30), &reply).ok());
+  ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), AtStep(30), &reply).ok());
+  absl::StatusOr<v1::RegisterWorkerResponse> first = RegisterWorker(3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(WorkerBeat(3, first->incarnation(), AtStep(0), &reply).ok());
+  // Rank 3 reports step 0 but is not live yet: rank 2 starts at 30.
+  absl::StatusOr<v1::RegisterWorkerResponse> second = RegisterWorker(2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->start_step(), 30u);
+  EXPECT_EQ(Status().worker_joins(), 2u);
+}
+
+TEST_F(ElasticJobTest, ARankRegisteredBeforeTheJobRunsIsNoJoinAndIsLiveAtOnce) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  absl::StatusOr<v1::RegisterWorkerResponse> spare = RegisterWorker(3);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  ASSERT_TRUE(RegisterWorker(0).ok());
+  absl::StatusOr<v1::RegisterWorkerResponse> last = RegisterWorker(1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().worker_joins(), 0u);
+  EXPECT_THAT(Beat(WorkerRequest(1, last->incarnation())).live_workers(),
+              ElementsAre(0u, 1u, 3u));
+}
+
+TEST_F(ElasticJobTest, LeasesAreCappedByAFairShareOfWhatIsLeftOverTheLiveWorkers) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  absl::StatusOr<v1::LeaseExamplesResponse> leased = Lease(0, w[0].incarnation(), 64);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  EXPECT_EQ(leased->blocks_size(), 15);  // 30 blocks over 2 live workers
+  EXPECT_EQ(leased->blocks_per_epoch(), 10u);
+  EXPECT_FALSE(leased->exhausted());
+  // A joiner shares what is left with both (it counts itself once ready).
+  absl::StatusOr<v1::RegisterWorkerResponse> joined = RegisterWorker(2);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(Blocks(2, joined->incarnation(), 64).size(), 5u);  // 15 over 3
+  v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.total_blocks(), 30u);
+  EXPECT_EQ(data.blocks_per_epoch(), 10u);
+  EXPECT_EQ(data.leased(), 20u);
+}
+
+TEST_F(ElasticJobTest, LeaseExamplesIsRefusedInAJobThatIsNotElastic) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  absl::StatusOr<v1::LeaseExamplesResponse> leased = Lease(0, w[0].incarnation(), 1);
+  EXPECT_EQ(leased.status().code(), absl::StatusCode::kFailedPrecondition) << leased.status();
+  EXPECT_THAT(leased.status().message(), HasSubstr("not elastic"));
+  EXPECT_FALSE(Status().has_data());
+}
+
+TEST_F(ElasticJobTest, LeaseExamplesIsRefusedToAnIncarnationThatIsNotLive) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  auto code = [&](uint32_t rank, uint64_t incarnation) {
+    return Lease(rank, incarnation, 1).status().code();
+  };
+  EXPECT_EQ(code(0, w[0].incarnation() + 1000), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(2, w[0].incarnation()), absl::StatusCode::kFailedPrecondition);  // never registered
+  EXPECT_EQ(code(9, w[0].incarnation()), absl::StatusCode::kFailedPrecondition);  // out of range
+  ASSERT_TRUE(Leave(1, w[1].incarnation(), 3).ok());
+  EXPECT_EQ(code(1, w[1].incarnation()), absl::StatusCode::kFailedPrecondition);  // left
+  EXPECT_FALSE(Status().has_data()) << "a refused lease sizes nothing";
+  // A new incarnation of the rank may; its old one still may not.
+  absl::StatusOr<v1::RegisterWorkerResponse> back = RegisterWorker(1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(Lease(1, back->incarnation(), 1).ok());
+  EXPECT_EQ(code(1, w[1].incarnation()), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ElasticJobTest, AWorkerWithAnotherTrainingSetIsRefusedItsLease) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Lease(0, w[0].incarnation(), 1).ok());
+  absl::StatusOr<v1::LeaseExamplesResponse> other =
+      Lease(1, w[1].incarnation(), 1, {}, 0, kTrainExamples * 2);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  EXPECT_EQ(Status().data().leased(), 1u);
+  EXPECT_EQ(Status().data().total_blocks(), 30u);
+}
+
+TEST_F(ElasticJobTest, AfterARollBackAnOlderGenerationsLeaseIsAbortedAndLaterWorkComesBack) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 3), ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 1), ElementsAre(3u));
+  ASSERT_TRUE(Lease(0, w[0].incarnation(), 0, {{0, 1}, {1, 2}}, /*generation=*/1).ok());
+  ASSERT_EQ(Status().data().consumed(), 2u);
+
+  // The shard's server restarts: back to the initial values (step 0).
+  JobStateMachine::ServerRegistration again = RegisterServer(0, "127.0.0.1:7000");
+  ASSERT_TRUE(again.rolled_back);
+  ASSERT_EQ(machine_->restore_order().generation(), 2u);
+  absl::StatusOr<v1::LeaseExamplesResponse> stale =
+      Lease(0, w[0].incarnation(), 1, {{2, 3}}, /*generation=*/1);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted) << stale.status();
+  v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.consumed(), 0u);  // trained after the resume step: again
+  EXPECT_EQ(data.leased(), 0u);    // the workers drop their leases
+  EXPECT_EQ(data.refused_reports(), 0u);
+  // Once it follows the restore order, it leases the lowest blocks again.
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 2), ElementsAre(0u, 1u));
+  absl::StatusOr<v1::LeaseExamplesResponse> current =
+      Lease(1, w[1].incarnation(), 1, {}, /*generation=*/2);
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_THAT(current->blocks(), ElementsAre(2u));
+}
+
+TEST_F(ElasticJobTest, AWorkerThatLeavesHoldingLeasesHasThemLeasedToTheNextCallerFirst) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 3), ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 2), ElementsAre(3u, 4u));
+  ASSERT_TRUE(Lease(0, w[0].incarnation(), 0, {{0, 1}}).ok());
+
+  ASSERT_TRUE(Leave(0, w[0].incarnation(), 1).ok());
+  v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.returned(), 2u);  // blocks 1 and 2, untrained
+  EXPECT_EQ(data.leased(), 2u);
+  EXPECT_EQ(data.consumed(), 1u);
+  // Rank 1 reports its two and gets the returned ones before any new one.
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 3, {{3, 1}, {4, 2}}), ElementsAre(1u, 2u, 5u));
+  data = Status().data();
+  EXPECT_EQ(data.consumed(), 3u);
+  EXPECT_EQ(data.leased(), 3u);
+  EXPECT_EQ(data.refused_reports(), 0u);
+}
+
+TEST_F(ElasticJobTest, LeasesComeBackWhenTheirWorkerDiesFinishesOrRegistersAgain) {
+  StartElasticJob(3, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_EQ(Blocks(0, w[0].incarnation(), 2).size(), 2u);
+  ASSERT_EQ(Blocks(1, w[1].incarnation(), 3).size(), 3u);
+  ASSERT_EQ(Blocks(2, w[2].incarnation(), 4).size(), 4u);
+
+  // Rank 2 registers again, proving it holds its live incarnation.
+  v1::RegisterWorkerRequest request;
+  request.set_host("worker-host");
+  request.set_backend("cpu");
+  request.set_requested_rank(2);
+  JobStateMachine::Wait wait;
+  wait.deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<v1::RegisterWorkerResponse> again = machine_->RegisterWorker(
+      request, wait, [&](uint64_t incarnation) { return incarnation == w[2].incarnation(); });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Status().data().returned(), 4u);
+  EXPECT_EQ(Status().data().leased(), 5u);
+
+  // Rank 1 finishes.
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
+  EXPECT_EQ(Status().data().returned(), 7u);
+  EXPECT_EQ(Status().data().leased(), 2u);
+
+  // Rank 0 goes silent past the heartbeat timeout.
+  clock_.Advance(absl::Milliseconds(800));
+  Beat(WorkerRequest(2, again->incarnation()));
+  clock_.Advance(absl::Milliseconds(800));
+  machine_->DetectFailures();
+  ASSERT_EQ(Status().workers(0).state(), v1::MEMBER_STATE_DEAD);
+  v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.returned(), 9u);
+  EXPECT_EQ(data.leased(), 0u);
+  EXPECT_EQ(data.consumed(), 0u);
+}
+
+TEST_F(ElasticJobTest, ADrainThatWouldLeaveFewerThanMinWorkersLiveIsRefused) {
+  StartElasticJob(2, 4, /*min_workers=*/2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  absl::Status refused = machine_->DrainWorker(1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("min_workers (2)"));
+  EXPECT_FALSE(Beat(WorkerRequest(1, w[1].incarnation())).drain());
+
+  // A joiner counts once it is ready to train.
+  absl::StatusOr<v1::RegisterWorkerResponse> joined = RegisterWorker(3);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(machine_->DrainWorker(1).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Lease(3, joined->incarnation(), 1).ok());
+  ASSERT_TRUE(machine_->DrainWorker(1).ok());
+  EXPECT_TRUE(Beat(WorkerRequest(1, w[1].incarnation())).drain());
+  EXPECT_TRUE(machine_->DrainWorker(1).ok()) << "asking again changes nothing";
+  // Rank 1 has not left yet, but it will: draining rank 0 too would leave
+  // one live worker.
+  EXPECT_EQ(machine_->DrainWorker(0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Beat(WorkerRequest(0, w[0].incarnation())).drain());
+  ASSERT_TRUE(Leave(1, w[1].incarnation(), 5).ok());
+  EXPECT_EQ(machine_->DrainWorker(0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ElasticJobTest, WithoutMinWorkersTheLastLiveWorkerIsNotDrained) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(machine_->DrainWorker(0).ok());
+  EXPECT_EQ(machine_->DrainWorker(1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ElasticJobTest, ATakenOverJobKeepsItsExampleLedger) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 3), ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 3, {}), ElementsAre(3u, 4u, 5u));
+  ASSERT_TRUE(Lease(1, w[1].incarnation(), 0, {{3, 1}, {9, 1}}).ok());  // 9: not its own
+  ASSERT_TRUE(Leave(0, w[0].incarnation(), 1).ok());
+  const v1::JobStatus before = Status();
+  ASSERT_EQ(before.data().returned(), 3u);
+  ASSERT_EQ(before.data().refused_reports(), 1u);
+  const v1::CoordinatorState state = machine_->ExportState();
+
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(Status().data(), before.data()))
+      << Status().data().DebugString() << " vs " << before.data().DebugString();
+  // Rank 1 still holds blocks 4 and 5; the returned ones are leased first.
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 4, {{4, 2}, {5, 3}}), ElementsAre(0u, 1u, 2u, 6u));
+  v1::DataProgress data = Status().data();
+  EXPECT_EQ(data.consumed(), 3u);
+  EXPECT_EQ(data.refused_reports(), 1u);
 }
 
 }  // namespace

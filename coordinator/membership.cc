@@ -71,8 +71,9 @@ uint64_t MillisSince(absl::Time then, absl::Time now) {
 }  // namespace
 
 Membership::Membership(v1::ShardMap shard_map, uint32_t num_workers,
-                       absl::Duration heartbeat_timeout)
+                       absl::Duration heartbeat_timeout, uint32_t start_workers)
     : heartbeat_timeout_(heartbeat_timeout),
+      start_workers_(start_workers == 0 ? num_workers : std::min(start_workers, num_workers)),
       workers_(num_workers),
       shard_map_(std::move(shard_map)) {
   servers_.resize(shard_map_.shards_size());
@@ -191,7 +192,7 @@ absl::StatusOr<Membership::Registration> Membership::RegisterServer(
 
 absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
     int32_t requested_rank, absl::string_view host, absl::string_view backend,
-    absl::Time now, bool holds_live_rank) {
+    absl::Time now, bool holds_live_rank, bool joining) {
   if (absl::Status s = ValidateWorkerRequest(requested_rank, host, backend);
       !s.ok())
     return s;
@@ -209,11 +210,22 @@ absl::StatusOr<Membership::Registration> Membership::RegisterWorker(
   worker.backend = std::string(backend);
   worker.state = v1::MEMBER_STATE_ALIVE;
   worker.drain = false;
+  worker.joining = joining;
   worker.last_heartbeat = now;
   worker.progress.reset();
-  // A new live worker, or a live rank with a new incarnation.
+  // A new live worker, or a live rank with a new incarnation (or without
+  // its old one, while the new one joins).
   ++membership_epoch_;
   return reg;
+}
+
+bool Membership::MarkReady(uint32_t rank) {
+  if (rank >= num_workers()) return false;
+  Worker& worker = workers_[rank];
+  if (!worker.joining || worker.state != v1::MEMBER_STATE_ALIVE) return false;
+  worker.joining = false;
+  ++membership_epoch_;
+  return true;
 }
 
 std::optional<uint64_t> Membership::LiveIncarnation(uint32_t rank) const {
@@ -440,6 +452,7 @@ void Membership::ExportTo(v1::CoordinatorState* state) const {
     w->set_host(worker.host);
     w->set_backend(worker.backend);
     w->set_state(worker.state);
+    w->set_joining(worker.joining);
     if (worker.progress.has_value()) *w->mutable_progress() = *worker.progress;
     w->mutable_progress()->set_step(worker.resume_step);
   }
@@ -494,6 +507,7 @@ absl::Status Membership::ImportFrom(const v1::CoordinatorState& state,
     worker.state = w.state() == v1::MEMBER_STATE_FINISHED || w.state() == v1::MEMBER_STATE_LEFT
                        ? w.state()
                        : v1::MEMBER_STATE_ALIVE;
+    worker.joining = worker.state == v1::MEMBER_STATE_ALIVE && w.joining();
     worker.last_heartbeat = now;
     if (w.has_progress()) worker.progress = w.progress();
     last_incarnation_ = std::max(last_incarnation_, w.incarnation());
@@ -551,7 +565,7 @@ std::vector<uint32_t> Membership::UnregisteredShards() const {
 
 std::vector<uint32_t> Membership::UnregisteredRanks() const {
   std::vector<uint32_t> out;
-  for (uint32_t r = 0; r < num_workers(); ++r)
+  for (uint32_t r = 0; r < start_workers_; ++r)
     if (!workers_[r].registered) out.push_back(r);
   return out;
 }
@@ -582,7 +596,7 @@ std::vector<uint32_t> Membership::FinishedRanksHeartbeating(absl::Time now) cons
 Membership::LiveWorkers Membership::live_workers() const {
   LiveWorkers live;
   for (uint32_t r = 0; r < num_workers(); ++r) {
-    if (workers_[r].state != v1::MEMBER_STATE_ALIVE) continue;
+    if (workers_[r].state != v1::MEMBER_STATE_ALIVE || workers_[r].joining) continue;
     live.ranks.push_back(r);
     live.incarnations.push_back(workers_[r].incarnation);
   }
@@ -600,6 +614,7 @@ std::vector<v1::WorkerStatus> Membership::WorkerStatuses(absl::Time now) const {
       status.set_host(worker.host);
       status.set_backend(worker.backend);
       status.set_state(worker.state);
+      status.set_joining(worker.joining);
       status.set_last_heartbeat_ms_ago(MillisSince(worker.last_heartbeat, now));
       if (worker.progress.has_value()) *status.mutable_progress() = *worker.progress;
     }

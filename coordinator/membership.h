@@ -84,7 +84,8 @@ class Membership {
     bool empty() const { return shards.empty() && ranks.empty(); }
   };
 
-  // Live workers, ascending by rank, with their incarnations (parallel).
+  // Live workers (ALIVE and not joining), ascending by rank, with their
+  // incarnations (parallel).
   struct LiveWorkers {
     std::vector<uint32_t> ranks;
     std::vector<uint64_t> incarnations;
@@ -97,10 +98,12 @@ class Membership {
   };
 
   // `shard_map` fixes the shards (its endpoint list is rebuilt, one empty
-  // endpoint per shard, epoch 0); `num_workers` the ranks. Requires
-  // num_workers > 0 and a timeout > 0.
+  // endpoint per shard, epoch 0); `num_workers` the ranks, of which the
+  // first `start_workers` (0: all) must register before the job starts; the
+  // others may join it later (an elastic job). Requires num_workers > 0 and
+  // a timeout > 0.
   Membership(v1::ShardMap shard_map, uint32_t num_workers,
-             absl::Duration heartbeat_timeout);
+             absl::Duration heartbeat_timeout, uint32_t start_workers = 0);
 
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
@@ -129,11 +132,16 @@ class Membership {
   // finished; ALREADY_EXISTS for an ALIVE rank unless `holds_live_rank` (the
   // caller proved it is the incarnation LiveIncarnation names);
   // RESOURCE_EXHAUSTED when no rank is free.
+  // A `joining` rank is out of live_workers() until MarkReady.
   absl::StatusOr<Registration> RegisterWorker(int32_t requested_rank,
                                               absl::string_view host,
                                               absl::string_view backend,
                                               absl::Time now,
-                                              bool holds_live_rank);
+                                              bool holds_live_rank, bool joining = false);
+  // A joining rank is ready to train (an elastic job's worker leased its
+  // first examples, its data loaded): it enters the live set, and the
+  // membership epoch bumps. False if it was not joining.
+  bool MarkReady(uint32_t rank);
 
   // The incarnation of `rank` while it is ALIVE; nullopt for a rank out of
   // range, never registered, DEAD or FINISHED.
@@ -212,6 +220,7 @@ class Membership {
   bool AllShardsRegistered() const;
   // Shards / ranks that never registered, ascending.
   std::vector<uint32_t> UnregisteredShards() const;
+  // (Ranks: of those that start the job.)
   std::vector<uint32_t> UnregisteredRanks() const;
   // Ranks / shards in `state`, ascending (never-registered ones have none).
   std::vector<uint32_t> RanksInState(v1::MemberState state) const;
@@ -256,6 +265,9 @@ class Membership {
     // Highest progress step reported by any incarnation of this rank.
     uint64_t resume_step = 0;
     bool drain = false;  // RequestDrain, until it leaves or re-registers
+    // Registered into a running elastic job: ALIVE, but out of the live set
+    // (the quorum) until MarkReady.
+    bool joining = false;
   };
 
   // The slot a registration takes, or an error.
@@ -270,6 +282,7 @@ class Membership {
   void RecordProgress(Worker* worker, const v1::WorkerProgress& progress);
 
   const absl::Duration heartbeat_timeout_;
+  const uint32_t start_workers_;  // ranks that register before the job starts
   std::vector<Server> servers_;  // by shard
   std::vector<Worker> workers_;  // by rank
   v1::ShardMap shard_map_;

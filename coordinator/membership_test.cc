@@ -523,5 +523,78 @@ TEST_F(MembershipTest, ExportedStateImportsIntoAFreshMembership) {
   EXPECT_TRUE(absl::IsInvalidArgument(other_shape.ImportFrom(state, later)));
 }
 
+// ---- Elastic jobs: ranks beyond the starting ones, and joining ranks ----
+
+TEST_F(MembershipTest, EveryRankIsAwaitedUnlessStartWorkersSaysFewer) {
+  EXPECT_THAT(m_.UnregisteredRanks(), ElementsAre(0u, 1u, 2u));
+  Membership elastic(MapWithShards(1), 4, kTimeout, /*start_workers=*/2);
+  EXPECT_EQ(elastic.num_workers(), 4u);
+  EXPECT_THAT(elastic.UnregisteredRanks(), ElementsAre(0u, 1u));
+  ASSERT_TRUE(elastic.RegisterWorker(3, "host", "cpu", kT0, false).ok());
+  EXPECT_THAT(elastic.UnregisteredRanks(), ElementsAre(0u, 1u));
+  ASSERT_TRUE(elastic.RegisterWorker(-1, "host", "cpu", kT0, false).ok());
+  EXPECT_THAT(elastic.UnregisteredRanks(), ElementsAre(1u));
+  ASSERT_TRUE(elastic.RegisterWorker(1, "host", "cpu", kT0, false).ok());
+  EXPECT_TRUE(elastic.UnregisteredRanks().empty());  // rank 2 is not awaited
+  // More start ranks than ranks: all of them.
+  Membership all(MapWithShards(1), 2, kTimeout, /*start_workers=*/5);
+  EXPECT_THAT(all.UnregisteredRanks(), ElementsAre(0u, 1u));
+}
+
+TEST_F(MembershipTest, AJoiningRankIsAliveButOutOfTheLiveSetUntilItIsReady) {
+  Membership::Registration w0 = Worker(0);
+  Membership::Registration w1 = Worker(1);
+  const uint64_t epoch = m_.membership_epoch();
+  absl::StatusOr<Membership::Registration> joining =
+      m_.RegisterWorker(2, "host", "cpu", kT0, false, /*joining=*/true);
+  ASSERT_TRUE(joining.ok()) << joining.status();
+  EXPECT_EQ(m_.membership_epoch(), epoch + 1);
+  EXPECT_EQ(m_.LiveIncarnation(2), joining->incarnation);
+  EXPECT_THAT(m_.RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u));
+  // Its heartbeats keep it alive without making it ready.
+  ASSERT_TRUE(Beat(2, joining->incarnation, kT0 + absl::Seconds(1)).ok());
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u));
+
+  EXPECT_TRUE(m_.MarkReady(2));
+  EXPECT_EQ(m_.membership_epoch(), epoch + 2);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(m_.live_workers().incarnations,
+              ElementsAre(w0.incarnation, w1.incarnation, joining->incarnation));
+  EXPECT_FALSE(m_.MarkReady(2));  // once
+  EXPECT_EQ(m_.membership_epoch(), epoch + 2);
+}
+
+TEST_F(MembershipTest, MarkReadyIsFalseAndChangesNothingForARankThatIsNotJoining) {
+  Worker(0);
+  const uint64_t epoch = m_.membership_epoch();
+  EXPECT_FALSE(m_.MarkReady(0));  // registered as a member, not joining
+  EXPECT_FALSE(m_.MarkReady(1));  // never registered
+  EXPECT_FALSE(m_.MarkReady(3));  // out of range
+  EXPECT_EQ(m_.membership_epoch(), epoch);
+  // A joining rank that died is not made ready by it either.
+  ASSERT_TRUE(m_.RegisterWorker(1, "host", "cpu", kT0, false, /*joining=*/true).ok());
+  m_.DetectFailures(kT0 + kTimeout + absl::Seconds(1));
+  ASSERT_THAT(m_.RanksInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u, 1u));
+  const uint64_t after = m_.membership_epoch();
+  EXPECT_FALSE(m_.MarkReady(1));
+  EXPECT_EQ(m_.membership_epoch(), after);
+  EXPECT_TRUE(m_.live_workers().ranks.empty());
+}
+
+TEST_F(MembershipTest, ARegistrationThatIsNotJoiningEntersTheLiveSetAtOnce) {
+  Worker(0);
+  absl::StatusOr<Membership::Registration> joining =
+      m_.RegisterWorker(1, "host", "cpu", kT0, false, /*joining=*/true);
+  ASSERT_TRUE(joining.ok()) << joining.status();
+  v1::WorkerProgress at;
+  ASSERT_TRUE(m_.LeaveWorker(1, joining->incarnation, at, kT0).ok());
+  // The rank's next worker registers as a member (the job was not running).
+  Membership::Registration back = Worker(1);
+  EXPECT_TRUE(back.rejoined);
+  EXPECT_THAT(m_.live_workers().ranks, ElementsAre(0u, 1u));
+  EXPECT_FALSE(m_.MarkReady(1));
+}
+
 }  // namespace
 }  // namespace grps

@@ -165,6 +165,16 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
     return Bad("num_servers must be in [1, 256]");
   if (c.num_workers() == 0 || c.num_workers() > 1024)
     return Bad("num_workers must be in [1, 1024]");
+  if (c.max_workers() > 1024) return Bad("max_workers must be in [0, 1024] (0: not elastic)");
+  if (c.max_workers() > 0 && c.max_workers() < c.num_workers())
+    return Bad("max_workers must be at least num_workers (the workers that start the job)");
+  if (c.min_workers() > c.num_workers())
+    return Bad("min_workers must be at most num_workers (the workers that start the job)");
+  if (c.min_workers() > 0 && c.max_workers() == 0)
+    return Bad("min_workers needs max_workers (an elastic job)");
+  if (c.max_workers() > 0 && c.model() == v1::MODEL_USER)
+    return Bad("max_workers: a user model's workers read their own data; give them ranks "
+               "up to num_workers (docs/elasticity.md)");
   if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
     return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
@@ -465,6 +475,21 @@ uint32_t AccumulateSteps(const v1::JobConfig& config) {
 uint64_t StepExamples(const v1::JobConfig& config) {
   return static_cast<uint64_t>(std::max<uint32_t>(1, config.batch_size())) *
          AccumulateSteps(config);
+}
+
+uint32_t JobRanks(const v1::JobConfig& config) {
+  return std::max(config.num_workers(), config.max_workers());
+}
+
+bool IsElastic(const v1::JobConfig& config) { return config.max_workers() > 0; }
+
+LedgerShape ExampleLedgerShape(const v1::JobConfig& config, uint64_t train_examples) {
+  LedgerShape shape;
+  shape.blocks_per_epoch = std::max<uint64_t>(1, train_examples / StepExamples(config));
+  shape.total_blocks = config.steps() > 0
+                           ? config.steps() * std::max<uint32_t>(1, config.num_workers())
+                           : shape.blocks_per_epoch * std::max<uint32_t>(1, config.epochs());
+  return shape;
 }
 
 uint64_t TotalSteps(const v1::JobConfig& config, uint64_t train_examples) {

@@ -81,6 +81,23 @@ float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
 uint32_t AccumulateSteps(const v1::JobConfig& config);
 uint64_t StepExamples(const v1::JobConfig& config);
 
+// Worker ranks that may exist: max_workers of an elastic job, else
+// num_workers. Ranks from num_workers up may join a running elastic job.
+uint32_t JobRanks(const v1::JobConfig& config);
+// max_workers is set: the data is leased from the coordinator's example
+// ledger (coordinator/example_ledger.h) rather than split by rank.
+bool IsElastic(const v1::JobConfig& config);
+
+// The example ledger's blocks: one worker step's examples (StepExamples)
+// each, floor(train_examples / StepExamples) per epoch (at least 1); the
+// job trains steps x num_workers blocks when steps is set (the examples a
+// fixed job of num_workers would train), else epochs x blocks_per_epoch.
+struct LedgerShape {
+  uint64_t blocks_per_epoch = 0;
+  uint64_t total_blocks = 0;
+};
+LedgerShape ExampleLedgerShape(const v1::JobConfig& config, uint64_t train_examples);
+
 // Steps per worker: config.steps if set, else
 // epochs * floor(floor(train_examples / num_workers) / StepExamples), at
 // least 1.

@@ -203,6 +203,74 @@ TEST(JobConfig, AccumulationAndClippingAreValidated) {
   refused(c, "clip_value");
 }
 
+TEST(JobConfig, AnElasticJobsWorkerBoundsAreValidated) {
+  auto refused = [](const v1::JobConfig& c, const std::string& what) {
+    const absl::Status s = ValidateJobConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  v1::JobConfig c = DefaultJobConfig();  // 2 workers
+  c.set_max_workers(4);
+  c.set_min_workers(1);
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.set_max_workers(2);  // no spare rank, but elastic (leased data)
+  c.set_min_workers(2);
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.set_max_workers(1);
+  c.set_min_workers(0);
+  refused(c, "max_workers must be at least num_workers");
+  c.set_max_workers(1025);
+  refused(c, "max_workers must be in [0, 1024]");
+  c.set_max_workers(4);
+  c.set_min_workers(3);
+  refused(c, "min_workers must be at most num_workers");
+  c.set_max_workers(0);
+  c.set_min_workers(1);
+  refused(c, "min_workers needs max_workers");
+  c = DefaultJobConfig();
+  c.set_model(v1::MODEL_USER);
+  c.mutable_dataset()->set_path("");
+  ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.set_max_workers(4);
+  refused(c, "max_workers: a user model");
+}
+
+TEST(JobConfig, AnElasticJobHasMaxWorkersRanksAndAFixedJobNumWorkers) {
+  v1::JobConfig c = DefaultJobConfig();
+  c.set_num_workers(3);
+  EXPECT_FALSE(IsElastic(c));
+  EXPECT_EQ(JobRanks(c), 3u);
+  c.set_max_workers(8);
+  EXPECT_TRUE(IsElastic(c));
+  EXPECT_EQ(JobRanks(c), 8u);
+  c.set_max_workers(3);
+  EXPECT_TRUE(IsElastic(c));
+  EXPECT_EQ(JobRanks(c), 3u);
+}
+
+TEST(JobConfig, TheExampleLedgerCutsEachEpochIntoBlocksOfOneStepsExamples) {
+  v1::JobConfig c = DefaultJobConfig();  // batch 64, 3 epochs, 2 workers
+  c.set_max_workers(4);
+  LedgerShape shape = ExampleLedgerShape(c, 60000);
+  EXPECT_EQ(shape.blocks_per_epoch, 60000u / 64);  // 937: the rest is dropped
+  EXPECT_EQ(shape.total_blocks, 3u * 937);
+  // With steps: the examples a fixed job of num_workers would train.
+  c.set_steps(17);
+  shape = ExampleLedgerShape(c, 60000);
+  EXPECT_EQ(shape.blocks_per_epoch, 937u);
+  EXPECT_EQ(shape.total_blocks, 17u * 2);
+  // A block is an accumulating step's batches.
+  c.set_steps(0);
+  c.set_accumulate_steps(4);
+  shape = ExampleLedgerShape(c, 60000);
+  EXPECT_EQ(shape.blocks_per_epoch, 60000u / 256);
+  EXPECT_EQ(shape.total_blocks, 3u * (60000 / 256));
+  // A set smaller than one step still makes a block an epoch.
+  shape = ExampleLedgerShape(c, 100);
+  EXPECT_EQ(shape.blocks_per_epoch, 1u);
+  EXPECT_EQ(shape.total_blocks, 3u);
+}
+
 TEST(JobConfig, LearningRateWarmsUpThenDecays) {
   v1::OptimizerConfig o;
   o.set_learning_rate(1.0f);

@@ -72,6 +72,9 @@ ABSL_FLAG(std::optional<double>, straggle_factor, std::nullopt,
           "the straggler sleeps (F - 1) x its own step time every step (F >= 1)");
 ABSL_FLAG(std::optional<uint32_t>, straggle_ms, std::nullopt,
           "the straggler sleeps this many milliseconds every step");
+ABSL_FLAG(bool, examples_logs, false,
+          "each grps-worker writes the examples it trained, a line per step, to "
+          "<run_dir>/examples-worker-<rank>.log (grps-worker --examples_log)");
 
 namespace grps {
 namespace {
@@ -211,6 +214,7 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(bool model_given) {
   options.restart_workers = absl::GetFlag(FLAGS_restart_workers);
   options.restart_servers = absl::GetFlag(FLAGS_restart_servers);
   options.restart_coordinator = absl::GetFlag(FLAGS_restart_coordinator);
+  options.examples_logs = absl::GetFlag(FLAGS_examples_logs);
   if (absl::Status s = SetStraggler(&options); !s.ok()) return s;
   if (const char* path = std::getenv("PATH")) options.plot_search_path = path;
   return options;

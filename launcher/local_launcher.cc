@@ -238,6 +238,9 @@ ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
        absl::StrCat("--curve_csv=",
                     InDir(options.run_dir, absl::StrCat("curve-worker-", rank, ".csv")))},
       InDir(options.run_dir, absl::StrCat("worker-", rank, ".log"))};
+  if (options.examples_logs)
+    spec.argv.push_back(absl::StrCat(
+        "--examples_log=", InDir(options.run_dir, absl::StrCat("examples-worker-", rank, ".log"))));
   if (options.straggler_rank == rank) {
     if (options.straggle_factor)
       spec.argv.push_back(absl::StrFormat("--straggle_factor=%g", *options.straggle_factor));
@@ -370,6 +373,7 @@ RunResult ResultOf(const LaunchOptions& options,
     r.late_gradients = latest->late_gradients() > 0 ? latest->late_gradients() : shard_late;
     r.worker_leaves = latest->worker_leaves();
     r.worker_joins = latest->worker_joins();
+    r.data = latest->data();
     r.too_stale = latest->too_stale() > 0 ? latest->too_stale() : shard_too_stale;
   }
   if (final_eval) {
@@ -405,6 +409,12 @@ std::string ResultJson(const RunResult& r) {
       ",\"loss_scale\":", JsonNumber(r.loss_scale),
       ",\"exit\":", JsonString(r.exit));
   if (r.exit != "ok") absl::StrAppend(&json, ",\"error\":", JsonString(r.error));
+  if (r.data.total_blocks() > 0)
+    absl::StrAppend(&json, ",\"data\":{\"blocks_per_epoch\":", r.data.blocks_per_epoch(),
+                    ",\"total_blocks\":", r.data.total_blocks(),
+                    ",\"trained\":", r.data.consumed(), ",\"leased\":", r.data.leased(),
+                    ",\"returned\":", r.data.returned(),
+                    ",\"refused_reports\":", r.data.refused_reports(), "}");
   return json + "}\n";
 }
 

@@ -105,6 +105,8 @@ struct LaunchOptions {
   std::optional<uint32_t> straggler_rank;
   std::optional<double> straggle_factor;  // sleeps (F - 1) x its step time
   std::optional<uint32_t> straggle_ms;    // sleeps this long every step
+  // grps-worker writes <run_dir>/examples-worker-<rank>.log (--examples_log).
+  bool examples_logs = false;
   // The job's admin and worker tokens (see daemon/security.h), handed to
   // the daemons in GRPS_TOKEN / GRPS_WORKER_TOKEN (workers get only theirs);
   // empty: authentication off. `tls_flags` (--tls_cert=..., --tls_ca=...) go
@@ -217,6 +219,8 @@ struct RunResult {
   // the running job (JobStatus.worker_leaves, worker_joins).
   uint64_t worker_leaves = 0;
   uint64_t worker_joins = 0;
+  // An elastic job's example ledger (JobStatus.data), from the newest status.
+  v1::DataProgress data;
   // Consistency figures from the newest status (zero without one).
   uint32_t backup_workers = 0;
   uint32_t staleness_bound = 0;
@@ -252,7 +256,9 @@ RunResult ResultOf(const LaunchOptions& options,
 // "staleness_bound",
 // "late_gradients", "too_stale", "staleness_mean", "staleness_max",
 // "staleness_histogram" (an array), "exit"}, plus "error" unless exit is
-// "ok". A figure not known is null.
+// "ok", and for an elastic job "data": {"blocks_per_epoch", "total_blocks",
+// "trained", "leased", "returned", "refused_reports"}. A figure not known is
+// null.
 std::string ResultJson(const RunResult& result);
 
 // What the plot needs to know of one worker's curve CSV.

@@ -145,15 +145,34 @@ absl::Duration MemberAgent::Silence() const {
   return clock_() - last_answer_;
 }
 
+namespace {
+
+// A worker's request to the coordinator, stamped with who sends it.
+template <typename Request>
+void StampWorker(const MemberAgent::Identity& identity, Request* request) {
+  request->set_job_id(identity.job_id);
+  request->set_worker_rank(identity.index);
+  request->set_incarnation(identity.incarnation);
+}
+
+}  // namespace
+
 grpc::Status MemberAgent::WorkerDone(v1::WorkerDoneRequest request,
                                      v1::WorkerDoneResponse* response,
                                      absl::Duration timeout) {
-  request.set_job_id(identity_.job_id);
-  request.set_worker_rank(identity_.index);
-  request.set_incarnation(identity_.incarnation);
+  StampWorker(identity_, &request);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return coordinator_->WorkerDone(&context, request, response);
+}
+
+grpc::Status MemberAgent::LeaseExamples(v1::LeaseExamplesRequest request,
+                                        v1::LeaseExamplesResponse* response,
+                                        absl::Duration timeout) {
+  StampWorker(identity_, &request);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return coordinator_->LeaseExamples(&context, request, response);
 }
 
 void MemberAgent::Loop(const Handlers& handlers, bool obey_signals) {

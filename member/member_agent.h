@@ -121,6 +121,9 @@ class MemberAgent {
   // incarnation. The holder decides what to retry (it depends on its state).
   grpc::Status WorkerDone(v1::WorkerDoneRequest request, v1::WorkerDoneResponse* response,
                           absl::Duration timeout);
+  // The same for an elastic job's LeaseExamples.
+  grpc::Status LeaseExamples(v1::LeaseExamplesRequest request,
+                             v1::LeaseExamplesResponse* response, absl::Duration timeout);
 
   const Identity& identity() const { return identity_; }
 

@@ -1,14 +1,20 @@
 #include "server/consistency_policy.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace grps {
 
-LiveSet LiveSet::All(uint32_t num_workers) {
+LiveSet LiveSet::All(uint32_t num_workers) { return First(num_workers, num_workers); }
+
+LiveSet LiveSet::First(uint32_t num_workers, uint32_t live) {
+  live = std::min(live, num_workers);
   LiveSet s;
-  s.live.assign(num_workers, true);
+  s.live.assign(num_workers, false);
+  std::fill(s.live.begin(), s.live.begin() + live, true);
   s.incarnations.assign(num_workers, 0);
-  s.count = num_workers;
+  s.count = live;
   return s;
 }
 

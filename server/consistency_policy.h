@@ -35,7 +35,10 @@ struct LiveSet {
   std::vector<uint64_t> incarnations;    // by rank; 0 = unknown
   uint32_t count = 0;                    // number of live ranks
 
+  // Ranks [0, live) of num_workers live (all of them by default): before
+  // the coordinator's first word, the ranks that start the job.
   static LiveSet All(uint32_t num_workers);
+  static LiveSet First(uint32_t num_workers, uint32_t live);
   bool contains(uint32_t rank) const { return rank < live.size() && live[rank]; }
 };
 

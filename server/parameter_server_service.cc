@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "daemon/refusal_log.h"
+#include "job/job_config.h"
 #include "job/sparse_tables.h"
 #include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
@@ -38,10 +39,10 @@ absl::Status CheckJob(const ShardStore& store, const std::string& job_id) {
 }
 
 absl::Status CheckRank(const ShardStore& store, uint32_t rank) {
-  if (rank < store.config().num_workers()) return absl::OkStatus();
+  if (rank < JobRanks(store.config())) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("unknown worker rank ", rank, ": the job has ",
-                   store.config().num_workers(), " workers"));
+                   JobRanks(store.config()), " workers"));
 }
 
 // The spec of a chunk this shard holds; NOT_FOUND otherwise.

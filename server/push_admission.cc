@@ -7,9 +7,10 @@
 
 namespace grps {
 
-PushAdmission::PushAdmission(uint32_t num_workers) : num_workers_(num_workers) {
+PushAdmission::PushAdmission(uint32_t num_workers, uint32_t start_workers)
+    : num_workers_(num_workers) {
   absl::MutexLock lock(&mu_);
-  live_ = std::make_shared<const LiveSet>(LiveSet::All(num_workers_));
+  live_ = std::make_shared<const LiveSet>(LiveSet::First(num_workers_, start_workers));
 }
 
 std::shared_ptr<const LiveSet> PushAdmission::live() const {

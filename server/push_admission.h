@@ -38,7 +38,9 @@ namespace grps {
 
 class PushAdmission {
  public:
-  explicit PushAdmission(uint32_t num_workers);
+  // Ranks below num_workers may push; the first start_workers count as
+  // live until SetLiveWorkers.
+  PushAdmission(uint32_t num_workers, uint32_t start_workers);
 
   // Who pushes, for every target of one push.
   struct Pusher {

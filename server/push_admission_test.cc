@@ -3,6 +3,7 @@
 #include "server/push_admission.h"
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -13,13 +14,20 @@
 namespace grps {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 struct Admission {
   explicit Admission(v1::ConsistencyMode mode, uint32_t workers = 1, int chunks = 1)
-      : config(PolicyTestConfig(mode, workers)), admission(workers) {
+      : config(PolicyTestConfig(mode, workers)), admission(workers, workers) {
     for (int i = 0; i < chunks; ++i)
       targets.push_back(std::make_unique<StoreChunk>(i, 1, CreateCpuBackend(), config));
+  }
+  // A job of `job` (one chunk), its ranks up to JobRanks, the first
+  // `start_workers` live.
+  Admission(v1::JobConfig job, uint32_t start_workers)
+      : config(std::move(job)), admission(JobRanks(config), start_workers) {
+    targets.push_back(std::make_unique<StoreChunk>(0, 1, CreateCpuBackend(), config));
   }
   // Rank `p`'s gradient {1} of every chunk named in `ids`, computed on `base`.
   absl::StatusOr<std::vector<PushAdmission::Outcome>> Push(PushAdmission::Pusher p,
@@ -156,6 +164,54 @@ TEST(PushAdmission, ALateSyncGradientIsCountedForItsRank) {
   absl::MutexLock lock(&a.targets[0]->mu);
   EXPECT_EQ(a.targets[0]->counters.late_folded, 1u);
   EXPECT_EQ(a.targets[0]->counters.late_by_worker[1], 1u);
+}
+
+// --- The live set before the coordinator's first word ------------------------
+
+TEST(PushAdmission, StartsWithOnlyTheFirstStartWorkersLive) {
+  PushAdmission admission(/*num_workers=*/4, /*start_workers=*/2);
+  const std::shared_ptr<const LiveSet> live = admission.live();
+  EXPECT_EQ(live->count, 2u);
+  EXPECT_THAT(live->live, ElementsAre(true, true, false, false));
+  EXPECT_THAT(live->incarnations, ElementsAre(0, 0, 0, 0));
+  EXPECT_TRUE(live->contains(0));
+  EXPECT_TRUE(live->contains(1));
+  EXPECT_FALSE(live->contains(2));
+  EXPECT_FALSE(live->contains(3));
+}
+
+TEST(PushAdmission, ARankBeyondTheStartWorkersIsLiveOnceTheCoordinatorSaysSo) {
+  PushAdmission admission(4, 2);
+  const uint32_t ranks[] = {0, 1, 3};
+  const uint64_t incarnations[] = {1, 1, 1};
+  const std::shared_ptr<const LiveSet> live = admission.SetLiveWorkers(ranks, incarnations);
+  EXPECT_EQ(live->count, 3u);
+  EXPECT_THAT(live->live, ElementsAre(true, true, false, true));
+}
+
+TEST(PushAdmission, AnElasticSyncStepCompletesWithTheStartingWorkersAlone) {
+  // Two workers start a job of up to four: ranks 2 and 3 are not waited for.
+  v1::JobConfig config = PolicyTestConfig(v1::MODE_SYNC, 2);
+  config.set_max_workers(4);
+  Admission a(config, /*start_workers=*/2);
+  ASSERT_TRUE(a.Push({0, 1, 0}, {0}, 0).ok());
+  EXPECT_EQ(a.Version(0), 0u);
+  ASSERT_TRUE(a.Push({1, 1, 0}, {0}, 0).ok());
+  EXPECT_EQ(a.Version(0), 1u);
+}
+
+TEST(LiveSet, FirstMarksTheFirstRanksLiveAndClampsToNumWorkers) {
+  const LiveSet none = LiveSet::First(3, 0);
+  EXPECT_EQ(none.count, 0u);
+  EXPECT_THAT(none.live, ElementsAre(false, false, false));
+  const LiveSet over = LiveSet::First(3, 5);
+  EXPECT_EQ(over.count, 3u);
+  EXPECT_THAT(over.live, ElementsAre(true, true, true));
+  EXPECT_EQ(over.incarnations.size(), 3u);
+  const LiveSet all = LiveSet::All(3);
+  EXPECT_EQ(all.count, 3u);
+  EXPECT_EQ(all.live, over.live);
+  EXPECT_EQ(all.incarnations, over.incarnations);
 }
 
 }  // namespace

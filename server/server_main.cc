@@ -612,7 +612,7 @@ void GoLive(ShardStore& store, GrpcServer& server, ParameterServerService& servi
             std::atomic<const ShardStore*>& attached,
             const v1::RegisterServerResponse& registration, const std::string& address) {
   const v1::ShardStatus held = store.ShardStatus();
-  const size_t memory = ServerMemoryBytes(held.num_elements(), store.config().num_workers());
+  const size_t memory = ServerMemoryBytes(held.num_elements(), JobRanks(store.config()));
   server.quota->Resize(memory);
   service.Attach(&store);
   attached.store(&store);

@@ -114,8 +114,8 @@ ShardStore::ShardStore(Options options)
       incarnation_(options.incarnation),
       address_(std::move(options.address)),
       make_backend_(std::move(options.make_backend)),
-      num_workers_(config_.num_workers()),
-      admission_(num_workers_),
+      num_workers_(JobRanks(config_)),
+      admission_(num_workers_, config_.num_workers()),
       pulls_(options.max_waiting_pulls > 0 ? options.max_waiting_pulls
                                            : kWaitingPullsPerWorker * std::max(1u, num_workers_),
              absl::StrCat("shard ", shard_), [this](WaitingPull& w) { return TryServe(w); }) {}

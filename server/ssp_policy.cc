@@ -38,7 +38,7 @@ class SspPolicy final : public ChunkPolicy {
   explicit SspPolicy(const v1::JobConfig& config)
       : config_(config),
         s_(config.staleness_bound()),
-        workers_(config.num_workers()),
+        workers_(JobRanks(config)),
         applied_(workers_, 0),
         read_(workers_, -1),
         offset_(workers_, 0),

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "job/initializer.h"
+#include "job/job_config.h"
 
 namespace grps {
 namespace {
@@ -52,8 +53,8 @@ StoreTarget::StoreTarget(uint64_t order, std::string name, const v1::JobConfig& 
     : order(order), name(std::move(name)) {
   absl::MutexLock lock(&mu);
   policy = MakeChunkPolicy(config);
-  marks.assign(config.num_workers(), AcceptedMark{});
-  counters.late_by_worker.assign(config.num_workers(), 0);
+  marks.assign(JobRanks(config), AcceptedMark{});
+  counters.late_by_worker.assign(JobRanks(config), 0);
 }
 
 void StoreTarget::Apply(const GradientRef& grad, float lr, int64_t staleness) {

@@ -7,7 +7,12 @@
 //            max(1, live - backup_workers) (with no backup workers: every
 //            live worker), or, when no worker is live any more, with
 //            whatever it holds. It is applied once, from the average of
-//            everything in its sum, at the step's scheduled learning rate.
+//            everything in its sum, at the step's scheduled learning rate;
+//            in an elastic job (max_workers) that rate is scaled by the
+//            gradients averaged over num_workers (the linear scaling rule:
+//            a step of 4 workers' batches moves the weights as far as 2
+//            steps of 2 workers' would, so the live set's size does not
+//            change what an epoch does).
 //   b <  v   late: its step completed without it (a straggler beyond the
 //            quorum, or a worker declared dead that came back). Counted, and
 //            with late_gradients = fold added to the open step's sum (it
@@ -49,15 +54,16 @@ class SyncPolicy final : public ChunkPolicy {
  public:
   explicit SyncPolicy(const v1::JobConfig& config)
       : optimizer_(config.optimizer()),
+        scale_by_(IsElastic(config) ? std::max<uint32_t>(1, config.num_workers()) : 0),
         backup_workers_(config.backup_workers()),
         fold_(config.late_gradients() != v1::LATE_GRADIENTS_DROP),
-        any_order_(config.num_workers() <= 2),
-        contributed_(config.num_workers(), false),
-        waiting_(config.num_workers()),
-        folds_(config.num_workers()),
-        awaiting_(config.num_workers(), 0),
-        incarnation_(config.num_workers(), 0),
-        last_(config.num_workers()) {}
+        any_order_(JobRanks(config) <= 2),
+        contributed_(JobRanks(config), false),
+        waiting_(JobRanks(config)),
+        folds_(JobRanks(config)),
+        awaiting_(JobRanks(config), 0),
+        incarnation_(JobRanks(config), 0),
+        last_(JobRanks(config)) {}
 
   absl::Status Check(const ChunkGradientMeta& g,
                      const UpdateTarget& chunk) const override {
@@ -198,8 +204,11 @@ class SyncPolicy final : public ChunkPolicy {
     // folded late gradients, each in rank order.
     AddHeld(&waiting_, summed_below_, waiting_.size());
     AddHeld(&folds_, 0, folds_.size());
-    sum_->Scale(1.0f / static_cast<float>(contributors_ + folded_));
-    chunk.Apply(sum_->Ref(), ScheduledLearningRate(optimizer_, chunk.version()), -1);
+    const uint32_t averaged = contributors_ + folded_;
+    sum_->Scale(1.0f / static_cast<float>(averaged));
+    float lr = ScheduledLearningRate(optimizer_, chunk.version());
+    if (scale_by_ > 0) lr *= static_cast<float>(averaged) / static_cast<float>(scale_by_);
+    chunk.Apply(sum_->Ref(), lr, -1);
     sum_->Clear();
     std::fill(contributed_.begin(), contributed_.end(), false);
     contributors_ = 0;
@@ -209,6 +218,9 @@ class SyncPolicy final : public ChunkPolicy {
   }
 
   const v1::OptimizerConfig optimizer_;
+  // Elastic jobs: the learning rate is scaled by averaged / scale_by_
+  // (num_workers); 0 otherwise.
+  const uint32_t scale_by_;
   const uint32_t backup_workers_;
   const bool fold_;
   const bool any_order_;  // at most two workers: contributions in any order

@@ -21,6 +21,10 @@ struct Sync {
     config.set_late_gradients(late);
     policy = MakeSyncPolicy(config);
   }
+  // A job of `config`, `live` its live set.
+  Sync(v1::JobConfig job, LiveSet live_set) : config(std::move(job)), live(std::move(live_set)) {
+    policy = MakeSyncPolicy(config);
+  }
   // Rank `rank`'s gradient of its step `step`, computed on `base`.
   GradientFate Push(uint32_t rank, uint64_t base, std::vector<float> values, uint64_t step = 0) {
     const ChunkGradientMeta g{rank, 1, step, base};
@@ -203,6 +207,98 @@ TEST(SyncPolicy, ACheckpointsMarkLeavesOutThePushesOfTheOpenStep) {
   first.set_step(0);
   sync.policy->KeepMark(0, at_zero, &first);
   EXPECT_FALSE(first.valid());
+}
+
+// --- Elastic jobs: the linear scaling rule ---------------------------------
+
+// An elastic job started by `workers` workers, up to `max_workers`, with
+// the first `live` ranks live.
+Sync Elastic(uint32_t workers, uint32_t max_workers, uint32_t live) {
+  v1::JobConfig config = PolicyTestConfig(v1::MODE_SYNC, workers);
+  config.set_max_workers(max_workers);
+  return Sync(config, LiveSet::First(max_workers, live));
+}
+
+TEST(SyncPolicy, AnElasticStepOfTwiceNumWorkersGradientsIsAppliedAtTwiceTheLearningRate) {
+  Sync sync = Elastic(/*workers=*/2, /*max_workers=*/4, /*live=*/4);
+  sync.Push(0, 0, {1});
+  sync.Push(1, 0, {2});
+  sync.Push(2, 0, {3});
+  EXPECT_TRUE(sync.chunk.updates.empty()) << "every live rank contributes";
+  sync.Push(3, 0, {6});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 2.0f);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(3.0f)) << "still the average";
+}
+
+TEST(SyncPolicy, AnElasticStepOfNumWorkersGradientsIsAppliedAtTheScheduledLearningRate) {
+  Sync sync = Elastic(/*workers=*/2, /*max_workers=*/4, /*live=*/2);
+  sync.Push(0, 0, {1});
+  sync.Push(1, 0, {3});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 1.0f);
+  EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(2.0f));
+}
+
+TEST(SyncPolicy, AnElasticStepOfFewerThanNumWorkersGradientsIsAppliedAtAScaledDownRate) {
+  // A worker left: one of two starting workers remains.
+  Sync sync = Elastic(/*workers=*/2, /*max_workers=*/4, /*live=*/1);
+  sync.Push(0, 0, {4});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 0.5f);
+}
+
+TEST(SyncPolicy, TheElasticScaleCountsAGradientOfARankOutsideTheLiveSet) {
+  // Rank 2 joined and pushed before the shard heard it is live: it counts
+  // in the average (and so in the scale), not toward the quorum.
+  Sync sync = Elastic(/*workers=*/2, /*max_workers=*/4, /*live=*/2);
+  sync.Push(2, 0, {3});
+  sync.Push(0, 0, {3});
+  EXPECT_TRUE(sync.chunk.updates.empty());
+  sync.Push(1, 0, {3});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 1.5f);
+}
+
+TEST(SyncPolicy, TheElasticScaleCountsFoldedLateGradients) {
+  // One backup worker: step 0 completes with 2 of 3; rank 2's late
+  // gradient is folded into step 1, averaged over 3.
+  v1::JobConfig config = PolicyTestConfig(v1::MODE_SYNC, 2);
+  config.set_max_workers(3);
+  config.set_backup_workers(1);
+  Sync sync(config, LiveSet::First(3, 3));
+  sync.Push(0, 0, {1});
+  sync.Push(1, 0, {1});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 1.0f);
+  EXPECT_EQ(sync.Push(2, 0, {1}), GradientFate::kLateFolded);
+  sync.Push(0, 1, {1}, 1);
+  sync.Push(1, 1, {1}, 1);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[1].lr, 1.5f);
+}
+
+TEST(SyncPolicy, ANonElasticStepIsAppliedAtTheScheduledLearningRateWhoeverContributes) {
+  Sync four(4);
+  for (uint32_t r = 0; r < 4; ++r) four.Push(r, 0, {1});
+  ASSERT_EQ(four.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(four.chunk.updates[0].lr, 1.0f);
+
+  Sync backup(4, /*backup=*/2);  // completes with 2 of 4
+  backup.Push(0, 0, {1});
+  backup.Push(1, 0, {1});
+  ASSERT_EQ(backup.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(backup.chunk.updates[0].lr, 1.0f);
+}
+
+TEST(SyncPolicy, TheElasticScaleMultipliesTheScheduledLearningRate) {
+  v1::JobConfig config = PolicyTestConfig(v1::MODE_SYNC, 2);
+  config.set_max_workers(4);
+  config.mutable_optimizer()->set_learning_rate(0.25f);
+  Sync sync(config, LiveSet::First(4, 4));
+  for (uint32_t r = 0; r < 4; ++r) sync.Push(r, 0, {1});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 0.5f);
 }
 
 }  // namespace

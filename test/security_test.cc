@@ -171,6 +171,13 @@ TEST_F(SecurityTest, EveryCoordinatorRpcWithoutTheTokenIsUnauthenticatedAndChang
     v1::DrainWorkerResponse drain_reply;
     EXPECT_EQ(stub->DrainWorker(Context().get(), {}, &drain_reply).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
+    v1::LeaseExamplesRequest lease;
+    lease.set_job_id("secure-job");
+    lease.set_want(1);
+    lease.set_train_examples(640);
+    v1::LeaseExamplesResponse lease_reply;
+    EXPECT_EQ(stub->LeaseExamples(Context().get(), lease, &lease_reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
     // Reflection and any other service too: the check runs before routing.
     EXPECT_EQ(UnaryCallBytes(MakeChannel(address_, Caller(token), false),
                              "/grps.v1.NoSuchService/NoSuchMethod", "", absl::Seconds(5))
@@ -242,6 +249,24 @@ TEST_F(SecurityTest, OnlyTheHolderOfARanksMemberSecretMayHeartbeatOrFinishAsIt) 
   EXPECT_EQ(Stub(kWorker)->WorkerDone(forged.get(), done, &done_reply).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(service_->Status().workers(1).state(), v1::MEMBER_STATE_ALIVE);
+
+  // LeaseExamples as rank 1 without its secret: refused before the job
+  // hears of it; with it, the (not elastic) job answers.
+  v1::LeaseExamplesRequest lease;
+  lease.set_job_id("secure-job");
+  lease.set_worker_rank(1);
+  lease.set_incarnation(incarnations_[1]);
+  lease.set_want(1);
+  lease.set_train_examples(640);
+  v1::LeaseExamplesResponse lease_reply;
+  auto forged_lease = Context();
+  forged_lease->AddMetadata("grps-member-secret", worker_secrets_[0]);
+  EXPECT_EQ(Stub(kWorker)->LeaseExamples(forged_lease.get(), lease, &lease_reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  auto own_lease = Context();
+  own_lease->AddMetadata("grps-member-secret", worker_secrets_[1]);
+  EXPECT_EQ(Stub(kWorker)->LeaseExamples(own_lease.get(), lease, &lease_reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 
   // A forged shard status (server heartbeat) without the shard's secret.
   v1::HeartbeatRequest shard_beat;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,7 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
 Trainer::~Trainer() {
   evaluator_.reset();  // its callback uses the members below
   session_.reset();    // stops the heartbeats
+  if (examples_log_ != nullptr) std::fclose(examples_log_);
   absl::MutexLock lock(&curve_mu_);
   if (curve_ != nullptr) std::fclose(curve_);
 }
@@ -289,14 +291,27 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
 
 absl::Status Trainer::Run() {
   if (absl::Status s = LoadData(); !s.ok()) return s;
-  const uint64_t total = TotalSteps(config_, TrainExamples());
-  session_->UpdateProgress([total](v1::WorkerProgress* p) { p->set_total_steps(total); });
+  if (!options_.examples_log.empty()) {
+    examples_log_ = std::fopen(options_.examples_log.c_str(), "w");
+    if (examples_log_ == nullptr)
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write the examples log ", options_.examples_log));
+  }
+  // The steps a worker of a fixed job trains; an elastic job's workers train
+  // until the ledger has no block left, and report this as their estimate.
+  const uint64_t estimate = TotalSteps(config_, TrainExamples());
+  session_->UpdateProgress([estimate](v1::WorkerProgress* p) { p->set_total_steps(estimate); });
+  if (IsElastic(config_))
+    leases_ = std::make_unique<ExampleLeases>(
+        [this](v1::LeaseExamplesRequest r) { return session_->LeaseExamples(std::move(r)); },
+        TrainExamples(), StepExamples(config_), config_.seed());
+  const uint64_t total = leases_ != nullptr ? std::numeric_limits<uint64_t>::max() : estimate;
   // Train, report, wait for the end; a roll-back (also one that comes after
   // WorkerDone) sends the worker back to training.
   while (true) {
     absl::Status s = Train(total);
     if (s.ok() && leaving_) return LeaveJob(total);
-    if (s.ok()) s = FinishAndWait(total);
+    if (s.ok()) s = FinishAndWait();
     switch (session_->Interrupted()) {
       case Interrupt::kSignal:
       case Interrupt::kJobEnded:
@@ -317,6 +332,15 @@ absl::Status Trainer::Run() {
 absl::StatusOr<Trainer::StepPlan> Trainer::PlanSteps() const {
   StepPlan plan;
   plan.batch = static_cast<int64_t>(StepExamples(config_));
+  if (leases_ != nullptr) {
+    plan.part = PartitionRange{0, TrainExamples()};
+    plan.per_epoch = ExampleLedgerShape(config_, TrainExamples()).blocks_per_epoch;
+    if (TrainExamples() < plan.batch)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the training set has ", TrainExamples(), " examples, fewer than one step's ",
+          plan.batch));
+    return plan;
+  }
   absl::StatusOr<PartitionRange> part =
       PartitionForRank(TrainExamples(), rank_, config_.num_workers());
   if (!part.ok()) return part.status();
@@ -333,8 +357,13 @@ absl::StatusOr<Trainer::StepPlan> Trainer::PlanSteps() const {
 }
 
 void Trainer::LogPlan(const StepPlan& plan, uint64_t step, uint64_t total) const {
-  spdlog::info("rank {} trains steps [{}, {}) ({} per epoch) on examples [{}, {}) with {}{}{}{}",
-               rank_, step, total, plan.per_epoch, plan.part.begin, plan.part.end,
+  spdlog::info("rank {} trains {} with {}{}{}{}", rank_,
+               leases_ != nullptr
+                   ? absl::StrFormat("from step %d blocks of %d examples leased from the "
+                                     "coordinator's example ledger (%d per epoch)",
+                                     step, plan.batch, plan.per_epoch)
+                   : absl::StrFormat("steps [%d, %d) (%d per epoch) on examples [%d, %d)", step,
+                                     total, plan.per_epoch, plan.part.begin, plan.part.end),
                backend_->Name(),
                model_ != nullptr && model_->compute_dtype() != DType::kF32
                    ? absl::StrCat(", computing in ", std::string(DTypeName(model_->compute_dtype())),
@@ -363,16 +392,25 @@ BatchLoader<Trainer::StepBatch>::Prepare Trainer::BatchSource(const StepPlan& pl
   };
   auto order = std::make_shared<Order>(EpochShuffler(config_.seed(), plan.part));
   return [this, plan, order](uint64_t s, StepBatch* out) -> absl::Status {
-    const int64_t epoch = static_cast<int64_t>(s / plan.per_epoch);
-    if (epoch != order->epoch) {
-      absl::StatusOr<BatchIterator> it =
-          BatchIterator::Create(order->shuffler.Order(epoch), plan.batch, LastBatch::kDrop);
-      if (!it.ok()) return it.status();
-      order->batches.emplace(std::move(*it));
-      order->epoch = epoch;
+    absl::Span<const int64_t> idx;
+    if (leases_ != nullptr) {
+      absl::StatusOr<uint64_t> block = leases_->BlockFor(s);
+      if (!block.ok()) return block.status();
+      idx = leases_->Examples(*block);
+      out->epoch = leases_->EpochOf(*block);
+    } else {
+      const int64_t epoch = static_cast<int64_t>(s / plan.per_epoch);
+      if (epoch != order->epoch) {
+        absl::StatusOr<BatchIterator> it =
+            BatchIterator::Create(order->shuffler.Order(epoch), plan.batch, LastBatch::kDrop);
+        if (!it.ok()) return it.status();
+        order->batches.emplace(std::move(*it));
+        order->epoch = epoch;
+      }
+      idx = order->batches->Batch(static_cast<int64_t>(s % plan.per_epoch));
+      out->epoch = static_cast<uint64_t>(epoch);
     }
-    const absl::Span<const int64_t> idx =
-        order->batches->Batch(static_cast<int64_t>(s % plan.per_epoch));
+    if (examples_log_ != nullptr) out->examples.assign(idx.begin(), idx.end());
     if (embedding_ == nullptr) {
       out->x.resize(idx.size() * train_.num_features());
       out->y.resize(idx.size());
@@ -403,7 +441,8 @@ absl::Status Trainer::Train(uint64_t total) {
 
   // The loader thread prepares step + 1's examples while this thread
   // trains on step's.
-  BatchLoader<StepBatch> loader(BatchSource(*plan));
+  std::optional<BatchLoader<StepBatch>> loader;
+  loader.emplace(BatchSource(*plan));
   uint64_t batches_taken = 0;
   StepStats stats;
   stats.window_start = Now();
@@ -418,6 +457,12 @@ absl::Status Trainer::Train(uint64_t total) {
     if (session_->TakeRollBack(total, &step)) {
       resumed_at = step;
       pulled_for.reset();
+      // The coordinator took back this rank's leases: no batch prepared
+      // from one may be trained.
+      if (leases_ != nullptr) {
+        leases_->Reset();
+        loader.emplace(BatchSource(*plan));
+      }
     }
     if (session_->Interrupted() != Interrupt::kNone) break;
     // SIGTERM or a drain: leave at this step boundary (unless none is left).
@@ -435,13 +480,25 @@ absl::Status Trainer::Train(uint64_t total) {
     }
     if (step >= total) break;
     const absl::Time step_start = Now();
-    absl::StatusOr<StepBatch*> examples = loader.Take(
+    absl::StatusOr<StepBatch*> examples = loader->Take(
         step, options_.load_ahead && step + 1 < total ? std::optional<uint64_t>(step + 1)
                                                        : std::nullopt);
-    if (!examples.ok()) return examples.status();
+    // An elastic job's examples are all trained or leased: done.
+    if (absl::IsOutOfRange(examples.status()) && leases_ != nullptr) break;
+    if (!examples.ok()) {
+      if (session_->Interrupted() != Interrupt::kNone) continue;
+      if (absl::IsAborted(examples.status())) {
+        // Leased in an older generation: the restore order is on its way.
+        if (absl::Status s = session_->WaitForRestoreOrder(examples.status());
+            !s.ok() && session_->Interrupted() == Interrupt::kNone)
+          return s;
+        continue;
+      }
+      return examples.status();
+    }
     ++batches_taken;
     absl::StatusOr<float> loss =
-        ComputeStep(step, **examples, options_.load_ahead ? loader.PeekReady(step + 1) : nullptr,
+        ComputeStep(step, **examples, options_.load_ahead ? loader->PeekReady(step + 1) : nullptr,
                     resumed_at, &pulled_for);
     if (!loss.ok()) {
       if (session_->Interrupted() != Interrupt::kNone) continue;
@@ -458,14 +515,16 @@ absl::Status Trainer::Train(uint64_t total) {
     }
     if (pushed->pulled) pulled_for = step + 1;
     NotePush(step, *pushed, &stats);
-    const absl::Time step_end = ReportStep(step, total, *plan, *loss, *pushed, step_start, &stats);
+    NoteTrained(step, **examples);
+    const absl::Time step_end =
+        ReportStep(step, total, *plan, (*examples)->epoch, *loss, *pushed, step_start, &stats);
     if (options_.straggler.active())
       SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
     ++step;
   }
   next_step_ = step;
   spdlog::info("data loading: {} of the {} batches taken were prepared ahead{}",
-               loader.prepared_ahead(), batches_taken,
+               loader->prepared_ahead(), batches_taken,
                options_.load_ahead ? "" : " (--load_ahead=false)");
   return absl::OkStatus();
 }
@@ -527,9 +586,26 @@ void Trainer::UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& 
   stats->traffic_seen = now;
 }
 
-absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
-                         const ParameterShards::PushOutcome& pushed, absl::Time step_start,
-                         StepStats* stats) {
+void Trainer::NoteTrained(uint64_t step, const StepBatch& batch) {
+  if (leases_ != nullptr) leases_->Trained(step);
+  if (examples_log_ == nullptr) return;
+  std::string line =
+      absl::StrCat(step, " ", batch.epoch, " ", absl::ToUnixMillis(absl::Now()));
+  for (int64_t i : batch.examples) absl::StrAppend(&line, " ", i);
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), examples_log_);
+}
+
+absl::Status Trainer::ReportTrainedBlocks() {
+  if (examples_log_ != nullptr) std::fflush(examples_log_);
+  if (leases_ == nullptr) return absl::OkStatus();
+  return leases_->Flush();
+}
+
+absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& plan,
+                               uint64_t epoch, float loss,
+                               const ParameterShards::PushOutcome& pushed, absl::Time step_start,
+                               StepStats* stats) {
   stats->window_samples += plan.batch;
   const absl::Time now = Now();
   metrics_.samples.Increment(plan.batch);
@@ -537,7 +613,7 @@ absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& pl
   v1::WorkerProgress snapshot;
   session_->UpdateProgress([&](v1::WorkerProgress* progress) {
     progress->set_step(step + 1);
-    progress->set_epoch(static_cast<uint32_t>(step / plan.per_epoch));
+    progress->set_epoch(static_cast<uint32_t>(epoch));
     progress->set_loss(static_cast<float>(stats->loss_ema));
     progress->set_samples(progress->samples() + plan.batch);
     if (scaler_.dynamic()) {
@@ -565,22 +641,32 @@ absl::Time Trainer::ReportStep(uint64_t step, uint64_t total, const StepPlan& pl
 }
 
 absl::Status Trainer::LeaveJob(uint64_t total) {
+  // What it trained is this rank's; what else it leased goes back.
+  if (absl::Status s = ReportTrainedBlocks(); !s.ok())
+    spdlog::warn("reporting the trained examples: {}", std::string(s.message()));
   if (absl::Status s = session_->Leave(next_step_); !s.ok()) {
     // The coordinator will find out by the heartbeat timeout.
     spdlog::warn("{}; exiting anyway", std::string(s.message()));
     return absl::OkStatus();
   }
-  spdlog::info("left the job after {} of {} steps", next_step_, total);
+  spdlog::info("left the job after {} of {} steps", next_step_,
+               leases_ != nullptr ? std::string("an elastic job's") : absl::StrCat(total));
   return absl::OkStatus();
 }
 
-absl::Status Trainer::FinishAndWait(uint64_t total) {
+absl::Status Trainer::FinishAndWait() {
   if (session_->Interrupted() != Interrupt::kNone) return absl::OkStatus();
+  if (absl::Status s = ReportTrainedBlocks(); !s.ok()) {
+    if (session_->Interrupted() != Interrupt::kNone) return absl::OkStatus();
+    return s;
+  }
   v1::WorkerDoneRequest done;
+  session_->UpdateProgress([this](v1::WorkerProgress* p) { p->set_step(next_step_); });
   *done.mutable_progress() = session_->progress();
   if (absl::Status s = session_->ReportDone(done); !s.ok()) return s;
   if (session_->Interrupted() != Interrupt::kNone) return absl::OkStatus();
-  spdlog::info("finished {} steps; waiting for the job to end", total);
+  spdlog::info("finished {} steps{}; waiting for the job to end", next_step_,
+               leases_ != nullptr ? " (the example ledger has no block left)" : "");
   constexpr double kMiB = 1 << 20;
   const ParameterShards::Traffic dense = session_->dense().traffic();
   spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
@@ -590,17 +676,17 @@ absl::Status Trainer::FinishAndWait(uint64_t total) {
   absl::StatusOr<bool> final_turn = session_->AwaitEndOrFinalEvaluation();
   if (!final_turn.ok()) return final_turn.status();
   if (!*final_turn) return absl::OkStatus();
-  if (absl::Status s = EvaluateFinal(total, &done); !s.ok()) return s;
+  if (absl::Status s = EvaluateFinal(&done); !s.ok()) return s;
   return session_->AwaitEnd();
 }
 
-absl::Status Trainer::EvaluateFinal(uint64_t total, v1::WorkerDoneRequest* done) {
+absl::Status Trainer::EvaluateFinal(v1::WorkerDoneRequest* done) {
   // Training is over everywhere and the shards have seen it: these are the
   // final weights.
-  if (absl::Status s = session_->PullWeights(total, host_params_.data()); !s.ok())
+  if (absl::Status s = session_->PullWeights(next_step_, host_params_.data()); !s.ok())
     return session_->Interrupted() != Interrupt::kNone ? absl::OkStatus() : s;
   const Evaluator::Result result = evaluator_->EvaluateNow(
-      total, std::vector<float>(host_params_.begin(), host_params_.end()));
+      next_step_, std::vector<float>(host_params_.begin(), host_params_.end()));
   OnEvaluation(result, /*final_eval=*/true);
   if (!result.error.ok())
     return session_->Interrupted() != Interrupt::kNone

@@ -58,6 +58,7 @@
 #include "worker/batch_loader.h"
 #include "worker/embedding_model.h"
 #include "worker/evaluator.h"
+#include "worker/example_leases.h"
 #include "worker/gradient_clipping.h"
 #include "worker/loss_scaler.h"
 #include "worker/mlp_model.h"
@@ -72,6 +73,11 @@ namespace grps {
 
 struct TrainerOptions {
   std::string curve_csv;  // training curve, one row per report; "" = none
+  // Each step's examples as trained (its gradient pushed): a line
+  // "STEP EPOCH UNIX_MS I1 I2 ..." per step (UNIX_MS: when the push
+  // returned; I: example indices); "" = none. What a test checks an elastic
+  // job's data, and the pace of its steps, against.
+  std::string examples_log;
   Straggler straggler;    // injected slowness (none by default)
   // Prepare the next step's batch on the data-loading thread while this one
   // trains; false: in the training thread (for comparisons).
@@ -127,6 +133,8 @@ class Trainer {
     std::vector<int32_t> y;
     SparseDataset::Batch raw;
     SparseBatch sparse;
+    uint64_t epoch = 0;
+    std::vector<int64_t> examples;  // only with examples_log
   };
   // One step's gradient, computed on the weights in host_params_ and
   // clipped as the job says: the dense model's (the mean over its local
@@ -143,6 +151,8 @@ class Trainer {
   void Clip(absl::Span<float> rows);
   // How Train walks the data: a step's examples, this rank's partition, and
   // the steps in an epoch (the same on every rank, so sync steps line up).
+  // An elastic job's workers lease their steps' examples (leases_) instead:
+  // their partition is the whole set, and per_epoch its blocks.
   struct StepPlan {
     int64_t batch = 0;
     PartitionRange part;
@@ -150,7 +160,8 @@ class Trainer {
   };
   absl::StatusOr<StepPlan> PlanSteps() const;
   void LogPlan(const StepPlan& plan, uint64_t step, uint64_t total) const;
-  // Prepares step s's batch: the epoch's shuffled order, batch s % per_epoch.
+  // Prepares step s's batch: the epoch's shuffled order, batch s % per_epoch;
+  // in an elastic job, the block leased for s (OUT_OF_RANGE: none is left).
   BatchLoader<StepBatch>::Prepare BatchSource(const StepPlan& plan);
   // What Train carries from step to step for the metrics and the progress
   // it reports.
@@ -179,20 +190,26 @@ class Trainer {
   void NotePush(uint64_t step, const ParameterShards::PushOutcome& pushed, StepStats* stats);
   // The metrics and the progress (and curve) after step, trained from
   // step_start with `loss`; returns when the step ended.
-  absl::Time ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, float loss,
-                        const ParameterShards::PushOutcome& pushed, absl::Time step_start,
-                        StepStats* stats);
+  absl::Time ReportStep(uint64_t step, uint64_t total, const StepPlan& plan, uint64_t epoch,
+                        float loss, const ParameterShards::PushOutcome& pushed,
+                        absl::Time step_start, StepStats* stats);
+  // Step's batch was trained (its gradient pushed): its block is marked
+  // trained, and its examples written to the examples log.
+  void NoteTrained(uint64_t step, const StepBatch& batch);
+  // Reports the trained blocks (elastic jobs) and flushes the examples log:
+  // before the worker finishes or leaves.
+  absl::Status ReportTrainedBlocks();
   void UpdateStepMetrics(float loss, const ParameterShards::PushOutcome& pushed,
                          absl::Duration took, StepStats* stats);
   // Reports the finished steps, then heartbeats until the job ends. Returns
   // OK also when a roll-back interrupted the wait (session_->Interrupted()
   // says so).
-  absl::Status FinishAndWait(uint64_t total);
+  absl::Status FinishAndWait();
   // Leaves the job at a step boundary (WorkerDone with leaving); OK also
   // when the coordinator did not answer (it then declares the rank dead).
   absl::Status LeaveJob(uint64_t total);
   // The final evaluation the coordinator asked for, reported in `done`.
-  absl::Status EvaluateFinal(uint64_t total, v1::WorkerDoneRequest* done);
+  absl::Status EvaluateFinal(v1::WorkerDoneRequest* done);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
   void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
       ABSL_LOCKS_EXCLUDED(curve_mu_);
@@ -204,6 +221,9 @@ class Trainer {
 
   const v1::JobConfig config_;  // the registration's, as the session's
   const uint32_t rank_;
+  // An elastic job's leases of the example ledger (null otherwise).
+  std::unique_ptr<ExampleLeases> leases_;
+  FILE* examples_log_ = nullptr;  // training thread; options_.examples_log
   uint64_t start_step_;
   uint64_t next_step_;  // training thread: where Train starts
   // Training thread, in sync, for a rank that starts mid-job (start step >

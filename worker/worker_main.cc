@@ -40,6 +40,8 @@ ABSL_FLAG(int, blas_threads, 0,
           "OpenBLAS threads of the cpu backend (0: one per usable core); set it "
           "when several workers share a machine's cores");
 ABSL_FLAG(std::string, curve_csv, "", "write the training curve to this CSV");
+ABSL_FLAG(std::string, examples_log, "",
+          "write each trained step (step, epoch, Unix ms, example indices) to this file, a line per step");
 ABSL_FLAG(double, straggle_factor, 1.0,
           "experiments: make this worker F times slower (after each step it "
           "sleeps F - 1 times its own step time); 1 = no slowdown");
@@ -207,6 +209,7 @@ int Main(int argc, char** argv) {
 
   TrainerOptions options;
   options.curve_csv = absl::GetFlag(FLAGS_curve_csv);
+  options.examples_log = absl::GetFlag(FLAGS_examples_log);
   options.straggler = straggler;
   options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
   Trainer trainer(stub.get(), *reg, backend.get(), ConnectShards(*reg), options);

@@ -385,36 +385,42 @@ absl::Status WorkerSession::Leave(uint64_t step) {
   return absl::OkStatus();
 }
 
-absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
-  done.set_job_id(config_.job_id());
-  done.set_worker_rank(rank_);
-  done.set_incarnation(incarnation_);
+absl::Status WorkerSession::CallCoordinator(
+    const std::function<absl::Status(uint64_t generation)>& call, bool* gave_up) {
+  *gave_up = false;
   // A coordinator that restarted may not know this rank until it has seen
   // its heartbeat: its refusal is retried as long as the silence bound.
   const absl::Time refusals_until = Now() + coordinator_timeout_;
   Backoff policy;
-  // WorkerDone never answers RESOURCE_EXHAUSTED itself: it is the
+  // These calls never answer RESOURCE_EXHAUSTED themselves: it is the
   // coordinator's memory quota, busy with someone else's big messages.
   policy.retry_resource_exhausted = true;
   // A coordinator that is stopped or overloaded answers late: retried too,
   // as every failure, for as long as the coordinator's silence allows.
   policy.retry_deadline_exceeded = true;
-  bool gave_up = false;
-  absl::Status st = RetryTransient(policy, [&]() -> absl::Status {
+  return RetryTransient(policy, [&]() -> absl::Status {
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     if (CoordinatorSilence() > coordinator_timeout_) {
-      gave_up = true;
+      *gave_up = true;
       return absl::CancelledError("the coordinator is silent");  // ends the retries
     }
-    v1::WorkerDoneResponse resp;
-    v1::WorkerDoneRequest request = done;
-    request.set_generation(generation());
-    absl::Status s = ToAbsl(agent_.WorkerDone(request, &resp, absl::Seconds(10)));
+    absl::Status s = call(generation());
     if (absl::IsAborted(s)) return s;  // a roll-back: not retried here
     if ((absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) && Now() < refusals_until)
       return absl::UnavailableError(s.message());
     return s;
   });
+}
+
+absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
+  bool gave_up = false;
+  absl::Status st = CallCoordinator(
+      [&](uint64_t generation) {
+        v1::WorkerDoneResponse resp;
+        done.set_generation(generation);
+        return ToAbsl(agent_.WorkerDone(done, &resp, absl::Seconds(10)));
+      },
+      &gave_up);
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
     finished_ = true;
@@ -429,6 +435,24 @@ absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
   // the restore order, and the worker trains again.
   if (absl::IsAborted(st)) return WaitForRestoreOrder(st);
   return absl::Status(st.code(), absl::StrCat("WorkerDone: ", st.message()));
+}
+
+absl::StatusOr<v1::LeaseExamplesResponse> WorkerSession::LeaseExamples(
+    v1::LeaseExamplesRequest request) {
+  v1::LeaseExamplesResponse response;
+  bool gave_up = false;
+  absl::Status st = CallCoordinator(
+      [&](uint64_t generation) {
+        request.set_generation(generation);
+        return ToAbsl(agent_.LeaseExamples(request, &response, absl::Seconds(10)));
+      },
+      &gave_up);
+  if (st.ok()) return response;
+  if (gave_up)
+    return absl::UnavailableError(absl::StrCat(
+        "LeaseExamples: no word from the coordinator for ",
+        absl::FormatDuration(coordinator_timeout_), "; giving up"));
+  return absl::Status(st.code(), absl::StrCat("LeaseExamples: ", st.message()));
 }
 
 absl::StatusOr<bool> WorkerSession::AwaitEndOrFinalEvaluation() {

@@ -161,6 +161,12 @@ class WorkerSession {
   // interrupt ended it; a roll-back after this rank finished waits for the
   // restore order.
   absl::Status ReportDone(v1::WorkerDoneRequest done);
+  // Elastic jobs: reports the blocks trained and leases more
+  // (Coordinator.LeaseExamples; the session sets job, rank, incarnation and
+  // generation), retried as ReportDone is. CANCELLED on an interrupt,
+  // ABORTED when the job rolled back, UNAVAILABLE when the coordinator is
+  // silent too long; the coordinator's refusal otherwise.
+  absl::StatusOr<v1::LeaseExamplesResponse> LeaseExamples(v1::LeaseExamplesRequest request);
   // After ReportDone: waits until the job ends, a roll-back comes, or the
   // coordinator asks this rank for the final evaluation (true); the
   // coordinator's silence past coordinator_timeout_ms is an error.
@@ -188,6 +194,13 @@ class WorkerSession {
   // The wait of AwaitEnd*: true when `final_evaluation` and the coordinator
   // asks for it.
   absl::StatusOr<bool> AwaitEndOr(bool final_evaluation);
+  // Retries `call` (given the generation now) while the coordinator is
+  // unreachable, and its refusals FAILED_PRECONDITION and NOT_FOUND (a
+  // restarted coordinator that has not heard this rank yet) for the
+  // silence bound; ABORTED is not retried. *gave_up: the coordinator was
+  // silent too long.
+  absl::Status CallCoordinator(const std::function<absl::Status(uint64_t generation)>& call,
+                               bool* gave_up);
 
   v1::Coordinator::StubInterface* const coordinator_;
   const v1::JobConfig config_;
