@@ -418,13 +418,34 @@ def check_counts(objects):
     return problems
 
 
-def check_manifest(path, secrets, bin_dir, examples):
+def scale_job(objects, scale):
+    """`scale` ("JOB=N"): the indexed Job JOB patched to completions and
+    parallelism N, as `kubectl patch job JOB -p '{"spec": {"completions": N,
+    "parallelism": N}}'` does to a running elastic indexed Job. Returns the
+    names of the pods of the new indexes."""
+    name, _, n = scale.partition("=")
+    jobs = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"] == name]
+    if len(jobs) != 1 or not n.isdigit():
+        raise ManifestError("--scale %s: no Job %s, or not JOB=N" % (scale, name))
+    spec = jobs[0]["spec"]
+    before = spec.get("completions", 1)
+    if spec.get("completionMode") != "Indexed" or int(n) <= before:
+        raise ManifestError("--scale %s: the Job is not indexed, or N is not above its %d "
+                            "completions" % (scale, before))
+    spec["completions"] = spec["parallelism"] = int(n)
+    return ["%s-%d" % (name, i) for i in range(before, int(n))]
+
+
+def check_manifest(path, secrets, bin_dir, examples, scale=None):
     """Static checks of one rendered overlay; returns (pods with their
-    containers' argv and env, problems)."""
+    containers' argv and env, problems). With `scale`, the Job is scaled
+    after the checks of the counts (scale_job)."""
     objects = load(path) + secrets
     by_kind = index_objects(objects)
-    pods = expand_pods(objects)
     problems = check_counts(objects)
+    if scale:
+        scale_job(objects, scale)
+    pods = expand_pods(objects)
     runs = []
     for pod in pods:
         pod.ip = "0.0.0.0"  # fieldRef status.podIP before an address is chosen
@@ -869,14 +890,19 @@ def run(args, objects, runs):
     wall = 0.0
     restarted = None  # with --restart: the checkpoint it was killed after
     evicted = None  # with --evict: the checkpoint it was sent SIGTERM after
+    scaled = None  # with --scale: the checkpoint the Job was scaled up after
     try:
         launched = {}  # pod name -> what runner.start was given
-        for pod, container, argv, env, _, cname in started:
+
+        def launch(pod, container, argv, env, cname):
             if IMAGE:
                 image_env, mounts = in_image[pod.name]
                 argv = podman_argv(pod, container, cname, image_env, argv, hosts, mounts)
             runner.start(pod.name, argv, env, cname)
             launched[pod.name] = (argv, env, cname)
+        for pod, container, argv, env, _, cname in started:
+            if pod.name not in args.held:  # --scale: started by the scale-up
+                launch(pod, container, argv, env, cname)
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -912,7 +938,7 @@ def run(args, objects, runs):
                         scraped[pod.name] = (ok, said)
                 stop.wait(0.2)
         watchers = [threading.Thread(target=watch, args=(pod, c, env, argv_of), daemon=True)
-                    for pod, c, _, env, argv_of, _ in started]
+                    for pod, c, _, env, argv_of, _ in started if pod.name not in args.held]
         for w in watchers:
             w.start()
 
@@ -924,8 +950,23 @@ def run(args, objects, runs):
             raise ManifestError("--evict %s: no such pod" % args.evict)
         coordinator_log = [runner.logs[p.name] for p, c, *_ in started
                            if c["command"][0].endswith("/grps-coordinator")]
-        while len(codes) < len(runner.procs) and time.time() < deadline:
+        while (len(codes) < len(runner.procs) or (args.held and scaled is None)) \
+                and time.time() < deadline:
+            if args.held and scaled is None and checkpoint_complete(coordinator_log, True):
+                # The Job scaled up: its controller starts the new indexes'
+                # pods.
+                scaled = checkpoint_complete(coordinator_log)
+                for pod, container, argv, env, argv_of, cname in started:
+                    if pod.name in args.held:
+                        launch(pod, container, argv, env, cname)
+                        watchers.append(threading.Thread(
+                            target=watch, args=(pod, container, env, argv_of), daemon=True))
+                        watchers[-1].start()
+                print("%6.1f s  Job scaled up after checkpoint %s: %s started" % (
+                    time.time() - begin, scaled, ", ".join(args.held)))
             if (args.evict and evicted is None and args.evict not in codes
+                    and (not args.held or (scaled is not None and
+                                           checkpoint_complete(coordinator_log) != scaled))
                     and checkpoint_complete(coordinator_log, True)):
                 evicted = checkpoint_complete(coordinator_log)
                 evict_pod(runner, args.evict, launched[args.evict][2])
@@ -977,6 +1018,8 @@ def run(args, objects, runs):
     # readOnlyRootFilesystem: a process that wrote a file outside its
     # volumes would fail in the pod. Each ran in an empty folder of its own.
     for pod, container, *_ in started:
+        if pod.name not in runner.procs:
+            continue  # --scale's, never started
         if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
             left = os.listdir(os.path.join(work, "cwd", pod.name))
             if left:
@@ -997,6 +1040,20 @@ def run(args, objects, runs):
             print("%s started again: restored %s chunks from checkpoint %s (step %s) on its "
                   "own claim" % (args.restart, m.group(1), m.group(2), m.group(3)))
     coordinator = [p for p, c, *_ in started if c["command"][0].endswith("/grps-coordinator")]
+    if args.held:
+        # Each new index's worker joined the running job.
+        told = (open(runner.logs[coordinator[0].name], errors="replace").read()
+                if len(coordinator) == 1 else "")
+        if scaled is None:
+            failures.append("--scale %s: no checkpoint was complete while the job trained"
+                            % args.scale)
+        for name in args.held:
+            rank = name.rsplit("-", 1)[1]
+            m = re.search(r"worker %s is ready to train: it joins the live set" % rank, told)
+            if not m:
+                failures.append("%s, started by the scale-up, did not join the live set" % name)
+            else:
+                print("%s started by the scale-up: worker %s joined the running job" % (name, rank))
     if args.evict:
         # The worker leaves after its step, says so, and exits 0; the
         # coordinator takes its rank out of the live set and the job goes on.
@@ -1007,7 +1064,8 @@ def run(args, objects, runs):
         if evicted is None:
             failures.append("--evict %s: no checkpoint was complete while the job trained"
                             % args.evict)
-        elif not re.search(r"left the job after \d+ of \d+ steps|left the job after step", said):
+        elif not re.search(r"left the job after \d+ of (\d+|an elastic job's) steps|"
+                           r"left the job after step", said):
             failures.append("%s, evicted, did not say it left the job" % args.evict)
         elif not m:
             failures.append("the coordinator did not say the evicted worker left the job")
@@ -1059,6 +1117,11 @@ def main():
                         "complete, as an eviction or a scale-down of its Job does; a "
                         "worker must leave the job after its step and exit 0, and the "
                         "job complete without it")
+    parser.add_argument("--scale", help="JOB=N: once a checkpoint is complete, the indexed "
+                        "Job JOB is scaled up to N (completions and parallelism, as a "
+                        "patch of an elastic indexed Job does): the pods of the new "
+                        "indexes start then, must join the running job and exit 0; "
+                        "with --evict, the eviction comes after a later checkpoint")
     parser.add_argument("--examples", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "examples"),
         help="the repository's examples/ (the torch image's %s)" % IMAGE_EXAMPLES)
@@ -1095,7 +1158,9 @@ def main():
             return 1
         if not args.run:
             return 0
-        objects, runs, _ = check_manifest(args.run, secrets, args.bin, args.examples)
+        objects, runs, _ = check_manifest(args.run, secrets, args.bin, args.examples,
+                                          args.scale)
+        args.held = scale_job(load(args.run), args.scale) if args.scale else []
         return run(args, objects, runs)
     except ManifestError as e:
         print("FAIL: %s" % e)

@@ -13,9 +13,10 @@
 # Once a checkpoint is complete, pod grps-server-1 is killed (SIGKILL) and
 # started again as its StatefulSet would (same name, ordinal and claim): it
 # must restore that checkpoint from its own claim. The dev overlay runs a
-# second time with pod grps-worker-1 evicted (SIGTERM) mid-job, as a
-# scale-down of the workers' Job does: it must leave the job after its step
-# and exit 0, and the job must complete without it.
+# second time with the workers' Job scaled up from 2 to 3 mid-job (pod
+# grps-worker-2 must join the running job), then pod grps-worker-1 evicted
+# (SIGTERM), as a scale-down of the workers' Job does: it must leave the job
+# after its step and exit 0, and the job must complete without it.
 # Then the torch overlay's pods run the same way, with a script of the
 # user's own given as deploy/README.md says (a ConfigMap mounted as the
 # script: here examples/torch/fashion_cnn.py, 1 epoch of 12,000 examples):
@@ -59,13 +60,17 @@ done
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
 
-# The workers' Job scaled down (or a worker pod evicted) while the job
-# trains: pod grps-worker-1 gets SIGTERM once a checkpoint is complete. It
-# must leave the job after its step and exit 0 (the Job counts it done),
-# and rank 0 must complete the job without waiting for a heartbeat timeout.
+# The workers' Job scaled up, then down, while the job trains (an elastic
+# job: the base's GRPS_MAX_WORKERS): once a checkpoint is complete the Job
+# goes from 2 to 3 completions and parallelism, as `kubectl patch job
+# grps-worker` does to an elastic indexed Job, and pod grps-worker-2 starts
+# and must join the running job; after a later checkpoint pod grps-worker-1
+# gets SIGTERM (a scale-down, or an eviction). It must leave the job after
+# its step and exit 0 (the Job counts it done), and the others must complete
+# the job without waiting for a heartbeat timeout.
 /usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
   --examples "$EXAMPLES" --work "$WORK/pods-evict" --run "$WORK/dev.yaml" \
-  --timeout 150 --min_accuracy 0.7 --evict grps-worker-1 \
+  --timeout 150 --min_accuracy 0.7 --scale grps-worker=3 --evict grps-worker-1 \
   ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py --evict failed (its FAIL lines are above)"
