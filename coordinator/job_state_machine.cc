@@ -1009,9 +1009,8 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
 void JobStateMachine::ReleaseLimboLocked(absl::Time now) {
   if (!ledger_.holding_limbo()) return;
   const Membership::LiveWorkers live = membership_.live_workers();
-  const bool all_heard = std::none_of(live.ranks.begin(), live.ranks.end(), [&](uint32_t r) {
-    return limbo_claims_awaited_.count(r) > 0;
-  });
+  bool all_heard = true;
+  for (uint32_t r : live.ranks) all_heard = all_heard && limbo_claims_awaited_.count(r) == 0;
   if (!all_heard && now < no_deaths_before_) return;
   ledger_.HoldLimbo(false);
   spdlog::info("example ledger: {}; the blocks whose fate the state file missed are leased "
