@@ -167,10 +167,12 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
         !defined.ok())
       return absl::InvalidArgumentError(absl::StrCat(from, ": ", defined.status().message()));
   }
+  ExampleLedger ledger;
+  if (absl::Status s = ledger.ImportFrom(state.example_ledger()); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
-  if (absl::Status s = ledger_.ImportFrom(state.example_ledger()); !s.ok())
-    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  ledger_ = std::move(ledger);
   ledger_.LimboAfterTakeOver();
   // What the state file may have missed is leased once every live worker
   // has said what it holds, or after the grace below.
