@@ -84,6 +84,13 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
   restore_ = RestoreOrderFor(manifest, dir);
   restore_.set_generation(2);
   checkpoints_.SetNewestComplete(manifest, dir, 0);
+  if (IsElastic(config_) && manifest.example_ledger().total_blocks() > 0) {
+    if (absl::Status s = ledger_.ImportFrom(manifest.example_ledger()); s.ok())
+      ledger_from_checkpoint_ = true;
+    else
+      spdlog::error("checkpoint {}: {}; the epochs start over", manifest.id(),
+                    std::string(s.message()));
+  }
   membership_.ResetResumeSteps({restore_.worker_steps().begin(),
                                 restore_.worker_steps().end()},
                                now);
@@ -415,6 +422,12 @@ void JobStateMachine::WriteReadyManifest() {
     absl::MutexLock lock(&mu_);
     manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), JobConfigLocked(),
                                                 clock_());
+    if (manifest.has_value() && ledger_.sized()) {
+      // The ledger at the cut: what each rank trained before its step.
+      ExampleLedger cut = ledger_;
+      cut.RollBack({manifest->worker_steps().begin(), manifest->worker_steps().end()});
+      cut.ExportTo(manifest->mutable_example_ledger());
+    }
   }
   if (!manifest.has_value()) return;
   const std::string dir = CheckpointFolder(config_.checkpoint_dir(), manifest->id());
@@ -1048,9 +1061,17 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
         " is not a live incarnation: it leases no examples"));
-  if (absl::Status s = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
-      !s.ok())
-    return s;
+  absl::Status sized = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
+  if (!sized.ok() && ledger_from_checkpoint_) {
+    // A checkpoint's ledger of another job's shape (another batch, data set
+    // or epoch count): the epochs start over.
+    spdlog::warn("the checkpoint's example ledger does not fit this job ({}); the epochs "
+                 "start over", std::string(sized.message()));
+    ledger_ = ExampleLedger();
+    sized = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
+  }
+  ledger_from_checkpoint_ = false;
+  if (!sized.ok()) return sized;
   if (membership_.MarkReady(request.worker_rank()))
     spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
                  request.worker_rank(), membership_.membership_epoch());

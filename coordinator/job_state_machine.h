@@ -373,6 +373,9 @@ class JobStateMachine {
   // After TakeOver: the live ranks whose first lease (their claims) the
   // ledger's limbo waits for.
   std::set<uint32_t> limbo_claims_awaited_ ABSL_GUARDED_BY(mu_);
+  // The ledger came from the checkpoint the job resumed from, and no worker
+  // has leased yet: one of another shape starts the epochs over.
+  bool ledger_from_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   // MODEL_USER: the tensors the first worker defined; empty before.
   TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
