@@ -943,6 +943,11 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (request.shard_map_epoch() < membership_.shard_map().epoch())
     *response->mutable_shard_map() = membership_.shard_map();
   if (worker && membership_.DrainRequested(request.worker_rank())) response->set_drain(true);
+  // A worker blocked in a sync step behind one that waits for the limbo
+  // would not lease again by itself.
+  if (worker && ledger_.holding_limbo() &&
+      limbo_claims_awaited_.count(request.worker_rank()) > 0)
+    response->set_claim_examples(true);
   if (EndedLocked()) {
     if (worker)
       ranks_told_end_.insert(request.worker_rank());
@@ -1076,7 +1081,9 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
                  request.worker_rank(), membership_.membership_epoch());
   if (absl::Status s = ledger_.Claim(request.worker_rank(), request.held()); !s.ok()) return s;
-  limbo_claims_awaited_.erase(request.worker_rank());
+  // Only a claim the heartbeat asked for: a call retried since before the
+  // take-over may say less than the worker holds now.
+  if (request.claim()) limbo_claims_awaited_.erase(request.worker_rank());
   ReleaseLimboLocked(clock_());
   v1::LeaseExamplesResponse response;
   bool exhausted = false;

@@ -120,6 +120,8 @@ kill -KILL "$victim"
 wait_pid "$PID_killed" 200
 [ "$EXIT_CODE" = 0 ] || fail "grps-local exited with $EXIT_CODE after the coordinator was killed"
 grep -q "took over job" "$killed"/coordinator*.log || fail "no coordinator took the job over"
+"$PYTHON" "$(dirname "$0")/check_examples.py" $((60000 / 64 * 64)) 2 "$killed"/examples-worker-*.log \
+  || fail "after the coordinator kill, the examples trained are not each epoch's, exactly once"
 "$PYTHON" - "$killed/result.json" <<'PY' || fail "result.json is wrong after the coordinator kill"
 import json, sys
 d = json.load(open(sys.argv[1]))["data"]
@@ -127,6 +129,4 @@ assert d["trained"] == d["total_blocks"] and d["refused_reports"] == 0, d
 print("coordinator killed at step 300: %d of %d blocks trained, none refused" %
       (d["trained"], d["total_blocks"]))
 PY
-"$PYTHON" "$(dirname "$0")/check_examples.py" $((60000 / 64 * 64)) 2 "$killed"/examples-worker-*.log \
-  || fail "after the coordinator kill, the examples trained are not each epoch's, exactly once"
 echo "PASS"

@@ -15,17 +15,20 @@ ExampleLeases::ExampleLeases(LeaseCall call, uint64_t train_examples, uint64_t s
       seed_(seed),
       per_lease_(std::max<uint32_t>(1, per_lease)) {}
 
-absl::StatusOr<v1::LeaseExamplesResponse> ExampleLeases::Call(uint32_t want) {
+absl::StatusOr<v1::LeaseExamplesResponse> ExampleLeases::Call(uint32_t want, bool claim) {
   v1::LeaseExamplesRequest request;
   request.set_want(want);
+  request.set_claim(claim);
   request.set_train_examples(train_examples_);
   uint64_t resets;
-  std::vector<v1::TrainedBlock> sent;
+  size_t sent = 0;
   {
     absl::MutexLock lock(&mu_);
-    sent.swap(unreported_);
+    // The unreported stay unreported until an answer: a call made meanwhile
+    // (a claim) carries them too.
+    sent = unreported_.size();
     request.mutable_trained()->Add(reported_.begin(), reported_.end());
-    request.mutable_trained()->Add(sent.begin(), sent.end());
+    request.mutable_trained()->Add(unreported_.begin(), unreported_.end());
     request.mutable_held()->Add(held_.begin(), held_.end());
     for (const auto& [step, block] : assigned_) request.add_held(block);
     resets = reset_count_;
@@ -33,13 +36,15 @@ absl::StatusOr<v1::LeaseExamplesResponse> ExampleLeases::Call(uint32_t want) {
   absl::StatusOr<v1::LeaseExamplesResponse> response = call_(request);
   absl::MutexLock lock(&mu_);
   // Not when a Reset forgot them while the call was in flight.
-  if (reset_count_ != resets) return response;
-  if (!response.ok()) {
-    unreported_.insert(unreported_.begin(), sent.begin(), sent.end());
-    return response;
-  }
-  for (v1::TrainedBlock& t : sent) {
-    reported_.push_back(std::move(t));
+  if (reset_count_ != resets || !response.ok()) return response;
+  // Those this call sent, unless a call made meanwhile moved them already.
+  const auto begin = request.trained().end() - static_cast<int>(sent);
+  for (auto it = begin; it != request.trained().end(); ++it) {
+    auto found = std::find_if(unreported_.begin(), unreported_.end(),
+                              [&](const v1::TrainedBlock& t) { return t.block() == it->block(); });
+    if (found == unreported_.end()) continue;
+    unreported_.erase(found);
+    reported_.push_back(*it);
     if (reported_.size() > kResent) reported_.pop_front();
   }
   return response;
@@ -117,6 +122,8 @@ absl::Status ExampleLeases::Flush() {
   }
   return Call(0).status();
 }
+
+absl::Status ExampleLeases::Claim() { return Call(0, /*claim=*/true).status(); }
 
 void ExampleLeases::Reset() {
   absl::MutexLock lock(&mu_);

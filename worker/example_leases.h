@@ -70,6 +70,9 @@ class ExampleLeases {
   void Trained(uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Reports the blocks trained since the last report.
   absl::Status Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  // A call of want 0 whatever is pending: the recent reports and the held
+  // blocks (a coordinator that took the job over asks for them). Any thread.
+  absl::Status Claim() ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets every lease and assignment, reported or not (a roll-back: the
   // coordinator took back the leases and what was trained after the
   // rank's resume step).
@@ -78,7 +81,8 @@ class ExampleLeases {
  private:
   // Sends the pending reports and asks for `want` blocks; on error the
   // reports stay pending.
-  absl::StatusOr<v1::LeaseExamplesResponse> Call(uint32_t want) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::LeaseExamplesResponse> Call(uint32_t want, bool claim = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const LeaseCall call_;
   const uint64_t train_examples_;

@@ -626,5 +626,33 @@ TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce
       << "the workers ran out within a step of each other";
 }
 
+// After a coordinator take-over, the heartbeat asks for a claim while a
+// lease call (retried since before the take-over) may still be in flight:
+// the claim carries that call's reports too, and the blocks still held.
+TEST(ExampleLeases, AClaimMadeWhileACallIsInFlightCarriesItsReportsAndTheHeldBlocks) {
+  FakeCoordinator coordinator(100);
+  ExampleLeases leases(coordinator.Call(), 1000, 10, 7, /*per_lease=*/2);
+  MustBlock(leases, 0);  // leases 0 and 1
+  MustBlock(leases, 1);
+  leases.Trained(0);
+  leases.Trained(1);
+  coordinator.during_call = [&leases] { EXPECT_TRUE(leases.Claim().ok()); };
+  MustBlock(leases, 2);  // a lease carrying 0 and 1; the claim comes inside it
+  ASSERT_EQ(coordinator.requests.size(), 3u);
+  const v1::LeaseExamplesRequest& claim = coordinator.requests[2];
+  EXPECT_TRUE(claim.claim());
+  EXPECT_EQ(claim.want(), 0u);
+  EXPECT_THAT(Reports(claim), ElementsAre(std::make_pair(0u, 0u), std::make_pair(1u, 1u)));
+  EXPECT_FALSE(coordinator.requests[1].claim());
+  // Once answered, the reports are sent again only as the recent ones.
+  leases.Trained(2);
+  MustBlock(leases, 3);
+  MustBlock(leases, 4);
+  const v1::LeaseExamplesRequest& next = coordinator.requests.back();
+  EXPECT_THAT(Reports(next), ElementsAre(std::make_pair(0u, 0u), std::make_pair(1u, 1u),
+                                         std::make_pair(2u, 2u)));
+  EXPECT_THAT(next.held(), ElementsAre(3u));
+}
+
 }  // namespace
 }  // namespace grps

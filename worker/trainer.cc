@@ -92,6 +92,15 @@ WorkerSession::Options Trainer::SessionOptions() {
   session.on_generation = [this](uint64_t generation) {
     if (eval_sparse_ != nullptr) eval_sparse_->set_generation(generation);
   };
+  // A coordinator that took an elastic job over asks what this worker holds
+  // and trained; in sync the worker may not lease again by itself until it
+  // hears, if another waits for the blocks the coordinator lost track of.
+  session.on_claim_examples = [this] {
+    if (ExampleLeases* leases = claims_to_.load(); leases != nullptr)
+      if (absl::Status s = leases->Claim(); !s.ok())
+        spdlog::warn("telling the coordinator what this worker holds: {}",
+                     std::string(s.message()));
+  };
   return session;
 }
 
@@ -305,6 +314,7 @@ absl::Status Trainer::Run() {
     leases_ = std::make_unique<ExampleLeases>(
         [this](v1::LeaseExamplesRequest r) { return session_->LeaseExamples(std::move(r)); },
         TrainExamples(), StepExamples(config_), config_.seed());
+  claims_to_.store(leases_.get());
   const uint64_t total = leases_ != nullptr ? std::numeric_limits<uint64_t>::max() : estimate;
   // Train, report, wait for the end; a roll-back (also one that comes after
   // WorkerDone) sends the worker back to training.

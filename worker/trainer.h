@@ -223,6 +223,9 @@ class Trainer {
   const uint32_t rank_;
   // An elastic job's leases of the example ledger (null otherwise).
   std::unique_ptr<ExampleLeases> leases_;
+  // leases_ for the heartbeat thread (SessionOptions' on_claim_examples),
+  // set once it exists.
+  std::atomic<ExampleLeases*> claims_to_{nullptr};
   FILE* examples_log_ = nullptr;  // training thread; options_.examples_log
   uint64_t start_step_;
   uint64_t next_step_;  // training thread: where Train starts

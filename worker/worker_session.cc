@@ -227,6 +227,7 @@ void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
       refused_map_epoch_ = resp.shard_map().epoch();
     }
   }
+  if (resp.claim_examples() && options_.on_claim_examples) options_.on_claim_examples();
   absl::MutexLock lock(&mu_);
   job_state_ = resp.job_state();
   evaluator_rank_.reset();

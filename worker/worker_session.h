@@ -73,6 +73,10 @@ class WorkerSession {
     // called after them: in the constructor (the registration's) and in
     // TakeRollBack (the order's), on the caller's thread.
     std::function<void(uint64_t)> on_generation;
+    // on_claim_examples: a heartbeat reply asked this worker to say what it
+    // holds and trained (HeartbeatResponse.claim_examples); called on the
+    // heartbeat thread. Null: ignored.
+    std::function<void()> on_claim_examples;
   };
 
   // `registration` is the coordinator's answer (validated by the caller);
