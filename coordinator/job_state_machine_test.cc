@@ -1299,10 +1299,53 @@ TEST_F(ElasticJobTest, ATakenOverJobKeepsItsExampleLedger) {
   EXPECT_TRUE(MessageDifferencer::Equals(Status().data(), before.data()))
       << Status().data().DebugString() << " vs " << before.data().DebugString();
   // Rank 1 still holds blocks 4 and 5; the returned ones are leased first.
-  EXPECT_THAT(Blocks(1, w[1].incarnation(), 4, {{4, 2}, {5, 3}}), ElementsAre(0u, 1u, 2u, 6u));
+  // The blocks past the state's last lease are in limbo (the state may have
+  // missed leases): none is leased before every live worker claimed.
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 4, {{4, 2}, {5, 3}}), ElementsAre(0u, 1u, 2u));
   v1::DataProgress data = Status().data();
   EXPECT_EQ(data.consumed(), 3u);
   EXPECT_EQ(data.refused_reports(), 1u);
+}
+
+TEST_F(ElasticJobTest, AfterATakeOverTheHeartbeatAsksForClaimsAndTheyReleaseTheLimbo) {
+  StartElasticJob(2, 4);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 2), ElementsAre(0u, 1u));
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 2), ElementsAre(2u, 3u));
+  const v1::CoordinatorState state = machine_->ExportState();
+  // Unsaved: rank 0 is leased 4 and 5 and trains 4.
+  EXPECT_THAT(Blocks(0, w[0].incarnation(), 2), ElementsAre(4u, 5u));
+
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
+  EXPECT_TRUE(Beat(WorkerRequest(1, w[1].incarnation())).claim_examples());
+  // Rank 1 wants more: nothing is free, the rest is in limbo, held.
+  absl::StatusOr<v1::LeaseExamplesResponse> none = Lease(1, w[1].incarnation(), 2, {{2, 0}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_THAT(none->blocks(), ::testing::IsEmpty());
+  EXPECT_FALSE(none->exhausted()) << "more will come once every worker claimed";
+  // The claims (as the heartbeat asked): rank 0 trained 4 and holds 5.
+  for (uint32_t rank : {0u, 1u}) {
+    v1::LeaseExamplesRequest claim;
+    claim.set_job_id("test-job");
+    claim.set_worker_rank(rank);
+    claim.set_incarnation(w[rank].incarnation());
+    claim.set_train_examples(kTrainExamples);
+    claim.set_claim(true);
+    if (rank == 0) {
+      v1::TrainedBlock* t = claim.add_trained();
+      t->set_block(4);
+      t->set_step(2);
+      claim.add_held(5);
+    }
+    ASSERT_TRUE(machine_->LeaseExamples(claim).ok());
+  }
+  EXPECT_FALSE(Beat(WorkerRequest(1, w[1].incarnation())).claim_examples());
+  // 4 and 5 are rank 0's; the others are leased now, lowest first.
+  EXPECT_THAT(Blocks(1, w[1].incarnation(), 2), ElementsAre(6u, 7u));
+  EXPECT_EQ(Status().data().consumed(), 2u);  // 2 and 4
+  EXPECT_EQ(Status().data().refused_reports(), 0u);
 }
 
 }  // namespace
