@@ -1,6 +1,7 @@
 // Trainer: one worker's part of a job. Per step: pull the weights (the
 // shards decide how long the pull waits, from the worker's clock), compute
-// the gradient of one batch of its data partition, push it to the shards,
+// the gradient of one batch of its data partition (in an elastic job: of a
+// block of examples leased from the coordinator), push it to the shards,
 // report progress in the heartbeat. The embedding model's step also pulls
 // the rows its batch reads from the sparse table and pushes their
 // gradients (before the dense head's, whose push brings the next weights). The worker the coordinator names as
