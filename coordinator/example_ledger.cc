@@ -126,15 +126,12 @@ absl::Status ExampleLedger::Claim(uint32_t rank, absl::Span<const uint64_t> held
 void ExampleLedger::ReturnLeases(uint32_t rank) {
   auto it = leases_.find(rank);
   if (it == leases_.end()) return;
-  const std::set<uint64_t> held = std::move(it->second);
-  leases_.erase(it);
+  const std::set<uint64_t> held = it->second;
   for (uint64_t block : held) {
-    blocks_[block] = Block{};
-    --leased_;
-    free_.insert(block);
-    lowest_untrained_ = std::min(lowest_untrained_, block);
+    Free(block);
     ++returned_;
   }
+  leases_.erase(rank);
 }
 
 void ExampleLedger::RollBack(const std::vector<uint64_t>& resume_steps) {

@@ -56,6 +56,7 @@ class ExampleLedger {
   // empty shape.
   absl::Status Size(LedgerShape shape);
   bool sized() const { return shape_.total_blocks > 0; }
+  uint64_t blocks_per_epoch() const { return shape_.blocks_per_epoch; }
 
   // Records `trained` for `rank` (a block the rank does not hold is counted
   // in refused_reports; one it already reported is ignored), then leases it

@@ -1095,7 +1095,7 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
                     static_cast<uint32_t>(membership_.live_workers().ranks.size()));
   if (!blocks.ok()) return blocks.status();
   response.mutable_blocks()->Add(blocks->begin(), blocks->end());
-  response.set_blocks_per_epoch(ledger_.Progress().blocks_per_epoch());
+  response.set_blocks_per_epoch(ledger_.blocks_per_epoch());
   response.set_exhausted(exhausted);
   return response;
 }
