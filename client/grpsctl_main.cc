@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/job_client.h"
 #include "client/status_format.h"
@@ -33,8 +34,10 @@ ABSL_FLAG(std::string, reason, "stopped by grpsctl",
           "stop: why the job is stopped (shown in its status)");
 ABSL_FLAG(int32_t, interval_ms, 1000, "watch: milliseconds between snapshots");
 ABSL_FLAG(bool, wait, false,
-          "checkpoint: wait until the checkpoint is complete or failed");
-ABSL_FLAG(int32_t, wait_s, 300, "checkpoint --wait: give up after this many seconds");
+          "checkpoint: wait until the checkpoint is complete or failed; scale: until the "
+          "job has re-sharded");
+ABSL_FLAG(int32_t, wait_s, 300, "checkpoint/scale --wait: give up after this many seconds");
+ABSL_FLAG(uint32_t, servers, 0, "scale: the shard count to re-shard the job to");
 ABSL_FLAG(std::string, address, "",
           "health: the daemon to ask, HOST:PORT (default: --coordinator)");
 
@@ -56,6 +59,9 @@ constexpr char kUsage[] =
     "  drain RANK  worker RANK leaves the job after its step in progress\n"
     "            (as on SIGTERM); a worker started for the rank rejoins\n"
     "  checkpoint  take a checkpoint now [--wait [--wait_s=300]]\n"
+    "  scale --servers=K  re-shard the running job to K shards (a job started\n"
+    "            with --max_servers; new shards need a server started with\n"
+    "            --shard) [--wait [--wait_s=300]]\n"
     "  health    whether a daemon's gRPC health service says SERVING (exit 0)\n"
     "            [--address=HOST:PORT, default --coordinator]; over TLS when\n"
     "            --tls_ca is set, needs no token (a Kubernetes exec probe)\n"
@@ -261,6 +267,46 @@ int Checkpoint(const JobClient& client, bool json) {
   }
 }
 
+// Re-shards the job; with --wait, polls its status until the move is done.
+int Scale(const JobClient& client) {
+  const uint32_t servers = absl::GetFlag(FLAGS_servers);
+  if (servers == 0) return UsageError("scale needs --servers=K (K >= 1)");
+  absl::StatusOr<v1::ReshardProgress> asked = client.ScaleServers(servers);
+  if (!asked.ok()) return Fail(asked.status());
+  if (asked->target_servers() == 0) {
+    std::printf("the job has %u shards\n", servers);
+    return 0;
+  }
+  std::printf("re-sharding to %u shards asked for: %s\n", servers, asked->phase().c_str());
+  if (!absl::GetFlag(FLAGS_wait)) return 0;
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(std::max<int32_t>(1, absl::GetFlag(FLAGS_wait_s)));
+  std::string phase = asked->phase();
+  while (absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+    if (!status.ok()) return Fail(status.status());
+    const v1::ReshardProgress& r = status->reshard();
+    if (r.target_servers() == 0 && status->config().num_servers() == servers) {
+      std::printf("re-sharded from %u to %u shards at step %llu (%s after it was asked for); "
+                  "shard map epoch %llu\n",
+                  r.last_from(), r.last_to(), static_cast<unsigned long long>(r.last_step()),
+                  HumanDuration(r.last_seconds()).c_str(),
+                  static_cast<unsigned long long>(status->map_epoch()));
+      return 0;
+    }
+    if (status->state() != v1::JOB_STATE_RUNNING && status->state() != v1::JOB_STATE_WAITING)
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("the job ended (", JobStateName(status->state()), ") before it re-sharded")));
+    if (r.phase() != phase && !r.phase().empty()) {
+      phase = r.phase();
+      std::printf("%s\n", phase.c_str());
+    }
+  }
+  return Fail(absl::DeadlineExceededError(
+      absl::StrCat("not re-sharded to ", servers, " shards after --wait_s")));
+}
+
 // How long `health` waits for the answer: under a Kubernetes probe's own
 // timeout (deploy/ gives it 5 s).
 constexpr absl::Duration kHealthTimeout = absl::Seconds(3);
@@ -289,7 +335,7 @@ int Main(int argc, char** argv) {
   std::string target = absl::GetFlag(FLAGS_coordinator);
   if (command != "status" && command != "watch" && command != "workers" &&
       command != "shards" && command != "stop" && command != "checkpoint" &&
-      command != "drain" && command != "health")
+      command != "drain" && command != "health" && command != "scale")
     return UsageError(absl::StrCat("unknown command '", command, "'"));
   if (command == "health" && !absl::GetFlag(FLAGS_address).empty())
     target = absl::GetFlag(FLAGS_address);
@@ -311,6 +357,7 @@ int Main(int argc, char** argv) {
   if (command == "shards") return Shards(client, json);
   if (command == "checkpoint") return Checkpoint(client, json);
   if (command == "drain") return Drain(client, args[2]);
+  if (command == "scale") return Scale(client);
   return Stop(client);
 }
 

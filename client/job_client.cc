@@ -98,6 +98,16 @@ absl::Status JobClient::Drain(uint32_t rank) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ReshardProgress> JobClient::ScaleServers(uint32_t num_servers) const {
+  auto context = UnaryContext();
+  v1::ScaleServersRequest request;
+  request.set_num_servers(num_servers);
+  v1::ScaleServersResponse reply;
+  grpc::Status s = stub_->ScaleServers(context.get(), request, &reply);
+  if (!s.ok()) return Error("ScaleServers", s);
+  return reply.reshard();
+}
+
 absl::StatusOr<v1::CheckpointSummary> JobClient::Checkpoint(
     bool wait, absl::Duration wait_timeout) const {
   grpc::ClientContext context;

@@ -62,6 +62,10 @@ class JobClient {
   // Asks worker `rank` to leave the job after its step in progress.
   absl::Status Drain(uint32_t rank) const;
 
+  // Asks the job to re-shard to `num_servers` shards (jobs with
+  // max_servers); returns the move's progress as the coordinator took it.
+  absl::StatusOr<v1::ReshardProgress> ScaleServers(uint32_t num_servers) const;
+
   // Asks for a checkpoint now (or joins the one in progress). With `wait`,
   // returns once it is complete or failed, waiting up to `wait_timeout`
   // (DEADLINE_EXCEEDED after); otherwise once it is asked for.

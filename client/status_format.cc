@@ -237,6 +237,19 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                                  " reports refused")
                                   : std::string())});
   }
+  if (status.config().max_servers() > 0) {
+    const v1::ReshardProgress& r = status.reshard();
+    std::string servers =
+        absl::StrCat(status.config().num_servers(), " shards (up to ",
+                     status.config().max_servers(), "), shard map epoch ", status.map_epoch());
+    if (r.target_servers() > 0)
+      absl::StrAppend(&servers, "; re-sharding to ", r.target_servers(), ": ", r.phase());
+    if (r.completed() > 0)
+      absl::StrAppend(&servers, "; ", r.completed(), " re-sharding", r.completed() == 1 ? "" : "s",
+                      ", the last ", r.last_from(), " -> ", r.last_to(), " at step ",
+                      r.last_step(), " (", HumanDuration(r.last_seconds()), ")");
+    lines.push_back({"servers", servers});
+  }
   if (status.generation() > 0)
     lines.push_back({"generation", absl::StrCat(status.generation(),
                                                 " (resumed or rolled back from a "

@@ -44,6 +44,9 @@ class CheckpointScheduler {
   CheckpointScheduler(const v1::JobConfig& config, uint32_t num_shards);
 
   bool enabled() const { return !root_.empty(); }
+  // The job re-sharded: later checkpoints need `num_shards` reports.
+  // Requires none pending.
+  void set_num_shards(uint32_t num_shards) { num_shards_ = num_shards; }
 
   // The newest complete checkpoint is `manifest` (in `dir`): a job resumed
   // from it, or a coordinator that took the job back. Periodic rules count
@@ -126,7 +129,7 @@ class CheckpointScheduler {
   const v1::ConsistencyMode mode_;
   const uint64_t every_steps_;
   const absl::Duration every_;
-  const uint32_t num_shards_;
+  uint32_t num_shards_;
   std::string job_id_;
 
   uint64_t next_id_ = 1;

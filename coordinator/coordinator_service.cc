@@ -80,7 +80,7 @@ grpc::Status CoordinatorService::RegisterServer(
   if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok()) return ToGrpc(s);
   absl::StatusOr<JobStateMachine::ServerRegistration> reg =
-      machine_.RegisterServer(*request);
+      machine_.RegisterServer(*request, WaitFor(context));
   if (!reg.ok()) return ToGrpc(reg.status());
   *response = std::move(reg->response);
   response->set_member_secret(MemberSecret(member_key_, machine_.config().job_id(),
@@ -309,6 +309,16 @@ grpc::Status CoordinatorService::DrainWorker(grpc::ServerContext* context,
                                              v1::DrainWorkerResponse* response) {
   if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
   return ToGrpc(machine_.DrainWorker(request->rank()));
+}
+
+grpc::Status CoordinatorService::ScaleServers(grpc::ServerContext* context,
+                                              const v1::ScaleServersRequest* request,
+                                              v1::ScaleServersResponse* response) {
+  if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
+  absl::StatusOr<v1::ReshardProgress> progress = machine_.ScaleServers(request->num_servers());
+  if (!progress.ok()) return ToGrpc(progress.status());
+  *response->mutable_reshard() = std::move(*progress);
+  return grpc::Status::OK;
 }
 
 void CoordinatorService::ResumeFrom(const v1::CheckpointManifest& manifest,

@@ -109,6 +109,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
                              v1::CheckpointJobResponse* response) override;
   grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
                            v1::DrainWorkerResponse* response) override;
+  grpc::Status ScaleServers(grpc::ServerContext* context,
+                            const v1::ScaleServersRequest* request,
+                            v1::ScaleServersResponse* response) override;
   grpc::Status LeaseExamples(grpc::ServerContext* context,
                              const v1::LeaseExamplesRequest* request,
                              v1::LeaseExamplesResponse* response) override;

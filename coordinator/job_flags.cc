@@ -121,6 +121,10 @@ ABSL_FLAG(uint32_t, workers, Defaults().num_workers(),
 ABSL_FLAG(uint32_t, max_workers, 0,
           "elastic job: ranks up to this many may join while it trains, and the data is "
           "leased from the coordinator (0: exactly --workers; docs/elasticity.md)");
+ABSL_FLAG(uint32_t, max_servers, 0,
+          "servers scale live: grpsctl scale --servers K re-shards the running job to up to "
+          "this many shards (0: exactly --servers; needs --checkpoint_dir; "
+          "docs/elasticity.md)");
 ABSL_FLAG(uint32_t, min_workers, 0,
           "elastic job: a drain that would leave fewer live workers is refused (0: 1)");
 ABSL_FLAG(uint64_t, seed, Defaults().seed(), "seed for initialization and shuffling");
@@ -306,6 +310,7 @@ absl::Status SetShapeAndGradients(v1::JobConfig* c) {
   c->set_num_workers(absl::GetFlag(FLAGS_workers));
   c->set_max_workers(absl::GetFlag(FLAGS_max_workers));
   c->set_min_workers(absl::GetFlag(FLAGS_min_workers));
+  c->set_max_servers(absl::GetFlag(FLAGS_max_servers));
   c->set_seed(absl::GetFlag(FLAGS_seed));
   const uint64_t chunk_kb = absl::GetFlag(FLAGS_chunk_kb);
   if (chunk_kb == 0 || chunk_kb > 64 * 1024)

@@ -55,6 +55,19 @@ std::vector<prometheus::MetricFamily> JobMetricFamilies(const v1::JobStatus& s) 
         static_cast<double>(s.data().returned()));
   }
 
+  if (s.config().max_servers() > 0) {
+    // Servers that scale: the shard count and the re-shardings done.
+    one(GaugeFamily("grps_job_shards", "the shards of the job's current shard map"),
+        static_cast<double>(s.config().num_servers()));
+    one(GaugeFamily("grps_job_shard_map_epoch", "the shard map's epoch"),
+        static_cast<double>(s.map_epoch()));
+    one(CounterFamily("grps_job_reshards_total", "re-shardings of the running job done"),
+        static_cast<double>(s.reshard().completed()));
+    one(GaugeFamily("grps_job_reshard_target", "the shard count a re-sharding in progress "
+                                               "moves to (0: none)"),
+        static_cast<double>(s.reshard().target_servers()));
+  }
+
   std::map<std::pair<std::string, std::string>, int> members;
   for (const v1::WorkerStatus& w : s.workers()) ++members[{"worker", MemberStateName(w.state())}];
   for (const v1::ShardStatus& sh : s.shards()) ++members[{"server", MemberStateName(sh.state())}];

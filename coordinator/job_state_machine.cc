@@ -104,6 +104,8 @@ v1::JobConfig JobStateMachine::JobConfig() const {
 v1::JobConfig JobStateMachine::JobConfigLocked() const {
   v1::JobConfig config = config_;
   *config.mutable_model_tensors() = model_;
+  // A re-sharded job's members see the shard count they serve.
+  config.set_num_servers(membership_.num_shards());
   return config;
 }
 
@@ -177,6 +179,8 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   ExampleLedger ledger;
   if (absl::Status s = ledger.ImportFrom(state.example_ledger()); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  if (absl::Status s = AdoptShardCountLocked(state, now); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   ledger_ = std::move(ledger);
@@ -205,6 +209,9 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   elapsed_before_ = std::max(0.0, state.elapsed_seconds());
   worker_leaves_ = state.worker_leaves();
   worker_joins_ = state.worker_joins();
+  // A re-sharding asked for goes on with a new cut.
+  reshard_target_ = config_.max_servers() > 0 ? state.reshard_target() : 0;
+  reshard_done_ = state.reshard();
   started_ = now;
   global_step_moved_ = now;
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
@@ -433,17 +440,29 @@ void JobStateMachine::WriteReadyManifest() {
   const std::string dir = CheckpointFolder(config_.checkpoint_dir(), manifest->id());
   const absl::Status status = WriteManifest(env_, dir, *manifest);
   const absl::Time now = clock_();
-  absl::MutexLock lock(&mu_);
-  checkpoints_.FinishWrite(manifest->id(), status, now);
-  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(manifest->id());
-  if (summary.state() == v1::CHECKPOINT_STATE_COMPLETE)
-    spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s",
-                 summary.id(), summary.step(), manifest->shards_size(),
-                 MiB(summary.bytes()), summary.seconds());
-  else
-    spdlog::warn("checkpoint {} failed: {}", summary.id(), summary.error());
-  UpdateStateLocked(now);
-  changed_.SignalAll();
+  bool resharded = false;
+  {
+    absl::MutexLock lock(&mu_);
+    checkpoints_.FinishWrite(manifest->id(), status, now);
+    const v1::CheckpointSummary summary = checkpoints_.SummaryOf(manifest->id());
+    if (summary.state() == v1::CHECKPOINT_STATE_COMPLETE) {
+      spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s",
+                   summary.id(), summary.step(), manifest->shards_size(),
+                   MiB(summary.bytes()), summary.seconds());
+      resharded = PublishReshardLocked(*manifest, dir, now);
+    } else {
+      spdlog::warn("checkpoint {} failed: {}", summary.id(), summary.error());
+      TickReshardLocked(now);
+    }
+    UpdateStateLocked(now);
+    changed_.SignalAll();
+  }
+  // The new map goes to disk at once: a coordinator that takes over must
+  // not hand out the old one to members that follow the new.
+  if (resharded) {
+    if (absl::Status s = PersistState(/*force=*/true); !s.ok())
+      spdlog::warn("state file: {}", std::string(s.message()));
+  }
 }
 
 v1::RestoreOrder JobStateMachine::VerifiedRestoreOrderLocked() const {
@@ -498,7 +517,11 @@ bool JobStateMachine::RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpo
 }
 
 void JobStateMachine::RollBackLocked(absl::string_view why, absl::Time now) {
-  v1::RestoreOrder order = VerifiedRestoreOrderLocked();
+  RollBackToLocked(VerifiedRestoreOrderLocked(), why, now);
+}
+
+void JobStateMachine::RollBackToLocked(v1::RestoreOrder order, absl::string_view why,
+                                       absl::Time now) {
   order.set_generation(restore_.generation() + 1);
   restore_ = order;
   checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
@@ -691,12 +714,31 @@ std::string JobStateMachine::WaitingMessageLocked() const {
 
 absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterServer(
     const v1::RegisterServerRequest& request) {
+  return RegisterServer(request, Wait());
+}
+
+absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterServer(
+    const v1::RegisterServerRequest& request, const Wait& wait) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (EndedLocked()) return EndedErrorLocked();
   if (config_.model() == v1::MODEL_USER && model_.empty())
     return absl::UnavailableError(absl::StrCat(
         "job ", config_.job_id(), "'s model is not defined yet: its first worker defines it"));
+  if (config_.max_servers() > 0 && request.has_requested_shard() &&
+      request.requested_shard() >= 0) {
+    const uint32_t shard = static_cast<uint32_t>(request.requested_shard());
+    if (shard >= membership_.num_shards()) return RegisterStandbyLocked(request, shard, wait);
+    // A standby the last re-sharding took in, asking again.
+    if (auto standby = standbys_.find(shard);
+        standby != standbys_.end() && standby->second.endpoint.address == request.address() &&
+        membership_.shard_map().shards(shard).incarnation() ==
+            standby->second.endpoint.incarnation) {
+      const uint64_t incarnation = standby->second.endpoint.incarnation;
+      standbys_.erase(standby);
+      return ServerAnswerLocked(shard, incarnation);
+    }
+  }
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
       request.has_requested_shard() ? request.requested_shard() : -1,
       request.address(), now);
@@ -722,8 +764,16 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
   }
   UpdateStateLocked(now);
   changed_.SignalAll();
-  out.response.set_shard(reg->slot);
-  out.response.set_incarnation(reg->incarnation);
+  ServerRegistration answer = ServerAnswerLocked(reg->slot, reg->incarnation);
+  answer.rolled_back = out.rolled_back;
+  return answer;
+}
+
+JobStateMachine::ServerRegistration JobStateMachine::ServerAnswerLocked(
+    uint32_t shard, uint64_t incarnation) const {
+  ServerRegistration out;
+  out.response.set_shard(shard);
+  out.response.set_incarnation(incarnation);
   *out.response.mutable_config() = JobConfigLocked();
   *out.response.mutable_shard_map() = membership_.shard_map();
   *out.response.mutable_restore() = restore_;
@@ -805,6 +855,8 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
     return absl::InvalidArgumentError("heartbeat must name a worker_rank or a server_shard");
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
+  if (std::optional<v1::HeartbeatResponse> retired = RetiredServerReplyLocked(request))
+    return *std::move(retired);
   // A member that has not followed the newest restore order yet: its
   // progress belongs to a state the job left.
   // (0: a client that does not say; taken as current.)
@@ -1213,6 +1265,7 @@ void JobStateMachine::DetectFailures() {
   UpdateStateLocked(now);
   CheckRecoveryLocked(now);
   TickCheckpointsLocked(now);
+  TickReshardLocked(now);
 }
 
 void JobStateMachine::Stop(absl::string_view reason) {
@@ -1276,6 +1329,8 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());
+  status.set_map_epoch(membership_.shard_map().epoch());
+  if (config_.max_servers() > 0) *status.mutable_reshard() = ReshardProgressLocked();
   return status;
 }
 
@@ -1330,6 +1385,8 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   state.set_worker_leaves(worker_leaves_);
   state.set_worker_joins(worker_joins_);
   if (ledger_.sized()) ledger_.ExportTo(state.mutable_example_ledger());
+  state.set_reshard_target(reshard_target_);
+  *state.mutable_reshard() = reshard_done_;
   membership_.ExportTo(&state);
   if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));
   state.set_unix_time_ms(

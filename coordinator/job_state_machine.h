@@ -140,8 +140,17 @@ class JobStateMachine {
   // FAILED_PRECONDITION once the job ended. A known shard registering again
   // while RUNNING rolls the job back; so does restore_failed naming the
   // current order's checkpoint (refused for the rest of the job).
+  //
+  // Jobs with max_servers: a request for a shard past the map (below
+  // max_servers) is a standby's. It waits (`wait`) until a re-sharding takes
+  // the shard in, and is answered with the new map and its restore order;
+  // at the deadline UNAVAILABLE "standby: ..." (the server asks again, and
+  // keeps its place for kStandbyFresh).
   absl::StatusOr<ServerRegistration> RegisterServer(
-      const v1::RegisterServerRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+      const v1::RegisterServerRequest& request, const Wait& wait) ABSL_LOCKS_EXCLUDED(mu_);
+  // ... with no deadline.
+  absl::StatusOr<ServerRegistration> RegisterServer(const v1::RegisterServerRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Waits (`wait`) until every shard registered before it takes a rank, so
   // a caller that gives up holds none: DEADLINE_EXCEEDED names the missing
   // shards, CANCELLED, UNAVAILABLE after ReleaseWaiters. `proves(incarnation)`
@@ -181,6 +190,17 @@ class JobStateMachine {
   // Elastic jobs also refuse (FAILED_PRECONDITION) a drain that would
   // leave fewer live workers than min_workers.
   absl::Status DrainWorker(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Jobs with max_servers: re-shard the running job to `num_servers`
+  // shards (docs/elasticity.md). Answers at once with the progress; the
+  // move waits for a standby of every new shard, cuts a checkpoint, and
+  // publishes the new map with a roll-back to the cut (one generation).
+  // FAILED_PRECONDITION without max_servers or unless RUNNING and training;
+  // INVALID_ARGUMENT out of [1, max_servers].
+  absl::StatusOr<v1::ReshardProgress> ScaleServers(uint32_t num_servers)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // How long a standby keeps its place after its registration call ended.
+  static constexpr absl::Duration kStandbyFresh = absl::Seconds(3);
+
   // Asks for a checkpoint (or joins the pending one). FAILED_PRECONDITION
   // without checkpoint_dir or unless RUNNING; UNAVAILABLE while a shard is
   // not alive. With `wait_for_it`, waits until it is COMPLETE or FAILED
@@ -328,6 +348,39 @@ class JobStateMachine {
   // checkpoint that verifies now (`why` is logged).
   void RollBackLocked(absl::string_view why, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ... to `order` (its generation is set here).
+  void RollBackToLocked(v1::RestoreOrder order, absl::string_view why, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Re-sharding (coordinator/job_resharding.cc) ----
+  // Moves an asked-for re-sharding on: waits for the standbys, cuts the
+  // checkpoint, notes a failed cut. Call on every change that may let it go.
+  void TickReshardLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cut `manifest` (in `dir`) completed: if it is the re-sharding's,
+  // the new map and the roll-back to the cut go out together. True if so
+  // (the caller persists the state at once).
+  bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A standby's registration (shard past the map): waits as RegisterServer
+  // says.
+  absl::StatusOr<ServerRegistration> RegisterStandbyLocked(
+      const v1::RegisterServerRequest& request, uint32_t shard, const Wait& wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registration answer for `shard` with `incarnation`.
+  ServerRegistration ServerAnswerLocked(uint32_t shard, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat of a server whose shard the job no longer has (re-sharded
+  // away): the reply that tells it (the map), or nullopt for a shard the
+  // job has.
+  std::optional<v1::HeartbeatResponse> RetiredServerReplyLocked(
+      const v1::HeartbeatRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Standbys that are waiting or called within kStandbyFresh, by shard.
+  std::map<uint32_t, Membership::Endpoint> FreshStandbysLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ReshardProgress ReshardProgressLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TakeOver: the membership of a persisted state of another shard count.
+  absl::Status AdoptShardCountLocked(const v1::CoordinatorState& state, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member runs in a generation newer than this coordinator's: roll back
   // past it, so that every member restores the same checkpoint.
   void FollowGenerationLocked(uint64_t generation, absl::Time now)
@@ -443,6 +496,22 @@ class JobStateMachine {
   absl::Time no_deaths_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Job time before this coordinator took the job over.
   double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Re-sharding (max_servers). The shard count asked for (0: none); the
+  // cut it restores (0: not asked yet) and when the first cut was asked
+  // for; the phase shown in JobStatus; what the done ones were.
+  uint32_t reshard_target_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reshard_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time reshard_asked_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::string reshard_phase_ ABSL_GUARDED_BY(mu_);
+  v1::ReshardProgress reshard_done_ ABSL_GUARDED_BY(mu_);
+  // Servers for shards past the map, waiting to be taken in.
+  struct Standby {
+    Membership::Endpoint endpoint;
+    int calls_waiting = 0;
+    absl::Time last_call = absl::InfinitePast();  // real time
+  };
+  std::map<uint32_t, Standby> standbys_ ABSL_GUARDED_BY(mu_);
 
   // PersistState: serializes writers; what was last written and when.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -1346,6 +1347,206 @@ TEST_F(ElasticJobTest, AfterATakeOverTheHeartbeatAsksForClaimsAndTheyReleaseTheL
   EXPECT_THAT(Blocks(1, w[1].incarnation(), 2), ElementsAre(6u, 7u));
   EXPECT_EQ(Status().data().consumed(), 2u);  // 2 and 4
   EXPECT_EQ(Status().data().refused_reports(), 0u);
+}
+
+// ---- Re-sharding (max_servers) ----
+
+class ReshardTest : public JobStateMachineTest {
+ protected:
+  // `servers` shards start the job, up to `max_servers` may serve it; 1 worker.
+  void StartScalableJob(uint32_t servers, uint32_t max_servers) {
+    dir_ = TempFolder("reshard");
+    config_ = TestJobConfig(servers, 1, v1::MODE_SYNC, dir_);
+    config_.set_max_servers(max_servers);
+    absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    machine_ = NewMachine();
+    servers_ = RegisterAllServers();
+    workers_ = RegisterAllWorkers();
+    ASSERT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  }
+
+  // A standby's registration for `shard`, waiting up to `patience`.
+  absl::StatusOr<JobStateMachine::ServerRegistration> Standby(uint32_t shard,
+                                                             absl::Duration patience) {
+    v1::RegisterServerRequest request;
+    request.set_address(absl::StrCat("127.0.0.1:", 7000 + shard));
+    request.set_requested_shard(static_cast<int32_t>(shard));
+    JobStateMachine::Wait wait;
+    wait.deadline = absl::Now() + patience;
+    return machine_->RegisterServer(request, wait);
+  }
+
+  // Every shard of the current map at `version`; the cut's request, once
+  // each one's heartbeat carries it.
+  v1::CheckpointRequest CutAskedOf(uint32_t shards, uint64_t version) {
+    v1::CheckpointRequest asked;
+    for (uint32_t s = 0; s < shards; ++s)
+      asked = Beat(ServerRequest(s, servers_[s].incarnation(), version)).checkpoint();
+    return asked;
+  }
+
+  // The shards write the cut (as their old map has it) and the manifest is
+  // written.
+  void WriteCut(const v1::CheckpointRequest& cut, uint32_t shards) {
+    for (uint32_t s = 0; s < shards; ++s) {
+      v1::HeartbeatRequest beat = ServerRequest(s, servers_[s].incarnation(), cut.version());
+      *beat.mutable_shard()->mutable_checkpoint() = WriteFakeShard(cut, s, cut.version());
+      Beat(beat);
+    }
+    machine_->WriteReadyManifest();
+  }
+
+  std::string dir_;
+  std::vector<v1::RegisterServerResponse> servers_;
+  std::vector<v1::RegisterWorkerResponse> workers_;
+};
+
+TEST_F(ReshardTest, ScaleServersNeedsMaxServersAndACountInRange) {
+  StartJob(2, 1);
+  RegisterAllServers();
+  RegisterAllWorkers();
+  EXPECT_TRUE(absl::IsFailedPrecondition(machine_->ScaleServers(3).status()));
+  StartScalableJob(2, 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(machine_->ScaleServers(0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(machine_->ScaleServers(4).status()));
+  absl::StatusOr<v1::ReshardProgress> same = machine_->ScaleServers(2);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->target_servers(), 0u);  // nothing to do
+}
+
+TEST_F(ReshardTest, AStandbyWaitsUntilTheJobScalesAndAShardPastMaxServersIsRefused) {
+  StartScalableJob(2, 3);
+  absl::StatusOr<JobStateMachine::ServerRegistration> early =
+      Standby(2, absl::Milliseconds(400));
+  ASSERT_TRUE(absl::IsUnavailable(early.status())) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("standby:"));
+  EXPECT_THAT(early.status().message(), HasSubstr("grpsctl scale --servers 3"));
+  EXPECT_TRUE(absl::IsInvalidArgument(Standby(3, absl::Milliseconds(400)).status()));
+  // The job did not change.
+  EXPECT_EQ(Status().config().num_servers(), 2u);
+}
+
+TEST_F(ReshardTest, ScalingUpCutsACheckpointThenPublishesTheMapWithARollBackToTheCut) {
+  StartScalableJob(2, 3);
+  const uint64_t epoch = Status().map_epoch();
+  absl::StatusOr<v1::ReshardProgress> asked = machine_->ScaleServers(3);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->target_servers(), 3u);
+  EXPECT_EQ(asked->phase(), "waiting for a server of shard 2 to register");
+
+  absl::StatusOr<JobStateMachine::ServerRegistration> taken_in;
+  std::thread standby([&] { taken_in = Standby(2, absl::Seconds(20)); });
+  // The standby's arrival cuts the checkpoint.
+  v1::CheckpointRequest cut;
+  for (int i = 0; i < 200 && cut.id() == 0; ++i) {
+    cut = CutAskedOf(2, 10);
+    if (cut.id() == 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GT(cut.id(), 0u);
+  EXPECT_EQ(Status().reshard().phase(), absl::StrCat("cutting at checkpoint ", cut.id()));
+  EXPECT_EQ(Status().config().num_servers(), 2u);  // not before the cut is written
+
+  WriteCut(cut, 2);
+  standby.join();
+  ASSERT_TRUE(taken_in.ok()) << taken_in.status();
+  const v1::RegisterServerResponse& joined = taken_in->response;
+  EXPECT_EQ(joined.shard(), 2u);
+  EXPECT_EQ(joined.shard_map().shards_size(), 3);
+  EXPECT_EQ(joined.config().num_servers(), 3u);
+  EXPECT_EQ(joined.restore().checkpoint_id(), cut.id());
+  EXPECT_EQ(joined.restore().generation(), 2u);
+  EXPECT_EQ(joined.shard_map().chunks_size(), map_.chunks_size());  // the same chunks
+
+  // A kept shard hears the new map and the roll-back in one reply.
+  v1::HeartbeatRequest server = ServerRequest(0, servers_[0].incarnation(), 12, 1);
+  server.set_shard_map_epoch(epoch);
+  const v1::HeartbeatResponse kept = Beat(server);
+  EXPECT_EQ(kept.restore().generation(), 2u);
+  EXPECT_EQ(kept.restore().checkpoint_id(), cut.id());
+  EXPECT_EQ(kept.shard_map().shards_size(), 3);
+  // So does a worker, back to its step at the cut.
+  v1::HeartbeatRequest worker = WorkerRequest(0, workers_[0].incarnation(), 1);
+  worker.set_shard_map_epoch(epoch);
+  const v1::HeartbeatResponse heard = Beat(worker);
+  EXPECT_EQ(heard.restore().generation(), 2u);
+  EXPECT_EQ(heard.shard_map().epoch(), epoch + 1);
+
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.config().num_servers(), 3u);
+  EXPECT_EQ(status.shards_size(), 3);
+  EXPECT_EQ(status.map_epoch(), epoch + 1);
+  EXPECT_EQ(status.reshard().target_servers(), 0u);
+  EXPECT_EQ(status.reshard().completed(), 1u);
+  EXPECT_EQ(status.reshard().last_from(), 2u);
+  EXPECT_EQ(status.reshard().last_to(), 3u);
+  EXPECT_EQ(status.reshard().last_step(), cut.version());
+}
+
+TEST_F(ReshardTest, ScalingDownRetiresTheShardsPastTheNewCount) {
+  StartScalableJob(2, 2);
+  ASSERT_TRUE(machine_->ScaleServers(1).ok());
+  const v1::CheckpointRequest cut = CutAskedOf(2, 10);
+  ASSERT_GT(cut.id(), 0u);
+  WriteCut(cut, 2);
+  EXPECT_EQ(Status().config().num_servers(), 1u);
+  // Shard 1's server is told, by the map, that the job has one shard.
+  v1::HeartbeatRequest retiring = ServerRequest(1, servers_[1].incarnation(), 12, 1);
+  retiring.set_shard_map_epoch(0);
+  v1::HeartbeatResponse retired;
+  ASSERT_TRUE(Beat(retiring, &retired).ok());
+  EXPECT_EQ(retired.shard_map().shards_size(), 1);
+  // The next checkpoint needs shard 0 alone.
+  absl::StatusOr<v1::CheckpointSummary> next = machine_->CheckpointJob(false, {});
+  ASSERT_TRUE(next.ok()) << next.status();
+  const v1::CheckpointRequest again =
+      Beat(ServerRequest(0, servers_[0].incarnation(), 20, 2)).checkpoint();
+  ASSERT_EQ(again.id(), next->id());
+  v1::HeartbeatRequest beat = ServerRequest(0, servers_[0].incarnation(), again.version(), 2);
+  *beat.mutable_shard()->mutable_checkpoint() = WriteFakeShard(again, 0, again.version());
+  Beat(beat);
+  machine_->WriteReadyManifest();
+  EXPECT_EQ(Status().last_checkpoint().id(), again.id());
+}
+
+TEST_F(ReshardTest, AFailedCutIsCutAgain) {
+  StartScalableJob(2, 2);
+  ASSERT_TRUE(machine_->ScaleServers(1).ok());
+  const v1::CheckpointRequest cut = CutAskedOf(2, 10);
+  ASSERT_GT(cut.id(), 0u);
+  v1::HeartbeatRequest failed = ServerRequest(0, servers_[0].incarnation(), 10);
+  v1::ShardCheckpoint* report = failed.mutable_shard()->mutable_checkpoint();
+  report->set_id(cut.id());
+  report->set_shard(0);
+  report->set_state(v1::CHECKPOINT_STATE_FAILED);
+  report->set_error("disk full");
+  report->set_coordinator_incarnation(cut.coordinator_incarnation());
+  Beat(failed);
+  machine_->DetectFailures();
+  const v1::CheckpointRequest again = CutAskedOf(2, 11);
+  EXPECT_GT(again.id(), cut.id());
+  EXPECT_EQ(Status().reshard().phase(), absl::StrCat("cutting at checkpoint ", again.id()));
+}
+
+TEST_F(ReshardTest, ACoordinatorThatTakesOverKeepsTheNewShardCountAndTheAskedOne) {
+  StartScalableJob(2, 3);
+  ASSERT_TRUE(machine_->ScaleServers(1).ok());
+  WriteCut(CutAskedOf(2, 10), 2);
+  ASSERT_TRUE(machine_->ScaleServers(3).ok());  // waits for standbys
+  const v1::CoordinatorState state = machine_->ExportState();
+  EXPECT_EQ(state.shards_size(), 1);
+  EXPECT_EQ(state.reshard_target(), 3u);
+
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "state file").ok());
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.config().num_servers(), 1u);
+  EXPECT_EQ(status.shards_size(), 1);
+  EXPECT_EQ(status.shards(0).address(), "127.0.0.1:7000");
+  EXPECT_EQ(status.reshard().target_servers(), 3u);
+  EXPECT_EQ(status.reshard().completed(), 1u);
+  EXPECT_EQ(machine_->shard_map().shards_size(), 1);
 }
 
 }  // namespace

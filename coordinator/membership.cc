@@ -88,6 +88,47 @@ void Membership::SetLayout(const v1::ShardMap& built) {
   *shard_map_.mutable_chunks() = built.chunks();
 }
 
+absl::StatusOr<std::map<uint32_t, uint64_t>> Membership::Reshard(
+    const v1::ShardMap& built, const std::map<uint32_t, Endpoint>& joining, absl::Time now) {
+  const uint32_t from = num_shards();
+  const uint32_t to = static_cast<uint32_t>(built.shards_size());
+  if (to == 0 || built.chunks_size() != shard_map_.chunks_size() ||
+      built.tensors_size() != shard_map_.tensors_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a map of ", to, " shards and ", built.chunks_size(),
+        " chunks does not re-shard this job's ", shard_map_.chunks_size(), " chunks"));
+  for (uint32_t s = from; s < to; ++s)
+    if (joining.count(s) == 0)
+      return absl::InvalidArgumentError(absl::StrCat("shard ", s, " has no server"));
+  std::map<uint32_t, uint64_t> dropped;
+  for (uint32_t s = to; s < from; ++s)
+    if (servers_[s].registered) dropped[s] = servers_[s].incarnation;
+  servers_.resize(to);
+  for (uint32_t s = from; s < to; ++s) {
+    const Endpoint& e = joining.at(s);
+    Server& server = servers_[s];
+    server = Server();
+    server.registered = true;
+    server.incarnation = e.incarnation;
+    server.address = e.address;
+    server.state = v1::MEMBER_STATE_ALIVE;
+    server.last_heartbeat = now;
+    last_incarnation_ = std::max(last_incarnation_, e.incarnation);
+  }
+  const uint64_t epoch = shard_map_.epoch();
+  shard_map_ = built;
+  shard_map_.clear_shards();
+  for (uint32_t s = 0; s < to; ++s) {
+    v1::ShardEndpoint* endpoint = shard_map_.add_shards();
+    endpoint->set_shard(s);
+    if (!servers_[s].registered) continue;
+    endpoint->set_address(servers_[s].address);
+    endpoint->set_incarnation(servers_[s].incarnation);
+  }
+  shard_map_.set_epoch(epoch + 1);
+  return dropped;
+}
+
 absl::StatusOr<uint32_t> Membership::PickShard(int32_t requested,
                                                absl::string_view address) const {
   const uint32_t n = num_shards();

@@ -51,6 +51,7 @@
 #define GRPS_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,6 +113,23 @@ class Membership {
   // chunks of `built` (BuildShardMap over the same shard count) replace the
   // map's; endpoints and epoch stay.
   void SetLayout(const v1::ShardMap& built);
+
+  // Re-sharding (JobConfig.max_servers): the shards become those of `built`
+  // (BuildShardMap of the same tensors and chunk size over another shard
+  // count), the map's epoch bumps. Shards below both counts keep their
+  // servers; each new shard takes its server from `joining` (by shard:
+  // address and incarnation, ReserveIncarnation's), ALIVE with a heartbeat
+  // at `now`. Returns the shards dropped (at or past the new count) with
+  // their servers' incarnations. INVALID_ARGUMENT, nothing changed, when
+  // `built` cuts the model into other chunks or a new shard has no server.
+  struct Endpoint {
+    std::string address;
+    uint64_t incarnation = 0;
+  };
+  absl::StatusOr<std::map<uint32_t, uint64_t>> Reshard(
+      const v1::ShardMap& built, const std::map<uint32_t, Endpoint>& joining, absl::Time now);
+  // A server incarnation handed out before the shard exists (a standby).
+  uint64_t ReserveIncarnation(absl::Time now) { return NextIncarnation(now); }
 
   // Registers a server listening on `address` ("host:port") for
   // `requested_shard` (-1: any). INVALID_ARGUMENT for a malformed address or

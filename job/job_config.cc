@@ -175,6 +175,18 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
   if (c.max_workers() > 0 && c.model() == v1::MODEL_USER)
     return Bad("max_workers: a user model's workers read their own data; give them ranks "
                "up to num_workers (docs/elasticity.md)");
+  if (c.max_servers() > 256) return Bad("max_servers must be in [0, 256] (0: a fixed count)");
+  if (c.max_servers() > 0 && c.max_servers() < c.num_servers())
+    return Bad("max_servers must be at least num_servers (the shards that start the job)");
+  if (c.max_servers() > 0 && c.checkpoint_dir().empty())
+    return Bad("max_servers needs checkpoint_dir: a re-sharding moves the shards' state "
+               "through a checkpoint (docs/elasticity.md)");
+  if (c.max_servers() > 0 && c.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
+    return Bad("max_servers needs shared checkpoint storage: a shard of the new map reads "
+               "the files of every old shard (docs/elasticity.md)");
+  if (c.max_servers() > 0 && c.model() == v1::MODEL_USER)
+    return Bad("max_servers: a user model's Python workers do not follow a re-sharded map "
+               "yet (docs/elasticity.md)");
   if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
     return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&

@@ -184,6 +184,8 @@ absl::StatusOr<LaunchOptions> OptionsFromFlags(bool model_given) {
   options.mode = ModeName(job->mode());
   options.servers = job->num_servers();
   options.workers = job->num_workers();
+  options.standby_servers =
+      job->max_servers() > job->num_servers() ? job->max_servers() - job->num_servers() : 0;
   // The coordinator gets these four from the launch itself.
   for (auto& [name, value] : ChangedJobFlags())
     if (name != "job_id" && name != "mode" && name != "servers" && name != "workers")

@@ -219,7 +219,8 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
                   absl::StrCat("--shard=", shard)},
                  InDir(options.run_dir, absl::StrCat("server-", shard, ".log"))};
   AddSecurity(options, /*worker=*/false, &spec);
-  AddMetrics(options, 1 + static_cast<int>(shard), &spec);
+  // Standbys (shards past --servers) have no metrics port of their own.
+  if (shard < options.servers) AddMetrics(options, 1 + static_cast<int>(shard), &spec);
   return spec;
 }
 
@@ -605,6 +606,19 @@ absl::Status LocalLauncher::OnDaemonCrashed(size_t child_index) {
   return StartChild(spec, Role::kServer, shard);
 }
 
+absl::Status LocalLauncher::OnServerRetired(size_t child_index) {
+  death_handled_[child_index] = true;
+  const uint32_t shard = child_index_[child_index];
+  ++server_restarts_[shard];
+  ChildSpec spec = ServerSpec(options_, shard, coordinator_address_);
+  spec.log_path = InDir(options_.run_dir, absl::StrCat("server-", shard, ".standby-",
+                                                       server_restarts_[shard], ".log"));
+  Say(absl::StrCat("grps-local: ", children_[child_index]->name(),
+                   " left the job (its shard was re-sharded away); it stands by again, log ",
+                   spec.log_path));
+  return StartChild(spec, Role::kServer, shard);
+}
+
 absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
   death_handled_[child_index] = true;
   const ChildProcess& dead = *children_[child_index];
@@ -765,7 +779,7 @@ std::optional<int> LocalLauncher::StartCoordinator() {
 
 std::optional<int> LocalLauncher::StartMembers() {
   const std::string& address = coordinator_address_;
-  for (uint32_t shard = 0; shard < options_.servers; ++shard)
+  for (uint32_t shard = 0; shard < options_.servers + options_.standby_servers; ++shard)
     if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer,
                                     shard);
         !s.ok())
@@ -775,8 +789,11 @@ std::optional<int> LocalLauncher::StartMembers() {
                                     rank);
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
-  Say(absl::StrCat("started ", options_.servers, " servers and ", options_.workers,
-                   " workers",
+  Say(absl::StrCat("started ", options_.servers, " servers",
+                   options_.standby_servers > 0
+                       ? absl::StrCat(" (and ", options_.standby_servers, " standing by)")
+                       : std::string(),
+                   " and ", options_.workers, " workers",
                    options_.entry.empty() ? "" : absl::StrCat(" (", options_.entry, ")"),
                    "; logs in ", options_.run_dir));
   if (options_.metrics) SayWhereMetricsAre();
@@ -803,6 +820,13 @@ std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {
   for (size_t i = 0; i < children_.size(); ++i) {
     ChildProcess& child = *children_[i];
     if (!child.Poll()) {
+      *all_exited = false;
+    } else if (child.succeeded() && !death_handled_[i] && child_role_[i] == Role::kServer &&
+               options_.standby_servers > 0 && latest_ &&
+               latest_->state() == v1::JOB_STATE_RUNNING &&
+               child_index_[i] >= latest_->config().num_servers()) {
+      if (absl::Status s = OnServerRetired(i); !s.ok())
+        return Finish("failed", std::string(s.message()), &child);
       *all_exited = false;
     } else if (!child.succeeded() && !death_handled_[i]) {
       if (options_.strict)

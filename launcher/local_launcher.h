@@ -81,6 +81,11 @@ struct LaunchOptions {
   std::string mode = "sync";
   uint32_t servers = 2;
   uint32_t workers = 2;
+  // Servers started for the shards past `servers` (a job with
+  // --max_servers): standbys that `grpsctl scale --servers` takes in. One
+  // that a re-sharding retires (it exits 0) is started again as a standby.
+  // They serve no metrics.
+  uint32_t standby_servers = 0;
   std::string backend = "auto";  // the workers' --backend
   // With a value, each worker runs this command (`/bin/sh -c "exec ENTRY"`)
   // instead of grps-worker: see WorkerSpec. The job's model is then the
@@ -323,6 +328,9 @@ class LocalLauncher {
   // A server or the coordinator was killed by a signal (not strict):
   // restarts it if restarts are left. An error fails the launch.
   absl::Status OnDaemonCrashed(size_t child_index);
+  // A server exited 0 while the job runs (a re-sharding retired its shard):
+  // starts it again as a standby when the launch has standbys.
+  absl::Status OnServerRetired(size_t child_index);
   // The coordinator that runs now (the newest one started).
   const ChildProcess& coordinator() const { return *children_[coordinator_child_]; }
   // A worker child has exited non-zero or by a signal (not strict): says so,
