@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
 #include "spdlog/spdlog.h"
@@ -16,13 +17,32 @@ constexpr absl::Duration kSleepSlice = absl::Milliseconds(20);
 // How often a registration that keeps failing says so.
 constexpr absl::Duration kSayAgainAfter = absl::Seconds(10);
 
-// Calls `attempt` (one registration, given its deadline) as RegisterOptions
-// says. Says once that the rank is still held, and that the coordinator is
-// not reachable on the first failure and every kSayAgainAfter.
+// What a registration has said so far, across its rounds: each thing once,
+// or (the coordinator not reachable) on the first failure and every
+// kSayAgainAfter.
+struct RegisterLog {
+  int failures = 0;
+  absl::Time say_again = absl::InfinitePast();
+  bool said_taken = false;
+  bool said_standby = false;
+};
+
+// The coordinator's "not yet" to a server for a shard its map does not have
+// yet (RegisterOptions::on_standby).
+bool IsStandbyAnswer(const absl::Status& s) {
+  return absl::IsUnavailable(s) && absl::StartsWith(s.message(), "standby:");
+}
+
 template <typename Response>
-absl::StatusOr<Response> RegisterWithRetries(
-    const RegisterOptions& options,
-    const std::function<grpc::Status(grpc::ClientContext*, Response*)>& attempt) {
+using RegisterAttempt = std::function<grpc::Status(grpc::ClientContext*, Response*)>;
+
+// One round of registration attempts, as RegisterOptions says, for at most
+// its patience from now. With on_standby set, a standby answer ends the
+// round at once: OK with *standby set.
+template <typename Response>
+absl::Status RegisterRound(const RegisterOptions& options,
+                           const RegisterAttempt<Response>& attempt, Response* response,
+                           RegisterLog* log, bool* standby) {
   Backoff policy;
   policy.max = options.max_backoff;
   policy.give_up_after = options.patience;
@@ -32,11 +52,8 @@ absl::StatusOr<Response> RegisterWithRetries(
   // coordinator declares it dead.
   policy.retry_already_exists = true;
   const absl::Time give_up = absl::Now() + options.patience;
-  Response response;
-  int failures = 0;
-  absl::Time say_again = absl::InfinitePast();
-  bool said_taken = false;
-  absl::Status status = RetryTransient(policy, [&] {
+  *standby = false;
+  return RetryTransient(policy, [&] {
     grpc::ClientContext context;
     context.set_deadline(
         absl::ToChronoTime(std::min(give_up, absl::Now() + options.attempt_timeout)));
@@ -45,20 +62,43 @@ absl::StatusOr<Response> RegisterWithRetries(
     // on the channel in this process: retries that failed fast saw the first
     // refusal for 10 s after the coordinator came up. The first attempt fails
     // fast, so that an unreachable coordinator is said at once, with its reason.
-    context.set_wait_for_ready(failures > 0);
-    absl::Status s = ToAbsl(attempt(&context, &response));
+    context.set_wait_for_ready(log->failures > 0);
+    absl::Status s = ToAbsl(attempt(&context, response));
+    if (options.on_standby && IsStandbyAnswer(s)) {
+      if (!log->said_standby) options.on_standby(s);
+      log->said_standby = true;
+      *standby = true;
+      return absl::OkStatus();  // the round ends; the caller starts another
+    }
     if (absl::IsAlreadyExists(s)) {
-      if (!said_taken) spdlog::info("waiting for our rank: {}", std::string(s.message()));
-      said_taken = true;
+      if (!log->said_taken) spdlog::info("waiting for our rank: {}", std::string(s.message()));
+      log->said_taken = true;
     } else if (!s.ok()) {
-      ++failures;
-      if (absl::Now() >= say_again) {
+      ++log->failures;
+      if (absl::Now() >= log->say_again) {
         spdlog::warn("not registered yet ({}); retrying", std::string(s.message()));
-        say_again = absl::Now() + kSayAgainAfter;
+        log->say_again = absl::Now() + kSayAgainAfter;
       }
     }
     return s;
   });
+}
+
+// Calls `attempt` (one registration, given its deadline) as RegisterOptions
+// says: rounds of RegisterRound, one after another while the coordinator
+// answers that the server stands by.
+template <typename Response>
+absl::StatusOr<Response> RegisterWithRetries(const RegisterOptions& options,
+                                             const RegisterAttempt<Response>& attempt) {
+  Response response;
+  RegisterLog log;
+  bool standby = false;
+  absl::Status status = RegisterRound(options, attempt, &response, &log, &standby);
+  while (status.ok() && standby) {
+    SleepUnlessShutdown(kStandbyPace);
+    if (ShutdownRequested()) return absl::CancelledError("signal received");
+    status = RegisterRound(options, attempt, &response, &log, &standby);
+  }
   if (status.ok()) return response;
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
     return absl::UnavailableError(absl::StrCat("coordinator unreachable for ",

@@ -1,11 +1,11 @@
 // MemberAgent: a process's part in a job, and the one place that speaks
 // membership with the coordinator. It registers (retrying while the
-// coordinator is unreachable, the job is still forming, or a worker's rank
-// is still held by its previous incarnation), heartbeats (the pace, each
-// call's deadline, the silence since the coordinator last answered) and
-// reports a worker's end (WorkerDone). grps-server and grps-worker each hold
-// one; nothing else in grps calls RegisterServer, RegisterWorker, Heartbeat
-// or WorkerDone.
+// coordinator is unreachable, the job is still forming, a worker's rank is
+// still held by its previous incarnation, or a server stands by for a shard
+// the job has not scaled to), heartbeats (the pace, each call's deadline,
+// the silence since the coordinator last answered) and reports a worker's
+// end (WorkerDone). grps-server and grps-worker each hold one; nothing else
+// in grps calls RegisterServer, RegisterWorker, Heartbeat or WorkerDone.
 //
 // The holder says what a heartbeat carries and does what a reply says (the
 // live set, a restore order, a checkpoint request, the end of the job): the
@@ -51,7 +51,18 @@ struct RegisterOptions {
   absl::Duration patience = absl::Seconds(60);
   absl::Duration attempt_timeout = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(1);
+  // Servers of a job whose servers scale (JobConfig.max_servers): the
+  // coordinator answers a server for a shard its map does not have yet
+  // UNAVAILABLE "standby: ..." until the job scales to include the shard.
+  // When set, such answers are waited through without a time limit: asked
+  // again every kStandbyPace, patience starting again after each (the
+  // coordinator did answer), and this is called with the first one (for
+  // the holder to say so). Unset: they count as a coordinator not ready.
+  std::function<void(const absl::Status& standby)> on_standby;
 };
+
+// How often a standby server asks again (RegisterOptions::on_standby).
+inline constexpr absl::Duration kStandbyPace = absl::Seconds(1);
 
 // The coordinator's answer. On giving up, UNAVAILABLE ("coordinator
 // unreachable for <patience>: ...") or the last refusal.

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator_service.h"
@@ -260,6 +262,85 @@ TEST_F(MemberAgentTest, WorkerDoneNamesTheMember) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(StatusOf(1).state(), v1::MEMBER_STATE_FINISHED);
   EXPECT_EQ(StatusOf(0).state(), v1::MEMBER_STATE_ALIVE);
+}
+
+// Answers every server registration as the coordinator answers a standby
+// (a shard its map does not have yet), holding each call a moment, until
+// `taken_in`.
+class StandbyCoordinator final : public v1::Coordinator::Service {
+ public:
+  grpc::Status RegisterServer(grpc::ServerContext*, const v1::RegisterServerRequest*,
+                              v1::RegisterServerResponse* response) override {
+    absl::SleepFor(absl::Milliseconds(50));
+    if (!taken_in.load()) {
+      ++standby_answers;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "standby: shard 1 waits for the job to re-shard");
+    }
+    response->set_shard(1);
+    return grpc::Status::OK;
+  }
+
+  std::atomic<bool> taken_in{false};
+  std::atomic<int> standby_answers{0};
+};
+
+class StandbyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {&coordinator_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", server_.port)));
+  }
+  void TearDown() override { server_.server->Shutdown(); }
+
+  absl::StatusOr<v1::RegisterServerResponse> Register(const RegisterOptions& options) {
+    v1::RegisterServerRequest request;
+    request.set_address("127.0.0.1:7001");
+    request.set_requested_shard(1);
+    return RegisterServer(stub_.get(), request, options);
+  }
+  static RegisterOptions Patience(absl::Duration patience) {
+    RegisterOptions options;
+    options.patience = patience;
+    options.attempt_timeout = absl::Milliseconds(300);
+    options.max_backoff = absl::Milliseconds(100);
+    return options;
+  }
+
+  StandbyCoordinator coordinator_;
+  GrpcServer server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(StandbyTest, AStandbyWaitsPastItsPatienceUntilItsShardIsTakenIn) {
+  RegisterOptions options = Patience(absl::Milliseconds(300));
+  std::vector<std::string> said;
+  options.on_standby = [&said](const absl::Status& standby) {
+    said.emplace_back(standby.message());
+  };
+  std::thread take_in([this] {
+    absl::SleepFor(absl::Milliseconds(2500));
+    coordinator_.taken_in = true;
+  });
+  absl::StatusOr<v1::RegisterServerResponse> registered = Register(options);
+  take_in.join();
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_EQ(registered->shard(), 1u);
+  EXPECT_GE(coordinator_.standby_answers.load(), 2);
+  ASSERT_EQ(said.size(), 1u);  // once, however long it stands by
+  EXPECT_EQ(said[0], "standby: shard 1 waits for the job to re-shard");
+}
+
+TEST_F(StandbyTest, WithoutOnStandbyAStandbyAnswerCountsAgainstPatience) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::RegisterServerResponse> registered =
+      Register(Patience(absl::Milliseconds(300)));
+  EXPECT_EQ(registered.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(registered.status().message().find("standby:"), std::string::npos)
+      << registered.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 }  // namespace

@@ -45,9 +45,21 @@ absl::Status CheckRank(const ShardStore& store, uint32_t rank) {
                    JobRanks(store.config()), " workers"));
 }
 
-// The spec of a chunk this shard holds; NOT_FOUND otherwise.
-absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
-                                                uint32_t chunk_id) {
+// A chunk or row this shard does not hold: NOT_FOUND, unless the request
+// is of a newer generation than the shard's, whose map may place it here:
+// a re-sharded job's worker can hear of the new map a heartbeat before
+// the shard, which then answers UNAVAILABLE (the worker retries).
+absl::Status NotHeld(const ShardStore& store, uint64_t generation, std::string what) {
+  if (generation > store.generation())
+    return absl::UnavailableError(absl::StrCat("shard ", store.shard(), " is still in generation ",
+                                               store.generation(), ", not yet ", generation,
+                                               "; retry"));
+  return absl::NotFoundError(std::move(what));
+}
+
+// The spec of a chunk this shard holds; NOT_FOUND otherwise (NotHeld).
+absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store, uint32_t chunk_id,
+                                                uint64_t generation) {
   const v1::ShardMap& map = store.shard_map();
   if (chunk_id >= static_cast<uint32_t>(map.chunks_size()))
     return absl::NotFoundError(absl::StrCat(
@@ -55,9 +67,9 @@ absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store,
         " chunks"));
   const v1::ChunkSpec& spec = map.chunks(chunk_id);
   if (spec.shard() != store.shard())
-    return absl::NotFoundError(absl::StrCat(
-        "chunk ", chunk_id, " is held by shard ", spec.shard(), ", not shard ",
-        store.shard()));
+    return NotHeld(store, generation,
+                   absl::StrCat("chunk ", chunk_id, " is held by shard ", spec.shard(),
+                                ", not shard ", store.shard()));
   return &spec;
 }
 
@@ -125,12 +137,12 @@ struct CheckedChunk {
 // before it in the push (it joins them) and the push's lane (may be null):
 // a chunk of this shard, once, a known dtype, sparse indices that fit, and
 // as many bytes as its values need, in the message or the lane.
-absl::StatusOr<CheckedChunk> CheckReceivedChunk(const ShardStore& store,
+absl::StatusOr<CheckedChunk> CheckReceivedChunk(const ShardStore& store, uint64_t generation,
                                                 const ReceivedChunk& chunk,
                                                 const MappedLane* lane,
                                                 absl::flat_hash_set<uint32_t>* seen) {
   const std::string what = absl::StrCat("chunk ", chunk.chunk_id);
-  absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, chunk.chunk_id);
+  absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, chunk.chunk_id, generation);
   if (!spec.ok()) return spec.status();
   if (!seen->insert(chunk.chunk_id).second)
     return absl::InvalidArgumentError(absl::StrCat(what, " appears twice in one push"));
@@ -205,7 +217,8 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   absl::flat_hash_set<uint32_t> seen;
   size_t scratch_floats = 0;
   for (const ReceivedChunk& chunk : chunks) {
-    absl::StatusOr<CheckedChunk> c = CheckReceivedChunk(store, chunk, lane, &seen);
+    absl::StatusOr<CheckedChunk> c =
+        CheckReceivedChunk(store, header.generation(), chunk, lane, &seen);
     if (!c.ok()) return c.status();
     scratch_floats += c->spec->num_elements();
     checked.push_back(*c);
@@ -413,7 +426,7 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
   absl::flat_hash_set<uint32_t> seen;
   uint64_t reply_bytes = 0;
   for (uint32_t id : spec.chunk_ids) {
-    absl::StatusOr<const v1::ChunkSpec*> chunk = CheckChunk(store, id);
+    absl::StatusOr<const v1::ChunkSpec*> chunk = CheckChunk(store, id, request.generation());
     if (!chunk.ok()) return chunk.status();
     if (!seen.insert(id).second)
       return absl::InvalidArgumentError(
@@ -810,7 +823,8 @@ absl::StatusOr<const v1::SparseTableSpec*> CheckTable(const ShardStore& store,
 // and hashed to this shard (NOT_FOUND, as a chunk held by another shard).
 // `distinct`: an id twice is INVALID_ARGUMENT (a push's rows are
 // deduplicated on the worker, their gradients summed).
-absl::Status CheckIds(const ShardStore& store, const v1::SparseTableSpec& table,
+absl::Status CheckIds(const ShardStore& store, uint64_t generation,
+                      const v1::SparseTableSpec& table,
                       const google::protobuf::RepeatedField<int64_t>& ids, bool distinct) {
   absl::flat_hash_set<int64_t> seen;
   if (distinct) seen.reserve(ids.size());
@@ -821,9 +835,9 @@ absl::Status CheckIds(const ShardStore& store, const v1::SparseTableSpec& table,
           "row id ", id, " is outside sparse table '", table.name(), "' (ids in [0, ",
           table.rows(), "))"));
     if (const uint32_t owner = SparseShardOf(id, shards); owner != store.shard())
-      return absl::NotFoundError(absl::StrCat("row ", id, " of sparse table '", table.name(),
-                                              "' is held by shard ", owner, ", not shard ",
-                                              store.shard()));
+      return NotHeld(store, generation,
+                     absl::StrCat("row ", id, " of sparse table '", table.name(),
+                                  "' is held by shard ", owner, ", not shard ", store.shard()));
     if (distinct && !seen.insert(id).second)
       return absl::InvalidArgumentError(absl::StrCat(
           "row id ", id, " appears twice in one push to sparse table '", table.name(),
@@ -850,7 +864,7 @@ absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
         what, ": expected ", n * DTypeSize(*dtype), " bytes of gradients (", request.ids_size(),
         " rows x ", (*table)->dim(), " x ", std::string(DTypeName(*dtype)), "), got ",
         request.gradients().size()));
-  if (absl::Status s = CheckIds(store, **table, request.ids(), /*distinct=*/true); !s.ok())
+  if (absl::Status s = CheckIds(store, request.generation(), **table, request.ids(), /*distinct=*/true); !s.ok())
     return s;
   if (scratch->size() < n) scratch->resize(n);
   ConvertElements(request.gradients().data(), *dtype, scratch->data(), DType::kF32, n);
@@ -888,7 +902,7 @@ absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
     return absl::ResourceExhaustedError(absl::StrCat(
         "sparse pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
         "-byte message limit; pull fewer rows per call"));
-  if (absl::Status s = CheckIds(store, **table, request.ids(), /*distinct=*/false); !s.ok())
+  if (absl::Status s = CheckIds(store, request.generation(), **table, request.ids(), /*distinct=*/false); !s.ok())
     return s;
   ShardStore::SparsePullSpec spec;
   spec.worker_rank = request.worker_rank();

@@ -7,7 +7,15 @@
 // replies may ask it to checkpoint (written on a thread of its own) or to
 // roll back to a checkpoint (docs/durability.md).
 //
-// Exit status: 0 when the job completes or is stopped, or on SIGINT/SIGTERM;
+// Jobs whose servers scale (JobConfig.max_servers; docs/elasticity.md): a
+// server for a shard the job's map does not have yet stands by, registering
+// without a time limit until the job scales to include the shard. A
+// re-sharding (a map that places the chunks on another shard count, with a
+// roll-back to the cut) rebuilds the store for the new map from the cut, or
+// retires a shard the new map does not have.
+//
+// Exit status: 0 when the job completes or is stopped, when a re-sharding
+// retires the shard, or on SIGINT/SIGTERM;
 // 1 when it cannot start (bad flags, no coordinator within a minute, an
 // invalid job, an unreadable checkpoint), when the job failed, when another
 // server took its shard over, or when the coordinator was silent for the
@@ -23,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -70,7 +79,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int32_t, register_timeout_s, 60,
           "how long to keep registering while the coordinator is unreachable or not "
           "ready for servers (a user model's job takes servers once its first worker "
-          "defined the model)");
+          "defined the model); a standby (a shard the job has not scaled to yet) "
+          "waits without a limit");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
           "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
@@ -108,9 +118,11 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
 }
 
 // RegisterServer, retried by the member agent while the coordinator is
-// unreachable or not ready, for up to --register_timeout_s. CANCELLED if a signal arrived.
-// `restore_failed`: the order of the previous registration could not be
-// followed (the coordinator then answers with the checkpoint before).
+// unreachable or not ready, for up to --register_timeout_s, and without a
+// limit while it answers that the shard stands by (a shard the job's map
+// does not have yet, until the job scales to it). CANCELLED if a signal
+// arrived. `restore_failed`: the order of the previous registration could
+// not be followed (the coordinator then answers with the checkpoint before).
 absl::StatusOr<v1::RegisterServerResponse> Register(
     v1::Coordinator::Stub& coordinator, const std::string& address,
     int32_t shard, const v1::ShardCheckpoint* restore_failed = nullptr) {
@@ -122,6 +134,9 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
   options.patience = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_register_timeout_s)));
   options.attempt_timeout = absl::Seconds(5);
   options.max_backoff = absl::Seconds(5);
+  options.on_standby = [shard](const absl::Status& standby) {
+    spdlog::info("shard {} stands by: {}", shard, std::string(standby.message()));
+  };
   return RegisterServer(&coordinator, request, options);
 }
 
@@ -216,8 +231,16 @@ prometheus::Histogram& CheckpointSeconds(bool ok) {
 // newest request's only. Thread-safe.
 class Checkpointer {
  public:
-  explicit Checkpointer(ShardStore* store)
-      : store_(store), thread_([this] { Loop(); }) {}
+  // `before`: the checkpointer of the store `store` replaces (a
+  // re-sharding), whose last request is not started again on this one (it
+  // would write the new layout into that checkpoint's folder).
+  explicit Checkpointer(ShardStore* store, const Checkpointer* before = nullptr)
+      : store_(store), thread_([this] { Loop(); }) {
+    if (before != nullptr) {
+      last_id_ = before->last_id_;
+      last_incarnation_ = before->last_incarnation_;
+    }
+  }
   ~Checkpointer() { Join(); }
 
   // Starts checkpoint `request` unless it is the one last started. One still
@@ -346,10 +369,27 @@ struct Ending {
   std::string reason = "signal received";
 };
 
-// A roll-back order from a heartbeat reply: restores the shard, or records
-// in *restore_failed why it could not (reported in every heartbeat until the
-// coordinator orders another). Returns an Ending when the shard cannot go
-// on (not even the initial values load).
+// A roll-back order the shard could not follow (`why`): recorded in
+// *restore_failed, which every heartbeat reports until the coordinator
+// orders another (it refuses the checkpoint and orders the one before; the
+// shard keeps its state and generation meanwhile, so it serves nothing of
+// the new one). Returns an Ending when the order was the initial values,
+// which leave nothing further back.
+std::optional<Ending> RefuseRestore(const v1::RestoreOrder& order, uint32_t shard,
+                                    const absl::Status& why,
+                                    std::optional<v1::ShardCheckpoint>* restore_failed) {
+  if (order.checkpoint_id() == 0)
+    return Ending{1, absl::StrCat("cannot roll back to the initial values: ", why.message())};
+  if (!restore_failed->has_value() || (*restore_failed)->id() != order.checkpoint_id())
+    spdlog::error("shard {} cannot roll back to checkpoint {}: {}; reported", shard,
+                  order.checkpoint_id(), std::string(why.message()));
+  *restore_failed = RestoreFailure(order, shard, why);
+  return std::nullopt;
+}
+
+// A roll-back order from a heartbeat reply, for the shard's chunks as they
+// are placed now: restores the store in place, or refuses the order
+// (RefuseRestore).
 std::optional<Ending> FollowRestoreOrder(const v1::RestoreOrder& order, ShardStore& store,
                                          std::optional<v1::ShardCheckpoint>* restore_failed) {
   absl::StatusOr<ShardState> states =
@@ -358,104 +398,11 @@ std::optional<Ending> FollowRestoreOrder(const v1::RestoreOrder& order, ShardSto
       states.ok() ? store.Restore(order.generation(), order.checkpoint_id(), states->chunks,
                                   order.worker_steps(), states->tables)
                   : states.status();
-  if (!restored.ok() && order.checkpoint_id() == 0)
-    return Ending{1, absl::StrCat("cannot roll back to the initial values: ", restored.message())};
-  if (!restored.ok()) {
-    // The shard keeps its state and generation (so it serves nothing of the
-    // new one); the coordinator refuses this checkpoint and orders the one
-    // before it.
-    if (!restore_failed->has_value() || (*restore_failed)->id() != order.checkpoint_id())
-      spdlog::error("shard {} cannot roll back to checkpoint {}: {}; reported", store.shard(),
-                    order.checkpoint_id(), std::string(restored.message()));
-    *restore_failed = RestoreFailure(order, store.shard(), restored);
-    return std::nullopt;
-  }
+  if (!restored.ok()) return RefuseRestore(order, store.shard(), restored, restore_failed);
   restore_failed->reset();
   spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})", store.shard(),
                order.checkpoint_id(), order.step(), order.generation());
   return std::nullopt;
-}
-
-// Heartbeats as the shard's member until the job ends, another server takes
-// the shard, the coordinator has been silent past its timeout, or a signal
-// arrives; follows what the replies carry (a roll-back, a checkpoint, the
-// live workers, the shard map's epoch).
-Ending HeartbeatUntilTheEnd(MemberAgent& agent, ShardStore& store,
-                            ParameterServerService& service, Checkpointer& checkpointer,
-                            const std::string& coordinator_address) {
-  const v1::JobConfig& config = store.config();
-  const absl::Duration coordinator_timeout = absl::Milliseconds(
-      config.coordinator_timeout_ms() > 0 ? config.coordinator_timeout_ms() : 60000);
-  uint64_t map_epoch = store.shard_map().epoch();
-  Ending ending;
-  int failures = 0;
-  std::optional<v1::ShardCheckpoint> restore_failed;
-  auto status_report = [&](v1::HeartbeatRequest* request) {
-    *request->mutable_shard() = service.ShardStatus(store);
-    if (restore_failed.has_value())
-      *request->mutable_shard()->mutable_restore_failed() = *restore_failed;
-    request->set_shard_map_epoch(map_epoch);
-    request->set_generation(store.generation());
-  };
-  MemberAgent::Handlers handlers;
-  handlers.fill = status_report;
-  handlers.on_error = [&](const grpc::Status& status) {
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      // Our incarnation is stale: another server has taken this shard.
-      ending = {1, absl::StrCat("shard ", store.shard(), " was taken over by another server (",
-                                status.error_message(), ")")};
-      return MemberAgent::Next::kStop;
-    }
-    // Training goes on without the coordinator; keep trying, for a while.
-    if (failures++ % 20 == 0)
-      spdlog::warn("heartbeat to {} failed ({}); still serving", coordinator_address,
-                   status.error_message());
-    if (agent.Silence() > coordinator_timeout) {
-      ending = {1, absl::StrCat("no answer from the coordinator for ",
-                                absl::FormatDuration(coordinator_timeout))};
-      return MemberAgent::Next::kStop;
-    }
-    return MemberAgent::Next::kGoOn;
-  };
-  handlers.on_reply = [&](const v1::HeartbeatResponse& response) {
-    if (failures > 0) spdlog::info("coordinator reachable again");
-    failures = 0;
-    const v1::JobState state = response.job_state();
-    if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED) {
-      ending.reason = absl::StrCat("job ", JobStateName(state));
-      // Leave the coordinator this shard's final figures.
-      v1::HeartbeatRequest last;
-      status_report(&last);
-      last.set_final_report(true);
-      v1::HeartbeatResponse ignored;
-      agent.Beat(std::move(last), &ignored, absl::Seconds(2)).IgnoreError();
-      return MemberAgent::Next::kStop;
-    }
-    if (state == v1::JOB_STATE_FAILED) {
-      ending = {1, "job failed"};
-      return MemberAgent::Next::kStop;
-    }
-    if (response.has_restore() && response.restore().generation() > store.generation()) {
-      if (std::optional<Ending> end =
-              FollowRestoreOrder(response.restore(), store, &restore_failed)) {
-        ending = *std::move(end);
-        return MemberAgent::Next::kStop;
-      }
-    }
-    if (response.has_checkpoint()) checkpointer.MaybeStart(response.checkpoint());
-    // Until the job runs, every rank counts toward a step's quorum, so an
-    // early worker cannot complete step 0 alone.
-    if (state == v1::JOB_STATE_RUNNING)
-      store.SetLiveWorkers(std::vector<uint32_t>(response.live_workers().begin(),
-                                                 response.live_workers().end()),
-                           std::vector<uint64_t>(response.live_worker_incarnations().begin(),
-                                                 response.live_worker_incarnations().end()));
-    if (response.has_shard_map() && response.shard_map().epoch() > map_epoch)
-      map_epoch = response.shard_map().epoch();
-    return MemberAgent::Next::kGoOn;
-  };
-  agent.Run(handlers);
-  return ending;
 }
 
 // A registration, and the state its restore order names, loaded.
@@ -521,17 +468,23 @@ std::optional<Registered> RegisterAndLoad(v1::Coordinator::Stub& coordinator,
   }
 }
 
-// The shard's store, as the registration says, from the state it loaded.
-absl::StatusOr<std::unique_ptr<ShardStore>> CreateStore(
-    const v1::RegisterServerResponse& registration, ShardState loaded,
-    const std::string& address) {
+// The options of the store of a registration's shard, but for its state.
+ShardStore::Options OptionsOf(const v1::RegisterServerResponse& registration,
+                              const std::string& address) {
   ShardStore::Options options;
   options.config = registration.config();
   options.shard_map = registration.shard_map();
   options.shard = registration.shard();
   options.incarnation = registration.incarnation();
   options.address = address;
-  const v1::RestoreOrder& order = registration.restore();
+  return options;
+}
+
+// The store of `options`, in the generation of `order`, from the state
+// `loaded` from what the order names.
+absl::StatusOr<std::unique_ptr<ShardStore>> CreateStore(ShardStore::Options options,
+                                                        const v1::RestoreOrder& order,
+                                                        ShardState loaded) {
   options.generation = order.generation();
   options.restored_checkpoint = order.checkpoint_id();
   options.resume_steps.assign(order.worker_steps().begin(), order.worker_steps().end());
@@ -605,19 +558,239 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(
   return StartMetricsFromFlags("grps-server", {shard_metrics});
 }
 
-// Sizes the gRPC server's memory quota for the store, attaches the store to
-// the service and the metrics, and only then says SERVING (health check):
-// before, every RPC answers UNAVAILABLE.
-void GoLive(ShardStore& store, GrpcServer& server, ParameterServerService& service,
-            std::atomic<const ShardStore*>& attached,
-            const v1::RegisterServerResponse& registration, const std::string& address) {
+// What a store is attached to: the service answers with it, the metrics
+// report it, and the gRPC server's memory quota is sized for it.
+struct Attachment {
+  GrpcServer& server;
+  ParameterServerService& service;
+  std::atomic<const ShardStore*>& metrics;
+};
+
+// Sizes the quota for `store` and attaches it. Returns the quota.
+size_t Attach(ShardStore& store, const Attachment& to) {
   const v1::ShardStatus held = store.ShardStatus();
   const size_t memory = ServerMemoryBytes(held.num_elements(), JobRanks(store.config()));
-  server.quota->Resize(memory);
-  service.Attach(&store);
-  attached.store(&store);
-  server.server->GetHealthCheckService()->SetServingStatus(true);
-  LogServing(store, held, registration, address, memory);
+  to.server.quota->Resize(memory);
+  to.service.Attach(&store);
+  to.metrics.store(&store);
+  return memory;
+}
+
+// Attaches the store, and only then says SERVING (health check): before,
+// every RPC answers UNAVAILABLE.
+void GoLive(ShardStore& store, const Attachment& to,
+            const v1::RegisterServerResponse& registration, const std::string& address) {
+  const size_t memory = Attach(store, to);
+  to.server.server->GetHealthCheckService()->SetServingStatus(true);
+  LogServing(store, store.ShardStatus(), registration, address, memory);
+}
+
+// The stores of this process's shard: the one it serves, and those that
+// re-shardings replaced. A replaced store is shut down but kept until the
+// process exits: RPC handlers may still hold a raw pointer to it (a
+// PullReactor keeps its ShardStore*). Run's thread only.
+struct ShardStores {
+  std::unique_ptr<ShardStore> current;
+  std::vector<std::unique_ptr<ShardStore>> retired;
+};
+
+// Whether `map` places `shard`'s chunks otherwise than `before` (a
+// re-sharding), rather than only naming other endpoints.
+bool PlacedOtherwise(const v1::ShardMap& map, const v1::ShardMap& before, uint32_t shard) {
+  return map.shards_size() != before.shards_size() ||
+         ChunksOfShard(map, shard) != ChunksOfShard(before, shard);
+}
+
+// The shard's part in the job once it serves: heartbeats as its member
+// until the job ends, another server takes the shard, the coordinator has
+// been silent past its timeout, a re-sharding retires the shard, or a
+// signal arrives; follows what the replies carry (a roll-back, a
+// re-sharding, a checkpoint, the live workers, the shard map's epoch).
+// Owns the Checkpointer of the current store. Run's thread only.
+class ShardHeartbeat {
+ public:
+  ShardHeartbeat(MemberAgent& agent, ShardStores& stores, const Attachment& attachment,
+                 std::string address, std::string coordinator_address)
+      : agent_(agent),
+        stores_(stores),
+        attachment_(attachment),
+        address_(std::move(address)),
+        coordinator_address_(std::move(coordinator_address)),
+        coordinator_timeout_(absl::Milliseconds(store().config().coordinator_timeout_ms() > 0
+                                                    ? store().config().coordinator_timeout_ms()
+                                                    : 60000)),
+        checkpointer_(std::make_unique<Checkpointer>(&store())),
+        map_(store().shard_map()) {}
+
+  // Heartbeats until the end; how the shard's part ended. Call once.
+  Ending Run();
+  // Ends the checkpoint thread. Call once the store has been shut down,
+  // which ends a capture that waits.
+  void JoinCheckpoints() { checkpointer_->Join(); }
+
+ private:
+  ShardStore& store() const { return *stores_.current; }
+
+  void Fill(v1::HeartbeatRequest* request) const;
+  MemberAgent::Next OnError(const grpc::Status& status);
+  MemberAgent::Next OnReply(const v1::HeartbeatResponse& response);
+  // Leaves the coordinator this shard's final figures.
+  void SendFinalReport();
+  // The reply's shard map and roll-back order: a newer map is remembered;
+  // a roll-back is followed in place, or by a new store when the map
+  // places the shard's chunks otherwise. An Ending when the shard ends.
+  std::optional<Ending> FollowMap(const v1::HeartbeatResponse& response);
+  Ending Retire();
+  std::optional<Ending> Reshard(const v1::RestoreOrder& order);
+  void Replace(std::unique_ptr<ShardStore> next);
+
+  MemberAgent& agent_;
+  ShardStores& stores_;
+  const Attachment attachment_;
+  const std::string address_;
+  const std::string coordinator_address_;
+  const absl::Duration coordinator_timeout_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  // The newest map the coordinator sent (its epoch is the one reported). It
+  // differs from the store's in placement while a re-sharding's roll-back
+  // is refused: the next order rebuilds for it.
+  v1::ShardMap map_;
+  std::optional<v1::ShardCheckpoint> restore_failed_;
+  int failures_ = 0;
+  Ending ending_;
+};
+
+Ending ShardHeartbeat::Run() {
+  MemberAgent::Handlers handlers;
+  handlers.fill = [this](v1::HeartbeatRequest* request) { Fill(request); };
+  handlers.on_error = [this](const grpc::Status& status) { return OnError(status); };
+  handlers.on_reply = [this](const v1::HeartbeatResponse& r) { return OnReply(r); };
+  agent_.Run(handlers);
+  return ending_;
+}
+
+void ShardHeartbeat::Fill(v1::HeartbeatRequest* request) const {
+  *request->mutable_shard() = attachment_.service.ShardStatus(store());
+  if (restore_failed_.has_value())
+    *request->mutable_shard()->mutable_restore_failed() = *restore_failed_;
+  request->set_shard_map_epoch(map_.epoch());
+  request->set_generation(store().generation());
+}
+
+MemberAgent::Next ShardHeartbeat::OnError(const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // Our incarnation is stale: another server has taken this shard.
+    ending_ = {1, absl::StrCat("shard ", store().shard(), " was taken over by another server (",
+                               status.error_message(), ")")};
+    return MemberAgent::Next::kStop;
+  }
+  // Training goes on without the coordinator; keep trying, for a while.
+  if (failures_++ % 20 == 0)
+    spdlog::warn("heartbeat to {} failed ({}); still serving", coordinator_address_,
+                 status.error_message());
+  if (agent_.Silence() > coordinator_timeout_) {
+    ending_ = {1, absl::StrCat("no answer from the coordinator for ",
+                               absl::FormatDuration(coordinator_timeout_))};
+    return MemberAgent::Next::kStop;
+  }
+  return MemberAgent::Next::kGoOn;
+}
+
+MemberAgent::Next ShardHeartbeat::OnReply(const v1::HeartbeatResponse& response) {
+  if (failures_ > 0) spdlog::info("coordinator reachable again");
+  failures_ = 0;
+  const v1::JobState state = response.job_state();
+  if (state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED) {
+    ending_.reason = absl::StrCat("job ", JobStateName(state));
+    SendFinalReport();
+    return MemberAgent::Next::kStop;
+  }
+  if (state == v1::JOB_STATE_FAILED) {
+    ending_ = {1, "job failed"};
+    return MemberAgent::Next::kStop;
+  }
+  if (std::optional<Ending> end = FollowMap(response)) {
+    ending_ = *std::move(end);
+    return MemberAgent::Next::kStop;
+  }
+  if (response.has_checkpoint()) checkpointer_->MaybeStart(response.checkpoint());
+  // Until the job runs, every rank counts toward a step's quorum, so an
+  // early worker cannot complete step 0 alone.
+  if (state == v1::JOB_STATE_RUNNING)
+    store().SetLiveWorkers(std::vector<uint32_t>(response.live_workers().begin(),
+                                                 response.live_workers().end()),
+                           std::vector<uint64_t>(response.live_worker_incarnations().begin(),
+                                                 response.live_worker_incarnations().end()));
+  return MemberAgent::Next::kGoOn;
+}
+
+void ShardHeartbeat::SendFinalReport() {
+  v1::HeartbeatRequest last;
+  Fill(&last);
+  last.set_final_report(true);
+  v1::HeartbeatResponse ignored;
+  agent_.Beat(std::move(last), &ignored, absl::Seconds(2)).IgnoreError();
+}
+
+std::optional<Ending> ShardHeartbeat::FollowMap(const v1::HeartbeatResponse& response) {
+  if (response.has_shard_map() && response.shard_map().epoch() > map_.epoch()) {
+    if (absl::Status valid = ValidateShardMap(response.shard_map()); !valid.ok())
+      return Ending{1, absl::StrCat("invalid shard map from the coordinator: ", valid.message())};
+    map_ = response.shard_map();
+  }
+  if (store().shard() >= static_cast<uint32_t>(map_.shards_size())) return Retire();
+  if (!response.has_restore() || response.restore().generation() <= store().generation())
+    return std::nullopt;
+  if (PlacedOtherwise(map_, store().shard_map(), store().shard()))
+    return Reshard(response.restore());
+  return FollowRestoreOrder(response.restore(), store(), &restore_failed_);
+}
+
+// The map has no place for this shard any more: the shard leaves, as at
+// the end of the job.
+Ending ShardHeartbeat::Retire() {
+  SendFinalReport();
+  return Ending{0, absl::StrCat("shard ", store().shard(), " retired: the job re-sharded to ",
+                                map_.shards_size(), " shards")};
+}
+
+// A roll-back into map_, which places this shard's chunks otherwise: the
+// state for them is loaded (a checkpoint restores into any shard count
+// with shared storage) into a new store, which replaces the current one.
+std::optional<Ending> ShardHeartbeat::Reshard(const v1::RestoreOrder& order) {
+  const uint32_t shard = store().shard();
+  ShardStore::Options options;
+  options.config = store().config();
+  options.config.set_num_servers(static_cast<uint32_t>(map_.shards_size()));
+  options.shard_map = map_;
+  options.shard = shard;
+  options.incarnation = agent_.identity().incarnation;
+  options.address = address_;
+  absl::StatusOr<ShardState> loaded = LoadRestore(order, options.config, map_, shard);
+  absl::StatusOr<std::unique_ptr<ShardStore>> next =
+      loaded.ok() ? CreateStore(std::move(options), order, *std::move(loaded))
+                  : absl::StatusOr<std::unique_ptr<ShardStore>>(loaded.status());
+  if (!next.ok()) return RefuseRestore(order, shard, next.status(), &restore_failed_);
+  restore_failed_.reset();
+  Replace(*std::move(next));
+  spdlog::info("shard {} re-sharded: {} shards (map epoch {}), {} chunks from checkpoint {} at "
+               "step {} (generation {})",
+               shard, map_.shards_size(), map_.epoch(), store().chunk_ids().size(),
+               order.checkpoint_id(), order.step(), order.generation());
+  return std::nullopt;
+}
+
+// Serves `next` in place of the current store: attached first, then the
+// old store is shut down (its waiting pulls fail UNAVAILABLE, and the
+// workers retry on the new one; a capture in progress ends) and kept, and
+// its checkpointer is joined.
+void ShardHeartbeat::Replace(std::unique_ptr<ShardStore> next) {
+  Attach(*next, attachment_);
+  std::unique_ptr<ShardStore> old = std::exchange(stores_.current, std::move(next));
+  old->Shutdown();
+  checkpointer_->Join();
+  checkpointer_ = std::make_unique<Checkpointer>(&store(), checkpointer_.get());
+  stores_.retired.push_back(std::move(old));
 }
 
 // The flags Run reads, checked: what is wrong, as INVALID_ARGUMENT.
@@ -639,9 +812,9 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const int32_t requested_shard = absl::GetFlag(FLAGS_shard);
 
-  // Declared before the gRPC server, which must shut down before either
-  // goes away.
-  std::unique_ptr<ShardStore> store;
+  // Declared before the gRPC server, which must shut down before they go
+  // away.
+  ShardStores stores;
   ParameterServerService service(MemberKey(ProcessSecurity().admin_token));
   absl::StatusOr<GrpcServer> server = StartServer(listen, service);
   if (!server.ok()) {
@@ -650,7 +823,7 @@ int Run() {
   }
   const std::string address = AdvertisedAddress(listen, server->port);
   auto stop_server = [&] {
-    if (store != nullptr) store->Shutdown();
+    if (stores.current != nullptr) stores.current->Shutdown();
     service.StopDoorbells();
     server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
   };
@@ -677,28 +850,30 @@ int Run() {
   const v1::RegisterServerResponse& registration = registered->registration;
   SetMemberSecret(registration.member_secret());
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
-      CreateStore(registration, std::move(registered->loaded), address);
+      CreateStore(OptionsOf(registration, address), registration.restore(),
+                  std::move(registered->loaded));
   if (!created.ok()) {
     stop_server();
     spdlog::error("invalid job from the coordinator: {}",
                   std::string(created.status().message()));
     return 1;
   }
-  store = std::move(*created);
-  GoLive(*store, *server, service, attached, registration, address);
-  Checkpointer checkpointer(store.get());
-  const absl::Duration interval = absl::Milliseconds(store->config().heartbeat_interval_ms());
+  stores.current = std::move(*created);
+  const Attachment attachment{*server, service, attached};
+  GoLive(*stores.current, attachment, registration, address);
+  const absl::Duration interval =
+      absl::Milliseconds(registration.config().heartbeat_interval_ms());
   MemberAgent agent(coordinator.get(),
-                    {store->config().job_id(), MemberKind::kServer, store->shard(),
+                    {registration.config().job_id(), MemberKind::kServer, registration.shard(),
                      registration.incarnation()},
                     interval, std::max(interval, absl::Seconds(1)));
-  const Ending ending =
-      HeartbeatUntilTheEnd(agent, *store, service, checkpointer, coordinator_address);
+  ShardHeartbeat heartbeat(agent, stores, attachment, address, coordinator_address);
+  const Ending ending = heartbeat.Run();
 
-  stop_server();  // also ends a checkpoint capture that is waiting
-  checkpointer.Join();
+  stop_server();  // the current store's: also ends a checkpoint capture that is waiting
+  heartbeat.JoinCheckpoints();
   if (ending.exit_code != 0) spdlog::error("{}", ending.reason);
-  LogExit(store->shard(), service.ShardStatus(*store), ending.reason);
+  LogExit(stores.current->shard(), service.ShardStatus(*stores.current), ending.reason);
   // Everything is saved and every thread of ours has stopped; skip gRPC's
   // library shutdown (see ExitNow).
   ExitNow(ending.exit_code);

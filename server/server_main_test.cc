@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,23 +30,42 @@ extern char** environ;
 namespace grps {
 namespace {
 
-// Registers one server as shard 0 and answers heartbeats with the job state
-// the test sets.
+// Registers one server as shard `shard` (0 unless the test says) and
+// answers heartbeats with the job state, shard map and roll-back order the
+// test sets; the map when the heartbeat's epoch is older, the order when
+// its generation is.
 class FakeCoordinator final : public v1::Coordinator::Service {
  public:
-  explicit FakeCoordinator(v1::JobConfig config) : config_(std::move(config)) {
-    map_ = *BuildShardMap(ModelTensors(config_), config_.num_servers(),
-                          config_.chunk_bytes());
+  explicit FakeCoordinator(v1::JobConfig config, uint32_t shard = 0)
+      : config_(std::move(config)), shard_(shard) {
+    map_ = MapOf(config_.num_servers(), 0);
+  }
+
+  // The job's chunks placed on `num_shards` shards, at `epoch`.
+  v1::ShardMap MapOf(uint32_t num_shards, uint64_t epoch) const {
+    v1::ShardMap map = *BuildShardMap(ModelTensors(config_), num_shards, config_.chunk_bytes());
+    map.set_epoch(epoch);
+    for (v1::ShardEndpoint& e : *map.mutable_shards())
+      e.set_address(absl::StrCat("127.0.0.1:", 1000 + e.shard()));
+    return map;
   }
 
   grpc::Status RegisterServer(grpc::ServerContext*,
                               const v1::RegisterServerRequest* request,
                               v1::RegisterServerResponse* response) override {
+    if (StandingBy(request->requested_shard())) {
+      // As the coordinator does: holds the call a while, then says why.
+      absl::SleepFor(absl::Milliseconds(200));
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("standby: shard ", request->requested_shard(),
+                                       " waits for the job to re-shard"));
+    }
     absl::MutexLock lock(&mu_);
     registered_address_ = request->address();
-    response->set_shard(0);
+    response->set_shard(shard_);
     response->set_incarnation(7);
     *response->mutable_config() = config_;
+    response->mutable_config()->set_num_servers(map_.shards_size());
     *response->mutable_shard_map() = map_;
     return grpc::Status::OK;
   }
@@ -56,6 +76,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
     last_status_ = request->shard();
+    final_report_ = final_report_ || request->final_report();
     if (taken_over_)
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "stale incarnation 7 of shard 0");
@@ -63,7 +84,44 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     response->add_live_workers(0);
     response->add_live_worker_incarnations(1);
     if (checkpoint_.id() > 0) *response->mutable_checkpoint() = checkpoint_;
+    if (request->shard_map_epoch() < map_.epoch()) *response->mutable_shard_map() = map_;
+    if (request->generation() < restore_.generation()) *response->mutable_restore() = restore_;
     return grpc::Status::OK;
+  }
+
+  // Registrations for a shard past the map's answer "standby: ..." until
+  // TakeStandbysIn.
+  void AnswerStandbys() {
+    absl::MutexLock lock(&mu_);
+    answer_standbys_ = true;
+  }
+  void TakeStandbysIn() {
+    absl::MutexLock lock(&mu_);
+    answer_standbys_ = false;
+  }
+  int standby_answers() {
+    absl::MutexLock lock(&mu_);
+    return standby_answers_;
+  }
+  // Publishes `map` and, when it names a generation, roll-back `order`.
+  void Reshard(v1::ShardMap map, v1::RestoreOrder order) {
+    absl::MutexLock lock(&mu_);
+    map_ = std::move(map);
+    restore_ = std::move(order);
+  }
+  bool final_report() {
+    absl::MutexLock lock(&mu_);
+    return final_report_;
+  }
+  // Waits until a heartbeat reports `status` true of the shard's status.
+  bool WaitForStatus(const std::function<bool(const v1::ShardStatus&)>& status,
+                     absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reported = [&] {
+      mu_.AssertHeld();
+      return heartbeats_ > 0 && status(last_status_);
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reported), timeout);
   }
 
   void AskForCheckpoint(v1::CheckpointRequest request) {
@@ -107,12 +165,28 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     return last_status_;
   }
-  const v1::ShardMap& map() const { return map_; }
+  v1::ShardMap map() {
+    absl::MutexLock lock(&mu_);
+    return map_;
+  }
+  const v1::JobConfig& config() const { return config_; }
 
  private:
+  bool StandingBy(int32_t shard) {
+    absl::MutexLock lock(&mu_);
+    if (!answer_standbys_ || shard < map_.shards_size()) return false;
+    ++standby_answers_;
+    return true;
+  }
+
   const v1::JobConfig config_;
-  v1::ShardMap map_;
+  const uint32_t shard_;
   absl::Mutex mu_;
+  v1::ShardMap map_ ABSL_GUARDED_BY(mu_);
+  v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
+  bool answer_standbys_ ABSL_GUARDED_BY(mu_) = false;
+  int standby_answers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool final_report_ ABSL_GUARDED_BY(mu_) = false;
   std::string registered_address_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardStatus last_status_ ABSL_GUARDED_BY(mu_);
@@ -210,10 +284,64 @@ int WaitForPortFile(const std::string& path, absl::Duration timeout) {
   return 0;
 }
 
+// Every chunk the server on `port` holds (each at `min_version` at least),
+// once it answers a pull (it serves once registered), or the last error
+// after `timeout`.
+absl::StatusOr<v1::PullResponse> PullAll(int port, uint64_t min_version,
+                                         absl::Duration timeout) {
+  auto stub = v1::ParameterServer::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  v1::PullRequest pull;
+  pull.set_job_id("binary-test");
+  pull.set_min_version(min_version);
+  pull.set_timeout_ms(5000);
+  const absl::Time until = absl::Now() + timeout;
+  while (true) {
+    grpc::ClientContext context;
+    v1::PullResponse pulled;
+    const grpc::Status status = stub->Pull(&context, pull, &pulled);
+    if (status.ok()) return pulled;
+    if (absl::Now() >= until) return ToAbsl(status);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// A push of `value` to every element of every chunk in `chunks`, as
+// worker 0 at `step`.
+grpc::Status PushEverywhere(int port, const v1::PullResponse& chunks, float value,
+                            uint64_t step) {
+  v1::PushRequest push;
+  push.set_job_id("binary-test");
+  push.set_incarnation(1);
+  push.set_step(step);
+  push.set_num_samples(1);
+  for (const v1::ChunkData& c : chunks.chunks()) {
+    v1::ChunkData* g = push.add_chunks();
+    g->set_chunk_id(c.chunk_id());
+    g->set_version(c.version());
+    g->set_dtype(v1::DTYPE_F32);
+    std::vector<float> values(c.data().size() / sizeof(float), value);
+    g->set_data(std::string(reinterpret_cast<const char*>(values.data()), c.data().size()));
+  }
+  auto stub = v1::ParameterServer::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  grpc::ClientContext context;
+  v1::PushResponse pushed;
+  return stub->Push(&context, push, &pushed);
+}
+
+// The job of SmallJob whose servers scale (up to `max_servers`), with
+// checkpoints under `dir`.
+v1::JobConfig ScalingJob(uint32_t num_servers, uint32_t max_servers, const std::string& dir) {
+  v1::JobConfig config = SmallJob();
+  config.set_num_servers(num_servers);
+  config.set_max_servers(max_servers);
+  config.set_checkpoint_dir(dir);
+  return config;
+}
+
 class GrpsServerBinaryTest : public ::testing::Test {
  protected:
-  void StartCoordinator(v1::JobConfig config) {
-    coordinator_ = std::make_unique<FakeCoordinator>(std::move(config));
+  void StartCoordinator(v1::JobConfig config, uint32_t shard = 0) {
+    coordinator_ = std::make_unique<FakeCoordinator>(std::move(config), shard);
     absl::StatusOr<GrpcServer> server =
         StartGrpcServer("127.0.0.1:0", {coordinator_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
@@ -424,6 +552,147 @@ TEST_F(GrpsServerBinaryTest, GivesUpWhenTheCoordinatorStaysSilentPastItsTimeout)
   const absl::Time gone = absl::Now();
   EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 1);
   EXPECT_GE(absl::Now() - gone, absl::Milliseconds(1400));
+}
+
+TEST_F(GrpsServerBinaryTest, AStandbyKeepsRegisteringPastItsTimeoutUntilTheJobTakesItsShard) {
+  StartCoordinator(ScalingJob(1, 2, TempPath("standby")), /*shard=*/1);
+  coordinator_->AnswerStandbys();
+  ServerProcess process({"--coordinator=" + coordinator_address(), "--shard=1",
+                         "--register_timeout_s=1"},
+                        {});
+  ASSERT_TRUE(process.started());
+  // Standby answers for three times its patience: it must not give up.
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(3)), -1);
+  EXPECT_GE(coordinator_->standby_answers(), 2);
+  EXPECT_TRUE(coordinator_->registered_address().empty());
+
+  coordinator_->Reshard(coordinator_->MapOf(2, 1), v1::RestoreOrder());
+  coordinator_->TakeStandbysIn();
+  EXPECT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  EXPECT_EQ(coordinator_->last_status().shard(), 1u);
+  coordinator_->SetState(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+}
+
+TEST_F(GrpsServerBinaryTest, AStandbyExitsZeroOnSigterm) {
+  StartCoordinator(ScalingJob(1, 2, TempPath("standby")), /*shard=*/1);
+  coordinator_->AnswerStandbys();
+  ServerProcess process({"--coordinator=" + coordinator_address(), "--shard=1"}, {});
+  ASSERT_TRUE(process.started());
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (coordinator_->standby_answers() == 0 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_GT(coordinator_->standby_answers(), 0);
+  kill(process.pid(), SIGTERM);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+}
+
+// Grows a 1-shard job to 2 shards through checkpoint 3, taken after one
+// push: the server, shard 0, must serve its chunks of the new map with the
+// values of the checkpoint.
+TEST_F(GrpsServerBinaryTest, RebuildsItsStoreForAReshardedMapFromTheCut) {
+  const std::string root = TempPath("reshard");
+  StartCoordinator(ScalingJob(1, 2, root));
+  ServerProcess process({"--coordinator=" + coordinator_address(), "--port_file=" + port_file_},
+                        {});
+  ASSERT_TRUE(process.started());
+  const int port = WaitForPortFile(port_file_, absl::Seconds(30));
+  ASSERT_GT(port, 0);
+  absl::StatusOr<v1::PullResponse> initial = PullAll(port, 0, absl::Seconds(30));
+  ASSERT_TRUE(initial.ok()) << initial.status();
+  ASSERT_TRUE(PushEverywhere(port, *initial, 1.0f, 0).ok());
+  absl::StatusOr<v1::PullResponse> trained = PullAll(port, 1, absl::Seconds(30));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+
+  const std::string dir = CheckpointFolder(root, 3);
+  v1::CheckpointRequest request;
+  request.set_id(3);
+  request.set_dir(dir);
+  coordinator_->AskForCheckpoint(request);
+  ASSERT_TRUE(coordinator_->WaitForCheckpointReport(3, v1::CHECKPOINT_STATE_WRITTEN,
+                                                    absl::Seconds(30)));
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id("binary-test");
+  manifest.set_id(3);
+  manifest.set_mode(coordinator_->config().mode());
+  manifest.set_step(1);
+  *manifest.add_shards() = coordinator_->last_status().checkpoint();
+  *manifest.mutable_shard_map() = coordinator_->map();
+  *manifest.mutable_config() = coordinator_->config();
+  manifest.add_worker_steps(1);
+  ASSERT_TRUE(WriteManifest(Env::Default(), dir, manifest).ok());
+
+  const v1::ShardMap resharded = coordinator_->MapOf(2, 1);
+  const std::vector<uint32_t> kept = ChunksOfShard(resharded, 0);
+  ASSERT_LT(kept.size(), static_cast<size_t>(resharded.chunks_size()));  // placed otherwise
+  v1::RestoreOrder order;
+  order.set_generation(1);
+  order.set_checkpoint_id(3);
+  order.set_dir(dir);
+  order.set_step(1);
+  order.add_worker_steps(1);
+  coordinator_->Reshard(resharded, order);
+  ASSERT_TRUE(coordinator_->WaitForStatus(
+      [](const v1::ShardStatus& s) { return s.generation() == 1; }, absl::Seconds(30)));
+  const v1::ShardStatus reported = coordinator_->last_status();
+  EXPECT_EQ(reported.num_chunks(), kept.size());
+  EXPECT_EQ(reported.restored_checkpoint(), 3u);
+  EXPECT_FALSE(reported.has_restore_failed());
+
+  absl::StatusOr<v1::PullResponse> served = PullAll(port, 0, absl::Seconds(30));
+  ASSERT_TRUE(served.ok()) << served.status();
+  ASSERT_EQ(served->chunks_size(), static_cast<int>(kept.size()));
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const v1::ChunkData& c = served->chunks(static_cast<int>(i));
+    ASSERT_EQ(c.chunk_id(), kept[i]);
+    EXPECT_EQ(c.data(), trained->chunks(kept[i]).data()) << "chunk " << kept[i];
+    EXPECT_NE(c.data(), initial->chunks(kept[i]).data()) << "chunk " << kept[i];
+  }
+  coordinator_->SetState(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+  std::filesystem::remove_all(root);
+}
+
+TEST_F(GrpsServerBinaryTest, ReportsAReshardItCannotLoadAndRebuildsOnTheNextOrder) {
+  const std::string root = TempPath("refused");
+  StartCoordinator(ScalingJob(1, 2, root));
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  const v1::ShardMap resharded = coordinator_->MapOf(2, 1);
+  v1::RestoreOrder missing;
+  missing.set_generation(1);
+  missing.set_checkpoint_id(9);
+  missing.set_dir(CheckpointFolder(root, 9));
+  coordinator_->Reshard(resharded, missing);
+  ASSERT_TRUE(coordinator_->WaitForStatus(
+      [](const v1::ShardStatus& s) { return s.restore_failed().id() == 9; },
+      absl::Seconds(30)));
+  EXPECT_EQ(coordinator_->last_status().generation(), 0u);
+
+  // The next order comes without the map (the shard said it has epoch 1):
+  // the shard rebuilds for the map it remembers.
+  v1::RestoreOrder initial_values;
+  initial_values.set_generation(2);
+  coordinator_->Reshard(resharded, initial_values);
+  ASSERT_TRUE(coordinator_->WaitForStatus(
+      [](const v1::ShardStatus& s) { return s.generation() == 2; }, absl::Seconds(30)));
+  const v1::ShardStatus reported = coordinator_->last_status();
+  EXPECT_EQ(reported.num_chunks(), ChunksOfShard(resharded, 0).size());
+  EXPECT_FALSE(reported.has_restore_failed());
+  coordinator_->SetState(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+}
+
+TEST_F(GrpsServerBinaryTest, ARetiredShardSendsItsFinalFiguresAndExitsZero) {
+  StartCoordinator(ScalingJob(2, 2, TempPath("retired")), /*shard=*/1);
+  ServerProcess process({"--coordinator=" + coordinator_address()}, {});
+  ASSERT_TRUE(process.started());
+  ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
+  EXPECT_EQ(process.WaitForExit(absl::Milliseconds(300)), -1);
+  coordinator_->Reshard(coordinator_->MapOf(1, 1), v1::RestoreOrder());
+  EXPECT_EQ(process.WaitForExit(absl::Seconds(30)), 0);
+  EXPECT_TRUE(coordinator_->final_report());
 }
 
 TEST_F(GrpsServerBinaryTest, ExitsOneWithoutACoordinatorFlag) {

@@ -29,10 +29,10 @@ v1::DType JobWireDType(const v1::JobConfig& config) {
   return config.wire_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : config.wire_dtype();
 }
 
+// The same piece of the same tensor, wherever it is placed.
 bool SameChunk(const v1::ChunkSpec& a, const v1::ChunkSpec& b) {
   return a.chunk_id() == b.chunk_id() && a.tensor_index() == b.tensor_index() &&
-         a.offset() == b.offset() && a.num_elements() == b.num_elements() &&
-         a.shard() == b.shard();
+         a.offset() == b.offset() && a.num_elements() == b.num_elements();
 }
 
 bool SameTensor(const v1::TensorSpec& a, const v1::TensorSpec& b) {
@@ -42,6 +42,40 @@ bool SameTensor(const v1::TensorSpec& a, const v1::TensorSpec& b) {
 }
 
 }  // namespace
+
+absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMap& map) {
+  if (absl::Status s = ValidateShardMap(map); !s.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard map epoch ", map.epoch(), ": ", s.message()));
+  if (map.tensors_size() != layout.tensors_size() || map.chunks_size() != layout.chunks_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " has ", map.tensors_size(), " tensors and ",
+        map.chunks_size(), " chunks; the job's map has ", layout.tensors_size(), " and ",
+        layout.chunks_size()));
+  for (int i = 0; i < map.tensors_size(); ++i)
+    if (!SameTensor(map.tensors(i), layout.tensors(i)))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map epoch ", map.epoch(), ": tensor ", i, " differs"));
+  for (int i = 0; i < map.chunks_size(); ++i)
+    if (!SameChunk(map.chunks(i), layout.chunks(i)))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map epoch ", map.epoch(), ": chunk ", i, " is cut differently"));
+  std::vector<bool> seen(map.shards_size(), false);
+  for (const v1::ShardEndpoint& e : map.shards()) {
+    if (e.shard() >= seen.size() || seen[e.shard()])
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map epoch ", map.epoch(), ": bad or repeated endpoint of shard ",
+          e.shard()));
+    seen[e.shard()] = true;
+    if (e.address().empty())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map epoch ", map.epoch(), " has no address for shard ", e.shard()));
+  }
+  if (map.shards_size() != layout.shards_size()) return MapFit::kReplaced;
+  for (int i = 0; i < map.chunks_size(); ++i)
+    if (map.chunks(i).shard() != layout.chunks(i).shard()) return MapFit::kReplaced;
+  return MapFit::kSameLayout;
+}
 
 bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
   const absl::Time until = absl::Now() + d;
@@ -256,37 +290,13 @@ void ParameterClient::ConnectShard(const v1::ShardEndpoint& e) {
 }
 
 absl::Status ParameterClient::CheckCompatible(const v1::ShardMap& map) const {
-  if (absl::Status s = ValidateShardMap(map); !s.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard map epoch ", map.epoch(), ": ", s.message()));
-  if (map.tensors_size() != layout_.tensors_size() ||
-      map.chunks_size() != layout_.chunks_size() ||
-      map.shards_size() != layout_.shards_size())
+  absl::StatusOr<MapFit> fit = FitShardMap(layout_, map);
+  if (!fit.ok()) return fit.status();
+  if (*fit == MapFit::kReplaced)
     return absl::InvalidArgumentError(absl::StrCat(
-        "shard map epoch ", map.epoch(), " has ", map.tensors_size(), " tensors, ",
-        map.chunks_size(), " chunks and ", map.shards_size(),
-        " shards; the job's map has ", layout_.tensors_size(), ", ",
-        layout_.chunks_size(), " and ", layout_.shards_size()));
-  for (int i = 0; i < map.tensors_size(); ++i)
-    if (!SameTensor(map.tensors(i), layout_.tensors(i)))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard map epoch ", map.epoch(), ": tensor ", i, " differs"));
-  for (int i = 0; i < map.chunks_size(); ++i)
-    if (!SameChunk(map.chunks(i), layout_.chunks(i)))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard map epoch ", map.epoch(), ": chunk ", i,
-          " is cut or placed differently"));
-  std::vector<bool> seen(map.shards_size(), false);
-  for (const v1::ShardEndpoint& e : map.shards()) {
-    if (e.shard() >= seen.size() || seen[e.shard()])
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard map epoch ", map.epoch(), ": bad or repeated endpoint of shard ",
-          e.shard()));
-    seen[e.shard()] = true;
-    if (e.address().empty())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard map epoch ", map.epoch(), " has no address for shard ", e.shard()));
-  }
+        "shard map epoch ", map.epoch(), " places the chunks on ", map.shards_size(),
+        " shards otherwise than this client's map of ", layout_.shards_size(),
+        " (a re-sharding: it needs a new client)"));
   return absl::OkStatus();
 }
 

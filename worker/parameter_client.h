@@ -50,6 +50,17 @@
 
 namespace grps {
 
+// How a newer shard map fits the layout of a client's map: the same chunks
+// on the same shards (only endpoints may differ: UpdateShardMap follows
+// it), or the same tensors and chunks placed on other shards, or on
+// another number of them (a re-sharding, JobConfig.max_servers: clients
+// built for the new map follow it, at the roll-back that comes with it).
+enum class MapFit { kSameLayout, kReplaced };
+
+// INVALID_ARGUMENT for a map that fails ValidateShardMap, holds other
+// tensors or cuts them into other chunks (another model), or lacks an
+// endpoint (or its address) for one of its shards.
+absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMap& map);
 
 // The flat array holds the map's tensors back to back in map order; a chunk
 // covers elements [tensor_offset + chunk.offset, + chunk.num_elements).
@@ -93,10 +104,10 @@ class ParameterClient final : public ParameterShards {
 
   // Follows a newer shard map (a shard restarted, maybe on a new address):
   // rebuilds the stub of every endpoint whose address or incarnation changed.
-  // Refuses (INVALID_ARGUMENT, nothing changed) a map that fails
-  // ValidateShardMap, cuts the model into other chunks or places them on
-  // other shards, or lacks an endpoint address. The caller decides which
-  // map is the newest (the coordinator's, by ShardMap.epoch).
+  // Refuses (INVALID_ARGUMENT, nothing changed) a map that does not fit
+  // (FitShardMap), and one that places the chunks on other shards: that
+  // one needs a new client. The caller decides which map is the newest
+  // (the coordinator's, by ShardMap.epoch).
   absl::Status UpdateShardMap(const v1::ShardMap& map) override ABSL_LOCKS_EXCLUDED(mu_);
   // The epoch of the map in use.
   uint64_t map_epoch() const override ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,6 +1,7 @@
 // ParameterClient against fake shards served over real gRPC on loopback:
 // which endpoint a push or pull reaches after a map update, what generation
-// it carries, and how a retrying push ends.
+// it carries, and how a retrying push ends; which newer maps fit a client
+// (FitShardMap), and which shards a SparseClient spreads rows over.
 #include "worker/parameter_client.h"
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
+#include "worker/sparse_client.h"
 
 namespace grps {
 namespace {
@@ -72,6 +75,16 @@ class FakeShard : public v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
+  // Rows of every id asked for, zeros of kTableDim floats each.
+  grpc::Status PullSparse(grpc::ServerContext*, const v1::SparsePullRequest* req,
+                          v1::SparsePullResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    sparse_ids_.insert(sparse_ids_.end(), req->ids().begin(), req->ids().end());
+    resp->set_dtype(v1::DTYPE_F32);
+    resp->mutable_values()->assign(req->ids_size() * kTableDim * sizeof(float), '\0');
+    return grpc::Status::OK;
+  }
+
   void FailPushesWith(absl::Status s) {
     absl::MutexLock lock(&mu_);
     push_error_ = std::move(s);
@@ -92,6 +105,12 @@ class FakeShard : public v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     return pull_generations_;
   }
+  std::vector<int64_t> sparse_ids() {
+    absl::MutexLock lock(&mu_);
+    return sparse_ids_;
+  }
+
+  static constexpr uint32_t kTableDim = 4;
 
  private:
   const v1::ShardMap map_;
@@ -103,6 +122,7 @@ class FakeShard : public v1::ParameterServer::Service {
   std::vector<SeenPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> push_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pull_generations_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> sparse_ids_ ABSL_GUARDED_BY(mu_);
 };
 
 // A fake shard behind its own gRPC server on a free loopback port.
@@ -132,9 +152,11 @@ class ParameterClientTest : public ::testing::Test {
     ASSERT_FALSE(ChunksOfShard(map_, 1).empty());
   }
 
-  std::unique_ptr<ServedShard> Serve(uint32_t shard, float fill) {
+  // Shard `shard` of `map` (map_ when null).
+  std::unique_ptr<ServedShard> Serve(uint32_t shard, float fill,
+                                     const v1::ShardMap* map = nullptr) {
     auto served = std::make_unique<ServedShard>();
-    served->service = std::make_unique<FakeShard>(map_, shard, fill);
+    served->service = std::make_unique<FakeShard>(map ? *map : map_, shard, fill);
     absl::StatusOr<GrpcServer> server =
         StartGrpcServer("127.0.0.1:0", {served->service.get()});
     EXPECT_TRUE(server.ok()) << server.status();
@@ -160,6 +182,17 @@ class ParameterClientTest : public ::testing::Test {
     map.mutable_shards(1)->set_address(shard1);
     map.set_epoch(epoch);
     return map;
+  }
+
+  // The job's chunks placed on `shards` shards, every one with an address.
+  v1::ShardMap ReShardedMap(uint32_t shards, uint64_t epoch) const {
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), shards, config_.chunk_bytes());
+    EXPECT_TRUE(map.ok()) << map.status();
+    for (v1::ShardEndpoint& e : *map->mutable_shards())
+      e.set_address(absl::StrCat("127.0.0.1:", 1 + e.shard()));
+    map->set_epoch(epoch);
+    return *map;
   }
 
   // The pulled value of the first element of shard `shard`'s first chunk.
@@ -381,6 +414,81 @@ TEST_F(ParameterClientTest, UpdateShardMapRefusesOtherChunksAndMissingAddresses)
 
   EXPECT_EQ(client.map_epoch(), 1u);
   EXPECT_EQ(PulledValueOfShard(client, 1), 1.0f);  // still the old endpoint
+}
+
+TEST_F(ParameterClientTest, FitShardMapTellsAMovedShardFromAReShardingFromAnotherModel) {
+  const v1::ShardMap layout = MapWith("127.0.0.1:1", "127.0.0.1:2", 1);
+  absl::StatusOr<MapFit> moved = FitShardMap(layout, MapWith("127.0.0.1:1", "127.0.0.1:3", 2));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, MapFit::kSameLayout);
+
+  // The same chunks on three shards, or on the same two otherwise.
+  absl::StatusOr<MapFit> three = FitShardMap(layout, ReShardedMap(3, 2));
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(*three, MapFit::kReplaced);
+  v1::ShardMap swapped = MapWith("127.0.0.1:1", "127.0.0.1:2", 2);
+  swapped.mutable_chunks(0)->set_shard(1 - swapped.chunks(0).shard());
+  absl::StatusOr<MapFit> placed = FitShardMap(layout, swapped);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(*placed, MapFit::kReplaced);
+
+  // Another model, another cut, a shard without an address: no fit.
+  v1::JobConfig other = config_;
+  other.add_hidden_units(8);
+  absl::StatusOr<v1::ShardMap> model =
+      BuildShardMap(ModelTensors(other), 3, config_.chunk_bytes());
+  ASSERT_TRUE(model.ok());
+  for (v1::ShardEndpoint& e : *model->mutable_shards()) e.set_address("127.0.0.1:1");
+  EXPECT_EQ(FitShardMap(layout, *model).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::ShardMap> recut =
+      BuildShardMap(ModelTensors(config_), 3, config_.chunk_bytes() * 4);
+  ASSERT_TRUE(recut.ok());
+  for (v1::ShardEndpoint& e : *recut->mutable_shards()) e.set_address("127.0.0.1:1");
+  EXPECT_EQ(FitShardMap(layout, *recut).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::ShardMap missing = ReShardedMap(3, 2);
+  missing.mutable_shards(2)->clear_address();
+  EXPECT_EQ(FitShardMap(layout, missing).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ParameterClientTest, UpdateShardMapRefusesAReShardingWhichNeedsANewClient) {
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0.5f);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 1.0f);
+  ASSERT_TRUE(shard0 && shard1);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  v1::ShardMap three = ReShardedMap(3, 2);
+  three.mutable_shards(0)->set_address(shard0->address);
+  three.mutable_shards(1)->set_address(shard1->address);
+  EXPECT_EQ(client.UpdateShardMap(three).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.map_epoch(), 1u);
+  EXPECT_EQ(PulledValueOfShard(client, 1), 1.0f);
+}
+
+TEST_F(ParameterClientTest, ASparseClientSpreadsRowsOverItsMapsShardsNotTheJobsFirstCount) {
+  v1::SparseTableSpec* table = config_.add_sparse_tables();
+  table->set_name("rows");
+  table->set_dim(FakeShard::kTableDim);
+  // Re-sharded from the config's two shards to three.
+  v1::ShardMap three = ReShardedMap(3, 2);
+  std::vector<std::unique_ptr<ServedShard>> shards;
+  for (uint32_t s = 0; s < 3; ++s) {
+    shards.push_back(Serve(s, 0, &three));
+    ASSERT_TRUE(shards.back());
+    three.mutable_shards(s)->set_address(shards.back()->address);
+  }
+  SparseClient client(config_, three, 0, 1);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 60; ++id) ids.push_back(id);
+  std::vector<float> rows(ids.size() * FakeShard::kTableDim, -1);
+  absl::Status pulled = client.Pull("rows", ids, 0, absl::Seconds(5), rows.data());
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(rows, std::vector<float>(rows.size(), 0.0f));
+  for (uint32_t s = 0; s < 3; ++s) {
+    std::vector<int64_t> want;
+    for (int64_t id : ids)
+      if (SparseShardOf(id, 3) == s) want.push_back(id);
+    EXPECT_FALSE(want.empty()) << "shard " << s;
+    EXPECT_EQ(shards[s]->service->sparse_ids(), want) << "shard " << s;
+  }
 }
 
 TEST_F(ParameterClientTest, AShardThatCannotUseTheLaneGetsThePushInBytesAndNoLaneAfter) {

@@ -45,7 +45,7 @@ SparseClient::SparseClient(const v1::JobConfig& config, const v1::ShardMap& map,
     : config_(config),
       rank_(rank),
       incarnation_(incarnation),
-      shards_(config.num_servers()) {
+      shards_(static_cast<uint32_t>(map.shards_size())) {
   for (const v1::SparseTableSpec& spec : config_.sparse_tables()) {
     auto t = std::make_unique<TableState>();
     t->spec = spec;

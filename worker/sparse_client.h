@@ -41,10 +41,13 @@ namespace grps {
 class SparseClient final : public SparseShards {
  public:
   // `map` must be valid with every endpoint set (as for ParameterClient).
+  // Its shard count is the one rows are spread over (SparseShardOf): a
+  // re-sharded job's new map, not config.num_servers, says how many.
   SparseClient(const v1::JobConfig& config, const v1::ShardMap& map, uint32_t rank,
                uint64_t incarnation);
 
-  // As ParameterClient::UpdateShardMap: new stubs for moved endpoints.
+  // As ParameterClient::UpdateShardMap: new stubs for moved endpoints
+  // (endpoints of shards this client does not know are ignored).
   void UpdateShardMap(const v1::ShardMap& map) override ABSL_LOCKS_EXCLUDED(mu_);
   void set_generation(uint64_t generation) override { generation_.store(generation); }
 

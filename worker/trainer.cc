@@ -18,6 +18,17 @@
 #include "spdlog/spdlog.h"
 
 namespace grps {
+namespace {
+
+void AddTraffic(const ParameterShards::Traffic& t, ParameterShards::Traffic* to) {
+  to->bytes_pushed += t.bytes_pushed;
+  to->bytes_pulled += t.bytes_pulled;
+  to->lane_bytes += t.lane_bytes;
+  to->push_calls += t.push_calls;
+  to->doorbell_calls += t.doorbell_calls;
+}
+
+}  // namespace
 
 Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
                  const v1::RegisterWorkerResponse& registration, Backend* backend,
@@ -43,8 +54,10 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
         batch);
     // Set before the heartbeat thread starts, which hands them new maps;
     // both or neither (LoadData refuses to train without them).
-    if (shards.sparse != nullptr && shards.eval_sparse != nullptr)
+    if (shards.sparse != nullptr && shards.eval_sparse != nullptr) {
+      absl::MutexLock lock(&eval_sparse_mu_);
       eval_sparse_ = std::move(shards.eval_sparse);
+    }
   } else {
     model_ = std::make_unique<MlpModel>(backend, widths, batch);
     // Validated by the coordinator: UNSPECIFIED, F32, F16 or BF16.
@@ -69,9 +82,10 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
   }
   // Sets the clients' generation (eval_sparse_'s through SessionOptions) and
   // starts the heartbeats.
-  session_ = std::make_unique<WorkerSession>(
-      coordinator, registration, std::move(shards.dense),
-      eval_sparse_ != nullptr ? std::move(shards.sparse) : nullptr, SessionOptions());
+  const bool sparse = EvalSparse() != nullptr;
+  session_ = std::make_unique<WorkerSession>(coordinator, registration, std::move(shards.dense),
+                                             sparse ? std::move(shards.sparse) : nullptr,
+                                             SessionOptions());
 }
 
 Trainer::~Trainer() {
@@ -87,11 +101,14 @@ WorkerSession::Options Trainer::SessionOptions() {
   session.clock = options_.clock;
   // The evaluation client follows the training client (set together).
   session.on_shard_map = [this](const v1::ShardMap& map) {
-    if (eval_sparse_ != nullptr) eval_sparse_->UpdateShardMap(map);
+    if (std::shared_ptr<SparseShards> eval = EvalSparse(); eval != nullptr)
+      eval->UpdateShardMap(map);
   };
   session.on_generation = [this](uint64_t generation) {
-    if (eval_sparse_ != nullptr) eval_sparse_->set_generation(generation);
+    if (std::shared_ptr<SparseShards> eval = EvalSparse(); eval != nullptr)
+      eval->set_generation(generation);
   };
+  session.follow_replaced_maps = options_.connect_shards != nullptr;
   // A coordinator that took an elastic job over asks what this worker holds
   // and trained; in sync the worker may not lease again by itself until it
   // hears, if another waits for the blocks the coordinator lost track of.
@@ -102,6 +119,45 @@ WorkerSession::Options Trainer::SessionOptions() {
                      std::string(s.message()));
   };
   return session;
+}
+
+std::shared_ptr<SparseShards> Trainer::EvalSparse() const {
+  absl::MutexLock lock(&eval_sparse_mu_);
+  return eval_sparse_;
+}
+
+absl::Status Trainer::FollowReplacedMap(const v1::ShardMap& map) {
+  const auto refused = [&map](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot follow shard map epoch ", map.epoch(), ": ", why));
+  };
+  absl::StatusOr<TrainerShards> fresh = options_.connect_shards(map);
+  if (!fresh.ok()) return refused(fresh.status().message());
+  if (fresh->dense == nullptr ||
+      fresh->dense->num_parameters() != static_cast<int64_t>(host_params_.size()))
+    return refused("its dense client does not hold the model's parameters");
+  if (EvalSparse() != nullptr) {
+    if (fresh->sparse == nullptr || fresh->eval_sparse == nullptr)
+      return refused("no clients of its sparse table");
+    // The evaluator may be reading rows through the old client: its call
+    // keeps it alive until it returns, and the next goes to the new one,
+    // in this generation.
+    fresh->eval_sparse->set_generation(session_->generation());
+    absl::MutexLock lock(&eval_sparse_mu_);
+    eval_sparse_ = std::move(fresh->eval_sparse);
+  } else {
+    fresh->sparse.reset();
+  }
+  // The training thread's clients have no call in flight: this is a step
+  // boundary, after the roll-back ended the step's pulls and pushes.
+  WorkerSession::Clients old =
+      session_->ReplaceClients(map, {std::move(fresh->dense), std::move(fresh->sparse)});
+  AddTraffic(old.dense->traffic(), &retired_dense_);
+  if (old.sparse != nullptr) {
+    retired_sparse_.bytes_pushed += old.sparse->bytes_pushed();
+    retired_sparse_.bytes_pulled += old.sparse->bytes_pulled();
+  }
+  return absl::OkStatus();
 }
 
 bool Trainer::IsEvaluator() const { return session_->evaluator_rank() == rank_; }
@@ -181,7 +237,7 @@ absl::Status Trainer::LoadData() {
     for (size_t first = 0; first < ids.size(); first += piece) {
       const absl::Span<const int64_t> part = ids.subspan(first, piece);
       absl::Status s = session_->WaitToPull("embedding rows", clock, [&] {
-        return eval_sparse_->Pull(kEmbeddingTable, part, clock, kPullSlice,
+        return EvalSparse()->Pull(kEmbeddingTable, part, clock, kPullSlice,
                                   out + first * dim);
       });
       if (!s.ok()) return s;
@@ -432,8 +488,15 @@ BatchLoader<Trainer::StepBatch>::Prepare Trainer::BatchSource(const StepPlan& pl
   };
 }
 
-ParameterShards::Traffic Trainer::TrafficSoFar() const {
+ParameterShards::Traffic Trainer::DenseTraffic() const {
   ParameterShards::Traffic t = session_->dense().traffic();
+  AddTraffic(retired_dense_, &t);
+  return t;
+}
+
+ParameterShards::Traffic Trainer::TrafficSoFar() const {
+  ParameterShards::Traffic t = DenseTraffic();
+  AddTraffic(retired_sparse_, &t);
   if (const SparseShards* sparse = session_->sparse(); sparse != nullptr) {
     t.bytes_pushed += sparse->bytes_pushed();
     t.bytes_pulled += sparse->bytes_pulled();
@@ -463,8 +526,12 @@ absl::Status Trainer::Train(uint64_t total) {
   std::optional<uint64_t> pulled_for;
   while (true) {
     // A roll-back moves the data position and the clock back to the
-    // checkpoint's step, as a restart's start_step does.
-    if (session_->TakeRollBack(total, &step)) {
+    // checkpoint's step, as a restart's start_step does; one that came with
+    // a re-sharding's map moves the clients to its shards first.
+    std::optional<v1::ShardMap> replaced_map;
+    if (session_->TakeRollBack(total, &step, &replaced_map)) {
+      if (replaced_map.has_value())
+        if (absl::Status s = FollowReplacedMap(*replaced_map); !s.ok()) return s;
       resumed_at = step;
       pulled_for.reset();
       // The coordinator took back this rank's leases: no batch prepared
@@ -678,7 +745,7 @@ absl::Status Trainer::FinishAndWait() {
   spdlog::info("finished {} steps{}; waiting for the job to end", next_step_,
                leases_ != nullptr ? " (the example ledger has no block left)" : "");
   constexpr double kMiB = 1 << 20;
-  const ParameterShards::Traffic dense = session_->dense().traffic();
+  const ParameterShards::Traffic dense = DenseTraffic();
   spdlog::info("dense values: pushed {:.1f} MiB and pulled {:.1f} MiB, {:.1f} MiB of them "
                "through shared-memory lanes; {} of {} push calls rung at lane doorbells",
                dense.bytes_pushed / kMiB, dense.bytes_pulled / kMiB, dense.lane_bytes / kMiB,

@@ -24,6 +24,11 @@
 // - Moved shards: a newer shard map from the heartbeat is handed to the
 //   clients at once (the evaluation client too), so the next attempt goes to
 //   the new endpoint.
+// - Re-sharded (JobConfig.max_servers): a map that places the same chunks
+//   on other shards comes with a roll-back's order; at that roll-back
+//   (a step boundary, no pull or push in flight) the trainer replaces its
+//   clients with ones built for the new map (TrainerOptions::connect_shards)
+//   and pulls from them. Without connect_shards such a map is refused.
 // - Bounds: every wait ends when the job ends or rolls back, or on a signal.
 //   Training goes on while the coordinator is away, but a wait that makes
 //   no progress ends with an error once the coordinator has been silent for
@@ -72,6 +77,20 @@
 
 namespace grps {
 
+// The trainer's clients of the shards (grps-worker's: a ParameterClient and
+// two SparseClients of the registration's shard map, rank and incarnation).
+struct TrainerShards {
+  std::unique_ptr<ParameterShards> dense;  // required
+  // The embedding model's sparse table, one client for the training thread
+  // and one for the evaluator's; unused (may be null) for the dense models.
+  std::unique_ptr<SparseShards> sparse;
+  std::unique_ptr<SparseShards> eval_sparse;
+};
+
+// Clients of `map`'s shards as the registration's rank and incarnation,
+// as TrainerShards are of the registration's map.
+using ConnectShards = std::function<absl::StatusOr<TrainerShards>(const v1::ShardMap& map)>;
+
 struct TrainerOptions {
   std::string curve_csv;  // training curve, one row per report; "" = none
   // Each step's examples as trained (its gradient pushed): a line
@@ -87,16 +106,10 @@ struct TrainerOptions {
   // step times (tests drive it, as MemberAgent's); sleeps and gRPC
   // deadlines are real time.
   MemberAgent::Clock clock = &absl::Now;
-};
-
-// The trainer's clients of the shards (grps-worker's: a ParameterClient and
-// two SparseClients of the registration's shard map, rank and incarnation).
-struct TrainerShards {
-  std::unique_ptr<ParameterShards> dense;  // required
-  // The embedding model's sparse table, one client for the training thread
-  // and one for the evaluator's; unused (may be null) for the dense models.
-  std::unique_ptr<SparseShards> sparse;
-  std::unique_ptr<SparseShards> eval_sparse;
+  // Builds the clients of a map that re-places the chunks (a re-sharding),
+  // on the training thread at the roll-back that follows it. Null: such a
+  // map is refused, and the worker keeps its clients.
+  ConnectShards connect_shards;
 };
 
 // Runs in the calling thread; a heartbeat thread runs beside it.
@@ -176,8 +189,16 @@ class Trainer {
     uint64_t too_stale = 0;
     ParameterShards::Traffic traffic_seen;
   };
-  // The dense client's traffic, with the sparse tables' bytes added.
+  // The dense clients' traffic (of those replaced too), and that with the
+  // sparse tables' bytes added.
+  ParameterShards::Traffic DenseTraffic() const;
   ParameterShards::Traffic TrafficSoFar() const;
+  // At a roll-back that came with `map`, which re-places the chunks:
+  // replaces every client with one of `map` (the evaluator's reads keep the
+  // old one until their attempt returns). Training thread.
+  absl::Status FollowReplacedMap(const v1::ShardMap& map);
+  // The evaluator's client of the sparse table (null for the dense models).
+  std::shared_ptr<SparseShards> EvalSparse() const ABSL_LOCKS_EXCLUDED(eval_sparse_mu_);
   // Trains until the last step. Returns OK when done or interrupted by the
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
@@ -247,9 +268,13 @@ class Trainer {
   // ... or the embedding model's: its dense head lives in the session's
   // dense(), its rows in the sparse table kEmbeddingTable, read and written
   // by the session's sparse() (the training thread's) and eval_sparse_ (the
-  // evaluator's; null when sparse() is).
+  // evaluator's; null when sparse() is). eval_sparse_ is replaced by the
+  // training thread (FollowReplacedMap) and used by the evaluator's and the
+  // heartbeat's; a call on it holds its own reference, so a replaced client
+  // lives until its calls returned.
   std::unique_ptr<EmbeddingModel> embedding_;
-  std::unique_ptr<SparseShards> eval_sparse_;
+  mutable absl::Mutex eval_sparse_mu_;
+  std::shared_ptr<SparseShards> eval_sparse_ ABSL_GUARDED_BY(eval_sparse_mu_);
   SparseDataset sparse_train_;
   SparseDataset sparse_test_;
   uint64_t hash_rows_ = 0;          // FeatureHashRows of the data
@@ -264,6 +289,10 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;
   WorkerMetrics metrics_;  // training thread only
   const absl::Time start_;
+  // Training thread: what the clients replaced at a re-sharding sent and
+  // received (the sparse one's bytes only).
+  ParameterShards::Traffic retired_dense_;
+  ParameterShards::Traffic retired_sparse_;
 
   absl::Mutex curve_mu_;
   FILE* curve_ ABSL_GUARDED_BY(curve_mu_) = nullptr;

@@ -69,6 +69,14 @@ class InMemoryShards : public ParameterShards {
     for (int64_t i = 0; i < num_parameters; ++i)
       weights_[i] = 0.05f * static_cast<float>(i % 7 - 3);
   }
+  ~InMemoryShards() override {
+    if (on_close_) on_close_(*this);
+  }
+
+  // Called by the destructor (a trainer dropping these shards' client).
+  void set_on_close(std::function<void(const InMemoryShards&)> on_close) {
+    on_close_ = std::move(on_close);
+  }
 
   // The next `times` pushes of `step` fail with `error` (not applied).
   void FailPushes(uint64_t step, int times, absl::Status error) {
@@ -186,6 +194,7 @@ class InMemoryShards : public ParameterShards {
   }
 
   const int64_t num_parameters_;
+  std::function<void(const InMemoryShards&)> on_close_;
   mutable absl::Mutex mu_;
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_);
@@ -221,6 +230,10 @@ class InMemorySparseTable : public SparseShards {
   std::vector<RowPush> pushes() const {
     absl::MutexLock lock(&mu_);
     return pushes_;
+  }
+  uint64_t generation() const {
+    absl::MutexLock lock(&mu_);
+    return generation_;
   }
   // The ids pulled for each clock, in order.
   std::vector<std::pair<uint64_t, std::vector<int64_t>>> pulls() const {
@@ -312,6 +325,36 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     restore_ = std::move(order);
   }
+  // Heartbeat replies carry `map` to a worker that says an older epoch.
+  void PublishShardMap(v1::ShardMap map) {
+    absl::MutexLock lock(&mu_);
+    map_ = std::move(map);
+  }
+  // A re-sharding: the new map and the roll-back to the cut, in one reply.
+  void ReShard(v1::ShardMap map, v1::RestoreOrder order) {
+    absl::MutexLock lock(&mu_);
+    map_ = std::move(map);
+    restore_ = std::move(order);
+  }
+  // The shard map epoch the last heartbeat said the worker follows.
+  uint64_t reported_map_epoch() const {
+    absl::MutexLock lock(&mu_);
+    return reported_map_epoch_;
+  }
+  int heartbeats() const {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+  // Waits (real time, bounded) until `n` heartbeats were answered: every
+  // reply before the last has been handled by the worker.
+  bool AwaitHeartbeats(int n) const {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n] {
+      mu_.AssertReaderHeld();
+      return heartbeats_ >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), kPatience);
+  }
   std::vector<v1::WorkerDoneRequest> done_reports() const {
     absl::MutexLock lock(&mu_);
     return done_;
@@ -337,7 +380,10 @@ class FakeCoordinator final : public v1::Coordinator::Service {
       ++refused_heartbeats_;
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone");
     }
+    ++heartbeats_;
+    reported_map_epoch_ = request->shard_map_epoch();
     response->set_job_state(state_);
+    if (map_.epoch() > request->shard_map_epoch()) *response->mutable_shard_map() = map_;
     if (final_evaluation_) response->set_evaluator_rank(0);
     response->set_evaluate_final(evaluate_final_);
     if (restore_.generation() > request->generation()) *response->mutable_restore() = restore_;
@@ -373,6 +419,9 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::string reason_ ABSL_GUARDED_BY(mu_);
   v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
+  v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none published
+  uint64_t reported_map_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int done_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::WorkerDoneRequest> done_ ABSL_GUARDED_BY(mu_);
 };
@@ -438,6 +487,7 @@ class TrainerTest : public ::testing::Test {
         BuildShardMap(ModelTensors(config_), 1, config_.chunk_bytes());
     EXPECT_TRUE(map.ok());
     for (v1::ShardEndpoint& e : *map->mutable_shards()) e.set_address("127.0.0.1:1");
+    map->set_epoch(1);
     *reg.mutable_shard_map() = *map;
     reg.set_rank(0);
     reg.set_incarnation(kIncarnation);
@@ -446,27 +496,114 @@ class TrainerTest : public ::testing::Test {
     return reg;
   }
 
+  // The dense parameters: the MLP's, or the embedding model's head's (an
+  // MLP of the same widths).
+  int64_t NumParameters() const {
+    return MlpModel(backend_.get(), LayerWidths(config_), 1).num_parameters();
+  }
+
+  // In-memory clients of the job's model, logging to log_; the dense one
+  // notes in closed_ what it applied when the trainer drops it.
+  TrainerShards InMemoryClients(uint64_t version) {
+    TrainerShards clients;
+    auto dense = std::make_unique<InMemoryShards>(NumParameters(), version);
+    dense->set_log(&log_);
+    dense->set_on_close([this](const InMemoryShards& closed) {
+      log_.Add("dense shards closed");
+      absl::MutexLock lock(&mu_);
+      closed_.push_back(closed.applied());
+    });
+    clients.dense = std::move(dense);
+    if (config_.model() == v1::MODEL_EMBEDDING) {
+      const int64_t dim = LayerWidths(config_).front();
+      clients.sparse = std::make_unique<InMemorySparseTable>(dim, &log_);
+      clients.eval_sparse = std::make_unique<InMemorySparseTable>(dim, &log_);
+    }
+    return clients;
+  }
+
+  // The trainers made next follow a re-sharding: their clients of a new
+  // map are InMemoryClients, kept in connected_ with the map.
+  void FollowReSharding() {
+    connect_ = [this](const v1::ShardMap& map) -> absl::StatusOr<TrainerShards> {
+      TrainerShards clients = InMemoryClients(0);
+      absl::MutexLock lock(&mu_);
+      connected_.push_back({map, static_cast<InMemoryShards*>(clients.dense.get()),
+                            static_cast<InMemorySparseTable*>(clients.sparse.get()),
+                            static_cast<InMemorySparseTable*>(clients.eval_sparse.get())});
+      return clients;
+    };
+  }
+
   // A trainer registered at `start_step` on shards at `version`, whose
   // InMemoryShards stays reachable through shards_.
   Trainer* MakeTrainer(uint64_t start_step = 0, uint64_t version = 0) {
-    const std::vector<int64_t> widths = LayerWidths(config_);
-    const int64_t n = MlpModel(backend_.get(), widths, 1).num_parameters();
-    auto shards = std::make_unique<InMemoryShards>(n, version);
-    shards_ = shards.get();
-    shards_->set_log(&log_);
     TrainerOptions options;
     options.clock = [this] { return clock_.Now(); };
-    TrainerShards clients;
-    clients.dense = std::move(shards);
-    if (config_.model() == v1::MODEL_EMBEDDING) {
-      auto table = std::make_unique<InMemorySparseTable>(widths.front(), &log_);
-      table_ = table.get();
-      clients.sparse = std::move(table);
-      clients.eval_sparse = std::make_unique<InMemorySparseTable>(widths.front(), &log_);
-    }
+    options.connect_shards = connect_;
+    TrainerShards clients = InMemoryClients(version);
+    shards_ = static_cast<InMemoryShards*>(clients.dense.get());
+    table_ = static_cast<InMemorySparseTable*>(clients.sparse.get());
     trainer_ = std::make_unique<Trainer>(stub_.get(), Registration(start_step),
                                          backend_.get(), std::move(clients), options);
     return trainer_.get();
+  }
+
+  // The registration's map with the same chunks on `shards` shards, at
+  // `epoch`: a re-sharding.
+  v1::ShardMap ReShardedMap(uint32_t shards, uint64_t epoch) const {
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), shards, config_.chunk_bytes());
+    EXPECT_TRUE(map.ok());
+    for (v1::ShardEndpoint& e : *map->mutable_shards())
+      e.set_address(absl::StrCat("127.0.0.1:", 2 + e.shard()));
+    map->set_epoch(epoch);
+    return *map;
+  }
+
+  // The roll-back of a re-sharding to generation 2, at step 2 (rank 0's).
+  static v1::RestoreOrder RollBackToStep2() {
+    v1::RestoreOrder order;
+    order.set_generation(2);
+    order.set_checkpoint_id(1);
+    order.set_step(2);
+    order.add_worker_steps(2);
+    return order;
+  }
+
+  // The embedding model over a small synthetic data set.
+  void UseEmbeddingModel() {
+    config_.set_model(v1::MODEL_EMBEDDING);
+    config_.set_embedding_dim(4);
+    config_.set_embedding_rows(0);
+    v1::SparseTableSpec* table = config_.add_sparse_tables();
+    table->set_name(kEmbeddingTable);
+    table->set_dim(4);
+    config_.mutable_dataset()->set_format("synthetic");
+    config_.mutable_dataset()->set_path("");
+    config_.mutable_dataset()->set_test_path("");
+    v1::SyntheticDataConfig* synthetic = config_.mutable_dataset()->mutable_synthetic();
+    synthetic->set_num_train(64);
+    synthetic->set_num_test(8);
+    synthetic->set_vocabulary(40);
+    synthetic->set_features_per_example(3);
+    ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
+  }
+
+  // What the clients made for re-shardings were made of and for.
+  struct Connected {
+    v1::ShardMap map;
+    InMemoryShards* dense;
+    InMemorySparseTable* sparse;
+    InMemorySparseTable* eval_sparse;
+  };
+  std::vector<Connected> connected() const {
+    absl::MutexLock lock(&mu_);
+    return connected_;
+  }
+  std::vector<std::vector<InMemoryShards::Push>> closed() const {
+    absl::MutexLock lock(&mu_);
+    return closed_;
   }
 
   // Runs `trainer` on a thread of its own; done_ is notified when it returns.
@@ -520,6 +657,10 @@ class TrainerTest : public ::testing::Test {
   std::unique_ptr<Trainer> trainer_;
   InMemoryShards* shards_ = nullptr;
   InMemorySparseTable* table_ = nullptr;  // the embedding model's, for training
+  ConnectShards connect_;  // MakeTrainer's TrainerOptions::connect_shards
+  mutable absl::Mutex mu_;
+  std::vector<Connected> connected_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<InMemoryShards::Push>> closed_ ABSL_GUARDED_BY(mu_);
   std::thread runner_;
   absl::Notification done_;
   absl::Status result_;
@@ -709,22 +850,8 @@ TEST_F(TrainerTest, AFinishedWorkerWaitingForTheJobsEndGivesUpOnAGoneCoordinator
 }
 
 TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBeforeTheHeads) {
-  config_.set_model(v1::MODEL_EMBEDDING);
-  config_.set_embedding_dim(4);
-  config_.set_embedding_rows(0);
-  v1::SparseTableSpec* table = config_.add_sparse_tables();
-  table->set_name(kEmbeddingTable);
-  table->set_dim(4);
-  config_.mutable_dataset()->set_format("synthetic");
-  config_.mutable_dataset()->set_path("");
-  config_.mutable_dataset()->set_test_path("");
-  v1::SyntheticDataConfig* synthetic = config_.mutable_dataset()->mutable_synthetic();
-  synthetic->set_num_train(64);
-  synthetic->set_num_test(8);
-  synthetic->set_vocabulary(40);
-  synthetic->set_features_per_example(3);
+  UseEmbeddingModel();
   config_.set_steps(3);
-  ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
   Trainer* trainer = MakeTrainer();
   ASSERT_TRUE(RunToEnd(trainer).ok());
 
@@ -744,6 +871,186 @@ TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBefo
     EXPECT_FALSE(pulls[s].second.empty());
     EXPECT_EQ(pushes[s].ids, pulls[s].second) << "step " << s;
   }
+}
+
+TEST_F(TrainerTest, AReShardingsRollBackMovesTheClientsToTheNewMapsShards) {
+  config_.set_steps(8);
+  FollowReSharding();
+  Trainer* trainer = MakeTrainer();
+  // The shards were cut at step 2 and re-sharded from one to two shards
+  // after this rank's step 3: the old shard refuses its push of step 4.
+  shards_->RefuseOldGenerationFrom(4, 2);
+  Start(trainer);
+  ASSERT_TRUE(shards_->AwaitRefused());
+  coordinator_.ReShard(ReShardedMap(2, 2), RollBackToStep2());
+  ASSERT_TRUE(Finish().ok());
+
+  // One set of clients, for the new map, made at the roll-back.
+  const std::vector<Connected> connected = this->connected();
+  ASSERT_EQ(connected.size(), 1u);
+  EXPECT_EQ(connected[0].map.epoch(), 2u);
+  EXPECT_EQ(connected[0].map.shards_size(), 2);
+  // The old client trained steps 0-3 in generation 1 and was closed before
+  // the new one trained; the new one resumed at the order's step, pulling
+  // it first, in generation 2.
+  const std::vector<std::vector<InMemoryShards::Push>> closed = this->closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(StepsOf(closed[0]), std::vector<uint64_t>({0, 1, 2, 3}));
+  for (const InMemoryShards::Push& p : closed[0]) EXPECT_EQ(p.generation, 1u);
+  InMemoryShards* moved = connected[0].dense;
+  const std::vector<InMemoryShards::Push> pushes = moved->applied();
+  ASSERT_EQ(StepsOf(pushes), std::vector<uint64_t>({2, 3, 4, 5, 6, 7}));
+  for (const InMemoryShards::Push& p : pushes) EXPECT_EQ(p.generation, 2u);
+  ASSERT_FALSE(moved->pulls().empty());
+  EXPECT_EQ(moved->pulls().front(), 2u);
+  EXPECT_EQ(log_.events(),
+            std::vector<std::string>({"dense push 0", "dense push 1", "dense push 2",
+                                      "dense push 3", "dense shards closed", "dense push 2",
+                                      "dense push 3", "dense push 4", "dense push 5",
+                                      "dense push 6", "dense push 7"}));
+  // The heartbeats say the new map is followed.
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 2u);
+  ASSERT_FALSE(coordinator_.done_reports().empty());
+  EXPECT_EQ(coordinator_.done_reports().back().generation(), 2u);
+}
+
+TEST_F(TrainerTest, AReShardedMapThatComesBeforeItsOrderWaitsForTheRollBack) {
+  config_.set_steps(8);
+  FollowReSharding();
+  Trainer* trainer = MakeTrainer();
+  shards_->RefuseOldGenerationFrom(4, 2);
+  Start(trainer);
+  ASSERT_TRUE(shards_->AwaitRefused());
+  coordinator_.PublishShardMap(ReShardedMap(2, 2));
+  // Replies with the map alone: kept, the clients are not replaced.
+  ASSERT_TRUE(coordinator_.AwaitHeartbeats(coordinator_.heartbeats() + 3));
+  EXPECT_TRUE(connected().empty());
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 1u);
+  EXPECT_TRUE(closed().empty());
+
+  coordinator_.OrderRestore(RollBackToStep2());
+  ASSERT_TRUE(Finish().ok());
+  const std::vector<Connected> connected = this->connected();
+  ASSERT_EQ(connected.size(), 1u);
+  EXPECT_EQ(connected[0].map.epoch(), 2u);
+  EXPECT_EQ(StepsOf(connected[0].dense->applied()),
+            std::vector<uint64_t>({2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 2u);
+}
+
+TEST_F(TrainerTest, AMapOfAnotherModelIsRefusedAndTheRollBackKeepsTheClients) {
+  config_.set_steps(8);
+  FollowReSharding();
+  Trainer* trainer = MakeTrainer();
+  shards_->RefuseOldGenerationFrom(4, 2);
+  Start(trainer);
+  ASSERT_TRUE(shards_->AwaitRefused());
+  v1::JobConfig other = config_;
+  other.add_hidden_units(8);
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(other), 2, other.chunk_bytes());
+  ASSERT_TRUE(map.ok());
+  for (v1::ShardEndpoint& e : *map->mutable_shards()) e.set_address("127.0.0.1:2");
+  map->set_epoch(2);
+  coordinator_.ReShard(*map, RollBackToStep2());
+  ASSERT_TRUE(Finish().ok());
+
+  EXPECT_TRUE(connected().empty());
+  EXPECT_TRUE(closed().empty());
+  EXPECT_EQ(StepsOf(shards_->applied()),
+            std::vector<uint64_t>({0, 1, 2, 3, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 1u);
+}
+
+TEST_F(TrainerTest, WithoutConnectShardsAReShardingIsRefusedAndTheRollBackKeepsTheClients) {
+  config_.set_steps(8);
+  Trainer* trainer = MakeTrainer();  // no TrainerOptions::connect_shards
+  shards_->RefuseOldGenerationFrom(4, 2);
+  Start(trainer);
+  ASSERT_TRUE(shards_->AwaitRefused());
+  coordinator_.ReShard(ReShardedMap(2, 2), RollBackToStep2());
+  ASSERT_TRUE(Finish().ok());
+
+  EXPECT_TRUE(closed().empty());
+  EXPECT_EQ(StepsOf(shards_->applied()),
+            std::vector<uint64_t>({0, 1, 2, 3, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(shards_->map_epoch(), 0u);  // never handed the map
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 1u);
+}
+
+TEST_F(TrainerTest, AnEmbeddingTrainersSparseClientsFollowAReShardingToo) {
+  UseEmbeddingModel();
+  config_.set_steps(6);
+  FollowReSharding();
+  Trainer* trainer = MakeTrainer();
+  shards_->RefuseOldGenerationFrom(4, 2);
+  Start(trainer);
+  ASSERT_TRUE(shards_->AwaitRefused());
+  coordinator_.ReShard(ReShardedMap(3, 2), RollBackToStep2());
+  ASSERT_TRUE(Finish().ok());
+
+  const std::vector<Connected> connected = this->connected();
+  ASSERT_EQ(connected.size(), 1u);
+  ASSERT_NE(connected[0].sparse, nullptr);
+  ASSERT_NE(connected[0].eval_sparse, nullptr);
+  // The new training client took the rows' pushes from the order's step
+  // on, in the new generation; the evaluator's is in that generation too.
+  std::vector<uint64_t> steps;
+  for (const InMemorySparseTable::RowPush& p : connected[0].sparse->pushes()) {
+    steps.push_back(p.step);
+    EXPECT_EQ(p.generation, 2u);
+  }
+  EXPECT_EQ(steps, std::vector<uint64_t>({2, 3, 4, 5}));
+  EXPECT_EQ(connected[0].eval_sparse->generation(), 2u);
+  EXPECT_EQ(StepsOf(connected[0].dense->applied()), std::vector<uint64_t>({2, 3, 4, 5}));
+}
+
+// The session alone: a map that moves a shard of the new layout, arriving
+// after the roll-back was taken and before the clients were replaced, is
+// judged against the old layout and kept; ReplaceClients follows it.
+TEST_F(TrainerTest, ASessionFollowsAShardThatMovedWhileItsClientsWereReplaced) {
+  const int64_t n = NumParameters();
+  WorkerSession::Options options;
+  options.clock = [this] { return clock_.Now(); };
+  options.follow_replaced_maps = true;
+  absl::Mutex seen_mu;
+  std::vector<uint64_t> seen_maps;
+  options.on_shard_map = [&](const v1::ShardMap& map) {
+    absl::MutexLock lock(&seen_mu);
+    seen_maps.push_back(map.epoch());
+  };
+  WorkerSession session(stub_.get(), Registration(0), std::make_unique<InMemoryShards>(n, 0),
+                        nullptr, options);
+  const v1::ShardMap resharded = ReShardedMap(2, 2);
+  coordinator_.ReShard(resharded, RollBackToStep2());
+  const absl::Time give_up = absl::Now() + kPatience;
+  while (session.Interrupted() != WorkerSession::Interrupt::kRollBack && absl::Now() < give_up)
+    absl::SleepFor(absl::Milliseconds(5));
+  uint64_t step = 0;
+  std::optional<v1::ShardMap> replaced;
+  ASSERT_TRUE(session.TakeRollBack(10, &step, &replaced));
+  EXPECT_EQ(step, 2u);
+  ASSERT_TRUE(replaced.has_value());
+  EXPECT_EQ(replaced->epoch(), 2u);
+
+  v1::ShardMap moved = resharded;
+  moved.mutable_shards(1)->set_address("127.0.0.1:9");
+  moved.set_epoch(3);
+  coordinator_.PublishShardMap(moved);
+  ASSERT_TRUE(coordinator_.AwaitHeartbeats(coordinator_.heartbeats() + 3));
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 1u);  // kept, not followed yet
+
+  auto fresh = std::make_unique<InMemoryShards>(n, 0);
+  InMemoryShards* fresh_dense = fresh.get();
+  WorkerSession::Clients old = session.ReplaceClients(*replaced, {std::move(fresh), nullptr});
+  ASSERT_NE(old.dense, nullptr);
+  EXPECT_EQ(&session.dense(), fresh_dense);
+  EXPECT_EQ(fresh_dense->map_epoch(), 3u);  // the moved shard's map, at once
+  {
+    absl::MutexLock lock(&seen_mu);
+    EXPECT_EQ(seen_maps, std::vector<uint64_t>({3}));
+  }
+  ASSERT_TRUE(coordinator_.AwaitHeartbeats(coordinator_.heartbeats() + 2));
+  EXPECT_EQ(coordinator_.reported_map_epoch(), 3u);
 }
 
 }  // namespace

@@ -150,18 +150,21 @@ void LogRegistration(const v1::RegisterWorkerResponse& reg) {
                                     : std::string());
 }
 
-// The trainer's clients of the registration's shards, over gRPC.
-TrainerShards ConnectShards(const v1::RegisterWorkerResponse& reg) {
-  TrainerShards shards;
-  shards.dense = std::make_unique<ParameterClient>(reg.config(), reg.shard_map(), reg.rank(),
-                                                   reg.incarnation());
-  if (reg.config().model() == v1::MODEL_EMBEDDING) {
-    shards.sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(), reg.rank(),
-                                                   reg.incarnation());
-    shards.eval_sparse = std::make_unique<SparseClient>(reg.config(), reg.shard_map(),
-                                                        reg.rank(), reg.incarnation());
-  }
-  return shards;
+// The trainer's clients of `map`'s shards over gRPC, as the registration's
+// rank and incarnation: of its own map, and of one a re-sharding brings
+// (already checked by the session: valid, the job's chunks, every address).
+ConnectShards GrpcShards(const v1::RegisterWorkerResponse& reg) {
+  return [config = reg.config(), rank = reg.rank(),
+          incarnation = reg.incarnation()](const v1::ShardMap& map)
+             -> absl::StatusOr<TrainerShards> {
+    TrainerShards shards;
+    shards.dense = std::make_unique<ParameterClient>(config, map, rank, incarnation);
+    if (config.model() == v1::MODEL_EMBEDDING) {
+      shards.sparse = std::make_unique<SparseClient>(config, map, rank, incarnation);
+      shards.eval_sparse = std::make_unique<SparseClient>(config, map, rank, incarnation);
+    }
+    return shards;
+  };
 }
 
 int Main(int argc, char** argv) {
@@ -212,7 +215,13 @@ int Main(int argc, char** argv) {
   options.examples_log = absl::GetFlag(FLAGS_examples_log);
   options.straggler = straggler;
   options.load_ahead = absl::GetFlag(FLAGS_load_ahead);
-  Trainer trainer(stub.get(), *reg, backend.get(), ConnectShards(*reg), options);
+  options.connect_shards = GrpcShards(*reg);
+  absl::StatusOr<TrainerShards> shards = options.connect_shards(reg->shard_map());
+  if (!shards.ok()) {
+    spdlog::error("{}", std::string(shards.status().message()));
+    return 1;
+  }
+  Trainer trainer(stub.get(), *reg, backend.get(), std::move(*shards), options);
   // A member of the job now: SIGTERM (Kubernetes' scale-down) leaves it
   // after the step in progress.
   LeaveOnSigterm();

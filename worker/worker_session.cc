@@ -9,6 +9,7 @@
 #include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 #include "wire/chunk_codec.h"
+#include "worker/parameter_client.h"
 
 namespace grps {
 namespace {
@@ -52,6 +53,8 @@ WorkerSession::WorkerSession(v1::Coordinator::StubInterface* coordinator,
       coordinator_timeout_(CoordinatorTimeout(registration.config())),
       dense_(std::move(dense)),
       sparse_(std::move(sparse)),
+      map_(registration.shard_map()),
+      newest_epoch_(registration.shard_map().epoch()),
       agent_(coordinator,
              {registration.config().job_id(), MemberKind::kWorker, registration.rank(),
               registration.incarnation()},
@@ -73,9 +76,22 @@ WorkerSession::WorkerSession(v1::Coordinator::StubInterface* coordinator,
 WorkerSession::~WorkerSession() { agent_.Stop(); }
 
 void WorkerSession::SetGeneration(uint64_t generation) {
-  dense_->set_generation(generation);
-  if (sparse_ != nullptr) sparse_->set_generation(generation);
+  {
+    absl::MutexLock lock(&clients_mu_);
+    dense_->set_generation(generation);
+    if (sparse_ != nullptr) sparse_->set_generation(generation);
+  }
   if (options_.on_generation) options_.on_generation(generation);
+}
+
+ParameterShards* WorkerSession::Dense() const {
+  absl::MutexLock lock(&clients_mu_);
+  return dense_.get();
+}
+
+SparseShards* WorkerSession::sparse() {
+  absl::MutexLock lock(&clients_mu_);
+  return sparse_.get();
 }
 
 uint64_t WorkerSession::generation() const {
@@ -140,7 +156,8 @@ absl::Status WorkerSession::JobFailed() {
                           : std::string("(the coordinator gave no reason)")));
 }
 
-bool WorkerSession::TakeRollBack(uint64_t total, uint64_t* step) {
+bool WorkerSession::TakeRollBack(uint64_t total, uint64_t* step,
+                                 std::optional<v1::ShardMap>* replaced_map) {
   v1::RestoreOrder order;
   uint64_t resume = 0;
   {
@@ -148,6 +165,10 @@ bool WorkerSession::TakeRollBack(uint64_t total, uint64_t* step) {
     if (!restore_.has_value() || restore_->generation() <= generation_) return false;
     order = *restore_;
     restore_.reset();
+    if (replaced_map != nullptr) {
+      *replaced_map = std::move(replaced_map_);
+      replaced_map_.reset();
+    }
     resume = rank_ < static_cast<uint32_t>(order.worker_steps_size())
                  ? order.worker_steps(rank_)
                  : order.step();
@@ -168,6 +189,41 @@ bool WorkerSession::TakeRollBack(uint64_t total, uint64_t* step) {
   return true;
 }
 
+WorkerSession::Clients WorkerSession::ReplaceClients(const v1::ShardMap& map, Clients fresh) {
+  Clients old;
+  {
+    absl::MutexLock lock(&clients_mu_);
+    old.dense = std::exchange(dense_, std::move(fresh.dense));
+    old.sparse = std::exchange(sparse_, std::move(fresh.sparse));
+    map_ = map;
+    newest_epoch_ = std::max(newest_epoch_, map.epoch());
+  }
+  SetGeneration(generation());
+  spdlog::info("following shard map epoch {}: {} shards (re-sharded)", map.epoch(),
+               map.shards_size());
+  // A newer map that came meanwhile was judged against the old clients'
+  // layout and kept: one of the new layout (a shard that moved since) is
+  // followed now; one that re-places the chunks again waits for its own
+  // roll-back.
+  std::optional<v1::ShardMap> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending = std::move(replaced_map_);
+    replaced_map_.reset();
+  }
+  if (!pending.has_value() || pending->epoch() <= map.epoch()) return old;
+  std::optional<v1::ShardMap> keep;
+  {
+    absl::MutexLock lock(&clients_mu_);
+    keep = FollowLocked(*pending);
+  }
+  if (keep.has_value()) {
+    absl::MutexLock lock(&mu_);
+    KeepReplacedMap(std::move(*keep));
+  }
+  return old;
+}
+
 bool WorkerSession::StuckWithoutCoordinator() const {
   if (CoordinatorSilence() <= coordinator_timeout_) return false;
   absl::MutexLock lock(&mu_);
@@ -183,7 +239,10 @@ MemberAgent::Handlers WorkerSession::HeartbeatHandlers() {
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
   MemberAgent::Handlers handlers;
   handlers.fill = [this](v1::HeartbeatRequest* req) {
-    req->set_shard_map_epoch(dense_->map_epoch());
+    {
+      absl::MutexLock lock(&clients_mu_);
+      req->set_shard_map_epoch(map_.epoch());
+    }
     absl::MutexLock lock(&mu_);
     *req->mutable_progress() = progress_;
     req->set_generation(generation_);
@@ -212,23 +271,54 @@ MemberAgent::Handlers WorkerSession::HeartbeatHandlers() {
   return handlers;
 }
 
-void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
+std::optional<v1::ShardMap> WorkerSession::FollowShardMap(const v1::ShardMap& map) {
+  absl::MutexLock lock(&clients_mu_);
+  if (map.epoch() <= newest_epoch_) return std::nullopt;  // followed, kept or refused
+  newest_epoch_ = map.epoch();
+  return FollowLocked(map);
+}
+
+std::optional<v1::ShardMap> WorkerSession::FollowLocked(const v1::ShardMap& map) {
+  absl::StatusOr<MapFit> fit = FitShardMap(map_, map);
+  if (fit.ok() && *fit == MapFit::kReplaced) {
+    if (options_.follow_replaced_maps) {
+      spdlog::debug("shard map epoch {} places the chunks on {} shards: followed at the "
+                    "roll-back that comes with it",
+                    map.epoch(), map.shards_size());
+      return map;
+    }
+    fit = absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), ": it places the chunks on ", map.shards_size(),
+        " shards otherwise, and this worker cannot follow a re-sharding"));
+  }
   // The clients are thread-safe: a newer map goes to them at once, so that
   // a push retrying on another thread reaches the shard's new endpoint.
-  if (resp.has_shard_map() && resp.shard_map().epoch() > dense_->map_epoch() &&
-      resp.shard_map().epoch() != refused_map_epoch_) {
-    absl::Status s = dense_->UpdateShardMap(resp.shard_map());
-    if (s.ok() && sparse_ != nullptr) sparse_->UpdateShardMap(resp.shard_map());
-    if (s.ok() && options_.on_shard_map) options_.on_shard_map(resp.shard_map());
-    if (s.ok()) {
-      spdlog::info("following shard map epoch {}", resp.shard_map().epoch());
-    } else {
-      spdlog::error("refused the coordinator's {}", std::string(s.message()));
-      refused_map_epoch_ = resp.shard_map().epoch();
-    }
+  absl::Status s = fit.ok() ? dense_->UpdateShardMap(map) : fit.status();
+  if (!s.ok()) {
+    spdlog::error("refused the coordinator's {}", std::string(s.message()));
+    return std::nullopt;
   }
+  if (sparse_ != nullptr) sparse_->UpdateShardMap(map);
+  map_ = map;
+  if (options_.on_shard_map) options_.on_shard_map(map);
+  spdlog::info("following shard map epoch {}", map.epoch());
+  return std::nullopt;
+}
+
+void WorkerSession::KeepReplacedMap(v1::ShardMap map) {
+  if (!replaced_map_.has_value() || map.epoch() > replaced_map_->epoch())
+    replaced_map_ = std::move(map);
+}
+
+void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
+  std::optional<v1::ShardMap> replaced;
+  if (resp.has_shard_map()) replaced = FollowShardMap(resp.shard_map());
   if (resp.claim_examples() && options_.on_claim_examples) options_.on_claim_examples();
   absl::MutexLock lock(&mu_);
+  // A map that re-places the chunks and the order of its roll-back come in
+  // one reply: recorded at once, whichever the reply lists first, so that
+  // the roll-back TakeRollBack gives out is the one that follows the map.
+  if (replaced.has_value()) KeepReplacedMap(std::move(*replaced));
   job_state_ = resp.job_state();
   evaluator_rank_.reset();
   if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
@@ -277,7 +367,8 @@ absl::Status WorkerSession::WaitToPull(absl::string_view what, uint64_t clock,
 }
 
 absl::Status WorkerSession::PullWeights(uint64_t clock, float* params) {
-  return WaitToPull("weights", clock, [&] { return dense_->Pull(clock, kPullSlice, params); });
+  ParameterShards* dense = Dense();
+  return WaitToPull("weights", clock, [&] { return dense->Pull(clock, kPullSlice, params); });
 }
 
 absl::Status WorkerSession::JoinTheOthers(uint64_t* step, float* params) {
@@ -287,7 +378,7 @@ absl::Status WorkerSession::JoinTheOthers(uint64_t* step, float* params) {
   // gradient for that step, and the rank stays one step behind there. At
   // the lowest, the rank would be a step ahead on the others, and at the
   // end make a step there that no other shard makes.
-  const uint64_t at = dense_->max_pulled_version();
+  const uint64_t at = Dense()->max_pulled_version();
   if (at > *step) {
     spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
     *step = at;
@@ -319,11 +410,12 @@ absl::StatusOr<ParameterShards::PushOutcome> WorkerSession::PushGradients(
   // a round trip per step; if they do not come within a pull slice, the
   // caller pulls as usual.
   const ParameterShards::RetryPolicy retry = PushRetry();
+  ParameterShards* dense = Dense();
   absl::Time logged = Now();
   for (bool first = true;; first = false) {
     absl::StatusOr<ParameterShards::PushOutcome> pushed =
         first && started ? started(retry)
-                         : dense_->PushAndPull(step, grads, samples, params, kPullSlice, retry);
+                         : dense->PushAndPull(step, grads, samples, params, kPullSlice, retry);
     if (pushed.ok()) {
       NoteProgress();
       return pushed;

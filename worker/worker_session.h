@@ -14,8 +14,17 @@
 // - nothing waits past the job's end, a roll-back, a signal, the holder's
 //   own stop (`interrupted`), or coordinator_timeout_ms of silence.
 //
-// Thread safety: every method may be called from any thread; the pulls and
-// pushes are one training thread's (ParameterShards' rule).
+// Shard maps: a newer map of the same layout (a shard moved) goes to the
+// clients at once. One that places the same chunks on other shards (a
+// re-sharding, JobConfig.max_servers) comes with the order of a roll-back
+// to a checkpoint; a holder that follows such maps (Options::
+// follow_replaced_maps) gets it from TakeRollBack with that order, builds
+// clients for it and hands them to ReplaceClients. Any other map (another
+// model) is refused, and the clients keep theirs.
+//
+// Thread safety: every method may be called from any thread, except
+// ReplaceClients; the pulls and pushes are one training thread's
+// (ParameterShards' rule), and so is ReplaceClients.
 #ifndef GRPS_WORKER_WORKER_SESSION_H_
 #define GRPS_WORKER_WORKER_SESSION_H_
 
@@ -66,17 +75,28 @@ class WorkerSession {
     // For clients of the same shards that the holder keeps besides the
     // session's (the Trainer's evaluation client), so that they follow the
     // session's. Either may be null.
-    // on_shard_map: a newer shard map the session's clients took, called on
-    // the heartbeat thread after them.
+    // on_shard_map: a newer shard map of the same layout the session's
+    // clients took, called after them: on the heartbeat thread, or in
+    // ReplaceClients (one that came while the clients were replaced).
     std::function<void(const v1::ShardMap&)> on_shard_map;
     // on_generation: the generation the session's clients were just set to,
     // called after them: in the constructor (the registration's) and in
-    // TakeRollBack (the order's), on the caller's thread.
+    // TakeRollBack (the order's) and ReplaceClients, on the caller's thread.
     std::function<void(uint64_t)> on_generation;
     // on_claim_examples: a heartbeat reply asked this worker to say what it
     // holds and trained (HeartbeatResponse.claim_examples); called on the
     // heartbeat thread. Null: ignored.
     std::function<void()> on_claim_examples;
+    // The holder replaces the clients for a map that places the chunks on
+    // other shards (TakeRollBack's replaced_map, ReplaceClients). False:
+    // such a map is refused as one of another model is (UserWorker's).
+    bool follow_replaced_maps = false;
+  };
+
+  // The session's clients of the shards: dense required, sparse may be null.
+  struct Clients {
+    std::unique_ptr<ParameterShards> dense;
+    std::unique_ptr<SparseShards> sparse;
   };
 
   // `registration` is the coordinator's answer (validated by the caller);
@@ -96,8 +116,10 @@ class WorkerSession {
   const v1::JobConfig& config() const { return config_; }
   uint32_t rank() const { return rank_; }
   uint64_t incarnation() const { return incarnation_; }
-  ParameterShards& dense() { return *dense_; }
-  SparseShards* sparse() { return sparse_.get(); }
+  // The clients in use. Valid until ReplaceClients, which only the
+  // training thread calls.
+  ParameterShards& dense() ABSL_LOCKS_EXCLUDED(clients_mu_) { return *Dense(); }
+  SparseShards* sparse() ABSL_LOCKS_EXCLUDED(clients_mu_);
   uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- What the heartbeats carry ----
@@ -127,8 +149,20 @@ class WorkerSession {
   absl::Status JobFailed();
   // If a restore order of a newer generation is pending: switches to its
   // generation, sets *step to where this rank resumes (at most `total`),
-  // logs, returns true.
-  bool TakeRollBack(uint64_t total, uint64_t* step) ABSL_LOCKS_EXCLUDED(mu_);
+  // logs, returns true. With follow_replaced_maps, *replaced_map is then the
+  // newest map that places the chunks on other shards, if one came (with
+  // the order, or before it), else empty: the caller follows it with
+  // ReplaceClients before its next pull.
+  bool TakeRollBack(uint64_t total, uint64_t* step,
+                    std::optional<v1::ShardMap>* replaced_map = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Follows `map` (TakeRollBack's replaced_map): `fresh` reaches its shards
+  // as this rank and incarnation. Sets their generation to the session's
+  // and makes them the session's clients (on_generation is called), logs,
+  // and returns the clients they replace, which no call of the session
+  // uses any more. Training thread only, between its pulls and pushes.
+  Clients ReplaceClients(const v1::ShardMap& map, Clients fresh)
+      ABSL_LOCKS_EXCLUDED(mu_, clients_mu_);
   // Retries `attempt` (a pull that may wait at the shards for `clock`, at
   // most kPullSlice at a time) until it succeeds, the job ends or rolls back
   // (CANCELLED), it fails otherwise than by waiting or an unavailable shard,
@@ -194,7 +228,18 @@ class WorkerSession {
  private:
   MemberAgent::Handlers HeartbeatHandlers();
   void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
-  void SetGeneration(uint64_t generation);
+  // A shard map from a heartbeat reply: the clients follow it, or it is
+  // refused, or (returned) it re-places the chunks and waits for its
+  // roll-back. Maps not newer than the newest seen are ignored.
+  std::optional<v1::ShardMap> FollowShardMap(const v1::ShardMap& map)
+      ABSL_LOCKS_EXCLUDED(clients_mu_);
+  // FollowShardMap's choice, for any map newer than the clients'.
+  std::optional<v1::ShardMap> FollowLocked(const v1::ShardMap& map)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(clients_mu_);
+  // Keeps `map` for the next roll-back unless a newer one is kept.
+  void KeepReplacedMap(v1::ShardMap map) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ParameterShards* Dense() const ABSL_LOCKS_EXCLUDED(clients_mu_);
+  void SetGeneration(uint64_t generation) ABSL_LOCKS_EXCLUDED(clients_mu_);
   // The wait of AwaitEnd*: true when `final_evaluation` and the coordinator
   // asks for it.
   absl::StatusOr<bool> AwaitEndOr(bool final_evaluation);
@@ -212,13 +257,24 @@ class WorkerSession {
   const uint64_t incarnation_;
   const Options options_;
   const absl::Duration coordinator_timeout_;
-  const std::unique_ptr<ParameterShards> dense_;
-  const std::unique_ptr<SparseShards> sparse_;
+
+  // The clients and the map they follow: replaced by the training thread
+  // (ReplaceClients), used by the heartbeat thread under the lock. Calls
+  // that may wait (pulls, pushes) are made without it.
+  mutable absl::Mutex clients_mu_;
+  std::unique_ptr<ParameterShards> dense_ ABSL_GUARDED_BY(clients_mu_);
+  std::unique_ptr<SparseShards> sparse_ ABSL_GUARDED_BY(clients_mu_);
+  v1::ShardMap map_ ABSL_GUARDED_BY(clients_mu_);
+  // The newest epoch followed, kept or refused: an older map is ignored.
+  uint64_t newest_epoch_ ABSL_GUARDED_BY(clients_mu_) = 0;
 
   mutable absl::Mutex mu_;
   v1::WorkerProgress progress_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::RestoreOrder> restore_ ABSL_GUARDED_BY(mu_);  // pending
+  // A map that re-places the chunks, for the next roll-back: recorded with
+  // the order of the same reply, so TakeRollBack sees both or neither.
+  std::optional<v1::ShardMap> replaced_map_ ABSL_GUARDED_BY(mu_);
   v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
@@ -226,7 +282,6 @@ class WorkerSession {
   bool drain_ ABSL_GUARDED_BY(mu_) = false;     // a heartbeat reply said drain
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
   // The heartbeat thread's own.
-  uint64_t refused_map_epoch_ = 0;
   bool said_silent_ = false;
 
   MemberAgent agent_;  // last: its thread uses the members above

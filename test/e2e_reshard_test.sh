@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Live re-sharding, end to end (docs/elasticity.md): a sync job (SGD, 2
+# workers) that starts on 2 shards is re-sharded by `grpsctl scale` to 3
+# shards while it trains (a standby server for shard 2 was started by hand,
+# as a StatefulSet's new pod would be), then to 1 (shards 1 and 2 retire and
+# exit 0). Its final checkpoint must hold the same chunks, bit for bit
+# (values, optimizer state, versions), as that of the same job run on 2
+# shards throughout. Daemons are started by hand so that every exit status
+# is checked; the stand-still of the global step around each move is
+# printed (measured by polling grpsctl).
+set -euo pipefail
+BIN=${1:?usage: e2e_reshard_test.sh BIN_DIR}
+source "$(dirname "$0")/lib.sh"
+DATA=/usr/share/datasets/fashion-mnist
+[ -d "$DATA" ] || { echo "SKIP: $DATA missing (apt-get install dataset-fashion-mnist)"; exit 77; }
+[ -x "$BIN/grps-checkpoint-diff" ] || fail "grps-checkpoint-diff missing from $BIN"
+
+STEPS=600
+PACE_MS=6
+JOB_FLAGS=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --seed=7
+           --optimizer=sgd --heartbeat_ms=100 --heartbeat_timeout_ms=1500)
+
+# final_checkpoint NAME: the newest checkpoint folder of run NAME.
+final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
+
+# scale NAME COORD K: re-shards run NAME to K shards and waits for it.
+scale() {
+  local name=$1 coord=$2 k=$3 before
+  before=$(field_at "$coord" 'int(j.get("global_step", 0))' -1)
+  "$BIN/grpsctl" --coordinator="$coord" scale --servers="$k" --wait --wait_s=60 \
+    >"$WORK/$name-scale-$k.out" 2>&1 || { cat "$WORK/$name-scale-$k.out"; fail "$name: scale to $k"; }
+  echo "$name: asked at global step $before: $(tail -n 1 "$WORK/$name-scale-$k.out")"
+}
+
+# job NAME [reshard]: runs the job with its daemons named NAME-*,
+# checkpoints in $WORK/NAME/ckpt; with "reshard", 2 -> 3 -> 1 shards while
+# it trains. Returns once every daemon exited 0.
+job() {
+  local name=$1 mode=${2:-} s w
+  local scaling=(); [ -n "$mode" ] && scaling=(--max_servers=3)
+  mkdir -p "$WORK/$name"
+  start "$name-coordinator" "$BIN/grps-coordinator" --listen=127.0.0.1:0 \
+    --port_file="$WORK/$name/coordinator.port" --job_id=reshard --mode=sync --servers=2 \
+    "${scaling[@]}" --workers=2 --steps=$STEPS --eval_every=500 "${JOB_FLAGS[@]}" \
+    --checkpoint_dir="$WORK/$name/ckpt" --recovery_timeout_ms=20000 \
+    --coordinator_timeout_ms=30000 --linger_ms=1000
+  wait_for_file "$WORK/$name/coordinator.port" 20
+  local coord=127.0.0.1:$(cat "$WORK/$name/coordinator.port")
+  for s in 0 1; do
+    start "$name-server-$s" "$BIN/grps-server" --coordinator="$coord" --listen=127.0.0.1:0 \
+      --shard=$s
+  done
+  for w in 0 1; do
+    start "$name-worker-$w" "$BIN/grps-worker" --coordinator="$coord" --rank=$w --backend=cpu \
+      --straggle_ms=$PACE_MS
+  done
+
+  if [ -n "$mode" ]; then
+    # A standby for shard 2 before the job runs: it waits to be taken in.
+    start "$name-server-2" "$BIN/grps-server" --coordinator="$coord" --listen=127.0.0.1:0 \
+      --shard=2
+    wait_until "$coord" "int(j.get('global_step', 0)) >= 150" 60 "step 150"
+    scale "$name" "$coord" 3
+    [ "$(field_at "$coord" 'len(j.get("shards", []))' 0)" = 3 ] || fail "$name: not 3 shards"
+    wait_until "$coord" "int(j.get('global_step', 0)) >= 350" 60 "step 350"
+    scale "$name" "$coord" 1
+    [ "$(field_at "$coord" 'len(j.get("shards", []))' 0)" = 1 ] || fail "$name: not 1 shard"
+    for s in 1 2; do
+      local var=PID_${name}_server_$s
+      wait_pid "${!var}" 30
+      [ "$EXIT_CODE" = 0 ] || fail "$name: retired server $s exited with $EXIT_CODE"
+      grep -q "retired" "$WORK/$name-server-$s.log" || fail "$name: server $s did not say it retired"
+    done
+  fi
+
+  local d
+  local members=(worker-0 worker-1 server-0 coordinator)
+  [ -n "$mode" ] || members+=(server-1)
+  for d in "${members[@]}"; do
+    local var=PID_${name}_${d//-/_}
+    wait_pid "${!var}" 120
+    [ "$EXIT_CODE" = 0 ] || fail "$name: $d exited with $EXIT_CODE"
+  done
+}
+
+job ref
+job moved reshard
+
+# Both moves happened, and the shards rebuilt themselves from the cuts.
+grep -q "re-sharded from 2 to 3 shards" "$WORK/moved-coordinator.log" || fail "no 2 -> 3 move logged"
+grep -q "re-sharded from 3 to 1 shards" "$WORK/moved-coordinator.log" || fail "no 3 -> 1 move logged"
+grep -q "re-sharded" "$WORK/moved-server-0.log" || fail "server 0 did not rebuild its shard"
+
+# Bit for bit the same final checkpoint, at the last step; and the comparison
+# can tell apart two checkpoints that differ (the first against the final).
+ref=$(final_checkpoint ref); moved=$(final_checkpoint moved)
+for c in "$ref" "$moved"; do
+  [ "$("$BIN/grps-checkpoint-diff" --step "$c")" = "$STEPS" ] || fail "$c is not at step $STEPS"
+done
+"$BIN/grps-checkpoint-diff" "$ref" "$moved" || fail "the final checkpoints differ"
+echo "final checkpoints equal bit for bit: $ref (2 shards) and $moved (1 shard)"
+first=$(ls -d "$WORK/moved/ckpt"/ckpt-* | sort | head -n 1)
+set +e
+"$BIN/grps-checkpoint-diff" "$first" "$moved" >/dev/null 2>&1
+rc=$?
+set -e
+[ "$rc" = 1 ] || fail "grps-checkpoint-diff did not tell the first checkpoint from the final one ($rc)"
+echo "PASS"
