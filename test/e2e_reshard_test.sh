@@ -5,7 +5,9 @@
 # as a StatefulSet's new pod would be), then to 1 (shards 1 and 2 retire and
 # exit 0). Its final checkpoint must hold the same chunks, bit for bit
 # (values, optimizer state, versions), as that of the same job run on 2
-# shards throughout. Daemons are started by hand so that every exit status
+# shards throughout. Then the same with the embedding model (a sparse table
+# with AdaGrad): every row, with its optimizer state and update count, must
+# end bit for bit as in the fixed job (rows moved, none lost). Daemons are started by hand so that every exit status
 # is checked; the stand-still of the global step around each move is
 # printed (measured by polling grpsctl).
 set -euo pipefail
@@ -17,8 +19,11 @@ DATA=/usr/share/datasets/fashion-mnist
 
 STEPS=600
 PACE_MS=6
-JOB_FLAGS=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --seed=7
-           --optimizer=sgd --heartbeat_ms=100 --heartbeat_timeout_ms=1500)
+COMMON=(--seed=7 --heartbeat_ms=100 --heartbeat_timeout_ms=1500)
+DENSE=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --optimizer=sgd)
+SPARSE=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad --lr=0.1
+        --embedding_dim=16 --hidden=none --batch=32)
+JOB_FLAGS=("${COMMON[@]}" "${DENSE[@]}")
 
 # final_checkpoint NAME: the newest checkpoint folder of run NAME.
 final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
@@ -66,7 +71,7 @@ job() {
     scale "$name" "$coord" 1
     [ "$(field_at "$coord" 'len(j.get("shards", []))' 0)" = 1 ] || fail "$name: not 1 shard"
     for s in 1 2; do
-      local var=PID_${name}_server_$s
+      local var=PID_${name//-/_}_server_$s
       wait_pid "${!var}" 30
       [ "$EXIT_CODE" = 0 ] || fail "$name: retired server $s exited with $EXIT_CODE"
       grep -q "retired" "$WORK/$name-server-$s.log" || fail "$name: server $s did not say it retired"
@@ -77,28 +82,40 @@ job() {
   local members=(worker-0 worker-1 server-0 coordinator)
   [ -n "$mode" ] || members+=(server-1)
   for d in "${members[@]}"; do
-    local var=PID_${name}_${d//-/_}
+    local var=PID_${name//-/_}_${d//-/_}
     wait_pid "${!var}" 120
     [ "$EXIT_CODE" = 0 ] || fail "$name: $d exited with $EXIT_CODE"
   done
 }
 
+# compare REF MOVED: both moves happened, the shards rebuilt themselves from
+# the cuts, and the final checkpoints are the same, bit for bit, at the last
+# step.
+compare() {
+  local ref_name=$1 name=$2 ref moved c
+  grep -q "re-sharded from 2 to 3 shards" "$WORK/$name-coordinator.log" || fail "$name: no 2 -> 3 move"
+  grep -q "re-sharded from 3 to 1 shards" "$WORK/$name-coordinator.log" || fail "$name: no 3 -> 1 move"
+  grep -q "re-sharded" "$WORK/$name-server-0.log" || fail "$name: server 0 did not rebuild its shard"
+  ref=$(final_checkpoint "$ref_name"); moved=$(final_checkpoint "$name")
+  for c in "$ref" "$moved"; do
+    [ "$("$BIN/grps-checkpoint-diff" --step "$c")" = "$STEPS" ] || fail "$c is not at step $STEPS"
+  done
+  "$BIN/grps-checkpoint-diff" "$ref" "$moved" || fail "$name: the final checkpoints differ"
+  echo "$name: final checkpoints equal bit for bit: $ref (2 shards) and $moved (1 shard)"
+}
+
 job ref
 job moved reshard
+compare ref moved
+JOB_FLAGS=("${COMMON[@]}" "${SPARSE[@]}")
+job sparse-ref
+job sparse-moved reshard
+compare sparse-ref sparse-moved
+grep -q "sparse rows" "$WORK/sparse-moved-server-0.log" || fail "shard 0 restored no sparse rows"
 
-# Both moves happened, and the shards rebuilt themselves from the cuts.
-grep -q "re-sharded from 2 to 3 shards" "$WORK/moved-coordinator.log" || fail "no 2 -> 3 move logged"
-grep -q "re-sharded from 3 to 1 shards" "$WORK/moved-coordinator.log" || fail "no 3 -> 1 move logged"
-grep -q "re-sharded" "$WORK/moved-server-0.log" || fail "server 0 did not rebuild its shard"
-
-# Bit for bit the same final checkpoint, at the last step; and the comparison
-# can tell apart two checkpoints that differ (the first against the final).
-ref=$(final_checkpoint ref); moved=$(final_checkpoint moved)
-for c in "$ref" "$moved"; do
-  [ "$("$BIN/grps-checkpoint-diff" --step "$c")" = "$STEPS" ] || fail "$c is not at step $STEPS"
-done
-"$BIN/grps-checkpoint-diff" "$ref" "$moved" || fail "the final checkpoints differ"
-echo "final checkpoints equal bit for bit: $ref (2 shards) and $moved (1 shard)"
+# The comparison can tell apart two checkpoints that differ (the first
+# against the final).
+moved=$(final_checkpoint moved)
 first=$(ls -d "$WORK/moved/ckpt"/ckpt-* | sort | head -n 1)
 set +e
 "$BIN/grps-checkpoint-diff" "$first" "$moved" >/dev/null 2>&1
