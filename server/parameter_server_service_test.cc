@@ -292,6 +292,18 @@ TEST_F(ParameterServerServiceTest, PushToAChunkOfAnotherShardIsNotFound) {
                     absl::StrCat("chunk ", foreign_, " is held by shard 1"));
 }
 
+// A re-sharded job's worker may hear of the new map (and its generation)
+// before the shard has rebuilt for it: a chunk the shard does not hold yet is
+// then "retry", not "not found" (which would end the worker).
+TEST_F(ParameterServerServiceTest, PushOfANewerGenerationToAChunkNotHeldIsUnavailable) {
+  v1::PushRequest request = GoodPush(0, 0);
+  request.set_generation(1);  // the shard is in generation 0
+  v1::ChunkData* c = request.mutable_chunks(1);
+  c->set_chunk_id(foreign_);
+  c->set_data(F32Bytes(std::vector<float>(Elements(foreign_), 1.0f)));
+  ExpectPushRefused(request, grpc::StatusCode::UNAVAILABLE, "not yet 1; retry");
+}
+
 TEST_F(ParameterServerServiceTest, PushWithTheWrongByteLengthIsInvalidArgument) {
   v1::PushRequest request = GoodPush(0, 0);
   const uint32_t id = own_[1];
@@ -894,6 +906,12 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
 TEST_F(ParameterServerServiceTest, PullOfAnotherShardsChunkIsNotFound) {
   ExpectPullRefused(PullOf({own_[0], foreign_}), grpc::StatusCode::NOT_FOUND,
                     "is held by shard 1");
+}
+
+TEST_F(ParameterServerServiceTest, PullOfANewerGenerationOfAChunkNotHeldIsUnavailable) {
+  v1::PullRequest request = PullOf({own_[0], foreign_});
+  request.set_generation(1);
+  ExpectPullRefused(request, grpc::StatusCode::UNAVAILABLE, "not yet 1; retry");
 }
 
 TEST_F(ParameterServerServiceTest, PullForAnotherJobIsFailedPrecondition) {
