@@ -42,11 +42,42 @@ runs, every exec probe is run (it must succeed at least once) and every pod
 with prometheus.io/scrape is scraped at its annotated port and path. The
 test passes when every pod exits 0, the coordinator says the job completed,
 with at least --min_accuracy, and the checkpoint volume holds a complete
-checkpoint. With --evict POD, that pod gets SIGTERM once a checkpoint is
-complete (an eviction, or the workers' Job scaled down): a worker must say
-it left the job, exit 0, and the coordinator must say so too. Every process
-started is ended on exit (and on this process's
+checkpoint (with a StatefulSet scaled, every shard's file of the count it
+ends with). Every process started is ended on exit (and on this process's
 death: PR_SET_PDEATHSIG).
+
+What an operator does to a running job comes as steps, --scale and --exec,
+run in the order given: the first once a checkpoint is complete, each later
+one once a checkpoint newer than the one complete when the step before it
+ended, all while the job trains (a step left undone when training is over
+fails the test).
+
+  * --scale NAME=N does what `kubectl scale` (a StatefulSet) or `kubectl
+    patch` of completions and parallelism (an elastic indexed Job) does.
+    Up: the pods of the new indexes start, each with its index, its
+    environment and its volumes (a StatefulSet's pod NAME-K, which must
+    serve shard K once the job takes it in; a Job's, rank K, which must
+    join the running job). Down (a StatefulSet
+    only): the pods of the indexes from N up are taken out of the set; one
+    still running gets SIGTERM, and how it exits is not the test's concern,
+    as Kubernetes deletes it. A grps server that exited 0 by itself before
+    (a shard `grpsctl scale` retired) is not restarted here, though its
+    StatefulSet, with restartPolicy Always, would start it again and it
+    would stand by until the scale-down: its exit 0 is accepted as any
+    pod's is, and it must have said it retired. A pod taken out is not
+    started again.
+  * --exec 'POD -- COMMAND...' runs COMMAND in POD's container as `kubectl
+    exec` does, with the container's environment (the tokens of the
+    Secrets, the TLS files), as its exec probes run; POD is a pod's name or
+    deployment/NAME (deploy/NAME: its pod NAME-0), which must be running.
+    It must exit 0; the next step waits for it. E.g. 'deploy/grps-coordinator --
+    /usr/local/bin/grpsctl --coordinator=127.0.0.1:7070 scale --servers=3
+    --wait': the job re-shards to the servers the StatefulSet was scaled to.
+
+With --evict POD, that pod gets SIGTERM once a checkpoint newer than the
+last step's is complete (an eviction, or the workers' Job scaled down): a
+worker must say it left the job, exit 0, and the coordinator must say so
+too.
 
 With --image IMAGE (deploy/build-image), the pods run in that image instead,
 with podman on the host's network: the flags are those of the image's own
@@ -66,6 +97,7 @@ import ctypes
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -418,33 +450,95 @@ def check_counts(objects):
     return problems
 
 
-def scale_job(objects, scale):
-    """`scale` ("JOB=N"): the indexed Job JOB patched to completions and
-    parallelism N, as `kubectl patch job JOB -p '{"spec": {"completions": N,
-    "parallelism": N}}'` does to a running elastic indexed Job. Returns the
-    names of the pods of the new indexes."""
-    name, _, n = scale.partition("=")
-    jobs = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"] == name]
-    if len(jobs) != 1 or not n.isdigit():
-        raise ManifestError("--scale %s: no Job %s, or not JOB=N" % (scale, name))
-    spec = jobs[0]["spec"]
-    before = spec.get("completions", 1)
-    if spec.get("completionMode") != "Indexed" or int(n) <= before:
-        raise ManifestError("--scale %s: the Job is not indexed, or N is not above its %d "
-                            "completions" % (scale, before))
-    spec["completions"] = spec["parallelism"] = int(n)
-    return ["%s-%d" % (name, i) for i in range(before, int(n))]
+class Step:
+    """One --scale or --exec step (see the docstring), as planned."""
+
+    def __init__(self, option, text):
+        self.option = option  # "scale" or "exec"
+        self.text = text
+        self.start = []  # --scale: the pods of the new indexes
+        self.remove = []  # --scale down: the pods taken out of the set
+        self.pod = None  # --exec: the pod it runs in
+        self.command = []  # --exec: its command
+
+    def __str__(self):
+        return "--%s %s" % (self.option, self.text)
 
 
-def check_manifest(path, secrets, bin_dir, examples, scale=None):
+class StepAction(argparse.Action):
+    """--scale and --exec into one list, in the order given."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.steps = (namespace.steps or []) + [Step(self.dest, value)]
+
+
+def exec_target(target, objects):
+    """kubectl exec's POD: a pod's name, or deployment/NAME (deploy/NAME),
+    whose pod is NAME-0 here."""
+    kind, _, name = target.rpartition("/")
+    if not kind:
+        return target
+    if kind not in ("deploy", "deployment", "deployments"):
+        raise ManifestError("--exec %s: a pod or deployment/NAME" % target)
+    if not any(o["kind"] == "Deployment" and o["metadata"]["name"] == name for o in objects):
+        raise ManifestError("--exec %s: no Deployment %s" % (target, name))
+    return name + "-0"
+
+
+def plan_steps(objects, steps):
+    """Checks the steps against the workloads of `objects`, and fills in
+    what each does. Each scaled workload's spec is set to the most it is
+    scaled to, so that expand_pods makes every pod a step starts. Returns
+    (the pods not started at first, workload name -> its count after the
+    last step)."""
+    workloads = {o["metadata"]["name"]: o for o in objects if o["kind"] in ("Job", "StatefulSet")}
+    count = {name: o["spec"].get("completions" if o["kind"] == "Job" else "replicas", 1)
+             for name, o in workloads.items()}
+    most = dict(count)
+    held, gone = [], set()
+    for step in steps:
+        if step.option == "exec":
+            target, sep, command = step.text.partition(" -- ")
+            step.pod, step.command = exec_target(target.strip(), objects), shlex.split(command)
+            if not sep or not step.command:
+                raise ManifestError("%s: not 'POD -- COMMAND...'" % step)
+            continue
+        name, _, n = step.text.partition("=")
+        if name not in workloads or not n.isdigit() or int(n) < 1:
+            raise ManifestError("%s: no Job or StatefulSet %s, or not NAME=N (N >= 1)"
+                                % (step, name))
+        o, n = workloads[name], int(n)
+        if o["kind"] == "Job" and (o["spec"].get("completionMode") != "Indexed" or
+                                   n <= count[name]):
+            raise ManifestError("%s: the Job is not indexed, or N is not above its %d "
+                                "completions (a Job's pods leave with --evict)"
+                                % (step, count[name]))
+        step.start = ["%s-%d" % (name, i) for i in range(count[name], n)]
+        step.remove = ["%s-%d" % (name, i) for i in range(n, count[name])][::-1]
+        again = gone.intersection(step.start)
+        if again:
+            raise ManifestError("%s: %s taken out by an earlier step: this test does not "
+                                "start a pod again" % (step, ", ".join(sorted(again))))
+        gone.update(step.remove)
+        held += step.start
+        count[name], most[name] = n, max(most[name], n)
+    for name, o in workloads.items():
+        if o["kind"] == "Job":
+            o["spec"]["completions"] = o["spec"]["parallelism"] = most[name]
+        else:
+            o["spec"]["replicas"] = most[name]
+    return held, count
+
+
+def check_manifest(path, secrets, bin_dir, examples, steps=()):
     """Static checks of one rendered overlay; returns (pods with their
-    containers' argv and env, problems). With `scale`, the Job is scaled
-    after the checks of the counts (scale_job)."""
+    containers' argv and env, problems). With `steps`, the workloads are
+    scaled after the checks of the counts (plan_steps)."""
     objects = load(path) + secrets
     by_kind = index_objects(objects)
     problems = check_counts(objects)
-    if scale:
-        scale_job(objects, scale)
+    if steps:
+        plan_steps(objects, steps)
     pods = expand_pods(objects)
     runs = []
     for pod in pods:
@@ -890,7 +984,12 @@ def run(args, objects, runs):
     wall = 0.0
     restarted = None  # with --restart: the checkpoint it was killed after
     evicted = None  # with --evict: the checkpoint it was sent SIGTERM after
-    scaled = None  # with --scale: the checkpoint the Job was scaled up after
+    steps = list(args.steps)  # the steps still to run, in order
+    done = []  # (step, the checkpoint it ran after)
+    after = None  # the checkpoint complete when the last step ended
+    execing = None  # (the --exec step running, its process, its log)
+    removed = {}  # pod name -> how a scale-down took it out
+    step_failures = []
     try:
         launched = {}  # pod name -> what runner.start was given
 
@@ -901,8 +1000,9 @@ def run(args, objects, runs):
             runner.start(pod.name, argv, env, cname)
             launched[pod.name] = (argv, env, cname)
         for pod, container, argv, env, _, cname in started:
-            if pod.name not in args.held:  # --scale: started by the scale-up
+            if pod.name not in args.held:  # started by a --scale step
                 launch(pod, container, argv, env, cname)
+        by_name = {entry[0].name: entry for entry in started}
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -950,25 +1050,75 @@ def run(args, objects, runs):
             raise ManifestError("--evict %s: no such pod" % args.evict)
         coordinator_log = [runner.logs[p.name] for p, c, *_ in started
                            if c["command"][0].endswith("/grps-coordinator")]
-        while (len(codes) < len(runner.procs) or (args.held and scaled is None)) \
+        for step in steps:
+            if step.pod is not None and step.pod not in by_name:
+                raise ManifestError("%s: no pod %s" % (step, step.pod))
+
+        def scale(step):
+            # The controller starts the new indexes' pods, and deletes the
+            # ones past the new count (SIGTERM to those still running).
+            for name in step.start:
+                pod, container, argv, env, argv_of, cname = by_name[name]
+                launch(pod, container, argv, env, cname)
+                watchers.append(threading.Thread(
+                    target=watch, args=(pod, container, env, argv_of), daemon=True))
+                watchers[-1].start()
+            for name in step.remove:
+                if runner.procs[name].poll() is None:
+                    evict_pod(runner, name, launched[name][2])
+                    removed[name] = "sent SIGTERM by the scale-down"
+                else:
+                    removed[name] = ("exited %d before the scale-down"
+                                     % runner.procs[name].returncode)
+            what = ", ".join(["%s started" % ", ".join(step.start)] * bool(step.start) +
+                             ["%s taken out" % ", ".join(step.remove)] * bool(step.remove))
+            return what
+
+        def start_exec(step):
+            # kubectl exec: the command in the pod's container, with its
+            # environment, as its exec probes run.
+            pod, _, _, env, argv_of, _ = by_name[step.pod]
+            if runner.procs.get(pod.name) is None or runner.procs[pod.name].poll() is not None:
+                step_failures.append("%s: pod %s is not running" % (step, pod.name))
+                return None
+            log = os.path.join(work, "exec-%d.log" % (len(done) + 1))
+            with open(log, "w") as f:
+                p = subprocess.Popen(argv_of(step.command, max(1, deadline - time.time())),
+                                     env=env, stdout=f, stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent)
+            return step, p, log
+
+        while (len(codes) < len(runner.procs) or execing is not None) \
                 and time.time() < deadline:
-            if args.held and scaled is None and checkpoint_complete(coordinator_log, True):
-                # The Job scaled up: its controller starts the new indexes'
-                # pods.
-                scaled = checkpoint_complete(coordinator_log)
-                for pod, container, argv, env, argv_of, cname in started:
-                    if pod.name in args.held:
-                        launch(pod, container, argv, env, cname)
-                        watchers.append(threading.Thread(
-                            target=watch, args=(pod, container, env, argv_of), daemon=True))
-                        watchers[-1].start()
-                print("%6.1f s  Job scaled up after checkpoint %s: %s started" % (
-                    time.time() - begin, scaled, ", ".join(args.held)))
-            if (args.evict and evicted is None and args.evict not in codes
-                    and (not args.held or (scaled is not None and
-                                           checkpoint_complete(coordinator_log) != scaled))
-                    and checkpoint_complete(coordinator_log, True)):
-                evicted = checkpoint_complete(coordinator_log)
+            # The newest checkpoint, while a step or an eviction waits for one.
+            newest = (checkpoint_complete(coordinator_log, True)
+                      if (steps and execing is None) or (args.evict and evicted is None)
+                      else None)
+            if execing is not None and execing[1].poll() is not None:
+                step, p, log = execing
+                execing = None
+                said = open(log, errors="replace").read().strip()
+                after = checkpoint_complete(coordinator_log)
+                print("%6.1f s  %s exited %d: %s" % (time.time() - begin, step, p.returncode,
+                                                    said.splitlines()[-1] if said else ""))
+                if p.returncode != 0:
+                    step_failures.append("%s exited %d; it said:\n%s" % (step, p.returncode, said))
+                    break
+            if steps and execing is None and newest is not None and newest != after:
+                step = steps.pop(0)
+                done.append((step, newest))
+                if step.option == "scale":
+                    print("%6.1f s  %s after checkpoint %s: %s" % (
+                        time.time() - begin, step, newest, scale(step)))
+                    after = newest
+                else:
+                    print("%6.1f s  %s after checkpoint %s" % (time.time() - begin, step, newest))
+                    execing = start_exec(step)
+                    if execing is None:
+                        break
+            if (args.evict and evicted is None and args.evict not in codes and not steps
+                    and execing is None and newest is not None and newest != after):
+                evicted = newest
                 evict_pod(runner, args.evict, launched[args.evict][2])
                 print("%6.1f s  %s evicted (SIGTERM) after checkpoint %s" % (
                     time.time() - begin, args.evict, evicted))
@@ -981,21 +1131,26 @@ def run(args, objects, runs):
             for name, p in runner.procs.items():
                 if name not in codes and p.poll() is not None:
                     codes[name] = p.returncode
-                    print("%6.1f s  %s exited %d" % (time.time() - begin, name, p.returncode))
-                    if p.returncode != 0:
+                    print("%6.1f s  %s exited %d%s" % (time.time() - begin, name, p.returncode,
+                                                       " (taken out)" if name in removed else ""))
+                    if p.returncode != 0 and name not in removed:
                         break
-            if any(c != 0 for c in codes.values()):
+            if any(c != 0 for n, c in codes.items() if n not in removed):
                 break
             time.sleep(0.1)
         wall = time.time() - begin
         stop.set()
+        if execing is not None and execing[1].poll() is None:
+            execing[1].kill()
+            execing[1].wait()
+            step_failures.append("%s was still running, and was stopped" % execing[0])
         for w in watchers:
             w.join(5)
     finally:
         runner.stop_all()
 
-    failures = []
-    failed = [n for n, c in codes.items() if c != 0]
+    failures = list(step_failures)
+    failed = [n for n, c in codes.items() if c != 0 and n not in removed]
     for name in runner.procs:
         if name in failed:
             failures.insert(0, "%s exited %d (its log's tail is above)" % (name, codes[name]))
@@ -1040,20 +1195,44 @@ def run(args, objects, runs):
             print("%s started again: restored %s chunks from checkpoint %s (step %s) on its "
                   "own claim" % (args.restart, m.group(1), m.group(2), m.group(3)))
     coordinator = [p for p, c, *_ in started if c["command"][0].endswith("/grps-coordinator")]
-    if args.held:
-        # Each new index's worker joined the running job.
-        told = (open(runner.logs[coordinator[0].name], errors="replace").read()
-                if len(coordinator) == 1 else "")
-        if scaled is None:
-            failures.append("--scale %s: no checkpoint was complete while the job trained"
-                            % args.scale)
-        for name in args.held:
+    told = (open(runner.logs[coordinator[0].name], errors="replace").read()
+            if len(coordinator) == 1 else "")
+    for step in steps:
+        failures.append("%s did not run: no checkpoint %s was complete while the job trained"
+                        % (step, "newer than %s" % after if after else "at all"))
+    for step, _ in done:
+        for name in step.start:
+            if name not in launched:
+                continue
             rank = name.rsplit("-", 1)[1]
-            m = re.search(r"worker %s is ready to train: it joins the live set" % rank, told)
-            if not m:
-                failures.append("%s, started by the scale-up, did not join the live set" % name)
+            said = open(runner.logs[name], errors="replace").read()
+            if by_name[name][0].owner[0] == "Job":
+                # A new index's worker joined the running job.
+                if not re.search(r"worker %s is ready to train: it joins the live set" % rank,
+                                 told):
+                    failures.append("%s, started by the scale-up, did not join the live set"
+                                    % name)
+                else:
+                    print("%s started by the scale-up: worker %s joined the running job"
+                          % (name, rank))
             else:
-                print("%s started by the scale-up: worker %s joined the running job" % (name, rank))
+                # A new shard's server stood by, then the job took it in.
+                m = re.search(r"shard %s of (\d+) serving (\d+) chunks" % rank, said)
+                if not m:
+                    failures.append("%s, started by the scale-up, never served shard %s (its "
+                                    "log: %s)" % (name, rank, runner.logs[name]))
+                else:
+                    print("%s started by the scale-up: shard %s of %s served %s chunks"
+                          % (name, rank, m.group(1), m.group(2)))
+        for name in step.remove:
+            said = open(runner.logs[name], errors="replace").read()
+            m = re.search(r"shard \d+ retired: the job re-sharded to \d+ shards", said)
+            if removed[name].startswith("exited") and not m:
+                failures.append("%s %s without saying it retired" % (name, removed[name]))
+            else:
+                print("%s %s%s" % (name, removed[name], " (%s)" % m.group(0) if m else ""))
+    for line in re.findall(r"[^\n]*re-sharded from \d+ to \d+ shards[^\n]*", told):
+        print("coordinator: " + line.strip())
     if args.evict:
         # The worker leaves after its step, says so, and exits 0; the
         # coordinator takes its rank out of the live set and the job goes on.
@@ -1086,7 +1265,10 @@ def run(args, objects, runs):
                   % (m.group(1), accuracy, wall))
             if accuracy < args.min_accuracy:
                 failures.append("accuracy %.4f < %.2f" % (accuracy, args.min_accuracy))
-    shards = sum(o["spec"].get("replicas", 1) for o in by_kind.get("StatefulSet", {}).values())
+    # The shards the job ends with: the StatefulSet's replicas after the
+    # last step.
+    shards = sum(args.final.get(name, o["spec"].get("replicas", 1))
+                 for name, o in by_kind.get("StatefulSet", {}).items())
     own_claims = {p.index: {"pvc-" + c for c in p.claims.values()}
                   for p in pods if p.owner[0] == "StatefulSet" and p.claims}
     failures += check_checkpoint_volumes(os.path.join(work, "volumes"), shards, own_claims)
@@ -1113,20 +1295,26 @@ def main():
     parser.add_argument("--restart", help="kill this pod once a checkpoint is complete and "
                         "start it again (as its StatefulSet would); it must restore from "
                         "the checkpoint on its own claim")
-    parser.add_argument("--evict", help="send this pod SIGTERM once a checkpoint is "
-                        "complete, as an eviction or a scale-down of its Job does; a "
-                        "worker must leave the job after its step and exit 0, and the "
-                        "job complete without it")
-    parser.add_argument("--scale", help="JOB=N: once a checkpoint is complete, the indexed "
-                        "Job JOB is scaled up to N (completions and parallelism, as a "
-                        "patch of an elastic indexed Job does): the pods of the new "
-                        "indexes start then, must join the running job and exit 0; "
-                        "with --evict, the eviction comes after a later checkpoint")
+    parser.add_argument("--evict", help="send this pod SIGTERM once a checkpoint newer "
+                        "than the last step's is complete, as an eviction or a scale-down "
+                        "of its Job does; a worker must leave the job after its step and "
+                        "exit 0, and the job complete without it")
+    parser.add_argument("--scale", action=StepAction, dest="scale", metavar="NAME=N",
+                        help="a step (see the steps above, in order with --exec): the "
+                        "Job or StatefulSet NAME scaled to N, as `kubectl scale` of a "
+                        "StatefulSet or a patch of an elastic indexed Job's completions "
+                        "and parallelism does: the new indexes' pods start (a Job's must "
+                        "join the running job); a StatefulSet's past N are taken out "
+                        "(SIGTERM to those still running)")
+    parser.add_argument("--exec", action=StepAction, dest="exec", metavar="'POD -- COMMAND'",
+                        help="a step: COMMAND run in POD's container (a pod's name or "
+                        "deployment/NAME) as `kubectl exec` does; it must exit 0")
     parser.add_argument("--examples", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "examples"),
         help="the repository's examples/ (the torch image's %s)" % IMAGE_EXAMPLES)
     parser.add_argument("--image", help="run the pods in this image with podman "
                         "(deploy/build-image) instead of as local processes")
+    parser.set_defaults(steps=[])
     args = parser.parse_args()
     if args.image:
         global PODMAN, IMAGE
@@ -1158,9 +1346,9 @@ def main():
             return 1
         if not args.run:
             return 0
+        args.held, args.final = plan_steps(load(args.run), args.steps)
         objects, runs, _ = check_manifest(args.run, secrets, args.bin, args.examples,
-                                          args.scale)
-        args.held = scale_job(load(args.run), args.scale) if args.scale else []
+                                          args.steps)
         return run(args, objects, runs)
     except ManifestError as e:
         print("FAIL: %s" % e)

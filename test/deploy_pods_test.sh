@@ -17,6 +17,15 @@
 # grps-worker-2 must join the running job), then pod grps-worker-1 evicted
 # (SIGTERM), as a scale-down of the workers' Job does: it must leave the job
 # after its step and exit 0, and the job must complete without it.
+# The scaling overlay (the dev job with GRPS_MAX_SERVERS=3 and its
+# checkpoints on one shared claim) runs with its servers scaled 2 -> 3 -> 1
+# as deploy/README.md says, each step after a newer checkpoint: the
+# StatefulSet scaled to 3 (pod grps-server-2 starts and stands by), then
+# `grpsctl scale --servers=3 --wait` exec'd in the coordinator's pod, then
+# `grpsctl scale --servers=1 --wait` (grps-server-1 and -2 retire and exit
+# 0), then the StatefulSet scaled to 1. The coordinator must log both moves,
+# and the job complete with test accuracy >= 0.7 and a checkpoint of 1
+# shard.
 # Then the torch overlay's pods run the same way, with a script of the
 # user's own given as deploy/README.md says (a ConfigMap mounted as the
 # script: here examples/torch/fashion_cnn.py, 1 epoch of 12,000 examples):
@@ -74,6 +83,25 @@ wait $! || fail "test/deploy_pods.py failed (its FAIL lines are above)"
   ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
 PIDS+=($!)
 wait $! || fail "test/deploy_pods.py --evict failed (its FAIL lines are above)"
+
+# The servers' StatefulSet scaled up and down while the job trains (the
+# scaling overlay): each `grpsctl scale` runs in the coordinator's pod, as
+# `kubectl exec deploy/grps-coordinator -- ...` would, with its admin token.
+[ -s "$WORK/scaling.yaml" ] || fail "no scaling overlay in $DEPLOY/overlays"
+grpsctl_scale=(deploy/grps-coordinator -- /usr/local/bin/grpsctl --coordinator=127.0.0.1:7070
+               scale --wait --wait_s=60)
+/usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
+  --examples "$EXAMPLES" --work "$WORK/pods-scaling" --run "$WORK/scaling.yaml" \
+  --timeout 150 --min_accuracy 0.7 \
+  --scale grps-server=3 --exec "${grpsctl_scale[*]} --servers=3" \
+  --exec "${grpsctl_scale[*]} --servers=1" --scale grps-server=1 \
+  ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
+PIDS+=($!)
+wait $! || fail "test/deploy_pods.py with the servers scaled failed (its FAIL lines are above)"
+for move in "2 to 3" "3 to 1"; do
+  grep -q "re-sharded from $move shards" "$WORK/pods-scaling/grps-coordinator-0.log" ||
+    fail "the coordinator did not log 're-sharded from $move shards'"
+done
 
 # The torch overlay with the user's script from a ConfigMap: the overlay a
 # user writes (deploy/README.md, "Your own PyTorch script"), with
