@@ -46,14 +46,13 @@ absl::Status CheckRank(const ShardStore& store, uint32_t rank) {
 }
 
 // A chunk or row this shard does not hold: NOT_FOUND, unless the request
-// is of a newer generation than the shard's, whose map may place it here:
-// a re-sharded job's worker can hear of the new map a heartbeat before
-// the shard, which then answers UNAVAILABLE (the worker retries).
+// is of another generation than the shard's, whose map may place it
+// otherwise (a re-sharded job): a worker that heard of the new map before
+// the shard rebuilt is told to retry (UNAVAILABLE), and a request of the
+// map the job rolled back from is refused as of an older generation
+// (ABORTED), as the store would.
 absl::Status NotHeld(const ShardStore& store, uint64_t generation, std::string what) {
-  if (generation > store.generation())
-    return absl::UnavailableError(absl::StrCat("shard ", store.shard(), " is still in generation ",
-                                               store.generation(), ", not yet ", generation,
-                                               "; retry"));
+  if (absl::Status s = store.CheckGeneration(generation); !s.ok()) return s;
   return absl::NotFoundError(std::move(what));
 }
 
@@ -625,10 +624,16 @@ void ParameterServerService::ServePush(ShardStore* store, const grpc::ByteBuffer
     done(ToGrpc(result.status()), {});
     return;
   }
-  // A push seen before is a retry (the worker sends one on a fresh lane) or
-  // a copy the network made: its place in the lane may belong to a newer
-  // call by now, so its values come back in the message.
-  if (result->duplicates > 0) {
+  // A call seen before may be a retry (the worker sends one on a fresh lane)
+  // or a copy the network made: its place in the lane may belong to a newer
+  // call by now, so its values come back in the message. Not so a push rung
+  // at a doorbell, even a duplicate (a worker that rolled back pushes its
+  // steps again): its slot takes each request once, and the place it names
+  // is its caller's until the answer (a worker that gives up on an answer
+  // retires the lane), so its values go there as any rung push's do. In the
+  // message they would not fit the slot: the worker would retire its lane
+  // and retry through gRPC for every duplicate.
+  if (result->duplicates > 0 && source.doorbell == nullptr) {
     checked->reply_offsets.clear();
     checked->reply_into.clear();
   }

@@ -723,11 +723,57 @@ TEST_F(DoorbellTest, ALanePushOpensTheDoorbellAndARungPushIsServedAsACallWouldBe
     EXPECT_EQ(store_->TEST_ReadChunk(c.chunk_id())->values, expected);
     at += in_lane.size() * sizeof(float);
   }
-  // Rung again: the same push is a duplicate, applied once; its weights
-  // come back in the message.
+  // Rung again: the same push is a duplicate, applied once.
   ASSERT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f), &rung).ok());
   EXPECT_EQ(rung.duplicates(), 2u);
   EXPECT_EQ(store_->TEST_ReadChunk(own_[0])->values, After(own_[0], {2.0f, 3.0f}));
+}
+
+TEST_F(DoorbellTest, ARungDuplicateGetsItsWeightsThroughTheLaneNotInTheSlot) {
+  // A worker that rolled back pushes steps the shard applied already; rung,
+  // their weights must not travel in the slot, which holds a few hundred
+  // bytes (in the message they would not fit a real model's slot).
+  const TestLane lane = NewDoorbellLane();
+  OpenDoorbell(lane);
+  ASSERT_TRUE(Push(GoodPush(1, 1, 5.0f)).ok());
+  ASSERT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f)).ok());
+  std::memset(lane.segment->base() + lane.reply_at, 0xff, 1024);  // the weights read before
+
+  v1::PushResponse rung;
+  ASSERT_TRUE(Ring(lane, LanePush(lane, 0, 1, 1.0f), &rung).ok());
+  EXPECT_EQ(rung.duplicates(), 2u);
+  ASSERT_EQ(rung.chunks_size(), 2);
+  uint64_t at = lane.reply_at;
+  for (const v1::ChunkData& c : rung.chunks()) {
+    EXPECT_TRUE(c.data().empty()) << "chunk " << c.chunk_id() << "'s weights are in the slot";
+    EXPECT_EQ(c.lane_offset(), at);
+    EXPECT_EQ(c.version(), 2u);
+    const std::vector<float> expected = After(c.chunk_id(), {2.0f, 3.0f});
+    std::vector<float> in_lane(expected.size());
+    std::memcpy(in_lane.data(), lane.segment->base() + at, in_lane.size() * sizeof(float));
+    EXPECT_EQ(in_lane, expected) << "applied once, written again into the lane";
+    EXPECT_EQ(store_->TEST_ReadChunk(c.chunk_id())->values, expected);
+    at += in_lane.size() * sizeof(float);
+  }
+}
+
+TEST_F(DoorbellTest, ADuplicateCalledThroughGrpcGetsItsWeightsInTheMessage) {
+  // A call may be a copy of one whose place in the lane a newer call holds
+  // by now: its weights stay out of the lane.
+  const TestLane lane = NewDoorbellLane();
+  OpenDoorbell(lane);
+  std::memset(lane.segment->base() + lane.reply_at, 0xff, 1024);
+  v1::PushResponse called;
+  ASSERT_TRUE(Push(DoorbellPush(lane, 0, 0, 1.0f), &called).ok());
+  EXPECT_EQ(called.duplicates(), 2u);
+  ASSERT_EQ(called.chunks_size(), 2);
+  for (const v1::ChunkData& c : called.chunks()) {
+    EXPECT_EQ(c.lane_offset(), 0u);
+    EXPECT_EQ(c.data().size(), Elements(c.chunk_id()) * sizeof(float));
+  }
+  for (size_t i = 0; i < 1024; ++i)
+    ASSERT_EQ(static_cast<unsigned char>(lane.segment->base()[lane.reply_at + i]), 0xff)
+        << "the lane was written at byte " << i;
 }
 
 TEST_F(DoorbellTest, ARingFromAnotherRankIncarnationOrLaneIsRefusedAndChangesNothing) {
@@ -906,6 +952,19 @@ TEST_F(ParameterServerServiceTest, TwoHundredCancelledPullsLeaveWithinASecondHol
 TEST_F(ParameterServerServiceTest, PullOfAnotherShardsChunkIsNotFound) {
   ExpectPullRefused(PullOf({own_[0], foreign_}), grpc::StatusCode::NOT_FOUND,
                     "is held by shard 1");
+}
+
+// ... and one of the map the job rolled back from is refused as from an
+// older generation, as the store would (the worker follows the roll-back),
+// not as a chunk unknown here (which would end the worker).
+TEST_F(ParameterServerServiceTest, PushOfAnOlderGenerationToAChunkNotHeldIsAborted) {
+  ASSERT_TRUE(store_->Restore(2, 0, {}, {}).ok());
+  v1::PushRequest request = GoodPush(0, 0);
+  request.set_generation(1);
+  v1::ChunkData* c = request.mutable_chunks(1);
+  c->set_chunk_id(foreign_);
+  c->set_data(F32Bytes(std::vector<float>(Elements(foreign_), 1.0f)));
+  ExpectPushRefused(request, grpc::StatusCode::ABORTED, "generation 1");
 }
 
 TEST_F(ParameterServerServiceTest, PullOfANewerGenerationOfAChunkNotHeldIsUnavailable) {

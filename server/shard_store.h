@@ -287,6 +287,9 @@ class ShardStore {
   // ---- Durability ----
 
   uint64_t generation() const { return generation_.load(); }
+  // OK for generation 0 or the shard's; ABORTED for an older one,
+  // UNAVAILABLE for a newer one.
+  absl::Status CheckGeneration(uint64_t generation) const;
 
   // The shard's part of checkpoint `request`: every chunk (ascending id) and
   // every sparse table's rows (config order) as the mode cuts them
@@ -371,9 +374,6 @@ class ShardStore {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   static uint32_t GiveLocked(const std::vector<StoreChunk*>& chunks, const GradientPush& push)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // OK for generation 0 or the shard's; ABORTED for an older one,
-  // UNAVAILABLE for a newer one.
-  absl::Status CheckGeneration(uint64_t generation) const;
   // WaitingPulls' examiner: serves `pull` if every target is ready, or fails
   // it; true when it has its answer, false to wait.
   bool TryServe(WaitingPull& pull);
