@@ -317,6 +317,10 @@ grpc::Status CoordinatorService::ScaleServers(grpc::ServerContext* context,
   if (grpc::Status role = RequireRole(*context, Role::kAdmin); !role.ok()) return role;
   absl::StatusOr<v1::ReshardProgress> progress = machine_.ScaleServers(request->num_servers());
   if (!progress.ok()) return ToGrpc(progress.status());
+  // The target goes to disk before the answer: a coordinator that takes
+  // over must not forget a re-sharding the operator was told is under way.
+  if (absl::Status s = PersistState(/*force=*/true); !s.ok())
+    spdlog::warn("state file: {}", std::string(s.message()));
   *response->mutable_reshard() = std::move(*progress);
   return grpc::Status::OK;
 }

@@ -606,6 +606,15 @@ absl::Status LocalLauncher::OnDaemonCrashed(size_t child_index) {
   return StartChild(spec, Role::kServer, shard);
 }
 
+void LocalLauncher::StopStandbys() {
+  if (options_.standby_servers == 0) return;
+  // The shards of the job's last map; the servers of the others stand by.
+  const uint32_t shards = latest_ ? latest_->config().num_servers() : options_.servers;
+  for (size_t i = 0; i < children_.size(); ++i)
+    if (child_role_[i] == Role::kServer && child_index_[i] >= shards && children_[i]->running())
+      children_[i]->Signal(SIGTERM);
+}
+
 absl::Status LocalLauncher::OnServerRetired(size_t child_index) {
   death_handled_[child_index] = true;
   const uint32_t shard = child_index_[child_index];
@@ -822,8 +831,8 @@ std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {
     if (!child.Poll()) {
       *all_exited = false;
     } else if (child.succeeded() && !death_handled_[i] && child_role_[i] == Role::kServer &&
-               options_.standby_servers > 0 && latest_ &&
-               latest_->state() == v1::JOB_STATE_RUNNING &&
+               options_.standby_servers > 0 && !job_ended_ && !coordinator().exited() &&
+               latest_ && latest_->state() == v1::JOB_STATE_RUNNING &&
                child_index_[i] >= latest_->config().num_servers()) {
       if (absl::Status s = OnServerRetired(i); !s.ok())
         return Finish("failed", std::string(s.message()), &child);
@@ -860,8 +869,11 @@ std::optional<int> LocalLauncher::Supervise() {
                     nullptr);
     RefreshStatus();
     ShowProgress(now);
-    if (!ended_at && (coordinator().exited() || (latest_ && JobEnded(latest_->state()))))
+    if (!ended_at && (coordinator().exited() || (latest_ && JobEnded(latest_->state())))) {
       ended_at = now;
+      job_ended_ = true;
+      StopStandbys();
+    }
     if (ended_at && now - *ended_at > options_.exit_grace) {
       std::vector<std::string> running;
       for (const auto& child : children_)

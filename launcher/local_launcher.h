@@ -331,6 +331,9 @@ class LocalLauncher {
   // A server exited 0 while the job runs (a re-sharding retired its shard):
   // starts it again as a standby when the launch has standbys.
   absl::Status OnServerRetired(size_t child_index);
+  // The job ended: the standbys (servers of shards past its last map) have
+  // nothing to serve and are asked to leave (SIGTERM; they exit 0).
+  void StopStandbys();
   // The coordinator that runs now (the newest one started).
   const ChildProcess& coordinator() const { return *children_[coordinator_child_]; }
   // A worker child has exited non-zero or by a signal (not strict): says so,
@@ -367,6 +370,9 @@ class LocalLauncher {
   uint32_t coordinator_restarts_ = 0;
   std::vector<uint32_t> server_restarts_;  // by shard
   uint32_t servers_restarted_ = 0;
+  // Supervise saw the job end (or its coordinator exit): no standby is
+  // started again after that.
+  bool job_ended_ = false;
   // By rank: the index in children_ of the rank's newest child, and how many
   // times it was restarted. A dead child that was replaced stays in
   // children_, exited.
