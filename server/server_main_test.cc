@@ -340,6 +340,17 @@ v1::JobConfig ScalingJob(uint32_t num_servers, uint32_t max_servers, const std::
 
 class GrpsServerBinaryTest : public ::testing::Test {
  protected:
+  // Asks the server for checkpoint `id` in `dir`; whether it reported it
+  // written within 30 s.
+  bool CheckpointWritten(uint64_t id, const std::string& dir) {
+    v1::CheckpointRequest request;
+    request.set_id(id);
+    request.set_dir(dir);
+    coordinator_->AskForCheckpoint(request);
+    return coordinator_->WaitForCheckpointReport(id, v1::CHECKPOINT_STATE_WRITTEN,
+                                                 absl::Seconds(30));
+  }
+
   void StartCoordinator(v1::JobConfig config, uint32_t shard = 0) {
     coordinator_ = std::make_unique<FakeCoordinator>(std::move(config), shard);
     absl::StatusOr<GrpcServer> server =
@@ -505,12 +516,7 @@ TEST_F(GrpsServerBinaryTest, WritesTheCheckpointAHeartbeatAsksForAndReportsIt) {
   ASSERT_TRUE(process.started());
   ASSERT_TRUE(coordinator_->WaitForReportedPushes(0, absl::Seconds(30)));
   const std::string dir = CheckpointFolder(TempPath("checkpoints"), 3);
-  v1::CheckpointRequest request;
-  request.set_id(3);
-  request.set_dir(dir);
-  coordinator_->AskForCheckpoint(request);
-  ASSERT_TRUE(coordinator_->WaitForCheckpointReport(3, v1::CHECKPOINT_STATE_WRITTEN,
-                                                    absl::Seconds(30)));
+  ASSERT_TRUE(CheckpointWritten(3, dir));
   const v1::ShardCheckpoint report = coordinator_->last_status().checkpoint();
   EXPECT_EQ(report.file(), ShardFileName(0));
   EXPECT_EQ(report.num_chunks(), static_cast<uint32_t>(coordinator_->map().chunks_size()));
@@ -605,12 +611,7 @@ TEST_F(GrpsServerBinaryTest, RebuildsItsStoreForAReshardedMapFromTheCut) {
   ASSERT_TRUE(trained.ok()) << trained.status();
 
   const std::string dir = CheckpointFolder(root, 3);
-  v1::CheckpointRequest request;
-  request.set_id(3);
-  request.set_dir(dir);
-  coordinator_->AskForCheckpoint(request);
-  ASSERT_TRUE(coordinator_->WaitForCheckpointReport(3, v1::CHECKPOINT_STATE_WRITTEN,
-                                                    absl::Seconds(30)));
+  ASSERT_TRUE(CheckpointWritten(3, dir));
   v1::CheckpointManifest manifest;
   manifest.set_job_id("binary-test");
   manifest.set_id(3);

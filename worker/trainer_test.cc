@@ -347,14 +347,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   }
   // Waits (real time, bounded) until `n` heartbeats were answered: every
   // reply before the last has been handled by the worker.
-  bool AwaitHeartbeats(int n) const {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n] {
-      mu_.AssertReaderHeld();
-      return heartbeats_ >= n;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), kPatience);
-  }
+  bool AwaitHeartbeats(int n) const { return AwaitCount(&heartbeats_, n); }
   std::vector<v1::WorkerDoneRequest> done_reports() const {
     absl::MutexLock lock(&mu_);
     return done_;
@@ -364,14 +357,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return done_calls_;
   }
   // Waits (real time, bounded) until WorkerDone was called `n` times.
-  bool AwaitDoneCalls(int n) const {
-    absl::MutexLock lock(&mu_);
-    auto enough = [this, n] {
-      mu_.AssertReaderHeld();
-      return done_calls_ >= n;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), kPatience);
-  }
+  bool AwaitDoneCalls(int n) const { return AwaitCount(&done_calls_, n); }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
@@ -410,6 +396,15 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   }
 
  private:
+  // Waits (real time, bounded) until *counter (guarded by mu_) is `n`.
+  bool AwaitCount(const int* counter, int n) const {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, counter, n] {
+      mu_.AssertReaderHeld();
+      return *counter >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), kPatience);
+  }
   mutable absl::Mutex mu_;
   bool answering_ ABSL_GUARDED_BY(mu_) = true;
   bool keep_running_ ABSL_GUARDED_BY(mu_) = false;
