@@ -43,6 +43,10 @@ constexpr char kLoopbackAnyPort[] = "127.0.0.1:0";
 constexpr int kLogTailLines = 20;
 constexpr size_t kLogTailBytes = 64 * 1024;
 constexpr absl::Duration kSupervisePeriod = absl::Milliseconds(50);
+// How long after the job ended a standby server may still be registering
+// before it is asked to leave (the servers of the map's shards exit within
+// a heartbeat of the end by themselves).
+constexpr absl::Duration kStandbyGrace = absl::Seconds(2);
 
 std::string InDir(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
@@ -606,13 +610,31 @@ absl::Status LocalLauncher::OnDaemonCrashed(size_t child_index) {
   return StartChild(spec, Role::kServer, shard);
 }
 
-void LocalLauncher::StopStandbys() {
-  if (options_.standby_servers == 0) return;
-  // The shards of the job's last map; the servers of the others stand by.
-  const uint32_t shards = latest_ ? latest_->config().num_servers() : options_.servers;
-  for (size_t i = 0; i < children_.size(); ++i)
-    if (child_role_[i] == Role::kServer && child_index_[i] >= shards && children_[i]->running())
-      children_[i]->Signal(SIGTERM);
+namespace {
+
+bool SaidRetired(const ChildProcess& server) {
+  // Its last words: "shard 2 exiting (shard 2 retired: the job re-sharded
+  // to 1 shards): ...". A server that exits 0 otherwise (the job ended, a
+  // signal) is not started again.
+  std::ifstream log(server.log_path(), std::ios::binary);
+  if (!log) return false;
+  log.seekg(0, std::ios::end);
+  const std::streamoff size = log.tellg();
+  log.seekg(std::max<std::streamoff>(0, size - 4096));
+  const std::string tail((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  return absl::StrContains(tail, " retired: the job re-sharded to ");
+}
+
+}  // namespace
+
+void LocalLauncher::StopStandbys(absl::Time now) {
+  // The servers of the shards in the job's map hear the end and exit within
+  // a heartbeat; a standby still registering after that has nothing to
+  // serve (and, with the coordinator gone, no one to ask).
+  if (standbys_.empty() || now < stop_standbys_at_) return;
+  for (size_t i : standbys_)
+    if (children_[i]->running()) children_[i]->Signal(SIGTERM);
+  standbys_.clear();
 }
 
 absl::Status LocalLauncher::OnServerRetired(size_t child_index) {
@@ -625,7 +647,9 @@ absl::Status LocalLauncher::OnServerRetired(size_t child_index) {
   Say(absl::StrCat("grps-local: ", children_[child_index]->name(),
                    " left the job (its shard was re-sharded away); it stands by again, log ",
                    spec.log_path));
-  return StartChild(spec, Role::kServer, shard);
+  absl::Status started = StartChild(spec, Role::kServer, shard);
+  standbys_.push_back(children_.size() - 1);
+  return started;
 }
 
 absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
@@ -788,11 +812,13 @@ std::optional<int> LocalLauncher::StartCoordinator() {
 
 std::optional<int> LocalLauncher::StartMembers() {
   const std::string& address = coordinator_address_;
-  for (uint32_t shard = 0; shard < options_.servers + options_.standby_servers; ++shard)
+  for (uint32_t shard = 0; shard < options_.servers + options_.standby_servers; ++shard) {
     if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer,
                                     shard);
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
+    if (shard >= options_.servers) standbys_.push_back(children_.size() - 1);
+  }
   for (uint32_t rank = 0; rank < options_.workers; ++rank)
     if (absl::Status s = StartChild(WorkerSpec(options_, rank, address), Role::kWorker,
                                     rank);
@@ -832,8 +858,7 @@ std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {
       *all_exited = false;
     } else if (child.succeeded() && !death_handled_[i] && child_role_[i] == Role::kServer &&
                options_.standby_servers > 0 && !job_ended_ && !coordinator().exited() &&
-               latest_ && latest_->state() == v1::JOB_STATE_RUNNING &&
-               child_index_[i] >= latest_->config().num_servers()) {
+               SaidRetired(child)) {
       if (absl::Status s = OnServerRetired(i); !s.ok())
         return Finish("failed", std::string(s.message()), &child);
       *all_exited = false;
@@ -872,8 +897,9 @@ std::optional<int> LocalLauncher::Supervise() {
     if (!ended_at && (coordinator().exited() || (latest_ && JobEnded(latest_->state())))) {
       ended_at = now;
       job_ended_ = true;
-      StopStandbys();
+      stop_standbys_at_ = now + kStandbyGrace;
     }
+    if (ended_at) StopStandbys(now);
     if (ended_at && now - *ended_at > options_.exit_grace) {
       std::vector<std::string> running;
       for (const auto& child : children_)

@@ -331,9 +331,10 @@ class LocalLauncher {
   // A server exited 0 while the job runs (a re-sharding retired its shard):
   // starts it again as a standby when the launch has standbys.
   absl::Status OnServerRetired(size_t child_index);
-  // The job ended: the standbys (servers of shards past its last map) have
-  // nothing to serve and are asked to leave (SIGTERM; they exit 0).
-  void StopStandbys();
+  // Once `now` is past stop_standbys_at_: every server started as a
+  // standby that still runs is asked to leave (SIGTERM; it exits 0). One
+  // that a re-sharding took in has heard the end and exited by then.
+  void StopStandbys(absl::Time now);
   // The coordinator that runs now (the newest one started).
   const ChildProcess& coordinator() const { return *children_[coordinator_child_]; }
   // A worker child has exited non-zero or by a signal (not strict): says so,
@@ -373,6 +374,9 @@ class LocalLauncher {
   // Supervise saw the job end (or its coordinator exit): no standby is
   // started again after that.
   bool job_ended_ = false;
+  // Children started as standbys (StopStandbys), and when to stop them.
+  std::vector<size_t> standbys_;
+  absl::Time stop_standbys_at_ = absl::InfiniteFuture();
   // By rank: the index in children_ of the rank's newest child, and how many
   // times it was restarted. A dead child that was replaced stays in
   // children_, exited.
