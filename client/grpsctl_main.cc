@@ -288,6 +288,10 @@ int Scale(const JobClient& client) {
     if (!status.ok()) return Fail(status.status());
     const v1::ReshardProgress& r = status->reshard();
     if (r.target_servers() == 0 && status->config().num_servers() == servers) {
+      if (r.completed() == asked->completed()) {  // asked back to where it was
+        std::printf("the job has %u shards\n", servers);
+        return 0;
+      }
       std::printf("re-sharded from %u to %u shards at step %llu (%s after it was asked for); "
                   "shard map epoch %llu\n",
                   r.last_from(), r.last_to(), static_cast<unsigned long long>(r.last_step()),

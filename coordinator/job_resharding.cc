@@ -126,6 +126,12 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
   reshard_checkpoint_ = 0;
   const uint32_t from = membership_.num_shards();
   const uint32_t to = reshard_target_;
+  if (to == from) {  // asked back to where it is while the cut was taken
+    reshard_target_ = 0;
+    reshard_phase_.clear();
+    reshard_asked_ = absl::InfiniteFuture();
+    return false;
+  }
   const v1::ShardMap& old_map = membership_.shard_map();
   absl::StatusOr<v1::ShardMap> built =
       BuildShardMap({old_map.tensors().begin(), old_map.tensors().end()}, to,

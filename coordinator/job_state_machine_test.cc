@@ -1510,6 +1510,21 @@ TEST_F(ReshardTest, ScalingDownRetiresTheShardsPastTheNewCount) {
   EXPECT_EQ(Status().last_checkpoint().id(), again.id());
 }
 
+TEST_F(ReshardTest, AskedBackToTheCountItHasWhileTheCutIsTakenItDoesNotRollBack) {
+  StartScalableJob(2, 2);
+  ASSERT_TRUE(machine_->ScaleServers(1).ok());
+  const v1::CheckpointRequest cut = CutAskedOf(2, 10);
+  ASSERT_GT(cut.id(), 0u);
+  ASSERT_TRUE(machine_->ScaleServers(2).ok());
+  WriteCut(cut, 2);
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.config().num_servers(), 2u);
+  EXPECT_EQ(status.generation(), 1u);  // no roll-back
+  EXPECT_EQ(status.reshard().target_servers(), 0u);
+  EXPECT_EQ(status.reshard().completed(), 0u);
+  EXPECT_EQ(status.last_checkpoint().id(), cut.id());  // a checkpoint all the same
+}
+
 TEST_F(ReshardTest, AFailedCutIsCutAgain) {
   StartScalableJob(2, 2);
   ASSERT_TRUE(machine_->ScaleServers(1).ok());
