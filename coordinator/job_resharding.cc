@@ -132,12 +132,6 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
     reshard_asked_ = absl::InfiniteFuture();
     return false;
   }
-  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked()) {
-    // Training ended while the cut was taken: a roll-back now would make
-    // the finished workers train again for nothing.
-    reshard_phase_ = "waits for a training job";
-    return false;
-  }
   const v1::ShardMap& old_map = membership_.shard_map();
   absl::StatusOr<v1::ShardMap> built =
       BuildShardMap({old_map.tensors().begin(), old_map.tensors().end()}, to,

@@ -1525,19 +1525,6 @@ TEST_F(ReshardTest, AskedBackToTheCountItHasWhileTheCutIsTakenItDoesNotRollBack)
   EXPECT_EQ(status.last_checkpoint().id(), cut.id());  // a checkpoint all the same
 }
 
-TEST_F(ReshardTest, ACutThatCompletesAfterTrainingIsDoneDoesNotRollBack) {
-  StartScalableJob(2, 2);
-  ASSERT_TRUE(machine_->ScaleServers(1).ok());
-  const v1::CheckpointRequest cut = CutAskedOf(2, 10);
-  ASSERT_GT(cut.id(), 0u);
-  ASSERT_TRUE(Done(0, workers_[0].incarnation(), 12).ok());  // the only worker finished
-  WriteCut(cut, 2);
-  const v1::JobStatus status = Status();
-  EXPECT_EQ(status.config().num_servers(), 2u);
-  EXPECT_EQ(status.generation(), 1u);  // the finished worker does not train again
-  EXPECT_EQ(status.reshard().completed(), 0u);
-}
-
 TEST_F(ReshardTest, AFailedCutIsCutAgain) {
   StartScalableJob(2, 2);
   ASSERT_TRUE(machine_->ScaleServers(1).ok());
