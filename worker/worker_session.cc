@@ -348,10 +348,14 @@ absl::Status WorkerSession::WaitToPull(absl::string_view what, uint64_t clock,
     if (Interrupted() != Interrupt::kNone) return absl::CancelledError("interrupted");
     if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
     // RESOURCE_EXHAUSTED: the shard has too many waiting pulls, or its gRPC
-    // is short of memory for calls right now.
+    // is short of memory for calls right now. CANCELLED, this worker not
+    // interrupted: the shard's server cancelled the call as it went away (a
+    // shard a re-sharding retired, heard of a heartbeat before this worker
+    // hears of the move); the roll-back comes with the next reply.
     if (s.code() != absl::StatusCode::kDeadlineExceeded &&
         s.code() != absl::StatusCode::kUnavailable &&
-        s.code() != absl::StatusCode::kResourceExhausted)
+        s.code() != absl::StatusCode::kResourceExhausted &&
+        s.code() != absl::StatusCode::kCancelled)
       return s;
     if (StuckWithoutCoordinator())
       return absl::UnavailableError(absl::StrCat(
