@@ -530,6 +530,19 @@ class TrainerTest : public ::testing::Test {
     };
   }
 
+  // A trainer of `steps` steps (following a re-sharding when `follow`),
+  // started on shards that move to generation 2 after this rank's step 3 (a
+  // roll-back or a re-sharding, cut at step 2): returns once the old shard
+  // refused its push of step 4.
+  void StartUntilTheOldShardRefuses(uint64_t steps, bool follow = true) {
+    config_.set_steps(steps);
+    if (follow) FollowReSharding();
+    Trainer* trainer = MakeTrainer();
+    shards_->RefuseOldGenerationFrom(4, 2);
+    Start(trainer);
+    ASSERT_TRUE(shards_->AwaitRefused());
+  }
+
   // A trainer registered at `start_step` on shards at `version`, whose
   // InMemoryShards stays reachable through shards_.
   Trainer* MakeTrainer(uint64_t start_step = 0, uint64_t version = 0) {
@@ -779,14 +792,10 @@ TEST_F(TrainerTest, TheEvaluatorEvaluatesTheFinalWeightsAndReportsThem) {
 }
 
 TEST_F(TrainerTest, ARollBackResumesAtTheOrdersStepInItsGeneration) {
-  config_.set_steps(8);
-  Trainer* trainer = MakeTrainer();
   // The shards rolled back to generation 2 after step 3: the rank's push
   // of step 4 is refused, and it waits for the restore order to come with a
   // heartbeat.
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(8, /*follow=*/false));
   v1::RestoreOrder order;
   order.set_generation(2);
   order.set_checkpoint_id(1);
@@ -869,14 +878,7 @@ TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBefo
 }
 
 TEST_F(TrainerTest, AReShardingsRollBackMovesTheClientsToTheNewMapsShards) {
-  config_.set_steps(8);
-  FollowReSharding();
-  Trainer* trainer = MakeTrainer();
-  // The shards were cut at step 2 and re-sharded from one to two shards
-  // after this rank's step 3: the old shard refuses its push of step 4.
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(8));
   coordinator_.ReShard(ReShardedMap(2, 2), RollBackToStep2());
   ASSERT_TRUE(Finish().ok());
 
@@ -910,12 +912,7 @@ TEST_F(TrainerTest, AReShardingsRollBackMovesTheClientsToTheNewMapsShards) {
 }
 
 TEST_F(TrainerTest, AReShardedMapThatComesBeforeItsOrderWaitsForTheRollBack) {
-  config_.set_steps(8);
-  FollowReSharding();
-  Trainer* trainer = MakeTrainer();
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(8));
   coordinator_.PublishShardMap(ReShardedMap(2, 2));
   // Replies with the map alone: kept, the clients are not replaced.
   ASSERT_TRUE(coordinator_.AwaitHeartbeats(coordinator_.heartbeats() + 3));
@@ -934,12 +931,7 @@ TEST_F(TrainerTest, AReShardedMapThatComesBeforeItsOrderWaitsForTheRollBack) {
 }
 
 TEST_F(TrainerTest, AMapOfAnotherModelIsRefusedAndTheRollBackKeepsTheClients) {
-  config_.set_steps(8);
-  FollowReSharding();
-  Trainer* trainer = MakeTrainer();
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(8));
   v1::JobConfig other = config_;
   other.add_hidden_units(8);
   absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(other), 2, other.chunk_bytes());
@@ -957,11 +949,8 @@ TEST_F(TrainerTest, AMapOfAnotherModelIsRefusedAndTheRollBackKeepsTheClients) {
 }
 
 TEST_F(TrainerTest, WithoutConnectShardsAReShardingIsRefusedAndTheRollBackKeepsTheClients) {
-  config_.set_steps(8);
-  Trainer* trainer = MakeTrainer();  // no TrainerOptions::connect_shards
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  // No TrainerOptions::connect_shards.
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(8, /*follow=*/false));
   coordinator_.ReShard(ReShardedMap(2, 2), RollBackToStep2());
   ASSERT_TRUE(Finish().ok());
 
@@ -974,12 +963,7 @@ TEST_F(TrainerTest, WithoutConnectShardsAReShardingIsRefusedAndTheRollBackKeepsT
 
 TEST_F(TrainerTest, AnEmbeddingTrainersSparseClientsFollowAReShardingToo) {
   UseEmbeddingModel();
-  config_.set_steps(6);
-  FollowReSharding();
-  Trainer* trainer = MakeTrainer();
-  shards_->RefuseOldGenerationFrom(4, 2);
-  Start(trainer);
-  ASSERT_TRUE(shards_->AwaitRefused());
+  ASSERT_NO_FATAL_FAILURE(StartUntilTheOldShardRefuses(6));
   coordinator_.ReShard(ReShardedMap(3, 2), RollBackToStep2());
   ASSERT_TRUE(Finish().ok());
 
