@@ -84,11 +84,36 @@ absl::Status Unframe(absl::string_view bytes, const std::string& path,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+void AddStateCounters(const v1::StateCounters& src, v1::StateCounters* dst) {
+  dst->set_pushes(dst->pushes() + src.pushes());
+  dst->set_duplicates(dst->duplicates() + src.duplicates());
+  dst->set_updates(dst->updates() + src.updates());
+  dst->set_late_folded(dst->late_folded() + src.late_folded());
+  dst->set_late_dropped(dst->late_dropped() + src.late_dropped());
+  dst->set_too_stale(dst->too_stale() + src.too_stale());
+  dst->set_staleness_count(dst->staleness_count() + src.staleness_count());
+  dst->set_staleness_sum(dst->staleness_sum() + src.staleness_sum());
+  dst->set_staleness_max(std::max(dst->staleness_max(), src.staleness_max()));
+  auto add = [](const google::protobuf::RepeatedField<uint64_t>& from,
+                google::protobuf::RepeatedField<uint64_t>* to) {
+    while (to->size() < from.size()) to->Add(0);
+    for (int i = 0; i < from.size(); ++i) to->Set(i, to->Get(i) + from.Get(i));
+  };
+  add(src.staleness_histogram(), dst->mutable_staleness_histogram());
+  add(src.late_by_worker(), dst->mutable_late_by_worker());
+}
+
+namespace {
+
 // Appends to `dst` the rows of `src` that hash to shard `shard` of
 // `num_shards`, and merges the table's version, marks and held steps
 // (LoadShardState). `first`: `dst` is empty and takes them as they are.
+// `counts`: `dst` takes the counts of `src` too (each file's counts go to
+// one shard: TableState.counters).
 absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t shard,
-                        bool first, const std::string& path, v1::TableState* dst) {
+                        bool first, bool counts, const std::string& path, v1::TableState* dst) {
   if (first) {
     dst->set_name(src.name());
     dst->set_dim(src.dim());
@@ -117,6 +142,7 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
     }
     LowerHeldFrom(src.held_from(), dst->mutable_held_from());
   }
+  if (counts) AddStateCounters(src.counters(), dst->mutable_counters());
   const size_t row_bytes = static_cast<size_t>(src.dim()) * sizeof(float);
   for (int i = 0; i < src.ids_size(); ++i) {
     const int64_t id = src.ids(i);
@@ -179,8 +205,9 @@ absl::StatusOr<ShardState> LoadState(Env* env, const std::string& dir,
         return absl::DataLossError(absl::StrCat(path, ": sparse table ", t, " is '",
                                                 file->tables(t).name(), "', the job's is '",
                                                 manifest.config().sparse_tables(t).name(), "'"));
+      const bool counts = shard % tables_for->first == tables_for->second;
       if (absl::Status s = MergeTable(file->tables(t), tables_for->first, tables_for->second,
-                                      first, path, &out.tables[t]);
+                                      first, counts, path, &out.tables[t]);
           !s.ok())
         return s;
     }

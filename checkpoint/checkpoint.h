@@ -149,6 +149,9 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
     Env* env, const std::string& dir, const v1::CheckpointManifest& manifest,
     absl::Span<const uint32_t> chunk_ids);
 
+// Adds the counts of `src` to `dst` (the maximum for staleness_max).
+void AddStateCounters(const v1::StateCounters& src, v1::StateCounters* dst);
+
 // What shard `shard` of `num_shards` restores from a checkpoint that
 // VerifyCheckpoint accepted (its files' sizes are trusted): its chunks
 // (`chunk_ids`, as LoadChunks) and, per sparse table of the checkpoint
@@ -160,7 +163,9 @@ absl::StatusOr<std::vector<v1::ChunkState>> LoadChunks(
 // any is) and each held_from the lowest. In sync mode every file has the
 // same version and marks, so this is exact too; in async and ssp a step
 // that one shard had applied and another had not is applied again to the
-// rows of the first when the rank pushes it again.
+// rows of the first when the rank pushes it again. A table's counts
+// (TableState.counters) are those of the files i with i mod num_shards ==
+// shard, so that their sum over the shards is the checkpoint's.
 struct ShardState {
   std::vector<v1::ChunkState> chunks;
   std::vector<v1::TableState> tables;

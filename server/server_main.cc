@@ -493,7 +493,17 @@ absl::StatusOr<std::unique_ptr<ShardStore>> CreateStore(ShardStore::Options opti
   return ShardStore::Create(std::move(options));
 }
 
-// What the shard serves, once it does, and what it restored.
+// The counts a restored state brought (v1::StateCounters), for the logs:
+// summed over the shards a checkpoint was restored into, they are the
+// checkpoint's (a re-sharding conserves them).
+std::string StateCounts(const v1::ShardStatus& s) {
+  return absl::StrCat(s.updates_applied(), " updates, ", s.pushes(), " pushes (",
+                      s.duplicate_pushes(), " duplicate, ", s.too_stale(), " too stale, ",
+                      s.late_gradients(), " late)");
+}
+
+// What the shard serves, once it does, and what it restored (`held`: its
+// status before it served).
 void LogServing(const ShardStore& store, const v1::ShardStatus& held,
                 const v1::RegisterServerResponse& registration, const std::string& address,
                 size_t memory) {
@@ -508,20 +518,21 @@ void LogServing(const ShardStore& store, const v1::ShardStatus& held,
   if (order.checkpoint_id() == 0) return;
   uint64_t rows = 0;
   for (const v1::SparseTableStatus& t : held.tables()) rows += t.rows();
-  spdlog::info("shard {} restored {} chunks{} from checkpoint {} at step {} (generation {})",
+  spdlog::info("shard {} restored {} chunks{} from checkpoint {} at step {} (generation {}); "
+               "counts restored: {}",
                store.shard(), held.num_chunks(),
                held.tables_size() > 0 ? absl::StrCat(" and ", rows, " sparse rows") : "",
-               order.checkpoint_id(), order.step(), order.generation());
+               order.checkpoint_id(), order.step(), order.generation(), StateCounts(held));
 }
 
 // The shard's last word: why it ends, and what it did.
 void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason) {
   spdlog::info(
       "shard {} exiting ({}): version {}, {} updates, {} pushes ({} "
-      "duplicate, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB in, {:.1f} MiB "
-      "out; peak RSS {:.1f} MiB",
+      "duplicate, {} too stale, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB "
+      "in, {:.1f} MiB out; peak RSS {:.1f} MiB",
       shard, reason, s.version(), s.updates_applied(), s.pushes(), s.duplicate_pushes(),
-      s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()), MiB(s.bytes_out()),
+      s.too_stale(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()), MiB(s.bytes_out()),
       PeakRssMiB());
   for (const v1::SparseTableStatus& t : s.tables())
     spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
@@ -580,9 +591,10 @@ size_t Attach(ShardStore& store, const Attachment& to) {
 // every RPC answers UNAVAILABLE.
 void GoLive(ShardStore& store, const Attachment& to,
             const v1::RegisterServerResponse& registration, const std::string& address) {
+  const v1::ShardStatus restored = store.ShardStatus();
   const size_t memory = Attach(store, to);
   to.server.server->GetHealthCheckService()->SetServingStatus(true);
-  LogServing(store, store.ShardStatus(), registration, address, memory);
+  LogServing(store, restored, registration, address, memory);
 }
 
 // The stores of this process's shard: the one it serves, and those that
@@ -772,11 +784,12 @@ std::optional<Ending> ShardHeartbeat::Reshard(const v1::RestoreOrder& order) {
                   : absl::StatusOr<std::unique_ptr<ShardStore>>(loaded.status());
   if (!next.ok()) return RefuseRestore(order, shard, next.status(), &restore_failed_);
   restore_failed_.reset();
+  const v1::ShardStatus restored = (*next)->ShardStatus();
   Replace(*std::move(next));
   spdlog::info("shard {} re-sharded: {} shards (map epoch {}), {} chunks from checkpoint {} at "
-               "step {} (generation {})",
+               "step {} (generation {}); counts restored: {}",
                shard, map_.shards_size(), map_.epoch(), store().chunk_ids().size(),
-               order.checkpoint_id(), order.step(), order.generation());
+               order.checkpoint_id(), order.step(), order.generation(), StateCounts(restored));
   return std::nullopt;
 }
 

@@ -224,17 +224,24 @@ TEST(ShardStoreCheckpoint, SyncCaptureTakesEveryChunkAtTheVersionWhilePushesGoPa
     EXPECT_EQ(Version(*store, chunk), 4u);
     ASSERT_EQ(file->chunks(chunk).marks_size(), 1);
     EXPECT_EQ(file->chunks(chunk).marks(0).step(), 1u);  // the push that made version 2
+    // Captured inside the update: the push that completed the step counts.
+    EXPECT_EQ(file->chunks(chunk).counters().pushes(), 2u);
+    EXPECT_EQ(file->chunks(chunk).counters().updates(), 2u);
   }
+}
+
+// Sync, 2 workers, one chunk: step 0 applied (version 1), worker 0's push
+// of step 1 in the open step; then checkpoint 1 of it.
+absl::StatusOr<v1::ShardCheckpointFile> OpenStepCheckpoint(ShardStore& store) {
+  for (const Push& p : {Push{0, 0, 0, {1, 1, 1, 1}}, Push{1, 0, 0, {1, 1, 1, 1}},
+                        Push{0, 1, 0, {2, 2, 2, 2}}})
+    if (absl::Status s = Send(store, p).status(); !s.ok()) return s;
+  return store.CaptureCheckpoint(CheckpointAt(1, 1), absl::Now());
 }
 
 TEST(ShardStoreCheckpoint, PushForTheOpenStepIsNotInTheCheckpointAndIsAcceptedAfterRestore) {
   auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
-  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
-  ASSERT_TRUE(Send(*store, {1, 0, 0, {1, 1, 1, 1}}).ok());
-  // Version 1; worker 0 has pushed step 1 into the open aggregate.
-  ASSERT_TRUE(Send(*store, {0, 1, 0, {2, 2, 2, 2}}).ok());
-  absl::StatusOr<v1::ShardCheckpointFile> file =
-      store->CaptureCheckpoint(CheckpointAt(1, 1), absl::Now());
+  absl::StatusOr<v1::ShardCheckpointFile> file = OpenStepCheckpoint(*store);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->chunks(0).marks(0).step(), 0u);
   ASSERT_TRUE(store->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}, {}).ok());
@@ -243,6 +250,36 @@ TEST(ShardStoreCheckpoint, PushForTheOpenStepIsNotInTheCheckpointAndIsAcceptedAf
   EXPECT_EQ(again->duplicates, 0u);
   ASSERT_TRUE(Send(*store, {1, 1, 0, {2, 2, 2, 2}}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
+}
+
+TEST(ShardStoreCheckpoint, CountsFollowTheStateBackAndAPushItDoesNotHoldIsCountedOnce) {
+  // The checkpoint counts the two pushes of step 0 and its update, not the
+  // open step's push, which comes again after the roll-back.
+  auto store = MakeStore(Config(v1::MODE_SYNC, 2), SmallTensors(1));
+  absl::StatusOr<v1::ShardCheckpointFile> file = OpenStepCheckpoint(*store);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const v1::StateCounters& saved = file->chunks(0).counters();
+  EXPECT_EQ(saved.pushes(), 2u);
+  EXPECT_EQ(saved.updates(), 1u);
+  // Past the checkpoint, then back to it: the counts are the checkpoint's.
+  ASSERT_TRUE(Send(*store, {1, 1, 0, {2, 2, 2, 2}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 1, 0, {2, 2, 2, 2}}).ok());  // a duplicate
+  ASSERT_EQ(store->ShardStatus().updates_applied(), 2u);
+  ASSERT_TRUE(store->Restore(1, 1, {file->chunks().begin(), file->chunks().end()}, {1, 1}).ok());
+  v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.pushes(), 2u);
+  EXPECT_EQ(status.duplicate_pushes(), 0u);
+  EXPECT_EQ(status.updates_applied(), 1u);
+  // Steps 1 and 2 again: every push counted once, each update once.
+  for (uint64_t step : {1u, 2u})
+    for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(Send(*store, {rank, step, 0, {1, 1, 1, 1}}).ok());
+  status = store->ShardStatus();
+  EXPECT_EQ(status.pushes(), 6u);
+  EXPECT_EQ(status.duplicate_pushes(), 0u);
+  EXPECT_EQ(status.updates_applied(), 3u);
+  EXPECT_EQ(status.updates_applied(), Version(*store, 0));
+  // The traffic is the process's: it goes on.
+  EXPECT_EQ(status.bytes_in(), 9u * 4 * sizeof(float));
 }
 
 TEST(ShardStoreCheckpoint, CaptureFailsWhenAChunkIsPastTheVersion) {
@@ -378,6 +415,26 @@ TEST(ShardStoreRestore, SspHeldGradientIsNotInTheCheckpointAndIsAppliedAfterRest
   EXPECT_EQ(Values(*store, 0), init);  // held again, until rank 1 reads clock 0
   ASSERT_TRUE(PullAt(*store, 1, 0).ok());
   EXPECT_NE(Values(*store, 0), init);  // applied
+}
+
+TEST(ShardStoreRestore, SspHeldGradientsPushIsNotInTheCheckpointsCountsAndIsCountedOnceAfter) {
+  auto store = MakeStore(SspConfig(2, 0), SmallTensors(1));
+  ASSERT_TRUE(PullAt(*store, 0, 0).ok());
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());  // held
+  ASSERT_EQ(store->ShardStatus().pushes(), 1u);
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      store->CaptureCheckpoint(CheckpointAt(1, 0), absl::Now());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->chunks(0).counters().pushes(), 0u);
+  ASSERT_TRUE(store->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {0, 0}).ok());
+  EXPECT_EQ(store->ShardStatus().pushes(), 0u);
+  Step(*store, 0, 0);
+  Step(*store, 1, 0);
+  ASSERT_TRUE(PullAt(*store, 0, 1).ok());
+  const v1::ShardStatus status = store->ShardStatus();
+  EXPECT_EQ(status.pushes(), 2u);
+  EXPECT_EQ(status.updates_applied(), 2u);
+  EXPECT_EQ(status.updates_applied(), Version(*store, 0));
 }
 
 TEST(ShardStoreRestore, SspClocksStartAtTheResumeStepsWhoeverPullsFirst) {

@@ -74,6 +74,41 @@ void TargetCounters::Add(const TargetCounters& o) {
   for (size_t r = 0; r < o.late_by_worker.size(); ++r) late_by_worker[r] += o.late_by_worker[r];
 }
 
+void TargetCounters::SaveState(v1::StateCounters* out) const {
+  out->set_pushes(pushes);
+  out->set_duplicates(duplicates);
+  out->set_updates(updates);
+  out->set_late_folded(late_folded);
+  out->set_late_dropped(late_dropped);
+  out->set_too_stale(too_stale);
+  out->set_staleness_count(staleness_count);
+  out->set_staleness_sum(staleness_sum);
+  out->set_staleness_max(staleness_max);
+  for (uint64_t n : staleness_histogram) out->add_staleness_histogram(n);
+  for (uint64_t n : late_by_worker) out->add_late_by_worker(n);
+}
+
+void TargetCounters::LoadState(const v1::StateCounters* saved) {
+  const v1::StateCounters none;
+  const v1::StateCounters& s = saved != nullptr ? *saved : none;
+  pushes = s.pushes();
+  duplicates = s.duplicates();
+  updates = s.updates();
+  late_folded = s.late_folded();
+  late_dropped = s.late_dropped();
+  too_stale = s.too_stale();
+  staleness_count = s.staleness_count();
+  staleness_sum = s.staleness_sum();
+  staleness_max = s.staleness_max();
+  for (int i = 0; i < kStalenessBuckets; ++i)
+    staleness_histogram[i] = i < s.staleness_histogram_size() ? s.staleness_histogram(i) : 0;
+  // A saved histogram of more buckets: the rest are at or above the last.
+  for (int i = kStalenessBuckets; i < s.staleness_histogram_size(); ++i)
+    staleness_histogram[kStalenessBuckets - 1] += s.staleness_histogram(i);
+  for (size_t r = 0; r < late_by_worker.size(); ++r)
+    late_by_worker[r] = static_cast<int>(r) < s.late_by_worker_size() ? s.late_by_worker(r) : 0;
+}
+
 void AddTargetsStatus(const std::vector<std::unique_ptr<StoreChunk>>& chunks,
                       const std::vector<std::unique_ptr<StoreTable>>& tables,
                       v1::ShardStatus* s) {

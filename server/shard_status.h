@@ -22,6 +22,10 @@ namespace grps {
 // Staleness histogram size; the last bucket counts staleness >= its index.
 inline constexpr int kStalenessBuckets = 16;
 
+// A target's counters. Those of its state (v1::StateCounters: pushes to
+// late_by_worker, not the traffic) are kept by checkpoints and follow the
+// state: a restore sets them, a re-sharding moves them with the target.
+// Pulls and bytes are this process's traffic and only grow.
 struct TargetCounters {
   uint64_t pushes = 0;
   uint64_t duplicates = 0;
@@ -42,6 +46,11 @@ struct TargetCounters {
   void CountStaleness(uint64_t staleness);
   // Sums (the maximum for staleness_max).
   void Add(const TargetCounters& o);
+  // The state's counters, as a checkpoint keeps them.
+  void SaveState(v1::StateCounters* out) const;
+  // The state's counters from a checkpoint (null: zeros, the initial
+  // state's); the traffic is left as it is. late_by_worker keeps its size.
+  void LoadState(const v1::StateCounters* saved);
 };
 
 class StoreChunk;

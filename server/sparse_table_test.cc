@@ -527,6 +527,23 @@ std::string WriteCheckpoint(const std::string& root, const v1::JobConfig& config
   return dir;
 }
 
+// Every shard of `config` re-sharded to `shards`, each restored from the
+// checkpoint in `dir` (null where a restore failed).
+std::vector<std::unique_ptr<ShardStore>> RestoredShards(const std::string& dir,
+                                                        const v1::CheckpointManifest& manifest,
+                                                        v1::JobConfig config, uint32_t shards) {
+  config.set_num_servers(shards);
+  const v1::ShardMap map = MapOf(config);
+  std::vector<std::unique_ptr<ShardStore>> restored;
+  for (uint32_t k = 0; k < shards; ++k) {
+    absl::StatusOr<ShardState> state =
+        LoadShardState(Env::Default(), dir, manifest, ChunksOfShard(map, k), shards, k);
+    EXPECT_TRUE(state.ok()) << state.status();
+    restored.push_back(state.ok() ? MakeStore(config, k, &*state) : nullptr);
+  }
+  return restored;
+}
+
 class SparseCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -566,19 +583,12 @@ TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOn
 
   for (uint32_t shards : {3u, 1u}) {
     SCOPED_TRACE(absl::StrCat(shards, " shards"));
-    v1::JobConfig now = config;
-    now.set_num_servers(shards);
-    const v1::ShardMap map = MapOf(now);
-    std::vector<std::unique_ptr<ShardStore>> after;
+    std::vector<std::unique_ptr<ShardStore>> after = RestoredShards(dir, *manifest, config, shards);
     uint64_t rows = 0;
-    for (uint32_t k = 0; k < shards; ++k) {
-      absl::StatusOr<ShardState> state =
-          LoadShardState(Env::Default(), dir, *manifest, ChunksOfShard(map, k), shards, k);
-      ASSERT_TRUE(state.ok()) << state.status();
-      after.push_back(MakeStore(now, k, &*state));
-      ASSERT_NE(after.back(), nullptr);
-      rows += TableStatus(after.back()->ShardStatus()).rows();
-      EXPECT_EQ(TableStatus(after.back()->ShardStatus()).version(), 3u);
+    for (const std::unique_ptr<ShardStore>& store : after) {
+      ASSERT_NE(store, nullptr);
+      rows += TableStatus(store->ShardStatus()).rows();
+      EXPECT_EQ(TableStatus(store->ShardStatus()).version(), 3u);
     }
     // Every row is on exactly one new shard, as it was.
     EXPECT_EQ(rows, all.size());
@@ -608,6 +618,72 @@ TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOn
     }
     EXPECT_NE(*moved.TEST_ReadRow("emb", id), *before[old_shard]->TEST_ReadRow("emb", id));
     EXPECT_EQ(*moved.TEST_ReadRow("emb", id), *twin->TEST_ReadRow("emb", id));
+  }
+}
+
+// The counts of the shards' states (v1::StateCounters) as their status
+// reports them, summed over `stores`: pushes, duplicates, updates, too
+// stale, staleness count and sum, late.
+std::vector<uint64_t> StateCounts(const std::vector<std::unique_ptr<ShardStore>>& stores) {
+  std::vector<uint64_t> sum(7, 0);
+  for (const std::unique_ptr<ShardStore>& store : stores) {
+    const v1::ShardStatus s = store->ShardStatus();
+    uint64_t staleness_count = 0;
+    for (uint64_t n : s.staleness_histogram()) staleness_count += n;
+    const uint64_t counts[] = {s.pushes(),    s.duplicate_pushes(),
+                               s.updates_applied(), s.too_stale(), staleness_count,
+                               static_cast<uint64_t>(s.staleness_mean() * staleness_count + 0.5),
+                               s.late_gradients()};
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += counts[i];
+  }
+  return sum;
+}
+
+TEST_F(SparseCheckpointTest, TheStatesCountsAreConservedIntoThreeShardsOrOne) {
+  // Async with max_staleness 1, 2 shards: each worker pushes every dense
+  // chunk and some rows three times on version 0 (staleness 0, 1, then too
+  // stale), and retries its last push (a duplicate).
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  config.set_max_staleness(1);
+  const v1::ShardMap map = MapOf(config);
+  std::vector<std::unique_ptr<ShardStore>> before;
+  for (uint32_t shard : {0u, 1u}) {
+    before.push_back(MakeStore(config, shard));
+    ShardStore& store = *before.back();
+    const std::vector<int64_t> ids = IdsOf(shard, 5);
+    const std::vector<float> rows(ids.size() * kDim, 0.25f);
+    std::vector<std::vector<float>> grads;
+    for (uint32_t c : ChunksOfShard(map, shard))
+      grads.emplace_back(map.chunks(c).num_elements(), 0.5f);
+    auto push = [&](uint32_t rank, uint64_t step) {
+      ASSERT_TRUE(store.PushSparse(Gradient(rank, step, 0, ids, rows)).ok());
+      ShardStore::GradientPush dense;
+      dense.worker_rank = rank;
+      dense.incarnation = 1;
+      dense.step = step;
+      for (size_t i = 0; i < grads.size(); ++i)
+        dense.chunks.push_back({ChunksOfShard(map, shard)[i], 0, grads[i], 0});
+      ASSERT_TRUE(store.Push(dense).ok());
+    };
+    for (uint64_t step = 0; step < 3; ++step)
+      for (uint32_t rank : {0u, 1u}) push(rank, step);
+    push(1, 2);
+  }
+  const std::vector<uint64_t> counts = StateCounts(before);
+  EXPECT_GT(counts[0], 0u);  // pushes
+  EXPECT_GT(counts[1], 0u);  // duplicates
+  EXPECT_GT(counts[2], 0u);  // updates
+  EXPECT_GT(counts[3], 0u);  // too stale
+  EXPECT_EQ(counts[0] - counts[1] - counts[3], counts[2]);
+  const std::string dir = WriteCheckpoint(root_, config, before);
+  absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(Env::Default(), dir, "");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+
+  for (uint32_t shards : {3u, 2u, 1u}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    std::vector<std::unique_ptr<ShardStore>> after = RestoredShards(dir, *manifest, config, shards);
+    for (const std::unique_ptr<ShardStore>& store : after) ASSERT_NE(store, nullptr);
+    EXPECT_EQ(StateCounts(after), counts);
   }
 }
 

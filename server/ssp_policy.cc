@@ -103,6 +103,10 @@ class SspPolicy final : public ChunkPolicy {
 
   uint64_t held() const override { return held_.size(); }
 
+  uint64_t NotKept(uint32_t rank, const UpdateTarget&) const override {
+    return std::count_if(held_.begin(), held_.end(), [&](const Held& h) { return h.rank == rank; });
+  }
+
   bool Duplicate(const ChunkGradientMeta& g, UpdateTarget& chunk,
                  const LiveSet& live) override {
     const int64_t clock = Effective(g.rank, g.clock);

@@ -112,6 +112,13 @@ void StoreTarget::LoadMarks(const google::protobuf::RepeatedPtrField<v1::DedupMa
     marks[r] = AcceptedMark{saved[r].valid(), saved[r].incarnation(), saved[r].step()};
 }
 
+void StoreTarget::SnapshotCounters(v1::StateCounters* out) const {
+  counters.SaveState(out);
+  uint64_t not_kept = 0;
+  for (uint32_t rank = 0; rank < marks.size(); ++rank) not_kept += policy->NotKept(rank, *this);
+  out->set_pushes(out->pushes() - std::min(not_kept, out->pushes()));
+}
+
 // ---- StoreChunk ----
 
 StoreChunk::StoreChunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backend> backend,
@@ -140,6 +147,7 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   ResetEngine(config, resume_steps);
   if (state == nullptr) {
     version_ = 0;
+    counters.LoadState(nullptr);
     optimizer->Reset();
     if (!given_.empty()) {
       std::memcpy(values.f32(), given_.data(), num_elements_ * sizeof(float));
@@ -151,6 +159,7 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   }
   awaiting_values = false;
   version_ = state->version();
+  counters.LoadState(state->has_counters() ? &state->counters() : nullptr);
   std::memcpy(values.f32(), state->values().data(), num_elements_ * sizeof(float));
   std::vector<const std::string*> slots;
   for (const std::string& slot : state->optimizer_state()) slots.push_back(&slot);
@@ -179,6 +188,7 @@ void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into) const {
   out->set_values(reinterpret_cast<const char*>(values.f32()), num_elements_ * sizeof(float));
   for (std::string& slot : optimizer->SaveState()) out->add_optimizer_state(std::move(slot));
   SnapshotMarks(out->mutable_marks(), out->mutable_held_from());
+  SnapshotCounters(out->mutable_counters());
 }
 
 // ---- StoreTable ----
@@ -205,10 +215,12 @@ void StoreTable::Reset(const v1::TableState* state, std::unique_ptr<SparseRows> 
   if (state == nullptr) {
     rows->Clear();
     version_ = 0;
+    counters.LoadState(nullptr);
     return;
   }
   rows = std::move(loaded);
   version_ = state->version();
+  counters.LoadState(state->has_counters() ? &state->counters() : nullptr);
   LoadMarks(state->marks());
 }
 
@@ -220,6 +232,7 @@ void StoreTable::SnapshotInto(v1::ShardCheckpointFile* into) const {
   out->set_version(version_);
   rows->Save(out);
   SnapshotMarks(out->mutable_marks(), out->mutable_held_from());
+  SnapshotCounters(out->mutable_counters());
 }
 
 // ---- TargetLocks ----

@@ -86,6 +86,9 @@ class StoreTarget : public UpdateTarget {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void LoadMarks(const google::protobuf::RepeatedPtrField<v1::DedupMark>& saved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The state's counters as a checkpoint keeps them: the pushes of the
+  // gradients it does not hold (ChunkPolicy::NotKept) left out.
+  void SnapshotCounters(v1::StateCounters* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   uint64_t version_ ABSL_GUARDED_BY(mu) = 0;
 };

@@ -128,6 +128,12 @@ class SyncPolicy final : public ChunkPolicy {
     return std::nullopt;
   }
 
+  // The rank's contribution to the open step (not one to the step being
+  // completed, when the capture comes inside its update).
+  uint64_t NotKept(uint32_t rank, const UpdateTarget& chunk) const override {
+    return contributed_[rank] && awaiting_[rank] == chunk.version() + 1 ? 1 : 0;
+  }
+
   bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
     // A new incarnation that has contributed nothing yet reads at once (the
     // old one's wait is not its own). One that already pushed before the

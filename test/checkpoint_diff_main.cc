@@ -19,6 +19,14 @@
 //   grps-checkpoint-diff --step DIR    prints the checkpoint's step
 //   grps-checkpoint-diff --newest ROOT prints the newest complete checkpoint
 //                                      folder under ROOT (exit 1 if none)
+//   grps-checkpoint-diff --counts DIR  prints, for the dense chunks together
+//                                      and for each sparse table (every
+//                                      shard's part), the versions and the
+//                                      counts the state holds
+//                                      (v1::StateCounters), as
+//                                      "chunks count=N versions=V updates=U
+//                                      pushes=P duplicates=D too_stale=T
+//                                      late=L" (V: the sum of the versions)
 //
 // The checkpoints may come from jobs with different numbers of servers: the
 // chunks are compared by id, the rows by table and id. For tests and drills
@@ -43,7 +51,8 @@ int Usage() {
   std::fprintf(stderr,
                "usage: grps-checkpoint-diff [--tolerance R] DIR_A DIR_B\n"
                "       grps-checkpoint-diff --step DIR\n"
-               "       grps-checkpoint-diff --newest ROOT\n");
+               "       grps-checkpoint-diff --newest ROOT\n"
+               "       grps-checkpoint-diff --counts DIR\n");
   return 2;
 }
 
@@ -142,6 +151,39 @@ std::string DiffChunks(const std::vector<v1::ChunkState>& a,
   return "";
 }
 
+// One line of --counts: `versions` and the counts `c`.
+void PrintCounts(const std::string& what, size_t count, uint64_t versions,
+                 const v1::StateCounters& c) {
+  std::printf("%s count=%zu versions=%llu updates=%llu pushes=%llu duplicates=%llu "
+              "too_stale=%llu late=%llu\n",
+              what.c_str(), count, static_cast<unsigned long long>(versions),
+              static_cast<unsigned long long>(c.updates()),
+              static_cast<unsigned long long>(c.pushes()),
+              static_cast<unsigned long long>(c.duplicates()),
+              static_cast<unsigned long long>(c.too_stale()),
+              static_cast<unsigned long long>(c.late_folded() + c.late_dropped()));
+}
+
+int PrintCheckpointCounts(const std::string& dir) {
+  v1::CheckpointManifest manifest;
+  absl::StatusOr<ShardState> state = Everything(dir, &manifest);
+  if (!state.ok()) {
+    std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(state.status().message()).c_str());
+    return 1;
+  }
+  v1::StateCounters chunks;
+  uint64_t versions = 0;
+  for (const v1::ChunkState& c : state->chunks) {
+    versions += c.version();
+    AddStateCounters(c.counters(), &chunks);
+  }
+  PrintCounts("chunks", state->chunks.size(), versions, chunks);
+  // Read as one shard, each table has every file's counts.
+  for (const v1::TableState& t : state->tables)
+    PrintCounts("table " + t.name(), 1, t.version(), t.counters());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--step") == 0) {
     absl::StatusOr<v1::CheckpointManifest> m = VerifyCheckpoint(Env::Default(), argv[2], "");
@@ -152,6 +194,7 @@ int Main(int argc, char** argv) {
     std::printf("%llu\n", static_cast<unsigned long long>(m->step()));
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "--counts") == 0) return PrintCheckpointCounts(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "--newest") == 0) {
     absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(Env::Default(), argv[2], "");
     if (!choice.ok() || !choice->manifest.has_value()) {

@@ -7,9 +7,14 @@
 # (values, optimizer state, versions), as that of the same job run on 2
 # shards throughout. Then the same with the embedding model (a sparse table
 # with AdaGrad): every row, with its optimizer state and update count, must
-# end bit for bit as in the fixed job (rows moved, none lost). Daemons are started by hand so that every exit status
-# is checked; the stand-still of the global step around each move is
-# printed (measured by polling grpsctl).
+# end bit for bit as in the fixed job (rows moved, none lost). The counts
+# the chunks' state holds (updates, pushes, duplicates, too stale) must add
+# up in the final checkpoints, every move notwithstanding: each chunk's
+# updates equal its version, and its pushes less duplicates (and too-stale
+# ones) the updates' contributions. Then an async and an ssp job move
+# 2 -> 3 -> 1 the same way: every chunk ends at steps x workers (no
+# gradient lost or applied twice), with counts that add up. Daemons are
+# started by hand so that every exit status is checked.
 set -euo pipefail
 BIN=${1:?usage: e2e_reshard_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -24,6 +29,7 @@ DENSE=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --optimizer=s
 SPARSE=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad --lr=0.1
         --embedding_dim=16 --hidden=none --batch=32)
 JOB_FLAGS=("${COMMON[@]}" "${DENSE[@]}")
+MODE=sync
 
 # final_checkpoint NAME: the newest checkpoint folder of run NAME.
 final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
@@ -45,7 +51,7 @@ job() {
   local scaling=(); [ -n "$mode" ] && scaling=(--max_servers=3)
   mkdir -p "$WORK/$name"
   start "$name-coordinator" "$BIN/grps-coordinator" --listen=127.0.0.1:0 \
-    --port_file="$WORK/$name/coordinator.port" --job_id=reshard --mode=sync --servers=2 \
+    --port_file="$WORK/$name/coordinator.port" --job_id=reshard --mode=$MODE --servers=2 \
     "${scaling[@]}" --workers=2 --steps=$STEPS --eval_every=500 "${JOB_FLAGS[@]}" \
     --checkpoint_dir="$WORK/$name/ckpt" --recovery_timeout_ms=20000 \
     --coordinator_timeout_ms=30000 --linger_ms=1000
@@ -104,14 +110,79 @@ compare() {
   echo "$name: final checkpoints equal bit for bit: $ref (2 shards) and $moved (1 shard)"
 }
 
+# check_counts NAME: the counts in run NAME's final checkpoint add up (see
+# the top).
+check_counts() {
+  local name=$1 line n v u p d t want
+  line=$("$BIN/grps-checkpoint-diff" --counts "$(final_checkpoint "$name")" | grep '^chunks ') ||
+    fail "$name: no counts"
+  echo "$name: $line"
+  read -r n v u p d t < <(sed -E 's/.*count=([0-9]+) versions=([0-9]+) updates=([0-9]+) pushes=([0-9]+) duplicates=([0-9]+) too_stale=([0-9]+).*/\1 \2 \3 \4 \5 \6/' <<<"$line")
+  [ "$u" = "$v" ] || fail "$name: $u updates counted for versions adding up to $v"
+  if [ "$MODE" = sync ]; then
+    [ "$v" = $((n * STEPS)) ] || fail "$name: versions add up to $v, not $n x $STEPS"
+    [ $((p - d)) = $((2 * u)) ] || fail "$name: $((p - d)) pushes taken for $u updates of 2 workers"
+  else
+    [ "$v" = $((n * STEPS * 2)) ] || fail "$name: versions add up to $v, not $n x $STEPS x 2"
+    [ $((p - d - t)) = "$u" ] || fail "$name: $((p - d - t)) pushes taken for $u updates"
+  fi
+}
+
+# check_moves NAME: at each of run NAME's two moves, the counts that the
+# new map's shards restored from the cut add up to the cut's (the sum over
+# shards before the move equals the sum after).
+check_moves() {
+  python3 - "$BIN" "$WORK" "$1" <<'PY' || fail "$1: counts not conserved by a move"
+import glob, os, re, subprocess, sys
+bin_dir, work, name = sys.argv[1:]
+restored = re.compile(r"from checkpoint (\d+) at step \d+ \(generation \d+\); counts restored: "
+                      r"(\d+) updates, (\d+) pushes \((\d+) duplicate, (\d+) too stale, (\d+) late\)")
+got, shards = {}, {}
+for log in glob.glob(os.path.join(work, name + "-server-*.log")):
+    for line in open(log, errors="replace"):
+        m = restored.search(line)
+        if m:
+            c = int(m.group(1))
+            got[c] = [a + int(b) for a, b in zip(got.get(c, [0] * 5), m.groups()[1:])]
+            shards[c] = shards.get(c, 0) + 1
+if len(got) != 2:
+    sys.exit(f"{name}: {len(got)} checkpoints restored at moves, not 2")
+fields = ("updates", "pushes", "duplicates", "too_stale", "late")
+for c, counts in sorted(got.items()):
+    folder = os.path.join(work, name, "ckpt", "ckpt-%08d" % c)
+    out = subprocess.run([os.path.join(bin_dir, "grps-checkpoint-diff"), "--counts", folder],
+                         capture_output=True, text=True, check=True).stdout
+    cut = [0] * 5
+    for line in out.splitlines():
+        kv = dict(f.split("=") for f in line.split() if "=" in f)
+        cut = [a + int(kv[f]) for a, f in zip(cut, fields)]
+    said = ", ".join(f"{n} {f}" for n, f in zip(counts, fields))
+    if counts != cut:
+        sys.exit(f"{name}: checkpoint {c} holds {cut}; its {shards[c]} shards restored {counts}")
+    print(f"{name}: checkpoint {c}, the cut of a move, restored into {shards[c]} shards: {said}, "
+          f"as the cut holds")
+PY
+}
+
 job ref
 job moved reshard
 compare ref moved
+check_counts ref
+check_counts moved
+check_moves moved
 JOB_FLAGS=("${COMMON[@]}" "${SPARSE[@]}")
 job sparse-ref
 job sparse-moved reshard
 compare sparse-ref sparse-moved
+check_counts sparse-moved
+check_moves sparse-moved
 grep -q "sparse rows" "$WORK/sparse-moved-server-0.log" || fail "shard 0 restored no sparse rows"
+JOB_FLAGS=("${COMMON[@]}" "${DENSE[@]}")
+for MODE in async ssp; do
+  job "$MODE-moved" reshard
+  check_counts "$MODE-moved"
+  check_moves "$MODE-moved"
+done
 
 # The comparison can tell apart two checkpoints that differ (the first
 # against the final).
