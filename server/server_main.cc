@@ -532,8 +532,8 @@ void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason
       "duplicate, {} too stale, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB "
       "in, {:.1f} MiB out; peak RSS {:.1f} MiB",
       shard, reason, s.version(), s.updates_applied(), s.pushes(), s.duplicate_pushes(),
-      s.too_stale(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()), MiB(s.bytes_out()),
-      PeakRssMiB());
+      s.too_stale(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()),
+      MiB(s.bytes_out()), PeakRssMiB());
   for (const v1::SparseTableStatus& t : s.tables())
     spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
                  "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",

@@ -168,7 +168,8 @@ int PrintCheckpointCounts(const std::string& dir) {
   v1::CheckpointManifest manifest;
   absl::StatusOr<ShardState> state = Everything(dir, &manifest);
   if (!state.ok()) {
-    std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(state.status().message()).c_str());
+    std::fprintf(stderr, "grps-checkpoint-diff: %s\n",
+                 std::string(state.status().message()).c_str());
     return 1;
   }
   v1::StateCounters chunks;
