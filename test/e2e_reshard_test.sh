@@ -11,10 +11,13 @@
 # the chunks' state holds (updates, pushes, duplicates, too stale) must add
 # up in the final checkpoints, every move notwithstanding: each chunk's
 # updates equal its version, and its pushes less duplicates (and too-stale
-# ones) the updates' contributions. Then an async and an ssp job move
-# 2 -> 3 -> 1 the same way: every chunk ends at steps x workers (no
-# gradient lost or applied twice), with counts that add up. Daemons are
-# started by hand so that every exit status is checked.
+# ones) the updates' contributions. Then an async job (refusing gradients
+# staler than 1) and an ssp job move 2 -> 3 -> 1 the same way: each
+# worker's gradient of each step and chunk is applied once or refused as
+# too stale (none lost or applied twice), with counts that add up. At each
+# move of each job, the counts the new map's shards restored must add up to
+# the cut's. Daemons are started by hand so that every exit status is
+# checked.
 set -euo pipefail
 BIN=${1:?usage: e2e_reshard_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -113,7 +116,7 @@ compare() {
 # check_counts NAME: the counts in run NAME's final checkpoint add up (see
 # the top).
 check_counts() {
-  local name=$1 line n v u p d t want
+  local name=$1 line n v u p d t
   line=$("$BIN/grps-checkpoint-diff" --counts "$(final_checkpoint "$name")" | grep '^chunks ') ||
     fail "$name: no counts"
   echo "$name: $line"
