@@ -235,6 +235,37 @@ TEST(JobConfig, AnElasticJobsWorkerBoundsAreValidated) {
   refused(c, "max_workers: a user model");
 }
 
+TEST(JobConfig, ServersThatScaleNeedSharedCheckpointsAndNoPythonRowPulls) {
+  auto refused = [](const v1::JobConfig& c, const std::string& what) {
+    const absl::Status s = ValidateJobConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(s.message().find(what), std::string::npos) << s;
+  };
+  v1::JobConfig c = DefaultJobConfig();  // 2 servers
+  c.set_max_servers(3);
+  refused(c, "max_servers needs checkpoint_dir");
+  c.set_checkpoint_dir("/tmp/ckpt");
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.set_checkpoint_storage(v1::CHECKPOINT_STORAGE_PER_SHARD);
+  refused(c, "max_servers needs shared checkpoint storage");
+  c.set_checkpoint_storage(v1::CHECKPOINT_STORAGE_SHARED);
+  c.set_max_servers(1);
+  refused(c, "max_servers must be at least num_servers");
+  c.set_max_servers(257);
+  refused(c, "max_servers must be in [0, 256]");
+  // A user model's Python workers follow a re-sharding, but not with
+  // sparse tables (a row pull does not survive the roll-back).
+  c.set_max_servers(3);
+  c.set_model(v1::MODEL_USER);
+  c.mutable_dataset()->set_path("");
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  v1::SparseTableSpec* table = c.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(4);
+  table->set_rows(100);
+  refused(c, "max_servers: a user model's Python workers with sparse tables");
+}
+
 TEST(JobConfig, AnElasticJobHasMaxWorkersRanksAndAFixedJobNumWorkers) {
   v1::JobConfig c = DefaultJobConfig();
   c.set_num_workers(3);

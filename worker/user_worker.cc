@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,17 @@
 
 namespace grps {
 namespace {
+
+// The dense client, and the sparse one when the job has tables, of `map`
+// for this rank and incarnation.
+WorkerSession::Clients ClientsOf(const v1::JobConfig& config, const v1::ShardMap& map,
+                                 uint32_t rank, uint64_t incarnation) {
+  WorkerSession::Clients clients;
+  clients.dense = std::make_unique<ParameterClient>(config, map, rank, incarnation);
+  if (config.sparse_tables_size() > 0)
+    clients.sparse = std::make_unique<SparseClient>(config, map, rank, incarnation);
+  return clients;
+}
 
 // DefineModel, retried while the coordinator is unreachable or slow, for
 // at most `patience`. Whether this offer defined the job's model.
@@ -103,17 +115,15 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
                        const v1::RegisterWorkerResponse& registration, const Options& options,
                        bool defined_model)
     : stub_(std::move(stub)), defined_model_(defined_model), step_(registration.start_step()) {
-  auto dense = std::make_unique<ParameterClient>(registration.config(), registration.shard_map(),
-                                                 registration.rank(),
-                                                 registration.incarnation());
-  std::unique_ptr<SparseShards> sparse;
-  if (registration.config().sparse_tables_size() > 0)
-    sparse = std::make_unique<SparseClient>(registration.config(), registration.shard_map(),
-                                            registration.rank(), registration.incarnation());
+  WorkerSession::Clients clients =
+      ClientsOf(registration.config(), registration.shard_map(), registration.rank(),
+                registration.incarnation());
   WorkerSession::Options session_options;
   session_options.interrupted = options.interrupted;
-  session_ = std::make_unique<WorkerSession>(stub_.get(), registration, std::move(dense),
-                                             std::move(sparse), std::move(session_options));
+  session_options.follow_replaced_maps = true;
+  session_ = std::make_unique<WorkerSession>(stub_.get(), registration, std::move(clients.dense),
+                                             std::move(clients.sparse),
+                                             std::move(session_options));
   window_start_ = session_->Now();
   tensor_offset_.push_back(0);
   for (const v1::TensorSpec& t : registration.config().model_tensors()) {
@@ -124,6 +134,11 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
 }
 
 UserWorker::~UserWorker() { session_.reset(); }
+
+void UserWorker::FollowReplacedMap(const v1::ShardMap& map) {
+  // The clients replaced go now: Step's calls through them have returned.
+  session_->ReplaceClients(map, ClientsOf(config(), map, rank(), session_->incarnation()));
+}
 
 absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
   switch (session_->Interrupted()) {
@@ -229,10 +244,12 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
     }
   }
   // A roll-back (another may come while this one's weights are pulled):
-  // the step and weights of the restore order.
+  // the step and weights of the restore order, from the shards of its map.
+  std::optional<v1::ShardMap> replaced_map;
   while (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
-         session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_)) {
+         session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_, &replaced_map)) {
     outcome.rolled_back = true;
+    if (replaced_map.has_value()) FollowReplacedMap(*std::exchange(replaced_map, std::nullopt));
     s = GiveInitialValues();
     if (s.ok()) s = session_->PullWeights(step_, params);
   }

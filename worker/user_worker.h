@@ -156,6 +156,10 @@ class UserWorker {
              bool defined_model);
   // Rank 0: initial_ to the chunks that await their values.
   absl::Status GiveInitialValues();
+  // A re-sharding's roll-back placed the chunks on other shards (`map`):
+  // the session's clients are replaced by ones of that map (between steps,
+  // no call in flight).
+  void FollowReplacedMap(const v1::ShardMap& map);
   // The dense shards' client (UserWorker always makes a ParameterClient).
   ParameterClient& client();
   // INVALID_ARGUMENT naming the first element of grads[begin, end) that is

@@ -4,7 +4,10 @@ server killed -9 and started again: the job rolls back to the newest
 checkpoint, and in sync the final weights equal the undisturbed run's, bit
 for bit. A worker sent SIGTERM, and one drained by grpsctl, leave after
 their step: out of the live set at once (never declared dead), and the job
-completes without them."""
+completes without them. A job whose servers scale (--max_servers) is
+re-sharded 2 -> 3 -> 1 while the Python workers train: they follow each new
+map, and in sync the final weights equal the undisturbed run's, bit for
+bit."""
 
 import os
 import shutil
@@ -36,11 +39,22 @@ def global_step(job):
     return int(job.status().get("global_step", 0))
 
 
+def scale(job, servers):
+    """grpsctl scale --servers=N --wait: "re-sharded from ... at step S ..."."""
+    done = subprocess.run([os.path.join(BIN, "grpsctl"), "--coordinator=" + job.address, "scale",
+                           "--servers=%d" % servers, "--wait", "--wait_s=60"],
+                          capture_output=True, text=True, timeout=90)
+    if done.returncode != 0:
+        raise AssertionError("grpsctl scale --servers=%d: %s%s\n%s" % (
+            servers, done.stdout, done.stderr, job.logs()))
+    return done.stdout.strip()
+
+
 class Faults(unittest.TestCase):
-    def run_job(self, fault=None, steps=STEPS):
+    def run_job(self, fault=None, steps=STEPS, extra_flags=()):
         ckpt = tempfile.mkdtemp(prefix="grps-py-ckpt.")
         try:
-            flags = FLAGS + ["--checkpoint_every_steps=20"]
+            flags = FLAGS + ["--checkpoint_every_steps=20"] + list(extra_flags)
             with Job(servers=2, workers=2, flags=flags, checkpoint_dir=ckpt) as job:
                 out = job.path("rank0.pt")
                 args = ["--steps", str(steps), "--pace_ms", "20"]
@@ -122,6 +136,32 @@ class Faults(unittest.TestCase):
         self.assertIn("rolled back to checkpoint", logs["worker0"] + logs["worker1"])
         for name, want in undisturbed.items():
             self.assertTrue(torch.equal(restored[name], want), name)
+
+    def test_the_servers_re_shard_2_3_1_while_python_workers_train_to_the_same_weights(self):
+        # Long enough for two moves, each cut some steps ahead.
+        steps = 300
+        undisturbed, _ = self.run_job(steps=steps)
+        said = []
+
+        def reshard(job, args):
+            job.start_server(2)  # a standby for shard 2, as a StatefulSet's new pod
+            wait_for("step 40", lambda: global_step(job) >= 40)
+            said.append(scale(job, 3))
+            self.assertEqual(len(job.status()["shards"]), 3)
+            wait_for("step 140", lambda: global_step(job) >= 140)
+            said.append(scale(job, 1))
+            self.assertEqual(len(job.status()["shards"]), 1)
+            for s in (1, 2):
+                self.assertEqual(job.wait("server%d" % s, 30), 0, job.logs())
+        moved, logs = self.run_job(reshard, steps=steps, extra_flags=["--max_servers=3"])
+        self.assertRegex(said[0], r"re-sharded from 2 to 3 shards at step \d+")
+        self.assertRegex(said[1], r"re-sharded from 3 to 1 shards at step \d+")
+        for w in ("worker0", "worker1"):
+            self.assertIn("following shard map epoch", logs[w])
+        for s in (1, 2):
+            self.assertIn("retired: the job re-sharded to 1 shards", logs["server%d" % s])
+        for name, want in undisturbed.items():
+            self.assertTrue(torch.equal(moved[name], want), name)
 
 
 if __name__ == "__main__":
