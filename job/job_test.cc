@@ -177,38 +177,35 @@ TEST(JobConfig, AnAccumulatingStepTakesAccumulateStepsBatches) {
   EXPECT_EQ(StepExamples(c), 16u);
 }
 
+// `c` is refused INVALID_ARGUMENT with a message that says `what`.
+void ExpectRefused(const v1::JobConfig& c, const std::string& what) {
+  const absl::Status s = ValidateJobConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+  EXPECT_NE(s.message().find(what), std::string::npos) << s;
+}
+
 TEST(JobConfig, AccumulationAndClippingAreValidated) {
-  auto refused = [](const v1::JobConfig& c, const std::string& what) {
-    const absl::Status s = ValidateJobConfig(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
-    EXPECT_NE(s.message().find(what), std::string::npos) << s;
-  };
   v1::JobConfig c = DefaultJobConfig();
   c.set_accumulate_steps(8);
   c.set_clip_norm(1.5f);
   c.set_clip_value(0.1f);
   EXPECT_TRUE(ValidateJobConfig(c).ok());
   c.set_accumulate_steps(1025);
-  refused(c, "accumulate_steps must be in [0, 1024]");
+  ExpectRefused(c, "accumulate_steps must be in [0, 1024]");
   c.set_accumulate_steps(1024);
   c.set_batch_size(100);  // 102,400 examples a step
-  refused(c, "batch_size x accumulate_steps");
+  ExpectRefused(c, "batch_size x accumulate_steps");
   c = DefaultJobConfig();
   c.set_clip_norm(-1);
-  refused(c, "clip_norm");
+  ExpectRefused(c, "clip_norm");
   c.set_clip_norm(INFINITY);
-  refused(c, "clip_norm");
+  ExpectRefused(c, "clip_norm");
   c = DefaultJobConfig();
   c.set_clip_value(NAN);
-  refused(c, "clip_value");
+  ExpectRefused(c, "clip_value");
 }
 
 TEST(JobConfig, AnElasticJobsWorkerBoundsAreValidated) {
-  auto refused = [](const v1::JobConfig& c, const std::string& what) {
-    const absl::Status s = ValidateJobConfig(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
-    EXPECT_NE(s.message().find(what), std::string::npos) << s;
-  };
   v1::JobConfig c = DefaultJobConfig();  // 2 workers
   c.set_max_workers(4);
   c.set_min_workers(1);
@@ -218,41 +215,36 @@ TEST(JobConfig, AnElasticJobsWorkerBoundsAreValidated) {
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.set_max_workers(1);
   c.set_min_workers(0);
-  refused(c, "max_workers must be at least num_workers");
+  ExpectRefused(c, "max_workers must be at least num_workers");
   c.set_max_workers(1025);
-  refused(c, "max_workers must be in [0, 1024]");
+  ExpectRefused(c, "max_workers must be in [0, 1024]");
   c.set_max_workers(4);
   c.set_min_workers(3);
-  refused(c, "min_workers must be at most num_workers");
+  ExpectRefused(c, "min_workers must be at most num_workers");
   c.set_max_workers(0);
   c.set_min_workers(1);
-  refused(c, "min_workers needs max_workers");
+  ExpectRefused(c, "min_workers needs max_workers");
   c = DefaultJobConfig();
   c.set_model(v1::MODEL_USER);
   c.mutable_dataset()->set_path("");
   ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.set_max_workers(4);
-  refused(c, "max_workers: a user model");
+  ExpectRefused(c, "max_workers: a user model");
 }
 
 TEST(JobConfig, ServersThatScaleNeedSharedCheckpointsAndNoPythonRowPulls) {
-  auto refused = [](const v1::JobConfig& c, const std::string& what) {
-    const absl::Status s = ValidateJobConfig(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
-    EXPECT_NE(s.message().find(what), std::string::npos) << s;
-  };
   v1::JobConfig c = DefaultJobConfig();  // 2 servers
   c.set_max_servers(3);
-  refused(c, "max_servers needs checkpoint_dir");
+  ExpectRefused(c, "max_servers needs checkpoint_dir");
   c.set_checkpoint_dir("/tmp/ckpt");
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.set_checkpoint_storage(v1::CHECKPOINT_STORAGE_PER_SHARD);
-  refused(c, "max_servers needs shared checkpoint storage");
+  ExpectRefused(c, "max_servers needs shared checkpoint storage");
   c.set_checkpoint_storage(v1::CHECKPOINT_STORAGE_SHARED);
   c.set_max_servers(1);
-  refused(c, "max_servers must be at least num_servers");
+  ExpectRefused(c, "max_servers must be at least num_servers");
   c.set_max_servers(257);
-  refused(c, "max_servers must be in [0, 256]");
+  ExpectRefused(c, "max_servers must be in [0, 256]");
   // A user model's Python workers follow a re-sharding, but not with
   // sparse tables (a row pull does not survive the roll-back).
   c.set_max_servers(3);
@@ -263,7 +255,7 @@ TEST(JobConfig, ServersThatScaleNeedSharedCheckpointsAndNoPythonRowPulls) {
   table->set_name("emb");
   table->set_dim(4);
   table->set_rows(100);
-  refused(c, "max_servers: a user model's Python workers with sparse tables");
+  ExpectRefused(c, "max_servers: a user model's Python workers with sparse tables");
 }
 
 TEST(JobConfig, AnElasticJobHasMaxWorkersRanksAndAFixedJobNumWorkers) {
