@@ -51,13 +51,13 @@ def scale(job, servers):
 
 
 class Faults(unittest.TestCase):
-    def run_job(self, fault=None, steps=STEPS, extra_flags=()):
+    def run_job(self, fault=None, steps=STEPS, extra_flags=(), pace_ms=20):
         ckpt = tempfile.mkdtemp(prefix="grps-py-ckpt.")
         try:
             flags = FLAGS + ["--checkpoint_every_steps=20"] + list(extra_flags)
             with Job(servers=2, workers=2, flags=flags, checkpoint_dir=ckpt) as job:
                 out = job.path("rank0.pt")
-                args = ["--steps", str(steps), "--pace_ms", "20"]
+                args = ["--steps", str(steps), "--pace_ms", str(pace_ms)]
                 job.worker("odd_cnn_worker.py", args + ["--out", out], rank=0)
                 job.worker("odd_cnn_worker.py", args, rank=1)
                 if fault:
@@ -140,7 +140,7 @@ class Faults(unittest.TestCase):
     def test_the_servers_re_shard_2_3_1_while_python_workers_train_to_the_same_weights(self):
         # Long enough for two moves, each cut some steps ahead.
         steps = 300
-        undisturbed, _ = self.run_job(steps=steps)
+        undisturbed, _ = self.run_job(steps=steps, pace_ms=10)
         said = []
 
         def reshard(job, args):
@@ -153,7 +153,8 @@ class Faults(unittest.TestCase):
             self.assertEqual(len(job.status()["shards"]), 1)
             for s in (1, 2):
                 self.assertEqual(job.wait("server%d" % s, 30), 0, job.logs())
-        moved, logs = self.run_job(reshard, steps=steps, extra_flags=["--max_servers=3"])
+        moved, logs = self.run_job(reshard, steps=steps, extra_flags=["--max_servers=3"],
+                                   pace_ms=10)
         self.assertRegex(said[0], r"re-sharded from 2 to 3 shards at step \d+")
         self.assertRegex(said[1], r"re-sharded from 3 to 1 shards at step \d+")
         for w in ("worker0", "worker1"):
