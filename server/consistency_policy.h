@@ -183,12 +183,12 @@ class ChunkPolicy {
     return std::nullopt;
   }
 
-  // How many of `rank`'s accepted gradients a checkpoint of the chunk as it
-  // is now does not hold, and the rank pushes again after a restore (its
-  // mark is kept before them): sync's contribution to the open step, ssp's
+  // How many accepted gradients a checkpoint of the chunk as it is now does
+  // not hold, and their ranks push again after a restore (KeepMark keeps
+  // their marks before them): sync's contributions to the open step, ssp's
   // held gradients. The checkpoint's push count leaves them out, so that
   // they are not counted twice. Default: none.
-  virtual uint64_t NotKept(uint32_t rank, const UpdateTarget& chunk) const { return 0; }
+  virtual uint64_t NotKept(const UpdateTarget& chunk) const { return 0; }
 
   // The policy is new on a chunk that was restored or rolled back: rank r
   // resumes at step resume_steps[r], not at clock 0. A rank without an

@@ -103,9 +103,7 @@ class SspPolicy final : public ChunkPolicy {
 
   uint64_t held() const override { return held_.size(); }
 
-  uint64_t NotKept(uint32_t rank, const UpdateTarget&) const override {
-    return std::count_if(held_.begin(), held_.end(), [&](const Held& h) { return h.rank == rank; });
-  }
+  uint64_t NotKept(const UpdateTarget&) const override { return held(); }
 
   bool Duplicate(const ChunkGradientMeta& g, UpdateTarget& chunk,
                  const LiveSet& live) override {

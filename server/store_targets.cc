@@ -114,9 +114,7 @@ void StoreTarget::LoadMarks(const google::protobuf::RepeatedPtrField<v1::DedupMa
 
 void StoreTarget::SnapshotCounters(v1::StateCounters* out) const {
   counters.SaveState(out);
-  uint64_t not_kept = 0;
-  for (uint32_t rank = 0; rank < marks.size(); ++rank) not_kept += policy->NotKept(rank, *this);
-  out->set_pushes(out->pushes() - std::min(not_kept, out->pushes()));
+  out->set_pushes(out->pushes() - std::min(policy->NotKept(*this), out->pushes()));
 }
 
 // ---- StoreChunk ----

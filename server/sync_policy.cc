@@ -128,10 +128,13 @@ class SyncPolicy final : public ChunkPolicy {
     return std::nullopt;
   }
 
-  // The rank's contribution to the open step (not one to the step being
+  // The contributions to the open step (not those to the step being
   // completed, when the capture comes inside its update).
-  uint64_t NotKept(uint32_t rank, const UpdateTarget& chunk) const override {
-    return contributed_[rank] && awaiting_[rank] == chunk.version() + 1 ? 1 : 0;
+  uint64_t NotKept(const UpdateTarget& chunk) const override {
+    uint64_t open = 0;
+    for (size_t r = 0; r < contributed_.size(); ++r)
+      if (contributed_[r] && awaiting_[r] == chunk.version() + 1) ++open;
+    return open;
   }
 
   bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
