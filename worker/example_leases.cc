@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "data/epoch_shuffler.h"
 
 namespace grps {
@@ -56,6 +57,9 @@ absl::StatusOr<uint64_t> ExampleLeases::BlockFor(uint64_t step) {
     {
       absl::MutexLock lock(&mu_);
       if (auto it = assigned_.find(step); it != assigned_.end()) return it->second;
+      if (step < skipped_below_)
+        return absl::FailedPreconditionError(
+            absl::StrCat("step ", step, " was skipped: it trains no block"));
       if (!held_.empty()) {
         const uint64_t block = held_.front();
         held_.pop_front();
@@ -115,6 +119,17 @@ void ExampleLeases::Trained(uint64_t step) {
   assigned_.erase(it);
 }
 
+void ExampleLeases::SkipTo(uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  skipped_below_ = std::max(skipped_below_, step);
+  // Back to the front in their steps' order: the first skipped is trained
+  // first.
+  auto end = assigned_.lower_bound(step);
+  for (auto it = std::make_reverse_iterator(end); it != assigned_.rend(); ++it)
+    held_.push_front(it->second);
+  assigned_.erase(assigned_.begin(), end);
+}
+
 absl::Status ExampleLeases::Flush() {
   {
     absl::MutexLock lock(&mu_);
@@ -132,6 +147,7 @@ void ExampleLeases::Reset() {
   unreported_.clear();
   reported_.clear();
   exhausted_ = false;
+  skipped_below_ = 0;
   ++reset_count_;
 }
 

@@ -13,7 +13,7 @@
 //
 // Thread safety: BlockFor and Examples are called by one thread at a time
 // (the batch source: BatchLoader's loader thread or the training thread);
-// Trained, Flush and Reset by the training thread. The lease call is made
+// Trained, SkipTo, Flush and Reset by the training thread. The lease call is made
 // outside the lock, so Trained never waits for the coordinator.
 #ifndef GRPS_WORKER_EXAMPLE_LEASES_H_
 #define GRPS_WORKER_EXAMPLE_LEASES_H_
@@ -68,6 +68,12 @@ class ExampleLeases {
 
   // `step`'s block was trained (no-op for a step with none).
   void Trained(uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // The training thread goes on at `step` and never trains the steps
+  // before it that it has not trained (a joiner that skips steps to join
+  // the others): their blocks go back to the front of the held ones, to be
+  // trained first, and BlockFor for such a step (the loader preparing
+  // ahead) assigns none (FAILED_PRECONDITION).
+  void SkipTo(uint64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Reports the blocks trained since the last report.
   absl::Status Flush() ABSL_LOCKS_EXCLUDED(mu_);
   // A call of want 0 whatever is pending: the recent reports and the held
@@ -97,6 +103,7 @@ class ExampleLeases {
   std::deque<v1::TrainedBlock> reported_ ABSL_GUARDED_BY(mu_);  // the last kResent
   bool exhausted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t reset_count_ ABSL_GUARDED_BY(mu_) = 0;  // Reset calls, to drop a lease in flight
+  uint64_t skipped_below_ ABSL_GUARDED_BY(mu_) = 0;  // SkipTo's step
   // The batch source's: the order of the epoch last asked for.
   std::optional<uint64_t> order_epoch_;
   std::vector<int64_t> order_;

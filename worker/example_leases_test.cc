@@ -557,7 +557,73 @@ TEST(ExampleLeases, EpochOfIsTheBlockOverBlocksPerEpoch) {
   EXPECT_EQ(leases.EpochOf(30), 2u);
 }
 
+// --- SkipTo: a joiner that skips steps ------------------------------------
+
+TEST(ExampleLeases, TheBlockOfASkippedStepIsTheNextStepsBlock) {
+  FakeCoordinator coordinator(100);
+  ExampleLeases leases(coordinator.Call(), 1000, 10, 7, /*per_lease=*/4);
+  EXPECT_EQ(MustBlock(leases, 10), 0u);
+  leases.Trained(10);
+  EXPECT_EQ(MustBlock(leases, 11), 1u);  // the loader prepares step 11 ahead
+  leases.SkipTo(12);                     // the rank joins the others at step 12
+  EXPECT_EQ(MustBlock(leases, 12), 1u);
+  EXPECT_EQ(MustBlock(leases, 13), 2u);
+  EXPECT_EQ(coordinator.requests.size(), 1u);
+}
+
+TEST(ExampleLeases, SkippedBlocksAreTrainedFirstInTheirStepsOrder) {
+  FakeCoordinator coordinator(100);
+  ExampleLeases leases(coordinator.Call(), 1000, 10, 7, /*per_lease=*/4);
+  EXPECT_EQ(MustBlock(leases, 5), 0u);
+  EXPECT_EQ(MustBlock(leases, 6), 1u);
+  EXPECT_EQ(MustBlock(leases, 9), 2u);  // kept: not skipped
+  leases.SkipTo(8);
+  EXPECT_EQ(MustBlock(leases, 8), 0u);
+  EXPECT_EQ(MustBlock(leases, 9), 2u);
+  EXPECT_EQ(MustBlock(leases, 10), 1u);
+  EXPECT_EQ(MustBlock(leases, 11), 3u);
+}
+
+TEST(ExampleLeases, ABlockForASkippedStepAssignsNone) {
+  // The loader may ask for a step the rank has just skipped.
+  FakeCoordinator coordinator(100);
+  ExampleLeases leases(coordinator.Call(), 1000, 10, 7, /*per_lease=*/4);
+  EXPECT_EQ(MustBlock(leases, 0), 0u);
+  leases.Trained(0);
+  leases.SkipTo(3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(leases.BlockFor(1).status()));
+  EXPECT_EQ(MustBlock(leases, 3), 1u);
+  leases.Trained(3);
+  leases.Trained(1);  // no block: nothing reported
+  ASSERT_TRUE(leases.Flush().ok());
+  EXPECT_THAT(Reports(coordinator.requests.back()),
+              ElementsAre(std::make_pair(0u, 0u), std::make_pair(1u, 3u)));
+  // A roll-back starts over: no step is skipped.
+  leases.Reset();
+  EXPECT_TRUE(leases.BlockFor(1).ok());
+}
+
 // --- Against the real ledger ----------------------------------------------
+
+// rank's LeaseExamples answered by `ledger` of `shape`, shared by `sharing`
+// workers.
+ExampleLeases::LeaseCall LedgerCall(ExampleLedger* ledger, const LedgerShape& shape,
+                                    uint32_t rank, uint32_t sharing) {
+  return [ledger, shape, rank,
+          sharing](v1::LeaseExamplesRequest r) -> absl::StatusOr<v1::LeaseExamplesResponse> {
+    if (absl::Status s = ledger->Size(shape); !s.ok()) return s;
+    bool exhausted = false;
+    absl::StatusOr<std::vector<uint64_t>> blocks =
+        ledger->Lease(rank, std::vector<v1::TrainedBlock>(r.trained().begin(), r.trained().end()),
+                      r.want(), &exhausted, sharing);
+    if (!blocks.ok()) return blocks.status();
+    v1::LeaseExamplesResponse response;
+    response.mutable_blocks()->Add(blocks->begin(), blocks->end());
+    response.set_blocks_per_epoch(ledger->Progress().blocks_per_epoch());
+    response.set_exhausted(exhausted);
+    return response;
+  };
+}
 
 TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce) {
   // Two workers on one ExampleLedger, taking steps in turn, each reporting
@@ -573,24 +639,8 @@ TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce
   const LedgerShape shape = ExampleLedgerShape(config, n);
   ASSERT_GT(shape.blocks_per_epoch, 1u);
   ExampleLedger ledger;
-  auto call_for = [&](uint32_t rank) {
-    return [&ledger, &shape,
-            rank](v1::LeaseExamplesRequest r) -> absl::StatusOr<v1::LeaseExamplesResponse> {
-      if (absl::Status s = ledger.Size(shape); !s.ok()) return s;
-      bool exhausted = false;
-      absl::StatusOr<std::vector<uint64_t>> blocks =
-          ledger.Lease(rank, std::vector<v1::TrainedBlock>(r.trained().begin(), r.trained().end()),
-                       r.want(), &exhausted, /*sharing=*/2);
-      if (!blocks.ok()) return blocks.status();
-      v1::LeaseExamplesResponse response;
-      response.mutable_blocks()->Add(blocks->begin(), blocks->end());
-      response.set_blocks_per_epoch(ledger.Progress().blocks_per_epoch());
-      response.set_exhausted(exhausted);
-      return response;
-    };
-  };
-  ExampleLeases w0(call_for(0), n, step_examples, config.seed(), 3);
-  ExampleLeases w1(call_for(1), n, step_examples, config.seed(), 3);
+  ExampleLeases w0(LedgerCall(&ledger, shape, 0, 2), n, step_examples, config.seed(), 3);
+  ExampleLeases w1(LedgerCall(&ledger, shape, 1, 2), n, step_examples, config.seed(), 3);
   std::vector<std::multiset<int64_t>> trained(shape.total_blocks / shape.blocks_per_epoch);
   std::vector<uint64_t> steps = {0, 0};
   bool done[2] = {false, false};
@@ -624,6 +674,56 @@ TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce
   }
   EXPECT_LE(steps[0] > steps[1] ? steps[0] - steps[1] : steps[1] - steps[0], 1u)
       << "the workers ran out within a step of each other";
+}
+
+// The elastic drill's defect: a joiner prepared its next step's block
+// ahead, then skipped that step to join the others. The block is trained
+// at the step it goes on at; every block of every epoch is trained once.
+TEST(ExampleLeases, AJoinerThatSkipsAPreparedStepStillTrainsEveryBlockOnce) {
+  v1::JobConfig config = DefaultJobConfig();
+  config.set_num_workers(2);
+  config.set_max_workers(3);
+  config.set_batch_size(5);
+  config.set_steps(0);
+  config.set_epochs(2);
+  const uint64_t n = 60;
+  const LedgerShape shape = ExampleLedgerShape(config, n);
+  ExampleLedger ledger;
+  ExampleLeases w0(LedgerCall(&ledger, shape, 0, 2), n, StepExamples(config), config.seed(), 2);
+  ExampleLeases w1(LedgerCall(&ledger, shape, 1, 2), n, StepExamples(config), config.seed(), 2);
+  std::multiset<uint64_t> trained;
+  uint64_t steps[2] = {0, 4};  // rank 1 joins at step 4
+  bool done[2] = {false, false};
+  bool skipped = false;
+  while (!done[0] || !done[1]) {
+    for (int w = 0; w < 2; ++w) {
+      if (done[w]) continue;
+      ExampleLeases& leases = w == 0 ? w0 : w1;
+      absl::StatusOr<uint64_t> block = leases.BlockFor(steps[w]);
+      if (absl::IsOutOfRange(block.status())) {
+        ASSERT_TRUE(leases.Flush().ok());
+        done[w] = true;
+        continue;
+      }
+      ASSERT_TRUE(block.ok()) << block.status();
+      trained.insert(*block);
+      leases.Trained(steps[w]++);
+      if (w == 1 && !skipped) {
+        // Its gradient came late; the loader had the next step's block
+        // already; the rank goes on two steps further.
+        ASSERT_TRUE(leases.BlockFor(steps[w]).ok());
+        leases.SkipTo(steps[w] + 2);
+        steps[w] += 2;
+        skipped = true;
+      }
+    }
+  }
+  const v1::DataProgress progress = ledger.Progress();
+  EXPECT_EQ(progress.consumed(), shape.total_blocks);
+  EXPECT_EQ(progress.leased(), 0u);
+  EXPECT_EQ(trained.size(), shape.total_blocks);
+  EXPECT_EQ(std::set<uint64_t>(trained.begin(), trained.end()).size(), shape.total_blocks)
+      << "a block trained twice";
 }
 
 // After a coordinator take-over, the heartbeat asks for a claim while a

@@ -552,6 +552,8 @@ absl::Status Trainer::Train(uint64_t total) {
         if (session_->Interrupted() != Interrupt::kNone) continue;
         return s;
       }
+      // The blocks leased for the steps skipped are trained from here on.
+      if (leases_ != nullptr) leases_->SkipTo(step);
       pulled_for = step;
       resumed_at = std::max(resumed_at, step);
     }
