@@ -437,6 +437,43 @@ TEST_F(JobStateMachineTest, ACheckpointNeedsACheckpointDirARunningJobAndEverySha
   EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
 }
 
+// The coordinator-mid-move drill's defect: a coordinator that took a sync
+// job over asked for its first cut at step 4 (0 + the margin) while the
+// shards were at ~400, before any had said where it was.
+TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersionsHeardSince) {
+  const std::string dir = TempFolder("takeover-cut");
+  StartJob(2, 1, v1::MODE_SYNC, dir);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  Beat(ServerRequest(0, s[0].incarnation(), 7));
+  Beat(ServerRequest(1, s[1].incarnation(), 7));
+  const v1::CoordinatorState state = machine_->ExportState();
+
+  clock_.Advance(absl::Seconds(2));
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
+  absl::StatusOr<v1::CheckpointSummary> asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
+  EXPECT_THAT(asked.status().message(), HasSubstr("waiting for the version of shards 0, 1"));
+
+  // The shards trained on meanwhile; one has said so.
+  Beat(ServerRequest(0, s[0].incarnation(), 400));
+  asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_THAT(asked.status().message(), HasSubstr("waiting for the version of shard 1"));
+  Beat(ServerRequest(1, s[1].incarnation(), 401));
+  // Both heard, the step moving: its rate is measured first.
+  asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
+  clock_.Advance(absl::Milliseconds(200));
+  Beat(ServerRequest(0, s[0].incarnation(), 410));
+  Beat(ServerRequest(1, s[1].incarnation(), 411));
+  asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  const v1::CheckpointRequest request = Beat(ServerRequest(0, s[0].incarnation(), 411)).checkpoint();
+  EXPECT_EQ(request.id(), asked->id());
+  EXPECT_GT(request.version(), 411u);
+}
+
 TEST_F(JobStateMachineTest, StopJobIsFinalAndMayBeRepeated) {
   StartJob(1, 1);
   RegisterAllServers();
@@ -1379,9 +1416,13 @@ class ReshardTest : public JobStateMachineTest {
   }
 
   // Every shard of the current map at `version`; the cut's request, once
-  // each one's heartbeat carries it.
+  // each one's heartbeat carries it. A cut is asked for once every shard
+  // has said its version, at the coordinator's next tick (DetectFailures).
   v1::CheckpointRequest CutAskedOf(uint32_t shards, uint64_t version) {
     v1::CheckpointRequest asked;
+    for (uint32_t s = 0; s < shards; ++s)
+      Beat(ServerRequest(s, servers_[s].incarnation(), version));
+    machine_->DetectFailures();
     for (uint32_t s = 0; s < shards; ++s)
       asked = Beat(ServerRequest(s, servers_[s].incarnation(), version)).checkpoint();
     return asked;

@@ -567,6 +567,14 @@ std::vector<uint64_t> Membership::LiveShardVersions() const {
   return out;
 }
 
+std::vector<uint32_t> Membership::LiveShardsUnheard() const {
+  std::vector<uint32_t> out;
+  for (uint32_t s = 0; s < num_shards(); ++s)
+    if (servers_[s].state == v1::MEMBER_STATE_ALIVE && !servers_[s].status.has_value())
+      out.push_back(s);
+  return out;
+}
+
 void Membership::RecordEvaluation(Evaluation evaluation) {
   latest_eval_ = evaluation;
 }

@@ -227,6 +227,9 @@ class Membership {
 
   // Versions of the ALIVE shards that reported chunks, by shard.
   std::vector<uint64_t> LiveShardVersions() const;
+  // ALIVE shards that have not reported a status to this coordinator yet
+  // (registered, or adopted by ImportFrom, with no heartbeat since).
+  std::vector<uint32_t> LiveShardsUnheard() const;
 
   // Records a final evaluation (from WorkerDone) as the latest evaluation.
   void RecordEvaluation(Evaluation evaluation);
