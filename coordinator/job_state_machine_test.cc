@@ -452,7 +452,8 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   clock_.Advance(absl::Seconds(2));
   machine_ = NewMachine();
   ASSERT_TRUE(machine_->TakeOver(state, "the state file").ok());
-  absl::StatusOr<v1::CheckpointSummary> asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  absl::StatusOr<v1::CheckpointSummary> asked =
+      machine_->CheckpointJob(false, JobStateMachine::Wait());
   EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
   EXPECT_THAT(asked.status().message(), HasSubstr("waiting for the version of shards 0, 1"));
 
@@ -469,7 +470,8 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   Beat(ServerRequest(1, s[1].incarnation(), 411));
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   ASSERT_TRUE(asked.ok()) << asked.status();
-  const v1::CheckpointRequest request = Beat(ServerRequest(0, s[0].incarnation(), 411)).checkpoint();
+  const v1::CheckpointRequest request =
+      Beat(ServerRequest(0, s[0].incarnation(), 411)).checkpoint();
   EXPECT_EQ(request.id(), asked->id());
   EXPECT_GT(request.version(), 411u);
 }
