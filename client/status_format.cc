@@ -272,6 +272,7 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
     lines.push_back({"coordinator", "restarted during this job"});
   lines.push_back({"elapsed", HumanDuration(status.elapsed_seconds())});
   if (!status.message().empty()) lines.push_back({"message", status.message()});
+  for (const std::string& warning : status.warnings()) lines.push_back({"warning", warning});
 
   size_t width = 0;
   for (const auto& [label, value] : lines) width = std::max(width, label.size());
@@ -451,6 +452,9 @@ std::string FormatStatusLine(const v1::JobStatus& status) {
     absl::StrAppend(&line, "  final test acc ",
                     Fixed(status.final_test_accuracy(), 4));
   if (!status.message().empty()) absl::StrAppend(&line, "  (", status.message(), ")");
+  if (status.warnings_size() > 0)
+    absl::StrAppend(&line, "  ", status.warnings_size(), " warning",
+                    status.warnings_size() == 1 ? "" : "s", ": ", status.warnings(0));
   return line;
 }
 

@@ -163,6 +163,24 @@ TEST(JobHeader, ShowsFinalEvaluationStalenessBoundAndMessage) {
   EXPECT_THAT(LineStartingWith(header, "message"), HasSubstr("all workers finished"));
 }
 
+TEST(JobHeader, ShowsEachWarningOfACompletedJobOnALineOfItsOwn) {
+  v1::JobStatus s = RunningJob();
+  s.set_state(v1::JOB_STATE_COMPLETED);
+  s.add_warnings("1 of the job's 2000 blocks of examples was never trained");
+  s.add_warnings("2 blocks were reported trained by a rank that did not hold its lease");
+  const std::string header = FormatJobHeader(s);
+  std::vector<std::string> warnings;
+  for (const std::string& l : Lines(header))
+    if (l.rfind("warning ", 0) == 0) warnings.push_back(l);
+  ASSERT_EQ(warnings.size(), 2u) << header;
+  EXPECT_THAT(warnings[0], HasSubstr(" 1 of the job's 2000 blocks"));
+  EXPECT_THAT(warnings[1], HasSubstr(" 2 blocks were reported"));
+  const std::string line = FormatStatusLine(s);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_THAT(line, HasSubstr("2 warnings: 1 of the job's 2000 blocks"));
+  EXPECT_THAT(FormatStatusLine(RunningJob()), Not(HasSubstr("warning")));
+}
+
 TEST(JobHeader, ShowsBackupWorkersAndTheLatePolicyInSyncMode) {
   v1::JobStatus s = RunningJob();
   s.mutable_config()->set_backup_workers(1);

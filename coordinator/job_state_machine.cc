@@ -242,6 +242,12 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
   message_ = std::move(message);
   ended_ = now;
   spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), message_);
+  v1::JobStatus ended;
+  ended.set_state(state);
+  if (ledger_.sized()) *ended.mutable_data() = ledger_.Progress();
+  AddCompletionWarnings(&ended);
+  for (const std::string& warning : ended.warnings())
+    spdlog::warn("job {}: {}", config_.job_id(), warning);
   changed_.SignalAll();
 }
 
@@ -1337,6 +1343,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   status.set_worker_leaves(worker_leaves_);
   status.set_worker_joins(worker_joins_);
   if (ledger_.sized()) *status.mutable_data() = ledger_.Progress();
+  AddCompletionWarnings(&status);
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());

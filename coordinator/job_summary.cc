@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace grps {
 
 namespace {
@@ -10,6 +12,22 @@ namespace {
 bool Alive(v1::MemberState state) { return state == v1::MEMBER_STATE_ALIVE; }
 
 }  // namespace
+
+void AddCompletionWarnings(v1::JobStatus* status) {
+  if (status->state() != v1::JOB_STATE_COMPLETED || !status->has_data()) return;
+  const v1::DataProgress& data = status->data();
+  if (data.consumed() < data.total_blocks()) {
+    const uint64_t missed = data.total_blocks() - data.consumed();
+    status->add_warnings(absl::StrCat(
+        missed, " of the job's ", data.total_blocks(), " blocks of examples ",
+        missed == 1 ? "was" : "were", " never trained (", data.leased(),
+        " still leased at the end): an epoch's examples were not each trained once"));
+  }
+  if (data.refused_reports() > 0)
+    status->add_warnings(absl::StrCat(
+        data.refused_reports(), " block", data.refused_reports() == 1 ? " was" : "s were",
+        " reported trained by a rank that did not hold its lease: trained twice"));
+}
 
 double MedianStep(std::vector<uint64_t> steps) {
   if (steps.empty()) return 0;

@@ -1,9 +1,12 @@
 #include "coordinator/job_summary.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace grps {
 namespace {
+
+using ::testing::HasSubstr;
 
 v1::WorkerStatus* AddWorker(v1::JobStatus* status, v1::MemberState state,
                             uint64_t step) {
@@ -127,6 +130,44 @@ TEST(JobSummary, LateAndTooStaleGradientsSumOverShardsAndByWorker) {
   EXPECT_EQ(status.workers(0).late_gradients(), 1u);
   EXPECT_EQ(status.workers(1).late_gradients(), 6u);
   EXPECT_EQ(status.workers(2).late_gradients(), 1u);
+}
+
+v1::JobStatus EndedWithLedger(v1::JobState state, uint64_t consumed, uint64_t total,
+                              uint64_t refused_reports) {
+  v1::JobStatus status;
+  status.set_state(state);
+  status.mutable_data()->set_total_blocks(total);
+  status.mutable_data()->set_consumed(consumed);
+  status.mutable_data()->set_leased(total - consumed);
+  status.mutable_data()->set_refused_reports(refused_reports);
+  return status;
+}
+
+TEST(JobSummary, ACompletedJobWhoseLedgerMissedABlockSaysSo) {
+  v1::JobStatus status = EndedWithLedger(v1::JOB_STATE_COMPLETED, 1999, 2000, 0);
+  AddCompletionWarnings(&status);
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_THAT(status.warnings(0), HasSubstr("1 of the job's 2000 blocks of examples was never "
+                                            "trained (1 still leased at the end)"));
+}
+
+TEST(JobSummary, ACompletedJobWithABlockTrainedTwiceSaysSo) {
+  v1::JobStatus status = EndedWithLedger(v1::JOB_STATE_COMPLETED, 2000, 2000, 3);
+  AddCompletionWarnings(&status);
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_THAT(status.warnings(0), HasSubstr("3 blocks were reported trained by a rank"));
+}
+
+TEST(JobSummary, NoWarningForAWholeLedgerARunningOrStoppedJobOrNoLedger) {
+  v1::JobStatus whole = EndedWithLedger(v1::JOB_STATE_COMPLETED, 2000, 2000, 0);
+  v1::JobStatus running = EndedWithLedger(v1::JOB_STATE_RUNNING, 10, 2000, 0);
+  v1::JobStatus stopped = EndedWithLedger(v1::JOB_STATE_STOPPED, 10, 2000, 0);
+  v1::JobStatus fixed;  // a job that splits its data by rank has no ledger
+  fixed.set_state(v1::JOB_STATE_COMPLETED);
+  for (v1::JobStatus* status : {&whole, &running, &stopped, &fixed}) {
+    AddCompletionWarnings(status);
+    EXPECT_EQ(status->warnings_size(), 0) << status->DebugString();
+  }
 }
 
 }  // namespace
