@@ -1,6 +1,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -353,6 +354,63 @@ TEST(ShardMap, ValidationRejectsGapsAndUnknownShards) {
   EXPECT_FALSE(ValidateShardMap(shard).ok());
 }
 
+v1::TensorSpec Shaped(std::vector<int64_t> shape) {
+  v1::TensorSpec t;
+  t.set_name("w");
+  for (int64_t d : shape) t.add_shape(d);
+  return t;
+}
+
+constexpr int64_t k2To32 = int64_t{1} << 32;
+
+TEST(ShardMap, CheckedElementCountsRefuseProductsThatWrap) {
+  EXPECT_EQ(CheckedNumElements(Shaped({})), 1u);
+  EXPECT_EQ(CheckedNumElements(Shaped({10, 64})), 640u);
+  EXPECT_EQ(CheckedNumElements(Shaped({10, 0})), std::nullopt);
+  EXPECT_EQ(CheckedNumElements(Shaped({k2To32, k2To32})), std::nullopt) << "wraps to 0";
+  EXPECT_EQ(CheckedNumElements(Shaped({int64_t{1} << 40, 1 << 24})), std::nullopt);
+  EXPECT_EQ(CheckedNumElements(Shaped({k2To32 + 1, k2To32 - 1, k2To32 + 1, k2To32 - 1})),
+            std::nullopt)
+      << "wraps to 1";
+  EXPECT_EQ(ChunksOfTensor(0, 1024), 0u);
+  EXPECT_EQ(ChunksOfTensor(256, 1024), 1u);
+  EXPECT_EQ(ChunksOfTensor(257, 1024), 2u);
+}
+
+TEST(ShardMap, BuildingRefusesATensorWhoseElementCountWraps) {
+  // The count wrapped to 0 and the cut divided by it (SIGFPE).
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap({Shaped({k2To32, k2To32})}, 2, 1024);
+  EXPECT_EQ(map.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardMap, ValidationRefusesElementCountsAndOffsetsThatWrap) {
+  // A tensor of 2^128 elements "of 1 element" (the product wraps to 1).
+  v1::ShardMap wraps_to_one;
+  *wraps_to_one.add_tensors() = Shaped({k2To32 + 1, k2To32 - 1, k2To32 + 1, k2To32 - 1});
+  v1::ChunkSpec* c = wraps_to_one.add_chunks();
+  c->set_num_elements(1);
+  wraps_to_one.add_shards();
+  EXPECT_THAT(std::string(ValidateShardMap(wraps_to_one).message()),
+              ::testing::HasSubstr("more than 2^63 - 1 elements"));
+  // A tensor of 2^64 elements and no chunk (the product wraps to 0).
+  v1::ShardMap wraps_to_zero;
+  *wraps_to_zero.add_tensors() = Shaped({k2To32, k2To32});
+  wraps_to_zero.add_shards();
+  EXPECT_FALSE(ValidateShardMap(wraps_to_zero).ok());
+  // Chunks of a 4-element tensor whose sizes sum to 4 modulo 2^64.
+  v1::ShardMap offsets_wrap;
+  *offsets_wrap.add_tensors() = Shaped({4});
+  c = offsets_wrap.add_chunks();
+  c->set_num_elements(~uint64_t{0});
+  c = offsets_wrap.add_chunks();
+  c->set_chunk_id(1);
+  c->set_offset(~uint64_t{0});
+  c->set_num_elements(5);
+  offsets_wrap.add_shards();
+  EXPECT_THAT(std::string(ValidateShardMap(offsets_wrap).message()),
+              ::testing::HasSubstr("chunk 0 runs past the end of its tensor"));
+}
+
 TEST(Initializer, ValuesDoNotDependOnChunking) {
   v1::TensorSpec t;
   t.add_shape(100);
@@ -459,6 +517,59 @@ TEST(UserModel, ARealModelsTensorsPassAndEachBrokenRuleIsNamed) {
                 for (int i = 0; i < 5; ++i) m->Mutable(0)->add_shape(1 << 8);
               }),
               HasSubstr("more than 4294967296 elements"));
+}
+
+TensorSpecs OneTensor(std::vector<int64_t> shape) {
+  TensorSpecs model;
+  v1::TensorSpec* t = model.Add();
+  t->set_name("w");
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_initializer("given");
+  return model;
+}
+
+TEST(UserModel, ShapesWhoseElementCountWrapsAreRefusedNamingTheTensor) {
+  const int64_t k2To32 = int64_t{1} << 32;
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {k2To32, k2To32},                                  // 2^64: wraps to 0
+           {int64_t{1} << 40, 1 << 24},                       // 2^64 too
+           {k2To32 + 1, k2To32 - 1, k2To32 + 1, k2To32 - 1},  // wraps to 1
+           {int64_t{1} << 33}}) {                             // 32 GiB on the shards
+    const absl::Status s = ValidateUserModel(OneTensor(shape));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shape[0];
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("tensor 0 'w' has shape [" + std::to_string(shape[0])));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("16 GiB on the shards"));
+  }
+  EXPECT_TRUE(ValidateUserModel(OneTensor({1 << 16, 1 << 16})).ok()) << "2^32: the bound";
+}
+
+TEST(UserModel, TheDescriptionIsBoundedSoThatAStatusReplyCarriesIt) {
+  auto model = [](int tensors, int name_bytes) {
+    TensorSpecs m;
+    for (int i = 0; i < tensors; ++i) {
+      v1::TensorSpec* t = m.Add();
+      const std::string index = std::to_string(i);
+      t->set_name(std::string(name_bytes - index.size(), 'x') + index);
+      t->add_shape(1);
+      t->set_initializer("given");
+    }
+    return m;
+  };
+  EXPECT_THAT(std::string(ValidateUserModel(model(100000, 8)).message()),
+              HasSubstr("100000 tensors (at most 16384)"));
+  EXPECT_THAT(std::string(ValidateUserModel(model(16384, 64)).message()),
+              HasSubstr("description takes"));
+  // A large LLM: a few thousand tensors with names like
+  // "model.layers.79.self_attn.q_proj.weight".
+  EXPECT_TRUE(ValidateUserModel(model(5000, 48)).ok());
+}
+
+TEST(UserModel, AModelOfMoreChunksThanAShardMapCarriesIsRefused) {
+  const TensorSpecs big = OneTensor({1 << 16, 1 << 16});  // 16 GiB on the shards
+  EXPECT_TRUE(CheckUserModelChunks(big, 256 * 1024).ok()) << "65,536 chunks";
+  EXPECT_THAT(std::string(CheckUserModelChunks(big, 1024).message()),
+              HasSubstr("cuts into 16777216 chunks of 1024 bytes"));
 }
 
 TEST(UserModel, TheFirstDifferenceIsNamedWithWhatTheJobHas) {

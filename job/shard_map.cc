@@ -13,22 +13,44 @@ int64_t NumElements(const v1::TensorSpec& tensor) {
   return n;
 }
 
+std::optional<uint64_t> CheckedNumElements(const v1::TensorSpec& tensor) {
+  int64_t n = 1;
+  for (int64_t d : tensor.shape())
+    if (d < 1 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return static_cast<uint64_t>(n);
+}
+
+namespace {
+
+// Elements of one chunk at most.
+uint64_t MaxChunkElements(uint64_t chunk_bytes) {
+  return std::max<uint64_t>(1, chunk_bytes / sizeof(float));
+}
+
+}  // namespace
+
+uint64_t ChunksOfTensor(uint64_t elements, uint64_t chunk_bytes) {
+  const uint64_t max_elems = MaxChunkElements(chunk_bytes);
+  return elements / max_elems + (elements % max_elems != 0 ? 1 : 0);
+}
+
 absl::StatusOr<v1::ShardMap> BuildShardMap(
     const std::vector<v1::TensorSpec>& tensors, uint32_t num_shards,
     uint64_t chunk_bytes) {
   if (num_shards == 0) return absl::InvalidArgumentError("no shards");
-  const uint64_t max_elems = std::max<uint64_t>(1, chunk_bytes / sizeof(float));
   v1::ShardMap map;
+  std::vector<uint64_t> elements;
   for (const v1::TensorSpec& t : tensors) {
-    for (int64_t d : t.shape())
-      if (d <= 0)
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", t.name(), " has a non-positive dimension"));
+    std::optional<uint64_t> n = CheckedNumElements(t);
+    if (!n.has_value())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", t.name(), " has a dimension below 1 or more than 2^63 - 1 elements"));
+    elements.push_back(*n);
     *map.add_tensors() = t;
   }
   for (int ti = 0; ti < map.tensors_size(); ++ti) {
-    const uint64_t n = NumElements(map.tensors(ti));
-    const uint64_t pieces = (n + max_elems - 1) / max_elems;
+    const uint64_t n = elements[ti];  // >= 1: every dim is
+    const uint64_t pieces = ChunksOfTensor(n, chunk_bytes);
     const uint64_t base = n / pieces, extra = n % pieces;
     uint64_t offset = 0;
     for (uint64_t p = 0; p < pieces; ++p) {
@@ -63,6 +85,13 @@ absl::Status ValidateShardMap(const v1::ShardMap& map) {
   };
   const uint32_t num_shards = map.shards_size();
   if (num_shards == 0) return bad("no shards");
+  std::vector<uint64_t> elements(map.tensors_size());
+  for (int t = 0; t < map.tensors_size(); ++t) {
+    std::optional<uint64_t> n = CheckedNumElements(map.tensors(t));
+    if (!n.has_value())
+      return bad("tensor ", t, " has a dimension below 1 or more than 2^63 - 1 elements");
+    elements[t] = *n;
+  }
   std::vector<uint64_t> next_offset(map.tensors_size(), 0);
   for (int i = 0; i < map.chunks_size(); ++i) {
     const v1::ChunkSpec& c = map.chunks(i);
@@ -73,14 +102,14 @@ absl::Status ValidateShardMap(const v1::ShardMap& map) {
     if (c.num_elements() == 0) return bad("chunk ", i, " is empty");
     if (c.offset() != next_offset[c.tensor_index()])
       return bad("chunk ", i, " does not follow its predecessor");
+    // Compared with what is left of the tensor, so that the sum cannot wrap.
+    if (c.num_elements() > elements[c.tensor_index()] - next_offset[c.tensor_index()])
+      return bad("chunk ", i, " runs past the end of its tensor");
     next_offset[c.tensor_index()] += c.num_elements();
   }
-  for (int t = 0; t < map.tensors_size(); ++t) {
-    for (int64_t d : map.tensors(t).shape())
-      if (d <= 0) return bad("tensor ", t, " has a non-positive dimension");
-    if (next_offset[t] != static_cast<uint64_t>(NumElements(map.tensors(t))))
+  for (int t = 0; t < map.tensors_size(); ++t)
+    if (next_offset[t] != elements[t])
       return bad("chunks do not cover tensor ", map.tensors(t).name());
-  }
   for (uint32_t s = 0; s < num_shards; ++s)
     if (map.shards(s).shard() != s) return bad("shard endpoints out of order");
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 #define GRPS_JOB_SHARD_MAP_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,12 +23,24 @@ absl::StatusOr<v1::ShardMap> BuildShardMap(
     const std::vector<v1::TensorSpec>& tensors, uint32_t num_shards,
     uint64_t chunk_bytes);
 
-// Checks a map received from the network: tensor indices, offsets and sizes
-// in range, chunks of a tensor tiling it exactly, shards in range.
+// Checks a map received from the network or read from a file: tensor
+// indices, offsets and sizes in range, each tensor's element count within
+// 64 bits (CheckedNumElements), chunks of a tensor tiling it exactly, shards
+// in range.
 absl::Status ValidateShardMap(const v1::ShardMap& map);
 
-// Number of elements of a tensor (product of its shape).
+// Number of elements of a tensor (product of its shape), for a shape checked
+// already (ValidateShardMap, ValidateUserModel, a built-in model's).
 int64_t NumElements(const v1::TensorSpec& tensor);
+
+// The same for a shape that came from outside: nullopt when a dim is below 1
+// or the product passes INT64_MAX (where NumElements would wrap, to 0 or to
+// any other count).
+std::optional<uint64_t> CheckedNumElements(const v1::TensorSpec& tensor);
+
+// How many chunks BuildShardMap cuts a tensor of `elements` elements into
+// at `chunk_bytes` (0 for none).
+uint64_t ChunksOfTensor(uint64_t elements, uint64_t chunk_bytes);
 
 // The chunk ids owned by `shard`, ascending.
 std::vector<uint32_t> ChunksOfShard(const v1::ShardMap& map, uint32_t shard);

@@ -1,5 +1,6 @@
 #include "job/user_model.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -32,6 +33,8 @@ v1::DType EffectiveDType(const v1::TensorSpec& t) {
   return t.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : t.dtype();
 }
 
+std::string GiB(uint64_t bytes) { return absl::StrCat(bytes >> 30, " GiB"); }
+
 absl::Status CheckTensor(int index, const v1::TensorSpec& t) {
   const std::string what = Describe(index, t);
   if (t.name().empty() || t.name().size() > kMaxTensorNameBytes)
@@ -57,6 +60,12 @@ absl::Status CheckTensor(int index, const v1::TensorSpec& t) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " has dtype ", static_cast<int>(t.dtype()),
                      " (the shards take float32, float16 and bfloat16 parameters)"));
+  // Each dim is at most 2^40, but their product can pass 2^64 and wrap.
+  const std::optional<uint64_t> elements = CheckedNumElements(t);
+  if (!elements.has_value() || *elements > kMaxUserModelElements)
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has shape ", ShapeText(t), ": more than ", kMaxUserModelElements,
+        " elements, ", GiB(kMaxUserModelBytes), " on the shards at 4 bytes an element"));
   return absl::OkStatus();
 }
 
@@ -68,6 +77,12 @@ absl::Status ValidateUserModel(const TensorSpecs& tensors) {
   if (tensors.size() > kMaxUserTensors)
     return absl::InvalidArgumentError(absl::StrCat(
         "the model has ", tensors.size(), " tensors (at most ", kMaxUserTensors, ")"));
+  size_t spec_bytes = 0;
+  for (const v1::TensorSpec& t : tensors) spec_bytes += t.ByteSizeLong();
+  if (spec_bytes > kMaxUserModelSpecBytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's description takes ", spec_bytes, " bytes (at most ",
+                     kMaxUserModelSpecBytes, ": it travels in every job status)"));
   absl::flat_hash_set<std::string> names;
   uint64_t elements = 0;
   for (int i = 0; i < tensors.size(); ++i) {
@@ -75,12 +90,26 @@ absl::Status ValidateUserModel(const TensorSpecs& tensors) {
     if (!names.insert(tensors[i].name()).second)
       return absl::InvalidArgumentError(
           absl::StrCat(Describe(i, tensors[i]), ": the name appears twice"));
+    // Each term is at most kMaxUserModelElements (CheckTensor): no wrap.
     elements += static_cast<uint64_t>(NumElements(tensors[i]));
     if (elements > kMaxUserModelElements)
       return absl::InvalidArgumentError(absl::StrCat(
-          "the model has more than ", kMaxUserModelElements, " elements (at ",
+          "the model has more than ", kMaxUserModelElements, " elements, ",
+          GiB(kMaxUserModelBytes), " on the shards at 4 bytes an element (at ",
           Describe(i, tensors[i]), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUserModelChunks(const TensorSpecs& tensors, uint64_t chunk_bytes) {
+  uint64_t chunks = 0;
+  for (const v1::TensorSpec& t : tensors)
+    chunks += ChunksOfTensor(static_cast<uint64_t>(NumElements(t)), chunk_bytes);
+  if (chunks > kMaxUserModelChunks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model cuts into ", chunks, " chunks of ", chunk_bytes, " bytes (at most ",
+        kMaxUserModelChunks, ", which every shard map carries); a job with a larger "
+        "--chunk_bytes cuts it into fewer"));
   return absl::OkStatus();
 }
 

@@ -17,19 +17,34 @@ namespace grps {
 
 using TensorSpecs = google::protobuf::RepeatedPtrField<v1::TensorSpec>;
 
-// Bounds of a model a job takes.
-inline constexpr int kMaxUserTensors = 100000;
+// Bounds of a model a job takes. The model travels in every JobStatus and
+// registration reply (JobConfig.model_tensors), and its chunks in every
+// shard map, so both its description and its chunk count are bounded, well
+// below gRPC's 64 MiB message; a large LLM has a few thousand tensors.
+inline constexpr int kMaxUserTensors = 16384;
+inline constexpr size_t kMaxUserModelSpecBytes = size_t{1} << 20;  // serialized specs
 inline constexpr size_t kMaxTensorNameBytes = 256;
 inline constexpr int kMaxTensorDims = 16;
-// Elements of the whole model (f32 on the shards: 16 GiB).
-inline constexpr uint64_t kMaxUserModelElements = uint64_t{1} << 32;
+// What the shards hold of the model, each tensor and all of them together:
+// 4 bytes an element, whatever the tensor's dtype (the shards keep float32
+// weights), at most 16 GiB.
+inline constexpr uint64_t kMaxUserModelBytes = uint64_t{16} << 30;
+inline constexpr uint64_t kMaxUserModelElements = kMaxUserModelBytes / sizeof(float);
+// Chunks of the model's shard map (CheckUserModelChunks).
+inline constexpr uint64_t kMaxUserModelChunks = uint64_t{1} << 18;
 
 // INVALID_ARGUMENT naming the first tensor that breaks a rule: at least one
-// tensor; names unique, 1..kMaxTensorNameBytes of [A-Za-z0-9_.:/-]; at most
+// tensor and at most kMaxUserTensors, kMaxUserModelSpecBytes serialized;
+// names unique, 1..kMaxTensorNameBytes of [A-Za-z0-9_.:/-]; at most
 // kMaxTensorDims dims, each in [1, 2^40] (no dims: a scalar, one element);
 // initializer "given"; dtype f32, f16 or bf16 (UNSPECIFIED: f32); at most
-// kMaxUserModelElements elements in all.
+// kMaxUserModelBytes on the shards, for each tensor (its element count
+// computed without overflow) and for the whole model.
 absl::Status ValidateUserModel(const TensorSpecs& tensors);
+
+// INVALID_ARGUMENT when a model that passed ValidateUserModel cuts into more
+// than kMaxUserModelChunks chunks of `chunk_bytes` (BuildShardMap's cut).
+absl::Status CheckUserModelChunks(const TensorSpecs& tensors, uint64_t chunk_bytes);
 
 // Empty when `offered` is the model `defined`; otherwise what differs,
 // naming the first tensor (by position) that does: "tensor 3 'fc.weight'
