@@ -203,13 +203,8 @@ grpc::Status CoordinatorService::LeaseExamples(grpc::ServerContext* context,
                                         request->worker_rank(), request->incarnation());
       !member.ok())
     return member;
-  if (request->want() > ExampleLedger::kMaxWant ||
-      request->trained_size() > ExampleLedger::kMaxReports ||
-      request->held_size() > ExampleLedger::kMaxReports || request->train_examples() == 0)
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("LeaseExamples: want at most ", ExampleLedger::kMaxWant,
-                                     ", report and hold at most ", ExampleLedger::kMaxReports,
-                                     " blocks each, and give train_examples"));
+  // The request is checked whole (its counts, its blocks against the
+  // ledger's shape, train_examples against the job) before anything changes.
   absl::StatusOr<v1::LeaseExamplesResponse> leased = machine_.LeaseExamples(*request);
   if (!leased.ok()) return ToGrpc(leased.status());
   *response = std::move(*leased);

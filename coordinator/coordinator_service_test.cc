@@ -16,19 +16,23 @@
 
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
+#include "coordinator/example_ledger.h"
 #include "coordinator/fake_clock.h"
 #include "coordinator/test_job.h"
 #include "daemon/env.h"
 #include "daemon/daemon.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/user_model.h"
 
 namespace grps {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
@@ -45,6 +49,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
     config_.set_checkpoint_storage(storage_);
     config_.set_max_workers(max_workers_);
+    if (configure_) configure_(&config_);
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
@@ -230,9 +235,37 @@ class CoordinatorServiceTest : public ::testing::Test {
     return *written;
   }
 
+  // What a refused call must leave as it was: the job's status (the fake
+  // clock stands still, so an equal job answers an equal status), with its
+  // membership epoch, and the state file PersistState writes.
+  struct Snapshot {
+    v1::JobStatus status;
+    std::string state_file;
+  };
+  Snapshot Snap(const std::string& dir) {
+    Snapshot snap;
+    snap.status = Status();
+    EXPECT_TRUE(service_->PersistState(/*force=*/true).ok());
+    absl::StatusOr<std::string> bytes =
+        Env::Default()->ReadFile(JoinPath(dir, "coordinator.state"));
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    snap.state_file = bytes.value_or("");
+    return snap;
+  }
+  void ExpectUnchanged(const Snapshot& before, const std::string& dir) {
+    const Snapshot after = Snap(dir);
+    std::string differences;
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&differences);
+    EXPECT_TRUE(differ.Compare(before.status, after.status)) << differences;
+    EXPECT_EQ(after.status.membership_epoch(), before.status.membership_epoch());
+    EXPECT_TRUE(after.state_file == before.state_file) << "the state file changed";
+  }
+
   FakeClock clock_;
   v1::CheckpointStorage storage_ = v1::CHECKPOINT_STORAGE_SHARED;  // set before StartJob
   uint32_t max_workers_ = 0;  // set before StartJob: an elastic job
+  std::function<void(v1::JobConfig*)> configure_;  // set before StartJob: edits the job
   v1::ShardMap map_;
   v1::JobConfig config_;
   std::unique_ptr<CoordinatorService> service_;
@@ -690,6 +723,189 @@ TEST_F(CoordinatorServiceTest, LeaseExamplesRefusesOversizedOrIncompleteRequests
   EXPECT_EQ(data.consumed(), 1u);
   EXPECT_EQ(data.leased(), 14u);
   EXPECT_EQ(data.refused_reports(), 0u);
+}
+
+// ---- A worker-token holder's hostile requests (issue 39) ----
+
+TEST_F(CoordinatorServiceTest, DefineModelRefusesWrappingOrOversizedModelsAndChangesNothing) {
+  configure_ = [](v1::JobConfig* c) { c->set_model(v1::MODEL_USER); };
+  const std::string dir = TempFolder("define-model");
+  StartJob(2, 2, v1::MODE_SYNC, dir);
+  auto model = [](const std::vector<std::vector<int64_t>>& shapes, int name_bytes = 2) {
+    v1::DefineModelRequest request;
+    request.set_job_id("test-job");
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      v1::TensorSpec* t = request.add_tensors();
+      const std::string index = std::to_string(i);
+      t->set_name(std::string(std::max<int>(0, name_bytes - index.size()), 'w') + index);
+      for (int64_t d : shapes[i]) t->add_shape(d);
+      t->set_initializer("given");
+    }
+    return request;
+  };
+  const int64_t k2To32 = int64_t{1} << 32;
+  const std::vector<std::pair<v1::DefineModelRequest, std::string>> hostile = {
+      // The element count wraps to 0: the shard map divided by it (SIGFPE).
+      {model({{k2To32, k2To32}}), "tensor 0 'w0' has shape [4294967296, 4294967296]"},
+      {model({{int64_t{1} << 40, 1 << 24}}), "tensor 0 'w0' has shape [1099511627776"},
+      // Wraps to 1: "a tensor of 3.4e38 elements" in one chunk of one.
+      {model({{k2To32 + 1, k2To32 - 1, k2To32 + 1, k2To32 - 1}}), "16 GiB on the shards"},
+      {model({{int64_t{1} << 33}}), "tensor 0 'w0' has shape [8589934592]"},
+      {model(std::vector<std::vector<int64_t>>(100000, {1})), "100000 tensors (at most 16384)"},
+      {model(std::vector<std::vector<int64_t>>(16384, {1}), 64), "description takes"},
+  };
+  const Snapshot before = Snap(dir);
+  for (const auto& [request, expected] : hostile) {
+    v1::DefineModelResponse reply;
+    grpc::Status st = stub_->DefineModel(Context().get(), request, &reply);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << expected;
+    EXPECT_THAT(st.error_message(), HasSubstr(expected));
+    ExpectUnchanged(before, dir);
+  }
+  // Still up, and a real model defines the job.
+  v1::DefineModelResponse reply;
+  grpc::Status st = stub_->DefineModel(Context().get(), model({{64, 8}, {64}}), &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(reply.defined());
+  EXPECT_EQ(Status().config().model_tensors_size(), 2);
+}
+
+TEST_F(CoordinatorServiceTest, DefineModelRefusesAModelOfMoreChunksThanAShardMapCarries) {
+  configure_ = [](v1::JobConfig* c) {
+    c->set_model(v1::MODEL_USER);
+    c->set_chunk_bytes(1024);
+  };
+  const std::string dir = TempFolder("define-model-chunks");
+  StartJob(2, 2, v1::MODE_SYNC, dir);
+  v1::DefineModelRequest request;
+  request.set_job_id("test-job");
+  v1::TensorSpec* t = request.add_tensors();
+  t->set_name("embedding");
+  t->add_shape(1 << 16);
+  t->add_shape(1 << 16);  // 16 GiB on the shards: 16,777,216 chunks of 1 KiB
+  t->set_initializer("given");
+  const Snapshot before = Snap(dir);
+  v1::DefineModelResponse reply;
+  grpc::Status st = stub_->DefineModel(Context().get(), request, &reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("cuts into 16777216 chunks of 1024 bytes"));
+  ExpectUnchanged(before, dir);
+}
+
+class HostileLeaseTest : public CoordinatorServiceTest {
+ protected:
+  // An elastic job (2 workers, up to 4) running, with rank 2 joining it.
+  void SetUp() override {
+    max_workers_ = 4;
+    dir_ = TempFolder("hostile-lease");
+    StartJob(1, 2, v1::MODE_SYNC, dir_);
+    RegisterAllServers();
+    workers_ = RegisterAllWorkers();
+    ASSERT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(RegisterWorker(2, &joiner_).ok());
+    ASSERT_TRUE(Status().workers(2).joining());
+  }
+
+  v1::LeaseExamplesRequest Lease(uint32_t rank, uint64_t incarnation, uint64_t train_examples,
+                                 uint32_t want) {
+    v1::LeaseExamplesRequest r;
+    r.set_job_id("test-job");
+    r.set_worker_rank(rank);
+    r.set_incarnation(incarnation);
+    r.set_train_examples(train_examples);
+    r.set_want(want);
+    return r;
+  }
+
+  grpc::Status Call(const v1::LeaseExamplesRequest& r, v1::LeaseExamplesResponse* reply) {
+    return stub_->LeaseExamples(Context().get(), r, reply);
+  }
+
+  std::string dir_;
+  std::vector<v1::RegisterWorkerResponse> workers_;
+  v1::RegisterWorkerResponse joiner_;
+};
+
+TEST_F(HostileLeaseTest, ARefusedFirstLeaseSizesNoLedgerAndMarksNoRankReady) {
+  const Snapshot before = Snap(dir_);
+  v1::LeaseExamplesResponse reply;
+  // 2,100 examples and a report of block 2^64 - 1, from rank 0 and from the
+  // joiner: before, the first sized the ledger at 2,100's shape and the
+  // second made rank 2 ready, though both were refused.
+  for (auto [rank, incarnation] : {std::pair<uint32_t, uint64_t>{0, workers_[0].incarnation()},
+                                   {2, joiner_.incarnation()}}) {
+    v1::LeaseExamplesRequest r = Lease(rank, incarnation, 2100, 1);
+    r.add_trained()->set_block(~uint64_t{0});
+    grpc::Status st = Call(r, &reply);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << rank;
+    EXPECT_THAT(st.error_message(),
+                HasSubstr("trained block 18446744073709551615 is out of range"));
+    ExpectUnchanged(before, dir_);
+  }
+  EXPECT_TRUE(Status().workers(2).joining());
+  // Each other way to be refused: none changes anything either.
+  std::vector<std::pair<v1::LeaseExamplesRequest, std::string>> refused;
+  refused.push_back({Lease(0, workers_[0].incarnation(), ~uint64_t{0}, 64),
+                     "train_examples 18446744073709551615 is more than 1099511627776"});
+  refused.push_back({Lease(0, workers_[0].incarnation(), 0, 1), "train_examples must be"});
+  refused.push_back({Lease(2, joiner_.incarnation(), 2000, 65), "want 65 is more than 64"});
+  v1::LeaseExamplesRequest held = Lease(2, joiner_.incarnation(), 2000, 1);
+  held.add_held(93);  // 2,000 examples: 31 blocks an epoch, 93 in all
+  refused.push_back({held, "held block 93 is out of range; the job has 93"});
+  v1::LeaseExamplesRequest reports = Lease(2, joiner_.incarnation(), 2000, 1);
+  for (int i = 0; i < 1025; ++i) reports.add_trained()->set_block(0);
+  refused.push_back({reports, "at most 1024 trained blocks per report"});
+  for (const auto& [r, expected] : refused) {
+    grpc::Status st = Call(r, &reply);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << expected;
+    EXPECT_THAT(st.error_message(), HasSubstr(expected));
+    ExpectUnchanged(before, dir_);
+  }
+
+  // The real training set sizes the ledger, and the joiner's first lease
+  // makes it ready.
+  grpc::Status st = Call(Lease(0, workers_[0].incarnation(), 2000, 8), &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reply.blocks_size(), 8);
+  EXPECT_EQ(reply.blocks_per_epoch(), 31u);
+  st = Call(Lease(2, joiner_.incarnation(), 2000, 1), &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(Status().workers(2).joining());
+  EXPECT_EQ(Status().membership_epoch(), before.status.membership_epoch() + 1);
+  // Another training set is refused now, and changes nothing.
+  const Snapshot sized = Snap(dir_);
+  EXPECT_EQ(Call(Lease(1, workers_[1].incarnation(), 2100, 1), &reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ExpectUnchanged(sized, dir_);
+}
+
+// The bounded form of "a lease loop of 30 s keeps the coordinator's memory
+// flat" (docs/security.md has the 30 s figure): a rank that never reports
+// holds at most kMaxHeld blocks, and the ledger and the state file stop
+// growing there.
+TEST_F(HostileLeaseTest, ALeaseLoopThatNeverReportsHoldsABoundedNumberOfBlocks) {
+  const uint64_t train_examples = 64 * 100000;  // 300,000 blocks over 3 epochs
+  v1::LeaseExamplesResponse reply;
+  uint64_t leased = 0;
+  for (int i = 0; i < 2; ++i) {
+    grpc::Status st = Call(Lease(0, workers_[0].incarnation(), train_examples, 64), &reply);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    leased += reply.blocks_size();
+  }
+  EXPECT_EQ(leased, ExampleLedger::kMaxHeld);
+  const Snapshot full = Snap(dir_);
+  for (int i = 0; i < 2000; ++i) {
+    grpc::Status st = Call(Lease(0, workers_[0].incarnation(), train_examples, 64), &reply);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(reply.blocks_size(), 0) << "call " << i;
+    ASSERT_FALSE(reply.exhausted()) << "blocks are left for the others";
+  }
+  ExpectUnchanged(full, dir_);
+  EXPECT_EQ(Status().data().leased(), ExampleLedger::kMaxHeld);
+  // The other workers are leased as before.
+  grpc::Status st = Call(Lease(1, workers_[1].incarnation(), train_examples, 8), &reply);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reply.blocks_size(), 8);
 }
 
 TEST_F(CoordinatorServiceTest, LeaseExamplesInAJobThatIsNotElasticIsFailedPrecondition) {

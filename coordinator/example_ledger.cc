@@ -7,18 +7,89 @@
 
 namespace grps {
 
-absl::Status ExampleLedger::Size(LedgerShape shape) {
+namespace {
+
+// INVALID_ARGUMENT for more than kMaxReports trained blocks or one out of
+// `shape`'s range. `Trained`: a container of v1::TrainedBlock.
+template <typename Trained>
+absl::Status CheckReports(const LedgerShape& shape, const Trained& trained) {
+  if (static_cast<size_t>(trained.size()) > static_cast<size_t>(ExampleLedger::kMaxReports))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at most ", ExampleLedger::kMaxReports, " trained blocks per report, not ",
+        trained.size()));
+  for (const v1::TrainedBlock& t : trained)
+    if (t.block() >= shape.total_blocks)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trained block ", t.block(), " is out of range; the job has ", shape.total_blocks));
+  return absl::OkStatus();
+}
+
+// The same for held blocks. `Held`: a container of uint64_t.
+template <typename Held>
+absl::Status CheckHeld(const LedgerShape& shape, const Held& held) {
+  if (static_cast<size_t>(held.size()) > static_cast<size_t>(ExampleLedger::kMaxReports))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at most ", ExampleLedger::kMaxReports, " held blocks per request, not ", held.size()));
+  for (uint64_t block : held)
+    if (block >= shape.total_blocks)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "held block ", block, " is out of range; the job has ", shape.total_blocks));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LedgerShape> ExampleLedger::ShapeFor(const v1::JobConfig& config,
+                                                    uint64_t train_examples) {
+  if (train_examples == 0)
+    return absl::InvalidArgumentError("train_examples must be the examples the worker loaded");
+  if (train_examples > kMaxTrainExamples)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_examples ", train_examples, " is more than ", kMaxTrainExamples, " (2^40)"));
+  const uint64_t limit = config.dataset().train_limit();
+  if (limit > 0 && train_examples > limit)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_examples ", train_examples, " is more than the job's train_limit ", limit));
+  const LedgerShape shape = ExampleLedgerShape(config, train_examples);
+  // ExampleLedgerShape's product again, checked: steps x workers, or
+  // blocks_per_epoch x epochs.
+  uint64_t total = 0;
+  const bool overflow =
+      config.steps() > 0
+          ? __builtin_mul_overflow(config.steps(),
+                                   std::max<uint64_t>(1, config.num_workers()), &total)
+          : __builtin_mul_overflow(shape.blocks_per_epoch,
+                                   std::max<uint64_t>(1, config.epochs()), &total);
+  if (overflow || total > kMaxBlocks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_examples ", train_examples, " makes a ledger of more than ", kMaxBlocks,
+        " blocks (2^32) for this job"));
+  return shape;
+}
+
+absl::Status ExampleLedger::CheckRequest(const LedgerShape& shape,
+                                         const v1::LeaseExamplesRequest& request) {
+  if (request.want() > kMaxWant)
+    return absl::InvalidArgumentError(
+        absl::StrCat("want ", request.want(), " is more than ", kMaxWant));
+  if (absl::Status s = CheckReports(shape, request.trained()); !s.ok()) return s;
+  return CheckHeld(shape, request.held());
+}
+
+absl::Status ExampleLedger::CheckSize(const LedgerShape& shape) const {
   if (shape.blocks_per_epoch == 0 || shape.total_blocks == 0)
     return absl::InvalidArgumentError("the example ledger needs at least one block");
-  if (sized()) {
-    if (shape.blocks_per_epoch == shape_.blocks_per_epoch &&
-        shape.total_blocks == shape_.total_blocks)
-      return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this worker's training set makes ", shape.total_blocks, " blocks, ",
-        shape.blocks_per_epoch, " per epoch; the job's ledger has ", shape_.total_blocks, ", ",
-        shape_.blocks_per_epoch, " per epoch (every worker must load the same training set)"));
-  }
+  if (!sized() || (shape.blocks_per_epoch == shape_.blocks_per_epoch &&
+                   shape.total_blocks == shape_.total_blocks))
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this worker's training set makes ", shape.total_blocks, " blocks, ",
+      shape.blocks_per_epoch, " per epoch; the job's ledger has ", shape_.total_blocks, ", ",
+      shape_.blocks_per_epoch, " per epoch (every worker must load the same training set)"));
+}
+
+absl::Status ExampleLedger::Size(LedgerShape shape) {
+  if (absl::Status s = CheckSize(shape); !s.ok()) return s;
   shape_ = shape;
   return absl::OkStatus();
 }
@@ -30,14 +101,7 @@ absl::StatusOr<std::vector<uint64_t>> ExampleLedger::Lease(
   if (!sized()) return absl::FailedPreconditionError("the example ledger is not sized yet");
   if (want > kMaxWant)
     return absl::InvalidArgumentError(absl::StrCat("want must be at most ", kMaxWant));
-  if (trained.size() > static_cast<size_t>(kMaxReports))
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most ", kMaxReports, " trained blocks per report"));
-  for (const v1::TrainedBlock& t : trained)
-    if (t.block() >= shape_.total_blocks)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "trained block ", t.block(), " is out of range; the job has ",
-          shape_.total_blocks));
+  if (absl::Status s = CheckReports(shape_, trained); !s.ok()) return s;
   for (const v1::TrainedBlock& t : trained) {
     if (t.block() >= blocks_.size()) {
       ++refused_reports_;
@@ -66,7 +130,9 @@ absl::StatusOr<std::vector<uint64_t>> ExampleLedger::Lease(
                              (shape_.total_blocks - blocks_.size());
   const uint64_t share = (available + std::max<uint32_t>(1, sharing) - 1) /
                          std::max<uint32_t>(1, sharing);
-  const uint64_t wanted = std::min<uint64_t>(want, share);
+  const uint64_t held = LeasedBy(rank);
+  const uint64_t room = held < kMaxHeld ? kMaxHeld - held : 0;
+  const uint64_t wanted = std::min<uint64_t>({want, share, room});
   std::vector<uint64_t> leased;
   while (leased.size() < wanted) {
     uint64_t block;
@@ -88,7 +154,8 @@ absl::StatusOr<std::vector<uint64_t>> ExampleLedger::Lease(
     leased.push_back(block);
   }
   std::sort(leased.begin(), leased.end());
-  *exhausted = want > 0 && leased.empty() && !holding_limbo();
+  // Not when the rank holds too many to be leased more: blocks are left.
+  *exhausted = want > 0 && available == 0 && !holding_limbo();
   return leased;
 }
 
@@ -106,13 +173,7 @@ void ExampleLedger::Free(uint64_t block) {
 }
 
 absl::Status ExampleLedger::Claim(uint32_t rank, absl::Span<const uint64_t> held) {
-  if (held.size() > static_cast<size_t>(kMaxReports))
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most ", kMaxReports, " held blocks per request"));
-  for (uint64_t block : held)
-    if (block >= shape_.total_blocks)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "held block ", block, " is out of range; the job has ", shape_.total_blocks));
+  if (absl::Status s = CheckHeld(shape_, held); !s.ok()) return s;
   for (uint64_t block : held) {
     if (block >= blocks_.size() || blocks_[block].kind != Kind::kLimbo) continue;
     limbo_.erase(block);

@@ -48,24 +48,49 @@ class ExampleLedger {
   // At most this many blocks are leased, and reported, per request.
   static constexpr uint32_t kMaxWant = 64;
   static constexpr int kMaxReports = 1024;
+  // Blocks a rank holds, leased and not reported, beyond which it is leased
+  // none until it reports (a worker holds one lease of 8, and the blocks of
+  // the steps its loader prepared ahead).
+  static constexpr uint64_t kMaxHeld = 2 * kMaxWant;
   // Blocks put in limbo by an import (at most; fewer near the end).
   static constexpr uint64_t kLimboBlocks = 1 << 14;
+  // A training set's examples, and a ledger's blocks, at most.
+  static constexpr uint64_t kMaxTrainExamples = uint64_t{1} << 40;
+  static constexpr uint64_t kMaxBlocks = uint64_t{1} << 32;
+
+  // The shape of `config`'s ledger for a worker that loaded `train_examples`
+  // (ExampleLedgerShape), computed without overflow. INVALID_ARGUMENT for
+  // train_examples 0, above kMaxTrainExamples or above the job's
+  // dataset.train_limit, or a ledger of more than kMaxBlocks blocks.
+  static absl::StatusOr<LedgerShape> ShapeFor(const v1::JobConfig& config,
+                                              uint64_t train_examples);
+
+  // Everything a lease request could be refused for by a ledger of `shape`
+  // (the shape this one has, or will have once sized): want, the number of
+  // reported and held blocks, each block in range. A request that passes is
+  // refused by neither Claim nor Lease, so that it is checked whole before
+  // anything changes.
+  static absl::Status CheckRequest(const LedgerShape& shape,
+                                   const v1::LeaseExamplesRequest& request);
 
   // Sizes the ledger (the first worker's training set decides); an equal
   // shape later is OK, another FAILED_PRECONDITION. INVALID_ARGUMENT for an
   // empty shape.
   absl::Status Size(LedgerShape shape);
+  // What Size would answer, changing nothing.
+  absl::Status CheckSize(const LedgerShape& shape) const;
   bool sized() const { return shape_.total_blocks > 0; }
   uint64_t blocks_per_epoch() const { return shape_.blocks_per_epoch; }
 
   // Records `trained` for `rank` (a block the rank does not hold is counted
   // in refused_reports; one it already reported is ignored), then leases it
-  // up to `want` blocks, the returned ones first, ascending, and at most its
+  // up to `want` blocks, the returned ones first, ascending, at most its
   // share of what is left when `sharing` workers share it (rounded up), so
-  // that the workers run out within a block of each other. `*exhausted`
-  // when it wanted some and none is left to lease. INVALID_ARGUMENT for a
-  // block out of range, more than kMaxReports reports or want > kMaxWant;
-  // FAILED_PRECONDITION before Size. On error nothing changes.
+  // that the workers run out within a block of each other, and no more than
+  // keep it within kMaxHeld held. `*exhausted` when it wanted some and none
+  // is left to lease. INVALID_ARGUMENT for a block out of range, more than
+  // kMaxReports reports or want > kMaxWant; FAILED_PRECONDITION before
+  // Size. On error nothing changes.
   absl::StatusOr<std::vector<uint64_t>> Lease(uint32_t rank,
                                               absl::Span<const v1::TrainedBlock> trained,
                                               uint32_t want, bool* exhausted,

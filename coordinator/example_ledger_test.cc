@@ -517,6 +517,100 @@ TEST(ExampleLedger, ExactlyKMaxReportsReportsAreAccepted) {
   EXPECT_EQ(p.refused_reports(), 0u);
 }
 
+// --- What a rank may hold, and what a request may be ---------------------
+
+TEST(ExampleLedger, ARankHoldsAtMostKMaxHeldUnreportedBlocksAndIsLeasedMoreOnceItReports) {
+  ExampleLedger ledger = SizedLedger(1000, 100000);
+  std::vector<uint64_t> held;
+  for (int i = 0; i < 10; ++i) {
+    bool exhausted = true;
+    for (uint64_t b : MustLease(ledger, 0, {}, ExampleLedger::kMaxWant, &exhausted))
+      held.push_back(b);
+    EXPECT_FALSE(exhausted) << "blocks are left: the rank holds too many";
+  }
+  EXPECT_EQ(held.size(), ExampleLedger::kMaxHeld);
+  EXPECT_EQ(ledger.LeasedBy(0), ExampleLedger::kMaxHeld);
+  // Another rank is not held back by rank 0's.
+  EXPECT_EQ(MustLease(ledger, 1, {}, ExampleLedger::kMaxWant).size(), ExampleLedger::kMaxWant);
+  // Eight reported make room for eight.
+  std::vector<v1::TrainedBlock> reports;
+  for (int i = 0; i < 8; ++i) reports.push_back(Trained(held[i], i));
+  EXPECT_EQ(MustLease(ledger, 0, reports, ExampleLedger::kMaxWant).size(), 8u);
+}
+
+// The bounded form of issue 39's 30 s lease loop (want 64, never a report),
+// which grew a ledger of 5.8e17 blocks by 4.6 M blocks: a few thousand calls
+// leave it and its export where the first two did.
+TEST(ExampleLedger, ALeaseLoopThatNeverReportsLeavesTheLedgerAsItWas) {
+  ExampleLedger ledger = SizedLedger(uint64_t{1} << 30, uint64_t{1} << 32);
+  MustLease(ledger, 0, {}, ExampleLedger::kMaxWant);
+  MustLease(ledger, 0, {}, ExampleLedger::kMaxWant);
+  const v1::ExampleLedgerState full = Export(ledger);
+  for (int i = 0; i < 5000; ++i) ASSERT_THAT(MustLease(ledger, 0, {}, 64), IsEmpty()) << i;
+  EXPECT_TRUE(MessageDifferencer::Equals(Export(ledger), full));
+  EXPECT_EQ(ledger.Progress().leased(), ExampleLedger::kMaxHeld);
+}
+
+TEST(ExampleLedger, ShapeForRefusesNoOrAnAbsurdTrainingSetAndOneOverTheJobsLimit) {
+  v1::JobConfig config = DefaultJobConfig();  // batch 64, 3 epochs
+  absl::StatusOr<LedgerShape> shape = ExampleLedger::ShapeFor(config, 2000);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->blocks_per_epoch, 31u);
+  EXPECT_EQ(shape->total_blocks, 93u);
+  auto refused = [&](uint64_t train_examples) {
+    absl::StatusOr<LedgerShape> s = ExampleLedger::ShapeFor(config, train_examples);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << train_examples;
+    return std::string(s.status().message());
+  };
+  EXPECT_THAT(refused(0), ::testing::HasSubstr("train_examples must be"));
+  EXPECT_THAT(refused(~uint64_t{0}),
+              ::testing::HasSubstr("is more than 1099511627776 (2^40)"));
+  EXPECT_THAT(refused(ExampleLedger::kMaxTrainExamples),
+              ::testing::HasSubstr("more than 4294967296 blocks"))
+      << "2^34 blocks an epoch";
+  config.set_batch_size(1024);
+  EXPECT_TRUE(ExampleLedger::ShapeFor(config, ExampleLedger::kMaxTrainExamples).ok())
+      << "2^30 blocks an epoch";
+  config = DefaultJobConfig();
+  config.mutable_dataset()->set_train_limit(1000);
+  EXPECT_THAT(refused(2000), ::testing::HasSubstr("more than the job's train_limit 1000"));
+  EXPECT_TRUE(ExampleLedger::ShapeFor(config, 1000).ok());
+  // Blocks per epoch x epochs, and steps x workers, past 2^32 or 2^64.
+  config = DefaultJobConfig();
+  config.set_epochs(~uint32_t{0});
+  EXPECT_THAT(refused(ExampleLedger::kMaxTrainExamples),
+              ::testing::HasSubstr("more than 4294967296 blocks"));
+  config.set_steps(uint64_t{1} << 63);
+  config.set_num_workers(4);
+  EXPECT_THAT(refused(2000), ::testing::HasSubstr("more than 4294967296 blocks"));
+}
+
+TEST(ExampleLedger, CheckRequestRefusesWhatLeaseAndClaimWouldAgainstTheShapeGiven) {
+  const LedgerShape shape = Shape(31, 93);
+  auto request = [] {
+    v1::LeaseExamplesRequest r;
+    r.set_want(ExampleLedger::kMaxWant);
+    r.add_trained()->set_block(92);
+    r.add_held(92);
+    return r;
+  };
+  EXPECT_TRUE(ExampleLedger::CheckRequest(shape, request()).ok());
+  std::vector<v1::LeaseExamplesRequest> refused(5, request());
+  refused[0].set_want(ExampleLedger::kMaxWant + 1);
+  refused[1].add_trained()->set_block(~uint64_t{0});
+  refused[2].add_held(93);
+  for (int i = 0; i < ExampleLedger::kMaxReports; ++i) refused[3].add_trained()->set_block(0);
+  for (int i = 0; i < ExampleLedger::kMaxReports; ++i) refused[4].add_held(0);
+  for (const v1::LeaseExamplesRequest& r : refused)
+    EXPECT_EQ(ExampleLedger::CheckRequest(shape, r).code(), absl::StatusCode::kInvalidArgument)
+        << r.ShortDebugString().substr(0, 80);
+  // An unsized ledger checks nothing against its own (empty) shape.
+  ExampleLedger ledger;
+  EXPECT_EQ(ledger.CheckSize(Shape(0, 0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ledger.CheckSize(shape).ok());
+  EXPECT_FALSE(ledger.sized()) << "CheckSize sizes nothing";
+}
+
 // --- Export and import --------------------------------------------------
 
 // A ledger with trained, leased and free blocks and both counters set.

@@ -127,6 +127,7 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
       return ModelMismatchError(config_.job_id(), difference);
     return false;
   }
+  if (absl::Status s = CheckUserModelChunks(tensors, config_.chunk_bytes()); !s.ok()) return s;
   absl::StatusOr<v1::ShardMap> built =
       BuildShardMap({tensors.begin(), tensors.end()}, membership_.num_shards(),
                     config_.chunk_bytes());
@@ -1135,17 +1136,26 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
         " is not a live incarnation: it leases no examples"));
-  absl::Status sized = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
-  if (!sized.ok() && ledger_from_checkpoint_) {
-    // A checkpoint's ledger of another job's shape (another batch, data set
-    // or epoch count): the epochs start over.
+  // The whole request is checked before anything changes: a refused one
+  // leaves the ledger (unsized too), the rank's readiness and the
+  // membership epoch as they were.
+  const absl::StatusOr<LedgerShape> shape =
+      ExampleLedger::ShapeFor(config_, request.train_examples());
+  if (!shape.ok()) return shape.status();
+  const absl::Status fits = ledger_.CheckSize(*shape);
+  // A checkpoint's ledger of another job's shape (another batch, data set
+  // or epoch count): the epochs start over.
+  const bool start_over = !fits.ok() && ledger_from_checkpoint_;
+  if (!fits.ok() && !start_over) return fits;
+  if (absl::Status s = ExampleLedger::CheckRequest(*shape, request); !s.ok()) return s;
+  if (start_over) {
     spdlog::warn("the checkpoint's example ledger does not fit this job ({}); the epochs "
-                 "start over", std::string(sized.message()));
+                 "start over", std::string(fits.message()));
     ledger_ = ExampleLedger();
-    sized = ledger_.Size(ExampleLedgerShape(config_, request.train_examples()));
   }
   ledger_from_checkpoint_ = false;
-  if (!sized.ok()) return sized;
+  // Neither this nor Claim and Lease below refuse what passed the checks.
+  if (absl::Status s = ledger_.Size(*shape); !s.ok()) return s;
   if (membership_.MarkReady(request.worker_rank()))
     spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
                  request.worker_rank(), membership_.membership_epoch());
