@@ -21,6 +21,22 @@ v1::JobConfig CoordinatorFuzzConfig(uint8_t first_byte) {
   c.set_heartbeat_interval_ms(100);
   c.set_heartbeat_timeout_ms(1000);
   c.set_recovery_timeout_ms(3000);
+  if ((first_byte & kJobUserModel) == kJobUserModel) {
+    c.set_model(v1::MODEL_USER);
+    c.set_mode(v1::MODE_SYNC);
+    if (first_byte & kJobCheckpoints) {
+      c.set_checkpoint_dir(kCoordinatorFuzzCheckpointDir);
+      c.set_checkpoint_every_steps(2);
+    }
+    return c;
+  }
+  if (first_byte & kJobElastic) {
+    // The ledger's size is the workers' to say (train_examples), as it is
+    // in a job with epochs.
+    c.set_max_workers(3);
+    c.set_steps(0);
+    c.set_epochs(2);
+  }
   switch (first_byte & 0x30) {
     case kJobAsync:
       c.set_mode(v1::MODE_ASYNC);

@@ -15,7 +15,9 @@
 // The job is tiny (softmax 4 -> 3: one chunk per tensor, one per shard) with
 // 2 shards and 2 workers, and its clock starts at the Unix epoch and moves
 // only with kAdvanceClock, so registrations get incarnations 1, 2, 3, ... in
-// order, which seeds can name.
+// order, which seeds can name. Two more kinds of job (kJobElastic,
+// kJobUserModel) take the requests a worker-token holder may send beyond
+// those: LeaseExamples and DefineModel.
 #ifndef GRPS_FUZZ_COORDINATOR_SCRIPT_H_
 #define GRPS_FUZZ_COORDINATOR_SCRIPT_H_
 
@@ -48,8 +50,10 @@ enum class CoordinatorAction : uint8_t {
   // milliseconds, at most kMaxClockStepMs), then DetectFailures runs, as the
   // coordinator's main loop calls it.
   kAdvanceClock = 8,
+  kDefineModel = 9,     // DefineModelRequest
+  kLeaseExamples = 10,  // LeaseExamplesRequest
 };
-inline constexpr int kActionCount = 9;
+inline constexpr int kActionCount = 11;
 inline constexpr uint32_t kMaxClockStepMs = 10 * 60 * 1000;
 
 // Selector high-nibble bits that pick the job (the first record's only).
@@ -57,6 +61,13 @@ inline constexpr uint8_t kJobAsync = 0x10;     // mode: 0x00 sync, 0x10 async,
 inline constexpr uint8_t kJobSsp = 0x20;       //   0x20 ssp (staleness 1),
 inline constexpr uint8_t kJobSyncBackup = 0x30;  // 0x30 sync with 1 backup worker
 inline constexpr uint8_t kJobCheckpoints = 0x40;  // checkpoint_dir set
+// With the mode bits 0x00, 0x10 or 0x20: an elastic job of that mode
+// (max_workers 3: rank 2 may join it once it runs; 2 epochs of the data,
+// leased, whose size the first lease says);
+// with 0x30: a sync job of the user's model (MODEL_USER: its servers
+// register once a DefineModel defined it).
+inline constexpr uint8_t kJobElastic = 0x80;
+inline constexpr uint8_t kJobUserModel = 0xb0;
 
 struct CoordinatorRecord {
   CoordinatorAction action;

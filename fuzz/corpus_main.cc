@@ -429,6 +429,7 @@ std::string Lifecycle(uint8_t job_bits) {
 }
 
 void WriteCoordinatorEdgeScripts(CorpusWriter& out);
+void WriteCoordinatorWorkerTokenScripts(CorpusWriter& out);
 
 // A job's life in each mode, checkpoints, roll-backs, deaths and rejoins.
 void WriteCoordinatorScripts(CorpusWriter& out) {
@@ -495,6 +496,117 @@ void WriteCoordinatorScripts(CorpusWriter& out) {
     out.Write(t, "worker_dies_and_rejoins", s.bytes());
   }
   WriteCoordinatorEdgeScripts(out);
+  WriteCoordinatorWorkerTokenScripts(out);
+}
+
+v1::DefineModelRequest DefineModel(const std::vector<std::vector<int64_t>>& shapes) {
+  v1::DefineModelRequest r;
+  r.set_job_id(kCoordinatorFuzzJobId);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::TensorSpec* t = r.add_tensors();
+    t->set_name(absl::StrCat("t", i));
+    for (int64_t d : shapes[i]) t->add_shape(d);
+    t->set_initializer("given");
+  }
+  return r;
+}
+
+// The joiner of an elastic job: rank 2, registered after ranks 0 and 1.
+constexpr uint64_t kJoinerIncarnation = 5;
+
+v1::LeaseExamplesRequest LeaseExamples(uint32_t rank, uint64_t incarnation,
+                                       uint64_t train_examples, uint32_t want) {
+  v1::LeaseExamplesRequest r;
+  r.set_job_id(kCoordinatorFuzzJobId);
+  r.set_worker_rank(rank);
+  r.set_incarnation(incarnation);
+  r.set_train_examples(train_examples);
+  r.set_want(want);
+  return r;
+}
+
+// What issue 39's outside client sent with the worker token: shapes whose
+// element count wraps, lease requests out of range, and a lease loop that
+// never reports.
+void WriteCoordinatorWorkerTokenScripts(CorpusWriter& out) {
+  const std::string t = "coordinator";
+  const int64_t k2To32 = int64_t{1} << 32;
+  {
+    Script s(kJobUserModel);
+    v1::DefineModelRequest twice = DefineModel({{4}, {4}});
+    twice.mutable_tensors(1)->set_name("t0");
+    s.Add(CoordinatorAction::kDefineModel, DefineModel({{k2To32, k2To32}}))
+        .Add(CoordinatorAction::kDefineModel, DefineModel({{int64_t{1} << 40, 1 << 24}}))
+        .Add(CoordinatorAction::kDefineModel,
+             DefineModel({{k2To32 + 1, k2To32 - 1, k2To32 + 1, k2To32 - 1}}))
+        .Add(CoordinatorAction::kDefineModel, DefineModel({{int64_t{1} << 33}}))
+        .Add(CoordinatorAction::kDefineModel, twice)
+        .Add(CoordinatorAction::kRegisterServer, RegisterServer(-1, 0))
+        .Add(CoordinatorAction::kGetJobStatus)
+        .Add(CoordinatorAction::kDefineModel, DefineModel({{4, 3}, {3}}))
+        .Add(CoordinatorAction::kDefineModel, DefineModel({{4, 3}, {3}}))
+        .Add(CoordinatorAction::kDefineModel, DefineModel({{4, 3}, {4}}));
+    RegisterAll(s);
+    s.Add(CoordinatorAction::kDefineModel, DefineModel({{k2To32, k2To32}}))
+        .Add(CoordinatorAction::kGetShardMap);
+    out.Write(t, "define_model_hostile", s.bytes());
+  }
+  {
+    Script s(0);
+    s.Add(CoordinatorAction::kDefineModel, DefineModel({{4, 3}, {3}}));
+    out.Write(t, "define_model_builtin_job", s.bytes());
+  }
+  {
+    // Refused first leases, from a member and from the joiner: none may
+    // size the ledger or make the joiner ready.
+    Script s(kJobElastic);
+    RegisterAll(s);
+    s.Add(CoordinatorAction::kRegisterWorker, [] {
+      v1::RegisterWorkerRequest r = RegisterWorker();
+      r.set_requested_rank(2);
+      return r;
+    }());
+    v1::LeaseExamplesRequest far = LeaseExamples(0, kWorkerIncarnation[0], 2100, 1);
+    far.add_trained()->set_block(~uint64_t{0});
+    v1::LeaseExamplesRequest joiner_far = far;
+    joiner_far.set_worker_rank(2);
+    joiner_far.set_incarnation(kJoinerIncarnation);
+    v1::LeaseExamplesRequest held = LeaseExamples(2, kJoinerIncarnation, 2000, 1);
+    held.add_held(62);  // 2,000 examples: 31 blocks an epoch, 62 in all
+    s.Add(CoordinatorAction::kLeaseExamples, far)
+        .Add(CoordinatorAction::kLeaseExamples, joiner_far)
+        .Add(CoordinatorAction::kLeaseExamples,
+             LeaseExamples(0, kWorkerIncarnation[0], ~uint64_t{0}, 64))
+        .Add(CoordinatorAction::kLeaseExamples, LeaseExamples(0, kWorkerIncarnation[0], 0, 1))
+        .Add(CoordinatorAction::kLeaseExamples, LeaseExamples(2, kJoinerIncarnation, 2000, 65))
+        .Add(CoordinatorAction::kLeaseExamples, held)
+        .Add(CoordinatorAction::kGetJobStatus)
+        .Add(CoordinatorAction::kLeaseExamples, LeaseExamples(0, kWorkerIncarnation[0], 2000, 8))
+        .Add(CoordinatorAction::kLeaseExamples, LeaseExamples(2, kJoinerIncarnation, 2000, 8))
+        .Add(CoordinatorAction::kLeaseExamples, LeaseExamples(1, kWorkerIncarnation[1], 2100, 8))
+        .Add(CoordinatorAction::kGetJobStatus);
+    out.Write(t, "lease_refused_first", s.bytes());
+  }
+  {
+    // A rank that leases 64 at a time and never reports, then reports some;
+    // checkpoints on, so the ledger goes into the state file.
+    Script s(kJobElastic | kJobCheckpoints);
+    RegisterAll(s);
+    for (int i = 0; i < 6; ++i)
+      s.Add(CoordinatorAction::kLeaseExamples,
+            LeaseExamples(0, kWorkerIncarnation[0], 64 * 1000, 64));
+    v1::LeaseExamplesRequest report = LeaseExamples(0, kWorkerIncarnation[0], 64 * 1000, 64);
+    for (uint64_t block = 0; block < 8; ++block) {
+      v1::TrainedBlock* b = report.add_trained();
+      b->set_block(block);
+      b->set_step(block);
+    }
+    s.Add(CoordinatorAction::kLeaseExamples, report)
+        .Add(CoordinatorAction::kLeaseExamples,
+             LeaseExamples(1, kWorkerIncarnation[1], 64 * 1000, 64))
+        .Add(CoordinatorAction::kGetJobStatus);
+    out.Write(t, "lease_loop_never_reports", s.bytes());
+  }
 }
 
 // A stopped job, members it never registered, requests before the job runs
