@@ -278,10 +278,18 @@ class PyWorker {
     Check(Released([&] { return worker_->PushRows(table, id_span, g); }));
   }
 
+  // The program's count of steps; returns the job's (UserWorker::SetTotalSteps).
+  uint64_t SetTotalSteps(uint64_t steps) {
+    absl::StatusOr<uint64_t> total = worker_->SetTotalSteps(steps);
+    if (!total.ok()) Raise(total.status());
+    return *total;
+  }
+
   void ReportLoss(float loss) { worker_->ReportLoss(loss); }
   uint32_t rank() const { return worker_->rank(); }
   uint32_t size() const { return worker_->num_workers(); }
   uint64_t step() const { return worker_->step(); }
+  uint64_t total_steps() const { return worker_->total_steps(); }
   int64_t num_parameters() const { return worker_->num_parameters(); }
   bool can_overlap() const { return worker_->CanOverlap(); }
   bool defined_model() const { return worker_->defined_model(); }
@@ -363,9 +371,11 @@ PYBIND11_MODULE(_grps, m) {
       .def("pull_rows", &PyWorker::PullRows)
       .def("push_rows", &PyWorker::PushRows)
       .def("report_loss", &PyWorker::ReportLoss)
+      .def("set_total_steps", &PyWorker::SetTotalSteps, py::arg("steps"))
       .def_property_readonly("rank", &PyWorker::rank)
       .def_property_readonly("size", &PyWorker::size)
       .def_property_readonly("step_count", &PyWorker::step)
+      .def_property_readonly("total_steps", &PyWorker::total_steps)
       .def_property_readonly("num_parameters", &PyWorker::num_parameters)
       .def_property_readonly("defined_model", &PyWorker::defined_model)
       .def_property_readonly("can_overlap", &PyWorker::can_overlap)

@@ -125,6 +125,8 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
                                              std::move(clients.sparse),
                                              std::move(session_options));
   window_start_ = session_->Now();
+  if (total_steps() > 0)
+    session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_total_steps(total_steps()); });
   tensor_offset_.push_back(0);
   for (const v1::TensorSpec& t : registration.config().model_tensors()) {
     int64_t n = 1;
@@ -153,6 +155,30 @@ absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
       break;
   }
   return cause;
+}
+
+absl::StatusOr<uint64_t> UserWorker::SetTotalSteps(uint64_t steps) {
+  if (steps == 0) return absl::InvalidArgumentError("the job's steps must be at least 1");
+  declared_total_ = steps;
+  if (config().steps() > 0 && config().steps() != steps)
+    spdlog::warn("this program trains {} steps, the job {} (--steps): the job's count holds",
+                 steps, config().steps());
+  const uint64_t total = total_steps();
+  session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_total_steps(total); });
+  return total;
+}
+
+bool UserWorker::PastTheEnd() const {
+  return total_steps() > 0 && step_ >= total_steps();
+}
+
+absl::Status UserWorker::PastTheEndError(absl::string_view what) const {
+  // IsJobEnded's form: the Python package raises grps.JobEnded.
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", config().job_id(), " has ended (its ", total_steps(),
+      " steps are done): rank ", rank(), " is at step ", step_, ", and ", what,
+      " was not pushed (a program that loops while gt.step() < gt.total_steps() stops "
+      "there: docs/pytorch.md)"));
 }
 
 absl::Status UserWorker::Begin(float* params, const float* initial) {
@@ -202,7 +228,7 @@ absl::Status UserWorker::TensorReady(uint32_t t, const float* grads, float* para
   // A restarted rank joining the others in sync pushes whole steps at Step,
   // as grps-worker's does, until one is in time: it learns at each push
   // whether the others have moved on.
-  if (joining_) return absl::OkStatus();
+  if (joining_ || PastTheEnd()) return absl::OkStatus();
   if (!staged_.has_value())
     staged_ = client().StagePush(step_, grads, last_samples_, params, kPullSlice);
   return client().TensorReady(*staged_, t);
@@ -219,6 +245,10 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
   if (absl::Status s = CheckFinite(grads, 0, num_parameters()); !s.ok()) {
     AbandonStep();
     return s;
+  }
+  if (PastTheEnd()) {
+    AbandonStep();
+    return PastTheEndError("its gradient");
   }
   last_samples_ = std::max<uint32_t>(1, samples);
   std::optional<ParameterClient::Ticket> staged = std::exchange(staged_, std::nullopt);
@@ -247,7 +277,9 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
   // the step and weights of the restore order, from the shards of its map.
   std::optional<v1::ShardMap> replaced_map;
   while (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
-         session_->TakeRollBack(std::numeric_limits<uint64_t>::max(), &step_, &replaced_map)) {
+         session_->TakeRollBack(total_steps() > 0 ? total_steps()
+                                                  : std::numeric_limits<uint64_t>::max(),
+                                &step_, &replaced_map)) {
     outcome.rolled_back = true;
     if (replaced_map.has_value()) FollowReplacedMap(*std::exchange(replaced_map, std::nullopt));
     s = GiveInitialValues();
@@ -292,6 +324,7 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
                                   const float* grads) {
   absl::StatusOr<uint32_t> dim = TableDim(table);
   if (!dim.ok()) return dim.status();
+  if (PastTheEnd()) return PastTheEndError(absl::StrCat("table '", table, "''s rows"));
   if (const int64_t bad = FirstNonFinite(grads, static_cast<int64_t>(ids.size() * *dim));
       bad >= 0)
     return absl::InvalidArgumentError(absl::StrCat("a gradient of table '", table, "' row ",

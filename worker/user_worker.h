@@ -9,14 +9,15 @@
 //   UserWorker::Options options;  options.coordinator = "127.0.0.1:7070";
 //   auto w = UserWorker::Join(options, tensors);     // DefineModel + RegisterWorker
 //   w->Begin(params, rank0 ? params : nullptr);      // initial values, first pull
-//   while (...) { ...grads...; w->Step(grads, batch, params); }
+//   w->SetTotalSteps(n);                             // unless the job sets --steps
+//   while (w->step() < w->total_steps()) { ...grads...; w->Step(grads, batch, params); }
 //   w->Done(evaluation);  w->AwaitEnd();
 //
 // The flat arrays hold the model's tensors back to back in the order they
 // were offered, as f32 (the shards keep f32 whatever the tensor's dtype).
 //
-// Thread safety: one thread calls Begin, Step, Done and AwaitEnd; the
-// accessors may be called from any thread.
+// Thread safety: one thread calls Begin, SetTotalSteps, Step, Done and
+// AwaitEnd; the accessors may be called from any thread.
 #ifndef GRPS_WORKER_USER_WORKER_H_
 #define GRPS_WORKER_USER_WORKER_H_
 
@@ -29,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "job/user_model.h"
@@ -82,6 +84,16 @@ class UserWorker {
   const v1::JobConfig& config() const { return session_->config(); }
   // The steps this rank completed so far (its clock: the next push's step).
   uint64_t step() const { return step_; }
+  // The job's steps per worker: the job's own (JobConfig.steps, grps-local
+  // --steps) when set, else what the program declared (SetTotalSteps); 0
+  // while neither says. A rank never pushes past it: a restarted rank whose
+  // program runs its whole loop again stops at the job's last step.
+  uint64_t total_steps() const { return config().steps() > 0 ? config().steps() : declared_total_; }
+  // The program's own count of steps (its loop's length), for a job that
+  // sets none: reported in the heartbeats (the coordinator's total_steps,
+  // grps-local's progress) and the bound of Step. Returns total_steps(),
+  // which is the job's when the job sets one. INVALID_ARGUMENT for 0.
+  absl::StatusOr<uint64_t> SetTotalSteps(uint64_t steps);
   // Floats of the flat parameter (and gradient) array.
   int64_t num_parameters() const { return session_->dense().num_parameters(); }
   // Whether this process's offer defined the job's model.
@@ -97,7 +109,9 @@ class UserWorker {
   // Pushes step()'s gradient (`grads`, from `samples` examples) and leaves
   // the weights of the next step in `params`. INVALID_ARGUMENT (nothing
   // pushed) when a gradient is not a finite number: its flat index is in the
-  // message as "element N". FAILED_PRECONDITION once the job has ended.
+  // message as "element N". FAILED_PRECONDITION once the job has ended, and
+  // (nothing pushed) once step() has reached total_steps(): both
+  // IsJobEnded.
   absl::StatusOr<StepOutcome> Step(const float* grads, uint32_t samples, float* params);
   // Adds to the progress the heartbeats report.
   void ReportLoss(float loss);
@@ -114,7 +128,8 @@ class UserWorker {
   // change from then until Step returns. INVALID_ARGUMENT, nothing of the
   // tensor pushed, for a gradient that is not finite ("element N" of the
   // flat array) or a tensor the model lacks. A restarted rank that is still
-  // joining the others in sync (see Step) pushes at Step instead.
+  // joining the others in sync (see Step), or one at total_steps(), pushes
+  // nothing here (Step pushes, or refuses, the step).
   absl::Status TensorReady(uint32_t t, const float* grads, float* params);
   // Gives up step()'s early pushes: the parts that started stand (a push of
   // the same step later is deduplicated for them by the shards); the others
@@ -129,7 +144,8 @@ class UserWorker {
   // dim floats), as of step(), waiting as a pull of the weights waits.
   absl::Status PullRows(const std::string& table, absl::Span<const int64_t> ids, float* out);
   // The gradients of distinct `ids` for step() (`grads`: ids.size() x dim).
-  // INVALID_ARGUMENT, nothing pushed, for a gradient that is not finite.
+  // INVALID_ARGUMENT, nothing pushed, for a gradient that is not finite;
+  // nothing pushed past total_steps(), as Step.
   absl::Status PushRows(const std::string& table, absl::Span<const int64_t> ids,
                         const float* grads);
 
@@ -167,11 +183,17 @@ class UserWorker {
   absl::Status CheckFinite(const float* grads, int64_t begin, int64_t end) const;
   // An interrupt that ended a wait, as the status Step returns.
   absl::Status InterruptStatus(const absl::Status& cause);
+  // Whether step() has reached total_steps(): the job's steps are done.
+  bool PastTheEnd() const;
+  // The JobEnded error of a push past the end (`what`: what was not pushed).
+  absl::Status PastTheEndError(absl::string_view what) const;
 
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<WorkerSession> session_;
   const bool defined_model_;
   uint64_t step_ = 0;
+  // SetTotalSteps's; 0: none declared.
+  uint64_t declared_total_ = 0;
   // A rank that restarted in a sync job: it joins the others' step again
   // after each push that came late, until one is in time (as grps-worker's
   // Trainer does).

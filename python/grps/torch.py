@@ -5,7 +5,9 @@
     model = Net()
     opt = gt.DistributedOptimizer(model.named_parameters())
     gt.broadcast_parameters(model)          # the job's weights into the model
-    for x, y in loader:                     # gt.rank(), gt.size(), gt.partition(n)
+    gt.set_total_steps(steps)               # unless the job sets --steps
+    while gt.step() < gt.total_steps():     # a restarted rank goes on where the job is
+        x, y = batch(gt.step())             # gt.rank(), gt.size(), gt.partition(n)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
     gt.done(test_accuracy=acc, test_loss=l)
@@ -34,7 +36,8 @@ from grps import _grps
 from grps._grps import Error, JobEnded, ModelMismatch
 
 __all__ = [
-    "init", "rank", "size", "partition", "step", "mode", "DistributedOptimizer",
+    "init", "rank", "size", "partition", "step", "total_steps", "set_total_steps", "mode",
+    "DistributedOptimizer",
     "broadcast_parameters", "done", "state_dict", "Embedding", "EmbeddingBag",
     "Error", "JobEnded", "ModelMismatch",
 ]
@@ -54,6 +57,7 @@ class _Process:
         self.model = None      # the _Model joined with
         self.begun = False
         self.tables = []       # gt.Embedding / gt.EmbeddingBag modules
+        self.declared_steps = None  # set_total_steps before the worker joined
 
 
 _process = None
@@ -157,9 +161,38 @@ def step():
     """The steps this worker has completed: the step its next opt.step()
     pushes. A restarted rank resumes at its step (in sync, the others'); a
     roll-back moves it back to the checkpoint's. A loop that takes its data
-    by step (``while gt.step() < steps``) trains the same examples again
-    after a roll-back."""
+    by step (``while gt.step() < gt.total_steps()``) trains the same
+    examples again after a roll-back, and a restarted rank's loop goes on
+    where the job is."""
     return _require_worker().step_count
+
+
+def total_steps():
+    """The job's steps per worker: the job's --steps when it sets one, else
+    the count given to set_total_steps(); None while neither says.
+    opt.step() raises grps.JobEnded, pushing nothing, once gt.step() has
+    reached it."""
+    p = _require_process()
+    if p.worker is None:
+        return p.declared_steps
+    return p.worker.total_steps or None
+
+
+def set_total_steps(steps):
+    """Declares how many steps this program trains (its loop's length), for
+    a job that sets no --steps: the job's progress and ETA, the bound of its
+    checkpoints, and where a restarted rank stops (opt.step() raises
+    grps.JobEnded once gt.step() reaches it, whatever the program's loop
+    does). Returns the job's count, which is the job's --steps when it sets
+    one."""
+    steps = int(steps)
+    if steps < 1:
+        raise ValueError("set_total_steps: the job's steps must be at least 1, not %d" % steps)
+    p = _require_process()
+    if p.worker is None:
+        p.declared_steps = steps
+        return steps
+    return p.worker.set_total_steps(steps)
 
 
 def mode():
@@ -288,6 +321,8 @@ def _join(named_parameters):
     p.worker = _grps.Worker(p.coordinator, model.spec(), p.requested_rank,
                             p.register_timeout_s, p.job_id)
     p.model = model
+    if p.declared_steps is not None:
+        p.worker.set_total_steps(p.declared_steps)
     return p
 
 
@@ -399,7 +434,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         from, for the job's progress) and pulls the next weights. Raises
         ValueError for a gradient that is not finite (nothing pushed; with
         overlap, the gradients final before it were), grps.JobEnded once the
-        job has ended."""
+        job has ended or gt.step() has reached gt.total_steps() (nothing
+        pushed: a restarted rank's program that runs its whole loop again
+        stops at the job's last step)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -500,15 +537,20 @@ def done(test_accuracy=None, test_loss=None, evaluate=None):
     while w.await_end():
         if evaluated:
             continue
-        if evaluate is not None:
-            w.pull_final(p.model.flat.numpy())
-            p.model.weights_to_params()
-            acc, loss = evaluate()
-            test_accuracy, test_loss = acc, loss
-        if test_accuracy is None:
-            raise ValueError("the coordinator asks this worker for the final evaluation: "
-                             "pass test_accuracy (or evaluate=) to gt.done()")
-        w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
+        try:
+            if evaluate is not None:
+                w.pull_final(p.model.flat.numpy())
+                p.model.weights_to_params()
+                acc, loss = evaluate()
+                test_accuracy, test_loss = acc, loss
+            if test_accuracy is None:
+                raise ValueError("the coordinator asks this worker for the final evaluation: "
+                                 "pass test_accuracy (or evaluate=) to gt.done()")
+            w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
+        except JobEnded:
+            # The job completed while this worker was asked (the figures a
+            # done() carried, this one's or another rank's, were final).
+            return
         evaluated = True
 
 
