@@ -87,22 +87,31 @@ def main():
     share = gt.partition(len(x))
     x, y = x[share.start:share.stop], y[share.start:share.stop]
     steps_per_epoch = len(x) // args.batch
-    g = torch.Generator().manual_seed(args.seed * 100 + gt.rank())
+    # By the job's step (docs/pytorch.md): a restarted rank resumes where the
+    # job is, with the batches an undisturbed run takes, and stops at its end.
+    total = gt.set_total_steps(args.epochs * steps_per_epoch)
     started = time.time()
-    acc = 0.0
-    for epoch in range(args.epochs):
-        order = torch.randperm(len(x), generator=g)
-        for s in range(steps_per_epoch):
-            idx = order[s * args.batch:(s + 1) * args.batch]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step(samples=len(idx))
-            if s % 50 == 0:
-                gt.report(loss=loss.item())
+    acc = None
+    order_of = None  # (epoch, that epoch's order of this rank's examples)
+    while gt.step() < total:
+        step = gt.step()
+        epoch, s = divmod(step, steps_per_epoch)
+        if order_of is None or order_of[0] != epoch:
+            g = torch.Generator().manual_seed((args.seed * 100 + gt.rank()) * 1000 + epoch)
+            order_of = (epoch, torch.randperm(len(x), generator=g))
+        idx = order_of[1][s * args.batch:(s + 1) * args.batch]
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(samples=len(idx))
+        if s % 50 == 0:
+            gt.report(loss=loss.item())
+        if gt.step() > step and gt.step() // steps_per_epoch > epoch:  # the epoch's end
+            acc = evaluate(model, x_test, y_test)
+            print("rank %d epoch %d: test accuracy %.4f (Bayes accuracy %.4f) %.0f s"
+                  % (gt.rank(), epoch + 1, acc, bayes, time.time() - started), flush=True)
+    if acc is None:  # resumed at the job's end: nothing trained here
         acc = evaluate(model, x_test, y_test)
-        print("rank %d epoch %d: test accuracy %.4f (Bayes accuracy %.4f) %.0f s"
-              % (gt.rank(), epoch + 1, acc, bayes, time.time() - started), flush=True)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     table_mib = args.rows * args.dim * 4 / 2**20
     print("rank %d: peak RSS %.0f MiB; the table is %.0f MiB (%d rows x %d floats), held by "

@@ -4,7 +4,11 @@
         --optimizer momentum --lr 0.05
 
 Each worker trains on its share of the training set (gt.partition); the
-optimizer and the consistency mode are the job's. Reads the data of Debian's
+optimizer and the consistency mode are the job's. The loop goes by the job's
+step (gt.step()), not a count of its own: a rank started again for its rank
+(grps-local --restart_workers) resumes where the job is, with the batches an
+undisturbed run takes there, and stops at the job's last step; after a
+roll-back it trains the same batches again. Reads the data of Debian's
 dataset-fashion-mnist package (or --data DIR with the four IDX files).
 --device cuda trains the model on the GPU (the data is moved there once).
 """
@@ -102,23 +106,36 @@ def main():
     y_mine = y_train[share.start:share.stop].to(device)
     x_test, y_test = x_test.to(device), y_test.to(device)
     steps_per_epoch = len(x_mine) // args.batch
-    print("rank %d of %d: %d examples, %d steps per epoch, mode %s, on %s"
-          % (gt.rank(), gt.size(), len(x_mine), steps_per_epoch, gt.mode(), device), flush=True)
-    g = torch.Generator().manual_seed(args.seed * 1000 + gt.rank())
+    # The job's steps (unless the job sets --steps): its progress and ETA,
+    # and where a restarted rank stops.
+    total = gt.set_total_steps(args.epochs * steps_per_epoch)
+    print("rank %d of %d: %d examples, %d steps per epoch, mode %s, on %s, from step %d of %d"
+          % (gt.rank(), gt.size(), len(x_mine), steps_per_epoch, gt.mode(), device,
+             gt.step(), total), flush=True)
     started = time.time()
-    for epoch in range(args.epochs):
-        order = torch.randperm(len(x_mine), generator=g).to(device)
-        for s in range(steps_per_epoch):
-            idx = order[s * args.batch:(s + 1) * args.batch]
-            loss = F.cross_entropy(model(x_mine[idx]), y_mine[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step(samples=len(idx))
-            if s % 50 == 0:
-                gt.report(loss=loss.item())
+    acc = test_loss = None
+    order_of = None  # (epoch, that epoch's order of this rank's examples)
+    while gt.step() < total:
+        step = gt.step()
+        epoch, s = divmod(step, steps_per_epoch)
+        if order_of is None or order_of[0] != epoch:
+            # Each epoch's order from a seed of its own, so that a rank that
+            # resumes mid-job takes the batches an undisturbed run takes.
+            g = torch.Generator().manual_seed((args.seed * 1000 + gt.rank()) * 1000 + epoch)
+            order_of = (epoch, torch.randperm(len(x_mine), generator=g).to(device))
+        idx = order_of[1][s * args.batch:(s + 1) * args.batch]
+        loss = F.cross_entropy(model(x_mine[idx]), y_mine[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(samples=len(idx))
+        if s % 50 == 0:
+            gt.report(loss=loss.item())
+        if gt.step() > step and gt.step() // steps_per_epoch > epoch:  # the epoch's end
+            acc, test_loss = evaluate(model, x_test, y_test)
+            print("rank %d epoch %d: test accuracy %.4f loss %.4f (%.0f s)"
+                  % (gt.rank(), epoch + 1, acc, test_loss, time.time() - started), flush=True)
+    if acc is None:  # resumed at the job's end: nothing trained here
         acc, test_loss = evaluate(model, x_test, y_test)
-        print("rank %d epoch %d: test accuracy %.4f loss %.4f (%.0f s)"
-              % (gt.rank(), epoch + 1, acc, test_loss, time.time() - started), flush=True)
     gt.done(test_accuracy=acc, test_loss=test_loss,
             evaluate=lambda: evaluate(model, x_test, y_test))
 
