@@ -318,6 +318,30 @@ std::string TailOfFile(const std::string& path, int max_lines) {
   return text.substr(begin);
 }
 
+JobProgress EntryProgressOf(const v1::JobStatus& status) {
+  JobProgress p = ProgressOf(status);
+  const v1::JobConfig& config = status.config();
+  double step = static_cast<double>(status.global_step());
+  if (config.mode() != v1::MODE_SYNC && config.num_workers() > 0) step /= config.num_workers();
+  p.step = step;
+  p.total = config.steps() > 0 ? config.steps() : status.total_steps();
+  return p;
+}
+
+std::string ShardStepsText(const v1::JobStatus& status) {
+  std::vector<uint64_t> versions;
+  for (const v1::ShardStatus& s : status.shards())
+    if (s.num_chunks() > 0) versions.push_back(s.version());
+  if (versions.empty()) return "";
+  std::sort(versions.begin(), versions.end());
+  versions.erase(std::unique(versions.begin(), versions.end()), versions.end());
+  if (versions.size() > 1)
+    return absl::StrCat("shards at versions ", absl::StrJoin(versions, ", "), ": they differ");
+  if (status.config().mode() == v1::MODE_SYNC)
+    return absl::StrCat(versions[0], " steps (every shard at version ", versions[0], ")");
+  return absl::StrCat("every shard at version ", versions[0], " (a version a gradient)");
+}
+
 RunResult ResultOf(const LaunchOptions& options,
                    const std::optional<v1::JobStatus>& latest,
                    const std::optional<v1::JobStatus>& final_eval,
@@ -338,7 +362,8 @@ RunResult ResultOf(const LaunchOptions& options,
       r.optimizer = OptimizerName(config.optimizer().kind());
     if (config.num_servers() > 0) r.servers = config.num_servers();
     if (config.num_workers() > 0) r.workers = config.num_workers();
-    r.steps = static_cast<uint64_t>(std::llround(ProgressOf(*latest).step));
+    r.steps = static_cast<uint64_t>(std::llround(
+        (options.entry.empty() ? ProgressOf(*latest) : EntryProgressOf(*latest)).step));
     uint64_t samples = 0;
     int norms = 0;
     for (const v1::WorkerStatus& w : latest->workers()) {
@@ -715,11 +740,14 @@ void LocalLauncher::ShowProgress(absl::Time now) {
   const uint64_t count = feed_->count();
   const bool fresh = count != snapshots_seen_;
   snapshots_seen_ = count;
-  JobProgress progress = ProgressOf(*latest_);
+  JobProgress progress =
+      options_.entry.empty() ? ProgressOf(*latest_) : EntryProgressOf(*latest_);
   // The rate counts from the first step, not from start-up (loading data).
   if (fresh && progress.state == v1::JOB_STATE_RUNNING && progress.step > 0)
     eta_.Observe(now, progress.step);
-  std::optional<double> eta = eta_.SecondsLeft(progress.total);
+  // No ETA ("?") while the job's steps are not known.
+  std::optional<double> eta =
+      progress.total > 0 ? eta_.SecondsLeft(progress.total) : std::nullopt;
   if (tty_) {
     if (!fresh) return;
     std::fprintf(out_, "\r%s\033[K",
@@ -1020,7 +1048,14 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
     Say(absl::StrCat("workers: ", workers_died_, " died, ", workers_restarted_,
                      " restarted, of ", options_.workers));
   if (ok) {
-    Say(absl::StrCat("job completed: ", result.steps, " steps per worker, ",
+    // An --entry job's steps are the shards' versions: a worker's own count
+    // may be a restarted rank's, past or short of the job's.
+    const std::string shard_steps =
+        options_.entry.empty() || !latest_ ? "" : ShardStepsText(*latest_);
+    Say(absl::StrCat("job completed: ",
+                     shard_steps.empty() ? absl::StrCat(result.steps, " steps per worker")
+                                         : shard_steps,
+                     ", ",
                      result.workers, " workers, ", result.servers, " servers, ",
                      HumanDuration(wall), " wall, ",
                      absl::StrFormat("%.1f", result.samples_per_sec),

@@ -211,7 +211,9 @@ struct RunResult {
   uint32_t workers = 0;
   std::string model;
   std::string optimizer;
-  uint64_t steps = 0;  // steps run per worker (mean over the workers)
+  // Steps run per worker: the mean over the workers; for an --entry job the
+  // job's step as the shards count it (EntryProgressOf).
+  uint64_t steps = 0;
   std::optional<double> final_test_accuracy;
   std::optional<double> final_test_loss;
   double wall_seconds = 0;
@@ -246,6 +248,24 @@ struct RunResult {
   uint64_t overflow_steps = 0;
   double loss_scale = 0;
 };
+
+// The progress of an --entry job (the workers are the user's program): the
+// job's step as the shards count it (JobStatus.global_step, the lowest
+// shard version: in sync the steps every worker completed; in async and ssp
+// a version a gradient, so divided by the workers), out of the job's steps
+// (its --steps, else the highest count a worker reported: a Python program
+// declares its own with gt.set_total_steps), 0 while neither is known. A
+// worker's own step says nothing of the job's: a restarted rank may train
+// on after the others finished, or resume where the job is. The other
+// figures as ProgressOf's.
+JobProgress EntryProgressOf(const v1::JobStatus& status);
+
+// What an --entry job's closing line says of its steps, from the versions of
+// the shards that hold chunks (whatever their state): in sync "1872 steps
+// (every shard at version 1872)", in async and ssp "every shard at version
+// 3744 (a version a gradient)"; shards that ended apart "shards at versions
+// 1872, 1873: they differ". Empty when no shard reported a version.
+std::string ShardStepsText(const v1::JobStatus& status);
 
 // Fills the job's figures from the launch options, then from the newest
 // snapshot (`latest`) and the one with the final evaluation, when there are.

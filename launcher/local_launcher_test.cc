@@ -388,6 +388,82 @@ TEST(ResultOf, TakesTheJobsFiguresFromItsLastStatus) {
   EXPECT_EQ(r.run_dir, "/tmp/runs/sync-1");
 }
 
+// The drill: rank 1 was killed, restarted, and ran its program's
+// whole loop again, training on alone to 2,653 after rank 0 finished at
+// 1,872; the shards ended at 1,961. Neither rank's count is the job's.
+v1::JobStatus EntryJobWithARestartedRank(v1::JobState state) {
+  v1::JobStatus s = FinishedJob();
+  s.set_state(state);
+  s.mutable_config()->set_model(v1::MODEL_USER);
+  s.set_total_steps(1872);  // the most a worker reported
+  s.set_global_step(1961);
+  s.mutable_workers(0)->mutable_progress()->set_step(1872);
+  s.mutable_workers(0)->mutable_progress()->set_total_steps(1872);
+  s.mutable_workers(1)->mutable_progress()->set_step(2653);
+  s.mutable_workers(1)->mutable_progress()->set_total_steps(2653);
+  for (uint32_t shard = 0; shard < 2; ++shard) {
+    v1::ShardStatus* shard_status = s.add_shards();
+    shard_status->set_shard(shard);
+    shard_status->set_num_chunks(4);
+    shard_status->set_version(1961);
+  }
+  return s;
+}
+
+TEST(ResultOf, AnEntryJobsStepsAreTheShardsNotAMeanOverItsWorkers) {
+  LaunchOptions entry = Options();
+  entry.entry = "python3 train.py";
+  const v1::JobStatus s = EntryJobWithARestartedRank(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(ResultOf(entry, s, std::nullopt, 1.0).steps, 1961u);  // not (1872 + 2653) / 2
+  EXPECT_EQ(ResultOf(Options(), s, std::nullopt, 1.0).steps, 2263u);  // grps-worker's: the mean
+}
+
+TEST(EntryProgressOf, IsTheJobsStepFromTheShardsOutOfTheJobsSteps) {
+  v1::JobStatus s = EntryJobWithARestartedRank(v1::JOB_STATE_RUNNING);
+  s.set_global_step(1500);
+  s.set_total_steps(1872);
+  s.mutable_workers(1)->mutable_progress()->set_step(1530);
+  JobProgress p = EntryProgressOf(s);
+  EXPECT_DOUBLE_EQ(p.step, 1500);
+  EXPECT_EQ(p.total, 1872u);
+  EXPECT_THAT(ProgressLine(p, 12.0), HasSubstr("step 1500/1872 (80%)"));
+  // The job's --steps is its count, whatever a worker reported.
+  s.mutable_config()->set_steps(2000);
+  EXPECT_EQ(EntryProgressOf(s).total, 2000u);
+  // Async and ssp: a shard version a gradient, so the step is per worker.
+  s.mutable_config()->set_mode(v1::MODE_ASYNC);
+  s.set_global_step(3000);
+  EXPECT_DOUBLE_EQ(EntryProgressOf(s).step, 1500);
+}
+
+TEST(EntryProgressOf, AJobWhoseStepsNoOneSaidHasNoTotal) {
+  v1::JobStatus s = EntryJobWithARestartedRank(v1::JOB_STATE_RUNNING);
+  s.set_total_steps(0);
+  for (v1::WorkerStatus& w : *s.mutable_workers()) w.mutable_progress()->set_total_steps(0);
+  s.set_global_step(700);
+  JobProgress p = EntryProgressOf(s);
+  EXPECT_DOUBLE_EQ(p.step, 700);
+  EXPECT_EQ(p.total, 0u);
+  EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("step 700 (0%)"));
+  EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("ETA ?"));
+}
+
+TEST(ShardStepsText, SaysTheShardsFinalVersionAndWhetherTheyAgree) {
+  v1::JobStatus s = EntryJobWithARestartedRank(v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(ShardStepsText(s), "1961 steps (every shard at version 1961)");
+  s.mutable_shards(1)->set_version(1962);
+  EXPECT_EQ(ShardStepsText(s), "shards at versions 1961, 1962: they differ");
+  s.mutable_shards(1)->set_version(1961);
+  s.mutable_config()->set_mode(v1::MODE_SSP);
+  EXPECT_EQ(ShardStepsText(s), "every shard at version 1961 (a version a gradient)");
+  // A shard that holds no chunks (a standby, sparse rows only) has no say.
+  s.mutable_shards(1)->set_num_chunks(0);
+  s.mutable_shards(1)->set_version(0);
+  EXPECT_EQ(ShardStepsText(s), "every shard at version 1961 (a version a gradient)");
+  s.clear_shards();
+  EXPECT_EQ(ShardStepsText(s), "");
+}
+
 TEST(ResultOf, MergesTheShardsStalenessAndTakesTheJobsLateCounts) {
   v1::JobStatus s = FinishedJob();
   s.mutable_config()->set_backup_workers(1);
