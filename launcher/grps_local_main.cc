@@ -42,7 +42,9 @@ ABSL_FLAG(std::string, bin_dir, "",
 ABSL_FLAG(double, timeout_s, 0, "fail the job after this many seconds (0 = never)");
 ABSL_FLAG(bool, strict, false,
           "any child's failure fails the launch, a worker's included (by default a "
-          "worker that dies is reported and the job goes on without it)");
+          "worker that dies is reported and the job goes on without it), and so does "
+          "a job that completed with a warning (an elastic job's examples not each "
+          "trained once)");
 ABSL_FLAG(uint32_t, restart_workers, 0,
           "restart a worker that died, with the same --rank, up to this many times "
           "in total");

@@ -404,6 +404,7 @@ RunResult ResultOf(const LaunchOptions& options,
     r.worker_leaves = latest->worker_leaves();
     r.worker_joins = latest->worker_joins();
     r.data = latest->data();
+    r.warnings.assign(latest->warnings().begin(), latest->warnings().end());
     r.too_stale = latest->too_stale() > 0 ? latest->too_stale() : shard_too_stale;
   }
   if (final_eval) {
@@ -445,6 +446,9 @@ std::string ResultJson(const RunResult& r) {
                     ",\"trained\":", r.data.consumed(), ",\"leased\":", r.data.leased(),
                     ",\"returned\":", r.data.returned(),
                     ",\"refused_reports\":", r.data.refused_reports(), "}");
+  std::vector<std::string> warnings;
+  for (const std::string& w : r.warnings) warnings.push_back(JsonString(w));
+  absl::StrAppend(&json, ",\"warnings\":[", absl::StrJoin(warnings, ","), "]");
   return json + "}\n";
 }
 
@@ -1015,7 +1019,7 @@ void LocalLauncher::PlotCurves() {
 
 int LocalLauncher::Finish(const std::string& exit, const std::string& error,
                           const ChildProcess* failed_child) {
-  const bool ok = exit == "ok";
+  bool ok = exit == "ok";
   if (!ok) Say(absl::StrCat("grps-local: ", error));
   if (failed_child != nullptr)
     Say(absl::StrCat("--- last lines of ", failed_child->log_path(), " (pid ",
@@ -1047,6 +1051,14 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
   if (workers_died_ > 0)
     Say(absl::StrCat("workers: ", workers_died_, " died, ", workers_restarted_,
                      " restarted, of ", options_.workers));
+  for (const std::string& warning : result.warnings) Say(absl::StrCat("warning: ", warning));
+  if (ok && options_.strict && !result.warnings.empty()) {
+    ok = false;
+    result.exit = "failed";
+    result.error = absl::StrCat("the job completed with ", result.warnings.size(), " warning",
+                                result.warnings.size() == 1 ? "" : "s", " (--strict)");
+    Say(absl::StrCat("grps-local: ", result.error));
+  }
   if (ok) {
     // An --entry job's steps are the shards' versions: a worker's own count
     // may be a restarted rank's, past or short of the job's.
@@ -1067,7 +1079,7 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
       Say("final test accuracy: n/a (no worker reported a final evaluation)");
     }
   } else {
-    Say(absl::StrCat("grps-local: job ", exit, "; logs in ", options_.run_dir));
+    Say(absl::StrCat("grps-local: job ", result.exit, "; logs in ", options_.run_dir));
   }
   if (!options_.result_json.empty()) {
     if (absl::Status s =
@@ -1078,7 +1090,7 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
     }
   }
   if (ok) return kLaunchOk;
-  return exit == "interrupted" ? kLaunchInterrupted : kLaunchFailed;
+  return result.exit == "interrupted" ? kLaunchInterrupted : kLaunchFailed;
 }
 
 }  // namespace grps

@@ -28,7 +28,8 @@
 // own and, while LaunchOptions::restart_workers allows, starts the worker
 // again with the same rank (it rejoins through the coordinator; its log is
 // worker-<rank>.restart-<n>.log). LaunchOptions::strict restores the rule
-// that any child's failure fails the launch.
+// that any child's failure fails the launch, and fails a job that completed
+// with a warning (an elastic job's epoch not trained exactly once).
 //
 // It shows progress while the job runs, and ends in one of three ways:
 //   - the job completed and every child still there exited 0: prints the
@@ -97,7 +98,8 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> job_flags;
   absl::Duration timeout = absl::ZeroDuration();  // zero: none
   std::string result_json;  // where to write the result; empty: nowhere
-  // Any child's failure fails the launch, a worker's included.
+  // Any child's failure fails the launch, a worker's included, and so does
+  // a job that completed with a warning (JobStatus.warnings).
   bool strict = false;
   // Dead workers restarted, in total over all ranks (ignored when strict).
   uint32_t restart_workers = 0;
@@ -228,6 +230,9 @@ struct RunResult {
   uint64_t worker_joins = 0;
   // An elastic job's example ledger (JobStatus.data), from the newest status.
   v1::DataProgress data;
+  // What the job that completed went wrong in without failing
+  // (JobStatus.warnings): with --strict, such a job fails.
+  std::vector<std::string> warnings;
   // Consistency figures from the newest status (zero without one).
   uint32_t backup_workers = 0;
   uint32_t staleness_bound = 0;

@@ -841,6 +841,33 @@ TEST_F(LaunchTest, CompletedJobWritesTheResultJson) {
   EXPECT_EQ(f.at("run_dir").string_value(), options_.run_dir);
 }
 
+// An elastic job whose ledger missed a block completes with a warning:
+// printed and in result.json; --strict fails the launch on it.
+TEST_F(LaunchTest, AJobThatCompletedWithAWarningSaysSoAndFailsOnlyAStrictLaunch) {
+  v1::JobStatus warned = FinishedJob();
+  warned.add_warnings("1 of the job's 2000 blocks of examples was never trained");
+  for (bool strict : {false, true}) {
+    SCOPED_TRACE(strict ? "strict" : "not strict");
+    options_.strict = strict;
+    ServeStatus({RunningJob(), warned});
+    WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");
+    WriteFake("grps-server", "exec sleep 0.5\n");
+    WriteFake("grps-worker", "exec sleep 0.5\n");
+    std::string out;
+    EXPECT_EQ(Launch(&out), strict ? kLaunchFailed : kLaunchOk) << out;
+    EXPECT_THAT(out, HasSubstr("warning: 1 of the job's 2000 blocks of examples was never "
+                               "trained"));
+    google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+    const auto& f = json.fields();
+    ASSERT_EQ(f.at("warnings").list_value().values_size(), 1);
+    EXPECT_EQ(f.at("exit").string_value(), strict ? "failed" : "ok");
+    if (strict) {
+      EXPECT_THAT(out, HasSubstr("grps-local: the job completed with 1 warning (--strict)"));
+      EXPECT_THAT(out, Not(HasSubstr("job completed:")));
+    }
+  }
+}
+
 TEST_F(LaunchTest, EveryChildGetsItsFlagsAndItsOwnLog) {
   ServeStatus({FinishedJob()});
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 0.5\n");
