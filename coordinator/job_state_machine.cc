@@ -395,17 +395,21 @@ absl::StatusOr<v1::CheckpointRequest> JobStateMachine::StartCheckpointLocked(
   uint64_t version = 0;
   std::vector<uint64_t> worker_steps;
   if (config_.mode() == v1::MODE_SYNC) {
-    // A sync cut is a step ahead of every shard: not before each has said
-    // where it is (after a take-over no version is known until the shards'
-    // first heartbeats; the state file's steps are old), nor, after a
-    // take-over, while the step moves at a rate not yet measured (the
-    // margin would be a guess).
-    if (const std::vector<uint32_t> unheard = membership_.LiveShardsUnheard(); !unheard.empty())
-      return absl::UnavailableError(absl::StrCat("waiting for the version of ",
-                                                 Members("shard", unheard)));
-    if (coordinator_restarted_ && steps_per_second_ == 0 && !TrainingDoneLocked() &&
-        now - global_step_moved_ < absl::Seconds(1))
-      return absl::UnavailableError("measuring the step rate since the take-over");
+    // While the job trains, a sync cut is a step ahead of every shard: not
+    // before each has said where it is (after a take-over no version is
+    // known until the shards' first heartbeats; the state file's steps are
+    // old), nor, after a take-over, while the step moves at a rate not yet
+    // measured (the margin would be a guess). Once training is done, the
+    // finished workers' step is the cut.
+    if (!TrainingDoneLocked()) {
+      if (const std::vector<uint32_t> unheard = membership_.LiveShardsUnheard();
+          !unheard.empty())
+        return absl::UnavailableError(absl::StrCat("waiting for the version of ",
+                                                   Members("shard", unheard)));
+      if (coordinator_restarted_ && steps_per_second_ == 0 &&
+          now - global_step_moved_ < absl::Seconds(1))
+        return absl::UnavailableError("measuring the step rate since the take-over");
+    }
     version = SyncCheckpointVersionLocked();
   } else {
     for (const v1::WorkerStatus& w : membership_.WorkerStatuses(now))
