@@ -243,11 +243,7 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
   message_ = std::move(message);
   ended_ = now;
   spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), message_);
-  v1::JobStatus ended;
-  ended.set_state(state);
-  if (ledger_.sized()) *ended.mutable_data() = ledger_.Progress();
-  AddCompletionWarnings(&ended);
-  for (const std::string& warning : ended.warnings())
+  for (const std::string& warning : StatusLocked(now).warnings())
     spdlog::warn("job {}: {}", config_.job_id(), warning);
   changed_.SignalAll();
 }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace grps {
 
@@ -14,7 +16,22 @@ bool Alive(v1::MemberState state) { return state == v1::MEMBER_STATE_ALIVE; }
 }  // namespace
 
 void AddCompletionWarnings(v1::JobStatus* status) {
-  if (status->state() != v1::JOB_STATE_COMPLETED || !status->has_data()) return;
+  if (status->state() != v1::JOB_STATE_COMPLETED) return;
+  if (status->mode() == v1::MODE_SYNC) {
+    std::vector<std::string> versions;
+    uint64_t lowest = std::numeric_limits<uint64_t>::max(), highest = 0;
+    for (const v1::ShardStatus& s : status->shards()) {
+      if (s.num_chunks() == 0) continue;
+      lowest = std::min(lowest, s.version());
+      highest = std::max(highest, s.version());
+      versions.push_back(absl::StrCat("shard ", s.shard(), " at ", s.version()));
+    }
+    if (!versions.empty() && lowest != highest)
+      status->add_warnings(absl::StrCat("the sync shards ended at different versions (",
+                                        absl::StrJoin(versions, ", "),
+                                        "): their steps differ"));
+  }
+  if (!status->has_data()) return;
   const v1::DataProgress& data = status->data();
   if (data.consumed() < data.total_blocks()) {
     const uint64_t missed = data.total_blocks() - data.consumed();

@@ -25,11 +25,13 @@ namespace grps {
 // Leaves every other field alone.
 void SummarizeJobStatus(v1::JobStatus* status);
 
-// When status->state() is COMPLETED, adds to status->warnings() what the
-// job's example ledger (status->data(), an elastic job's) says went wrong
-// without failing it: blocks of the epochs never trained, and reports of
-// blocks trained by a rank that did not hold them (trained twice). Leaves
-// a running, stopped or failed job's status alone.
+// When status->state() is COMPLETED, adds to status->warnings() what went
+// wrong without failing the job: in sync, shards holding chunks that ended
+// at different versions (status->shards(): their steps differ); from the
+// job's example ledger (status->data(), an elastic job's), blocks of the
+// epochs never trained, and reports of blocks trained by a rank that did
+// not hold them (trained twice). Leaves a running, stopped or failed job's
+// status alone.
 void AddCompletionWarnings(v1::JobStatus* status);
 
 // The median of `steps` (the mean of the two middle values for an even

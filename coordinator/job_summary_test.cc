@@ -158,6 +158,30 @@ TEST(JobSummary, ACompletedJobWithABlockTrainedTwiceSaysSo) {
   EXPECT_THAT(status.warnings(0), HasSubstr("3 blocks were reported trained by a rank"));
 }
 
+TEST(JobSummary, ACompletedSyncJobWhoseShardsEndedAtDifferentVersionsSaysSo) {
+  v1::JobStatus status;
+  status.set_state(v1::JOB_STATE_COMPLETED);
+  status.set_mode(v1::MODE_SYNC);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 541, 2);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 542, 2);
+  AddShard(&status, v1::MEMBER_STATE_ALIVE, 0, 0);  // a shard that holds no chunk
+  AddCompletionWarnings(&status);
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_THAT(status.warnings(0),
+              HasSubstr("the sync shards ended at different versions (shard 0 at 541, "
+                        "shard 1 at 542)"));
+  // Async shards count gradients, not steps: theirs may differ.
+  status.clear_warnings();
+  status.set_mode(v1::MODE_ASYNC);
+  AddCompletionWarnings(&status);
+  EXPECT_EQ(status.warnings_size(), 0);
+  // Sync shards at one version.
+  status.set_mode(v1::MODE_SYNC);
+  status.mutable_shards(1)->set_version(541);
+  AddCompletionWarnings(&status);
+  EXPECT_EQ(status.warnings_size(), 0);
+}
+
 TEST(JobSummary, NoWarningForAWholeLedgerARunningOrStoppedJobOrNoLedger) {
   v1::JobStatus whole = EndedWithLedger(v1::JOB_STATE_COMPLETED, 2000, 2000, 0);
   v1::JobStatus running = EndedWithLedger(v1::JOB_STATE_RUNNING, 10, 2000, 0);
