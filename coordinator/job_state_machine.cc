@@ -243,7 +243,8 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
   message_ = std::move(message);
   ended_ = now;
   spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), message_);
-  for (const std::string& warning : StatusLocked(now).warnings())
+  const v1::JobStatus ended = StatusLocked(now);
+  for (const std::string& warning : ended.warnings())
     spdlog::warn("job {}: {}", config_.job_id(), warning);
   changed_.SignalAll();
 }
