@@ -625,6 +625,29 @@ ExampleLeases::LeaseCall LedgerCall(ExampleLedger* ledger, const LedgerShape& sh
   };
 }
 
+// Worker w of two takes steps in turn, from (*steps)[w], until the ledger
+// has no block left for it, then flushes its reports. `train(w, block,
+// leases, step)` trains one block: it calls Trained and moves *step on.
+void TrainInTurns(
+    ExampleLeases* w0, ExampleLeases* w1, std::vector<uint64_t>* steps,
+    const std::function<void(int, uint64_t, ExampleLeases&, uint64_t*)>& train) {
+  bool done[2] = {false, false};
+  while (!done[0] || !done[1]) {
+    for (int w = 0; w < 2; ++w) {
+      if (done[w]) continue;
+      ExampleLeases& leases = w == 0 ? *w0 : *w1;
+      absl::StatusOr<uint64_t> block = leases.BlockFor((*steps)[w]);
+      if (absl::IsOutOfRange(block.status())) {
+        ASSERT_TRUE(leases.Flush().ok());
+        done[w] = true;
+        continue;
+      }
+      ASSERT_TRUE(block.ok()) << block.status();
+      train(w, *block, leases, &(*steps)[w]);
+    }
+  }
+}
+
 TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce) {
   // Two workers on one ExampleLedger, taking steps in turn, each reporting
   // with its next lease and flushing at the end.
@@ -643,23 +666,12 @@ TEST(ExampleLeases, WorkersLeasingFromTheLedgerTrainEveryExampleOfEveryEpochOnce
   ExampleLeases w1(LedgerCall(&ledger, shape, 1, 2), n, step_examples, config.seed(), 3);
   std::vector<std::multiset<int64_t>> trained(shape.total_blocks / shape.blocks_per_epoch);
   std::vector<uint64_t> steps = {0, 0};
-  bool done[2] = {false, false};
-  while (!done[0] || !done[1]) {
-    for (int w = 0; w < 2; ++w) {
-      if (done[w]) continue;
-      ExampleLeases& leases = w == 0 ? w0 : w1;
-      absl::StatusOr<uint64_t> block = leases.BlockFor(steps[w]);
-      if (absl::IsOutOfRange(block.status())) {
-        ASSERT_TRUE(leases.Flush().ok());
-        done[w] = true;
-        continue;
-      }
-      ASSERT_TRUE(block.ok()) << block.status();
-      absl::Span<const int64_t> examples = leases.Examples(*block);
-      trained[leases.EpochOf(*block)].insert(examples.begin(), examples.end());
-      leases.Trained(steps[w]++);
-    }
-  }
+  TrainInTurns(&w0, &w1, &steps,
+               [&](int, uint64_t block, ExampleLeases& leases, uint64_t* step) {
+                 absl::Span<const int64_t> examples = leases.Examples(block);
+                 trained[leases.EpochOf(block)].insert(examples.begin(), examples.end());
+                 leases.Trained((*step)++);
+               });
   const v1::DataProgress progress = ledger.Progress();
   EXPECT_EQ(progress.consumed(), shape.total_blocks);
   EXPECT_EQ(progress.leased(), 0u);
@@ -692,32 +704,21 @@ TEST(ExampleLeases, AJoinerThatSkipsAPreparedStepStillTrainsEveryBlockOnce) {
   ExampleLeases w0(LedgerCall(&ledger, shape, 0, 2), n, StepExamples(config), config.seed(), 2);
   ExampleLeases w1(LedgerCall(&ledger, shape, 1, 2), n, StepExamples(config), config.seed(), 2);
   std::multiset<uint64_t> trained;
-  uint64_t steps[2] = {0, 4};  // rank 1 joins at step 4
-  bool done[2] = {false, false};
+  std::vector<uint64_t> steps = {0, 4};  // rank 1 joins at step 4
   bool skipped = false;
-  while (!done[0] || !done[1]) {
-    for (int w = 0; w < 2; ++w) {
-      if (done[w]) continue;
-      ExampleLeases& leases = w == 0 ? w0 : w1;
-      absl::StatusOr<uint64_t> block = leases.BlockFor(steps[w]);
-      if (absl::IsOutOfRange(block.status())) {
-        ASSERT_TRUE(leases.Flush().ok());
-        done[w] = true;
-        continue;
-      }
-      ASSERT_TRUE(block.ok()) << block.status();
-      trained.insert(*block);
-      leases.Trained(steps[w]++);
-      if (w == 1 && !skipped) {
-        // Its gradient came late; the loader had the next step's block
-        // already; the rank goes on two steps further.
-        ASSERT_TRUE(leases.BlockFor(steps[w]).ok());
-        leases.SkipTo(steps[w] + 2);
-        steps[w] += 2;
-        skipped = true;
-      }
-    }
-  }
+  TrainInTurns(&w0, &w1, &steps,
+               [&](int w, uint64_t block, ExampleLeases& leases, uint64_t* step) {
+                 trained.insert(block);
+                 leases.Trained((*step)++);
+                 if (w == 1 && !skipped) {
+                   // Its gradient came late; the loader had the next step's
+                   // block already; the rank goes on two steps further.
+                   ASSERT_TRUE(leases.BlockFor(*step).ok());
+                   leases.SkipTo(*step + 2);
+                   *step += 2;
+                   skipped = true;
+                 }
+               });
   const v1::DataProgress progress = ledger.Progress();
   EXPECT_EQ(progress.consumed(), shape.total_blocks);
   EXPECT_EQ(progress.leased(), 0u);
