@@ -326,6 +326,12 @@ bool JobStateMachine::FinalCheckpointSettledLocked(absl::Time now) {
   }
   const v1::CheckpointSummary summary = checkpoints_.SummaryOf(final_checkpoint_id_);
   if (summary.state() == v1::CHECKPOINT_STATE_PENDING) {
+    // A shard that ended below the cut never reaches it: no minute's wait.
+    if (const std::string split = SplitShardsLocked(summary.step()); !split.empty()) {
+      checkpoints_.Fail(split, now);
+      spdlog::warn("job {}: no final checkpoint: {}", config_.job_id(), split);
+      return Settle();
+    }
     if (now < final_checkpoint_deadline_) return false;
     spdlog::warn("job {}: the final checkpoint {} did not complete in {}; ending "
                  "without it",
@@ -339,6 +345,18 @@ bool JobStateMachine::FinalCheckpointSettledLocked(absl::Time now) {
   }
   final_checkpoint_settled_ = true;
   return true;
+}
+
+std::string JobStateMachine::SplitShardsLocked(uint64_t step) const {
+  if (config_.mode() != v1::MODE_SYNC || !TrainingDoneLocked() ||
+      !ServersHeardFinalLiveSetLocked())
+    return "";
+  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
+  if (versions.empty()) return "";
+  const auto [lowest, highest] = std::minmax_element(versions.begin(), versions.end());
+  if (*lowest == *highest || *lowest >= step) return "";
+  return absl::StrCat("the sync shards ended at different versions (",
+                      absl::StrJoin(versions, ", "), "): one never reaches step ", step);
 }
 
 uint64_t JobStateMachine::MaxWorkerTotalLocked() const {

@@ -342,6 +342,10 @@ class JobStateMachine {
   // Training is done: the final checkpoint has completed, failed, was not
   // possible, or has been waited for long enough (starts it if needed).
   bool FinalCheckpointSettledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync, training done, every live server heard the final live set (its
+  // version is final) and the shards ended at different versions: why no
+  // cut at `step` can complete; "" otherwise.
+  std::string SplitShardsLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Roll-backs ----
   // Rolls the whole job back, in the next generation, to the newest

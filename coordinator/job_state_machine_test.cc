@@ -476,6 +476,26 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   EXPECT_GT(request.version(), 411u);
 }
 
+// A sync job whose shards ended a step apart (a joiner trained one step
+// behind on one of them): the final cut at the last step cannot complete,
+// and the job does not wait the checkpoint's minute for it.
+TEST_F(JobStateMachineTest, AFinalCutThatASplitShardNeverReachesFailsAtOnce) {
+  StartJob(2, 1, v1::MODE_SYNC, TempFolder("split"));
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  // Each server hears the final live set, then says so (a second beat).
+  for (int round = 0; round < 2; ++round) {
+    Beat(ServerRequest(0, s[0].incarnation(), 9));
+    Beat(ServerRequest(1, s[1].incarnation(), 10));
+  }
+  machine_->DetectFailures();
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.pending_checkpoint().state(), v1::CHECKPOINT_STATE_FAILED);
+  EXPECT_THAT(status.pending_checkpoint().error(),
+              HasSubstr("the sync shards ended at different versions (9, 10)"));
+}
+
 TEST_F(JobStateMachineTest, StopJobIsFinalAndMayBeRepeated) {
   StartJob(1, 1);
   RegisterAllServers();
