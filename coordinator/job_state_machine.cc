@@ -384,8 +384,9 @@ uint64_t JobStateMachine::SyncCheckpointVersionLocked() const {
   }
   // Ahead of every shard by what they may do before they hear the request
   // (about one heartbeat interval each way), more after failures.
-  const double per_interval =
-      steps_per_second_ * config_.heartbeat_interval_ms() / 1000.0;
+  double rate = steps_per_second_;
+  for (const auto& [when, measured] : recent_rates_) rate = std::max(rate, measured);
+  const double per_interval = rate * config_.heartbeat_interval_ms() / 1000.0;
   // Versions reach the coordinator a heartbeat late and the request reaches
   // the shards a heartbeat later: three intervals of steps, and some slack.
   uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
@@ -605,6 +606,8 @@ void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
                         absl::ToDoubleSeconds(now - rate_anchor_time_);
     rate_anchor_time_ = now;
     rate_anchor_step_ = step;
+    recent_rates_.emplace_back(now, steps_per_second_);
+    while (now - recent_rates_.front().first > kRateMemory) recent_rates_.pop_front();
   } else if (steps_per_second_ == 0 && step > rate_anchor_step_ &&
              now - rate_anchor_time_ >= absl::Milliseconds(100)) {
     // No estimate yet (the job just started or rolled back): a first one

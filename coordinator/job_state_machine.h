@@ -47,6 +47,7 @@
 #define GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -487,6 +488,12 @@ class JobStateMachine {
   uint64_t rate_anchor_step_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time rate_anchor_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double steps_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  // The step rates measured over the last kRateMemory, newest last: a sync
+  // cut's margin takes the highest, so that a slow spell (a worker's
+  // restart, a loaded machine) does not leave it a few steps wide when the
+  // job speeds up again.
+  static constexpr absl::Duration kRateMemory = absl::Seconds(30);
+  std::deque<std::pair<absl::Time, double>> recent_rates_ ABSL_GUARDED_BY(mu_);
   // Since when the running job has had no ALIVE and no FINISHED worker.
   absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The (incarnation, generation) each rank last heartbeated in.

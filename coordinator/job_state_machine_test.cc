@@ -476,6 +476,27 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   EXPECT_GT(request.version(), 411u);
 }
 
+// The python_worker drill's failed cuts: the rate measured last (a slow
+// spell after a worker's restart) left a margin of 4 steps, and the job,
+// back at speed, passed the cut before the shards heard of it.
+TEST_F(JobStateMachineTest, ASyncCutsMarginFollowsTheHighestRecentStepRate) {
+  StartJob(1, 1, v1::MODE_SYNC, TempFolder("rate"));
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  RegisterAllWorkers();
+  Beat(ServerRequest(0, s[0].incarnation(), 0));
+  clock_.Advance(absl::Milliseconds(500));
+  Beat(ServerRequest(0, s[0].incarnation(), 50));  // 100 steps a second
+  clock_.Advance(absl::Milliseconds(500));
+  Beat(ServerRequest(0, s[0].incarnation(), 50));  // a stall
+  clock_.Advance(absl::Milliseconds(500));
+  Beat(ServerRequest(0, s[0].incarnation(), 52));  // 4 steps a second
+  ASSERT_TRUE(machine_->CheckpointJob(false, JobStateMachine::Wait()).ok());
+  const v1::CheckpointRequest request =
+      Beat(ServerRequest(0, s[0].incarnation(), 52)).checkpoint();
+  // Three heartbeat intervals at 100 steps a second, and 2 of slack.
+  EXPECT_EQ(request.version(), 52u + 32u);
+}
+
 // A sync job whose shards ended a step apart (a joiner trained one step
 // behind on one of them): the final cut at the last step cannot complete,
 // and the job does not wait the checkpoint's minute for it.
