@@ -317,6 +317,15 @@ class JobStateMachine {
                                 bool current_generation, absl::Time now,
                                 v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step each of `live`'s workers counts toward a sync step's quorum
+  // from, parallel to it (HeartbeatResponse.live_worker_counts_from): 0 for
+  // the ranks live when this coordinator first answered or since the last
+  // roll-back; a rank that enters the live set of a training sync job while
+  // another counts already (a joiner, a restarted rank, one back from the
+  // dead) counts from the step a checkpoint would be cut at then, ahead of
+  // every shard, so that all shards count it from the same step.
+  std::vector<uint64_t> CountsFromLocked(const Membership::LiveWorkers& live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a WorkerDone of `request`'s generation is from before the
   // newest roll-back (a client that names none is judged by its current
   // incarnation's last heartbeat).
@@ -494,6 +503,14 @@ class JobStateMachine {
   // job speeds up again.
   static constexpr absl::Duration kRateMemory = absl::Seconds(30);
   std::deque<std::pair<absl::Time, double>> recent_rates_ ABSL_GUARDED_BY(mu_);
+  // CountsFromLocked's record: each live rank's incarnation and the step it
+  // counts from, as of the generation noted (none before the first reply).
+  struct CountedRank {
+    uint64_t incarnation = 0;
+    uint64_t counts_from = 0;
+  };
+  std::map<uint32_t, CountedRank> counted_live_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint64_t> counted_generation_ ABSL_GUARDED_BY(mu_);
   // Since when the running job has had no ALIVE and no FINISHED worker.
   absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The (incarnation, generation) each rank last heartbeated in.

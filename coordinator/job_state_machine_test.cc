@@ -1150,6 +1150,33 @@ TEST_F(ElasticJobTest, ARankJoiningARunningJobEntersTheLiveSetAtItsFirstLease) {
   EXPECT_EQ(Status().worker_joins(), 1u);
 }
 
+// A joiner counts toward the sync steps' quorum from one step that every
+// shard hears before it gets there (ahead of the shards, as a cut is);
+// before, each shard counted it from the heartbeat that told it, and a
+// shard that heard a step before another waited for a gradient the other
+// did without: the joiner trained a step behind there for good.
+TEST_F(ElasticJobTest, AJoinerCountsTowardTheSyncQuorumFromAStepAheadOfTheShards) {
+  StartElasticJob(2, 3);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply = Beat(ServerRequest(0, s[0].incarnation(), 40));
+  EXPECT_EQ(reply.live_worker_counts_from_size(), 0);  // the starting ranks count at once
+  absl::StatusOr<v1::RegisterWorkerResponse> joined = RegisterWorker(2);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_FALSE(Blocks(2, joined->incarnation(), 1).empty());
+
+  reply = Beat(ServerRequest(0, s[0].incarnation(), 41));
+  EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u, 2u));
+  ASSERT_EQ(reply.live_worker_counts_from_size(), 3);
+  EXPECT_EQ(reply.live_worker_counts_from(0), 0u);
+  EXPECT_EQ(reply.live_worker_counts_from(1), 0u);
+  const uint64_t from = reply.live_worker_counts_from(2);
+  EXPECT_GE(from, 41u + 4);  // at least the cut's margin ahead
+  // Every later reply names the same step.
+  EXPECT_EQ(Beat(ServerRequest(0, s[0].incarnation(), 43)).live_worker_counts_from(2), from);
+  EXPECT_EQ(Beat(WorkerRequest(2, joined->incarnation())).live_worker_counts_from(2), from);
+}
+
 TEST_F(ElasticJobTest, ARankStillLoadingItsDataDoesNotHoldBackTheNextJoinersStartStep) {
   StartElasticJob(2, 4);
   RegisterAllServers();

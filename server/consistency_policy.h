@@ -34,12 +34,19 @@ struct LiveSet {
   std::vector<bool> live;                // by rank
   std::vector<uint64_t> incarnations;    // by rank; 0 = unknown
   uint32_t count = 0;                    // number of live ranks
+  // By rank (missing: 0): sync counts a live rank toward the quorum of the
+  // step at a chunk's version from this version on.
+  std::vector<uint64_t> counts_from;
 
   // Ranks [0, live) of num_workers live (all of them by default): before
   // the coordinator's first word, the ranks that start the job.
   static LiveSet All(uint32_t num_workers);
   static LiveSet First(uint32_t num_workers, uint32_t live);
   bool contains(uint32_t rank) const { return rank < live.size() && live[rank]; }
+  // Live, and counted toward the quorum of the step open at `version`.
+  bool CountsAt(uint32_t rank, uint64_t version) const {
+    return contains(rank) && (rank >= counts_from.size() || counts_from[rank] <= version);
+  }
 };
 
 // One gradient as a policy sees it: a dense chunk's num_elements values, or

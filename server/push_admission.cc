@@ -37,10 +37,12 @@ void PushAdmission::RaiseIncarnation(const Pusher& p) {
 }
 
 std::shared_ptr<const LiveSet> PushAdmission::SetLiveWorkers(
-    absl::Span<const uint32_t> ranks, absl::Span<const uint64_t> incarnations) {
+    absl::Span<const uint32_t> ranks, absl::Span<const uint64_t> incarnations,
+    absl::Span<const uint64_t> counts_from) {
   absl::MutexLock lock(&mu_);
   auto updated = std::make_shared<LiveSet>(*live_);
   updated->live.assign(num_workers_, false);
+  updated->counts_from.assign(num_workers_, 0);
   updated->count = 0;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const uint32_t r = ranks[i];
@@ -49,6 +51,7 @@ std::shared_ptr<const LiveSet> PushAdmission::SetLiveWorkers(
     ++updated->count;
     if (i < incarnations.size())
       updated->incarnations[r] = std::max(updated->incarnations[r], incarnations[i]);
+    if (i < counts_from.size()) updated->counts_from[r] = counts_from[i];
   }
   live_ = updated;
   return updated;

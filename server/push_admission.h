@@ -81,11 +81,13 @@ class PushAdmission {
   // (a refused push must not lock the rank's real incarnation out).
   void RaiseIncarnation(const Pusher& p) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Replaces the live workers with `ranks` (ranks >= num_workers ignored)
-  // and raises their incarnations to `incarnations` (0 = unknown; a known
-  // incarnation never goes back). Returns the new set.
+  // Replaces the live workers with `ranks` (ranks >= num_workers ignored),
+  // raises their incarnations to `incarnations` (0 = unknown; a known
+  // incarnation never goes back) and sets the steps they count from
+  // (`counts_from`, parallel; missing: 0). Returns the new set.
   std::shared_ptr<const LiveSet> SetLiveWorkers(absl::Span<const uint32_t> ranks,
-                                                absl::Span<const uint64_t> incarnations)
+                                                absl::Span<const uint64_t> incarnations,
+                                                absl::Span<const uint64_t> counts_from = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   // The live set now (immutable; a change makes a new one).
   std::shared_ptr<const LiveSet> live() const ABSL_LOCKS_EXCLUDED(mu_);

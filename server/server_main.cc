@@ -732,7 +732,9 @@ MemberAgent::Next ShardHeartbeat::OnReply(const v1::HeartbeatResponse& response)
     store().SetLiveWorkers(std::vector<uint32_t>(response.live_workers().begin(),
                                                  response.live_workers().end()),
                            std::vector<uint64_t>(response.live_worker_incarnations().begin(),
-                                                 response.live_worker_incarnations().end()));
+                                                 response.live_worker_incarnations().end()),
+                           std::vector<uint64_t>(response.live_worker_counts_from().begin(),
+                                                 response.live_worker_counts_from().end()));
   return MemberAgent::Next::kGoOn;
 }
 

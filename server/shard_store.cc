@@ -513,8 +513,10 @@ absl::StatusOr<std::vector<float>> ShardStore::TEST_ReadRow(const std::string& t
 }
 
 void ShardStore::SetLiveWorkers(absl::Span<const uint32_t> ranks,
-                                absl::Span<const uint64_t> incarnations) {
-  const std::shared_ptr<const LiveSet> live = admission_.SetLiveWorkers(ranks, incarnations);
+                                absl::Span<const uint64_t> incarnations,
+                                absl::Span<const uint64_t> counts_from) {
+  const std::shared_ptr<const LiveSet> live =
+      admission_.SetLiveWorkers(ranks, incarnations, counts_from);
   for (StoreTarget* t : AllTargets()) {
     absl::MutexLock lock(&t->mu);
     t->policy->LiveSetChanged(*t, *live);

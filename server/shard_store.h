@@ -278,11 +278,13 @@ class ShardStore {
 
   // Replaces the live workers with `ranks` (ranks >= num_workers are
   // ignored) and records their incarnations (0 = unknown; a known
-  // incarnation never goes back). The mode reacts (a sync step may complete,
-  // held ssp gradients may apply) and waiting pulls are re-examined. Called
-  // by the heartbeat loop.
+  // incarnation never goes back) and, for sync, the step each counts toward
+  // the quorum from (`counts_from`, parallel; missing: 0). The mode reacts
+  // (a sync step may complete, held ssp gradients may apply) and waiting
+  // pulls are re-examined. Called by the heartbeat loop.
   void SetLiveWorkers(absl::Span<const uint32_t> ranks,
-                      absl::Span<const uint64_t> incarnations);
+                      absl::Span<const uint64_t> incarnations,
+                      absl::Span<const uint64_t> counts_from = {});
 
   // ---- Durability ----
 

@@ -6,7 +6,11 @@
 //            the live workers that contributed number at least
 //            max(1, live - backup_workers) (with no backup workers: every
 //            live worker), or, when no worker is live any more, with
-//            whatever it holds. It is applied once, from the average of
+//            whatever it holds. A live worker counts from the step the
+//            coordinator names for it (LiveSet.counts_from: a joiner, a
+//            restarted rank), the same on every shard; before it, its
+//            gradient is in the sum but the step does not wait for it.
+//            It is applied once, from the average of
 //            everything in its sum, at the step's scheduled learning rate;
 //            in an elastic job (max_workers) that rate is scaled by the
 //            gradients averaged over num_workers (the linear scaling rule:
@@ -201,13 +205,17 @@ class SyncPolicy final : public ChunkPolicy {
 
   bool MaybeComplete(UpdateTarget& chunk, const LiveSet& live) {
     if (contributors_ == 0 && folded_ == 0) return false;
-    if (live.count > 0) {
-      uint32_t live_contributors = 0;
-      for (size_t r = 0; r < contributed_.size(); ++r)
-        if (contributed_[r] && live.contains(r)) ++live_contributors;
-      const uint32_t needed =
-          live.count > backup_workers_ ? live.count - backup_workers_ : 1;
-      if (live_contributors < needed) return false;
+    // The live ranks that count toward this step (a joiner counts from the
+    // step the coordinator named, on every shard alike).
+    uint32_t counted = 0, counted_contributors = 0;
+    for (uint32_t r = 0; r < live.live.size(); ++r) {
+      if (!live.CountsAt(r, chunk.version())) continue;
+      ++counted;
+      if (r < contributed_.size() && contributed_[r]) ++counted_contributors;
+    }
+    if (counted > 0) {
+      const uint32_t needed = counted > backup_workers_ ? counted - backup_workers_ : 1;
+      if (counted_contributors < needed) return false;
     }
     // The contributions of ranks above one that gave nothing, then the
     // folded late gradients, each in rank order.

@@ -119,6 +119,34 @@ TEST(SyncPolicy, ShrinkingTheLiveSetCompletesAnOpenStep) {
   EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(2.0f));
 }
 
+// The elastic drill's split: a joiner that one shard counted in its quorum
+// a step before another did trained a step behind there for good. Every
+// shard now counts it from the step the coordinator names.
+TEST(SyncPolicy, ALiveWorkerCountsTowardTheQuorumFromItsCountsFromStepOn) {
+  Sync sync(2);
+  sync.live.counts_from = {0, 2};  // rank 1 joined: it counts from step 2
+  sync.Push(0, 0, {2});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);  // step 0 did not wait for rank 1
+  EXPECT_EQ(sync.Push(1, 1, {4}, 1), GradientFate::kAggregated);  // in time: in the sum
+  sync.Push(0, 1, {2}, 1);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  EXPECT_THAT(sync.chunk.updates[1].grad, ElementsAre(3.0f));
+  // From step 2 on, the step waits for it.
+  sync.Push(0, 2, {2}, 2);
+  EXPECT_EQ(sync.chunk.updates.size(), 2u);
+  sync.Push(1, 2, {6}, 2);
+  ASSERT_EQ(sync.chunk.updates.size(), 3u);
+  EXPECT_THAT(sync.chunk.updates[2].grad, ElementsAre(4.0f));
+}
+
+TEST(SyncPolicy, AStepThatNoLiveWorkerCountsTowardYetCompletesWithWhatItHolds) {
+  // The only live rank restarted: it counts from step 5.
+  Sync sync(1);
+  sync.live.counts_from = {5};
+  sync.Push(0, 0, {2});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+}
+
 TEST(SyncPolicy, ASecondGradientOnTheSameVersionIsRefused) {
   Sync sync(2);
   sync.Push(0, 0, {2});
