@@ -715,11 +715,13 @@ std::optional<uint32_t> JobStateMachine::EvaluatorLocked(absl::Time now) const {
 }
 
 std::vector<uint64_t> JobStateMachine::CountsFromLocked(const Membership::LiveWorkers& live) {
-  // A coordinator's first answer, or one after a roll-back (every rank
-  // resumes at the restore order's step): every live rank counts.
-  const bool fresh =
-      !counted_generation_.has_value() || *counted_generation_ != restore_.generation();
+  // A coordinator's first answer, the first since the job runs, or one
+  // after a roll-back (every rank resumes at the restore order's step):
+  // every live rank counts.
+  const bool fresh = !counted_generation_.has_value() ||
+                     *counted_generation_ != restore_.generation() || !counted_while_running_;
   counted_generation_ = restore_.generation();
+  counted_while_running_ = state_ == v1::JOB_STATE_RUNNING;
   bool others_count = false;
   for (size_t i = 0; i < live.ranks.size(); ++i) {
     auto it = counted_live_.find(live.ranks[i]);

@@ -319,9 +319,9 @@ class JobStateMachine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step each of `live`'s workers counts toward a sync step's quorum
   // from, parallel to it (HeartbeatResponse.live_worker_counts_from): 0 for
-  // the ranks live when this coordinator first answered or since the last
-  // roll-back; a rank that enters the live set of a training sync job while
-  // another counts already (a joiner, a restarted rank, one back from the
+  // the ranks live when this coordinator first answered, when the job
+  // started running or since the last roll-back; a rank that enters the
+  // live set of a training sync job while another counts already (a joiner, a restarted rank, one back from the
   // dead) counts from the step a checkpoint would be cut at then, ahead of
   // every shard, so that all shards count it from the same step.
   std::vector<uint64_t> CountsFromLocked(const Membership::LiveWorkers& live)
@@ -511,6 +511,9 @@ class JobStateMachine {
   };
   std::map<uint32_t, CountedRank> counted_live_ ABSL_GUARDED_BY(mu_);
   std::optional<uint64_t> counted_generation_ ABSL_GUARDED_BY(mu_);
+  // The record was made while the job ran (the ranks that start the job,
+  // the last of which registers as it starts, count at once).
+  bool counted_while_running_ ABSL_GUARDED_BY(mu_) = false;
   // Since when the running job has had no ALIVE and no FINISHED worker.
   absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The (incarnation, generation) each rank last heartbeated in.

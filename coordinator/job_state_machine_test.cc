@@ -1177,6 +1177,23 @@ TEST_F(ElasticJobTest, AJoinerCountsTowardTheSyncQuorumFromAStepAheadOfTheShards
   EXPECT_EQ(Beat(WorkerRequest(2, joined->incarnation())).live_worker_counts_from(2), from);
 }
 
+TEST_F(JobStateMachineTest, TheRanksThatStartASyncJobCountFromItsFirstStep) {
+  // The servers heartbeat while the job waits; the last rank's registration
+  // starts it: no rank that starts the job counts from a later step.
+  StartJob(2, 2);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  Beat(ServerRequest(0, s[0].incarnation(), 0));
+  ASSERT_TRUE(RegisterWorker(0).ok());
+  Beat(ServerRequest(1, s[1].incarnation(), 0));
+  ASSERT_TRUE(RegisterWorker(1).ok());
+  ASSERT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
+  for (int beat = 0; beat < 2; ++beat) {
+    const v1::HeartbeatResponse reply = Beat(ServerRequest(0, s[0].incarnation(), 0));
+    EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u));
+    EXPECT_EQ(reply.live_worker_counts_from_size(), 0);
+  }
+}
+
 TEST_F(ElasticJobTest, ARankStillLoadingItsDataDoesNotHoldBackTheNextJoinersStartStep) {
   StartElasticJob(2, 4);
   RegisterAllServers();
