@@ -462,18 +462,27 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   EXPECT_THAT(asked.status().message(), HasSubstr("waiting for the version of shard 1"));
   Beat(ServerRequest(1, s[1].incarnation(), 401));
-  // Both heard, the step moving: its rate is measured first.
+  // Both heard, the step moving: its rate is measured first, over a whole
+  // window (a first estimate of 100 ms is not enough).
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   EXPECT_TRUE(absl::IsUnavailable(asked.status())) << asked.status();
   clock_.Advance(absl::Milliseconds(200));
   Beat(ServerRequest(0, s[0].incarnation(), 410));
   Beat(ServerRequest(1, s[1].incarnation(), 411));
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_THAT(asked.status().message(), HasSubstr("measuring the step rate"));
+  clock_.Advance(absl::Milliseconds(300));
+  Beat(ServerRequest(0, s[0].incarnation(), 440));
+  Beat(ServerRequest(1, s[1].incarnation(), 441));
+  asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   ASSERT_TRUE(asked.ok()) << asked.status();
   const v1::CheckpointRequest request =
-      Beat(ServerRequest(0, s[0].incarnation(), 411)).checkpoint();
+      Beat(ServerRequest(0, s[0].incarnation(), 441)).checkpoint();
   EXPECT_EQ(request.id(), asked->id());
-  EXPECT_GT(request.version(), 411u);
+  // Ahead of every shard by more than the bare margin (4 steps, what the
+  // 100 ms first estimate gave): the global step (the lowest version heard)
+  // went 400 -> 411 over the 500 ms window, 22 steps a second.
+  EXPECT_EQ(request.version(), 441u + 9u);
 }
 
 // The python_worker drill's failed cuts: the rate measured last (a slow
