@@ -1,23 +1,30 @@
-# Five "hosts" on this machine, for tests and benchmarks that need a network
-# between their daemons (test/e2e_multihost_test.sh explains the set-up and
-# its figures; bench/torch-multihost uses it too). Each host is a network
-# namespace with one veth link to a switch namespace that holds a bridge
-# (10.77.K.0/24, K random; namespaces named after the sourcing shell's PID;
-# all created when this file is sourced and removed on exit, also on
-# failure). Every link is shaped: htb at $RATE each way, and $DELAY_MS ms one
-# way between hosts (netem where the kernel has it, else grps-delay-relay in
-# front of each listening daemon; GRPS_MH_LATENCY=netem|relay|none).
+# Network-namespace "hosts" on this machine, for tests and benchmarks that
+# need a network between their daemons (test/e2e_multihost_test.sh explains
+# the set-up and its figures; scripts/torch-multihost and
+# scripts/cross-host-bench use it too). Each host is a network namespace with
+# one veth link to a switch namespace that holds a bridge (10.77.K.0/24, K
+# random; namespaces named after the sourcing shell's PID; all created when
+# this file is sourced and removed on exit, also on failure). Every link is
+# shaped: htb at $RATE each way, and $DELAY_MS ms one way between hosts
+# (netem where the kernel has it, else grps-delay-relay in front of each
+# listening daemon; GRPS_MH_LATENCY=netem|relay|none; DELAY_MS=0 adds no
+# delay at all: none, whatever GRPS_MH_LATENCY says).
+#
+# The hosts are the five coord s0 s1 w0 w1 unless the caller sets the array
+# HOSTS before sourcing (e.g. HOSTS=(coord s0 s1 s2 s3 w0 w1 w2 w3); names
+# of at most 13 characters, not "sw", the switch's).
 #
 # Source after test/lib.sh, with BIN set; root only (the caller checks). Gives
 #   HOSTS, addr_of HOST, on PLACE HOST CMD..., serve PLACE NAME HOST PORT
 #   ADVERTISE CMD..., wait_for_log NAME TEXT SECONDS, shaper_counters HOST,
-#   and LATENCY (netem, relay or none).
+#   set_link_rate RATE, SWITCH (the switch's namespace; its port to host H is
+#   p-H), and LATENCY (netem, relay or none).
 
 DELAY_MS=${DELAY_MS:-2}
 RATE=${RATE:-1gbit}
 TAG=grpsmh$$
 NET=10.77.$((RANDOM % 250 + 2))
-HOSTS=(coord s0 s1 w0 w1)  # host i has address $NET.(i+1)
+declare -p HOSTS >/dev/null 2>&1 || HOSTS=(coord s0 s1 w0 w1)  # host i: $NET.(i+1)
 SWITCH=$TAG-sw
 NAMESPACES=()
 
@@ -44,9 +51,19 @@ new_namespace() {
   ip -n "$1" link set lo up
 }
 
+# The hosts' names become interface names (p-HOST, 15 characters at most)
+# and namespace names beside the switch's.
+[ "${#HOSTS[@]}" -ge 1 ] && [ "${#HOSTS[@]}" -le 250 ] || fail "HOSTS: 1 to 250 hosts"
+for h in "${HOSTS[@]}"; do
+  [[ $h =~ ^[a-z0-9][a-z0-9_]{0,12}$ ]] && [ "$h" != sw ] ||
+    fail "HOSTS: '$h' is not a host name (a-z 0-9 _, at most 13 characters, not sw)"
+done
+[ "$(printf '%s\n' "${HOSTS[@]}" | sort | uniq -d)" = "" ] || fail "HOSTS: a name twice"
+
 # The switch first: the netem probe runs on its loopback link.
 new_namespace "$SWITCH"
 LATENCY=${GRPS_MH_LATENCY:-auto}
+[ "$DELAY_MS" = 0 ] && LATENCY=none  # no delay to add: neither netem nor relays
 if [ "$LATENCY" = auto ]; then
   if tc -n "$SWITCH" qdisc add dev lo root netem delay 1ms 2>/dev/null; then
     LATENCY=netem
@@ -60,7 +77,7 @@ case $LATENCY in
   relay) [ -x "$BIN/grps-delay-relay" ] || fail "no $BIN/grps-delay-relay (the kernel has no netem)" ;;
   *) fail "GRPS_MH_LATENCY=$LATENCY: netem, relay or none" ;;
 esac
-echo "latency: $LATENCY ($DELAY_MS ms one way unless none); bandwidth: htb $RATE per host link, each direction"
+echo "latency: $LATENCY ($DELAY_MS ms one way unless none); bandwidth: htb $RATE per host link, each direction; ${#HOSTS[@]} hosts"
 
 ip -n "$SWITCH" link add br0 type bridge
 ip -n "$SWITCH" link set br0 up
@@ -101,6 +118,19 @@ import re, sys
 text = sys.stdin.read()
 m = re.search(r"qdisc htb .*?\n\s*Sent (\d+) bytes \d+ pkt \(dropped \d+, overlimits (\d+)", text, re.S)
 print(m.group(1), m.group(2))'
+}
+
+# set_link_rate RATE: every link's htb (both ends) at RATE from now on.
+set_link_rate() {
+  local h end end_ns end_dev
+  for h in "${HOSTS[@]}"; do
+    for end in "$TAG-$h eth0" "$SWITCH p-$h"; do
+      read -r end_ns end_dev <<<"$end"
+      tc -n "$end_ns" class change dev "$end_dev" parent 1: classid 1:1 htb rate "$1" \
+        ceil "$1" burst 15kb cburst 15kb quantum 65536
+    done
+  done
+  RATE=$1
 }
 
 # on PLACE HOST CMD...: runs CMD on HOST (in its namespace) when PLACE is
