@@ -54,7 +54,10 @@ MODELS = {
     # name: (title in the table, timed steps, warm-up steps by default)
     "cnn": ("CNN (fashion_cnn.Net)", 200, 5),
     "mlp": ("MLP 784-4096-3072-10", 30, 3),
+    # scripts/cross-host-bench's model (23.3 MB of f32), there on network hosts
+    "mlp2048": ("MLP 784-2048-2048-10", 30, 3),
 }
+MLP_WIDTHS = {"mlp": (784, 4096, 3072, 10), "mlp2048": (784, 2048, 2048, 10)}
 # (key, label, mode, local transport); (a) and (b) are PyTorch's own.
 CONFIGS = [
     ("torch", "(a) PyTorch, 1 process, 2 threads, global batch", None, None),
@@ -77,8 +80,11 @@ def make_model(name):
         sys.path.insert(0, EXAMPLES)
         from fashion_cnn import Net
         return Net()
-    return nn.Sequential(nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 3072), nn.ReLU(),
-                         nn.Linear(3072, 10))
+    widths = MLP_WIDTHS[name]
+    layers = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
 
 
 def make_batches(model_name, batch, seed, count=4):
@@ -110,6 +116,8 @@ def child_main(argv):
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=WORKERS,
+                   help="ddp: the world size; ddp and grps: the ranks at the barrier")
     p.add_argument("--barrier", default="", help="grps: the barrier's folder")
     p.add_argument("--overlap", type=int, default=1,
                    help="grps: push each gradient from its hook (1) or all at step() (0)")
@@ -127,8 +135,9 @@ def child_main(argv):
         stepper = model
     elif a.child == "ddp":
         import torch.distributed as dist
-        # The rendezvous at MASTER_ADDR:MASTER_PORT (127.0.0.1 and a free port).
-        dist.init_process_group("gloo", init_method="env://", rank=a.rank, world_size=WORKERS)
+        # The rendezvous at MASTER_ADDR:MASTER_PORT from the environment (here
+        # 127.0.0.1 and a free port; scripts/cross-host-bench: rank 0's host).
+        dist.init_process_group("gloo", init_method="env://", rank=a.rank, world_size=a.world)
         stepper = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     else:
@@ -157,12 +166,13 @@ def child_main(argv):
     if a.child == "ddp":
         torch.distributed.barrier()
     elif a.child == "grps":
-        file_barrier(a.barrier, a.rank, WORKERS)
+        file_barrier(a.barrier, a.rank, a.world)
     start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
     loss = train(a.steps, a.warmup)
     end = time.monotonic()
     result = {"rank": a.rank, "start": start, "end": end, "steps": a.steps,
-              "samples": a.steps * a.batch, "loss": loss}
+              "samples": a.steps * a.batch, "loss": loss,
+              "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(a.out + ".tmp", a.out)
@@ -377,7 +387,8 @@ def table(args, results):
 def parse_args():
     p = argparse.ArgumentParser(
         description="PyTorch models through grps beside one PyTorch process and DDP (gloo).")
-    p.add_argument("--models", default="cnn,mlp", help="comma-separated: cnn, mlp")
+    p.add_argument("--models", default="cnn,mlp",
+                   help="comma-separated: %s" % ", ".join(MODELS))
     p.add_argument("--batch", type=int, default=64, help="examples per worker per step")
     p.add_argument("--steps", type=int, default=0,
                    help="timed steps per configuration (default: cnn %d, mlp %d)"
@@ -407,7 +418,7 @@ def parse_args():
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in args.models:
         if m not in MODELS:
-            p.error("unknown model %r (cnn, mlp)" % m)
+            p.error("unknown model %r (%s)" % (m, ", ".join(MODELS)))
     args.python_dir = (args.python_dir or os.environ.get("GRPS_PYTHON_DIR") or
                        os.path.join(os.path.dirname(os.path.abspath(args.bin)), "python"))
     args.model_steps = {}
