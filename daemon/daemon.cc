@@ -243,6 +243,42 @@ class UnaryCallReactor final : public grpc::ClientUnaryReactor {
   std::function<void(grpc::Status)> done_;
 };
 
+// One call's reactor (see StartOneMessageCall): deletes itself once done.
+class OneMessageCallReactor final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  OneMessageCallReactor(std::function<void()> written, std::function<void(grpc::Status)> done)
+      : written_(std::move(written)), done_(std::move(done)) {}
+
+  void Start(const grpc::ByteBuffer* request, grpc::ByteBuffer* reply) {
+    StartWriteLast(request, grpc::WriteOptions());
+    StartRead(reply);
+    HandOverToGrpc(this);
+    StartCall();  // the last use of `this` on the calling thread
+  }
+
+  void OnWriteDone(bool /*ok*/) override {
+    TakeOverFromGrpc(this);
+    std::function<void()> written = std::move(written_);
+    HandOverToGrpc(this);
+    written();
+  }
+  // A reply that never came (the call failed) leaves `reply` empty: OnDone's
+  // status says why.
+  void OnReadDone(bool /*ok*/) override {}
+
+  void OnDone(const grpc::Status& status) override {
+    TakeOverFromGrpc(this);
+    std::function<void(grpc::Status)> done = std::move(done_);
+    delete this;
+    done(status);
+  }
+
+ private:
+  std::function<void()> written_;
+  std::function<void(grpc::Status)> done_;
+};
+
 }  // namespace
 
 void StartUnaryCall(const std::function<void(grpc::ClientUnaryReactor*)>& bind,
@@ -250,6 +286,15 @@ void StartUnaryCall(const std::function<void(grpc::ClientUnaryReactor*)>& bind,
   auto* reactor = new UnaryCallReactor(std::move(done));
   bind(reactor);
   reactor->Start();
+}
+
+void StartOneMessageCall(grpc::GenericStub* stub, grpc::ClientContext* context,
+                         const std::string& method, const grpc::ByteBuffer* request,
+                         grpc::ByteBuffer* reply, std::function<void()> written,
+                         std::function<void(grpc::Status)> done) {
+  auto* reactor = new OneMessageCallReactor(std::move(written), std::move(done));
+  stub->PrepareBidiStreamingCall(context, method, grpc::StubOptions(), reactor);
+  reactor->Start(request, reply);
 }
 
 absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "daemon/security.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/support/client_callback.h"
@@ -137,6 +138,18 @@ absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>&
 // `done` and another thread is still reported. No cost outside TSan builds.
 void StartUnaryCall(const std::function<void(grpc::ClientUnaryReactor*)>& bind,
                     std::function<void(grpc::Status)> done);
+
+// A unary call of `method` made as a stream of one message each way, so
+// that the caller hears when its request has left: `written` runs (on a
+// gRPC thread) once the request's bytes are written to the connection,
+// within HTTP/2's flow control, or the write failed; `done` runs when the
+// call ends, after `written`, with the reply in `reply`. The server sees a
+// unary call. `request`, `reply` and `context` must outlive `done`. The same
+// hand-over to gRPC's threads as StartUnaryCall's.
+void StartOneMessageCall(grpc::GenericStub* stub, grpc::ClientContext* context,
+                         const std::string& method, const grpc::ByteBuffer* request,
+                         grpc::ByteBuffer* reply, std::function<void()> written,
+                         std::function<void(grpc::Status)> done);
 
 // Asks the gRPC health service behind `channel` about the whole server:
 // true for SERVING, false for NOT_SERVING; the call's error otherwise.

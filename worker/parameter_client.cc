@@ -5,6 +5,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <optional>
+#include <set>
 #include <limits>
 #include <mutex>
 #include <utility>
@@ -159,6 +161,13 @@ struct ParameterClient::Operation {
   std::mutex mu;
   std::condition_variable done;
   int outstanding = 0;   // guarded by mu
+  // The push schedule (guarded by mu): calls ready to start, the one whose
+  // request is being written, the started calls not yet done and their
+  // request bytes.
+  std::set<size_t> queued;
+  std::optional<size_t> writing;
+  std::set<size_t> in_flight;
+  size_t in_flight_bytes = 0;
   PushOutcome outcome;   // guarded by mu
 
   void AwaitCalls() {
@@ -179,8 +188,10 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
   for (const v1::ChunkSpec& c : layout_.chunks())
     chunk_offset_.push_back(tensor_offset[c.tensor_index()] + c.offset());
   chunk_version_ = std::vector<std::atomic<uint64_t>>(layout_.chunks_size());
-  // Each shard's chunks, in runs of at most kMaxRequestBytes of f32 (the
-  // widest wire dtype), dealt over the shard's channels in turn.
+  // Each shard's chunks, in runs of at most kPartBytes of f32 (the widest
+  // wire dtype; a larger chunk alone), dealt over the shard's channels in
+  // turn; then every part in the model's order (its first chunk's), so the
+  // shards take turns and every worker sends the same part first.
   std::vector<std::vector<uint32_t>> shard_chunks(layout_.shards_size());
   for (const v1::ChunkSpec& c : layout_.chunks())
     shard_chunks[c.shard()].push_back(c.chunk_id());
@@ -189,8 +200,7 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
     size_t bytes = 0;
     for (uint32_t id : shard_chunks[shard]) {
       const size_t chunk_bytes = layout_.chunks(id).num_elements() * sizeof(float);
-      if (parts_.empty() || parts_.back().shard != shard ||
-          bytes + chunk_bytes > kMaxRequestBytes) {
+      if (parts_.empty() || parts_.back().shard != shard || bytes + chunk_bytes > kPartBytes) {
         parts_.push_back(Part{shard, next_channel, {}});
         next_channel = (next_channel + 1) % kChannelsPerShard;
         bytes = 0;
@@ -199,6 +209,9 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
       bytes += chunk_bytes;
     }
   }
+  std::stable_sort(parts_.begin(), parts_.end(), [](const Part& a, const Part& b) {
+    return a.chunk_ids.front() < b.chunk_ids.front();
+  });
   part_of_chunk_.assign(layout_.chunks_size(), 0);
   for (size_t i = 0; i < parts_.size(); ++i)
     for (uint32_t id : parts_[i].chunk_ids) part_of_chunk_[id] = static_cast<uint32_t>(i);
@@ -348,8 +361,53 @@ ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op)
     std::lock_guard<std::mutex> lock(raw->mu);
     raw->outstanding = static_cast<int>(raw->calls.size());
   }
-  for (size_t i = 0; i < raw->calls.size(); ++i) StartCall(raw, i);
+  for (size_t i = 0; i < raw->calls.size(); ++i) Launch(raw, i);
   return ticket;
+}
+
+void ParameterClient::Launch(Operation* op, size_t index) {
+  const Call& call = op->calls[index];
+  // A pull's request is small, its replies wait; a lane's values are not in
+  // the request.
+  if (!op->push || call.lane != nullptr) {
+    StartCall(op, index);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    op->queued.insert(index);
+  }
+  Pump(op);
+}
+
+void ParameterClient::Pump(Operation* op) {
+  size_t next;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    if (op->queued.empty() || op->writing.has_value()) return;
+    // The first ready part in the model's order. Past the credit only a part
+    // ahead of every one in flight: a sync part's reply waits for every
+    // worker's push of it, and a worker whose hooks made its parts ready in
+    // another order must still send the part the others wait for.
+    next = *op->queued.begin();
+    const size_t bytes = op->calls[next].request.Length();
+    if (!op->in_flight.empty() && op->in_flight_bytes + bytes > kInFlightBytes &&
+        next > *op->in_flight.begin())
+      return;
+    op->queued.erase(op->queued.begin());
+    op->writing = next;
+    op->in_flight.insert(next);
+    op->in_flight_bytes += bytes;
+  }
+  StartCall(op, next, /*scheduled=*/true);
+}
+
+void ParameterClient::ScheduledCallWritten(Operation* op, size_t index) {
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    if (op->writing == index) op->writing.reset();
+  }
+  Pump(op);
 }
 
 std::unique_ptr<ParameterClient::Operation> ParameterClient::Take(Ticket ticket) {
@@ -361,7 +419,7 @@ std::unique_ptr<ParameterClient::Operation> ParameterClient::Take(Ticket ticket)
   return op;
 }
 
-void ParameterClient::StartCall(Operation* op, size_t index) {
+void ParameterClient::StartCall(Operation* op, size_t index, bool scheduled) {
   Call& call = op->calls[index];
   if (op->push && call.lane != nullptr && call.lane->open[call.part->shard].load() &&
       call.request.Length() <= call.lane->doorbell[call.part->shard].capacity()) {
@@ -378,6 +436,25 @@ void ParameterClient::StartCall(Operation* op, size_t index) {
   // attempt sends this one to the shard's new endpoint.
   call.stub = StubOf(*call.part);
   call.reply.Clear();
+  if (scheduled) {
+    // The next part goes once this one's request is written; the credit
+    // comes back with its reply. Both before OnCallDone, which may let the
+    // waiter free `op`.
+    const size_t bytes = call.request.Length();
+    StartOneMessageCall(
+        call.stub.get(), call.context.get(), kPushMethod, &call.request, &call.reply,
+        [this, op, index] { ScheduledCallWritten(op, index); },
+        [this, op, index, bytes](grpc::Status status) {
+          {
+            std::lock_guard<std::mutex> lock(op->mu);
+            op->in_flight.erase(index);
+            op->in_flight_bytes -= bytes;
+          }
+          ScheduledCallWritten(op, index);
+          OnCallDone(op, index, std::move(status));
+        });
+    return;
+  }
   StartUnaryCall(
       [&](grpc::ClientUnaryReactor* reactor) {
         call.stub->PrepareUnaryCall(call.context.get(), op->push ? kPushMethod : kPullMethod,
@@ -695,7 +772,7 @@ void ParameterClient::StartStaged(Operation* op, size_t index) {
     std::lock_guard<std::mutex> lock(op->mu);
     ++op->outstanding;
   }
-  StartCall(op, index);
+  Launch(op, index);
 }
 
 void ParameterClient::Discard(Ticket ticket) {

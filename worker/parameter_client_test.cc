@@ -31,6 +31,8 @@ namespace {
 struct SeenPush {
   uint64_t lane_nonce = 0;
   bool bytes = false;
+  uint32_t first_chunk = 0;  // of a held push
+  size_t data_bytes = 0;     // of a held push: its chunks' values
 };
 
 // A shard that answers every pull with its chunks filled with `fill`, and
@@ -44,6 +46,22 @@ class FakeShard : public v1::ParameterServer::Service {
 
   grpc::Status Push(grpc::ServerContext*, const v1::PushRequest* req,
                     v1::PushResponse* resp) override {
+    {
+      // A held push is seen at once and answered once released (a sync
+      // shard's fused pull waits for every worker's push of its chunks).
+      absl::MutexLock lock(&mu_);
+      if (held_ != nullptr) {
+        absl::Notification* release = held_;
+        SeenPush& seen = pushes_.emplace_back();
+        seen.first_chunk = req->chunks_size() > 0 ? req->chunks(0).chunk_id() : 0;
+        for (const v1::ChunkData& c : req->chunks()) seen.data_bytes += c.data().size();
+        mu_.Unlock();
+        release->WaitForNotification();
+        mu_.Lock();
+        for (int i = 0; i < req->chunks_size(); ++i) resp->add_versions(1);
+        return grpc::Status::OK;
+      }
+    }
     absl::MutexLock lock(&mu_);
     push_generations_.push_back(req->generation());
     SeenPush& seen = pushes_.emplace_back();
@@ -93,6 +111,11 @@ class FakeShard : public v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     refuse_lanes_ = true;
   }
+  // Answers no push until `release` is notified (it must outlive them).
+  void HoldPushesUntil(absl::Notification* release) {
+    absl::MutexLock lock(&mu_);
+    held_ = release;
+  }
   std::vector<SeenPush> pushes() {
     absl::MutexLock lock(&mu_);
     return pushes_;
@@ -119,6 +142,7 @@ class FakeShard : public v1::ParameterServer::Service {
   absl::Mutex mu_;
   absl::Status push_error_ ABSL_GUARDED_BY(mu_);
   bool refuse_lanes_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification* held_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<SeenPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> push_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pull_generations_ ABSL_GUARDED_BY(mu_);
@@ -275,6 +299,88 @@ TEST_F(ParameterClientTest, AStagedPushSendsAPartOnceAllItsTensorsAreReady) {
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(shards[ready]->service->pushes().size(), 2u);
   EXPECT_EQ(shards[other]->service->pushes().size(), 1u);
+}
+
+TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
+  // A model of about 26 MB: 26 parts of 1 MiB, more than the credit, sent
+  // as bytes (the schedule is the network's; a lane's values are not sent).
+  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+  config_.clear_hidden_units();
+  config_.add_hidden_units(8192);
+  config_.set_chunk_bytes(256 << 10);
+  absl::StatusOr<v1::ShardMap> map =
+      BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+  ASSERT_TRUE(map.ok()) << map.status();
+  map_ = *map;
+  absl::Notification release;
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  shard0->service->HoldPushesUntil(&release);
+  shard1->service->HoldPushesUntil(&release);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  // The parts, as the client cuts them: each shard's chunks in runs of at
+  // most kPartBytes; then in the model's order, the first chunk's.
+  std::vector<std::pair<uint32_t, size_t>> parts;  // first chunk, payload bytes
+  for (uint32_t shard : {0u, 1u}) {
+    size_t bytes = ParameterClient::kPartBytes;
+    for (uint32_t id : ChunksOfShard(map_, shard)) {
+      const size_t chunk = map_.chunks(id).num_elements() * sizeof(float);
+      if (bytes + chunk > ParameterClient::kPartBytes) {
+        parts.push_back({id, 0});
+        bytes = 0;
+      }
+      parts.back().second += chunk;
+      bytes += chunk;
+    }
+  }
+  std::sort(parts.begin(), parts.end());
+  size_t credit_parts = 0, credit = 0;
+  while (credit_parts < parts.size() &&
+         credit + parts[credit_parts].second <= ParameterClient::kInFlightBytes)
+    credit += parts[credit_parts++].second;
+  ASSERT_LT(credit_parts, parts.size()) << "the model must be larger than the credit";
+
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::vector<float> params(client.num_parameters(), 0.0f);
+  ParameterClient::Ticket ticket =
+      client.PushAsync(0, grads.data(), 1, params.data(), absl::Seconds(30));
+  auto seen = [&] {
+    std::vector<SeenPush> all = shard0->service->pushes();
+    for (const SeenPush& p : shard1->service->pushes()) all.push_back(p);
+    return all;
+  };
+  // The credit counts whole requests (a part's values and its header): the
+  // last part whose values fit may not.
+  for (int i = 0; i < 500 && seen().size() + 1 < credit_parts; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(300));  // time for a part past the credit to show
+  // While no reply comes, exactly the first parts in the model's order are
+  // out, as many as the credit holds, from both shards.
+  std::vector<SeenPush> out = seen();
+  std::set<uint32_t> out_first;
+  size_t out_bytes = 0;
+  for (const SeenPush& p : out) {
+    out_first.insert(p.first_chunk);
+    out_bytes += p.data_bytes;
+  }
+  ASSERT_GE(out.size() + 1, credit_parts);
+  ASSERT_LE(out.size(), credit_parts);
+  std::set<uint32_t> expected;
+  for (size_t i = 0; i < out.size(); ++i) expected.insert(parts[i].first);
+  EXPECT_EQ(out_first, expected);
+  EXPECT_LE(out_bytes, ParameterClient::kInFlightBytes);
+  EXPECT_FALSE(shard0->service->pushes().empty());
+  EXPECT_FALSE(shard1->service->pushes().empty());
+
+  // Answered, the rest follow: every part once.
+  release.Notify();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  out_first.clear();
+  for (const SeenPush& p : seen()) out_first.insert(p.first_chunk);
+  EXPECT_EQ(out_first.size(), parts.size());
+  EXPECT_EQ(seen().size(), parts.size());
 }
 
 TEST_F(ParameterClientTest, PushRetriedAfterUnavailableGoesToTheNewEndpoint) {
