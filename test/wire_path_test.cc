@@ -86,13 +86,18 @@ struct LaneRun {
   uint64_t push_calls = 0;
   uint64_t doorbell_calls = 0;  // of those, rung at lane doorbells
 };
+// The model of the lane tests: 400 KB of f32, 200 KB per shard, one part
+// (ParameterClient::kPartBytes) each.
+constexpr uint64_t kModelParams = 100000;
+static_assert(kModelParams * sizeof(float) / 2 <= ParameterClient::kPartBytes);
+
 LaneRun RunTwoWorkers(v1::LocalTransport transport, v1::DType dtype, int steps,
                       const std::function<void(InProcessShards&, int)>& before_step = nullptr) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 2, 2);
   config.set_local_transport(transport);
   config.set_wire_dtype(dtype);
   config.set_chunk_bytes(64 << 10);
-  v1::ShardMap map = MapOf(config, 200000);
+  v1::ShardMap map = MapOf(config, kModelParams);
   InProcessShards shards(config, &map);
   shards.SetLiveWorkers(2);
   ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
@@ -130,7 +135,7 @@ TEST(WirePath, TheLanesOfWorkersOnTheShardsMachineCarryTheValuesAndChangeNoResul
     // Every gradient and every fused pull went through the lanes: both ways,
     // 2 workers x 3 steps x the model in the wire dtype.
     const uint64_t size = dtype == v1::DTYPE_F32 ? 4 : 2;
-    EXPECT_EQ(lanes.lane_bytes, 2 * 2 * 3 * 200000 * size);
+    EXPECT_EQ(lanes.lane_bytes, 2 * 2 * 3 * kModelParams * size);
     EXPECT_GE(lanes.bytes_moved, lanes.lane_bytes);
     // Each worker's first push to each shard is a call that opens the
     // shard's doorbell in its lane; the later ones are rung there.
@@ -173,7 +178,7 @@ TEST(WirePath, PushesTheShardsTookAlreadyAreRungAtTheirDoorbellsAndAppliedOnce) 
     SCOPED_TRACE(v1::ConsistencyMode_Name(mode));
     v1::JobConfig config = Config(mode, 1, 2);
     config.set_chunk_bytes(64 << 10);
-    v1::ShardMap map = MapOf(config, 200000);
+    v1::ShardMap map = MapOf(config, kModelParams);
     InProcessShards shards(config, &map);
     shards.SetLiveWorkers(1);
     ParameterClient client(config, map, 0, 1);

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
-#include <optional>
 #include <set>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -161,11 +161,11 @@ struct ParameterClient::Operation {
   std::mutex mu;
   std::condition_variable done;
   int outstanding = 0;   // guarded by mu
-  // The push schedule (guarded by mu): calls ready to start, the one whose
-  // request is being written, the started calls not yet done and their
-  // request bytes.
+  // The push schedule (guarded by mu): calls ready to start, each shard's
+  // call whose request is being written, the started calls not yet done and
+  // their request bytes.
   std::set<size_t> queued;
-  std::optional<size_t> writing;
+  std::map<size_t, size_t> writing;  // shard -> call
   std::set<size_t> in_flight;
   size_t in_flight_bytes = 0;
   PushOutcome outcome;   // guarded by mu
@@ -381,31 +381,40 @@ void ParameterClient::Launch(Operation* op, size_t index) {
 }
 
 void ParameterClient::Pump(Operation* op) {
-  size_t next;
+  std::vector<size_t> start;
   {
     std::lock_guard<std::mutex> lock(op->mu);
-    if (op->queued.empty() || op->writing.has_value()) return;
-    // The first ready part in the model's order. Past the credit only a part
-    // ahead of every one in flight: a sync part's reply waits for every
-    // worker's push of it, and a worker whose hooks made its parts ready in
-    // another order must still send the part the others wait for.
-    next = *op->queued.begin();
-    const size_t bytes = op->calls[next].request.Length();
-    if (!op->in_flight.empty() && op->in_flight_bytes + bytes > kInFlightBytes &&
-        next > *op->in_flight.begin())
-      return;
-    op->queued.erase(op->queued.begin());
-    op->writing = next;
-    op->in_flight.insert(next);
-    op->in_flight_bytes += bytes;
+    // The ready parts in the model's order, each once its shard's part
+    // before has been written. Past the credit only a part ahead of every
+    // one in flight: a sync part's reply waits for every worker's push of
+    // it, and a worker whose hooks made its parts ready in another order
+    // must still send the part the others wait for.
+    for (auto it = op->queued.begin(); it != op->queued.end();) {
+      const size_t next = *it;
+      const size_t shard = op->calls[next].part->shard;
+      if (op->writing.count(shard) > 0) {
+        ++it;
+        continue;
+      }
+      const size_t bytes = op->calls[next].request.Length();
+      if (!op->in_flight.empty() && op->in_flight_bytes + bytes > kInFlightBytes &&
+          next > *op->in_flight.begin())
+        break;
+      it = op->queued.erase(it);
+      op->writing[shard] = next;
+      op->in_flight.insert(next);
+      op->in_flight_bytes += bytes;
+      start.push_back(next);
+    }
   }
-  StartCall(op, next, /*scheduled=*/true);
+  for (size_t next : start) StartCall(op, next, /*scheduled=*/true);
 }
 
 void ParameterClient::ScheduledCallWritten(Operation* op, size_t index) {
   {
     std::lock_guard<std::mutex> lock(op->mu);
-    if (op->writing == index) op->writing.reset();
+    auto it = op->writing.find(op->calls[index].part->shard);
+    if (it != op->writing.end() && it->second == index) op->writing.erase(it);
   }
   Pump(op);
 }

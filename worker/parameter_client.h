@@ -14,16 +14,18 @@
 //
 // The push schedule (push and pull at once): a push's parts are ordered by
 // their place in the model, shards interleaved, the same order on every
-// worker. Those whose bytes travel in the request go out one at a time: the
-// next ready part in that order starts once the one before has been written
-// to its connection, with at most kInFlightBytes of requests whose replies
-// have not come (a part ahead of all of those may pass). So the
-// first part reaches its shard from every worker at about the same time,
-// its update completes, and its new weights (a fused pull) come down while
-// later parts still go up: a bandwidth-bound step costs about one transfer
-// of the model each way at the same time, where parts sent all at once
-// share the link, all arrive at its end, and come back after it (BytePS's
-// partitions and credit, in the same shape).
+// worker. Those whose bytes travel in the request go out one at a time per
+// shard: a shard's next ready part in that order starts once its part
+// before has been written to its connection, with at most kInFlightBytes of
+// requests whose replies have not come (a part ahead of all of those may
+// pass). So each worker sends to every shard at once (with a shard per
+// host, every server's link is busy), the first parts reach their shards
+// from every worker at about the same time, their updates complete, and
+// their new weights (a fused pull) come down while later parts still go
+// up: a bandwidth-bound step costs about one transfer of the model each way
+// at the same time, where parts sent all at once share the link, all
+// arrive at its end, and come back after it (BytePS's partitions and
+// credit, in the same shape).
 //
 // Shared-memory lanes (JobConfig.local_transport, wire/shared_lane.h): a
 // dense push's gradients, and its fused pull's weights, travel through a
@@ -102,10 +104,12 @@ class ParameterClient final : public ParameterShards {
   // Payload bytes per request at most (a chunk larger than this travels
   // alone), and the channels each shard's requests are spread over.
   static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
-  // A part's payload: chunks are added to a part up to this many bytes. At
-  // 1 MiB a part takes 42 ms on a 200 Mbit/s link and 0.8 ms at 10 Gbit/s:
-  // the step's tail that cannot overlap.
-  static constexpr size_t kPartBytes = size_t{1} << 20;
+  // A part's payload: chunks are added to a part up to this many bytes (the
+  // job's default chunk is 256 KiB: a part each). A part takes 10 ms on a
+  // 200 Mbit/s link, 0.2 ms at 10 Gbit/s: about the step's tail that cannot
+  // overlap. (Across 200 Mbit/s namespace hosts, parts of 4 MiB, 1 MiB and
+  // 256 KiB gave 37.5, 45.1 and 47.8 samples/s: docs/performance.md.)
+  static constexpr size_t kPartBytes = size_t{256} << 10;
   // The push schedule's credit: request bytes sent whose replies have not
   // come. Covers the link's bandwidth-delay product (16 MiB: 10 Gbit/s at
   // 13 ms) and the wait of a part's update for the other workers' pushes.
