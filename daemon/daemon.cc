@@ -221,40 +221,48 @@ absl::StatusOr<std::string> UnaryCallBytes(const std::shared_ptr<grpc::Channel>&
 
 namespace {
 
-// One call's reactor (see StartUnaryCall): deletes itself once done.
-class UnaryCallReactor final : public grpc::ClientUnaryReactor {
+// A call's reactor that deletes itself once done (the calls of
+// StartUnaryCall and StartOneMessageCall), with the hand-over to gRPC's
+// threads those describe.
+template <typename Reactor>
+class OwnReactor : public Reactor {
  public:
-  explicit UnaryCallReactor(std::function<void(grpc::Status)> done) : done_(std::move(done)) {}
-
-  void Start() {
-    HandOverToGrpc(this);
-    StartCall();  // the last use of `this` on the calling thread
-  }
+  explicit OwnReactor(std::function<void(grpc::Status)> done) : done_(std::move(done)) {}
 
   // gRPC's last reaction: the reactor may go here.
-  void OnDone(const grpc::Status& status) override {
+  void OnDone(const grpc::Status& status) final {
     TakeOverFromGrpc(this);
     std::function<void(grpc::Status)> done = std::move(done_);
     delete this;
     done(status);
   }
 
+ protected:
+  void Launch() {
+    HandOverToGrpc(this);
+    this->StartCall();  // the last use of `this` on the calling thread
+  }
+
  private:
   std::function<void(grpc::Status)> done_;
 };
 
-// One call's reactor (see StartOneMessageCall): deletes itself once done.
+class UnaryCallReactor final : public OwnReactor<grpc::ClientUnaryReactor> {
+ public:
+  using OwnReactor::OwnReactor;
+  void Start() { Launch(); }
+};
+
 class OneMessageCallReactor final
-    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public OwnReactor<grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
   OneMessageCallReactor(std::function<void()> written, std::function<void(grpc::Status)> done)
-      : written_(std::move(written)), done_(std::move(done)) {}
+      : OwnReactor(std::move(done)), written_(std::move(written)) {}
 
   void Start(const grpc::ByteBuffer* request, grpc::ByteBuffer* reply) {
     StartWriteLast(request, grpc::WriteOptions());
     StartRead(reply);
-    HandOverToGrpc(this);
-    StartCall();  // the last use of `this` on the calling thread
+    Launch();
   }
 
   void OnWriteDone(bool /*ok*/) override {
@@ -267,16 +275,8 @@ class OneMessageCallReactor final
   // status says why.
   void OnReadDone(bool /*ok*/) override {}
 
-  void OnDone(const grpc::Status& status) override {
-    TakeOverFromGrpc(this);
-    std::function<void(grpc::Status)> done = std::move(done_);
-    delete this;
-    done(status);
-  }
-
  private:
   std::function<void()> written_;
-  std::function<void(grpc::Status)> done_;
 };
 
 }  // namespace
