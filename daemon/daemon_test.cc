@@ -1,11 +1,14 @@
 #include "daemon/daemon.h"
 
 #include <cstdlib>
+#include <mutex>
+#include <condition_variable>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
 ABSL_FLAG(int, daemon_test_port, 1, "a flag for the test");
@@ -13,6 +16,78 @@ ABSL_FLAG(std::string, daemon_test_name, "none", "a flag for the test");
 
 namespace grps {
 namespace {
+
+// What StartOneMessageCall reported, in order.
+struct OneMessageCall {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<std::string> events;
+  grpc::Status status;
+
+  void Note(std::string event) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(std::move(event));
+    changed.notify_all();
+  }
+  // Waits (at most 10 s) for the call's end; its events.
+  std::vector<std::string> Ended() {
+    std::unique_lock<std::mutex> lock(mu);
+    changed.wait_for(lock, std::chrono::seconds(10),
+                     [this] { return !events.empty() && events.back() == "done"; });
+    return events;
+  }
+};
+
+TEST(Daemon, AOneMessageCallIsAUnaryCallToTheServerAndSaysItsRequestLeftBeforeItEnds) {
+  absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", server->port)));
+  // The health service's unary Check, with the empty request (service "").
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  OneMessageCall call;
+  StartOneMessageCall(&stub, &context, "/grpc.health.v1.Health/Check", &request, &reply,
+                      [&] { call.Note("written"); },
+                      [&](grpc::Status s) {
+                        call.status = s;
+                        call.Note("done");
+                      });
+  EXPECT_EQ(call.Ended(), (std::vector<std::string>{"written", "done"}));
+  EXPECT_TRUE(call.status.ok()) << call.status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices)
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // SERVING
+  server->server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST(Daemon, AOneMessageCallThatFailsStillSaysItsRequestWentBeforeItEnds) {
+  // Nobody listens: the push schedule waits for `written` before its next
+  // part, so a failed call must still give it.
+  absl::StatusOr<GrpcServer> gone = StartGrpcServer("127.0.0.1:0", {});
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  const int port = gone->port;
+  gone->server->Shutdown(std::chrono::system_clock::now());
+  gone->server.reset();
+  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  OneMessageCall call;
+  StartOneMessageCall(&stub, &context, "/grpc.health.v1.Health/Check", &request, &reply,
+                      [&] { call.Note("written"); },
+                      [&](grpc::Status s) {
+                        call.status = s;
+                        call.Note("done");
+                      });
+  EXPECT_EQ(call.Ended(), (std::vector<std::string>{"written", "done"}));
+  EXPECT_FALSE(call.status.ok());
+}
 
 TEST(Daemon, EnvironmentSetsFlagsAndCommandLineWins) {
   setenv("GRPS_DAEMON_TEST_PORT", "77", 1);
