@@ -1,8 +1,8 @@
 #include "daemon/daemon.h"
 
 #include <cstdlib>
-#include <mutex>
 #include <condition_variable>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,45 +23,49 @@ struct OneMessageCall {
   std::condition_variable changed;
   std::vector<std::string> events;
   grpc::Status status;
+  std::string reply;
 
   void Note(std::string event) {
     std::lock_guard<std::mutex> lock(mu);
     events.push_back(std::move(event));
     changed.notify_all();
   }
-  // Waits (at most 10 s) for the call's end; its events.
-  std::vector<std::string> Ended() {
-    std::unique_lock<std::mutex> lock(mu);
-    changed.wait_for(lock, std::chrono::seconds(10),
-                     [this] { return !events.empty() && events.back() == "done"; });
-    return events;
-  }
 };
+
+// The health service's unary Check (the empty request: service ""), made
+// by StartOneMessageCall to 127.0.0.1:`port` with `deadline`; what it
+// reported, once it ended (by its deadline at the latest: the request,
+// reply and context here must outlive it).
+void CheckHealth(int port, std::chrono::seconds deadline, OneMessageCall* call) {
+  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  StartOneMessageCall(&stub, &context, "/grpc.health.v1.Health/Check", &request, &reply,
+                      [call] { call->Note("written"); },
+                      [call](grpc::Status s) {
+                        call->status = s;
+                        call->Note("done");
+                      });
+  std::unique_lock<std::mutex> lock(call->mu);
+  call->changed.wait(lock, [call] {
+    return !call->events.empty() && call->events.back() == "done";
+  });
+  std::vector<grpc::Slice> slices;
+  if (reply.Dump(&slices).ok())
+    for (const grpc::Slice& slice : slices)
+      call->reply.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+}
 
 TEST(Daemon, AOneMessageCallIsAUnaryCallToTheServerAndSaysItsRequestLeftBeforeItEnds) {
   absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {});
   ASSERT_TRUE(server.ok()) << server.status();
-  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", server->port)));
-  // The health service's unary Check, with the empty request (service "").
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), reply;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   OneMessageCall call;
-  StartOneMessageCall(&stub, &context, "/grpc.health.v1.Health/Check", &request, &reply,
-                      [&] { call.Note("written"); },
-                      [&](grpc::Status s) {
-                        call.status = s;
-                        call.Note("done");
-                      });
-  EXPECT_EQ(call.Ended(), (std::vector<std::string>{"written", "done"}));
+  CheckHealth(server->port, std::chrono::seconds(10), &call);
+  EXPECT_EQ(call.events, (std::vector<std::string>{"written", "done"}));
   EXPECT_TRUE(call.status.ok()) << call.status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(reply.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& slice : slices)
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // SERVING
+  EXPECT_EQ(call.reply, std::string("\x08\x01", 2));  // SERVING
   server->server->Shutdown(std::chrono::system_clock::now());
 }
 
@@ -73,19 +77,9 @@ TEST(Daemon, AOneMessageCallThatFailsStillSaysItsRequestWentBeforeItEnds) {
   const int port = gone->port;
   gone->server->Shutdown(std::chrono::system_clock::now());
   gone->server.reset();
-  grpc::GenericStub stub(MakeChannel(absl::StrCat("127.0.0.1:", port)));
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), reply;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   OneMessageCall call;
-  StartOneMessageCall(&stub, &context, "/grpc.health.v1.Health/Check", &request, &reply,
-                      [&] { call.Note("written"); },
-                      [&](grpc::Status s) {
-                        call.status = s;
-                        call.Note("done");
-                      });
-  EXPECT_EQ(call.Ended(), (std::vector<std::string>{"written", "done"}));
+  CheckHealth(port, std::chrono::seconds(2), &call);
+  EXPECT_EQ(call.events, (std::vector<std::string>{"written", "done"}));
   EXPECT_FALSE(call.status.ok());
 }
 

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
-#include <set>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
