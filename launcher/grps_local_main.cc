@@ -63,10 +63,11 @@ ABSL_FLAG(bool, auth, true,
 ABSL_FLAG(std::string, entry, "",
           "run this command as each worker instead of grps-worker, through "
           "/bin/sh -c \"exec CMD\", with GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, "
-          "GRPS_JOB_ID, GRPS_RUN_DIR, GRPS_WORKER_TOKEN and GRPS_TLS_* in its "
-          "environment (and PYTHONPATH finding the build tree's grps package): a "
-          "PyTorch script using grps.torch (docs/pytorch.md). The job's model is "
-          "the workers' own (--model=user)");
+          "GRPS_LOCAL_RANK, GRPS_LOCAL_SIZE, GRPS_JOB_ID, GRPS_RUN_DIR, "
+          "GRPS_WORKER_TOKEN, GRPS_TLS_* and torchrun's RANK, WORLD_SIZE, LOCAL_RANK "
+          "and LOCAL_WORLD_SIZE in its environment (and PYTHONPATH finding the build "
+          "tree's grps package): a PyTorch script using grps.torch "
+          "(docs/pytorch.md). The job's model is the workers' own (--model=user)");
 ABSL_FLAG(std::optional<uint32_t>, straggler_rank, std::nullopt,
           "inject a straggler: the worker of this rank gets --straggle_factor and "
           "--straggle_ms");
@@ -93,10 +94,13 @@ constexpr char kUsage[] =
     "--entry=CMD: the workers are copies of your own program instead of\n"
     "grps-worker, each run as /bin/sh -c \"exec CMD\" with the job in its\n"
     "environment (GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, GRPS_JOB_ID,\n"
-    "GRPS_RUN_DIR, the worker token, GRPS_TLS_*; PYTHONPATH finds the build\n"
-    "tree's grps package): a PyTorch script that calls grps.torch.init()\n"
-    "(docs/pytorch.md). The job's model is theirs (--model=user; a built-in\n"
-    "--model is refused); they write no curves and serve no metrics.\n"
+    "GRPS_RUN_DIR, the worker token, GRPS_TLS_*; GRPS_LOCAL_RANK and\n"
+    "GRPS_LOCAL_SIZE, the rank and the workers, as all run on this host;\n"
+    "torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, the same;\n"
+    "PYTHONPATH finds the build tree's grps package): a PyTorch script that\n"
+    "calls grps.torch.init() (docs/pytorch.md). The job's model is theirs\n"
+    "(--model=user; a built-in --model is refused); they write no curves and\n"
+    "serve no metrics.\n"
     "\n"
     "A worker that dies does not fail the job (the others go on); --strict\n"
     "makes it, --restart_workers=N restarts dead workers. A crashed server or\n"

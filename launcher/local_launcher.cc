@@ -139,14 +139,23 @@ std::string BuildTreePythonDir(const std::string& bin_dir) {
 // The user's command as the worker of `rank` (see WorkerSpec).
 ChildSpec EntryWorkerSpec(const LaunchOptions& options, uint32_t rank,
                           const std::string& coordinator) {
+  const std::string rank_text = absl::StrCat(rank);
+  const std::string workers_text = absl::StrCat(options.workers);
+  // Every worker runs on this host: its local rank is its rank.
   ChildSpec spec{absl::StrCat("worker-", rank),
                  {"/bin/sh", "-c", absl::StrCat("exec ", options.entry)},
                  InDir(options.run_dir, absl::StrCat("worker-", rank, ".log")),
                  {{"GRPS_COORDINATOR", coordinator},
-                  {"GRPS_RANK", absl::StrCat(rank)},
-                  {"GRPS_WORKERS", absl::StrCat(options.workers)},
+                  {"GRPS_RANK", rank_text},
+                  {"GRPS_WORKERS", workers_text},
+                  {"GRPS_LOCAL_RANK", rank_text},
+                  {"GRPS_LOCAL_SIZE", workers_text},
                   {"GRPS_JOB_ID", options.job_id},
-                  {"GRPS_RUN_DIR", options.run_dir}}};
+                  {"GRPS_RUN_DIR", options.run_dir},
+                  {"RANK", rank_text},
+                  {"WORLD_SIZE", workers_text},
+                  {"LOCAL_RANK", rank_text},
+                  {"LOCAL_WORLD_SIZE", workers_text}}};
   for (auto& variable : TokenEnvironment(options, /*worker=*/true))
     spec.environment.push_back(std::move(variable));
   for (auto& variable : TlsEnvironment(options.tls_flags))

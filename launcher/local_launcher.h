@@ -164,6 +164,10 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
 // terminal would; exec leaves the program itself as the child, to be
 // signalled and reaped) with the job in its environment:
 //   GRPS_COORDINATOR, GRPS_RANK, GRPS_WORKERS, GRPS_JOB_ID, GRPS_RUN_DIR;
+//   GRPS_LOCAL_RANK = GRPS_RANK and GRPS_LOCAL_SIZE = GRPS_WORKERS (every
+//     worker runs on this host);
+//   torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, the same
+//     values, replacing any the launcher has;
 //   GRPS_WORKER_TOKEN as grps-worker gets it (GRPS_TOKEN removed);
 //   GRPS_TLS_CERT, _KEY, _CA, _CLIENT_AUTH, _SERVER_NAME: the TLS flags
 //     daemons get, each one the launch does not set removed;

@@ -247,6 +247,14 @@ TEST(WorkerSpec, AnEntryWorkerRunsTheCommandThroughTheShellWithTheJobInItsEnviro
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_WORKERS"), "4");
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_JOB_ID"), "sync-1");
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_RUN_DIR"), "/tmp/runs/sync-1");
+  // Every worker runs on this host: its local rank is its rank, and torchrun's
+  // variables say the same.
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_LOCAL_RANK"), "3");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_LOCAL_SIZE"), "4");
+  EXPECT_EQ(EnvironmentValue(spec, "RANK"), "3");
+  EXPECT_EQ(EnvironmentValue(spec, "WORLD_SIZE"), "4");
+  EXPECT_EQ(EnvironmentValue(spec, "LOCAL_RANK"), "3");
+  EXPECT_EQ(EnvironmentValue(spec, "LOCAL_WORLD_SIZE"), "4");
   // The worker token only, as grps-worker gets it: the admin token removed.
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_WORKER_TOKEN"), "worker-secret");
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_TOKEN"), "");
@@ -1155,7 +1163,8 @@ TEST_F(LaunchTest, DeadWorkerIsRestartedWithItsRankAsOftenAsAllowedAndNoMore) {
 // line, and the job's variables in $FAKE_DIR/entry-<rank>.{args,env}.
 constexpr char kEntryProgram[] = R"(#!/bin/sh
 printf '%s\n' "$@" > "$FAKE_DIR/entry-$GRPS_RANK.args"
-env | grep -E '^(GRPS_|PYTHONPATH=)' | sort > "$FAKE_DIR/entry-$GRPS_RANK.env"
+env | grep -E '^(GRPS_|PYTHONPATH=|RANK=|WORLD_SIZE=|LOCAL_RANK=|LOCAL_WORLD_SIZE=)' |
+  sort > "$FAKE_DIR/entry-$GRPS_RANK.env"
 echo $$ >> "$FAKE_DIR/entry-$GRPS_RANK.starts"
 echo "entry $GRPS_RANK is up"
 )";
@@ -1174,7 +1183,13 @@ TEST_F(LaunchTest, EntryWorkersRunTheUsersCommandInsteadOfGrpsWorker) {
   setenv("GRPS_TLS_CA", "/launchers/own/ca.pem", 1);  // the launch has no TLS
 
   std::string out;
-  const int code = Launch(&out);
+  int code;
+  {
+    // grps-local itself run by torchrun: its workers get the job's values.
+    ScopedVariable rank("RANK", "7"), world_size("WORLD_SIZE", "9");
+    ScopedVariable local_rank("LOCAL_RANK", "7"), local_world_size("LOCAL_WORLD_SIZE", "9");
+    code = Launch(&out);
+  }
   unsetenv("GRPS_TLS_CA");
   ASSERT_EQ(code, kLaunchOk) << out;
   for (int rank : {0, 1}) {
@@ -1186,6 +1201,13 @@ TEST_F(LaunchTest, EntryWorkersRunTheUsersCommandInsteadOfGrpsWorker) {
     EXPECT_THAT(env, Contains("GRPS_WORKERS=2"));
     EXPECT_THAT(env, Contains("GRPS_JOB_ID=test-job"));
     EXPECT_THAT(env, Contains("GRPS_RUN_DIR=" + options_.run_dir));
+    // One host: the local rank is the rank, the local size the workers.
+    EXPECT_THAT(env, Contains(absl::StrCat("GRPS_LOCAL_RANK=", rank)));
+    EXPECT_THAT(env, Contains("GRPS_LOCAL_SIZE=2"));
+    EXPECT_THAT(env, Contains(absl::StrCat("RANK=", rank)));
+    EXPECT_THAT(env, Contains("WORLD_SIZE=2"));
+    EXPECT_THAT(env, Contains(absl::StrCat("LOCAL_RANK=", rank)));
+    EXPECT_THAT(env, Contains("LOCAL_WORLD_SIZE=2"));
     EXPECT_THAT(env, Contains("GRPS_WORKER_TOKEN=worker-secret"));
     EXPECT_THAT(env, Not(Contains(StartsWith("GRPS_TOKEN="))));
     EXPECT_THAT(env, Not(Contains(StartsWith("GRPS_TLS_"))));

@@ -22,7 +22,10 @@ manifest given with --check, and the one given with --run:
     GRPS_* variables such a worker reads (gt.init()'s, the extension's token
     and TLS flags), none of grps-worker's own; its script must be one of the
     image's examples (/opt/grps/examples: the repository's examples/) or a
-    file of a ConfigMap mounted there;
+    file of a ConfigMap mounted there; and it must get torchrun's variables
+    as one process alone on its pod: RANK = GRPS_RANK, WORLD_SIZE = the
+    Job's completions, LOCAL_RANK = GRPS_LOCAL_RANK = 0, LOCAL_WORLD_SIZE =
+    GRPS_LOCAL_SIZE = 1;
   * GRPS_SERVERS and GRPS_WORKERS must match the servers' replicas and the
     workers' completions and parallelism.
 
@@ -115,13 +118,15 @@ IMAGE_PYTHON = "/usr/bin/python3"
 IMAGE_EXAMPLES = "/opt/grps/examples"
 # What a grps.torch worker reads from the environment: gt.init()'s variables
 # (python/grps/torch.py: GRPS_COORDINATOR, GRPS_RANK, GRPS_JOB_ID,
-# GRPS_REGISTER_TIMEOUT_S; gt.size(): GRPS_WORKERS) and the flags the
+# GRPS_REGISTER_TIMEOUT_S; gt.size(): GRPS_WORKERS; the local rank and size:
+# GRPS_LOCAL_RANK, GRPS_LOCAL_SIZE) and the flags the
 # extension sets from GRPS_* (python/_grps.cc, Configure): daemon/security.cc's
 # tokens and TLS, and daemon/metrics.cc's metrics_listen, which comes with
 # every pod's common settings (config/common.env) and which a Python worker
 # parses but serves nothing on. None of grps-worker's own flags.
 PYTHON_WORKER_VARIABLES = {
     "GRPS_COORDINATOR", "GRPS_RANK", "GRPS_JOB_ID", "GRPS_REGISTER_TIMEOUT_S", "GRPS_WORKERS",
+    "GRPS_LOCAL_RANK", "GRPS_LOCAL_SIZE",
     "GRPS_TOKEN", "GRPS_WORKER_TOKEN", "GRPS_TLS_CERT", "GRPS_TLS_KEY", "GRPS_TLS_CA",
     "GRPS_TLS_CLIENT_AUTH", "GRPS_TLS_SERVER_NAME", "GRPS_METRICS_LISTEN"}
 NAMESPACE = "default"
@@ -392,6 +397,16 @@ def python_problems(where, env):
             if var.startswith("GRPS_") and var not in PYTHON_WORKER_VARIABLES]
 
 
+def torchrun_problems(where, env, workers):
+    """torchrun's variables of a Python worker's pod, one process alone on
+    its pod among `workers` (the Job's completions)."""
+    expected = {"RANK": env.get("GRPS_RANK"), "WORLD_SIZE": str(workers),
+                "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "GRPS_LOCAL_RANK": "0", "GRPS_LOCAL_SIZE": "1"}
+    return ["%s: %s=%s, not %s" % (where, var, env.get(var, "(unset)"), value)
+            for var, value in expected.items() if env.get(var) != value]
+
+
 def check_script(pod, container, argv, by_kind, examples, where):
     """A Python container's script (its first argument that is not an
     option) is one of the image's examples (the repository's examples/), or
@@ -537,6 +552,9 @@ def check_manifest(path, secrets, bin_dir, examples, steps=()):
     objects = load(path) + secrets
     by_kind = index_objects(objects)
     problems = check_counts(objects)
+    # The Jobs' sizes the job starts with, before any step scales them.
+    completions = {name: o["spec"].get("completions", 1)
+                   for name, o in by_kind.get("Job", {}).items()}
     if steps:
         plan_steps(objects, steps)
     pods = expand_pods(objects)
@@ -559,6 +577,8 @@ def check_manifest(path, secrets, bin_dir, examples, steps=()):
                 # The script's arguments are its own.
                 check_script(pod, c, argv, by_kind, examples, where)
                 problems += python_problems(where, env)
+                if pod.owner[0] == "Job":
+                    problems += torchrun_problems(where, env, completions[pod.owner[1]])
             else:
                 problems += flag_problems(where, binary, env, argv)
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
