@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,7 @@ JobStateMachine::Options MachineOptions(CoordinatorOptions options) {
 CoordinatorService::CoordinatorService(v1::JobConfig config, v1::ShardMap shard_map,
                                        Clock clock, CoordinatorOptions options)
     : member_key_(options.member_key),
+      clock_(clock),
       machine_(std::move(config), std::move(shard_map), std::move(clock),
                MachineOptions(std::move(options))) {}
 
@@ -192,7 +194,38 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
   if (request->leaving() && request->has_final_eval())
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a worker that leaves reports no final evaluation");
+  if (request->no_final_eval() && (request->has_final_eval() || request->leaving()))
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "no_final_eval goes with neither has_final_eval nor leaving");
   return ToGrpc(machine_.WorkerDone(*request));
+}
+
+grpc::Status CoordinatorService::Collective(grpc::ServerContext* context,
+                                            const v1::CollectiveRequest* request,
+                                            v1::CollectiveResponse* response) {
+  if (absl::Status s = CheckJobId(request->job_id(), false); !s.ok()) return ToGrpc(s);
+  if (grpc::Status member = CheckMember(*context, MemberKind::kWorker,
+                                        request->worker_rank(), request->incarnation());
+      !member.ok())
+    return member;
+  // While the job waits for its members, every rank will come: a round
+  // waits for all of them, not for those that registered first.
+  std::vector<uint32_t> live = machine_.LiveWorkerRanks();
+  if (machine_.state() == v1::JOB_STATE_WAITING) {
+    live.resize(machine_.config().num_workers());
+    std::iota(live.begin(), live.end(), 0);
+  }
+  absl::StatusOr<Collectives::Answer> answer =
+      request->round() == 0
+          ? collectives_.Contribute(request->name(), request->worker_rank(),
+                                    request->payload(), live, clock_())
+          : collectives_.Result(request->round(), request->worker_rank(), live, clock_());
+  if (!answer.ok()) return ToGrpc(answer.status());
+  response->set_round(answer->round);
+  response->set_complete(answer->complete);
+  response->mutable_ranks()->Add(answer->ranks.begin(), answer->ranks.end());
+  for (std::string& payload : answer->payloads) response->add_payloads(std::move(payload));
+  return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::LeaseExamples(grpc::ServerContext* context,

@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/collectives.h"
 #include "coordinator/job_state_machine.h"
 #include "daemon/env.h"
 #include "daemon/security.h"
@@ -115,6 +116,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status LeaseExamples(grpc::ServerContext* context,
                              const v1::LeaseExamplesRequest* request,
                              v1::LeaseExamplesResponse* response) override;
+  grpc::Status Collective(grpc::ServerContext* context, const v1::CollectiveRequest* request,
+                          v1::CollectiveResponse* response) override;
 
   // ---- For the process that hosts the service; see JobStateMachine ----
   void DetectFailures();
@@ -154,7 +157,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void StartManifestWrite() ABSL_LOCKS_EXCLUDED(writer_mu_);
 
   const std::string member_key_;
+  const Clock clock_;  // for collectives' expiry
   JobStateMachine machine_;
+  Collectives collectives_;
   std::atomic<int> watchers_{0};  // WatchJobStatus streams open
 
   // The manifest writer: one thread at a time; `writer_again_` asks the

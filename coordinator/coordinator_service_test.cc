@@ -601,6 +601,75 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(CoordinatorServiceTest, AnEvaluatorWhoseProgramHasNoEvaluationCompletesTheJobWithoutOne) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  ASSERT_TRUE(Done(0, w[0].incarnation(), 10).ok());
+  ASSERT_TRUE(Done(1, w[1].incarnation(), 10).ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);  // waits for the final evaluation
+
+  v1::WorkerDoneRequest declined;
+  declined.set_job_id("test-job");
+  declined.set_worker_rank(0);
+  declined.set_incarnation(w[0].incarnation());
+  declined.set_no_final_eval(true);
+  declined.set_has_final_eval(true);
+  declined.set_final_test_accuracy(0.5f);
+  v1::WorkerDoneResponse reply;
+  EXPECT_EQ(stub_->WorkerDone(Context().get(), declined, &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  declined.set_has_final_eval(false);
+  ASSERT_TRUE(stub_->WorkerDone(Context().get(), declined, &reply).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_FALSE(status.has_final_eval());
+  EXPECT_THAT(status.message(), HasSubstr("the evaluating worker's program has none"));
+}
+
+TEST_F(CoordinatorServiceTest, ACollectiveWaitsForEveryRankWhileTheJobFormsThenForTheLiveOnes) {
+  StartJob(1, 2);
+  RegisterAllServers();
+  v1::RegisterWorkerResponse w0, w1;
+  ASSERT_TRUE(RegisterWorker(0, &w0).ok());
+  v1::CollectiveRequest request;
+  request.set_job_id("test-job");
+  request.set_worker_rank(0);
+  request.set_incarnation(w0.incarnation());
+  request.set_name("avg_loss");
+  request.set_payload("zero");
+  v1::CollectiveResponse first;
+  ASSERT_TRUE(stub_->Collective(Context().get(), request, &first).ok());
+  // Rank 1 has not registered: the job waits for it, and so does the round.
+  EXPECT_FALSE(first.complete());
+
+  ASSERT_TRUE(RegisterWorker(1, &w1).ok());
+  request.set_worker_rank(1);
+  request.set_incarnation(w1.incarnation());
+  request.set_payload("one");
+  v1::CollectiveResponse second;
+  ASSERT_TRUE(stub_->Collective(Context().get(), request, &second).ok());
+  ASSERT_TRUE(second.complete());
+  EXPECT_EQ(second.round(), first.round());
+  EXPECT_THAT(second.ranks(), ElementsAre(0, 1));
+  EXPECT_THAT(second.payloads(), ElementsAre("zero", "one"));
+
+  // Rank 0 asks for its round's result.
+  v1::CollectiveRequest ask;
+  ask.set_job_id("test-job");
+  ask.set_worker_rank(0);
+  ask.set_incarnation(w0.incarnation());
+  ask.set_round(first.round());
+  v1::CollectiveResponse result;
+  ASSERT_TRUE(stub_->Collective(Context().get(), ask, &result).ok());
+  EXPECT_THAT(result.payloads(), ElementsAre("zero", "one"));
+
+  request.set_name("");
+  EXPECT_EQ(stub_->Collective(Context().get(), request, &result).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(CoordinatorServiceTest, RestartedWorkerGetsStartStep) {
   StartJob(1, 2);
   RegisterAllServers();

@@ -101,6 +101,11 @@ v1::JobConfig JobStateMachine::JobConfig() const {
   return JobConfigLocked();
 }
 
+std::vector<uint32_t> JobStateMachine::LiveWorkerRanks() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.live_workers().ranks;
+}
+
 v1::JobConfig JobStateMachine::JobConfigLocked() const {
   v1::JobConfig config = config_;
   *config.mutable_model_tensors() = model_;
@@ -276,6 +281,13 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
     EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
     return;
   }
+  if (final_eval_declined_) {
+    EndLocked(v1::JOB_STATE_COMPLETED,
+              absl::StrCat(TrainingDoneMessageLocked(),
+                           "; no final evaluation: the evaluating worker's program has none"),
+              now);
+    return;
+  }
   if (membership_.FinishedRanksHeartbeating(now).empty()) {
     EndLocked(v1::JOB_STATE_COMPLETED,
               absl::StrCat(TrainingDoneMessageLocked(),
@@ -294,6 +306,7 @@ void JobStateMachine::ResetTrainingDoneLocked() {
   final_live_set_acks_.clear();
   final_evaluation_asked_of_.reset();
   has_final_eval_ = false;
+  final_eval_declined_ = false;
 }
 
 bool JobStateMachine::FinalCheckpointSettledLocked(absl::Time now) {
@@ -1128,6 +1141,9 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
     eval_note = absl::StrCat(final ? "; final test accuracy "
                                    : "; test accuracy (not final: training is not done) ",
                              eval.accuracy, ", loss ", eval.loss);
+  } else if (request.no_final_eval() && !EndedLocked() && TrainingDoneLocked()) {
+    final_eval_declined_ = true;
+    eval_note = "; its program has no final evaluation";
   }
   spdlog::info("worker {} finished at step {}{}", request.worker_rank(),
                request.progress().step(), eval_note);

@@ -110,6 +110,8 @@ class JobStateMachine {
   // The config members are handed: with the user model's tensors, once
   // defined.
   v1::JobConfig JobConfig() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The ranks alive now (ALIVE and ready: what a sync step waits for).
+  std::vector<uint32_t> LiveWorkerRanks() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Before serving (once) ----
 
@@ -448,6 +450,9 @@ class JobStateMachine {
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   std::string message_ ABSL_GUARDED_BY(mu_);
   bool has_final_eval_ ABSL_GUARDED_BY(mu_) = false;
+  // The evaluator's program had no final evaluation to give
+  // (WorkerDoneRequest.no_final_eval): the job completes without one.
+  bool final_eval_declined_ ABSL_GUARDED_BY(mu_) = false;
   Membership::Evaluation final_eval_ ABSL_GUARDED_BY(mu_);
   uint32_t final_evaluator_rank_ ABSL_GUARDED_BY(mu_) = 0;
   // The final-live-set handshake, by shard: a reply after training was done

@@ -197,22 +197,41 @@ void StampWorker(const MemberAgent::Identity& identity, Request* request) {
 
 }  // namespace
 
+namespace {
+
+// One call of a worker's request, stamped, with a deadline `timeout` away.
+template <typename Request, typename Response>
+grpc::Status CallAsWorker(
+    v1::Coordinator::StubInterface* coordinator, const MemberAgent::Identity& identity,
+    grpc::Status (v1::Coordinator::StubInterface::*method)(grpc::ClientContext*,
+                                                            const Request&, Response*),
+    Request request, Response* response, absl::Duration timeout) {
+  StampWorker(identity, &request);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return (coordinator->*method)(&context, request, response);
+}
+
+}  // namespace
+
 grpc::Status MemberAgent::WorkerDone(v1::WorkerDoneRequest request,
                                      v1::WorkerDoneResponse* response,
                                      absl::Duration timeout) {
-  StampWorker(identity_, &request);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return coordinator_->WorkerDone(&context, request, response);
+  return CallAsWorker(coordinator_, identity_, &v1::Coordinator::StubInterface::WorkerDone,
+                      std::move(request), response, timeout);
 }
 
 grpc::Status MemberAgent::LeaseExamples(v1::LeaseExamplesRequest request,
                                         v1::LeaseExamplesResponse* response,
                                         absl::Duration timeout) {
-  StampWorker(identity_, &request);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return coordinator_->LeaseExamples(&context, request, response);
+  return CallAsWorker(coordinator_, identity_, &v1::Coordinator::StubInterface::LeaseExamples,
+                      std::move(request), response, timeout);
+}
+
+grpc::Status MemberAgent::Collective(v1::CollectiveRequest request,
+                                     v1::CollectiveResponse* response, absl::Duration timeout) {
+  return CallAsWorker(coordinator_, identity_, &v1::Coordinator::StubInterface::Collective,
+                      std::move(request), response, timeout);
 }
 
 void MemberAgent::Loop(const Handlers& handlers, bool obey_signals) {

@@ -5,7 +5,8 @@
 // the job has not scaled to), heartbeats (the pace, each call's deadline,
 // the silence since the coordinator last answered) and reports a worker's
 // end (WorkerDone). grps-server and grps-worker each hold one; nothing else
-// in grps calls RegisterServer, RegisterWorker, Heartbeat or WorkerDone.
+// in grps calls RegisterServer, RegisterWorker, Heartbeat, WorkerDone,
+// LeaseExamples or Collective.
 //
 // The holder says what a heartbeat carries and does what a reply says (the
 // live set, a restore order, a checkpoint request, the end of the job): the
@@ -135,6 +136,9 @@ class MemberAgent {
   // The same for an elastic job's LeaseExamples.
   grpc::Status LeaseExamples(v1::LeaseExamplesRequest request,
                              v1::LeaseExamplesResponse* response, absl::Duration timeout);
+  // The same for a collective's contribution or result (Coordinator.Collective).
+  grpc::Status Collective(v1::CollectiveRequest request, v1::CollectiveResponse* response,
+                          absl::Duration timeout);
 
   const Identity& identity() const { return identity_; }
 

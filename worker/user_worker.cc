@@ -341,7 +341,7 @@ void UserWorker::ReportLoss(float loss) {
   session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_loss(loss); });
 }
 
-absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation) {
+absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation, bool declined) {
   v1::WorkerDoneRequest done;
   session_->UpdateProgress([&](v1::WorkerProgress* p) {
     p->set_total_steps(step_);
@@ -355,6 +355,8 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation) {
     done.set_has_final_eval(true);
     done.set_final_test_accuracy(evaluation->accuracy);
     done.set_final_test_loss(evaluation->loss);
+  } else if (declined) {
+    done.set_no_final_eval(true);
   }
   if (absl::Status s = session_->ReportDone(done); !s.ok()) return InterruptStatus(s);
   return absl::OkStatus();
@@ -384,6 +386,20 @@ absl::StatusOr<bool> UserWorker::AwaitEnd() {
 absl::Status UserWorker::PullFinal(float* params) {
   if (absl::Status s = session_->PullWeights(step_, params); !s.ok()) return InterruptStatus(s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> UserWorker::Collective(
+    const std::string& name, std::string payload, absl::Duration timeout) {
+  absl::StatusOr<v1::CollectiveResponse> round =
+      session_->Collective(name, std::move(payload), timeout);
+  if (!round.ok()) return InterruptStatus(round.status());
+  if (round->ranks_size() != round->payloads_size())
+    return absl::InternalError("collective: the coordinator's reply pairs no rank with each "
+                               "payload");
+  std::vector<std::pair<uint32_t, std::string>> all;
+  for (int i = 0; i < round->ranks_size(); ++i)
+    all.emplace_back(round->ranks(i), std::move(*round->mutable_payloads(i)));
+  return all;
 }
 
 }  // namespace grps

@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -157,14 +158,21 @@ class UserWorker {
   absl::Status Leave();
 
   // Reports this rank done (WorkerDone), with `evaluation` of its weights
-  // when given.
-  absl::Status Done(const std::optional<Evaluation>& evaluation);
+  // when given. `declined`, without an evaluation: the coordinator asked
+  // this rank for the final evaluation and its program has none to give;
+  // the job completes without one.
+  absl::Status Done(const std::optional<Evaluation>& evaluation, bool declined = false);
   // After Done: waits until the job ends (false) or the coordinator asks this
   // rank to evaluate the final weights (true: pull them with PullFinal, then
   // Done again with the evaluation).
   absl::StatusOr<bool> AwaitEnd();
   // The final weights into `params`.
   absl::Status PullFinal(float* params);
+
+  // A collective among the job's live workers (WorkerSession::Collective):
+  // every contributor's (rank, payload), in rank order.
+  absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> Collective(
+      const std::string& name, std::string payload, absl::Duration timeout);
 
  private:
   UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,

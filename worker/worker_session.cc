@@ -552,6 +552,43 @@ absl::StatusOr<v1::LeaseExamplesResponse> WorkerSession::LeaseExamples(
   return absl::Status(st.code(), absl::StrCat("LeaseExamples: ", st.message()));
 }
 
+absl::StatusOr<v1::CollectiveResponse> WorkerSession::Collective(const std::string& name,
+                                                                 std::string payload,
+                                                                 absl::Duration timeout) {
+  const absl::Time deadline = Now() + timeout;
+  v1::CollectiveRequest request;
+  request.set_name(name);
+  request.set_payload(std::move(payload));
+  v1::CollectiveResponse response;
+  // Asked again at 1 ms, doubling to 50 ms: a metric's round completes
+  // within a few polls of its last contribution.
+  absl::Duration pace = absl::Milliseconds(1);
+  for (;;) {
+    bool gave_up = false;
+    absl::Status st = CallCoordinator(
+        [&](uint64_t) { return ToAbsl(agent_.Collective(request, &response, absl::Seconds(10))); },
+        &gave_up);
+    if (!st.ok()) {
+      if (gave_up)
+        return absl::UnavailableError(absl::StrCat(
+            "collective '", name, "': no word from the coordinator for ",
+            absl::FormatDuration(coordinator_timeout_), "; giving up"));
+      return absl::Status(st.code(), absl::StrCat("collective '", name, "': ", st.message()));
+    }
+    if (response.complete()) return response;
+    if (request.round() == 0) {
+      request.clear_payload();
+      request.set_round(response.round());
+    }
+    if (Now() >= deadline)
+      return absl::DeadlineExceededError(absl::StrCat(
+          "collective '", name, "': not every live worker contributed within ",
+          absl::FormatDuration(timeout), " (do all of them make this call?)"));
+    absl::SleepFor(pace);
+    pace = std::min(pace * 2, absl::Milliseconds(50));
+  }
+}
+
 absl::StatusOr<bool> WorkerSession::AwaitEndOrFinalEvaluation() {
   return AwaitEndOr(/*final_evaluation=*/true);
 }

@@ -205,6 +205,15 @@ class WorkerSession {
   // ABORTED when the job rolled back, UNAVAILABLE when the coordinator is
   // silent too long; the coordinator's refusal otherwise.
   absl::StatusOr<v1::LeaseExamplesResponse> LeaseExamples(v1::LeaseExamplesRequest request);
+  // Contributes `payload` to the job's collective `name` (Coordinator.
+  // Collective) and waits until every live worker has, asking again every
+  // few milliseconds: the complete round, every contributor's payload in
+  // rank order. Retried as LeaseExamples is; DEADLINE_EXCEEDED after
+  // `timeout`, CANCELLED on an interrupt, NOT_FOUND when the coordinator
+  // lost the round (it restarted).
+  absl::StatusOr<v1::CollectiveResponse> Collective(const std::string& name,
+                                                    std::string payload,
+                                                    absl::Duration timeout);
   // After ReportDone: waits until the job ends, a roll-back comes, or the
   // coordinator asks this rank for the final evaluation (true); the
   // coordinator's silence past coordinator_timeout_ms is an error.
