@@ -137,6 +137,18 @@ TensorSpecs ModelOf(const std::vector<std::tuple<std::string, std::vector<int64_
 }
 
 // The job's status as JSON (proto field names), for grps.JobClient.
+// A message as JSON with the proto's field names and every field printed.
+std::string AsJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok())
+    Raise(absl::InternalError(absl::StrCat("a ", message.GetTypeName(),
+                                           " that does not print as JSON")));
+  return json;
+}
+
 std::string JobStatusJson(const std::string& address, double timeout_s) {
   auto stub = v1::Coordinator::NewStub(MakeChannel(address));
   v1::JobStatus status;
@@ -148,13 +160,7 @@ std::string JobStatusJson(const std::string& address, double timeout_s) {
     st = stub->GetJobStatus(&context, v1::GetJobStatusRequest(), &status);
   }
   Check(ToAbsl(st));
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(status, &json, options).ok())
-    Raise(absl::InternalError("the coordinator's job status does not print as JSON"));
-  return json;
+  return AsJson(status);
 }
 
 // The dense tensors of a checkpoint (a ckpt-<id> folder, or a
@@ -240,10 +246,25 @@ class PyWorker {
   bool LeaveRequested() const { return worker_->LeaveRequested(); }
   void Leave() { Check(Released([&] { return worker_->Leave(); })); }
 
-  void Done(std::optional<float> accuracy, std::optional<float> loss) {
+  // `declined`: asked for the final evaluation, the program has none.
+  void Done(std::optional<float> accuracy, std::optional<float> loss, bool declined) {
     std::optional<UserWorker::Evaluation> eval;
     if (accuracy.has_value()) eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1)};
-    Check(Released([&] { return worker_->Done(eval); }));
+    Check(Released([&] { return worker_->Done(eval, declined); }));
+  }
+
+  // A collective among the live workers (UserWorker::Collective): a list of
+  // (rank, payload), in rank order.
+  py::list Collective(const std::string& name, std::string payload, double timeout_s) {
+    absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> all;
+    {
+      py::gil_scoped_release nogil;
+      all = worker_->Collective(name, std::move(payload), absl::Seconds(timeout_s));
+    }
+    if (!all.ok()) Raise(all.status());
+    py::list out;
+    for (const auto& [rank, bytes] : *all) out.append(py::make_tuple(rank, py::bytes(bytes)));
+    return out;
   }
 
   bool AwaitEnd() {
@@ -295,6 +316,7 @@ class PyWorker {
   bool defined_model() const { return worker_->defined_model(); }
   std::string mode() const { return ModeName(worker_->config().mode()); }
   std::string job_id() const { return worker_->config().job_id(); }
+  std::string config_json() const { return AsJson(worker_->config()); }
   std::vector<std::tuple<std::string, uint64_t, uint32_t>> tables() const {
     std::vector<std::tuple<std::string, uint64_t, uint32_t>> out;
     for (const v1::SparseTableSpec& t : worker_->config().sparse_tables())
@@ -365,7 +387,9 @@ PYBIND11_MODULE(_grps, m) {
       .def("leave", &PyWorker::Leave)
       .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
-           py::arg("loss") = py::none())
+           py::arg("loss") = py::none(), py::arg("declined") = false)
+      .def("collective", &PyWorker::Collective, py::arg("name"), py::arg("payload"),
+           py::arg("timeout_s"))
       .def("await_end", &PyWorker::AwaitEnd)
       .def("pull_final", &PyWorker::PullFinal, py::arg("params"))
       .def("pull_rows", &PyWorker::PullRows)
@@ -381,5 +405,6 @@ PYBIND11_MODULE(_grps, m) {
       .def_property_readonly("can_overlap", &PyWorker::can_overlap)
       .def_property_readonly("mode", &PyWorker::mode)
       .def_property_readonly("job_id", &PyWorker::job_id)
+      .def_property_readonly("config_json", &PyWorker::config_json)
       .def_property_readonly("tables", &PyWorker::tables);
 }

@@ -4,9 +4,10 @@
 ``grps.JobClient`` reads a job's status from a script.
 """
 
-import json
+import json as _json
 
-from grps._grps import Error, JobEnded, ModelMismatch, configure, job_status_json
+from grps import _grps
+from grps._grps import Error, JobEnded, ModelMismatch
 
 __all__ = ["Error", "JobEnded", "ModelMismatch", "JobClient"]
 
@@ -22,9 +23,9 @@ class JobClient:
     def __init__(self, address, token=None, timeout_s=10.0):
         self.address = address
         self.timeout_s = timeout_s
-        configure({"token": token or ""})
+        _grps.configure({"token": token or ""})
 
     def status(self):
         """The coordinator's JobStatus as a dict (proto field names):
         state, message, config, workers, shards, global_step, ..."""
-        return json.loads(job_status_json(self.address, self.timeout_s))
+        return _json.loads(_grps.job_status_json(self.address, self.timeout_s))

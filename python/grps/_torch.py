@@ -1,30 +1,12 @@
-"""Train a PyTorch model on grps servers (docs/pytorch.md).
+"""grps.torch's implementation: its API, with the names it exports, is
+grps/torch.py."""
 
-    import grps.torch as gt
-    gt.init()                               # coordinator, token, rank from GRPS_*
-    model = Net()
-    opt = gt.DistributedOptimizer(model.named_parameters())
-    gt.broadcast_parameters(model)          # the job's weights into the model
-    gt.set_total_steps(steps)               # unless the job sets --steps
-    while gt.step() < gt.total_steps():     # a restarted rank goes on where the job is
-        x, y = batch(gt.step())             # gt.rank(), gt.size(), gt.partition(n)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(); loss.backward(); opt.step()
-    gt.done(test_accuracy=acc, test_loss=l)
-
-The model's trainable parameters (``requires_grad``) become the job's dense
-tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
-...) and the consistency mode are the job's and run on the servers. Each
-step() pushes the parameters' gradients (``p.grad``, as the user's code
-left it: clipped or unscaled; with ``overlap=True``, each as soon as
-backward() has it) and leaves in the parameters the weights the mode serves
-next. Float32 parameters on the CPU are views into
-one flat array the pulls write into (no copy); others (CUDA, float16,
-bfloat16) are copied from it after each step.
-"""
-
+import atexit
+import contextlib
+import io
 import math
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -34,13 +16,6 @@ import torch
 
 from grps import _grps
 from grps._grps import Error, JobEnded, ModelMismatch
-
-__all__ = [
-    "init", "rank", "size", "partition", "step", "total_steps", "set_total_steps", "mode",
-    "DistributedOptimizer",
-    "broadcast_parameters", "done", "state_dict", "Embedding", "EmbeddingBag",
-    "Error", "JobEnded", "ModelMismatch",
-]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -58,6 +33,11 @@ class _Process:
         self.begun = False
         self.tables = []       # gt.Embedding / gt.EmbeddingBag modules
         self.declared_steps = None  # set_total_steps before the worker joined
+        # Broadcasts asked for before the worker joined (Horovod's order:
+        # broadcast_parameters(state_dict), broadcast_optimizer_state, then
+        # the DistributedOptimizer): run, in order, once it has.
+        self.pending = []
+        self.finished = False  # done() reported, or the rank left
 
 
 _process = None
@@ -79,7 +59,7 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
 
     Every argument defaults to its GRPS_* variable, which grps-local and
     the Kubernetes manifests set: GRPS_COORDINATOR (host:port, default
-    127.0.0.1:7070), GRPS_RANK (-1: any free rank), GRPS_JOB_ID (the job
+    127.0.0.1:7070), GRPS_RANK or torchrun's RANK (-1: any free rank), GRPS_JOB_ID (the job
     this worker is for; empty: whichever the coordinator runs),
     GRPS_WORKER_TOKEN (or
     GRPS_TOKEN), GRPS_TLS_CA, GRPS_TLS_CERT, GRPS_TLS_KEY,
@@ -102,14 +82,53 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
         "tls_server_name": tls_server_name or "",
     })
     coordinator = coordinator or os.environ.get("GRPS_COORDINATOR", "") or "127.0.0.1:7070"
-    rank = _env_int("GRPS_RANK", -1) if rank is None else int(rank)
+    if rank is None:
+        rank = _env_int("GRPS_RANK", -1) if "GRPS_RANK" in os.environ else _env_int("RANK", -1)
+    rank = int(rank)
     if register_timeout_s is None:
         register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
     job_id = os.environ.get("GRPS_JOB_ID", "") if job_id is None else job_id
     _process = _Process(coordinator, rank, register_timeout_s, job_id)
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_done_at_exit)
+        _exit_registered = True
     if (leave_on_sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         _grps.leave_on_sigterm()
+
+
+_exit_registered = False
+
+
+def _done_at_exit():
+    """A program that ends without gt.done() (a Horovod script has none)
+    is done when it ends normally: its rank finishes, as done() with no
+    figures. One that ends by an exception it did not catch is not: its
+    rank dies, as a crashed worker's does."""
+    p = _process
+    if p is None or p.worker is None or p.finished or hasattr(sys, "last_type"):
+        return
+    try:
+        done()
+    except (JobEnded, KeyboardInterrupt):
+        pass
+
+
+def is_initialized():
+    """Whether gt.init() ran (and shutdown() did not since)."""
+    return _process is not None
+
+
+def shutdown():
+    """This process is done with grps: a worker that joined and did not
+    call gt.done() does now (without figures); then is_initialized() is
+    False and gt.init() may start again (a new job)."""
+    global _process
+    p = _process
+    if p is not None and p.worker is not None and not p.finished:
+        done()
+    _process = None
 
 
 def _require_process():
@@ -121,6 +140,7 @@ def _require_process():
 def _leave(p):
     """SIGTERM or a drain: this step was the last; the rank leaves the job."""
     p.worker.leave()
+    p.finished = True
     print("grps: rank %d left the job after step %d" % (p.worker.rank, p.worker.step_count),
           file=sys.stderr, flush=True)
     raise SystemExit(0)
@@ -135,8 +155,9 @@ def _require_worker():
 
 
 def rank():
-    """This worker's rank: GRPS_RANK before the worker joined, the rank the
-    coordinator gave after."""
+    """This worker's rank: the rank the coordinator gave once the worker
+    joined; before, the one it asks for (gt.init's rank, GRPS_RANK or
+    torchrun's RANK, which grps-local and the Kubernetes overlay set)."""
     p = _require_process()
     if p.worker is not None:
         return p.worker.rank
@@ -151,10 +172,27 @@ def size():
     p = _require_process()
     if p.worker is not None:
         return p.worker.size
-    workers = _env_int("GRPS_WORKERS", 0)
+    workers = _env_int("GRPS_WORKERS", 0) or _env_int("WORLD_SIZE", 0)
     if workers > 0:
         return workers
     return int(_job_status(p)["config"]["num_workers"])
+
+
+def local_rank():
+    """This worker's rank among the workers on its host: GRPS_LOCAL_RANK or
+    torchrun's LOCAL_RANK (grps-local: the rank; a Kubernetes pod: 0); 0
+    where no launcher says (one worker per host). For picking a GPU:
+    ``torch.cuda.set_device(gt.local_rank())``."""
+    _require_process()
+    return _env_int("GRPS_LOCAL_RANK", -1) if "GRPS_LOCAL_RANK" in os.environ else \
+        _env_int("LOCAL_RANK", 0)
+
+
+def local_size():
+    """The workers on this worker's host: GRPS_LOCAL_SIZE or torchrun's
+    LOCAL_WORLD_SIZE; 1 where no launcher says."""
+    _require_process()
+    return _env_int("GRPS_LOCAL_SIZE", 0) or _env_int("LOCAL_WORLD_SIZE", 0) or 1
 
 
 def step():
@@ -244,16 +282,22 @@ def _check_parameter(name, p, first):
                          "sparse rows" % name)
 
 
+def _checked_trainable(named_parameters):
+    """_trainable's names and parameters, each one grps can train."""
+    names, params = _trainable(named_parameters)
+    if not params:
+        raise ValueError("the model has no parameter that trains (requires_grad)")
+    for name, p in zip(names, params):
+        _check_parameter(name, p, (names[0], params[0]))
+    return names, params
+
+
 class _Model:
     """The trainable parameters as one flat float32 array (the job's dense
     layout), and how each parameter maps into it."""
 
     def __init__(self, named_parameters):
-        self.names, self.params = _trainable(named_parameters)
-        if not self.params:
-            raise ValueError("the model has no parameter that trains (requires_grad)")
-        for name, p in zip(self.names, self.params):
-            _check_parameter(name, p, (self.names[0], self.params[0]))
+        self.names, self.params = _checked_trainable(named_parameters)
         self.offsets, total = [], 0
         for p in self.params:
             self.offsets.append(total)
@@ -323,22 +367,94 @@ def _join(named_parameters):
     p.model = model
     if p.declared_steps is not None:
         p.worker.set_total_steps(p.declared_steps)
+    if p.pending:
+        # broadcast_parameters was asked for before the model was known: the
+        # job's weights are in the model before its first forward pass.
+        _begin(p)
     return p
 
 
-def broadcast_parameters(model_or_named, root_rank=0):
+def broadcast_parameters(params, root_rank=0):
     """The job's weights into the model: on a fresh job rank 0's own values
     become the job's initial weights (every other rank waits for them); on a
     job that runs (a restarted worker, a job resumed from a checkpoint) the
     job's current weights. Joins the job if the optimizer has not yet.
-    Buffers (batch norm statistics) are not the job's: each process keeps
-    its own."""
+
+    ``params``: the model, its ``named_parameters()``, or (Horovod's form)
+    its ``state_dict()``. With a state dict, the tensors that are not the
+    job's (buffers such as batch norm statistics, frozen parameters) take
+    rank 0's values on a fresh job (a restarted rank keeps its own); asked
+    before the model is known (Horovod's order: before the
+    DistributedOptimizer), it is done once it is."""
     if root_rank != 0:
         raise ValueError("grps takes the initial weights from rank 0")
-    named = (model_or_named.named_parameters() if isinstance(model_or_named, torch.nn.Module)
-             else model_or_named)
+    if isinstance(params, dict):
+        tensors = {k: v for k, v in params.items() if isinstance(v, torch.Tensor)}
+        _when_joined(lambda p: _broadcast_others(p, tensors))
+        return
+    named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
     p = _join(named)
     _begin(p)
+
+
+def _when_joined(action):
+    """`action(process)` now if the worker joined, else once it does."""
+    p = _require_process()
+    if p.worker is None:
+        p.pending.append(action)
+    else:
+        _begin(p)
+        action(p)
+
+
+def _broadcast_others(p, tensors):
+    """Rank 0's values of `tensors` (name -> tensor) that are not the job's
+    weights into this process's, on a fresh job."""
+    model = p.model
+    ptrs = {t.data_ptr() for t in model.params}
+    others = {k: v for k, v in tensors.items()
+              if k not in model.names and v.data_ptr() not in ptrs}
+    if not others or p.worker.step_count > 0:
+        return
+    _broadcast_into(others, "grps.broadcast_parameters")
+
+
+def _broadcast_into(tensors, name):
+    """Rank 0's `tensors` (name -> tensor) into this process's, in place."""
+    payload = b""
+    if rank() == 0:
+        payload = pickle.dumps({k: _to_numpy(v) for k, v in tensors.items()})
+    root = _root_payload(_collective(name, payload), 0, name)
+    with torch.no_grad():
+        for k, v in tensors.items():
+            if k not in root:
+                raise Error("broadcast '%s': rank 0 has no tensor '%s'" % (name, k))
+            v.copy_(_from_numpy(root[k]).to(v.device, v.dtype).reshape(v.shape))
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Horovod's broadcast of the optimizer's state from `root_rank`. A grps
+    optimizer's state (momentum, moments) lives on the servers, one for the
+    job: nothing to broadcast. The program's own optimizer, before it is
+    wrapped: its param groups' hyperparameters take root_rank's, once the
+    worker joined (as broadcast_parameters)."""
+    if isinstance(optimizer, _JobOptimizer):
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("broadcast_optimizer_state takes a torch.optim.Optimizer")
+
+    def action(p):
+        if p.worker.step_count > 0:
+            return
+        groups = broadcast_object([{k: v for k, v in g.items() if k != "params"}
+                                   for g in optimizer.param_groups], root_rank,
+                                  "grps.broadcast_optimizer_state")
+        if len(groups) != len(optimizer.param_groups):
+            raise Error("broadcast_optimizer_state: rank %d's optimizer has %d param groups, "
+                        "this one %d" % (root_rank, len(groups), len(optimizer.param_groups)))
+        for mine, theirs in zip(optimizer.param_groups, groups):
+            mine.update(theirs)
+    _when_joined(action)
 
 
 def _begin(p):
@@ -348,40 +464,328 @@ def _begin(p):
     w.begin(p.model.flat.numpy(), w.rank == 0)
     p.model.weights_to_params()
     p.begun = True
+    pending, p.pending = p.pending, []
+    for action in pending:
+        action(p)
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
-    """The job's optimizer, run on the servers: step() pushes the
-    parameters' gradients and leaves in them the weights the mode serves
-    next (sync: after every worker's gradient of this step; async: the
-    newest; ssp: within the staleness bound).
+# ---- Collectives: metrics and small tensors, through the job's coordinator ----
 
-    ``backward_passes_per_step``: backward passes whose gradients add up in
-    ``p.grad`` before each step(); the step pushes their mean.
+class _ReduceOp:
+    def __init__(self, name):
+        self.name = name
 
-    ``overlap`` (default False): with True, each parameter's gradient is
-    pushed as soon as autograd has accumulated it in the step's last
-    backward pass (a hook per parameter), so the pushes overlap the rest of
-    backward. Code that changes ``p.grad`` between backward() and step()
-    (clipping, unscaling) must leave it False: step() raises grps.Error if a
-    gradient it pushed early changed after; that is why it is not the
-    default (docs/pytorch.md).
-    """
+    def __repr__(self):
+        return "grps.torch." + self.name
 
-    def __init__(self, named_parameters, backward_passes_per_step=1, overlap=False):
-        named = list(named_parameters)
+
+Average = _ReduceOp("Average")
+Sum = _ReduceOp("Sum")
+Min = _ReduceOp("Min")
+Max = _ReduceOp("Max")
+Product = _ReduceOp("Product")
+Adasum = _ReduceOp("Adasum")
+
+
+class _Compressor:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "grps.torch.Compression." + self.name
+
+
+class Compression:
+    """The dtype gradients and weights cross the network in: ``none`` (the
+    job's --wire_dtype) or ``fp16`` (the job's --wire_dtype=f16; asked of a
+    job without it, DistributedOptimizer raises)."""
+    none = _Compressor("none")
+    fp16 = _Compressor("fp16")
+
+
+_COLLECTIVE_TIMEOUT_S = 600.0
+
+
+def _collective(name, payload):
+    p = _require_process()
+    if p.worker is None:
+        raise RuntimeError("collectives need the worker in its job: create the "
+                           "gt.DistributedOptimizer (or call gt.broadcast_parameters) first")
+    timeout = float(os.environ.get("GRPS_COLLECTIVE_TIMEOUT_S", "") or _COLLECTIVE_TIMEOUT_S)
+    return p.worker.collective(str(name), bytes(payload), timeout)
+
+
+def _root_payload(results, root_rank, name):
+    for r, payload in results:
+        if r == root_rank:
+            return pickle.loads(payload)
+    raise Error("broadcast '%s': rank %d did not take part (it is not alive)" % (name, root_rank))
+
+
+def _to_numpy(t):
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return ("bfloat16", t.float().numpy())
+    return (None, t.numpy())
+
+
+def _from_numpy(packed):
+    kind, array = packed
+    t = torch.from_numpy(np.array(array))
+    return t.to(torch.bfloat16) if kind == "bfloat16" else t
+
+
+def _reduce(tensors, op):
+    """`tensors` (one per rank, in rank order) reduced by `op`, in that
+    order: the same bits on every worker."""
+    out = tensors[0].clone()
+    for t in tensors[1:]:
+        if op is Min:
+            out = torch.minimum(out, t)
+        elif op is Max:
+            out = torch.maximum(out, t)
+        elif op is Product:
+            out = out * t
+        else:
+            out = out + t
+    if op is Average:
+        if out.is_floating_point() or out.is_complex():
+            out = out / len(tensors)
+        else:
+            out = torch.div(out, len(tensors), rounding_mode="floor")
+    return out
+
+
+def _op_of(average, op):
+    if op is None:
+        op = Average if average is None or average else Sum
+    if op is Adasum:
+        raise NotImplementedError("Adasum is not in grps: use op=gt.Average or gt.Sum")
+    if not isinstance(op, _ReduceOp):
+        raise ValueError("op must be gt.Average, gt.Sum, gt.Min, gt.Max or gt.Product")
+    return op
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """Each tensor of `tensors` reduced over the job's live workers (op:
+    Average, the default, Sum, Min, Max or Product), as new tensors on the
+    tensors' devices. For metrics and small tensors (at most 4 MiB a call):
+    they travel through the job's coordinator; the model's gradients go to
+    the servers through the optimizer. Every live worker must make the same
+    calls in the same order (calls pair up by name and order); a worker that
+    died is not waited for, and an average is over the workers that took
+    part."""
+    if process_set is not None:
+        raise NotImplementedError("process sets are not in grps: every collective is the "
+                                  "job's live workers")
+    op = _op_of(average, op)
+    tensors = list(tensors)
+    scaled = [t.detach() * prescale_factor if prescale_factor != 1.0 else t.detach()
+              for t in tensors]
+    name = "grps.allreduce." + (name or "noname")
+    results = _collective(name, pickle.dumps([_to_numpy(t) for t in scaled]))
+    per_rank = [pickle.loads(payload) for _, payload in results]
+    out = []
+    for i, t in enumerate(tensors):
+        reduced = _reduce([_from_numpy(r[i]) for r in per_rank], op)
+        if postscale_factor != 1.0:
+            reduced = reduced * postscale_factor
+        out.append(reduced.to(t.device, t.dtype).reshape(t.shape))
+    return out
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """`tensor` reduced over the job's live workers, as a new tensor (see
+    grouped_allreduce): ``gt.allreduce(torch.tensor(acc), name="acc")`` is
+    the workers' mean accuracy."""
+    return grouped_allreduce([tensor], average, name, compression, op, prescale_factor,
+                             postscale_factor, process_set)[0]
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
+    """allreduce into `tensor` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, average, name, None, op, prescale_factor,
+                               postscale_factor, process_set))
+    return tensor
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None):
+    """grouped_allreduce into the tensors themselves; returns them."""
+    tensors = list(tensors)
+    with torch.no_grad():
+        for t, r in zip(tensors, grouped_allreduce(tensors, average, name, None, op,
+                                                   prescale_factor, postscale_factor,
+                                                   process_set)):
+            t.copy_(r)
+    return tensors
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Every live worker's `tensor`, concatenated along the first dimension
+    in rank order (the first dimensions may differ)."""
+    if process_set is not None:
+        raise NotImplementedError("process sets are not in grps")
+    results = _collective("grps.allgather." + (name or "noname"),
+                          pickle.dumps(_to_numpy(tensor.reshape(tensor.shape or (1,)))))
+    parts = [_from_numpy(pickle.loads(payload)) for _, payload in results]
+    return torch.cat(parts).to(tensor.device, tensor.dtype)
+
+
+def allgather_object(obj, name=None):
+    """Every live worker's `obj` (picklable), as a list in rank order."""
+    results = _collective("grps.allgather_object." + (name or "noname"), pickle.dumps(obj))
+    return [pickle.loads(payload) for _, payload in results]
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """`root_rank`'s `tensor`, as a new tensor on every live worker."""
+    if process_set is not None:
+        raise NotImplementedError("process sets are not in grps")
+    value = broadcast_object(_to_numpy(tensor) if rank() == root_rank else None, root_rank,
+                             "grps.broadcast." + (name or "noname"))
+    return _from_numpy(value).to(tensor.device, tensor.dtype).reshape(tensor.shape)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """broadcast into `tensor` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(broadcast(tensor, root_rank, name, process_set))
+    return tensor
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """`root_rank`'s `obj` (picklable) on every live worker. Objects come
+    from the job's other workers (authenticated by the worker token) and
+    are unpickled, as Horovod's are."""
+    name = name if name and name.startswith("grps.") else \
+        "grps.broadcast_object." + (name or "noname")
+    payload = pickle.dumps(obj) if rank() == root_rank else b""
+    return _root_payload(_collective(name, payload), root_rank, name)
+
+
+def barrier():
+    """Returns once every live worker has called barrier()."""
+    _collective("grps.barrier", b"")
+
+
+def join(device=-1):
+    """Horovod's join: waits until every live worker has joined; returns
+    the highest rank that took part. (A grps sync step never waits for a
+    worker that finished, so uneven data needs no more than this.)"""
+    results = _collective("grps.join", b"")
+    return max(r for r, _ in results)
+
+
+# ---- The optimizer ----
+
+# torch optimizers the servers run: the job's OptimizerKind, and the
+# hyperparameters that must equal the job's (group key -> config field).
+_SERVER_OPTIMIZERS = {
+    torch.optim.SGD: ("sgd", {"lr": "learning_rate", "momentum": "momentum",
+                              "weight_decay": "weight_decay"}),
+    torch.optim.Adam: ("adam", {"lr": "learning_rate", "weight_decay": "weight_decay",
+                                "eps": "epsilon"}),
+    torch.optim.Adagrad: ("adagrad", {"lr": "learning_rate", "weight_decay": "weight_decay",
+                                      "eps": "epsilon"}),
+}
+_KIND_FLAG = {"OPTIMIZER_SGD": "sgd", "OPTIMIZER_MOMENTUM": "momentum",
+              "OPTIMIZER_NESTEROV": "nesterov", "OPTIMIZER_ADAM": "adam",
+              "OPTIMIZER_ADAGRAD": "adagrad"}
+_FIELD_FLAG = {"learning_rate": "lr", "momentum": "momentum", "weight_decay": "weight_decay",
+               "epsilon": "epsilon", "beta1": "beta1", "beta2": "beta2"}
+
+
+def _f32(x):
+    return float(np.float32(x))
+
+
+def _server_form(cls, g):
+    """The job optimizer (kind, {config field: value}) that runs param group
+    `g` of an optimizer of class `cls` on the servers; raises for what
+    grps's servers do not run."""
+    if cls not in _SERVER_OPTIMIZERS:
+        raise NotImplementedError(
+            "grps's servers run SGD (momentum, nesterov, weight decay), Adam and Adagrad; "
+            "this program's optimizer is %s. Running an optimizer on the workers is not built "
+            "yet" % cls.__name__)
+    kind, fields = _SERVER_OPTIMIZERS[cls]
+    if g.get("maximize"):
+        raise NotImplementedError("%s(maximize=True) is not run by grps's servers" % cls.__name__)
+    if cls is torch.optim.SGD:
+        if g.get("dampening", 0):
+            raise NotImplementedError("SGD with dampening is not run by grps's servers")
+        if g.get("momentum", 0):
+            kind = "nesterov" if g.get("nesterov") else "momentum"
+    if cls is torch.optim.Adam and g.get("amsgrad"):
+        raise NotImplementedError("Adam(amsgrad=True) is not run by grps's servers")
+    if cls is torch.optim.Adagrad and (g.get("lr_decay", 0) or
+                                       g.get("initial_accumulator_value", 0)):
+        raise NotImplementedError("Adagrad with lr_decay or initial_accumulator_value is not "
+                                  "run by grps's servers")
+    values = {field: _f32(g[key]) for key, field in fields.items()
+              if not (kind == "sgd" and key == "momentum")}
+    if cls is torch.optim.Adam:
+        values["beta1"], values["beta2"] = _f32(g["betas"][0]), _f32(g["betas"][1])
+    return kind, values
+
+
+def _hyperparameters(group):
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _check_matches_job(cls, groups, config):
+    """The program's optimizer (class `cls`, param groups `groups`) must be
+    the job's: grps's servers run the job's optimizer (its flags) for every
+    parameter. Raises ValueError naming the flags that would make them
+    equal."""
+    kind, values = _server_form(cls, groups[0])
+    first = _hyperparameters(groups[0])
+    for i, g in enumerate(groups[1:], 1):
+        if _hyperparameters(g) != first:
+            raise NotImplementedError(
+                "param group %d's hyperparameters differ from group 0's: grps's servers run one "
+                "optimizer for the job (per-group hyperparameters are not built yet)" % i)
+    job = config.get("optimizer", {})
+    job_kind = _KIND_FLAG.get(job.get("kind"), "sgd")
+    differ = [] if job_kind == kind else ["--optimizer=%s (the job: %s)" % (kind, job_kind)]
+    for field, value in values.items():
+        if _f32(job.get(field, 0.0)) != value:
+            differ.append("--%s=%g (the job: %g)" % (_FIELD_FLAG[field], value,
+                                                      _f32(job.get(field, 0.0))))
+    for schedule in ("warmup_steps", "decay_steps"):  # a torch optimizer's lr is constant
+        if job.get(schedule):
+            differ.append("--%s=0 (the job: %d)" % (schedule, job[schedule]))
+    if differ:
+        raise ValueError(
+            "this program's %s is not the job's optimizer, which grps's servers run: start the "
+            "job with %s, or pass model.named_parameters() to train with the job's"
+            % (cls.__name__, " ".join(differ)))
+
+
+class _JobOptimizer:
+    """What gt.DistributedOptimizer adds to an optimizer class: step()
+    pushes the gradients to the servers, which run the optimizer, and
+    leaves in the parameters the weights the mode serves next."""
+
+    def _grps_setup(self, named, backward_passes_per_step, overlap):
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         self._process = _join(named)
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
-        super().__init__(self._model.params, {})
         # Read by the hooks at every call: may be changed between steps.
         self.overlap = bool(overlap)
         self._passes = [0] * len(self._model.params)  # hook calls this step, by parameter
         self._early = set()     # parameters pushed by their hook this step
         self._refused = None    # the first early gradient that was not finite
         self._hooks = []
+        self._synchronized = False
+        self._fixed = None      # the program's optimizer's hyperparameters, as checked
         if self._process.worker.can_overlap:  # not with top-k
             for i, param in enumerate(self._model.params):
                 self._hook(i, param)
@@ -429,6 +833,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 p.grad.detach_()
                 p.grad.zero_()
 
+    def synchronize(self):
+        """Horovod's: the gradients are final, the program may change them
+        before step() (clipping, GradScaler.unscale_). grps pushes them at
+        step(), as the program leaves them, so this only checks that no
+        hook pushed one already (overlap=True): grps.Error if one did."""
+        if self._early:
+            self._abandon()
+            raise Error("synchronize(): with overlap=True, backward() pushed %d gradients "
+                        "already; to change gradients before step(), use "
+                        "gt.DistributedOptimizer(..., overlap=False)" % len(self._early))
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: step() inside does not synchronize again (grps's step()
+        pushes once in any case)."""
+        yield
+
     def step(self, closure=None, samples=1):
         """Pushes this step's gradient (``samples``: the examples it came
         from, for the job's progress) and pulls the next weights. Raises
@@ -442,11 +864,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         p = self._process
-        _begin(p)
+        _begin(p)  # first: broadcasts waiting for it may set hyperparameters
+        self._check_hyperparameters()
         model = self._model
         early, refused = self._early, self._refused
         self._passes = [0] * len(model.params)
-        self._early, self._refused = set(), None
+        self._early, self._refused, self._synchronized = set(), None, False
         if refused is not None:
             self._abandon()
             raise ValueError(refused)
@@ -475,6 +898,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _leave(p)
         return loss
 
+    def _check_hyperparameters(self):
+        """A hyperparameter the program changed after the optimizer was
+        checked against the job's (an LR scheduler) is refused: the servers
+        would go on with the job's."""
+        if self._fixed is None:
+            return
+        for i, (group, fixed) in enumerate(zip(self.param_groups, self._fixed)):
+            now = _hyperparameters(group)
+            for k, v in fixed.items():
+                if now.get(k) != v:
+                    raise Error(
+                        "param group %d's %s changed from %r to %r (an LR scheduler?): grps's "
+                        "servers run the job's optimizer with the job's hyperparameters; "
+                        "hyperparameters that change during training are not built yet "
+                        "(the job's own schedule: --warmup_steps, --decay_steps, --decay_rate)"
+                        % (i, k, v, now.get(k)))
 
     def _abandon(self):
         """A refused step: the pushes its hooks started end (what they pushed
@@ -504,6 +943,123 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 % model.names[i])
 
 
+class _NamedOptimizer(_JobOptimizer, torch.optim.Optimizer):
+    """gt.DistributedOptimizer(model.named_parameters()): the job's
+    optimizer, whatever it is, with no hyperparameters of the program's."""
+
+    def __init__(self, named, backward_passes_per_step, overlap):
+        named = list(named)
+        self._grps_setup(named, backward_passes_per_step, overlap)
+        torch.optim.Optimizer.__init__(self, self._model.params, {})
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         overlap=False, **horovod_only):
+    """The optimizer of a grps worker: step() pushes the parameters'
+    gradients to the servers, which run the optimizer, and leaves in the
+    parameters the weights the mode serves next (sync: after every worker's
+    gradient of this step; async: the newest; ssp: within the staleness
+    bound).
+
+    Horovod's form, ``gt.DistributedOptimizer(opt, named_parameters=
+    model.named_parameters())``, returns an optimizer of the program's
+    optimizer's class (isinstance holds; param_groups and state_dict() are
+    its own) whose hyperparameters must be the job's, which the servers run
+    (its flags: --optimizer, --lr, --momentum, ...): SGD (momentum,
+    nesterov, weight decay), Adam and Adagrad. Anything else raises: another
+    optimizer class, per-group hyperparameters, and (at step()) a
+    hyperparameter that changes, such as an LR scheduler's lr. grps's form,
+    ``gt.DistributedOptimizer(model.named_parameters())``, trains with the
+    job's optimizer, whatever it is.
+
+    ``compression``: Compression.none, or Compression.fp16 for a job whose
+    --wire_dtype is f16. ``op``: gt.Average (the servers average the
+    workers' gradients); anything else raises. ``gradient_predivide_factor``
+    changes nothing: the servers average in float32 as they receive.
+
+    ``backward_passes_per_step``: backward passes whose gradients add up in
+    ``p.grad`` before each step(); the step pushes their mean.
+
+    ``overlap`` (default False): with True, each parameter's gradient is
+    pushed as soon as autograd has accumulated it in the step's last
+    backward pass (a hook per parameter), so the pushes overlap the rest of
+    backward. Code that changes ``p.grad`` between backward() and step()
+    (clipping, unscaling) must leave it False: step() raises grps.Error if a
+    gradient it pushed early changed after; that is why it is not the
+    default (docs/pytorch.md).
+    """
+    unknown = set(horovod_only) - {"num_groups", "groups", "sparse_as_dense", "process_set"}
+    if unknown:
+        raise TypeError("DistributedOptimizer() got unexpected arguments: %s"
+                        % ", ".join(sorted(unknown)))
+    if horovod_only.get("process_set") is not None:
+        raise NotImplementedError("process sets are not in grps")
+    if op is Adasum:
+        raise NotImplementedError("Adasum is not in grps: the servers average the gradients")
+    if op is not Average:
+        raise NotImplementedError("grps's servers average the workers' gradients (op=gt.Average); "
+                                  "for op=gt.Sum, multiply the lr by gt.size()")
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError("compression must be gt.Compression.none or gt.Compression.fp16")
+    # Checked before this worker joins: a refused program holds no rank.
+    p = _require_process()
+    if compression is Compression.fp16 and _job_config(p).get("wire_dtype") != "DTYPE_F16":
+        raise ValueError("Compression.fp16: gradients and weights cross the network in the "
+                         "job's wire dtype (%s); start the job with --wire_dtype=f16"
+                         % _job_config(p).get("wire_dtype"))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if named_parameters is not None:
+            raise TypeError("DistributedOptimizer(named_parameters, named_parameters=...): "
+                            "the first argument is the optimizer or the named parameters")
+        return _NamedOptimizer(optimizer, backward_passes_per_step, overlap)
+    named = _named_of(optimizer, named_parameters)
+    _checked_trainable(named)
+    _check_matches_job(type(optimizer), optimizer.param_groups, _job_config(p))
+    return _wrap(optimizer, named, backward_passes_per_step, overlap)
+
+
+def _named_of(optimizer, named_parameters):
+    """The optimizer's parameters with their names from `named_parameters`
+    (in its order), or numbered in the optimizer's order without it."""
+    in_groups = [q for g in optimizer.param_groups for q in g["params"]]
+    if named_parameters is None:
+        return [("param.%d" % i, q) for i, q in enumerate(in_groups)]
+    named = list(named_parameters)
+    listed = {id(q) for _, q in named}
+    missing = [q for q in in_groups if id(q) not in listed]
+    if missing:
+        raise ValueError("named_parameters lacks %d of the optimizer's parameters"
+                         % len(missing))
+    ids = {id(q) for q in in_groups}
+    return [(n, q) for n, q in named if id(q) in ids]
+
+
+def _job_config(p):
+    """The job's JobConfig as a dict: the worker's, or the coordinator's
+    before the worker joined."""
+    if p.worker is None:
+        return _job_status(p)["config"]
+    import json
+    return json.loads(p.worker.config_json)
+
+
+def _wrap(optimizer, named, backward_passes_per_step, overlap):
+    """An optimizer of `optimizer`'s class (Horovod's way) over its param
+    groups, that pushes the parameters `named` to the job."""
+    if any(optimizer.state.values()):
+        raise NotImplementedError(
+            "the optimizer holds state (momentum buffers, moments: from load_state_dict?): "
+            "grps's servers keep the optimizer's state, and taking it from a torch state dict "
+            "is not built yet; resume from a grps checkpoint instead (--resume_from)")
+    cls = type(type(optimizer).__name__, (_JobOptimizer, type(optimizer)), {})
+    opt = cls.__new__(cls)
+    opt._grps_setup(named, backward_passes_per_step, overlap)
+    torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
+    opt._fixed = [_hyperparameters(g) for g in opt.param_groups]
+    return opt
+
+
 def _name_element(model, message):
     """'element N ...' of the flat gradient as the parameter it belongs to."""
     import re
@@ -524,13 +1080,17 @@ def report(loss=None):
 
 
 def done(test_accuracy=None, test_loss=None, evaluate=None):
-    """This worker is done: reports its evaluation, then waits until the job
-    ends. ``evaluate``: a function returning (accuracy, loss), run on the
-    final weights (in the model) when the coordinator asks this worker for
-    the job's final evaluation; without it, the figures given are the
-    final ones."""
+    """This worker is done: reports its figures, then waits until the job
+    ends. Every argument is optional. ``evaluate``: a function returning
+    (accuracy, loss), or a loss, run on the final weights (in the model)
+    when the coordinator asks this worker for the job's final evaluation;
+    without it, the figures given are the final ones. With no accuracy at
+    all (a regression, a language model), the job completes without a final
+    evaluation (its message says so). A program that ends without calling
+    done() is done as if it had, with no figures (a Horovod script)."""
     p = _require_process()
     w = _require_worker()
+    p.finished = True
     w.done(None if test_accuracy is None else float(test_accuracy),
            None if test_loss is None else float(test_loss))
     evaluated = False
@@ -541,12 +1101,15 @@ def done(test_accuracy=None, test_loss=None, evaluate=None):
             if evaluate is not None:
                 w.pull_final(p.model.flat.numpy())
                 p.model.weights_to_params()
-                acc, loss = evaluate()
-                test_accuracy, test_loss = acc, loss
+                figures = evaluate()
+                if isinstance(figures, (tuple, list)):
+                    test_accuracy, test_loss = figures
+                else:
+                    test_accuracy, test_loss = None, figures
             if test_accuracy is None:
-                raise ValueError("the coordinator asks this worker for the final evaluation: "
-                                 "pass test_accuracy (or evaluate=) to gt.done()")
-            w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
+                w.done(None, None if test_loss is None else float(test_loss), declined=True)
+            else:
+                w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
         except JobEnded:
             # The job completed while this worker was asked (the figures a
             # done() carried, this one's or another rank's, were final).

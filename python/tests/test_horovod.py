@@ -1,0 +1,117 @@
+"""A Horovod user's script on grps, its import line changed and nothing
+else (horovod_worker.py): 2 workers x 64 in sync end within 1e-5 of one
+PyTorch process at batch 128 with the same SGD; the broadcasts make every
+rank start from rank 0's weights and buffer; metrics average through
+hvd.allreduce; the script needs no done(). What grps cannot do yet is
+refused with a clear error, never silently replaced: an optimizer that is
+not the job's, an LR scheduler that changes the lr."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+import torch
+import torch.nn.functional as F
+import torch.utils.data
+
+from harness import Job
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import horovod_worker  # noqa: E402  (the script's model and data)
+
+STEPS, BATCH, LR, MOMENTUM = 30, 64, 0.01, 0.5
+JOB_FLAGS = ["--mode=sync", "--optimizer=momentum", "--lr=%g" % (LR * 2),
+             "--momentum=%g" % MOMENTUM, "--weight_decay=0", "--decay_steps=0"]
+
+
+def one_process():
+    """The script's training as one process: rank 0's start, each step the
+    batch of both ranks (128), SGD with the same lr and momentum."""
+    torch.manual_seed(100)
+    model = horovod_worker.Net()
+    data = horovod_worker.dataset(BATCH * 2 * STEPS)
+    orders = [list(torch.utils.data.distributed.DistributedSampler(
+        data, num_replicas=2, rank=r, shuffle=True, seed=3)) for r in (0, 1)]
+    opt = torch.optim.SGD(model.parameters(), lr=LR * 2, momentum=MOMENTUM)
+    for i in range(STEPS):
+        idx = orders[0][i * BATCH:(i + 1) * BATCH] + orders[1][i * BATCH:(i + 1) * BATCH]
+        x, y = data[idx]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+class HorovodScript(unittest.TestCase):
+    def run_job(self, extra_args=(), flags=JOB_FLAGS, expect_exit=0):
+        with Job(servers=2, workers=2, flags=flags) as job:
+            outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
+            for r in (0, 1):
+                job.worker("horovod_worker.py", ["--out", outs[r]] + list(extra_args), rank=r,
+                           env_extra={"GRPS_LOCAL_RANK": str(r), "GRPS_LOCAL_SIZE": "2"})
+            codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
+            if expect_exit != 0:
+                return codes, job.logs()
+            self.assertEqual(codes, [0, 0], job.logs())
+            self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
+            for r in (0, 1):
+                self.assertIn("COLLECTIVES OK", job.log("worker%d" % r), job.logs())
+            return [torch.load(o) for o in outs], job.log("coordinator")
+
+    def test_trains_as_one_process_with_only_its_import_changed(self):
+        (got0, got1), coordinator = self.run_job()
+        want = one_process()
+        self.assertEqual(got0["steps"], STEPS)
+        for name, w in want.items():
+            for got in (got0, got1):
+                have = got["state"][name]
+                rel = float((have - w).norm() / max(float(w.norm()), 1e-12))
+                self.assertLess(rel, 1e-5, "%s differs by %g relative" % (name, rel))
+        # The metric is the ranks' mean, the same on both.
+        mean = (got0["last_loss"] + got1["last_loss"]) / 2
+        self.assertAlmostEqual(got0["avg_loss"], mean, places=6)
+        self.assertEqual(got0["avg_loss"], got1["avg_loss"])
+        # With no done() and no accuracy, the job completes all the same.
+        self.assertIn("no final evaluation", coordinator)
+
+    def test_done_with_no_figures_completes_the_job(self):
+        (got0, _), coordinator = self.run_job(["--done"])
+        self.assertEqual(got0["steps"], STEPS)
+        self.assertIn("no final evaluation: the evaluating worker's program has none",
+                      coordinator)
+
+    def test_an_optimizer_other_than_the_jobs_is_refused_naming_the_flags(self):
+        flags = ["--mode=sync", "--optimizer=sgd", "--lr=0.05", "--decay_steps=0"]
+        codes, logs = self.run_job(flags=flags, expect_exit=1)
+        self.assertEqual(codes, [1, 1], logs)
+        self.assertIn("ValueError: this program's SGD is not the job's optimizer", logs)
+        self.assertIn("--optimizer=momentum (the job: sgd) --lr=0.02 (the job: 0.05) "
+                      "--momentum=0.5 (the job: 0.9)", logs)
+
+    def test_a_scheduler_that_changes_the_lr_is_refused_at_the_step(self):
+        codes, logs = self.run_job(["--scheduler"], expect_exit=1)
+        self.assertNotIn(0, codes, logs)
+        self.assertIn("param group 0's lr changed from 0.02 to 0.002", logs)
+
+
+class ModuleIsAnApi(unittest.TestCase):
+    def test_only_api_names_are_public(self):
+        out = subprocess.run(
+            [sys.executable, "-c", "import grps.torch as gt; "
+             "print(sorted(n for n in dir(gt) if not n.startswith('_')))"],
+            capture_output=True, text=True, timeout=60, check=True).stdout
+        names = eval(out)  # noqa: S307 - our own subprocess's list literal
+        import grps.torch as gt
+        self.assertEqual(names, sorted(gt.__all__))
+        for module_name in ("np", "os", "sys", "torch", "math", "signal", "threading"):
+            self.assertNotIn(module_name, names)
+        for horovod_name in ("init", "rank", "size", "local_rank", "local_size", "allreduce",
+                             "broadcast_parameters", "broadcast_optimizer_state",
+                             "DistributedOptimizer", "Compression", "Average", "Sum"):
+            self.assertIn(horovod_name, names)
+
+
+if __name__ == "__main__":
+    unittest.main()
