@@ -4,13 +4,15 @@ dataset-fashion-mnist). For Horovod its first import would read
 `import horovod.torch as hvd`; that line is the only difference:
 
     grps-local --entry "/usr/bin/python3 examples/torch/horovod_fashion.py" \
-        --workers 2 --mode sync --optimizer momentum --lr 0.02 --momentum 0.5 \
+        --workers 2 --mode sync --optimizer momentum --lr 0.05 --momentum 0.9 \
         --weight_decay 0 --decay_steps 0
 
-The job's optimizer flags are the script's optimizer (SGD, lr 0.01 x
-workers, momentum 0.5): grps's servers run it, and refuse to start a
+The job's optimizer flags are the script's optimizer (SGD, lr 0.025 x
+workers, momentum 0.9): grps's servers run it, and refuse to start a
 script whose optimizer is not the job's (docs/pytorch.md, "Coming from
-Horovod, BytePS or DDP").
+Horovod, BytePS or DDP"). Horovod's network without its dropout layers
+(with them, 2 epochs reach about 0.83 on Fashion-MNIST, in one process as
+on grps).
 """
 
 import argparse
@@ -33,8 +35,8 @@ parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--test-batch-size", type=int, default=1000)
 parser.add_argument("--epochs", type=int, default=2)
-parser.add_argument("--lr", type=float, default=0.01)
-parser.add_argument("--momentum", type=float, default=0.5)
+parser.add_argument("--lr", type=float, default=0.025)
+parser.add_argument("--momentum", type=float, default=0.9)
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--log-interval", type=int, default=100)
 parser.add_argument("--fp16-allreduce", action="store_true")
@@ -66,16 +68,14 @@ class Net(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
         self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
-        self.conv2_drop = nn.Dropout2d()
         self.fc1 = nn.Linear(320, 50)
         self.fc2 = nn.Linear(50, 10)
 
     def forward(self, x):
         x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
         x = x.view(-1, 320)
         x = F.relu(self.fc1(x))
-        x = F.dropout(x, training=self.training)
         x = self.fc2(x)
         return F.log_softmax(x, dim=1)
 
