@@ -117,16 +117,17 @@ IMAGE_BIN = "/usr/local/bin/"
 IMAGE_PYTHON = "/usr/bin/python3"
 IMAGE_EXAMPLES = "/opt/grps/examples"
 # What a grps.torch worker reads from the environment: gt.init()'s variables
-# (python/grps/torch.py: GRPS_COORDINATOR, GRPS_RANK, GRPS_JOB_ID,
+# (python/grps/_torch.py: GRPS_COORDINATOR, GRPS_RANK, GRPS_JOB_ID,
 # GRPS_REGISTER_TIMEOUT_S; gt.size(): GRPS_WORKERS; the local rank and size:
-# GRPS_LOCAL_RANK, GRPS_LOCAL_SIZE) and the flags the
+# GRPS_LOCAL_RANK, GRPS_LOCAL_SIZE; the collectives' GRPS_COLLECTIVE_TIMEOUT_S)
+# and the flags the
 # extension sets from GRPS_* (python/_grps.cc, Configure): daemon/security.cc's
 # tokens and TLS, and daemon/metrics.cc's metrics_listen, which comes with
 # every pod's common settings (config/common.env) and which a Python worker
 # parses but serves nothing on. None of grps-worker's own flags.
 PYTHON_WORKER_VARIABLES = {
     "GRPS_COORDINATOR", "GRPS_RANK", "GRPS_JOB_ID", "GRPS_REGISTER_TIMEOUT_S", "GRPS_WORKERS",
-    "GRPS_LOCAL_RANK", "GRPS_LOCAL_SIZE",
+    "GRPS_LOCAL_RANK", "GRPS_LOCAL_SIZE", "GRPS_COLLECTIVE_TIMEOUT_S",
     "GRPS_TOKEN", "GRPS_WORKER_TOKEN", "GRPS_TLS_CERT", "GRPS_TLS_KEY", "GRPS_TLS_CA",
     "GRPS_TLS_CLIENT_AUTH", "GRPS_TLS_SERVER_NAME", "GRPS_METRICS_LISTEN"}
 NAMESPACE = "default"
