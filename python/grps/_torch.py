@@ -184,7 +184,7 @@ def local_rank():
     where no launcher says (one worker per host). For picking a GPU:
     ``torch.cuda.set_device(gt.local_rank())``."""
     _require_process()
-    return _env_int("GRPS_LOCAL_RANK", -1) if "GRPS_LOCAL_RANK" in os.environ else \
+    return _env_int("GRPS_LOCAL_RANK", 0) if "GRPS_LOCAL_RANK" in os.environ else \
         _env_int("LOCAL_RANK", 0)
 
 
@@ -575,7 +575,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     the servers through the optimizer. Every live worker must make the same
     calls in the same order (calls pair up by name and order); a worker that
     died is not waited for, and an average is over the workers that took
-    part."""
+    part. A call waits for the others at most GRPS_COLLECTIVE_TIMEOUT_S
+    (600 s), then raises grps.Error (DEADLINE_EXCEEDED)."""
     if process_set is not None:
         raise NotImplementedError("process sets are not in grps: every collective is the "
                                   "job's live workers")
