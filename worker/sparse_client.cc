@@ -15,9 +15,16 @@
 namespace grps {
 namespace {
 
+// Whether a failed call is worth sending again (the shards deduplicate a
+// push sent twice). UNAVAILABLE: the shard is down or not restored yet.
+// RESOURCE_EXHAUSTED: its gRPC is short of memory for calls. CANCELLED: its
+// server cancelled the call as it went away (a shard a re-sharding retired,
+// before this worker hears of the move: the roll-back that comes with the
+// next heartbeat reply stops the retries, retry.stop).
 bool Transient(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+         s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         s.error_code() == grpc::StatusCode::CANCELLED;
 }
 
 // Runs `start(shard, done)` for every shard in `shards` at once and waits
