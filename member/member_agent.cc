@@ -195,10 +195,6 @@ void StampWorker(const MemberAgent::Identity& identity, Request* request) {
   request->set_incarnation(identity.incarnation);
 }
 
-}  // namespace
-
-namespace {
-
 // One call of a worker's request, stamped, with a deadline `timeout` away.
 template <typename Request, typename Response>
 grpc::Status CallAsWorker(
