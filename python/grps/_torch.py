@@ -3,8 +3,7 @@ grps/torch.py."""
 
 import atexit
 import contextlib
-import io
-import math
+import json
 import os
 import pickle
 import signal
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 
 from grps import _grps
-from grps._grps import Error, JobEnded, ModelMismatch
+from grps._grps import Error, JobEnded
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -41,6 +40,14 @@ class _Process:
 
 
 _process = None
+
+
+def _env_int_first(names, default):
+    """_env_int of the first of `names` the environment has."""
+    for name in names:
+        if name in os.environ:
+            return _env_int(name, default)
+    return default
 
 
 def _env_int(name, default):
@@ -83,7 +90,7 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
     })
     coordinator = coordinator or os.environ.get("GRPS_COORDINATOR", "") or "127.0.0.1:7070"
     if rank is None:
-        rank = _env_int("GRPS_RANK", -1) if "GRPS_RANK" in os.environ else _env_int("RANK", -1)
+        rank = _env_int_first(("GRPS_RANK", "RANK"), -1)
     rank = int(rank)
     if register_timeout_s is None:
         register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
@@ -184,8 +191,7 @@ def local_rank():
     where no launcher says (one worker per host). For picking a GPU:
     ``torch.cuda.set_device(gt.local_rank())``."""
     _require_process()
-    return _env_int("GRPS_LOCAL_RANK", 0) if "GRPS_LOCAL_RANK" in os.environ else \
-        _env_int("LOCAL_RANK", 0)
+    return _env_int_first(("GRPS_LOCAL_RANK", "LOCAL_RANK"), 0)
 
 
 def local_size():
@@ -248,7 +254,6 @@ def partition(n):
 
 
 def _job_status(p):
-    import json
     return json.loads(_grps.job_status_json(p.coordinator, 10.0))
 
 
@@ -421,10 +426,7 @@ def _broadcast_others(p, tensors):
 
 def _broadcast_into(tensors, name):
     """Rank 0's `tensors` (name -> tensor) into this process's, in place."""
-    payload = b""
-    if rank() == 0:
-        payload = pickle.dumps({k: _to_numpy(v) for k, v in tensors.items()})
-    root = _root_payload(_collective(name, payload), 0, name)
+    root = _broadcast_from(lambda: {k: _to_numpy(v) for k, v in tensors.items()}, 0, name)
     with torch.no_grad():
         for k, v in tensors.items():
             if k not in root:
@@ -446,9 +448,8 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     def action(p):
         if p.worker.step_count > 0:
             return
-        groups = broadcast_object([{k: v for k, v in g.items() if k != "params"}
-                                   for g in optimizer.param_groups], root_rank,
-                                  "grps.broadcast_optimizer_state")
+        groups = _broadcast_from(lambda: [_hyperparameters(g) for g in optimizer.param_groups],
+                                 root_rank, "grps.broadcast_optimizer_state")
         if len(groups) != len(optimizer.param_groups):
             raise Error("broadcast_optimizer_state: rank %d's optimizer has %d param groups, "
                         "this one %d" % (root_rank, len(groups), len(optimizer.param_groups)))
@@ -471,36 +472,30 @@ def _begin(p):
 
 # ---- Collectives: metrics and small tensors, through the job's coordinator ----
 
-class _ReduceOp:
-    def __init__(self, name):
-        self.name = name
+class _Constant:
+    """A named constant of the API (gt.Average, gt.Compression.fp16, ...)."""
+
+    def __init__(self, qualified):
+        self.qualified = qualified
 
     def __repr__(self):
-        return "grps.torch." + self.name
+        return self.qualified
 
 
-Average = _ReduceOp("Average")
-Sum = _ReduceOp("Sum")
-Min = _ReduceOp("Min")
-Max = _ReduceOp("Max")
-Product = _ReduceOp("Product")
-Adasum = _ReduceOp("Adasum")
-
-
-class _Compressor:
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return "grps.torch.Compression." + self.name
+Average = _Constant("grps.torch.Average")
+Sum = _Constant("grps.torch.Sum")
+Min = _Constant("grps.torch.Min")
+Max = _Constant("grps.torch.Max")
+Product = _Constant("grps.torch.Product")
+Adasum = _Constant("grps.torch.Adasum")
 
 
 class Compression:
     """The dtype gradients and weights cross the network in: ``none`` (the
     job's --wire_dtype) or ``fp16`` (the job's --wire_dtype=f16; asked of a
     job without it, DistributedOptimizer raises)."""
-    none = _Compressor("none")
-    fp16 = _Compressor("fp16")
+    none = _Constant("grps.torch.Compression.none")
+    fp16 = _Constant("grps.torch.Compression.fp16")
 
 
 _COLLECTIVE_TIMEOUT_S = 600.0
@@ -515,10 +510,13 @@ def _collective(name, payload):
     return p.worker.collective(str(name), bytes(payload), timeout)
 
 
-def _root_payload(results, root_rank, name):
-    for r, payload in results:
+def _broadcast_from(value, root_rank, name):
+    """`root_rank`'s value() (picklable; called there only) on every live
+    worker, through the collective `name`."""
+    payload = pickle.dumps(value()) if rank() == root_rank else b""
+    for r, sent in _collective(name, payload):
         if r == root_rank:
-            return pickle.loads(payload)
+            return pickle.loads(sent)
     raise Error("broadcast '%s': rank %d did not take part (it is not alive)" % (name, root_rank))
 
 
@@ -561,7 +559,7 @@ def _op_of(average, op):
         op = Average if average is None or average else Sum
     if op is Adasum:
         raise NotImplementedError("Adasum is not in grps: use op=gt.Average or gt.Sum")
-    if not isinstance(op, _ReduceOp):
+    if op not in (Average, Sum, Min, Max, Product):
         raise ValueError("op must be gt.Average, gt.Sum, gt.Min, gt.Max or gt.Product")
     return op
 
@@ -647,8 +645,8 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     """`root_rank`'s `tensor`, as a new tensor on every live worker."""
     if process_set is not None:
         raise NotImplementedError("process sets are not in grps")
-    value = broadcast_object(_to_numpy(tensor) if rank() == root_rank else None, root_rank,
-                             "grps.broadcast." + (name or "noname"))
+    value = _broadcast_from(lambda: _to_numpy(tensor), root_rank,
+                            "grps.broadcast." + (name or "noname"))
     return _from_numpy(value).to(tensor.device, tensor.dtype).reshape(tensor.shape)
 
 
@@ -663,10 +661,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     """`root_rank`'s `obj` (picklable) on every live worker. Objects come
     from the job's other workers (authenticated by the worker token) and
     are unpickled, as Horovod's are."""
-    name = name if name and name.startswith("grps.") else \
-        "grps.broadcast_object." + (name or "noname")
-    payload = pickle.dumps(obj) if rank() == root_rank else b""
-    return _root_payload(_collective(name, payload), root_rank, name)
+    return _broadcast_from(lambda: obj, root_rank, "grps.broadcast_object." + (name or "noname"))
 
 
 def barrier():
@@ -1005,10 +1000,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("compression must be gt.Compression.none or gt.Compression.fp16")
     # Checked before this worker joins: a refused program holds no rank.
     p = _require_process()
-    if compression is Compression.fp16 and _job_config(p).get("wire_dtype") != "DTYPE_F16":
-        raise ValueError("Compression.fp16: gradients and weights cross the network in the "
-                         "job's wire dtype (%s); start the job with --wire_dtype=f16"
-                         % _job_config(p).get("wire_dtype"))
+    if compression is Compression.fp16:
+        wire = _job_config(p).get("wire_dtype")
+        if wire != "DTYPE_F16":
+            raise ValueError("Compression.fp16: gradients and weights cross the network in the "
+                             "job's wire dtype (%s); start the job with --wire_dtype=f16" % wire)
     if not isinstance(optimizer, torch.optim.Optimizer):
         if named_parameters is not None:
             raise TypeError("DistributedOptimizer(named_parameters, named_parameters=...): "
@@ -1041,7 +1037,6 @@ def _job_config(p):
     before the worker joined."""
     if p.worker is None:
         return _job_status(p)["config"]
-    import json
     return json.loads(p.worker.config_json)
 
 
