@@ -574,7 +574,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
     calls in the same order (calls pair up by name and order); a worker that
     died is not waited for, and an average is over the workers that took
     part. A call waits for the others at most GRPS_COLLECTIVE_TIMEOUT_S
-    (600 s), then raises grps.Error (DEADLINE_EXCEEDED)."""
+    (600 s), then raises grps.Error (DEADLINE_EXCEEDED). ``compression`` is
+    accepted and changes nothing: the values travel as they are."""
     if process_set is not None:
         raise NotImplementedError("process sets are not in grps: every collective is the "
                                   "job's live workers")
@@ -973,6 +974,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     --wire_dtype is f16. ``op``: gt.Average (the servers average the
     workers' gradients); anything else raises. ``gradient_predivide_factor``
     changes nothing: the servers average in float32 as they receive.
+
+    ``num_groups``, ``groups`` and ``sparse_as_dense`` (Horovod's fusion
+    settings) are accepted and change nothing; a process set raises.
 
     ``backward_passes_per_step``: backward passes whose gradients add up in
     ``p.grad`` before each step(); the step pushes their mean.
