@@ -151,8 +151,46 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& o) {
   if (o.weight_decay() < 0) return Bad("weight_decay must be >= 0");
   if (o.decay_steps() > 0 && !(o.decay_rate() > 0 && o.decay_rate() <= 1))
     return Bad("decay_rate must be in (0, 1]");
+  if (o.decoupled_weight_decay() && o.kind() != v1::OPTIMIZER_ADAM)
+    return Bad("decoupled_weight_decay (AdamW's) is for the adam optimizer only");
   return absl::OkStatus();
 }
+
+bool SameOptimizerState(v1::OptimizerKind a, v1::OptimizerKind b) {
+  auto family = [](v1::OptimizerKind k) {
+    return k == v1::OPTIMIZER_NESTEROV ? v1::OPTIMIZER_MOMENTUM : k;
+  };
+  return family(a) == family(b);
+}
+
+}  // namespace
+
+absl::Status CheckProgramOptimizer(const v1::OptimizerConfig& job,
+                                   const v1::OptimizerConfig& program) {
+  if (!SameOptimizerState(job.kind(), program.kind()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the program's optimizer is ", OptimizerName(program.kind()), " but the job's is ",
+        OptimizerName(job.kind()), ", whose state the servers keep (start the job with "
+        "--optimizer=", OptimizerName(program.kind()), ")"));
+  const float values[] = {program.learning_rate(), program.momentum(), program.beta1(),
+                          program.beta2(), program.epsilon(), program.weight_decay()};
+  for (float v : values)
+    if (!std::isfinite(v) || v < 0)
+      return absl::InvalidArgumentError(
+          "the program's optimizer has a hyperparameter that is negative or not a finite number");
+  if (program.momentum() >= 1 || program.beta1() >= 1 || program.beta2() >= 1)
+    return absl::InvalidArgumentError(
+        "the program's optimizer's momentum, beta1 and beta2 must be below 1");
+  if (program.warmup_steps() != 0 || program.decay_steps() != 0)
+    return absl::InvalidArgumentError(
+        "the program's optimizer carries a schedule: its learning_rate is the update's own");
+  if (program.decoupled_weight_decay() && program.kind() != v1::OPTIMIZER_ADAM)
+    return absl::InvalidArgumentError(
+        "decoupled_weight_decay (AdamW's) is for the adam optimizer only");
+  return absl::OkStatus();
+}
+
+namespace {
 
 // How many members, steps and bytes: the job's size.
 absl::Status ValidateSize(const v1::JobConfig& c) {
@@ -473,9 +511,11 @@ float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step) {
 }
 
 float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
-                        uint64_t staleness) {
+                        uint64_t staleness, const v1::OptimizerConfig* program) {
   const uint32_t workers = std::max<uint32_t>(1, config.num_workers());
-  float lr = ScheduledLearningRate(config.optimizer(), version / workers) / workers;
+  float lr = (program != nullptr ? program->learning_rate()
+                                 : ScheduledLearningRate(config.optimizer(), version / workers)) /
+             workers;
   if (config.staleness_aware_lr()) lr /= static_cast<float>(1 + staleness);
   return lr;
 }

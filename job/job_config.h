@@ -25,6 +25,14 @@ inline constexpr char kEmbeddingTable[] = "embedding";
 // Checks every field a daemon relies on; InvalidArgument names the field.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
 
+// A program's optimizer for one update (PushRequest.optimizers) against the
+// job's `job`: finite hyperparameters in their ranges (a learning rate of 0
+// is allowed: a scheduler may reach it), no schedule of its own, and a kind
+// that keeps the job's optimizer state (the job's kind; momentum and
+// nesterov stand for each other). INVALID_ARGUMENT says what is wrong.
+absl::Status CheckProgramOptimizer(const v1::OptimizerConfig& job,
+                                   const v1::OptimizerConfig& program);
+
 // JobConfig.recovery_timeout_ms and coordinator_timeout_ms with their
 // defaults applied (0 means 30000 and 60000 ms).
 uint32_t RecoveryTimeoutMs(const v1::JobConfig& config);
@@ -73,8 +81,10 @@ float ScheduledLearningRate(const v1::OptimizerConfig& opt, uint64_t step);
 // per num_workers updates: one pass over the data then moves the weights as
 // far in either mode. With staleness_aware_lr it is further divided by
 // (1 + staleness). `version` is the chunk's count of updates so far.
+// `program`: the program's optimizer for this update (PushRequest.optimizers),
+// whose learning_rate takes the place of the schedule's; null: the job's.
 float AsyncLearningRate(const v1::JobConfig& config, uint64_t version,
-                        uint64_t staleness);
+                        uint64_t staleness, const v1::OptimizerConfig* program = nullptr);
 
 // Local batches a push carries (accumulate_steps, at least 1), and the
 // examples of one worker's step: batch_size x AccumulateSteps.

@@ -243,6 +243,34 @@ class PyWorker {
     worker_->AbandonStep();
   }
 
+  // The program's optimizer (UserWorker::SetOptimizers): one dict per param
+  // group ("kind": "sgd", "momentum", "nesterov", "adam" or "adagrad";
+  // "lr", "momentum", "beta1", "beta2", "epsilon", "weight_decay" as floats;
+  // "decoupled_weight_decay" for AdamW) and, by tensor, the 1-based group
+  // its update runs (0: the job's optimizer).
+  void SetOptimizers(const py::list& groups, std::vector<uint32_t> by_tensor) {
+    std::vector<v1::OptimizerConfig> optimizers;
+    for (const py::handle& item : groups) {
+      const py::dict g = py::cast<py::dict>(item);
+      v1::OptimizerConfig& o = optimizers.emplace_back();
+      absl::StatusOr<v1::OptimizerKind> kind = ParseOptimizer(py::cast<std::string>(g["kind"]));
+      if (!kind.ok()) Raise(kind.status());
+      o.set_kind(*kind);
+      auto number = [&g](const char* key) {
+        return g.contains(key) ? py::cast<float>(g[key]) : 0.0f;
+      };
+      o.set_learning_rate(number("lr"));
+      o.set_momentum(number("momentum"));
+      o.set_beta1(number("beta1"));
+      o.set_beta2(number("beta2"));
+      o.set_epsilon(number("epsilon"));
+      o.set_weight_decay(number("weight_decay"));
+      o.set_decoupled_weight_decay(g.contains("decoupled_weight_decay") &&
+                                   py::cast<bool>(g["decoupled_weight_decay"]));
+    }
+    Check(worker_->SetOptimizers(std::move(optimizers), std::move(by_tensor)));
+  }
+
   bool LeaveRequested() const { return worker_->LeaveRequested(); }
   void Leave() { Check(Released([&] { return worker_->Leave(); })); }
 
@@ -383,6 +411,7 @@ PYBIND11_MODULE(_grps, m) {
       .def("tensor_ready", &PyWorker::TensorReady, py::arg("tensor"), py::arg("grads"),
            py::arg("params"))
       .def("abandon_step", &PyWorker::AbandonStep)
+      .def("set_optimizers", &PyWorker::SetOptimizers, py::arg("groups"), py::arg("by_tensor"))
       .def("leave_requested", &PyWorker::LeaveRequested)
       .def("leave", &PyWorker::Leave)
       .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))

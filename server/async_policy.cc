@@ -3,7 +3,9 @@
 // update; with max_staleness > 0 a staler gradient is counted as too stale
 // and not applied. The learning rate is AsyncLearningRate (lr / workers, the
 // schedule advancing once per `workers` updates, and with
-// staleness_aware_lr divided by 1 + staleness). Pulls never wait.
+// staleness_aware_lr divided by 1 + staleness); the program's optimizer a
+// push names (PushRequest.optimizers) runs its update, at its learning rate
+// over the workers. Pulls never wait.
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
 
@@ -19,9 +21,9 @@ class AsyncPolicy final : public ChunkPolicy {
     const uint64_t staleness = chunk.version() - g.base_version;
     if (TooStale(config_, staleness))
       return GradientFate::kTooStale;
-    chunk.Apply(grad,
-                AsyncLearningRate(config_, chunk.version(), staleness),
-                static_cast<int64_t>(staleness));
+    const UpdateStep step{AsyncLearningRate(config_, chunk.version(), staleness, g.optimizer),
+                          g.optimizer};
+    chunk.Apply(grad, step, static_cast<int64_t>(staleness));
     return GradientFate::kApplied;
   }
 

@@ -21,10 +21,10 @@ ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
   }
 }
 
-void ChunkOptimizer::Apply(float* param, const float* grad, float lr,
+void ChunkOptimizer::Apply(float* param, const float* grad, const UpdateStep& step,
                            uint64_t update_index) {
-  ApplyOptimizerStep(config_, *backend_, lr, static_cast<int64_t>(update_index + 1), param, grad,
-                     a_.f32(), b_.f32(), n_);
+  ApplyOptimizerStep(step.optimizer != nullptr ? *step.optimizer : config_, *backend_, step.lr,
+                     static_cast<int64_t>(update_index + 1), param, grad, a_.f32(), b_.f32(), n_);
 }
 
 uint32_t OptimizerStateSlots(v1::OptimizerKind kind) {
@@ -61,6 +61,7 @@ void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, flo
       p.beta2 = config.beta2();
       p.epsilon = config.epsilon();
       p.weight_decay = config.weight_decay();
+      p.decoupled_weight_decay = config.decoupled_weight_decay();
       p.step = step;
       backend.AdamUpdate(p, param, grad, a, b, n);
       return;

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "proto/grps.pb.h"
+#include "server/consistency_policy.h"
 #include "tensor/backend.h"
 
 namespace grps {
@@ -39,10 +40,11 @@ class ChunkOptimizer {
   ChunkOptimizer(const ChunkOptimizer&) = delete;
   ChunkOptimizer& operator=(const ChunkOptimizer&) = delete;
 
-  // One update of `param` from `grad` (num_elements floats each) with
-  // learning rate `lr`; `update_index` is the 0-based count of updates
-  // before this one (Adam's bias correction).
-  void Apply(float* param, const float* grad, float lr, uint64_t update_index);
+  // One update of `param` from `grad` (num_elements floats each) as `step`
+  // says (the program's optimizer, which ShardStore checked keeps this
+  // one's state, or the job's); `update_index` is the 0-based count of
+  // updates before this one (Adam's bias correction).
+  void Apply(float* param, const float* grad, const UpdateStep& step, uint64_t update_index);
 
   // The state slots, as f32 bytes, in order: momentum velocity / Adam's
   // first moment / AdaGrad's accumulator, then Adam's second moment (none

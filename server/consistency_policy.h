@@ -69,6 +69,15 @@ class GradientBuffer {
   virtual GradientRef Ref() const = 0;
 };
 
+// What one update runs: the program's optimizer for it (its kind and
+// hyperparameters, PushRequest.optimizers; valid for the Apply call) or,
+// when null, the job's, at learning rate `lr` (already the schedule's or
+// the program's, as the mode scales it).
+struct UpdateStep {
+  float lr = 0;
+  const v1::OptimizerConfig* optimizer = nullptr;
+};
+
 // What a policy updates: a dense chunk or a sparse table (its part on this
 // shard). The caller holds the target's lock.
 class UpdateTarget {
@@ -77,10 +86,10 @@ class UpdateTarget {
   virtual uint64_t version() const = 0;
   // A zero gradient of this target's shape.
   virtual std::unique_ptr<GradientBuffer> NewBuffer() = 0;
-  // One optimizer update from `grad` with learning rate `lr`: version + 1,
-  // and pulls are re-examined. `staleness` is recorded in the shard's
+  // One optimizer update from `grad` as `step` says: version + 1, and
+  // pulls are re-examined. `staleness` is recorded in the shard's
   // histogram when the mode measures it (< 0: not).
-  virtual void Apply(const GradientRef& grad, float lr, int64_t staleness) = 0;
+  virtual void Apply(const GradientRef& grad, const UpdateStep& step, int64_t staleness) = 0;
 };
 
 // One gradient of one chunk, past deduplication.
@@ -89,6 +98,9 @@ struct ChunkGradientMeta {
   uint64_t incarnation = 0;
   uint64_t clock = 0;         // the worker's step (PushRequest.step)
   uint64_t base_version = 0;  // the chunk version it was computed on
+  // The program's optimizer for the update (PushRequest.optimizers, valid
+  // for the call: a policy that keeps it copies it); null: the job's.
+  const v1::OptimizerConfig* optimizer = nullptr;
 };
 
 // What became of an accepted gradient.

@@ -211,6 +211,10 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
   if (header.num_samples() == 0)
     return absl::InvalidArgumentError(
         "push says its gradients come from 0 samples (num_samples must be at least 1)");
+  for (int i = 0; i < header.optimizers_size(); ++i)
+    if (absl::Status s = CheckProgramOptimizer(store.config().optimizer(), header.optimizers(i));
+        !s.ok())
+      return absl::InvalidArgumentError(absl::StrCat("optimizer ", i + 1, ": ", s.message()));
   std::vector<CheckedChunk> checked;
   checked.reserve(chunks.size());
   absl::flat_hash_set<uint32_t> seen;
@@ -219,6 +223,10 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     absl::StatusOr<CheckedChunk> c =
         CheckReceivedChunk(store, header.generation(), chunk, lane, &seen);
     if (!c.ok()) return c.status();
+    if (chunk.optimizer > static_cast<uint32_t>(header.optimizers_size()))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", chunk.chunk_id, " names optimizer ", chunk.optimizer, " of ",
+          header.optimizers_size()));
     scratch_floats += c->spec->num_elements();
     checked.push_back(*c);
   }
@@ -240,6 +248,7 @@ absl::StatusOr<ShardStore::GradientPush> DecodePush(
     ShardStore::ChunkGradient& g = push.chunks.emplace_back();
     g.chunk_id = chunk.chunk_id;
     g.base_version = chunk.version;
+    if (chunk.optimizer != 0) g.optimizer = &header.optimizers(static_cast<int>(chunk.optimizer) - 1);
     g.wire_bytes = c.in_lane != nullptr ? n * DTypeSize(c.dtype)
                                         : chunk.data.left() + chunk.indices.left();
     if (absl::Status s = ReadCheckedGradient(chunk, c, dst); !s.ok()) return s;

@@ -1,6 +1,6 @@
 // FakeTarget: an UpdateTarget of a few floats for the tests of the
 // policies and the store's parts. Apply records each update (the gradient,
-// the learning rate, the staleness) and adds one to the version; its
+// the learning rate, the staleness, the program's optimizer) and adds one to the version; its
 // gradient buffers are plain vectors that add in the order they are given.
 // Not thread-safe (a policy's caller holds the target's lock).
 #ifndef GRPS_SERVER_POLICY_TEST_TARGET_H_
@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "job/job_config.h"
@@ -24,13 +25,17 @@ class FakeTarget final : public UpdateTarget {
     std::vector<float> grad;
     float lr = 0;
     int64_t staleness = 0;
+    std::optional<v1::OptimizerConfig> optimizer;  // the program's, if it named one
   };
   std::vector<Update> updates;
 
   uint64_t version() const override { return version_; }
   std::unique_ptr<GradientBuffer> NewBuffer() override { return std::make_unique<Buffer>(n_); }
-  void Apply(const GradientRef& grad, float lr, int64_t staleness) override {
-    updates.push_back(Update{{grad.values.begin(), grad.values.end()}, lr, staleness});
+  void Apply(const GradientRef& grad, const UpdateStep& step, int64_t staleness) override {
+    std::optional<v1::OptimizerConfig> optimizer;
+    if (step.optimizer != nullptr) optimizer = *step.optimizer;
+    updates.push_back(
+        Update{{grad.values.begin(), grad.values.end()}, step.lr, staleness, optimizer});
     ++version_;
   }
 

@@ -78,7 +78,8 @@ absl::Status PushAdmission::Decide(const Pusher& p, absl::Span<const TargetGradi
       (*duplicate)[i] = true;
       continue;
     }
-    const ChunkGradientMeta meta{p.rank, p.incarnation, p.step, grads[i].base_version};
+    const ChunkGradientMeta meta{p.rank, p.incarnation, p.step, grads[i].base_version,
+                                 grads[i].optimizer};
     if (absl::Status s = t.policy->Check(meta, t); !s.ok()) {
       rejected_.fetch_add(grads.size());
       return absl::Status(s.code(), absl::StrCat(t.name, ": ", s.message()));
@@ -95,7 +96,8 @@ std::vector<PushAdmission::Outcome> PushAdmission::Accept(
     StoreTarget& t = *grads[i].target;
     t.mu.AssertHeld();
     Outcome& o = outcomes[i];
-    const ChunkGradientMeta meta{p.rank, p.incarnation, p.step, grads[i].base_version};
+    const ChunkGradientMeta meta{p.rank, p.incarnation, p.step, grads[i].base_version,
+                                 grads[i].optimizer};
     ++t.counters.pushes;
     t.counters.bytes_in += grads[i].wire_bytes;
     if (duplicate[i]) {

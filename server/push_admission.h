@@ -54,6 +54,7 @@ class PushAdmission {
     GradientRef grad;
     uint64_t base_version = 0;  // the target version it was computed on
     uint64_t wire_bytes = 0;    // for bytes_in
+    const v1::OptimizerConfig* optimizer = nullptr;  // the program's, or null: the job's
   };
   // What became of one target's gradient.
   struct Outcome {

@@ -45,7 +45,7 @@ struct Shard {
     StoreChunk& c = *chunks[id];
     absl::MutexLock lock(&c.mu);
     const std::vector<float> g = {-1};
-    c.Apply(Grad(g), 1.0f, -1);
+    c.Apply(Grad(g), UpdateStep{1.0f}, -1);
   }
 
   v1::JobConfig config;

@@ -47,8 +47,8 @@ TEST(AddTargetsStatus, TheShardReportsItsSlowestChunkAndTheSumsOfItsTargets) {
   const std::vector<float> g(3, 0.0f);
   {
     absl::MutexLock lock(&chunks[1]->mu);
-    chunks[1]->Apply(Grad(g), 1.0f, 2);
-    chunks[1]->Apply(Grad(g), 1.0f, 4);
+    chunks[1]->Apply(Grad(g), UpdateStep{1.0f}, 2);
+    chunks[1]->Apply(Grad(g), UpdateStep{1.0f}, 4);
     chunks[1]->counters.pushes = 2;
   }
   {

@@ -234,7 +234,8 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   std::vector<PushAdmission::TargetGradient> grads;
   for (size_t i = 0; i < push.chunks.size(); ++i) {
     const ChunkGradient& g = push.chunks[i];
-    grads.push_back({(*chunks)[i], GradientRef{g.values, {}}, g.base_version, g.wire_bytes});
+    grads.push_back(
+        {(*chunks)[i], GradientRef{g.values, {}}, g.base_version, g.wire_bytes, g.optimizer});
   }
   PushResult result;
   {

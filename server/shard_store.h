@@ -108,6 +108,9 @@ class ShardStore {
     uint64_t base_version = 0;
     absl::Span<const float> values;  // exactly the chunk's num_elements
     uint64_t wire_bytes = 0;         // payload size on the wire, for bytes_in
+    // The program's optimizer for its update (checked by
+    // CheckProgramOptimizer; the caller keeps it alive); null: the job's.
+    const v1::OptimizerConfig* optimizer = nullptr;
   };
 
   struct GradientPush {

@@ -55,10 +55,13 @@ class SspPolicy final : public ChunkPolicy {
     if (!FenceOpen(clock, live)) {
       std::unique_ptr<GradientBuffer> copy = chunk.NewBuffer();
       copy->Add(grad);
-      held_.push_back(Held{g.rank, clock, g.base_version, std::move(copy)});
+      std::optional<v1::OptimizerConfig> optimizer;
+      if (g.optimizer != nullptr) optimizer = *g.optimizer;
+      held_.push_back(
+          Held{g.rank, clock, g.base_version, std::move(copy), std::move(optimizer)});
       return GradientFate::kHeld;
     }
-    ApplyOne(g.rank, clock, g.base_version, grad, chunk);
+    ApplyOne(g.rank, clock, g.base_version, grad, g.optimizer, chunk);
     return GradientFate::kApplied;
   }
 
@@ -156,6 +159,7 @@ class SspPolicy final : public ChunkPolicy {
     int64_t clock;
     uint64_t base_version;
     std::unique_ptr<GradientBuffer> grad;
+    std::optional<v1::OptimizerConfig> optimizer;  // the program's for it, if any
   };
 
   // The lowest step of `rank`'s held gradients, if any.
@@ -196,10 +200,12 @@ class SspPolicy final : public ChunkPolicy {
   }
 
   void ApplyOne(uint32_t rank, int64_t clock, uint64_t base_version,
-                const GradientRef& grad, UpdateTarget& chunk) {
+                const GradientRef& grad, const v1::OptimizerConfig* optimizer,
+                UpdateTarget& chunk) {
     const uint64_t staleness = chunk.version() - base_version;
-    chunk.Apply(grad, AsyncLearningRate(config_, chunk.version(), staleness),
-                static_cast<int64_t>(staleness));
+    const UpdateStep step{AsyncLearningRate(config_, chunk.version(), staleness, optimizer),
+                          optimizer};
+    chunk.Apply(grad, step, static_cast<int64_t>(staleness));
     applied_[rank] = std::max(applied_[rank], clock + 1);
   }
 
@@ -210,7 +216,8 @@ class SspPolicy final : public ChunkPolicy {
         ++it;
         continue;
       }
-      ApplyOne(it->rank, it->clock, it->base_version, it->grad->Ref(), chunk);
+      ApplyOne(it->rank, it->clock, it->base_version, it->grad->Ref(),
+               it->optimizer.has_value() ? &*it->optimizer : nullptr, chunk);
       it = held_.erase(it);
       released = true;
     }

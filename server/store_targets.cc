@@ -57,8 +57,8 @@ StoreTarget::StoreTarget(uint64_t order, std::string name, const v1::JobConfig& 
   counters.late_by_worker.assign(JobRanks(config), 0);
 }
 
-void StoreTarget::Apply(const GradientRef& grad, float lr, int64_t staleness) {
-  Update(grad, lr);
+void StoreTarget::Apply(const GradientRef& grad, const UpdateStep& step, int64_t staleness) {
+  Update(grad, step);
   ++version_;
   ++counters.updates;
   if (capture_at != 0 && version_ == capture_at) {
@@ -174,8 +174,8 @@ bool StoreChunk::Give(absl::Span<const float> initial) {
   return true;
 }
 
-void StoreChunk::Update(const GradientRef& grad, float lr) {
-  optimizer->Apply(values.f32(), grad.values.data(), lr, version_);
+void StoreChunk::Update(const GradientRef& grad, const UpdateStep& step) {
+  optimizer->Apply(values.f32(), grad.values.data(), step, version_);
 }
 
 void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into) const {
@@ -222,7 +222,11 @@ void StoreTable::Reset(const v1::TableState* state, std::unique_ptr<SparseRows> 
   LoadMarks(state->marks());
 }
 
-void StoreTable::Update(const GradientRef& grad, float lr) { rows->Apply(grad, lr); }
+// A row push names no program optimizer (it has no PushRequest.optimizers):
+// the table's rows run the job's.
+void StoreTable::Update(const GradientRef& grad, const UpdateStep& step) {
+  rows->Apply(grad, step.lr);
+}
 
 void StoreTable::SnapshotInto(v1::ShardCheckpointFile* into) const {
   v1::TableState* out = into->add_tables();

@@ -43,7 +43,7 @@ class StoreTarget : public UpdateTarget {
   uint64_t version() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return version_; }
   // The update, then the capture of a checkpoint armed for the new version
   // (before any later update), then the staleness counters.
-  void Apply(const GradientRef& grad, float lr, int64_t staleness) final
+  void Apply(const GradientRef& grad, const UpdateStep& step, int64_t staleness) final
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Checkpoint capture: Capture keeps the state as it is now (the dedup
@@ -75,7 +75,8 @@ class StoreTarget : public UpdateTarget {
   void ResetEngine(const v1::JobConfig& config, absl::Span<const uint64_t> resume_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The optimizer update itself.
-  virtual void Update(const GradientRef& grad, float lr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  virtual void Update(const GradientRef& grad, const UpdateStep& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
   // Adds this target's state now to `into`, for a checkpoint.
   virtual void SnapshotInto(v1::ShardCheckpointFile* into) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
@@ -120,7 +121,8 @@ class StoreChunk final : public StoreTarget {
   const uint32_t id;
 
  protected:
-  void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Update(const GradientRef& grad, const UpdateStep& step) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void SnapshotInto(v1::ShardCheckpointFile* into) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -158,7 +160,8 @@ class StoreTable final : public StoreTarget {
   const v1::SparseTableSpec spec;
 
  protected:
-  void Update(const GradientRef& grad, float lr) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Update(const GradientRef& grad, const UpdateStep& step) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void SnapshotInto(v1::ShardCheckpointFile* into) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 

@@ -32,15 +32,33 @@ TEST(StoreChunk, AnUpdateRunsTheOptimizerAndAddsOneToTheVersionAndTheCounters) {
   chunk.values.f32()[0] = 1;
   chunk.values.f32()[1] = 2;
   const std::vector<float> g = {1, 4};
-  chunk.Apply(Grad(g), 0.5f, /*staleness=*/20);
+  chunk.Apply(Grad(g), UpdateStep{0.5f}, /*staleness=*/20);
   EXPECT_THAT(ValuesOf(chunk), ElementsAre(0.5f, 0.0f));
   EXPECT_EQ(chunk.version(), 1u);
   EXPECT_EQ(chunk.counters.updates, 1u);
   EXPECT_EQ(chunk.counters.staleness_max, 20u);
   EXPECT_EQ(chunk.counters.staleness_histogram[kStalenessBuckets - 1], 1u);
-  chunk.Apply(Grad(g), 0.5f, /*staleness=*/-1);  // not measured
+  chunk.Apply(Grad(g), UpdateStep{0.5f}, /*staleness=*/-1);  // not measured
   EXPECT_EQ(chunk.counters.staleness_count, 1u);
   EXPECT_EQ(chunk.name, "chunk 3");
+}
+
+TEST(StoreChunk, AnUpdateThatNamesTheProgramsOptimizerRunsItsHyperparametersOnTheJobsState) {
+  v1::JobConfig config = Config();
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_MOMENTUM);
+  config.mutable_optimizer()->set_momentum(0.9f);
+  StoreChunk chunk(0, 1, CreateCpuBackend(), config);
+  absl::MutexLock lock(&chunk.mu);
+  chunk.values.f32()[0] = 1;
+  v1::OptimizerConfig program;  // a param group of torch's SGD(nesterov=True)
+  program.set_kind(v1::OPTIMIZER_NESTEROV);
+  program.set_learning_rate(0.5f);
+  program.set_momentum(0.5f);
+  const std::vector<float> g = {1};
+  chunk.Apply(Grad(g), UpdateStep{0.5f, &program}, -1);  // v = 1; p -= 0.5 (1 + 0.5)
+  EXPECT_THAT(ValuesOf(chunk), ElementsAre(0.25f));
+  chunk.Apply(Grad(g), UpdateStep{1.0f}, -1);  // the job's: v = 0.9 + 1; p -= 1.9
+  EXPECT_THAT(ValuesOf(chunk), ElementsAre(0.25f - 1.9f));
 }
 
 TEST(StoreChunk, AnArmedCaptureIsTakenInsideTheUpdateThatReachesItsVersion) {
@@ -50,10 +68,10 @@ TEST(StoreChunk, AnArmedCaptureIsTakenInsideTheUpdateThatReachesItsVersion) {
   chunk.values.f32()[0] = 0;
   chunk.capture_at = 2;
   const std::vector<float> g = {-1};
-  chunk.Apply(Grad(g), 1.0f, -1);
+  chunk.Apply(Grad(g), UpdateStep{1.0f}, -1);
   EXPECT_FALSE(chunk.captured.has_value());
-  chunk.Apply(Grad(g), 1.0f, -1);
-  chunk.Apply(Grad(g), 1.0f, -1);
+  chunk.Apply(Grad(g), UpdateStep{1.0f}, -1);
+  chunk.Apply(Grad(g), UpdateStep{1.0f}, -1);
   v1::ShardCheckpointFile file;
   ASSERT_TRUE(chunk.TakeCapture(&file));
   ASSERT_EQ(file.chunks_size(), 1);
@@ -107,7 +125,7 @@ TEST(StoreTable, AnUpdateCreatesNoRowsAndAResetDropsThem) {
   const int64_t ids[] = {7};
   ASSERT_TRUE(table.rows->Ensure(ids).ok());
   const std::vector<float> g = {1, 1};
-  table.Apply(GradientRef{g, ids}, 1.0f, -1);
+  table.Apply(GradientRef{g, ids}, UpdateStep{1.0f}, -1);
   EXPECT_EQ(table.version(), 1u);
   EXPECT_EQ(table.rows->size(), 1u);
   EXPECT_EQ(table.name, "table 'emb'");

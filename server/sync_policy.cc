@@ -11,7 +11,9 @@
 //            restarted rank), the same on every shard; before it, its
 //            gradient is in the sum but the step does not wait for it.
 //            It is applied once, from the average of
-//            everything in its sum, at the step's scheduled learning rate;
+//            everything in its sum, at the step's scheduled learning rate
+//            (or with the program's optimizer and learning rate that the
+//            lowest contributing rank's gradient named);
 //            in an elastic job (max_workers) that rate is scaled by the
 //            gradients averaged over num_workers (the linear scaling rule:
 //            a step of 4 workers' batches moves the weights as far as 2
@@ -46,6 +48,7 @@
 // workers every contribution goes in at once: a + b and b + a are the same
 // bits, and the copy into a buffer would cost a step's time for nothing.
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "job/job_config.h"
@@ -87,6 +90,11 @@ class SyncPolicy final : public ChunkPolicy {
     last_[g.rank] = LastGradient{true, g.incarnation, g.base_version};
     if (sum_ == nullptr) sum_ = chunk.NewBuffer();
     if (g.base_version == chunk.version() && !contributed_[g.rank]) {
+      if (!step_rank_.has_value() || g.rank < *step_rank_) {
+        step_rank_ = g.rank;
+        step_optimizer_.reset();
+        if (g.optimizer != nullptr) step_optimizer_ = *g.optimizer;
+      }
       Contribute(g.rank, grad, chunk);
       awaiting_[g.rank] = chunk.version() + 1;
       MaybeComplete(chunk, live);
@@ -223,10 +231,14 @@ class SyncPolicy final : public ChunkPolicy {
     AddHeld(&folds_, 0, folds_.size());
     const uint32_t averaged = contributors_ + folded_;
     sum_->Scale(1.0f / static_cast<float>(averaged));
-    float lr = ScheduledLearningRate(optimizer_, chunk.version());
+    const v1::OptimizerConfig* program = step_optimizer_.has_value() ? &*step_optimizer_ : nullptr;
+    float lr = program != nullptr ? program->learning_rate()
+                                  : ScheduledLearningRate(optimizer_, chunk.version());
     if (scale_by_ > 0) lr *= static_cast<float>(averaged) / static_cast<float>(scale_by_);
-    chunk.Apply(sum_->Ref(), lr, -1);
+    chunk.Apply(sum_->Ref(), UpdateStep{lr, program}, -1);
     sum_->Clear();
+    step_rank_.reset();
+    step_optimizer_.reset();
     std::fill(contributed_.begin(), contributed_.end(), false);
     contributors_ = 0;
     folded_ = 0;
@@ -251,6 +263,10 @@ class SyncPolicy final : public ChunkPolicy {
   uint32_t contributors_ = 0;
   uint32_t folded_ = 0;
   uint32_t summed_below_ = 0;
+  // The lowest contributing rank of the open step, and the program's
+  // optimizer its gradient named (none: the job's), which the step runs.
+  std::optional<uint32_t> step_rank_;
+  std::optional<v1::OptimizerConfig> step_optimizer_;
   std::vector<HeldGradient> waiting_;
   std::vector<HeldGradient> folds_;
   // By rank: the version a pull waits for (the step it contributed to + 1).

@@ -52,12 +52,14 @@ struct MomentumParams {
 };
 // m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
 // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + epsilon),  t >= 1.
+// With decoupled_weight_decay (AdamW), g' = g and first p -= lr * wd * p.
 struct AdamParams {
   float lr = 0.001f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float epsilon = 1e-8f;
   float weight_decay = 0.0f;
+  bool decoupled_weight_decay = false;
   int64_t step = 1;  // t, the 1-based count of updates applied so far.
 };
 // a += g'^2;  p -= lr * g' / (sqrt(a) + epsilon)

@@ -308,8 +308,11 @@ void CpuBackend::AdamUpdate(const AdamParams& p, float* param,
   const float one_minus_b1 = 1.0f - p.beta1;
   const float one_minus_b2 = 1.0f - p.beta2;
   const float eps = p.epsilon;
-  const float wd = p.weight_decay;
+  // Coupled: g' = g + wd * p. Decoupled (AdamW): g' = g, p *= 1 - lr * wd.
+  const float wd = p.decoupled_weight_decay ? 0.0f : p.weight_decay;
+  const float keep = p.decoupled_weight_decay ? 1.0f - p.lr * p.weight_decay : 1.0f;
   for (size_t i = 0; i < n; ++i) {
+    param[i] *= keep;
     const float g = grad[i] + wd * param[i];
     const float mi = b1 * m[i] + one_minus_b1 * g;
     const float vi = b2 * v[i] + one_minus_b2 * g * g;

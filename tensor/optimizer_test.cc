@@ -148,6 +148,32 @@ TEST_F(OptimizerTest, AdamWithBiasCorrectionAndWeightDecayFollowsTheFormula) {
       2e-6);
 }
 
+TEST_F(OptimizerTest, AdamWDecaysTheWeightsApartFromTheGradient) {
+  AdamParams hp;
+  hp.lr = 0.01f;
+  hp.beta1 = 0.8f;
+  hp.beta2 = 0.99f;
+  hp.epsilon = 1e-8f;
+  hp.weight_decay = 0.5f;
+  hp.decoupled_weight_decay = true;
+  CheckAgainstReference(
+      [&](int step, float* p, const float* g, float* m, float* v) {
+        AdamParams at = hp;
+        at.step = step;
+        backend_->AdamUpdate(at, p, g, m, v, kN);
+      },
+      [&](int t, double g, RefElement* e) {  // torch.optim.AdamW's order
+        const double b1 = hp.beta1, b2 = hp.beta2;
+        e->p *= 1 - double{hp.lr} * hp.weight_decay;
+        e->s1 = b1 * e->s1 + (1 - b1) * g;
+        e->s2 = b2 * e->s2 + (1 - b2) * g * g;
+        const double m_hat = e->s1 / (1 - std::pow(b1, t));
+        const double v_hat = e->s2 / (1 - std::pow(b2, t));
+        e->p -= double{hp.lr} * m_hat / (std::sqrt(v_hat) + hp.epsilon);
+      },
+      2e-6);
+}
+
 TEST_F(OptimizerTest, AdagradWithWeightDecayFollowsTheFormula) {
   AdagradParams hp;
   hp.lr = 0.05f;

@@ -16,11 +16,11 @@ namespace push_request {
 constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4,
                    kChunks = 5, kNumSamples = 6, kGeneration = 7, kPull = 8,
                    kPullTimeoutMs = 9, kPullDType = 10, kLane = 11,
-                   kInitialValues = 12;
+                   kInitialValues = 12, kOptimizers = 13;
 }
 namespace chunk_data {
 constexpr uint32_t kChunkId = 1, kDType = 2, kData = 3, kVersion = 4, kIndices = 5,
-                   kLaneOffset = 6;
+                   kLaneOffset = 6, kOptimizer = 7;
 }
 namespace pull_response {
 constexpr uint32_t kChunks = 1;
@@ -40,7 +40,8 @@ size_t ChunkDataBytes(const WireChunk& c, v1::DType dtype) {
          LenFieldSize(chunk_data::kData, PayloadBytes(c)) +
          VarintFieldSize(chunk_data::kVersion, c.version) +
          (c.indices.empty() ? 0 : LenFieldSize(chunk_data::kIndices, c.indices.size())) +
-         VarintFieldSize(chunk_data::kLaneOffset, c.lane_offset);
+         VarintFieldSize(chunk_data::kLaneOffset, c.lane_offset) +
+         (c.optimizer == 0 ? 0 : VarintFieldSize(chunk_data::kOptimizer, c.optimizer));
 }
 
 // Appends `chunks` as repeated ChunkData field `field`.
@@ -57,6 +58,7 @@ void WriteChunks(uint32_t field, v1::DType dtype, std::vector<WireChunk>& chunks
     w.Varint(chunk_data::kVersion, c.version);
     if (!c.indices.empty()) w.OwnedBytes(chunk_data::kIndices, std::move(c.indices));
     w.Varint(chunk_data::kLaneOffset, c.lane_offset);
+    if (c.optimizer != 0) w.Varint(chunk_data::kOptimizer, c.optimizer);
   }
 }
 
@@ -77,13 +79,15 @@ absl::StatusOr<ReceivedChunk> ReadChunkData(SliceReader r) {
       // The last one wins, as in protobuf.
       (field == chunk_data::kData ? c.data : c.indices) = std::move(*data);
     } else if ((field == chunk_data::kChunkId || field == chunk_data::kDType ||
-                field == chunk_data::kVersion || field == chunk_data::kLaneOffset) &&
+                field == chunk_data::kVersion || field == chunk_data::kLaneOffset ||
+                field == chunk_data::kOptimizer) &&
                type == WireType::kVarint) {
       if (absl::Status s = r.ReadVarint(&v); !s.ok()) return s;
       if (field == chunk_data::kChunkId) c.chunk_id = static_cast<uint32_t>(v);
       if (field == chunk_data::kDType) c.dtype = static_cast<int>(v);
       if (field == chunk_data::kVersion) c.version = v;
       if (field == chunk_data::kLaneOffset) c.lane_offset = v;
+      if (field == chunk_data::kOptimizer) c.optimizer = static_cast<uint32_t>(v);
     } else if (absl::Status s = r.SkipValue(type); !s.ok()) {
       return s;
     }
@@ -139,6 +143,8 @@ grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtyp
   w.Varint(push_request::kPullDType, header.pull_dtype());
   if (header.has_lane()) w.String(push_request::kLane, header.lane().SerializeAsString());
   if (header.initial_values()) w.Varint(push_request::kInitialValues, 1);
+  for (const v1::OptimizerConfig& o : header.optimizers())
+    w.String(push_request::kOptimizers, o.SerializeAsString());
   return w.Finish();
 }
 
@@ -241,13 +247,17 @@ absl::Status DecodePushRequest(
       },
       on_chunk,
       [header](uint32_t field, SliceReader& value) -> absl::Status {
-        if (field != push_request::kJobId && field != push_request::kLane)
+        if (field != push_request::kJobId && field != push_request::kLane &&
+            field != push_request::kOptimizers)
           return absl::OkStatus();
         std::string bytes(value.left(), '\0');
         if (!value.ReadBytes(bytes.data(), bytes.size()).ok())
-          return absl::DataLossError("malformed job id or lane");
+          return absl::DataLossError("malformed job id, lane or optimizer");
         if (field == push_request::kJobId) {
           header->set_job_id(std::move(bytes));
+        } else if (field == push_request::kOptimizers) {
+          if (!header->add_optimizers()->ParseFromString(bytes))
+            return absl::DataLossError("malformed optimizer");
         } else if (!header->mutable_lane()->MergeFromString(bytes)) {  // as protobuf merges a repeated message field
           return absl::DataLossError("malformed lane");
         }

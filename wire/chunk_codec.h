@@ -48,10 +48,13 @@ struct WireChunk {
   // Not 0: the values are in the sender's shared-memory lane at this offset
   // (ChunkData.lane_offset); no payload is written.
   uint64_t lane_offset = 0;
+  // A push: 1-based index of the header's optimizer its update runs
+  // (ChunkData.optimizer); 0, the job's, is not written.
+  uint32_t optimizer = 0;
 };
 
-// A PushRequest: the scalar fields and the lane of `header` (its chunks are
-// ignored) and `chunks`, each tagged `dtype`. Every field of the contract is
+// A PushRequest: the scalar fields, the lane and the optimizers of `header`
+// (its chunks are ignored) and `chunks`, each tagged `dtype`. Every field of the contract is
 // written.
 grpc::ByteBuffer EncodePushRequest(const v1::PushRequest& header, v1::DType dtype,
                                    std::vector<WireChunk> chunks);
@@ -72,6 +75,7 @@ struct ReceivedChunk {
   SliceReader data;
   SliceReader indices;  // empty unless the gradient is sparse
   uint64_t lane_offset = 0;  // not 0: the values are in the sender's lane
+  uint32_t optimizer = 0;    // a push's: ChunkData.optimizer
 };
 
 // Calls `on_chunk` for every ChunkData of the PullResponse in `buffer`, in
@@ -81,8 +85,8 @@ absl::Status DecodePullResponse(
     const grpc::ByteBuffer& buffer,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);
 
-// A PushRequest: its scalar fields and lane into *header (its chunks stay
-// empty) and `on_chunk` for every ChunkData, as DecodePullResponse.
+// A PushRequest: its scalar fields, lane and optimizers into *header (its
+// chunks stay empty) and `on_chunk` for every ChunkData, as DecodePullResponse.
 absl::Status DecodePushRequest(
     const grpc::ByteBuffer& buffer, v1::PushRequest* header,
     const std::function<absl::Status(ReceivedChunk&)>& on_chunk);

@@ -147,6 +147,8 @@ struct ParameterClient::Operation {
   bool push = false;
   // A push: what every call is encoded from (again, for a retry).
   v1::PushRequest header;  // no chunks, no lane
+  // The program's optimizers (in header) and each chunk's; null: the job's.
+  std::shared_ptr<const ProgramOptimizers> optimizers;
   const float* host_grads = nullptr;
   DType dtype = DType::kF32;  // of the values on the wire
   float* host_params = nullptr;  // pull, fused push: where the values go
@@ -668,12 +670,41 @@ absl::Status ParameterClient::GiveInitialValues(const float* host_values,
   return Wait(Register(std::move(op)), retry).status();
 }
 
+absl::Status ParameterClient::SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,
+                                           const std::vector<uint32_t>& by_tensor) {
+  std::shared_ptr<ProgramOptimizers> set;
+  if (!optimizers.empty() || !by_tensor.empty()) {
+    if (by_tensor.size() != tensor_chunks_.size())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an optimizer for each of ", by_tensor.size(), " tensors; the model has ",
+          tensor_chunks_.size()));
+    set = std::make_shared<ProgramOptimizers>();
+    set->by_chunk.assign(layout_.chunks_size(), 0);
+    for (size_t t = 0; t < by_tensor.size(); ++t) {
+      if (by_tensor[t] > optimizers.size())
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", t, " names optimizer ", by_tensor[t], " of ", optimizers.size()));
+      for (uint32_t id : tensor_chunks_[t]) set->by_chunk[id] = by_tensor[t];
+    }
+    set->optimizers = std::move(optimizers);
+  }
+  absl::MutexLock lock(&optimizers_mu_);
+  optimizers_ = std::move(set);
+  return absl::OkStatus();
+}
+
 std::unique_ptr<ParameterClient::Operation> ParameterClient::NewPush(
     uint64_t step, const float* host_grads, uint32_t num_samples, float* pull_into,
     absl::Duration pull_timeout) const {
   auto op = std::make_unique<Operation>();
   op->push = true;
   op->header = PushHeader(step, num_samples);
+  {
+    absl::MutexLock lock(&optimizers_mu_);
+    op->optimizers = optimizers_;
+  }
+  if (op->optimizers != nullptr)
+    for (const v1::OptimizerConfig& o : op->optimizers->optimizers) *op->header.add_optimizers() = o;
   if (pull_into != nullptr) {
     op->header.set_pull(true);
     op->header.set_pull_timeout_ms(static_cast<uint32_t>(
@@ -724,6 +755,7 @@ ParameterClient::Ticket ParameterClient::PushAsync(uint64_t step, const float* h
       WireChunk& c = chunks[k];
       c.chunk_id = id;
       c.version = chunk_version_[id].load();
+      if (op->optimizers != nullptr) c.optimizer = op->optimizers->by_chunk[id];
       const size_t keep = static_cast<size_t>(std::ceil(topk * static_cast<double>(n)));
       SparsifyTopK(values, residual_.data() + chunk_offset_[id], n, keep, d, &c.indices,
                    &c.owned, &topk_order_);
@@ -820,6 +852,7 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
     WireChunk& c = chunks[k];
     c.chunk_id = id;
     c.version = chunk_version_[id].load();
+    if (op->optimizers != nullptr) c.optimizer = op->optimizers->by_chunk[id];
     if (call.lane != nullptr) {
       // The one copy of the push: into the lane, where the shard reads it.
       ConvertElements(values, DType::kF32, call.lane->segment->base() + at, d, n);

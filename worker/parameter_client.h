@@ -195,6 +195,17 @@ class ParameterClient final : public ParameterShards {
   // for them by the shards.)
   void Discard(Ticket ticket) ABSL_LOCKS_EXCLUDED(ops_mu_);
 
+  // The program's optimizer for the pushes started from now on (a torch
+  // optimizer's param groups as its LR scheduler left them, python/grps):
+  // `optimizers` (PushRequest.optimizers) and, by tensor, the 1-based one
+  // whose update its chunks run (0: the job's). Both empty: the job's for
+  // every chunk. INVALID_ARGUMENT, changing nothing, unless `by_tensor`
+  // names each tensor once (or is empty) with indices in range. A push
+  // already started keeps what it had.
+  absl::Status SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,
+                             const std::vector<uint32_t>& by_tensor)
+      ABSL_LOCKS_EXCLUDED(optimizers_mu_);
+
   // A user model's initial values (num_parameters() floats, exactly; the
   // job's "given" tensors, PushRequest.initial_values): each chunk that has
   // none yet takes them, the others keep theirs. Only rank 0's are taken
@@ -330,6 +341,16 @@ class ParameterClient final : public ParameterShards {
   std::optional<uint64_t> residual_step_ ABSL_GUARDED_BY(topk_mu_);
   uint64_t residual_generation_ ABSL_GUARDED_BY(topk_mu_) = 0;
   std::vector<uint32_t> topk_order_ ABSL_GUARDED_BY(topk_mu_);
+
+  // SetOptimizers': the header's optimizers and, by chunk id, the index
+  // each chunk names. Null: the job's for all. Shared with the pushes in
+  // flight that started with it.
+  struct ProgramOptimizers {
+    std::vector<v1::OptimizerConfig> optimizers;
+    std::vector<uint32_t> by_chunk;
+  };
+  mutable absl::Mutex optimizers_mu_;
+  std::shared_ptr<const ProgramOptimizers> optimizers_ ABSL_GUARDED_BY(optimizers_mu_);
 
   mutable absl::Mutex lane_mu_;
   std::shared_ptr<Lane> lane_ ABSL_GUARDED_BY(lane_mu_);  // null: bytes only

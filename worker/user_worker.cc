@@ -140,6 +140,19 @@ UserWorker::~UserWorker() { session_.reset(); }
 void UserWorker::FollowReplacedMap(const v1::ShardMap& map) {
   // The clients replaced go now: Step's calls through them have returned.
   session_->ReplaceClients(map, ClientsOf(config(), map, rank(), session_->incarnation()));
+  // Checked when they were set: the new client has the same tensors.
+  (void)client().SetOptimizers(optimizers_, optimizer_by_tensor_);
+}
+
+absl::Status UserWorker::SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,
+                                       std::vector<uint32_t> by_tensor) {
+  for (size_t i = 0; i < optimizers.size(); ++i)
+    if (absl::Status s = CheckProgramOptimizer(config().optimizer(), optimizers[i]); !s.ok())
+      return absl::InvalidArgumentError(absl::StrCat("param group ", i, ": ", s.message()));
+  if (absl::Status s = client().SetOptimizers(optimizers, by_tensor); !s.ok()) return s;
+  optimizers_ = std::move(optimizers);
+  optimizer_by_tensor_ = std::move(by_tensor);
+  return absl::OkStatus();
 }
 
 absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {

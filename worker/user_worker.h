@@ -136,6 +136,11 @@ class UserWorker {
   // the same step later is deduplicated for them by the shards); the others
   // are not sent. The step stays where it is.
   void AbandonStep();
+  // The program's optimizer for the steps from the next one started on
+  // (ParameterClient::SetOptimizers): what the servers run for each
+  // tensor's update, in place of the job's optimizer and schedule.
+  absl::Status SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,
+                             std::vector<uint32_t> by_tensor);
 
   // ---- Sparse tables (--sparse_tables) ----
 
@@ -218,6 +223,9 @@ class UserWorker {
   // samples of the last step (the staged push's; the shards only check it).
   std::optional<ParameterClient::Ticket> staged_;
   uint32_t last_samples_ = 1;
+  // SetOptimizers's, set again on the client that replaces one.
+  std::vector<v1::OptimizerConfig> optimizers_;
+  std::vector<uint32_t> optimizer_by_tensor_;
 };
 
 }  // namespace grps

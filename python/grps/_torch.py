@@ -682,86 +682,74 @@ def join(device=-1):
 
 # torch optimizers the servers run: the job's OptimizerKind, and the
 # hyperparameters that must equal the job's (group key -> config field).
+# The torch optimizers grps's servers run: their kind (the job's --optimizer)
+# and which of a param group's keys go to which OptimizerConfig field.
 _SERVER_OPTIMIZERS = {
-    torch.optim.SGD: ("sgd", {"lr": "learning_rate", "momentum": "momentum",
+    torch.optim.SGD: ("sgd", {"lr": "lr", "momentum": "momentum",
                               "weight_decay": "weight_decay"}),
-    torch.optim.Adam: ("adam", {"lr": "learning_rate", "weight_decay": "weight_decay",
-                                "eps": "epsilon"}),
-    torch.optim.Adagrad: ("adagrad", {"lr": "learning_rate", "weight_decay": "weight_decay",
+    torch.optim.Adam: ("adam", {"lr": "lr", "weight_decay": "weight_decay", "eps": "epsilon"}),
+    torch.optim.AdamW: ("adam", {"lr": "lr", "weight_decay": "weight_decay", "eps": "epsilon"}),
+    torch.optim.Adagrad: ("adagrad", {"lr": "lr", "weight_decay": "weight_decay",
                                       "eps": "epsilon"}),
 }
 _KIND_FLAG = {"OPTIMIZER_SGD": "sgd", "OPTIMIZER_MOMENTUM": "momentum",
               "OPTIMIZER_NESTEROV": "nesterov", "OPTIMIZER_ADAM": "adam",
               "OPTIMIZER_ADAGRAD": "adagrad"}
-_FIELD_FLAG = {"learning_rate": "lr", "momentum": "momentum", "weight_decay": "weight_decay",
-               "epsilon": "epsilon", "beta1": "beta1", "beta2": "beta2"}
 
 
 def _f32(x):
     return float(np.float32(x))
 
 
-def _server_form(cls, g):
-    """The job optimizer (kind, {config field: value}) that runs param group
-    `g` of an optimizer of class `cls` on the servers; raises for what
-    grps's servers do not run."""
+def _server_form(cls, g, job_kind):
+    """Param group `g` of an optimizer of class `cls` as the servers run it
+    in a job whose --optimizer is `job_kind`: a dict for
+    Worker.set_optimizers. Raises NotImplementedError for what grps's
+    servers do not run, ValueError for a kind whose state the job's servers
+    do not keep (naming the --optimizer that does)."""
     if cls not in _SERVER_OPTIMIZERS:
         raise NotImplementedError(
-            "grps's servers run SGD (momentum, nesterov, weight decay), Adam and Adagrad; "
-            "this program's optimizer is %s. Running an optimizer on the workers is not built "
-            "yet" % cls.__name__)
+            "grps's servers run SGD (momentum, nesterov, weight decay), Adam, AdamW and "
+            "Adagrad; this program's optimizer is %s. Running an optimizer on the workers is "
+            "not built yet" % cls.__name__)
     kind, fields = _SERVER_OPTIMIZERS[cls]
     if g.get("maximize"):
         raise NotImplementedError("%s(maximize=True) is not run by grps's servers" % cls.__name__)
     if cls is torch.optim.SGD:
         if g.get("dampening", 0):
             raise NotImplementedError("SGD with dampening is not run by grps's servers")
-        if g.get("momentum", 0):
+        if g.get("momentum", 0) or job_kind in ("momentum", "nesterov"):
+            # Momentum 0 in a momentum job: the velocity is the gradient.
             kind = "nesterov" if g.get("nesterov") else "momentum"
-    if cls is torch.optim.Adam and g.get("amsgrad"):
-        raise NotImplementedError("Adam(amsgrad=True) is not run by grps's servers")
+    if cls in (torch.optim.Adam, torch.optim.AdamW) and g.get("amsgrad"):
+        raise NotImplementedError("%s(amsgrad=True) is not run by grps's servers" % cls.__name__)
     if cls is torch.optim.Adagrad and (g.get("lr_decay", 0) or
                                        g.get("initial_accumulator_value", 0)):
         raise NotImplementedError("Adagrad with lr_decay or initial_accumulator_value is not "
                                   "run by grps's servers")
-    values = {field: _f32(g[key]) for key, field in fields.items()
-              if not (kind == "sgd" and key == "momentum")}
-    if cls is torch.optim.Adam:
-        values["beta1"], values["beta2"] = _f32(g["betas"][0]), _f32(g["betas"][1])
-    return kind, values
+    same_state = kind == job_kind or {kind, job_kind} <= {"momentum", "nesterov"}
+    if not same_state:
+        raise ValueError(
+            "this program's %s runs on grps's servers as --optimizer=%s, but the job's is "
+            "--optimizer=%s, whose state (velocity, moments) the servers keep: start the job "
+            "with --optimizer=%s (its hyperparameters come from the program), or pass "
+            "model.named_parameters() to train with the job's optimizer"
+            % (cls.__name__, kind, job_kind, kind))
+    form = {field: _f32(g[key]) for key, field in fields.items() if key in g}
+    form["kind"] = kind
+    if cls in (torch.optim.Adam, torch.optim.AdamW):
+        form["beta1"], form["beta2"] = _f32(g["betas"][0]), _f32(g["betas"][1])
+    if cls is torch.optim.AdamW:
+        form["decoupled_weight_decay"] = True
+    return form
+
+
+def _job_kind(config):
+    return _KIND_FLAG.get(config.get("optimizer", {}).get("kind"), "sgd")
 
 
 def _hyperparameters(group):
     return {k: v for k, v in group.items() if k != "params"}
-
-
-def _check_matches_job(cls, groups, config):
-    """The program's optimizer (class `cls`, param groups `groups`) must be
-    the job's: grps's servers run the job's optimizer (its flags) for every
-    parameter. Raises ValueError naming the flags that would make them
-    equal."""
-    kind, values = _server_form(cls, groups[0])
-    first = _hyperparameters(groups[0])
-    for i, g in enumerate(groups[1:], 1):
-        if _hyperparameters(g) != first:
-            raise NotImplementedError(
-                "param group %d's hyperparameters differ from group 0's: grps's servers run one "
-                "optimizer for the job (per-group hyperparameters are not built yet)" % i)
-    job = config.get("optimizer", {})
-    job_kind = _KIND_FLAG.get(job.get("kind"), "sgd")
-    differ = [] if job_kind == kind else ["--optimizer=%s (the job: %s)" % (kind, job_kind)]
-    for field, value in values.items():
-        if _f32(job.get(field, 0.0)) != value:
-            differ.append("--%s=%g (the job: %g)" % (_FIELD_FLAG[field], value,
-                                                      _f32(job.get(field, 0.0))))
-    for schedule in ("warmup_steps", "decay_steps"):  # a torch optimizer's lr is constant
-        if job.get(schedule):
-            differ.append("--%s=0 (the job: %d)" % (schedule, job[schedule]))
-    if differ:
-        raise ValueError(
-            "this program's %s is not the job's optimizer, which grps's servers run: start the "
-            "job with %s, or pass model.named_parameters() to train with the job's"
-            % (cls.__name__, " ".join(differ)))
 
 
 class _JobOptimizer:
@@ -782,7 +770,8 @@ class _JobOptimizer:
         self._refused = None    # the first early gradient that was not finite
         self._hooks = []
         self._synchronized = False
-        self._fixed = None      # the program's optimizer's hyperparameters, as checked
+        self._grps_class = None  # the program's optimizer's class: its groups go to the servers
+        self._sent = None        # the param groups' server forms as last set on the worker
         if self._process.worker.can_overlap:  # not with top-k
             for i, param in enumerate(self._model.params):
                 self._hook(i, param)
@@ -805,6 +794,12 @@ class _JobOptimizer:
             # The job's first weights are pulled at step() (no
             # broadcast_parameters before): not into a model in backward.
             return
+        if not self._early:
+            try:  # the step's first push: with the hyperparameters as they are now
+                self._send_optimizers()
+            except (ValueError, NotImplementedError) as e:
+                self._refused = str(e)
+                return
         model = self._model
         model.grad_from_param(i, self.backward_passes_per_step)
         try:
@@ -862,7 +857,6 @@ class _JobOptimizer:
                 loss = closure()
         p = self._process
         _begin(p)  # first: broadcasts waiting for it may set hyperparameters
-        self._check_hyperparameters()
         model = self._model
         early, refused = self._early, self._refused
         self._passes = [0] * len(model.params)
@@ -880,6 +874,11 @@ class _JobOptimizer:
                                            % (at, p.worker.step_count, float(model.grads[at]),
                                               "it was not pushed, the gradients final before "
                                               "it were" if early else "nothing was pushed")))
+        try:
+            self._send_optimizers()
+        except (ValueError, NotImplementedError):
+            self._abandon()
+            raise
         for table in p.tables:
             table._push(p.worker)
         try:
@@ -895,22 +894,26 @@ class _JobOptimizer:
             _leave(p)
         return loss
 
-    def _check_hyperparameters(self):
-        """A hyperparameter the program changed after the optimizer was
-        checked against the job's (an LR scheduler) is refused: the servers
-        would go on with the job's."""
-        if self._fixed is None:
+    def _send_optimizers(self):
+        """The program's optimizer as its param groups are now (an LR
+        scheduler's lr, momentum, betas) to the worker, for the step's
+        pushes, when they changed: the servers run each group's update with
+        its own hyperparameters."""
+        if self._grps_class is None:
             return
-        for i, (group, fixed) in enumerate(zip(self.param_groups, self._fixed)):
-            now = _hyperparameters(group)
-            for k, v in fixed.items():
-                if now.get(k) != v:
-                    raise Error(
-                        "param group %d's %s changed from %r to %r (an LR scheduler?): grps's "
-                        "servers run the job's optimizer with the job's hyperparameters; "
-                        "hyperparameters that change during training are not built yet "
-                        "(the job's own schedule: --warmup_steps, --decay_steps, --decay_rate)"
-                        % (i, k, v, now.get(k)))
+        forms = [_server_form(self._grps_class, g, self._job_kind) for g in self.param_groups]
+        if forms == self._sent:
+            return
+        group_of = {}
+        for i, g in enumerate(self.param_groups):
+            for q in g["params"]:
+                group_of[id(q)] = i + 1
+        by_tensor = [group_of.get(id(q), 0) for q in self._model.params]
+        try:
+            self._process.worker.set_optimizers(forms, by_tensor)
+        except ValueError as e:
+            raise ValueError("the program's optimizer: %s" % e) from None
+        self._sent = forms
 
     def _abandon(self):
         """A refused step: the pushes its hooks started end (what they pushed
@@ -962,13 +965,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Horovod's form, ``gt.DistributedOptimizer(opt, named_parameters=
     model.named_parameters())``, returns an optimizer of the program's
     optimizer's class (isinstance holds; param_groups and state_dict() are
-    its own) whose hyperparameters must be the job's, which the servers run
-    (its flags: --optimizer, --lr, --momentum, ...): SGD (momentum,
-    nesterov, weight decay), Adam and Adagrad. Anything else raises: another
-    optimizer class, per-group hyperparameters, and (at step()) a
-    hyperparameter that changes, such as an LR scheduler's lr. grps's form,
+    its own, so every torch.optim.lr_scheduler works). The servers run it:
+    SGD (momentum, nesterov, weight decay), Adam, AdamW and Adagrad, each
+    param group with its own hyperparameters as they are at each step (what
+    a scheduler changes reaches the servers with the step that uses it; in
+    async and ssp the learning rate is divided by the number of workers, as
+    the job's is). The job's --optimizer must keep the same state: the
+    kind's name (sgd, momentum or nesterov, adam for Adam and AdamW,
+    adagrad); its --lr and other hyperparameter flags are not used. Another
+    optimizer class raises NotImplementedError. grps's form,
     ``gt.DistributedOptimizer(model.named_parameters())``, trains with the
-    job's optimizer, whatever it is.
+    job's optimizer and schedule (its flags), whatever they are.
 
     ``compression``: Compression.none, or Compression.fp16 for a job whose
     --wire_dtype is f16. ``op``: gt.Average (the servers average the
@@ -1016,8 +1023,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return _NamedOptimizer(optimizer, backward_passes_per_step, overlap)
     named = _named_of(optimizer, named_parameters)
     _checked_trainable(named)
-    _check_matches_job(type(optimizer), optimizer.param_groups, _job_config(p))
-    return _wrap(optimizer, named, backward_passes_per_step, overlap)
+    kind = _job_kind(_job_config(p))
+    for g in optimizer.param_groups:
+        _server_form(type(optimizer), g, kind)
+    return _wrap(optimizer, named, backward_passes_per_step, overlap, kind)
 
 
 def _named_of(optimizer, named_parameters):
@@ -1044,10 +1053,22 @@ def _job_config(p):
     return json.loads(p.worker.config_json)
 
 
-def _wrap(optimizer, named, backward_passes_per_step, overlap):
+def _holds_state(optimizer):
+    """Whether the optimizer's state has anything trained in it (Adagrad
+    makes its zero sums and step 0 at construction: nothing)."""
+    for state in optimizer.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and bool(v.ne(0).any()):
+                return True
+            if not torch.is_tensor(v) and v:
+                return True
+    return False
+
+
+def _wrap(optimizer, named, backward_passes_per_step, overlap, job_kind):
     """An optimizer of `optimizer`'s class (Horovod's way) over its param
     groups, that pushes the parameters `named` to the job."""
-    if any(optimizer.state.values()):
+    if _holds_state(optimizer):
         raise NotImplementedError(
             "the optimizer holds state (momentum buffers, moments: from load_state_dict?): "
             "grps's servers keep the optimizer's state, and taking it from a torch state dict "
@@ -1056,7 +1077,8 @@ def _wrap(optimizer, named, backward_passes_per_step, overlap):
     opt = cls.__new__(cls)
     opt._grps_setup(named, backward_passes_per_step, overlap)
     torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
-    opt._fixed = [_hyperparameters(g) for g in opt.param_groups]
+    opt._grps_class = type(optimizer)
+    opt._job_kind = job_kind
     return opt
 
 

@@ -316,11 +316,14 @@ __global__ void MomentumKernel(float lr, float momentum, bool nesterov,
 
 // inv_bias1 = 1 / (1 - beta1^t) and inv_bias2 = 1 / (1 - beta2^t), computed
 // once on the host in double, as on the CPU.
+// `keep`: AdamW's decoupled decay, 1 - lr * wd (1 for Adam's, which comes
+// in through weight_decay).
 __global__ void AdamKernel(float lr, float beta1, float beta2, float epsilon,
-                           float weight_decay, float inv_bias1,
+                           float weight_decay, float keep, float inv_bias1,
                            float inv_bias2, float* param, const float* grad,
                            float* m, float* v, size_t n) {
   GRPS_GRID_STRIDE(i, n) {
+    param[i] *= keep;
     const float g = grad[i] + weight_decay * param[i];
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -924,7 +927,9 @@ void CudaBackend::AdamUpdate(const AdamParams& p, float* param,
   const float inv_bias2 =
       static_cast<float>(1.0 / (1.0 - std::pow(double{p.beta2}, t)));
   AdamKernel<<<Blocks(n), kThreads, 0, stream_>>>(
-      p.lr, p.beta1, p.beta2, p.epsilon, p.weight_decay, inv_bias1, inv_bias2,
+      p.lr, p.beta1, p.beta2, p.epsilon,
+      p.decoupled_weight_decay ? 0.0f : p.weight_decay,
+      p.decoupled_weight_decay ? 1.0f - p.lr * p.weight_decay : 1.0f, inv_bias1, inv_bias2,
       param, grad, m, v, n);
   GRPS_LAUNCH_CHECK("AdamKernel");
 }

@@ -499,6 +499,18 @@ TEST_F(OptimizerParityTest, AdamWithBiasCorrectionMatchesCpu) {
   });
 }
 
+TEST_F(OptimizerParityTest, AdamWMatchesCpu) {
+  AdamParams p;
+  p.lr = 0.01f;
+  p.weight_decay = 0.1f;
+  p.decoupled_weight_decay = true;
+  RunSteps(2, [&](Backend* b, int step, float* param, const float* grad,
+                  float* m, float* v) {
+    p.step = step;
+    b->AdamUpdate(p, param, grad, m, v, kN);
+  });
+}
+
 TEST_F(OptimizerParityTest, AdagradMatchesCpu) {
   AdagradParams p;
   p.lr = 0.1f;

@@ -1,0 +1,81 @@
+"""A script with its own optimizer and LR scheduler, as a PyTorch user
+writes one, on grps: `build(model, name, steps)` makes the optimizer and
+scheduler of configuration `name` (the test builds the same for its one
+process); the servers run the optimizer with each param group's
+hyperparameters as the scheduler leaves them at each step.
+
+Trains --steps steps of --batch examples per rank from rank 0's start
+(broadcast_parameters) and writes the final state dict to --out.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+import torch.optim as optim
+import torch.utils.data
+
+import grps.torch as gt
+import horovod_worker
+
+CONFIGS = ("sgd_groups", "adam", "adamw", "adagrad")
+
+
+def build(model, name, steps):
+    """The optimizer and scheduler of configuration `name` over `model`."""
+    if name == "sgd_groups":
+        # Two param groups, each its own lr, momentum, nesterov and weight
+        # decay; OneCycleLR moves both groups' lr and momentum every step.
+        opt = optim.SGD([
+            {"params": model.fc1.parameters(), "lr": 0.05, "nesterov": True,
+             "weight_decay": 1e-3},
+            {"params": model.fc2.parameters(), "lr": 0.02, "momentum": 0.8},
+        ], lr=0.05, momentum=0.9)
+        return opt, optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.1, 0.04], total_steps=steps)
+    if name == "adam":  # OneCycleLR cycles Adam's beta1 too
+        opt = optim.Adam(model.parameters(), lr=0.01, betas=(0.85, 0.99), weight_decay=1e-4)
+        return opt, optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=steps)
+    if name == "adamw":
+        opt = optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+        return opt, optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    if name == "adagrad":
+        opt = optim.Adagrad(model.parameters(), lr=0.1, weight_decay=1e-3)
+        return opt, optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.3)
+    raise ValueError(name)
+
+
+def batches(size, rank, batch, steps):
+    """Rank `rank`'s batches: a DistributedSampler's share of the data."""
+    data = horovod_worker.dataset(batch * size * steps)
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        data, num_replicas=size, rank=rank, shuffle=True, seed=5)
+    return data, list(sampler)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", choices=CONFIGS, required=True)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    gt.init()
+    torch.manual_seed(100 + gt.rank())
+    torch.set_num_threads(1)
+    model = horovod_worker.Net()
+    opt, scheduler = build(model, args.config, args.steps)
+    gt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = gt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    data, order = batches(gt.size(), gt.rank(), args.batch, args.steps)
+    for i in range(args.steps):
+        x, y = data[order[i * args.batch:(i + 1) * args.batch]]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+    torch.save(model.state_dict(), args.out)
+    gt.done()
+
+
+if __name__ == "__main__":
+    main()
