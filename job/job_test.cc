@@ -320,6 +320,38 @@ TEST(JobConfig, AsyncUpdatesScaleTheStepLearningRateByWorkers) {
   EXPECT_FLOAT_EQ(AsyncLearningRate(c, 0, 3), 0.05f);
 }
 
+TEST(JobConfig, AProgramsOptimizerMustKeepTheJobsStateAndBeInRange) {
+  v1::OptimizerConfig job;
+  job.set_kind(v1::OPTIMIZER_MOMENTUM);
+  v1::OptimizerConfig program;
+  program.set_kind(v1::OPTIMIZER_NESTEROV);  // the same velocity
+  program.set_learning_rate(0.0f);           // a scheduler may reach 0
+  program.set_momentum(0.9f);
+  EXPECT_TRUE(CheckProgramOptimizer(job, program).ok());
+  program.set_kind(v1::OPTIMIZER_ADAM);
+  EXPECT_THAT(std::string(CheckProgramOptimizer(job, program).message()),
+              ::testing::HasSubstr("start the job with --optimizer=adam"));
+  program.set_kind(v1::OPTIMIZER_MOMENTUM);
+  for (auto breaks : std::vector<std::function<void(v1::OptimizerConfig*)>>{
+           [](v1::OptimizerConfig* o) { o->set_learning_rate(-1); },
+           [](v1::OptimizerConfig* o) { o->set_weight_decay(std::nanf("")); },
+           [](v1::OptimizerConfig* o) { o->set_momentum(1.0f); },
+           [](v1::OptimizerConfig* o) { o->set_beta2(1.5f); },
+           [](v1::OptimizerConfig* o) { o->set_epsilon(INFINITY); },
+           [](v1::OptimizerConfig* o) { o->set_decay_steps(10); },
+           [](v1::OptimizerConfig* o) { o->set_decoupled_weight_decay(true); }}) {
+    v1::OptimizerConfig broken = program;
+    breaks(&broken);
+    EXPECT_TRUE(absl::IsInvalidArgument(CheckProgramOptimizer(job, broken)))
+        << broken.ShortDebugString();
+  }
+  job.set_kind(v1::OPTIMIZER_ADAM);
+  program.set_kind(v1::OPTIMIZER_ADAM);
+  program.set_momentum(0);
+  program.set_decoupled_weight_decay(true);  // AdamW
+  EXPECT_TRUE(CheckProgramOptimizer(job, program).ok());
+}
+
 TEST(ShardMap, ChunksTileEveryTensorAndBalanceBytes) {
   v1::JobConfig c = DefaultJobConfig();
   absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(c), 3, 64 * 1024);

@@ -78,5 +78,21 @@ TEST(AsyncPolicy, ACheckpointTakesEachChunkAsItIsWithItsMarks) {
   EXPECT_EQ(mark.step(), 9u);
 }
 
+TEST(AsyncPolicy, AnUpdateRunsThePushersProgramOptimizerAtItsLearningRateOverTheWorkers) {
+  const v1::JobConfig config = PolicyTestConfig(v1::MODE_ASYNC, 2);
+  std::unique_ptr<ChunkPolicy> policy = MakeAsyncPolicy(config);
+  FakeTarget chunk(1);
+  v1::OptimizerConfig program;
+  program.set_kind(v1::OPTIMIZER_SGD);
+  program.set_learning_rate(0.3f);
+  policy->Accept({0, 1, 0, 0, &program}, Grad({1}), chunk, LiveSet::All(2));
+  policy->Accept({1, 1, 0, 1}, Grad({1}), chunk, LiveSet::All(2));
+  ASSERT_EQ(chunk.updates.size(), 2u);
+  ASSERT_TRUE(chunk.updates[0].optimizer.has_value());
+  EXPECT_FLOAT_EQ(chunk.updates[0].lr, 0.15f);
+  EXPECT_FALSE(chunk.updates[1].optimizer.has_value()) << "the job's";
+  EXPECT_FLOAT_EQ(chunk.updates[1].lr, 0.5f);
+}
+
 }  // namespace
 }  // namespace grps

@@ -472,6 +472,42 @@ TEST_F(ParameterServerServiceTest, SyncStepCompletesAndRetryIsAcknowledged) {
   }
 }
 
+TEST_F(ParameterServerServiceTest, AStepRunsTheProgramsOptimizerItsChunksName) {
+  // Rank 0 (the lowest) names the program's SGD at lr 0.125 for its second
+  // chunk; its first runs the job's (lr 0.5).
+  v1::PushRequest first = GoodPush(0, 0, 1.0f);
+  v1::OptimizerConfig* program = first.add_optimizers();
+  program->set_kind(v1::OPTIMIZER_SGD);
+  program->set_learning_rate(0.125f);
+  first.mutable_chunks(1)->set_optimizer(1);
+  ASSERT_TRUE(Push(first).ok());
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  v1::PullResponse pulled;
+  ASSERT_TRUE(Pull(PullOf({}, 1), &pulled).ok());
+  ASSERT_EQ(pulled.chunks_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const v1::ChunkData& c = pulled.chunks(i);
+    std::vector<float> expected = InitialValues(c.chunk_id());
+    for (float& v : expected) v -= (i == 1 ? 0.125f : 0.5f) * 2.0f;
+    EXPECT_EQ(Decode(c.data(), DType::kF32), expected) << i;
+  }
+}
+
+TEST_F(ParameterServerServiceTest, AProgramsOptimizerOfAnotherStateOrOutOfRangeIsRefused) {
+  v1::PushRequest request = GoodPush(0, 0);
+  v1::OptimizerConfig* program = request.add_optimizers();
+  program->set_kind(v1::OPTIMIZER_ADAM);
+  request.mutable_chunks(0)->set_optimizer(1);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
+                    "optimizer 1: the program's optimizer is adam but the job's is sgd");
+  program->set_kind(v1::OPTIMIZER_SGD);
+  program->set_learning_rate(std::numeric_limits<float>::infinity());
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "not a finite number");
+  program->set_learning_rate(0.1f);
+  request.mutable_chunks(1)->set_optimizer(2);
+  ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "names optimizer 2 of 1");
+}
+
 TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {
   const std::vector<float> pattern = {0.5f, -1.25f, 2.0f, 0.125f};
   auto push_f16 = [&](uint32_t rank) {

@@ -17,8 +17,9 @@ struct Ssp {
     config.set_staleness_bound(bound);
     policy = MakeSspPolicy(config);
   }
-  GradientFate Push(uint32_t rank, uint64_t clock) {
-    return policy->Accept({rank, 1, clock, chunk.version()}, Grad({1}), chunk, live);
+  GradientFate Push(uint32_t rank, uint64_t clock,
+                    const v1::OptimizerConfig* optimizer = nullptr) {
+    return policy->Accept({rank, 1, clock, chunk.version(), optimizer}, Grad({1}), chunk, live);
   }
 
   v1::JobConfig config;
@@ -46,6 +47,21 @@ TEST(SspPolicy, AGradientIsHeldUntilEveryLiveWorkerReadItsClockMinusS) {
   EXPECT_TRUE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live));
   EXPECT_EQ(ssp.chunk.updates.size(), 1u);
   EXPECT_EQ(ssp.policy->held(), 0u);
+}
+
+TEST(SspPolicy, AHeldGradientKeepsItsProgramsOptimizerUntilItIsApplied) {
+  Ssp ssp(2, /*bound=*/0);
+  {
+    v1::OptimizerConfig program;  // gone once the push's call returns
+    program.set_kind(v1::OPTIMIZER_SGD);
+    program.set_learning_rate(0.8f);
+    EXPECT_EQ(ssp.Push(0, 0, &program), GradientFate::kHeld);
+  }
+  EXPECT_FALSE(ssp.policy->Served(0, 0, ssp.chunk, ssp.live));
+  EXPECT_TRUE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live));
+  ASSERT_EQ(ssp.chunk.updates.size(), 1u);
+  ASSERT_TRUE(ssp.chunk.updates[0].optimizer.has_value());
+  EXPECT_FLOAT_EQ(ssp.chunk.updates[0].lr, 0.4f);
 }
 
 TEST(SspPolicy, ADeadWorkerHoldsNobody) {

@@ -26,8 +26,9 @@ struct Sync {
     policy = MakeSyncPolicy(config);
   }
   // Rank `rank`'s gradient of its step `step`, computed on `base`.
-  GradientFate Push(uint32_t rank, uint64_t base, std::vector<float> values, uint64_t step = 0) {
-    const ChunkGradientMeta g{rank, 1, step, base};
+  GradientFate Push(uint32_t rank, uint64_t base, std::vector<float> values, uint64_t step = 0,
+                    const v1::OptimizerConfig* optimizer = nullptr) {
+    const ChunkGradientMeta g{rank, 1, step, base, optimizer};
     EXPECT_TRUE(policy->Check(g, chunk).ok());
     return policy->Accept(g, Grad(values), chunk, live);
   }
@@ -325,6 +326,44 @@ TEST(SyncPolicy, TheElasticScaleMultipliesTheScheduledLearningRate) {
   config.mutable_optimizer()->set_learning_rate(0.25f);
   Sync sync(config, LiveSet::First(4, 4));
   for (uint32_t r = 0; r < 4; ++r) sync.Push(r, 0, {1});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 0.5f);
+}
+
+// The program's optimizer (an SGD param group, its lr from a scheduler).
+v1::OptimizerConfig Program(float lr, float momentum) {
+  v1::OptimizerConfig o;
+  o.set_kind(v1::OPTIMIZER_MOMENTUM);
+  o.set_learning_rate(lr);
+  o.set_momentum(momentum);
+  return o;
+}
+
+TEST(SyncPolicy, AStepRunsTheProgramsOptimizerThatTheLowestContributingRankNamed) {
+  Sync sync(3);
+  const v1::OptimizerConfig low = Program(0.25f, 0.5f), high = Program(4.0f, 0.1f);
+  sync.Push(2, 0, {1}, 0, &high);
+  sync.Push(0, 0, {1}, 0, &low);   // lower: its optimizer runs the step
+  sync.Push(1, 0, {1}, 0, &high);
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  ASSERT_TRUE(sync.chunk.updates[0].optimizer.has_value());
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].optimizer->momentum(), 0.5f);
+  EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 0.25f) << "the program's lr, not the schedule's";
+  // The next step starts afresh: rank 0 names none, so the job's runs.
+  sync.Push(1, 1, {1}, 1, &high);
+  sync.Push(0, 1, {1}, 1);
+  sync.Push(2, 1, {1}, 1, &high);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  EXPECT_FALSE(sync.chunk.updates[1].optimizer.has_value());
+  EXPECT_FLOAT_EQ(sync.chunk.updates[1].lr, 1.0f);
+}
+
+TEST(SyncPolicy, TheElasticScaleMultipliesTheProgramsLearningRate) {
+  v1::JobConfig config = PolicyTestConfig(v1::MODE_SYNC, 2);
+  config.set_max_workers(4);
+  Sync sync(config, LiveSet::First(4, 4));
+  const v1::OptimizerConfig program = Program(0.25f, 0.0f);
+  for (uint32_t r = 0; r < 4; ++r) sync.Push(r, 0, {1}, 0, &program);
   ASSERT_EQ(sync.chunk.updates.size(), 1u);
   EXPECT_FLOAT_EQ(sync.chunk.updates[0].lr, 0.5f);
 }

@@ -102,6 +102,45 @@ TEST(ChunkCodec, InitialValuesFlagIsWhatProtobufReadsAndDecodesBack) {
                parsed.initial_values());
 }
 
+// The program's optimizers travel in the header, each chunk naming its
+// own: protobuf reads them, and they decode back.
+TEST(ChunkCodec, ProgramOptimizersAreWhatProtobufReadsAndDecodeBack) {
+  const std::vector<float> a = Ramp(8, 1);
+  v1::PushRequest header;
+  header.set_job_id("job");
+  header.set_num_samples(1);
+  for (float lr : {0.5f, 0.25f}) {
+    v1::OptimizerConfig* o = header.add_optimizers();
+    o->set_kind(v1::OPTIMIZER_ADAM);
+    o->set_learning_rate(lr);
+    o->set_decoupled_weight_decay(true);
+  }
+  std::vector<WireChunk> chunks(2);
+  for (uint32_t i = 0; i < 2; ++i) {
+    chunks[i].chunk_id = i;
+    chunks[i].external = a.data();
+    chunks[i].external_bytes = a.size() * sizeof(float);
+  }
+  chunks[0].optimizer = 2;  // chunks[1]: the job's
+  const grpc::ByteBuffer encoded = EncodePushRequest(header, v1::DTYPE_F32, std::move(chunks));
+  v1::PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(BufferBytes(encoded)));
+  EXPECT_EQ(BufferBytes(encoded), parsed.SerializeAsString());
+  ASSERT_EQ(parsed.optimizers_size(), 2);
+  EXPECT_FLOAT_EQ(parsed.optimizers(1).learning_rate(), 0.25f);
+  EXPECT_EQ(parsed.chunks(0).optimizer(), 2u);
+  EXPECT_EQ(parsed.chunks(1).optimizer(), 0u);
+  v1::PushRequest decoded;
+  std::vector<uint32_t> named;
+  ASSERT_TRUE(DecodePushRequest(encoded, &decoded, [&](ReceivedChunk& c) {
+                named.push_back(c.optimizer);
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_EQ(decoded.optimizers_size(), 2);
+  EXPECT_TRUE(decoded.optimizers(0).decoupled_weight_decay());
+  EXPECT_EQ(named, (std::vector<uint32_t>{2, 0}));
+}
+
 TEST(ChunkCodec, ExternalPayloadIsNotCopied) {
   const std::vector<float> a = Ramp(4096, 0);
   std::vector<WireChunk> chunks(1);
