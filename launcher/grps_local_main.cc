@@ -235,10 +235,6 @@ absl::Status SetStraggler(LaunchOptions* options) {
   const bool straggles = options->straggle_factor || options->straggle_ms;
   if (options->straggler_rank && !straggles)
     return absl::InvalidArgumentError("--straggler_rank needs --straggle_factor or --straggle_ms");
-  if ((straggles || options->straggler_rank) && !options->entry.empty())
-    return absl::InvalidArgumentError(
-        "--straggler_rank, --straggle_factor and --straggle_ms are grps-worker's: "
-        "not with --entry");
   if (straggles && !options->straggler_rank)
     return absl::InvalidArgumentError("--straggle_factor and --straggle_ms need --straggler_rank");
   if (options->straggler_rank && *options->straggler_rank >= options->workers)

@@ -155,7 +155,16 @@ ChildSpec EntryWorkerSpec(const LaunchOptions& options, uint32_t rank,
                   {"RANK", rank_text},
                   {"WORLD_SIZE", workers_text},
                   {"LOCAL_RANK", rank_text},
-                  {"LOCAL_WORLD_SIZE", workers_text}}};
+                  {"LOCAL_WORLD_SIZE", workers_text},
+                  {"GRPS_CURVE_CSV",
+                   InDir(options.run_dir, absl::StrCat("curve-worker-", rank, ".csv"))}}};
+  if (options.straggler_rank == rank) {
+    if (options.straggle_factor)
+      spec.environment.emplace_back("GRPS_STRAGGLE_FACTOR",
+                                    absl::StrFormat("%g", *options.straggle_factor));
+    if (options.straggle_ms)
+      spec.environment.emplace_back("GRPS_STRAGGLE_MS", absl::StrCat(*options.straggle_ms));
+  }
   for (auto& variable : TokenEnvironment(options, /*worker=*/true))
     spec.environment.push_back(std::move(variable));
   for (auto& variable : TlsEnvironment(options.tls_flags))

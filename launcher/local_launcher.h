@@ -8,7 +8,8 @@
 //
 // With LaunchOptions::entry the M workers are copies of the user's own
 // command instead (a PyTorch script using grps.torch; see WorkerSpec), and
-// everything below holds for them the same way; they write no curves.
+// everything below holds for them the same way; their curves are what the
+// program reports (gt.report), none if it reports nothing.
 //
 // A server or coordinator killed by a signal (a crash, kill -9) is started
 // again, as a StatefulSet or a Deployment would, while restarts are left
@@ -174,7 +175,11 @@ ChildSpec ServerSpec(const LaunchOptions& options, uint32_t shard,
 //   PYTHONPATH led by the build tree's python folder (<bin_dir>/../python,
 //     when it holds grps/__init__.py), so `import grps.torch` works from
 //     the build tree.
-// An entry worker is given no curve file and serves no metrics.
+//   GRPS_CURVE_CSV: <run_dir>/curve-worker-<rank>.csv, the curve grps.torch
+//     writes (a row per gt.report());
+//   GRPS_STRAGGLE_FACTOR, GRPS_STRAGGLE_MS for the straggler rank: grps.torch
+//     sleeps after each step as grps-worker's --straggle_* do.
+// An entry worker serves no metrics.
 // Reads the launcher's PYTHONPATH and the file system.
 ChildSpec WorkerSpec(const LaunchOptions& options, uint32_t rank,
                      const std::string& coordinator);

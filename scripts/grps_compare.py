@@ -54,6 +54,9 @@ STRAGGLER_SUFFIX = "+straggler"
 STRAGGLER_FLAGS = ["--straggler_rank=2", "--straggle_factor=5"]
 QUICK_FLAGS = ["--train_limit=2000", "--test_limit=500", "--steps=30",
                "--eval_every=10"]
+# grps-worker's: the program of --entry reads its own data and evaluates
+# when it will, so these are not passed with it.
+WORKER_ONLY_FLAGS = ("--eval_every=", "--train_limit=", "--test_limit=")
 # Between SIGTERM to grps-local and SIGKILL: it gives each daemon 5 s.
 STOP_GRACE_S = 30
 # A run is not started with less of the budget left than this.
@@ -399,12 +402,24 @@ def _raise_interrupted(signum, frame):
     raise Interrupted()
 
 
-def run_one(run, grps_local, extra_flags, out_dir, timeout_s):
-    """Runs grps-local once; returns (result dict or None, curves, error)."""
+def job_flags(quick, epochs, entry):
+    """grps-local's flags for every run (before its own): COMMON_FLAGS, the
+    quick ones, --epochs, and --entry without grps-worker's own flags."""
+    flags = COMMON_FLAGS + (QUICK_FLAGS if quick else [])
+    if epochs is not None:
+        flags = flags + ["--epochs=%d" % epochs]
+    if entry:
+        flags = [f for f in flags if not f.startswith(WORKER_ONLY_FLAGS)] + ["--entry=" + entry]
+    return flags
+
+
+def run_one(run, grps_local, job, out_dir, timeout_s):
+    """Runs grps-local once with the flags `job` (job_flags) and the run's;
+    returns (result dict or None, curves, error)."""
     run_dir = os.path.join(out_dir, "runs", run.name)
     result_path = os.path.join(out_dir, "runs", run.name + ".json")
     out_path = os.path.join(out_dir, "runs", run.name + ".out")
-    argv = [grps_local] + COMMON_FLAGS + run.flags + extra_flags + [
+    argv = [grps_local] + job + run.flags + [
         "--run_dir=" + run_dir, "--result_json=" + result_path,
         "--timeout_s=%d" % max(1, int(timeout_s))]
     error = None
@@ -506,6 +521,11 @@ def parse_args(argv):
     p.add_argument("--budget_s", type=float, default=900,
                    help="total time budget; runs not started by then are skipped "
                         "(default 900)")
+    p.add_argument("--entry", default="",
+                   help="the workers are your own program (grps-local --entry), e.g. "
+                        "\"/usr/bin/python3 examples/torch/fashion_cnn.py --eval_every 100\": "
+                        "its curve is what it reports (gt.report), its straggler is made "
+                        "by grps.torch")
     p.add_argument("--run_timeout_s", type=float, default=0,
                    help="each run's grps-local --timeout_s (default: twice an even "
                         "share of what is left of the budget, at least 30 s); never "
@@ -529,14 +549,15 @@ def main(argv=None):
     out_dir = args.out or os.path.join(
         "reports", "compare-" + started.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(os.path.join(out_dir, "runs"), exist_ok=True)
-    extra = list(QUICK_FLAGS) if args.quick else []
-    if args.epochs is not None:
-        extra.append("--epochs=%d" % args.epochs)
+    job = job_flags(args.quick, args.epochs, args.entry)
 
     notes = ["date: %s" % started.strftime("%Y-%m-%d %H:%M:%S %Z").strip()]
     notes += machine_notes()
-    notes.append("job: grps-local defaults (Fashion-MNIST, 2 servers) with %s%s" % (
-        " ".join(COMMON_FLAGS + extra), " (--quick)" if args.quick else ""))
+    notes.append("job: %s with %s%s" % (
+        "the workers' program: " + args.entry if args.entry
+        else "grps-local defaults (Fashion-MNIST, 2 servers)",
+        " ".join(f for f in job if not f.startswith("--entry=")),
+        " (--quick)" if args.quick else ""))
     notes.append("straggler runs add: %s" % " ".join(STRAGGLER_FLAGS))
     notes.append("target accuracy %.2f; budget %ds; each run at most %s" % (
         args.target, args.budget_s,
@@ -562,7 +583,7 @@ def main(argv=None):
             print("grps-compare: [%d/%d] %s ..." % (i + 1, len(runs), run.name),
                   end=" ", flush=True)
             t0 = time.monotonic()
-            result, curves, error = run_one(run, grps_local, extra, out_dir, timeout)
+            result, curves, error = run_one(run, grps_local, job, out_dir, timeout)
             row = summarize(run, result, curves, args.target, error)
             rows.append(row)
             print("%s (%.0fs)" % ("ok" if row["ok"] else "FAILED: " + row["error"],

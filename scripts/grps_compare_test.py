@@ -220,6 +220,19 @@ class CommandTest(unittest.TestCase):
         with open(os.path.join(self.out, "runs", "sync+straggler.out")) as f:
             self.assertIn("--straggler_rank=2", f.readline())
 
+    def test_an_entry_runs_the_users_program_without_grps_workers_own_flags(self):
+        code = self.main("--runs=sync", "--entry=/usr/bin/python3 train.py --eval_every 5")
+        self.assertEqual(code, 0)
+        with open(os.path.join(self.out, "runs", "sync+straggler.out")) as f:
+            argv = f.readline()
+        self.assertIn("--entry=/usr/bin/python3 train.py --eval_every 5", argv)
+        self.assertIn("--straggler_rank=2", argv)
+        self.assertIn("--steps=30", argv)
+        for flag in ("--eval_every=", "--train_limit=", "--test_limit="):
+            self.assertNotIn(" " + flag, argv)
+        with open(os.path.join(self.out, "report.md")) as f:
+            self.assertIn("job: the workers' program: /usr/bin/python3 train.py", f.read())
+
     def test_runs_past_the_budget_are_skipped_with_a_note(self):
         code = self.main("--runs=sync", "--budget_s=5")
         self.assertEqual(code, 1)

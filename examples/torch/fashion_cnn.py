@@ -87,6 +87,9 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--eval_every", type=int, default=0,
+                        help="evaluate every N steps as well as at each epoch's end "
+                             "(rank 0; into the curve scripts/grps-compare reads); 0: epochs only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -132,8 +135,12 @@ def main():
             gt.report(loss=loss.item())
         if gt.step() > step and gt.step() // steps_per_epoch > epoch:  # the epoch's end
             acc, test_loss = evaluate(model, x_test, y_test)
+            gt.report(test_accuracy=acc, test_loss=test_loss)
             print("rank %d epoch %d: test accuracy %.4f loss %.4f (%.0f s)"
                   % (gt.rank(), epoch + 1, acc, test_loss, time.time() - started), flush=True)
+        elif args.eval_every and gt.rank() == 0 and gt.step() % args.eval_every == 0:
+            acc, test_loss = evaluate(model, x_test, y_test)
+            gt.report(test_accuracy=acc, test_loss=test_loss)
     if acc is None:  # resumed at the job's end: nothing trained here
         acc, test_loss = evaluate(model, x_test, y_test)
     gt.done(test_accuracy=acc, test_loss=test_loss,

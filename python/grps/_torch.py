@@ -9,6 +9,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -37,6 +38,81 @@ class _Process:
         # the DistributedOptimizer): run, in order, once it has.
         self.pending = []
         self.finished = False  # done() reported, or the rank left
+        self.curve = _Curve(os.environ.get("GRPS_CURVE_CSV", ""))
+        self.straggler = _Straggler.from_environment()
+        self.last_step_end = None  # time.monotonic() when the last step() returned
+        self.samples = 0           # pushed by this worker's steps
+
+
+class _Curve:
+    """The training curve grps-local asks for (GRPS_CURVE_CSV): grps-worker's
+    columns, a row per gt.report() and per done() with figures; no file
+    until the first row."""
+
+    HEADER = ("step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,"
+              "evaluated\n")
+
+    def __init__(self, path):
+        self.path = path
+        self.file = None
+        self.started = time.time()
+        self.loss = self.accuracy = self.test_loss = -1.0
+        self.rate_from = (time.monotonic(), 0)  # (when, samples) of the rate's start
+        self.rate = 0.0
+
+    def row(self, step, samples, loss=None, accuracy=None, test_loss=None):
+        if not self.path:
+            return
+        if loss is not None:
+            self.loss = float(loss)
+        evaluated = accuracy is not None or test_loss is not None
+        if accuracy is not None:
+            self.accuracy = float(accuracy)
+        if test_loss is not None:
+            self.test_loss = float(test_loss)
+        now = time.monotonic()
+        since, before = self.rate_from
+        if now - since >= 1.0:
+            self.rate = (samples - before) / (now - since)
+            self.rate_from = (now, samples)
+        if self.file is None:
+            self.file = open(self.path, "w")
+            self.file.write(self.HEADER)
+        wall = time.time()
+        self.file.write("%d,0,%.3f,%.3f,%.6f,%.1f,%.6f,%.6f,%d\n" % (
+            step, wall - self.started, wall, self.loss, self.rate, self.accuracy,
+            self.test_loss, 1 if evaluated else 0))
+        self.file.flush()
+
+
+class _Straggler:
+    """Injected slowness, as grps-worker's --straggle_factor and
+    --straggle_ms (grps-local gives the straggler rank GRPS_STRAGGLE_FACTOR
+    and GRPS_STRAGGLE_MS): after each step a sleep of (factor - 1) times an
+    average of the rank's own step time, plus the delay."""
+
+    NEWEST = 0.05  # the newest step's weight in the average: about 20 steps
+
+    def __init__(self, factor, delay_s):
+        if not factor >= 1 or delay_s < 0:
+            raise ValueError("GRPS_STRAGGLE_FACTOR must be >= 1 and GRPS_STRAGGLE_MS >= 0")
+        self.factor, self.delay_s, self.average_s = factor, delay_s, None
+
+    @classmethod
+    def from_environment(cls):
+        factor = os.environ.get("GRPS_STRAGGLE_FACTOR", "")
+        delay_ms = os.environ.get("GRPS_STRAGGLE_MS", "")
+        if not factor and not delay_ms:
+            return None
+        straggler = cls(float(factor or 1), float(delay_ms or 0) / 1000.0)
+        print("grps.torch: a straggler: %gx its own step time + %g ms per step"
+              % (straggler.factor, straggler.delay_s * 1000), file=sys.stderr, flush=True)
+        return straggler
+
+    def after_step(self, step_s):
+        a = self.average_s
+        self.average_s = step_s if a is None else (1 - self.NEWEST) * a + self.NEWEST * step_s
+        time.sleep(self.delay_s + (self.factor - 1) * self.average_s)
 
 
 _process = None
@@ -888,6 +964,12 @@ class _JobOptimizer:
         model.weights_to_params()
         if loss is not None:
             p.worker.report_loss(float(loss))
+        p.samples += int(samples)
+        if p.straggler is not None:
+            now = time.monotonic()
+            if p.last_step_end is not None:
+                p.straggler.after_step(now - p.last_step_end)
+        p.last_step_end = time.monotonic()
         self.last_outcome = outcome
         self.last_early = len(early)  # parameters whose hooks pushed them
         if p.worker.leave_requested():
@@ -1095,10 +1177,16 @@ def _name_element(model, message):
     return message
 
 
-def report(loss=None):
-    """Adds the training loss to the progress grpsctl and grps-local show."""
+def report(loss=None, test_accuracy=None, test_loss=None):
+    """Adds the training loss to the progress grpsctl and grps-local show,
+    and a row to the worker's curve (grps-local's curve-worker-<rank>.csv,
+    which scripts/grps-compare reads): an evaluation row when a test
+    accuracy or loss is given."""
+    w = _require_worker()
     if loss is not None:
-        _require_worker().report_loss(float(loss))
+        w.report_loss(float(loss))
+    p = _process
+    p.curve.row(w.step_count, p.samples, loss, test_accuracy, test_loss)
 
 
 def done(test_accuracy=None, test_loss=None, evaluate=None):
@@ -1113,6 +1201,8 @@ def done(test_accuracy=None, test_loss=None, evaluate=None):
     p = _require_process()
     w = _require_worker()
     p.finished = True
+    if test_accuracy is not None or test_loss is not None:
+        p.curve.row(w.step_count, p.samples, None, test_accuracy, test_loss)
     w.done(None if test_accuracy is None else float(test_accuracy),
            None if test_loss is None else float(test_loss))
     evaluated = False
