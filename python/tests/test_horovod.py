@@ -146,6 +146,46 @@ class TheProgramsOptimizer(unittest.TestCase):
         self.check("adagrad", "adagrad")
 
 
+class CurveAndStraggler(unittest.TestCase):
+    """What grps-local gives an entry worker: GRPS_CURVE_CSV, where
+    grps.torch writes grps-worker's curve columns (a row per gt.report(),
+    evaluations marked), and GRPS_STRAGGLE_MS / _FACTOR, after which each
+    step sleeps (scripts/grps-compare --entry reads and makes both)."""
+
+    def test_the_curve_has_a_row_per_report_and_the_straggler_sleeps(self):
+        steps, delay_ms = 12, 100
+        with Job(servers=1, workers=2, flags=["--mode=sync", "--optimizer=adam"]) as job:
+            curves = [job.path("curve-%d.csv" % r) for r in (0, 1)]
+            for r in (0, 1):
+                env = {"GRPS_CURVE_CSV": curves[r]}
+                if r == 1:
+                    env["GRPS_STRAGGLE_MS"] = str(delay_ms)
+                job.worker("optimizer_worker.py",
+                           ["--config", "adam", "--steps", str(steps), "--report",
+                            "--out", job.path("rank%d.pt" % r)], rank=r, env_extra=env)
+            self.assertEqual([job.wait("worker%d" % r, 120) for r in (0, 1)], [0, 0], job.logs())
+            self.assertIn("a straggler: 1x its own step time + 100 ms per step",
+                          job.log("worker1"))
+            self.assertNotIn("a straggler", job.log("worker0"))
+            rows = []
+            for path in curves:
+                with open(path) as f:
+                    self.assertEqual(f.readline().strip(),
+                                     "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,"
+                                     "test_accuracy,test_loss,evaluated")
+                    rows.append([line.strip().split(",") for line in f])
+        for r in (0, 1):
+            self.assertEqual(len(rows[r]), steps + 2, rows[r])  # each step, then 2 evaluations
+            self.assertEqual([row[0] for row in rows[r][:steps]],
+                             [str(s) for s in range(1, steps + 1)])
+            self.assertEqual([row[8] for row in rows[r]], ["0"] * steps + ["1", "1"])
+            self.assertEqual(float(rows[r][-2][6]), 0.5)
+            self.assertEqual(float(rows[r][-1][6]), 0.75)
+        # The straggler slept after each step but the first: a lower bound.
+        elapsed = float(rows[1][steps - 1][2]) - float(rows[1][0][2])
+        self.assertGreaterEqual(elapsed, (steps - 2) * delay_ms / 1000.0)
+
+
 class ModuleIsAnApi(unittest.TestCase):
     def test_only_api_names_are_public(self):
         out = subprocess.run(
