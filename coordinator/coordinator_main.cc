@@ -171,8 +171,10 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
     }
   }
   // The optimizer state in the files is that optimizer's (Adam's moments,
-  // momentum's velocity): another optimizer cannot continue from it.
-  if (choice->manifest->config().optimizer().kind() != config.optimizer().kind()) {
+  // momentum's velocity): another optimizer cannot continue from it. A user
+  // model's job takes the checkpoint's kind, which its program chose.
+  if (config.model() != v1::MODEL_USER &&
+      choice->manifest->config().optimizer().kind() != config.optimizer().kind()) {
     std::fprintf(stderr,
                  "grps-coordinator: checkpoint %s was taken with --optimizer=%s, this "
                  "job uses --optimizer=%s; use the same optimizer, or another "

@@ -249,7 +249,7 @@ grpc::Status CoordinatorService::DefineModel(grpc::ServerContext* context,
                                              v1::DefineModelResponse* response) {
   if (grpc::Status role = RequireRole(*context, Role::kWorker); !role.ok()) return role;
   if (absl::Status s = CheckJobId(request->job_id(), true); !s.ok()) return ToGrpc(s);
-  absl::StatusOr<bool> defined = machine_.DefineModel(request->tensors());
+  absl::StatusOr<bool> defined = machine_.DefineModel(request->tensors(), request->optimizer());
   if (!defined.ok()) return ToGrpc(defined.status());
   response->set_defined(*defined);
   // The layout goes to disk before any server registers with it: a

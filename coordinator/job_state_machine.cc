@@ -77,7 +77,8 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
   absl::MutexLock lock(&mu_);
   // A user model is the checkpoint's (its chunks were checked against it).
   if (config_.model() == v1::MODEL_USER && !manifest.config().model_tensors().empty()) {
-    if (absl::StatusOr<bool> defined = DefineModelLocked(manifest.config().model_tensors());
+    if (absl::StatusOr<bool> defined = DefineModelLocked(manifest.config().model_tensors(),
+                                                         manifest.config().optimizer().kind());
         !defined.ok())
       spdlog::error("checkpoint {}: {}", manifest.id(), std::string(defined.status().message()));
   }
@@ -109,23 +110,30 @@ std::vector<uint32_t> JobStateMachine::LiveWorkerRanks() const {
 v1::JobConfig JobStateMachine::JobConfigLocked() const {
   v1::JobConfig config = config_;
   *config.mutable_model_tensors() = model_;
+  if (program_optimizer_ != v1::OPTIMIZER_UNSPECIFIED)
+    config.mutable_optimizer()->set_kind(program_optimizer_);
   // A re-sharded job's members see the shard count they serve.
   config.set_num_servers(membership_.num_shards());
   return config;
 }
 
-absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors) {
+absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors,
+                                                  v1::OptimizerKind optimizer) {
   absl::MutexLock lock(&mu_);
   if (EndedLocked()) return EndedErrorLocked();
-  return DefineModelLocked(tensors);
+  return DefineModelLocked(tensors, optimizer);
 }
 
-absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tensors) {
+absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tensors,
+                                                        v1::OptimizerKind optimizer) {
   if (config_.model() != v1::MODEL_USER)
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", config_.job_id(), " trains the built-in model '", ModelName(config_.model()),
         "'; start it with --model=user to train a worker's own model"));
   if (absl::Status s = ValidateUserModel(tensors); !s.ok()) return s;
+  if (optimizer != v1::OPTIMIZER_UNSPECIFIED &&
+      (optimizer < v1::OPTIMIZER_SGD || optimizer > v1::OPTIMIZER_ADAGRAD))
+    return absl::InvalidArgumentError(absl::StrCat("unknown optimizer kind ", optimizer));
   if (!model_.empty()) {
     const std::string difference = FirstModelDifference(model_, tensors);
     if (!difference.empty())
@@ -143,6 +151,11 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
   model_ = tensors;
   spdlog::info("job {}: the model is defined: {} tensors, {} chunks over {} shards",
                config_.job_id(), model_.size(), built->chunks_size(), membership_.num_shards());
+  if (optimizer != v1::OPTIMIZER_UNSPECIFIED && optimizer != config_.optimizer().kind()) {
+    program_optimizer_ = optimizer;
+    spdlog::info("job {}: the program's optimizer is {} (the job's flags said {})",
+                 config_.job_id(), OptimizerName(optimizer), OptimizerName(config_.optimizer().kind()));
+  }
   changed_.SignalAll();
   return true;
 }
@@ -178,7 +191,8 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   }
   absl::MutexLock lock(&mu_);
   if (config_.model() == v1::MODEL_USER && !state.config().model_tensors().empty()) {
-    if (absl::StatusOr<bool> defined = DefineModelLocked(state.config().model_tensors());
+    if (absl::StatusOr<bool> defined = DefineModelLocked(state.config().model_tensors(),
+                                                         state.config().optimizer().kind());
         !defined.ok())
       return absl::InvalidArgumentError(absl::StrCat(from, ": ", defined.status().message()));
   }

@@ -137,8 +137,12 @@ class JobStateMachine {
   // (false). FAILED_PRECONDITION for a built-in model, an ended job, or an
   // offer that differs (naming the first tensor that does);
   // INVALID_ARGUMENT for tensors ValidateUserModel refuses. Servers
-  // register only once the model is defined.
-  absl::StatusOr<bool> DefineModel(const TensorSpecs& tensors) ABSL_LOCKS_EXCLUDED(mu_);
+  // register only once the model is defined. `optimizer` (not UNSPECIFIED):
+  // the program's optimizer kind, the job's from the offer that defines the
+  // model on (DefineModelRequest.optimizer); a later offer's is ignored.
+  absl::StatusOr<bool> DefineModel(const TensorSpecs& tensors,
+                                   v1::OptimizerKind optimizer = v1::OPTIMIZER_UNSPECIFIED)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // FAILED_PRECONDITION once the job ended. A known shard registering again
   // while RUNNING rolls the job back; so does restore_failed naming the
@@ -420,9 +424,12 @@ class JobStateMachine {
   v1::JobConfig JobConfigLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DefineModel's work, also for a model adopted from a persisted state or
   // a checkpoint.
-  absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors)
+  absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors, v1::OptimizerKind optimizer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The program's optimizer kind, from the offer that defined the model (or
+  // the state or checkpoint that did); UNSPECIFIED: config_'s.
+  v1::OptimizerKind program_optimizer_ ABSL_GUARDED_BY(mu_) = v1::OPTIMIZER_UNSPECIFIED;
   const v1::JobConfig config_;
   const Clock clock_;
   Env* const env_;

@@ -1034,6 +1034,24 @@ TEST_F(UserModelTest, ABuiltInModelAndABadModelAreRefused) {
   EXPECT_EQ(machine_->shard_map().tensors_size(), 0);
 }
 
+TEST_F(UserModelTest, TheDefiningOfferSetsTheOptimizerKindItsServersKeepStateFor) {
+  StartUserJob();  // the flags' optimizer: momentum
+  ASSERT_TRUE(machine_->DefineModel(Model(4), v1::OPTIMIZER_ADAM).ok());
+  EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_ADAM);
+  // A later offer's kind changes nothing (its program is refused by grps.torch).
+  EXPECT_FALSE(*machine_->DefineModel(Model(4), v1::OPTIMIZER_ADAGRAD));
+  std::vector<v1::RegisterServerResponse> servers = RegisterAllServers();
+  EXPECT_EQ(servers[0].config().optimizer().kind(), v1::OPTIMIZER_ADAM);
+  // A coordinator that takes over keeps it.
+  const v1::CoordinatorState state = machine_->ExportState();
+  machine_ = NewMachine();
+  ASSERT_TRUE(machine_->TakeOver(state, "state").ok());
+  EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_ADAM);
+  StartUserJob();
+  EXPECT_EQ(machine_->DefineModel(Model(4), static_cast<v1::OptimizerKind>(42)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
   StartUserJob();
   ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());

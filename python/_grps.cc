@@ -185,8 +185,14 @@ class PyWorker {
  public:
   PyWorker(const std::string& coordinator,
            const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>& model,
-           int rank, double register_timeout_s, const std::string& job_id) {
+           int rank, double register_timeout_s, const std::string& job_id,
+           const std::string& optimizer) {
     UserWorker::Options options;
+    if (!optimizer.empty()) {
+      absl::StatusOr<v1::OptimizerKind> kind = ParseOptimizer(optimizer);
+      if (!kind.ok()) Raise(kind.status());
+      options.optimizer = *kind;
+    }
     options.coordinator = coordinator;
     options.job_id = job_id;
     options.rank = rank;
@@ -403,9 +409,10 @@ PYBIND11_MODULE(_grps, m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&,
                     const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&,
-                    int, double, const std::string&>(),
+                    int, double, const std::string&, const std::string&>(),
            py::arg("coordinator"), py::arg("model"), py::arg("rank") = -1,
-           py::arg("register_timeout_s") = 120.0, py::arg("job_id") = "")
+           py::arg("register_timeout_s") = 120.0, py::arg("job_id") = "",
+           py::arg("optimizer") = "")
       .def("begin", &PyWorker::Begin, py::arg("params"), py::arg("give_initial"))
       .def("step", &PyWorker::Step, py::arg("grads"), py::arg("params"), py::arg("samples"))
       .def("tensor_ready", &PyWorker::TensorReady, py::arg("tensor"), py::arg("grads"),

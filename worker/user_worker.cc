@@ -37,10 +37,12 @@ WorkerSession::Clients ClientsOf(const v1::JobConfig& config, const v1::ShardMap
 // DefineModel, retried while the coordinator is unreachable or slow, for
 // at most `patience`. Whether this offer defined the job's model.
 absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& job_id,
-                                const TensorSpecs& model, absl::Duration patience) {
+                                const TensorSpecs& model, v1::OptimizerKind optimizer,
+                                absl::Duration patience) {
   v1::DefineModelRequest request;
   request.set_job_id(job_id);
   *request.mutable_tensors() = model;
+  request.set_optimizer(optimizer);
   Backoff policy;
   policy.give_up_after = patience;
   policy.max = absl::Seconds(1);
@@ -88,7 +90,7 @@ absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Join(const Options& opti
   auto stub = v1::Coordinator::NewStub(MakeChannel(options.coordinator));
   const std::string where = absl::StrCat("the coordinator at ", options.coordinator);
   absl::StatusOr<bool> defined =
-      OfferModel(stub.get(), options.job_id, model, options.register_timeout);
+      OfferModel(stub.get(), options.job_id, model, options.optimizer, options.register_timeout);
   if (!defined.ok())
     return absl::Status(defined.status().code(), absl::StrCat(where, " refused the model: ",
                                                               defined.status().message()));

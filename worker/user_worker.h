@@ -54,6 +54,9 @@ class UserWorker {
     absl::Duration register_timeout = absl::Seconds(120);
     // The holder's own reason to stop waiting (see WorkerSession::Options).
     std::function<bool()> interrupted;
+    // The program's optimizer kind, offered with the model
+    // (DefineModelRequest.optimizer); UNSPECIFIED: the job's.
+    v1::OptimizerKind optimizer = v1::OPTIMIZER_UNSPECIFIED;
   };
 
   // What a step did besides its push.

@@ -4,12 +4,12 @@ dataset-fashion-mnist). For Horovod its first import would read
 `import horovod.torch as hvd`; that line is the only difference:
 
     grps-local --entry "/usr/bin/python3 examples/torch/horovod_fashion.py" \
-        --workers 2 --mode sync --optimizer momentum
+        --workers 2 --mode sync
 
 grps's servers run the script's optimizer (SGD, lr 0.025 x workers,
 momentum 0.9) and its StepLR (0.7 each epoch, as PyTorch's MNIST example);
-the job's --optimizer names only the kind, whose state the servers keep
-(docs/pytorch.md, "Coming from Horovod, BytePS or DDP"). Horovod's network
+the job's own optimizer flags are not used (docs/pytorch.md, "Coming from
+Horovod, BytePS or DDP"). Horovod's network
 without its dropout layers (with them, 2 epochs reach about 0.83 on
 Fashion-MNIST, in one process as on grps).
 """

@@ -435,7 +435,10 @@ class _Model:
                 self.grad_from_param(i, passes)
 
 
-def _join(named_parameters):
+def _join(named_parameters, optimizer_kind=""):
+    """Joins the job with the model `named_parameters` (the first worker's
+    offer defines the job's model and, with `optimizer_kind`, the kind of
+    optimizer its servers keep state for)."""
     p = _require_process()
     if p.worker is not None:
         if not p.model.same(named_parameters):
@@ -444,7 +447,7 @@ def _join(named_parameters):
         return p
     model = _Model(named_parameters)
     p.worker = _grps.Worker(p.coordinator, model.spec(), p.requested_rank,
-                            p.register_timeout_s, p.job_id)
+                            p.register_timeout_s, p.job_id, optimizer_kind)
     p.model = model
     if p.declared_steps is not None:
         p.worker.set_total_steps(p.declared_steps)
@@ -833,10 +836,10 @@ class _JobOptimizer:
     pushes the gradients to the servers, which run the optimizer, and
     leaves in the parameters the weights the mode serves next."""
 
-    def _grps_setup(self, named, backward_passes_per_step, overlap):
+    def _grps_setup(self, named, backward_passes_per_step, overlap, optimizer_kind=""):
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
-        self._process = _join(named)
+        self._process = _join(named, optimizer_kind)
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
         # Read by the hooks at every call: may be changed between steps.
@@ -1105,10 +1108,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return _NamedOptimizer(optimizer, backward_passes_per_step, overlap)
     named = _named_of(optimizer, named_parameters)
     _checked_trainable(named)
-    kind = _job_kind(_job_config(p))
-    for g in optimizer.param_groups:
-        _server_form(type(optimizer), g, kind)
-    return _wrap(optimizer, named, backward_passes_per_step, overlap, kind)
+    return _wrap(optimizer, named, backward_passes_per_step, overlap)
 
 
 def _named_of(optimizer, named_parameters):
@@ -1147,20 +1147,39 @@ def _holds_state(optimizer):
     return False
 
 
-def _wrap(optimizer, named, backward_passes_per_step, overlap, job_kind):
+def _program_kind(cls, groups):
+    """The job optimizer kind whose state the servers keep for an optimizer
+    of class `cls` with param groups `groups`; raises NotImplementedError
+    for what grps's servers do not run."""
+    if cls is torch.optim.SGD:
+        kind = "momentum" if any(g.get("momentum", 0) for g in groups) else "sgd"
+    else:
+        kind = _SERVER_OPTIMIZERS.get(cls, ("sgd",))[0]
+    for g in groups:
+        _server_form(cls, g, kind)
+    return kind
+
+
+def _wrap(optimizer, named, backward_passes_per_step, overlap):
     """An optimizer of `optimizer`'s class (Horovod's way) over its param
-    groups, that pushes the parameters `named` to the job."""
+    groups, that pushes the parameters `named` to the job. Checked before
+    the worker joins (a refused program holds no rank), and after: a job
+    whose model another program defined keeps that program's kind."""
+    cls = type(optimizer)
+    kind = _program_kind(cls, optimizer.param_groups)
     if _holds_state(optimizer):
         raise NotImplementedError(
             "the optimizer holds state (momentum buffers, moments: from load_state_dict?): "
             "grps's servers keep the optimizer's state, and taking it from a torch state dict "
             "is not built yet; resume from a grps checkpoint instead (--resume_from)")
-    cls = type(type(optimizer).__name__, (_JobOptimizer, type(optimizer)), {})
-    opt = cls.__new__(cls)
-    opt._grps_setup(named, backward_passes_per_step, overlap)
+    wrapped = type(cls.__name__, (_JobOptimizer, cls), {})
+    opt = wrapped.__new__(wrapped)
+    opt._grps_setup(named, backward_passes_per_step, overlap, kind)
     torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
-    opt._grps_class = type(optimizer)
-    opt._job_kind = job_kind
+    opt._grps_class = cls
+    opt._job_kind = _job_kind(_job_config(opt._process))
+    for g in opt.param_groups:
+        _server_form(cls, g, opt._job_kind)
     return opt
 
 

@@ -30,6 +30,7 @@ parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--out", default="")
 parser.add_argument("--done", action="store_true", help="end with hvd.done() (no figures)")
 parser.add_argument("--scheduler", action="store_true", help="a StepLR that changes the lr")
+parser.add_argument("--optimizer", default="sgd", help="sgd, or rmsprop (not on grps's servers)")
 
 
 class Net(nn.Module):
@@ -62,7 +63,11 @@ def main():
         data, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=3)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler)
     model = Net()
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+    if args.optimizer == "rmsprop":
+        optimizer = optim.RMSprop(model.parameters(), lr=args.lr * hvd.size())
+    else:
+        optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(),
+                              momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),

@@ -25,9 +25,9 @@ import horovod_worker  # noqa: E402  (the script's model and data)
 import optimizer_worker  # noqa: E402
 
 STEPS, BATCH, LR, MOMENTUM = 30, 64, 0.01, 0.5
-# Only the kind: the job's default lr, momentum and decay schedule are not
-# the script's, and must not be what the servers run.
-JOB_FLAGS = ["--mode=sync", "--optimizer=momentum"]
+# Not the script's optimizer, lr, momentum or schedule: the program's own
+# optimizer (its kind, then each step's hyperparameters) is what runs.
+JOB_FLAGS = ["--mode=sync", "--optimizer=adam", "--lr=0.5"]
 
 
 def one_process():
@@ -85,6 +85,8 @@ class HorovodScript(unittest.TestCase):
         self.assertEqual(got0["avg_loss"], got1["avg_loss"])
         # With no done() and no accuracy, the job completes all the same.
         self.assertIn("no final evaluation", coordinator)
+        self.assertIn("the program's optimizer is momentum (the job's flags said adam)",
+                      coordinator)
 
     def test_done_with_no_figures_completes_the_job(self):
         (got0, _), coordinator = self.run_job(["--done"])
@@ -92,12 +94,32 @@ class HorovodScript(unittest.TestCase):
         self.assertIn("no final evaluation: the evaluating worker's program has none",
                       coordinator)
 
-    def test_a_job_whose_optimizer_keeps_other_state_is_refused_naming_the_flag(self):
-        flags = ["--mode=sync", "--optimizer=adam"]
-        codes, logs = self.run_job(flags=flags, expect_exit=1)
+    def test_an_optimizer_the_servers_lack_is_refused_before_the_worker_joins(self):
+        codes, logs = self.run_job(["--optimizer", "rmsprop"], expect_exit=1)
         self.assertEqual(codes, [1, 1], logs)
-        self.assertIn("ValueError: this program's SGD runs on grps's servers as "
-                      "--optimizer=momentum, but the job's is --optimizer=adam", logs)
+        self.assertIn("NotImplementedError: grps's servers run SGD (momentum, nesterov, weight "
+                      "decay), Adam, AdamW and Adagrad; this program's optimizer is RMSprop", logs)
+
+
+class ServerForm(unittest.TestCase):
+    """How a torch param group runs on the servers, and what is refused."""
+
+    def test_a_kind_whose_state_the_jobs_servers_do_not_keep_is_refused_naming_the_flag(self):
+        from grps import _torch
+        group = {"lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 0.0,
+                 "dampening": 0}
+        self.assertEqual(_torch._server_form(torch.optim.SGD, group, "nesterov"),
+                         {"kind": "momentum", "lr": _torch._f32(0.1), "momentum": _torch._f32(0.9),
+                          "weight_decay": 0.0})
+        with self.assertRaisesRegex(ValueError, "this program's SGD runs on grps's servers as "
+                                    "--optimizer=momentum, but the job's is --optimizer=adam"):
+            _torch._server_form(torch.optim.SGD, group, "adam")
+        with self.assertRaisesRegex(NotImplementedError, "dampening"):
+            _torch._server_form(torch.optim.SGD, dict(group, dampening=0.1), "momentum")
+        adamw = {"lr": 0.01, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.1}
+        form = _torch._server_form(torch.optim.AdamW, adamw, "adam")
+        self.assertTrue(form["decoupled_weight_decay"])
+        self.assertEqual(form["beta2"], _torch._f32(0.99))
 
 
 def optimizer_one_process(config, steps=50, batch=32):
@@ -121,8 +143,9 @@ class TheProgramsOptimizer(unittest.TestCase):
     own hyperparameters as the scheduler leaves them at each step: sync, 2
     workers, 50 steps, within 1e-5 of one process."""
 
-    def check(self, config, kind):
-        with Job(servers=2, workers=2, flags=["--mode=sync", "--optimizer=" + kind]) as job:
+    def check(self, config):
+        # The job's flags name no optimizer: the program's defines the kind.
+        with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
             outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
             for r in (0, 1):
                 job.worker("optimizer_worker.py", ["--config", config, "--out", outs[r]], rank=r)
@@ -134,16 +157,16 @@ class TheProgramsOptimizer(unittest.TestCase):
             assert_close(self, want, got[r], "%s rank %d" % (config, r))
 
     def test_sgd_in_two_param_groups_under_one_cycle(self):
-        self.check("sgd_groups", "momentum")
+        self.check("sgd_groups")
 
     def test_adam_under_one_cycle(self):
-        self.check("adam", "adam")
+        self.check("adam")
 
     def test_adamw_under_step_lr(self):
-        self.check("adamw", "adam")
+        self.check("adamw")
 
     def test_adagrad_under_step_lr(self):
-        self.check("adagrad", "adagrad")
+        self.check("adagrad")
 
 
 class CurveAndStraggler(unittest.TestCase):
