@@ -810,10 +810,10 @@ def _server_form(cls, g, job_kind):
     if not same_state:
         raise ValueError(
             "this program's %s runs on grps's servers as --optimizer=%s, but the job's is "
-            "--optimizer=%s, whose state (velocity, moments) the servers keep: start the job "
-            "with --optimizer=%s (its hyperparameters come from the program), or pass "
-            "model.named_parameters() to train with the job's optimizer"
-            % (cls.__name__, kind, job_kind, kind))
+            "--optimizer=%s (its first worker's optimizer, or its flags), whose state "
+            "(velocity, moments) the servers keep: every worker must run the same kind of "
+            "optimizer, or pass model.named_parameters() to train with the job's"
+            % (cls.__name__, kind, job_kind))
     form = {field: _f32(g[key]) for key, field in fields.items() if key in g}
     form["kind"] = kind
     if cls in (torch.optim.Adam, torch.optim.AdamW):
@@ -1055,10 +1055,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     param group with its own hyperparameters as they are at each step (what
     a scheduler changes reaches the servers with the step that uses it; in
     async and ssp the learning rate is divided by the number of workers, as
-    the job's is). The job's --optimizer must keep the same state: the
-    kind's name (sgd, momentum or nesterov, adam for Adam and AdamW,
-    adagrad); its --lr and other hyperparameter flags are not used. Another
-    optimizer class raises NotImplementedError. grps's form,
+    the job's is). The first worker's optimizer sets the kind whose state
+    the servers keep (sgd, momentum, adam for Adam and AdamW, adagrad) in
+    place of the job's --optimizer, whose --lr and other hyperparameter
+    flags are not used; a later worker whose optimizer needs another kind
+    raises ValueError. Another optimizer class raises NotImplementedError.
+    grps's form,
     ``gt.DistributedOptimizer(model.named_parameters())``, trains with the
     job's optimizer and schedule (its flags), whatever they are.
 
