@@ -18,7 +18,7 @@ import torch.utils.data
 import grps.torch as gt
 import horovod_worker
 
-CONFIGS = ("sgd_groups", "adam", "adamw", "adagrad")
+CONFIGS = ("sgd_groups", "adam", "adamw", "adagrad", "halted")
 
 
 def build(model, name, steps):
@@ -41,6 +41,9 @@ def build(model, name, steps):
     if name == "adagrad":
         opt = optim.Adagrad(model.parameters(), lr=0.1, weight_decay=1e-3)
         return opt, optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.3)
+    if name == "halted":  # a LambdaLR that holds the lr at 0: nothing may move
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        return opt, optim.lr_scheduler.LambdaLR(opt, lambda step: 0.0)
     raise ValueError(name)
 
 

@@ -168,6 +168,25 @@ class TheProgramsOptimizer(unittest.TestCase):
     def test_adagrad_under_step_lr(self):
         self.check("adagrad")
 
+    def test_async_and_ssp_run_the_pushing_workers_learning_rate(self):
+        # The program's LambdaLR holds the lr at 0 (the job's flags say
+        # 0.5): after 10 steps of each worker the weights are rank 0's start.
+        torch.manual_seed(100)
+        start = horovod_worker.Net().state_dict()
+        for mode in ("async", "ssp"):
+            with Job(servers=2, workers=2, flags=["--mode=" + mode, "--lr=0.5"]) as job:
+                outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
+                for r in (0, 1):
+                    job.worker("optimizer_worker.py", ["--config", "halted", "--steps", "10",
+                                                       "--out", outs[r]], rank=r)
+                codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
+                self.assertEqual(codes, [0, 0], job.logs())
+                got = [torch.load(o) for o in outs]
+            for r in (0, 1):
+                for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+                    self.assertTrue(torch.equal(got[r][name], start[name]),
+                                    "%s: rank %d's %s moved" % (mode, r, name))
+
 
 class CurveAndStraggler(unittest.TestCase):
     """What grps-local gives an entry worker: GRPS_CURVE_CSV, where
