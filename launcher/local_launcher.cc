@@ -487,16 +487,14 @@ CurveFile ReadCurveFile(const std::string& path, const std::string& label) {
     if (name == "test_accuracy") c.test_accuracy = column;
     if (name == "evaluated") c.evaluated = column;
   }
-  while (std::getline(f, line)) {
+  while (std::getline(f, line) && !(c.has_evaluated && c.has_training)) {
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     c.has_rows = true;
-    if (c.evaluated == 0) break;
     std::vector<std::string> fields = absl::StrSplit(line, ',');
-    if (static_cast<size_t>(c.evaluated) <= fields.size() &&
-        absl::StripAsciiWhitespace(fields[c.evaluated - 1]) == "1") {
-      c.has_evaluated = true;
-      break;
-    }
+    const bool evaluation = c.evaluated > 0 &&
+                            static_cast<size_t>(c.evaluated) <= fields.size() &&
+                            absl::StripAsciiWhitespace(fields[c.evaluated - 1]) == "1";
+    (evaluation ? c.has_evaluated : c.has_training) = true;
   }
   return c;
 }
@@ -537,7 +535,7 @@ std::string CurvesGnuplotScript(const std::vector<CurveFile>& curves, double sta
       "set title 'training loss'\nset xlabel 'step'\nset ylabel 'loss'\n");
   std::vector<std::string> series;
   for (const CurveFile& c : curves)
-    if (c.has_rows && c.step > 0 && c.loss > 0)
+    if (c.has_training && c.step > 0 && c.loss > 0)
       // Evaluation rows are written when an evaluation ends, out of step
       // order: the loss line skips them.
       series.push_back(absl::StrCat(
@@ -995,7 +993,8 @@ void LocalLauncher::PlotCurves() {
         InDir(options_.run_dir, absl::StrCat("curve-worker-", rank, ".csv"));
     if (fs::exists(path)) curves.push_back(ReadCurveFile(path, absl::StrCat("worker-", rank)));
   }
-  // The user's program is not asked for a curve: none is nothing to say.
+  // A program that reported nothing (gt.report, gt.done's figures) wrote no
+  // curve: nothing to say.
   if (curves.empty() && !options_.entry.empty()) return;
   const std::string gnuplot = FindInSearchPath("gnuplot", options_.plot_search_path);
   if (gnuplot.empty()) {

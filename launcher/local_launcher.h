@@ -308,6 +308,7 @@ struct CurveFile {
   int step = 0, unix_time = 0, loss = 0, test_accuracy = 0, evaluated = 0;
   bool has_rows = false;       // any line after the header
   bool has_evaluated = false;  // any row with evaluated=1
+  bool has_training = false;   // any row that is not an evaluation (a loss to draw)
 };
 
 // Reads the header and scans the rows of the CSV at `path`.

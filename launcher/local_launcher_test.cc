@@ -618,9 +618,14 @@ TEST(ReadCurveFile, FindsColumnsByNameAndWhetherAnyRowIsAnEvaluation) {
   EXPECT_EQ(c.evaluated, 9);
   EXPECT_TRUE(c.has_rows);
   EXPECT_TRUE(c.has_evaluated);
+  EXPECT_TRUE(c.has_training);
   c = ReadCurveFile(WriteCurve(dir, "b.csv", "1,0,0.5,1000.5,2.3,100,,,0\n"), "worker-1");
   EXPECT_TRUE(c.has_rows);
   EXPECT_FALSE(c.has_evaluated);
+  // A program that reported only its final figures (gt.done): no loss.
+  c = ReadCurveFile(WriteCurve(dir, "e.csv", "30,0,0.5,1000.5,-1,0,0.8,0.4,1\n"), "worker-1");
+  EXPECT_TRUE(c.has_evaluated);
+  EXPECT_FALSE(c.has_training);
   c = ReadCurveFile(WriteCurve(dir, "c.csv", ""), "worker-2");
   EXPECT_FALSE(c.has_rows);
   c = ReadCurveFile(dir + "/missing.csv", "worker-3");
@@ -629,8 +634,8 @@ TEST(ReadCurveFile, FindsColumnsByNameAndWhetherAnyRowIsAnEvaluation) {
 }
 
 TEST(CurvesGnuplotScript, PlotsLossPerWorkerAndOnlyEvaluatedAccuracyAgainstLaunchTime) {
-  CurveFile a{"/r/curve-worker-0.csv", "worker-0", 1, 4, 5, 7, 9, true, true};
-  CurveFile b{"/r/curve-worker-1.csv", "worker-1", 1, 4, 5, 7, 9, true, false};
+  CurveFile a{"/r/curve-worker-0.csv", "worker-0", 1, 4, 5, 7, 9, true, true, true};
+  CurveFile b{"/r/curve-worker-1.csv", "worker-1", 1, 4, 5, 7, 9, true, false, true};
   std::string gp = CurvesGnuplotScript({a, b}, 1000.5, "/r/curves.svg");
   EXPECT_THAT(gp, HasSubstr("set output '/r/curves.svg'"));
   EXPECT_THAT(gp, HasSubstr("set multiplot layout 2,1"));
@@ -647,7 +652,7 @@ TEST(CurvesGnuplotScript, PlotsLossPerWorkerAndOnlyEvaluatedAccuracyAgainstLaunc
 }
 
 TEST(CurvesGnuplotScript, APanelWithNothingToDrawSaysNoData) {
-  CurveFile empty{"/r/it's.csv", "worker-0", 1, 4, 5, 7, 9, false, false};
+  CurveFile empty{"/r/it's.csv", "worker-0", 1, 4, 5, 7, 9, false, false, false};
   std::string gp = CurvesGnuplotScript({empty}, 0, "/r/curves.svg");
   EXPECT_THAT(gp, HasSubstr("'no data'"));
   EXPECT_THAT(gp, Not(HasSubstr("it''s.csv")));  // never plotted
@@ -664,7 +669,10 @@ TEST(CurvesGnuplotScript, RealGnuplotDrawsTheSvg) {
                     "worker-0"),
       ReadCurveFile(WriteCurve(dir, "curve-worker-1.csv", "1,0,0.5,1000.5,2.2,100,,,0\n"),
                     "worker-1"),
-      ReadCurveFile(WriteCurve(dir, "curve-worker-2.csv", ""), "worker-2")};
+      ReadCurveFile(WriteCurve(dir, "curve-worker-2.csv", ""), "worker-2"),
+      // Evaluations only (an entry program's gt.done() figures): no loss line.
+      ReadCurveFile(WriteCurve(dir, "curve-worker-3.csv", "30,0,0.5,1000.8,-1,0,0.7,0.6,1\n"),
+                    "worker-3")};
   std::ofstream(dir + "/curves.gp") << CurvesGnuplotScript(curves, 1000, dir + "/curves.svg");
   ASSERT_EQ(std::system(("gnuplot " + dir + "/curves.gp").c_str()), 0);
   EXPECT_THAT(ReadFile(dir + "/curves.svg"), HasSubstr("<svg"));

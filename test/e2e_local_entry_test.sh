@@ -4,7 +4,8 @@
 # the build tree, with nothing set up by hand) against real daemons:
 #   - 2 servers, 2 workers in sync, 30 steps: grps-local exits 0 and its
 #     result JSON says the job completed, the model is the user's and every
-#     worker ran 30 steps; each worker has its log, and none of them a curve;
+#     worker ran 30 steps; each worker has its log, and its curve
+#     (GRPS_CURVE_CSV) holds what the script reported: done()'s figures;
 #   - a longer job (sync) with worker 1 killed (SIGKILL) mid-job and
 #     --restart_workers=1: grps-local starts the script again with
 #     GRPS_RANK=1, it takes its rank back (the coordinator re-registers
@@ -50,7 +51,14 @@ for rank in 0 1; do
   grep -q "registered as rank $rank of 2" "$run/worker-$rank.log" ||
     fail "worker-$rank.log does not show the script joining as rank $rank"
 done
-! ls "$run"/curve-worker-*.csv >/dev/null 2>&1 || fail "an entry worker has a curve file"
+for rank in 0 1; do
+  curve="$run/curve-worker-$rank.csv"
+  [ "$(head -n 1 "$curve")" = \
+    "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated" ] ||
+    fail "$curve lacks grps-worker's header"
+  tail -n 1 "$curve" | grep -q '^30,.*,0.000000,0.000000,1$' ||
+    fail "$curve's last row is not done()'s evaluation at step 30: $(tail -n 1 "$curve")"
+done
 ! grep -q "no plot" "$WORK/local-plain.log" || fail "grps-local spoke of a plot no worker could draw"
 echo "plain: completed, 30 steps per worker, $(json '"%.1f" % j["wall_seconds"]' <"$run/result.json") s"
 
