@@ -68,6 +68,9 @@ class OptimizerTest : public ::testing::Test {
     }
   }
 
+  // CheckAgainstReference for AdamUpdate with `hp` (its step set per step).
+  void CheckAdam(const AdamParams& hp);
+
   std::unique_ptr<Backend> backend_;
   std::mt19937 rng_;
 };
@@ -123,13 +126,10 @@ TEST_F(OptimizerTest, NesterovWithWeightDecayFollowsTheFormula) {
       1e-6);
 }
 
-TEST_F(OptimizerTest, AdamWithBiasCorrectionAndWeightDecayFollowsTheFormula) {
-  AdamParams hp;
-  hp.lr = 0.01f;
-  hp.beta1 = 0.9f;
-  hp.beta2 = 0.999f;
-  hp.epsilon = 1e-8f;
-  hp.weight_decay = 0.1f;
+// Adam's formula with bias correction, in double: weight decay added to the
+// gradient, or (decoupled_weight_decay, torch.optim.AdamW's order) taken
+// from the weights before the step.
+void OptimizerTest::CheckAdam(const AdamParams& hp) {
   CheckAgainstReference(
       [&](int step, float* p, const float* g, float* m, float* v) {
         AdamParams at = hp;
@@ -137,8 +137,9 @@ TEST_F(OptimizerTest, AdamWithBiasCorrectionAndWeightDecayFollowsTheFormula) {
         backend_->AdamUpdate(at, p, g, m, v, kN);
       },
       [&](int t, double g, RefElement* e) {
-        const double b1 = hp.beta1, b2 = hp.beta2;
-        const double gd = g + double{hp.weight_decay} * e->p;
+        const double b1 = hp.beta1, b2 = hp.beta2, wd = hp.weight_decay;
+        if (hp.decoupled_weight_decay) e->p *= 1 - double{hp.lr} * wd;
+        const double gd = hp.decoupled_weight_decay ? g : g + wd * e->p;
         e->s1 = b1 * e->s1 + (1 - b1) * gd;
         e->s2 = b2 * e->s2 + (1 - b2) * gd * gd;
         const double m_hat = e->s1 / (1 - std::pow(b1, t));
@@ -146,6 +147,16 @@ TEST_F(OptimizerTest, AdamWithBiasCorrectionAndWeightDecayFollowsTheFormula) {
         e->p -= double{hp.lr} * m_hat / (std::sqrt(v_hat) + hp.epsilon);
       },
       2e-6);
+}
+
+TEST_F(OptimizerTest, AdamWithBiasCorrectionAndWeightDecayFollowsTheFormula) {
+  AdamParams hp;
+  hp.lr = 0.01f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.999f;
+  hp.epsilon = 1e-8f;
+  hp.weight_decay = 0.1f;
+  CheckAdam(hp);
 }
 
 TEST_F(OptimizerTest, AdamWDecaysTheWeightsApartFromTheGradient) {
@@ -156,22 +167,7 @@ TEST_F(OptimizerTest, AdamWDecaysTheWeightsApartFromTheGradient) {
   hp.epsilon = 1e-8f;
   hp.weight_decay = 0.5f;
   hp.decoupled_weight_decay = true;
-  CheckAgainstReference(
-      [&](int step, float* p, const float* g, float* m, float* v) {
-        AdamParams at = hp;
-        at.step = step;
-        backend_->AdamUpdate(at, p, g, m, v, kN);
-      },
-      [&](int t, double g, RefElement* e) {  // torch.optim.AdamW's order
-        const double b1 = hp.beta1, b2 = hp.beta2;
-        e->p *= 1 - double{hp.lr} * hp.weight_decay;
-        e->s1 = b1 * e->s1 + (1 - b1) * g;
-        e->s2 = b2 * e->s2 + (1 - b2) * g * g;
-        const double m_hat = e->s1 / (1 - std::pow(b1, t));
-        const double v_hat = e->s2 / (1 - std::pow(b2, t));
-        e->p -= double{hp.lr} * m_hat / (std::sqrt(v_hat) + hp.epsilon);
-      },
-      2e-6);
+  CheckAdam(hp);
 }
 
 TEST_F(OptimizerTest, AdagradWithWeightDecayFollowsTheFormula) {
