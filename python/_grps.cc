@@ -30,6 +30,7 @@
 #include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
+#include "worker/straggler.h"
 #include "worker/user_worker.h"
 
 namespace py = pybind11;
@@ -388,6 +389,20 @@ class PyWorker {
 }  // namespace grps
 
 PYBIND11_MODULE(_grps, m) {
+  // grps-worker's injected slowness (worker/straggler.h), for grps.torch's
+  // straggler rank: after_step(seconds) is the sleep that follows a step.
+  py::class_<grps::Straggler>(m, "Straggler")
+      .def(py::init([](double factor, double delay_s) {
+             absl::StatusOr<grps::Straggler> s =
+                 grps::Straggler::Create(factor, absl::Seconds(delay_s));
+             if (!s.ok()) grps::Raise(s.status());
+             return *s;
+           }),
+           py::arg("factor"), py::arg("delay_s"))
+      .def("after_step", [](grps::Straggler& s, double step_s) {
+        return absl::ToDoubleSeconds(s.AfterStep(absl::Seconds(step_s)));
+      });
+
   using grps::PyWorker;
   m.doc() = "grps's C++ worker core (use grps.torch)";
   grps::main_thread = std::this_thread::get_id();

@@ -39,7 +39,7 @@ class _Process:
         self.pending = []
         self.finished = False  # done() reported, or the rank left
         self.curve = _Curve(os.environ.get("GRPS_CURVE_CSV", ""))
-        self.straggler = _Straggler.from_environment()
+        self.straggler = _straggler_from_environment()
         self.last_step_end = None  # time.monotonic() when the last step() returned
         self.samples = 0           # pushed by this worker's steps
 
@@ -85,34 +85,18 @@ class _Curve:
         self.file.flush()
 
 
-class _Straggler:
-    """Injected slowness, as grps-worker's --straggle_factor and
-    --straggle_ms (grps-local gives the straggler rank GRPS_STRAGGLE_FACTOR
-    and GRPS_STRAGGLE_MS): after each step a sleep of (factor - 1) times an
-    average of the rank's own step time, plus the delay."""
-
-    NEWEST = 0.05  # the newest step's weight in the average: about 20 steps
-
-    def __init__(self, factor, delay_s):
-        if not factor >= 1 or delay_s < 0:
-            raise ValueError("GRPS_STRAGGLE_FACTOR must be >= 1 and GRPS_STRAGGLE_MS >= 0")
-        self.factor, self.delay_s, self.average_s = factor, delay_s, None
-
-    @classmethod
-    def from_environment(cls):
-        factor = os.environ.get("GRPS_STRAGGLE_FACTOR", "")
-        delay_ms = os.environ.get("GRPS_STRAGGLE_MS", "")
-        if not factor and not delay_ms:
-            return None
-        straggler = cls(float(factor or 1), float(delay_ms or 0) / 1000.0)
-        print("grps.torch: a straggler: %gx its own step time + %g ms per step"
-              % (straggler.factor, straggler.delay_s * 1000), file=sys.stderr, flush=True)
-        return straggler
-
-    def after_step(self, step_s):
-        a = self.average_s
-        self.average_s = step_s if a is None else (1 - self.NEWEST) * a + self.NEWEST * step_s
-        time.sleep(self.delay_s + (self.factor - 1) * self.average_s)
+def _straggler_from_environment():
+    """grps-worker's straggler (_grps.Straggler) for the rank grps-local
+    makes one (GRPS_STRAGGLE_FACTOR, GRPS_STRAGGLE_MS); None for the others."""
+    factor = os.environ.get("GRPS_STRAGGLE_FACTOR", "")
+    delay_ms = os.environ.get("GRPS_STRAGGLE_MS", "")
+    if not factor and not delay_ms:
+        return None
+    factor, delay_s = float(factor or 1), float(delay_ms or 0) / 1000.0
+    straggler = _grps.Straggler(factor, delay_s)
+    print("grps.torch: a straggler: %gx its own step time + %g ms per step"
+          % (factor, delay_s * 1000), file=sys.stderr, flush=True)
+    return straggler
 
 
 _process = None
@@ -971,7 +955,7 @@ class _JobOptimizer:
         if p.straggler is not None:
             now = time.monotonic()
             if p.last_step_end is not None:
-                p.straggler.after_step(now - p.last_step_end)
+                time.sleep(p.straggler.after_step(now - p.last_step_end))
         p.last_step_end = time.monotonic()
         self.last_outcome = outcome
         self.last_early = len(early)  # parameters whose hooks pushed them
