@@ -159,6 +159,9 @@ TEST_F(MemberAgentTest, AWorkerDeclaredDeadComesBackWithItsNextHeartbeat) {
   ASSERT_TRUE(Server().ok());
   absl::StatusOr<v1::RegisterWorkerResponse> worker = Worker(0);
   ASSERT_TRUE(worker.ok());
+  // What the agent's thread writes outlives the agent (declared first).
+  std::atomic<uint64_t> step{7};
+  std::atomic<int> replies{0}, errors{0};
   std::unique_ptr<MemberAgent> agent = AgentOf(*worker);
   // Silent past the timeout (the process was stopped, say): dead.
   clock_.Advance(absl::Seconds(2));
@@ -166,8 +169,6 @@ TEST_F(MemberAgentTest, AWorkerDeclaredDeadComesBackWithItsNextHeartbeat) {
   EXPECT_EQ(StatusOf(0).state(), v1::MEMBER_STATE_DEAD);
   EXPECT_EQ(agent->Silence(), absl::Seconds(2));
   // Its heartbeats resume: alive again, and the silence ends.
-  std::atomic<uint64_t> step{7};
-  std::atomic<int> replies{0}, errors{0};
   agent->Start(Reporting(&step, &replies, &errors));
   ASSERT_TRUE(Eventually([&] { return StatusOf(0).state() == v1::MEMBER_STATE_ALIVE; }));
   ASSERT_TRUE(Eventually([&] { return agent->Silence() == absl::ZeroDuration(); }));
@@ -177,9 +178,9 @@ TEST_F(MemberAgentTest, LosesTheCoordinatorCountsTheSilenceAndFollowsANewOne) {
   ASSERT_TRUE(Server().ok());
   absl::StatusOr<v1::RegisterWorkerResponse> worker = Worker(0);
   ASSERT_TRUE(worker.ok());
-  std::unique_ptr<MemberAgent> agent = AgentOf(*worker);
   std::atomic<uint64_t> step{3};
   std::atomic<int> replies{0}, errors{0};
+  std::unique_ptr<MemberAgent> agent = AgentOf(*worker);
   agent->Start(Reporting(&step, &replies, &errors));
   ASSERT_TRUE(Eventually([&] { return replies.load() > 0; }));
 
