@@ -18,32 +18,48 @@ import torch.utils.data
 import grps.torch as gt
 import horovod_worker
 
-CONFIGS = ("sgd_groups", "adam", "adamw", "adagrad", "halted")
+OPTIMIZERS = ("sgd_groups", "adam", "adamw", "adagrad")
+SCHEDULES = ("step", "onecycle")
+# Each optimizer under each schedule ("adam/onecycle"), and "halted".
+CONFIGS = tuple("%s/%s" % (o, s) for o in OPTIMIZERS for s in SCHEDULES) + ("halted",)
 
 
-def build(model, name, steps):
-    """The optimizer and scheduler of configuration `name` over `model`."""
+def optimizer(model, name):
+    """The torch optimizer `name` over `model`."""
     if name == "sgd_groups":
-        # Two param groups, each its own lr, momentum, nesterov and weight
-        # decay; OneCycleLR moves both groups' lr and momentum every step.
-        opt = optim.SGD([
+        # Two param groups, each its own lr, momentum, nesterov and weight decay.
+        return optim.SGD([
             {"params": model.fc1.parameters(), "lr": 0.05, "nesterov": True,
              "weight_decay": 1e-3},
             {"params": model.fc2.parameters(), "lr": 0.02, "momentum": 0.8},
         ], lr=0.05, momentum=0.9)
-        return opt, optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.1, 0.04], total_steps=steps)
-    if name == "adam":  # OneCycleLR cycles Adam's beta1 too
-        opt = optim.Adam(model.parameters(), lr=0.01, betas=(0.85, 0.99), weight_decay=1e-4)
-        return opt, optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=steps)
+    if name == "adam":
+        return optim.Adam(model.parameters(), lr=0.01, betas=(0.85, 0.99), weight_decay=1e-4)
     if name == "adamw":
-        opt = optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
-        return opt, optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+        return optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
     if name == "adagrad":
-        opt = optim.Adagrad(model.parameters(), lr=0.1, weight_decay=1e-3)
-        return opt, optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.3)
+        return optim.Adagrad(model.parameters(), lr=0.1, weight_decay=1e-3)
+    raise ValueError(name)
+
+
+def build(model, name, steps):
+    """The optimizer and scheduler of configuration `name` over `model`.
+
+    "step": StepLR halves every group's lr every 10 steps. "onecycle":
+    OneCycleLR moves every group's lr (up to twice its own, then down)
+    every step, and SGD's momentum or Adam's beta1 with it (Adagrad has
+    neither)."""
     if name == "halted":  # a LambdaLR that holds the lr at 0: nothing may move
         opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         return opt, optim.lr_scheduler.LambdaLR(opt, lambda step: 0.0)
+    kind, schedule = name.split("/")
+    opt = optimizer(model, kind)
+    if schedule == "step":
+        return opt, optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    if schedule == "onecycle":
+        return opt, optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=[2 * g["lr"] for g in opt.param_groups], total_steps=steps,
+            cycle_momentum=kind != "adagrad")
     raise ValueError(name)
 
 

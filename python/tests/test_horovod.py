@@ -4,8 +4,8 @@ PyTorch process at batch 128 with the same SGD; the broadcasts make every
 rank start from rank 0's weights and buffer; metrics average through
 hvd.allreduce; the script needs no done(); its StepLR reaches the
 servers. The program's own optimizers (SGD in two param groups, Adam,
-AdamW, Adagrad) under OneCycleLR or StepLR end, after 50 steps of 2
-workers, within 1e-5 of one process (optimizer_worker.py). A job whose
+AdamW, Adagrad), each under StepLR and under OneCycleLR, end after 50
+steps of 2 workers within 1e-5 of one process (optimizer_worker.py). A job whose
 --optimizer keeps other state is refused with a clear error."""
 
 import os
@@ -156,17 +156,29 @@ class TheProgramsOptimizer(unittest.TestCase):
         for r in (0, 1):
             assert_close(self, want, got[r], "%s rank %d" % (config, r))
 
+    def test_sgd_in_two_param_groups_under_step_lr(self):
+        self.check("sgd_groups/step")
+
     def test_sgd_in_two_param_groups_under_one_cycle(self):
-        self.check("sgd_groups")
+        self.check("sgd_groups/onecycle")
+
+    def test_adam_under_step_lr(self):
+        self.check("adam/step")
 
     def test_adam_under_one_cycle(self):
-        self.check("adam")
+        self.check("adam/onecycle")
 
     def test_adamw_under_step_lr(self):
-        self.check("adamw")
+        self.check("adamw/step")
+
+    def test_adamw_under_one_cycle(self):
+        self.check("adamw/onecycle")
 
     def test_adagrad_under_step_lr(self):
-        self.check("adagrad")
+        self.check("adagrad/step")
+
+    def test_adagrad_under_one_cycle(self):
+        self.check("adagrad/onecycle")
 
     def test_async_and_ssp_run_the_pushing_workers_learning_rate(self):
         # The program's LambdaLR holds the lr at 0 (the job's flags say
@@ -203,7 +215,7 @@ class CurveAndStraggler(unittest.TestCase):
                 if r == 1:
                     env["GRPS_STRAGGLE_MS"] = str(delay_ms)
                 job.worker("optimizer_worker.py",
-                           ["--config", "adam", "--steps", str(steps), "--report",
+                           ["--config", "adam/step", "--steps", str(steps), "--report",
                             "--out", job.path("rank%d.pt" % r)], rank=r, env_extra=env)
             self.assertEqual([job.wait("worker%d" % r, 120) for r in (0, 1)], [0, 0], job.logs())
             self.assertIn("a straggler: 1x its own step time + 100 ms per step",
