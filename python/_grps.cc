@@ -30,6 +30,7 @@
 #include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
+#include "worker/curve_file.h"
 #include "worker/straggler.h"
 #include "worker/user_worker.h"
 
@@ -402,6 +403,34 @@ PYBIND11_MODULE(_grps, m) {
       .def("after_step", [](grps::Straggler& s, double step_s) {
         return absl::ToDoubleSeconds(s.AfterStep(absl::Seconds(step_s)));
       });
+
+  // grps-worker's training curve (worker/curve_file.h), for grps.torch's
+  // GRPS_CURVE_CSV: CurveFile(path, start_unix_s) writes the header, and
+  // write(...) a row written now.
+  py::class_<grps::CurveFile>(m, "CurveFile")
+      .def(py::init([](const std::string& path, double start_unix_s) {
+             absl::StatusOr<std::unique_ptr<grps::CurveFile>> curve = grps::CurveFile::Create(
+                 path, absl::UnixEpoch() + absl::Seconds(start_unix_s));
+             if (!curve.ok()) grps::Raise(curve.status());
+             return std::move(*curve);
+           }),
+           py::arg("path"), py::arg("start_unix_s"))
+      .def(
+          "write",
+          [](grps::CurveFile& curve, uint64_t step, uint32_t epoch, double loss,
+             double samples_per_sec, double test_accuracy, double test_loss, bool evaluated) {
+            grps::CurveRow row;
+            row.step = step;
+            row.epoch = epoch;
+            row.loss = loss;
+            row.samples_per_sec = samples_per_sec;
+            row.test_accuracy = test_accuracy;
+            row.test_loss = test_loss;
+            row.evaluated = evaluated;
+            curve.Write(row, absl::Now());
+          },
+          py::arg("step"), py::arg("epoch"), py::arg("loss"), py::arg("samples_per_sec"),
+          py::arg("test_accuracy"), py::arg("test_loss"), py::arg("evaluated"));
 
   using grps::PyWorker;
   m.doc() = "grps's C++ worker core (use grps.torch)";

@@ -71,14 +71,11 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
   // behind backup workers keeps its own steps, as before).
   joining_ = config_.mode() == v1::MODE_SYNC && start_step_ > 0;
   if (!options_.curve_csv.empty()) {
-    absl::MutexLock lock(&curve_mu_);
-    curve_ = std::fopen(options_.curve_csv.c_str(), "w");
-    if (curve_ != nullptr)
-      std::fprintf(curve_,
-                   "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,"
-                   "test_accuracy,test_loss,evaluated\n");
+    absl::StatusOr<std::unique_ptr<CurveFile>> curve = CurveFile::Create(options_.curve_csv, start_);
+    if (curve.ok())
+      curve_ = std::move(*curve);
     else
-      spdlog::warn("cannot write curve to {}", options_.curve_csv);
+      spdlog::warn("{}", std::string(curve.status().message()));
   }
   // Sets the clients' generation (eval_sparse_'s through SessionOptions) and
   // starts the heartbeats.
@@ -92,8 +89,6 @@ Trainer::~Trainer() {
   evaluator_.reset();  // its callback uses the members below
   session_.reset();    // stops the heartbeats
   if (examples_log_ != nullptr) std::fclose(examples_log_);
-  absl::MutexLock lock(&curve_mu_);
-  if (curve_ != nullptr) std::fclose(curve_);
 }
 
 WorkerSession::Options Trainer::SessionOptions() {
@@ -183,15 +178,16 @@ void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
 
 void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
                             bool evaluated) {
-  const absl::Time now = Now();
-  absl::MutexLock lock(&curve_mu_);
   if (curve_ == nullptr) return;
-  std::fprintf(curve_, "%llu,%u,%.3f,%.3f,%.6f,%.1f,%.6f,%.6f,%d\n",
-               static_cast<unsigned long long>(step), p.epoch(),
-               absl::ToDoubleSeconds(now - start_), absl::ToDoubleSeconds(now - absl::UnixEpoch()),
-               p.loss(), p.samples_per_sec(), p.test_accuracy(), p.test_loss(),
-               evaluated ? 1 : 0);
-  std::fflush(curve_);
+  CurveRow row;
+  row.step = step;
+  row.epoch = p.epoch();
+  row.loss = p.loss();
+  row.samples_per_sec = p.samples_per_sec();
+  row.test_accuracy = p.test_accuracy();
+  row.test_loss = p.test_loss();
+  row.evaluated = evaluated;
+  curve_->Write(row, Now());
 }
 
 absl::Status Trainer::LoadData() {

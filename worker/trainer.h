@@ -62,6 +62,7 @@
 #include "proto/grps.grpc.pb.h"
 #include "tensor/backend.h"
 #include "worker/batch_loader.h"
+#include "worker/curve_file.h"
 #include "worker/embedding_model.h"
 #include "worker/evaluator.h"
 #include "worker/example_leases.h"
@@ -233,8 +234,7 @@ class Trainer {
   // The final evaluation the coordinator asked for, reported in `done`.
   absl::Status EvaluateFinal(v1::WorkerDoneRequest* done);
   void OnEvaluation(const Evaluator::Result& result, bool final_eval);
-  void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated)
-      ABSL_LOCKS_EXCLUDED(curve_mu_);
+  void WriteCurveRow(uint64_t step, const v1::WorkerProgress& p, bool evaluated);
   bool IsEvaluator() const;
   // What the session needs of the trainer: the clock, and eval_sparse_
   // following the session's clients.
@@ -294,8 +294,7 @@ class Trainer {
   ParameterShards::Traffic retired_dense_;
   ParameterShards::Traffic retired_sparse_;
 
-  absl::Mutex curve_mu_;
-  FILE* curve_ ABSL_GUARDED_BY(curve_mu_) = nullptr;
+  std::unique_ptr<CurveFile> curve_;  // set in the constructor; null: none
 
   // The registration's membership, holding the dense and sparse clients:
   // made last in the constructor (its heartbeats start then, and their

@@ -45,12 +45,9 @@ class _Process:
 
 
 class _Curve:
-    """The training curve grps-local asks for (GRPS_CURVE_CSV): grps-worker's
-    columns, a row per gt.report() and per done() with figures; no file
-    until the first row."""
-
-    HEADER = ("step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,"
-              "evaluated\n")
+    """The training curve grps-local asks for (GRPS_CURVE_CSV), written by
+    grps-worker's own writer (_grps.CurveFile): its columns, a row per
+    gt.report() and per done() with figures; no file until the first row."""
 
     def __init__(self, path):
         self.path = path
@@ -76,13 +73,8 @@ class _Curve:
             self.rate = (samples - before) / (now - since)
             self.rate_from = (now, samples)
         if self.file is None:
-            self.file = open(self.path, "w")
-            self.file.write(self.HEADER)
-        wall = time.time()
-        self.file.write("%d,0,%.3f,%.3f,%.6f,%.1f,%.6f,%.6f,%d\n" % (
-            step, wall - self.started, wall, self.loss, self.rate, self.accuracy,
-            self.test_loss, 1 if evaluated else 0))
-        self.file.flush()
+            self.file = _grps.CurveFile(self.path, self.started)
+        self.file.write(step, 0, self.loss, self.rate, self.accuracy, self.test_loss, evaluated)
 
 
 def _straggler_from_environment():
