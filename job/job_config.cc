@@ -466,6 +466,19 @@ std::string ModelName(v1::ModelKind model) {
   }
 }
 
+uint32_t OptimizerStateSlots(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_MOMENTUM:
+    case v1::OPTIMIZER_NESTEROV:
+    case v1::OPTIMIZER_ADAGRAD:
+      return 1;
+    case v1::OPTIMIZER_ADAM:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
 std::string OptimizerName(v1::OptimizerKind kind) {
   switch (kind) {
     case v1::OPTIMIZER_SGD: return "sgd";

@@ -62,6 +62,13 @@ absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv);
 std::string ModeName(v1::ConsistencyMode mode);       // "sync", "async", ...
 std::string ModelName(v1::ModelKind model);           // "mlp", "softmax", "embedding"
 std::string OptimizerName(v1::OptimizerKind kind);    // "sgd", "adam", ...
+// The optimizer's state slots per element for `kind` (velocity, moments,
+// accumulator): 0 for SGD, 2 for Adam.
+uint32_t OptimizerStateSlots(v1::OptimizerKind kind);
+// The most updates a loaded optimizer state may have counted
+// (ChunkOptimizerState.steps, ChunkState.optimizer_step_offset): 2^53, the
+// counts a torch optimizer's float step holds exactly.
+inline constexpr int64_t kMaxOptimizerSteps = int64_t{1} << 53;
 std::string JobStateName(v1::JobState state);         // "running", ...
 std::string MemberStateName(v1::MemberState state);   // "alive", ...
 

@@ -27,19 +27,6 @@ void ChunkOptimizer::Apply(float* param, const float* grad, const UpdateStep& st
                      static_cast<int64_t>(update_index + 1), param, grad, a_.f32(), b_.f32(), n_);
 }
 
-uint32_t OptimizerStateSlots(v1::OptimizerKind kind) {
-  switch (kind) {
-    case v1::OPTIMIZER_MOMENTUM:
-    case v1::OPTIMIZER_NESTEROV:
-    case v1::OPTIMIZER_ADAGRAD:
-      return 1;
-    case v1::OPTIMIZER_ADAM:
-      return 2;
-    default:
-      return 0;
-  }
-}
-
 void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, float lr,
                         int64_t step, float* param, const float* grad, float* a, float* b,
                         uint64_t n) {

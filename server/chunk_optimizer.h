@@ -12,15 +12,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "job/job_config.h"  // OptimizerStateSlots
 #include "proto/grps.pb.h"
 #include "server/consistency_policy.h"
 #include "tensor/backend.h"
 
 namespace grps {
 
-// The optimizer's state slots per element for `kind` (velocity, moments,
-// accumulator): 0 for SGD, 2 for Adam.
-uint32_t OptimizerStateSlots(v1::OptimizerKind kind);
 
 // One update of n elements of `param` from `grad` with `config`'s optimizer
 // at learning rate `lr`: the one kernel dense chunks and sparse rows share.

@@ -16,6 +16,7 @@
 #include "daemon/refusal_log.h"
 #include "job/job_config.h"
 #include "job/sparse_tables.h"
+#include "server/chunk_optimizer.h"
 #include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 #include "wire/buffer_pool.h"
@@ -929,7 +930,130 @@ absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
   return spec;
 }
 
+// The chunks an optimizer-state request names: distinct, each of this
+// shard (CheckChunk); their specs, in request order.
+template <typename Ids>
+absl::StatusOr<std::vector<const v1::ChunkSpec*>> CheckStateChunks(const ShardStore& store,
+                                                                   uint64_t generation,
+                                                                   const Ids& ids) {
+  if (ids.empty()) return absl::InvalidArgumentError("an optimizer-state request names no chunk");
+  std::vector<const v1::ChunkSpec*> specs;
+  absl::flat_hash_set<uint32_t> seen;
+  for (uint32_t id : ids) {
+    absl::StatusOr<const v1::ChunkSpec*> spec = CheckChunk(store, id, generation);
+    if (!spec.ok()) return spec.status();
+    if (!seen.insert(id).second)
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", id, " twice in one request"));
+    specs.push_back(*spec);
+  }
+  return specs;
+}
+
+// A loaded state's slot: num_elements f32, finite, and not negative where
+// the optimizer takes its square root (Adam's second moment, AdaGrad's
+// accumulator).
+absl::Status CheckStateSlot(const std::string& slot, const v1::ChunkSpec& spec, uint32_t index,
+                            bool non_negative) {
+  const std::string what = absl::StrCat("chunk ", spec.chunk_id(), "'s optimizer state slot ",
+                                        index);
+  if (slot.size() != spec.num_elements() * sizeof(float))
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", slot.size(), " bytes, not ",
+                                                   spec.num_elements(), " f32"));
+  std::vector<float>& values = ScratchBuffer();
+  values.resize(spec.num_elements());
+  std::memcpy(values.data(), slot.data(), slot.size());
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (int64_t bad = FirstNonFinite(values.data(), n); bad >= 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": element ", bad, " is not a finite number"));
+  if (non_negative)
+    for (int64_t i = 0; i < n; ++i)
+      if (values[i] < 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": element ", i, " is ", values[i], " (a sum of squares is not negative)"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoadOptimizerState(const ShardStore& store,
+                                     const v1::LoadOptimizerStateRequest& request) {
+  if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
+  const v1::OptimizerKind kind = store.config().optimizer().kind();
+  if (request.kind() != kind)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state is the ", OptimizerName(request.kind()), " optimizer's; the job's servers keep ",
+        OptimizerName(kind), "'s"));
+  std::vector<uint32_t> ids;
+  for (const v1::ChunkOptimizerState& c : request.chunks()) ids.push_back(c.chunk_id());
+  absl::StatusOr<std::vector<const v1::ChunkSpec*>> specs =
+      CheckStateChunks(store, request.generation(), ids);
+  if (!specs.ok()) return specs.status();
+  const uint32_t slots = OptimizerStateSlots(kind);
+  for (int i = 0; i < request.chunks_size(); ++i) {
+    const v1::ChunkOptimizerState& c = request.chunks(i);
+    if (c.steps() > static_cast<uint64_t>(kMaxOptimizerSteps))
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk_id(), ": ", c.steps(),
+                                                     " steps, above ", kMaxOptimizerSteps));
+    if (static_cast<uint32_t>(c.slots_size()) != slots)
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk_id(), ": ", c.slots_size(),
+                                                     " optimizer state slots; ",
+                                                     OptimizerName(kind), " has ", slots));
+    for (uint32_t k = 0; k < slots; ++k) {
+      const bool square_root = (kind == v1::OPTIMIZER_ADAM && k == 1) ||
+                               (kind == v1::OPTIMIZER_ADAGRAD && k == 0);
+      if (absl::Status s = CheckStateSlot(c.slots(static_cast<int>(k)), *(*specs)[i], k,
+                                          square_root);
+          !s.ok())
+        return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+grpc::Status ParameterServerService::GetOptimizerState(
+    grpc::ServerContext* context, const v1::GetOptimizerStateRequest* request,
+    v1::GetOptimizerStateResponse* response) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  if (absl::Status s = CheckJob(*store, request->job_id()); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = CheckRank(*store, request->worker_rank()); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<std::vector<const v1::ChunkSpec*>> specs =
+      CheckStateChunks(*store, request->generation(), request->chunk_ids());
+  if (!specs.ok()) return ToGrpc(specs.status());
+  uint64_t bytes = 0;
+  const uint32_t slots = OptimizerStateSlots(store->config().optimizer().kind());
+  for (const v1::ChunkSpec* spec : *specs) bytes += spec->num_elements() * sizeof(float) * slots;
+  if (bytes + 64 * specs->size() > static_cast<uint64_t>(kMaxMessageBytes))
+    return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+        "the optimizer state of ", specs->size(), " chunks is ", bytes, " bytes, above the ",
+        kMaxMessageBytes, "-byte message limit; ask for fewer chunks per call")));
+  absl::StatusOr<v1::GetOptimizerStateResponse> state =
+      store->ReadOptimizerState(request->generation(), request->chunk_ids());
+  if (!state.ok()) return ToGrpc(state.status());
+  *response = std::move(*state);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServerService::LoadOptimizerState(
+    grpc::ServerContext* context, const v1::LoadOptimizerStateRequest* request,
+    v1::LoadOptimizerStateResponse* response) {
+  ShardStore* store = store_.load();
+  if (store == nullptr) return ToGrpc(NotReady());
+  if (absl::Status s = CheckLoadOptimizerState(*store, *request); !s.ok()) return ToGrpc(s);
+  // As a push: only the rank's registered incarnation may change the state.
+  if (grpc::Status member = CheckMemberSecret(
+          member_key_, store->config().job_id(), MemberKind::kWorker, request->worker_rank(),
+          request->incarnation(), CallerMemberSecret(*context));
+      !member.ok())
+    return member;
+  if (absl::Status s = store->LoadOptimizerState(*request); !s.ok()) return ToGrpc(s);
+  spdlog::info("rank {} loaded the optimizer's state of {} chunks (a program's saved {})",
+               request->worker_rank(), request->chunks_size(),
+               OptimizerName(request->kind()));
+  return grpc::Status::OK;
+}
 
 grpc::Status ParameterServerService::PushSparse(
     grpc::ServerContext* context, const v1::SparsePushRequest* request,

@@ -122,6 +122,17 @@ class ParameterServerService final
   grpc::Status GetShardStatus(grpc::ServerContext* context,
                               const v1::GetShardStatusRequest* request,
                               v1::ShardStatus* response) override;
+  // A program's optimizer state (ShardStore::ReadOptimizerState and
+  // LoadOptimizerState), its request checked here: RESOURCE_EXHAUSTED for a
+  // reply past the message limit; INVALID_ARGUMENT for another kind than
+  // the job's, a wrong number or length of slots, a value that is not finite
+  // or a negative sum of squares.
+  grpc::Status GetOptimizerState(grpc::ServerContext* context,
+                                 const v1::GetOptimizerStateRequest* request,
+                                 v1::GetOptimizerStateResponse* response) override;
+  grpc::Status LoadOptimizerState(grpc::ServerContext* context,
+                                  const v1::LoadOptimizerStateRequest* request,
+                                  v1::LoadOptimizerStateResponse* response) override;
 
  private:
   struct Doorbell;

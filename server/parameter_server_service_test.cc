@@ -85,14 +85,14 @@ class ParameterServerServiceTest : public ::testing::Test {
     if (server_.server != nullptr) server_.server->Shutdown();
   }
 
-  void Start(v1::ConsistencyMode mode) {
+  void Start(v1::ConsistencyMode mode, v1::OptimizerKind optimizer = v1::OPTIMIZER_SGD) {
     config_ = DefaultJobConfig();
     config_.set_job_id("test-job");
     config_.set_mode(mode);
     config_.set_num_workers(2);
     config_.set_num_servers(2);
     config_.set_chunk_bytes(1024);
-    config_.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+    config_.mutable_optimizer()->set_kind(optimizer);
     config_.mutable_optimizer()->set_learning_rate(0.5f);
     config_.mutable_optimizer()->set_momentum(0.0f);
     // Chunks of 8, 8, 4 and 4 elements: two on each shard.
@@ -506,6 +506,148 @@ TEST_F(ParameterServerServiceTest, AProgramsOptimizerOfAnotherStateOrOutOfRangeI
   program->set_learning_rate(0.1f);
   request.mutable_chunks(1)->set_optimizer(2);
   ExpectPushRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "names optimizer 2 of 1");
+}
+
+// ---- a program's optimizer state (grps.torch's state_dict) ----------------
+
+class OptimizerStateTest : public ParameterServerServiceTest {
+ protected:
+  void SetUp() override { Start(v1::MODE_SYNC, v1::OPTIMIZER_ADAM); }
+
+  // Adam's state of shard 0's chunks: first moments m, second moments v,
+  // counted `steps`.
+  v1::LoadOptimizerStateRequest LoadOf(float m, float v, uint64_t steps) {
+    v1::LoadOptimizerStateRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(0);
+    request.set_incarnation(1);
+    request.set_kind(v1::OPTIMIZER_ADAM);
+    for (uint32_t id : own_) {
+      v1::ChunkOptimizerState* c = request.add_chunks();
+      c->set_chunk_id(id);
+      c->set_steps(steps);
+      c->add_slots(F32Bytes(std::vector<float>(Elements(id), m)));
+      c->add_slots(F32Bytes(std::vector<float>(Elements(id), v)));
+    }
+    return request;
+  }
+  grpc::Status Load(const v1::LoadOptimizerStateRequest& request) {
+    v1::LoadOptimizerStateResponse response;
+    grpc::ClientContext context;
+    return stub_->LoadOptimizerState(&context, request, &response);
+  }
+  absl::StatusOr<v1::GetOptimizerStateResponse> Get() {
+    v1::GetOptimizerStateRequest request;
+    request.set_job_id("test-job");
+    request.set_worker_rank(1);
+    for (uint32_t id : own_) request.add_chunk_ids(id);
+    v1::GetOptimizerStateResponse response;
+    grpc::ClientContext context;
+    grpc::Status status = stub_->GetOptimizerState(&context, request, &response);
+    if (!status.ok()) return absl::UnknownError(status.error_message());
+    return response;
+  }
+  // Every chunk's state is (m, v) after `steps` updates.
+  void ExpectState(float m, float v, uint64_t steps) {
+    absl::StatusOr<v1::GetOptimizerStateResponse> state = Get();
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(state->kind(), v1::OPTIMIZER_ADAM);
+    ASSERT_EQ(state->chunks_size(), static_cast<int>(own_.size()));
+    for (int i = 0; i < state->chunks_size(); ++i) {
+      const v1::ChunkOptimizerState& c = state->chunks(i);
+      EXPECT_EQ(c.chunk_id(), own_[i]);
+      EXPECT_EQ(c.steps(), steps);
+      ASSERT_EQ(c.slots_size(), 2);
+      EXPECT_EQ(Decode(c.slots(0), DType::kF32), std::vector<float>(Elements(own_[i]), m));
+      EXPECT_EQ(Decode(c.slots(1), DType::kF32), std::vector<float>(Elements(own_[i]), v));
+    }
+  }
+};
+
+TEST_F(OptimizerStateTest, ASavedStateStartsTheJobAndItsStepCountGoesOn) {
+  ExpectState(0, 0, 0);
+  ASSERT_TRUE(Load(LoadOf(0.5f, 0.25f, 20)).ok());
+  ExpectState(0.5f, 0.25f, 20);
+  // Step 0 (the gradients' average is 2) is Adam's 21st update of the state.
+  ASSERT_TRUE(Push(GoodPush(0, 0, 1.0f)).ok());
+  ASSERT_TRUE(Push(GoodPush(1, 0, 3.0f)).ok());
+  const float m = 0.9f * 0.5f + (1.0f - 0.9f) * 2.0f;
+  const float v = 0.999f * 0.25f + (1.0f - 0.999f) * 2.0f * 2.0f;
+  ExpectState(m, v, 21);
+  const double step = 0.5 * (m / (1 - std::pow(0.9, 21))) /
+                      (std::sqrt(v / (1 - std::pow(0.999, 21))) + 1e-8);
+  for (uint32_t id : own_) {
+    const std::vector<float> initial = InitialValues(id);
+    absl::StatusOr<ShardStore::ChunkValues> now = store_->TEST_ReadChunk(id);
+    ASSERT_TRUE(now.ok());
+    for (size_t e = 0; e < initial.size(); ++e)
+      EXPECT_NEAR(now->values[e], initial[e] - step, 1e-6) << id << " " << e;
+  }
+  // Once the job has updated, its state is its own.
+  const grpc::Status again = Load(LoadOf(0.5f, 0.25f, 20));
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(again.error_message(), HasSubstr("has had 1 updates"));
+  ExpectState(m, v, 21);
+}
+
+TEST_F(OptimizerStateTest, ACheckpointKeepsTheLoadedStepCount) {
+  ASSERT_TRUE(Load(LoadOf(0.5f, 0.25f, 20)).ok());
+  v1::CheckpointRequest at;
+  at.set_id(1);
+  absl::StatusOr<v1::ShardCheckpointFile> file = store_->CaptureCheckpoint(at, absl::Now());
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const v1::ChunkState& c : file->chunks()) EXPECT_EQ(c.optimizer_step_offset(), 20);
+  ASSERT_TRUE(store_->Restore(1, 0, {}, {}).ok());  // back to step 0: no state
+  ExpectState(0, 0, 0);
+  ASSERT_TRUE(store_->Restore(2, 1, {file->chunks().begin(), file->chunks().end()}, {}).ok());
+  ExpectState(0.5f, 0.25f, 20);
+  // A file's count below zero (the offset below minus the version) is refused.
+  std::vector<v1::ChunkState> bad(file->chunks().begin(), file->chunks().end());
+  bad[1].set_optimizer_step_offset(-1);
+  const absl::Status refused = store_->Restore(3, 1, bad, {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("step offset -1 is below minus the version 0"));
+  ExpectState(0.5f, 0.25f, 20);
+}
+
+TEST_F(OptimizerStateTest, AStateThatDoesNotFitTheJobIsRefusedAndChangesNothing) {
+  auto refused = [&](const v1::LoadOptimizerStateRequest& request, grpc::StatusCode code,
+                     const std::string& message) {
+    const grpc::Status status = Load(request);
+    EXPECT_EQ(status.error_code(), code) << message << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+    ExpectState(0, 0, 0);
+  };
+  v1::LoadOptimizerStateRequest r = LoadOf(0.5f, 0.25f, 20);
+  r.set_job_id("other");
+  refused(r, grpc::StatusCode::FAILED_PRECONDITION, "job 'other'");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.set_kind(v1::OPTIMIZER_MOMENTUM);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "the state is the momentum optimizer's; the job's servers keep adam's");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.mutable_chunks(1)->mutable_slots()->RemoveLast();
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "1 optimizer state slots; adam has 2");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.mutable_chunks(0)->mutable_slots(0)->resize(4);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "has 4 bytes");
+  r = LoadOf(std::numeric_limits<float>::quiet_NaN(), 0.25f, 20);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "not a finite number");
+  r = LoadOf(0.5f, -0.25f, 20);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "a sum of squares is not negative");
+  r = LoadOf(0.5f, 0.25f, uint64_t{1} << 60);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "steps, above");
+  r = LoadOf(0.5f, 0.25f, 20);
+  *r.add_chunks() = r.chunks(0);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "twice in one request");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.mutable_chunks(0)->set_chunk_id(foreign_);
+  refused(r, grpc::StatusCode::NOT_FOUND, "is held by shard 1");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.clear_chunks();
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "names no chunk");
+  r = LoadOf(0.5f, 0.25f, 20);
+  r.set_worker_rank(9);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 9");
 }
 
 TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "job/job_config.h"
 #include "job/sparse_tables.h"
 
 namespace grps {
@@ -122,6 +123,13 @@ absl::StatusOr<std::vector<const v1::ChunkState*>> MatchChunkStates(
         state.values().size() != c.num_elements() * sizeof(float))
       return bad("the checkpoint has ", state.values().size(), " bytes of values, the chunk ",
                  c.num_elements(), " elements");
+    if (state.optimizer_step_offset() < 0 &&
+        static_cast<uint64_t>(-(state.optimizer_step_offset() + 1)) + 1 > state.version())
+      return bad("the optimizer's step offset ", state.optimizer_step_offset(),
+                 " is below minus the version ", state.version());
+    if (state.optimizer_step_offset() > kMaxOptimizerSteps)
+      return bad("the optimizer's step offset ", state.optimizer_step_offset(), " is above ",
+                 kMaxOptimizerSteps);
     std::vector<const std::string*> slots;
     for (const std::string& slot : state.optimizer_state()) slots.push_back(&slot);
     absl::MutexLock lock(&c.mu);

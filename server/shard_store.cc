@@ -296,6 +296,58 @@ absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push)
   return taken;
 }
 
+absl::StatusOr<v1::GetOptimizerStateResponse> ShardStore::ReadOptimizerState(
+    uint64_t generation, absl::Span<const uint32_t> chunk_ids) const {
+  if (shutdown_.load()) return absl::UnavailableError("shard is shutting down");
+  v1::GetOptimizerStateResponse out;
+  out.set_kind(config_.optimizer().kind());
+  for (uint32_t id : chunk_ids) {
+    StoreChunk* c = FindChunk(id);
+    if (c == nullptr)
+      return absl::NotFoundError(absl::StrCat("chunk ", id, " is not held by shard ", shard_));
+    absl::MutexLock lock(&c->mu);
+    if (absl::Status s = CheckGeneration(generation); !s.ok()) return s;
+    v1::ChunkOptimizerState* state = out.add_chunks();
+    state->set_chunk_id(id);
+    state->set_steps(c->OptimizerSteps());
+    for (std::string& slot : c->optimizer->SaveState()) state->add_slots(std::move(slot));
+  }
+  return out;
+}
+
+absl::Status ShardStore::LoadOptimizerState(const v1::LoadOptimizerStateRequest& request) {
+  if (absl::Status s = CheckPusher(request.worker_rank()); !s.ok()) return s;
+  std::vector<StoreChunk*> chunks;
+  for (const v1::ChunkOptimizerState& state : request.chunks()) {
+    StoreChunk* c = FindChunk(state.chunk_id());
+    if (c == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("chunk ", state.chunk_id(), " is not held by shard ", shard_));
+    chunks.push_back(c);
+  }
+  const PushAdmission::Pusher pusher{request.worker_rank(), request.incarnation(), 0};
+  if (absl::Status s = admission_.CheckIncarnation(pusher, chunks.size()); !s.ok()) return s;
+  TargetLocks locks(chunks);
+  if (absl::Status s = CheckGeneration(request.generation()); !s.ok()) return s;
+  return LoadOptimizerStateLocked(chunks, request);
+}
+
+absl::Status ShardStore::LoadOptimizerStateLocked(const std::vector<StoreChunk*>& chunks,
+                                                  const v1::LoadOptimizerStateRequest& request) {
+  for (StoreChunk* c : chunks)
+    if (c->version() > 0)
+      return absl::FailedPreconditionError(absl::StrCat(
+          c->name, " has had ", c->version(),
+          " updates: a saved optimizer state starts a job, before its first update"));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const v1::ChunkOptimizerState& state = request.chunks(static_cast<int>(i));
+    std::vector<const std::string*> slots;
+    for (const std::string& slot : state.slots()) slots.push_back(&slot);
+    chunks[i]->LoadOptimizerState(slots, state.steps());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
     const SparseGradientPush& push) {
   if (absl::Status s = CheckPusher(push.worker_rank); !s.ok()) return s;

@@ -195,6 +195,24 @@ class ShardStore {
   // INVALID_ARGUMENT, nothing changed, for a value that is not finite.
   absl::StatusOr<uint32_t> GiveInitialValues(const GradientPush& push);
 
+  // ---- A program's optimizer state (grps.torch's optimizer.state_dict()) ----
+
+  // The optimizer state of `chunk_ids` (distinct, each of this shard's) as
+  // it is now, in that order: the slots (ChunkOptimizerState's) and the
+  // updates the optimizer has counted. Each chunk is read under its lock:
+  // in sync, between a worker's step and its next push, that is the state
+  // after the step. ABORTED / UNAVAILABLE for another generation (as Pull).
+  absl::StatusOr<v1::GetOptimizerStateResponse> ReadOptimizerState(
+      uint64_t generation, absl::Span<const uint32_t> chunk_ids) const;
+  // Replaces the optimizer state of the request's chunks, checked by the
+  // edge (each of this shard's, distinct, with the job's slots of their
+  // lengths, finite): each chunk's update count then goes on from the
+  // state's steps. All or nothing: FAILED_PRECONDITION, nothing changed,
+  // when one of them has had an update (the state of a program's saved
+  // optimizer starts a job; it does not replace a running job's), or for a
+  // stale incarnation; ABORTED / UNAVAILABLE for another generation.
+  absl::Status LoadOptimizerState(const v1::LoadOptimizerStateRequest& request);
+
   // Reads the chunks of `spec` once each is ready (version >= min_version
   // and, with a clock, the mode allows it) and calls `done` with them, or
   // with DEADLINE_EXCEEDED (naming the chunk, the wanted and the current
@@ -378,6 +396,10 @@ class ShardStore {
   static absl::Status CheckValuesGivenLocked(const std::vector<StoreChunk*>& chunks)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   static uint32_t GiveLocked(const std::vector<StoreChunk*>& chunks, const GradientPush& push)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // LoadOptimizerState's half under the chunks' locks (a TargetLocks).
+  static absl::Status LoadOptimizerStateLocked(const std::vector<StoreChunk*>& chunks,
+                                               const v1::LoadOptimizerStateRequest& request)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // WaitingPulls' examiner: serves `pull` if every target is ready, or fails
   // it; true when it has its answer, false to wait.

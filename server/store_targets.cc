@@ -145,6 +145,7 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   ResetEngine(config, resume_steps);
   if (state == nullptr) {
     version_ = 0;
+    step_offset_ = 0;
     counters.LoadState(nullptr);
     optimizer->Reset();
     if (!given_.empty()) {
@@ -157,6 +158,7 @@ absl::Status StoreChunk::Reset(const v1::ChunkState* state, const v1::ChunkSpec&
   }
   awaiting_values = false;
   version_ = state->version();
+  step_offset_ = state->optimizer_step_offset();
   counters.LoadState(state->has_counters() ? &state->counters() : nullptr);
   std::memcpy(values.f32(), state->values().data(), num_elements_ * sizeof(float));
   std::vector<const std::string*> slots;
@@ -174,8 +176,14 @@ bool StoreChunk::Give(absl::Span<const float> initial) {
   return true;
 }
 
+void StoreChunk::LoadOptimizerState(const std::vector<const std::string*>& slots,
+                                    uint64_t steps) {
+  optimizer->LoadState(slots);
+  step_offset_ = static_cast<int64_t>(steps) - static_cast<int64_t>(version_);
+}
+
 void StoreChunk::Update(const GradientRef& grad, const UpdateStep& step) {
-  optimizer->Apply(values.f32(), grad.values.data(), step, version_);
+  optimizer->Apply(values.f32(), grad.values.data(), step, OptimizerSteps());
 }
 
 void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into) const {
@@ -185,6 +193,7 @@ void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into) const {
   out->set_num_elements(num_elements_);
   out->set_values(reinterpret_cast<const char*>(values.f32()), num_elements_ * sizeof(float));
   for (std::string& slot : optimizer->SaveState()) out->add_optimizer_state(std::move(slot));
+  out->set_optimizer_step_offset(step_offset_);
   SnapshotMarks(out->mutable_marks(), out->mutable_held_from());
   SnapshotCounters(out->mutable_counters());
 }

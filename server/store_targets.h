@@ -118,6 +118,16 @@ class StoreChunk final : public StoreTarget {
   // ignored (false) once it has values.
   bool Give(absl::Span<const float> initial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // The updates the optimizer has counted (Adam's bias correction): the
+  // chunk's version, plus the steps of a loaded state.
+  uint64_t OptimizerSteps() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return static_cast<uint64_t>(static_cast<int64_t>(version()) + step_offset_);
+  }
+  // A program's saved optimizer state (`slots` checked by the caller) that
+  // had counted `steps` updates, in place of this chunk's.
+  void LoadOptimizerState(const std::vector<const std::string*>& slots, uint64_t steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   const uint32_t id;
 
  protected:
@@ -137,6 +147,8 @@ class StoreChunk final : public StoreTarget {
 
  private:
   std::vector<float> given_ ABSL_GUARDED_BY(mu);  // Give's values; empty before
+  // OptimizerSteps() - version() (ChunkState.optimizer_step_offset).
+  int64_t step_offset_ ABSL_GUARDED_BY(mu) = 0;
 };
 
 // One sparse table's rows on this shard. Locked after every chunk (its
