@@ -4,6 +4,7 @@
 // exception, and every call that waits releases the GIL. No torch header:
 // the package works with whatever PyTorch the user has.
 #include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <Python.h>
@@ -279,6 +280,47 @@ class PyWorker {
     Check(worker_->SetOptimizers(std::move(optimizers), std::move(by_tensor)));
   }
 
+  // The job's optimizer state (UserWorker::ReadOptimizerState): a dict of
+  // "kind" (the job's optimizer kind's name), "slots" (a list of float32
+  // arrays over the flat parameters, ChunkOptimizerState's order) and
+  // "steps" (by tensor).
+  py::dict OptimizerState() {
+    absl::StatusOr<ParameterClient::OptimizerState> state;
+    {
+      py::gil_scoped_release nogil;
+      state = worker_->ReadOptimizerState();
+    }
+    if (!state.ok()) Raise(state.status());
+    py::list slots;
+    for (std::vector<float>& slot : state->slots) {
+      py::array_t<float> array(static_cast<py::ssize_t>(slot.size()));
+      std::copy(slot.begin(), slot.end(), array.mutable_data());
+      slots.append(std::move(array));
+    }
+    py::dict d;
+    d["kind"] = OptimizerName(state->kind);
+    d["slots"] = slots;
+    d["steps"] = state->steps;
+    return d;
+  }
+
+  // A program's saved optimizer state (UserWorker::LoadOptimizerState), in
+  // OptimizerState's form: `slots` each num_parameters float32 values.
+  void LoadOptimizerState(const std::string& kind, const py::list& slots,
+                          std::vector<uint64_t> steps) {
+    ParameterClient::OptimizerState state;
+    absl::StatusOr<v1::OptimizerKind> parsed = ParseOptimizer(kind);
+    if (!parsed.ok()) Raise(parsed.status());
+    state.kind = *parsed;
+    for (const py::handle& slot : slots) {
+      const float* values = FloatBuffer(py::cast<py::buffer>(slot), worker_->num_parameters(),
+                                        false, "an optimizer state slot");
+      state.slots.emplace_back(values, values + worker_->num_parameters());
+    }
+    state.steps = std::move(steps);
+    Check(Released([&] { return worker_->LoadOptimizerState(std::move(state)); }));
+  }
+
   bool LeaveRequested() const { return worker_->LeaveRequested(); }
   void Leave() { Check(Released([&] { return worker_->Leave(); })); }
 
@@ -463,6 +505,9 @@ PYBIND11_MODULE(_grps, m) {
            py::arg("params"))
       .def("abandon_step", &PyWorker::AbandonStep)
       .def("set_optimizers", &PyWorker::SetOptimizers, py::arg("groups"), py::arg("by_tensor"))
+      .def("optimizer_state", &PyWorker::OptimizerState)
+      .def("load_optimizer_state", &PyWorker::LoadOptimizerState, py::arg("kind"),
+           py::arg("slots"), py::arg("steps"))
       .def("leave_requested", &PyWorker::LeaveRequested)
       .def("leave", &PyWorker::Leave)
       .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "daemon/daemon.h"
+#include "job/job_config.h"
 #include "job/shard_map.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
@@ -668,6 +669,127 @@ absl::Status ParameterClient::GiveInitialValues(const float* host_values,
   op->calls.resize(parts_.size());
   for (size_t i = 0; i < parts_.size(); ++i) EncodePushCall(op.get(), i);
   return Wait(Register(std::move(op)), retry).status();
+}
+
+std::vector<ParameterClient::Part> ParameterClient::StateCalls(uint32_t slots) const {
+  std::vector<std::vector<uint32_t>> by_shard(layout_.shards_size());
+  for (const v1::ChunkSpec& c : layout_.chunks()) by_shard[c.shard()].push_back(c.chunk_id());
+  std::vector<Part> calls;
+  for (size_t shard = 0; shard < by_shard.size(); ++shard) {
+    size_t bytes = 0;
+    for (uint32_t id : by_shard[shard]) {
+      const size_t chunk_bytes =
+          layout_.chunks(id).num_elements() * sizeof(float) * std::max<uint32_t>(slots, 1);
+      if (calls.empty() || calls.back().shard != shard || bytes + chunk_bytes > kStateCallBytes) {
+        calls.push_back(Part{shard, 0, {}});
+        bytes = 0;
+      }
+      calls.back().chunk_ids.push_back(id);
+      bytes += chunk_bytes;
+    }
+  }
+  return calls;
+}
+
+std::unique_ptr<v1::ParameterServer::Stub> ParameterClient::TypedStub(size_t shard) const {
+  absl::MutexLock lock(&mu_);
+  return v1::ParameterServer::NewStub(MakeChannel(endpoints_[shard].address()));
+}
+
+absl::StatusOr<ParameterClient::OptimizerState> ParameterClient::ReadOptimizerState(
+    absl::Duration timeout) const {
+  OptimizerState state;
+  state.kind = config_.optimizer().kind();
+  const uint32_t slots = OptimizerStateSlots(state.kind);
+  state.slots.assign(slots, std::vector<float>(num_params_));
+  std::vector<uint64_t> chunk_steps(layout_.chunks_size(), 0);
+  for (const Part& call : StateCalls(slots)) {
+    v1::GetOptimizerStateRequest request;
+    request.set_job_id(config_.job_id());
+    request.set_worker_rank(rank_);
+    request.set_generation(generation_.load());
+    for (uint32_t id : call.chunk_ids) request.add_chunk_ids(id);
+    v1::GetOptimizerStateResponse reply;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    grpc::Status status = TypedStub(call.shard)->GetOptimizerState(&context, request, &reply);
+    if (!status.ok())
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("reading shard ", call.shard, "'s optimizer state: ",
+                                       status.error_message()));
+    if (reply.kind() != state.kind || reply.chunks_size() != request.chunk_ids_size())
+      return absl::InternalError(absl::StrCat("shard ", call.shard, " answered the state of ",
+                                              reply.chunks_size(), " chunks of ",
+                                              OptimizerName(reply.kind()), ", not ",
+                                              request.chunk_ids_size(), " of ",
+                                              OptimizerName(state.kind)));
+    for (int i = 0; i < reply.chunks_size(); ++i) {
+      const v1::ChunkOptimizerState& c = reply.chunks(i);
+      const uint32_t id = request.chunk_ids(i);
+      const uint64_t n = layout_.chunks(id).num_elements();
+      if (c.chunk_id() != id || static_cast<uint32_t>(c.slots_size()) != slots)
+        return absl::InternalError(absl::StrCat("shard ", call.shard, " answered chunk ",
+                                                c.chunk_id(), " with ", c.slots_size(),
+                                                " slots for chunk ", id));
+      for (uint32_t k = 0; k < slots; ++k) {
+        const std::string& slot = c.slots(static_cast<int>(k));
+        if (slot.size() != n * sizeof(float))
+          return absl::InternalError(absl::StrCat("shard ", call.shard, " answered ",
+                                                  slot.size(), " bytes of chunk ", id, "'s slot ",
+                                                  k));
+        std::memcpy(state.slots[k].data() + chunk_offset_[id], slot.data(), slot.size());
+      }
+      chunk_steps[id] = c.steps();
+    }
+  }
+  for (const std::vector<uint32_t>& chunks : tensor_chunks_)
+    state.steps.push_back(chunks.empty() ? 0 : chunk_steps[chunks.front()]);
+  return state;
+}
+
+absl::Status ParameterClient::LoadOptimizerState(const OptimizerState& state,
+                                                 absl::Duration timeout) const {
+  const v1::OptimizerKind kind = config_.optimizer().kind();
+  const uint32_t slots = OptimizerStateSlots(kind);
+  if (state.kind != kind)
+    return absl::InvalidArgumentError(absl::StrCat("the state is the ", OptimizerName(state.kind),
+                                                   " optimizer's; the job keeps ",
+                                                   OptimizerName(kind), "'s"));
+  if (state.slots.size() != slots || state.steps.size() != tensor_chunks_.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state has ", state.slots.size(), " slots and steps for ", state.steps.size(),
+        " tensors; ", OptimizerName(kind), " has ", slots, ", the model ",
+        tensor_chunks_.size(), " tensors"));
+  for (const std::vector<float>& slot : state.slots)
+    if (static_cast<int64_t>(slot.size()) != num_params_)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a state slot of ", slot.size(), " floats; the model has ", num_params_));
+  for (const Part& call : StateCalls(slots)) {
+    v1::LoadOptimizerStateRequest request;
+    request.set_job_id(config_.job_id());
+    request.set_worker_rank(rank_);
+    request.set_incarnation(incarnation_);
+    request.set_generation(generation_.load());
+    request.set_kind(kind);
+    for (uint32_t id : call.chunk_ids) {
+      const v1::ChunkSpec& spec = layout_.chunks(id);
+      v1::ChunkOptimizerState* c = request.add_chunks();
+      c->set_chunk_id(id);
+      c->set_steps(state.steps[spec.tensor_index()]);
+      for (const std::vector<float>& slot : state.slots)
+        c->add_slots(reinterpret_cast<const char*>(slot.data() + chunk_offset_[id]),
+                     spec.num_elements() * sizeof(float));
+    }
+    v1::LoadOptimizerStateResponse reply;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    grpc::Status status = TypedStub(call.shard)->LoadOptimizerState(&context, request, &reply);
+    if (!status.ok())
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("loading shard ", call.shard, "'s optimizer state: ",
+                                       status.error_message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParameterClient::SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,

@@ -206,6 +206,29 @@ class ParameterClient final : public ParameterShards {
                              const std::vector<uint32_t>& by_tensor)
       ABSL_LOCKS_EXCLUDED(optimizers_mu_);
 
+  // A program's optimizer state over the flat array (grps.torch's
+  // optimizer.state_dict()): `slots` in ChunkOptimizerState's order, each
+  // num_parameters() floats, and `steps` (the updates the optimizer
+  // counted) by tensor.
+  struct OptimizerState {
+    v1::OptimizerKind kind = v1::OPTIMIZER_UNSPECIFIED;
+    std::vector<std::vector<float>> slots;
+    std::vector<uint64_t> steps;
+  };
+  // Every chunk's optimizer state as the shards hold it now; a tensor's
+  // steps are its first chunk's. Calls of at most kStateCallBytes, one
+  // shard at a time, each attempted once within `timeout`.
+  absl::StatusOr<OptimizerState> ReadOptimizerState(absl::Duration timeout) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Loads `state` (its kind the job's, its slots and steps of the model's
+  // sizes: INVALID_ARGUMENT otherwise, nothing sent) into every chunk, as
+  // ShardStore::LoadOptimizerState: FAILED_PRECONDITION once a chunk had
+  // an update. Each shard's calls are all-or-nothing; the shards are not
+  // (a failure may leave earlier shards loaded).
+  absl::Status LoadOptimizerState(const OptimizerState& state, absl::Duration timeout) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kStateCallBytes = size_t{16} << 20;
+
   // A user model's initial values (num_parameters() floats, exactly; the
   // job's "given" tensors, PushRequest.initial_values): each chunk that has
   // none yet takes them, the others keep theirs. Only rank 0's are taken
@@ -255,6 +278,12 @@ class ParameterClient final : public ParameterShards {
   struct Lane;
 
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
+  // Each shard's chunks in runs of at most kStateCallBytes of `slots`
+  // slots (optimizer-state calls).
+  std::vector<Part> StateCalls(uint32_t slots) const;
+  // A stub to the shard of `shard` for a typed call (a fresh channel).
+  std::unique_ptr<v1::ParameterServer::Stub> TypedStub(size_t shard) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A push's fields other than its chunks, lane and pull.
   v1::PushRequest PushHeader(uint64_t step, uint32_t num_samples) const;
   // A push of `host_grads` for `step`, fused with a pull into `pull_into`

@@ -210,10 +210,30 @@ absl::Status UserWorker::Begin(float* params, const float* initial) {
 }
 
 absl::Status UserWorker::GiveInitialValues() {
-  if (initial_.empty()) return absl::OkStatus();
-  absl::Status s = client().GiveInitialValues(initial_.data(), session_->PushRetry());
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message()));
+  if (!initial_.empty()) {
+    absl::Status s = client().GiveInitialValues(initial_.data(), session_->PushRetry());
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("giving the initial values: ", s.message()));
+  }
+  if (!loaded_state_.has_value() || step_ > 0) return absl::OkStatus();
+  absl::Status s = client().LoadOptimizerState(*loaded_state_, kStateCallTimeout);
+  // Another rank's update came first (async): the job goes on from it.
+  if (absl::IsFailedPrecondition(s)) {
+    spdlog::warn("the saved optimizer state was not loaded again after the roll-back: {}",
+                 std::string(s.message()));
+    return absl::OkStatus();
+  }
+  return s;
+}
+
+absl::StatusOr<ParameterClient::OptimizerState> UserWorker::ReadOptimizerState() {
+  return client().ReadOptimizerState(kStateCallTimeout);
+}
+
+absl::Status UserWorker::LoadOptimizerState(ParameterClient::OptimizerState state) {
+  if (absl::Status s = client().LoadOptimizerState(state, kStateCallTimeout); !s.ok()) return s;
+  loaded_state_ = std::move(state);
+  return absl::OkStatus();
 }
 
 ParameterClient& UserWorker::client() {

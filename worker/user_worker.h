@@ -144,6 +144,16 @@ class UserWorker {
   // tensor's update, in place of the job's optimizer and schedule.
   absl::Status SetOptimizers(std::vector<v1::OptimizerConfig> optimizers,
                              std::vector<uint32_t> by_tensor);
+  // The job's optimizer state as the shards hold it now
+  // (ParameterClient::ReadOptimizerState), for the program's
+  // optimizer.state_dict(): in sync, the state after this rank's last step.
+  absl::StatusOr<ParameterClient::OptimizerState> ReadOptimizerState();
+  // A program's saved optimizer state into the shards, before the job's
+  // first update (ParameterClient::LoadOptimizerState); kept, and loaded
+  // again after a roll-back to step 0 (as rank 0's initial values are).
+  absl::Status LoadOptimizerState(ParameterClient::OptimizerState state);
+  // Each optimizer-state call's deadline.
+  static constexpr absl::Duration kStateCallTimeout = absl::Seconds(60);
 
   // ---- Sparse tables (--sparse_tables) ----
 
@@ -186,7 +196,8 @@ class UserWorker {
   UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
              const v1::RegisterWorkerResponse& registration, const Options& options,
              bool defined_model);
-  // Rank 0: initial_ to the chunks that await their values.
+  // Rank 0: initial_ to the chunks that await their values; and, at step 0,
+  // the optimizer state LoadOptimizerState loaded.
   absl::Status GiveInitialValues();
   // A re-sharding's roll-back placed the chunks on other shards (`map`):
   // the session's clients are replaced by ones of that map (between steps,
@@ -220,6 +231,8 @@ class UserWorker {
   // Rank 0: the initial values it gave, given again after a roll-back (a
   // restarted shard that restores no checkpoint needs them again).
   std::vector<float> initial_;
+  // LoadOptimizerState's, loaded again after a roll-back to step 0.
+  std::optional<ParameterClient::OptimizerState> loaded_state_;
   // The flat offset of each tensor, and the end of the last.
   std::vector<int64_t> tensor_offset_;
   // step()'s push while its tensors become final (TensorReady), and the
