@@ -513,6 +513,16 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     _when_joined(action)
 
 
+def _when_begun(p, action):
+    """`action(process)` once the worker has begun (given its initial
+    values and pulled its first weights): now if it has, else at its
+    begin (before the first step's push)."""
+    if p.begun:
+        action(p)
+    else:
+        p.pending.append(action)
+
+
 def _begin(p):
     if p.begun:
         return
@@ -976,6 +986,85 @@ class _JobOptimizer:
             raise ValueError("the program's optimizer: %s" % e) from None
         self._sent = forms
 
+    def state_dict(self):
+        """The optimizer's state_dict(), as torch's, its state (SGD's
+        momentum buffers, Adam's moments and step, Adagrad's sums) read from
+        the servers, which keep it: as of this worker's last step (in sync,
+        every worker's). torch.save it with the model's state_dict(), and a
+        new job resumes from both (load_state_dict) where this one is."""
+        if self._grps_class is not None and self._process.begun:
+            self._state_from_servers()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        """torch's load_state_dict (the param groups' hyperparameters reach
+        the servers with the next step), and the state into the servers
+        before the job's first update: rank 0's, on a job that starts (a
+        restarted worker of a running job leaves the job's state as it is).
+        The servers refuse a state once they have updated (grps.Error)."""
+        groups = self.param_groups
+        super().load_state_dict(state_dict)
+        # torch's makes new group dicts; the ones before are also the
+        # unwrapped optimizer's, which an LR scheduler made before
+        # wrapping changes: they take the loaded values and stay.
+        for mine, loaded in zip(groups, self.param_groups):
+            mine.update(loaded)
+        self.param_groups = groups
+        if self._grps_class is not None:
+            _when_begun(self._process, self._state_to_servers)
+
+    _STATE_SLOTS = {torch.optim.SGD: ("momentum_buffer",),
+                    torch.optim.Adam: ("exp_avg", "exp_avg_sq"),
+                    torch.optim.AdamW: ("exp_avg", "exp_avg_sq"),
+                    torch.optim.Adagrad: ("sum",)}
+
+    def _state_from_servers(self):
+        """self.state as torch's optimizer would hold it, from the servers."""
+        got = self._process.worker.optimizer_state()
+        names = self._STATE_SLOTS[self._grps_class] if got["slots"] else ()
+        slots = [torch.from_numpy(a) for a in got["slots"]]
+        model = self._model
+        index = {id(q): i for i, q in enumerate(model.params)}
+        for g in self.param_groups:
+            for q in g["params"]:
+                i = index.get(id(q))
+                if i is None:  # not the job's (frozen): no state, as in torch
+                    continue
+                at, n = model.offsets[i], q.numel()
+                state = {name: slot[at:at + n].clone().view(q.shape).to(q.device, q.dtype)
+                         for name, slot in zip(names, slots)}
+                if self._grps_class is torch.optim.SGD:
+                    if not g.get("momentum", 0):  # torch keeps no buffer for it
+                        state = {"momentum_buffer": None}
+                else:
+                    state["step"] = torch.tensor(float(got["steps"][i]))
+                self.state[q] = state
+
+    def _state_to_servers(self, p):
+        """self.state (loaded) into the servers: rank 0's, on a fresh job."""
+        w = p.worker
+        if w.rank != 0 or w.step_count > 0:
+            return
+        kind = self._job_kind
+        names = self._STATE_SLOTS[self._grps_class]
+        slots = [np.zeros(w.num_parameters, dtype=np.float32)
+                 for _ in range(len(names) if kind != "sgd" else 0)]
+        model = self._model
+        steps = [0] * len(model.params)
+        for i, q in enumerate(model.params):
+            state = self.state.get(q, {})
+            at, n = model.offsets[i], q.numel()
+            for slot, name in zip(slots, names):
+                v = state.get(name)
+                if v is not None:
+                    slot[at:at + n] = v.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            if "step" in state:
+                steps[i] = int(state["step"])
+        try:
+            w.load_optimizer_state(kind, slots, steps)
+        except ValueError as e:
+            raise ValueError("load_state_dict: %s" % e) from None
+
     def _abandon(self):
         """A refused step: the pushes its hooks started end (what they pushed
         stands, and their tensors may hold the next weights already), the
@@ -1026,7 +1115,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Horovod's form, ``gt.DistributedOptimizer(opt, named_parameters=
     model.named_parameters())``, returns an optimizer of the program's
     optimizer's class (isinstance holds; param_groups and state_dict() are
-    its own, so every torch.optim.lr_scheduler works). The servers run it:
+    its own, so every torch.optim.lr_scheduler works; state_dict() reads
+    the optimizer's state from the servers, load_state_dict() loads a saved
+    one into them: torch.save and a resume work). The servers run it:
     SGD (momentum, nesterov, weight decay), Adam, AdamW and Adagrad, each
     param group with its own hyperparameters as they are at each step (what
     a scheduler changes reaches the servers with the step that uses it; in
@@ -1145,11 +1236,6 @@ def _wrap(optimizer, named, backward_passes_per_step, overlap):
     whose model another program defined keeps that program's kind."""
     cls = type(optimizer)
     kind = _program_kind(cls, optimizer.param_groups)
-    if _holds_state(optimizer):
-        raise NotImplementedError(
-            "the optimizer holds state (momentum buffers, moments: from load_state_dict?): "
-            "grps's servers keep the optimizer's state, and taking it from a torch state dict "
-            "is not built yet; resume from a grps checkpoint instead (--resume_from)")
     wrapped = type(cls.__name__, (_JobOptimizer, cls), {})
     opt = wrapped.__new__(wrapped)
     opt._grps_setup(named, backward_passes_per_step, overlap, kind)
@@ -1158,6 +1244,10 @@ def _wrap(optimizer, named, backward_passes_per_step, overlap):
     opt._job_kind = _job_kind(_job_config(opt._process))
     for g in opt.param_groups:
         _server_form(cls, g, opt._job_kind)
+    if _holds_state(optimizer):
+        # Loaded before it was wrapped (load_state_dict): the servers take it.
+        opt.state.update(optimizer.state)
+        _when_begun(opt._process, opt._state_to_servers)
     return opt
 
 

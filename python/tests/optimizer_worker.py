@@ -5,7 +5,10 @@ process); the servers run the optimizer with each param group's
 hyperparameters as the scheduler leaves them at each step.
 
 Trains --steps steps of --batch examples per rank from rank 0's start
-(broadcast_parameters) and writes the final state dict to --out.
+(broadcast_parameters) and writes the final state dict to --out. With
+--save_at and --save, rank 0 torch.saves the training state (model,
+optimizer, scheduler) at that step; --resume trains on from such a file
+in a new job.
 """
 
 import argparse
@@ -79,16 +82,35 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--report", action="store_true",
                         help="gt.report the loss each step and a test accuracy at the end")
+    parser.add_argument("--save_at", type=int, default=0,
+                        help="after this many steps, rank 0 torch.saves the training state "
+                             "(model, optimizer, scheduler) to --save")
+    parser.add_argument("--save", default="")
+    parser.add_argument("--resume", default="",
+                        help="a --save file: every rank loads it and trains on from its step")
+    parser.add_argument("--load_before_wrap", action="store_true",
+                        help="load the optimizer's state before gt.DistributedOptimizer wraps "
+                             "it (default: after, Horovod's order)")
     args = parser.parse_args()
     gt.init()
     torch.manual_seed(100 + gt.rank())
     torch.set_num_threads(1)
     model = horovod_worker.Net()
     opt, scheduler = build(model, args.config, args.steps)
+    start, saved = 0, None
+    if args.resume:
+        saved = torch.load(args.resume)
+        start = saved["step"]
+        model.load_state_dict(saved["model"])
+        scheduler.load_state_dict(saved["scheduler"])
+        if args.load_before_wrap:
+            opt.load_state_dict(saved["optimizer"])
     gt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = gt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    if saved is not None and not args.load_before_wrap:
+        opt.load_state_dict(saved["optimizer"])
     data, order = batches(gt.size(), gt.rank(), args.batch, args.steps)
-    for i in range(args.steps):
+    for i in range(start, args.steps):
         x, y = data[order[i * args.batch:(i + 1) * args.batch]]
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
@@ -97,6 +119,10 @@ def main():
         scheduler.step()
         if args.report:
             gt.report(loss=loss.item())
+        if i + 1 == args.save_at and gt.rank() == 0:
+            torch.save({"step": i + 1, "model": model.state_dict(),
+                        "optimizer": opt.state_dict(), "scheduler": scheduler.state_dict()},
+                       args.save)
     torch.save(model.state_dict(), args.out)
     if args.report:
         gt.report(test_accuracy=0.5, test_loss=1.5)

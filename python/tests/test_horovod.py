@@ -11,6 +11,7 @@ steps of 2 workers within 1e-5 of one process (optimizer_worker.py). A job whose
 import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import torch
@@ -122,14 +123,23 @@ class ServerForm(unittest.TestCase):
         self.assertEqual(form["beta2"], _torch._f32(0.99))
 
 
-def optimizer_one_process(config, steps=50, batch=32):
-    """optimizer_worker.py's training as one process at batch 2 x `batch`."""
+def optimizer_one_process(config, steps=50, batch=32, resume=None, load_optimizer=True):
+    """optimizer_worker.py's training as one process at batch 2 x `batch`;
+    from `resume` (an optimizer_worker.py --save file's contents) on, with
+    or without its optimizer's state."""
     torch.manual_seed(100)
     model = horovod_worker.Net()
     opt, scheduler = optimizer_worker.build(model, config, steps)
+    start = 0
+    if resume is not None:
+        start = resume["step"]
+        model.load_state_dict(resume["model"])
+        scheduler.load_state_dict(resume["scheduler"])
+        if load_optimizer:
+            opt.load_state_dict(resume["optimizer"])
     data, order0 = optimizer_worker.batches(2, 0, batch, steps)
     _, order1 = optimizer_worker.batches(2, 1, batch, steps)
-    for i in range(steps):
+    for i in range(start, steps):
         x, y = data[order0[i * batch:(i + 1) * batch] + order1[i * batch:(i + 1) * batch]]
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
@@ -179,6 +189,39 @@ class TheProgramsOptimizer(unittest.TestCase):
 
     def test_adagrad_under_one_cycle(self):
         self.check("adagrad/onecycle")
+
+    def test_a_new_job_resumes_from_a_saved_optimizer_state_dict(self):
+        # torch.save(opt.state_dict()) at step 20 of 40 (Adam: its moments
+        # and step are the servers'); a new job loads it with the model's
+        # and the scheduler's, after wrapping the optimizer (Horovod's
+        # order) or before, and ends where the run that went on ends.
+        def run(args):
+            with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
+                outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
+                for r in (0, 1):
+                    job.worker("optimizer_worker.py", ["--config", "adam/step", "--steps", "40",
+                                                       "--out", outs[r]] + args, rank=r)
+                codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
+                self.assertEqual(codes, [0, 0], job.logs())
+                return torch.load(outs[0]), job.log("server0")
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "state20.pt")
+            whole, _ = run(["--save_at", "20", "--save", path])
+            saved = torch.load(path)
+            for order in ([], ["--load_before_wrap"]):
+                resumed, server_log = run(["--resume", path] + order)
+                self.assertIn("rank 0 loaded the optimizer's state", server_log)
+                assert_close(self, whole, resumed, "resumed %s" % (order or "after wrapping"))
+        state = saved["optimizer"]["state"]
+        self.assertEqual(float(state[0]["step"]), 20.0)
+        # The state dict is torch's own: one process resumed from it ends
+        # where the job did; resumed without it, far from there.
+        assert_close(self, whole, optimizer_one_process("adam/step", 40, resume=saved),
+                     "one process resumed")
+        cold = optimizer_one_process("adam/step", 40, resume=saved, load_optimizer=False)
+        rel = max(float((cold[k] - whole[k]).norm() / whole[k].norm()) for k in whole)
+        self.assertGreater(rel, 1e-3, "a resume without the optimizer's state")
 
     def test_async_and_ssp_run_the_pushing_workers_learning_rate(self):
         # The program's LambdaLR holds the lr at 0 (the job's flags say
