@@ -490,12 +490,14 @@ def _broadcast_into(tensors, name):
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Horovod's broadcast of the optimizer's state from `root_rank`. A grps
-    optimizer's state (momentum, moments) lives on the servers, one for the
-    job: nothing to broadcast. The program's own optimizer, before it is
-    wrapped: its param groups' hyperparameters take root_rank's, once the
-    worker joined (as broadcast_parameters)."""
-    if isinstance(optimizer, _JobOptimizer):
+    """Horovod's broadcast of the optimizer's state from `root_rank`. The
+    state (momentum, moments) lives on the servers, one for the job (rank
+    0's load_state_dict() put it there): nothing to broadcast. The program's
+    optimizer, wrapped or not: its param groups' hyperparameters take
+    root_rank's on a fresh job (a resume that rank 0 loaded), once the
+    worker joined (as broadcast_parameters). grps's form of
+    DistributedOptimizer has no hyperparameters: nothing."""
+    if isinstance(optimizer, _JobOptimizer) and optimizer._grps_class is None:
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("broadcast_optimizer_state takes a torch.optim.Optimizer")

@@ -91,6 +91,10 @@ def main():
     parser.add_argument("--load_before_wrap", action="store_true",
                         help="load the optimizer's state before gt.DistributedOptimizer wraps "
                              "it (default: after, Horovod's order)")
+    parser.add_argument("--rank0_loads", action="store_true",
+                        help="as Horovod's examples: only rank 0 reads --resume, and "
+                             "broadcast_parameters and broadcast_optimizer_state give the "
+                             "others its weights and hyperparameters")
     args = parser.parse_args()
     gt.init()
     torch.manual_seed(100 + gt.rank())
@@ -101,14 +105,23 @@ def main():
     if args.resume:
         saved = torch.load(args.resume)
         start = saved["step"]
-        model.load_state_dict(saved["model"])
-        scheduler.load_state_dict(saved["scheduler"])
-        if args.load_before_wrap:
-            opt.load_state_dict(saved["optimizer"])
+        if args.rank0_loads and gt.rank() != 0:
+            saved = None
+        else:
+            model.load_state_dict(saved["model"])
+            scheduler.load_state_dict(saved["scheduler"])
+            if args.load_before_wrap:
+                opt.load_state_dict(saved["optimizer"])
     gt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = gt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     if saved is not None and not args.load_before_wrap:
         opt.load_state_dict(saved["optimizer"])
+    if args.rank0_loads:
+        gt.broadcast_optimizer_state(opt, root_rank=0)
+        lr = torch.load(args.resume)["optimizer"]["param_groups"][0]["lr"]
+        if opt.param_groups[0]["lr"] != lr:
+            raise SystemExit("rank %d's lr is %g after broadcast_optimizer_state, rank 0's %g"
+                             % (gt.rank(), opt.param_groups[0]["lr"], lr))
     data, order = batches(gt.size(), gt.rank(), args.batch, args.steps)
     for i in range(start, args.steps):
         x, y = data[order[i * args.batch:(i + 1) * args.batch]]

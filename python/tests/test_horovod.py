@@ -194,7 +194,8 @@ class TheProgramsOptimizer(unittest.TestCase):
         # torch.save(opt.state_dict()) at step 20 of 40 (Adam: its moments
         # and step are the servers'); a new job loads it with the model's
         # and the scheduler's, after wrapping the optimizer (Horovod's
-        # order) or before, and ends where the run that went on ends.
+        # order) or before, or on rank 0 only with the broadcasts (Horovod's
+        # examples), and ends where the run that went on ends.
         def run(args):
             with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
                 outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
@@ -209,7 +210,7 @@ class TheProgramsOptimizer(unittest.TestCase):
             path = os.path.join(tmp, "state20.pt")
             whole, _ = run(["--save_at", "20", "--save", path])
             saved = torch.load(path)
-            for order in ([], ["--load_before_wrap"]):
+            for order in ([], ["--load_before_wrap"], ["--rank0_loads"]):
                 resumed, server_log = run(["--resume", path] + order)
                 self.assertIn("rank 0 loaded the optimizer's state", server_log)
                 assert_close(self, whole, resumed, "resumed %s" % (order or "after wrapping"))
