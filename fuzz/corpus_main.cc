@@ -237,6 +237,65 @@ void WriteBadPushes(CorpusWriter& out, const v1::PushRequest& h,
             Push(h, v1::DTYPE_F32, {Sparse(0, {0.5f}, {kShardFuzzChunkElements})}));
 }
 
+// ---- optimizer_state --------------------------------------------------------
+
+// f32 values as little-endian bytes (this machine's order).
+std::string F32(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+void WriteOptimizerStates(CorpusWriter& out) {
+  const std::string t = "optimizer_state";
+  // A valid state of shard 0's chunks for each mode's optimizer (the
+  // fixture's: sync momentum, async Adam, ssp nesterov).
+  auto state = [](v1::OptimizerKind kind, uint32_t slots, float value) {
+    v1::LoadOptimizerStateRequest r;
+    r.set_job_id(kShardFuzzJobId);
+    r.set_worker_rank(0);
+    r.set_incarnation(1);
+    r.set_generation(kShardFuzzGeneration);
+    r.set_kind(kind);
+    for (uint32_t id : {0u, 2u}) {
+      v1::ChunkOptimizerState* c = r.add_chunks();
+      c->set_chunk_id(id);
+      c->set_steps(20);
+      for (uint32_t k = 0; k < slots; ++k)
+        c->add_slots(F32(std::vector<float>(kShardFuzzChunkElements, value)));
+    }
+    return r;
+  };
+  auto write = [&](const std::string& name, const v1::LoadOptimizerStateRequest& r) {
+    out.Write(t, name, r.SerializeAsString());
+  };
+  write("valid_momentum", state(v1::OPTIMIZER_MOMENTUM, 1, 0.5f));
+  write("valid_adam", state(v1::OPTIMIZER_ADAM, 2, 0.25f));
+  write("valid_nesterov", state(v1::OPTIMIZER_NESTEROV, 1, -0.5f));
+  v1::LoadOptimizerStateRequest r = state(v1::OPTIMIZER_ADAM, 2, 0.25f);
+  r.mutable_chunks()->RemoveLast();
+  write("valid_adam_chunk0_only", r);
+  r = state(v1::OPTIMIZER_ADAM, 2, 0.25f);
+  r.mutable_chunks(1)->set_slots(1, F32(std::vector<float>(kShardFuzzChunkElements, -1.0f)));
+  write("bad_adam_negative_second_moment", r);
+  r = state(v1::OPTIMIZER_ADAM, 2, 1e-30f);
+  r.mutable_chunks(0)->set_slots(0, F32(std::vector<float>(kShardFuzzChunkElements, 1e15f)));
+  write("valid_adam_largest_moment", r);
+  r = state(v1::OPTIMIZER_MOMENTUM, 1, std::numeric_limits<float>::quiet_NaN());
+  write("bad_momentum_nan", r);
+  r = state(v1::OPTIMIZER_MOMENTUM, 1, 0.5f);
+  r.mutable_chunks(1)->set_chunk_id(1);
+  write("bad_chunk_of_shard_1", r);
+  r = state(v1::OPTIMIZER_MOMENTUM, 1, 0.5f);
+  r.mutable_chunks(1)->set_chunk_id(0);
+  write("bad_chunk_twice", r);
+  r = state(v1::OPTIMIZER_MOMENTUM, 1, 0.5f);
+  r.mutable_chunks(0)->mutable_slots(0)->resize(7);
+  write("bad_slot_length", r);
+  r = state(v1::OPTIMIZER_MOMENTUM, 1, 0.5f);
+  r.mutable_chunks(0)->set_steps(~uint64_t{0});
+  write("bad_steps", r);
+  write("bad_kind", state(v1::OPTIMIZER_ADAGRAD, 1, 0.5f));
+}
+
 // ---- pull_request -----------------------------------------------------------
 
 void WritePulls(CorpusWriter& out) {
@@ -749,6 +808,7 @@ int main(int argc, char** argv) {
   grps::CorpusWriter out(argv[1]);
   grps::WritePushes(out);
   grps::WritePulls(out);
+  grps::WriteOptimizerStates(out);
   grps::WriteCoordinatorScripts(out);
   grps::WriteIdxFiles(out);
   grps::WriteJobFlags(out);

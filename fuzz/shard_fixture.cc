@@ -105,10 +105,7 @@ class RecordingCall final : public grpc::ServerCallbackUnary {
 
 }  // namespace
 
-ShardCallResult CallShard(v1::ConsistencyMode mode,
-                          const std::function<void(ShardStore&)>& prepare,
-                          RawHandler handler, const grpc::ByteBuffer& request,
-                          absl::Duration grace) {
+std::unique_ptr<ShardStore> NewFuzzShard(v1::ConsistencyMode mode) {
   static const v1::ShardMap* const map = new v1::ShardMap(ShardFuzzMap());
   ShardStore::Options options;
   options.config = ShardFuzzConfig(mode);
@@ -117,23 +114,31 @@ ShardCallResult CallShard(v1::ConsistencyMode mode,
   options.incarnation = 1;
   options.address = "127.0.0.1:1";
   options.generation = kShardFuzzGeneration;
+  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(std::move(options));
+  FUZZ_CHECK(store.ok(), std::string(store.status().message()));
+  return std::move(*store);
+}
+
+ShardCallResult CallShard(v1::ConsistencyMode mode,
+                          const std::function<void(ShardStore&)>& prepare,
+                          RawHandler handler, const grpc::ByteBuffer& request,
+                          absl::Duration grace) {
   // Declared before the store, so destroyed after it: the store's timer
   // thread may be the one that finishes the call.
   grpc::CallbackServerContext context;
   RecordingCall call;
   ShardCallResult result;
-  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Create(std::move(options));
-  FUZZ_CHECK(store.ok(), std::string(store.status().message()));
-  if (prepare) prepare(**store);
+  std::unique_ptr<ShardStore> store = NewFuzzShard(mode);
+  if (prepare) prepare(*store);
   {
-    ParameterServerService service(store->get());
+    ParameterServerService service(store.get());
     call.Bind((service.*handler)(&context, &request, &result.response));
     if (grace > absl::ZeroDuration()) call.WaitForFinish(grace);
-    (*store)->Shutdown();
+    store->Shutdown();
     FUZZ_CHECK(call.WaitForFinish(absl::Seconds(5)),
                "the handler did not finish within 5 s of the store's shutdown");
   }
-  store->reset();  // joins the store's threads
+  store.reset();  // joins the store's threads
   call.Done();
   result.status = call.status();
   return result;

@@ -1,7 +1,8 @@
-// The shard the server fuzz targets (push_request, pull_request) send their
-// requests to, shared with the corpus generator that writes their seeds: a
-// fixed, tiny layout, a fresh ShardStore per call, and a way to call
-// ParameterServerService's raw Push and Pull handlers without a gRPC server.
+// The shard the server fuzz targets (push_request, pull_request,
+// optimizer_state) send their requests to, shared with the corpus generator
+// that writes their seeds: a fixed, tiny layout, a fresh ShardStore per
+// call, and a way to call ParameterServerService's raw Push and Pull
+// handlers without a gRPC server.
 //
 // The layout: job "fuzz-job", 2 workers, 2 shards; tensor "w" [4, 6] in
 // three chunks of 8 elements (ids 0, 1, 2) and "b" [6] in one (id 3). This
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -37,6 +39,9 @@ inline constexpr v1::ConsistencyMode kShardFuzzModes[] = {v1::MODE_SYNC, v1::MOD
 
 v1::JobConfig ShardFuzzConfig(v1::ConsistencyMode mode);
 v1::ShardMap ShardFuzzMap();
+
+// A fresh store of shard 0 under `mode`, at kShardFuzzGeneration.
+std::unique_ptr<ShardStore> NewFuzzShard(v1::ConsistencyMode mode);
 
 // What a handler answered.
 struct ShardCallResult {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -951,7 +952,9 @@ absl::StatusOr<std::vector<const v1::ChunkSpec*>> CheckStateChunks(const ShardSt
 
 // A loaded state's slot: num_elements f32, finite, and not negative where
 // the optimizer takes its square root (Adam's second moment, AdaGrad's
-// accumulator).
+// accumulator). Its magnitudes are bounded as gradients are
+// (kMaxGradientMagnitude; a sum of squares by its square), so that no state
+// makes an update overflow the weights.
 absl::Status CheckStateSlot(const std::string& slot, const v1::ChunkSpec& spec, uint32_t index,
                             bool non_negative) {
   const std::string what = absl::StrCat("chunk ", spec.chunk_id(), "'s optimizer state slot ",
@@ -966,11 +969,17 @@ absl::Status CheckStateSlot(const std::string& slot, const v1::ChunkSpec& spec, 
   if (int64_t bad = FirstNonFinite(values.data(), n); bad >= 0)
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": element ", bad, " is not a finite number"));
-  if (non_negative)
-    for (int64_t i = 0; i < n; ++i)
-      if (values[i] < 0)
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": element ", i, " is ", values[i], " (a sum of squares is not negative)"));
+  const double most = non_negative ? double{ParameterServerService::kMaxGradientMagnitude} *
+                                         ParameterServerService::kMaxGradientMagnitude
+                                   : ParameterServerService::kMaxGradientMagnitude;
+  for (int64_t i = 0; i < n; ++i) {
+    if (non_negative && values[i] < 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": element ", i, " is ", values[i], " (a sum of squares is not negative)"));
+    if (std::fabs(values[i]) > most)
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": element ", i, " is ", values[i], ", above ", most));
+  }
   return absl::OkStatus();
 }
 

@@ -634,6 +634,10 @@ TEST_F(OptimizerStateTest, AStateThatDoesNotFitTheJobIsRefusedAndChangesNothing)
   refused(r, grpc::StatusCode::INVALID_ARGUMENT, "not a finite number");
   r = LoadOf(0.5f, -0.25f, 20);
   refused(r, grpc::StatusCode::INVALID_ARGUMENT, "a sum of squares is not negative");
+  r = LoadOf(1e16f, 0.25f, 20);  // m / (sqrt(v) + eps) would pass a float
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "above 1e+15");
+  r = LoadOf(0.5f, 1e31f, 20);
+  refused(r, grpc::StatusCode::INVALID_ARGUMENT, "above 1e+30");
   r = LoadOf(0.5f, 0.25f, uint64_t{1} << 60);
   refused(r, grpc::StatusCode::INVALID_ARGUMENT, "steps, above");
   r = LoadOf(0.5f, 0.25f, 20);
