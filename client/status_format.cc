@@ -93,6 +93,16 @@ std::string ModeWithBound(const v1::JobStatus& status) {
   return mode;
 }
 
+// "adam, on the servers", or where the program's optimizer runs on the
+// workers what the servers do instead.
+std::string OptimizerLine(const v1::JobStatus& status) {
+  const v1::OptimizerKind kind = status.config().optimizer().kind();
+  if (kind != v1::OPTIMIZER_WORKERS) return absl::StrCat(OptimizerName(kind), ", on the servers");
+  return status.mode() == v1::MODE_SYNC
+             ? "the program's, on the workers (the servers average the gradients)"
+             : "the program's, on the workers (the servers add the weights' changes)";
+}
+
 // Which optional shard columns a table shows: those of the job's mode, and
 // any whose figure is not zero somewhere (a counter from an earlier mode or
 // a misconfigured server is still worth seeing).
@@ -197,6 +207,7 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
       {"job", status.job_id().empty() ? "-" : status.job_id()},
       {"state", JobStateName(status.state())},
       {"mode", ModeWithBound(status)},
+      {"optimizer", OptimizerLine(status)},
       {"global step", GlobalStep(status)},
       {"samples/s", Fixed(status.samples_per_sec(), 1)},
       {"loss", Fixed(status.loss(), 4)},

@@ -195,6 +195,19 @@ TEST(JobHeader, ShowsBackupWorkersAndTheLatePolicyInSyncMode) {
               Not(HasSubstr("backup")));
 }
 
+TEST(JobHeader, SaysWhereTheOptimizerRuns) {
+  v1::JobStatus s = RunningJob();
+  s.mutable_config()->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "optimizer"),
+              HasSubstr("adam, on the servers"));
+  s.mutable_config()->mutable_optimizer()->set_kind(v1::OPTIMIZER_WORKERS);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "optimizer"),
+              HasSubstr("the program's, on the workers (the servers average the gradients)"));
+  s.set_mode(v1::MODE_ASYNC);
+  EXPECT_THAT(LineStartingWith(FormatJobHeader(s), "optimizer"),
+              HasSubstr("on the workers (the servers add the weights' changes)"));
+}
+
 TEST(JobHeader, ShowsLateAndTooStaleGradientsOnlyWhenThereAreAny) {
   v1::JobStatus s = RunningJob();
   EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "gradients"), "");

@@ -97,7 +97,8 @@ ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),
           "use only the first N test examples (0 = all)");
 ABSL_FLAG(std::string, optimizer, grps::OptimizerName(Defaults().optimizer().kind()),
-          "server-side optimizer: sgd, momentum, nesterov, adam or adagrad");
+          "optimizer: sgd, momentum, nesterov, adam or adagrad (on the servers), or workers "
+          "(a user model's program runs its own: the servers average, or add changes)");
 ABSL_FLAG(float, lr, Defaults().optimizer().learning_rate(), "learning rate");
 ABSL_FLAG(float, momentum, Defaults().optimizer().momentum(),
           "momentum (momentum and nesterov optimizers)");

@@ -132,8 +132,12 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
         "'; start it with --model=user to train a worker's own model"));
   if (absl::Status s = ValidateUserModel(tensors); !s.ok()) return s;
   if (optimizer != v1::OPTIMIZER_UNSPECIFIED &&
-      (optimizer < v1::OPTIMIZER_SGD || optimizer > v1::OPTIMIZER_ADAGRAD))
+      (optimizer < v1::OPTIMIZER_SGD || optimizer > v1::OPTIMIZER_WORKERS))
     return absl::InvalidArgumentError(absl::StrCat("unknown optimizer kind ", optimizer));
+  if (optimizer == v1::OPTIMIZER_WORKERS && config_.sparse_tables_size() > 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", config_.job_id(), " has sparse tables, whose rows the servers' optimizer "
+        "updates: a program whose optimizer runs on the workers cannot train it"));
   if (!model_.empty()) {
     const std::string difference = FirstModelDifference(model_, tensors);
     if (!difference.empty())
@@ -153,8 +157,12 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
                config_.job_id(), model_.size(), built->chunks_size(), membership_.num_shards());
   if (optimizer != v1::OPTIMIZER_UNSPECIFIED && optimizer != config_.optimizer().kind()) {
     program_optimizer_ = optimizer;
-    spdlog::info("job {}: the program's optimizer is {} (the job's flags said {})",
-                 config_.job_id(), OptimizerName(optimizer), OptimizerName(config_.optimizer().kind()));
+    spdlog::info("job {}: the program's optimizer is {} (the job's flags said {}){}",
+                 config_.job_id(), OptimizerName(optimizer), OptimizerName(config_.optimizer().kind()),
+                 optimizer != v1::OPTIMIZER_WORKERS ? ""
+                 : config_.mode() == v1::MODE_SYNC
+                     ? ": it runs on the workers, on the gradients the servers average"
+                     : ": it runs on the workers, and the servers add the weights' changes they push");
   }
   changed_.SignalAll();
   return true;

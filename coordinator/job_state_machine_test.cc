@@ -1052,6 +1052,21 @@ TEST_F(UserModelTest, TheDefiningOfferSetsTheOptimizerKindItsServersKeepStateFor
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(UserModelTest, AnOptimizerOnTheWorkersNeedsAJobWithoutSparseTables) {
+  StartUserJob();
+  ASSERT_TRUE(machine_->DefineModel(Model(4), v1::OPTIMIZER_WORKERS).ok());
+  EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_WORKERS);
+  StartUserJob();
+  v1::SparseTableSpec* table = config_.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(4);
+  table->set_rows(100);
+  machine_ = NewMachine();
+  absl::StatusOr<bool> refused = machine_->DefineModel(Model(4), v1::OPTIMIZER_WORKERS);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("has sparse tables"));
+}
+
 TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
   StartUserJob();
   ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());

@@ -141,7 +141,7 @@ absl::Status ValidateModel(const v1::JobConfig& c) {
 }
 
 absl::Status ValidateOptimizer(const v1::OptimizerConfig& o) {
-  if (o.kind() < v1::OPTIMIZER_SGD || o.kind() > v1::OPTIMIZER_ADAGRAD)
+  if (o.kind() < v1::OPTIMIZER_SGD || o.kind() > v1::OPTIMIZER_WORKERS)
     return Bad("optimizer kind is unknown");
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate()))
     return Bad("learning_rate must be a positive number");
@@ -167,6 +167,9 @@ bool SameOptimizerState(v1::OptimizerKind a, v1::OptimizerKind b) {
 
 absl::Status CheckProgramOptimizer(const v1::OptimizerConfig& job,
                                    const v1::OptimizerConfig& program) {
+  if (job.kind() == v1::OPTIMIZER_WORKERS || program.kind() == v1::OPTIMIZER_WORKERS)
+    return absl::InvalidArgumentError(
+        "the job's optimizer runs on the workers: a push names no optimizer for the servers");
   if (!SameOptimizerState(job.kind(), program.kind()))
     return absl::InvalidArgumentError(absl::StrCat(
         "the program's optimizer is ", OptimizerName(program.kind()), " but the job's is ",
@@ -321,6 +324,12 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     if (absl::Status s = check(c); !s.ok()) return s;
   }
   if (absl::Status s = ValidateOptimizer(c.optimizer()); !s.ok()) return s;
+  if (c.optimizer().kind() == v1::OPTIMIZER_WORKERS && c.model() != v1::MODEL_USER)
+    return Bad("optimizer 'workers' (the program's optimizer on the workers) is for a user "
+               "model: grps-worker's models have the servers' optimizers only");
+  if (c.optimizer().kind() == v1::OPTIMIZER_WORKERS && c.sparse_tables_size() > 0)
+    return Bad("optimizer 'workers': the rows of sparse tables are updated by the servers' "
+               "optimizer; a job with sparse tables needs one (sgd, momentum, adam, adagrad)");
   if (c.model() != v1::MODEL_EMBEDDING) return absl::OkStatus();
   return ValidateEmbedding(c);
 }
@@ -431,7 +440,8 @@ absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {
                                     {"momentum", v1::OPTIMIZER_MOMENTUM},
                                     {"nesterov", v1::OPTIMIZER_NESTEROV},
                                     {"adam", v1::OPTIMIZER_ADAM},
-                                    {"adagrad", v1::OPTIMIZER_ADAGRAD}});
+                                    {"adagrad", v1::OPTIMIZER_ADAGRAD},
+                                    {"workers", v1::OPTIMIZER_WORKERS}});
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv) {
@@ -486,6 +496,7 @@ std::string OptimizerName(v1::OptimizerKind kind) {
     case v1::OPTIMIZER_NESTEROV: return "nesterov";
     case v1::OPTIMIZER_ADAM: return "adam";
     case v1::OPTIMIZER_ADAGRAD: return "adagrad";
+    case v1::OPTIMIZER_WORKERS: return "workers";
     default: return "unspecified";
   }
 }

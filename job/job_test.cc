@@ -352,6 +352,30 @@ TEST(JobConfig, AProgramsOptimizerMustKeepTheJobsStateAndBeInRange) {
   EXPECT_TRUE(CheckProgramOptimizer(job, program).ok());
 }
 
+TEST(JobConfig, AnOptimizerOnTheWorkersIsForAUserModelWithNoSparseTables) {
+  EXPECT_EQ(*ParseOptimizer("workers"), v1::OPTIMIZER_WORKERS);
+  EXPECT_EQ(OptimizerName(v1::OPTIMIZER_WORKERS), "workers");
+  EXPECT_EQ(OptimizerStateSlots(v1::OPTIMIZER_WORKERS), 0u);
+  v1::JobConfig c = DefaultJobConfig();
+  c.mutable_optimizer()->set_kind(v1::OPTIMIZER_WORKERS);
+  ExpectRefused(c, "optimizer 'workers' (the program's optimizer on the workers) is for a user");
+  c.set_model(v1::MODEL_USER);
+  c.mutable_dataset()->set_path("");
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  v1::SparseTableSpec* table = c.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(4);
+  table->set_rows(100);
+  ExpectRefused(c, "optimizer 'workers': the rows of sparse tables");
+  // A push names no server optimizer in such a job, nor a worker one in another.
+  v1::OptimizerConfig job, program;
+  job.set_kind(v1::OPTIMIZER_WORKERS);
+  program.set_kind(v1::OPTIMIZER_SGD);
+  EXPECT_THAT(std::string(CheckProgramOptimizer(job, program).message()),
+              ::testing::HasSubstr("the job's optimizer runs on the workers"));
+  EXPECT_FALSE(CheckProgramOptimizer(program, job).ok());
+}
+
 TEST(ShardMap, ChunksTileEveryTensorAndBalanceBytes) {
   v1::JobConfig c = DefaultJobConfig();
   absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(c), 3, 64 * 1024);

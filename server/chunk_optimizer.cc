@@ -6,9 +6,9 @@
 
 namespace grps {
 
-ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
+ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config, v1::ConsistencyMode mode,
                                Backend* backend, uint64_t num_elements)
-    : config_(config), backend_(backend), n_(num_elements) {
+    : config_(config), mode_(mode), backend_(backend), n_(num_elements) {
   const uint32_t slots = OptimizerStateSlots(config_.kind());
   const size_t bytes = n_ * sizeof(float);
   if (slots >= 1) {
@@ -23,6 +23,14 @@ ChunkOptimizer::ChunkOptimizer(const v1::OptimizerConfig& config,
 
 void ChunkOptimizer::Apply(float* param, const float* grad, const UpdateStep& step,
                            uint64_t update_index) {
+  if (config_.kind() == v1::OPTIMIZER_WORKERS) {
+    if (mode_ == v1::MODE_SYNC) {
+      backend_->CopyOnDevice(param, grad, n_ * sizeof(float));
+    } else {
+      backend_->Axpy(1.0f, grad, param, n_);
+    }
+    return;
+  }
   ApplyOptimizerStep(step.optimizer != nullptr ? *step.optimizer : config_, *backend_, step.lr,
                      static_cast<int64_t>(update_index + 1), param, grad, a_.f32(), b_.f32(), n_);
 }
@@ -61,7 +69,8 @@ void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, flo
       backend.AdagradUpdate(p, param, grad, a, n);
       return;
     }
-    default: {  // OPTIMIZER_SGD; ValidateJobConfig admits nothing else.
+    default: {  // OPTIMIZER_SGD; ValidateJobConfig admits nothing else here (no
+                // sparse tables with OPTIMIZER_WORKERS, which ChunkOptimizer runs).
       SgdParams p;
       p.lr = lr;
       p.weight_decay = config.weight_decay();

@@ -32,8 +32,9 @@ void ApplyOptimizerStep(const v1::OptimizerConfig& config, Backend& backend, flo
 class ChunkOptimizer {
  public:
   // `backend` allocates the state and must outlive the optimizer. `config`
-  // must be valid (ValidateJobConfig).
-  ChunkOptimizer(const v1::OptimizerConfig& config, Backend* backend,
+  // must be valid (ValidateJobConfig); `mode` is the job's (what
+  // OPTIMIZER_WORKERS does).
+  ChunkOptimizer(const v1::OptimizerConfig& config, v1::ConsistencyMode mode, Backend* backend,
                  uint64_t num_elements);
   ChunkOptimizer(const ChunkOptimizer&) = delete;
   ChunkOptimizer& operator=(const ChunkOptimizer&) = delete;
@@ -41,7 +42,10 @@ class ChunkOptimizer {
   // One update of `param` from `grad` (num_elements floats each) as `step`
   // says (the program's optimizer, which ShardStore checked keeps this
   // one's state, or the job's); `update_index` is the 0-based count of
-  // updates before this one (Adam's bias correction).
+  // updates before this one (Adam's bias correction). With OPTIMIZER_WORKERS
+  // (the program's optimizer runs on the workers) there is no optimizer
+  // here: in sync `grad` (the step's average) becomes the value, in async
+  // and ssp it is a worker's change of the weights and is added.
   void Apply(float* param, const float* grad, const UpdateStep& step, uint64_t update_index);
 
   // The state slots, as f32 bytes, in order: momentum velocity / Adam's
@@ -57,6 +61,7 @@ class ChunkOptimizer {
 
  private:
   const v1::OptimizerConfig config_;
+  const v1::ConsistencyMode mode_;
   Backend* const backend_;
   const uint64_t n_;
   // Momentum velocity, Adam first moment or AdaGrad accumulator (a); Adam

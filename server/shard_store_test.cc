@@ -126,6 +126,28 @@ TEST(ShardStoreSync, AdamCountsStepsFromOne) {
   EXPECT_EQ(Values(*store, 0), p);
 }
 
+// A user model's job whose program runs its optimizer on the workers.
+v1::JobConfig OptimizerOnWorkers(v1::ConsistencyMode mode, uint32_t workers) {
+  v1::JobConfig config = Config(mode, workers);
+  config.set_model(v1::MODEL_USER);
+  config.mutable_dataset()->set_path("");
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_WORKERS);
+  return config;
+}
+
+TEST(ShardStoreSync, WithTheOptimizerOnTheWorkersAStepsValueIsItsAverageGradient) {
+  // The workers apply the average with their optimizer: no lr, no state here.
+  const v1::JobConfig config = OptimizerOnWorkers(v1::MODE_SYNC, 2);
+  auto store = MakeStore(config, SmallTensors(1));
+  ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 2, 3, 4}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {3, 2, 1, -4}}).ok());
+  EXPECT_EQ(Values(*store, 0), (std::vector<float>{2, 2, 2, 0}));
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {0.5f, 0, 0, 0}}).ok());
+  ASSERT_TRUE(Send(*store, {1, 1, 0, {0.5f, 0, 0, 1}}).ok());
+  EXPECT_EQ(Values(*store, 0), (std::vector<float>{0.5f, 0, 0, 0.5f}));
+  EXPECT_EQ(Version(*store, 0), 2u);
+}
+
 TEST(ShardStoreSync, ShrinkingTheLiveSetCompletesAPendingStep) {
   auto store = MakeStore(Config(v1::MODE_SYNC, 3), SmallTensors(1));
   const std::vector<float> init = InitialValues(*store, 0);
@@ -428,6 +450,23 @@ TEST(ShardStoreAsync, AppliesEveryPushAndMeasuresStaleness) {
   histogram[1] = 2;
   histogram[3] = 1;
   EXPECT_THAT(status.staleness_histogram(), ElementsAreArray(histogram));
+}
+
+TEST(ShardStoreAsync, WithTheOptimizerOnTheWorkersEachPushedChangeIsAdded) {
+  for (v1::ConsistencyMode mode : {v1::MODE_ASYNC, v1::MODE_SSP}) {
+    SCOPED_TRACE(ModeName(mode));
+    auto store = MakeStore(OptimizerOnWorkers(mode, 2), SmallTensors(1));
+    std::vector<float> expected = InitialValues(*store, 0);
+    const std::vector<Push> pushes = {{0, 0, 0, {1, -1, 0.25f, 0}, 0},
+                                      {1, 0, 0, {2, 0, 0, -0.5f}, 0}};
+    for (const Push& push : pushes) {
+      ASSERT_TRUE(Send(*store, push).ok());
+      for (size_t i = 0; i < expected.size(); ++i) expected[i] += push.grad[i];
+    }
+    // Neither lr / workers nor the schedule: the workers' optimizer made the change.
+    EXPECT_EQ(Values(*store, 0), expected);
+    EXPECT_EQ(Version(*store, 0), 2u);
+  }
 }
 
 TEST(ShardStoreAsync, VeryStaleUpdatesLandInTheLastBucket) {

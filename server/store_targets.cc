@@ -127,7 +127,8 @@ StoreChunk::StoreChunk(uint32_t id, uint64_t num_elements, std::unique_ptr<Backe
       backend_(std::move(backend)) {
   absl::MutexLock lock(&mu);
   values = DeviceBuffer(backend_.get(), num_elements_ * sizeof(float));
-  optimizer = std::make_unique<ChunkOptimizer>(config.optimizer(), backend_.get(), num_elements_);
+  optimizer = std::make_unique<ChunkOptimizer>(config.optimizer(), config.mode(), backend_.get(),
+                                               num_elements_);
 }
 
 StoreChunk::~StoreChunk() {

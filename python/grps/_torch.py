@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import signal
+import struct
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ class _Process:
         self.straggler = _straggler_from_environment()
         self.last_step_end = None  # time.monotonic() when the last step() returned
         self.samples = 0           # pushed by this worker's steps
+        self.begun_at = 0          # the job's step when this worker began (> 0: it rejoined)
 
 
 class _Curve:
@@ -386,6 +388,24 @@ class _Model:
             for p, view in self.copied:
                 p.data.copy_(view.view(p.shape), non_blocking=False)
 
+    def params_to_flat(self):
+        """The parameters that are not views into the flat values (after an
+        optimizer that runs here changed them)."""
+        with torch.no_grad():
+            for p, at in zip(self.params, self.offsets):
+                view = self.flat[at:at + p.numel()]
+                if p.data_ptr() == view.data_ptr():
+                    continue
+                view.copy_(p.detach().reshape(-1))
+                if p.dtype == torch.float32 and p.device.type == "cpu":
+                    p.data = view.view(p.shape)  # an optimizer that set p.data anew
+
+    def grads_to_params(self, grads):
+        """Each parameter's `grad` from the flat array `grads` (a copy)."""
+        with torch.no_grad():
+            for p, at in zip(self.params, self.offsets):
+                p.grad = grads[at:at + p.numel()].view(p.shape).to(p.device, p.dtype, copy=True)
+
     def grad_view(self, i):
         at = self.offsets[i]
         return self.grads[at:at + self.params[i].numel()]
@@ -490,13 +510,14 @@ def _broadcast_into(tensors, name):
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Horovod's broadcast of the optimizer's state from `root_rank`. The
-    state (momentum, moments) lives on the servers, one for the job (rank
-    0's load_state_dict() put it there): nothing to broadcast. The program's
-    optimizer, wrapped or not: its param groups' hyperparameters take
-    root_rank's on a fresh job (a resume that rank 0 loaded), once the
-    worker joined (as broadcast_parameters). grps's form of
-    DistributedOptimizer has no hyperparameters: nothing."""
+    """Horovod's broadcast of the optimizer's state from `root_rank`, on a
+    fresh job (a resume that rank 0 loaded), once the worker joined (as
+    broadcast_parameters). An optimizer the servers run keeps its state
+    (momentum, moments) there, one for the job (rank 0's load_state_dict()
+    put it there): its param groups' hyperparameters take root_rank's. One
+    that runs on the workers (RMSprop, a custom one): its whole
+    state_dict(). grps's form of DistributedOptimizer has no
+    hyperparameters: nothing."""
     if isinstance(optimizer, _JobOptimizer) and optimizer._grps_class is None:
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -504,6 +525,13 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
     def action(p):
         if p.worker.step_count > 0:
+            return
+        if _on_workers(optimizer):
+            # Its state is this process's own: root_rank's, whole, as Horovod's.
+            state = _broadcast_from(optimizer.state_dict, root_rank,
+                                    "grps.broadcast_optimizer_state")
+            if rank() != root_rank:
+                optimizer.load_state_dict(state)
             return
         groups = _broadcast_from(lambda: [_hyperparameters(g) for g in optimizer.param_groups],
                                  root_rank, "grps.broadcast_optimizer_state")
@@ -513,6 +541,13 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
         for mine, theirs in zip(optimizer.param_groups, groups):
             mine.update(theirs)
     _when_joined(action)
+
+
+def _on_workers(optimizer):
+    """Whether `optimizer` (wrapped or not) runs on the workers."""
+    if isinstance(optimizer, _JobOptimizer):
+        return optimizer._on_workers
+    return _program_kind(type(optimizer), optimizer.param_groups) == "workers"
 
 
 def _when_begun(p, action):
@@ -532,6 +567,7 @@ def _begin(p):
     w.begin(p.model.flat.numpy(), w.rank == 0)
     p.model.weights_to_params()
     p.begun = True
+    p.begun_at = w.step_count
     pending, p.pending = p.pending, []
     for action in pending:
         action(p)
@@ -566,6 +602,9 @@ class Compression:
 
 
 _COLLECTIVE_TIMEOUT_S = 600.0
+# The most one rank gives one collective round (the coordinator's
+# Collectives::kMaxPayloadBytes); a broadcast of more takes several rounds.
+_COLLECTIVE_PAYLOAD = 4 << 20
 
 
 def _collective(name, payload):
@@ -580,11 +619,24 @@ def _collective(name, payload):
 def _broadcast_from(value, root_rank, name):
     """`root_rank`'s value() (picklable; called there only) on every live
     worker, through the collective `name`."""
-    payload = pickle.dumps(value()) if rank() == root_rank else b""
-    for r, sent in _collective(name, payload):
-        if r == root_rank:
-            return pickle.loads(sent)
-    raise Error("broadcast '%s': rank %d did not take part (it is not alive)" % (name, root_rank))
+    root = rank() == root_rank
+    payload = pickle.dumps(value()) if root else b""
+    # Rounds of at most _COLLECTIVE_PAYLOAD; the first says how many.
+    size = _COLLECTIVE_PAYLOAD - 8
+    parts = [payload[i:i + size] for i in range(0, len(payload), size)] or [b""]
+    got, count = [], 1
+    while len(got) < count:
+        mine = parts[len(got)] if root else b""
+        if root and not got:
+            mine = struct.pack("<Q", len(parts)) + mine
+        sent = dict(_collective(name, mine)).get(root_rank)
+        if sent is None:
+            raise Error("broadcast '%s': rank %d did not take part (it is not alive)"
+                        % (name, root_rank))
+        if not got:
+            count, sent = struct.unpack("<Q", sent[:8])[0], sent[8:]
+        got.append(sent)
+    return pickle.loads(b"".join(got))
 
 
 def _to_numpy(t):
@@ -761,7 +813,15 @@ _SERVER_OPTIMIZERS = {
 }
 _KIND_FLAG = {"OPTIMIZER_SGD": "sgd", "OPTIMIZER_MOMENTUM": "momentum",
               "OPTIMIZER_NESTEROV": "nesterov", "OPTIMIZER_ADAM": "adam",
-              "OPTIMIZER_ADAGRAD": "adagrad"}
+              "OPTIMIZER_ADAGRAD": "adagrad", "OPTIMIZER_WORKERS": "workers"}
+# Optimizers that cannot run on grps at all: step() re-evaluates the model
+# (LBFGS's closure) or takes sparse gradients.
+_REFUSED_OPTIMIZERS = {
+    torch.optim.LBFGS: "LBFGS evaluates the model again inside step(closure), which a "
+                       "distributed step cannot do",
+    torch.optim.SparseAdam: "SparseAdam takes sparse gradients; grps pushes dense ones (use "
+                            "gt.EmbeddingBag for sparse rows)",
+}
 
 
 def _f32(x):
@@ -777,8 +837,7 @@ def _server_form(cls, g, job_kind):
     if cls not in _SERVER_OPTIMIZERS:
         raise NotImplementedError(
             "grps's servers run SGD (momentum, nesterov, weight decay), Adam, AdamW and "
-            "Adagrad; this program's optimizer is %s. Running an optimizer on the workers is "
-            "not built yet" % cls.__name__)
+            "Adagrad; this program's optimizer is %s" % cls.__name__)
     kind, fields = _SERVER_OPTIMIZERS[cls]
     if g.get("maximize"):
         raise NotImplementedError("%s(maximize=True) is not run by grps's servers" % cls.__name__)
@@ -827,6 +886,8 @@ class _JobOptimizer:
     def _grps_setup(self, named, backward_passes_per_step, overlap, optimizer_kind=""):
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
+        # The program's optimizer runs here, not on the servers (kind "workers").
+        self._on_workers = optimizer_kind == "workers"
         self._process = _join(named, optimizer_kind)
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -854,7 +915,7 @@ class _JobOptimizer:
     def _accumulated(self, i):
         self._passes[i] += 1
         if (not self.overlap or self._passes[i] != self.backward_passes_per_step
-                or self._refused is not None):
+                or self._refused is not None or self._on_workers):
             return
         p = self._process
         if not p.begun:
@@ -941,18 +1002,18 @@ class _JobOptimizer:
                                            % (at, p.worker.step_count, float(model.grads[at]),
                                               "it was not pushed, the gradients final before "
                                               "it were" if early else "nothing was pushed")))
-        try:
-            self._send_optimizers()
-        except (ValueError, NotImplementedError):
-            self._abandon()
-            raise
-        for table in p.tables:
-            table._push(p.worker)
-        try:
-            outcome = p.worker.step(model.grads.numpy(), model.flat.numpy(), int(samples))
-        except ValueError as e:
-            raise ValueError(_name_element(model, str(e))) from None
-        model.weights_to_params()
+        if self._on_workers:
+            outcome = self._step_on_workers(samples)
+        else:
+            try:
+                self._send_optimizers()
+            except (ValueError, NotImplementedError):
+                self._abandon()
+                raise
+            for table in p.tables:
+                table._push(p.worker)
+            outcome = self._exchange(samples)
+            model.weights_to_params()
         if loss is not None:
             p.worker.report_loss(float(loss))
         p.samples += int(samples)
@@ -967,12 +1028,65 @@ class _JobOptimizer:
             _leave(p)
         return loss
 
+    def _exchange(self, samples):
+        """Pushes the flat gradients (model.grads) and pulls into the flat
+        values what the mode serves next."""
+        model = self._model
+        try:
+            return self._process.worker.step(model.grads.numpy(), model.flat.numpy(),
+                                             int(samples))
+        except ValueError as e:
+            raise ValueError(_name_element(model, str(e))) from None
+
+    def _step_on_workers(self, samples):
+        """step() of an optimizer that runs here (kind "workers"). Sync: the
+        servers average the step's gradients and every worker applies the
+        average with the program's optimizer (the same bits on every
+        worker). Async and ssp: this worker applies its own gradient and
+        pushes the change of the weights, which the servers add; the next
+        weights are the servers' newest."""
+        p, model = self._process, self._model
+        sync = self._mode == "MODE_SYNC"
+        if sync and p.begun_at > 0:
+            raise Error("this worker joined a running sync job whose optimizer runs on the "
+                        "workers: the weights and the optimizer's state are the workers' own "
+                        "and nobody gives them to a restarted worker; resume the job from "
+                        "the program's own torch.save instead (docs/pytorch.md)")
+        model.params_to_flat()
+        weights = model.flat.clone()
+        if sync:
+            outcome = self._exchange(samples)
+            if outcome["rolled_back"]:
+                raise Error("the job rolled back (a server was restored from a checkpoint); "
+                            "a sync job whose optimizer runs on the workers cannot: the "
+                            "servers hold no weights of it. Resume from the program's own "
+                            "torch.save (docs/pytorch.md)")
+            model.grads.copy_(model.flat)  # the step's average gradient
+            model.flat.copy_(weights)
+        model.grads_to_params(model.grads)
+        super().step()
+        model.params_to_flat()
+        if sync:
+            return outcome
+        torch.sub(model.flat, weights, out=model.grads)  # the change the servers add
+        at = p.worker.first_non_finite(model.grads.numpy())
+        if at >= 0:
+            model.flat.copy_(weights)
+            model.weights_to_params()
+            raise ValueError(_name_element(model, "element %d of step %d's change of the "
+                                           "weights is %s: the optimizer made it, nothing was "
+                                           "pushed" % (at, p.worker.step_count,
+                                                       float(model.grads[at]))))
+        outcome = self._exchange(samples)
+        model.weights_to_params()
+        return outcome
+
     def _send_optimizers(self):
         """The program's optimizer as its param groups are now (an LR
         scheduler's lr, momentum, betas) to the worker, for the step's
         pushes, when they changed: the servers run each group's update with
         its own hyperparameters."""
-        if self._grps_class is None:
+        if self._grps_class is None or self._on_workers:
             return
         forms = [_server_form(self._grps_class, g, self._job_kind) for g in self.param_groups]
         if forms == self._sent:
@@ -994,7 +1108,7 @@ class _JobOptimizer:
         the servers, which keep it: as of this worker's last step (in sync,
         every worker's). torch.save it with the model's state_dict(), and a
         new job resumes from both (load_state_dict) where this one is."""
-        if self._grps_class is not None and self._process.begun:
+        if self._grps_class is not None and not self._on_workers and self._process.begun:
             self._state_from_servers()
         return super().state_dict()
 
@@ -1012,7 +1126,7 @@ class _JobOptimizer:
         for mine, loaded in zip(groups, self.param_groups):
             mine.update(loaded)
         self.param_groups = groups
-        if self._grps_class is not None:
+        if self._grps_class is not None and not self._on_workers:
             _when_begun(self._process, self._state_to_servers)
 
     _STATE_SLOTS = {torch.optim.SGD: ("momentum_buffer",),
@@ -1103,6 +1217,10 @@ class _NamedOptimizer(_JobOptimizer, torch.optim.Optimizer):
         named = list(named)
         self._grps_setup(named, backward_passes_per_step, overlap)
         torch.optim.Optimizer.__init__(self, self._model.params, {})
+        if _job_kind(_job_config(self._process)) == "workers":
+            raise ValueError("the job's optimizer runs on the workers (--optimizer=workers, or "
+                             "its first worker's optimizer): pass the program's torch optimizer, "
+                             "gt.DistributedOptimizer(opt, named_parameters=...)")
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -1128,7 +1246,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     the servers keep (sgd, momentum, adam for Adam and AdamW, adagrad) in
     place of the job's --optimizer, whose --lr and other hyperparameter
     flags are not used; a later worker whose optimizer needs another kind
-    raises ValueError. Another optimizer class raises NotImplementedError.
+    raises ValueError.
+
+    An optimizer the servers do not run (RMSprop, Adamax, a custom class,
+    SGD with dampening, Adam with amsgrad) runs on the workers, the job's
+    --optimizer becomes "workers" and the log and grpsctl status say so. In
+    sync the servers average the gradients and every worker's step()
+    applies the average with the program's optimizer (the same bits on
+    every worker: broadcast_optimizer_state gives a resumed rank 0's state
+    to all); in async and ssp each worker applies its own gradient and
+    pushes the change of the weights, which the servers add (BytePS's
+    asynchronous mode), and pulls the newest weights. Its state_dict() is
+    this worker's own. A sync job of it does not survive a roll-back or a
+    restarted worker (grps.Error): the weights are the workers'. LBFGS
+    (step() re-evaluates the model) and SparseAdam raise
+    NotImplementedError.
+
     grps's form,
     ``gt.DistributedOptimizer(model.named_parameters())``, trains with the
     job's optimizer and schedule (its flags), whatever they are.
@@ -1220,14 +1353,20 @@ def _holds_state(optimizer):
 
 def _program_kind(cls, groups):
     """The job optimizer kind whose state the servers keep for an optimizer
-    of class `cls` with param groups `groups`; raises NotImplementedError
-    for what grps's servers do not run."""
+    of class `cls` with param groups `groups`, or "workers" for one the
+    servers do not run (it runs on the workers); raises
+    NotImplementedError for what cannot run on grps at all."""
+    if cls in _REFUSED_OPTIMIZERS:
+        raise NotImplementedError(_REFUSED_OPTIMIZERS[cls])
     if cls is torch.optim.SGD:
         kind = "momentum" if any(g.get("momentum", 0) for g in groups) else "sgd"
     else:
         kind = _SERVER_OPTIMIZERS.get(cls, ("sgd",))[0]
-    for g in groups:
-        _server_form(cls, g, kind)
+    try:
+        for g in groups:
+            _server_form(cls, g, kind)
+    except NotImplementedError:
+        return "workers"
     return kind
 
 
@@ -1243,13 +1382,33 @@ def _wrap(optimizer, named, backward_passes_per_step, overlap):
     opt._grps_setup(named, backward_passes_per_step, overlap, kind)
     torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
     opt._grps_class = cls
-    opt._job_kind = _job_kind(_job_config(opt._process))
-    for g in opt.param_groups:
-        _server_form(cls, g, opt._job_kind)
+    config = _job_config(opt._process)
+    opt._job_kind = _job_kind(config)
+    opt._mode = config.get("mode", "MODE_SYNC")
+    if opt._on_workers and opt._job_kind != "workers":
+        raise ValueError(
+            "this program's %s runs on the workers (grps's servers do not run it), but the "
+            "job's servers run --optimizer=%s (its first worker's optimizer, or its flags): "
+            "every worker must run the same kind of optimizer" % (cls.__name__, opt._job_kind))
+    if not opt._on_workers and opt._job_kind == "workers":
+        raise ValueError(
+            "the job's optimizer runs on the workers (its first worker's optimizer, or "
+            "--optimizer=workers), but this program's %s runs on the servers: every worker "
+            "must run the same kind of optimizer" % cls.__name__)
+    if not opt._on_workers:
+        for g in opt.param_groups:
+            _server_form(cls, g, opt._job_kind)
     if _holds_state(optimizer):
-        # Loaded before it was wrapped (load_state_dict): the servers take it.
+        # Loaded before it was wrapped (load_state_dict): the servers take
+        # it, or (on the workers) this optimizer keeps it.
         opt.state.update(optimizer.state)
-        _when_begun(opt._process, opt._state_to_servers)
+        if not opt._on_workers:
+            _when_begun(opt._process, opt._state_to_servers)
+    if opt._on_workers and opt._process.worker.rank == 0 and not opt._process.begun:
+        print("grps: the program's %s runs on the workers: %s" % (
+            cls.__name__, "the servers average the gradients" if opt._mode == "MODE_SYNC"
+            else "the servers add the weights' changes the workers push"),
+            file=sys.stderr, flush=True)
     return opt
 
 

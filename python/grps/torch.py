@@ -17,12 +17,14 @@ local_rank, local_size, DistributedOptimizer(opt, named_parameters=...),
 broadcast_parameters (a state dict too), broadcast_optimizer_state,
 allreduce and the other collectives for metrics, Compression and the
 reduce ops have Horovod's names and meanings, with the differences
-docs/pytorch.md lists (the servers run the optimizer: it must be the
-job's).
+docs/pytorch.md lists.
 
 The model's trainable parameters (``requires_grad``) become the job's dense
-tensors, in ``named_parameters()`` order; the optimizer (SGD, momentum, Adam,
-...) and the consistency mode are the job's and run on the servers. Each
+tensors, in ``named_parameters()`` order. The program's optimizer runs on
+the servers where they have it (SGD, Adam, AdamW, Adagrad, each param
+group's hyperparameters as its LR scheduler leaves them), on the workers
+otherwise (RMSprop, a custom one: in sync over the gradients the servers
+average); the consistency mode is the job's. Each
 step() pushes the parameters' gradients (``p.grad``, as the user's code
 left it: clipped or unscaled; with ``overlap=True``, each as soon as
 backward() has it) and leaves in the parameters the weights the mode serves

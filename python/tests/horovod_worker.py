@@ -30,7 +30,8 @@ parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--out", default="")
 parser.add_argument("--done", action="store_true", help="end with hvd.done() (no figures)")
 parser.add_argument("--scheduler", action="store_true", help="a StepLR that changes the lr")
-parser.add_argument("--optimizer", default="sgd", help="sgd, or rmsprop (not on grps's servers)")
+parser.add_argument("--optimizer", default="sgd", choices=("sgd", "rmsprop", "lbfgs"),
+                    help="rmsprop runs on the workers; lbfgs cannot run on grps")
 
 
 class Net(nn.Module):
@@ -65,6 +66,8 @@ def main():
     model = Net()
     if args.optimizer == "rmsprop":
         optimizer = optim.RMSprop(model.parameters(), lr=args.lr * hvd.size())
+    elif args.optimizer == "lbfgs":
+        optimizer = optim.LBFGS(model.parameters(), lr=args.lr)
     else:
         optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(),
                               momentum=args.momentum)

@@ -21,10 +21,32 @@ import torch.utils.data
 import grps.torch as gt
 import horovod_worker
 
-OPTIMIZERS = ("sgd_groups", "adam", "adamw", "adagrad")
+OPTIMIZERS = ("sgd_groups", "adam", "adamw", "adagrad", "rmsprop", "custom")
 SCHEDULES = ("step", "onecycle")
 # Each optimizer under each schedule ("adam/onecycle"), and "halted".
 CONFIGS = tuple("%s/%s" % (o, s) for o in OPTIMIZERS for s in SCHEDULES) + ("halted",)
+
+
+class NormalizedMomentum(optim.Optimizer):
+    """A program's own optimizer, which grps's servers do not have: heavy-ball
+    momentum, each tensor's step lr times its velocity over the velocity's
+    root mean square."""
+
+    def __init__(self, params, lr=0.01, momentum=0.9, eps=1e-8):
+        super().__init__(params, dict(lr=lr, momentum=momentum, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "velocity" not in state:
+                    state["velocity"] = torch.zeros_like(p)
+                v = state["velocity"].mul_(g["momentum"]).add_(p.grad)
+                rms = v.pow(2).mean().sqrt()
+                p.add_(v / (rms + g["eps"]), alpha=-g["lr"])
 
 
 def optimizer(model, name):
@@ -42,6 +64,15 @@ def optimizer(model, name):
         return optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
     if name == "adagrad":
         return optim.Adagrad(model.parameters(), lr=0.1, weight_decay=1e-3)
+    # Those two run on the workers: grps's servers have neither.
+    if name == "rmsprop":
+        return optim.RMSprop(model.parameters(), lr=0.003, alpha=0.9, momentum=0.5,
+                             weight_decay=1e-4)
+    if name == "custom":
+        return NormalizedMomentum([
+            {"params": model.fc1.parameters(), "lr": 0.01},
+            {"params": model.fc2.parameters(), "lr": 0.005, "momentum": 0.8},
+        ])
     raise ValueError(name)
 
 
@@ -62,7 +93,7 @@ def build(model, name, steps):
     if schedule == "onecycle":
         return opt, optim.lr_scheduler.OneCycleLR(
             opt, max_lr=[2 * g["lr"] for g in opt.param_groups], total_steps=steps,
-            cycle_momentum=kind != "adagrad")
+            cycle_momentum=kind not in ("adagrad", "custom"))
     raise ValueError(name)
 
 

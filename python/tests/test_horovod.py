@@ -5,8 +5,9 @@ rank start from rank 0's weights and buffer; metrics average through
 hvd.allreduce; the script needs no done(); its StepLR reaches the
 servers. The program's own optimizers (SGD in two param groups, Adam,
 AdamW, Adagrad), each under StepLR and under OneCycleLR, end after 50
-steps of 2 workers within 1e-5 of one process (optimizer_worker.py). A job whose
---optimizer keeps other state is refused with a clear error."""
+steps of 2 workers within 1e-5 of one process (optimizer_worker.py); so do
+those the servers lack (RMSprop, a custom class), which run on the workers.
+A job whose --optimizer keeps other state is refused with a clear error."""
 
 import os
 import subprocess
@@ -95,11 +96,11 @@ class HorovodScript(unittest.TestCase):
         self.assertIn("no final evaluation: the evaluating worker's program has none",
                       coordinator)
 
-    def test_an_optimizer_the_servers_lack_is_refused_before_the_worker_joins(self):
-        codes, logs = self.run_job(["--optimizer", "rmsprop"], expect_exit=1)
+    def test_an_optimizer_that_evaluates_the_model_again_is_refused_before_the_worker_joins(self):
+        codes, logs = self.run_job(["--optimizer", "lbfgs"], expect_exit=1)
         self.assertEqual(codes, [1, 1], logs)
-        self.assertIn("NotImplementedError: grps's servers run SGD (momentum, nesterov, weight "
-                      "decay), Adam, AdamW and Adagrad; this program's optimizer is RMSprop", logs)
+        self.assertIn("NotImplementedError: LBFGS evaluates the model again inside "
+                      "step(closure)", logs)
 
 
 class ServerForm(unittest.TestCase):
@@ -123,10 +124,11 @@ class ServerForm(unittest.TestCase):
         self.assertEqual(form["beta2"], _torch._f32(0.99))
 
 
-def optimizer_one_process(config, steps=50, batch=32, resume=None, load_optimizer=True):
-    """optimizer_worker.py's training as one process at batch 2 x `batch`;
-    from `resume` (an optimizer_worker.py --save file's contents) on, with
-    or without its optimizer's state."""
+def optimizer_one_process(config, steps=50, batch=32, resume=None, load_optimizer=True,
+                          workers=2):
+    """optimizer_worker.py's training of `workers` ranks as one process at
+    batch workers x `batch`; from `resume` (an optimizer_worker.py --save
+    file's contents) on, with or without its optimizer's state."""
     torch.manual_seed(100)
     model = horovod_worker.Net()
     opt, scheduler = optimizer_worker.build(model, config, steps)
@@ -137,10 +139,10 @@ def optimizer_one_process(config, steps=50, batch=32, resume=None, load_optimize
         scheduler.load_state_dict(resume["scheduler"])
         if load_optimizer:
             opt.load_state_dict(resume["optimizer"])
-    data, order0 = optimizer_worker.batches(2, 0, batch, steps)
-    _, order1 = optimizer_worker.batches(2, 1, batch, steps)
+    data, _ = optimizer_worker.batches(workers, 0, batch, steps)
+    orders = [optimizer_worker.batches(workers, r, batch, steps)[1] for r in range(workers)]
     for i in range(start, steps):
-        x, y = data[order0[i * batch:(i + 1) * batch] + order1[i * batch:(i + 1) * batch]]
+        x, y = data[[k for order in orders for k in order[i * batch:(i + 1) * batch]]]
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
@@ -153,18 +155,23 @@ class TheProgramsOptimizer(unittest.TestCase):
     own hyperparameters as the scheduler leaves them at each step: sync, 2
     workers, 50 steps, within 1e-5 of one process."""
 
-    def check(self, config):
+    def check(self, config, mode="sync", workers=2):
+        """`workers` workers of `config` in `mode` end within 1e-5 of one
+        process; returns the coordinator's log."""
         # The job's flags name no optimizer: the program's defines the kind.
-        with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
-            outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
-            for r in (0, 1):
+        with Job(servers=2, workers=workers, flags=["--mode=" + mode]) as job:
+            outs = [job.path("rank%d.pt" % r) for r in range(workers)]
+            for r in range(workers):
                 job.worker("optimizer_worker.py", ["--config", config, "--out", outs[r]], rank=r)
-            codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
-            self.assertEqual(codes, [0, 0], job.logs())
+            codes = [job.wait("worker%d" % r, 120) for r in range(workers)]
+            self.assertEqual(codes, [0] * workers, job.logs())
+            self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
             got = [torch.load(o) for o in outs]
-        want = optimizer_one_process(config)
-        for r in (0, 1):
-            assert_close(self, want, got[r], "%s rank %d" % (config, r))
+            coordinator = job.log("coordinator")
+        want = optimizer_one_process(config, workers=workers)
+        for r in range(workers):
+            assert_close(self, want, got[r], "%s %s rank %d" % (config, mode, r))
+        return coordinator
 
     def test_sgd_in_two_param_groups_under_step_lr(self):
         self.check("sgd_groups/step")
@@ -190,30 +197,34 @@ class TheProgramsOptimizer(unittest.TestCase):
     def test_adagrad_under_one_cycle(self):
         self.check("adagrad/onecycle")
 
+    def test_rmsprop_runs_on_the_workers_on_the_servers_average(self):
+        # RMSprop (momentum, weight decay) under StepLR: the servers average
+        # the gradients, each worker applies the average with its RMSprop.
+        coordinator = self.check("rmsprop/step")
+        self.assertIn("the program's optimizer is workers (the job's flags said momentum): it "
+                      "runs on the workers, on the gradients the servers average", coordinator)
+
+    def test_a_custom_optimizer_in_two_param_groups_runs_on_the_workers(self):
+        self.check("custom/step")
+
+    def test_async_and_ssp_add_the_change_a_workers_own_optimizer_made(self):
+        # One worker, so that one process is the reference: each step it
+        # applies its RMSprop to its gradient and pushes the weights'
+        # change, which the servers add; it pulls the sum.
+        for mode in ("async", "ssp"):
+            coordinator = self.check("rmsprop/step", mode=mode, workers=1)
+            self.assertIn("it runs on the workers, and the servers add the weights' changes "
+                          "they push", coordinator)
+
     def test_a_new_job_resumes_from_a_saved_optimizer_state_dict(self):
         # torch.save(opt.state_dict()) at step 20 of 40 (Adam: its moments
         # and step are the servers'); a new job loads it with the model's
         # and the scheduler's, after wrapping the optimizer (Horovod's
         # order) or before, or on rank 0 only with the broadcasts (Horovod's
         # examples), and ends where the run that went on ends.
-        def run(args):
-            with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
-                outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
-                for r in (0, 1):
-                    job.worker("optimizer_worker.py", ["--config", "adam/step", "--steps", "40",
-                                                       "--out", outs[r]] + args, rank=r)
-                codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
-                self.assertEqual(codes, [0, 0], job.logs())
-                return torch.load(outs[0]), job.log("server0")
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "state20.pt")
-            whole, _ = run(["--save_at", "20", "--save", path])
-            saved = torch.load(path)
-            for order in ([], ["--load_before_wrap"], ["--rank0_loads"]):
-                resumed, server_log = run(["--resume", path] + order)
-                self.assertIn("rank 0 loaded the optimizer's state", server_log)
-                assert_close(self, whole, resumed, "resumed %s" % (order or "after wrapping"))
+        whole, saved = self.resumes("adam/step", (
+            [], ["--load_before_wrap"], ["--rank0_loads"]),
+            lambda server_log: self.assertIn("rank 0 loaded the optimizer's state", server_log))
         state = saved["optimizer"]["state"]
         self.assertEqual(float(state[0]["step"]), 20.0)
         # The state dict is torch's own: one process resumed from it ends
@@ -223,6 +234,41 @@ class TheProgramsOptimizer(unittest.TestCase):
         cold = optimizer_one_process("adam/step", 40, resume=saved, load_optimizer=False)
         rel = max(float((cold[k] - whole[k]).norm() / whole[k].norm()) for k in whole)
         self.assertGreater(rel, 1e-3, "a resume without the optimizer's state")
+
+    def test_a_job_of_an_optimizer_on_the_workers_resumes_from_its_state_dict(self):
+        # RMSprop's square averages and momentum buffers are the workers':
+        # torch's own state_dict; with --rank0_loads broadcast_optimizer_state
+        # gives rank 0's to rank 1.
+        whole, saved = self.resumes("rmsprop/step", ([], ["--rank0_loads"]))
+        self.assertIn("square_avg", saved["optimizer"]["state"][0])
+        assert_close(self, whole, optimizer_one_process("rmsprop/step", 40, resume=saved),
+                     "one process resumed")
+
+    def resumes(self, config, orders, check_server_log=lambda log: None):
+        """Trains `config` 40 steps (2 workers, sync), torch.saving at step
+        20; a new job resumed from it in each of `orders` (optimizer_worker.py
+        flags) must end within 1e-5 of that run. Returns that run's weights
+        and the saved dict."""
+        def run(args):
+            with Job(servers=2, workers=2, flags=["--mode=sync"]) as job:
+                outs = [job.path("rank%d.pt" % r) for r in (0, 1)]
+                for r in (0, 1):
+                    job.worker("optimizer_worker.py", ["--config", config, "--steps", "40",
+                                                       "--out", outs[r]] + args, rank=r)
+                codes = [job.wait("worker%d" % r, 120) for r in (0, 1)]
+                self.assertEqual(codes, [0, 0], job.logs())
+                return torch.load(outs[0]), job.log("server0")
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "state20.pt")
+            whole, _ = run(["--save_at", "20", "--save", path])
+            saved = torch.load(path)
+            for order in orders:
+                resumed, server_log = run(["--resume", path] + order)
+                check_server_log(server_log)
+                assert_close(self, whole, resumed, "%s resumed %s"
+                             % (config, order or "after wrapping"))
+        return whole, saved
 
     def test_async_and_ssp_run_the_pushing_workers_learning_rate(self):
         # The program's LambdaLR holds the lr at 0 (the job's flags say
