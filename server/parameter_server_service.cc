@@ -988,6 +988,9 @@ absl::Status CheckLoadOptimizerState(const ShardStore& store,
   if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
   const v1::OptimizerKind kind = store.config().optimizer().kind();
+  if (kind == v1::OPTIMIZER_WORKERS)
+    return absl::FailedPreconditionError(
+        "the job's optimizer runs on the workers: its servers keep no optimizer state");
   if (request.kind() != kind)
     return absl::InvalidArgumentError(absl::StrCat(
         "the state is the ", OptimizerName(request.kind()), " optimizer's; the job's servers keep ",

@@ -95,6 +95,10 @@ class ParameterServerServiceTest : public ::testing::Test {
     config_.mutable_optimizer()->set_kind(optimizer);
     config_.mutable_optimizer()->set_learning_rate(0.5f);
     config_.mutable_optimizer()->set_momentum(0.0f);
+    if (optimizer == v1::OPTIMIZER_WORKERS) {  // a user model's program's own
+      config_.set_model(v1::MODEL_USER);
+      config_.mutable_dataset()->set_path("");
+    }
     // Chunks of 8, 8, 4 and 4 elements: two on each shard.
     absl::StatusOr<v1::ShardMap> map = BuildShardMap(
         {Tensor("w0", {2, 4}, "glorot_uniform"),
@@ -652,6 +656,29 @@ TEST_F(OptimizerStateTest, AStateThatDoesNotFitTheJobIsRefusedAndChangesNothing)
   r = LoadOf(0.5f, 0.25f, 20);
   r.set_worker_rank(9);
   refused(r, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 9");
+}
+
+class OptimizerOnWorkersTest : public ParameterServerServiceTest {
+ protected:
+  void SetUp() override { Start(v1::MODE_SYNC, v1::OPTIMIZER_WORKERS); }
+};
+
+TEST_F(OptimizerOnWorkersTest, TheServersKeepNoStateToLoadAndRunNoProgramsOptimizer) {
+  v1::LoadOptimizerStateRequest request;
+  request.set_job_id("test-job");
+  request.set_kind(v1::OPTIMIZER_WORKERS);
+  request.add_chunks()->set_chunk_id(own_[0]);
+  v1::LoadOptimizerStateResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub_->LoadOptimizerState(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("the job's optimizer runs on the workers"));
+  // A push naming an optimizer for the servers is refused too.
+  v1::PushRequest push = GoodPush(0, 0);
+  push.add_optimizers()->set_kind(v1::OPTIMIZER_SGD);
+  push.mutable_chunks(0)->set_optimizer(1);
+  ExpectPushRefused(push, grpc::StatusCode::INVALID_ARGUMENT,
+                    "the job's optimizer runs on the workers");
 }
 
 TEST_F(ParameterServerServiceTest, F16PushAndBf16PullRoundTrip) {
