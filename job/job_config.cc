@@ -213,9 +213,9 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
     return Bad("min_workers must be at most num_workers (the workers that start the job)");
   if (c.min_workers() > 0 && c.max_workers() == 0)
     return Bad("min_workers needs max_workers (an elastic job)");
-  if (c.max_workers() > 0 && c.model() == v1::MODEL_USER)
-    return Bad("max_workers: a user model's workers read their own data; give them ranks "
-               "up to num_workers (docs/elasticity.md)");
+  if (c.max_workers() > 0 && c.model() == v1::MODEL_USER && c.steps() == 0 && c.epochs() == 0)
+    return Bad("max_workers: a user model's elastic job needs --epochs or --steps, the size "
+               "of its example ledger (docs/pytorch.md)");
   if (c.max_servers() > 256) return Bad("max_servers must be in [0, 256] (0: a fixed count)");
   if (c.max_servers() > 0 && c.max_servers() < c.num_servers())
     return Bad("max_servers must be at least num_servers (the shards that start the job)");

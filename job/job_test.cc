@@ -230,7 +230,10 @@ TEST(JobConfig, AnElasticJobsWorkerBoundsAreValidated) {
   c.mutable_dataset()->set_path("");
   ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
   c.set_max_workers(4);
-  ExpectRefused(c, "max_workers: a user model");
+  c.set_epochs(0);
+  ExpectRefused(c, "max_workers: a user model's elastic job needs --epochs or --steps");
+  c.set_epochs(2);  // a Python elastic job leases its data (gt.ElasticSampler)
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
 }
 
 TEST(JobConfig, ServersThatScaleNeedSharedCheckpointsAndNoPythonRowPulls) {

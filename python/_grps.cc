@@ -9,6 +9,7 @@
 
 #include <Python.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -377,6 +378,21 @@ class PyWorker {
     Check(Released([&] { return worker_->PushRows(table, id_span, g); }));
   }
 
+  // An elastic job's block for `step` (UserWorker::LeaseBlock): its example
+  // indices (int64 array) and epoch, or None once the ledger has no block
+  // left.
+  py::object LeaseBlock(uint64_t train_examples, uint64_t step) {
+    absl::StatusOr<UserWorker::Block> block;
+    Check(Released([&] {
+      block = worker_->LeaseBlock(train_examples, step);
+      return absl::IsOutOfRange(block.status()) ? absl::OkStatus() : block.status();
+    }));
+    if (!block.ok()) return py::none();
+    py::array_t<int64_t> examples(static_cast<py::ssize_t>(block->examples.size()));
+    std::copy(block->examples.begin(), block->examples.end(), examples.mutable_data());
+    return py::make_tuple(examples, block->epoch);
+  }
+
   // The program's count of steps; returns the job's (UserWorker::SetTotalSteps).
   uint64_t SetTotalSteps(uint64_t steps) {
     absl::StatusOr<uint64_t> total = worker_->SetTotalSteps(steps);
@@ -389,6 +405,8 @@ class PyWorker {
   uint32_t size() const { return worker_->num_workers(); }
   uint64_t step() const { return worker_->step(); }
   uint64_t total_steps() const { return worker_->total_steps(); }
+  bool elastic() const { return IsElastic(worker_->config()); }
+  uint64_t step_examples() const { return StepExamples(worker_->config()); }
   int64_t num_parameters() const { return worker_->num_parameters(); }
   bool can_overlap() const { return worker_->CanOverlap(); }
   bool defined_model() const { return worker_->defined_model(); }
@@ -521,6 +539,9 @@ PYBIND11_MODULE(_grps, m) {
       .def("push_rows", &PyWorker::PushRows)
       .def("report_loss", &PyWorker::ReportLoss)
       .def("set_total_steps", &PyWorker::SetTotalSteps, py::arg("steps"))
+      .def("lease_block", &PyWorker::LeaseBlock, py::arg("train_examples"), py::arg("step"))
+      .def_property_readonly("elastic", &PyWorker::elastic)
+      .def_property_readonly("step_examples", &PyWorker::step_examples)
       .def_property_readonly("rank", &PyWorker::rank)
       .def_property_readonly("size", &PyWorker::size)
       .def_property_readonly("step_count", &PyWorker::step)

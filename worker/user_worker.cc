@@ -123,6 +123,14 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
   WorkerSession::Options session_options;
   session_options.interrupted = options.interrupted;
   session_options.follow_replaced_maps = true;
+  // A coordinator that took an elastic job over asks what this worker holds
+  // and trained.
+  session_options.on_claim_examples = [this] {
+    if (ExampleLeases* leases = claims_to_.load(); leases != nullptr)
+      if (absl::Status s = leases->Claim(); !s.ok())
+        spdlog::warn("telling the coordinator what this worker holds: {}",
+                     std::string(s.message()));
+  };
   session_ = std::make_unique<WorkerSession>(stub_.get(), registration, std::move(clients.dense),
                                              std::move(clients.sparse),
                                              std::move(session_options));
@@ -175,7 +183,10 @@ absl::Status UserWorker::InterruptStatus(const absl::Status& cause) {
 absl::StatusOr<uint64_t> UserWorker::SetTotalSteps(uint64_t steps) {
   if (steps == 0) return absl::InvalidArgumentError("the job's steps must be at least 1");
   declared_total_ = steps;
-  if (config().steps() > 0 && config().steps() != steps)
+  if (IsElastic(config()))
+    spdlog::info("this program trains {} steps; the job is elastic: its example ledger says "
+                 "when it ends", steps);
+  else if (config().steps() > 0 && config().steps() != steps)
     spdlog::warn("this program trains {} steps, the job {} (--steps): the job's count holds",
                  steps, config().steps());
   const uint64_t total = total_steps();
@@ -299,11 +310,14 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
   if (s.ok()) {
     outcome.late = pushed->late;
     outcome.too_stale = pushed->too_stale;
+    if (leases_ != nullptr) leases_->Trained(step_);
     ++step_;
     // In time for its step: in lock-step with the others from now on.
     if (pushed->late == 0) joining_ = false;
     if (joining_) {
       s = session_->JoinTheOthers(&step_, params);
+      // The blocks leased for the steps skipped are trained from here on.
+      if (s.ok() && leases_ != nullptr) leases_->SkipTo(step_);
     } else if (!pushed->pulled) {
       s = session_->PullWeights(step_, params);
     }
@@ -316,6 +330,9 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
                                                   : std::numeric_limits<uint64_t>::max(),
                                 &step_, &replaced_map)) {
     outcome.rolled_back = true;
+    // The coordinator took back this rank's leases and what it trained
+    // after the restore's step.
+    if (leases_ != nullptr) leases_->Reset();
     if (replaced_map.has_value()) FollowReplacedMap(*std::exchange(replaced_map, std::nullopt));
     s = GiveInitialValues();
     if (s.ok()) s = session_->PullWeights(step_, params);
@@ -377,6 +394,8 @@ void UserWorker::ReportLoss(float loss) {
 }
 
 absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation, bool declined) {
+  if (leases_ != nullptr)
+    if (absl::Status s = leases_->Flush(); !s.ok()) return InterruptStatus(s);
   v1::WorkerDoneRequest done;
   session_->UpdateProgress([&](v1::WorkerProgress* p) {
     p->set_total_steps(step_);
@@ -399,6 +418,8 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation, bool 
 
 absl::Status UserWorker::Leave() {
   AbandonStep();  // gradients a hook pushed for a step that is not taken
+  if (leases_ != nullptr)
+    if (absl::Status s = leases_->Flush(); !s.ok()) return InterruptStatus(s);
   return session_->Leave(step_);
 }
 
@@ -421,6 +442,45 @@ absl::StatusOr<bool> UserWorker::AwaitEnd() {
 absl::Status UserWorker::PullFinal(float* params) {
   if (absl::Status s = session_->PullWeights(step_, params); !s.ok()) return InterruptStatus(s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<UserWorker::Block> UserWorker::LeaseBlock(uint64_t train_examples,
+                                                         uint64_t step) {
+  if (!IsElastic(config()))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", config().job_id(), " is not elastic (--max_workers): its workers' data is "
+        "split by rank"));
+  const uint64_t block = StepExamples(config());
+  if (train_examples < block)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training set has ", train_examples, " examples, fewer than one step's ", block,
+        " (the job's --batch)"));
+  if (leases_ == nullptr) {
+    leases_ = std::make_unique<ExampleLeases>(
+        [this](v1::LeaseExamplesRequest r) { return session_->LeaseExamples(std::move(r)); },
+        train_examples, block, config().seed());
+    lease_examples_ = train_examples;
+    claims_to_.store(leases_.get());
+    // The steps a worker of the fixed job would train: the heartbeats' estimate.
+    const uint64_t estimate = TotalSteps(config(), train_examples);
+    session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_total_steps(estimate); });
+    spdlog::info("rank {} trains from step {} blocks of {} examples leased from the "
+                 "coordinator's example ledger ({} per epoch)",
+                 rank(), step, block, ExampleLedgerShape(config(), train_examples).blocks_per_epoch);
+  } else if (train_examples != lease_examples_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a training set of ", train_examples, " examples; this worker leased from one of ",
+        lease_examples_, " before"));
+  }
+  absl::StatusOr<uint64_t> leased = leases_->BlockFor(step);
+  if (!leased.ok())
+    return absl::IsOutOfRange(leased.status()) ? leased.status()
+                                               : InterruptStatus(leased.status());
+  Block out;
+  const absl::Span<const int64_t> examples = leases_->Examples(*leased);
+  out.examples.assign(examples.begin(), examples.end());
+  out.epoch = leases_->EpochOf(*leased);
+  return out;
 }
 
 absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> UserWorker::Collective(

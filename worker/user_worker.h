@@ -21,6 +21,7 @@
 #ifndef GRPS_WORKER_USER_WORKER_H_
 #define GRPS_WORKER_USER_WORKER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,8 +35,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "job/job_config.h"
 #include "job/user_model.h"
 #include "proto/grps.grpc.pb.h"
+#include "worker/example_leases.h"
 #include "worker/parameter_client.h"
 #include "worker/worker_session.h"
 
@@ -92,7 +95,12 @@ class UserWorker {
   // --steps) when set, else what the program declared (SetTotalSteps); 0
   // while neither says. A rank never pushes past it: a restarted rank whose
   // program runs its whole loop again stops at the job's last step.
-  uint64_t total_steps() const { return config().steps() > 0 ? config().steps() : declared_total_; }
+  // An elastic job's workers train until its example ledger has no block
+  // left: 0.
+  uint64_t total_steps() const {
+    if (IsElastic(config())) return 0;
+    return config().steps() > 0 ? config().steps() : declared_total_;
+  }
   // The program's own count of steps (its loop's length), for a job that
   // sets none: reported in the heartbeats (the coordinator's total_steps,
   // grps-local's progress) and the bound of Step. Returns total_steps(),
@@ -187,6 +195,23 @@ class UserWorker {
   // The final weights into `params`.
   absl::Status PullFinal(float* params);
 
+  // ---- Elastic jobs (--max_workers): the data is leased ----
+
+  // An example block of the job's ledger (ExampleLeases).
+  struct Block {
+    std::vector<int64_t> examples;  // indices into the program's training set
+    uint64_t epoch = 0;
+  };
+  // The block `step` trains (the same again when asked twice for a step),
+  // leased from the coordinator's example ledger of a training set of
+  // `train_examples` (the same on every worker and every call). Each is
+  // StepExamples(config()) examples; Step marks a step's block trained, and
+  // Done and Leave report what was. OUT_OF_RANGE once the ledger has no
+  // block left; FAILED_PRECONDITION when the job is not elastic;
+  // INVALID_ARGUMENT for a set smaller than one step's examples or of
+  // another size than before.
+  absl::StatusOr<Block> LeaseBlock(uint64_t train_examples, uint64_t step);
+
   // A collective among the job's live workers (WorkerSession::Collective):
   // every contributor's (rank, payload), in rank order.
   absl::StatusOr<std::vector<std::pair<uint32_t, std::string>>> Collective(
@@ -239,6 +264,12 @@ class UserWorker {
   // samples of the last step (the staged push's; the shards only check it).
   std::optional<ParameterClient::Ticket> staged_;
   uint32_t last_samples_ = 1;
+  // An elastic job's leases, from the first LeaseBlock on (the training
+  // set's size comes with it), and the heartbeat thread's way to them (a
+  // coordinator that took the job over asks what this worker holds).
+  std::unique_ptr<ExampleLeases> leases_;
+  std::atomic<ExampleLeases*> claims_to_{nullptr};
+  uint64_t lease_examples_ = 0;
   // SetOptimizers's, set again on the client that replaces one.
   std::vector<v1::OptimizerConfig> optimizers_;
   std::vector<uint32_t> optimizer_by_tensor_;

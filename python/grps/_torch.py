@@ -307,6 +307,88 @@ def partition(n):
     return range(begin, begin + base + (1 if r < extra else 0))
 
 
+class ElasticSampler(torch.utils.data.Sampler):
+    """The examples of ``data_source`` this worker trains, for a DataLoader:
+    ``DataLoader(data, batch_size=B, sampler=gt.ElasticSampler(data))``,
+    where B is the job's --batch (one step's examples). Iterate it after the
+    worker joined (gt.DistributedOptimizer or gt.broadcast_parameters).
+
+    In an elastic job (--max_workers) the examples are leased from the
+    coordinator's example ledger one block (one step's examples) at a time,
+    so that every example of each epoch is trained once however many
+    workers join and leave: a worker that leaves reports what it trained
+    and the rest of its blocks go to the others; one that joins takes
+    blocks from the next lease on. An iteration yields this worker's blocks
+    of one epoch (in the job's shuffled order) and ends at the epoch's end
+    or once the ledger (--epochs, or --steps x --workers blocks) has none
+    left, after which iterations yield nothing: loop over epochs as usual
+    and call gt.done() after. A block that came back from a worker that
+    left is trained in the iteration at hand, whatever its epoch.
+    ``epoch`` is the epoch of the last block yielded (with a DataLoader of
+    no worker processes, the batch at hand's).
+
+    In a fixed job it is a DistributedSampler of the job's size and this
+    worker's rank (shuffled with the job's seed, a new order each
+    iteration, the last partial share dropped), so one script runs either
+    way. ``batch_size``, when given, must be the job's."""
+
+    def __init__(self, data_source, batch_size=None):
+        self.num_examples = len(data_source)
+        self.batch_size = batch_size
+        self.epoch = 0
+        self._next_step = 0   # the step the next block is for (a DataLoader prepares ahead)
+        self._iterations = 0  # a fixed job's: the next iteration's epoch
+
+    def _worker(self):
+        p = _require_process()
+        if p.worker is None:
+            raise RuntimeError("iterate gt.ElasticSampler once the worker joined its job "
+                               "(gt.DistributedOptimizer or gt.broadcast_parameters first)")
+        _begin(p)
+        w = p.worker
+        if self.batch_size is not None and int(self.batch_size) != w.step_examples:
+            raise ValueError("ElasticSampler(batch_size=%d): the job's step is %d examples "
+                             "(--batch); a block of the ledger is one step's"
+                             % (self.batch_size, w.step_examples))
+        return w
+
+    def __iter__(self):
+        w = self._worker()
+        if not w.elastic:
+            self.epoch = self._iterations
+            self._iterations += 1
+            seed = int(json.loads(w.config_json).get("seed", 0))
+            fixed = torch.utils.data.distributed.DistributedSampler(
+                range(self.num_examples), num_replicas=w.size, rank=w.rank, shuffle=True,
+                seed=seed, drop_last=True)
+            fixed.set_epoch(self.epoch)
+            yield from fixed
+            return
+        top = None  # this iteration's epoch
+        while True:
+            step = max(self._next_step, w.step_count)
+            leased = w.lease_block(self.num_examples, step)
+            if leased is None:
+                return  # the ledger has no block left
+            examples, epoch = leased
+            if top is None:
+                top = epoch
+            elif epoch > top:
+                return  # a later epoch's: the next iteration starts with it
+            # (A block of an earlier epoch came back from a worker that left.)
+            self.epoch = epoch
+            self._next_step = step + 1
+            yield from examples.tolist()
+
+    def __len__(self):
+        """This worker's examples per epoch if the job's size stays (an
+        estimate in an elastic job)."""
+        p = _require_process()
+        workers = p.worker.size if p.worker is not None else size()
+        block = p.worker.step_examples if p.worker is not None else (self.batch_size or 1)
+        return (self.num_examples // block) // max(1, workers) * block
+
+
 def _job_status(p):
     return json.loads(_grps.job_status_json(p.coordinator, 10.0))
 

@@ -35,8 +35,8 @@ bfloat16) are copied from it after each step.
 
 from grps._grps import Error, JobEnded, ModelMismatch
 from grps._torch import (
-    Adasum, Average, Compression, DistributedOptimizer, Embedding, EmbeddingBag, Max, Min,
-    Product, Sum, allgather, allgather_object, allreduce, allreduce_, barrier, broadcast,
+    Adasum, Average, Compression, DistributedOptimizer, ElasticSampler, Embedding, EmbeddingBag,
+    Max, Min, Product, Sum, allgather, allgather_object, allreduce, allreduce_, barrier, broadcast,
     broadcast_, broadcast_object, broadcast_optimizer_state, broadcast_parameters, done,
     grouped_allreduce, grouped_allreduce_, init, is_initialized, join, local_rank, local_size,
     mode, partition, rank, report, set_total_steps, shutdown, size, state_dict, step,
@@ -45,8 +45,8 @@ from grps._torch import (
 __all__ = [
     # the job and this worker
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "mode", "partition", "step", "total_steps", "set_total_steps", "report", "done",
-    "state_dict",
+    "mode", "partition", "ElasticSampler", "step", "total_steps", "set_total_steps", "report",
+    "done", "state_dict",
     # the model and its optimizer
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "Compression", "Embedding", "EmbeddingBag",
