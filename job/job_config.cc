@@ -225,9 +225,6 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
   if (c.max_servers() > 0 && c.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
     return Bad("max_servers needs shared checkpoint storage: a shard of the new map reads "
                "the files of every old shard (docs/elasticity.md)");
-  if (c.max_servers() > 0 && c.model() == v1::MODEL_USER && c.sparse_tables_size() > 0)
-    return Bad("max_servers: a user model's Python workers with sparse tables do not survive "
-               "a re-sharding's roll-back in their row pulls yet (docs/elasticity.md)");
   if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
     return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&

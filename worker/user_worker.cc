@@ -208,6 +208,7 @@ absl::Status UserWorker::PastTheEndError(absl::string_view what) const {
 }
 
 absl::Status UserWorker::Begin(float* params, const float* initial) {
+  params_ = params;
   if (initial != nullptr && rank() == 0) {
     initial_.assign(initial, initial + num_parameters());
     if (absl::Status s = GiveInitialValues(); !s.ok()) return InterruptStatus(s);
@@ -288,6 +289,18 @@ void UserWorker::AbandonStep() {
 
 absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uint32_t samples,
                                                          float* params) {
+  if (std::exchange(rolled_back_in_rows_, false)) {
+    AbandonStep();
+    StepOutcome outcome;
+    outcome.rolled_back = true;
+    // The restore's weights went into the last Begin's or Step's params.
+    const bool elsewhere = params != params_;
+    params_ = params;
+    if (elsewhere)
+      if (absl::Status s = session_->PullWeights(step_, params); !s.ok()) return InterruptStatus(s);
+    return outcome;
+  }
+  params_ = params;
   if (absl::Status s = CheckFinite(grads, 0, num_parameters()); !s.ok()) {
     AbandonStep();
     return s;
@@ -322,21 +335,7 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
       s = session_->PullWeights(step_, params);
     }
   }
-  // A roll-back (another may come while this one's weights are pulled):
-  // the step and weights of the restore order, from the shards of its map.
-  std::optional<v1::ShardMap> replaced_map;
-  while (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
-         session_->TakeRollBack(total_steps() > 0 ? total_steps()
-                                                  : std::numeric_limits<uint64_t>::max(),
-                                &step_, &replaced_map)) {
-    outcome.rolled_back = true;
-    // The coordinator took back this rank's leases and what it trained
-    // after the restore's step.
-    if (leases_ != nullptr) leases_->Reset();
-    if (replaced_map.has_value()) FollowReplacedMap(*std::exchange(replaced_map, std::nullopt));
-    s = GiveInitialValues();
-    if (s.ok()) s = session_->PullWeights(step_, params);
-  }
+  s = TakeRollBacks(s, params, &outcome.rolled_back);
   if (!s.ok()) return InterruptStatus(s);
   samples_ += samples;
   window_samples_ += samples;
@@ -354,6 +353,23 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
   return outcome;
 }
 
+absl::Status UserWorker::TakeRollBacks(absl::Status s, float* params, bool* taken) {
+  std::optional<v1::ShardMap> replaced_map;
+  while (!s.ok() && session_->Interrupted() == WorkerSession::Interrupt::kRollBack &&
+         session_->TakeRollBack(total_steps() > 0 ? total_steps()
+                                                  : std::numeric_limits<uint64_t>::max(),
+                                &step_, &replaced_map)) {
+    *taken = true;
+    // The coordinator took back this rank's leases and what it trained
+    // after the restore's step.
+    if (leases_ != nullptr) leases_->Reset();
+    if (replaced_map.has_value()) FollowReplacedMap(*std::exchange(replaced_map, std::nullopt));
+    s = GiveInitialValues();
+    if (s.ok()) s = session_->PullWeights(step_, params);
+  }
+  return s;
+}
+
 absl::StatusOr<uint32_t> UserWorker::TableDim(const std::string& table) const {
   for (const v1::SparseTableSpec& t : config().sparse_tables())
     if (t.name() == table) return t.dim();
@@ -364,18 +380,30 @@ absl::StatusOr<uint32_t> UserWorker::TableDim(const std::string& table) const {
 absl::Status UserWorker::PullRows(const std::string& table, absl::Span<const int64_t> ids,
                                   float* out) {
   if (absl::StatusOr<uint32_t> dim = TableDim(table); !dim.ok()) return dim.status();
-  SparseShards* sparse = session_->sparse();
-  const uint64_t clock = step_;
-  absl::Status s = session_->WaitToPull("rows", clock, [&] {
-    return sparse->Pull(table, ids, clock, kPullSlice, out);
-  });
-  return s.ok() ? s : InterruptStatus(s);
+  while (true) {
+    // The sparse client of the map at hand (a roll-back may replace it).
+    SparseShards* sparse = session_->sparse();
+    const uint64_t clock = step_;
+    absl::Status s = session_->WaitToPull("rows", clock, [&] {
+      return sparse->Pull(table, ids, clock, kPullSlice, out);
+    });
+    if (s.ok()) return s;
+    bool taken = false;
+    if (params_ != nullptr) s = TakeRollBacks(s, params_, &taken);
+    if (!taken || !s.ok()) return InterruptStatus(s);
+    // The rows again, as of the restore's step; this step is not pushed.
+    spdlog::info("a roll-back ended step {}'s pull of table '{}' rows: that step is not "
+                 "pushed, training goes on at step {}", clock, table, step_);
+    AbandonStep();
+    rolled_back_in_rows_ = true;
+  }
 }
 
 absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int64_t> ids,
                                   const float* grads) {
   absl::StatusOr<uint32_t> dim = TableDim(table);
   if (!dim.ok()) return dim.status();
+  if (rolled_back_in_rows_) return absl::OkStatus();  // this step is not taken
   if (PastTheEnd()) return PastTheEndError(absl::StrCat("table '", table, "''s rows"));
   if (const int64_t bad = FirstNonFinite(grads, static_cast<int64_t>(ids.size() * *dim));
       bad >= 0)
@@ -384,6 +412,17 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
                                                    " is not finite: nothing was pushed"));
   absl::StatusOr<SparseShards::PushOutcome> pushed =
       session_->sparse()->Push(table, step_, ids, grads, session_->PushRetry());
+  if (!pushed.ok() && params_ != nullptr) {
+    const uint64_t step = step_;
+    bool taken = false;
+    absl::Status s = TakeRollBacks(pushed.status(), params_, &taken);
+    if (!taken || !s.ok()) return InterruptStatus(s);
+    spdlog::info("a roll-back ended step {}'s push of table '{}' rows: that step is not "
+                 "pushed, training goes on at step {}", step, table, step_);
+    AbandonStep();
+    rolled_back_in_rows_ = true;
+    return absl::OkStatus();
+  }
   if (!pushed.ok()) return InterruptStatus(pushed.status());
   session_->NoteProgress();
   return absl::OkStatus();

@@ -168,11 +168,20 @@ class UserWorker {
   // Floats per row of `table`; INVALID_ARGUMENT when the job has no such table.
   absl::StatusOr<uint32_t> TableDim(const std::string& table) const;
   // The rows of `ids` (any order, repeats allowed) into `out` (ids.size() x
-  // dim floats), as of step(), waiting as a pull of the weights waits.
+  // dim floats), as of step(), waiting as a pull of the weights waits. A
+  // roll-back (a re-sharding's, a restore's) that ends the wait is taken
+  // here, not returned: step() goes back to the restore's step, its dense
+  // weights are in the `params` of the last Begin or Step, and the rows are
+  // pulled as of it. The step at hand then computes on weights of two
+  // steps: none of its pushes is sent (PushRows returns OK, the next Step
+  // says rolled_back), and the program trains the restore's step next.
   absl::Status PullRows(const std::string& table, absl::Span<const int64_t> ids, float* out);
   // The gradients of distinct `ids` for step() (`grads`: ids.size() x dim).
   // INVALID_ARGUMENT, nothing pushed, for a gradient that is not finite;
-  // nothing pushed past total_steps(), as Step.
+  // nothing pushed past total_steps(), as Step. A roll-back that ends the
+  // push is taken as PullRows takes it: the step's gradients were computed
+  // on weights the job no longer has, so neither the other tables' nor the
+  // next Step's push is sent, and that Step says rolled_back.
   absl::Status PushRows(const std::string& table, absl::Span<const int64_t> ids,
                         const float* grads);
 
@@ -235,6 +244,12 @@ class UserWorker {
   absl::Status CheckFinite(const float* grads, int64_t begin, int64_t end) const;
   // An interrupt that ended a wait, as the status Step returns.
   absl::Status InterruptStatus(const absl::Status& cause);
+  // `s` from a push or pull that a roll-back ended: the roll-backs that came
+  // are taken (another may come while one's weights are pulled): the step
+  // and `params` of the restore order, from the shards of its map. The
+  // status of the last pull (`s` itself when no roll-back was taken);
+  // *taken says whether one was.
+  absl::Status TakeRollBacks(absl::Status s, float* params, bool* taken);
   // Whether step() has reached total_steps(): the job's steps are done.
   bool PastTheEnd() const;
   // The JobEnded error of a push past the end (`what`: what was not pushed).
@@ -264,6 +279,12 @@ class UserWorker {
   // samples of the last step (the staged push's; the shards only check it).
   std::optional<ParameterClient::Ticket> staged_;
   uint32_t last_samples_ = 1;
+  // The flat weights of the last Begin or Step, where a roll-back that
+  // PullRows or PushRows takes pulls the restore's.
+  float* params_ = nullptr;
+  // PullRows or PushRows took a roll-back: the step's pushes are not sent,
+  // and the next Step says rolled_back.
+  bool rolled_back_in_rows_ = false;
   // An elastic job's leases, from the first LeaseBlock on (the training
   // set's size comes with it), and the heartbeat thread's way to them (a
   // coordinator that took the job over asks what this worker holds).

@@ -2,6 +2,7 @@
 dense head; rank 0 saves the table's rows before and after, and the head."""
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--mode", default="mean")
 parser.add_argument("--out", default="")
+parser.add_argument("--pace_ms", type=float, default=0, help="sleep after each step")
 args = parser.parse_args()
 
 gt.init()
@@ -47,6 +49,8 @@ while gt.step() < args.steps:
     opt.zero_grad()
     loss.backward()
     opt.step(samples=share)
+    if args.pace_ms:
+        time.sleep(args.pace_ms / 1000)
 if args.out:
     torch.save({"init": init_rows, "final": all_rows(),
                 "head": {n: p.detach().clone() for n, p in model.fc.named_parameters()}},
