@@ -185,6 +185,17 @@ void ExpectRefused(const v1::JobConfig& c, const std::string& what) {
   EXPECT_NE(s.message().find(what), std::string::npos) << s;
 }
 
+// `c` as a user model's job, valid, with a sparse table "emb".
+void MakeUserJobWithATable(v1::JobConfig& c) {
+  c.set_model(v1::MODEL_USER);
+  c.mutable_dataset()->set_path("");
+  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  v1::SparseTableSpec* table = c.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(4);
+  table->set_rows(100);
+}
+
 TEST(JobConfig, AccumulationAndClippingAreValidated) {
   v1::JobConfig c = DefaultJobConfig();
   c.set_accumulate_steps(8);
@@ -252,13 +263,7 @@ TEST(JobConfig, ServersThatScaleNeedSharedCheckpoints) {
   // A user model's Python workers follow a re-sharding, with sparse tables
   // too (a row pull or push that its roll-back ends is taken in the library).
   c.set_max_servers(3);
-  c.set_model(v1::MODEL_USER);
-  c.mutable_dataset()->set_path("");
-  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
-  v1::SparseTableSpec* table = c.add_sparse_tables();
-  table->set_name("emb");
-  table->set_dim(4);
-  table->set_rows(100);
+  MakeUserJobWithATable(c);
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
 }
 
@@ -362,13 +367,7 @@ TEST(JobConfig, AnOptimizerOnTheWorkersIsForAUserModelWithNoSparseTables) {
   v1::JobConfig c = DefaultJobConfig();
   c.mutable_optimizer()->set_kind(v1::OPTIMIZER_WORKERS);
   ExpectRefused(c, "optimizer 'workers' (the program's optimizer on the workers) is for a user");
-  c.set_model(v1::MODEL_USER);
-  c.mutable_dataset()->set_path("");
-  EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
-  v1::SparseTableSpec* table = c.add_sparse_tables();
-  table->set_name("emb");
-  table->set_dim(4);
-  table->set_rows(100);
+  MakeUserJobWithATable(c);
   ExpectRefused(c, "optimizer 'workers': the rows of sparse tables");
   // A push names no server optimizer in such a job, nor a worker one in another.
   v1::OptimizerConfig job, program;
