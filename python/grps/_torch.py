@@ -337,6 +337,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.batch_size = batch_size
         self.epoch = 0
         self._next_step = 0   # the step the next block is for (a DataLoader prepares ahead)
+        self._seen_step = 0   # the worker's step at the last block
         self._iterations = 0  # a fixed job's: the next iteration's epoch
 
     def _worker(self):
@@ -366,6 +367,11 @@ class ElasticSampler(torch.utils.data.Sampler):
             return
         top = None  # this iteration's epoch
         while True:
+            if w.step_count < self._seen_step:
+                # A roll-back: the coordinator took back the leases, and the
+                # worker trains from the restore's step again.
+                self._next_step = w.step_count
+            self._seen_step = w.step_count
             step = max(self._next_step, w.step_count)
             leased = w.lease_block(self.num_examples, step)
             if leased is None:
