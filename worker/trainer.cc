@@ -336,17 +336,14 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   }
   // The rows' gradients first: this push returns at once, while the head's
   // (in PushGradients) may wait for the next weights.
-  absl::StatusOr<SparseShards::PushOutcome> pushed = sparse.Push(
-      kEmbeddingTable, step, ids, row_grads, session_->PushRetry());
+  absl::StatusOr<SparseShards::PushOutcome> pushed =
+      session_->PushRows(kEmbeddingTable, step, ids, row_grads);
   if (!pushed.ok()) {
     if (session_->Interrupted() != Interrupt::kNone) return pushed.status();
-    if (pushed.status().code() == absl::StatusCode::kAborted)
-      return session_->WaitForRestoreOrder(pushed.status());
     return absl::Status(pushed.status().code(),
                         absl::StrCat("pushing the embedding rows of step ", step, ": ",
                                      pushed.status().message()));
   }
-  session_->NoteProgress();
   return loss;
 }
 

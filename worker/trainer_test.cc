@@ -759,6 +759,17 @@ TEST_F(TrainerTest, APushThatFailsTransientlyIsSentAgainAndAppliedOnce) {
   EXPECT_EQ(StepsOf(shards_->applied()), std::vector<uint64_t>({0, 1, 2, 3, 4, 5}));
 }
 
+TEST_F(TrainerTest, APushThatAGoingShardCancelledIsSentAgainNotTheEndOfTraining) {
+  // A shard that a re-sharding retired cancels the calls in flight as its
+  // server exits, before this worker hears of the move: no interrupt of
+  // its own, so the push goes again (the roll-back comes with a heartbeat).
+  Trainer* trainer = MakeTrainer();
+  shards_->FailPushes(2, 2, absl::CancelledError("server shutting down"));
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+  EXPECT_EQ(shards_->attempts(2), 3);
+  EXPECT_EQ(StepsOf(shards_->applied()), std::vector<uint64_t>({0, 1, 2, 3, 4, 5}));
+}
+
 TEST_F(TrainerTest, APushRefusedOtherwiseEndsTraining) {
   Trainer* trainer = MakeTrainer();
   shards_->FailPushes(2, 1, absl::InvalidArgumentError("bad chunk"));

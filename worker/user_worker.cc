@@ -410,8 +410,7 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
     return absl::InvalidArgumentError(absl::StrCat("a gradient of table '", table, "' row ",
                                                    ids[bad / *dim],
                                                    " is not finite: nothing was pushed"));
-  absl::StatusOr<SparseShards::PushOutcome> pushed =
-      session_->sparse()->Push(table, step_, ids, grads, session_->PushRetry());
+  absl::StatusOr<SparseShards::PushOutcome> pushed = session_->PushRows(table, step_, ids, grads);
   if (!pushed.ok() && params_ != nullptr) {
     const uint64_t step = step_;
     bool taken = false;
@@ -424,7 +423,6 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
     return absl::OkStatus();
   }
   if (!pushed.ok()) return InterruptStatus(pushed.status());
-  session_->NoteProgress();
   return absl::OkStatus();
 }
 

@@ -424,23 +424,53 @@ absl::StatusOr<ParameterShards::PushOutcome> WorkerSession::PushGradients(
       NoteProgress();
       return pushed;
     }
-    if (Interrupted() != Interrupt::kNone) return pushed.status();
-    const absl::Status& s = pushed.status();
-    if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
-    if (StuckWithoutCoordinator())
-      return absl::UnavailableError(absl::StrCat(
-          "cannot push step ", step, " and no word from the coordinator for ",
-          absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
-    // A push that outlived its deadline is retried too: the shards
-    // deduplicate it.
-    if (s.code() != absl::StatusCode::kDeadlineExceeded &&
-        s.code() != absl::StatusCode::kUnavailable)
-      return s;
+    if (absl::Status next = PushFailed(pushed.status(), absl::StrCat("step ", step));
+        !next.ok())
+      return next;
     if (Now() - logged >= kWaitLogEvery) {
-      spdlog::info("retrying the push of step {}: {}", step, std::string(s.message()));
+      spdlog::info("retrying the push of step {}: {}", step,
+                   std::string(pushed.status().message()));
       logged = Now();
     }
   }
+}
+
+absl::StatusOr<SparseShards::PushOutcome> WorkerSession::PushRows(const std::string& table,
+                                                                  uint64_t step,
+                                                                  absl::Span<const int64_t> ids,
+                                                                  const float* grads) {
+  const ParameterShards::RetryPolicy retry = PushRetry();
+  while (true) {
+    absl::StatusOr<SparseShards::PushOutcome> pushed =
+        sparse()->Push(table, step, ids, grads, retry);
+    if (pushed.ok()) {
+      NoteProgress();
+      return pushed;
+    }
+    if (absl::Status next = PushFailed(
+            pushed.status(), absl::StrCat("table '", table, "' rows of step ", step));
+        !next.ok())
+      return next;
+  }
+}
+
+absl::Status WorkerSession::PushFailed(const absl::Status& s, absl::string_view what) {
+  if (Interrupted() != Interrupt::kNone) return s;
+  if (s.code() == absl::StatusCode::kAborted) return WaitForRestoreOrder(s);
+  if (StuckWithoutCoordinator())
+    return absl::UnavailableError(absl::StrCat(
+        "cannot push ", what, " and no word from the coordinator for ",
+        absl::FormatDuration(coordinator_timeout_), "; giving up (", s.message(), ")"));
+  if (s.code() == absl::StatusCode::kCancelled) {
+    // Not this worker's interrupt: the shard went away (WaitToPull says
+    // more); the heartbeat reply that tells of the move comes soon.
+    SleepUnlessShutdown(absl::Milliseconds(20));
+    return absl::OkStatus();
+  }
+  if (s.code() == absl::StatusCode::kDeadlineExceeded ||
+      s.code() == absl::StatusCode::kUnavailable)
+    return absl::OkStatus();
+  return s;
 }
 
 absl::Status WorkerSession::WaitForRestoreOrder(const absl::Status& refused) {

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -39,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
 #include "worker/parameter_shards.h"
@@ -190,6 +192,11 @@ class WorkerSession {
   absl::StatusOr<ParameterShards::PushOutcome> PushGradients(uint64_t step, const float* grads,
                                                              uint32_t samples, float* params,
                                                              const StartedPush& started);
+  // Step's gradients of `ids` (distinct) of sparse table `table` (grads:
+  // ids.size() x dim floats), retried as PushGradients retries.
+  absl::StatusOr<SparseShards::PushOutcome> PushRows(const std::string& table, uint64_t step,
+                                                     absl::Span<const int64_t> ids,
+                                                     const float* grads);
   // A push or pull refused as from an older generation: waits (at most
   // coordinator_timeout_ms) until the restore order arrives; CANCELLED then
   // (or at any other interrupt).
@@ -236,6 +243,12 @@ class WorkerSession {
 
  private:
   MemberAgent::Handlers HeartbeatHandlers();
+  // What a push that failed with `s` does next: OK to send it again (an
+  // unavailable shard; a push past its deadline, which the shards
+  // deduplicate; one that a shard a re-sharding retired cancelled as it
+  // went away, before this worker heard of the move: the roll-back comes
+  // with a heartbeat reply), or the status to return. `what` names it.
+  absl::Status PushFailed(const absl::Status& s, absl::string_view what);
   void OnHeartbeatReply(const v1::HeartbeatResponse& resp) ABSL_LOCKS_EXCLUDED(mu_);
   // A shard map from a heartbeat reply: the clients follow it, or it is
   // refused, or (returned) it re-places the chunks and waits for its
