@@ -157,12 +157,14 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
                config_.job_id(), model_.size(), built->chunks_size(), membership_.num_shards());
   if (optimizer != v1::OPTIMIZER_UNSPECIFIED && optimizer != config_.optimizer().kind()) {
     program_optimizer_ = optimizer;
+    const char* where =
+        optimizer != v1::OPTIMIZER_WORKERS ? ""
+        : config_.mode() == v1::MODE_SYNC
+            ? ": it runs on the workers, on the gradients the servers average"
+            : ": it runs on the workers, and the servers add the weights' changes they push";
     spdlog::info("job {}: the program's optimizer is {} (the job's flags said {}){}",
-                 config_.job_id(), OptimizerName(optimizer), OptimizerName(config_.optimizer().kind()),
-                 optimizer != v1::OPTIMIZER_WORKERS ? ""
-                 : config_.mode() == v1::MODE_SYNC
-                     ? ": it runs on the workers, on the gradients the servers average"
-                     : ": it runs on the workers, and the servers add the weights' changes they push");
+                 config_.job_id(), OptimizerName(optimizer),
+                 OptimizerName(config_.optimizer().kind()), where);
   }
   changed_.SignalAll();
   return true;

@@ -383,6 +383,7 @@ void ServePullHalf(ShardStore* store, const v1::PushRequest& request, CheckedPus
       [done = std::move(done), header = std::move(header), wire = DTypeToWire(checked.pull_dtype),
        lane = std::move(lane), reply_offsets = std::move(checked.reply_offsets)](
           absl::StatusOr<std::vector<ShardStore::PulledChunk>> pulled) {
+        if (lane != nullptr) lane->Wrote();  // the values in it, before the answer
         done(grpc::Status::OK,
              EncodePushResponse(header, wire,
                                 pulled.ok() ? ToWireChunks(*pulled, reply_offsets)

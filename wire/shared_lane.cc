@@ -141,6 +141,7 @@ absl::StatusOr<char*> MappedLane::At(uint64_t offset, uint64_t bytes) const {
     return absl::InvalidArgumentError(absl::StrCat(
         bytes, " bytes at offset ", offset, " are outside the lane's values [",
         kLaneHeaderBytes, ", ", size_, ")"));
+  (void)writes_.load(std::memory_order_acquire);
   return base_ + offset;
 }
 

@@ -19,6 +19,7 @@
 #ifndef GRPS_WIRE_SHARED_LANE_H_
 #define GRPS_WIRE_SHARED_LANE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,8 +87,17 @@ class MappedLane {
   // Whether this is the lane `ref` names.
   bool Names(const v1::SharedLane& ref) const;
   // `bytes` bytes at `offset`, or INVALID_ARGUMENT when they are not all
-  // inside the lane's values.
+  // inside the lane's values. What the shard reads there comes after every
+  // Wrote() before (acquire).
   absl::StatusOr<char*> At(uint64_t offset, uint64_t bytes) const;
+  // The shard wrote reply values into the lane (release), before the reply
+  // that tells the worker so. The worker reads a reply before it writes its
+  // next request into the same bytes, so that order holds across the two
+  // processes already; this makes it visible within the shard's process,
+  // whose threads (one writes a rank's pulled weights, the rank's doorbell
+  // reads its next gradient) see no hand-off of their own, nor does
+  // ThreadSanitizer.
+  void Wrote() { writes_.fetch_add(1, std::memory_order_release); }
 
  private:
   MappedLane(const v1::SharedLane& ref, char* base)
@@ -98,6 +108,7 @@ class MappedLane {
   const uint64_t size_;
   const uint64_t nonce_;
   char* const base_;
+  mutable std::atomic<uint64_t> writes_{0};
 };
 
 // The lanes a shard has mapped, at most one per worker rank: a worker that

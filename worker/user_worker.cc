@@ -502,8 +502,8 @@ absl::StatusOr<UserWorker::Block> UserWorker::LeaseBlock(uint64_t train_examples
     const uint64_t estimate = TotalSteps(config(), train_examples);
     session_->UpdateProgress([&](v1::WorkerProgress* p) { p->set_total_steps(estimate); });
     spdlog::info("rank {} trains from step {} blocks of {} examples leased from the "
-                 "coordinator's example ledger ({} per epoch)",
-                 rank(), step, block, ExampleLedgerShape(config(), train_examples).blocks_per_epoch);
+                 "coordinator's example ledger ({} per epoch)", rank(), step, block,
+                 ExampleLedgerShape(config(), train_examples).blocks_per_epoch);
   } else if (train_examples != lease_examples_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a training set of ", train_examples, " examples; this worker leased from one of ",
