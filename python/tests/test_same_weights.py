@@ -24,7 +24,11 @@ class SameWeightsAsOneProcess(unittest.TestCase):
         cls.expected = reference(STEPS, LR)
 
     def train(self, mode_flags, passes, overlap=True, device="cpu"):
-        flags = ["--optimizer=sgd", "--lr=%g" % LR, "--momentum=0", "--weight_decay=0"]
+        # A worker that misses its heartbeats for the harness's 2 s (a loaded
+        # machine) is declared dead and the mode goes on without it, by
+        # design: then the weights are another training's. 10 s here.
+        flags = ["--optimizer=sgd", "--lr=%g" % LR, "--momentum=0", "--weight_decay=0",
+                 "--heartbeat_timeout_ms=10000"]
         with Job(servers=2, workers=2, flags=flags + mode_flags) as job:
             out = job.path("rank0.pt")
             common = ["--steps", str(STEPS), "--passes", str(passes),
