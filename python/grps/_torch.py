@@ -976,6 +976,7 @@ class _JobOptimizer:
             raise ValueError("backward_passes_per_step must be at least 1")
         # The program's optimizer runs here, not on the servers (kind "workers").
         self._on_workers = optimizer_kind == "workers"
+        self._weights = None  # _step_on_workers's copy of the weights, reused every step
         self._process = _join(named, optimizer_kind)
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -1141,7 +1142,10 @@ class _JobOptimizer:
                         "and nobody gives them to a restarted worker; resume the job from "
                         "the program's own torch.save instead (docs/pytorch.md)")
         model.params_to_flat()
-        weights = model.flat.clone()
+        if self._weights is None:
+            self._weights = torch.empty_like(model.flat)
+        weights = self._weights
+        weights.copy_(model.flat)
         if sync:
             outcome = self._exchange(samples)
             if outcome["rolled_back"]:
