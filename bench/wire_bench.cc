@@ -20,8 +20,17 @@
 // Each figure is the best of --reps (after one warm-up); the table ends with
 // the ratios to bare gRPC.
 //
+// Across hosts (scripts/wire-cross-host runs it on two network-namespace
+// hosts): one process serves the yardsticks' peer and 2 shards (--serve),
+// another on the other host measures against them (--remote): TCP a push
+// then a pull and both ways at once, bare gRPC, and grps a push then a pull
+// and a push fused with the pull, each grps figure against TCP's of the same
+// pattern.
+//
 //   grps_wire_bench                   # 1, 16, 64, 256 MiB
 //   grps_wire_bench --mib=64 --reps=5
+//   grps_wire_bench --mib=64 --serve=10.0.0.1 --serve_file=/tmp/peer   # host A
+//   grps_wire_bench --mib=64 --remote=/tmp/peer                        # host B
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -59,6 +68,13 @@ ABSL_FLAG(uint64_t, sync_steps, 1000,
 ABSL_FLAG(std::string, sparse_rows, "1024,16384,131072",
           "sparse: rows per push + pull (\"\": skip)");
 ABSL_FLAG(std::string, sparse_dims, "16,64", "sparse: floats per row");
+ABSL_FLAG(std::string, serve, "",
+          "across hosts: serve the yardsticks' peer and 2 shards on this IP address (one size "
+          "in --mib), for a --remote run on another host");
+ABSL_FLAG(std::string, serve_file, "", "with --serve: where to write the peer's addresses");
+ABSL_FLAG(int, serve_seconds, 600, "with --serve: exit after this many seconds");
+ABSL_FLAG(std::string, remote, "",
+          "across hosts: the --serve_file of a peer on another host; measure against it");
 
 namespace grps {
 namespace {
@@ -129,20 +145,34 @@ class BareService final
   std::vector<char> received_;  // one push at a time in this benchmark
 };
 
-double BareGrpcMs(size_t bytes, int reps) {
-  BareService service(bytes);
-  grpc::ServerBuilder builder;
+// BareService behind its own gRPC server on a free port of `host`.
+struct BareServer {
+  explicit BareServer(size_t bytes, const std::string& host = "127.0.0.1") : service(bytes) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat(host, ":0"), grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(-1);
+    builder.SetMaxSendMessageSize(-1);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    address = absl::StrCat(host, ":", port);
+  }
+  ~BareServer() {
+    if (server != nullptr) server->Shutdown(std::chrono::system_clock::now());
+  }
+  BareService service;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::string address;
+  std::unique_ptr<grpc::Server> server;
+};
+
+// Best time of a push of `bytes` and then a pull of as many, as bare
+// ByteBuffers to the BareService at `address`.
+double BareGrpcMs(const std::string& address, size_t bytes, int reps) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  grpc::GenericStub stub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  grpc::GenericStub stub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   const std::string grads(bytes, 'g');
   std::vector<char> params(bytes);
   auto call = [&](const char* method, const grpc::ByteBuffer& request) {
@@ -164,41 +194,88 @@ double BareGrpcMs(size_t bytes, int reps) {
     cv.wait(lock, [&] { return done; });
     CopyOut(reply, &params);
   };
-  const double ms = BestMs(reps, [&] {
+  return BestMs(reps, [&] {
     grpc::Slice slice(grads.data(), grads.size(), grpc::Slice::STATIC_SLICE);
     call("/grps.v1.ParameterServer/Push", grpc::ByteBuffer(&slice, 1));
     call("/grps.v1.ParameterServer/Pull", Empty());
   });
-  server->Shutdown(std::chrono::system_clock::now());
-  return ms;
 }
 
-// ---- Yardstick: loopback TCP ----
+double BareGrpcMs(size_t bytes, int reps) {
+  BareServer bare(bytes);
+  return BareGrpcMs(bare.address, bytes, reps);
+}
 
-double TcpMs(size_t bytes, int reps) {
-  namespace asio = boost::asio;
-  using asio::ip::tcp;
+// ---- Yardstick: TCP ----
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+// One round of the TCP yardstick: the client sends this header, then
+// `bytes` bytes; the peer sends as many back, after it has read them all
+// (duplex 0: a push, then a pull) or while it reads them (duplex 1: both
+// directions at once, as a fused push and pull moves them).
+struct TcpRound {
+  uint64_t bytes;
+  uint64_t duplex;
+};
+
+// The peer's side of one connection: rounds until the client closes it.
+void ServeTcpConnection(tcp::socket& s) {
+  s.set_option(tcp::no_delay(true));
+  std::vector<char> in, out;
+  for (;;) {
+    TcpRound round;
+    boost::system::error_code ec;
+    asio::read(s, asio::buffer(&round, sizeof(round)), ec);
+    if (ec || round.bytes > (uint64_t{1} << 34)) return;  // closed, or not our client
+    in.resize(round.bytes);
+    out.resize(round.bytes, 'v');
+    boost::system::error_code wrote;
+    if (round.duplex != 0) {
+      std::thread writer([&] { asio::write(s, asio::buffer(out), wrote); });
+      asio::read(s, asio::buffer(in), ec);
+      writer.join();
+    } else {
+      asio::read(s, asio::buffer(in), ec);
+      if (!ec) asio::write(s, asio::buffer(out), wrote);
+    }
+    if (ec || wrote) return;
+  }
+}
+
+// Best time of a round of `bytes` each way with the peer at `peer`.
+double TcpMs(const tcp::endpoint& peer, size_t bytes, int reps, bool duplex) {
   asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  std::vector<char> server_buf(bytes), client_out(bytes, 'g'), client_in(bytes);
-  const int rounds = reps + 1;
-  std::thread echo([&] {
-    tcp::socket s(io);
-    acceptor.accept(s);
-    s.set_option(tcp::no_delay(true));
-    for (int i = 0; i < rounds; ++i) {
-      asio::read(s, asio::buffer(server_buf));
-      asio::write(s, asio::buffer(server_buf));
+  tcp::socket c(io);
+  c.connect(peer);
+  c.set_option(tcp::no_delay(true));
+  std::vector<char> out(bytes, 'g'), in(bytes);
+  const TcpRound round{bytes, duplex ? 1u : 0u};
+  return BestMs(reps, [&] {
+    asio::write(c, asio::buffer(&round, sizeof(round)));
+    if (duplex) {
+      std::thread writer([&] { asio::write(c, asio::buffer(out)); });
+      asio::read(c, asio::buffer(in));
+      writer.join();
+    } else {
+      asio::write(c, asio::buffer(out));
+      asio::read(c, asio::buffer(in));
     }
   });
-  tcp::socket c(io);
-  c.connect(acceptor.local_endpoint());
-  c.set_option(tcp::no_delay(true));
-  const double ms = BestMs(reps, [&] {
-    asio::write(c, asio::buffer(client_out));
-    asio::read(c, asio::buffer(client_in));
+}
+
+// The same on loopback, with the peer in this process.
+double TcpMs(size_t bytes, int reps) {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  std::thread peer([&] {
+    tcp::socket s(io);
+    acceptor.accept(s);
+    ServeTcpConnection(s);
   });
-  echo.join();
+  const double ms = TcpMs(acceptor.local_endpoint(), bytes, reps, /*duplex=*/false);
+  peer.join();
   return ms;
 }
 
@@ -211,7 +288,8 @@ struct Shards {
   InProcessShards served;
 };
 
-std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::string* error) {
+std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::string* error,
+                              const std::string& host = "127.0.0.1") {
   absl::StatusOr<v1::ShardMap> map =
       OneTensorMap(config, static_cast<int64_t>(bytes / sizeof(float)));
   if (!map.ok()) {
@@ -220,7 +298,8 @@ std::unique_ptr<Shards> Serve(const v1::JobConfig& config, size_t bytes, std::st
   }
   auto shards = std::make_unique<Shards>();
   shards->map = std::move(*map);
-  if (absl::Status s = shards->served.Serve(config, &shards->map); !s.ok()) {
+  if (absl::Status s = shards->served.Serve(config, &shards->map, SecurityConfig(), host);
+      !s.ok()) {
     *error = std::string(s.message());
     return nullptr;
   }
@@ -253,16 +332,23 @@ double DensePushPullMs(const v1::JobConfig& config, const v1::ShardMap& map, siz
   });
 }
 
-// `transport`: the job's local_transport; shared memory is measured fused,
-// as grps-worker pushes, and must have gone through the lanes.
-double GrpsMs(size_t bytes, uint32_t shards, v1::LocalTransport transport, int reps,
-              std::string* error) {
+// The job of the grps figures: async, so each push is applied on arrival
+// and each pull served at once; one worker.
+v1::JobConfig WireJob(uint32_t shards, v1::LocalTransport transport) {
   v1::JobConfig config = DefaultJobConfig();
   config.set_job_id("wire-bench");
   config.set_mode(v1::MODE_ASYNC);
   config.set_num_servers(shards);
   config.set_num_workers(1);
   config.set_local_transport(transport);
+  return config;
+}
+
+// `transport`: the job's local_transport; shared memory is measured fused,
+// as grps-worker pushes, and must have gone through the lanes.
+double GrpsMs(size_t bytes, uint32_t shards, v1::LocalTransport transport, int reps,
+              std::string* error) {
+  const v1::JobConfig config = WireJob(shards, transport);
   std::unique_ptr<Shards> served = Serve(config, bytes, error);
   if (served == nullptr) return 0;
   uint64_t step = 0;
@@ -383,6 +469,141 @@ double SyncStepMs(uint32_t workers, uint64_t steps, v1::LocalTransport transport
   return absl::ToDoubleMilliseconds(absl::Now() - start) / steps;
 }
 
+// ---- Across hosts: a peer on one host, the figures taken on another ----
+
+// The peer (--serve): the TCP yardstick's peer, the bare gRPC service and 2
+// shards of a one-tensor model of `bytes`, all on `host`; their addresses go
+// to `file` (written whole, then renamed into place), and the process ends
+// after `seconds`, or when it is killed.
+int ServePeer(const std::string& host, size_t bytes, const std::string& file, int seconds) {
+  boost::system::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(host, ec);
+  if (ec) {
+    std::fprintf(stderr, "--serve: '%s' is not an IP address\n", host.c_str());
+    return 2;
+  }
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(ip, 0));
+  BareServer bare(bytes, host);
+  std::string error;
+  std::unique_ptr<Shards> shards = Serve(WireJob(2, v1::LOCAL_TRANSPORT_GRPC), bytes, &error, host);
+  if (bare.server == nullptr || shards == nullptr) {
+    std::fprintf(stderr, "--serve: cannot serve on %s: %s\n", host.c_str(), error.c_str());
+    return 1;
+  }
+  std::string lines = absl::StrCat("tcp ", host, ":", acceptor.local_endpoint().port(), "\nbare ",
+                                   bare.address, "\n");
+  for (const v1::ShardEndpoint& shard : shards->map.shards())
+    absl::StrAppend(&lines, "shard ", shard.address(), "\n");
+  const std::string temporary = file + ".tmp";
+  FILE* f = std::fopen(temporary.c_str(), "w");
+  if (f == nullptr || std::fputs(lines.c_str(), f) < 0 || std::fclose(f) != 0 ||
+      std::rename(temporary.c_str(), file.c_str()) != 0) {
+    std::fprintf(stderr, "--serve_file: cannot write %s\n", file.c_str());
+    return 1;
+  }
+  std::printf("grps_wire_bench: serving %zu MiB on %s for %d s\n", bytes >> 20, host.c_str(),
+              seconds);
+  std::fflush(stdout);
+  std::thread([&] {
+    for (;;) {
+      auto s = std::make_shared<tcp::socket>(io);
+      boost::system::error_code accepted;
+      acceptor.accept(*s, accepted);
+      if (accepted) return;
+      std::thread([s] { ServeTcpConnection(*s); }).detach();
+    }
+  }).detach();
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  std::fflush(stdout);
+  std::_Exit(0);  // the acceptor's thread is blocked in accept
+}
+
+// The addresses a peer wrote to its --serve_file, waited for up to 60 s.
+struct PeerAddresses {
+  std::string tcp, bare;
+  std::vector<std::string> shards;
+};
+
+std::optional<PeerAddresses> ReadPeer(const std::string& file) {
+  for (int i = 0; i < 600; ++i) {
+    if (FILE* f = std::fopen(file.c_str(), "r")) {
+      PeerAddresses peer;
+      char kind[16], address[256];
+      while (std::fscanf(f, "%15s %255s", kind, address) == 2) {
+        if (std::strcmp(kind, "tcp") == 0) peer.tcp = address;
+        if (std::strcmp(kind, "bare") == 0) peer.bare = address;
+        if (std::strcmp(kind, "shard") == 0) peer.shards.push_back(address);
+      }
+      std::fclose(f);
+      if (peer.tcp.empty() || peer.bare.empty() || peer.shards.size() != 2) return std::nullopt;
+      return peer;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return std::nullopt;
+}
+
+// The figures against a peer on another host (--remote): `bytes` each way by
+// TCP (a push then a pull, and both at once), bare gRPC, and grps through
+// the peer's 2 shards (a push then a pull, and a push fused with the pull:
+// each part's new values come back while later parts still go up).
+int MeasureRemote(const std::string& file, size_t bytes, int reps) {
+  const std::optional<PeerAddresses> peer = ReadPeer(file);
+  if (!peer) {
+    std::fprintf(stderr, "--remote: no peer's addresses in %s\n", file.c_str());
+    return 1;
+  }
+  const size_t colon = peer->tcp.rfind(':');
+  boost::system::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(peer->tcp.substr(0, colon), ec);
+  int port = 0;
+  if (colon == std::string::npos || ec || !absl::SimpleAtoi(peer->tcp.substr(colon + 1), &port)) {
+    std::fprintf(stderr, "--remote: bad TCP address '%s'\n", peer->tcp.c_str());
+    return 1;
+  }
+  const tcp::endpoint tcp_peer(ip, static_cast<unsigned short>(port));
+  const v1::JobConfig config = WireJob(2, v1::LOCAL_TRANSPORT_GRPC);
+  absl::StatusOr<v1::ShardMap> map = OneTensorMap(config, static_cast<int64_t>(bytes / sizeof(float)));
+  if (!map.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(map.status().message()).c_str());
+    return 1;
+  }
+  for (int s = 0; s < map->shards_size(); ++s) map->mutable_shards(s)->set_address(peer->shards[s]);
+
+  const double tcp_sequential = TcpMs(tcp_peer, bytes, reps, /*duplex=*/false);
+  const double tcp_duplex = TcpMs(tcp_peer, bytes, reps, /*duplex=*/true);
+  const double bare = BareGrpcMs(peer->bare, bytes, reps);
+  uint64_t step = 0;
+  absl::Status failed;
+  const size_t elements = bytes / sizeof(float);
+  const double grps = DensePushPullMs(config, *map, elements, reps, &step, &failed);
+  const double fused = DensePushPullMs(config, *map, elements, reps, &step, &failed, true);
+  if (!failed.ok()) {
+    std::printf("grps failed: %s\n", std::string(failed.message()).c_str());
+    return 1;
+  }
+  std::printf("grps_wire_bench across hosts: %zu MiB each way with the peer at %s, best of %d\n\n",
+              bytes >> 20, ip.to_string().c_str(), reps);
+  std::printf("| %-36s | %9s | %12s | %-28s |\n", "figure", "ms", "MB/s each way",
+              "rate / TCP's (same pattern)");
+  std::printf("| --- | ---: | ---: | --- |\n");
+  auto row = [&](const char* name, double ms, double yardstick) {
+    char ratio[32] = "-";
+    if (yardstick > 0) std::snprintf(ratio, sizeof(ratio), "%.2f", yardstick / ms);
+    std::printf("| %-36s | %9.1f | %12.1f | %-28s |\n", name, ms, bytes / ms / 1e3, ratio);
+  };
+  row("tcp: push, then pull", tcp_sequential, 0);
+  row("tcp: both ways at once", tcp_duplex, 0);
+  row("bare grpc: push, then pull", bare, tcp_sequential);
+  row("grps 2 shards: push, then pull", grps, tcp_sequential);
+  row("grps 2 shards: push fused with pull", fused, tcp_duplex);
+  std::printf("\nMB/s each way: the bytes one way over the time of the figure (a push then a "
+              "pull moves them one way after the other). The fused push: parts of about "
+              "256 KiB, each part's new weights returned as it is applied.\n");
+  return 0;
+}
+
 // The comma-separated positive numbers of --`flag` (each at most `max`), or
 // nothing after saying which one is bad.
 template <typename T>
@@ -484,6 +705,18 @@ int Main(int argc, char** argv) {
       ParseList<uint32_t>(absl::GetFlag(FLAGS_sparse_dims), "sparse_dims", 4096);
   if (!sizes || !sparse_rows || !sparse_dims) return 2;
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  const std::string serve = absl::GetFlag(FLAGS_serve), remote = absl::GetFlag(FLAGS_remote);
+  if (!serve.empty() || !remote.empty()) {
+    if (sizes->size() != 1 || (serve.empty() != absl::GetFlag(FLAGS_serve_file).empty())) {
+      std::fprintf(stderr, "--serve (with --serve_file) or --remote: one size in --mib\n");
+      return 2;
+    }
+    const size_t bytes = sizes->front() << 20;
+    if (!serve.empty())
+      return ServePeer(serve, bytes, absl::GetFlag(FLAGS_serve_file),
+                       std::max(1, absl::GetFlag(FLAGS_serve_seconds)));
+    return MeasureRemote(remote, bytes, reps);
+  }
   bool ok = PrintDenseTable(*sizes, reps);
   if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0)
     ok = PrintSyncSteps(steps) && ok;

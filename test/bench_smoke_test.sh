@@ -3,7 +3,8 @@
 # come from full runs by hand (docs/performance.md). Each must exit 0 and
 # print its table with the yardstick beside the figure:
 #   - grps_wire_bench: 1 MiB through 1 and 2 shards, 50 sync steps, 1024
-#     sparse rows of 16 beside the dense path of the same bytes;
+#     sparse rows of 16 beside the dense path of the same bytes; and its
+#     across-hosts pair (--serve, --remote) with both ends on loopback;
 #   - grps_train_bench: sync with 2 servers for 100 steps (it starts the real
 #     daemons from BIN_DIR);
 #   - bench/exit_latency: one short job;
@@ -21,6 +22,16 @@ grep -q "bare grpc" "$WORK/wire.out" && grep -q "sync step of the default model"
   && grep -q "sparse / dense" "$WORK/wire.out" \
   || { cat "$WORK/wire.out"; fail "grps_wire_bench printed no table"; }
 
+# The across-hosts pair on one host: the peer serves, the other measures
+# against the addresses it wrote (scripts/wire-cross-host puts them on two
+# namespace hosts).
+start peer "$BIN/grps_wire_bench" --mib=1 --serve=127.0.0.1 --serve_file="$WORK/peer" \
+  --serve_seconds=120
+"$BIN/grps_wire_bench" --mib=1 --reps=1 --remote="$WORK/peer" >"$WORK/remote.out" 2>&1 \
+  || { cat "$WORK/remote.out"; fail "grps_wire_bench --remote failed"; }
+[ "$(grep -c '^| \(tcp\|bare grpc\|grps 2 shards\):' "$WORK/remote.out")" = 5 ] \
+  || { cat "$WORK/remote.out"; fail "grps_wire_bench --remote printed no table of 5 rows"; }
+
 "$BIN/grps_train_bench" --configs=sync:2 --steps=100 --no_accuracy --compute_seconds=0.2 \
   --timeout_s=120 --bin_dir="$BIN" --run_root="$WORK/train" >"$WORK/train.out" 2>&1 \
   || { cat "$WORK/train.out"; fail "grps_train_bench failed"; }
@@ -35,5 +46,5 @@ grep -q "^worst:" "$WORK/exit.out" || { cat "$WORK/exit.out"; fail "exit_latency
   >"$WORK/step.out" 2>&1 || { cat "$WORK/step.out"; fail "grps_step_bench failed"; }
 grep -q "^gemm f32" "$WORK/step.out" && grep -q "synchronous .* pipelined .* ratio" "$WORK/step.out" \
   || { cat "$WORK/step.out"; fail "grps_step_bench printed no table"; }
-cat "$WORK/wire.out" "$WORK/train.out" "$WORK/exit.out" "$WORK/step.out"
+cat "$WORK/wire.out" "$WORK/remote.out" "$WORK/train.out" "$WORK/exit.out" "$WORK/step.out"
 echo "PASS"

@@ -11,7 +11,7 @@
 namespace grps {
 
 absl::Status InProcessShards::Serve(const v1::JobConfig& config, v1::ShardMap* map,
-                                    const SecurityConfig& security) {
+                                    const SecurityConfig& security, const std::string& host) {
   for (uint32_t s = 0; s < config.num_servers(); ++s) {
     ShardStore::Options o;
     o.config = config;
@@ -24,9 +24,9 @@ absl::Status InProcessShards::Serve(const v1::JobConfig& config, v1::ShardMap* m
     services_.push_back(std::make_unique<ParameterServerService>(
         stores_.back().get(), MemberKey(security.admin_token)));
     absl::StatusOr<GrpcServer> server =
-        StartGrpcServer("127.0.0.1:0", {services_.back().get()}, security);
+        StartGrpcServer(absl::StrCat(host, ":0"), {services_.back().get()}, security);
     if (!server.ok()) return server.status();
-    map->mutable_shards(s)->set_address(absl::StrCat("127.0.0.1:", server->port));
+    map->mutable_shards(s)->set_address(absl::StrCat(host, ":", server->port));
     servers_.push_back(std::move(server->server));
   }
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,11 +34,13 @@ class InProcessShards {
     const absl::Status s = Serve(config, map);
     EXPECT_TRUE(s.ok()) << s;
   }
-  // Starts config.num_servers() shards of `map` on free loopback ports and
-  // writes their addresses into *map. Call once. The servers are secured as
-  // `security` says (by default: not at all).
+  // Starts config.num_servers() shards of `map` on free ports of `host` (an
+  // IP address; loopback by default) and writes their addresses into *map.
+  // Call once. The servers are secured as `security` says (by default: not
+  // at all).
   absl::Status Serve(const v1::JobConfig& config, v1::ShardMap* map,
-                     const SecurityConfig& security = SecurityConfig());
+                     const SecurityConfig& security = SecurityConfig(),
+                     const std::string& host = "127.0.0.1");
   // Makes ranks [0, workers) the live workers of every shard, each at
   // incarnation 1 (as a ParameterClient created with incarnation 1 pushes).
   void SetLiveWorkers(uint32_t workers);
