@@ -148,6 +148,7 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   // One listening socket: without this, gRPC's SO_REUSEPORT lets a second
   // server bind the same port and share its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
@@ -174,6 +175,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Separate channels get separate TCP connections (see SPEC §8).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kStreamWindowBytes);
   // A peer that comes back (a restarted coordinator or server) is dialled
   // again within kMaxReconnectBackoff of a refused attempt, not after
   // gRPC's default backoff, which grows to two minutes: a restarted

@@ -29,6 +29,14 @@ inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);
 // RESOURCE_EXHAUSTED from gRPC before reaching a handler).
 inline constexpr int kMaxMessageBytes = 64 << 20;
 
+// The HTTP/2 receive window of each stream (gRPC's stream look-ahead) that
+// every grps channel and server offers: a push schedule's request (at most
+// 4 MiB) goes out whole without waiting for a WINDOW_UPDATE, which on a link
+// busy the other way queues behind the bytes coming down. gRPC's default
+// window (sized by its BDP probe) cost a sync step across hosts 6-8 %
+// (docs/performance.md, "Receive windows").
+inline constexpr int kStreamWindowBytes = 4 << 20;
+
 // Sets every linked flag named by a GRPS_<FLAG> variable (a process that
 // has no command line of its own: the grps Python package).
 // INVALID_ARGUMENT naming the variable whose value does not parse.
