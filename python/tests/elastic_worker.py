@@ -12,6 +12,7 @@ examples the step trained. --accuracy: the final test accuracy (rank 0).
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -42,6 +43,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--pace_ms", type=float, default=0,
                         help="sleep after each step (a job slow enough to join and leave)")
+    parser.add_argument("--pace_until", default="",
+                        help="sleep --pace_ms after each step only until this file exists")
     parser.add_argument("--examples", required=True)
     parser.add_argument("--accuracy", default="")
     args = parser.parse_args()
@@ -67,7 +70,7 @@ def main():
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
-                if args.pace_ms:
+                if args.pace_ms and not (args.pace_until and os.path.exists(args.pace_until)):
                     time.sleep(args.pace_ms / 1000)
             scheduler.step()
     with torch.no_grad():

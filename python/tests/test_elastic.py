@@ -36,14 +36,20 @@ class ElasticPythonJob(unittest.TestCase):
             logs = [job.path("examples-%d.log" % r) for r in range(3)]
             accuracy = job.path("accuracy")
 
+            # Ranks 0 and 1 go slowly until rank 2 has been drained, so that
+            # the job cannot end before a third worker, started late on a
+            # loaded machine, has joined and trained its steps; then at
+            # full speed.
+            drained = job.path("drained")
+
             def worker(r, pace_ms):
                 args = ["--epochs", str(EPOCHS), "--batch", str(BATCH), "--examples", logs[r],
-                        "--pace_ms", str(pace_ms)]
+                        "--pace_ms", str(pace_ms)] + (["--pace_until", drained] if r < 2 else [])
                 job.worker("elastic_worker.py", args + (["--accuracy", accuracy] if r == 0
                                                         else []), rank=r)
 
             for r in (0, 1):
-                worker(r, 15 if elastic else 0)
+                worker(r, 50 if elastic else 0)
             if elastic:
                 # A third worker joins at global step 40 and is drained once it
                 # has trained 40 steps; the two go on to the end.
@@ -55,6 +61,7 @@ class ElasticPythonJob(unittest.TestCase):
                                        capture_output=True, text=True, timeout=30)
                 self.assertEqual(drain.returncode, 0, drain.stderr)
                 self.assertEqual(job.wait("worker2", 60), 0, job.logs())
+                open(drained, "w").close()
                 self.assertRegex(job.log("worker2"), r"rank 2 left the job after step \d+")
             for r in (0, 1):
                 self.assertEqual(job.wait("worker%d" % r, 180), 0, job.logs())
