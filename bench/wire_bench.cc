@@ -483,7 +483,14 @@ int ServePeer(const std::string& host, size_t bytes, const std::string& file, in
     return 2;
   }
   asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(ip, 0));
+  tcp::acceptor acceptor(io);
+  acceptor.open(ip.is_v6() ? tcp::v6() : tcp::v4(), ec);
+  if (!ec) acceptor.bind(tcp::endpoint(ip, 0), ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::fprintf(stderr, "--serve: cannot listen on %s: %s\n", host.c_str(), ec.message().c_str());
+    return 1;
+  }
   BareServer bare(bytes, host);
   std::string error;
   std::unique_ptr<Shards> shards = Serve(WireJob(2, v1::LOCAL_TRANSPORT_GRPC), bytes, &error, host);
@@ -564,7 +571,8 @@ int MeasureRemote(const std::string& file, size_t bytes, int reps) {
   }
   const tcp::endpoint tcp_peer(ip, static_cast<unsigned short>(port));
   const v1::JobConfig config = WireJob(2, v1::LOCAL_TRANSPORT_GRPC);
-  absl::StatusOr<v1::ShardMap> map = OneTensorMap(config, static_cast<int64_t>(bytes / sizeof(float)));
+  absl::StatusOr<v1::ShardMap> map =
+      OneTensorMap(config, static_cast<int64_t>(bytes / sizeof(float)));
   if (!map.ok()) {
     std::fprintf(stderr, "%s\n", std::string(map.status().message()).c_str());
     return 1;
@@ -707,8 +715,10 @@ int Main(int argc, char** argv) {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const std::string serve = absl::GetFlag(FLAGS_serve), remote = absl::GetFlag(FLAGS_remote);
   if (!serve.empty() || !remote.empty()) {
-    if (sizes->size() != 1 || (serve.empty() != absl::GetFlag(FLAGS_serve_file).empty())) {
-      std::fprintf(stderr, "--serve (with --serve_file) or --remote: one size in --mib\n");
+    if (sizes->size() != 1 || (!serve.empty() && !remote.empty()) ||
+        serve.empty() != absl::GetFlag(FLAGS_serve_file).empty()) {
+      std::fprintf(stderr,
+                   "either --serve (with --serve_file) or --remote, and one size in --mib\n");
       return 2;
     }
     const size_t bytes = sizes->front() << 20;
