@@ -275,7 +275,9 @@ absl::Status UserWorker::TensorReady(uint32_t t, const float* grads, float* para
   // A restarted rank joining the others in sync pushes whole steps at Step,
   // as grps-worker's does, until one is in time: it learns at each push
   // whether the others have moved on.
-  if (joining_ || PastTheEnd()) return absl::OkStatus();
+  // Nor one whose rows a roll-back replaced (PullRows): its gradients were
+  // computed on weights of two steps, and this step is not pushed.
+  if (joining_ || PastTheEnd() || rolled_back_in_rows_) return absl::OkStatus();
   if (!staged_.has_value())
     staged_ = client().StagePush(step_, grads, last_samples_, params, kPullSlice);
   return client().TensorReady(*staged_, t);
@@ -388,13 +390,15 @@ absl::Status UserWorker::PullRows(const std::string& table, absl::Span<const int
       return sparse->Pull(table, ids, clock, kPullSlice, out);
     });
     if (s.ok()) return s;
+    // Pushes a hook started (a program that reads rows after backward())
+    // end before the roll-back's pull fills `params_`.
+    if (session_->Interrupted() == WorkerSession::Interrupt::kRollBack) AbandonStep();
     bool taken = false;
     if (params_ != nullptr) s = TakeRollBacks(s, params_, &taken);
     if (!taken || !s.ok()) return InterruptStatus(s);
     // The rows again, as of the restore's step; this step is not pushed.
     spdlog::info("a roll-back ended step {}'s pull of table '{}' rows: that step is not "
                  "pushed, training goes on at step {}", clock, table, step_);
-    AbandonStep();
     rolled_back_in_rows_ = true;
   }
 }
@@ -411,14 +415,17 @@ absl::Status UserWorker::PushRows(const std::string& table, absl::Span<const int
                                                    ids[bad / *dim],
                                                    " is not finite: nothing was pushed"));
   absl::StatusOr<SparseShards::PushOutcome> pushed = session_->PushRows(table, step_, ids, grads);
-  if (!pushed.ok() && params_ != nullptr) {
+  if (!pushed.ok() && params_ != nullptr &&
+      session_->Interrupted() == WorkerSession::Interrupt::kRollBack) {
+    // The hooks' pushes first: their fused pulls write `params_`, which
+    // the roll-back fills with the restore's weights next.
+    AbandonStep();
     const uint64_t step = step_;
     bool taken = false;
     absl::Status s = TakeRollBacks(pushed.status(), params_, &taken);
     if (!taken || !s.ok()) return InterruptStatus(s);
     spdlog::info("a roll-back ended step {}'s push of table '{}' rows: that step is not "
                  "pushed, training goes on at step {}", step, table, step_);
-    AbandonStep();
     rolled_back_in_rows_ = true;
     return absl::OkStatus();
   }
