@@ -981,7 +981,11 @@ class _JobOptimizer:
         self._model = self._process.model
         self.backward_passes_per_step = int(backward_passes_per_step)
         # Read by the hooks at every call: may be changed between steps.
-        self.overlap = bool(overlap)
+        # "auto": off for the first step, which watches whether the program
+        # changes its gradients between backward() and step() (_decide).
+        self._probing = overlap == "auto"
+        self.overlap = False if self._probing else bool(overlap)
+        self._marks = {}        # the probe step: parameter -> its p.grad when the hook ran
         self._passes = [0] * len(self._model.params)  # hook calls this step, by parameter
         self._early = set()     # parameters pushed by their hook this step
         self._refused = None    # the first early gradient that was not finite
@@ -1003,8 +1007,12 @@ class _JobOptimizer:
 
     def _accumulated(self, i):
         self._passes[i] += 1
-        if (not self.overlap or self._passes[i] != self.backward_passes_per_step
-                or self._refused is not None or self._on_workers):
+        if self._passes[i] != self.backward_passes_per_step or self._on_workers:
+            return
+        if self._probing:
+            self._watch(i)
+            return
+        if not self.overlap or self._refused is not None:
             return
         p = self._process
         if not p.begun:
@@ -1028,6 +1036,43 @@ class _JobOptimizer:
             return
         self._early.add(i)
 
+    def _watch(self, i):
+        """The probe step's hook: parameter i's gradient as backward() left
+        it, copied where a push would read it, and which tensor held it at
+        which version (an in-place change, as clipping's or unscaling's,
+        counts one up even where it leaves the values)."""
+        model = self._model
+        try:
+            model.grad_from_param(i, self.backward_passes_per_step)
+        except ValueError:
+            return  # a sparse gradient: step() says so
+        self._marks[i] = _grad_mark(model.params[i])
+
+    def _decide(self, marks, synchronized):
+        """overlap="auto", at the first step(): on from the next step when no
+        gradient backward() left changed before step(), and when the program
+        did not call synchronize() (Horovod's sign that it changes them);
+        off for the rest of the run otherwise."""
+        self._probing = False
+        if synchronized or not marks:
+            return
+        model = self._model
+        with torch.no_grad():
+            for i, mark in marks.items():
+                if _grad_mark(model.params[i]) != mark or not self._same_grad(i):
+                    return
+        self.overlap = True
+
+    def _same_grad(self, i):
+        """Whether parameter i's p.grad (over the passes) still equals what
+        was copied for its push."""
+        param, passes = self._model.params[i], self.backward_passes_per_step
+        now = (torch.zeros(param.numel()) if param.grad is None
+               else param.grad.detach().reshape(-1).to("cpu", torch.float32))
+        if passes > 1:
+            now = now / passes
+        return torch.equal(now, self._model.grad_view(i))
+
     @property
     def worker(self):
         return self._process.worker
@@ -1046,10 +1091,10 @@ class _JobOptimizer:
         """Horovod's: the gradients are final, the program may change them
         before step() (clipping, GradScaler.unscale_). grps pushes them at
         step(), as the program leaves them, so this only checks that no
-        hook pushed one already (overlap=True): grps.Error if one did."""
+        hook pushed one already (overlap on): grps.Error if one did."""
         if self._early:
             self._abandon()
-            raise Error("synchronize(): with overlap=True, backward() pushed %d gradients "
+            raise Error("synchronize(): with overlap on, backward() pushed %d gradients "
                         "already; to change gradients before step(), use "
                         "gt.DistributedOptimizer(..., overlap=False)" % len(self._early))
         self._synchronized = True
@@ -1076,6 +1121,9 @@ class _JobOptimizer:
         _begin(p)  # first: broadcasts waiting for it may set hyperparameters
         model = self._model
         early, refused = self._early, self._refused
+        if self._probing:
+            self._decide(self._marks, self._synchronized)
+            self._marks = {}
         self._passes = [0] * len(model.params)
         self._early, self._refused, self._synchronized = set(), None, False
         if refused is not None:
@@ -1286,18 +1334,14 @@ class _JobOptimizer:
         model = self._model
         with torch.no_grad():
             for i in early:
-                param, passes = model.params[i], self.backward_passes_per_step
-                now = (torch.zeros(param.numel()) if param.grad is None
-                       else param.grad.detach().reshape(-1).to("cpu", torch.float32))
-                if passes > 1:
-                    now = now / passes
-                if not torch.equal(now, model.grad_view(i)):
+                if not self._same_grad(i):
                     self._abandon()
                     raise Error("the gradient of parameter '%s' changed between backward() "
-                                "and step(), after it was pushed (gradients are pushed as "
-                                "backward() makes them with overlap=True): clip or "
-                                "unscale them with gt.DistributedOptimizer(..., "
-                                "overlap=False)"
+                                "and step(), after it was pushed (with overlap on, each "
+                                "gradient is pushed as backward() makes it; overlap=\"auto\", "
+                                "the default, turns it on when the first step leaves them as "
+                                "backward() made them): to clip or unscale in some steps, "
+                                "use gt.DistributedOptimizer(..., overlap=False)"
                                 % model.names[i])
 
 
@@ -1317,7 +1361,7 @@ class _NamedOptimizer(_JobOptimizer, torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         overlap=False, **horovod_only):
+                         overlap="auto", **horovod_only):
     """The optimizer of a grps worker: step() pushes the parameters'
     gradients to the servers, which run the optimizer, and leaves in the
     parameters the weights the mode serves next (sync: after every worker's
@@ -1369,14 +1413,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``backward_passes_per_step``: backward passes whose gradients add up in
     ``p.grad`` before each step(); the step pushes their mean.
 
-    ``overlap`` (default False): with True, each parameter's gradient is
-    pushed as soon as autograd has accumulated it in the step's last
-    backward pass (a hook per parameter), so the pushes overlap the rest of
-    backward. Code that changes ``p.grad`` between backward() and step()
-    (clipping, unscaling) must leave it False: step() raises grps.Error if a
-    gradient it pushed early changed after; that is why it is not the
-    default (docs/pytorch.md).
+    ``overlap`` ("auto", True or False): with it on, each parameter's
+    gradient is pushed as soon as autograd has accumulated it in the step's
+    last backward pass (a hook per parameter), so the pushes overlap the
+    rest of backward. "auto" (the default) pushes the first step at step()
+    and watches its gradients: when the program changed none of them
+    between backward() and step() (clipping, AMP's unscaling; or called
+    synchronize()), overlap is on from the second step, otherwise off for
+    the run. With it on, a gradient pushed early that the program changed
+    after raises grps.Error at step(): a program that clips only in some
+    steps passes False (docs/pytorch.md).
     """
+    if overlap != "auto" and overlap not in (True, False):
+        raise ValueError("overlap must be \"auto\", True or False, not %r" % (overlap,))
     unknown = set(horovod_only) - {"num_groups", "groups", "sparse_as_dense", "process_set"}
     if unknown:
         raise TypeError("DistributedOptimizer() got unexpected arguments: %s"
@@ -1502,6 +1551,13 @@ def _wrap(optimizer, named, backward_passes_per_step, overlap):
             else "the servers add the weights' changes the workers push"),
             file=sys.stderr, flush=True)
     return opt
+
+
+def _grad_mark(param):
+    """Which tensor holds param's gradient, and at which version of its
+    in-place changes (None for no gradient)."""
+    g = param.grad
+    return None if g is None else (g.data_ptr(), g._version)
 
 
 def _name_element(model, message):

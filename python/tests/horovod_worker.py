@@ -30,6 +30,8 @@ parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--out", default="")
 parser.add_argument("--done", action="store_true", help="end with hvd.done() (no figures)")
 parser.add_argument("--scheduler", action="store_true", help="a StepLR that changes the lr")
+parser.add_argument("--clip", action="store_true",
+                    help="Horovod's clipping: synchronize(), clip, step() in skip_synchronize()")
 parser.add_argument("--optimizer", default="sgd", choices=("sgd", "rmsprop", "lbfgs"),
                     help="rmsprop runs on the workers; lbfgs cannot run on grps")
 
@@ -82,7 +84,13 @@ def main():
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
-        optimizer.step()
+        if args.clip:
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)  # clips nothing
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            optimizer.step()
         if scheduler is not None:
             scheduler.step()
         losses.append(loss.item())
@@ -105,7 +113,7 @@ def main():
     print("COLLECTIVES " + ("OK" if not failed else "FAILED: " + ", ".join(failed)), flush=True)
     if args.out:
         torch.save({"state": model.state_dict(), "last_loss": losses[-1], "avg_loss": float(avg),
-                    "steps": len(losses)}, args.out)
+                    "steps": len(losses), "overlap": optimizer.overlap}, args.out)
     if args.done:
         hvd.done()
 

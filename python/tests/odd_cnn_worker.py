@@ -21,7 +21,10 @@ parser.add_argument("--nan_at", type=int, default=-1,
                     help="before this step, try steps with a NaN gradient (refused)")
 parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
-parser.add_argument("--overlap", type=int, default=0, help="push each gradient from its hook")
+parser.add_argument("--clip_every", type=int, default=0,
+                    help="1: clip the gradients between backward() and step() at every step")
+parser.add_argument("--overlap", default="auto", choices=["auto", "0", "1"],
+                    help="push each gradient from its hook: auto (the default), 0 or 1")
 parser.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
 args = parser.parse_args()
 device = torch.device(args.device)
@@ -33,8 +36,9 @@ if device.type == "cuda":
 
 gt.init()
 model = make_model().to(device)
+overlap = {} if args.overlap == "auto" else {"overlap": args.overlap == "1"}
 opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes,
-                              overlap=bool(args.overlap))
+                              **overlap)
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes
@@ -86,10 +90,13 @@ while gt.step() < args.steps:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
         attempt("CLIP", lambda: opt.step(samples=share), refusal=gt.Error)
         continue  # the step again, its pushed gradients deduplicated
+    if args.clip_every:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)  # clips nothing
     opt.step(samples=share)
-    if args.out and step == 0:
-        print("EARLY: %d of %d parameters pushed by their hooks"
-              % (opt.last_early, len(list(opt.param_groups[0]["params"]))), flush=True)
+    if args.out and step < 2:
+        print("EARLY %d: %d of %d parameters pushed by their hooks"
+              % (step, opt.last_early, len(list(opt.param_groups[0]["params"]))), flush=True)
+print("OVERLAP: %s" % ("on" if opt.overlap else "off"), flush=True)
 if args.out:
     weights = gt.state_dict()
     weights["__model__"] = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}

@@ -67,16 +67,30 @@ class BadInput(unittest.TestCase):
                 self.assertLess(float(rel), 1e-5, name)
 
     def test_a_gradient_changed_after_its_hook_pushed_it_is_refused(self):
-        # Clipping between backward() and step() with overlap on: the step is
-        # refused, saying how to clip, and the worker goes on with that step.
+        # Clipping between backward() and step() only at step 2: the first
+        # step changed nothing, so overlap="auto" (the default) turned
+        # overlap on; the step is refused, saying how to clip, and the worker
+        # goes on with that step.
         with Job(servers=1, workers=1, flags=FLAGS) as job:
-            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2", "--overlap", "1"],
-                       rank=0)
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2"], rank=0)
             self.assertEqual(job.wait("worker0", 120), 0, job.logs())
             clip = line(job.log("worker0"), "CLIP")
             self.assertIn("Error: the gradient of parameter '", clip)
             self.assertIn("changed between backward() and step()", clip)
             self.assertIn("overlap=False", clip)
+
+    def test_a_program_that_clips_every_step_keeps_overlap_off_by_default(self):
+        # clip_grad_norm_ between backward() and step() in the first step (it
+        # clips nothing here, but changes the gradients in place): "auto"
+        # leaves overlap off, every step is pushed at step() and accepted.
+        with Job(servers=1, workers=1, flags=FLAGS) as job:
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_every", "1",
+                                             "--out", job.path("rank0.pt")], rank=0)
+            self.assertEqual(job.wait("worker0", 120), 0, job.logs())
+            log = job.log("worker0")
+            self.assertIn("EARLY 0: 0 of 7 parameters", log)
+            self.assertIn("EARLY 1: 0 of 7 parameters", log)
+            self.assertNotIn("Error", log)
 
     def test_parameters_of_the_wrong_dtype_or_device_are_refused_before_joining(self):
         out = subprocess.run([sys.executable, "probe.py", "local"], cwd=HERE, timeout=60,

@@ -79,6 +79,8 @@ class HorovodScript(unittest.TestCase):
         (got0, got1), coordinator = self.run_job(["--scheduler"])
         want = one_process()
         self.assertEqual(got0["steps"], STEPS)
+        # Overlap by default: the first step left the gradients as they were.
+        self.assertEqual((got0["overlap"], got1["overlap"]), (True, True))
         for r, got in enumerate((got0, got1)):
             assert_close(self, want, got["state"], "rank %d" % r)
         # The metric is the ranks' mean, the same on both.
@@ -91,8 +93,11 @@ class HorovodScript(unittest.TestCase):
                       coordinator)
 
     def test_done_with_no_figures_completes_the_job(self):
-        (got0, _), coordinator = self.run_job(["--done"])
+        # The script clips as Horovod's docs say (synchronize(), clip, step()
+        # in skip_synchronize()): overlap stays off by default, nothing raises.
+        (got0, got1), coordinator = self.run_job(["--done", "--clip"])
         self.assertEqual(got0["steps"], STEPS)
+        self.assertEqual((got0["overlap"], got1["overlap"]), (False, False))
         self.assertIn("no final evaluation: the evaluating worker's program has none",
                       coordinator)
 

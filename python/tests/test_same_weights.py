@@ -1,7 +1,8 @@
 """Acceptance: a model grps has never seen, trained by 2 workers in sync
 with SGD on the servers, ends with the weights of one PyTorch process with
 the whole batch (within 1e-5 relative after 50 steps), whether each
-gradient is pushed by its hook (overlap) or at step(); so does
+gradient is pushed by its hook (overlap, from the second step by default)
+or at step(); so does
 backward_passes_per_step=2 at half the batch, and ssp with staleness 0.
 With the model on a CUDA device (where one exists; skipped elsewhere), its
 weights and gradients go through pinned host buffers; TF32 off, the same
@@ -23,7 +24,7 @@ class SameWeightsAsOneProcess(unittest.TestCase):
     def setUpClass(cls):
         cls.expected = reference(STEPS, LR)
 
-    def train(self, mode_flags, passes, overlap=True, device="cpu"):
+    def train(self, mode_flags, passes, overlap="auto", device="cpu"):
         # A worker that misses its heartbeats for the harness's 2 s (a loaded
         # machine) is declared dead and the mode goes on without it, by
         # design: then the weights are another training's. 10 s here.
@@ -32,16 +33,19 @@ class SameWeightsAsOneProcess(unittest.TestCase):
         with Job(servers=2, workers=2, flags=flags + mode_flags) as job:
             out = job.path("rank0.pt")
             common = ["--steps", str(STEPS), "--passes", str(passes),
-                      "--overlap", str(int(overlap)), "--device", device]
+                      "--overlap", overlap, "--device", device]
             job.worker("odd_cnn_worker.py", common + ["--out", out], rank=0)
             job.worker("odd_cnn_worker.py", common, rank=1)
             for r in (0, 1):
                 self.assertEqual(job.wait("worker%d" % r, 120), 0, job.logs())
             self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
             # With overlap, every parameter that has a gradient (all but the
-            # unused layer's two) went from its hook, before step().
-            self.assertIn("EARLY: %d of 7 parameters" % (5 if overlap else 0),
-                          job.log("worker0"))
+            # unused layer's two) went from its hook, before step(); by
+            # default from the second step, the first having left them as
+            # backward() made them.
+            log = job.log("worker0")
+            self.assertIn("EARLY 0: %d of 7 parameters" % (5 if overlap == "1" else 0), log)
+            self.assertIn("EARLY 1: %d of 7 parameters" % (0 if overlap == "0" else 5), log)
             return torch.load(out)
 
     def check(self, got):
@@ -63,10 +67,10 @@ class SameWeightsAsOneProcess(unittest.TestCase):
         self.check(self.train(["--mode=sync"], passes=1))
 
     def test_sync_with_every_push_at_step(self):
-        self.check(self.train(["--mode=sync"], passes=1, overlap=False))
+        self.check(self.train(["--mode=sync"], passes=1, overlap="0"))
 
-    def test_two_backward_passes_per_step(self):
-        self.check(self.train(["--mode=sync"], passes=2))
+    def test_two_backward_passes_per_step_each_pushed_by_its_hook(self):
+        self.check(self.train(["--mode=sync"], passes=2, overlap="1"))
 
     def test_ssp_with_staleness_zero_is_sync(self):
         self.check(self.train(["--mode=ssp", "--staleness=0"], passes=1))
@@ -77,7 +81,7 @@ class SameWeightsAsOneProcess(unittest.TestCase):
 
     @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device")
     def test_sync_on_a_cuda_device_with_overlap_off(self):
-        self.check(self.train(["--mode=sync"], passes=1, overlap=False, device="cuda"))
+        self.check(self.train(["--mode=sync"], passes=1, overlap="0", device="cuda"))
 
 
 if __name__ == "__main__":
