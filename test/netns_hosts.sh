@@ -17,8 +17,8 @@
 # Source after test/lib.sh, with BIN set; root only (the caller checks). Gives
 #   HOSTS, addr_of HOST, on PLACE HOST CMD..., serve PLACE NAME HOST PORT
 #   ADVERTISE CMD..., wait_for_log NAME TEXT SECONDS, shaper_counters HOST,
-#   set_link_rate RATE, SWITCH (the switch's namespace; its port to host H is
-#   p-H), and LATENCY (netem, relay or none).
+#   set_link_rate RATE, rate_bytes RATE, SWITCH (the switch's namespace; its
+#   port to host H is p-H), and LATENCY (netem, relay or none).
 
 DELAY_MS=${DELAY_MS:-2}
 RATE=${RATE:-1gbit}
@@ -118,6 +118,14 @@ import re, sys
 text = sys.stdin.read()
 m = re.search(r"qdisc htb .*?\n\s*Sent (\d+) bytes \d+ pkt \(dropped \d+, overlimits (\d+)", text, re.S)
 print(m.group(1), m.group(2))'
+}
+
+# rate_bytes RATE: an htb rate (200mbit, 1gbit, ...) in bytes a second.
+rate_bytes() {
+  [[ $1 =~ ^([0-9]+)([kmg]?)bit$ ]] || fail "not an htb rate: $1"
+  local unit=1
+  case ${BASH_REMATCH[2]} in k) unit=1000 ;; m) unit=1000000 ;; g) unit=1000000000 ;; esac
+  echo $((BASH_REMATCH[1] * unit / 8))
 }
 
 # set_link_rate RATE: every link's htb (both ends) at RATE from now on.

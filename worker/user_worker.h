@@ -141,7 +141,8 @@ class UserWorker {
   // tensor pushed, for a gradient that is not finite ("element N" of the
   // flat array) or a tensor the model lacks. A restarted rank that is still
   // joining the others in sync (see Step), or one at total_steps(), pushes
-  // nothing here (Step pushes, or refuses, the step).
+  // nothing here (Step pushes, or refuses, the step); nor does a step whose
+  // rows a roll-back replaced (PullRows: the step is not pushed).
   absl::Status TensorReady(uint32_t t, const float* grads, float* params);
   // Gives up step()'s early pushes: the parts that started stand (a push of
   // the same step later is deduplicated for them by the shards); the others
