@@ -3,6 +3,8 @@
 #include <random>
 #include <utility>
 
+#include "data/split_mix.h"
+
 namespace grps {
 namespace {
 
@@ -17,13 +19,6 @@ uint64_t UniformBelow(std::mt19937_64& engine, uint64_t m) {
 }
 
 }  // namespace
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 std::vector<int64_t> EpochShuffler::Order(uint64_t epoch) const {
   const int64_t n = range_.size() > 0 ? range_.size() : 0;

@@ -48,10 +48,6 @@ class EpochShuffler {
   PartitionRange range_;
 };
 
-// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective
-// 64-bit mixer; exposed so the key derivation above is checkable.
-uint64_t SplitMix64(uint64_t x);
-
 }  // namespace grps
 
 #endif  // GRPS_DATA_EPOCH_SHUFFLER_H_

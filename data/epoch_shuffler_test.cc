@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "data/split_mix.h"
 
 namespace grps {
 namespace {

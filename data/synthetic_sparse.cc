@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "data/split_mix.h"
 
 namespace grps {
 namespace {
@@ -14,14 +15,11 @@ namespace {
 // The random streams, each seeded from the options' seed.
 enum class Stream : uint64_t { kGroundTruth = 0, kTrain = 1, kTest = 2 };
 
-// SplitMix64's finalizer: spreads (seed, stream) over a whole 64-bit seed,
-// so that nearby seeds and streams give unrelated generators.
+// Spreads (seed, stream) over a whole 64-bit seed, so that nearby seeds and
+// streams give unrelated generators: SplitMix64 of the stream's step of its
+// state from the seed.
 uint64_t StreamSeed(uint64_t seed, Stream stream) {
-  uint64_t z = seed + (static_cast<uint64_t>(stream) + 1) *
-                          0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+  return SplitMix64(seed + static_cast<uint64_t>(stream) * 0x9e3779b97f4a7c15ULL);
 }
 
 // mt19937_64 with distributions of our own, so that a seed gives the same

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "job/split_mix.h"
+#include "data/split_mix.h"
 
 namespace grps {
 

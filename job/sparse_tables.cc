@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "job/split_mix.h"
+#include "data/split_mix.h"
 
 namespace grps {
 namespace {

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "job/split_mix.h"
+#include "data/split_mix.h"
 
 namespace grps {
 

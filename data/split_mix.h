@@ -3,9 +3,12 @@
 // of the output bits. grps keys on it what must never change once a job has
 // stored values: initial values by element index (job/initializer.cc), a
 // sparse row's shard and initial values (job/sparse_tables.cc) and a hashed
-// feature's row (worker/sparse_batch.cc).
-#ifndef GRPS_JOB_SPLIT_MIX_H_
-#define GRPS_JOB_SPLIT_MIX_H_
+// feature's row (worker/sparse_batch.cc); and a data order: an epoch's
+// shuffle key (data/epoch_shuffler.cc) and the synthetic sparse data's
+// streams (data/synthetic_sparse.cc). The one definition: here, in the
+// lowest folder that uses it.
+#ifndef GRPS_DATA_SPLIT_MIX_H_
+#define GRPS_DATA_SPLIT_MIX_H_
 
 #include <cstdint>
 
@@ -20,4 +23,4 @@ inline uint64_t SplitMix64(uint64_t x) {
 
 }  // namespace grps
 
-#endif  // GRPS_JOB_SPLIT_MIX_H_
+#endif  // GRPS_DATA_SPLIT_MIX_H_
