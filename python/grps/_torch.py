@@ -1338,8 +1338,8 @@ class _JobOptimizer:
                     self._abandon()
                     raise Error("the gradient of parameter '%s' changed between backward() "
                                 "and step(), after it was pushed (with overlap on, each "
-                                "gradient is pushed as backward() makes it; overlap=\"auto\", "
-                                "the default, turns it on when the first step leaves them as "
+                                "gradient is pushed as backward() makes it; overlap=\"auto\" "
+                                "turns it on when the first step leaves them as "
                                 "backward() made them): to clip or unscale in some steps, "
                                 "use gt.DistributedOptimizer(..., overlap=False)"
                                 % model.names[i])
@@ -1361,7 +1361,7 @@ class _NamedOptimizer(_JobOptimizer, torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         overlap="auto", **horovod_only):
+                         overlap=False, **horovod_only):
     """The optimizer of a grps worker: step() pushes the parameters'
     gradients to the servers, which run the optimizer, and leaves in the
     parameters the weights the mode serves next (sync: after every worker's
@@ -1416,13 +1416,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``overlap`` ("auto", True or False): with it on, each parameter's
     gradient is pushed as soon as autograd has accumulated it in the step's
     last backward pass (a hook per parameter), so the pushes overlap the
-    rest of backward. "auto" (the default) pushes the first step at step()
-    and watches its gradients: when the program changed none of them
-    between backward() and step() (clipping, AMP's unscaling; or called
-    synchronize()), overlap is on from the second step, otherwise off for
-    the run. With it on, a gradient pushed early that the program changed
-    after raises grps.Error at step(): a program that clips only in some
-    steps passes False (docs/pytorch.md).
+    rest of backward. "auto" pushes the first step at step() and watches
+    its gradients: when the program changed none of them between backward()
+    and step() (clipping, AMP's unscaling; or called synchronize()),
+    overlap is on from the second step, otherwise off for the run. With it
+    on, a gradient pushed early that the program changed after raises
+    grps.Error at step(). The default is False: with overlap on, a restarted
+    rank's job once ended with a shard one update past the other under load
+    (docs/pytorch.md).
     """
     if overlap != "auto" and overlap not in (True, False):
         raise ValueError("overlap must be \"auto\", True or False, not %r" % (overlap,))

@@ -30,6 +30,7 @@ parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--out", default="")
 parser.add_argument("--done", action="store_true", help="end with hvd.done() (no figures)")
 parser.add_argument("--scheduler", action="store_true", help="a StepLR that changes the lr")
+parser.add_argument("--auto", action="store_true", help='overlap="auto"')
 parser.add_argument("--clip", action="store_true",
                     help="Horovod's clipping: synchronize(), clip, step() in skip_synchronize()")
 parser.add_argument("--optimizer", default="sgd", choices=("sgd", "rmsprop", "lbfgs"),
@@ -76,7 +77,8 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=hvd.Compression.none, op=hvd.Average)
+                                         compression=hvd.Compression.none, op=hvd.Average,
+                                         **({"overlap": "auto"} if args.auto else {}))
     scheduler = optim.lr_scheduler.StepLR(optimizer, step_size=5) if args.scheduler else None
     sampler.set_epoch(0)
     losses = []

@@ -23,8 +23,8 @@ parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
 parser.add_argument("--clip_every", type=int, default=0,
                     help="1: clip the gradients between backward() and step() at every step")
-parser.add_argument("--overlap", default="auto", choices=["auto", "0", "1"],
-                    help="push each gradient from its hook: auto (the default), 0 or 1")
+parser.add_argument("--overlap", default="0", choices=["auto", "0", "1"],
+                    help="push each gradient from its hook: auto, 0 (the default) or 1")
 parser.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
 args = parser.parse_args()
 device = torch.device(args.device)
@@ -36,9 +36,8 @@ if device.type == "cuda":
 
 gt.init()
 model = make_model().to(device)
-overlap = {} if args.overlap == "auto" else {"overlap": args.overlap == "1"}
 opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes,
-                              **overlap)
+                              overlap={"auto": "auto", "0": False, "1": True}[args.overlap])
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes

@@ -68,23 +68,24 @@ class BadInput(unittest.TestCase):
 
     def test_a_gradient_changed_after_its_hook_pushed_it_is_refused(self):
         # Clipping between backward() and step() only at step 2: the first
-        # step changed nothing, so overlap="auto" (the default) turned
-        # overlap on; the step is refused, saying how to clip, and the worker
-        # goes on with that step.
+        # step changed nothing, so overlap="auto" turned overlap on; the
+        # step is refused, saying how to clip, and the worker goes on with
+        # that step.
         with Job(servers=1, workers=1, flags=FLAGS) as job:
-            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2"], rank=0)
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_at", "2", "--overlap", "auto"],
+                       rank=0)
             self.assertEqual(job.wait("worker0", 120), 0, job.logs())
             clip = line(job.log("worker0"), "CLIP")
             self.assertIn("Error: the gradient of parameter '", clip)
             self.assertIn("changed between backward() and step()", clip)
             self.assertIn("overlap=False", clip)
 
-    def test_a_program_that_clips_every_step_keeps_overlap_off_by_default(self):
+    def test_a_program_that_clips_every_step_keeps_auto_overlap_off(self):
         # clip_grad_norm_ between backward() and step() in the first step (it
         # clips nothing here, but changes the gradients in place): "auto"
         # leaves overlap off, every step is pushed at step() and accepted.
         with Job(servers=1, workers=1, flags=FLAGS) as job:
-            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_every", "1",
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--clip_every", "1", "--overlap", "auto",
                                              "--out", job.path("rank0.pt")], rank=0)
             self.assertEqual(job.wait("worker0", 120), 0, job.logs())
             log = job.log("worker0")

@@ -127,7 +127,6 @@ class Faults(unittest.TestCase):
             log = job.log("worker1-again")
             self.assertIn("registered as rank 1", log)
             self.assertRegex(log, r"resuming at step [1-9]\d*", "it rejoins at its step")
-            self.assertIn("OVERLAP: on", log, "pushing from its hooks by default")
         self.run_job(kill_and_restart, steps=400)
 
     def test_a_restarted_rank_stops_at_the_jobs_last_step_whatever_its_loop_does(self):

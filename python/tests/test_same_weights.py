@@ -1,8 +1,8 @@
 """Acceptance: a model grps has never seen, trained by 2 workers in sync
 with SGD on the servers, ends with the weights of one PyTorch process with
 the whole batch (within 1e-5 relative after 50 steps), whether each
-gradient is pushed by its hook (overlap, from the second step by default)
-or at step(); so does
+gradient is pushed by its hook (overlap, from the second step with
+"auto") or at step(); so does
 backward_passes_per_step=2 at half the batch, and ssp with staleness 0.
 With the model on a CUDA device (where one exists; skipped elsewhere), its
 weights and gradients go through pinned host buffers; TF32 off, the same
@@ -40,8 +40,8 @@ class SameWeightsAsOneProcess(unittest.TestCase):
                 self.assertEqual(job.wait("worker%d" % r, 120), 0, job.logs())
             self.assertEqual(job.wait("coordinator", 30), 0, job.logs())
             # With overlap, every parameter that has a gradient (all but the
-            # unused layer's two) went from its hook, before step(); by
-            # default from the second step, the first having left them as
+            # unused layer's two) went from its hook, before step(); with
+            # "auto" from the second step, the first having left them as
             # backward() made them.
             log = job.log("worker0")
             self.assertIn("EARLY 0: %d of 7 parameters" % (5 if overlap == "1" else 0), log)
