@@ -1421,9 +1421,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     and step() (clipping, AMP's unscaling; or called synchronize()),
     overlap is on from the second step, otherwise off for the run. With it
     on, a gradient pushed early that the program changed after raises
-    grps.Error at step(). The default is False: with overlap on, a restarted
-    rank's job once ended with a shard one update past the other under load
-    (docs/pytorch.md).
+    grps.Error at step(). The default is False: "auto" is not the default
+    until a rejoin failure seen under load is understood (docs/pytorch.md).
     """
     if overlap != "auto" and overlap not in (True, False):
         raise ValueError("overlap must be \"auto\", True or False, not %r" % (overlap,))
