@@ -6,10 +6,11 @@
 //            the live workers that contributed number at least
 //            max(1, live - backup_workers) (with no backup workers: every
 //            live worker), or, when no worker is live any more, with
-//            whatever it holds. A live worker counts from the step the
-//            coordinator names for it (LiveSet.counts_from: a joiner, a
-//            restarted rank), the same on every shard; before it, its
-//            gradient is in the sum but the step does not wait for it.
+//            whatever it holds (at least one contribution: late gradients
+//            alone wait for the step's first). A live worker counts from
+//            the step the coordinator names for it (LiveSet.counts_from: a
+//            joiner, a restarted rank), the same on every shard; before it,
+//            its gradient is in the sum but the step does not wait for it.
 //            It is applied once, from the average of
 //            everything in its sum, at the step's scheduled learning rate
 //            (or with the program's optimizer and learning rate that the
@@ -212,7 +213,11 @@ class SyncPolicy final : public ChunkPolicy {
   }
 
   bool MaybeComplete(UpdateTarget& chunk, const LiveSet& live) {
-    if (contributors_ == 0 && folded_ == 0) return false;
+    // A step is one somebody took: late gradients alone (folded into it) wait
+    // for its first contribution. At the job's end the live set empties, and
+    // a step of one straggler's late gradient there was a step past the end
+    // on the shards it reached.
+    if (contributors_ == 0) return false;
     // The live ranks that count toward this step (a joiner counts from the
     // step the coordinator named, on every shard alike).
     uint32_t counted = 0, counted_contributors = 0;

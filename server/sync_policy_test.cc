@@ -120,6 +120,25 @@ TEST(SyncPolicy, ShrinkingTheLiveSetCompletesAnOpenStep) {
   EXPECT_THAT(sync.chunk.updates[0].grad, ElementsAre(2.0f));
 }
 
+// The Python rejoin drill's extra step: at the job's end a straggler's last
+// gradient came late to one shard, and when the workers left, that shard
+// applied it as a step of its own, one past the others and the job's end.
+TEST(SyncPolicy, LateGradientsAloneAreNoStepWhenTheLiveSetEmpties) {
+  Sync sync(2, /*backup=*/1);
+  sync.Push(0, 0, {2});
+  ASSERT_EQ(sync.chunk.updates.size(), 1u);
+  EXPECT_EQ(sync.Push(1, 0, {4}), GradientFate::kLateFolded);
+  sync.live.live = {false, false};
+  sync.live.count = 0;
+  EXPECT_FALSE(sync.policy->LiveSetChanged(sync.chunk, sync.live));
+  EXPECT_EQ(sync.chunk.updates.size(), 1u);
+  // The fold goes into the next step somebody takes.
+  sync.live = LiveSet::All(2);
+  sync.Push(0, 1, {2}, 1);
+  ASSERT_EQ(sync.chunk.updates.size(), 2u);
+  EXPECT_THAT(sync.chunk.updates[1].grad, ElementsAre(3.0f));
+}
+
 // The elastic drill's split: a joiner that one shard counted in its quorum
 // a step before another did trained a step behind there for good. Every
 // shard now counts it from the step the coordinator names.

@@ -67,8 +67,9 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
   host_params_ = HostArray<float>(backend_, shards.dense->num_parameters());
   host_grads_ = HostArray<float>(backend_, shards.dense->num_parameters());
   // A rank that starts mid-job (a restart) joins the others; one that starts
-  // with the job is in step with them from the first step (a straggler
-  // behind backup workers keeps its own steps, as before).
+  // with the job is in step with them from the first step. Either follows
+  // the weights it pulls after each step (WorkerSession::FollowTheWeights; a
+  // straggler behind backup workers keeps its own steps).
   joining_ = config_.mode() == v1::MODE_SYNC && start_step_ > 0;
   if (!options_.curve_csv.empty()) {
     absl::StatusOr<std::unique_ptr<CurveFile>> curve = CurveFile::Create(options_.curve_csv, start_);
@@ -593,6 +594,10 @@ absl::Status Trainer::Train(uint64_t total) {
     if (options_.straggler.active())
       SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
     ++step;
+    if (session_->FollowTheWeights(&step)) {
+      if (pushed->pulled) pulled_for = step;
+      if (leases_ != nullptr) leases_->SkipTo(step);
+    }
   }
   next_step_ = step;
   spdlog::info("data loading: {} of the {} batches taken were prepared ahead{}",

@@ -92,6 +92,13 @@ class InMemoryShards : public ParameterShards {
     refuse_from_step_ = step;
     min_generation_ = generation;
   }
+  // After the push of `step`, the others complete `versions` more steps
+  // without this rank (it was not counted yet) before its weights come back.
+  void OthersGoOnAfter(uint64_t step, uint64_t versions) {
+    absl::MutexLock lock(&mu_);
+    others_after_step_ = step;
+    others_versions_ = versions;
+  }
   void set_log(EventLog* log) {
     absl::MutexLock lock(&mu_);
     log_ = log;
@@ -172,7 +179,10 @@ class InMemoryShards : public ParameterShards {
     applied_.push_back({step, generation_, num_samples,
                         std::vector<float>(host_grads, host_grads + weights_.size())});
     for (size_t i = 0; i < weights_.size(); ++i) weights_[i] -= kLearningRate * host_grads[i];
-    ++version_;
+    // A sync shard in lock-step with this rank: its step completes (in the
+    // push's generation: a roll-back restored the version too).
+    version_ = step + 1;
+    if (step == others_after_step_) version_ += std::exchange(others_versions_, 0);
     PushOutcome outcome;
     if (fuse_pulls_ && pull_into != nullptr) {
       Serve(step + 1, pull_into);
@@ -205,6 +215,8 @@ class InMemoryShards : public ParameterShards {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool fuse_pulls_ ABSL_GUARDED_BY(mu_) = true;
   EventLog* log_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t others_after_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t others_versions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t fail_step_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_times_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_error_ ABSL_GUARDED_BY(mu_);
@@ -738,6 +750,20 @@ TEST_F(TrainerTest, ARankRestartedInSyncJoinsTheOthersAtTheirStep) {
   ASSERT_FALSE(shards_->pulls().empty());
   EXPECT_EQ(shards_->pulls().front(), 3u);
   EXPECT_EQ(StepsOf(shards_->applied()), std::vector<uint64_t>({7, 8, 9}));
+  ASSERT_EQ(coordinator_.done_reports().size(), 1u);
+  EXPECT_EQ(coordinator_.done_reports()[0].progress().step(), 10u);
+}
+
+// The Python rejoin drill's extra step: a rank the others went on without
+// kept its own count, computed its last steps on versions past them, and
+// made a step past the job's end where those gradients went.
+TEST_F(TrainerTest, InSyncARanksClockFollowsTheWeightsTheOthersMovedOn) {
+  config_.set_mode(v1::MODE_SYNC);
+  config_.set_steps(10);
+  Trainer* trainer = MakeTrainer();
+  shards_->OthersGoOnAfter(2, 2);
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+  EXPECT_EQ(StepsOf(shards_->applied()), std::vector<uint64_t>({0, 1, 2, 5, 6, 7, 8, 9}));
   ASSERT_EQ(coordinator_.done_reports().size(), 1u);
   EXPECT_EQ(coordinator_.done_reports()[0].progress().step(), 10u);
 }

@@ -333,8 +333,10 @@ absl::StatusOr<UserWorker::StepOutcome> UserWorker::Step(const float* grads, uin
       s = session_->JoinTheOthers(&step_, params);
       // The blocks leased for the steps skipped are trained from here on.
       if (s.ok() && leases_ != nullptr) leases_->SkipTo(step_);
-    } else if (!pushed->pulled) {
-      s = session_->PullWeights(step_, params);
+    } else {
+      if (!pushed->pulled) s = session_->PullWeights(step_, params);
+      if (s.ok() && session_->FollowTheWeights(&step_) && leases_ != nullptr)
+        leases_->SkipTo(step_);
     }
   }
   s = TakeRollBacks(s, params, &outcome.rolled_back);

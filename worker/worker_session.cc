@@ -382,12 +382,20 @@ absl::Status WorkerSession::JoinTheOthers(uint64_t* step, float* params) {
   // gradient for that step, and the rank stays one step behind there. At
   // the lowest, the rank would be a step ahead on the others, and at the
   // end make a step there that no other shard makes.
-  const uint64_t at = Dense()->max_pulled_version();
-  if (at > *step) {
-    spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
-    *step = at;
-  }
+  MoveUpTo(Dense()->max_pulled_version(), step);
   return absl::OkStatus();
+}
+
+bool WorkerSession::FollowTheWeights(uint64_t* step) {
+  if (config_.mode() != v1::MODE_SYNC || config_.backup_workers() > 0) return false;
+  return MoveUpTo(Dense()->max_pulled_version(), step);
+}
+
+bool WorkerSession::MoveUpTo(uint64_t at, uint64_t* step) {
+  if (at <= *step) return false;
+  spdlog::info("joining the others at step {}: this rank skips steps [{}, {})", at, *step, at);
+  *step = at;
+  return true;
 }
 
 ParameterShards::RetryPolicy WorkerSession::PushRetry() {

@@ -174,8 +174,19 @@ class WorkerSession {
   // The dense weights for `clock` into `params`, as WaitToPull waits.
   absl::Status PullWeights(uint64_t clock, float* params);
   // A restarted rank in sync: pulls the weights for *step and moves *step
-  // up to where the others are.
+  // up to where the others are (FollowTheWeights).
   absl::Status JoinTheOthers(uint64_t* step, float* params);
+  // In sync without backup workers, a rank's clock is the step of the
+  // weights it holds: moves *step up to the highest version it pulled and
+  // returns whether it moved. A shard completes a step without a rank only
+  // while the rank is not counted (a restarted rank, until the step the
+  // coordinator named), and the weights that rank reads next may then be a
+  // step or more further on. A clock left behind them pushed, at the job's
+  // last steps, gradients computed on the last version: a step past the end
+  // on the shards they reached (and the job's final checkpoint failed). A
+  // straggler behind backup workers keeps its own steps (its late gradients
+  // are the mode at work): false.
+  bool FollowTheWeights(uint64_t* step);
   // The retry policy of every push: as long as the job runs and the
   // coordinator answers.
   ParameterShards::RetryPolicy PushRetry();
@@ -243,6 +254,8 @@ class WorkerSession {
 
  private:
   MemberAgent::Handlers HeartbeatHandlers();
+  // Moves *step up to `at` (logging the steps skipped); whether it moved.
+  static bool MoveUpTo(uint64_t at, uint64_t* step);
   // What a push that failed with `s` does next: OK to send it again (an
   // unavailable shard; a push past its deadline, which the shards
   // deduplicate; one that a shard a re-sharding retired cancelled as it
