@@ -133,6 +133,7 @@ struct ParameterClient::Call {
   uint32_t seq = 0;
   absl::Time rung_at;
   uint64_t lane_bytes = 0;  // gradient bytes it put in the lane
+  absl::Time started_at;  // a scheduled call's start (guarded by the operation's mu)
   std::unique_ptr<grpc::ClientContext> context;  // fresh for every attempt
   std::shared_ptr<grpc::GenericStub> stub;       // alive while the call is
   grpc::ByteBuffer request;
@@ -171,6 +172,14 @@ struct ParameterClient::Operation {
   std::map<size_t, size_t> writing;  // shard -> call
   std::set<size_t> in_flight;
   size_t in_flight_bytes = 0;
+  size_t credit = 0;  // set when the push starts
+  // What the schedule measures for the next push's credit (guarded by mu):
+  // its first call's start, its last reply, its quickest call, and the
+  // request bytes of its replies.
+  absl::Time first_start = absl::InfiniteFuture();
+  absl::Time last_reply = absl::InfinitePast();
+  absl::Duration shortest = absl::InfiniteDuration();
+  size_t replied_bytes = 0;
   PushOutcome outcome;   // guarded by mu
 
   void AwaitCalls() {
@@ -353,6 +362,7 @@ uint64_t ParameterClient::max_pulled_version() const {
 
 ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op) {
   Operation* raw = op.get();
+  raw->credit = credit_.load();
   Ticket ticket;
   {
     absl::MutexLock lock(&ops_mu_);
@@ -383,10 +393,22 @@ void ParameterClient::Launch(Operation* op, size_t index) {
   Pump(op);
 }
 
+size_t ParameterClient::CreditFor(size_t bytes, absl::Duration window,
+                                  absl::Duration shortest) {
+  if (window <= absl::ZeroDuration() || shortest == absl::InfiniteDuration())
+    return kInFlightBytes;
+  const double product = static_cast<double>(bytes) / absl::ToDoubleSeconds(window) *
+                         absl::ToDoubleSeconds(shortest);
+  return static_cast<size_t>(std::clamp(kCreditRoundTrips * product,
+                                        static_cast<double>(kMinCredit),
+                                        static_cast<double>(kInFlightBytes)));
+}
+
 void ParameterClient::Pump(Operation* op) {
   std::vector<size_t> start;
   {
     std::lock_guard<std::mutex> lock(op->mu);
+    const absl::Time now = absl::Now();
     // The ready parts in the model's order, each once its shard's part
     // before has been written. Past the credit only a part ahead of every
     // one in flight: a sync part's reply waits for every worker's push of
@@ -400,10 +422,12 @@ void ParameterClient::Pump(Operation* op) {
         continue;
       }
       const size_t bytes = op->calls[next].request.Length();
-      if (!op->in_flight.empty() && op->in_flight_bytes + bytes > kInFlightBytes &&
+      if (!op->in_flight.empty() && op->in_flight_bytes + bytes > op->credit &&
           next > *op->in_flight.begin())
         break;
       it = op->queued.erase(it);
+      op->calls[next].started_at = now;
+      op->first_start = std::min(op->first_start, now);
       op->writing[shard] = next;
       op->in_flight.insert(next);
       op->in_flight_bytes += bytes;
@@ -461,6 +485,12 @@ void ParameterClient::StartCall(Operation* op, size_t index, bool scheduled) {
             std::lock_guard<std::mutex> lock(op->mu);
             op->in_flight.erase(index);
             op->in_flight_bytes -= bytes;
+            if (status.ok()) {
+              const absl::Time now = absl::Now();
+              op->shortest = std::min(op->shortest, now - op->calls[index].started_at);
+              op->last_reply = now;
+              op->replied_bytes += bytes;
+            }
           }
           ScheduledCallWritten(op, index);
           OnCallDone(op, index, std::move(status));
@@ -1015,6 +1045,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
       if (!op->started[i]) StartStaged(op.get(), i);
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
+  bool retried = false;
   while (true) {
     std::vector<size_t> again, refused;
     absl::Status first;
@@ -1031,6 +1062,11 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
         else if (first.ok()) first = s;
       }
       if (first.ok() && again.empty() && refused.empty()) {
+        // A push whose every part went once through the schedule measured
+        // the link; one of a few parts, of lanes, or retried did not.
+        if (op->push && !retried && op->replied_bytes >= kMinCredit)
+          credit_.store(CreditFor(op->replied_bytes, op->last_reply - op->first_start,
+                                  op->shortest));
         PushOutcome outcome = op->outcome;
         outcome.pulled = op->push && op->host_params != nullptr;
         for (const Call& c : op->calls) outcome.pulled = outcome.pulled && c.pulled;
@@ -1047,6 +1083,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
       backoff = std::min(backoff * 2, retry.max_backoff);
     }
     again.insert(again.end(), refused.begin(), refused.end());
+    retried = true;
     {
       std::lock_guard<std::mutex> lock(op->mu);
       op->outstanding = static_cast<int>(again.size());

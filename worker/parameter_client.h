@@ -16,9 +16,9 @@
 // their place in the model, shards interleaved, the same order on every
 // worker. Those whose bytes travel in the request go out one at a time per
 // shard: a shard's next ready part in that order starts once its part
-// before has been written to its connection, with at most kInFlightBytes of
-// requests whose replies have not come (a part ahead of all of those may
-// pass). So each worker sends to every shard at once (with a shard per
+// before has been written to its connection, with at most the credit of
+// request bytes whose replies have not come (a part ahead of all of those
+// may pass; the credit is measured, below). So each worker sends to every shard at once (with a shard per
 // host, every server's link is busy), the first parts reach their shards
 // from every worker at about the same time, their updates complete, and
 // their new weights (a fused pull) come down while later parts still go
@@ -111,9 +111,25 @@ class ParameterClient final : public ParameterShards {
   // 256 KiB gave 37.5, 45.1 and 47.8 samples/s: docs/performance.md.)
   static constexpr size_t kPartBytes = size_t{256} << 10;
   // The push schedule's credit: request bytes sent whose replies have not
-  // come. Covers the link's bandwidth-delay product (16 MiB: 10 Gbit/s at
-  // 13 ms) and the wait of a part's update for the other workers' pushes.
+  // come. It must cover the bandwidth-delay product of a part's round trip
+  // (its request up, the wait of its update for the other workers' copies,
+  // its weights down), or the link idles between replies; and no more by
+  // much, or a worker runs ahead of the others on a shard by as much, its
+  // parts wait there for theirs, and the replies trail the uploads (across
+  // 200 Mbit/s namespace hosts, N = 2: 16 MiB gave 48-50 samples/s, 3 MiB
+  // 55, 1 MiB 42; docs/performance.md). So each push measures it for the
+  // next: kCreditRoundTrips x its bytes' rate x its shortest round trip (a
+  // part sent on an idle link: the step's first), within [kMinCredit,
+  // kInFlightBytes]. The first push has kInFlightBytes.
   static constexpr size_t kInFlightBytes = size_t{16} << 20;
+  static constexpr size_t kMinCredit = size_t{4} << 20;
+  static constexpr double kCreditRoundTrips = 3;
+  // The credit a push that moved `bytes` through the schedule in `window`
+  // (its first request's start to its last reply), whose quickest part took
+  // `shortest`, measures for the next one.
+  static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest);
+  // The credit of the next push (for tests and the docs' figures).
+  size_t credit() const { return credit_.load(); }
   static constexpr int kChannelsPerShard = 2;
   // The deadline of one push attempt (a gRPC call, or a doorbell's ring).
   static constexpr absl::Duration kPushCallTimeout = absl::Seconds(30);
@@ -390,6 +406,7 @@ class ParameterClient final : public ParameterShards {
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> lane_bytes_{0};
   std::atomic<uint64_t> push_calls_{0};
+  std::atomic<size_t> credit_{kInFlightBytes};  // the next push's (CreditFor)
   std::atomic<uint64_t> doorbell_calls_{0};
 };
 

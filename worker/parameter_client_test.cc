@@ -393,6 +393,46 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   for (const SeenPush& p : seen()) out_first.insert(p.first_chunk);
   EXPECT_EQ(out_first.size(), parts.size());
   EXPECT_EQ(seen().size(), parts.size());
+
+  // That push measured the credit of the next: its parts' round trips on
+  // loopback are short, so the least credit. Held again, the next push has
+  // no more than that out.
+  EXPECT_EQ(client.credit(), ParameterClient::kMinCredit);
+  auto seen_bytes = [&] {
+    size_t bytes = 0;
+    for (const SeenPush& p : seen()) bytes += p.data_bytes;
+    return bytes;
+  };
+  const size_t first_bytes = seen_bytes();
+  absl::Notification release_again;
+  shard0->service->HoldPushesUntil(&release_again);
+  shard1->service->HoldPushesUntil(&release_again);
+  ticket = client.PushAsync(1, grads.data(), 1, params.data(), absl::Seconds(30));
+  for (int i = 0; i < 500 && seen().size() < parts.size() + 4; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_GT(seen_bytes() - first_bytes, ParameterClient::kMinCredit / 2);
+  EXPECT_LE(seen_bytes() - first_bytes, ParameterClient::kMinCredit);
+  release_again.Notify();
+  pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+}
+
+TEST(ParameterClientCredit, IsThreeRoundTripsOfTheMeasuredRateWithinItsBounds) {
+  // 60 MB in 1 s, the quickest part 40 ms: 2.4 MB a round trip, three of them.
+  EXPECT_NEAR(static_cast<double>(ParameterClient::CreditFor(60'000'000, absl::Seconds(1),
+                                                             absl::Milliseconds(40))),
+              7.2e6, 1);
+  // 200 Mbit/s namespace hosts, 2 workers: 23.3 MB a step in 1.2 s, a part
+  // 45 ms (2.6 MB): at least kMinCredit.
+  EXPECT_EQ(ParameterClient::CreditFor(23'300'000, absl::Seconds(1.2), absl::Milliseconds(45)),
+            ParameterClient::kMinCredit);
+  // 10 Gbit/s and 13 ms: at most kInFlightBytes.
+  EXPECT_EQ(ParameterClient::CreditFor(1'250'000'000, absl::Seconds(1), absl::Milliseconds(13)),
+            ParameterClient::kInFlightBytes);
+  // Nothing measured: the most.
+  EXPECT_EQ(ParameterClient::CreditFor(0, absl::ZeroDuration(), absl::InfiniteDuration()),
+            ParameterClient::kInFlightBytes);
 }
 
 TEST_F(ParameterClientTest, PushRetriedAfterUnavailableGoesToTheNewEndpoint) {
