@@ -1361,7 +1361,7 @@ class _NamedOptimizer(_JobOptimizer, torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         overlap=False, **horovod_only):
+                         overlap="auto", **horovod_only):
     """The optimizer of a grps worker: step() pushes the parameters'
     gradients to the servers, which run the optimizer, and leaves in the
     parameters the weights the mode serves next (sync: after every worker's
@@ -1421,8 +1421,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     and step() (clipping, AMP's unscaling; or called synchronize()),
     overlap is on from the second step, otherwise off for the run. With it
     on, a gradient pushed early that the program changed after raises
-    grps.Error at step(). The default is False: "auto" is not the default
-    until a rejoin failure seen under load is understood (docs/pytorch.md).
+    grps.Error at step(). The default is "auto"; False pushes every step at
+    step(), as the program left it.
     """
     if overlap != "auto" and overlap not in (True, False):
         raise ValueError("overlap must be \"auto\", True or False, not %r" % (overlap,))

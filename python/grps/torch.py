@@ -26,9 +26,9 @@ group's hyperparameters as its LR scheduler leaves them), on the workers
 otherwise (RMSprop, a custom one: in sync over the gradients the servers
 average); the consistency mode is the job's. Each
 step() pushes the parameters' gradients (``p.grad``, as the user's code
-left it: clipped or unscaled; with ``overlap=True``, or "auto" from the
-second step where the first changed none of them, each as soon as
-backward() has it) and leaves in the parameters the weights the mode serves
+left it: clipped or unscaled; with ``overlap="auto"``, the default, from
+the second step where the first changed none of them, or ``True``, each as
+soon as backward() has it) and leaves in the parameters the weights the mode serves
 next. Float32 parameters on the CPU are views into
 one flat array the pulls write into (no copy); others (CUDA, float16,
 bfloat16) are copied from it after each step.

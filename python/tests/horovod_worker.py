@@ -30,7 +30,8 @@ parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--out", default="")
 parser.add_argument("--done", action="store_true", help="end with hvd.done() (no figures)")
 parser.add_argument("--scheduler", action="store_true", help="a StepLR that changes the lr")
-parser.add_argument("--auto", action="store_true", help='overlap="auto"')
+parser.add_argument("--no_overlap", action="store_true",
+                    help="overlap=False (without it, Horovod's call: the default, \"auto\")")
 parser.add_argument("--clip", action="store_true",
                     help="Horovod's clipping: synchronize(), clip, step() in skip_synchronize()")
 parser.add_argument("--optimizer", default="sgd", choices=("sgd", "rmsprop", "lbfgs"),
@@ -78,7 +79,7 @@ def main():
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=hvd.Compression.none, op=hvd.Average,
-                                         **({"overlap": "auto"} if args.auto else {}))
+                                         **({"overlap": False} if args.no_overlap else {}))
     scheduler = optim.lr_scheduler.StepLR(optimizer, step_size=5) if args.scheduler else None
     sampler.set_epoch(0)
     losses = []

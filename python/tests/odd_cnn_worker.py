@@ -23,8 +23,9 @@ parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
 parser.add_argument("--clip_every", type=int, default=0,
                     help="1: clip the gradients between backward() and step() at every step")
-parser.add_argument("--overlap", default="0", choices=["auto", "0", "1"],
-                    help="push each gradient from its hook: auto, 0 (the default) or 1")
+parser.add_argument("--overlap", default="", choices=["", "auto", "0", "1"],
+                    help="push each gradient from its hook: auto, 0 or 1 (none: the "
+                         "default, auto)")
 parser.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
 args = parser.parse_args()
 device = torch.device(args.device)
@@ -36,8 +37,9 @@ if device.type == "cuda":
 
 gt.init()
 model = make_model().to(device)
+overlap = {"auto": {"overlap": "auto"}, "0": {"overlap": False}, "1": {"overlap": True}}
 opt = gt.DistributedOptimizer(model.named_parameters(), backward_passes_per_step=args.passes,
-                              overlap={"auto": "auto", "0": False, "1": True}[args.overlap])
+                              **overlap.get(args.overlap, {}))
 gt.broadcast_parameters(model)
 share = GLOBAL_BATCH // gt.size()
 per_pass = share // args.passes

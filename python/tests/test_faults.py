@@ -77,6 +77,12 @@ class Faults(unittest.TestCase):
                             self.assertEqual(code, 0, job.logs())
                 self.assertEqual(job.wait("coordinator", 60), 0, job.logs())
                 self.assertIn("completed", job.log("coordinator"))
+                # Every shard the job ended with made its steps, none more.
+                ended = [int(m.group(2)) for n in job.procs if n.startswith("server")
+                         for m in SHARD_EXIT.finditer(job.log(n))
+                         if "(job completed)" in m.group(0)]
+                self.assertTrue(ended, job.logs())
+                self.assertEqual(set(ended), {steps}, job.logs())
                 final = torch.load(out)["__model__"]
                 # The job's final checkpoint holds the model's parameters by name.
                 saved = gt.state_dict(checkpoint=ckpt)

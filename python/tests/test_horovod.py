@@ -76,10 +76,11 @@ class HorovodScript(unittest.TestCase):
             return [torch.load(o) for o in outs], job.log("coordinator")
 
     def test_trains_as_one_process_with_only_its_import_changed(self):
-        (got0, got1), coordinator = self.run_job(["--scheduler", "--auto"])
+        (got0, got1), coordinator = self.run_job(["--scheduler"])
         want = one_process()
         self.assertEqual(got0["steps"], STEPS)
-        # overlap="auto" turns it on: the first step left the gradients as they were.
+        # The default, overlap="auto", turns it on: the first step left the
+        # gradients as they were.
         self.assertEqual((got0["overlap"], got1["overlap"]), (True, True))
         for r, got in enumerate((got0, got1)):
             assert_close(self, want, got["state"], "rank %d" % r)
@@ -94,8 +95,9 @@ class HorovodScript(unittest.TestCase):
 
     def test_done_with_no_figures_completes_the_job(self):
         # The script clips as Horovod's docs say (synchronize(), clip, step()
-        # in skip_synchronize()): overlap="auto" stays off, nothing raises.
-        (got0, got1), coordinator = self.run_job(["--done", "--clip", "--auto"])
+        # in skip_synchronize()): overlap="auto" (the default) stays off,
+        # nothing raises.
+        (got0, got1), coordinator = self.run_job(["--done", "--clip"])
         self.assertEqual(got0["steps"], STEPS)
         self.assertEqual((got0["overlap"], got1["overlap"]), (False, False))
         self.assertIn("no final evaluation: the evaluating worker's program has none",
