@@ -692,17 +692,27 @@ TEST(ShardStoreBackupWorkers, QuorumShrinksWithTheLiveSet) {
   EXPECT_EQ(Version(*store, 0), 1u);
 }
 
-TEST(ShardStoreBackupWorkers, FoldedGradientIsAppliedWhenNoWorkerIsLeft) {
+// A late gradient is folded into the next step somebody takes. When the
+// workers have finished there is none: it is counted late (the push's reply
+// says so) and makes no step of its own. (It did: the shards it was late on
+// ended a version past the job's end and the others, and the job's final
+// checkpoint could not be cut.)
+TEST(ShardStoreBackupWorkers, AFoldedGradientMakesNoStepOfItsOwnWhenNoWorkerIsLeft) {
   auto store =
       MakeStore(BackupConfig(2, 1, v1::LATE_GRADIENTS_FOLD), SmallTensors(1));
   const std::vector<float> init = InitialValues(*store, 0);
   ASSERT_TRUE(Send(*store, {0, 0, 0, {1, 1, 1, 1}}).ok());
   ASSERT_EQ(Version(*store, 0), 1u);
   ASSERT_TRUE(Send(*store, {1, 0, 0, {4, 4, 4, 4}}).ok());  // late, folded
-  store->SetLiveWorkers({}, {});  // both finished: nothing is left behind
+  store->SetLiveWorkers({}, {});  // both finished
+  EXPECT_EQ(Version(*store, 0), 1u);
+  EXPECT_EQ(Values(*store, 0), SgdStep(init, {1, 1, 1, 1}, 0.5f));
+  // A worker that comes back takes the next step, and the fold goes in it.
+  store->SetLiveWorkers({0, 1}, {});
+  ASSERT_TRUE(Send(*store, {0, 1, 0, {2, 2, 2, 2}}).ok());
   EXPECT_EQ(Version(*store, 0), 2u);
   EXPECT_EQ(Values(*store, 0),
-            SgdStep(SgdStep(init, {1, 1, 1, 1}, 0.5f), {4, 4, 4, 4}, 0.5f));
+            SgdStep(SgdStep(init, {1, 1, 1, 1}, 0.5f), {3, 3, 3, 3}, 0.5f));
 }
 
 // ---- ssp -----------------------------------------------------------------------
