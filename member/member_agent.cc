@@ -1,5 +1,7 @@
 #include "member/member_agent.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -100,14 +102,35 @@ absl::StatusOr<Response> RegisterWithRetries(const RegisterOptions& options,
     status = RegisterRound(options, attempt, &response, &log, &standby);
   }
   if (status.ok()) return response;
+  // Unreachable, or reached and not ready (a worker's registration is held
+  // until every shard has registered; a server's is answered "not yet"):
+  // the last attempt's status says which.
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
-    return absl::UnavailableError(absl::StrCat("coordinator unreachable for ",
-                                               absl::FormatDuration(options.patience), ": ",
-                                               status.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "not registered within ", absl::FormatDuration(options.patience), "; last: ",
+        absl::IsDeadlineExceeded(status)
+            ? "no answer within the attempt's deadline (the coordinator unreachable, or "
+              "holding the registration until the job can take it)"
+            : std::string(status.message())));
   return status;
 }
 
 }  // namespace
+
+v1::RegisterWorkerRequest WorkerRegistration(const std::string& job_id, int rank,
+                                             std::string host, const std::string& backend) {
+  v1::RegisterWorkerRequest request;
+  request.set_job_id(job_id);
+  if (rank >= 0) request.set_requested_rank(rank);
+  if (host.empty()) {
+    char name[256] = "localhost";
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  request.set_host(host);
+  request.set_backend(backend);
+  return request;
+}
 
 absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
     v1::Coordinator::StubInterface* coordinator, const v1::RegisterWorkerRequest& request,

@@ -48,8 +48,13 @@ namespace grps {
 // worker's registration until every shard has registered) or the rank is
 // still alive (ALREADY_EXISTS), with exponential backoff up to max_backoff,
 // for at most `patience`; CANCELLED once SIGINT/SIGTERM arrived.
+// How long a member keeps registering, unless told otherwise: the
+// binaries' --register_timeout_s (member_flags.h) and the Python package's
+// register_timeout_s.
+inline constexpr absl::Duration kRegisterTimeout = absl::Seconds(120);
+
 struct RegisterOptions {
-  absl::Duration patience = absl::Seconds(60);
+  absl::Duration patience = kRegisterTimeout;
   absl::Duration attempt_timeout = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(1);
   // Servers of a job whose servers scale (JobConfig.max_servers): the
@@ -65,8 +70,15 @@ struct RegisterOptions {
 // How often a standby server asks again (RegisterOptions::on_standby).
 inline constexpr absl::Duration kStandbyPace = absl::Seconds(1);
 
-// The coordinator's answer. On giving up, UNAVAILABLE ("coordinator
-// unreachable for <patience>: ...") or the last refusal.
+// A worker's registration: for job `job_id` (empty: the coordinator's),
+// asking for `rank` (negative: any), from `host` (empty: this host's name),
+// training on `backend`. grps-worker's and the Python package's alike.
+v1::RegisterWorkerRequest WorkerRegistration(const std::string& job_id, int rank,
+                                             std::string host, const std::string& backend);
+
+// The coordinator's answer. On giving up, UNAVAILABLE ("not registered
+// within <patience>; last: <what the last attempt met>", which says whether
+// the coordinator answered, and what) or the last refusal.
 absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
     v1::Coordinator::StubInterface* coordinator, const v1::RegisterWorkerRequest& request,
     const RegisterOptions& options);

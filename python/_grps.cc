@@ -510,12 +510,15 @@ PYBIND11_MODULE(_grps, m) {
   m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
         py::arg("timeout_s") = 10.0);
   m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);
+  // The binaries' --register_timeout_s default, the package's too.
+  m.attr("REGISTER_TIMEOUT_S") = absl::ToDoubleSeconds(grps::kRegisterTimeout);
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&,
                     const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&,
                     int, double, const std::string&, const std::string&>(),
            py::arg("coordinator"), py::arg("model"), py::arg("rank") = -1,
-           py::arg("register_timeout_s") = 120.0, py::arg("job_id") = "",
+           py::arg("register_timeout_s") = absl::ToDoubleSeconds(grps::kRegisterTimeout),
+           py::arg("job_id") = "",
            py::arg("optimizer") = "")
       .def("begin", &PyWorker::Begin, py::arg("params"), py::arg("give_initial"))
       .def("step", &PyWorker::Step, py::arg("grads"), py::arg("params"), py::arg("samples"))

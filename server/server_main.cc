@@ -49,6 +49,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "member/member_agent.h"
+#include "member/member_flags.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_metrics.h"
@@ -76,11 +77,6 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "--checkpoint_storage=per_shard): where this server keeps its shard's "
           "checkpoint files; empty: the job's --checkpoint_dir, on this server's own "
           "volume. Must be empty or the job's folder with shared storage");
-ABSL_FLAG(int32_t, register_timeout_s, 60,
-          "how long to keep registering while the coordinator is unreachable or not "
-          "ready for servers (a user model's job takes servers once its first worker "
-          "defined the model); a standby (a shard the job has not scaled to yet) "
-          "waits without a limit");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
           "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
@@ -130,10 +126,7 @@ absl::StatusOr<v1::RegisterServerResponse> Register(
   request.set_address(address);
   request.set_requested_shard(shard);
   if (restore_failed != nullptr) *request.mutable_restore_failed() = *restore_failed;
-  RegisterOptions options;
-  options.patience = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_register_timeout_s)));
-  options.attempt_timeout = absl::Seconds(5);
-  options.max_backoff = absl::Seconds(5);
+  RegisterOptions options = RegisterOptionsFromFlags();
   options.on_standby = [shard](const absl::Status& standby) {
     spdlog::info("shard {} stands by: {}", shard, std::string(standby.message()));
   };

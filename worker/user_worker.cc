@@ -1,7 +1,5 @@
 #include "worker/user_worker.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -66,20 +64,11 @@ absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& 
 
 absl::StatusOr<v1::RegisterWorkerResponse> RegisterAs(v1::Coordinator::Stub* stub,
                                                       const UserWorker::Options& options) {
-  v1::RegisterWorkerRequest request;
-  request.set_job_id(options.job_id);
-  if (options.rank >= 0) request.set_requested_rank(options.rank);
-  std::string host = options.host;
-  if (host.empty()) {
-    char name[256] = "localhost";
-    gethostname(name, sizeof(name) - 1);
-    host = name;
-  }
-  request.set_host(host);
-  request.set_backend(options.backend);
   RegisterOptions patience;
   patience.patience = options.register_timeout;
-  return RegisterWorker(stub, request, patience);
+  return RegisterWorker(
+      stub, WorkerRegistration(options.job_id, options.rank, options.host, options.backend),
+      patience);
 }
 
 }  // namespace

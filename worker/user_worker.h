@@ -37,6 +37,7 @@
 #include "absl/types/span.h"
 #include "job/job_config.h"
 #include "job/user_model.h"
+#include "member/member_agent.h"
 #include "proto/grps.grpc.pb.h"
 #include "worker/example_leases.h"
 #include "worker/parameter_client.h"
@@ -54,7 +55,7 @@ class UserWorker {
     std::string backend = "python";              // for status
     // How long to keep offering the model and registering while the
     // coordinator is unreachable or the job is still forming.
-    absl::Duration register_timeout = absl::Seconds(120);
+    absl::Duration register_timeout = kRegisterTimeout;
     // The holder's own reason to stop waiting (see WorkerSession::Options).
     std::function<bool()> interrupted;
     // The program's optimizer kind, offered with the model

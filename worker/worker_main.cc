@@ -23,6 +23,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "member/member_agent.h"
+#include "member/member_flags.h"
 #include "proto/grps.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "tensor/backend.h"
@@ -50,8 +51,6 @@ ABSL_FLAG(int, straggle_ms, 0,
 ABSL_FLAG(bool, load_ahead, true,
           "prepare the next step's batch on a data-loading thread while this one "
           "trains (false: in the training thread, for comparisons)");
-ABSL_FLAG(int, register_timeout_s, 120,
-          "give up if the coordinator does not register us within this time");
 ABSL_FLAG(std::string, health_listen, "",
           "serve gRPC health, and nothing else, on HOST:PORT (for probes; no "
           "token needed): NOT_SERVING until the worker is registered, then "
@@ -63,17 +62,9 @@ namespace {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::Coordinator::Stub* stub,
                                                     const std::string& backend) {
-  v1::RegisterWorkerRequest req;
-  req.set_requested_rank(absl::GetFlag(FLAGS_rank));
-  char host[256] = "localhost";
-  gethostname(host, sizeof(host) - 1);
-  req.set_host(host);
-  req.set_backend(backend);
-  RegisterOptions options;
-  options.patience = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
-  options.attempt_timeout = absl::Seconds(10);
-  options.max_backoff = absl::Seconds(1);
-  absl::StatusOr<v1::RegisterWorkerResponse> registered = RegisterWorker(stub, req, options);
+  absl::StatusOr<v1::RegisterWorkerResponse> registered = RegisterWorker(
+      stub, WorkerRegistration("", absl::GetFlag(FLAGS_rank), "", backend),
+      RegisterOptionsFromFlags());
   if (registered.ok()) return registered;
   const absl::Status& st = registered.status();
   return absl::Status(st.code(), absl::StrCat("cannot register with the coordinator at ",

@@ -147,7 +147,8 @@ def init(coordinator=None, rank=None, token=None, tls_ca=None, tls_cert=None, tl
         rank = _env_int_first(("GRPS_RANK", "RANK"), -1)
     rank = int(rank)
     if register_timeout_s is None:
-        register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "") or 120)
+        register_timeout_s = float(os.environ.get("GRPS_REGISTER_TIMEOUT_S", "")
+                                   or _grps.REGISTER_TIMEOUT_S)
     job_id = os.environ.get("GRPS_JOB_ID", "") if job_id is None else job_id
     _process = _Process(coordinator, rank, register_timeout_s, job_id)
     global _exit_registered
