@@ -501,109 +501,106 @@ ParameterShards::Traffic Trainer::TrafficSoFar() const {
 absl::Status Trainer::Train(uint64_t total) {
   absl::StatusOr<StepPlan> plan = PlanSteps();
   if (!plan.ok()) return plan.status();
-  uint64_t step = next_step_;
-  uint64_t resumed_at = step;
+  TrainLoop loop;
+  loop.plan = *plan;
+  loop.total = total;
+  loop.step = loop.resumed_at = next_step_;
   // (After a roll-back, TakeRollBack says where training resumes.)
-  if (session_->Interrupted() != Interrupt::kRollBack) LogPlan(*plan, step, total);
-
+  if (session_->Interrupted() != Interrupt::kRollBack) LogPlan(loop.plan, loop.step, total);
   // The loader thread prepares step + 1's examples while this thread
   // trains on step's.
-  std::optional<BatchLoader<StepBatch>> loader;
-  loader.emplace(BatchSource(*plan));
-  uint64_t batches_taken = 0;
-  StepStats stats;
-  stats.window_start = Now();
-  stats.overflows_seen = scaler_.overflows();
-  stats.traffic_seen = TrafficSoFar();
-  // The clock whose weights the last push's replies brought into
-  // host_params_ (see PushGradients).
-  std::optional<uint64_t> pulled_for;
+  loop.loader.emplace(BatchSource(loop.plan));
+  loop.stats.window_start = Now();
+  loop.stats.overflows_seen = scaler_.overflows();
+  loop.stats.traffic_seen = TrafficSoFar();
   while (true) {
-    // A roll-back moves the data position and the clock back to the
-    // checkpoint's step, as a restart's start_step does; one that came with
-    // a re-sharding's map moves the clients to its shards first.
-    std::optional<v1::ShardMap> replaced_map;
-    if (session_->TakeRollBack(total, &step, &replaced_map)) {
-      if (replaced_map.has_value())
-        if (absl::Status s = FollowReplacedMap(*replaced_map); !s.ok()) return s;
-      resumed_at = step;
-      pulled_for.reset();
-      // The coordinator took back this rank's leases: no batch prepared
-      // from one may be trained.
-      if (leases_ != nullptr) {
-        leases_->Reset();
-        loader.emplace(BatchSource(*plan));
-      }
-    }
-    if (session_->Interrupted() != Interrupt::kNone) break;
-    // SIGTERM or a drain: leave at this step boundary (unless none is left).
-    if (step < total && session_->LeaveRequested()) {
-      leaving_ = true;
-      break;
-    }
-    if (joining_) {
-      if (absl::Status s = session_->JoinTheOthers(&step, host_params_.data()); !s.ok()) {
-        if (session_->Interrupted() != Interrupt::kNone) continue;
-        return s;
-      }
-      // The blocks leased for the steps skipped are trained from here on.
-      if (leases_ != nullptr) leases_->SkipTo(step);
-      pulled_for = step;
-      resumed_at = std::max(resumed_at, step);
-    }
-    if (step >= total) break;
-    const absl::Time step_start = Now();
-    absl::StatusOr<StepBatch*> examples = loader->Take(
-        step, options_.load_ahead && step + 1 < total ? std::optional<uint64_t>(step + 1)
-                                                       : std::nullopt);
-    // An elastic job's examples are all trained or leased: done.
-    if (absl::IsOutOfRange(examples.status()) && leases_ != nullptr) break;
-    if (!examples.ok()) {
-      if (session_->Interrupted() != Interrupt::kNone) continue;
-      if (absl::IsAborted(examples.status())) {
-        // Leased in an older generation: the restore order is on its way.
-        if (absl::Status s = session_->WaitForRestoreOrder(examples.status());
-            !s.ok() && session_->Interrupted() == Interrupt::kNone)
-          return s;
-        continue;
-      }
-      return examples.status();
-    }
-    ++batches_taken;
-    absl::StatusOr<float> loss =
-        ComputeStep(step, **examples, options_.load_ahead ? loader->PeekReady(step + 1) : nullptr,
-                    resumed_at, &pulled_for);
-    if (!loss.ok()) {
-      if (session_->Interrupted() != Interrupt::kNone) continue;
-      return loss.status();
-    }
-    if (!std::isfinite(*loss))
-      return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
-                                              " (learning rate too high?)"));
-    absl::StatusOr<ParameterShards::PushOutcome> pushed = session_->PushGradients(
-        step, host_grads_.data(), static_cast<uint32_t>(plan->batch), host_params_.data());
-    if (!pushed.ok()) {
-      if (session_->Interrupted() != Interrupt::kNone) continue;
-      return pushed.status();
-    }
-    if (pushed->pulled) pulled_for = step + 1;
-    NotePush(step, *pushed, &stats);
-    NoteTrained(step, **examples);
-    const absl::Time step_end =
-        ReportStep(step, total, *plan, (*examples)->epoch, *loss, *pushed, step_start, &stats);
-    if (options_.straggler.active())
-      SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
-    ++step;
-    if (session_->FollowTheWeights(&step)) {
-      if (pushed->pulled) pulled_for = step;
-      if (leases_ != nullptr) leases_->SkipTo(step);
-    }
+    absl::StatusOr<bool> more = BeforeStep(&loop);
+    if (more.ok() && *more) more = TrainStep(&loop);
+    // A roll-back, the job's end or a signal cut the step short: the next
+    // turn takes the roll-back, or ends.
+    if (!more.ok() && session_->Interrupted() != Interrupt::kNone) continue;
+    if (!more.ok()) return more.status();
+    if (!*more) break;
   }
-  next_step_ = step;
+  next_step_ = loop.step;
   spdlog::info("data loading: {} of the {} batches taken were prepared ahead{}",
-               loader->prepared_ahead(), batches_taken,
+               loop.loader->prepared_ahead(), loop.batches_taken,
                options_.load_ahead ? "" : " (--load_ahead=false)");
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Trainer::BeforeStep(TrainLoop* loop) {
+  // A roll-back moves the data position and the clock back to the
+  // checkpoint's step, as a restart's start_step does; one that came with
+  // a re-sharding's map moves the clients to its shards first.
+  std::optional<v1::ShardMap> replaced_map;
+  if (session_->TakeRollBack(loop->total, &loop->step, &replaced_map)) {
+    if (replaced_map.has_value())
+      if (absl::Status s = FollowReplacedMap(*replaced_map); !s.ok()) return s;
+    loop->resumed_at = loop->step;
+    loop->pulled_for.reset();
+    // The coordinator took back this rank's leases: no batch prepared
+    // from one may be trained.
+    if (leases_ != nullptr) {
+      leases_->Reset();
+      loop->loader.emplace(BatchSource(loop->plan));
+    }
+  }
+  if (session_->Interrupted() != Interrupt::kNone) return false;
+  // SIGTERM or a drain: leave at this step boundary (unless none is left).
+  if (loop->step < loop->total && session_->LeaveRequested()) {
+    leaving_ = true;
+    return false;
+  }
+  if (joining_) {
+    if (absl::Status s = session_->JoinTheOthers(&loop->step, host_params_.data()); !s.ok())
+      return s;
+    // The blocks leased for the steps skipped are trained from here on.
+    if (leases_ != nullptr) leases_->SkipTo(loop->step);
+    loop->pulled_for = loop->step;
+    loop->resumed_at = std::max(loop->resumed_at, loop->step);
+  }
+  return loop->step < loop->total;
+}
+
+absl::StatusOr<bool> Trainer::TrainStep(TrainLoop* loop) {
+  const uint64_t step = loop->step;
+  const absl::Time step_start = Now();
+  absl::StatusOr<StepBatch*> examples = loop->loader->Take(
+      step, options_.load_ahead && step + 1 < loop->total ? std::optional<uint64_t>(step + 1)
+                                                          : std::nullopt);
+  // An elastic job's examples are all trained or leased: done.
+  if (absl::IsOutOfRange(examples.status()) && leases_ != nullptr) return false;
+  if (absl::IsAborted(examples.status()) && session_->Interrupted() == Interrupt::kNone) {
+    // Leased in an older generation: the restore order is on its way.
+    if (absl::Status s = session_->WaitForRestoreOrder(examples.status()); !s.ok()) return s;
+    return true;
+  }
+  if (!examples.ok()) return examples.status();
+  ++loop->batches_taken;
+  absl::StatusOr<float> loss = ComputeStep(
+      step, **examples, options_.load_ahead ? loop->loader->PeekReady(step + 1) : nullptr,
+      loop->resumed_at, &loop->pulled_for);
+  if (!loss.ok()) return loss.status();
+  if (!std::isfinite(*loss))
+    return absl::InternalError(absl::StrCat("loss is ", *loss, " at step ", step,
+                                            " (learning rate too high?)"));
+  absl::StatusOr<ParameterShards::PushOutcome> pushed = session_->PushGradients(
+      step, host_grads_.data(), static_cast<uint32_t>(loop->plan.batch), host_params_.data());
+  if (!pushed.ok()) return pushed.status();
+  if (pushed->pulled) loop->pulled_for = step + 1;
+  NotePush(step, *pushed, &loop->stats);
+  NoteTrained(step, **examples);
+  const absl::Time step_end = ReportStep(step, loop->total, loop->plan, (*examples)->epoch, *loss,
+                                         *pushed, step_start, &loop->stats);
+  if (options_.straggler.active())
+    SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
+  ++loop->step;
+  if (session_->FollowTheWeights(&loop->step)) {
+    if (pushed->pulled) loop->pulled_for = loop->step;
+    if (leases_ != nullptr) leases_->SkipTo(loop->step);
+  }
+  return true;
 }
 
 absl::StatusOr<float> Trainer::ComputeStep(uint64_t step, const StepBatch& batch,

@@ -203,6 +203,27 @@ class Trainer {
   // Trains until the last step. Returns OK when done or interrupted by the
   // end of the job or a signal (roll-backs are taken on the way).
   absl::Status Train(uint64_t total);
+  // What Train carries from one step to the next.
+  struct TrainLoop {
+    StepPlan plan;
+    uint64_t total = 0;
+    uint64_t step = 0;        // the next step to train
+    uint64_t resumed_at = 0;  // where training (re)started: no evaluation there
+    // The clock whose weights the last push's replies brought into
+    // host_params_ (see PushGradients).
+    std::optional<uint64_t> pulled_for;
+    std::optional<BatchLoader<StepBatch>> loader;
+    uint64_t batches_taken = 0;
+    StepStats stats;
+  };
+  // Between steps: takes a roll-back, leaves on a signal or a drain, joins
+  // the others. False: training ends here (interrupted, leaving, or no step
+  // left).
+  absl::StatusOr<bool> BeforeStep(TrainLoop* loop);
+  // One step: its examples, weights and gradient, the push, the report.
+  // False: an elastic job's examples are all trained or leased. An error
+  // that an interruption caused is Train's to take (the roll-back) or end on.
+  absl::StatusOr<bool> TrainStep(TrainLoop* loop);
   // Step's weights (pulled unless *pulled_for says they are here), a
   // snapshot for the evaluator, and the step's gradient; returns its loss.
   absl::StatusOr<float> ComputeStep(uint64_t step, const StepBatch& batch,
