@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
@@ -49,6 +50,7 @@ absl::Status RegisterRound(const RegisterOptions& options,
   policy.max = options.max_backoff;
   policy.give_up_after = options.patience;
   policy.retry_deadline_exceeded = true;  // the job may still be forming
+  policy.retry_resource_exhausted = options.retry_resource_exhausted;
   // A worker's rank whose previous incarnation (a process this one
   // replaces, or a reply that was lost) still counts as alive, until the
   // coordinator declares it dead.
@@ -91,7 +93,8 @@ absl::Status RegisterRound(const RegisterOptions& options,
 // answers that the server stands by.
 template <typename Response>
 absl::StatusOr<Response> RegisterWithRetries(const RegisterOptions& options,
-                                             const RegisterAttempt<Response>& attempt) {
+                                             const RegisterAttempt<Response>& attempt,
+                                             absl::string_view what = "registered") {
   Response response;
   RegisterLog log;
   bool standby = false;
@@ -107,7 +110,7 @@ absl::StatusOr<Response> RegisterWithRetries(const RegisterOptions& options,
   // the last attempt's status says which.
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))
     return absl::UnavailableError(absl::StrCat(
-        "not registered within ", absl::FormatDuration(options.patience), "; last: ",
+        "not ", what, " within ", absl::FormatDuration(options.patience), "; last: ",
         absl::IsDeadlineExceeded(status)
             ? "no answer within the attempt's deadline (the coordinator unreachable, or "
               "holding the registration until the job can take it)"
@@ -139,6 +142,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       options, [&](grpc::ClientContext* context, v1::RegisterWorkerResponse* response) {
         return coordinator->RegisterWorker(context, request, response);
       });
+}
+
+absl::StatusOr<v1::DefineModelResponse> DefineModel(v1::Coordinator::StubInterface* coordinator,
+                                                    const v1::DefineModelRequest& request,
+                                                    const RegisterOptions& options) {
+  return RegisterWithRetries<v1::DefineModelResponse>(
+      options,
+      [&](grpc::ClientContext* context, v1::DefineModelResponse* response) {
+        return coordinator->DefineModel(context, request, response);
+      },
+      "answered");
 }
 
 absl::StatusOr<v1::RegisterServerResponse> RegisterServer(

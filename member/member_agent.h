@@ -5,8 +5,8 @@
 // the job has not scaled to), heartbeats (the pace, each call's deadline,
 // the silence since the coordinator last answered) and reports a worker's
 // end (WorkerDone). grps-server and grps-worker each hold one; nothing else
-// in grps calls RegisterServer, RegisterWorker, Heartbeat, WorkerDone,
-// LeaseExamples or Collective.
+// in grps calls DefineModel, RegisterServer, RegisterWorker, Heartbeat,
+// WorkerDone, LeaseExamples or Collective.
 //
 // The holder says what a heartbeat carries and does what a reply says (the
 // live set, a restore order, a checkpoint request, the end of the job): the
@@ -57,6 +57,10 @@ struct RegisterOptions {
   absl::Duration patience = kRegisterTimeout;
   absl::Duration attempt_timeout = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(1);
+  // RESOURCE_EXHAUSTED retried too (a model offer that met the
+  // coordinator's memory limit for calls); a registration's means every
+  // rank or shard is taken, and is final.
+  bool retry_resource_exhausted = false;
   // Servers of a job whose servers scale (JobConfig.max_servers): the
   // coordinator answers a server for a shard its map does not have yet
   // UNAVAILABLE "standby: ..." until the job scales to include the shard.
@@ -85,6 +89,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
 absl::StatusOr<v1::RegisterServerResponse> RegisterServer(
     v1::Coordinator::StubInterface* coordinator, const v1::RegisterServerRequest& request,
     const RegisterOptions& options);
+// A user model's offer (before its worker registers), retried as a
+// registration is; on giving up, UNAVAILABLE ("not answered within ...").
+absl::StatusOr<v1::DefineModelResponse> DefineModel(v1::Coordinator::StubInterface* coordinator,
+                                                    const v1::DefineModelRequest& request,
+                                                    const RegisterOptions& options);
 
 class MemberAgent {
  public:

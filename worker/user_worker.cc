@@ -32,8 +32,8 @@ WorkerSession::Clients ClientsOf(const v1::JobConfig& config, const v1::ShardMap
   return clients;
 }
 
-// DefineModel, retried while the coordinator is unreachable or slow, for
-// at most `patience`. Whether this offer defined the job's model.
+// DefineModel, retried as a registration is (member_agent.h), for at most
+// `patience`. Whether this offer defined the job's model.
 absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& job_id,
                                 const TensorSpecs& model, v1::OptimizerKind optimizer,
                                 absl::Duration patience) {
@@ -41,25 +41,12 @@ absl::StatusOr<bool> OfferModel(v1::Coordinator::Stub* stub, const std::string& 
   request.set_job_id(job_id);
   *request.mutable_tensors() = model;
   request.set_optimizer(optimizer);
-  Backoff policy;
-  policy.give_up_after = patience;
-  policy.max = absl::Seconds(1);
-  policy.retry_deadline_exceeded = true;
-  policy.retry_resource_exhausted = true;
-  v1::DefineModelResponse response;
-  bool refused = false;
-  absl::Status s = RetryTransient(policy, [&] {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    // After a failure, wait for a connection, as registrations do
-    // (member/member_agent.cc says why).
-    context.set_wait_for_ready(refused);
-    absl::Status attempt = ToAbsl(stub->DefineModel(&context, request, &response));
-    refused = !attempt.ok();
-    return attempt;
-  });
-  if (!s.ok()) return s;
-  return response.defined();
+  RegisterOptions options;
+  options.patience = patience;
+  options.retry_resource_exhausted = true;
+  absl::StatusOr<v1::DefineModelResponse> response = DefineModel(stub, request, options);
+  if (!response.ok()) return response.status();
+  return response->defined();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> RegisterAs(v1::Coordinator::Stub* stub,
