@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "client/job_client.h"
 #include "daemon/daemon.h"
 #include "daemon/security.h"
 #include "google/protobuf/util/json_util.h"
@@ -153,18 +154,15 @@ std::string AsJson(const google::protobuf::Message& message) {
   return json;
 }
 
+// The job's status through grpsctl's client (JobClient), as JSON.
 std::string JobStatusJson(const std::string& address, double timeout_s) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(address));
-  v1::JobStatus status;
-  grpc::Status st;
+  absl::StatusOr<v1::JobStatus> status;
   {
     py::gil_scoped_release nogil;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s)));
-    st = stub->GetJobStatus(&context, v1::GetJobStatusRequest(), &status);
+    status = JobClient(address, absl::Seconds(timeout_s)).GetStatus();
   }
-  Check(ToAbsl(st));
-  return AsJson(status);
+  if (!status.ok()) Raise(status.status());
+  return AsJson(*status);
 }
 
 // The dense tensors of a checkpoint (a ckpt-<id> folder, or a
