@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/fault_injection_env.h"
+#include "daemon/testing/fault_injection_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/shard_map.h"

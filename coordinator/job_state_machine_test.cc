@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
-#include "coordinator/fake_clock.h"
-#include "coordinator/test_job.h"
+#include "coordinator/testing/fake_clock.h"
+#include "coordinator/testing/test_job.h"
 #include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include "daemon/fault_injection_env.h"
+#include "daemon/testing/fault_injection_env.h"
 #include "gtest/gtest.h"
 
 namespace grps {

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "data/idx_reader.h"
-#include "data/idx_test_files.h"
+#include "data/testing/idx_test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

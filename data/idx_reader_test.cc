@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "data/idx_test_files.h"
+#include "data/testing/idx_test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

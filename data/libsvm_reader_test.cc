@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "data/idx_test_files.h"
+#include "data/testing/idx_test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -35,7 +35,7 @@
 #include "absl/time/time.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/example_ledger.h"
-#include "coordinator/fake_clock.h"
+#include "coordinator/testing/fake_clock.h"
 #include "fuzz/coordinator_script.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/memory_env.h"

@@ -5,7 +5,7 @@
 //
 // Paths are plain strings: a file is "<dir>/<name>"; a folder exists once
 // CreateDir named it or a file was written in it. No fault is ever injected
-// (daemon/fault_injection_env.h does that for the real file system).
+// (daemon/testing/fault_injection_env.h does that for the real file system).
 //
 // Thread-safe: the coordinator writes manifests on a thread of its own.
 #ifndef GRPS_FUZZ_MEMORY_ENV_H_

@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/fake_clock.h"
+#include "coordinator/testing/fake_clock.h"
 #include "daemon/daemon.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"

@@ -6,7 +6,7 @@
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "server/consistency_policy.h"
-#include "server/policy_test_target.h"
+#include "server/testing/policy_test_target.h"
 
 namespace grps {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/policy_test_target.h"
+#include "server/testing/policy_test_target.h"
 #include "tensor/backend.h"
 
 namespace grps {

@@ -12,8 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/sparse_tables.h"
-#include "server/policy_test_target.h"
-#include "server/shard_store_test_util.h"
+#include "server/testing/policy_test_target.h"
+#include "server/testing/shard_store_test_util.h"
 #include "tensor/backend.h"
 
 namespace grps {

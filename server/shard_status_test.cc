@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/policy_test_target.h"
+#include "server/testing/policy_test_target.h"
 #include "server/store_targets.h"
 #include "tensor/backend.h"
 

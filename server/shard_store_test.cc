@@ -19,7 +19,7 @@
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
-#include "server/shard_store_test_util.h"
+#include "server/testing/shard_store_test_util.h"
 #include "tensor/cpu_backend.h"
 
 namespace grps {

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/consistency_policy.h"
-#include "server/policy_test_target.h"
+#include "server/testing/policy_test_target.h"
 
 namespace grps {
 namespace {

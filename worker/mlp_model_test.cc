@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tensor/backend.h"
-#include "tensor/lazy_queue_backend.h"
+#include "tensor/testing/lazy_queue_backend.h"
 
 namespace grps {
 namespace {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "coordinator/fake_clock.h"
+#include "coordinator/testing/fake_clock.h"
 #include "daemon/daemon.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"

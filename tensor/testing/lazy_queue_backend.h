@@ -16,8 +16,8 @@
 // mistake, one of the modes shows it, as a GPU might.
 //
 // Thread safety: as any Backend, one thread at a time.
-#ifndef GRPS_TENSOR_LAZY_QUEUE_BACKEND_H_
-#define GRPS_TENSOR_LAZY_QUEUE_BACKEND_H_
+#ifndef GRPS_TENSOR_TESTING_LAZY_QUEUE_BACKEND_H_
+#define GRPS_TENSOR_TESTING_LAZY_QUEUE_BACKEND_H_
 
 #include <cstdint>
 #include <deque>
@@ -218,4 +218,4 @@ class LazyQueueBackend : public Backend {
 
 }  // namespace grps
 
-#endif  // GRPS_TENSOR_LAZY_QUEUE_BACKEND_H_
+#endif  // GRPS_TENSOR_TESTING_LAZY_QUEUE_BACKEND_H_

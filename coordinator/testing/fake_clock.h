@@ -1,8 +1,8 @@
 // FakeClock: a JobStateMachine::Clock for tests and fuzzing that moves
 // only when told, so liveness and timeouts need no real waiting.
 // Thread-safe: RPC threads read it while the test advances it.
-#ifndef GRPS_COORDINATOR_FAKE_CLOCK_H_
-#define GRPS_COORDINATOR_FAKE_CLOCK_H_
+#ifndef GRPS_COORDINATOR_TESTING_FAKE_CLOCK_H_
+#define GRPS_COORDINATOR_TESTING_FAKE_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -31,4 +31,4 @@ class FakeClock {
 
 }  // namespace grps
 
-#endif  // GRPS_COORDINATOR_FAKE_CLOCK_H_
+#endif  // GRPS_COORDINATOR_TESTING_FAKE_CLOCK_H_

@@ -2,8 +2,8 @@
 // files its fake servers write: `servers` shards and `workers` ranks of the
 // default model, heartbeat every 100 ms, a member silent for 1 s dead. For
 // tests only.
-#ifndef GRPS_COORDINATOR_TEST_JOB_H_
-#define GRPS_COORDINATOR_TEST_JOB_H_
+#ifndef GRPS_COORDINATOR_TESTING_TEST_JOB_H_
+#define GRPS_COORDINATOR_TESTING_TEST_JOB_H_
 
 #include <cstdint>
 #include <string>
@@ -55,4 +55,4 @@ inline v1::ShardCheckpointFile FakeShardFile(const v1::ShardMap& map, uint64_t c
 
 }  // namespace grps
 
-#endif  // GRPS_COORDINATOR_TEST_JOB_H_
+#endif  // GRPS_COORDINATOR_TESTING_TEST_JOB_H_

@@ -1,8 +1,8 @@
 // Helpers of the tests that drive a whole ShardStore (shard_store_test,
 // shard_checkpoint_test): a small one-shard job, its store, pushes of one
 // chunk, pulls at a clock, and the values to expect.
-#ifndef GRPS_SERVER_SHARD_STORE_TEST_UTIL_H_
-#define GRPS_SERVER_SHARD_STORE_TEST_UTIL_H_
+#ifndef GRPS_SERVER_TESTING_SHARD_STORE_TEST_UTIL_H_
+#define GRPS_SERVER_TESTING_SHARD_STORE_TEST_UTIL_H_
 
 #include <cstring>
 #include <functional>
@@ -168,4 +168,4 @@ inline void Step(ShardStore& store, uint32_t rank, uint64_t clock) {
 
 }  // namespace grps
 
-#endif  // GRPS_SERVER_SHARD_STORE_TEST_UTIL_H_
+#endif  // GRPS_SERVER_TESTING_SHARD_STORE_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-#include "daemon/fault_injection_env.h"
+#include "daemon/testing/fault_injection_env.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -8,8 +8,8 @@
 //     rename, each with UNAVAILABLE ("injected ...");
 //   - corrupts or truncates existing files (CorruptByte, Truncate).
 // Thread-safe.
-#ifndef GRPS_DAEMON_FAULT_INJECTION_ENV_H_
-#define GRPS_DAEMON_FAULT_INJECTION_ENV_H_
+#ifndef GRPS_DAEMON_TESTING_FAULT_INJECTION_ENV_H_
+#define GRPS_DAEMON_TESTING_FAULT_INJECTION_ENV_H_
 
 #include <cstdint>
 #include <map>
@@ -79,4 +79,4 @@ class FaultInjectionEnv final : public Env {
 
 }  // namespace grps
 
-#endif  // GRPS_DAEMON_FAULT_INJECTION_ENV_H_
+#endif  // GRPS_DAEMON_TESTING_FAULT_INJECTION_ENV_H_

@@ -1,4 +1,4 @@
-#include "data/idx_test_files.h"
+#include "data/testing/idx_test_files.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -3,8 +3,8 @@
 // the learning rate, the staleness, the program's optimizer) and adds one to the version; its
 // gradient buffers are plain vectors that add in the order they are given.
 // Not thread-safe (a policy's caller holds the target's lock).
-#ifndef GRPS_SERVER_POLICY_TEST_TARGET_H_
-#define GRPS_SERVER_POLICY_TEST_TARGET_H_
+#ifndef GRPS_SERVER_TESTING_POLICY_TEST_TARGET_H_
+#define GRPS_SERVER_TESTING_POLICY_TEST_TARGET_H_
 
 #include <cstdint>
 #include <memory>
@@ -80,4 +80,4 @@ inline GradientRef Grad(const std::vector<float>& values) { return GradientRef{v
 
 }  // namespace grps
 
-#endif  // GRPS_SERVER_POLICY_TEST_TARGET_H_
+#endif  // GRPS_SERVER_TESTING_POLICY_TEST_TARGET_H_

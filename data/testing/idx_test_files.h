@@ -1,8 +1,8 @@
 // Test-only helpers that write IDX files (plain or gzip) into the test's
 // temporary directory, for the data/ tests (IDX, libsvm, CSV and text
 // files).
-#ifndef GRPS_DATA_IDX_TEST_FILES_H_
-#define GRPS_DATA_IDX_TEST_FILES_H_
+#ifndef GRPS_DATA_TESTING_IDX_TEST_FILES_H_
+#define GRPS_DATA_TESTING_IDX_TEST_FILES_H_
 
 #include <cstdint>
 #include <string>
@@ -35,4 +35,4 @@ std::string ReadFileBytes(const std::string& path);
 }  // namespace testing_files
 }  // namespace grps
 
-#endif  // GRPS_DATA_IDX_TEST_FILES_H_
+#endif  // GRPS_DATA_TESTING_IDX_TEST_FILES_H_
