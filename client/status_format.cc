@@ -202,8 +202,61 @@ std::string HumanDuration(double seconds) {
   return absl::StrFormat("%dh%02dm%02ds", s / 3600, s / 60 % 60, s % 60);
 }
 
+namespace {
+
+using HeaderLines = std::vector<std::pair<std::string, std::string>>;
+
+std::string LiveSetLine(const v1::JobStatus& status) {
+  int live = 0;
+  for (const v1::WorkerStatus& w : status.workers())
+    if (w.state() == v1::MEMBER_STATE_ALIVE) ++live;
+  return absl::StrCat(live, " of ", status.workers_size(), " ranks live; ",
+                      status.worker_leaves(), " left, ", status.worker_joins(),
+                      " joined (membership epoch ", status.membership_epoch(), ")");
+}
+
+std::string DataLine(const v1::DataProgress& d) {
+  return absl::StrCat("epoch ", d.epoch(), "; ", d.consumed(), " of ", d.total_blocks(),
+                      " blocks trained (", d.blocks_per_epoch(), " per epoch), ", d.leased(),
+                      " leased, ", d.returned(), " came back",
+                      d.refused_reports() > 0
+                          ? absl::StrCat(", ", d.refused_reports(), " reports refused")
+                          : std::string());
+}
+
+std::string ServersLine(const v1::JobStatus& status) {
+  const v1::ReshardProgress& r = status.reshard();
+  std::string servers =
+      absl::StrCat(status.config().num_servers(), " shards (up to ",
+                   status.config().max_servers(), "), shard map epoch ", status.map_epoch());
+  if (r.target_servers() > 0)
+    absl::StrAppend(&servers, "; re-sharding to ", r.target_servers(), ": ", r.phase());
+  if (r.completed() > 0)
+    absl::StrAppend(&servers, "; ", r.completed(), " re-sharding", r.completed() == 1 ? "" : "s",
+                    ", the last ", r.last_from(), " -> ", r.last_to(), " at step ",
+                    r.last_step(), " (", HumanDuration(r.last_seconds()), ")");
+  return servers;
+}
+
+// "checkpoints" (how many, the last, the pending one) and, after a failed
+// one, "checkpoint" with its error.
+void AddCheckpointLines(const v1::JobStatus& status, int64_t now_unix_ms, HeaderLines& lines) {
+  std::string c = absl::StrCat(status.checkpoints_completed(), " complete");
+  if (status.last_checkpoint().id() > 0)
+    absl::StrAppend(&c, "; last ", CheckpointText(status.last_checkpoint(), now_unix_ms));
+  const v1::CheckpointSummary& p = status.pending_checkpoint();
+  if (p.state() == v1::CHECKPOINT_STATE_PENDING)
+    absl::StrAppend(&c, "; pending ", p.id(),
+                    p.step() > 0 ? absl::StrCat(" at step ", p.step()) : "");
+  lines.push_back({"checkpoints", c});
+  if (p.state() == v1::CHECKPOINT_STATE_FAILED)
+    lines.push_back({"checkpoint", absl::StrCat(p.id(), " failed: ", p.error().substr(0, 80))});
+}
+
+}  // namespace
+
 std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
-  std::vector<std::pair<std::string, std::string>> lines = {
+  HeaderLines lines = {
       {"job", status.job_id().empty() ? "-" : status.job_id()},
       {"state", JobStateName(status.state())},
       {"mode", ModeWithBound(status)},
@@ -227,58 +280,16 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                   ", test loss ",
                                   Fixed(status.final_test_loss(), 4))});
   if (status.worker_leaves() > 0 || status.worker_joins() > 0 ||
-      status.config().max_workers() > 0) {
-    int live = 0;
-    for (const v1::WorkerStatus& w : status.workers())
-      if (w.state() == v1::MEMBER_STATE_ALIVE) ++live;
-    lines.push_back({"live set", absl::StrCat(live, " of ", status.workers_size(),
-                                              " ranks live; ", status.worker_leaves(),
-                                              " left, ", status.worker_joins(),
-                                              " joined (membership epoch ",
-                                              status.membership_epoch(), ")")});
-  }
-  if (status.data().total_blocks() > 0) {
-    const v1::DataProgress& d = status.data();
-    lines.push_back(
-        {"data", absl::StrCat("epoch ", d.epoch(), "; ", d.consumed(), " of ", d.total_blocks(),
-                              " blocks trained (", d.blocks_per_epoch(), " per epoch), ",
-                              d.leased(), " leased, ", d.returned(), " came back",
-                              d.refused_reports() > 0
-                                  ? absl::StrCat(", ", d.refused_reports(),
-                                                 " reports refused")
-                                  : std::string())});
-  }
-  if (status.config().max_servers() > 0) {
-    const v1::ReshardProgress& r = status.reshard();
-    std::string servers =
-        absl::StrCat(status.config().num_servers(), " shards (up to ",
-                     status.config().max_servers(), "), shard map epoch ", status.map_epoch());
-    if (r.target_servers() > 0)
-      absl::StrAppend(&servers, "; re-sharding to ", r.target_servers(), ": ", r.phase());
-    if (r.completed() > 0)
-      absl::StrAppend(&servers, "; ", r.completed(), " re-sharding", r.completed() == 1 ? "" : "s",
-                      ", the last ", r.last_from(), " -> ", r.last_to(), " at step ",
-                      r.last_step(), " (", HumanDuration(r.last_seconds()), ")");
-    lines.push_back({"servers", servers});
-  }
+      status.config().max_workers() > 0)
+    lines.push_back({"live set", LiveSetLine(status)});
+  if (status.data().total_blocks() > 0) lines.push_back({"data", DataLine(status.data())});
+  if (status.config().max_servers() > 0) lines.push_back({"servers", ServersLine(status)});
   if (status.generation() > 0)
     lines.push_back({"generation", absl::StrCat(status.generation(),
                                                 " (resumed or rolled back from a "
                                                 "checkpoint)")});
-  if (status.last_checkpoint().id() > 0 || status.pending_checkpoint().id() > 0) {
-    std::string c = absl::StrCat(status.checkpoints_completed(), " complete");
-    if (status.last_checkpoint().id() > 0)
-      absl::StrAppend(&c, "; last ",
-                      CheckpointText(status.last_checkpoint(), now_unix_ms));
-    const v1::CheckpointSummary& p = status.pending_checkpoint();
-    if (p.state() == v1::CHECKPOINT_STATE_PENDING)
-      absl::StrAppend(&c, "; pending ", p.id(),
-                      p.step() > 0 ? absl::StrCat(" at step ", p.step()) : "");
-    lines.push_back({"checkpoints", c});
-    if (p.state() == v1::CHECKPOINT_STATE_FAILED)
-      lines.push_back({"checkpoint", absl::StrCat(p.id(), " failed: ",
-                                                  p.error().substr(0, 80))});
-  }
+  if (status.last_checkpoint().id() > 0 || status.pending_checkpoint().id() > 0)
+    AddCheckpointLines(status, now_unix_ms, lines);
   if (status.coordinator_restarted())
     lines.push_back({"coordinator", "restarted during this job"});
   lines.push_back({"elapsed", HumanDuration(status.elapsed_seconds())});

@@ -447,7 +447,10 @@ class PyWorker {
 }  // namespace
 }  // namespace grps
 
-PYBIND11_MODULE(_grps, m) {
+namespace grps {
+namespace {
+
+void BindStraggler(py::module_& m) {
   // grps-worker's injected slowness (worker/straggler.h), for grps.torch's
   // straggler rank: after_step(seconds) is the sleep that follows a step.
   py::class_<grps::Straggler>(m, "Straggler")
@@ -461,7 +464,9 @@ PYBIND11_MODULE(_grps, m) {
       .def("after_step", [](grps::Straggler& s, double step_s) {
         return absl::ToDoubleSeconds(s.AfterStep(absl::Seconds(step_s)));
       });
+}
 
+void BindCurveFile(py::module_& m) {
   // grps-worker's training curve (worker/curve_file.h), for grps.torch's
   // GRPS_CURVE_CSV: CurveFile(path, start_unix_s) writes the header, and
   // write(...) a row written now.
@@ -489,27 +494,9 @@ PYBIND11_MODULE(_grps, m) {
           },
           py::arg("step"), py::arg("epoch"), py::arg("loss"), py::arg("samples_per_sec"),
           py::arg("test_accuracy"), py::arg("test_loss"), py::arg("evaluated"));
+}
 
-  using grps::PyWorker;
-  m.doc() = "grps's C++ worker core (use grps.torch)";
-  grps::main_thread = std::this_thread::get_id();
-  static py::exception<std::runtime_error> base(m, "Error");
-  grps::error_base = base.ptr();
-  static py::exception<std::runtime_error> ended(m, "JobEnded", base.ptr());
-  grps::job_ended_error = ended.ptr();
-  static py::exception<std::runtime_error> mismatch(m, "ModelMismatch", base.ptr());
-  grps::model_mismatch_error = mismatch.ptr();
-  m.def("configure", &grps::Configure, py::arg("overrides"),
-        "Sets the process's security from GRPS_* variables and the given flags.");
-  m.def("read_checkpoint", &grps::ReadCheckpoint, py::arg("path"));
-  m.def("leave_on_sigterm", &grps::InstallLeaveOnSigterm,
-        "SIGTERM asks this worker to leave the job after its step (Python's own "
-        "SIGTERM handling is replaced)");
-  m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
-        py::arg("timeout_s") = 10.0);
-  m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);
-  // The binaries' --register_timeout_s default, the package's too.
-  m.attr("REGISTER_TIMEOUT_S") = absl::ToDoubleSeconds(grps::kRegisterTimeout);
+void BindWorker(py::module_& m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&,
                     const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string>>&,
@@ -554,4 +541,32 @@ PYBIND11_MODULE(_grps, m) {
       .def_property_readonly("job_id", &PyWorker::job_id)
       .def_property_readonly("config_json", &PyWorker::config_json)
       .def_property_readonly("tables", &PyWorker::tables);
+}
+
+}  // namespace
+}  // namespace grps
+
+PYBIND11_MODULE(_grps, m) {
+  m.doc() = "grps's C++ worker core (use grps.torch)";
+  grps::main_thread = std::this_thread::get_id();
+  static py::exception<std::runtime_error> base(m, "Error");
+  grps::error_base = base.ptr();
+  static py::exception<std::runtime_error> ended(m, "JobEnded", base.ptr());
+  grps::job_ended_error = ended.ptr();
+  static py::exception<std::runtime_error> mismatch(m, "ModelMismatch", base.ptr());
+  grps::model_mismatch_error = mismatch.ptr();
+  m.def("configure", &grps::Configure, py::arg("overrides"),
+        "Sets the process's security from GRPS_* variables and the given flags.");
+  m.def("read_checkpoint", &grps::ReadCheckpoint, py::arg("path"));
+  m.def("leave_on_sigterm", &grps::InstallLeaveOnSigterm,
+        "SIGTERM asks this worker to leave the job after its step (Python's own "
+        "SIGTERM handling is replaced)");
+  m.def("job_status_json", &grps::JobStatusJson, py::arg("address"),
+        py::arg("timeout_s") = 10.0);
+  m.attr("PULL_SLICE_S") = absl::ToDoubleSeconds(grps::kPullSlice);
+  // The binaries' --register_timeout_s default, the package's too.
+  m.attr("REGISTER_TIMEOUT_S") = absl::ToDoubleSeconds(grps::kRegisterTimeout);
+  grps::BindStraggler(m);
+  grps::BindCurveFile(m);
+  grps::BindWorker(m);
 }
