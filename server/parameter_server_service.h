@@ -56,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
+#include "server/request_checks.h"
 #include "server/shard_store.h"
 #include "wire/shared_lane.h"
 
@@ -70,11 +71,8 @@ class ParameterServerService final
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
   // longer than this, so that an abandoned pull does not stay a waiter.
   static constexpr absl::Duration kMaxPullWait = absl::Minutes(5);
-  // Gradient elements beyond this magnitude are refused (INVALID_ARGUMENT):
-  // finite inputs whose sum over the workers, or whose product with the
-  // learning rate, overflows would make the weights non-finite. No real
-  // gradient comes near it; it leaves room for 10^23 of them in one sum.
-  static constexpr float kMaxGradientMagnitude = 1e15f;
+  // Gradient elements beyond this magnitude are refused (request_checks.h).
+  static constexpr float kMaxGradientMagnitude = ::grps::kMaxGradientMagnitude;
 
   // The daemon listens (to learn its port) before the coordinator tells it
   // which shard it is, so the store arrives later through Attach(). Until
