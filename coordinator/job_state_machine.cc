@@ -243,7 +243,7 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   reshard_target_ = config_.max_servers() > 0 ? state.reshard_target() : 0;
   reshard_done_ = state.reshard();
   started_ = now;
-  global_step_moved_ = now;
+  global_step_.Restart(now);
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
                "complete, next id {})",
                config_.job_id(), restore_.generation(), std::string(from), JobStateName(state_),
@@ -285,7 +285,7 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
         !membership_.UnregisteredRanks().empty())
       return;
     state_ = v1::JOB_STATE_RUNNING;
-    global_step_moved_ = now;
+    global_step_.Restart(now);
     spdlog::info("job {} running: {} servers and {} workers registered",
                  config_.job_id(), config_.num_servers(), config_.num_workers());
     changed_.SignalAll();
@@ -421,9 +421,8 @@ uint64_t JobStateMachine::SyncCheckpointVersionLocked() const {
   }
   // Ahead of every shard by what they may do before they hear the request
   // (about one heartbeat interval each way), more after failures.
-  double rate = steps_per_second_;
-  for (const auto& [when, measured] : recent_rates_) rate = std::max(rate, measured);
-  const double per_interval = rate * config_.heartbeat_interval_ms() / 1000.0;
+  const double per_interval =
+      global_step_.FastestRecentRate() * config_.heartbeat_interval_ms() / 1000.0;
   // Versions reach the coordinator a heartbeat late and the request reaches
   // the shards a heartbeat later: three intervals of steps, and some slack.
   uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
@@ -461,8 +460,8 @@ absl::StatusOr<v1::CheckpointRequest> JobStateMachine::StartCheckpointLocked(
           !unheard.empty())
         return absl::UnavailableError(absl::StrCat("waiting for the version of ",
                                                    Members("shard", unheard)));
-      if (coordinator_restarted_ && recent_rates_.empty() &&
-          now - global_step_moved_ < absl::Seconds(1))
+      if (coordinator_restarted_ && !global_step_.RateMeasured() &&
+          now - global_step_.moved() < absl::Seconds(1))
         return absl::UnavailableError("measuring the step rate since the take-over");
     }
     version = SyncCheckpointVersionLocked();
@@ -471,7 +470,7 @@ absl::StatusOr<v1::CheckpointRequest> JobStateMachine::StartCheckpointLocked(
       worker_steps.push_back(w.progress().step());
   }
   v1::CheckpointRequest request = checkpoints_.Start(
-      version, std::move(worker_steps), global_step_.value_or(0), now);
+      version, std::move(worker_steps), global_step_.step().value_or(0), now);
   spdlog::info("checkpoint {} ({}) asked of {} shards{}", request.id(),
                std::string(why), membership_.num_shards(),
                config_.mode() == v1::MODE_SYNC
@@ -493,7 +492,7 @@ void JobStateMachine::TickCheckpointsLocked(absl::Time now) {
     changed_.SignalAll();
   }
   if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked()) return;
-  if (!checkpoints_.Due(global_step_.value_or(0), now)) return;
+  if (!checkpoints_.Due(global_step_.step().value_or(0), now)) return;
   absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "periodic");
   if (!request.ok())
     spdlog::debug("periodic checkpoint not asked for: {}",
@@ -609,8 +608,7 @@ void JobStateMachine::RollBackToLocked(v1::RestoreOrder order, absl::string_view
   const std::vector<uint32_t> revived = membership_.ResetResumeSteps(resume_steps, now);
   ledger_.RollBack(resume_steps);
   ResetTrainingDoneLocked();
-  global_step_.reset();
-  global_step_moved_ = now;
+  global_step_.Forget(now);
   spdlog::warn(
       "{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why), config_.job_id(),
       order.checkpoint_id() == 0 ? std::string("the initial values")
@@ -635,26 +633,7 @@ void JobStateMachine::FollowGenerationLocked(uint64_t generation, absl::Time now
 void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
   const std::vector<uint64_t> versions = membership_.LiveShardVersions();
   if (versions.empty()) return;
-  const uint64_t step = *std::min_element(versions.begin(), versions.end());
-  if (!global_step_.has_value() || *global_step_ != step) global_step_moved_ = now;
-  if (rate_anchor_time_ == absl::InfinitePast() || step < rate_anchor_step_) {
-    rate_anchor_time_ = now;
-    rate_anchor_step_ = step;
-  } else if (now - rate_anchor_time_ >= absl::Milliseconds(500)) {
-    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
-                        absl::ToDoubleSeconds(now - rate_anchor_time_);
-    rate_anchor_time_ = now;
-    rate_anchor_step_ = step;
-    recent_rates_.emplace_back(now, steps_per_second_);
-    while (now - recent_rates_.front().first > kRateMemory) recent_rates_.pop_front();
-  } else if (steps_per_second_ == 0 && step > rate_anchor_step_ &&
-             now - rate_anchor_time_ >= absl::Milliseconds(100)) {
-    // No estimate yet (the job just started or rolled back): a first one
-    // from what there is, so that an early checkpoint's margin is not blind.
-    steps_per_second_ = static_cast<double>(step - rate_anchor_step_) /
-                        absl::ToDoubleSeconds(now - rate_anchor_time_);
-  }
-  global_step_ = step;
+  global_step_.Note(*std::min_element(versions.begin(), versions.end()), now);
 }
 
 void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
@@ -765,7 +744,7 @@ std::vector<uint64_t> JobStateMachine::CountsFromLocked(const Membership::LiveWo
   for (size_t i = 0; i < live.ranks.size(); ++i) {
     auto it = counted_live_.find(live.ranks[i]);
     if (it != counted_live_.end() && it->second.incarnation == live.incarnations[i] &&
-        it->second.counts_from <= global_step_.value_or(0))
+        it->second.counts_from <= global_step_.step().value_or(0))
       others_count = true;
   }
   const bool later = !fresh && others_count && config_.mode() == v1::MODE_SYNC &&
@@ -1450,9 +1429,9 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
     *status.mutable_pending_checkpoint() = std::move(pending);
   status.set_checkpoints_completed(checkpoints_.completed());
   status.set_generation(restore_.generation());
-  if (state_ == v1::JOB_STATE_RUNNING && global_step_moved_ != absl::InfinitePast())
+  if (state_ == v1::JOB_STATE_RUNNING && global_step_.moved() != absl::InfinitePast())
     status.set_global_step_idle_seconds(
-        std::max(0.0, absl::ToDoubleSeconds(now - global_step_moved_)));
+        std::max(0.0, absl::ToDoubleSeconds(now - global_step_.moved())));
   status.set_coordinator_restarted(coordinator_restarted_);
   status.set_worker_leaves(worker_leaves_);
   status.set_worker_joins(worker_joins_);

@@ -47,7 +47,6 @@
 #define GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -64,6 +63,7 @@
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/example_ledger.h"
+#include "coordinator/global_step.h"
 #include "coordinator/membership.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
@@ -503,18 +503,10 @@ class JobStateMachine {
   bool final_checkpoint_settled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time final_checkpoint_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The global step (min live shard version), when it last moved, and its
-  // rate in steps per second.
-  std::optional<uint64_t> global_step_ ABSL_GUARDED_BY(mu_);
-  absl::Time global_step_moved_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t rate_anchor_step_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time rate_anchor_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  double steps_per_second_ ABSL_GUARDED_BY(mu_) = 0;
-  // The step rates measured over the last kRateMemory, newest last: a sync
-  // cut's margin takes the highest, so that a slow spell (a worker's
-  // restart, a loaded machine) does not leave it a few steps wide when the
-  // job speeds up again.
-  static constexpr absl::Duration kRateMemory = absl::Seconds(30);
-  std::deque<std::pair<absl::Time, double>> recent_rates_ ABSL_GUARDED_BY(mu_);
+  // rate. A sync cut's margin takes the highest rate of the last 30 s, so
+  // that a slow spell (a worker's restart, a loaded machine) does not leave
+  // it a few steps wide when the job speeds up again.
+  GlobalStep global_step_ ABSL_GUARDED_BY(mu_);
   // CountsFromLocked's record: each live rank's incarnation and the step it
   // counts from, as of the generation noted (none before the first reply).
   struct CountedRank {
