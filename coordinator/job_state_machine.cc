@@ -732,43 +732,6 @@ std::optional<uint32_t> JobStateMachine::EvaluatorLocked(absl::Time now) const {
   return candidates.front();
 }
 
-std::vector<uint64_t> JobStateMachine::CountsFromLocked(const Membership::LiveWorkers& live) {
-  // A coordinator's first answer, the first since the job runs, or one
-  // after a roll-back (every rank resumes at the restore order's step):
-  // every live rank counts.
-  const bool fresh = !counted_generation_.has_value() ||
-                     *counted_generation_ != restore_.generation() || !counted_while_running_;
-  counted_generation_ = restore_.generation();
-  counted_while_running_ = state_ == v1::JOB_STATE_RUNNING;
-  bool others_count = false;
-  for (size_t i = 0; i < live.ranks.size(); ++i) {
-    auto it = counted_live_.find(live.ranks[i]);
-    if (it != counted_live_.end() && it->second.incarnation == live.incarnations[i] &&
-        it->second.counts_from <= global_step_.step().value_or(0))
-      others_count = true;
-  }
-  const bool later = !fresh && others_count && config_.mode() == v1::MODE_SYNC &&
-                     state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked();
-  std::map<uint32_t, CountedRank> now_live;
-  std::vector<uint64_t> out;
-  for (size_t i = 0; i < live.ranks.size(); ++i) {
-    const uint32_t rank = live.ranks[i];
-    auto it = counted_live_.find(rank);
-    CountedRank counted{live.incarnations[i], 0};
-    if (it != counted_live_.end() && it->second.incarnation == counted.incarnation) {
-      counted = it->second;
-    } else if (later) {
-      counted.counts_from = SyncCheckpointVersionLocked();
-      spdlog::info("worker {} (incarnation {}) counts toward the sync steps from step {}",
-                   rank, counted.incarnation, counted.counts_from);
-    }
-    now_live[rank] = counted;
-    out.push_back(counted.counts_from);
-  }
-  counted_live_ = std::move(now_live);
-  return out;
-}
-
 void JobStateMachine::NoteServerHeartbeatLocked(uint32_t shard) {
   if (!TrainingDoneLocked()) return;
   const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
@@ -1073,7 +1036,15 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
   response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
                                                     live.incarnations.end());
-  const std::vector<uint64_t> counts_from = CountsFromLocked(live);
+  const std::vector<uint64_t> counts_from = quorum_counts_.CountsFrom(
+      live,
+      {restore_.generation(), state_ == v1::JOB_STATE_RUNNING,
+       config_.mode() == v1::MODE_SYNC && !TrainingDoneLocked(),
+       global_step_.step().value_or(0)},
+      [this] {
+        mu_.AssertHeld();
+        return SyncCheckpointVersionLocked();
+      });
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
   response->set_membership_epoch(membership_.membership_epoch());

@@ -65,6 +65,7 @@
 #include "coordinator/example_ledger.h"
 #include "coordinator/global_step.h"
 #include "coordinator/membership.h"
+#include "coordinator/quorum_counts.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
 #include "proto/grps.pb.h"
@@ -323,15 +324,6 @@ class JobStateMachine {
                                 bool current_generation, absl::Time now,
                                 v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The step each of `live`'s workers counts toward a sync step's quorum
-  // from, parallel to it (HeartbeatResponse.live_worker_counts_from): 0 for
-  // the ranks live when this coordinator first answered, when the job
-  // started running or since the last roll-back; a rank that enters the
-  // live set of a training sync job while another counts already (a joiner, a restarted rank, one back from the
-  // dead) counts from the step a checkpoint would be cut at then, ahead of
-  // every shard, so that all shards count it from the same step.
-  std::vector<uint64_t> CountsFromLocked(const Membership::LiveWorkers& live)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a WorkerDone of `request`'s generation is from before the
   // newest roll-back (a client that names none is judged by its current
   // incarnation's last heartbeat).
@@ -507,17 +499,8 @@ class JobStateMachine {
   // that a slow spell (a worker's restart, a loaded machine) does not leave
   // it a few steps wide when the job speeds up again.
   GlobalStep global_step_ ABSL_GUARDED_BY(mu_);
-  // CountsFromLocked's record: each live rank's incarnation and the step it
-  // counts from, as of the generation noted (none before the first reply).
-  struct CountedRank {
-    uint64_t incarnation = 0;
-    uint64_t counts_from = 0;
-  };
-  std::map<uint32_t, CountedRank> counted_live_ ABSL_GUARDED_BY(mu_);
-  std::optional<uint64_t> counted_generation_ ABSL_GUARDED_BY(mu_);
-  // The record was made while the job ran (the ranks that start the job,
-  // the last of which registers as it starts, count at once).
-  bool counted_while_running_ ABSL_GUARDED_BY(mu_) = false;
+  // From which step each live rank counts toward a sync step's quorum.
+  QuorumCounts quorum_counts_ ABSL_GUARDED_BY(mu_);
   // Since when the running job has had no ALIVE and no FINISHED worker.
   absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The (incarnation, generation) each rank last heartbeated in.
