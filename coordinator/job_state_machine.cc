@@ -31,10 +31,6 @@ bool IsFinal(v1::JobState state) {
          state == v1::JOB_STATE_FAILED;
 }
 
-// Throttles of PersistState.
-constexpr absl::Duration kPersistEvery = absl::Milliseconds(200);
-constexpr absl::Duration kPersistProgressEvery = absl::Seconds(5);
-
 std::string MiB(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
@@ -56,7 +52,7 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
     : config_(std::move(config)),
       clock_(std::move(clock)),
       env_(options.env != nullptr ? options.env : Env::Default()),
-      state_path_(std::move(options.state_path)),
+      state_file_(env_, std::move(options.state_path)),
       reconnect_backoff_(options.reconnect_backoff),
       membership_(std::move(shard_map), JobRanks(config_),
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
@@ -1477,40 +1473,7 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
 }
 
 absl::Status JobStateMachine::PersistState(bool force) {
-  if (state_path_.empty()) return absl::OkStatus();
-  absl::MutexLock persist(&persist_mu_);
-  const absl::Time now = clock_();
-  v1::CoordinatorState state = ExportState();
-  v1::CoordinatorState material = state;
-  material.clear_elapsed_seconds();
-  material.clear_unix_time_ms();
-  for (v1::WorkerStatus& w : *material.mutable_workers()) {
-    const uint64_t step = w.progress().step();
-    w.clear_progress();
-    w.mutable_progress()->set_step(step);
-  }
-  std::string material_bytes = material.SerializeAsString();
-  state.clear_unix_time_ms();
-  state.clear_elapsed_seconds();
-  std::string full_bytes = state.SerializeAsString();
-  const bool material_changed = material_bytes != persisted_material_;
-  const bool changed = material_changed || full_bytes != persisted_full_;
-  if (!changed) return absl::OkStatus();
-  if (!force) {
-    const absl::Duration since = now - persisted_at_;
-    if (!(material_changed && since >= kPersistEvery) &&
-        !(since >= kPersistProgressEvery))
-      return absl::OkStatus();
-  }
-  v1::CoordinatorState to_write = ExportState();
-  if (absl::Status s = WriteFileAtomically(env_, state_path_,
-                                           to_write.SerializeAsString());
-      !s.ok())
-    return s;
-  persisted_material_ = std::move(material_bytes);
-  persisted_full_ = std::move(full_bytes);
-  persisted_at_ = now;
-  return absl::OkStatus();
+  return state_file_.Write([this] { return ExportState(); }, clock_(), force);
 }
 
 void JobStateMachine::ReleaseWaiters() {

@@ -66,6 +66,7 @@
 #include "coordinator/global_step.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
+#include "coordinator/state_file.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
 #include "proto/grps.pb.h"
@@ -240,7 +241,7 @@ class JobStateMachine {
   // changed: at most every 200 ms for membership, generation, checkpoint or
   // job state changes, every 5 s for progress alone; `force`: now if it
   // changed at all. Call from one thread at a time.
-  absl::Status PersistState(bool force) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+  absl::Status PersistState(bool force) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every blocking wait (UNAVAILABLE) and refuses new ones.
   void ReleaseWaiters() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -425,7 +426,8 @@ class JobStateMachine {
   const v1::JobConfig config_;
   const Clock clock_;
   Env* const env_;
-  const std::string state_path_;
+  // PersistState's (its lock before mu_).
+  StateFile state_file_;
   const absl::Duration reconnect_backoff_;
 
   mutable absl::Mutex mu_;
@@ -531,11 +533,6 @@ class JobStateMachine {
   };
   std::map<uint32_t, Standby> standbys_ ABSL_GUARDED_BY(mu_);
 
-  // PersistState: serializes writers; what was last written and when.
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  std::string persisted_material_ ABSL_GUARDED_BY(persist_mu_);
-  std::string persisted_full_ ABSL_GUARDED_BY(persist_mu_);
-  absl::Time persisted_at_ ABSL_GUARDED_BY(persist_mu_) = absl::InfinitePast();
 };
 
 }  // namespace grps
