@@ -26,6 +26,7 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/quiet_logs.h"
 #include "fuzz/shard_fixture.h"
+#include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "wire/chunk_codec.h"
 
@@ -60,10 +61,13 @@ DecodedPush Decode(const grpc::ByteBuffer& buffer) {
 
 bool Same(const DecodedPush& a, const DecodedPush& b) {
   // MessageDifferencer, not serialized bytes: a job id that is not UTF-8 is
-  // fine here, and protobuf would complain about it on every input.
-  return a.code == b.code &&
-         google::protobuf::util::MessageDifferencer::Equals(a.header, b.header) &&
-         a.chunks == b.chunks;
+  // fine here, and protobuf would complain about it on every input. A NaN
+  // read from the same bytes (an optimizer's decay_rate) is the same value.
+  google::protobuf::util::DefaultFieldComparator floats;
+  floats.set_treat_nan_as_equal(true);
+  google::protobuf::util::MessageDifferencer differ;
+  differ.set_field_comparator(&floats);
+  return a.code == b.code && differ.Compare(a.header, b.header) && a.chunks == b.chunks;
 }
 
 // Protobuf's reading of `data`, when it has one, against ours.
