@@ -40,6 +40,7 @@
 #include "fuzz/fuzz_check.h"
 #include "fuzz/memory_env.h"
 #include "fuzz/quiet_logs.h"
+#include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/test/server_context_test_spouse.h"
 #include "job/job_config.h"
@@ -112,7 +113,11 @@ void CheckUnchanged(const JobSnapshot& before, const CoordinatorService& service
                     absl::string_view call, const grpc::Status& refusal) {
   const JobSnapshot after = Snapshot(service);
   std::string differences;
+  // A NaN figure that nothing changed (a reported loss) is the same value.
+  google::protobuf::util::DefaultFieldComparator floats;
+  floats.set_treat_nan_as_equal(true);
   google::protobuf::util::MessageDifferencer differ;
+  differ.set_field_comparator(&floats);
   differ.ReportDifferencesToString(&differences);
   const bool same = differ.Compare(before.status, after.status) &&
                     differ.Compare(before.state, after.state);
