@@ -4,6 +4,7 @@
 #ifndef GRPS_DAEMON_DAEMON_H_
 #define GRPS_DAEMON_DAEMON_H_
 
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -191,6 +192,8 @@ int UsableCores();
 // The most resident memory this process has held so far (getrusage's
 // ru_maxrss), in MiB.
 double PeakRssMiB();
+// `bytes` in MiB (2^20 bytes), for the logs.
+inline double BytesInMiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 // True once SIGINT or SIGTERM arrived (with LeaveOnSigterm: SIGINT, a second
 // SIGTERM, or kLeaveGrace after the first).
 bool ShutdownRequested();

@@ -2,12 +2,12 @@
 //
 // Listens first (so it knows its port), registers with the coordinator,
 // builds its ShardStore from the job config and shard map it gets back, then
-// heartbeats until the job ends. The shard's life is ShardAgent's
-// (shard_agent.h, with RegisterAndLoad); this file parses the flags, serves
-// the gRPC service and its metrics, and wires them together. Its chunks start from the restore order the
+// heartbeats until the job ends. Its chunks start from the restore order the
 // coordinator hands out (a checkpoint, or the initial values); heartbeat
 // replies may ask it to checkpoint (written on a thread of its own) or to
-// roll back to a checkpoint (docs/durability.md).
+// roll back to a checkpoint (docs/durability.md). The shard's life is
+// ShardAgent's (shard_agent.h, with RegisterAndLoad); this file parses the
+// flags, serves the gRPC service and its metrics, and wires them together.
 //
 // Jobs whose servers scale (JobConfig.max_servers; docs/elasticity.md): a
 // server for a shard the job's map does not have yet stands by, registering
@@ -112,8 +112,6 @@ std::string AdvertisedAddress(const std::string& listen, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
 // What the shard serves, once it does, and what it restored (`held`: its
 // status before it served).
 void LogServing(const ShardStore& store, const v1::ShardStatus& held,
@@ -124,8 +122,8 @@ void LogServing(const ShardStore& store, const v1::ShardStatus& held,
       "shard {} of {} serving {} chunks ({} elements, {:.2f} MiB) at {} "
       "(job {}, mode {}, incarnation {}; gRPC may hold {:.0f} MiB)",
       store.shard(), config.num_servers(), held.num_chunks(), held.num_elements(),
-      MiB(held.num_elements() * sizeof(float)), address, config.job_id(),
-      ModeName(config.mode()), registration.incarnation(), MiB(memory));
+      BytesInMiB(held.num_elements() * sizeof(float)), address, config.job_id(),
+      ModeName(config.mode()), registration.incarnation(), BytesInMiB(memory));
   const v1::RestoreOrder& order = registration.restore();
   if (order.checkpoint_id() == 0) return;
   uint64_t rows = 0;
@@ -144,12 +142,12 @@ void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason
       "duplicate, {} too stale, {} rejected, {} rung at lane doorbells), {} pulls, {:.1f} MiB "
       "in, {:.1f} MiB out; peak RSS {:.1f} MiB",
       shard, reason, s.version(), s.updates_applied(), s.pushes(), s.duplicate_pushes(),
-      s.too_stale(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), MiB(s.bytes_in()),
-      MiB(s.bytes_out()), PeakRssMiB());
+      s.too_stale(), s.rejected_pushes(), s.doorbell_pushes(), s.pulls(), BytesInMiB(s.bytes_in()),
+      BytesInMiB(s.bytes_out()), PeakRssMiB());
   for (const v1::SparseTableStatus& t : s.tables())
     spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
                  "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",
-                 shard, t.name(), t.rows(), t.dim(), MiB(t.bytes()), t.bytes_per_row(),
+                 shard, t.name(), t.rows(), t.dim(), BytesInMiB(t.bytes()), t.bytes_per_row(),
                  t.version(), t.rows_pushed(), t.rows_pulled(), 100 * t.hottest_share());
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "daemon/daemon.h"
 #include "daemon/env.h"
 #include "daemon/metrics.h"
 #include "prometheus/family.h"
@@ -14,8 +15,6 @@
 
 namespace grps {
 namespace {
-
-double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 // grps_checkpoint_write_seconds{result}: how long this shard took to collect
 // and write its part of a checkpoint.
@@ -117,7 +116,7 @@ void ShardCheckpointer::Take(const v1::CheckpointRequest& request, uint64_t seq)
                  request.id(), store_->shard(), report.num_chunks(),
                  report.num_tables() > 0 ? absl::StrCat(" and ", report.num_rows(), " sparse rows")
                                          : "",
-                 MiB(report.bytes()), report.min_version(), report.max_version(),
+                 BytesInMiB(report.bytes()), report.min_version(), report.max_version(),
                  absl::FormatDuration(absl::Now() - start));
   } else {
     report.set_state(v1::CHECKPOINT_STATE_FAILED);
