@@ -193,10 +193,14 @@ grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request, v1::HeartbeatRespon
   // Waits for a connection (see RegisterWithRetries): a coordinator that
   // comes back is heard as soon as it listens.
   context.set_wait_for_ready(true);
+  // Silence counts from when the answered call was sent: an answer that
+  // took long does not hide the time it took, and one that arrives after
+  // the coordinator went quiet cannot move the last answer past the quiet.
+  const absl::Time sent = clock_();
   grpc::Status status = coordinator_->Heartbeat(&context, request, response);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
-    last_answer_ = clock_();
+    last_answer_ = std::max(last_answer_, sent);
   }
   return status;
 }

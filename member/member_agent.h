@@ -129,7 +129,8 @@ class MemberAgent {
   MemberAgent& operator=(const MemberAgent&) = delete;
 
   // One heartbeat now: `request` carries the holder's fields, the agent
-  // sets the job, the member and its incarnation. An answer resets Silence.
+  // sets the job, the member and its incarnation. An answer resets Silence
+  // to the time the call was sent.
   grpc::Status Beat(v1::HeartbeatRequest request, v1::HeartbeatResponse* response)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same with a deadline of its own (a last report on the way out).
@@ -146,8 +147,8 @@ class MemberAgent {
   // Ends the loop at once (joins Start's thread). Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // How long since the coordinator last answered a heartbeat (or since the
-  // agent was made).
+  // How long since the last heartbeat the coordinator answered was sent (or
+  // since the agent was made).
   absl::Duration Silence() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // A worker's WorkerDone: the agent sets the job, the rank and the

@@ -267,6 +267,42 @@ TEST_F(MemberAgentTest, WorkerDoneNamesTheMember) {
   EXPECT_EQ(StatusOf(0).state(), v1::MEMBER_STATE_ALIVE);
 }
 
+// Answers every heartbeat after moving the test's clock on: the answer
+// arrives later than the call was sent.
+class SlowAnswerCoordinator final : public v1::Coordinator::Service {
+ public:
+  SlowAnswerCoordinator(FakeClock* clock, absl::Duration delay) : clock_(clock), delay_(delay) {}
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    clock_->Advance(delay_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  FakeClock* const clock_;
+  const absl::Duration delay_;
+};
+
+TEST(MemberAgentSilenceTest, CountsFromWhenTheAnsweredHeartbeatWasSent) {
+  FakeClock clock;
+  SlowAnswerCoordinator coordinator(&clock, absl::Seconds(3));
+  absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {&coordinator});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", server->port)));
+  MemberAgent agent(stub.get(), MemberAgent::Identity{"member-job", MemberKind::kServer, 0, 1},
+                    kInterval, absl::Seconds(5), [&clock] { return clock.Now(); });
+  clock.Advance(absl::Seconds(1));
+
+  v1::HeartbeatResponse reply;
+  const grpc::Status status = agent.Beat(v1::HeartbeatRequest(), &reply);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // Answered, but sent 3 s ago: a late answer does not hide the wait (nor,
+  // arriving after the coordinator went quiet, shorten the quiet).
+  EXPECT_EQ(agent.Silence(), absl::Seconds(3));
+  server->server->Shutdown();
+}
+
 // Answers every server registration as the coordinator answers a standby
 // (a shard its map does not have yet), holding each call a moment, until
 // `taken_in`.
