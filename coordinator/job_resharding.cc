@@ -163,7 +163,7 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
           ? 0
           : std::max(0.0, absl::ToDoubleSeconds(now - reshard_asked_)));
   reshard_asked_ = absl::InfiniteFuture();
-  RollBackToLocked(RestoreOrderFor(manifest, dir),
+  RollBackToLocked(generations_.OrderFor(manifest, dir),
                    absl::StrCat("re-sharded from ", from, " to ", to,
                                 " shards (shard map epoch ", membership_.shard_map().epoch(),
                                 ")"),
@@ -259,7 +259,7 @@ std::optional<v1::HeartbeatResponse> JobStateMachine::RetiredServerReplyLocked(
     return std::nullopt;
   v1::HeartbeatResponse response;
   response.set_job_state(state_);
-  response.set_generation(restore_.generation());
+  response.set_generation(generations_.current());
   *response.mutable_shard_map() = membership_.shard_map();
   return response;
 }

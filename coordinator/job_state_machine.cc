@@ -56,11 +56,8 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       reconnect_backoff_(options.reconnect_backoff),
       membership_(std::move(shard_map), JobRanks(config_),
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
-      checkpoints_(config_, config_.num_servers()) {
-  // Generation 0 is "unchecked" on the wire (a plain client): a job starts
-  // at 1, so that a push from before the first roll-back is fenced too.
-  restore_.set_generation(1);
-  restore_.mutable_worker_steps()->Resize(JobRanks(config_), 0);
+      checkpoints_(config_, config_.num_servers()),
+      generations_(config_, env_) {
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -78,8 +75,7 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
         !defined.ok())
       spdlog::error("checkpoint {}: {}", manifest.id(), std::string(defined.status().message()));
   }
-  restore_ = RestoreOrderFor(manifest, dir);
-  restore_.set_generation(2);
+  generations_.ResumeFrom(manifest, dir);
   checkpoints_.SetNewestComplete(manifest, dir, 0);
   if (IsElastic(config_) && manifest.example_ledger().total_blocks() > 0) {
     if (absl::Status s = ledger_.ImportFrom(manifest.example_ledger()); s.ok())
@@ -88,9 +84,8 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
       spdlog::error("checkpoint {}: {}; the epochs start over", manifest.id(),
                     std::string(s.message()));
   }
-  membership_.ResetResumeSteps({restore_.worker_steps().begin(),
-                                restore_.worker_steps().end()},
-                               now);
+  const v1::RestoreOrder& order = generations_.order();
+  membership_.ResetResumeSteps({order.worker_steps().begin(), order.worker_steps().end()}, now);
 }
 
 v1::JobConfig JobStateMachine::JobConfig() const {
@@ -218,10 +213,7 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   limbo_claims_awaited_ = std::set<uint32_t>(live.ranks.begin(), live.ranks.end());
   state_ = state.state();
   message_ = state.message();
-  restore_ = state.restore();
-  restore_.mutable_worker_steps()->Resize(JobRanks(config_), 0);
-  refused_checkpoints_.assign(state.refused_checkpoints().begin(),
-                              state.refused_checkpoints().end());
+  generations_.TakeOver(state);
   if (newest.has_value())
     checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
                                    state.checkpoints_completed());
@@ -242,14 +234,14 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   global_step_.Restart(now);
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
                "complete, next id {})",
-               config_.job_id(), restore_.generation(), std::string(from), JobStateName(state_),
+               config_.job_id(), generations_.current(), std::string(from), JobStateName(state_),
                checkpoints_.completed(), checkpoints_.next_id());
   return absl::OkStatus();
 }
 
 v1::RestoreOrder JobStateMachine::restore_order() const {
   absl::MutexLock lock(&mu_);
-  return restore_;
+  return generations_.order();
 }
 
 absl::Status JobStateMachine::EndedErrorLocked() const {
@@ -537,65 +529,13 @@ void JobStateMachine::WriteReadyManifest() {
   }
 }
 
-v1::RestoreOrder JobStateMachine::VerifiedRestoreOrderLocked() const {
-  v1::RestoreOrder order;  // the initial values
-  order.mutable_worker_steps()->Resize(JobRanks(config_), 0);
-  if (config_.checkpoint_dir().empty()) return order;
-  // What is on disk, not only what this coordinator saw complete: one that
-  // took the job over from an older state file may not know the newest.
-  // Any job's, as at the start: the job may have resumed from another's.
-  const bool per_shard = config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD;
-  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(
-      env_, config_.checkpoint_dir(), "",
-      per_shard ? CheckpointFiles::kManifestOnly : CheckpointFiles::kEveryFile,
-      refused_checkpoints_);
-  if (!choice.ok()) {
-    spdlog::error("roll-back: {}; back to the initial values",
-                  std::string(choice.status().message()));
-    return order;
-  }
-  for (const std::string& refused : choice->refused)
-    spdlog::warn("roll-back: checkpoint refused: {}", refused);
-  if (!choice->manifest.has_value()) {
-    spdlog::error("roll-back: no checkpoint in {} verifies; back to the initial values",
-                  config_.checkpoint_dir());
-    return order;
-  }
-  return RestoreOrderFor(*choice->manifest, choice->dir);
-}
-
-v1::RestoreOrder JobStateMachine::RestoreOrderFor(const v1::CheckpointManifest& manifest,
-                                                  const std::string& dir) const {
-  v1::RestoreOrder order;
-  order.set_checkpoint_id(manifest.id());
-  order.set_dir(dir);
-  order.set_step(manifest.step());
-  for (uint32_t r = 0; r < JobRanks(config_); ++r)
-    order.add_worker_steps(r < static_cast<uint32_t>(manifest.worker_steps_size())
-                               ? manifest.worker_steps(r)
-                               : manifest.step());
-  if (config_.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
-    *order.mutable_manifest() = manifest;
-  return order;
-}
-
-bool JobStateMachine::RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed) {
-  if (failed.id() == 0 || failed.id() != restore_.checkpoint_id()) return false;
-  refused_checkpoints_.push_back(failed.id());
-  spdlog::error("server of shard {} cannot restore checkpoint {}: {}; the checkpoint is "
-                "refused for the rest of the job",
-                shard, failed.id(), failed.error());
-  return true;
-}
-
 void JobStateMachine::RollBackLocked(absl::string_view why, absl::Time now) {
-  RollBackToLocked(VerifiedRestoreOrderLocked(), why, now);
+  RollBackToLocked(generations_.NewestVerified(), why, now);
 }
 
-void JobStateMachine::RollBackToLocked(v1::RestoreOrder order, absl::string_view why,
+void JobStateMachine::RollBackToLocked(v1::RestoreOrder next, absl::string_view why,
                                        absl::Time now) {
-  order.set_generation(restore_.generation() + 1);
-  restore_ = order;
+  const v1::RestoreOrder& order = generations_.Next(std::move(next));
   checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
                                  order.generation(), ")"),
                     now);
@@ -616,11 +556,8 @@ void JobStateMachine::RollBackToLocked(v1::RestoreOrder order, absl::string_view
 }
 
 void JobStateMachine::FollowGenerationLocked(uint64_t generation, absl::Time now) {
-  if (generation <= restore_.generation() ||
-      generation == std::numeric_limits<uint64_t>::max())
-    return;
-  const uint64_t was = restore_.generation();
-  restore_.set_generation(generation);
+  const uint64_t was = generations_.current();
+  if (!generations_.JumpTo(generation)) return;
   RollBackLocked(absl::StrCat("a member runs in generation ", generation,
                               ", this coordinator was at ", was),
                  now);
@@ -803,7 +740,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
                reg->slot, reg->incarnation, membership_.shard_map().epoch());
   ServerRegistration out;
   const bool refused =
-      request.has_restore_failed() && RefuseRestoreLocked(reg->slot, request.restore_failed());
+      request.has_restore_failed() && generations_.Refuse(reg->slot, request.restore_failed());
   if ((reg->rejoined && state_ == v1::JOB_STATE_RUNNING) || refused) {
     // Every mode rolls back to one cut: the shard's own updates since the
     // checkpoint are gone, and the others' must not outrun them (async
@@ -830,7 +767,7 @@ JobStateMachine::ServerRegistration JobStateMachine::ServerAnswerLocked(
   out.response.set_incarnation(incarnation);
   *out.response.mutable_config() = JobConfigLocked();
   *out.response.mutable_shard_map() = membership_.shard_map();
-  *out.response.mutable_restore() = restore_;
+  *out.response.mutable_restore() = generations_.order();
   return out;
 }
 
@@ -897,7 +834,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   response.set_rank(reg->slot);
   response.set_incarnation(reg->incarnation);
   response.set_start_step(reg->start_step);
-  response.set_generation(restore_.generation());
+  response.set_generation(generations_.current());
   *response.mutable_config() = JobConfigLocked();
   *response.mutable_shard_map() = membership_.shard_map();
   return response;
@@ -914,11 +851,10 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   // A member that has not followed the newest restore order yet: its
   // progress belongs to a state the job left.
   // (0: a client that does not say; taken as current.)
-  bool current_generation =
-      request.generation() == 0 || request.generation() >= restore_.generation();
+  bool current_generation = !generations_.IsOlder(request.generation());
   if (absl::Status s = RecordHeartbeatLocked(request, current_generation, now); !s.ok())
     return s;
-  if (request.generation() > restore_.generation() && !EndedLocked()) {
+  if (request.generation() > generations_.current() && !EndedLocked()) {
     // A member this coordinator knows from an older state file runs in a
     // newer generation: every member rolls back past it (this one too).
     FollowGenerationLocked(request.generation(), now);
@@ -979,7 +915,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
   const uint32_t shard = request.server_shard();
   NoteServerHeartbeatLocked(shard);
   if (request.shard().has_restore_failed() &&
-      RefuseRestoreLocked(shard, request.shard().restore_failed())) {
+      generations_.Refuse(shard, request.shard().restore_failed())) {
     RollBackLocked(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
                                 request.shard().restore_failed().id()),
                    now);
@@ -1005,7 +941,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
 void JobStateMachine::WorkerHeartbeatLocked(const v1::HeartbeatRequest& request,
                                             bool current_generation, absl::Time now) {
   const uint32_t rank = request.worker_rank();
-  rank_generation_[rank] = {request.incarnation(), request.generation()};
+  generations_.NoteWorker(rank, request.incarnation(), request.generation());
   if (!request.finished() || !request.has_progress() || !current_generation ||
       EndedLocked())
     return;
@@ -1023,18 +959,18 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
                                                v1::HeartbeatResponse* response) {
   const bool worker = request.member_case() == v1::HeartbeatRequest::kWorkerRank;
   response->set_job_state(state_);
-  response->set_generation(restore_.generation());
+  response->set_generation(generations_.current());
   if (TrainingDoneLocked() || EndedLocked())
     response->set_next_heartbeat_ms(
         std::min(kEndingHeartbeatMs, config_.heartbeat_interval_ms()));
-  if (!current_generation) *response->mutable_restore() = restore_;
+  if (!current_generation) *response->mutable_restore() = generations_.order();
   Membership::LiveWorkers live = membership_.live_workers();
   response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
   response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
                                                     live.incarnations.end());
   const std::vector<uint64_t> counts_from = quorum_counts_.CountsFrom(
       live,
-      {restore_.generation(), state_ == v1::JOB_STATE_RUNNING,
+      {generations_.current(), state_ == v1::JOB_STATE_RUNNING,
        config_.mode() == v1::MODE_SYNC && !TrainingDoneLocked(),
        global_step_.step().value_or(0)},
       [this] {
@@ -1074,22 +1010,15 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   }
 }
 
-bool JobStateMachine::StaleWorkerDoneLocked(const v1::WorkerDoneRequest& request) const {
-  if (request.generation() > 0) return request.generation() < restore_.generation();
-  auto it = rank_generation_.find(request.worker_rank());
-  return it != rank_generation_.end() && it->second.first == request.incarnation() &&
-         it->second.second > 0 && it->second.second < restore_.generation();
-}
-
 absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   // A rank that finished in an older generation finished training the job
   // rolled back from: it trains again.
-  if (StaleWorkerDoneLocked(request))
+  if (generations_.StaleWorkerDone(request))
     return absl::AbortedError(absl::StrCat(
-        "job rolled back to checkpoint ", restore_.checkpoint_id(), " (generation ",
-        restore_.generation(), "); resume from the restore order"));
+        "job rolled back to checkpoint ", generations_.order().checkpoint_id(),
+        " (generation ", generations_.current(), "); resume from the restore order"));
   if (request.leaving()) return LeaveLocked(request, now);
   if (absl::Status s = membership_.FinishWorker(request.worker_rank(), request.incarnation(),
                                                 request.progress(), now);
@@ -1177,9 +1106,9 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
         "job ", config_.job_id(), " is not elastic (no max_workers): its workers split the "
         "training set by rank"));
   if (EndedLocked()) return EndedErrorLocked();
-  if (request.generation() > 0 && request.generation() < restore_.generation())
+  if (generations_.IsOlder(request.generation()))
     return absl::AbortedError(absl::StrCat(
-        "job rolled back to generation ", restore_.generation(),
+        "job rolled back to generation ", generations_.current(),
         "; lease again once the restore order is followed"));
   const std::optional<uint64_t> live = membership_.LiveIncarnation(request.worker_rank());
   if (!live.has_value() || *live != request.incarnation())
@@ -1395,7 +1324,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   if (v1::CheckpointSummary pending = checkpoints_.pending_summary(); pending.id() > 0)
     *status.mutable_pending_checkpoint() = std::move(pending);
   status.set_checkpoints_completed(checkpoints_.completed());
-  status.set_generation(restore_.generation());
+  status.set_generation(generations_.current());
   if (state_ == v1::JOB_STATE_RUNNING && global_step_.moved() != absl::InfinitePast())
     status.set_global_step_idle_seconds(
         std::max(0.0, absl::ToDoubleSeconds(now - global_step_.moved())));
@@ -1453,9 +1382,7 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   *state.mutable_config() = JobConfigLocked();
   state.set_state(state_);
   state.set_message(message_);
-  *state.mutable_restore() = restore_;
-  state.mutable_refused_checkpoints()->Add(refused_checkpoints_.begin(),
-                                           refused_checkpoints_.end());
+  generations_.ExportTo(&state);
   state.set_next_checkpoint_id(checkpoints_.next_id());
   if (checkpoints_.last_complete().id() > 0)
     *state.mutable_last_checkpoint() = checkpoints_.last_complete();

@@ -63,6 +63,7 @@
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/example_ledger.h"
+#include "coordinator/generations.h"
 #include "coordinator/global_step.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
@@ -325,13 +326,8 @@ class JobStateMachine {
                                 bool current_generation, absl::Time now,
                                 v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a WorkerDone of `request`'s generation is from before the
-  // newest roll-back (a client that names none is judged by its current
-  // incarnation's last heartbeat).
   // WorkerDone with `leaving`: the rank is LEFT, out of the live set.
   absl::Status LeaveLocked(const v1::WorkerDoneRequest& request, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool StaleWorkerDoneLocked(const v1::WorkerDoneRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints ----
@@ -358,11 +354,12 @@ class JobStateMachine {
 
   // ---- Roll-backs ----
   // Rolls the whole job back, in the next generation, to the newest
-  // checkpoint that verifies now (`why` is logged).
+  // checkpoint that verifies now (Generations::NewestVerified; `why` is
+  // logged).
   void RollBackLocked(absl::string_view why, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ... to `order` (its generation is set here).
-  void RollBackToLocked(v1::RestoreOrder order, absl::string_view why, absl::Time now)
+  // ... to `next` (its generation is set here).
+  void RollBackToLocked(v1::RestoreOrder next, absl::string_view why, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Re-sharding (coordinator/job_resharding.cc) ----
@@ -398,20 +395,6 @@ class JobStateMachine {
   // past it, so that every member restores the same checkpoint.
   void FollowGenerationLocked(uint64_t generation, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The order of a roll-back (generation not set): the newest checkpoint in
-  // checkpoint_dir that verifies now (with per-shard storage: its manifest),
-  // skipping refused_checkpoints_, or the initial values. Reads files under
-  // the lock: roll-backs are rare.
-  v1::RestoreOrder VerifiedRestoreOrderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The order (generation not set) to restore checkpoint `manifest` from `dir`.
-  v1::RestoreOrder RestoreOrderFor(const v1::CheckpointManifest& manifest,
-                                   const std::string& dir) const;
-  // Shard `shard` could not restore checkpoint failed.id(). When that is the
-  // current order's checkpoint it is refused for the rest of the job and
-  // true is returned: the caller rolls back. A stale report is ignored.
-  bool RefuseRestoreLocked(uint32_t shard, const v1::ShardCheckpoint& failed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   v1::CoordinatorState ExportStateLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobConfig JobConfigLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -488,9 +471,8 @@ class JobStateMachine {
   int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
-  v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
-  // Checkpoints a shard could not restore (RefuseRestoreLocked).
-  std::vector<uint64_t> refused_checkpoints_ ABSL_GUARDED_BY(mu_);
+  // The generation, its restore order, the refused checkpoints.
+  Generations generations_ ABSL_GUARDED_BY(mu_);
   // The final checkpoint: asked for (its id), settled, and the deadline of
   // the wait for it (InfiniteFuture until training is done).
   uint64_t final_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -505,9 +487,6 @@ class JobStateMachine {
   QuorumCounts quorum_counts_ ABSL_GUARDED_BY(mu_);
   // Since when the running job has had no ALIVE and no FINISHED worker.
   absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // The (incarnation, generation) each rank last heartbeated in.
-  std::map<uint32_t, std::pair<uint64_t, uint64_t>> rank_generation_
-      ABSL_GUARDED_BY(mu_);
   bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
   // Workers that left on purpose; ranks registered again while RUNNING.
   uint64_t worker_leaves_ ABSL_GUARDED_BY(mu_) = 0;
