@@ -1,5 +1,6 @@
 // The contract between the CUDA backend plugin (libgrps_cuda.so, built from
-// cuda_backend.cu) and its loader (tensor/backend_loader.cc).
+// cuda_backend.cu and cuda_backend_ops.cu) and its loader
+// (tensor/backend_loader.cc).
 //
 // No grps binary links the CUDA driver or runtime. The loader dlopens the
 // plugin only after libcuda.so.1 has opened, looks up the entry point below by
