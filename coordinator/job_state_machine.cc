@@ -25,6 +25,11 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
+// How often a waiting standby's call looks at its caller.
+constexpr absl::Duration kStandbyPoll = absl::Milliseconds(100);
+// A standby's call is answered this long before its deadline (a shard
+// handed to a caller that already gave up would be held by nobody).
+constexpr absl::Duration kStandbyAnswerMargin = absl::Milliseconds(300);
 
 bool IsFinal(v1::JobState state) {
   return state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
@@ -57,7 +62,8 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       membership_(std::move(shard_map), JobRanks(config_),
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
       checkpoints_(config_, config_.num_servers()),
-      generations_(config_, env_) {
+      generations_(config_, env_),
+      resharding_(config_) {
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -227,9 +233,7 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   elapsed_before_ = std::max(0.0, state.elapsed_seconds());
   worker_leaves_ = state.worker_leaves();
   worker_joins_ = state.worker_joins();
-  // A re-sharding asked for goes on with a new cut.
-  reshard_target_ = config_.max_servers() > 0 ? state.reshard_target() : 0;
-  reshard_done_ = state.reshard();
+  resharding_.TakeOver(state);
   started_ = now;
   global_step_.Restart(now);
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
@@ -555,6 +559,151 @@ void JobStateMachine::RollBackToLocked(v1::RestoreOrder next, absl::string_view 
                                      " train again"));
 }
 
+// ---- Re-sharding (Resharding: the target, the standbys, the cut) ----
+
+absl::StatusOr<v1::ReshardProgress> JobStateMachine::ScaleServers(uint32_t num_servers) {
+  const absl::Time now = clock_();
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = resharding_.CheckTarget(num_servers); !s.ok()) return s;
+  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked())
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", config_.job_id(), " is ",
+                     TrainingDoneLocked() ? "done training" : JobStateName(state_),
+                     "; only a training job re-shards"));
+  resharding_.Ask(num_servers, membership_.num_shards());
+  TickReshardLocked(now);
+  changed_.SignalAll();
+  return resharding_.Progress();
+}
+
+void JobStateMachine::TickReshardLocked(absl::Time now) {
+  resharding_.Tick(
+      {membership_.num_shards(), EndedLocked(),
+       state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked()},
+      checkpoints_,
+      [this, now](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return StartCheckpointLocked(now, why);
+      },
+      now);
+}
+
+bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifest,
+                                           const std::string& dir, absl::Time now) {
+  const uint32_t from = membership_.num_shards();
+  const std::optional<uint32_t> to = resharding_.CutWritten(manifest.id(), from);
+  if (!to.has_value()) return false;
+  const v1::ShardMap& old_map = membership_.shard_map();
+  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
+      {old_map.tensors().begin(), old_map.tensors().end()}, *to, config_.chunk_bytes());
+  if (!built.ok()) {
+    spdlog::error("re-sharding to {} shards: {}; not re-sharded", *to,
+                  std::string(built.status().message()));
+    resharding_.Abandon();
+    return false;
+  }
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      membership_.Reshard(*built, resharding_.FreshStandbys(), now);
+  if (!dropped.ok()) {
+    // A standby left meanwhile: wait for one again, then cut again.
+    spdlog::warn("re-sharding to {} shards: {}; waiting for it", *to,
+                 std::string(dropped.status().message()));
+    TickReshardLocked(now);
+    return false;
+  }
+  checkpoints_.set_num_shards(*to);
+  resharding_.Moved(from, *to, manifest.step(), now);
+  RollBackToLocked(generations_.OrderFor(manifest, dir),
+                   absl::StrCat("re-sharded from ", from, " to ", *to,
+                                " shards (shard map epoch ", membership_.shard_map().epoch(),
+                                ")"),
+                   now);
+  if (!dropped->empty())
+    spdlog::info("job {}: shard{} {} retired", config_.job_id(),
+                 dropped->size() == 1 ? "" : "s",
+                 absl::StrJoin(*dropped, ", ", absl::PairFormatter(absl::AlphaNumFormatter(),
+                                                                    " incarnation ",
+                                                                    absl::AlphaNumFormatter())));
+  changed_.SignalAll();
+  return true;
+}
+
+absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterStandbyLocked(
+    const v1::RegisterServerRequest& request, uint32_t shard, const Wait& wait) {
+  if (shard >= config_.max_servers())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requested shard ", shard, " is out of range; the job may have up to ",
+        config_.max_servers(), " shards (max_servers)"));
+  const uint64_t incarnation = resharding_.StandBy(
+      shard, request.address(), membership_.num_shards(),
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return membership_.ReserveIncarnation(clock_());
+      });
+  TickReshardLocked(clock_());
+  changed_.SignalAll();
+  absl::Status outcome = WaitToBeTakenInLocked(shard, incarnation, wait);
+  resharding_.StandbyCallEnded(shard, incarnation, outcome.ok() || absl::IsCancelled(outcome));
+  if (!outcome.ok()) return outcome;
+  spdlog::info("server {} takes shard {} (incarnation {}); shard map epoch {}",
+               request.address(), shard, incarnation, membership_.shard_map().epoch());
+  return ServerAnswerLocked(shard, incarnation);
+}
+
+absl::Status JobStateMachine::WaitToBeTakenInLocked(uint32_t shard, uint64_t incarnation,
+                                                    const Wait& wait) {
+  while (true) {
+    if (shard < membership_.num_shards() &&
+        membership_.shard_map().shards(shard).incarnation() == incarnation)
+      return absl::OkStatus();
+    if (EndedLocked()) return EndedErrorLocked();
+    if (resharding_.StandbyIncarnation(shard) != incarnation)
+      return absl::FailedPreconditionError(
+          absl::StrCat("another server stands by for shard ", shard, " now"));
+    if (releasing_waiters_) return absl::UnavailableError("coordinator is shutting down");
+    if (wait.cancelled()) return absl::CancelledError("client cancelled");
+    const absl::Time real_now = absl::Now();
+    if (real_now >= wait.deadline - kStandbyAnswerMargin)
+      return absl::UnavailableError(absl::StrCat(
+          "standby: shard ", shard, " waits for the job to re-shard (it has ",
+          membership_.num_shards(), "; grpsctl scale --servers ", shard + 1, " takes it in)"));
+    changed_.WaitWithDeadline(
+        &mu_, std::min(wait.deadline - kStandbyAnswerMargin, real_now + kStandbyPoll));
+  }
+}
+
+std::optional<v1::HeartbeatResponse> JobStateMachine::RetiredServerReplyLocked(
+    const v1::HeartbeatRequest& request) const {
+  if (!resharding_.enabled() || request.member_case() != v1::HeartbeatRequest::kServerShard ||
+      request.server_shard() < membership_.num_shards())
+    return std::nullopt;
+  v1::HeartbeatResponse response;
+  response.set_job_state(state_);
+  response.set_generation(generations_.current());
+  *response.mutable_shard_map() = membership_.shard_map();
+  return response;
+}
+
+absl::Status JobStateMachine::AdoptShardCountLocked(const v1::CoordinatorState& state,
+                                                    absl::Time now) {
+  const uint32_t count = static_cast<uint32_t>(state.shards_size());
+  if (count == membership_.num_shards() || !resharding_.enabled()) return absl::OkStatus();
+  if (count == 0 || count > config_.max_servers())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state has ", count, " shards; the job may have 1 to ", config_.max_servers()));
+  const v1::ShardMap& map = membership_.shard_map();
+  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
+      {map.tensors().begin(), map.tensors().end()}, count, config_.chunk_bytes());
+  if (!built.ok()) return built.status();
+  std::map<uint32_t, Membership::Endpoint> servers;
+  for (const v1::ShardEndpoint& e : state.shards())
+    servers[e.shard()] = Membership::Endpoint{e.address(), e.incarnation()};
+  if (absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+          membership_.Reshard(*built, servers, now);
+      !dropped.ok())
+    return dropped.status();
+  checkpoints_.set_num_shards(count);
+  return absl::OkStatus();
+}
+
 void JobStateMachine::FollowGenerationLocked(uint64_t generation, absl::Time now) {
   const uint64_t was = generations_.current();
   if (!generations_.JumpTo(generation)) return;
@@ -721,14 +870,9 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
     const uint32_t shard = static_cast<uint32_t>(request.requested_shard());
     if (shard >= membership_.num_shards()) return RegisterStandbyLocked(request, shard, wait);
     // A standby the last re-sharding took in, asking again.
-    if (auto standby = standbys_.find(shard);
-        standby != standbys_.end() && standby->second.endpoint.address == request.address() &&
-        membership_.shard_map().shards(shard).incarnation() ==
-            standby->second.endpoint.incarnation) {
-      const uint64_t incarnation = standby->second.endpoint.incarnation;
-      standbys_.erase(standby);
+    const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
+    if (resharding_.TakenInAgain(shard, request.address(), incarnation))
       return ServerAnswerLocked(shard, incarnation);
-    }
   }
   absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
       request.has_requested_shard() ? request.requested_shard() : -1,
@@ -1337,7 +1481,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
                                                      : message_);
   status.set_membership_epoch(membership_.membership_epoch());
   status.set_map_epoch(membership_.shard_map().epoch());
-  if (config_.max_servers() > 0) *status.mutable_reshard() = ReshardProgressLocked();
+  if (resharding_.enabled()) *status.mutable_reshard() = resharding_.Progress();
   return status;
 }
 
@@ -1390,8 +1534,7 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   state.set_worker_leaves(worker_leaves_);
   state.set_worker_joins(worker_joins_);
   if (ledger_.sized()) ledger_.ExportTo(state.mutable_example_ledger());
-  state.set_reshard_target(reshard_target_);
-  *state.mutable_reshard() = reshard_done_;
+  resharding_.ExportTo(&state);
   membership_.ExportTo(&state);
   if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));
   state.set_unix_time_ms(

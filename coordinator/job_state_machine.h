@@ -67,6 +67,7 @@
 #include "coordinator/global_step.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
+#include "coordinator/resharding.h"
 #include "coordinator/state_file.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
@@ -155,7 +156,7 @@ class JobStateMachine {
   // max_servers) is a standby's. It waits (`wait`) until a re-sharding takes
   // the shard in, and is answered with the new map and its restore order;
   // at the deadline UNAVAILABLE "standby: ..." (the server asks again, and
-  // keeps its place for kStandbyFresh).
+  // keeps its place for Resharding::kStandbyFresh).
   absl::StatusOr<ServerRegistration> RegisterServer(
       const v1::RegisterServerRequest& request, const Wait& wait) ABSL_LOCKS_EXCLUDED(mu_);
   // ... with no deadline.
@@ -208,8 +209,6 @@ class JobStateMachine {
   // INVALID_ARGUMENT out of [1, max_servers].
   absl::StatusOr<v1::ReshardProgress> ScaleServers(uint32_t num_servers)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // How long a standby keeps its place after its registration call ended.
-  static constexpr absl::Duration kStandbyFresh = absl::Seconds(3);
 
   // Asks for a checkpoint (or joins the pending one). FAILED_PRECONDITION
   // without checkpoint_dir or unless RUNNING; UNAVAILABLE while a shard is
@@ -362,9 +361,8 @@ class JobStateMachine {
   void RollBackToLocked(v1::RestoreOrder next, absl::string_view why, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- Re-sharding (coordinator/job_resharding.cc) ----
-  // Moves an asked-for re-sharding on: waits for the standbys, cuts the
-  // checkpoint, notes a failed cut. Call on every change that may let it go.
+  // ---- Re-sharding (the machine's side of Resharding) ----
+  // Resharding::Tick with the job as it is now.
   void TickReshardLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cut `manifest` (in `dir`) completed: if it is the re-sharding's,
   // the new map and the roll-back to the cut go out together. True if so
@@ -376,6 +374,10 @@ class JobStateMachine {
   absl::StatusOr<ServerRegistration> RegisterStandbyLocked(
       const v1::RegisterServerRequest& request, uint32_t shard, const Wait& wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait of RegisterStandbyLocked: OK once the map has `shard` with
+  // `incarnation`.
+  absl::Status WaitToBeTakenInLocked(uint32_t shard, uint64_t incarnation, const Wait& wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The registration answer for `shard` with `incarnation`.
   ServerRegistration ServerAnswerLocked(uint32_t shard, uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -384,10 +386,6 @@ class JobStateMachine {
   // job has.
   std::optional<v1::HeartbeatResponse> RetiredServerReplyLocked(
       const v1::HeartbeatRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Standbys that are waiting or called within kStandbyFresh, by shard.
-  std::map<uint32_t, Membership::Endpoint> FreshStandbysLocked() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::ReshardProgress ReshardProgressLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TakeOver: the membership of a persisted state of another shard count.
   absl::Status AdoptShardCountLocked(const v1::CoordinatorState& state, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -496,21 +494,8 @@ class JobStateMachine {
   // Job time before this coordinator took the job over.
   double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Re-sharding (max_servers). The shard count asked for (0: none); the
-  // cut it restores (0: not asked yet) and when the first cut was asked
-  // for; the phase shown in JobStatus; what the done ones were.
-  uint32_t reshard_target_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t reshard_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time reshard_asked_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  std::string reshard_phase_ ABSL_GUARDED_BY(mu_);
-  v1::ReshardProgress reshard_done_ ABSL_GUARDED_BY(mu_);
-  // Servers for shards past the map, waiting to be taken in.
-  struct Standby {
-    Membership::Endpoint endpoint;
-    int calls_waiting = 0;
-    absl::Time last_call = absl::InfinitePast();  // real time
-  };
-  std::map<uint32_t, Standby> standbys_ ABSL_GUARDED_BY(mu_);
+  // Re-sharding (max_servers): the target, the standbys, the cut.
+  Resharding resharding_ ABSL_GUARDED_BY(mu_);
 
 };
 
