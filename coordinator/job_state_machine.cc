@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/job_summary.h"
+#include "coordinator/words.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "spdlog/spdlog.h"
@@ -40,16 +41,6 @@ std::string MiB(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
 
-// "30s", "1m5s": a duration in whole seconds.
-std::string WholeSeconds(absl::Duration d) {
-  return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(d)));
-}
-
-// "shard 1" or "shards 0, 1".
-std::string Members(absl::string_view noun, const std::vector<uint32_t>& v) {
-  return absl::StrCat(noun, v.size() == 1 ? " " : "s ", absl::StrJoin(v, ", "));
-}
-
 }  // namespace
 
 JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
@@ -63,7 +54,8 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
       checkpoints_(config_, config_.num_servers()),
       generations_(config_, env_),
-      resharding_(config_) {
+      resharding_(config_),
+      cuts_(config_, &checkpoints_, &membership_, &global_step_) {
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -292,7 +284,7 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
                  config_.job_id(), TrainingDoneMessageLocked(),
                  checkpoints_.enabled() ? " and the final checkpoint" : "");
   }
-  if (!FinalCheckpointSettledLocked(now)) return;
+  if (!cuts_.FinalSettled(CutJobLocked(), now)) return;
   if (has_final_eval_) {
     EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
     return;
@@ -316,179 +308,11 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
 
 void JobStateMachine::ResetTrainingDoneLocked() {
   announced_training_done_ = false;
-  final_checkpoint_id_ = 0;
-  final_checkpoint_settled_ = false;
-  final_checkpoint_deadline_ = absl::InfiniteFuture();
+  cuts_.ForgetFinal();
   final_live_set_acks_.clear();
   final_evaluation_asked_of_.reset();
   has_final_eval_ = false;
   final_eval_declined_ = false;
-}
-
-bool JobStateMachine::FinalCheckpointSettledLocked(absl::Time now) {
-  if (!checkpoints_.enabled() || final_checkpoint_settled_) return true;
-  auto Settle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    final_checkpoint_settled_ = true;
-    return true;
-  };
-  if (final_checkpoint_deadline_ == absl::InfiniteFuture())
-    final_checkpoint_deadline_ = now + CheckpointScheduler::kTimeout;
-  if (final_checkpoint_id_ == 0) {
-    // A sync checkpoint asked for at a step the shards will not reach now.
-    if (checkpoints_.pending() && config_.mode() == v1::MODE_SYNC &&
-        checkpoints_.pending_summary().step() > SyncCheckpointVersionLocked())
-      checkpoints_.Fail(absl::StrCat("training ended before step ",
-                                     checkpoints_.pending_summary().step()),
-                        now);
-    // One in progress was cut before the last updates: let it end, then
-    // take the final one.
-    if (checkpoints_.pending()) return now >= final_checkpoint_deadline_ && Settle();
-    absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "final");
-    if (!request.ok()) {
-      if (absl::IsUnavailable(request.status()) && now < final_checkpoint_deadline_)
-        return false;  // a shard is not alive right now; try again
-      spdlog::warn("job {}: no final checkpoint: {}", config_.job_id(),
-                   std::string(request.status().message()));
-      return Settle();
-    }
-    final_checkpoint_id_ = request->id();
-  }
-  const v1::CheckpointSummary summary = checkpoints_.SummaryOf(final_checkpoint_id_);
-  if (summary.state() == v1::CHECKPOINT_STATE_PENDING) {
-    // A shard that ended below the cut never reaches it: no minute's wait.
-    if (const std::string split = SplitShardsLocked(summary.step()); !split.empty()) {
-      checkpoints_.Fail(split, now);
-      spdlog::warn("job {}: no final checkpoint: {}", config_.job_id(), split);
-      return Settle();
-    }
-    if (now < final_checkpoint_deadline_) return false;
-    spdlog::warn("job {}: the final checkpoint {} did not complete in {}; ending "
-                 "without it",
-                 config_.job_id(), final_checkpoint_id_,
-                 WholeSeconds(CheckpointScheduler::kTimeout));
-  } else if (summary.state() == v1::CHECKPOINT_STATE_FAILED &&
-             now < final_checkpoint_deadline_) {
-    // Try again (with a fresh id) until the deadline.
-    final_checkpoint_id_ = 0;
-    return false;
-  }
-  final_checkpoint_settled_ = true;
-  return true;
-}
-
-std::string JobStateMachine::SplitShardsLocked(uint64_t step) const {
-  if (config_.mode() != v1::MODE_SYNC || !TrainingDoneLocked() ||
-      !ServersHeardFinalLiveSetLocked())
-    return "";
-  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
-  if (versions.empty()) return "";
-  const auto [lowest, highest] = std::minmax_element(versions.begin(), versions.end());
-  if (*lowest == *highest || *lowest >= step) return "";
-  return absl::StrCat("the sync shards ended at different versions (",
-                      absl::StrJoin(versions, ", "), "): one never reaches step ", step);
-}
-
-uint64_t JobStateMachine::MaxWorkerTotalLocked() const {
-  uint64_t total = 0;
-  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
-    total = std::max(total, w.progress().total_steps());
-  return total;
-}
-
-uint64_t JobStateMachine::MaxWorkerStepLocked() const {
-  uint64_t step = 0;
-  for (const v1::WorkerStatus& w : membership_.WorkerStatuses(absl::InfinitePast()))
-    step = std::max(step, w.progress().step());
-  return step;
-}
-
-uint64_t JobStateMachine::SyncCheckpointVersionLocked() const {
-  const std::vector<uint64_t> versions = membership_.LiveShardVersions();
-  uint64_t highest = 0;
-  for (uint64_t v : versions) highest = std::max(highest, v);
-  if (TrainingDoneLocked()) {
-    // Every step is done: the shards are at (or about to report) the
-    // finished workers' step count, and stay there.
-    return std::max(highest, MaxWorkerStepLocked());
-  }
-  // Ahead of every shard by what they may do before they hear the request
-  // (about one heartbeat interval each way), more after failures.
-  const double per_interval =
-      global_step_.FastestRecentRate() * config_.heartbeat_interval_ms() / 1000.0;
-  // Versions reach the coordinator a heartbeat late and the request reaches
-  // the shards a heartbeat later: three intervals of steps, and some slack.
-  uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
-  margin <<= std::min<uint32_t>(checkpoints_.consecutive_failures(), 4);
-  uint64_t version = highest + margin;
-  const uint64_t total = MaxWorkerTotalLocked();
-  // Never past the last step: a cut there would wait for good. (After a
-  // roll-back the versions reported may still be the pre-roll-back ones.)
-  if (total > 0 && version > total) version = total;
-  return version;
-}
-
-absl::StatusOr<v1::CheckpointRequest> JobStateMachine::StartCheckpointLocked(
-    absl::Time now, absl::string_view why) {
-  std::vector<uint32_t> not_alive;
-  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now))
-    if (shard.state() != v1::MEMBER_STATE_ALIVE) not_alive.push_back(shard.shard());
-  if (!not_alive.empty())
-    return absl::UnavailableError(absl::StrCat(
-        Members("shard", not_alive), not_alive.size() == 1 ? " is" : " are",
-        " not alive; a checkpoint needs every shard"));
-  uint64_t version = 0;
-  std::vector<uint64_t> worker_steps;
-  if (config_.mode() == v1::MODE_SYNC) {
-    // While the job trains, a sync cut is a step ahead of every shard: not
-    // before each has said where it is (after a take-over no version is
-    // known until the shards' first heartbeats; the state file's steps are
-    // old), nor, after a take-over, while the step moves at a rate not yet
-    // measured over a whole window (the margin would be a guess: a first
-    // estimate of 100 ms, as the members reconnect, made a cut at 424 while
-    // a shard was at 425). Once training is done, the finished workers'
-    // step is the cut.
-    if (!TrainingDoneLocked()) {
-      if (const std::vector<uint32_t> unheard = membership_.LiveShardsUnheard();
-          !unheard.empty())
-        return absl::UnavailableError(absl::StrCat("waiting for the version of ",
-                                                   Members("shard", unheard)));
-      if (coordinator_restarted_ && !global_step_.RateMeasured() &&
-          now - global_step_.moved() < absl::Seconds(1))
-        return absl::UnavailableError("measuring the step rate since the take-over");
-    }
-    version = SyncCheckpointVersionLocked();
-  } else {
-    for (const v1::WorkerStatus& w : membership_.WorkerStatuses(now))
-      worker_steps.push_back(w.progress().step());
-  }
-  v1::CheckpointRequest request = checkpoints_.Start(
-      version, std::move(worker_steps), global_step_.step().value_or(0), now);
-  spdlog::info("checkpoint {} ({}) asked of {} shards{}", request.id(),
-               std::string(why), membership_.num_shards(),
-               config_.mode() == v1::MODE_SYNC
-                   ? absl::StrCat(" at step ", version)
-                   : std::string(" (each chunk as it is)"));
-  changed_.SignalAll();
-  return request;
-}
-
-void JobStateMachine::TickCheckpointsLocked(absl::Time now) {
-  if (!checkpoints_.enabled()) return;
-  if (checkpoints_.TimedOut(now)) {
-    const uint64_t id = checkpoints_.pending_summary().id();
-    checkpoints_.Fail(absl::StrCat("not every shard wrote its file within ",
-                                   WholeSeconds(CheckpointScheduler::kTimeout)),
-                      now);
-    spdlog::warn("checkpoint {} failed: {}", id,
-                 checkpoints_.SummaryOf(id).error());
-    changed_.SignalAll();
-  }
-  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked()) return;
-  if (!checkpoints_.Due(global_step_.step().value_or(0), now)) return;
-  absl::StatusOr<v1::CheckpointRequest> request = StartCheckpointLocked(now, "periodic");
-  if (!request.ok())
-    spdlog::debug("periodic checkpoint not asked for: {}",
-                  std::string(request.status().message()));
 }
 
 void JobStateMachine::WriteReadyManifest() {
@@ -582,7 +406,7 @@ void JobStateMachine::TickReshardLocked(absl::Time now) {
        state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked()},
       checkpoints_,
       [this, now](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return StartCheckpointLocked(now, why);
+        return cuts_.Start(CutJobLocked(), now, why);
       },
       now);
 }
@@ -1119,7 +943,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
        global_step_.step().value_or(0)},
       [this] {
         mu_.AssertHeld();
-        return SyncCheckpointVersionLocked();
+        return cuts_.SyncVersion(CutJobLocked());
       });
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
@@ -1377,9 +1201,10 @@ absl::StatusOr<v1::CheckpointSummary> JobStateMachine::CheckpointJob(bool wait_f
   uint64_t id = checkpoints_.pending_summary().id();
   if (!checkpoints_.pending()) {
     absl::StatusOr<v1::CheckpointRequest> started =
-        StartCheckpointLocked(now, "asked for by an operator");
+        cuts_.Start(CutJobLocked(), now, "asked for by an operator");
     if (!started.ok()) return started.status();
     id = started->id();
+    changed_.SignalAll();
   }
   while (wait_for_it &&
          checkpoints_.SummaryOf(id).state() == v1::CHECKPOINT_STATE_PENDING) {
@@ -1414,8 +1239,16 @@ void JobStateMachine::DetectFailures() {
   // Also when nothing died: a finished worker's silence is judged here.
   UpdateStateLocked(now);
   CheckRecoveryLocked(now);
-  TickCheckpointsLocked(now);
+  cuts_.Tick(CutJobLocked(), state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked(), now);
   TickReshardLocked(now);
+  changed_.SignalAll();  // a checkpoint asked for, failed, or a member dead
+}
+
+CheckpointCuts::Job JobStateMachine::CutJobLocked() const {
+  const bool done = TrainingDoneLocked();
+  return {.training_done = done,
+          .taken_over = coordinator_restarted_,
+          .versions_final = done && ServersHeardFinalLiveSetLocked()};
 }
 
 void JobStateMachine::Stop(absl::string_view reason) {

@@ -61,6 +61,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/checkpoint_cuts.h"
 #include "coordinator/checkpoint_scheduler.h"
 #include "coordinator/example_ledger.h"
 #include "coordinator/generations.h"
@@ -331,25 +332,8 @@ class JobStateMachine {
 
   // ---- Checkpoints ----
   bool checkpoints_enabled() const { return !config_.checkpoint_dir().empty(); }
-  // Asks for a checkpoint now (none may be pending). UNAVAILABLE while a
-  // shard is not alive.
-  absl::StatusOr<v1::CheckpointRequest> StartCheckpointLocked(absl::Time now,
-                                                              absl::string_view why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The sync version a checkpoint asked for now should have.
-  uint64_t SyncCheckpointVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The highest total_steps / step any worker reported.
-  uint64_t MaxWorkerTotalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t MaxWorkerStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Periodic trigger and timeout of checkpoints.
-  void TickCheckpointsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Training is done: the final checkpoint has completed, failed, was not
-  // possible, or has been waited for long enough (starts it if needed).
-  bool FinalCheckpointSettledLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sync, training done, every live server heard the final live set (its
-  // version is final) and the shards ended at different versions: why no
-  // cut at `step` can complete; "" otherwise.
-  std::string SplitShardsLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as a checkpoint cut sees it now.
+  CheckpointCuts::Job CutJobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Roll-backs ----
   // Rolls the whole job back, in the next generation, to the newest
@@ -471,11 +455,6 @@ class JobStateMachine {
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   // The generation, its restore order, the refused checkpoints.
   Generations generations_ ABSL_GUARDED_BY(mu_);
-  // The final checkpoint: asked for (its id), settled, and the deadline of
-  // the wait for it (InfiniteFuture until training is done).
-  uint64_t final_checkpoint_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool final_checkpoint_settled_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time final_checkpoint_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // The global step (min live shard version), when it last moved, and its
   // rate. A sync cut's margin takes the highest rate of the last 30 s, so
   // that a slow spell (a worker's restart, a loaded machine) does not leave
@@ -496,6 +475,9 @@ class JobStateMachine {
 
   // Re-sharding (max_servers): the target, the standbys, the cut.
   Resharding resharding_ ABSL_GUARDED_BY(mu_);
+  // Where and when checkpoints are cut, and the final one (reads
+  // membership_ and global_step_, asks checkpoints_).
+  CheckpointCuts cuts_ ABSL_GUARDED_BY(mu_);
 
 };
 

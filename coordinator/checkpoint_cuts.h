@@ -1,0 +1,87 @@
+// CheckpointCuts: where and when the job's checkpoints are cut, one of
+// JobStateMachine's collaborators. CheckpointScheduler keeps the checkpoint
+// in flight and the record; this decides the cut from what Membership and
+// GlobalStep know: a sync cut a margin ahead of every shard (the finished
+// workers' step once training is done), async and ssp at the workers'
+// steps; the periodic trigger and the timeout; and the final checkpoint
+// once training is done, waited for at most CheckpointScheduler::kTimeout.
+//
+// It reads the membership and the global step it is given and changes only
+// the scheduler and its own state; not thread-safe (every call is made under
+// the machine's mutex, which guards all four).
+#ifndef GRPS_COORDINATOR_CHECKPOINT_CUTS_H_
+#define GRPS_COORDINATOR_CHECKPOINT_CUTS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "coordinator/checkpoint_scheduler.h"
+#include "coordinator/global_step.h"
+#include "coordinator/membership.h"
+#include "proto/grps.pb.h"
+
+namespace grps {
+
+class CheckpointCuts {
+ public:
+  // The job as a cut sees it now.
+  struct Job {
+    // RUNNING, no rank ALIVE and one FINISHED.
+    bool training_done = false;
+    // A coordinator that took the job over (its step rate is measured anew).
+    bool taken_over = false;
+    // Training is done and every live server heard the final live set: the
+    // shards' versions are final.
+    bool versions_final = false;
+  };
+
+  // The three outlive this; `config` must be valid.
+  CheckpointCuts(const v1::JobConfig& config, CheckpointScheduler* scheduler,
+                 const Membership* membership, const GlobalStep* global_step);
+
+  // Asks for a checkpoint now (none may be pending; `why` is logged).
+  // UNAVAILABLE while a shard is not alive, and in sync while training,
+  // before every live shard said its version or while the step rate since
+  // a take-over is not measured yet.
+  absl::StatusOr<v1::CheckpointRequest> Start(const Job& job, absl::Time now,
+                                              absl::string_view why);
+  // The version a sync checkpoint asked for now should have.
+  uint64_t SyncVersion(const Job& job) const;
+  // Fails a pending checkpoint past its timeout (true if so) and, while the
+  // job trains (`training`), asks for a periodic one when it is due.
+  bool Tick(const Job& job, bool training, absl::Time now);
+
+  // Training is done: the final checkpoint has completed, failed, was not
+  // possible, or has been waited for long enough (it is asked for here).
+  bool FinalSettled(const Job& job, absl::Time now);
+  // Training is not done any more (a roll-back, a rank back): the final
+  // checkpoint is forgotten.
+  void ForgetFinal();
+
+ private:
+  // Sync with final versions that differ: why no cut at `step` can
+  // complete; "" otherwise.
+  std::string SplitShards(const Job& job, uint64_t step) const;
+  // The highest total_steps / step any worker reported.
+  uint64_t MaxWorkerTotal() const;
+  uint64_t MaxWorkerStep() const;
+
+  const std::string job_id_;
+  const v1::ConsistencyMode mode_;
+  const uint32_t heartbeat_interval_ms_;
+  CheckpointScheduler* const scheduler_;
+  const Membership* const membership_;
+  const GlobalStep* const global_step_;
+  // The final checkpoint: asked for (its id), settled, and the deadline of
+  // the wait for it (InfiniteFuture until training is done).
+  uint64_t final_id_ = 0;
+  bool final_settled_ = false;
+  absl::Time final_deadline_ = absl::InfiniteFuture();
+};
+
+}  // namespace grps
+
+#endif  // GRPS_COORDINATOR_CHECKPOINT_CUTS_H_
