@@ -55,7 +55,8 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       checkpoints_(config_, config_.num_servers()),
       generations_(config_, env_),
       resharding_(config_),
-      cuts_(config_, &checkpoints_, &membership_, &global_step_) {
+      cuts_(config_, &checkpoints_, &membership_, &global_step_),
+      ending_(config_.job_id(), &membership_) {
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -275,44 +276,21 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
     changed_.SignalAll();
   }
   if (!TrainingDoneLocked()) {
-    if (announced_training_done_) ResetTrainingDoneLocked();
+    if (ending_.training_was_done()) ResetTrainingDoneLocked();
     return;
   }
-  if (!announced_training_done_) {
-    announced_training_done_ = true;
+  if (ending_.NoteTrainingDone())
     spdlog::info("job {}: training done ({}); waiting for the final evaluation{}",
-                 config_.job_id(), TrainingDoneMessageLocked(),
+                 config_.job_id(), ending_.TrainingDoneMessage(),
                  checkpoints_.enabled() ? " and the final checkpoint" : "");
-  }
   if (!cuts_.FinalSettled(CutJobLocked(), now)) return;
-  if (has_final_eval_) {
-    EndLocked(v1::JOB_STATE_COMPLETED, TrainingDoneMessageLocked(), now);
-    return;
-  }
-  if (final_eval_declined_) {
-    EndLocked(v1::JOB_STATE_COMPLETED,
-              absl::StrCat(TrainingDoneMessageLocked(),
-                           "; no final evaluation: the evaluating worker's program has none"),
-              now);
-    return;
-  }
-  if (membership_.FinishedRanksHeartbeating(now).empty()) {
-    EndLocked(v1::JOB_STATE_COMPLETED,
-              absl::StrCat(TrainingDoneMessageLocked(),
-                           "; no final evaluation: no finished worker was "
-                           "still heartbeating to run it"),
-              now);
-    return;
-  }
+  if (std::optional<std::string> completed = ending_.Completion(now))
+    EndLocked(v1::JOB_STATE_COMPLETED, *std::move(completed), now);
 }
 
 void JobStateMachine::ResetTrainingDoneLocked() {
-  announced_training_done_ = false;
+  ending_.Reset();
   cuts_.ForgetFinal();
-  final_live_set_acks_.clear();
-  final_evaluation_asked_of_.reset();
-  has_final_eval_ = false;
-  final_eval_declined_ = false;
 }
 
 void JobStateMachine::WriteReadyManifest() {
@@ -616,56 +594,6 @@ bool JobStateMachine::TrainingDoneLocked() const {
          !membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty();
 }
 
-std::string JobStateMachine::TrainingDoneMessageLocked() const {
-  const std::vector<uint32_t> dead = membership_.RanksInState(v1::MEMBER_STATE_DEAD);
-  const std::vector<uint32_t> left = membership_.RanksInState(v1::MEMBER_STATE_LEFT);
-  if (dead.empty() && left.empty()) return "every worker finished";
-  std::vector<std::string> gone;
-  if (!dead.empty()) gone.push_back(absl::StrCat(Members("worker", dead), " died"));
-  if (!left.empty()) gone.push_back(absl::StrCat(Members("worker", left), " left"));
-  return absl::StrCat(absl::StrJoin(gone, " and "), " before finishing; the others finished");
-}
-
-std::optional<uint32_t> JobStateMachine::EvaluatorLocked(absl::Time now) const {
-  if (EndedLocked()) {
-    if (has_final_eval_) return final_evaluator_rank_;
-    return std::nullopt;
-  }
-  const std::vector<uint32_t> candidates =
-      TrainingDoneLocked() ? membership_.FinishedRanksHeartbeating(now)
-                           : membership_.RanksInState(v1::MEMBER_STATE_ALIVE);
-  if (candidates.empty()) return std::nullopt;
-  return candidates.front();
-}
-
-void JobStateMachine::NoteServerHeartbeatLocked(uint32_t shard) {
-  if (!TrainingDoneLocked()) return;
-  const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
-  const uint64_t epoch = membership_.membership_epoch();
-  auto it = final_live_set_acks_.find(shard);
-  if (it != final_live_set_acks_.end() &&
-      it->second.incarnation == incarnation &&
-      it->second.membership_epoch == epoch) {
-    it->second.heard = true;
-    return;
-  }
-  // This reply is the first to carry the final live set to this server.
-  final_live_set_acks_[shard] = {incarnation, epoch, /*heard=*/false};
-}
-
-bool JobStateMachine::ServersHeardFinalLiveSetLocked() const {
-  const uint64_t epoch = membership_.membership_epoch();
-  for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE)) {
-    auto it = final_live_set_acks_.find(shard);
-    if (it == final_live_set_acks_.end() || !it->second.heard ||
-        it->second.membership_epoch != epoch ||
-        it->second.incarnation !=
-            membership_.shard_map().shards(shard).incarnation())
-      return false;
-  }
-  return true;
-}
-
 std::string JobStateMachine::WaitingMessageLocked() const {
   std::vector<std::string> missing;
   std::vector<uint32_t> shards = membership_.UnregisteredShards();
@@ -881,7 +809,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
                                             bool current_generation, absl::Time now,
                                             v1::HeartbeatResponse* response) {
   const uint32_t shard = request.server_shard();
-  NoteServerHeartbeatLocked(shard);
+  if (TrainingDoneLocked()) ending_.NoteServerHeartbeat(shard);
   if (request.shard().has_restore_failed() &&
       generations_.Refuse(shard, request.shard().restore_failed())) {
     RollBackLocked(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
@@ -948,17 +876,13 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
   response->set_membership_epoch(membership_.membership_epoch());
-  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now);
+  if (std::optional<uint32_t> evaluator = ending_.Evaluator(EndedLocked(), TrainingDoneLocked(), now);
       evaluator.has_value() && !EndedLocked()) {
     response->set_evaluator_rank(*evaluator);
     if (worker && request.worker_rank() == *evaluator && TrainingDoneLocked() &&
-        ServersHeardFinalLiveSetLocked()) {
+        ending_.ServersHeardFinalLiveSet()) {
       response->set_evaluate_final(true);
-      if (final_evaluation_asked_of_ != evaluator) {
-        final_evaluation_asked_of_ = evaluator;
-        spdlog::info("job {}: worker {} evaluates the final weights", config_.job_id(),
-                     *evaluator);
-      }
+      ending_.AskedToEvaluate(*evaluator);
     }
   }
   if (request.shard_map_epoch() < membership_.shard_map().epoch())
@@ -970,10 +894,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
       limbo_claims_awaited_.count(request.worker_rank()) > 0)
     response->set_claim_examples(true);
   if (EndedLocked()) {
-    if (worker)
-      ranks_told_end_.insert(request.worker_rank());
-    else if (request.final_report())
-      shards_told_end_.insert(request.server_shard());
+    ending_.ToldEnd(request);
     changed_.SignalAll();
   }
 }
@@ -998,18 +919,9 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
     const Membership::Evaluation eval{request.final_test_accuracy(),
                                       request.final_test_loss()};
     membership_.RecordEvaluation(eval);
-    // Only weights read after training was done are final.
-    const bool final = TrainingDoneLocked();
-    if (final) {
-      has_final_eval_ = true;
-      final_eval_ = eval;
-      final_evaluator_rank_ = request.worker_rank();
-    }
-    eval_note = absl::StrCat(final ? "; final test accuracy "
-                                   : "; test accuracy (not final: training is not done) ",
-                             eval.accuracy, ", loss ", eval.loss);
+    eval_note = ending_.RecordEvaluation(request.worker_rank(), eval, TrainingDoneLocked());
   } else if (request.no_final_eval() && !EndedLocked() && TrainingDoneLocked()) {
-    final_eval_declined_ = true;
+    ending_.Decline();
     eval_note = "; its program has no final evaluation";
   }
   spdlog::info("worker {} finished at step {}{}", request.worker_rank(),
@@ -1248,7 +1160,7 @@ CheckpointCuts::Job JobStateMachine::CutJobLocked() const {
   const bool done = TrainingDoneLocked();
   return {.training_done = done,
           .taken_over = coordinator_restarted_,
-          .versions_final = done && ServersHeardFinalLiveSetLocked()};
+          .versions_final = done && ending_.ServersHeardFinalLiveSet()};
 }
 
 void JobStateMachine::Stop(absl::string_view reason) {
@@ -1285,16 +1197,13 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   for (v1::ShardStatus& s : membership_.ShardStatuses(now))
     *status.add_shards() = std::move(s);
   SummarizeJobStatus(&status);
-  if (std::optional<uint32_t> evaluator = EvaluatorLocked(now); evaluator.has_value())
+  if (std::optional<uint32_t> evaluator = ending_.Evaluator(EndedLocked(), TrainingDoneLocked(), now);
+      evaluator.has_value())
     status.set_evaluator_rank(*evaluator);
   std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
   status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
   status.set_test_loss(eval.has_value() ? eval->loss : -1);
-  status.set_has_final_eval(has_final_eval_);
-  if (has_final_eval_) {
-    status.set_final_test_accuracy(final_eval_.accuracy);
-    status.set_final_test_loss(final_eval_.loss);
-  }
+  ending_.AddTo(&status);
   if (started_ != absl::InfinitePast()) status.set_elapsed_seconds(ElapsedSecondsLocked(now));
   if (checkpoints_.last_complete().id() > 0)
     *status.mutable_last_checkpoint() = checkpoints_.last_complete();
@@ -1333,14 +1242,7 @@ bool JobStateMachine::EveryLiveMemberSawEnd() const {
 }
 
 bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
-  if (!EndedLocked()) return false;
-  for (uint32_t shard : membership_.ShardsInState(v1::MEMBER_STATE_ALIVE))
-    if (shards_told_end_.count(shard) == 0) return false;
-  for (uint32_t rank : membership_.RanksInState(v1::MEMBER_STATE_ALIVE))
-    if (ranks_told_end_.count(rank) == 0) return false;
-  for (uint32_t rank : membership_.FinishedRanksHeartbeating(now))
-    if (ranks_told_end_.count(rank) == 0) return false;
-  return true;
+  return EndedLocked() && ending_.EveryLiveMemberSawEnd(now);
 }
 
 double JobStateMachine::ElapsedSecondsLocked(absl::Time now) const {

@@ -66,6 +66,7 @@
 #include "coordinator/example_ledger.h"
 #include "coordinator/generations.h"
 #include "coordinator/global_step.h"
+#include "coordinator/job_ending.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
 #include "coordinator/resharding.h"
@@ -283,8 +284,6 @@ class JobStateMachine {
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the training-done phase (final checkpoint, evaluation).
   void ResetTrainingDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "every worker finished" or "worker 1 died before finishing; ...".
-  std::string TrainingDoneMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the job is still WAITING.
   std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -293,14 +292,6 @@ class JobStateMachine {
   void NoteGlobalStepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the job past the recovery timeout.
   void CheckRecoveryLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // ---- The evaluator ----
-  // nullopt when there is none.
-  std::optional<uint32_t> EvaluatorLocked(absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a server heartbeat for the final-live-set handshake.
-  void NoteServerHeartbeatLocked(uint32_t shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool ServersHeardFinalLiveSetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Heartbeats ----
   // Records the heartbeat in Membership, adopting a member this coordinator
@@ -415,34 +406,10 @@ class JobStateMachine {
   TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   std::string message_ ABSL_GUARDED_BY(mu_);
-  bool has_final_eval_ ABSL_GUARDED_BY(mu_) = false;
-  // The evaluator's program had no final evaluation to give
-  // (WorkerDoneRequest.no_final_eval): the job completes without one.
-  bool final_eval_declined_ ABSL_GUARDED_BY(mu_) = false;
-  Membership::Evaluation final_eval_ ABSL_GUARDED_BY(mu_);
-  uint32_t final_evaluator_rank_ ABSL_GUARDED_BY(mu_) = 0;
-  // The final-live-set handshake, by shard: a reply after training was done
-  // went to this server incarnation at this membership epoch (the live set
-  // it carried), and `heard` once a later heartbeat of the same incarnation
-  // arrived at the same epoch. Counted in heartbeats, not time, so two
-  // heartbeats within one clock tick still order.
-  struct FinalLiveSetAck {
-    uint64_t incarnation = 0;
-    uint64_t membership_epoch = 0;
-    bool heard = false;
-  };
-  std::map<uint32_t, FinalLiveSetAck> final_live_set_acks_ ABSL_GUARDED_BY(mu_);
-  // The last rank told evaluate_final (for logging it once).
-  std::optional<uint32_t> final_evaluation_asked_of_ ABSL_GUARDED_BY(mu_);
-  // Logged once per training-done phase.
-  bool announced_training_done_ ABSL_GUARDED_BY(mu_) = false;
   // First registration and end of the job (InfinitePast/InfiniteFuture
   // until they happen).
   absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time ended_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // Members that received a heartbeat reply with the final state.
-  std::set<uint32_t> shards_told_end_ ABSL_GUARDED_BY(mu_);
-  std::set<uint32_t> ranks_told_end_ ABSL_GUARDED_BY(mu_);
   // Ranks a registration asked for and was refused because the rank was
   // alive (a restarted worker waiting for it), until such a registration
   // gets the rank or hears that the job ended: the coordinator lingers for
@@ -478,6 +445,9 @@ class JobStateMachine {
   // Where and when checkpoints are cut, and the final one (reads
   // membership_ and global_step_, asks checkpoints_).
   CheckpointCuts cuts_ ABSL_GUARDED_BY(mu_);
+  // The final live set, the evaluator, the final evaluation, who heard the
+  // end (reads membership_).
+  JobEnding ending_ ABSL_GUARDED_BY(mu_);
 
 };
 
