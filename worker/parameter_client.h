@@ -9,32 +9,33 @@
 // the received slices straight into the caller's parameter array. Each
 // shard's chunks travel in parts (requests) of about kPartBytes (at most
 // kMaxRequestBytes), spread over kChannelsPerShard channels (separate TCP
-// connections), so no model is too large for gRPC's message limit. The RPCs
-// run on gRPC's callback API: no thread is created per call.
+// connections), so no model is too large for gRPC's message limit
+// (worker/chunk_layout.h). The RPCs run on gRPC's callback API: no thread
+// is created per call.
 //
-// The push schedule (push and pull at once): a push's parts are ordered by
-// their place in the model, shards interleaved, the same order on every
-// worker. Those whose bytes travel in the request go out one at a time per
-// shard: a shard's next ready part in that order starts once its part
-// before has been written to its connection, with at most the credit of
-// request bytes whose replies have not come (a part ahead of all of those
-// may pass; the credit is measured, below). So each worker sends to every shard at once (with a shard per
-// host, every server's link is busy), the first parts reach their shards
-// from every worker at about the same time, their updates complete, and
-// their new weights (a fused pull) come down while later parts still go
-// up: a bandwidth-bound step costs about one transfer of the model each way
-// at the same time, where parts sent all at once share the link, all
-// arrive at its end, and come back after it (BytePS's partitions and
-// credit, in the same shape).
+// The push schedule (push and pull at once; worker/push_schedule.h): a
+// push's parts are ordered by their place in the model, shards
+// interleaved, the same order on every worker. Those whose bytes travel in
+// the request go out one at a time per shard: a shard's next ready part in
+// that order starts once its part before has been written to its
+// connection, with at most the credit of request bytes whose replies have
+// not come (a part ahead of all of those may pass; the credit is measured).
+// So each worker sends to every shard at once (with a shard per host, every
+// server's link is busy), the first parts reach their shards from every
+// worker at about the same time, their updates complete, and their new
+// weights (a fused pull) come down while later parts still go up: a
+// bandwidth-bound step costs about one transfer of the model each way at
+// the same time, where parts sent all at once share the link, all arrive
+// at its end, and come back after it (BytePS's partitions and credit, in
+// the same shape).
 //
-// Shared-memory lanes (JobConfig.local_transport, wire/shared_lane.h): a
+// Shared-memory lanes (JobConfig.local_transport; worker/push_lanes.h): a
 // dense push's gradients, and its fused pull's weights, travel through a
-// memfd of this process that a shard on the same machine maps, each request
-// in a place of its own; the gRPC call carries the rest. A shard that cannot
-// use the lane refuses the push unchanged, and from then on that shard gets
-// bytes. A lane call that fails where the shard may have accepted it
-// (deadline, cancellation, a lost connection) retires the lane (a late
-// write of the weights goes to the old one) and is sent again on a fresh one.
+// memfd of this process that a shard on the same machine maps; the gRPC
+// call carries the rest. A shard that cannot use the lane refuses the push
+// unchanged, and from then on that shard gets bytes. A lane call that fails
+// where the shard may have accepted it (deadline, cancellation, a lost
+// connection) retires the lane and is sent again on a fresh one.
 //
 // Doorbells (wire/lane_doorbell.h): each lane push also asks its shard to
 // serve a doorbell in the lane; once a shard's reply says it does, the
@@ -50,7 +51,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -61,22 +61,17 @@
 #include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/grps.grpc.pb.h"
+#include "worker/chunk_layout.h"
+#include "worker/optimizer_state_calls.h"
 #include "worker/parameter_shards.h"
+#include "worker/push_lanes.h"
+#include "worker/push_schedule.h"
+#include "worker/topk_feedback.h"
 
 namespace grps {
 
-// How a newer shard map fits the layout of a client's map: the same chunks
-// on the same shards (only endpoints may differ: UpdateShardMap follows
-// it), or the same tensors and chunks placed on other shards, or on
-// another number of them (a re-sharding, JobConfig.max_servers: clients
-// built for the new map follow it, at the roll-back that comes with it).
-enum class MapFit { kSameLayout, kReplaced };
-
-// INVALID_ARGUMENT for a map that fails ValidateShardMap, holds other
-// tensors or cuts them into other chunks (another model), or lacks an
-// endpoint (or its address) for one of its shards.
-absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMap& map);
-
+// MapFit and FitShardMap: worker/chunk_layout.h.
+//
 // The flat array holds the map's tensors back to back in map order; a chunk
 // covers elements [tensor_offset + chunk.offset, + chunk.num_elements).
 //
@@ -104,40 +99,26 @@ class ParameterClient final : public ParameterShards {
   // Payload bytes per request at most (a chunk larger than this travels
   // alone), and the channels each shard's requests are spread over.
   static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
-  // A part's payload: chunks are added to a part up to this many bytes (the
-  // job's default chunk is 256 KiB: a part each). A part takes 10 ms on a
-  // 200 Mbit/s link, 0.2 ms at 10 Gbit/s: about the step's tail that cannot
-  // overlap. (Across 200 Mbit/s namespace hosts, parts of 4 MiB, 1 MiB and
-  // 256 KiB gave 37.5, 45.1 and 47.8 samples/s: docs/performance.md.)
-  static constexpr size_t kPartBytes = size_t{256} << 10;
-  // The push schedule's credit: request bytes sent whose replies have not
-  // come. It must cover the bandwidth-delay product of a part's round trip
-  // (its request up, the wait of its update for the other workers' copies,
-  // its weights down), or the link idles between replies; and no more by
-  // much, or a worker runs ahead of the others on a shard by as much, its
-  // parts wait there for theirs, and the replies trail the uploads (across
-  // 200 Mbit/s namespace hosts, N = 2: 16 MiB gave 48-50 samples/s, 3 MiB
-  // 55, 1 MiB 42; docs/performance.md). So each push measures it for the
-  // next: kCreditRoundTrips x its bytes' rate x its shortest round trip (a
-  // part sent on an idle link: the step's first), within [kMinCredit,
-  // kInFlightBytes]. The first push has kInFlightBytes.
-  static constexpr size_t kInFlightBytes = size_t{16} << 20;
-  static constexpr size_t kMinCredit = size_t{4} << 20;
-  static constexpr double kCreditRoundTrips = 3;
-  // The credit a push that moved `bytes` through the schedule in `window`
-  // (its first request's start to its last reply), whose quickest part took
-  // `shortest`, measures for the next one.
-  static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest);
+  // A part's payload, and the channels each shard's parts are dealt over:
+  // see ChunkLayout.
+  static constexpr size_t kPartBytes = ChunkLayout::kPartBytes;
+  static constexpr int kChannelsPerShard = ChunkLayout::kChannelsPerShard;
+  // The push schedule's credit, its bounds and how a push measures it for
+  // the next one: see PushSchedule.
+  static constexpr size_t kInFlightBytes = PushSchedule::kInFlightBytes;
+  static constexpr size_t kMinCredit = PushSchedule::kMinCredit;
+  static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest) {
+    return PushSchedule::CreditFor(bytes, window, shortest);
+  }
   // The credit of the next push (for tests and the docs' figures).
   size_t credit() const { return credit_.load(); }
-  static constexpr int kChannelsPerShard = 2;
   // The deadline of one push attempt (a gRPC call, or a doorbell's ring).
   static constexpr absl::Duration kPushCallTimeout = absl::Seconds(30);
 
   // Names a PushAsync or PullAsync in flight.
   using Ticket = uint64_t;
 
-  int64_t num_parameters() const override { return num_params_; }
+  int64_t num_parameters() const override { return layout_.num_parameters(); }
 
   // The job generation every later push and pull carries (0 = unchecked).
   void set_generation(uint64_t generation) override { generation_.store(generation); }
@@ -222,28 +203,26 @@ class ParameterClient final : public ParameterShards {
                              const std::vector<uint32_t>& by_tensor)
       ABSL_LOCKS_EXCLUDED(optimizers_mu_);
 
-  // A program's optimizer state over the flat array (grps.torch's
-  // optimizer.state_dict()): `slots` in ChunkOptimizerState's order, each
-  // num_parameters() floats, and `steps` (the updates the optimizer
-  // counted) by tensor.
-  struct OptimizerState {
-    v1::OptimizerKind kind = v1::OPTIMIZER_UNSPECIFIED;
-    std::vector<std::vector<float>> slots;
-    std::vector<uint64_t> steps;
-  };
+  // A program's optimizer state over the flat array: see
+  // ProgramOptimizerState (worker/optimizer_state_calls.h).
+  using OptimizerState = ProgramOptimizerState;
   // Every chunk's optimizer state as the shards hold it now; a tensor's
   // steps are its first chunk's. Calls of at most kStateCallBytes, one
   // shard at a time, each attempted once within `timeout`.
   absl::StatusOr<OptimizerState> ReadOptimizerState(absl::Duration timeout) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    return optimizer_state_.Read(timeout);
+  }
   // Loads `state` (its kind the job's, its slots and steps of the model's
   // sizes: INVALID_ARGUMENT otherwise, nothing sent) into every chunk, as
   // ShardStore::LoadOptimizerState: FAILED_PRECONDITION once a chunk had
   // an update. Each shard's calls are all-or-nothing; the shards are not
   // (a failure may leave earlier shards loaded).
   absl::Status LoadOptimizerState(const OptimizerState& state, absl::Duration timeout) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  static constexpr size_t kStateCallBytes = size_t{16} << 20;
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    return optimizer_state_.Load(state, timeout);
+  }
+  static constexpr size_t kStateCallBytes = OptimizerStateCalls::kCallBytes;
 
   // A user model's initial values (num_parameters() floats, exactly; the
   // job's "given" tensors, PushRequest.initial_values): each chunk that has
@@ -280,23 +259,14 @@ class ParameterClient final : public ParameterShards {
   Traffic traffic() const override;
   // Whether pushes to `shard` may still use a lane (the job asks for lanes,
   // one could be made, and the shard has not refused it).
-  bool LaneUsable(size_t shard) const ABSL_LOCKS_EXCLUDED(lane_mu_);
+  bool LaneUsable(size_t shard) const { return lanes_.Usable(shard); }
 
  private:
-  // The chunks of one request: all of one shard's, or a run of them.
-  struct Part {
-    size_t shard = 0;
-    int channel = 0;
-    std::vector<uint32_t> chunk_ids;
-  };
+  using Part = ChunkLayout::Part;
   struct Call;
   struct Operation;
-  struct Lane;
 
   absl::Status CheckCompatible(const v1::ShardMap& map) const;
-  // Each shard's chunks in runs of at most kStateCallBytes of `slots`
-  // slots (optimizer-state calls).
-  std::vector<Part> StateCalls(uint32_t slots) const;
   // A stub to the shard of `shard` for a typed call (a fresh channel).
   std::unique_ptr<v1::ParameterServer::Stub> TypedStub(size_t shard) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -337,29 +307,18 @@ class ParameterClient final : public ParameterShards {
   void FinishRung(Operation* op, size_t index);
   // Builds push call `index` of `op` (again: a retry), through the lane
   // when it can take the part, in bytes otherwise.
-  void EncodePushCall(Operation* op, size_t index) ABSL_LOCKS_EXCLUDED(lane_mu_);
-  // A fresh lane with a place for every part; null where none can be made.
-  std::shared_ptr<Lane> MakeLane() const;
-  // Replaces `lane` with a fresh one if it is still the current one.
-  void RetireLane(const std::shared_ptr<Lane>& lane) ABSL_LOCKS_EXCLUDED(lane_mu_);
-  // Reads a reply's chunks (a pull's, or a fused push's) into host_params;
-  // *complete says whether every chunk of `part` came. `call` (null for a
-  // pull) is the push whose lane may hold the values.
-  absl::Status ReadReply(const Part& part, const Call* call, const grpc::ByteBuffer& reply,
-                         bool push, float* host_params, v1::PushResponse* push_header,
-                         bool* complete);
+  void EncodePushCall(Operation* op, size_t index);
+  // A push's chunks of `part` with their ids, the versions seen by the last
+  // pull and their optimizers set; no values.
+  std::vector<WireChunk> ChunkHeads(const Operation& op, const Part& part) const;
 
   // Fixed at construction: the layout never changes (UpdateShardMap only
-  // accepts maps with the same chunks on the same shards).
+  // accepts maps with the same chunks on the same shards; the layout's
+  // endpoints are stale).
   const v1::JobConfig config_;
-  const v1::ShardMap layout_;  // chunks and tensors of the map; endpoints stale
+  const ChunkLayout layout_;
   const uint32_t rank_;
   const uint64_t incarnation_;
-  int64_t num_params_ = 0;
-  std::vector<int64_t> chunk_offset_;           // flat offset of each chunk
-  std::vector<Part> parts_;  // every chunk in exactly one
-  std::vector<uint32_t> part_of_chunk_;              // index into parts_
-  std::vector<std::vector<uint32_t>> tensor_chunks_;  // chunk ids by tensor
   // Written by the callbacks of pulls (and fused pushes), each its own
   // chunks; two pulls in flight on this client write the same ones.
   std::vector<std::atomic<uint64_t>> chunk_version_;
@@ -376,16 +335,7 @@ class ParameterClient final : public ParameterShards {
   absl::flat_hash_map<Ticket, std::unique_ptr<Operation>> ops_ ABSL_GUARDED_BY(ops_mu_);
   Ticket next_ticket_ ABSL_GUARDED_BY(ops_mu_) = 1;
 
-  // Top-k with error feedback (JobConfig.gradient_topk in (0, 1)): what the
-  // pushes have not sent yet, by flat offset; as it was before the push of
-  // `residual_step_` (a retry of that step starts again from there); and the
-  // generation it belongs to (a roll-back drops it).
-  absl::Mutex topk_mu_;
-  std::vector<float> residual_ ABSL_GUARDED_BY(topk_mu_);
-  std::vector<float> residual_before_ ABSL_GUARDED_BY(topk_mu_);
-  std::optional<uint64_t> residual_step_ ABSL_GUARDED_BY(topk_mu_);
-  uint64_t residual_generation_ ABSL_GUARDED_BY(topk_mu_) = 0;
-  std::vector<uint32_t> topk_order_ ABSL_GUARDED_BY(topk_mu_);
+  TopKFeedback topk_;  // JobConfig.gradient_topk in (0, 1) only
 
   // SetOptimizers': the header's optimizers and, by chunk id, the index
   // each chunk names. Null: the job's for all. Shared with the pushes in
@@ -397,16 +347,15 @@ class ParameterClient final : public ParameterShards {
   mutable absl::Mutex optimizers_mu_;
   std::shared_ptr<const ProgramOptimizers> optimizers_ ABSL_GUARDED_BY(optimizers_mu_);
 
-  mutable absl::Mutex lane_mu_;
-  std::shared_ptr<Lane> lane_ ABSL_GUARDED_BY(lane_mu_);  // null: bytes only
-  std::vector<bool> lane_refused_ ABSL_GUARDED_BY(lane_mu_);  // by shard
+  PushLanes lanes_;
+  const OptimizerStateCalls optimizer_state_;  // its stubs: TypedStub
 
   // Added to by the calls' callbacks.
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> lane_bytes_{0};
   std::atomic<uint64_t> push_calls_{0};
-  std::atomic<size_t> credit_{kInFlightBytes};  // the next push's (CreditFor)
+  std::atomic<size_t> credit_{PushSchedule::kInFlightBytes};  // the next push's
   std::atomic<uint64_t> doorbell_calls_{0};
 };
 

@@ -1,0 +1,76 @@
+// PushSchedule: the order, pace and credit of one push's parts.
+#include "worker/push_schedule.h"
+
+#include <algorithm>
+
+namespace grps {
+
+size_t PushSchedule::CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest) {
+  if (window <= absl::ZeroDuration() || shortest == absl::InfiniteDuration())
+    return kInFlightBytes;
+  const double product = static_cast<double>(bytes) / absl::ToDoubleSeconds(window) *
+                         absl::ToDoubleSeconds(shortest);
+  return static_cast<size_t>(std::clamp(kCreditRoundTrips * product,
+                                        static_cast<double>(kMinCredit),
+                                        static_cast<double>(kInFlightBytes)));
+}
+
+void PushSchedule::Enqueue(size_t call, size_t shard, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  calls_[call] = Queued{shard, bytes, absl::InfinitePast()};
+  queued_.insert(call);
+}
+
+std::vector<size_t> PushSchedule::Start() {
+  std::vector<size_t> start;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    const size_t next = *it;
+    Queued& call = calls_[next];
+    if (writing_.count(call.shard) > 0) {
+      ++it;
+      continue;
+    }
+    if (!in_flight_.empty() && in_flight_bytes_ + call.bytes > credit_ &&
+        next > *in_flight_.begin())
+      break;
+    it = queued_.erase(it);
+    call.started_at = now;
+    first_start_ = std::min(first_start_, now);
+    writing_[call.shard] = next;
+    in_flight_.insert(next);
+    in_flight_bytes_ += call.bytes;
+    start.push_back(next);
+  }
+  return start;
+}
+
+void PushSchedule::Written(size_t call) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(call);
+  if (it == calls_.end()) return;
+  auto writing = writing_.find(it->second.shard);
+  if (writing != writing_.end() && writing->second == call) writing_.erase(writing);
+}
+
+void PushSchedule::Replied(size_t call, bool ok) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(call);
+  if (it == calls_.end() || in_flight_.erase(call) == 0) return;
+  in_flight_bytes_ -= it->second.bytes;
+  if (ok) {
+    const absl::Time now = absl::Now();
+    shortest_ = std::min(shortest_, now - it->second.started_at);
+    last_reply_ = now;
+    replied_bytes_ += it->second.bytes;
+  }
+}
+
+std::optional<size_t> PushSchedule::Measured() const {
+  absl::MutexLock lock(&mu_);
+  if (replied_bytes_ < kMinCredit) return std::nullopt;
+  return CreditFor(replied_bytes_, last_reply_ - first_start_, shortest_);
+}
+
+}  // namespace grps

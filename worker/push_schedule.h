@@ -1,0 +1,104 @@
+// PushSchedule: when each part of one push may start (ParameterClient's
+// push schedule, worker/parameter_client.h), and the credit it measures for
+// the next push.
+//
+//   PushSchedule schedule(client_credit);
+//   schedule.Enqueue(call, shard, request_bytes);       // a part is ready
+//   for (size_t c : schedule.Start()) Send(c);          // those that may go
+//   // Its request written: schedule.Written(c), then Start() again.
+//   // Its reply: schedule.Replied(c, ok), schedule.Written(c), Start().
+//   // All done: schedule.Measured() is the next push's credit, if any.
+//
+// The rules: a shard's next ready part, in the model's order (call index),
+// starts once its part before has been written to its connection, with at
+// most the credit of request bytes whose replies have not come; past the
+// credit only a part ahead of every one in flight (a sync part's reply
+// waits for every worker's push of it, and a worker whose hooks made its
+// parts ready in another order must still send the part the others wait
+// for).
+//
+// Thread safety: every method may be called from any thread.
+#ifndef GRPS_WORKER_PUSH_SCHEDULE_H_
+#define GRPS_WORKER_PUSH_SCHEDULE_H_
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace grps {
+
+class PushSchedule {
+ public:
+  // The credit: request bytes sent whose replies have not come. It must
+  // cover the bandwidth-delay product of a part's round trip (its request
+  // up, the wait of its update for the other workers' copies, its weights
+  // down), or the link idles between replies; and no more by much, or a
+  // worker runs ahead of the others on a shard by as much, its parts wait
+  // there for theirs, and the replies trail the uploads (across 200 Mbit/s
+  // namespace hosts, N = 2: 16 MiB gave 48-50 samples/s, 3 MiB 55, 1 MiB
+  // 42; docs/performance.md). So each push measures it for the next:
+  // kCreditRoundTrips x its bytes' rate x its shortest round trip (a part
+  // sent on an idle link: the step's first), within [kMinCredit,
+  // kInFlightBytes]. The first push has kInFlightBytes.
+  static constexpr size_t kInFlightBytes = size_t{16} << 20;
+  static constexpr size_t kMinCredit = size_t{4} << 20;
+  static constexpr double kCreditRoundTrips = 3;
+  // The credit a push that moved `bytes` through the schedule in `window`
+  // (its first request's start to its last reply), whose quickest part took
+  // `shortest`, measures for the next one.
+  static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest);
+
+  explicit PushSchedule(size_t credit) : credit_(credit) {}
+  PushSchedule(const PushSchedule&) = delete;
+  PushSchedule& operator=(const PushSchedule&) = delete;
+
+  // Call `call` (its index: its place in the model's order), to `shard`,
+  // of `bytes` request bytes, is ready to start.
+  void Enqueue(size_t call, size_t shard, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The queued calls that may start now, in order, each taken out of the
+  // queue and counted as started (writing, in flight) now.
+  std::vector<size_t> Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // The request of started call `call` has been written to its connection
+  // (or the call ended): its shard's next call may start.
+  void Written(size_t call) ABSL_LOCKS_EXCLUDED(mu_);
+  // Started call `call` ended; its bytes leave the credit. `ok`: its reply
+  // came, and counts toward the measure.
+  void Replied(size_t call, bool ok) ABSL_LOCKS_EXCLUDED(mu_);
+  // The credit this push measured for the next one (CreditFor), once its
+  // replies brought at least kMinCredit request bytes; none before.
+  std::optional<size_t> Measured() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Queued {
+    size_t shard = 0;
+    size_t bytes = 0;
+    absl::Time started_at;  // once started
+  };
+
+  mutable absl::Mutex mu_;
+  const size_t credit_;
+  // Every call enqueued, by index; those ready to start; each shard's call
+  // whose request is being written; the started calls not yet done and
+  // their request bytes.
+  std::map<size_t, Queued> calls_ ABSL_GUARDED_BY(mu_);
+  std::set<size_t> queued_ ABSL_GUARDED_BY(mu_);
+  std::map<size_t, size_t> writing_ ABSL_GUARDED_BY(mu_);  // shard -> call
+  std::set<size_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  size_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the schedule measures: its first call's start, its last reply,
+  // its quickest call, and the request bytes of its replies.
+  absl::Time first_start_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time last_reply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration shortest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  size_t replied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace grps
+
+#endif  // GRPS_WORKER_PUSH_SCHEDULE_H_
