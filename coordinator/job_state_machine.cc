@@ -76,13 +76,7 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
   }
   generations_.ResumeFrom(manifest, dir);
   checkpoints_.SetNewestComplete(manifest, dir, 0);
-  if (IsElastic(config_) && manifest.example_ledger().total_blocks() > 0) {
-    if (absl::Status s = ledger_.ImportFrom(manifest.example_ledger()); s.ok())
-      ledger_from_checkpoint_ = true;
-    else
-      spdlog::error("checkpoint {}: {}; the epochs start over", manifest.id(),
-                    std::string(s.message()));
-  }
+  if (IsElastic(config_)) data_.ResumeFrom(manifest);
   const v1::RestoreOrder& order = generations_.order();
   membership_.ResetResumeSteps({order.worker_steps().begin(), order.worker_steps().end()}, now);
 }
@@ -196,20 +190,14 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
         !defined.ok())
       return absl::InvalidArgumentError(absl::StrCat(from, ": ", defined.status().message()));
   }
-  ExampleLedger ledger;
-  if (absl::Status s = ledger.ImportFrom(state.example_ledger()); !s.ok())
-    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
+  absl::StatusOr<ExampleLedger> ledger = ElasticData::Read(state);
+  if (!ledger.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", ledger.status().message()));
   if (absl::Status s = AdoptShardCountLocked(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
-  ledger_ = std::move(ledger);
-  ledger_.LimboAfterTakeOver();
-  // What the state file may have missed is leased once every live worker
-  // has said what it holds, or after the grace below.
-  ledger_.HoldLimbo(true);
-  const Membership::LiveWorkers live = membership_.live_workers();
-  limbo_claims_awaited_ = std::set<uint32_t>(live.ranks.begin(), live.ranks.end());
+  data_.TakeOver(*std::move(ledger), membership_.live_workers().ranks);
   state_ = state.state();
   message_ = state.message();
   generations_.TakeOver(state);
@@ -299,12 +287,7 @@ void JobStateMachine::WriteReadyManifest() {
     absl::MutexLock lock(&mu_);
     manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), JobConfigLocked(),
                                                 clock_());
-    if (manifest.has_value() && ledger_.sized()) {
-      // The ledger at the cut: what each rank trained before its step.
-      ExampleLedger cut = ledger_;
-      cut.RollBack({manifest->worker_steps().begin(), manifest->worker_steps().end()});
-      cut.ExportTo(manifest->mutable_example_ledger());
-    }
+    if (manifest.has_value()) data_.CutInto(&*manifest);
   }
   if (!manifest.has_value()) return;
   const std::string dir = CheckpointFolder(config_.checkpoint_dir(), manifest->id());
@@ -348,7 +331,7 @@ void JobStateMachine::RollBackToLocked(v1::RestoreOrder next, absl::string_view 
   const std::vector<uint64_t> resume_steps(order.worker_steps().begin(),
                                            order.worker_steps().end());
   const std::vector<uint32_t> revived = membership_.ResetResumeSteps(resume_steps, now);
-  ledger_.RollBack(resume_steps);
+  data_.RollBack(resume_steps);
   ResetTrainingDoneLocked();
   global_step_.Forget(now);
   spdlog::warn(
@@ -716,7 +699,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   // An earlier incarnation's leases come back; a rank that joins an elastic
   // job runs no older clock than the slowest live rank (its data is leased,
   // not tied to its step).
-  ledger_.ReturnLeases(reg->slot);
+  data_.ReturnLeases(reg->slot);
   if (joins && IsElastic(config_))
     reg->start_step = std::max(reg->start_step, SlowestLiveStepLocked(reg->slot));
   spdlog::info(
@@ -890,9 +873,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (worker && membership_.DrainRequested(request.worker_rank())) response->set_drain(true);
   // A worker blocked in a sync step behind one that waits for the limbo
   // would not lease again by itself.
-  if (worker && ledger_.holding_limbo() &&
-      limbo_claims_awaited_.count(request.worker_rank()) > 0)
-    response->set_claim_examples(true);
+  if (worker && data_.ClaimAwaited(request.worker_rank())) response->set_claim_examples(true);
   if (EndedLocked()) {
     ending_.ToldEnd(request);
     changed_.SignalAll();
@@ -913,7 +894,7 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
                                                 request.progress(), now);
       !s.ok())
     return s;
-  ledger_.ReturnLeases(request.worker_rank());
+  data_.ReturnLeases(request.worker_rank());
   std::string eval_note;
   if (request.has_final_eval() && !EndedLocked()) {
     const Membership::Evaluation eval{request.final_test_accuracy(),
@@ -942,7 +923,7 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
     return s;
   if (said_before) return absl::OkStatus();  // a retry
   ++worker_leaves_;
-  ledger_.ReturnLeases(request.worker_rank());
+  data_.ReturnLeases(request.worker_rank());
   const Membership::LiveWorkers live = membership_.live_workers();
   spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
                "epoch {}",
@@ -953,19 +934,6 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
   UpdateStateLocked(now);
   changed_.SignalAll();
   return absl::OkStatus();
-}
-
-void JobStateMachine::ReleaseLimboLocked(absl::Time now) {
-  if (!ledger_.holding_limbo()) return;
-  const Membership::LiveWorkers live = membership_.live_workers();
-  bool all_heard = true;
-  for (uint32_t r : live.ranks) all_heard = all_heard && limbo_claims_awaited_.count(r) == 0;
-  if (!all_heard && now < no_deaths_before_) return;
-  ledger_.HoldLimbo(false);
-  spdlog::info("example ledger: {}; the blocks whose fate the state file missed are leased "
-               "again once no other block is left",
-               all_heard ? "every live worker said what it holds and trained"
-                         : "the take-over's grace is over");
 }
 
 uint64_t JobStateMachine::SlowestLiveStepLocked(uint32_t except) const {
@@ -995,47 +963,13 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
         " is not a live incarnation: it leases no examples"));
-  // The whole request is checked before anything changes: a refused one
-  // leaves the ledger (unsized too), the rank's readiness and the
+  // A refused request leaves the ledger, the rank's readiness and the
   // membership epoch as they were.
-  const absl::StatusOr<LedgerShape> shape =
-      ExampleLedger::ShapeFor(config_, request.train_examples());
-  if (!shape.ok()) return shape.status();
-  const absl::Status fits = ledger_.CheckSize(*shape);
-  // A checkpoint's ledger of another job's shape (another batch, data set
-  // or epoch count): the epochs start over.
-  const bool start_over = !fits.ok() && ledger_from_checkpoint_;
-  if (!fits.ok() && !start_over) return fits;
-  if (absl::Status s = ExampleLedger::CheckRequest(*shape, request); !s.ok()) return s;
-  if (start_over) {
-    spdlog::warn("the checkpoint's example ledger does not fit this job ({}); the epochs "
-                 "start over", std::string(fits.message()));
-    ledger_ = ExampleLedger();
-  }
-  ledger_from_checkpoint_ = false;
-  // Neither this nor Claim and Lease below refuse what passed the checks.
-  if (absl::Status s = ledger_.Size(*shape); !s.ok()) return s;
+  if (absl::Status s = data_.Admit(config_, request); !s.ok()) return s;
   if (membership_.MarkReady(request.worker_rank()))
     spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
                  request.worker_rank(), membership_.membership_epoch());
-  if (absl::Status s = ledger_.Claim(request.worker_rank(), request.held()); !s.ok()) return s;
-  // Only a claim the heartbeat asked for: a call retried since before the
-  // take-over may say less than the worker holds now.
-  if (request.claim()) limbo_claims_awaited_.erase(request.worker_rank());
-  ReleaseLimboLocked(clock_());
-  v1::LeaseExamplesResponse response;
-  bool exhausted = false;
-  absl::StatusOr<std::vector<uint64_t>> blocks =
-      ledger_.Lease(request.worker_rank(),
-                    std::vector<v1::TrainedBlock>(request.trained().begin(),
-                                                  request.trained().end()),
-                    request.want(), &exhausted,
-                    static_cast<uint32_t>(membership_.live_workers().ranks.size()));
-  if (!blocks.ok()) return blocks.status();
-  response.mutable_blocks()->Add(blocks->begin(), blocks->end());
-  response.set_blocks_per_epoch(ledger_.blocks_per_epoch());
-  response.set_exhausted(exhausted);
-  return response;
+  return data_.Grant(request, membership_.live_workers().ranks, clock_() >= no_deaths_before_);
 }
 
 absl::Status JobStateMachine::DrainWorker(uint32_t rank) {
@@ -1145,9 +1079,9 @@ void JobStateMachine::DetectFailures() {
                  "epoch {}",
                  rank, config_.heartbeat_timeout_ms(),
                  membership_.membership_epoch());
-    ledger_.ReturnLeases(rank);
+    data_.ReturnLeases(rank);
   }
-  ReleaseLimboLocked(now);
+  data_.ReleaseLimbo(membership_.live_workers().ranks, now >= no_deaths_before_);
   // Also when nothing died: a finished worker's silence is judged here.
   UpdateStateLocked(now);
   CheckRecoveryLocked(now);
@@ -1217,7 +1151,7 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   status.set_coordinator_restarted(coordinator_restarted_);
   status.set_worker_leaves(worker_leaves_);
   status.set_worker_joins(worker_joins_);
-  if (ledger_.sized()) *status.mutable_data() = ledger_.Progress();
+  data_.AddTo(&status);
   AddCompletionWarnings(&status);
   status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
                                                      : message_);
@@ -1268,7 +1202,7 @@ v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   state.set_checkpoints_completed(checkpoints_.completed());
   state.set_worker_leaves(worker_leaves_);
   state.set_worker_joins(worker_joins_);
-  if (ledger_.sized()) ledger_.ExportTo(state.mutable_example_ledger());
+  data_.ExportTo(&state);
   resharding_.ExportTo(&state);
   membership_.ExportTo(&state);
   if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));

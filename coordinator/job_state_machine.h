@@ -63,7 +63,7 @@
 #include "absl/time/time.h"
 #include "coordinator/checkpoint_cuts.h"
 #include "coordinator/checkpoint_scheduler.h"
-#include "coordinator/example_ledger.h"
+#include "coordinator/elastic_data.h"
 #include "coordinator/generations.h"
 #include "coordinator/global_step.h"
 #include "coordinator/job_ending.h"
@@ -277,9 +277,6 @@ class JobStateMachine {
   // other than `except` (0 if none): where a rank joining an elastic job
   // starts its clock.
   uint64_t SlowestLiveStepLocked(uint32_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Lets the ledger lease its limbo once every live rank awaited has
-  // called since the take-over, or the take-over's grace is over.
-  void ReleaseLimboLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING, no rank ALIVE and at least one FINISHED.
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the training-done phase (final checkpoint, evaluation).
@@ -391,17 +388,6 @@ class JobStateMachine {
   // ReleaseWaiters().
   mutable absl::CondVar changed_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
-  // Elastic jobs: which blocks of examples each epoch's workers trained,
-  // and the leases they hold. Leases come back when a rank leaves, dies,
-  // finishes or registers again; a roll-back takes back what was trained
-  // after each rank's resume step.
-  ExampleLedger ledger_ ABSL_GUARDED_BY(mu_);
-  // After TakeOver: the live ranks whose first lease (their claims) the
-  // ledger's limbo waits for.
-  std::set<uint32_t> limbo_claims_awaited_ ABSL_GUARDED_BY(mu_);
-  // The ledger came from the checkpoint the job resumed from, and no worker
-  // has leased yet: one of another shape starts the epochs over.
-  bool ledger_from_checkpoint_ ABSL_GUARDED_BY(mu_) = false;
   // MODEL_USER: the tensors the first worker defined; empty before.
   TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
@@ -440,6 +426,9 @@ class JobStateMachine {
   // Job time before this coordinator took the job over.
   double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
 
+  // Elastic jobs: the example ledger, the leases, the limbo after a
+  // take-over.
+  ElasticData data_ ABSL_GUARDED_BY(mu_);
   // Re-sharding (max_servers): the target, the standbys, the cut.
   Resharding resharding_ ABSL_GUARDED_BY(mu_);
   // Where and when checkpoints are cut, and the final one (reads
