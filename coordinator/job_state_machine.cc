@@ -53,6 +53,7 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       membership_(std::move(shard_map), JobRanks(config_),
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
       checkpoints_(config_, config_.num_servers()),
+      model_(config_),
       generations_(config_, env_),
       resharding_(config_),
       cuts_(config_, &checkpoints_, &membership_, &global_step_),
@@ -92,13 +93,7 @@ std::vector<uint32_t> JobStateMachine::LiveWorkerRanks() const {
 }
 
 v1::JobConfig JobStateMachine::JobConfigLocked() const {
-  v1::JobConfig config = config_;
-  *config.mutable_model_tensors() = model_;
-  if (program_optimizer_ != v1::OPTIMIZER_UNSPECIFIED)
-    config.mutable_optimizer()->set_kind(program_optimizer_);
-  // A re-sharded job's members see the shard count they serve.
-  config.set_num_servers(membership_.num_shards());
-  return config;
+  return model_.MemberConfig(membership_.num_shards());
 }
 
 absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors,
@@ -110,46 +105,11 @@ absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors,
 
 absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tensors,
                                                         v1::OptimizerKind optimizer) {
-  if (config_.model() != v1::MODEL_USER)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config_.job_id(), " trains the built-in model '", ModelName(config_.model()),
-        "'; start it with --model=user to train a worker's own model"));
-  if (absl::Status s = ValidateUserModel(tensors); !s.ok()) return s;
-  if (optimizer != v1::OPTIMIZER_UNSPECIFIED &&
-      (optimizer < v1::OPTIMIZER_SGD || optimizer > v1::OPTIMIZER_WORKERS))
-    return absl::InvalidArgumentError(absl::StrCat("unknown optimizer kind ", optimizer));
-  if (optimizer == v1::OPTIMIZER_WORKERS && config_.sparse_tables_size() > 0)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config_.job_id(), " has sparse tables, whose rows the servers' optimizer "
-        "updates: a program whose optimizer runs on the workers cannot train it"));
-  if (!model_.empty()) {
-    const std::string difference = FirstModelDifference(model_, tensors);
-    if (!difference.empty())
-      return ModelMismatchError(config_.job_id(), difference);
-    return false;
-  }
-  if (absl::Status s = CheckUserModelChunks(tensors, config_.chunk_bytes()); !s.ok()) return s;
-  absl::StatusOr<v1::ShardMap> built =
-      BuildShardMap({tensors.begin(), tensors.end()}, membership_.num_shards(),
-                    config_.chunk_bytes());
-  if (!built.ok()) return absl::InvalidArgumentError(built.status().message());
-  if (absl::Status s = ValidateShardMap(*built); !s.ok())
-    return absl::InvalidArgumentError(s.message());
-  membership_.SetLayout(*built);
-  model_ = tensors;
-  spdlog::info("job {}: the model is defined: {} tensors, {} chunks over {} shards",
-               config_.job_id(), model_.size(), built->chunks_size(), membership_.num_shards());
-  if (optimizer != v1::OPTIMIZER_UNSPECIFIED && optimizer != config_.optimizer().kind()) {
-    program_optimizer_ = optimizer;
-    const char* where =
-        optimizer != v1::OPTIMIZER_WORKERS ? ""
-        : config_.mode() == v1::MODE_SYNC
-            ? ": it runs on the workers, on the gradients the servers average"
-            : ": it runs on the workers, and the servers add the weights' changes they push";
-    spdlog::info("job {}: the program's optimizer is {} (the job's flags said {}){}",
-                 config_.job_id(), OptimizerName(optimizer),
-                 OptimizerName(config_.optimizer().kind()), where);
-  }
+  absl::StatusOr<std::optional<v1::ShardMap>> layout =
+      model_.Define(tensors, optimizer, membership_.num_shards());
+  if (!layout.ok()) return layout.status();
+  if (!layout->has_value()) return false;
+  membership_.SetLayout(**layout);
   changed_.SignalAll();
   return true;
 }
@@ -597,7 +557,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (EndedLocked()) return EndedErrorLocked();
-  if (config_.model() == v1::MODEL_USER && model_.empty())
+  if (model_.awaiting_definition())
     return absl::UnavailableError(absl::StrCat(
         "job ", config_.job_id(), "'s model is not defined yet: its first worker defines it"));
   if (config_.max_servers() > 0 && request.has_requested_shard() &&

@@ -67,6 +67,7 @@
 #include "coordinator/generations.h"
 #include "coordinator/global_step.h"
 #include "coordinator/job_ending.h"
+#include "coordinator/job_model.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
 #include "coordinator/resharding.h"
@@ -373,9 +374,6 @@ class JobStateMachine {
   absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors, v1::OptimizerKind optimizer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The program's optimizer kind, from the offer that defined the model (or
-  // the state or checkpoint that did); UNSPECIFIED: config_'s.
-  v1::OptimizerKind program_optimizer_ ABSL_GUARDED_BY(mu_) = v1::OPTIMIZER_UNSPECIFIED;
   const v1::JobConfig config_;
   const Clock clock_;
   Env* const env_;
@@ -388,8 +386,6 @@ class JobStateMachine {
   // ReleaseWaiters().
   mutable absl::CondVar changed_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
-  // MODEL_USER: the tensors the first worker defined; empty before.
-  TensorSpecs model_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   std::string message_ ABSL_GUARDED_BY(mu_);
   // First registration and end of the job (InfinitePast/InfiniteFuture
@@ -406,6 +402,8 @@ class JobStateMachine {
   int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
+  // The user model's tensors and the program's optimizer.
+  JobModel model_ ABSL_GUARDED_BY(mu_);
   // The generation, its restore order, the refused checkpoints.
   Generations generations_ ABSL_GUARDED_BY(mu_);
   // The global step (min live shard version), when it last moved, and its
