@@ -40,9 +40,16 @@
 // reads; a heartbeat from a member it does not know is adopted. After
 // TakeOver nobody is declared dead for a grace period (see TakeOver).
 //
+// The machine keeps the job's phase and the order of events; the state of
+// each concern is a collaborator's (Membership, Generations,
+// CheckpointScheduler and CheckpointCuts, Resharding, JobEnding,
+// ElasticData, JobModel, GlobalStep, QuorumCounts; docs/architecture.md).
+//
 // Time: `clock` for liveness, timeouts and status figures; blocking waits
-// (Wait) use real time. Thread-safe: one mutex guards all state; file I/O of
-// manifests and the state file happens outside it.
+// (Wait) use real time. Thread-safe: one mutex guards the machine and every
+// collaborator (none has a lock of its own; the lock order is in
+// docs/architecture.md, "The coordinator's locks"); file I/O of manifests
+// and the state file happens outside it.
 #ifndef GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
 #define GRPS_COORDINATOR_JOB_STATE_MACHINE_H_
 
