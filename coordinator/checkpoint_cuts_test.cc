@@ -73,7 +73,7 @@ class CheckpointCutsTest : public ::testing::Test {
   std::unique_ptr<CheckpointCuts> cuts_;
   std::vector<uint64_t> servers_;
   uint64_t worker_ = 0;
-  const CheckpointCuts::Job training_;
+  const CheckpointCuts::Job training_{};
   const CheckpointCuts::Job done_{.training_done = true};
 };
 
