@@ -217,6 +217,29 @@ absl::Status CheckRunFlags() {
   return absl::OkStatus();
 }
 
+// Registers as `asked` says and builds the store of the shard the
+// coordinator hands out, from the checkpoint its order names; nullptr (and
+// the exit code) when that fails.
+std::unique_ptr<ShardStore> RegisterShard(v1::Coordinator::Stub& coordinator,
+                                          const ShardRegistration& asked,
+                                          v1::RegisterServerResponse* registration,
+                                          int* exit_code) {
+  std::optional<RegisteredShard> registered = RegisterAndLoad(coordinator, asked, exit_code);
+  if (!registered.has_value()) return nullptr;
+  *registration = registered->registration;
+  SetMemberSecret(registration->member_secret());
+  absl::StatusOr<std::unique_ptr<ShardStore>> created =
+      CreateStore(StoreOptionsOf(*registration, asked.address), registration->restore(),
+                  std::move(registered->loaded));
+  if (!created.ok()) {
+    spdlog::error("invalid job from the coordinator: {}",
+                  std::string(created.status().message()));
+    *exit_code = 1;
+    return nullptr;
+  }
+  return *std::move(created);
+}
+
 int Run() {
   if (absl::Status s = CheckRunFlags(); !s.ok()) {
     spdlog::error("{}", std::string(s.message()));
@@ -260,24 +283,13 @@ int Run() {
   asked.requested_shard = requested_shard;
   asked.own_checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   asked.options = RegisterOptionsFromFlags();
+  v1::RegisterServerResponse registration;
   int exit_code = 0;
-  std::optional<RegisteredShard> registered = RegisterAndLoad(*coordinator, asked, &exit_code);
-  if (!registered.has_value()) {
+  stores.current = RegisterShard(*coordinator, asked, &registration, &exit_code);
+  if (stores.current == nullptr) {
     stop_server();
     return exit_code;
   }
-  const v1::RegisterServerResponse& registration = registered->registration;
-  SetMemberSecret(registration.member_secret());
-  absl::StatusOr<std::unique_ptr<ShardStore>> created =
-      CreateStore(StoreOptionsOf(registration, address), registration.restore(),
-                  std::move(registered->loaded));
-  if (!created.ok()) {
-    stop_server();
-    spdlog::error("invalid job from the coordinator: {}",
-                  std::string(created.status().message()));
-    return 1;
-  }
-  stores.current = std::move(*created);
   const Attachment attachment{*server, service, attached};
   GoLive(*stores.current, attachment, registration, address);
   const absl::Duration interval =
