@@ -5,26 +5,13 @@
 #include "coordinator/job_model.h"
 
 #include <string>
-#include <utility>
-#include <vector>
 
+#include "coordinator/testing/test_job.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 
 namespace grps {
 namespace {
-
-TensorSpecs Model(int64_t hidden) {
-  TensorSpecs model;
-  for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-           {"fc.weight", {hidden, 8}}, {"fc.bias", {hidden}}, {"scale", {}}}) {
-    v1::TensorSpec* t = model.Add();
-    t->set_name(name);
-    for (int64_t d : shape) t->add_shape(d);
-    t->set_initializer("given");
-  }
-  return model;
-}
 
 v1::JobConfig UserJob() {
   v1::JobConfig config = DefaultJobConfig();
@@ -39,14 +26,14 @@ TEST(JobModel, TheFirstOfferDefinesTheLayoutAndAnEqualOneChangesNothing) {
   JobModel model(config);
   EXPECT_TRUE(model.awaiting_definition());
   absl::StatusOr<std::optional<v1::ShardMap>> layout =
-      model.Define(Model(16), v1::OPTIMIZER_UNSPECIFIED, 2);
+      model.Define(TestUserModel(16), v1::OPTIMIZER_UNSPECIFIED, 2);
   ASSERT_TRUE(layout.ok()) << layout.status();
   ASSERT_TRUE(layout->has_value());
   EXPECT_EQ((*layout)->tensors_size(), 3);
   EXPECT_EQ((*layout)->shards_size(), 2);
   EXPECT_FALSE(model.awaiting_definition());
   absl::StatusOr<std::optional<v1::ShardMap>> again =
-      model.Define(Model(16), v1::OPTIMIZER_UNSPECIFIED, 2);
+      model.Define(TestUserModel(16), v1::OPTIMIZER_UNSPECIFIED, 2);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(again->has_value());
 }
@@ -54,9 +41,9 @@ TEST(JobModel, TheFirstOfferDefinesTheLayoutAndAnEqualOneChangesNothing) {
 TEST(JobModel, AnotherModelIsRefusedNamingTheFirstTensorThatDiffers) {
   const v1::JobConfig config = UserJob();
   JobModel model(config);
-  ASSERT_TRUE(model.Define(Model(16), v1::OPTIMIZER_UNSPECIFIED, 2).ok());
+  ASSERT_TRUE(model.Define(TestUserModel(16), v1::OPTIMIZER_UNSPECIFIED, 2).ok());
   absl::StatusOr<std::optional<v1::ShardMap>> other =
-      model.Define(Model(32), v1::OPTIMIZER_UNSPECIFIED, 2);
+      model.Define(TestUserModel(32), v1::OPTIMIZER_UNSPECIFIED, 2);
   ASSERT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
   EXPECT_NE(other.status().message().find("fc.weight"), std::string::npos) << other.status();
 }
@@ -67,13 +54,13 @@ TEST(JobModel, ABuiltInModelTakesNoOfferAndABadOfferIsRefused) {
   JobModel mlp(built_in);
   EXPECT_FALSE(mlp.awaiting_definition());
   EXPECT_TRUE(absl::IsFailedPrecondition(
-      mlp.Define(Model(16), v1::OPTIMIZER_UNSPECIFIED, 2).status()));
+      mlp.Define(TestUserModel(16), v1::OPTIMIZER_UNSPECIFIED, 2).status()));
   const v1::JobConfig config = UserJob();
   JobModel model(config);
   EXPECT_TRUE(absl::IsInvalidArgument(model.Define(TensorSpecs(), v1::OPTIMIZER_UNSPECIFIED, 2)
                                           .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      model.Define(Model(16), static_cast<v1::OptimizerKind>(99), 2).status()));
+      model.Define(TestUserModel(16), static_cast<v1::OptimizerKind>(99), 2).status()));
   EXPECT_TRUE(model.awaiting_definition());
 }
 
@@ -81,8 +68,8 @@ TEST(JobModel, MembersGetTheTensorsTheProgramsOptimizerAndTheirShardCount) {
   v1::JobConfig config = UserJob();
   config.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
   JobModel model(config);
-  ASSERT_TRUE(model.Define(Model(16), v1::OPTIMIZER_ADAM, 2).ok());
-  ASSERT_TRUE(model.Define(Model(16), v1::OPTIMIZER_SGD, 2).ok());  // a later offer's: ignored
+  ASSERT_TRUE(model.Define(TestUserModel(16), v1::OPTIMIZER_ADAM, 2).ok());
+  ASSERT_TRUE(model.Define(TestUserModel(16), v1::OPTIMIZER_SGD, 2).ok());  // a later offer's: ignored
   const v1::JobConfig member = model.MemberConfig(3);
   EXPECT_EQ(member.model_tensors_size(), 3);
   EXPECT_EQ(member.optimizer().kind(), v1::OPTIMIZER_ADAM);

@@ -968,18 +968,6 @@ class UserModelTest : public JobStateMachineTest {
     map_ = *map;
     machine_ = NewMachine();
   }
-
-  static TensorSpecs Model(int64_t hidden) {
-    TensorSpecs model;
-    for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-             {"fc.weight", {hidden, 8}}, {"fc.bias", {hidden}}, {"scale", {}}}) {
-      v1::TensorSpec* t = model.Add();
-      t->set_name(name);
-      for (int64_t d : shape) t->add_shape(d);
-      t->set_initializer("given");
-    }
-    return model;
-  }
 };
 
 TEST_F(UserModelTest, ServersRegisterOnlyOnceTheFirstWorkerDefinedTheModel) {
@@ -990,7 +978,7 @@ TEST_F(UserModelTest, ServersRegisterOnlyOnceTheFirstWorkerDefinedTheModel) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.status().message(), HasSubstr("model is not defined yet"));
 
-  absl::StatusOr<bool> defined = machine_->DefineModel(Model(4));
+  absl::StatusOr<bool> defined = machine_->DefineModel(TestUserModel(4));
   ASSERT_TRUE(defined.ok()) << defined.status();
   EXPECT_TRUE(*defined);
   std::vector<v1::RegisterServerResponse> servers = RegisterAllServers();
@@ -1008,11 +996,11 @@ TEST_F(UserModelTest, ServersRegisterOnlyOnceTheFirstWorkerDefinedTheModel) {
 
 TEST_F(UserModelTest, AnEqualOfferIsTakenAndAnotherModelIsRefusedNamingTheTensor) {
   StartUserJob();
-  ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());
-  absl::StatusOr<bool> again = machine_->DefineModel(Model(4));
+  ASSERT_TRUE(machine_->DefineModel(TestUserModel(4)).ok());
+  absl::StatusOr<bool> again = machine_->DefineModel(TestUserModel(4));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(*again);
-  absl::StatusOr<bool> other = machine_->DefineModel(Model(5));
+  absl::StatusOr<bool> other = machine_->DefineModel(TestUserModel(5));
   EXPECT_TRUE(IsModelMismatch(other.status())) << other.status();
   EXPECT_THAT(other.status().message(),
               HasSubstr("tensor 0 'fc.weight' has shape [5, 8], the job's [4, 8]"));
@@ -1023,10 +1011,10 @@ TEST_F(UserModelTest, AnEqualOfferIsTakenAndAnotherModelIsRefusedNamingTheTensor
 
 TEST_F(UserModelTest, ABuiltInModelAndABadModelAreRefused) {
   StartJob(2, 2);  // the default model, an MLP
-  EXPECT_EQ(machine_->DefineModel(Model(4)).status().code(),
+  EXPECT_EQ(machine_->DefineModel(TestUserModel(4)).status().code(),
             absl::StatusCode::kFailedPrecondition);
   StartUserJob();
-  TensorSpecs bad = Model(4);
+  TensorSpecs bad = TestUserModel(4);
   bad.Mutable(1)->set_name("fc.weight");
   absl::StatusOr<bool> twice = machine_->DefineModel(bad);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1036,10 +1024,10 @@ TEST_F(UserModelTest, ABuiltInModelAndABadModelAreRefused) {
 
 TEST_F(UserModelTest, TheDefiningOfferSetsTheOptimizerKindItsServersKeepStateFor) {
   StartUserJob();  // the flags' optimizer: momentum
-  ASSERT_TRUE(machine_->DefineModel(Model(4), v1::OPTIMIZER_ADAM).ok());
+  ASSERT_TRUE(machine_->DefineModel(TestUserModel(4), v1::OPTIMIZER_ADAM).ok());
   EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_ADAM);
   // A later offer's kind changes nothing (its program is refused by grps.torch).
-  EXPECT_FALSE(*machine_->DefineModel(Model(4), v1::OPTIMIZER_ADAGRAD));
+  EXPECT_FALSE(*machine_->DefineModel(TestUserModel(4), v1::OPTIMIZER_ADAGRAD));
   std::vector<v1::RegisterServerResponse> servers = RegisterAllServers();
   EXPECT_EQ(servers[0].config().optimizer().kind(), v1::OPTIMIZER_ADAM);
   // A coordinator that takes over keeps it.
@@ -1048,13 +1036,13 @@ TEST_F(UserModelTest, TheDefiningOfferSetsTheOptimizerKindItsServersKeepStateFor
   ASSERT_TRUE(machine_->TakeOver(state, "state").ok());
   EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_ADAM);
   StartUserJob();
-  EXPECT_EQ(machine_->DefineModel(Model(4), static_cast<v1::OptimizerKind>(42)).status().code(),
+  EXPECT_EQ(machine_->DefineModel(TestUserModel(4), static_cast<v1::OptimizerKind>(42)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(UserModelTest, AnOptimizerOnTheWorkersNeedsAJobWithoutSparseTables) {
   StartUserJob();
-  ASSERT_TRUE(machine_->DefineModel(Model(4), v1::OPTIMIZER_WORKERS).ok());
+  ASSERT_TRUE(machine_->DefineModel(TestUserModel(4), v1::OPTIMIZER_WORKERS).ok());
   EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_WORKERS);
   StartUserJob();
   v1::SparseTableSpec* table = config_.add_sparse_tables();
@@ -1062,14 +1050,14 @@ TEST_F(UserModelTest, AnOptimizerOnTheWorkersNeedsAJobWithoutSparseTables) {
   table->set_dim(4);
   table->set_rows(100);
   machine_ = NewMachine();
-  absl::StatusOr<bool> refused = machine_->DefineModel(Model(4), v1::OPTIMIZER_WORKERS);
+  absl::StatusOr<bool> refused = machine_->DefineModel(TestUserModel(4), v1::OPTIMIZER_WORKERS);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("has sparse tables"));
 }
 
 TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
   StartUserJob();
-  ASSERT_TRUE(machine_->DefineModel(Model(4)).ok());
+  ASSERT_TRUE(machine_->DefineModel(TestUserModel(4)).ok());
   RegisterAllServers();
   RegisterAllWorkers();
   const v1::CoordinatorState state = machine_->ExportState();
@@ -1077,8 +1065,8 @@ TEST_F(UserModelTest, ATakenOverJobKeepsTheDefinedModel) {
   machine_ = NewMachine();  // a coordinator started again, with the flags' config
   ASSERT_TRUE(machine_->TakeOver(state, "state").ok());
   EXPECT_EQ(machine_->shard_map().chunks_size(), 3);
-  EXPECT_FALSE(*machine_->DefineModel(Model(4)));
-  EXPECT_TRUE(IsModelMismatch(machine_->DefineModel(Model(6)).status()));
+  EXPECT_FALSE(*machine_->DefineModel(TestUserModel(4)));
+  EXPECT_TRUE(IsModelMismatch(machine_->DefineModel(TestUserModel(6)).status()));
 }
 
 }  // namespace

@@ -6,28 +6,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/testing/dealt_map.h"
 
 namespace grps {
 namespace {
-
-// 4 chunks of 2 floats, dealt over 2 shards: part 0 holds chunks 0 and 2
-// (shard 0), part 1 chunks 1 and 3 (shard 1).
-v1::ShardMap TwoShards() {
-  v1::ShardMap map;
-  v1::TensorSpec* t = map.add_tensors();
-  t->set_name("w");
-  t->add_shape(8);
-  for (uint32_t id = 0; id < 4; ++id) {
-    v1::ChunkSpec* c = map.add_chunks();
-    c->set_chunk_id(id);
-    c->set_offset(2 * id);
-    c->set_num_elements(2);
-    c->set_shard(id % 2);
-  }
-  map.add_shards()->set_shard(0);
-  map.add_shards()->set_shard(1);
-  return map;
-}
 
 std::vector<WireChunk> Heads(const std::vector<uint32_t>& ids) {
   std::vector<WireChunk> chunks(ids.size());
@@ -47,7 +29,9 @@ class PartCodecTest : public ::testing::Test {
  protected:
   std::vector<WireChunk> Chunks(std::vector<WireChunk> a) { return a; }
 
-  const ChunkLayout layout_{TwoShards()};
+  // 4 chunks of 2 floats over 2 shards: part 0 holds chunks 0 and 2
+  // (shard 0), part 1 chunks 1 and 3 (shard 1).
+  const ChunkLayout layout_{DealtMap(4, 2, 2)};
   const std::vector<float> grads_{0, 1, 2, 3, 4, 5, 6, 7};
   std::vector<float> params_ = std::vector<float>(8, -1);
   std::vector<std::atomic<uint64_t>> versions_ = std::vector<std::atomic<uint64_t>>(4);

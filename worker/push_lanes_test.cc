@@ -7,27 +7,10 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "worker/testing/dealt_map.h"
 
 namespace grps {
 namespace {
-
-// 4 chunks of 8 floats, dealt over 2 shards: a part per shard.
-v1::ShardMap TwoShards() {
-  v1::ShardMap map;
-  v1::TensorSpec* t = map.add_tensors();
-  t->set_name("w");
-  t->add_shape(32);
-  for (uint32_t id = 0; id < 4; ++id) {
-    v1::ChunkSpec* c = map.add_chunks();
-    c->set_chunk_id(id);
-    c->set_offset(8 * id);
-    c->set_num_elements(8);
-    c->set_shard(id % 2);
-  }
-  map.add_shards()->set_shard(0);
-  map.add_shards()->set_shard(1);
-  return map;
-}
 
 v1::JobConfig Config(v1::LocalTransport transport, float topk = 0) {
   v1::JobConfig config;
@@ -44,7 +27,8 @@ grpc::ByteBuffer Bytes(const std::string& s) {
 
 class PushLanesTest : public ::testing::Test {
  protected:
-  const ChunkLayout layout_{TwoShards()};
+  // 4 chunks of 8 floats over 2 shards: a part per shard.
+  const ChunkLayout layout_{DealtMap(4, 8, 2)};
 };
 
 TEST_F(PushLanesTest, AJobThatAsksForGrpcHasNoLane) {

@@ -6,21 +6,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/testing/dealt_map.h"
 
 namespace grps {
 namespace {
-
-// One tensor of 4 elements in one chunk on one shard.
-v1::ShardMap OneChunk() {
-  v1::ShardMap map;
-  v1::TensorSpec* t = map.add_tensors();
-  t->set_name("w");
-  t->add_shape(4);
-  v1::ChunkSpec* c = map.add_chunks();
-  c->set_num_elements(4);
-  map.add_shards()->set_shard(0);
-  return map;
-}
 
 struct Sent {
   std::vector<uint32_t> indices;
@@ -41,14 +30,14 @@ Sent Push(TopKFeedback& topk, uint64_t step, uint64_t generation, std::vector<fl
 }
 
 TEST(TopKFeedback, SendsTheLargestFractionAndTheRestWithTheNextPush) {
-  const ChunkLayout layout(OneChunk());
+  const ChunkLayout layout(DealtMap(1, 4, 1));
   TopKFeedback topk(0.5f, layout);
   EXPECT_EQ(Push(topk, 1, 0, {1, -5, 2, 0.5f}), (Sent{{1, 2}, {-5, 2}}));
   EXPECT_EQ(Push(topk, 2, 0, {0, 0, 0, 0}), (Sent{{0, 3}, {1, 0.5f}}));
 }
 
 TEST(TopKFeedback, ARetryOfAStepSendsTheSameSelection) {
-  const ChunkLayout layout(OneChunk());
+  const ChunkLayout layout(DealtMap(1, 4, 1));
   TopKFeedback topk(0.5f, layout);
   Push(topk, 1, 0, {1, -5, 2, 0.5f});
   const Sent first = Push(topk, 2, 0, {0, 0, 3, 0});
@@ -56,7 +45,7 @@ TEST(TopKFeedback, ARetryOfAStepSendsTheSameSelection) {
 }
 
 TEST(TopKFeedback, APushOfAnotherGenerationStartsFromAnEmptyResidual) {
-  const ChunkLayout layout(OneChunk());
+  const ChunkLayout layout(DealtMap(1, 4, 1));
   TopKFeedback topk(0.5f, layout);
   Push(topk, 1, 0, {1, -5, 2, 0.5f});
   const Sent after_rollback = Push(topk, 1, 1, {0, 0, 0, 0});

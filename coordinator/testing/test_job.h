@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/user_model.h"
 #include "proto/grps.pb.h"
 
 namespace grps {
@@ -51,6 +54,20 @@ inline v1::ShardCheckpointFile FakeShardFile(const v1::ShardMap& map, uint64_t c
     c->set_values(std::string(4 * chunk.num_elements(), '\0'));
   }
   return file;
+}
+
+// A user model of three tensors ("fc.weight" [hidden, 8], "fc.bias"
+// [hidden], the scalar "scale"), each with given initial values.
+inline TensorSpecs TestUserModel(int64_t hidden) {
+  TensorSpecs model;
+  for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"fc.weight", {hidden, 8}}, {"fc.bias", {hidden}}, {"scale", {}}}) {
+    v1::TensorSpec* t = model.Add();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_initializer("given");
+  }
+  return model;
 }
 
 }  // namespace grps
