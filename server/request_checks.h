@@ -3,10 +3,12 @@
 // changes: its job and rank, each chunk or row (this shard's, once, in its
 // table), sizes and dtypes, and every gradient value finite and in range
 // (kMaxGradientMagnitude). Each refusal is a status naming what is wrong.
-// What only the store knows (the generation, duplicates, the values given
-// for a chunk, staleness) it checks itself, in ShardStore::Push and its
-// policies: together the two places a push is admitted
-// (docs/architecture.md).
+// What only the store knows (the rank's live incarnation, the values given
+// for a chunk, the generation, duplicates, the mode's rules) it checks
+// itself, in one pass (ShardStore::Admit; its order in shard_store.h):
+// together the two places a push is admitted (docs/architecture.md). The
+// edge reads the store's generation only in NotHeld, to say why a chunk or
+// row is not here; it admits nothing by it.
 #ifndef GRPS_SERVER_REQUEST_CHECKS_H_
 #define GRPS_SERVER_REQUEST_CHECKS_H_
 

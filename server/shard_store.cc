@@ -183,20 +183,37 @@ StoreChunk* ShardStore::FindChunk(uint32_t chunk_id) const {
   return chunks_[local_index_[chunk_id]].get();
 }
 
-// ---- Pushes ----
+// ---- A push's admission: the store's one pass (its order: shard_store.h) ----
 
-absl::Status ShardStore::CheckPusher(uint32_t rank) const {
+absl::Status ShardStore::CheckWorker(uint32_t rank) const {
   if (shutdown_.load()) return absl::UnavailableError("shard is shutting down");
-  // The edge has checked this; a violation here is a caller bug that must
-  // not become out-of-bounds access.
   if (rank >= num_workers_)
     return absl::InvalidArgumentError(absl::StrCat("unknown worker rank ", rank));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StoreChunk*>> ShardStore::ChunksOf(const GradientPush& push) const {
-  std::vector<StoreChunk*> chunks;
-  chunks.reserve(push.chunks.size());
+template <typename Request>
+absl::Status ShardStore::Admit(const PushAdmission::Pusher& pusher, uint64_t generation,
+                               const Request& request, Admitting what, Admitted* out) {
+  if (absl::Status s = CheckWorker(pusher.rank); !s.ok()) return s;  // 1, 2
+  absl::StatusOr<std::vector<PushAdmission::TargetGradient>> grads = TargetsOf(request);  // 3
+  if (!grads.ok()) return grads.status();
+  std::vector<StoreTarget*> targets;
+  targets.reserve(grads->size());
+  for (const PushAdmission::TargetGradient& g : *grads) targets.push_back(g.target);
+  std::vector<StoreTarget*> sorted = targets;  // 4
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    return absl::InvalidArgumentError("a chunk appears twice in one push");
+  out->grads = std::move(*grads);
+  out->locks.emplace(targets);
+  return CheckLocked(pusher, generation, what, out);  // 5 to 8
+}
+
+absl::StatusOr<std::vector<PushAdmission::TargetGradient>> ShardStore::TargetsOf(
+    const GradientPush& push) const {
+  std::vector<PushAdmission::TargetGradient> grads;
+  grads.reserve(push.chunks.size());
   for (const ChunkGradient& g : push.chunks) {
     StoreChunk* c = FindChunk(g.chunk_id);
     if (c == nullptr)
@@ -206,45 +223,101 @@ absl::StatusOr<std::vector<StoreChunk*>> ShardStore::ChunksOf(const GradientPush
       return absl::InvalidArgumentError(absl::StrCat("chunk ", g.chunk_id, ": ", g.values.size(),
                                                      " gradient values for ", c->num_elements(),
                                                      " elements"));
-    chunks.push_back(c);
+    grads.push_back({c, GradientRef{g.values, {}}, g.base_version, g.wire_bytes, g.optimizer});
   }
-  std::vector<StoreChunk*> sorted = chunks;
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    return absl::InvalidArgumentError("a chunk appears twice in one push");
-  return chunks;
+  return grads;
 }
 
-absl::StatusOr<std::vector<PushAdmission::Outcome>> ShardStore::AdmitLocked(
-    const PushAdmission::Pusher& pusher, uint64_t generation,
-    absl::Span<const PushAdmission::TargetGradient> grads) {
-  // Under the targets' locks, so a Restore is wholly before or after.
-  if (absl::Status s = CheckGeneration(generation); !s.ok()) return s;
-  std::vector<bool> duplicate;
-  if (absl::Status s = admission_.Decide(pusher, grads, &duplicate); !s.ok()) return s;
-  return admission_.Accept(pusher, grads, duplicate, *admission_.live());
+absl::StatusOr<std::vector<PushAdmission::TargetGradient>> ShardStore::TargetsOf(
+    const SparseGradientPush& push) const {
+  StoreTable* table = FindTable(push.table);
+  if (table == nullptr)
+    return absl::NotFoundError(absl::StrCat("the job has no sparse table '", push.table, "'"));
+  if (push.values.size() != push.ids.size() * table->spec.dim())
+    return absl::InvalidArgumentError(absl::StrCat(
+        table->name, ": ", push.values.size(), " gradient values for ", push.ids.size(),
+        " rows of ", table->spec.dim()));
+  return std::vector<PushAdmission::TargetGradient>{
+      {table, GradientRef{push.values, push.ids}, push.base_version, push.wire_bytes}};
 }
+
+absl::StatusOr<std::vector<PushAdmission::TargetGradient>> ShardStore::TargetsOf(
+    const v1::LoadOptimizerStateRequest& request) const {
+  std::vector<PushAdmission::TargetGradient> targets;  // no gradients: a state
+  for (const v1::ChunkOptimizerState& state : request.chunks()) {
+    StoreChunk* c = FindChunk(state.chunk_id());
+    if (c == nullptr)
+      return absl::NotFoundError(
+          absl::StrCat("chunk ", state.chunk_id(), " is not held by shard ", shard_));
+    targets.emplace_back().target = c;
+  }
+  return targets;
+}
+
+absl::Status ShardStore::CheckLocked(const PushAdmission::Pusher& pusher, uint64_t generation,
+                                     Admitting what, Admitted* out) {
+  if (absl::Status s = admission_.CheckIncarnation(pusher, out->grads.size()); !s.ok())
+    return s;  // 5
+  if (what == Admitting::kChunkGradients)  // 6
+    for (const PushAdmission::TargetGradient& g : out->grads)
+      if (g.target->awaiting_values)
+        return absl::UnavailableError(absl::StrCat(
+            g.target->name, " has no values yet: worker rank 0 gives them (broadcast_parameters)"));
+  if (absl::Status s = CheckGeneration(generation); !s.ok()) return s;  // 7
+  return DecideLocked(pusher, what, out);  // 8
+}
+
+absl::Status ShardStore::DecideLocked(const PushAdmission::Pusher& pusher, Admitting what,
+                                      Admitted* out) {
+  switch (what) {
+    case Admitting::kChunkGradients:
+      return admission_.Decide(pusher, out->grads, &out->duplicate);
+    case Admitting::kRowGradients: {
+      if (absl::Status s = admission_.Decide(pusher, out->grads, &out->duplicate); !s.ok())
+        return s;
+      if (out->duplicate[0]) return absl::OkStatus();
+      // The rows' limit is decided before the push is taken: all or
+      // nothing. Ensure makes the rows it has room for; nothing after it
+      // refuses the push.
+      StoreTable& table = static_cast<StoreTable&>(*out->grads[0].target);
+      if (absl::Status s = table.rows->Ensure(out->grads[0].grad.ids); !s.ok()) {
+        admission_.CountRejected(1);
+        return s;
+      }
+      return absl::OkStatus();
+    }
+    case Admitting::kInitialValues:
+      for (const PushAdmission::TargetGradient& g : out->grads) {
+        const absl::Span<const float> values = g.grad.values;
+        if (FirstNonFinite(values.data(), static_cast<int64_t>(values.size())) >= 0)
+          return absl::InvalidArgumentError(
+              absl::StrCat(g.target->name, ": an initial value is not a finite number"));
+      }
+      return absl::OkStatus();
+    case Admitting::kOptimizerState:
+      for (const PushAdmission::TargetGradient& g : out->grads)
+        if (g.target->version() > 0)
+          return absl::FailedPreconditionError(absl::StrCat(
+              g.target->name, " has had ", g.target->version(),
+              " updates: a saved optimizer state starts a job, before its first update"));
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// ---- Pushes: admitted (above), then taken ----
 
 absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push) {
-  if (absl::Status s = CheckPusher(push.worker_rank); !s.ok()) return s;
-  absl::StatusOr<std::vector<StoreChunk*>> chunks = ChunksOf(push);
-  if (!chunks.ok()) return chunks.status();
   const PushAdmission::Pusher pusher{push.worker_rank, push.incarnation, push.step};
-  if (absl::Status s = admission_.CheckIncarnation(pusher, push.chunks.size()); !s.ok()) return s;
-  std::vector<PushAdmission::TargetGradient> grads;
-  for (size_t i = 0; i < push.chunks.size(); ++i) {
-    const ChunkGradient& g = push.chunks[i];
-    grads.push_back(
-        {(*chunks)[i], GradientRef{g.values, {}}, g.base_version, g.wire_bytes, g.optimizer});
-  }
   PushResult result;
   {
-    TargetLocks locks(*chunks);
-    if (absl::Status s = CheckValuesGivenLocked(*chunks); !s.ok()) return s;
-    absl::StatusOr<std::vector<PushAdmission::Outcome>> outcomes =
-        AdmitLocked(pusher, push.generation, grads);
-    if (!outcomes.ok()) return outcomes.status();
-    for (const PushAdmission::Outcome& o : *outcomes) {
+    Admitted admitted;
+    if (absl::Status s =
+            Admit(pusher, push.generation, push, Admitting::kChunkGradients, &admitted);
+        !s.ok())
+      return s;
+    for (const PushAdmission::Outcome& o :
+         admission_.Accept(pusher, admitted.grads, admitted.duplicate, *admission_.live())) {
       result.versions.push_back(o.version);
       result.duplicates += o.duplicate;
       result.late += o.late;
@@ -256,44 +329,74 @@ absl::StatusOr<ShardStore::PushResult> ShardStore::Push(const GradientPush& push
   return result;
 }
 
-absl::Status ShardStore::CheckValuesGivenLocked(const std::vector<StoreChunk*>& chunks) {
-  for (const StoreChunk* c : chunks)
-    if (c->awaiting_values)
-      return absl::UnavailableError(absl::StrCat(
-          c->name, " has no values yet: worker rank 0 gives them (broadcast_parameters)"));
-  return absl::OkStatus();
-}
-
-uint32_t ShardStore::GiveLocked(const std::vector<StoreChunk*>& chunks,
-                                const GradientPush& push) {
-  uint32_t taken = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) taken += chunks[i]->Give(push.chunks[i].values);
-  return taken;
+absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
+    const SparseGradientPush& push) {
+  const PushAdmission::Pusher pusher{push.worker_rank, push.incarnation, push.step};
+  PushAdmission::Outcome outcome;
+  {
+    Admitted admitted;
+    if (absl::Status s =
+            Admit(pusher, push.generation, push, Admitting::kRowGradients, &admitted);
+        !s.ok())
+      return s;
+    if (!admitted.duplicate[0]) {
+      StoreTable& table = static_cast<StoreTable&>(*admitted.grads[0].target);
+      table.mu.AssertHeld();
+      table.rows->CountPushed(push.ids);
+      table.rows_pushed += push.ids.size();
+    }
+    outcome = admission_.Accept(pusher, admitted.grads, admitted.duplicate,
+                                *admission_.live())[0];
+  }
+  admission_.RaiseIncarnation(pusher);
+  pulls_.Wake();
+  return SparsePushResult{outcome.version, outcome.duplicate, outcome.late, outcome.too_stale};
 }
 
 absl::StatusOr<uint32_t> ShardStore::GiveInitialValues(const GradientPush& push) {
   if (push.worker_rank != 0)
     return absl::PermissionDeniedError(absl::StrCat(
         "initial values come from worker rank 0, not rank ", push.worker_rank));
-  if (absl::Status s = CheckPusher(push.worker_rank); !s.ok()) return s;
-  absl::StatusOr<std::vector<StoreChunk*>> chunks = ChunksOf(push);
-  if (!chunks.ok()) return chunks.status();
   const PushAdmission::Pusher pusher{push.worker_rank, push.incarnation, push.step};
-  if (absl::Status s = admission_.CheckIncarnation(pusher, push.chunks.size()); !s.ok()) return s;
   uint32_t taken = 0;
   {
-    TargetLocks locks(*chunks);
-    if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
-    for (size_t i = 0; i < push.chunks.size(); ++i) {
-      const ChunkGradient& g = push.chunks[i];
-      if (FirstNonFinite(g.values.data(), static_cast<int64_t>(g.values.size())) >= 0)
-        return absl::InvalidArgumentError(absl::StrCat(
-            (*chunks)[i]->name, ": an initial value is not a finite number"));
-    }
-    taken = GiveLocked(*chunks, push);
+    Admitted admitted;
+    if (absl::Status s =
+            Admit(pusher, push.generation, push, Admitting::kInitialValues, &admitted);
+        !s.ok())
+      return s;
+    taken = GiveLocked(admitted);
   }
   pulls_.Wake();
   return taken;
+}
+
+uint32_t ShardStore::GiveLocked(const Admitted& admitted) {
+  uint32_t taken = 0;
+  for (const PushAdmission::TargetGradient& g : admitted.grads)
+    taken += static_cast<StoreChunk*>(g.target)->Give(g.grad.values);
+  return taken;
+}
+
+absl::Status ShardStore::LoadOptimizerState(const v1::LoadOptimizerStateRequest& request) {
+  const PushAdmission::Pusher pusher{request.worker_rank(), request.incarnation(), 0};
+  Admitted admitted;
+  if (absl::Status s = Admit(pusher, request.generation(), request,
+                             Admitting::kOptimizerState, &admitted);
+      !s.ok())
+    return s;
+  LoadOptimizerStateLocked(admitted, request);
+  return absl::OkStatus();
+}
+
+void ShardStore::LoadOptimizerStateLocked(const Admitted& admitted,
+                                          const v1::LoadOptimizerStateRequest& request) {
+  for (size_t i = 0; i < admitted.grads.size(); ++i) {
+    const v1::ChunkOptimizerState& state = request.chunks(static_cast<int>(i));
+    std::vector<const std::string*> slots;
+    for (const std::string& slot : state.slots()) slots.push_back(&slot);
+    static_cast<StoreChunk*>(admitted.grads[i].target)->LoadOptimizerState(slots, state.steps());
+  }
 }
 
 absl::StatusOr<v1::GetOptimizerStateResponse> ShardStore::ReadOptimizerState(
@@ -315,86 +418,10 @@ absl::StatusOr<v1::GetOptimizerStateResponse> ShardStore::ReadOptimizerState(
   return out;
 }
 
-absl::Status ShardStore::LoadOptimizerState(const v1::LoadOptimizerStateRequest& request) {
-  if (absl::Status s = CheckPusher(request.worker_rank()); !s.ok()) return s;
-  std::vector<StoreChunk*> chunks;
-  for (const v1::ChunkOptimizerState& state : request.chunks()) {
-    StoreChunk* c = FindChunk(state.chunk_id());
-    if (c == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("chunk ", state.chunk_id(), " is not held by shard ", shard_));
-    chunks.push_back(c);
-  }
-  const PushAdmission::Pusher pusher{request.worker_rank(), request.incarnation(), 0};
-  if (absl::Status s = admission_.CheckIncarnation(pusher, chunks.size()); !s.ok()) return s;
-  TargetLocks locks(chunks);
-  if (absl::Status s = CheckGeneration(request.generation()); !s.ok()) return s;
-  return LoadOptimizerStateLocked(chunks, request);
-}
-
-absl::Status ShardStore::LoadOptimizerStateLocked(const std::vector<StoreChunk*>& chunks,
-                                                  const v1::LoadOptimizerStateRequest& request) {
-  for (StoreChunk* c : chunks)
-    if (c->version() > 0)
-      return absl::FailedPreconditionError(absl::StrCat(
-          c->name, " has had ", c->version(),
-          " updates: a saved optimizer state starts a job, before its first update"));
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const v1::ChunkOptimizerState& state = request.chunks(static_cast<int>(i));
-    std::vector<const std::string*> slots;
-    for (const std::string& slot : state.slots()) slots.push_back(&slot);
-    chunks[i]->LoadOptimizerState(slots, state.steps());
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
-    const SparseGradientPush& push) {
-  if (absl::Status s = CheckPusher(push.worker_rank); !s.ok()) return s;
-  StoreTable* table = FindTable(push.table);
-  if (table == nullptr)
-    return absl::NotFoundError(absl::StrCat("the job has no sparse table '", push.table, "'"));
-  if (push.values.size() != push.ids.size() * table->spec.dim())
-    return absl::InvalidArgumentError(absl::StrCat(
-        table->name, ": ", push.values.size(), " gradient values for ", push.ids.size(),
-        " rows of ", table->spec.dim()));
-  const PushAdmission::Pusher pusher{push.worker_rank, push.incarnation, push.step};
-  if (absl::Status s = admission_.CheckIncarnation(pusher, 1); !s.ok()) return s;
-  const PushAdmission::TargetGradient grads[] = {
-      {table, GradientRef{push.values, push.ids}, push.base_version, push.wire_bytes}};
-  PushAdmission::Outcome outcome;
-  {
-    absl::MutexLock lock(&table->mu);
-    if (absl::Status s = CheckGeneration(push.generation); !s.ok()) return s;
-    std::vector<bool> duplicate;
-    if (absl::Status s = admission_.Decide(pusher, grads, &duplicate); !s.ok()) return s;
-    if (!duplicate[0]) {
-      // The rows' limit is decided before the push is taken: all or nothing.
-      if (absl::Status s = table->rows->Ensure(push.ids); !s.ok()) {
-        admission_.CountRejected(1);
-        return s;
-      }
-      table->rows->CountPushed(push.ids);
-      table->rows_pushed += push.ids.size();
-    }
-    outcome = admission_.Accept(pusher, grads, duplicate, *admission_.live())[0];
-  }
-  admission_.RaiseIncarnation(pusher);
-  pulls_.Wake();
-  return SparsePushResult{outcome.version, outcome.duplicate, outcome.late, outcome.too_stale};
-}
-
 // ---- Pulls ----
 
-absl::Status ShardStore::CheckPuller(uint32_t rank) const {
-  if (shutdown_.load()) return absl::UnavailableError("shard is shutting down");
-  if (rank >= num_workers_)
-    return absl::InvalidArgumentError(absl::StrCat("unknown worker rank ", rank));
-  return absl::OkStatus();
-}
-
 void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
-  if (absl::Status s = CheckPuller(spec.worker_rank); !s.ok()) {
+  if (absl::Status s = CheckWorker(spec.worker_rank); !s.ok()) {
     done(s);
     return;
   }
@@ -421,7 +448,7 @@ void ShardStore::PullAsync(PullSpec spec, PullCallback done) {
 }
 
 void ShardStore::PullSparseAsync(SparsePullSpec spec, SparsePullCallback done) {
-  if (absl::Status s = CheckPuller(spec.worker_rank); !s.ok()) {
+  if (absl::Status s = CheckWorker(spec.worker_rank); !s.ok()) {
     done(s);
     return;
   }

@@ -20,11 +20,12 @@
 // capture's mutex, the targets' (TargetLocks order), the live set's; the
 // waiting pulls' mutex is never held with a target's.
 //
-// Inputs are trusted: the caller (ParameterServerService, the network edge)
-// has checked job id, rank, chunk ownership, lengths and finiteness. What the
-// store still decides is whether a well-formed gradient fits the current
-// state (incarnation, version); those refusals are FAILED_PRECONDITION and
-// change nothing but the rejection counter. Late and too-stale gradients are
+// A push is admitted in two places: at the network edge
+// (request_checks.h: job, rank, each chunk or row, sizes, every value in
+// range), then here, in one pass (Admit, below), which checks what only
+// the store knows: the rank's live incarnation, the values given, the
+// generation, duplicates and the mode's rules. Those refusals change
+// nothing (the rejection counter aside). Late and too-stale gradients are
 // not refusals: they are outcomes of the mode, counted and reported in the
 // PushResult.
 //
@@ -258,9 +259,9 @@ class ShardStore {
     bool late = false;
     bool too_stale = false;
   };
-  // As Push, for one table. Also RESOURCE_EXHAUSTED (nothing changes) when
-  // the push would create rows past the table's max_rows_per_shard, and
-  // NOT_FOUND for a table the job does not have.
+  // As Push, for one table. Also FAILED_PRECONDITION (nothing changes) when
+  // the push would create rows past the table's max_rows_per_shard
+  // (SparseRows::Ensure), and NOT_FOUND for a table the job does not have.
   absl::StatusOr<SparsePushResult> PushSparse(const SparseGradientPush& push);
 
   struct SparsePullSpec : PullWait {
@@ -273,7 +274,7 @@ class ShardStore {
   };
   using SparsePullCallback = std::function<void(absl::StatusOr<PulledRows>)>;
   // As PullAsync, for rows of one table (created on first use; as Ensure
-  // says, RESOURCE_EXHAUSTED past max_rows_per_shard).
+  // says, FAILED_PRECONDITION past max_rows_per_shard).
   void PullSparseAsync(SparsePullSpec spec, SparsePullCallback done);
   absl::StatusOr<PulledRows> PullSparse(SparsePullSpec spec);
 
@@ -379,27 +380,85 @@ class ShardStore {
   StoreTable* FindTable(std::string_view name) const;
   // Every target, chunks then tables (for the loops over all of them).
   std::vector<StoreTarget*> AllTargets() const;
-  // The chunks a push names, checked against its gradients.
-  absl::StatusOr<std::vector<StoreChunk*>> ChunksOf(const GradientPush& push) const;
-  // The edge's checks of a pusher, repeated: UNAVAILABLE after Shutdown,
-  // INVALID_ARGUMENT for an unknown rank.
-  absl::Status CheckPusher(uint32_t rank) const;
-  // Decides and takes a push whose targets' locks are held.
-  absl::StatusOr<std::vector<PushAdmission::Outcome>> AdmitLocked(
-      const PushAdmission::Pusher& pusher, uint64_t generation,
-      absl::Span<const PushAdmission::TargetGradient> grads);
-  // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank.
-  absl::Status CheckPuller(uint32_t rank) const;
-  // With every chunk's lock held (a TargetLocks, which the analysis cannot
-  // follow): UNAVAILABLE when one awaits its initial values; the values of
-  // `push` given to those that await them (how many took them).
-  static absl::Status CheckValuesGivenLocked(const std::vector<StoreChunk*>& chunks)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  static uint32_t GiveLocked(const std::vector<StoreChunk*>& chunks, const GradientPush& push)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // LoadOptimizerState's half under the chunks' locks (a TargetLocks).
-  static absl::Status LoadOptimizerStateLocked(const std::vector<StoreChunk*>& chunks,
-                                               const v1::LoadOptimizerStateRequest& request)
+  // UNAVAILABLE after Shutdown, INVALID_ARGUMENT for an unknown rank (the
+  // edge's CheckRank, kept for callers in the process: a rank past the
+  // job's would index past the store's arrays).
+  absl::Status CheckWorker(uint32_t rank) const;
+
+  // ---- A push's admission: the store's one pass ----
+  //
+  // Every push (gradients of chunks or of a table's rows, a user model's
+  // initial values, a program's optimizer state) is admitted by Admit, once,
+  // before anything changes; the first refusal ends it, nothing changed:
+  //
+  //   1. the shard runs                      UNAVAILABLE after Shutdown
+  //   2. the rank is the job's (*)           INVALID_ARGUMENT
+  //   3. the targets (*): each chunk this shard's, with one value per
+  //      element; the table the job's, with dim values per row
+  //                                          NOT_FOUND, INVALID_ARGUMENT
+  //   4. no target twice (*)                 INVALID_ARGUMENT
+  //      -- the targets' locks are taken (TargetLocks): a Restore or
+  //         another push of these targets is wholly before or after --
+  //   5. the pusher's incarnation is not older than the rank's live one
+  //                                          FAILED_PRECONDITION, counted
+  //   6. gradients of chunks: none awaits rank 0's initial values
+  //                                          UNAVAILABLE
+  //   7. the generation is the shard's (or 0, unchecked)
+  //                                          ABORTED older, UNAVAILABLE newer
+  //   8. what the kind decides (DecideLocked):
+  //      gradients: PushAdmission::Decide (each target's marks: an older
+  //        incarnation's refused, a step the target has already taken a
+  //        duplicate; the mode's policy: a base version the target never
+  //        had, in sync one not newer than the rank's last)
+  //                                          FAILED_PRECONDITION, counted
+  //        then a sparse push's new rows within max_rows_per_shard
+  //                                          FAILED_PRECONDITION, counted
+  //      initial values: every value finite (*)   INVALID_ARGUMENT
+  //      optimizer state: no chunk updated yet    FAILED_PRECONDITION
+  //
+  // (*) The edge has checked these already (CheckRank, CheckChunk,
+  // CheckTable, the sizes, "twice", FirstOutOfRange), and every network path
+  // reaches the store through it: ServePush (gRPC pushes, lane pushes,
+  // doorbell rings; the Python binding's too, through the worker's client),
+  // PushSparse and LoadOptimizerState. They are checked again here because
+  // tests and fuzzers hand the store typed pushes directly, and a rank or
+  // target out of range would index past the store's arrays, a short
+  // gradient read past its end, a target twice deadlock TargetLocks.
+  enum class Admitting { kChunkGradients, kRowGradients, kInitialValues, kOptimizerState };
+  // A push past Admit: its targets with their gradients (request order),
+  // which of them have its step already (gradients only), and the targets'
+  // locks, held until this is destroyed.
+  struct Admitted {
+    std::vector<PushAdmission::TargetGradient> grads;
+    std::vector<bool> duplicate;
+    std::optional<TargetLocks> locks;
+  };
+  // The pass above, for `request` (a GradientPush, a SparseGradientPush or
+  // a LoadOptimizerStateRequest) from `pusher`, tagged `generation`.
+  template <typename Request>
+  absl::Status Admit(const PushAdmission::Pusher& pusher, uint64_t generation,
+                     const Request& request, Admitting what, Admitted* out);
+  // Step 3: the targets a request names, each with its gradient.
+  absl::StatusOr<std::vector<PushAdmission::TargetGradient>> TargetsOf(
+      const GradientPush& push) const;
+  absl::StatusOr<std::vector<PushAdmission::TargetGradient>> TargetsOf(
+      const SparseGradientPush& push) const;
+  absl::StatusOr<std::vector<PushAdmission::TargetGradient>> TargetsOf(
+      const v1::LoadOptimizerStateRequest& request) const;
+  // Steps 5 to 8, with the targets' locks held (a TargetLocks, which the
+  // analysis cannot follow).
+  absl::Status CheckLocked(const PushAdmission::Pusher& pusher, uint64_t generation,
+                           Admitting what, Admitted* out) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Step 8.
+  absl::Status DecideLocked(const PushAdmission::Pusher& pusher, Admitting what,
+                            Admitted* out) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // The updates after Admit, with its locks held: initial values given to
+  // the chunks that await them (how many took them); an optimizer state
+  // loaded.
+  static uint32_t GiveLocked(const Admitted& admitted) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  static void LoadOptimizerStateLocked(const Admitted& admitted,
+                                       const v1::LoadOptimizerStateRequest& request)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // WaitingPulls' examiner: serves `pull` if every target is ready, or fails
   // it; true when it has its answer, false to wait.
