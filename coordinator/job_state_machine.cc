@@ -20,14 +20,10 @@ namespace grps {
 
 namespace {
 
-// How often a blocked call looks at its caller (cancellation) while waiting.
-constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 // The heartbeat interval asked of members while the job is ending.
 constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
-// How often a waiting standby's call looks at its caller.
-constexpr absl::Duration kStandbyPoll = absl::Milliseconds(100);
 // A standby's call is answered this long before its deadline (a shard
 // handed to a caller that already gave up would be held by nobody).
 constexpr absl::Duration kStandbyAnswerMargin = absl::Milliseconds(300);
@@ -110,7 +106,7 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
   if (!layout.ok()) return layout.status();
   if (!layout->has_value()) return false;
   membership_.SetLayout(**layout);
-  changed_.SignalAll();
+  waits_.Changed();
   return true;
 }
 
@@ -208,7 +204,7 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
   const v1::JobStatus ended = StatusLocked(now);
   for (const std::string& warning : ended.warnings())
     spdlog::warn("job {}: {}", config_.job_id(), warning);
-  changed_.SignalAll();
+  waits_.Changed();
 }
 
 void JobStateMachine::UpdateStateLocked(absl::Time now) {
@@ -221,7 +217,7 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
     global_step_.Restart(now);
     spdlog::info("job {} running: {} servers and {} workers registered",
                  config_.job_id(), config_.num_servers(), config_.num_workers());
-    changed_.SignalAll();
+    waits_.Changed();
   }
   if (!TrainingDoneLocked()) {
     if (ending_.training_was_done()) ResetTrainingDoneLocked();
@@ -268,7 +264,7 @@ void JobStateMachine::WriteReadyManifest() {
       TickReshardLocked(now);
     }
     UpdateStateLocked(now);
-    changed_.SignalAll();
+    waits_.Changed();
   }
   // The new map goes to disk at once: a coordinator that takes over must
   // not hand out the old one to members that follow the new.
@@ -317,7 +313,7 @@ absl::StatusOr<v1::ReshardProgress> JobStateMachine::ScaleServers(uint32_t num_s
                      "; only a training job re-shards"));
   resharding_.Ask(num_servers, membership_.num_shards());
   TickReshardLocked(now);
-  changed_.SignalAll();
+  waits_.Changed();
   return resharding_.Progress();
 }
 
@@ -368,7 +364,7 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
                  absl::StrJoin(*dropped, ", ", absl::PairFormatter(absl::AlphaNumFormatter(),
                                                                     " incarnation ",
                                                                     absl::AlphaNumFormatter())));
-  changed_.SignalAll();
+  waits_.Changed();
   return true;
 }
 
@@ -384,7 +380,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSta
         return membership_.ReserveIncarnation(clock_());
       });
   TickReshardLocked(clock_());
-  changed_.SignalAll();
+  waits_.Changed();
   absl::Status outcome = WaitToBeTakenInLocked(shard, incarnation, wait);
   resharding_.StandbyCallEnded(shard, incarnation, outcome.ok() || absl::IsCancelled(outcome));
   if (!outcome.ok()) return outcome;
@@ -395,24 +391,25 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSta
 
 absl::Status JobStateMachine::WaitToBeTakenInLocked(uint32_t shard, uint64_t incarnation,
                                                     const Wait& wait) {
-  while (true) {
-    if (shard < membership_.num_shards() &&
-        membership_.shard_map().shards(shard).incarnation() == incarnation)
-      return absl::OkStatus();
-    if (EndedLocked()) return EndedErrorLocked();
-    if (resharding_.StandbyIncarnation(shard) != incarnation)
-      return absl::FailedPreconditionError(
-          absl::StrCat("another server stands by for shard ", shard, " now"));
-    if (releasing_waiters_) return absl::UnavailableError("coordinator is shutting down");
-    if (wait.cancelled()) return absl::CancelledError("client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= wait.deadline - kStandbyAnswerMargin)
-      return absl::UnavailableError(absl::StrCat(
-          "standby: shard ", shard, " waits for the job to re-shard (it has ",
-          membership_.num_shards(), "; grpsctl scale --servers ", shard + 1, " takes it in)"));
-    changed_.WaitWithDeadline(
-        &mu_, std::min(wait.deadline - kStandbyAnswerMargin, real_now + kStandbyPoll));
-  }
+  return waits_.Until(
+      &mu_, wait,
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+        if (shard < membership_.num_shards() &&
+            membership_.shard_map().shards(shard).incarnation() == incarnation)
+          return absl::OkStatus();
+        if (EndedLocked()) return EndedErrorLocked();
+        if (resharding_.StandbyIncarnation(shard) != incarnation)
+          return absl::FailedPreconditionError(
+              absl::StrCat("another server stands by for shard ", shard, " now"));
+        return std::nullopt;
+      },
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return absl::UnavailableError(absl::StrCat(
+            "standby: shard ", shard, " waits for the job to re-shard (it has ",
+            membership_.num_shards(), "; grpsctl scale --servers ", shard + 1,
+            " takes it in)"));
+      },
+      kStandbyAnswerMargin);
 }
 
 std::optional<v1::HeartbeatResponse> JobStateMachine::RetiredServerReplyLocked(
@@ -593,7 +590,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
     out.rolled_back = true;
   }
   UpdateStateLocked(now);
-  changed_.SignalAll();
+  waits_.Changed();
   ServerRegistration answer = ServerAnswerLocked(reg->slot, reg->incarnation);
   answer.rolled_back = out.rolled_back;
   return answer;
@@ -624,18 +621,20 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
     return s;
   // Take no rank before the map is complete: a worker that gives up waiting
   // must not hold one.
-  while (!membership_.AllShardsRegistered() && !EndedLocked()) {
-    if (releasing_waiters_) return absl::UnavailableError("coordinator is shutting down");
-    if (wait.cancelled()) return absl::CancelledError("client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= wait.deadline)
-      return absl::DeadlineExceededError(absl::StrCat(
-          "waiting for ", Members("shard", membership_.UnregisteredShards()),
-          " to register"));
-    ++waiting_registrations_;
-    changed_.WaitWithDeadline(&mu_, std::min(wait.deadline, real_now + kPollInterval));
-    --waiting_registrations_;
-  }
+  if (absl::Status s = waits_.Until(
+          &mu_, wait,
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+            if (membership_.AllShardsRegistered() || EndedLocked()) return absl::OkStatus();
+            return std::nullopt;
+          },
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return absl::DeadlineExceededError(absl::StrCat(
+                "waiting for ", Members("shard", membership_.UnregisteredShards()),
+                " to register"));
+          },
+          absl::ZeroDuration(), &waiting_registrations_);
+      !s.ok())
+    return s;
   if (EndedLocked()) {
     if (requested_rank >= 0) ranks_awaited_.erase(requested_rank);
     return EndedErrorLocked();
@@ -668,7 +667,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
       request.host(), request.backend(), reg->rejoined ? "re-registered" : "registered",
       reg->slot, reg->incarnation, reg->start_step, membership_.membership_epoch());
   UpdateStateLocked(now);
-  changed_.SignalAll();
+  waits_.Changed();
   v1::RegisterWorkerResponse response;
   response.set_rank(reg->slot);
   response.set_incarnation(reg->incarnation);
@@ -723,7 +722,7 @@ absl::Status JobStateMachine::RecordHeartbeatLocked(const v1::HeartbeatRequest& 
   if (absl::Status adopted = AdoptLocked(request, now); !adopted.ok())
     return absl::IsNotFound(s) ? adopted : s;
   UpdateStateLocked(now);
-  changed_.SignalAll();
+  waits_.Changed();
   return ApplyHeartbeatLocked(request, current_generation, now);
 }
 
@@ -768,7 +767,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
     checkpoints_.Report(shard, request.shard().checkpoint(), now);
     if (was_pending && !checkpoints_.pending()) {
       spdlog::warn("checkpoint {} failed: {}", id, checkpoints_.SummaryOf(id).error());
-      changed_.SignalAll();
+      waits_.Changed();
     }
   }
   if (std::optional<v1::CheckpointRequest> ask = checkpoints_.RequestFor(shard);
@@ -836,7 +835,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (worker && data_.ClaimAwaited(request.worker_rank())) response->set_claim_examples(true);
   if (EndedLocked()) {
     ending_.ToldEnd(request);
-    changed_.SignalAll();
+    waits_.Changed();
   }
 }
 
@@ -892,7 +891,7 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
                live.ranks.empty() ? "none" : absl::StrJoin(live.ranks, ", "),
                membership_.membership_epoch());
   UpdateStateLocked(now);
-  changed_.SignalAll();
+  waits_.Changed();
   return absl::OkStatus();
 }
 
@@ -960,26 +959,30 @@ v1::ShardMap JobStateMachine::shard_map() const {
 
 absl::StatusOr<v1::JobStatus> JobStateMachine::WatchSnapshot(const Wait& wait) {
   absl::MutexLock lock(&mu_);
-  if (releasing_waiters_) return absl::UnavailableError("coordinator is shutting down");
+  if (waits_.released()) return absl::UnavailableError("coordinator is shutting down");
   if (!EndedLocked()) return StatusLocked(clock_());
   // The last snapshot carries every live server's final report, so a
   // watcher sees the job's true final figures (bounded wait).
-  const absl::Time give_up = absl::Now() + kFinalReportWait;
-  while (!EveryLiveMemberSawEndLocked(clock_()) && !releasing_waiters_ &&
-         absl::Now() < give_up && !wait.cancelled())
-    changed_.WaitWithDeadline(&mu_, std::min(give_up, absl::Now() + kPollInterval));
+  waits_.Until(
+      &mu_, {.deadline = absl::Now() + kFinalReportWait, .cancelled = wait.cancelled},
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+        if (EveryLiveMemberSawEndLocked(clock_())) return absl::OkStatus();
+        return std::nullopt;
+      },
+      [] { return absl::OkStatus(); })
+      .IgnoreError();  // the status as it is, whatever ended the wait
   return StatusLocked(clock_());
 }
 
 absl::Status JobStateMachine::WaitForNextSnapshot(const Wait& wait) {
   absl::MutexLock lock(&mu_);
-  while (!EndedLocked() && !releasing_waiters_) {
-    if (wait.cancelled()) return absl::CancelledError("client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= wait.deadline) break;
-    changed_.WaitWithDeadline(&mu_, std::min(wait.deadline, real_now + kPollInterval));
-  }
-  return absl::OkStatus();
+  return waits_.Until(
+      &mu_, wait,
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+        if (EndedLocked() || waits_.released()) return absl::OkStatus();
+        return std::nullopt;
+      },
+      [] { return absl::OkStatus(); });
 }
 
 absl::Status JobStateMachine::StopJob(absl::string_view reason) {
@@ -1010,18 +1013,22 @@ absl::StatusOr<v1::CheckpointSummary> JobStateMachine::CheckpointJob(bool wait_f
         cuts_.Start(CutJobLocked(), now, "asked for by an operator");
     if (!started.ok()) return started.status();
     id = started->id();
-    changed_.SignalAll();
+    waits_.Changed();
   }
-  while (wait_for_it &&
-         checkpoints_.SummaryOf(id).state() == v1::CHECKPOINT_STATE_PENDING) {
-    if (releasing_waiters_) return absl::UnavailableError("coordinator is shutting down");
-    if (wait.cancelled()) return absl::CancelledError("client cancelled");
-    const absl::Time real_now = absl::Now();
-    if (real_now >= wait.deadline)
-      return absl::DeadlineExceededError(
-          absl::StrCat("checkpoint ", id, " is still pending"));
-    changed_.WaitWithDeadline(&mu_, std::min(wait.deadline, real_now + kPollInterval));
-  }
+  if (!wait_for_it) return checkpoints_.SummaryOf(id);
+  if (absl::Status s = waits_.Until(
+          &mu_, wait,
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+            if (checkpoints_.SummaryOf(id).state() != v1::CHECKPOINT_STATE_PENDING)
+              return absl::OkStatus();
+            return std::nullopt;
+          },
+          [&] {
+            return absl::DeadlineExceededError(
+                absl::StrCat("checkpoint ", id, " is still pending"));
+          });
+      !s.ok())
+    return s;
   return checkpoints_.SummaryOf(id);
 }
 
@@ -1047,7 +1054,7 @@ void JobStateMachine::DetectFailures() {
   CheckRecoveryLocked(now);
   cuts_.Tick(CutJobLocked(), state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked(), now);
   TickReshardLocked(now);
-  changed_.SignalAll();  // a checkpoint asked for, failed, or a member dead
+  waits_.Changed();  // a checkpoint asked for, failed, or a member dead
 }
 
 CheckpointCuts::Job JobStateMachine::CutJobLocked() const {
@@ -1125,7 +1132,7 @@ bool JobStateMachine::WaitForEnd(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   while (!EndedLocked()) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    if (waits_.Sleep(&mu_, deadline)) break;  // timed out
   }
   return EndedLocked();
 }
@@ -1177,8 +1184,7 @@ absl::Status JobStateMachine::PersistState(bool force) {
 
 void JobStateMachine::ReleaseWaiters() {
   absl::MutexLock lock(&mu_);
-  releasing_waiters_ = true;
-  changed_.SignalAll();
+  waits_.Release();
 }
 
 }  // namespace grps

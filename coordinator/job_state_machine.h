@@ -75,6 +75,7 @@
 #include "coordinator/global_step.h"
 #include "coordinator/job_ending.h"
 #include "coordinator/job_model.h"
+#include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
 #include "coordinator/resharding.h"
@@ -102,10 +103,7 @@ class JobStateMachine {
 
   // How a blocking call waits: until `deadline` (real time), unless
   // `cancelled` says the caller left, or ReleaseWaiters is called.
-  struct Wait {
-    absl::Time deadline = absl::InfiniteFuture();
-    std::function<bool()> cancelled = [] { return false; };
-  };
+  using Wait = JobWait;
 
   // A server's registration; `rolled_back` when it rolled the job back (the
   // caller persists the state before answering). member_secret is not set.
@@ -389,9 +387,9 @@ class JobStateMachine {
   const absl::Duration reconnect_backoff_;
 
   mutable absl::Mutex mu_;
-  // Signalled on every registration, state change, checkpoint change and
-  // ReleaseWaiters().
-  mutable absl::CondVar changed_;
+  // The blocking calls' waits: told of every registration, state change,
+  // checkpoint change, and ReleaseWaiters().
+  mutable JobWaits waits_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
   std::string message_ ABSL_GUARDED_BY(mu_);
@@ -405,7 +403,6 @@ class JobStateMachine {
   // them too, so that the restarted worker exits rather than retry a
   // coordinator that is gone.
   std::set<uint32_t> ranks_awaited_ ABSL_GUARDED_BY(mu_);
-  bool releasing_waiters_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
