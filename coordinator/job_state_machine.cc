@@ -28,11 +28,6 @@ constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 // handed to a caller that already gave up would be held by nobody).
 constexpr absl::Duration kStandbyAnswerMargin = absl::Milliseconds(300);
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::JOB_STATE_COMPLETED || state == v1::JOB_STATE_STOPPED ||
-         state == v1::JOB_STATE_FAILED;
-}
-
 std::string MiB(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
@@ -46,6 +41,7 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       env_(options.env != nullptr ? options.env : Env::Default()),
       state_file_(env_, std::move(options.state_path)),
       reconnect_backoff_(options.reconnect_backoff),
+      phase_(config_.job_id()),
       membership_(std::move(shard_map), JobRanks(config_),
                   absl::Milliseconds(config_.heartbeat_timeout_ms()), config_.num_workers()),
       checkpoints_(config_, config_.num_servers()),
@@ -95,7 +91,7 @@ v1::JobConfig JobStateMachine::JobConfigLocked() const {
 absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors,
                                                   v1::OptimizerKind optimizer) {
   absl::MutexLock lock(&mu_);
-  if (EndedLocked()) return EndedErrorLocked();
+  if (phase_.ended()) return phase_.EndedError();
   return DefineModelLocked(tensors, optimizer);
 }
 
@@ -154,28 +150,21 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   data_.TakeOver(*std::move(ledger), membership_.live_workers().ranks);
-  state_ = state.state();
-  message_ = state.message();
+  // Members reconnect within reconnect_backoff_ of our return, then
+  // heartbeat: nobody is silent before that.
+  phase_.TakeOver(state, now,
+                  absl::Milliseconds(config_.heartbeat_timeout_ms()) + reconnect_backoff_ +
+                      absl::Milliseconds(config_.heartbeat_interval_ms()));
   generations_.TakeOver(state);
   if (newest.has_value())
     checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
                                    state.checkpoints_completed());
   checkpoints_.SetNextId(state.next_checkpoint_id());
-  coordinator_restarted_ = true;
-  // Members reconnect within reconnect_backoff_ of our return, then
-  // heartbeat: nobody is silent before that.
-  no_deaths_before_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms()) +
-                      reconnect_backoff_ +
-                      absl::Milliseconds(config_.heartbeat_interval_ms());
-  elapsed_before_ = std::max(0.0, state.elapsed_seconds());
-  worker_leaves_ = state.worker_leaves();
-  worker_joins_ = state.worker_joins();
   resharding_.TakeOver(state);
-  started_ = now;
   global_step_.Restart(now);
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
                "complete, next id {})",
-               config_.job_id(), generations_.current(), std::string(from), JobStateName(state_),
+               config_.job_id(), generations_.current(), std::string(from), JobStateName(phase_.state()),
                checkpoints_.completed(), checkpoints_.next_id());
   return absl::OkStatus();
 }
@@ -185,22 +174,10 @@ v1::RestoreOrder JobStateMachine::restore_order() const {
   return generations_.order();
 }
 
-absl::Status JobStateMachine::EndedErrorLocked() const {
-  return JobEndedError(config_.job_id(), state_);
-}
-
-bool JobStateMachine::EndedLocked() const { return IsFinal(state_); }
-
-void JobStateMachine::NoteRegistrationLocked(absl::Time now) {
-  if (started_ == absl::InfinitePast()) started_ = now;
-}
-
 void JobStateMachine::EndLocked(v1::JobState state, std::string message,
                                 absl::Time now) {
-  state_ = state;
-  message_ = std::move(message);
-  ended_ = now;
-  spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), message_);
+  phase_.End(state, std::move(message), now);
+  spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), phase_.message());
   const v1::JobStatus ended = StatusLocked(now);
   for (const std::string& warning : ended.warnings())
     spdlog::warn("job {}: {}", config_.job_id(), warning);
@@ -208,12 +185,12 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
 }
 
 void JobStateMachine::UpdateStateLocked(absl::Time now) {
-  if (EndedLocked()) return;
-  if (state_ == v1::JOB_STATE_WAITING) {
+  if (phase_.ended()) return;
+  if (phase_.waiting()) {
     if (!membership_.UnregisteredShards().empty() ||
         !membership_.UnregisteredRanks().empty())
       return;
-    state_ = v1::JOB_STATE_RUNNING;
+    phase_.Run();
     global_step_.Restart(now);
     spdlog::info("job {} running: {} servers and {} workers registered",
                  config_.job_id(), config_.num_servers(), config_.num_workers());
@@ -306,10 +283,10 @@ absl::StatusOr<v1::ReshardProgress> JobStateMachine::ScaleServers(uint32_t num_s
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (absl::Status s = resharding_.CheckTarget(num_servers); !s.ok()) return s;
-  if (state_ != v1::JOB_STATE_RUNNING || TrainingDoneLocked())
+  if (!phase_.running() || TrainingDoneLocked())
     return absl::FailedPreconditionError(
         absl::StrCat("job ", config_.job_id(), " is ",
-                     TrainingDoneLocked() ? "done training" : JobStateName(state_),
+                     TrainingDoneLocked() ? "done training" : JobStateName(phase_.state()),
                      "; only a training job re-shards"));
   resharding_.Ask(num_servers, membership_.num_shards());
   TickReshardLocked(now);
@@ -319,8 +296,8 @@ absl::StatusOr<v1::ReshardProgress> JobStateMachine::ScaleServers(uint32_t num_s
 
 void JobStateMachine::TickReshardLocked(absl::Time now) {
   resharding_.Tick(
-      {membership_.num_shards(), EndedLocked(),
-       state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked()},
+      {membership_.num_shards(), phase_.ended(),
+       phase_.running() && !TrainingDoneLocked()},
       checkpoints_,
       [this, now](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return cuts_.Start(CutJobLocked(), now, why);
@@ -397,7 +374,7 @@ absl::Status JobStateMachine::WaitToBeTakenInLocked(uint32_t shard, uint64_t inc
         if (shard < membership_.num_shards() &&
             membership_.shard_map().shards(shard).incarnation() == incarnation)
           return absl::OkStatus();
-        if (EndedLocked()) return EndedErrorLocked();
+        if (phase_.ended()) return phase_.EndedError();
         if (resharding_.StandbyIncarnation(shard) != incarnation)
           return absl::FailedPreconditionError(
               absl::StrCat("another server stands by for shard ", shard, " now"));
@@ -418,7 +395,7 @@ std::optional<v1::HeartbeatResponse> JobStateMachine::RetiredServerReplyLocked(
       request.server_shard() < membership_.num_shards())
     return std::nullopt;
   v1::HeartbeatResponse response;
-  response.set_job_state(state_);
+  response.set_job_state(phase_.state());
   response.set_generation(generations_.current());
   *response.mutable_shard_map() = membership_.shard_map();
   return response;
@@ -461,7 +438,7 @@ void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
 }
 
 void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
-  if (state_ != v1::JOB_STATE_RUNNING) return;
+  if (!phase_.running()) return;
   const absl::Duration recovery = absl::Milliseconds(RecoveryTimeoutMs(config_));
   const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
   for (const v1::ShardStatus& shard : membership_.ShardStatuses(now)) {
@@ -477,29 +454,23 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
       return;
     }
   }
-  if (membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
-      membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty()) {
-    if (no_workers_since_ == absl::InfiniteFuture()) no_workers_since_ = now;
-    if (now - no_workers_since_ >= recovery) {
-      EndLocked(v1::JOB_STATE_FAILED,
-                absl::StrCat("every worker ",
-                             membership_.RanksInState(v1::MEMBER_STATE_LEFT).empty()
-                                 ? "died"
-                                 : "died or left",
-                             " before finishing; none came back within ",
-                             WholeSeconds(recovery)),
-                now);
-    }
-  } else {
-    no_workers_since_ = absl::InfiniteFuture();
-  }
+  if (phase_.WithoutWorkers(membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
+                                 membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty(),
+                             now) >= recovery)
+    EndLocked(v1::JOB_STATE_FAILED,
+              absl::StrCat("every worker ",
+                           membership_.RanksInState(v1::MEMBER_STATE_LEFT).empty()
+                               ? "died"
+                               : "died or left",
+                           " before finishing; none came back within ", WholeSeconds(recovery)),
+              now);
 }
 
 absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
                                           absl::Time now) {
   if (request.incarnation() == 0)
     return absl::InvalidArgumentError("heartbeat without an incarnation");
-  if (EndedLocked()) return EndedErrorLocked();
+  if (phase_.ended()) return phase_.EndedError();
   if (request.member_case() == v1::HeartbeatRequest::kServerShard) {
     if (absl::Status s = membership_.AdoptServer(request.server_shard(),
                                                  request.incarnation(),
@@ -520,8 +491,8 @@ absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
                  request.worker_rank(), request.incarnation(),
                  request.finished() ? ", finished" : "");
   }
-  NoteRegistrationLocked(now);
-  coordinator_restarted_ = true;
+  phase_.NoteRegistration(now);
+  phase_.NoteAdoption();
   FollowGenerationLocked(request.generation(), now);
   return absl::OkStatus();
 }
@@ -529,7 +500,7 @@ absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
 bool JobStateMachine::TrainingDoneLocked() const {
   // RUNNING means every rank registered, so the unfinished ones are ALIVE or
   // DEAD.
-  return state_ == v1::JOB_STATE_RUNNING &&
+  return phase_.running() &&
          membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
          !membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty();
 }
@@ -553,7 +524,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
     const v1::RegisterServerRequest& request, const Wait& wait) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (EndedLocked()) return EndedErrorLocked();
+  if (phase_.ended()) return phase_.EndedError();
   if (model_.awaiting_definition())
     return absl::UnavailableError(absl::StrCat(
         "job ", config_.job_id(), "'s model is not defined yet: its first worker defines it"));
@@ -570,14 +541,14 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
       request.has_requested_shard() ? request.requested_shard() : -1,
       request.address(), now);
   if (!reg.ok()) return reg.status();
-  NoteRegistrationLocked(now);
+  phase_.NoteRegistration(now);
   spdlog::info("server {} {} shard {} (incarnation {}); shard map epoch {}",
                request.address(), reg->rejoined ? "re-registered" : "registered",
                reg->slot, reg->incarnation, membership_.shard_map().epoch());
   ServerRegistration out;
   const bool refused =
       request.has_restore_failed() && generations_.Refuse(reg->slot, request.restore_failed());
-  if ((reg->rejoined && state_ == v1::JOB_STATE_RUNNING) || refused) {
+  if ((reg->rejoined && phase_.running()) || refused) {
     // Every mode rolls back to one cut: the shard's own updates since the
     // checkpoint are gone, and the others' must not outrun them (async
     // workers would push gradients of versions the shard no longer has).
@@ -624,7 +595,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
   if (absl::Status s = waits_.Until(
           &mu_, wait,
           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-            if (membership_.AllShardsRegistered() || EndedLocked()) return absl::OkStatus();
+            if (membership_.AllShardsRegistered() || phase_.ended()) return absl::OkStatus();
             return std::nullopt;
           },
           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -635,26 +606,26 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
           absl::ZeroDuration(), &waiting_registrations_);
       !s.ok())
     return s;
-  if (EndedLocked()) {
+  if (phase_.ended()) {
     if (requested_rank >= 0) ranks_awaited_.erase(requested_rank);
-    return EndedErrorLocked();
+    return phase_.EndedError();
   }
   const absl::Time now = clock_();
   const std::optional<uint64_t> live =
       requested_rank < 0 ? std::nullopt : membership_.LiveIncarnation(requested_rank);
   // A rank that joins a running elastic job enters the quorum once it is
   // ready to train (its first lease), not while it loads its data.
-  const bool joining = IsElastic(config_) && state_ == v1::JOB_STATE_RUNNING;
+  const bool joining = IsElastic(config_) && phase_.running();
   absl::StatusOr<Membership::Registration> reg =
       membership_.RegisterWorker(requested_rank, request.host(), request.backend(), now,
                                  live.has_value() && proves(*live), joining);
   if (absl::IsAlreadyExists(reg.status())) ranks_awaited_.insert(requested_rank);
   if (!reg.ok()) return reg.status();
   ranks_awaited_.erase(reg->slot);
-  NoteRegistrationLocked(now);
-  const bool joins = state_ == v1::JOB_STATE_RUNNING &&
+  phase_.NoteRegistration(now);
+  const bool joins = phase_.running() &&
                      (reg->rejoined || reg->slot >= config_.num_workers());
-  if (joins) ++worker_joins_;
+  if (joins) phase_.NoteJoin();
   // An earlier incarnation's leases come back; a rank that joins an elastic
   // job runs no older clock than the slowest live rank (its data is leased,
   // not tied to its step).
@@ -692,7 +663,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   bool current_generation = !generations_.IsOlder(request.generation());
   if (absl::Status s = RecordHeartbeatLocked(request, current_generation, now); !s.ok())
     return s;
-  if (request.generation() > generations_.current() && !EndedLocked()) {
+  if (request.generation() > generations_.current() && !phase_.ended()) {
     // A member this coordinator knows from an older state file runs in a
     // newer generation: every member rolls back past it (this one too).
     FollowGenerationLocked(request.generation(), now);
@@ -771,7 +742,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
     }
   }
   if (std::optional<v1::CheckpointRequest> ask = checkpoints_.RequestFor(shard);
-      ask.has_value() && !EndedLocked())
+      ask.has_value() && !phase_.ended())
     *response->mutable_checkpoint() = std::move(*ask);
   return true;
 }
@@ -781,7 +752,7 @@ void JobStateMachine::WorkerHeartbeatLocked(const v1::HeartbeatRequest& request,
   const uint32_t rank = request.worker_rank();
   generations_.NoteWorker(rank, request.incarnation(), request.generation());
   if (!request.finished() || !request.has_progress() || !current_generation ||
-      EndedLocked())
+      phase_.ended())
     return;
   // Its WorkerDone reached a coordinator that died before it saved it: the
   // heartbeat says what WorkerDone said.
@@ -796,9 +767,9 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
                                                bool current_generation, absl::Time now,
                                                v1::HeartbeatResponse* response) {
   const bool worker = request.member_case() == v1::HeartbeatRequest::kWorkerRank;
-  response->set_job_state(state_);
+  response->set_job_state(phase_.state());
   response->set_generation(generations_.current());
-  if (TrainingDoneLocked() || EndedLocked())
+  if (TrainingDoneLocked() || phase_.ended())
     response->set_next_heartbeat_ms(
         std::min(kEndingHeartbeatMs, config_.heartbeat_interval_ms()));
   if (!current_generation) *response->mutable_restore() = generations_.order();
@@ -808,7 +779,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
                                                     live.incarnations.end());
   const std::vector<uint64_t> counts_from = quorum_counts_.CountsFrom(
       live,
-      {generations_.current(), state_ == v1::JOB_STATE_RUNNING,
+      {generations_.current(), phase_.running(),
        config_.mode() == v1::MODE_SYNC && !TrainingDoneLocked(),
        global_step_.step().value_or(0)},
       [this] {
@@ -818,8 +789,8 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
   response->set_membership_epoch(membership_.membership_epoch());
-  if (std::optional<uint32_t> evaluator = ending_.Evaluator(EndedLocked(), TrainingDoneLocked(), now);
-      evaluator.has_value() && !EndedLocked()) {
+  if (std::optional<uint32_t> evaluator = ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
+      evaluator.has_value() && !phase_.ended()) {
     response->set_evaluator_rank(*evaluator);
     if (worker && request.worker_rank() == *evaluator && TrainingDoneLocked() &&
         ending_.ServersHeardFinalLiveSet()) {
@@ -833,7 +804,7 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   // A worker blocked in a sync step behind one that waits for the limbo
   // would not lease again by itself.
   if (worker && data_.ClaimAwaited(request.worker_rank())) response->set_claim_examples(true);
-  if (EndedLocked()) {
+  if (phase_.ended()) {
     ending_.ToldEnd(request);
     waits_.Changed();
   }
@@ -855,12 +826,12 @@ absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
     return s;
   data_.ReturnLeases(request.worker_rank());
   std::string eval_note;
-  if (request.has_final_eval() && !EndedLocked()) {
+  if (request.has_final_eval() && !phase_.ended()) {
     const Membership::Evaluation eval{request.final_test_accuracy(),
                                       request.final_test_loss()};
     membership_.RecordEvaluation(eval);
     eval_note = ending_.RecordEvaluation(request.worker_rank(), eval, TrainingDoneLocked());
-  } else if (request.no_final_eval() && !EndedLocked() && TrainingDoneLocked()) {
+  } else if (request.no_final_eval() && !phase_.ended() && TrainingDoneLocked()) {
     ending_.Decline();
     eval_note = "; its program has no final evaluation";
   }
@@ -881,7 +852,7 @@ absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
       !s.ok())
     return s;
   if (said_before) return absl::OkStatus();  // a retry
-  ++worker_leaves_;
+  phase_.NoteLeave();
   data_.ReturnLeases(request.worker_rank());
   const Membership::LiveWorkers live = membership_.live_workers();
   spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
@@ -912,7 +883,7 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", config_.job_id(), " is not elastic (no max_workers): its workers split the "
         "training set by rank"));
-  if (EndedLocked()) return EndedErrorLocked();
+  if (phase_.ended()) return phase_.EndedError();
   if (generations_.IsOlder(request.generation()))
     return absl::AbortedError(absl::StrCat(
         "job rolled back to generation ", generations_.current(),
@@ -928,14 +899,14 @@ absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
   if (membership_.MarkReady(request.worker_rank()))
     spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
                  request.worker_rank(), membership_.membership_epoch());
-  return data_.Grant(request, membership_.live_workers().ranks, clock_() >= no_deaths_before_);
+  return data_.Grant(request, membership_.live_workers().ranks, phase_.MayDeclareDeaths(clock_()));
 }
 
 absl::Status JobStateMachine::DrainWorker(uint32_t rank) {
   absl::MutexLock lock(&mu_);
-  if (state_ != v1::JOB_STATE_RUNNING)
+  if (!phase_.running())
     return absl::FailedPreconditionError(absl::StrCat(
-        "the job is ", JobStateName(state_), ": workers are drained from a running job"));
+        "the job is ", JobStateName(phase_.state()), ": workers are drained from a running job"));
   // The live workers that stay: a rank drained already leaves too, even if
   // it has not yet (it finishes its step first).
   size_t staying = 0;
@@ -960,7 +931,7 @@ v1::ShardMap JobStateMachine::shard_map() const {
 absl::StatusOr<v1::JobStatus> JobStateMachine::WatchSnapshot(const Wait& wait) {
   absl::MutexLock lock(&mu_);
   if (waits_.released()) return absl::UnavailableError("coordinator is shutting down");
-  if (!EndedLocked()) return StatusLocked(clock_());
+  if (!phase_.ended()) return StatusLocked(clock_());
   // The last snapshot carries every live server's final report, so a
   // watcher sees the job's true final figures (bounded wait).
   waits_.Until(
@@ -979,7 +950,7 @@ absl::Status JobStateMachine::WaitForNextSnapshot(const Wait& wait) {
   return waits_.Until(
       &mu_, wait,
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-        if (EndedLocked() || waits_.released()) return absl::OkStatus();
+        if (phase_.ended() || waits_.released()) return absl::OkStatus();
         return std::nullopt;
       },
       [] { return absl::OkStatus(); });
@@ -988,10 +959,10 @@ absl::Status JobStateMachine::WaitForNextSnapshot(const Wait& wait) {
 absl::Status JobStateMachine::StopJob(absl::string_view reason) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (state_ == v1::JOB_STATE_STOPPED) return absl::OkStatus();
-  if (EndedLocked())
+  if (phase_.state() == v1::JOB_STATE_STOPPED) return absl::OkStatus();
+  if (phase_.ended())
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", config_.job_id(), " already ", JobStateName(state_)));
+        absl::StrCat("job ", config_.job_id(), " already ", JobStateName(phase_.state())));
   EndLocked(v1::JOB_STATE_STOPPED, std::string(reason), now);
   return absl::OkStatus();
 }
@@ -1004,9 +975,9 @@ absl::StatusOr<v1::CheckpointSummary> JobStateMachine::CheckpointJob(bool wait_f
                      " has no checkpoint_dir (start the coordinator with --checkpoint_dir)"));
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (state_ != v1::JOB_STATE_RUNNING)
+  if (!phase_.running())
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config_.job_id(), " is ", JobStateName(state_), ", not running"));
+        "job ", config_.job_id(), " is ", JobStateName(phase_.state()), ", not running"));
   uint64_t id = checkpoints_.pending_summary().id();
   if (!checkpoints_.pending()) {
     absl::StatusOr<v1::CheckpointRequest> started =
@@ -1037,7 +1008,7 @@ void JobStateMachine::DetectFailures() {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   Membership::Failures failures;
-  if (now >= no_deaths_before_) failures = membership_.DetectFailures(now);
+  if (phase_.MayDeclareDeaths(now)) failures = membership_.DetectFailures(now);
   for (uint32_t shard : failures.shards)
     spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead",
                  shard, config_.heartbeat_timeout_ms());
@@ -1048,11 +1019,11 @@ void JobStateMachine::DetectFailures() {
                  membership_.membership_epoch());
     data_.ReturnLeases(rank);
   }
-  data_.ReleaseLimbo(membership_.live_workers().ranks, now >= no_deaths_before_);
+  data_.ReleaseLimbo(membership_.live_workers().ranks, phase_.MayDeclareDeaths(now));
   // Also when nothing died: a finished worker's silence is judged here.
   UpdateStateLocked(now);
   CheckRecoveryLocked(now);
-  cuts_.Tick(CutJobLocked(), state_ == v1::JOB_STATE_RUNNING && !TrainingDoneLocked(), now);
+  cuts_.Tick(CutJobLocked(), phase_.running() && !TrainingDoneLocked(), now);
   TickReshardLocked(now);
   waits_.Changed();  // a checkpoint asked for, failed, or a member dead
 }
@@ -1060,20 +1031,20 @@ void JobStateMachine::DetectFailures() {
 CheckpointCuts::Job JobStateMachine::CutJobLocked() const {
   const bool done = TrainingDoneLocked();
   return {.training_done = done,
-          .taken_over = coordinator_restarted_,
+          .taken_over = phase_.taken_over(),
           .versions_final = done && ending_.ServersHeardFinalLiveSet()};
 }
 
 void JobStateMachine::Stop(absl::string_view reason) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (EndedLocked()) return;
+  if (phase_.ended()) return;
   EndLocked(v1::JOB_STATE_STOPPED, std::string(reason), now);
 }
 
 v1::JobState JobStateMachine::state() const {
   absl::MutexLock lock(&mu_);
-  return state_;
+  return phase_.state();
 }
 
 int JobStateMachine::waiting_registrations() const {
@@ -1090,7 +1061,7 @@ v1::JobStatus JobStateMachine::Status() const {
 v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   v1::JobStatus status;
   status.set_job_id(config_.job_id());
-  status.set_state(state_);
+  phase_.AddTo(&status, now);
   status.set_mode(config_.mode());
   *status.mutable_config() = JobConfigLocked();
   for (v1::WorkerStatus& w : membership_.WorkerStatuses(now))
@@ -1098,30 +1069,25 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   for (v1::ShardStatus& s : membership_.ShardStatuses(now))
     *status.add_shards() = std::move(s);
   SummarizeJobStatus(&status);
-  if (std::optional<uint32_t> evaluator = ending_.Evaluator(EndedLocked(), TrainingDoneLocked(), now);
+  if (std::optional<uint32_t> evaluator = ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
       evaluator.has_value())
     status.set_evaluator_rank(*evaluator);
   std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
   status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
   status.set_test_loss(eval.has_value() ? eval->loss : -1);
   ending_.AddTo(&status);
-  if (started_ != absl::InfinitePast()) status.set_elapsed_seconds(ElapsedSecondsLocked(now));
   if (checkpoints_.last_complete().id() > 0)
     *status.mutable_last_checkpoint() = checkpoints_.last_complete();
   if (v1::CheckpointSummary pending = checkpoints_.pending_summary(); pending.id() > 0)
     *status.mutable_pending_checkpoint() = std::move(pending);
   status.set_checkpoints_completed(checkpoints_.completed());
   status.set_generation(generations_.current());
-  if (state_ == v1::JOB_STATE_RUNNING && global_step_.moved() != absl::InfinitePast())
+  if (phase_.running() && global_step_.moved() != absl::InfinitePast())
     status.set_global_step_idle_seconds(
         std::max(0.0, absl::ToDoubleSeconds(now - global_step_.moved())));
-  status.set_coordinator_restarted(coordinator_restarted_);
-  status.set_worker_leaves(worker_leaves_);
-  status.set_worker_joins(worker_joins_);
   data_.AddTo(&status);
   AddCompletionWarnings(&status);
-  status.set_message(state_ == v1::JOB_STATE_WAITING ? WaitingMessageLocked()
-                                                     : message_);
+  if (phase_.waiting()) status.set_message(WaitingMessageLocked());
   status.set_membership_epoch(membership_.membership_epoch());
   status.set_map_epoch(membership_.shard_map().epoch());
   if (resharding_.enabled()) *status.mutable_reshard() = resharding_.Progress();
@@ -1131,10 +1097,10 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
 bool JobStateMachine::WaitForEnd(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
-  while (!EndedLocked()) {
+  while (!phase_.ended()) {
     if (waits_.Sleep(&mu_, deadline)) break;  // timed out
   }
-  return EndedLocked();
+  return phase_.ended();
 }
 
 bool JobStateMachine::EveryLiveMemberSawEnd() const {
@@ -1143,12 +1109,7 @@ bool JobStateMachine::EveryLiveMemberSawEnd() const {
 }
 
 bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
-  return EndedLocked() && ending_.EveryLiveMemberSawEnd(now);
-}
-
-double JobStateMachine::ElapsedSecondsLocked(absl::Time now) const {
-  return elapsed_before_ +
-         std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_));
+  return phase_.ended() && ending_.EveryLiveMemberSawEnd(now);
 }
 
 v1::CoordinatorState JobStateMachine::ExportState() const {
@@ -1160,19 +1121,15 @@ v1::CoordinatorState JobStateMachine::ExportState() const {
 v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
   v1::CoordinatorState state;
   *state.mutable_config() = JobConfigLocked();
-  state.set_state(state_);
-  state.set_message(message_);
+  phase_.ExportTo(&state, now);
   generations_.ExportTo(&state);
   state.set_next_checkpoint_id(checkpoints_.next_id());
   if (checkpoints_.last_complete().id() > 0)
     *state.mutable_last_checkpoint() = checkpoints_.last_complete();
   state.set_checkpoints_completed(checkpoints_.completed());
-  state.set_worker_leaves(worker_leaves_);
-  state.set_worker_joins(worker_joins_);
   data_.ExportTo(&state);
   resharding_.ExportTo(&state);
   membership_.ExportTo(&state);
-  if (started_ != absl::InfinitePast()) state.set_elapsed_seconds(ElapsedSecondsLocked(now));
   state.set_unix_time_ms(
       static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now))));
   return state;

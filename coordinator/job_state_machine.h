@@ -75,6 +75,7 @@
 #include "coordinator/global_step.h"
 #include "coordinator/job_ending.h"
 #include "coordinator/job_model.h"
+#include "coordinator/job_phase.h"
 #include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
 #include "coordinator/quorum_counts.h"
@@ -270,13 +271,10 @@ class JobStateMachine {
 
  private:
   // ---- Job state ----
-  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EndedErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-derives state_ after a membership change; logs transitions.
   void UpdateStateLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLocked(v1::JobState state, std::string message, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteRegistrationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EveryLiveMemberSawEndLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lowest progress step of the live ranks (Membership::live_workers)
@@ -290,7 +288,6 @@ class JobStateMachine {
   // Why the job is still WAITING.
   std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double ElapsedSecondsLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tracks the global step (min live shard version) and its rate.
   void NoteGlobalStepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the job past the recovery timeout.
@@ -390,13 +387,10 @@ class JobStateMachine {
   // The blocking calls' waits: told of every registration, state change,
   // checkpoint change, and ReleaseWaiters().
   mutable JobWaits waits_ ABSL_GUARDED_BY(mu_);
+  // The phase, the job's time, the take-over and its grace, the leaves and
+  // joins.
+  JobPhase phase_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
-  v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_WAITING;
-  std::string message_ ABSL_GUARDED_BY(mu_);
-  // First registration and end of the job (InfinitePast/InfiniteFuture
-  // until they happen).
-  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time ended_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Ranks a registration asked for and was refused because the rank was
   // alive (a restarted worker waiting for it), until such a registration
   // gets the rank or hears that the job ended: the coordinator lingers for
@@ -417,16 +411,6 @@ class JobStateMachine {
   GlobalStep global_step_ ABSL_GUARDED_BY(mu_);
   // From which step each live rank counts toward a sync step's quorum.
   QuorumCounts quorum_counts_ ABSL_GUARDED_BY(mu_);
-  // Since when the running job has had no ALIVE and no FINISHED worker.
-  absl::Time no_workers_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  bool coordinator_restarted_ ABSL_GUARDED_BY(mu_) = false;
-  // Workers that left on purpose; ranks registered again while RUNNING.
-  uint64_t worker_leaves_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t worker_joins_ ABSL_GUARDED_BY(mu_) = 0;
-  // DetectFailures declares no one dead before this (TakeOver's grace).
-  absl::Time no_deaths_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Job time before this coordinator took the job over.
-  double elapsed_before_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Elastic jobs: the example ledger, the leases, the limbo after a
   // take-over.
