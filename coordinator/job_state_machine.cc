@@ -49,7 +49,16 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       generations_(config_, env_),
       resharding_(config_),
       cuts_(config_, &checkpoints_, &membership_, &global_step_),
-      ending_(config_.job_id(), &membership_) {
+      ending_(config_.job_id(), &membership_),
+      workers_({.config = &config_,
+                .clock = clock_,
+                .phase = &phase_,
+                .membership = &membership_,
+                .generations = &generations_,
+                .model = &model_,
+                .data = &data_,
+                .ending = &ending_,
+                .waits = &waits_}) {
   // Real time, not clock_: tests run coordinators one after another on a
   // fake clock.
   checkpoints_.set_coordinator_incarnation(
@@ -164,7 +173,8 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   global_step_.Restart(now);
   spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
                "complete, next id {})",
-               config_.job_id(), generations_.current(), std::string(from), JobStateName(phase_.state()),
+               config_.job_id(), generations_.current(), std::string(from),
+               JobStateName(phase_.state()),
                checkpoints_.completed(), checkpoints_.next_id());
   return absl::OkStatus();
 }
@@ -500,9 +510,7 @@ absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
 bool JobStateMachine::TrainingDoneLocked() const {
   // RUNNING means every rank registered, so the unfinished ones are ALIVE or
   // DEAD.
-  return phase_.running() &&
-         membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
-         !membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty();
+  return phase_.running() && membership_.TrainingOver();
 }
 
 std::string JobStateMachine::WaitingMessageLocked() const {
@@ -576,77 +584,6 @@ JobStateMachine::ServerRegistration JobStateMachine::ServerAnswerLocked(
   *out.response.mutable_shard_map() = membership_.shard_map();
   *out.response.mutable_restore() = generations_.order();
   return out;
-}
-
-absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
-    const v1::RegisterWorkerRequest& request, const Wait& wait,
-    const std::function<bool(uint64_t incarnation)>& proves) {
-  // Unset: any free rank (a request that says nothing must not take over
-  // rank 0).
-  const int32_t requested_rank =
-      request.has_requested_rank() ? request.requested_rank() : -1;
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = membership_.ValidateWorkerRequest(
-          requested_rank, request.host(), request.backend());
-      !s.ok())
-    return s;
-  // Take no rank before the map is complete: a worker that gives up waiting
-  // must not hold one.
-  if (absl::Status s = waits_.Until(
-          &mu_, wait,
-          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-            if (membership_.AllShardsRegistered() || phase_.ended()) return absl::OkStatus();
-            return std::nullopt;
-          },
-          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return absl::DeadlineExceededError(absl::StrCat(
-                "waiting for ", Members("shard", membership_.UnregisteredShards()),
-                " to register"));
-          },
-          absl::ZeroDuration(), &waiting_registrations_);
-      !s.ok())
-    return s;
-  if (phase_.ended()) {
-    if (requested_rank >= 0) ranks_awaited_.erase(requested_rank);
-    return phase_.EndedError();
-  }
-  const absl::Time now = clock_();
-  const std::optional<uint64_t> live =
-      requested_rank < 0 ? std::nullopt : membership_.LiveIncarnation(requested_rank);
-  // A rank that joins a running elastic job enters the quorum once it is
-  // ready to train (its first lease), not while it loads its data.
-  const bool joining = IsElastic(config_) && phase_.running();
-  absl::StatusOr<Membership::Registration> reg =
-      membership_.RegisterWorker(requested_rank, request.host(), request.backend(), now,
-                                 live.has_value() && proves(*live), joining);
-  if (absl::IsAlreadyExists(reg.status())) ranks_awaited_.insert(requested_rank);
-  if (!reg.ok()) return reg.status();
-  ranks_awaited_.erase(reg->slot);
-  phase_.NoteRegistration(now);
-  const bool joins = phase_.running() &&
-                     (reg->rejoined || reg->slot >= config_.num_workers());
-  if (joins) phase_.NoteJoin();
-  // An earlier incarnation's leases come back; a rank that joins an elastic
-  // job runs no older clock than the slowest live rank (its data is leased,
-  // not tied to its step).
-  data_.ReturnLeases(reg->slot);
-  if (joins && IsElastic(config_))
-    reg->start_step = std::max(reg->start_step, SlowestLiveStepLocked(reg->slot));
-  spdlog::info(
-      "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
-      "epoch {}",
-      request.host(), request.backend(), reg->rejoined ? "re-registered" : "registered",
-      reg->slot, reg->incarnation, reg->start_step, membership_.membership_epoch());
-  UpdateStateLocked(now);
-  waits_.Changed();
-  v1::RegisterWorkerResponse response;
-  response.set_rank(reg->slot);
-  response.set_incarnation(reg->incarnation);
-  response.set_start_step(reg->start_step);
-  response.set_generation(generations_.current());
-  *response.mutable_config() = JobConfigLocked();
-  *response.mutable_shard_map() = membership_.shard_map();
-  return response;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
@@ -789,7 +726,8 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
   response->set_membership_epoch(membership_.membership_epoch());
-  if (std::optional<uint32_t> evaluator = ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
+  if (std::optional<uint32_t> evaluator =
+          ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
       evaluator.has_value() && !phase_.ended()) {
     response->set_evaluator_rank(*evaluator);
     if (worker && request.worker_rank() == *evaluator && TrainingDoneLocked() &&
@@ -810,117 +748,44 @@ void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& reque
   }
 }
 
+// ---- A worker's requests (WorkerRequests) ----
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobStateMachine::RegisterWorker(
+    const v1::RegisterWorkerRequest& request, const Wait& wait,
+    const std::function<bool(uint64_t incarnation)>& proves) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::RegisterWorkerResponse> response =
+      workers_.Register(&mu_, request, wait, proves);
+  if (response.ok()) {
+    UpdateStateLocked(clock_());
+    waits_.Changed();
+  }
+  return response;
+}
+
 absl::Status JobStateMachine::WorkerDone(const v1::WorkerDoneRequest& request) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  // A rank that finished in an older generation finished training the job
-  // rolled back from: it trains again.
-  if (generations_.StaleWorkerDone(request))
-    return absl::AbortedError(absl::StrCat(
-        "job rolled back to checkpoint ", generations_.order().checkpoint_id(),
-        " (generation ", generations_.current(), "); resume from the restore order"));
-  if (request.leaving()) return LeaveLocked(request, now);
-  if (absl::Status s = membership_.FinishWorker(request.worker_rank(), request.incarnation(),
-                                                request.progress(), now);
-      !s.ok())
-    return s;
-  data_.ReturnLeases(request.worker_rank());
-  std::string eval_note;
-  if (request.has_final_eval() && !phase_.ended()) {
-    const Membership::Evaluation eval{request.final_test_accuracy(),
-                                      request.final_test_loss()};
-    membership_.RecordEvaluation(eval);
-    eval_note = ending_.RecordEvaluation(request.worker_rank(), eval, TrainingDoneLocked());
-  } else if (request.no_final_eval() && !phase_.ended() && TrainingDoneLocked()) {
-    ending_.Decline();
-    eval_note = "; its program has no final evaluation";
-  }
-  spdlog::info("worker {} finished at step {}{}", request.worker_rank(),
-               request.progress().step(), eval_note);
-  UpdateStateLocked(now);
-  return absl::OkStatus();
-}
-
-absl::Status JobStateMachine::LeaveLocked(const v1::WorkerDoneRequest& request,
-                                          absl::Time now) {
-  const bool drained = membership_.DrainRequested(request.worker_rank());
-  const std::vector<uint32_t> left = membership_.RanksInState(v1::MEMBER_STATE_LEFT);
-  const bool said_before =
-      std::find(left.begin(), left.end(), request.worker_rank()) != left.end();
-  if (absl::Status s = membership_.LeaveWorker(request.worker_rank(), request.incarnation(),
-                                               request.progress(), now);
-      !s.ok())
-    return s;
-  if (said_before) return absl::OkStatus();  // a retry
-  phase_.NoteLeave();
-  data_.ReturnLeases(request.worker_rank());
-  const Membership::LiveWorkers live = membership_.live_workers();
-  spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
-               "epoch {}",
-               request.worker_rank(), request.progress().step(),
-               drained ? "drained" : "on its own",
-               live.ranks.empty() ? "none" : absl::StrJoin(live.ranks, ", "),
-               membership_.membership_epoch());
+  const absl::Status done = workers_.Done(request, now);
   UpdateStateLocked(now);
   waits_.Changed();
-  return absl::OkStatus();
-}
-
-uint64_t JobStateMachine::SlowestLiveStepLocked(uint32_t except) const {
-  const std::vector<v1::WorkerStatus> workers = membership_.WorkerStatuses(clock_());
-  std::optional<uint64_t> slowest;
-  for (uint32_t rank : membership_.live_workers().ranks) {
-    const uint64_t step = workers[rank].progress().step();
-    if (rank != except) slowest = std::min(slowest.value_or(step), step);
-  }
-  return slowest.value_or(0);
+  return done;
 }
 
 absl::StatusOr<v1::LeaseExamplesResponse> JobStateMachine::LeaseExamples(
     const v1::LeaseExamplesRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (!IsElastic(config_))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config_.job_id(), " is not elastic (no max_workers): its workers split the "
-        "training set by rank"));
-  if (phase_.ended()) return phase_.EndedError();
-  if (generations_.IsOlder(request.generation()))
-    return absl::AbortedError(absl::StrCat(
-        "job rolled back to generation ", generations_.current(),
-        "; lease again once the restore order is followed"));
-  const std::optional<uint64_t> live = membership_.LiveIncarnation(request.worker_rank());
-  if (!live.has_value() || *live != request.incarnation())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
-        " is not a live incarnation: it leases no examples"));
-  // A refused request leaves the ledger, the rank's readiness and the
-  // membership epoch as they were.
-  if (absl::Status s = data_.Admit(config_, request); !s.ok()) return s;
-  if (membership_.MarkReady(request.worker_rank()))
-    spdlog::info("worker {} is ready to train: it joins the live set; membership epoch {}",
-                 request.worker_rank(), membership_.membership_epoch());
-  return data_.Grant(request, membership_.live_workers().ranks, phase_.MayDeclareDeaths(clock_()));
+  return workers_.Lease(request);
 }
 
 absl::Status JobStateMachine::DrainWorker(uint32_t rank) {
   absl::MutexLock lock(&mu_);
-  if (!phase_.running())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the job is ", JobStateName(phase_.state()), ": workers are drained from a running job"));
-  // The live workers that stay: a rank drained already leaves too, even if
-  // it has not yet (it finishes its step first).
-  size_t staying = 0;
-  for (uint32_t r : membership_.live_workers().ranks)
-    if (r != rank && !membership_.DrainRequested(r)) ++staying;
-  const uint32_t min_workers = std::max<uint32_t>(1, config_.min_workers());
-  if (IsElastic(config_) && staying < min_workers &&
-      membership_.LiveIncarnation(rank).has_value() && !membership_.DrainRequested(rank))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "draining worker ", rank, " would leave ", staying, " live workers, fewer than the job's ",
-        "min_workers (", min_workers, ")"));
-  if (absl::Status s = membership_.RequestDrain(rank); !s.ok()) return s;
-  spdlog::info("worker {} drained by an operator: it leaves after its step in progress", rank);
-  return absl::OkStatus();
+  return workers_.Drain(rank);
+}
+
+int JobStateMachine::waiting_registrations() const {
+  absl::MutexLock lock(&mu_);
+  return workers_.waiting();
 }
 
 v1::ShardMap JobStateMachine::shard_map() const {
@@ -1047,11 +912,6 @@ v1::JobState JobStateMachine::state() const {
   return phase_.state();
 }
 
-int JobStateMachine::waiting_registrations() const {
-  absl::MutexLock lock(&mu_);
-  return waiting_registrations_;
-}
-
 v1::JobStatus JobStateMachine::Status() const {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
@@ -1069,7 +929,8 @@ v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
   for (v1::ShardStatus& s : membership_.ShardStatuses(now))
     *status.add_shards() = std::move(s);
   SummarizeJobStatus(&status);
-  if (std::optional<uint32_t> evaluator = ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
+  if (std::optional<uint32_t> evaluator =
+          ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
       evaluator.has_value())
     status.set_evaluator_rank(*evaluator);
   std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
@@ -1105,7 +966,7 @@ bool JobStateMachine::WaitForEnd(absl::Duration timeout) const {
 
 bool JobStateMachine::EveryLiveMemberSawEnd() const {
   absl::MutexLock lock(&mu_);
-  return EveryLiveMemberSawEndLocked(clock_()) && ranks_awaited_.empty();
+  return EveryLiveMemberSawEndLocked(clock_()) && !workers_.ranks_awaited();
 }
 
 bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {

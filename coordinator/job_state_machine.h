@@ -81,6 +81,7 @@
 #include "coordinator/quorum_counts.h"
 #include "coordinator/resharding.h"
 #include "coordinator/state_file.h"
+#include "coordinator/worker_requests.h"
 #include "job/user_model.h"
 #include "daemon/env.h"
 #include "proto/grps.pb.h"
@@ -277,10 +278,6 @@ class JobStateMachine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EveryLiveMemberSawEndLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The lowest progress step of the live ranks (Membership::live_workers)
-  // other than `except` (0 if none): where a rank joining an elastic job
-  // starts its clock.
-  uint64_t SlowestLiveStepLocked(uint32_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING, no rank ALIVE and at least one FINISHED.
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the training-done phase (final checkpoint, evaluation).
@@ -316,9 +313,6 @@ class JobStateMachine {
   void FillHeartbeatReplyLocked(const v1::HeartbeatRequest& request,
                                 bool current_generation, absl::Time now,
                                 v1::HeartbeatResponse* response)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // WorkerDone with `leaving`: the rank is LEFT, out of the live set.
-  absl::Status LeaveLocked(const v1::WorkerDoneRequest& request, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints ----
@@ -391,13 +385,6 @@ class JobStateMachine {
   // joins.
   JobPhase phase_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
-  // Ranks a registration asked for and was refused because the rank was
-  // alive (a restarted worker waiting for it), until such a registration
-  // gets the rank or hears that the job ended: the coordinator lingers for
-  // them too, so that the restarted worker exits rather than retry a
-  // coordinator that is gone.
-  std::set<uint32_t> ranks_awaited_ ABSL_GUARDED_BY(mu_);
-  int waiting_registrations_ ABSL_GUARDED_BY(mu_) = 0;
 
   CheckpointScheduler checkpoints_ ABSL_GUARDED_BY(mu_);
   // The user model's tensors and the program's optimizer.
@@ -423,6 +410,8 @@ class JobStateMachine {
   // The final live set, the evaluator, the final evaluation, who heard the
   // end (reads membership_).
   JobEnding ending_ ABSL_GUARDED_BY(mu_);
+  // A worker's registration, leases, end and drain; the ranks awaited.
+  WorkerRequests workers_ ABSL_GUARDED_BY(mu_);
 
 };
 

@@ -626,6 +626,11 @@ std::vector<uint32_t> Membership::RanksInState(v1::MemberState state) const {
   return out;
 }
 
+bool Membership::TrainingOver() const {
+  return RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
+         !RanksInState(v1::MEMBER_STATE_FINISHED).empty();
+}
+
 std::vector<uint32_t> Membership::ShardsInState(v1::MemberState state) const {
   std::vector<uint32_t> out;
   for (uint32_t s = 0; s < num_shards(); ++s)

@@ -245,6 +245,9 @@ class Membership {
   std::vector<uint32_t> UnregisteredRanks() const;
   // Ranks / shards in `state`, ascending (never-registered ones have none).
   std::vector<uint32_t> RanksInState(v1::MemberState state) const;
+  // No rank ALIVE and at least one FINISHED: a running job is done
+  // training.
+  bool TrainingOver() const;
   // FINISHED ranks whose last heartbeat (or WorkerDone) is at most the
   // heartbeat timeout before `now`, ascending.
   std::vector<uint32_t> FinishedRanksHeartbeating(absl::Time now) const;
