@@ -20,8 +20,6 @@ namespace grps {
 
 namespace {
 
-// The heartbeat interval asked of members while the job is ending.
-constexpr uint32_t kEndingHeartbeatMs = 50;
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
 // A standby's call is answered this long before its deadline (a shard
@@ -50,6 +48,15 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       resharding_(config_),
       cuts_(config_, &checkpoints_, &membership_, &global_step_),
       ending_(config_.job_id(), &membership_),
+      heartbeats_({.config = &config_,
+                   .phase = &phase_,
+                   .membership = &membership_,
+                   .generations = &generations_,
+                   .checkpoints = &checkpoints_,
+                   .ending = &ending_,
+                   .data = &data_,
+                   .global_step = &global_step_,
+                   .resharding = &resharding_}),
       workers_({.config = &config_,
                 .clock = clock_,
                 .phase = &phase_,
@@ -399,18 +406,6 @@ absl::Status JobStateMachine::WaitToBeTakenInLocked(uint32_t shard, uint64_t inc
       kStandbyAnswerMargin);
 }
 
-std::optional<v1::HeartbeatResponse> JobStateMachine::RetiredServerReplyLocked(
-    const v1::HeartbeatRequest& request) const {
-  if (!resharding_.enabled() || request.member_case() != v1::HeartbeatRequest::kServerShard ||
-      request.server_shard() < membership_.num_shards())
-    return std::nullopt;
-  v1::HeartbeatResponse response;
-  response.set_job_state(phase_.state());
-  response.set_generation(generations_.current());
-  *response.mutable_shard_map() = membership_.shard_map();
-  return response;
-}
-
 absl::Status JobStateMachine::AdoptShardCountLocked(const v1::CoordinatorState& state,
                                                     absl::Time now) {
   const uint32_t count = static_cast<uint32_t>(state.shards_size());
@@ -474,37 +469,6 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
                                : "died or left",
                            " before finishing; none came back within ", WholeSeconds(recovery)),
               now);
-}
-
-absl::Status JobStateMachine::AdoptLocked(const v1::HeartbeatRequest& request,
-                                          absl::Time now) {
-  if (request.incarnation() == 0)
-    return absl::InvalidArgumentError("heartbeat without an incarnation");
-  if (phase_.ended()) return phase_.EndedError();
-  if (request.member_case() == v1::HeartbeatRequest::kServerShard) {
-    if (absl::Status s = membership_.AdoptServer(request.server_shard(),
-                                                 request.incarnation(),
-                                                 request.shard().address(), now);
-        !s.ok())
-      return s;
-    spdlog::info("adopted the server of shard {} at {} (incarnation {}) from its "
-                 "heartbeat; shard map epoch {}",
-                 request.server_shard(), request.shard().address(),
-                 request.incarnation(), membership_.shard_map().epoch());
-  } else {
-    if (absl::Status s = membership_.AdoptWorker(
-            request.worker_rank(), request.incarnation(), request.finished(),
-            request.has_progress() ? &request.progress() : nullptr, now);
-        !s.ok())
-      return s;
-    spdlog::info("adopted worker {} (incarnation {}{}) from its heartbeat",
-                 request.worker_rank(), request.incarnation(),
-                 request.finished() ? ", finished" : "");
-  }
-  phase_.NoteRegistration(now);
-  phase_.NoteAdoption();
-  FollowGenerationLocked(request.generation(), now);
-  return absl::OkStatus();
 }
 
 bool JobStateMachine::TrainingDoneLocked() const {
@@ -592,7 +556,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
     return absl::InvalidArgumentError("heartbeat must name a worker_rank or a server_shard");
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (std::optional<v1::HeartbeatResponse> retired = RetiredServerReplyLocked(request))
+  if (std::optional<v1::HeartbeatResponse> retired = heartbeats_.RetiredReply(request))
     return *std::move(retired);
   // A member that has not followed the newest restore order yet: its
   // progress belongs to a state the job left.
@@ -611,48 +575,36 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
     current_generation =
         ServerHeartbeatLocked(request, current_generation, now, &response);
   } else {
-    WorkerHeartbeatLocked(request, current_generation, now);
+    heartbeats_.WorkerReport(request, current_generation, now);
   }
   UpdateStateLocked(now);
-  FillHeartbeatReplyLocked(request, current_generation, now, &response);
+  heartbeats_.Reply(request,
+                    {.training_done = TrainingDoneLocked(),
+                     .current_generation = current_generation,
+                     .sync_version =
+                         [this] {
+                           mu_.AssertHeld();
+                           return cuts_.SyncVersion(CutJobLocked());
+                         }},
+                    now, &response);
+  if (phase_.ended()) waits_.Changed();  // a member heard the end
   return response;
 }
 
 absl::Status JobStateMachine::RecordHeartbeatLocked(const v1::HeartbeatRequest& request,
                                                     bool current_generation,
                                                     absl::Time now) {
-  const absl::Status s = ApplyHeartbeatLocked(request, current_generation, now);
+  const absl::Status s = heartbeats_.Record(request, current_generation, now);
   // A member this coordinator never registered (it restarted), or a newer
-  // incarnation of one it knows: take it in, then record the heartbeat.
-  if (s.ok() || request.incarnation() == 0 ||
-      (!absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)))
-    return s;
-  if (absl::Status adopted = AdoptLocked(request, now); !adopted.ok())
+  // incarnation of one it knows: take it in, follow its generation, then
+  // record the heartbeat.
+  if (!Heartbeats::Adoptable(request, s)) return s;
+  if (absl::Status adopted = heartbeats_.Adopt(request, now); !adopted.ok())
     return absl::IsNotFound(s) ? adopted : s;
+  FollowGenerationLocked(request.generation(), now);
   UpdateStateLocked(now);
   waits_.Changed();
-  return ApplyHeartbeatLocked(request, current_generation, now);
-}
-
-absl::Status JobStateMachine::ApplyHeartbeatLocked(const v1::HeartbeatRequest& request,
-                                                   bool current_generation,
-                                                   absl::Time now) {
-  bool revived = false;
-  if (request.member_case() == v1::HeartbeatRequest::kWorkerRank) {
-    absl::Status s = membership_.WorkerHeartbeat(
-        request.worker_rank(), request.incarnation(),
-        request.has_progress() && current_generation ? &request.progress() : nullptr,
-        now, &revived);
-    if (s.ok() && revived)
-      spdlog::info("worker {} is alive again; membership epoch {}", request.worker_rank(),
-                   membership_.membership_epoch());
-    return s;
-  }
-  absl::Status s = membership_.ServerHeartbeat(request.server_shard(), request.incarnation(),
-                                               request.shard(), now, &revived);
-  if (s.ok() && revived)
-    spdlog::info("server of shard {} is alive again", request.server_shard());
-  return s;
+  return heartbeats_.Record(request, current_generation, now);
 }
 
 bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
@@ -669,83 +621,8 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
   }
   NoteGlobalStepLocked(now);
   if (!current_generation) return false;
-  if (request.shard().has_checkpoint()) {
-    const bool was_pending = checkpoints_.pending();
-    const uint64_t id = checkpoints_.pending_summary().id();
-    checkpoints_.Report(shard, request.shard().checkpoint(), now);
-    if (was_pending && !checkpoints_.pending()) {
-      spdlog::warn("checkpoint {} failed: {}", id, checkpoints_.SummaryOf(id).error());
-      waits_.Changed();
-    }
-  }
-  if (std::optional<v1::CheckpointRequest> ask = checkpoints_.RequestFor(shard);
-      ask.has_value() && !phase_.ended())
-    *response->mutable_checkpoint() = std::move(*ask);
+  if (heartbeats_.ServerReport(request, now, response)) waits_.Changed();  // a checkpoint failed
   return true;
-}
-
-void JobStateMachine::WorkerHeartbeatLocked(const v1::HeartbeatRequest& request,
-                                            bool current_generation, absl::Time now) {
-  const uint32_t rank = request.worker_rank();
-  generations_.NoteWorker(rank, request.incarnation(), request.generation());
-  if (!request.finished() || !request.has_progress() || !current_generation ||
-      phase_.ended())
-    return;
-  // Its WorkerDone reached a coordinator that died before it saved it: the
-  // heartbeat says what WorkerDone said.
-  const std::vector<uint32_t> finished = membership_.RanksInState(v1::MEMBER_STATE_FINISHED);
-  if (std::find(finished.begin(), finished.end(), rank) == finished.end() &&
-      membership_.FinishWorker(rank, request.incarnation(), request.progress(), now).ok())
-    spdlog::info("worker {} finished at step {} (said by its heartbeat)", rank,
-                 request.progress().step());
-}
-
-void JobStateMachine::FillHeartbeatReplyLocked(const v1::HeartbeatRequest& request,
-                                               bool current_generation, absl::Time now,
-                                               v1::HeartbeatResponse* response) {
-  const bool worker = request.member_case() == v1::HeartbeatRequest::kWorkerRank;
-  response->set_job_state(phase_.state());
-  response->set_generation(generations_.current());
-  if (TrainingDoneLocked() || phase_.ended())
-    response->set_next_heartbeat_ms(
-        std::min(kEndingHeartbeatMs, config_.heartbeat_interval_ms()));
-  if (!current_generation) *response->mutable_restore() = generations_.order();
-  Membership::LiveWorkers live = membership_.live_workers();
-  response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
-  response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
-                                                    live.incarnations.end());
-  const std::vector<uint64_t> counts_from = quorum_counts_.CountsFrom(
-      live,
-      {generations_.current(), phase_.running(),
-       config_.mode() == v1::MODE_SYNC && !TrainingDoneLocked(),
-       global_step_.step().value_or(0)},
-      [this] {
-        mu_.AssertHeld();
-        return cuts_.SyncVersion(CutJobLocked());
-      });
-  if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
-    response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
-  response->set_membership_epoch(membership_.membership_epoch());
-  if (std::optional<uint32_t> evaluator =
-          ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
-      evaluator.has_value() && !phase_.ended()) {
-    response->set_evaluator_rank(*evaluator);
-    if (worker && request.worker_rank() == *evaluator && TrainingDoneLocked() &&
-        ending_.ServersHeardFinalLiveSet()) {
-      response->set_evaluate_final(true);
-      ending_.AskedToEvaluate(*evaluator);
-    }
-  }
-  if (request.shard_map_epoch() < membership_.shard_map().epoch())
-    *response->mutable_shard_map() = membership_.shard_map();
-  if (worker && membership_.DrainRequested(request.worker_rank())) response->set_drain(true);
-  // A worker blocked in a sync step behind one that waits for the limbo
-  // would not lease again by itself.
-  if (worker && data_.ClaimAwaited(request.worker_rank())) response->set_claim_examples(true);
-  if (phase_.ended()) {
-    ending_.ToldEnd(request);
-    waits_.Changed();
-  }
 }
 
 // ---- A worker's requests (WorkerRequests) ----

@@ -73,12 +73,12 @@
 #include "coordinator/elastic_data.h"
 #include "coordinator/generations.h"
 #include "coordinator/global_step.h"
+#include "coordinator/heartbeats.h"
 #include "coordinator/job_ending.h"
 #include "coordinator/job_model.h"
 #include "coordinator/job_phase.h"
 #include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
-#include "coordinator/quorum_counts.h"
 #include "coordinator/resharding.h"
 #include "coordinator/state_file.h"
 #include "coordinator/worker_requests.h"
@@ -291,28 +291,17 @@ class JobStateMachine {
   void CheckRecoveryLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Heartbeats ----
-  // Records the heartbeat in Membership, adopting a member this coordinator
-  // does not know (or a newer incarnation of one it knows).
+  // Records the heartbeat (Heartbeats), adopting a member this coordinator
+  // does not know (or a newer incarnation of one it knows) and following
+  // its generation.
   absl::Status RecordHeartbeatLocked(const v1::HeartbeatRequest& request,
                                      bool current_generation, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyHeartbeatLocked(const v1::HeartbeatRequest& request,
-                                    bool current_generation, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AdoptLocked(const v1::HeartbeatRequest& request, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server's restore failure, version and checkpoint report; false when
   // the server is no longer in the current generation.
   bool ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
                              bool current_generation, absl::Time now,
                              v1::HeartbeatResponse* response)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WorkerHeartbeatLocked(const v1::HeartbeatRequest& request,
-                             bool current_generation, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillHeartbeatReplyLocked(const v1::HeartbeatRequest& request,
-                                bool current_generation, absl::Time now,
-                                v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints ----
@@ -350,11 +339,6 @@ class JobStateMachine {
   // The registration answer for `shard` with `incarnation`.
   ServerRegistration ServerAnswerLocked(uint32_t shard, uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A heartbeat of a server whose shard the job no longer has (re-sharded
-  // away): the reply that tells it (the map), or nullopt for a shard the
-  // job has.
-  std::optional<v1::HeartbeatResponse> RetiredServerReplyLocked(
-      const v1::HeartbeatRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TakeOver: the membership of a persisted state of another shard count.
   absl::Status AdoptShardCountLocked(const v1::CoordinatorState& state, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -396,8 +380,6 @@ class JobStateMachine {
   // that a slow spell (a worker's restart, a loaded machine) does not leave
   // it a few steps wide when the job speeds up again.
   GlobalStep global_step_ ABSL_GUARDED_BY(mu_);
-  // From which step each live rank counts toward a sync step's quorum.
-  QuorumCounts quorum_counts_ ABSL_GUARDED_BY(mu_);
 
   // Elastic jobs: the example ledger, the leases, the limbo after a
   // take-over.
@@ -410,6 +392,8 @@ class JobStateMachine {
   // The final live set, the evaluator, the final evaluation, who heard the
   // end (reads membership_).
   JobEnding ending_ ABSL_GUARDED_BY(mu_);
+  // A heartbeat's records and its reply; the quorum counts.
+  Heartbeats heartbeats_ ABSL_GUARDED_BY(mu_);
   // A worker's registration, leases, end and drain; the ranks awaited.
   WorkerRequests workers_ ABSL_GUARDED_BY(mu_);
 
