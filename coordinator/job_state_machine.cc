@@ -22,9 +22,6 @@ namespace {
 
 // How long the final watch snapshot waits for the servers' final reports.
 constexpr absl::Duration kFinalReportWait = absl::Seconds(3);
-// A standby's call is answered this long before its deadline (a shard
-// handed to a caller that already gave up would be held by nobody).
-constexpr absl::Duration kStandbyAnswerMargin = absl::Milliseconds(300);
 
 std::string MiB(uint64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -57,6 +54,14 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
                    .data = &data_,
                    .global_step = &global_step_,
                    .resharding = &resharding_}),
+      servers_({.config = &config_,
+                .clock = clock_,
+                .phase = &phase_,
+                .membership = &membership_,
+                .generations = &generations_,
+                .model = &model_,
+                .resharding = &resharding_,
+                .waits = &waits_}),
       workers_({.config = &config_,
                 .clock = clock_,
                 .phase = &phase_,
@@ -362,50 +367,6 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
   return true;
 }
 
-absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterStandbyLocked(
-    const v1::RegisterServerRequest& request, uint32_t shard, const Wait& wait) {
-  if (shard >= config_.max_servers())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "requested shard ", shard, " is out of range; the job may have up to ",
-        config_.max_servers(), " shards (max_servers)"));
-  const uint64_t incarnation = resharding_.StandBy(
-      shard, request.address(), membership_.num_shards(),
-      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return membership_.ReserveIncarnation(clock_());
-      });
-  TickReshardLocked(clock_());
-  waits_.Changed();
-  absl::Status outcome = WaitToBeTakenInLocked(shard, incarnation, wait);
-  resharding_.StandbyCallEnded(shard, incarnation, outcome.ok() || absl::IsCancelled(outcome));
-  if (!outcome.ok()) return outcome;
-  spdlog::info("server {} takes shard {} (incarnation {}); shard map epoch {}",
-               request.address(), shard, incarnation, membership_.shard_map().epoch());
-  return ServerAnswerLocked(shard, incarnation);
-}
-
-absl::Status JobStateMachine::WaitToBeTakenInLocked(uint32_t shard, uint64_t incarnation,
-                                                    const Wait& wait) {
-  return waits_.Until(
-      &mu_, wait,
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-        if (shard < membership_.num_shards() &&
-            membership_.shard_map().shards(shard).incarnation() == incarnation)
-          return absl::OkStatus();
-        if (phase_.ended()) return phase_.EndedError();
-        if (resharding_.StandbyIncarnation(shard) != incarnation)
-          return absl::FailedPreconditionError(
-              absl::StrCat("another server stands by for shard ", shard, " now"));
-        return std::nullopt;
-      },
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return absl::UnavailableError(absl::StrCat(
-            "standby: shard ", shard, " waits for the job to re-shard (it has ",
-            membership_.num_shards(), "; grpsctl scale --servers ", shard + 1,
-            " takes it in)"));
-      },
-      kStandbyAnswerMargin);
-}
-
 absl::Status JobStateMachine::AdoptShardCountLocked(const v1::CoordinatorState& state,
                                                     absl::Time now) {
   const uint32_t count = static_cast<uint32_t>(state.shards_size());
@@ -496,58 +457,18 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
     const v1::RegisterServerRequest& request, const Wait& wait) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  if (phase_.ended()) return phase_.EndedError();
-  if (model_.awaiting_definition())
-    return absl::UnavailableError(absl::StrCat(
-        "job ", config_.job_id(), "'s model is not defined yet: its first worker defines it"));
-  if (config_.max_servers() > 0 && request.has_requested_shard() &&
-      request.requested_shard() >= 0) {
-    const uint32_t shard = static_cast<uint32_t>(request.requested_shard());
-    if (shard >= membership_.num_shards()) return RegisterStandbyLocked(request, shard, wait);
-    // A standby the last re-sharding took in, asking again.
-    const uint64_t incarnation = membership_.shard_map().shards(shard).incarnation();
-    if (resharding_.TakenInAgain(shard, request.address(), incarnation))
-      return ServerAnswerLocked(shard, incarnation);
-  }
-  absl::StatusOr<Membership::Registration> reg = membership_.RegisterServer(
-      request.has_requested_shard() ? request.requested_shard() : -1,
-      request.address(), now);
+  absl::StatusOr<ServerRequests::Registered> reg =
+      servers_.Register(&mu_, request, wait, now, [this] {
+        mu_.AssertHeld();
+        TickReshardLocked(clock_());
+      });
   if (!reg.ok()) return reg.status();
-  phase_.NoteRegistration(now);
-  spdlog::info("server {} {} shard {} (incarnation {}); shard map epoch {}",
-               request.address(), reg->rejoined ? "re-registered" : "registered",
-               reg->slot, reg->incarnation, membership_.shard_map().epoch());
-  ServerRegistration out;
-  const bool refused =
-      request.has_restore_failed() && generations_.Refuse(reg->slot, request.restore_failed());
-  if ((reg->rejoined && phase_.running()) || refused) {
-    // Every mode rolls back to one cut: the shard's own updates since the
-    // checkpoint are gone, and the others' must not outrun them (async
-    // workers would push gradients of versions the shard no longer has).
-    // A checkpoint the shard cannot load is replaced by the one before it,
-    // for every member.
-    RollBackLocked(refused ? absl::StrCat("shard ", reg->slot, " cannot restore checkpoint ",
-                                          request.restore_failed().id())
-                           : absl::StrCat("server of shard ", reg->slot, " restarted"),
-                   now);
-    out.rolled_back = true;
-  }
+  if (reg->roll_back.has_value()) RollBackLocked(*reg->roll_back, now);
   UpdateStateLocked(now);
   waits_.Changed();
-  ServerRegistration answer = ServerAnswerLocked(reg->slot, reg->incarnation);
-  answer.rolled_back = out.rolled_back;
+  ServerRegistration answer = servers_.Answer(reg->shard, reg->incarnation);
+  answer.rolled_back = reg->roll_back.has_value();
   return answer;
-}
-
-JobStateMachine::ServerRegistration JobStateMachine::ServerAnswerLocked(
-    uint32_t shard, uint64_t incarnation) const {
-  ServerRegistration out;
-  out.response.set_shard(shard);
-  out.response.set_incarnation(incarnation);
-  *out.response.mutable_config() = JobConfigLocked();
-  *out.response.mutable_shard_map() = membership_.shard_map();
-  *out.response.mutable_restore() = generations_.order();
-  return out;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(

@@ -80,6 +80,7 @@
 #include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
 #include "coordinator/resharding.h"
+#include "coordinator/server_requests.h"
 #include "coordinator/state_file.h"
 #include "coordinator/worker_requests.h"
 #include "job/user_model.h"
@@ -109,10 +110,7 @@ class JobStateMachine {
 
   // A server's registration; `rolled_back` when it rolled the job back (the
   // caller persists the state before answering). member_secret is not set.
-  struct ServerRegistration {
-    v1::RegisterServerResponse response;
-    bool rolled_back = false;
-  };
+  using ServerRegistration = grps::ServerRegistration;
 
   // `config` must be valid (ValidateJobConfig) and `shard_map` built from it.
   JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map, Clock clock,
@@ -327,18 +325,6 @@ class JobStateMachine {
   // (the caller persists the state at once).
   bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A standby's registration (shard past the map): waits as RegisterServer
-  // says.
-  absl::StatusOr<ServerRegistration> RegisterStandbyLocked(
-      const v1::RegisterServerRequest& request, uint32_t shard, const Wait& wait)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The wait of RegisterStandbyLocked: OK once the map has `shard` with
-  // `incarnation`.
-  absl::Status WaitToBeTakenInLocked(uint32_t shard, uint64_t incarnation, const Wait& wait)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The registration answer for `shard` with `incarnation`.
-  ServerRegistration ServerAnswerLocked(uint32_t shard, uint64_t incarnation) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TakeOver: the membership of a persisted state of another shard count.
   absl::Status AdoptShardCountLocked(const v1::CoordinatorState& state, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -394,6 +380,8 @@ class JobStateMachine {
   JobEnding ending_ ABSL_GUARDED_BY(mu_);
   // A heartbeat's records and its reply; the quorum counts.
   Heartbeats heartbeats_ ABSL_GUARDED_BY(mu_);
+  // A server's registration, a standby's wait, the answer.
+  ServerRequests servers_ ABSL_GUARDED_BY(mu_);
   // A worker's registration, leases, end and drain; the ranks awaited.
   WorkerRequests workers_ ABSL_GUARDED_BY(mu_);
 
