@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/job_summary.h"
+#include "coordinator/take_over.h"
 #include "coordinator/words.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -135,27 +136,8 @@ void JobStateMachine::SetNextCheckpointId(uint64_t id) {
 absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
                                        absl::string_view from) {
   const absl::Time now = clock_();
-  if (state.config().job_id() != config_.job_id())
-    return absl::InvalidArgumentError(
-        absl::StrCat(from, " is of job '", state.config().job_id(), "', not '",
-                     config_.job_id(), "'"));
-  if (state.state() != v1::JOB_STATE_WAITING && state.state() != v1::JOB_STATE_RUNNING)
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, ": job is ", JobStateName(state.state()), "; only a waiting or "
-        "running job is taken back"));
-  // The newest complete checkpoint's worker steps come from its manifest.
-  std::optional<v1::CheckpointManifest> newest;
-  if (state.last_checkpoint().id() > 0) {
-    absl::StatusOr<v1::CheckpointManifest> m =
-        ReadManifest(env_, state.last_checkpoint().dir());
-    if (m.ok() && m->id() == state.last_checkpoint().id()) {
-      newest = *m;
-    } else {
-      spdlog::warn("{}: cannot read the manifest of checkpoint {} in {}: {}", std::string(from),
-                   state.last_checkpoint().id(), state.last_checkpoint().dir(),
-                   m.ok() ? "another id" : std::string(m.status().message()));
-    }
-  }
+  if (absl::Status s = CheckTakeOver(state, config_.job_id(), from); !s.ok()) return s;
+  const std::optional<v1::CheckpointManifest> newest = NewestCheckpoint(env_, state, from);
   absl::MutexLock lock(&mu_);
   if (config_.model() == v1::MODEL_USER && !state.config().model_tensors().empty()) {
     if (absl::StatusOr<bool> defined = DefineModelLocked(state.config().model_tensors(),
@@ -166,7 +148,8 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
   absl::StatusOr<ExampleLedger> ledger = ElasticData::Read(state);
   if (!ledger.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", ledger.status().message()));
-  if (absl::Status s = AdoptShardCountLocked(state, now); !s.ok())
+  if (absl::Status s = AdoptShardCount(state, config_, &membership_, &checkpoints_, now);
+      !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
@@ -365,28 +348,6 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
                                                                     absl::AlphaNumFormatter())));
   waits_.Changed();
   return true;
-}
-
-absl::Status JobStateMachine::AdoptShardCountLocked(const v1::CoordinatorState& state,
-                                                    absl::Time now) {
-  const uint32_t count = static_cast<uint32_t>(state.shards_size());
-  if (count == membership_.num_shards() || !resharding_.enabled()) return absl::OkStatus();
-  if (count == 0 || count > config_.max_servers())
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the state has ", count, " shards; the job may have 1 to ", config_.max_servers()));
-  const v1::ShardMap& map = membership_.shard_map();
-  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
-      {map.tensors().begin(), map.tensors().end()}, count, config_.chunk_bytes());
-  if (!built.ok()) return built.status();
-  std::map<uint32_t, Membership::Endpoint> servers;
-  for (const v1::ShardEndpoint& e : state.shards())
-    servers[e.shard()] = Membership::Endpoint{e.address(), e.incarnation()};
-  if (absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
-          membership_.Reshard(*built, servers, now);
-      !dropped.ok())
-    return dropped.status();
-  checkpoints_.set_num_shards(count);
-  return absl::OkStatus();
 }
 
 void JobStateMachine::FollowGenerationLocked(uint64_t generation, absl::Time now) {

@@ -325,9 +325,6 @@ class JobStateMachine {
   // (the caller persists the state at once).
   bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TakeOver: the membership of a persisted state of another shard count.
-  absl::Status AdoptShardCountLocked(const v1::CoordinatorState& state, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member runs in a generation newer than this coordinator's: roll back
   // past it, so that every member restores the same checkpoint.
   void FollowGenerationLocked(uint64_t generation, absl::Time now)
