@@ -46,6 +46,14 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       resharding_(config_),
       cuts_(config_, &checkpoints_, &membership_, &global_step_),
       ending_(config_.job_id(), &membership_),
+      roll_backs_({.job_id = config_.job_id(),
+                   .generations = &generations_,
+                   .checkpoints = &checkpoints_,
+                   .membership = &membership_,
+                   .data = &data_,
+                   .ending = &ending_,
+                   .cuts = &cuts_,
+                   .global_step = &global_step_}),
       heartbeats_({.config = &config_,
                    .phase = &phase_,
                    .membership = &membership_,
@@ -202,7 +210,7 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
     waits_.Changed();
   }
   if (!TrainingDoneLocked()) {
-    if (ending_.training_was_done()) ResetTrainingDoneLocked();
+    if (ending_.training_was_done()) roll_backs_.ForgetTrainingDone();
     return;
   }
   if (ending_.NoteTrainingDone())
@@ -212,11 +220,6 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
   if (!cuts_.FinalSettled(CutJobLocked(), now)) return;
   if (std::optional<std::string> completed = ending_.Completion(now))
     EndLocked(v1::JOB_STATE_COMPLETED, *std::move(completed), now);
-}
-
-void JobStateMachine::ResetTrainingDoneLocked() {
-  ending_.Reset();
-  cuts_.ForgetFinal();
 }
 
 void JobStateMachine::WriteReadyManifest() {
@@ -254,32 +257,6 @@ void JobStateMachine::WriteReadyManifest() {
     if (absl::Status s = PersistState(/*force=*/true); !s.ok())
       spdlog::warn("state file: {}", std::string(s.message()));
   }
-}
-
-void JobStateMachine::RollBackLocked(absl::string_view why, absl::Time now) {
-  RollBackToLocked(generations_.NewestVerified(), why, now);
-}
-
-void JobStateMachine::RollBackToLocked(v1::RestoreOrder next, absl::string_view why,
-                                       absl::Time now) {
-  const v1::RestoreOrder& order = generations_.Next(std::move(next));
-  checkpoints_.Fail(absl::StrCat("the job rolled back (generation ",
-                                 order.generation(), ")"),
-                    now);
-  const std::vector<uint64_t> resume_steps(order.worker_steps().begin(),
-                                           order.worker_steps().end());
-  const std::vector<uint32_t> revived = membership_.ResetResumeSteps(resume_steps, now);
-  data_.RollBack(resume_steps);
-  ResetTrainingDoneLocked();
-  global_step_.Forget(now);
-  spdlog::warn(
-      "{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why), config_.job_id(),
-      order.checkpoint_id() == 0 ? std::string("the initial values")
-                                 : absl::StrCat("checkpoint ", order.checkpoint_id()),
-      order.step(), order.generation(),
-      revived.empty() ? std::string()
-                      : absl::StrCat("; finished ", Members("worker", revived),
-                                     " train again"));
 }
 
 // ---- Re-sharding (Resharding: the target, the standbys, the cut) ----
@@ -335,7 +312,7 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
   }
   checkpoints_.set_num_shards(*to);
   resharding_.Moved(from, *to, manifest.step(), now);
-  RollBackToLocked(generations_.OrderFor(manifest, dir),
+  roll_backs_.To(generations_.OrderFor(manifest, dir),
                    absl::StrCat("re-sharded from ", from, " to ", *to,
                                 " shards (shard map epoch ", membership_.shard_map().epoch(),
                                 ")"),
@@ -348,14 +325,6 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
                                                                     absl::AlphaNumFormatter())));
   waits_.Changed();
   return true;
-}
-
-void JobStateMachine::FollowGenerationLocked(uint64_t generation, absl::Time now) {
-  const uint64_t was = generations_.current();
-  if (!generations_.JumpTo(generation)) return;
-  RollBackLocked(absl::StrCat("a member runs in generation ", generation,
-                              ", this coordinator was at ", was),
-                 now);
 }
 
 void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
@@ -424,7 +393,7 @@ absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterSer
         TickReshardLocked(clock_());
       });
   if (!reg.ok()) return reg.status();
-  if (reg->roll_back.has_value()) RollBackLocked(*reg->roll_back, now);
+  if (reg->roll_back.has_value()) roll_backs_.Back(*reg->roll_back, now);
   UpdateStateLocked(now);
   waits_.Changed();
   ServerRegistration answer = servers_.Answer(reg->shard, reg->incarnation);
@@ -449,7 +418,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   if (request.generation() > generations_.current() && !phase_.ended()) {
     // A member this coordinator knows from an older state file runs in a
     // newer generation: every member rolls back past it (this one too).
-    FollowGenerationLocked(request.generation(), now);
+    roll_backs_.Follow(request.generation(), now);
     current_generation = false;
   }
   v1::HeartbeatResponse response;
@@ -483,7 +452,7 @@ absl::Status JobStateMachine::RecordHeartbeatLocked(const v1::HeartbeatRequest& 
   if (!Heartbeats::Adoptable(request, s)) return s;
   if (absl::Status adopted = heartbeats_.Adopt(request, now); !adopted.ok())
     return absl::IsNotFound(s) ? adopted : s;
-  FollowGenerationLocked(request.generation(), now);
+  roll_backs_.Follow(request.generation(), now);
   UpdateStateLocked(now);
   waits_.Changed();
   return heartbeats_.Record(request, current_generation, now);
@@ -496,7 +465,7 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
   if (TrainingDoneLocked()) ending_.NoteServerHeartbeat(shard);
   if (request.shard().has_restore_failed() &&
       generations_.Refuse(shard, request.shard().restore_failed())) {
-    RollBackLocked(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
+    roll_backs_.Back(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
                                 request.shard().restore_failed().id()),
                    now);
     current_generation = false;

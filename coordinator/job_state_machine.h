@@ -80,6 +80,7 @@
 #include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
 #include "coordinator/resharding.h"
+#include "coordinator/roll_backs.h"
 #include "coordinator/server_requests.h"
 #include "coordinator/state_file.h"
 #include "coordinator/worker_requests.h"
@@ -278,8 +279,6 @@ class JobStateMachine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING, no rank ALIVE and at least one FINISHED.
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the training-done phase (final checkpoint, evaluation).
-  void ResetTrainingDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the job is still WAITING.
   std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobStatus StatusLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -307,15 +306,6 @@ class JobStateMachine {
   // The job as a checkpoint cut sees it now.
   CheckpointCuts::Job CutJobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- Roll-backs ----
-  // Rolls the whole job back, in the next generation, to the newest
-  // checkpoint that verifies now (Generations::NewestVerified; `why` is
-  // logged).
-  void RollBackLocked(absl::string_view why, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ... to `next` (its generation is set here).
-  void RollBackToLocked(v1::RestoreOrder next, absl::string_view why, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Re-sharding (the machine's side of Resharding) ----
   // Resharding::Tick with the job as it is now.
@@ -325,10 +315,6 @@ class JobStateMachine {
   // (the caller persists the state at once).
   bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member runs in a generation newer than this coordinator's: roll back
-  // past it, so that every member restores the same checkpoint.
-  void FollowGenerationLocked(uint64_t generation, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::CoordinatorState ExportStateLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::JobConfig JobConfigLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -375,6 +361,8 @@ class JobStateMachine {
   // The final live set, the evaluator, the final evaluation, who heard the
   // end (reads membership_).
   JobEnding ending_ ABSL_GUARDED_BY(mu_);
+  // The whole job back to a restore order.
+  RollBacks roll_backs_ ABSL_GUARDED_BY(mu_);
   // A heartbeat's records and its reply; the quorum counts.
   Heartbeats heartbeats_ ABSL_GUARDED_BY(mu_);
   // A server's registration, a standby's wait, the answer.
