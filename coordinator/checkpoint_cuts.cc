@@ -21,6 +21,14 @@ CheckpointCuts::CheckpointCuts(const v1::JobConfig& config, CheckpointScheduler*
       membership_(membership),
       global_step_(global_step) {}
 
+absl::StatusOr<uint64_t> CheckpointCuts::Join(const Job& job, absl::Time now,
+                                              absl::string_view why) {
+  if (scheduler_->pending()) return scheduler_->pending_summary().id();
+  absl::StatusOr<v1::CheckpointRequest> started = Start(job, now, why);
+  if (!started.ok()) return started.status();
+  return started->id();
+}
+
 absl::StatusOr<v1::CheckpointRequest> CheckpointCuts::Start(const Job& job, absl::Time now,
                                                             absl::string_view why) {
   std::vector<uint32_t> not_alive;

@@ -48,6 +48,9 @@ class CheckpointCuts {
   // a take-over is not measured yet.
   absl::StatusOr<v1::CheckpointRequest> Start(const Job& job, absl::Time now,
                                               absl::string_view why);
+  // The pending checkpoint's id, or, with none pending, the id of one asked
+  // for now (Start's refusals).
+  absl::StatusOr<uint64_t> Join(const Job& job, absl::Time now, absl::string_view why);
   // The version a sync checkpoint asked for now should have.
   uint64_t SyncVersion(const Job& job) const;
   // Fails a pending checkpoint past its timeout (true if so) and, while the

@@ -131,6 +131,20 @@ TEST_F(CheckpointCutsTest, AnAsyncCutTakesEachChunkAsItIsWithoutWaitingForVersio
   EXPECT_TRUE(scheduler_->pending());
 }
 
+TEST_F(CheckpointCutsTest, AnOperatorJoinsThePendingCheckpointOrAsksForOne) {
+  Make(v1::MODE_ASYNC);
+  absl::StatusOr<uint64_t> first = cuts_->Join(training_, kT0, "an operator");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(scheduler_->pending());
+  absl::StatusOr<uint64_t> again = cuts_->Join(training_, kT0, "another operator");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *first);
+  scheduler_->Fail("a test", kT0);
+  absl::StatusOr<uint64_t> next = cuts_->Join(training_, kT0, "an operator");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, *first + 1);
+}
+
 TEST_F(CheckpointCutsTest, ACheckpointPastItsTimeoutFailsAndOnlyATrainingJobIsCutPeriodically) {
   Make(v1::MODE_ASYNC);
   config_.set_checkpoint_every_steps(1);

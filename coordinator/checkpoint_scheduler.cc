@@ -256,4 +256,24 @@ v1::CheckpointSummary CheckpointScheduler::SummaryOf(uint64_t id) const {
   return s;  // state UNSPECIFIED: superseded or unknown
 }
 
+void CheckpointScheduler::TakeOver(const v1::CoordinatorState& state,
+                                   const std::optional<v1::CheckpointManifest>& newest) {
+  if (newest.has_value())
+    SetNewestComplete(*newest, state.last_checkpoint().dir(), state.checkpoints_completed());
+  SetNextId(state.next_checkpoint_id());
+}
+
+void CheckpointScheduler::AddTo(v1::JobStatus* status) const {
+  if (last_complete_.id() > 0) *status->mutable_last_checkpoint() = last_complete_;
+  if (v1::CheckpointSummary pending = pending_summary(); pending.id() > 0)
+    *status->mutable_pending_checkpoint() = std::move(pending);
+  status->set_checkpoints_completed(completed_);
+}
+
+void CheckpointScheduler::ExportTo(v1::CoordinatorState* state) const {
+  state->set_next_checkpoint_id(next_id_);
+  if (last_complete_.id() > 0) *state->mutable_last_checkpoint() = last_complete_;
+  state->set_checkpoints_completed(completed_);
+}
+
 }  // namespace grps

@@ -111,6 +111,17 @@ class CheckpointScheduler {
   // The state of checkpoint `id` as far as this scheduler knows.
   v1::CheckpointSummary SummaryOf(uint64_t id) const;
 
+  // What ExportTo wrote: the next id, and the newest complete checkpoint
+  // from its manifest (`newest`, nullopt when it cannot be read).
+  void TakeOver(const v1::CoordinatorState& state,
+                const std::optional<v1::CheckpointManifest>& newest);
+  // The newest complete, the pending (or last failed) checkpoint and the
+  // count completed into a status.
+  void AddTo(v1::JobStatus* status) const;
+  // The next id, the newest complete checkpoint and the count completed
+  // into a persisted state (what SetNextId and SetNewestComplete take).
+  void ExportTo(v1::CoordinatorState* state) const;
+
  private:
   struct Pending {
     v1::CheckpointRequest request;

@@ -192,5 +192,62 @@ TEST(CheckpointScheduler, TimesOutAndAFailedManifestWriteFails) {
   EXPECT_EQ(s.completed(), 0u);
 }
 
+TEST(CheckpointScheduler, AStatusAndAPersistedStateCarryTheNewestThePendingAndTheCount) {
+  CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
+  s.Start(10, {}, 8, kT0);
+  s.Report(0, Written(1, 0, 10), kT0);
+  ASSERT_TRUE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0).has_value());
+  s.FinishWrite(1, absl::OkStatus(), kT0);
+  s.Start(20, {}, 18, kT0);  // checkpoint 2 pending
+
+  v1::JobStatus status;
+  s.AddTo(&status);
+  EXPECT_EQ(status.last_checkpoint().id(), 1u);
+  EXPECT_EQ(status.last_checkpoint().state(), v1::CHECKPOINT_STATE_COMPLETE);
+  EXPECT_EQ(status.pending_checkpoint().id(), 2u);
+  EXPECT_EQ(status.checkpoints_completed(), 1u);
+
+  v1::CoordinatorState state;
+  s.ExportTo(&state);
+  EXPECT_EQ(state.next_checkpoint_id(), 3u);
+  EXPECT_EQ(state.last_checkpoint().id(), 1u);
+  EXPECT_EQ(state.checkpoints_completed(), 1u);
+}
+
+TEST(CheckpointScheduler, ATakenOverSchedulerGoesOnFromTheExportedIdAndNewestCheckpoint) {
+  CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
+  s.Start(10, {}, 8, kT0);
+  s.Report(0, Written(1, 0, 10), kT0);
+  std::optional<v1::CheckpointManifest> manifest =
+      s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0);
+  ASSERT_TRUE(manifest.has_value());
+  s.FinishWrite(1, absl::OkStatus(), kT0);
+  v1::CoordinatorState state;
+  s.ExportTo(&state);
+
+  CheckpointScheduler next(Config(v1::MODE_SYNC), 1);
+  next.TakeOver(state, manifest);
+  EXPECT_EQ(next.next_id(), 2u);
+  EXPECT_EQ(next.last_complete().id(), 1u);
+  EXPECT_EQ(next.completed(), 1u);
+  // A manifest that cannot be read: the id goes on, the newest is unknown.
+  CheckpointScheduler blind(Config(v1::MODE_SYNC), 1);
+  blind.TakeOver(state, std::nullopt);
+  EXPECT_EQ(blind.next_id(), 2u);
+  EXPECT_EQ(blind.last_complete().id(), 0u);
+}
+
+TEST(CheckpointScheduler, NoCheckpointYetLeavesTheSummariesOut) {
+  CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
+  v1::JobStatus status;
+  s.AddTo(&status);
+  EXPECT_FALSE(status.has_last_checkpoint());
+  EXPECT_FALSE(status.has_pending_checkpoint());
+  v1::CoordinatorState state;
+  s.ExportTo(&state);
+  EXPECT_FALSE(state.has_last_checkpoint());
+  EXPECT_EQ(state.next_checkpoint_id(), 1u);
+}
+
 }  // namespace
 }  // namespace grps

@@ -43,19 +43,19 @@ absl::Status Heartbeats::Adopt(const v1::HeartbeatRequest& request, absl::Time n
                                                 request.shard().address(), now);
         !s.ok())
       return s;
-    spdlog::info("adopted the server of shard {} at {} (incarnation {}) from its "
-                 "heartbeat; shard map epoch {}",
-                 request.server_shard(), request.shard().address(), request.incarnation(),
-                 membership.shard_map().epoch());
+    spdlog::info(
+        "adopted the server of shard {} at {} (incarnation {}) from its "
+        "heartbeat; shard map epoch {}",
+        request.server_shard(), request.shard().address(), request.incarnation(),
+        membership.shard_map().epoch());
   } else {
-    if (absl::Status s = membership.AdoptWorker(
-            request.worker_rank(), request.incarnation(), request.finished(),
-            request.has_progress() ? &request.progress() : nullptr, now);
+    if (absl::Status s =
+            membership.AdoptWorker(request.worker_rank(), request.incarnation(), request.finished(),
+                                   request.has_progress() ? &request.progress() : nullptr, now);
         !s.ok())
       return s;
-    spdlog::info("adopted worker {} (incarnation {}{}) from its heartbeat",
-                 request.worker_rank(), request.incarnation(),
-                 request.finished() ? ", finished" : "");
+    spdlog::info("adopted worker {} (incarnation {}{}) from its heartbeat", request.worker_rank(),
+                 request.incarnation(), request.finished() ? ", finished" : "");
   }
   p_.phase->NoteRegistration(now);
   p_.phase->NoteAdoption();
@@ -86,8 +86,7 @@ void Heartbeats::WorkerReport(const v1::HeartbeatRequest& request, bool current_
                               absl::Time now) {
   const uint32_t rank = request.worker_rank();
   p_.generations->NoteWorker(rank, request.incarnation(), request.generation());
-  if (!request.finished() || !request.has_progress() || !current_generation ||
-      p_.phase->ended())
+  if (!request.finished() || !request.has_progress() || !current_generation || p_.phase->ended())
     return;
   // Its WorkerDone reached a coordinator that died before it saved it: the
   // heartbeat says what WorkerDone said.
@@ -113,12 +112,12 @@ void Heartbeats::Reply(const v1::HeartbeatRequest& request, const Job& job, absl
   response->mutable_live_workers()->Add(live.ranks.begin(), live.ranks.end());
   response->mutable_live_worker_incarnations()->Add(live.incarnations.begin(),
                                                     live.incarnations.end());
-  const std::vector<uint64_t> counts_from = quorum_counts_.CountsFrom(
-      live,
-      {p_.generations->current(), p_.phase->running(),
-       p_.config->mode() == v1::MODE_SYNC && !job.training_done,
-       p_.global_step->step().value_or(0)},
-      job.sync_version);
+  const std::vector<uint64_t> counts_from =
+      quorum_counts_.CountsFrom(live,
+                                {p_.generations->current(), p_.phase->running(),
+                                 p_.config->mode() == v1::MODE_SYNC && !job.training_done,
+                                 p_.global_step->step().value_or(0)},
+                                job.sync_version);
   if (std::any_of(counts_from.begin(), counts_from.end(), [](uint64_t s) { return s > 0; }))
     response->mutable_live_worker_counts_from()->Add(counts_from.begin(), counts_from.end());
   response->set_membership_epoch(membership.membership_epoch());
@@ -142,8 +141,7 @@ void Heartbeats::Reply(const v1::HeartbeatRequest& request, const Job& job, absl
 
 std::optional<v1::HeartbeatResponse> Heartbeats::RetiredReply(
     const v1::HeartbeatRequest& request) const {
-  if (!p_.resharding->enabled() ||
-      request.member_case() != v1::HeartbeatRequest::kServerShard ||
+  if (!p_.resharding->enabled() || request.member_case() != v1::HeartbeatRequest::kServerShard ||
       request.server_shard() < p_.membership->num_shards())
     return std::nullopt;
   v1::HeartbeatResponse response;

@@ -26,8 +26,7 @@ void JobPhase::End(v1::JobState state, std::string message, absl::Time now) {
   ended_ = now;
 }
 
-void JobPhase::TakeOver(const v1::CoordinatorState& state, absl::Time now,
-                        absl::Duration grace) {
+void JobPhase::TakeOver(const v1::CoordinatorState& state, absl::Time now, absl::Duration grace) {
   state_ = state.state();
   message_ = state.message();
   taken_over_ = true;
@@ -49,8 +48,7 @@ absl::Duration JobPhase::WithoutWorkers(bool none, absl::Time now) {
 
 double JobPhase::ElapsedSeconds(absl::Time now) const {
   if (!started()) return 0;
-  return elapsed_before_ +
-         std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_));
+  return elapsed_before_ + std::max(0.0, absl::ToDoubleSeconds(std::min(now, ended_) - started_));
 }
 
 void JobPhase::ExportTo(v1::CoordinatorState* state, absl::Time now) const {

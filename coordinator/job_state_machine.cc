@@ -1,20 +1,15 @@
 #include "coordinator/job_state_machine.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
-#include "coordinator/job_summary.h"
+#include "coordinator/recovery.h"
 #include "coordinator/take_over.h"
-#include "coordinator/words.h"
 #include "job/job_config.h"
-#include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -30,8 +25,8 @@ std::string MiB(uint64_t bytes) {
 
 }  // namespace
 
-JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
-                                 Clock clock, Options options)
+JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map, Clock clock,
+                                 Options options)
     : config_(std::move(config)),
       clock_(std::move(clock)),
       env_(options.env != nullptr ? options.env : Env::Default()),
@@ -46,6 +41,16 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       resharding_(config_),
       cuts_(config_, &checkpoints_, &membership_, &global_step_),
       ending_(config_.job_id(), &membership_),
+      report_({.config = &config_,
+               .phase = &phase_,
+               .membership = &membership_,
+               .model = &model_,
+               .ending = &ending_,
+               .checkpoints = &checkpoints_,
+               .generations = &generations_,
+               .global_step = &global_step_,
+               .data = &data_,
+               .resharding = &resharding_}),
       roll_backs_({.job_id = config_.job_id(),
                    .generations = &generations_,
                    .checkpoints = &checkpoints_,
@@ -86,17 +91,12 @@ JobStateMachine::JobStateMachine(v1::JobConfig config, v1::ShardMap shard_map,
       static_cast<uint64_t>(std::max<int64_t>(1, absl::ToUnixNanos(absl::Now()))));
 }
 
-void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
-                                 const std::string& dir) {
+void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest, const std::string& dir) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   // A user model is the checkpoint's (its chunks were checked against it).
-  if (config_.model() == v1::MODEL_USER && !manifest.config().model_tensors().empty()) {
-    if (absl::StatusOr<bool> defined = DefineModelLocked(manifest.config().model_tensors(),
-                                                         manifest.config().optimizer().kind());
-        !defined.ok())
-      spdlog::error("checkpoint {}: {}", manifest.id(), std::string(defined.status().message()));
-  }
+  if (absl::Status s = AdoptModelLocked(manifest.config()); !s.ok())
+    spdlog::error("checkpoint {}: {}", manifest.id(), std::string(s.message()));
   generations_.ResumeFrom(manifest, dir);
   checkpoints_.SetNewestComplete(manifest, dir, 0);
   if (IsElastic(config_)) data_.ResumeFrom(manifest);
@@ -106,16 +106,12 @@ void JobStateMachine::ResumeFrom(const v1::CheckpointManifest& manifest,
 
 v1::JobConfig JobStateMachine::JobConfig() const {
   absl::MutexLock lock(&mu_);
-  return JobConfigLocked();
+  return report_.MemberConfig();
 }
 
 std::vector<uint32_t> JobStateMachine::LiveWorkerRanks() const {
   absl::MutexLock lock(&mu_);
   return membership_.live_workers().ranks;
-}
-
-v1::JobConfig JobStateMachine::JobConfigLocked() const {
-  return model_.MemberConfig(membership_.num_shards());
 }
 
 absl::StatusOr<bool> JobStateMachine::DefineModel(const TensorSpecs& tensors,
@@ -136,28 +132,28 @@ absl::StatusOr<bool> JobStateMachine::DefineModelLocked(const TensorSpecs& tenso
   return true;
 }
 
+absl::Status JobStateMachine::AdoptModelLocked(const v1::JobConfig& persisted) {
+  if (config_.model() != v1::MODEL_USER || persisted.model_tensors().empty())
+    return absl::OkStatus();
+  return DefineModelLocked(persisted.model_tensors(), persisted.optimizer().kind()).status();
+}
+
 void JobStateMachine::SetNextCheckpointId(uint64_t id) {
   absl::MutexLock lock(&mu_);
   checkpoints_.SetNextId(id);
 }
 
-absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
-                                       absl::string_view from) {
+absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state, absl::string_view from) {
   const absl::Time now = clock_();
   if (absl::Status s = CheckTakeOver(state, config_.job_id(), from); !s.ok()) return s;
   const std::optional<v1::CheckpointManifest> newest = NewestCheckpoint(env_, state, from);
   absl::MutexLock lock(&mu_);
-  if (config_.model() == v1::MODEL_USER && !state.config().model_tensors().empty()) {
-    if (absl::StatusOr<bool> defined = DefineModelLocked(state.config().model_tensors(),
-                                                         state.config().optimizer().kind());
-        !defined.ok())
-      return absl::InvalidArgumentError(absl::StrCat(from, ": ", defined.status().message()));
-  }
+  if (absl::Status s = AdoptModelLocked(state.config()); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   absl::StatusOr<ExampleLedger> ledger = ElasticData::Read(state);
   if (!ledger.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", ledger.status().message()));
-  if (absl::Status s = AdoptShardCount(state, config_, &membership_, &checkpoints_, now);
-      !s.ok())
+  if (absl::Status s = AdoptShardCount(state, config_, &membership_, &checkpoints_, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   if (absl::Status s = membership_.ImportFrom(state, now); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
@@ -168,17 +164,13 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state,
                   absl::Milliseconds(config_.heartbeat_timeout_ms()) + reconnect_backoff_ +
                       absl::Milliseconds(config_.heartbeat_interval_ms()));
   generations_.TakeOver(state);
-  if (newest.has_value())
-    checkpoints_.SetNewestComplete(*newest, state.last_checkpoint().dir(),
-                                   state.checkpoints_completed());
-  checkpoints_.SetNextId(state.next_checkpoint_id());
+  checkpoints_.TakeOver(state, newest);
   resharding_.TakeOver(state);
   global_step_.Restart(now);
-  spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints "
-               "complete, next id {})",
+  spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints complete, "
+               "next id {})",
                config_.job_id(), generations_.current(), std::string(from),
-               JobStateName(phase_.state()),
-               checkpoints_.completed(), checkpoints_.next_id());
+               JobStateName(phase_.state()), checkpoints_.completed(), checkpoints_.next_id());
   return absl::OkStatus();
 }
 
@@ -187,11 +179,10 @@ v1::RestoreOrder JobStateMachine::restore_order() const {
   return generations_.order();
 }
 
-void JobStateMachine::EndLocked(v1::JobState state, std::string message,
-                                absl::Time now) {
+void JobStateMachine::EndLocked(v1::JobState state, std::string message, absl::Time now) {
   phase_.End(state, std::move(message), now);
   spdlog::info("job {} {}: {}", config_.job_id(), JobStateName(state), phase_.message());
-  const v1::JobStatus ended = StatusLocked(now);
+  const v1::JobStatus ended = report_.Status(TrainingDoneLocked(), now);
   for (const std::string& warning : ended.warnings())
     spdlog::warn("job {}: {}", config_.job_id(), warning);
   waits_.Changed();
@@ -200,13 +191,12 @@ void JobStateMachine::EndLocked(v1::JobState state, std::string message,
 void JobStateMachine::UpdateStateLocked(absl::Time now) {
   if (phase_.ended()) return;
   if (phase_.waiting()) {
-    if (!membership_.UnregisteredShards().empty() ||
-        !membership_.UnregisteredRanks().empty())
+    if (!membership_.UnregisteredShards().empty() || !membership_.UnregisteredRanks().empty())
       return;
     phase_.Run();
     global_step_.Restart(now);
-    spdlog::info("job {} running: {} servers and {} workers registered",
-                 config_.job_id(), config_.num_servers(), config_.num_workers());
+    spdlog::info("job {} running: {} servers and {} workers registered", config_.job_id(),
+                 config_.num_servers(), config_.num_workers());
     waits_.Changed();
   }
   if (!TrainingDoneLocked()) {
@@ -214,8 +204,8 @@ void JobStateMachine::UpdateStateLocked(absl::Time now) {
     return;
   }
   if (ending_.NoteTrainingDone())
-    spdlog::info("job {}: training done ({}); waiting for the final evaluation{}",
-                 config_.job_id(), ending_.TrainingDoneMessage(),
+    spdlog::info("job {}: training done ({}); waiting for the final evaluation{}", config_.job_id(),
+                 ending_.TrainingDoneMessage(),
                  checkpoints_.enabled() ? " and the final checkpoint" : "");
   if (!cuts_.FinalSettled(CutJobLocked(), now)) return;
   if (std::optional<std::string> completed = ending_.Completion(now))
@@ -226,8 +216,8 @@ void JobStateMachine::WriteReadyManifest() {
   std::optional<v1::CheckpointManifest> manifest;
   {
     absl::MutexLock lock(&mu_);
-    manifest = checkpoints_.TakeManifestToWrite(membership_.shard_map(), JobConfigLocked(),
-                                                clock_());
+    manifest =
+        checkpoints_.TakeManifestToWrite(membership_.shard_map(), report_.MemberConfig(), clock_());
     if (manifest.has_value()) data_.CutInto(&*manifest);
   }
   if (!manifest.has_value()) return;
@@ -240,9 +230,9 @@ void JobStateMachine::WriteReadyManifest() {
     checkpoints_.FinishWrite(manifest->id(), status, now);
     const v1::CheckpointSummary summary = checkpoints_.SummaryOf(manifest->id());
     if (summary.state() == v1::CHECKPOINT_STATE_COMPLETE) {
-      spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s",
-                   summary.id(), summary.step(), manifest->shards_size(),
-                   MiB(summary.bytes()), summary.seconds());
+      spdlog::info("checkpoint {} complete at step {}: {} shards, {}, {:.2f} s", summary.id(),
+                   summary.step(), manifest->shards_size(), MiB(summary.bytes()),
+                   summary.seconds());
       resharded = PublishReshardLocked(*manifest, dir, now);
     } else {
       spdlog::warn("checkpoint {} failed: {}", summary.id(), summary.error());
@@ -278,51 +268,23 @@ absl::StatusOr<v1::ReshardProgress> JobStateMachine::ScaleServers(uint32_t num_s
 
 void JobStateMachine::TickReshardLocked(absl::Time now) {
   resharding_.Tick(
-      {membership_.num_shards(), phase_.ended(),
-       phase_.running() && !TrainingDoneLocked()},
+      {membership_.num_shards(), phase_.ended(), phase_.running() && !TrainingDoneLocked()},
       checkpoints_,
-      [this, now](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return cuts_.Start(CutJobLocked(), now, why);
-      },
+      [this, now](const std::string& why)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cuts_.Start(CutJobLocked(), now, why); },
       now);
 }
 
 bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifest,
                                            const std::string& dir, absl::Time now) {
-  const uint32_t from = membership_.num_shards();
-  const std::optional<uint32_t> to = resharding_.CutWritten(manifest.id(), from);
-  if (!to.has_value()) return false;
-  const v1::ShardMap& old_map = membership_.shard_map();
-  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
-      {old_map.tensors().begin(), old_map.tensors().end()}, *to, config_.chunk_bytes());
-  if (!built.ok()) {
-    spdlog::error("re-sharding to {} shards: {}; not re-sharded", *to,
-                  std::string(built.status().message()));
-    resharding_.Abandon();
-    return false;
-  }
-  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
-      membership_.Reshard(*built, resharding_.FreshStandbys(), now);
-  if (!dropped.ok()) {
-    // A standby left meanwhile: wait for one again, then cut again.
-    spdlog::warn("re-sharding to {} shards: {}; waiting for it", *to,
-                 std::string(dropped.status().message()));
-    TickReshardLocked(now);
-    return false;
-  }
-  checkpoints_.set_num_shards(*to);
-  resharding_.Moved(from, *to, manifest.step(), now);
+  const Resharding::Publication move =
+      resharding_.Publish(manifest, config_.chunk_bytes(), &membership_, &checkpoints_, now);
+  if (move.wait_again) TickReshardLocked(now);
+  if (!move.moved) return false;
   roll_backs_.To(generations_.OrderFor(manifest, dir),
-                   absl::StrCat("re-sharded from ", from, " to ", *to,
-                                " shards (shard map epoch ", membership_.shard_map().epoch(),
-                                ")"),
-                   now);
-  if (!dropped->empty())
-    spdlog::info("job {}: shard{} {} retired", config_.job_id(),
-                 dropped->size() == 1 ? "" : "s",
-                 absl::StrJoin(*dropped, ", ", absl::PairFormatter(absl::AlphaNumFormatter(),
-                                                                    " incarnation ",
-                                                                    absl::AlphaNumFormatter())));
+                 absl::StrCat("re-sharded from ", move.from, " to ", move.to,
+                              " shards (shard map epoch ", membership_.shard_map().epoch(), ")"),
+                 now);
   waits_.Changed();
   return true;
 }
@@ -334,48 +296,14 @@ void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
 }
 
 void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
-  if (!phase_.running()) return;
-  const absl::Duration recovery = absl::Milliseconds(RecoveryTimeoutMs(config_));
-  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
-  for (const v1::ShardStatus& shard : membership_.ShardStatuses(now)) {
-    if (shard.state() != v1::MEMBER_STATE_DEAD) continue;
-    const absl::Duration dead_for =
-        absl::Milliseconds(shard.last_heartbeat_ms_ago()) - timeout;
-    if (dead_for >= recovery) {
-      EndLocked(v1::JOB_STATE_FAILED,
-                absl::StrCat("shard ", shard.shard(), " has been dead for ",
-                             WholeSeconds(dead_for),
-                             " and no server took it over"),
-                now);
-      return;
-    }
-  }
-  if (phase_.WithoutWorkers(membership_.RanksInState(v1::MEMBER_STATE_ALIVE).empty() &&
-                                 membership_.RanksInState(v1::MEMBER_STATE_FINISHED).empty(),
-                             now) >= recovery)
-    EndLocked(v1::JOB_STATE_FAILED,
-              absl::StrCat("every worker ",
-                           membership_.RanksInState(v1::MEMBER_STATE_LEFT).empty()
-                               ? "died"
-                               : "died or left",
-                           " before finishing; none came back within ", WholeSeconds(recovery)),
-              now);
+  if (std::optional<std::string> failed = RecoveryFailure(membership_, config_, &phase_, now))
+    EndLocked(v1::JOB_STATE_FAILED, *std::move(failed), now);
 }
 
 bool JobStateMachine::TrainingDoneLocked() const {
   // RUNNING means every rank registered, so the unfinished ones are ALIVE or
   // DEAD.
   return phase_.running() && membership_.TrainingOver();
-}
-
-std::string JobStateMachine::WaitingMessageLocked() const {
-  std::vector<std::string> missing;
-  std::vector<uint32_t> shards = membership_.UnregisteredShards();
-  std::vector<uint32_t> ranks = membership_.UnregisteredRanks();
-  if (!shards.empty()) missing.push_back(Members("shard", shards));
-  if (!ranks.empty()) missing.push_back(Members("worker", ranks));
-  return absl::StrCat("waiting for ", absl::StrJoin(missing, " and "),
-                      " to register");
 }
 
 absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterServer(
@@ -413,8 +341,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   // progress belongs to a state the job left.
   // (0: a client that does not say; taken as current.)
   bool current_generation = !generations_.IsOlder(request.generation());
-  if (absl::Status s = RecordHeartbeatLocked(request, current_generation, now); !s.ok())
-    return s;
+  if (absl::Status s = RecordHeartbeatLocked(request, current_generation, now); !s.ok()) return s;
   if (request.generation() > generations_.current() && !phase_.ended()) {
     // A member this coordinator knows from an older state file runs in a
     // newer generation: every member rolls back past it (this one too).
@@ -423,8 +350,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   }
   v1::HeartbeatResponse response;
   if (request.member_case() == v1::HeartbeatRequest::kServerShard) {
-    current_generation =
-        ServerHeartbeatLocked(request, current_generation, now, &response);
+    current_generation = ServerHeartbeatLocked(request, current_generation, now, &response);
   } else {
     heartbeats_.WorkerReport(request, current_generation, now);
   }
@@ -443,8 +369,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
 }
 
 absl::Status JobStateMachine::RecordHeartbeatLocked(const v1::HeartbeatRequest& request,
-                                                    bool current_generation,
-                                                    absl::Time now) {
+                                                    bool current_generation, absl::Time now) {
   const absl::Status s = heartbeats_.Record(request, current_generation, now);
   // A member this coordinator never registered (it restarted), or a newer
   // incarnation of one it knows: take it in, follow its generation, then
@@ -466,8 +391,8 @@ bool JobStateMachine::ServerHeartbeatLocked(const v1::HeartbeatRequest& request,
   if (request.shard().has_restore_failed() &&
       generations_.Refuse(shard, request.shard().restore_failed())) {
     roll_backs_.Back(absl::StrCat("shard ", shard, " cannot restore checkpoint ",
-                                request.shard().restore_failed().id()),
-                   now);
+                                  request.shard().restore_failed().id()),
+                     now);
     current_generation = false;
   }
   NoteGlobalStepLocked(now);
@@ -524,28 +449,24 @@ v1::ShardMap JobStateMachine::shard_map() const {
 absl::StatusOr<v1::JobStatus> JobStateMachine::WatchSnapshot(const Wait& wait) {
   absl::MutexLock lock(&mu_);
   if (waits_.released()) return absl::UnavailableError("coordinator is shutting down");
-  if (!phase_.ended()) return StatusLocked(clock_());
+  if (!phase_.ended()) return report_.Status(TrainingDoneLocked(), clock_());
   // The last snapshot carries every live server's final report, so a
   // watcher sees the job's true final figures (bounded wait).
-  waits_.Until(
-      &mu_, {.deadline = absl::Now() + kFinalReportWait, .cancelled = wait.cancelled},
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-        if (EveryLiveMemberSawEndLocked(clock_())) return absl::OkStatus();
-        return std::nullopt;
-      },
-      [] { return absl::OkStatus(); })
+  waits_
+      .UntilDone(
+          &mu_, {.deadline = absl::Now() + kFinalReportWait, .cancelled = wait.cancelled},
+          [&]()
+              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return EveryLiveMemberSawEndLocked(clock_()); },
+          [] { return absl::OkStatus(); })
       .IgnoreError();  // the status as it is, whatever ended the wait
-  return StatusLocked(clock_());
+  return report_.Status(TrainingDoneLocked(), clock_());
 }
 
 absl::Status JobStateMachine::WaitForNextSnapshot(const Wait& wait) {
   absl::MutexLock lock(&mu_);
-  return waits_.Until(
+  return waits_.UntilDone(
       &mu_, wait,
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-        if (phase_.ended() || waits_.released()) return absl::OkStatus();
-        return std::nullopt;
-      },
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return phase_.ended() || waits_.released(); },
       [] { return absl::OkStatus(); });
 }
 
@@ -571,21 +492,15 @@ absl::StatusOr<v1::CheckpointSummary> JobStateMachine::CheckpointJob(bool wait_f
   if (!phase_.running())
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", config_.job_id(), " is ", JobStateName(phase_.state()), ", not running"));
-  uint64_t id = checkpoints_.pending_summary().id();
-  if (!checkpoints_.pending()) {
-    absl::StatusOr<v1::CheckpointRequest> started =
-        cuts_.Start(CutJobLocked(), now, "asked for by an operator");
-    if (!started.ok()) return started.status();
-    id = started->id();
-    waits_.Changed();
-  }
+  absl::StatusOr<uint64_t> joined = cuts_.Join(CutJobLocked(), now, "asked for by an operator");
+  if (!joined.ok()) return joined.status();
+  const uint64_t id = *joined;
+  waits_.Changed();
   if (!wait_for_it) return checkpoints_.SummaryOf(id);
-  if (absl::Status s = waits_.Until(
+  if (absl::Status s = waits_.UntilDone(
           &mu_, wait,
-          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-            if (checkpoints_.SummaryOf(id).state() != v1::CHECKPOINT_STATE_PENDING)
-              return absl::OkStatus();
-            return std::nullopt;
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return checkpoints_.SummaryOf(id).state() != v1::CHECKPOINT_STATE_PENDING;
           },
           [&] {
             return absl::DeadlineExceededError(
@@ -596,20 +511,17 @@ absl::StatusOr<v1::CheckpointSummary> JobStateMachine::CheckpointJob(bool wait_f
   return checkpoints_.SummaryOf(id);
 }
 
-
 void JobStateMachine::DetectFailures() {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   Membership::Failures failures;
   if (phase_.MayDeclareDeaths(now)) failures = membership_.DetectFailures(now);
   for (uint32_t shard : failures.shards)
-    spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead",
-                 shard, config_.heartbeat_timeout_ms());
+    spdlog::warn("server of shard {} missed its heartbeats for {} ms: dead", shard,
+                 config_.heartbeat_timeout_ms());
   for (uint32_t rank : failures.ranks) {
-    spdlog::warn("worker {} missed its heartbeats for {} ms: dead; membership "
-                 "epoch {}",
-                 rank, config_.heartbeat_timeout_ms(),
-                 membership_.membership_epoch());
+    spdlog::warn("worker {} missed its heartbeats for {} ms: dead; membership epoch {}", rank,
+                 config_.heartbeat_timeout_ms(), membership_.membership_epoch());
     data_.ReturnLeases(rank);
   }
   data_.ReleaseLimbo(membership_.live_workers().ranks, phase_.MayDeclareDeaths(now));
@@ -643,44 +555,7 @@ v1::JobState JobStateMachine::state() const {
 v1::JobStatus JobStateMachine::Status() const {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  return StatusLocked(now);
-}
-
-v1::JobStatus JobStateMachine::StatusLocked(absl::Time now) const {
-  v1::JobStatus status;
-  status.set_job_id(config_.job_id());
-  phase_.AddTo(&status, now);
-  status.set_mode(config_.mode());
-  *status.mutable_config() = JobConfigLocked();
-  for (v1::WorkerStatus& w : membership_.WorkerStatuses(now))
-    *status.add_workers() = std::move(w);
-  for (v1::ShardStatus& s : membership_.ShardStatuses(now))
-    *status.add_shards() = std::move(s);
-  SummarizeJobStatus(&status);
-  if (std::optional<uint32_t> evaluator =
-          ending_.Evaluator(phase_.ended(), TrainingDoneLocked(), now);
-      evaluator.has_value())
-    status.set_evaluator_rank(*evaluator);
-  std::optional<Membership::Evaluation> eval = membership_.latest_evaluation();
-  status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
-  status.set_test_loss(eval.has_value() ? eval->loss : -1);
-  ending_.AddTo(&status);
-  if (checkpoints_.last_complete().id() > 0)
-    *status.mutable_last_checkpoint() = checkpoints_.last_complete();
-  if (v1::CheckpointSummary pending = checkpoints_.pending_summary(); pending.id() > 0)
-    *status.mutable_pending_checkpoint() = std::move(pending);
-  status.set_checkpoints_completed(checkpoints_.completed());
-  status.set_generation(generations_.current());
-  if (phase_.running() && global_step_.moved() != absl::InfinitePast())
-    status.set_global_step_idle_seconds(
-        std::max(0.0, absl::ToDoubleSeconds(now - global_step_.moved())));
-  data_.AddTo(&status);
-  AddCompletionWarnings(&status);
-  if (phase_.waiting()) status.set_message(WaitingMessageLocked());
-  status.set_membership_epoch(membership_.membership_epoch());
-  status.set_map_epoch(membership_.shard_map().epoch());
-  if (resharding_.enabled()) *status.mutable_reshard() = resharding_.Progress();
-  return status;
+  return report_.Status(TrainingDoneLocked(), now);
 }
 
 bool JobStateMachine::WaitForEnd(absl::Duration timeout) const {
@@ -704,24 +579,7 @@ bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
 v1::CoordinatorState JobStateMachine::ExportState() const {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  return ExportStateLocked(now);
-}
-
-v1::CoordinatorState JobStateMachine::ExportStateLocked(absl::Time now) const {
-  v1::CoordinatorState state;
-  *state.mutable_config() = JobConfigLocked();
-  phase_.ExportTo(&state, now);
-  generations_.ExportTo(&state);
-  state.set_next_checkpoint_id(checkpoints_.next_id());
-  if (checkpoints_.last_complete().id() > 0)
-    *state.mutable_last_checkpoint() = checkpoints_.last_complete();
-  state.set_checkpoints_completed(checkpoints_.completed());
-  data_.ExportTo(&state);
-  resharding_.ExportTo(&state);
-  membership_.ExportTo(&state);
-  state.set_unix_time_ms(
-      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now))));
-  return state;
+  return report_.State(now);
 }
 
 absl::Status JobStateMachine::PersistState(bool force) {

@@ -77,6 +77,7 @@
 #include "coordinator/job_ending.h"
 #include "coordinator/job_model.h"
 #include "coordinator/job_phase.h"
+#include "coordinator/job_report.h"
 #include "coordinator/job_waits.h"
 #include "coordinator/membership.h"
 #include "coordinator/resharding.h"
@@ -279,9 +280,6 @@ class JobStateMachine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING, no rank ALIVE and at least one FINISHED.
   bool TrainingDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why the job is still WAITING.
-  std::string WaitingMessageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::JobStatus StatusLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tracks the global step (min live shard version) and its rate.
   void NoteGlobalStepLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the job past the recovery timeout.
@@ -315,13 +313,13 @@ class JobStateMachine {
   // (the caller persists the state at once).
   bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::CoordinatorState ExportStateLocked(absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::JobConfig JobConfigLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DefineModel's work, also for a model adopted from a persisted state or
   // a checkpoint.
   absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors, v1::OptimizerKind optimizer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A user model a checkpoint or a persisted state defines (nothing for a
+  // built-in model, or a config without the model's tensors).
+  absl::Status AdoptModelLocked(const v1::JobConfig& persisted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::JobConfig config_;
   const Clock clock_;
@@ -361,6 +359,8 @@ class JobStateMachine {
   // The final live set, the evaluator, the final evaluation, who heard the
   // end (reads membership_).
   JobEnding ending_ ABSL_GUARDED_BY(mu_);
+  // The job's status and persisted state.
+  JobReport report_ ABSL_GUARDED_BY(mu_);
   // The whole job back to a restore order.
   RollBacks roll_backs_ ABSL_GUARDED_BY(mu_);
   // A heartbeat's records and its reply; the quorum counts.

@@ -56,6 +56,19 @@ class JobWaits {
                      absl::Duration margin = absl::ZeroDuration(),
                      int* waiting = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Until with an outcome of OK once `done()`.
+  absl::Status UntilDone(absl::Mutex* mu, const JobWait& wait, const std::function<bool()>& done,
+                         const std::function<absl::Status()>& at_deadline,
+                         int* waiting = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return Until(
+        mu, wait,
+        [&done]() -> std::optional<absl::Status> {
+          if (done()) return absl::OkStatus();
+          return std::nullopt;
+        },
+        at_deadline, absl::ZeroDuration(), waiting);
+  }
+
   // One wait under `mu` (held) for a change, until `deadline` at the
   // latest (real time); true if the deadline passed. Released waits do not
   // end it.

@@ -99,6 +99,20 @@ TEST_F(JobWaitsTest, TheDeadlineLessTheMarginEndsTheWait) {
   EXPECT_LT(absl::Now(), deadline + absl::Seconds(30));  // bounded, not exact
 }
 
+TEST_F(JobWaitsTest, UntilDoneIsOkOnceItsConditionHoldsAndCountsItsCallers) {
+  OnceWaiting([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    done_ = true;
+    waits_.Changed();
+  });
+  absl::MutexLock lock(&mu_);
+  const absl::Status waited = waits_.UntilDone(
+      &mu_, {.deadline = absl::Now() + absl::Seconds(60)},
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; },
+      [] { return absl::DeadlineExceededError("at the deadline"); }, &waiting_);
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_EQ(waiting_, 0);
+}
+
 TEST_F(JobWaitsTest, SleepReportsTheDeadline) {
   absl::MutexLock lock(&mu_);
   EXPECT_TRUE(waits_.Sleep(&mu_, absl::Now() + absl::Milliseconds(1)));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -173,6 +174,53 @@ void Resharding::TakeOver(const v1::CoordinatorState& state) {
 void Resharding::ExportTo(v1::CoordinatorState* state) const {
   state->set_reshard_target(target_);
   *state->mutable_reshard() = done_;
+}
+
+Resharding::Publication Resharding::Publish(const v1::CheckpointManifest& manifest,
+                                            uint64_t chunk_bytes, Membership* membership,
+                                            CheckpointScheduler* checkpoints, absl::Time now) {
+  Publication out{.from = membership->num_shards()};
+  const std::optional<uint32_t> to = CutWritten(manifest.id(), out.from);
+  if (!to.has_value()) return out;
+  out.to = *to;
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      ReshardMembers(*to, FreshStandbys(), chunk_bytes, membership, checkpoints, now);
+  if (absl::IsFailedPrecondition(dropped.status())) {
+    spdlog::error("re-sharding to {} shards: {}; not re-sharded", *to,
+                  std::string(dropped.status().message()));
+    Abandon();
+    return out;
+  }
+  if (!dropped.ok()) {
+    spdlog::warn("re-sharding to {} shards: {}; waiting for it", *to,
+                 std::string(dropped.status().message()));
+    out.wait_again = true;
+    return out;
+  }
+  Moved(out.from, *to, manifest.step(), now);
+  out.moved = true;
+  if (!dropped->empty())
+    spdlog::info("job {}: shard{} {} retired", job_id_, dropped->size() == 1 ? "" : "s",
+                 absl::StrJoin(*dropped, ", ",
+                               absl::PairFormatter(absl::AlphaNumFormatter(), " incarnation ",
+                                                   absl::AlphaNumFormatter())));
+  return out;
+}
+
+absl::StatusOr<std::map<uint32_t, uint64_t>> ReshardMembers(
+    uint32_t count, const std::map<uint32_t, Membership::Endpoint>& servers,
+    uint64_t chunk_bytes, Membership* membership, CheckpointScheduler* checkpoints,
+    absl::Time now) {
+  const v1::ShardMap& map = membership->shard_map();
+  absl::StatusOr<v1::ShardMap> built =
+      BuildShardMap({map.tensors().begin(), map.tensors().end()}, count, chunk_bytes);
+  if (!built.ok())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no map of ", count, " shards: ", built.status().message()));
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      membership->Reshard(*built, servers, now);
+  if (dropped.ok()) checkpoints->set_num_shards(count);
+  return dropped;
 }
 
 }  // namespace grps

@@ -84,6 +84,23 @@ class Resharding {
   // The move cannot be made (its map cannot be built): forgotten.
   void Abandon() { target_ = 0; }
 
+  // What a written checkpoint did to the move.
+  struct Publication {
+    // The members moved from `from` to `to` shards: the machine rolls the
+    // job back to the cut.
+    bool moved = false;
+    uint32_t from = 0;
+    uint32_t to = 0;
+    // A standby left meanwhile: wait for one again, then cut again (Tick).
+    bool wait_again = false;
+  };
+  // Steps 4 in one: checkpoint `manifest` was written; when it is this
+  // move's cut (CutWritten), the members move onto the new count with the
+  // fresh standbys (ReshardMembers) and the move is done (Moved); a map
+  // that cannot be built abandons it.
+  Publication Publish(const v1::CheckpointManifest& manifest, uint64_t chunk_bytes,
+                      Membership* membership, CheckpointScheduler* checkpoints, absl::Time now);
+
   // ---- Standbys (servers for shards past the map) ----
   // A server at `address` stands by for `shard` (< max_servers, checked by
   // the caller; the job has `shards`): the incarnation it holds the place
@@ -126,6 +143,17 @@ class Resharding {
   };
   std::map<uint32_t, Standby> standbys_;
 };
+
+// The job's members onto `count` shards, each new one served by its server
+// in `servers` (by shard); later checkpoints need `count` reports. Returns
+// the shards dropped, with their servers' incarnations. FAILED_PRECONDITION
+// when the map of `count` shards cannot be built (the move cannot happen);
+// Membership::Reshard's INVALID_ARGUMENT, nothing changed, when a new shard
+// has no server.
+absl::StatusOr<std::map<uint32_t, uint64_t>> ReshardMembers(
+    uint32_t count, const std::map<uint32_t, Membership::Endpoint>& servers,
+    uint64_t chunk_bytes, Membership* membership, CheckpointScheduler* checkpoints,
+    absl::Time now);
 
 }  // namespace grps
 

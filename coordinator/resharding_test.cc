@@ -5,12 +5,15 @@
 // they call and a moment after; a taken-over state goes on with the move.
 #include "coordinator/resharding.h"
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "job/job_config.h"
+#include "job/shard_map.h"
 
 namespace grps {
 namespace {
@@ -127,6 +130,37 @@ TEST_F(ReshardingTest, OnlyItsOwnCutMovesTheJobAndTheMoveIsRecorded) {
   EXPECT_EQ(progress.phase(), "");
 }
 
+TEST_F(ReshardingTest, PublishingItsCutMovesTheMembersAndAnotherCheckpointDoesNot) {
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+  ASSERT_TRUE(map.ok()) << map.status();
+  Membership membership(*map, 1, absl::Seconds(1));
+  for (uint32_t s = 0; s < 2; ++s)
+    ASSERT_TRUE(membership.RegisterServer(s, "10.0.0." + std::to_string(s) + ":7000", kStart).ok());
+  resharding_.Ask(3, 2);
+  const uint64_t standby = StandBy(2);
+  Tick();
+  const uint64_t cut = checkpoints_.pending_summary().id();
+  v1::CheckpointManifest manifest;
+  manifest.set_id(cut + 7);
+  manifest.set_step(42);
+  Resharding::Publication other =
+      resharding_.Publish(manifest, config_.chunk_bytes(), &membership, &checkpoints_, kStart);
+  EXPECT_FALSE(other.moved);
+  EXPECT_EQ(membership.num_shards(), 2u);
+
+  manifest.set_id(cut);
+  Resharding::Publication move =
+      resharding_.Publish(manifest, config_.chunk_bytes(), &membership, &checkpoints_, kStart);
+  EXPECT_TRUE(move.moved);
+  EXPECT_FALSE(move.wait_again);
+  EXPECT_EQ(move.from, 2u);
+  EXPECT_EQ(move.to, 3u);
+  EXPECT_EQ(membership.num_shards(), 3u);
+  EXPECT_EQ(membership.shard_map().shards(2).incarnation(), standby);
+  EXPECT_EQ(resharding_.Progress().last_step(), 42u);
+  EXPECT_FALSE(resharding_.asked());
+}
+
 TEST_F(ReshardingTest, AMoveAskedBackToWhereTheJobIsEndsWithoutMoving) {
   resharding_.Ask(1, 2);
   Tick();
@@ -194,6 +228,67 @@ TEST_F(ReshardingTest, ATakenOverStateGoesOnWithTheMoveAndKeepsTheRecord) {
   Resharding without(fixed);
   without.TakeOver(state);
   EXPECT_FALSE(without.asked());
+}
+
+}  // namespace
+}  // namespace grps
+
+namespace grps {
+namespace {
+
+class ReshardMembersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = DefaultJobConfig();
+    config_.set_num_servers(2);
+    config_.set_max_servers(4);
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    membership_ = std::make_unique<Membership>(*map, 1, absl::Seconds(1));
+    for (uint32_t s = 0; s < 2; ++s)
+      ASSERT_TRUE(membership_->RegisterServer(s, "10.0.0." + std::to_string(s) + ":7000", kT0)
+                      .ok());
+  }
+  static constexpr absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+  v1::JobConfig config_;
+  std::unique_ptr<Membership> membership_;
+  CheckpointScheduler checkpoints_{DefaultJobConfig(), 2};
+};
+
+TEST_F(ReshardMembersTest, MovesTheMembersOntoTheNewCountWithTheStandbysAsNewShards) {
+  const std::map<uint32_t, Membership::Endpoint> standbys = {{2, {"10.0.0.9:7000", 77}}};
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped = ReshardMembers(
+      3, standbys, config_.chunk_bytes(), membership_.get(), &checkpoints_, kT0);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_TRUE(dropped->empty());
+  EXPECT_EQ(membership_->num_shards(), 3u);
+  EXPECT_EQ(membership_->shard_map().shards(2).address(), "10.0.0.9:7000");
+  EXPECT_EQ(membership_->shard_map().shards(2).incarnation(), 77u);
+}
+
+TEST_F(ReshardMembersTest, FewerShardsDropTheShardsPastTheCount) {
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      ReshardMembers(1, {}, config_.chunk_bytes(), membership_.get(), &checkpoints_, kT0);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  ASSERT_EQ(dropped->size(), 1u);
+  EXPECT_EQ(dropped->begin()->first, 1u);
+  EXPECT_EQ(membership_->num_shards(), 1u);
+}
+
+TEST_F(ReshardMembersTest, ANewShardWithoutAServerChangesNothing) {
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      ReshardMembers(3, {}, config_.chunk_bytes(), membership_.get(), &checkpoints_, kT0);
+  EXPECT_TRUE(absl::IsInvalidArgument(dropped.status())) << dropped.status();
+  EXPECT_EQ(membership_->num_shards(), 2u);
+}
+
+TEST_F(ReshardMembersTest, AMapThatCannotBeBuiltIsAFailedPrecondition) {
+  absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
+      ReshardMembers(0, {}, config_.chunk_bytes(), membership_.get(), &checkpoints_, kT0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(dropped.status())) << dropped.status();
+  EXPECT_EQ(membership_->num_shards(), 2u);
 }
 
 }  // namespace

@@ -23,21 +23,19 @@ void RollBacks::To(v1::RestoreOrder next, absl::string_view why, absl::Time now)
   p_.data->RollBack(resume_steps);
   ForgetTrainingDone();
   p_.global_step->Forget(now);
-  spdlog::warn("{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why),
-               p_.job_id,
-               order.checkpoint_id() == 0 ? std::string("the initial values")
-                                          : absl::StrCat("checkpoint ", order.checkpoint_id()),
-               order.step(), order.generation(),
-               revived.empty()
-                   ? std::string()
-                   : absl::StrCat("; finished ", Members("worker", revived), " train again"));
+  spdlog::warn(
+      "{}: job {} rolls back to {} (step {}), generation {}{}", std::string(why), p_.job_id,
+      order.checkpoint_id() == 0 ? std::string("the initial values")
+                                 : absl::StrCat("checkpoint ", order.checkpoint_id()),
+      order.step(), order.generation(),
+      revived.empty() ? std::string()
+                      : absl::StrCat("; finished ", Members("worker", revived), " train again"));
 }
 
 void RollBacks::Follow(uint64_t generation, absl::Time now) {
   const uint64_t was = p_.generations->current();
   if (!p_.generations->JumpTo(generation)) return;
-  Back(absl::StrCat("a member runs in generation ", generation, ", this coordinator was at ",
-                    was),
+  Back(absl::StrCat("a member runs in generation ", generation, ", this coordinator was at ", was),
        now);
 }
 

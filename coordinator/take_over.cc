@@ -6,8 +6,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "coordinator/resharding.h"
 #include "job/job_config.h"
-#include "job/shard_map.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -15,17 +15,16 @@ namespace grps {
 absl::Status CheckTakeOver(const v1::CoordinatorState& state, absl::string_view job_id,
                            absl::string_view from) {
   if (state.config().job_id() != job_id)
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, " is of job '", state.config().job_id(), "', not '", job_id, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, " is of job '", state.config().job_id(), "', not '", job_id, "'"));
   if (state.state() != v1::JOB_STATE_WAITING && state.state() != v1::JOB_STATE_RUNNING)
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, ": job is ", JobStateName(state.state()),
-        "; only a waiting or running job is taken back"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, ": job is ", JobStateName(state.state()),
+                     "; only a waiting or running job is taken back"));
   return absl::OkStatus();
 }
 
-std::optional<v1::CheckpointManifest> NewestCheckpoint(Env* env,
-                                                       const v1::CoordinatorState& state,
+std::optional<v1::CheckpointManifest> NewestCheckpoint(Env* env, const v1::CoordinatorState& state,
                                                        absl::string_view from) {
   const v1::CheckpointSummary& newest = state.last_checkpoint();
   if (newest.id() == 0) return std::nullopt;
@@ -45,19 +44,11 @@ absl::Status AdoptShardCount(const v1::CoordinatorState& state, const v1::JobCon
   if (count == 0 || count > config.max_servers())
     return absl::InvalidArgumentError(absl::StrCat(
         "the state has ", count, " shards; the job may have 1 to ", config.max_servers()));
-  const v1::ShardMap& map = membership->shard_map();
-  absl::StatusOr<v1::ShardMap> built = BuildShardMap(
-      {map.tensors().begin(), map.tensors().end()}, count, config.chunk_bytes());
-  if (!built.ok()) return built.status();
   std::map<uint32_t, Membership::Endpoint> servers;
   for (const v1::ShardEndpoint& e : state.shards())
     servers[e.shard()] = Membership::Endpoint{e.address(), e.incarnation()};
-  if (absl::StatusOr<std::map<uint32_t, uint64_t>> dropped =
-          membership->Reshard(*built, servers, now);
-      !dropped.ok())
-    return dropped.status();
-  checkpoints->set_num_shards(count);
-  return absl::OkStatus();
+  return ReshardMembers(count, servers, config.chunk_bytes(), membership, checkpoints, now)
+      .status();
 }
 
 }  // namespace grps

@@ -19,26 +19,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRequests::Register(
     const std::function<bool(uint64_t incarnation)>& proves) {
   // Unset: any free rank (a request that says nothing must not take over
   // rank 0).
-  const int32_t requested_rank =
-      request.has_requested_rank() ? request.requested_rank() : -1;
-  if (absl::Status s = p_.membership->ValidateWorkerRequest(
-          requested_rank, request.host(), request.backend());
+  const int32_t requested_rank = request.has_requested_rank() ? request.requested_rank() : -1;
+  if (absl::Status s =
+          p_.membership->ValidateWorkerRequest(requested_rank, request.host(), request.backend());
       !s.ok())
     return s;
   // Take no rank before the map is complete: a worker that gives up waiting
   // must not hold one.
-  if (absl::Status s = p_.waits->Until(
-          mu, wait,
-          [&]() -> std::optional<absl::Status> {
-            if (p_.membership->AllShardsRegistered() || p_.phase->ended()) return absl::OkStatus();
-            return std::nullopt;
+  if (absl::Status s = p_.waits->UntilDone(
+          mu, wait, [&] { return p_.membership->AllShardsRegistered() || p_.phase->ended(); },
+          [&] {
+            return absl::DeadlineExceededError(
+                absl::StrCat("waiting for ", Members("shard", p_.membership->UnregisteredShards()),
+                             " to register"));
           },
-          [&]() {
-            return absl::DeadlineExceededError(absl::StrCat(
-                "waiting for ", Members("shard", p_.membership->UnregisteredShards()),
-                " to register"));
-          },
-          absl::ZeroDuration(), &waiting_);
+          &waiting_);
       !s.ok())
     return s;
   if (p_.phase->ended()) {
@@ -53,13 +48,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRequests::Register(
   const bool joining = IsElastic(config()) && p_.phase->running();
   absl::StatusOr<Membership::Registration> reg =
       p_.membership->RegisterWorker(requested_rank, request.host(), request.backend(), now,
-                                 live.has_value() && proves(*live), joining);
+                                    live.has_value() && proves(*live), joining);
   if (absl::IsAlreadyExists(reg.status())) ranks_awaited_.insert(requested_rank);
   if (!reg.ok()) return reg.status();
   ranks_awaited_.erase(reg->slot);
   p_.phase->NoteRegistration(now);
-  const bool joins = p_.phase->running() &&
-                     (reg->rejoined || reg->slot >= config().num_workers());
+  const bool joins = p_.phase->running() && (reg->rejoined || reg->slot >= config().num_workers());
   if (joins) p_.phase->NoteJoin();
   // An earlier incarnation's leases come back; a rank that joins an elastic
   // job runs no older clock than the slowest live rank (its data is leased,
@@ -70,8 +64,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRequests::Register(
   spdlog::info(
       "worker on {} ({}) {} rank {} (incarnation {}, start step {}); membership "
       "epoch {}",
-      request.host(), request.backend(), reg->rejoined ? "re-registered" : "registered",
-      reg->slot, reg->incarnation, reg->start_step, p_.membership->membership_epoch());
+      request.host(), request.backend(), reg->rejoined ? "re-registered" : "registered", reg->slot,
+      reg->incarnation, reg->start_step, p_.membership->membership_epoch());
   v1::RegisterWorkerResponse response;
   response.set_rank(reg->slot);
   response.set_incarnation(reg->incarnation);
@@ -87,48 +81,46 @@ absl::Status WorkerRequests::Done(const v1::WorkerDoneRequest& request, absl::Ti
   // rolled back from: it trains again.
   if (p_.generations->StaleWorkerDone(request))
     return absl::AbortedError(absl::StrCat(
-        "job rolled back to checkpoint ", p_.generations->order().checkpoint_id(),
-        " (generation ", p_.generations->current(), "); resume from the restore order"));
+        "job rolled back to checkpoint ", p_.generations->order().checkpoint_id(), " (generation ",
+        p_.generations->current(), "); resume from the restore order"));
   if (request.leaving()) return Leave(request, now);
   if (absl::Status s = p_.membership->FinishWorker(request.worker_rank(), request.incarnation(),
-                                                request.progress(), now);
+                                                   request.progress(), now);
       !s.ok())
     return s;
   p_.data->ReturnLeases(request.worker_rank());
   std::string eval_note;
   if (request.has_final_eval() && !p_.phase->ended()) {
-    const Membership::Evaluation eval{request.final_test_accuracy(),
-                                      request.final_test_loss()};
+    const Membership::Evaluation eval{request.final_test_accuracy(), request.final_test_loss()};
     p_.membership->RecordEvaluation(eval);
     eval_note = p_.ending->RecordEvaluation(request.worker_rank(), eval, TrainingDone());
   } else if (request.no_final_eval() && !p_.phase->ended() && TrainingDone()) {
     p_.ending->Decline();
     eval_note = "; its program has no final evaluation";
   }
-  spdlog::info("worker {} finished at step {}{}", request.worker_rank(),
-               request.progress().step(), eval_note);
+  spdlog::info("worker {} finished at step {}{}", request.worker_rank(), request.progress().step(),
+               eval_note);
   return absl::OkStatus();
 }
 
 absl::Status WorkerRequests::Leave(const v1::WorkerDoneRequest& request, absl::Time now) {
   const bool drained = p_.membership->DrainRequested(request.worker_rank());
   const std::vector<uint32_t> left = p_.membership->RanksInState(v1::MEMBER_STATE_LEFT);
-  const bool said_before =
-      std::find(left.begin(), left.end(), request.worker_rank()) != left.end();
+  const bool said_before = std::find(left.begin(), left.end(), request.worker_rank()) != left.end();
   if (absl::Status s = p_.membership->LeaveWorker(request.worker_rank(), request.incarnation(),
-                                               request.progress(), now);
+                                                  request.progress(), now);
       !s.ok())
     return s;
   if (said_before) return absl::OkStatus();  // a retry
   p_.phase->NoteLeave();
   p_.data->ReturnLeases(request.worker_rank());
   const Membership::LiveWorkers live = p_.membership->live_workers();
-  spdlog::info("worker {} left the job after step {} ({}); live workers: {}; membership "
-               "epoch {}",
-               request.worker_rank(), request.progress().step(),
-               drained ? "drained" : "on its own",
-               live.ranks.empty() ? "none" : absl::StrJoin(live.ranks, ", "),
-               p_.membership->membership_epoch());
+  spdlog::info(
+      "worker {} left the job after step {} ({}); live workers: {}; membership "
+      "epoch {}",
+      request.worker_rank(), request.progress().step(), drained ? "drained" : "on its own",
+      live.ranks.empty() ? "none" : absl::StrJoin(live.ranks, ", "),
+      p_.membership->membership_epoch());
   return absl::OkStatus();
 }
 
@@ -145,19 +137,20 @@ uint64_t WorkerRequests::SlowestLiveStep(uint32_t except) const {
 absl::StatusOr<v1::LeaseExamplesResponse> WorkerRequests::Lease(
     const v1::LeaseExamplesRequest& request) {
   if (!IsElastic(config()))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", config().job_id(), " is not elastic (no max_workers): its workers split the "
-        "training set by rank"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", config().job_id(),
+                     " is not elastic (no max_workers): its workers split the "
+                     "training set by rank"));
   if (p_.phase->ended()) return p_.phase->EndedError();
   if (p_.generations->IsOlder(request.generation()))
-    return absl::AbortedError(absl::StrCat(
-        "job rolled back to generation ", p_.generations->current(),
-        "; lease again once the restore order is followed"));
+    return absl::AbortedError(absl::StrCat("job rolled back to generation ",
+                                           p_.generations->current(),
+                                           "; lease again once the restore order is followed"));
   const std::optional<uint64_t> live = p_.membership->LiveIncarnation(request.worker_rank());
   if (!live.has_value() || *live != request.incarnation())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
-        " is not a live incarnation: it leases no examples"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", request.worker_rank(), " incarnation ", request.incarnation(),
+                     " is not a live incarnation: it leases no examples"));
   // A refused request leaves the ledger, the rank's readiness and the
   // membership epoch as they were.
   if (absl::Status s = p_.data->Admit(config(), request); !s.ok()) return s;
@@ -170,9 +163,9 @@ absl::StatusOr<v1::LeaseExamplesResponse> WorkerRequests::Lease(
 
 absl::Status WorkerRequests::Drain(uint32_t rank) {
   if (!p_.phase->running())
-    return absl::FailedPreconditionError(
-        absl::StrCat("the job is ", JobStateName(p_.phase->state()),
-                     ": workers are drained from a running job"));
+    return absl::FailedPreconditionError(absl::StrCat("the job is ",
+                                                      JobStateName(p_.phase->state()),
+                                                      ": workers are drained from a running job"));
   // The live workers that stay: a rank drained already leaves too, even if
   // it has not yet (it finishes its step first).
   size_t staying = 0;
@@ -181,9 +174,9 @@ absl::Status WorkerRequests::Drain(uint32_t rank) {
   const uint32_t min_workers = std::max<uint32_t>(1, config().min_workers());
   if (IsElastic(config()) && staying < min_workers &&
       p_.membership->LiveIncarnation(rank).has_value() && !p_.membership->DrainRequested(rank))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "draining worker ", rank, " would leave ", staying, " live workers, fewer than the job's ",
-        "min_workers (", min_workers, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("draining worker ", rank, " would leave ", staying,
+                     " live workers, fewer than the job's ", "min_workers (", min_workers, ")"));
   if (absl::Status s = p_.membership->RequestDrain(rank); !s.ok()) return s;
   spdlog::info("worker {} drained by an operator: it leaves after its step in progress", rank);
   return absl::OkStatus();

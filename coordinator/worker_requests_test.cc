@@ -227,7 +227,8 @@ TEST_F(WorkerRequestsTest, ARegistrationPastItsDeadlineNamesTheMissingShardAndTa
   EXPECT_THAT(membership_->UnregisteredRanks(), ElementsAre(0u, 1u));
 }
 
-TEST_F(WorkerRequestsTest, ARegistrationWaitingForTheShardsEndsWhenItsCallerLeavesOrTheCoordinatorShutsDown) {
+TEST_F(WorkerRequestsTest,
+       ARegistrationWaitingForTheShardsEndsWhenItsCallerLeavesOrTheCoordinatorShutsDown) {
   RegisterShards(1);
   EXPECT_EQ(Register(-1, {.cancelled = [] { return true; }}).status().code(),
             absl::StatusCode::kCancelled);
@@ -311,6 +312,16 @@ TEST_F(ElasticWorkerRequestsTest, ARankJoiningARunningJobStartsAtTheSlowestLiveR
   // It enters the quorum with its first lease, not while it loads its data.
   absl::MutexLock lock(&mu_);
   EXPECT_THAT(membership_->live_workers().ranks, ElementsAre(0u, 1u, 2u));
+}
+
+TEST_F(ElasticWorkerRequestsTest, ARankRegisteredAgainGivesBackItsEarlierIncarnationsLeases) {
+  StartJob();
+  ASSERT_TRUE(Lease(LeaseRequest(0)).ok());
+  EXPECT_EQ(Status().data().leased(), 2u);
+  // Its worker restarted and proves it holds the rank.
+  ASSERT_TRUE(Register(0, {}, [&](uint64_t live) { return live == incarnations_[0]; }).ok());
+  EXPECT_EQ(Status().data().leased(), 0u);
+  EXPECT_EQ(Status().data().returned(), 2u);
 }
 
 // ---- Done ----
@@ -469,9 +480,20 @@ TEST_F(ElasticWorkerRequestsTest, ADrainThatWouldLeaveFewerThanMinWorkersLiveIsR
   absl::Status refused = Drain(1);  // rank 0 leaves too: one would stay
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("fewer than the job's min_workers (2)"));
-  EXPECT_TRUE(Drain(0).ok());  // asked again: it leaves already
-  absl::MutexLock lock(&mu_);
-  EXPECT_FALSE(membership_->DrainRequested(1));
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_FALSE(membership_->DrainRequested(1));
+  }
+  // Rank 2 dies: rank 1 alone stays. Rank 0 was leaving already, so asking
+  // for its drain again takes nobody more away.
+  now_ += absl::Seconds(2);
+  Beat(0, 5);
+  Beat(1, 5);
+  {
+    absl::MutexLock lock(&mu_);
+    membership_->DetectFailures(now_);
+  }
+  EXPECT_TRUE(Drain(0).ok());
 }
 
 }  // namespace
