@@ -40,10 +40,14 @@
 // reads; a heartbeat from a member it does not know is adopted. After
 // TakeOver nobody is declared dead for a grace period (see TakeOver).
 //
-// The machine keeps the job's phase and the order of events; the state of
-// each concern is a collaborator's (Membership, Generations,
-// CheckpointScheduler and CheckpointCuts, Resharding, JobEnding,
-// ElasticData, JobModel, GlobalStep, QuorumCounts; docs/architecture.md).
+// The machine decides the job's phase and orders each event's steps; the
+// state of each concern, and the work of each step, is a collaborator's:
+// the members' requests (ServerRequests, WorkerRequests, Heartbeats), the
+// state kept (JobPhase, Membership, Generations, CheckpointScheduler,
+// Resharding, JobEnding, ElasticData, JobModel, GlobalStep), the job-wide
+// operations (RollBacks, CheckpointCuts, RecoveryFailure, take_over.h), what
+// the job says (JobReport) and how callers wait (JobWaits); the map of them
+// is in docs/architecture.md.
 //
 // Time: `clock` for liveness, timeouts and status figures; blocking waits
 // (Wait) use real time. Thread-safe: one mutex guards the machine and every
@@ -272,7 +276,7 @@ class JobStateMachine {
 
  private:
   // ---- Job state ----
-  // Re-derives state_ after a membership change; logs transitions.
+  // Re-derives the phase after a change; logs transitions.
   void UpdateStateLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLocked(v1::JobState state, std::string message, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -304,7 +308,6 @@ class JobStateMachine {
   // The job as a checkpoint cut sees it now.
   CheckpointCuts::Job CutJobLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-
   // ---- Re-sharding (the machine's side of Resharding) ----
   // Resharding::Tick with the job as it is now.
   void TickReshardLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -313,6 +316,8 @@ class JobStateMachine {
   // (the caller persists the state at once).
   bool PublishReshardLocked(const v1::CheckpointManifest& manifest, const std::string& dir,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- The user model ----
   // DefineModel's work, also for a model adopted from a persisted state or
   // a checkpoint.
   absl::StatusOr<bool> DefineModelLocked(const TensorSpecs& tensors, v1::OptimizerKind optimizer)
@@ -369,7 +374,6 @@ class JobStateMachine {
   ServerRequests servers_ ABSL_GUARDED_BY(mu_);
   // A worker's registration, leases, end and drain; the ranks awaited.
   WorkerRequests workers_ ABSL_GUARDED_BY(mu_);
-
 };
 
 }  // namespace grps

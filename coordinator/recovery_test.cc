@@ -3,6 +3,7 @@
 // recovery timeout; never before, and never when it is not running.
 #include "coordinator/recovery.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,8 +46,9 @@ class RecoveryTest : public ::testing::Test {
                                         at, &revived)
                       .ok());
     for (uint32_t rank = 0; rank < 2; ++rank)
-      if (std::find(silent_ranks.begin(), silent_ranks.end(), rank) == silent_ranks.end())
+      if (std::find(silent_ranks.begin(), silent_ranks.end(), rank) == silent_ranks.end()) {
         ASSERT_TRUE(membership_->WorkerHeartbeat(rank, workers_[rank], nullptr, at, &revived).ok());
+      }
     membership_->DetectFailures(at);
   }
   std::optional<std::string> Failure(absl::Time at) {

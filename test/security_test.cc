@@ -126,7 +126,7 @@ class SecurityTest : public ::testing::Test {
 };
 
 TEST_F(SecurityTest, EveryCoordinatorRpcWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
-  for (const std::string token : {std::string(), std::string("wrong-token")}) {
+  for (const std::string& token : {std::string(), std::string("wrong-token")}) {
     SCOPED_TRACE(token.empty() ? "no token" : "wrong token");
     auto stub = Stub(token);
     v1::RegisterServerRequest register_server;
@@ -405,7 +405,7 @@ TEST_F(SecurityTest, APushWithoutItsRanksMemberSecretIsRefusedAndChangesNothing)
   chunk->set_dtype(v1::DTYPE_F32);
   chunk->set_data(std::string(16 * sizeof(float), '\0'));
   const std::string key = MemberKey(kAdmin);
-  for (const std::string secret :
+  for (const std::string& secret :
        {std::string(), MemberSecret(key, "secure-job", MemberKind::kWorker, 1, 1),
         MemberSecret(key, "secure-job", MemberKind::kWorker, 0, 2)}) {
     auto context = Context();
@@ -451,7 +451,7 @@ TEST_F(SecurityTest, EveryParameterServerRpcWithoutTheTokenIsUnauthenticatedAndC
   ASSERT_TRUE(shards.Serve(config_, &*map, Served()).ok());
   shards.SetLiveWorkers(2);
   const std::string key = MemberKey(kAdmin);
-  for (const std::string token : {std::string(), std::string("wrong-token")}) {
+  for (const std::string& token : {std::string(), std::string("wrong-token")}) {
     SCOPED_TRACE(token.empty() ? "no token" : "wrong token");
     auto stub = v1::ParameterServer::NewStub(
         MakeChannel(map->shards(0).address(), Caller(token), false));
