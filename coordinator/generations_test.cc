@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
 #include "gtest/gtest.h"
 
@@ -19,18 +20,12 @@ namespace {
 class GenerationsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (std::filesystem::temp_directory_path() /
-             ("generations_test-" + std::to_string(getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                .string();
-    std::filesystem::remove_all(root_);
-    config_ = TestJobConfig(1, 2, v1::MODE_SYNC, root_);
+    config_ = TestJobConfig(1, 2, v1::MODE_SYNC, folder_.path());
     config_.set_checkpoint_storage(v1::CHECKPOINT_STORAGE_PER_SHARD);
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
   }
-  void TearDown() override { std::filesystem::remove_all(root_); }
 
   // Checkpoint `id` at `step` (rank 0 at `rank0_step`), its manifest alone:
   // what a per-shard job's roll-back verifies.
@@ -47,7 +42,8 @@ class GenerationsTest : public ::testing::Test {
   }
   void Write(const v1::CheckpointManifest& manifest) {
     ASSERT_TRUE(
-        WriteManifest(Env::Default(), CheckpointFolder(root_, manifest.id()), manifest).ok());
+        WriteManifest(Env::Default(), CheckpointFolder(folder_.path(), manifest.id()), manifest)
+            .ok());
   }
   static v1::ShardCheckpoint Failed(uint64_t id) {
     v1::ShardCheckpoint failed;
@@ -56,7 +52,7 @@ class GenerationsTest : public ::testing::Test {
     return failed;
   }
 
-  std::string root_;
+  TestFolder folder_{"generations_test"};
   v1::JobConfig config_;
   v1::ShardMap map_;
 };
@@ -72,10 +68,10 @@ TEST_F(GenerationsTest, AJobStartsAtGenerationOneWithTheInitialValues) {
 
 TEST_F(GenerationsTest, AResumedJobStartsAtGenerationTwoAtTheCheckpointsSteps) {
   Generations generations(config_, Env::Default());
-  generations.ResumeFrom(Manifest(4, 40, 38), CheckpointFolder(root_, 4));
+  generations.ResumeFrom(Manifest(4, 40, 38), CheckpointFolder(folder_.path(), 4));
   EXPECT_EQ(generations.current(), 2u);
   EXPECT_EQ(generations.order().checkpoint_id(), 4u);
-  EXPECT_EQ(generations.order().dir(), CheckpointFolder(root_, 4));
+  EXPECT_EQ(generations.order().dir(), CheckpointFolder(folder_.path(), 4));
   EXPECT_EQ(generations.order().step(), 40u);
   EXPECT_EQ(std::vector<uint64_t>(generations.order().worker_steps().begin(),
                                   generations.order().worker_steps().end()),
@@ -87,7 +83,7 @@ TEST_F(GenerationsTest, AResumedJobStartsAtGenerationTwoAtTheCheckpointsSteps) {
 TEST_F(GenerationsTest, ARollBackRestoresTheNewestCheckpointOnDiskThatVerifies) {
   Write(Manifest(3, 30, 30));
   Write(Manifest(5, 50, 49));
-  std::filesystem::create_directories(CheckpointFolder(root_, 7));  // no MANIFEST yet
+  std::filesystem::create_directories(CheckpointFolder(folder_.path(), 7));  // no MANIFEST yet
   Generations generations(config_, Env::Default());
 
   const v1::RestoreOrder& order = generations.Next(generations.NewestVerified());

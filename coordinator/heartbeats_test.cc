@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
-#include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
@@ -44,24 +44,17 @@ class HeartbeatsTest : public ::testing::Test {
     config_ = Config();
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
-    phase_ = std::make_unique<JobPhase>(config_.job_id());
-    membership_ = std::make_unique<Membership>(
-        *map, JobRanks(config_), absl::Milliseconds(config_.heartbeat_timeout_ms()),
-        config_.num_workers());
-    checkpoints_ = std::make_unique<CheckpointScheduler>(config_, config_.num_servers());
-    generations_ = std::make_unique<Generations>(config_, Env::Default());
-    resharding_ = std::make_unique<Resharding>(config_);
-    ending_ = std::make_unique<JobEnding>(config_.job_id(), membership_.get());
+    parts_ = std::make_unique<TestJobParts>(config_, *map);
     heartbeats_ = std::make_unique<Heartbeats>(Heartbeats::Parts{
         .config = &config_,
-        .phase = phase_.get(),
-        .membership = membership_.get(),
-        .generations = generations_.get(),
-        .checkpoints = checkpoints_.get(),
-        .ending = ending_.get(),
-        .data = &data_,
-        .global_step = &global_step_,
-        .resharding = resharding_.get()});
+        .phase = &parts_->phase,
+        .membership = &parts_->membership,
+        .generations = &parts_->generations,
+        .checkpoints = &parts_->checkpoints,
+        .ending = &parts_->ending,
+        .data = &parts_->data,
+        .global_step = &parts_->global_step,
+        .resharding = &parts_->resharding});
   }
 
   static std::string Address(uint32_t shard) {
@@ -71,20 +64,20 @@ class HeartbeatsTest : public ::testing::Test {
   void RegisterAll() {
     for (uint32_t s = 0; s < config_.num_servers(); ++s) {
       absl::StatusOr<Membership::Registration> r =
-          membership_->RegisterServer(s, Address(s), now_);
+          parts_->membership.RegisterServer(s, Address(s), now_);
       ASSERT_TRUE(r.ok()) << r.status();
       shards_.push_back(r->incarnation);
     }
     for (uint32_t rank = 0; rank < config_.num_workers(); ++rank) {
       absl::StatusOr<Membership::Registration> r =
-          membership_->RegisterWorker(rank, "host", "cpu", now_, /*holds_live_rank=*/false);
+          parts_->membership.RegisterWorker(rank, "host", "cpu", now_, /*holds_live_rank=*/false);
       ASSERT_TRUE(r.ok()) << r.status();
       ranks_.push_back(r->incarnation);
     }
   }
   void StartJob() {
     RegisterAll();
-    phase_->Run();
+    parts_->phase.Run();
   }
 
   // A heartbeat of a registered rank / shard (of one never registered:
@@ -94,7 +87,7 @@ class HeartbeatsTest : public ::testing::Test {
     request.set_job_id(config_.job_id());
     request.set_worker_rank(rank);
     if (rank < ranks_.size()) request.set_incarnation(ranks_[rank]);
-    request.set_generation(generations_->current());
+    request.set_generation(parts_->generations.current());
     return request;
   }
   v1::HeartbeatRequest ServerBeat(uint32_t shard) const {
@@ -102,7 +95,7 @@ class HeartbeatsTest : public ::testing::Test {
     request.set_job_id(config_.job_id());
     request.set_server_shard(shard);
     if (shard < shards_.size()) request.set_incarnation(shards_[shard]);
-    request.set_generation(generations_->current());
+    request.set_generation(parts_->generations.current());
     request.mutable_shard()->set_address(Address(shard));
     return request;
   }
@@ -126,12 +119,12 @@ class HeartbeatsTest : public ::testing::Test {
     return response;
   }
   uint64_t ProgressStep(uint32_t rank) const {
-    return membership_->WorkerStatuses(now_)[rank].progress().step();
+    return parts_->membership.WorkerStatuses(now_)[rank].progress().step();
   }
   void Finish(uint32_t rank) {
     v1::WorkerProgress progress;
     progress.set_step(10);
-    ASSERT_TRUE(membership_->FinishWorker(rank, ranks_[rank], progress, now_).ok());
+    ASSERT_TRUE(parts_->membership.FinishWorker(rank, ranks_[rank], progress, now_).ok());
   }
   // A shard's report of checkpoint `id`.
   static v1::ShardCheckpoint Written(uint64_t id, uint32_t shard) {
@@ -151,14 +144,7 @@ class HeartbeatsTest : public ::testing::Test {
 
   absl::Time now_ = kT0;
   v1::JobConfig config_;
-  std::unique_ptr<JobPhase> phase_;
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<CheckpointScheduler> checkpoints_;
-  std::unique_ptr<Generations> generations_;
-  std::unique_ptr<Resharding> resharding_;
-  std::unique_ptr<JobEnding> ending_;
-  ElasticData data_;
-  GlobalStep global_step_;
+  std::unique_ptr<TestJobParts> parts_;
   std::unique_ptr<Heartbeats> heartbeats_;
   std::vector<uint64_t> shards_;  // incarnations by shard, as registered
   std::vector<uint64_t> ranks_;   // incarnations by rank, as registered
@@ -193,17 +179,17 @@ TEST_F(HeartbeatsTest, AHeartbeatOfAnUnknownMemberIsNotFoundAndOneOfADeadMemberR
   EXPECT_TRUE(absl::IsNotFound(heartbeats_->Record(ServerBeat(0), true, now_)));
   StartJob();
   now_ += absl::Seconds(2);
-  membership_->DetectFailures(now_);
-  ASSERT_THAT(membership_->ShardsInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u, 1u));
-  ASSERT_THAT(membership_->RanksInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u, 1u));
+  parts_->membership.DetectFailures(now_);
+  ASSERT_THAT(parts_->membership.ShardsInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u, 1u));
+  ASSERT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_DEAD), ElementsAre(0u, 1u));
 
   v1::HeartbeatRequest server = ServerBeat(1);
   server.mutable_shard()->set_version(9);
   EXPECT_TRUE(heartbeats_->Record(server, true, now_).ok());
   EXPECT_TRUE(heartbeats_->Record(WorkerBeat(1), true, now_).ok());
-  EXPECT_THAT(membership_->ShardsInState(v1::MEMBER_STATE_ALIVE), ElementsAre(1u));
-  EXPECT_THAT(membership_->RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(1u));
-  EXPECT_EQ(membership_->ShardStatuses(now_)[1].version(), 9u);
+  EXPECT_THAT(parts_->membership.ShardsInState(v1::MEMBER_STATE_ALIVE), ElementsAre(1u));
+  EXPECT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(1u));
+  EXPECT_EQ(parts_->membership.ShardStatuses(now_)[1].version(), 9u);
 }
 
 // ---- Adopt ----
@@ -230,12 +216,12 @@ TEST_F(HeartbeatsTest, AdoptingAMemberTakesItInWithItsIncarnationAndTheJobCounts
 
   ASSERT_TRUE(heartbeats_->Adopt(server, now_).ok());
   ASSERT_TRUE(heartbeats_->Adopt(worker, now_).ok());
-  EXPECT_EQ(membership_->shard_map().shards(1).address(), "10.0.0.9:5000");
-  EXPECT_EQ(membership_->shard_map().shards(1).incarnation(), 500u);
-  EXPECT_THAT(membership_->RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
+  EXPECT_EQ(parts_->membership.shard_map().shards(1).address(), "10.0.0.9:5000");
+  EXPECT_EQ(parts_->membership.shard_map().shards(1).incarnation(), 500u);
+  EXPECT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
   EXPECT_EQ(ProgressStep(0), 12u);
-  EXPECT_TRUE(phase_->taken_over());
-  EXPECT_DOUBLE_EQ(phase_->ElapsedSeconds(now_ + absl::Seconds(5)), 5.0);  // its time starts
+  EXPECT_TRUE(parts_->phase.taken_over());
+  EXPECT_DOUBLE_EQ(parts_->phase.ElapsedSeconds(now_ + absl::Seconds(5)), 5.0);  // its time starts
   // Its heartbeats are recorded from now on.
   EXPECT_TRUE(heartbeats_->Record(server, true, now_).ok());
 }
@@ -244,19 +230,19 @@ TEST_F(HeartbeatsTest, NoMemberIsAdoptedWithoutAnIncarnationOrOnceTheJobEnded) {
   v1::HeartbeatRequest server = ServerBeat(1);
   EXPECT_TRUE(absl::IsInvalidArgument(heartbeats_->Adopt(server, now_)));
   server.set_incarnation(500);
-  phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   const absl::Status ended = heartbeats_->Adopt(server, now_);
   EXPECT_TRUE(absl::IsFailedPrecondition(ended)) << ended;
   EXPECT_THAT(ended.message(), HasSubstr("ended"));
-  EXPECT_EQ(membership_->shard_map().shards(1).incarnation(), 0u);
-  EXPECT_FALSE(phase_->taken_over());
+  EXPECT_EQ(parts_->membership.shard_map().shards(1).incarnation(), 0u);
+  EXPECT_FALSE(parts_->phase.taken_over());
 }
 
 // ---- ServerReport ----
 
 TEST_F(HeartbeatsTest, AServerIsAskedForThePendingCheckpointUntilItReportsIt) {
   StartJob();
-  const uint64_t id = checkpoints_->Start(0, {}, 0, now_).id();
+  const uint64_t id = parts_->checkpoints.Start(0, {}, 0, now_).id();
   v1::HeartbeatResponse asked;
   EXPECT_FALSE(heartbeats_->ServerReport(ServerBeat(0), now_, &asked));
   EXPECT_EQ(asked.checkpoint().id(), id);
@@ -266,10 +252,10 @@ TEST_F(HeartbeatsTest, AServerIsAskedForThePendingCheckpointUntilItReportsIt) {
   v1::HeartbeatResponse after_report;
   EXPECT_FALSE(heartbeats_->ServerReport(reported, now_, &after_report));
   EXPECT_FALSE(after_report.has_checkpoint());
-  EXPECT_TRUE(checkpoints_->pending());  // shard 1 has not reported
+  EXPECT_TRUE(parts_->checkpoints.pending());  // shard 1 has not reported
 
   // Once the job ended no shard is asked any more.
-  phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   v1::HeartbeatResponse ended;
   EXPECT_FALSE(heartbeats_->ServerReport(ServerBeat(1), now_, &ended));
   EXPECT_FALSE(ended.has_checkpoint());
@@ -277,13 +263,13 @@ TEST_F(HeartbeatsTest, AServerIsAskedForThePendingCheckpointUntilItReportsIt) {
 
 TEST_F(HeartbeatsTest, AFailedReportFailsThePendingCheckpointAndSaysSoOnce) {
   StartJob();
-  const uint64_t id = checkpoints_->Start(0, {}, 0, now_).id();
+  const uint64_t id = parts_->checkpoints.Start(0, {}, 0, now_).id();
   v1::HeartbeatRequest failed = ServerBeat(1);
   *failed.mutable_shard()->mutable_checkpoint() = Failed(id, "disk full");
   v1::HeartbeatResponse response;
   EXPECT_TRUE(heartbeats_->ServerReport(failed, now_, &response));
-  EXPECT_FALSE(checkpoints_->pending());
-  EXPECT_THAT(checkpoints_->SummaryOf(id).error(), HasSubstr("disk full"));
+  EXPECT_FALSE(parts_->checkpoints.pending());
+  EXPECT_THAT(parts_->checkpoints.SummaryOf(id).error(), HasSubstr("disk full"));
   EXPECT_FALSE(response.has_checkpoint());
   // The same report again (its reply was lost): nothing pending to fail.
   v1::HeartbeatResponse again;
@@ -297,25 +283,25 @@ TEST_F(HeartbeatsTest, AHeartbeatSayingTheWorkerFinishedFinishesItsRankInTheCurr
   v1::HeartbeatRequest finished = WithProgress(WorkerBeat(0), 10);
   finished.set_finished(true);
   heartbeats_->WorkerReport(finished, /*current_generation=*/false, now_);
-  EXPECT_THAT(membership_->RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0u, 1u));
   v1::HeartbeatRequest without_progress = WorkerBeat(0);
   without_progress.set_finished(true);
   heartbeats_->WorkerReport(without_progress, /*current_generation=*/true, now_);
-  EXPECT_THAT(membership_->RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_ALIVE), ElementsAre(0u, 1u));
 
   heartbeats_->WorkerReport(finished, /*current_generation=*/true, now_);
-  EXPECT_THAT(membership_->RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
+  EXPECT_THAT(parts_->membership.RanksInState(v1::MEMBER_STATE_FINISHED), ElementsAre(0u));
   EXPECT_EQ(ProgressStep(0), 10u);
 }
 
 TEST_F(HeartbeatsTest, AWorkersReportedGenerationMarksItsWorkerDoneWithoutOneAsStale) {
   StartJob();
   heartbeats_->WorkerReport(WorkerBeat(0), true, now_);  // generation 1
-  generations_->Next(v1::RestoreOrder());                // a roll-back: generation 2
+  parts_->generations.Next(v1::RestoreOrder());          // a roll-back: generation 2
   v1::WorkerDoneRequest done;
   done.set_worker_rank(0);
   done.set_incarnation(ranks_[0]);
-  EXPECT_TRUE(generations_->StaleWorkerDone(done));
+  EXPECT_TRUE(parts_->generations.StaleWorkerDone(done));
 }
 
 // ---- Reply ----
@@ -329,16 +315,16 @@ TEST_F(HeartbeatsTest, AReplyCarriesTheJobsStateTheLiveSetAndTheMapWhenTheMember
   EXPECT_EQ(reply.next_heartbeat_ms(), 0u);  // the job's interval
   EXPECT_THAT(reply.live_workers(), ElementsAre(0u, 1u));
   EXPECT_THAT(reply.live_worker_incarnations(), ElementsAreArray(ranks_));
-  EXPECT_EQ(reply.membership_epoch(), membership_->membership_epoch());
+  EXPECT_EQ(reply.membership_epoch(), parts_->membership.membership_epoch());
   ASSERT_TRUE(reply.has_evaluator_rank());
   EXPECT_EQ(reply.evaluator_rank(), 0u);  // the lowest live rank
   EXPECT_FALSE(reply.drain());
   ASSERT_TRUE(reply.has_shard_map());  // the member knows epoch 0
-  EXPECT_EQ(reply.shard_map().epoch(), membership_->shard_map().epoch());
+  EXPECT_EQ(reply.shard_map().epoch(), parts_->membership.shard_map().epoch());
   EXPECT_EQ(reply.shard_map().shards(1).address(), Address(1));
 
   v1::HeartbeatRequest current = WorkerBeat(1);
-  current.set_shard_map_epoch(membership_->shard_map().epoch());
+  current.set_shard_map_epoch(parts_->membership.shard_map().epoch());
   EXPECT_FALSE(Reply(current).has_shard_map());
 }
 
@@ -347,7 +333,7 @@ TEST_F(HeartbeatsTest, AMemberBehindTheCurrentGenerationIsToldTheOrderToRestore)
   v1::RestoreOrder order;
   order.set_checkpoint_id(3);
   order.set_step(30);
-  generations_->Next(order);
+  parts_->generations.Next(order);
   const v1::HeartbeatResponse behind =
       Reply(WorkerBeat(0), Job(false, /*current_generation=*/false));
   EXPECT_EQ(behind.generation(), 2u);
@@ -365,13 +351,13 @@ TEST_F(HeartbeatsTest, MembersHeartbeatSoonerOnceTrainingIsDoneOrTheJobEnded) {
   config_.set_heartbeat_interval_ms(30);
   EXPECT_EQ(Reply(ServerBeat(0), Job(/*training_done=*/true)).next_heartbeat_ms(), 30u);
   config_.set_heartbeat_interval_ms(100);
-  phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   EXPECT_EQ(Reply(ServerBeat(0)).next_heartbeat_ms(), Heartbeats::kEndingHeartbeatMs);
 }
 
 TEST_F(HeartbeatsTest, OnlyTheDrainedWorkerIsToldToDrain) {
   StartJob();
-  ASSERT_TRUE(membership_->RequestDrain(0).ok());
+  ASSERT_TRUE(parts_->membership.RequestDrain(0).ok());
   EXPECT_TRUE(Reply(WorkerBeat(0)).drain());
   EXPECT_FALSE(Reply(WorkerBeat(1)).drain());
   EXPECT_FALSE(Reply(ServerBeat(0)).drain());
@@ -387,8 +373,8 @@ TEST_F(HeartbeatsTest, TheEvaluatorIsAskedForTheFinalEvaluationOnceTheServersHea
   EXPECT_FALSE(early.evaluate_final());
   // Each live server heard the empty live set and heartbeated again.
   for (int beat = 0; beat < 2; ++beat)
-    for (uint32_t shard = 0; shard < 2; ++shard) ending_->NoteServerHeartbeat(shard);
-  ASSERT_TRUE(ending_->ServersHeardFinalLiveSet());
+    for (uint32_t shard = 0; shard < 2; ++shard) parts_->ending.NoteServerHeartbeat(shard);
+  ASSERT_TRUE(parts_->ending.ServersHeardFinalLiveSet());
 
   EXPECT_TRUE(Reply(WorkerBeat(0), done).evaluate_final());
   v1::HeartbeatResponse other = Reply(WorkerBeat(1), done);
@@ -398,16 +384,16 @@ TEST_F(HeartbeatsTest, TheEvaluatorIsAskedForTheFinalEvaluationOnceTheServersHea
 
 TEST_F(HeartbeatsTest, OnceTheJobEndedEachReplySaysSoAndNotesThatItsMemberHeardTheEnd) {
   StartJob();
-  phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   EXPECT_EQ(Reply(WorkerBeat(0)).job_state(), v1::JOB_STATE_STOPPED);
   Reply(WorkerBeat(1));
   v1::HeartbeatRequest final_report = ServerBeat(0);
   final_report.set_final_report(true);
   Reply(final_report);
-  EXPECT_FALSE(ending_->EveryLiveMemberSawEnd(now_));  // shard 1 sent no final report
+  EXPECT_FALSE(parts_->ending.EveryLiveMemberSawEnd(now_));  // shard 1 sent no final report
   final_report.set_server_shard(1);
   Reply(final_report);
-  EXPECT_TRUE(ending_->EveryLiveMemberSawEnd(now_));
+  EXPECT_TRUE(parts_->ending.EveryLiveMemberSawEnd(now_));
 }
 
 // ---- RetiredReply ----
@@ -424,7 +410,7 @@ TEST_F(ReshardingHeartbeatsTest, AServerOfAShardPastTheMapHearsTheMapInstead) {
   EXPECT_EQ(retired->job_state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(retired->generation(), 1u);
   EXPECT_EQ(retired->shard_map().shards_size(), 2);
-  EXPECT_EQ(retired->shard_map().epoch(), membership_->shard_map().epoch());
+  EXPECT_EQ(retired->shard_map().epoch(), parts_->membership.shard_map().epoch());
   EXPECT_FALSE(heartbeats_->RetiredReply(ServerBeat(1)).has_value());
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
 #include "gtest/gtest.h"
 
@@ -21,49 +22,37 @@ class JobReportTest : public ::testing::Test {
     config_ = TestJobConfig(2, 2, v1::MODE_SYNC, "/nowhere");
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
-    membership_ = std::make_unique<Membership>(*map, 2, absl::Seconds(1));
-    checkpoints_ = std::make_unique<CheckpointScheduler>(config_, 2);
-    generations_ = std::make_unique<Generations>(config_, Env::Default());
-    model_ = std::make_unique<JobModel>(config_);
-    ending_ = std::make_unique<JobEnding>(config_.job_id(), membership_.get());
-    resharding_ = std::make_unique<Resharding>(config_);
-    report_ = std::make_unique<JobReport>(JobReport::Parts{.config = &config_,
-                                                           .phase = &phase_,
-                                                           .membership = membership_.get(),
-                                                           .model = model_.get(),
-                                                           .ending = ending_.get(),
-                                                           .checkpoints = checkpoints_.get(),
-                                                           .generations = generations_.get(),
-                                                           .global_step = &global_step_,
-                                                           .data = &data_,
-                                                           .resharding = resharding_.get()});
+    parts_ = std::make_unique<TestJobParts>(config_, *map);
+    report_ = std::make_unique<JobReport>(JobReport::Parts{
+        .config = &config_,
+        .phase = &parts_->phase,
+        .membership = &parts_->membership,
+        .model = &parts_->model,
+        .ending = &parts_->ending,
+        .checkpoints = &parts_->checkpoints,
+        .generations = &parts_->generations,
+        .global_step = &parts_->global_step,
+        .data = &parts_->data,
+        .resharding = &parts_->resharding});
   }
   void RegisterAll() {
     for (uint32_t s = 0; s < 2; ++s)
-      ASSERT_TRUE(membership_->RegisterServer(s, "10.0.0." + std::to_string(s) + ":7000", kT0)
-                      .ok());
+      ASSERT_TRUE(
+          parts_->membership.RegisterServer(s, "10.0.0." + std::to_string(s) + ":7000", kT0).ok());
     for (uint32_t rank = 0; rank < 2; ++rank)
-      ASSERT_TRUE(membership_->RegisterWorker(rank, "host", "cpu", kT0, false).ok());
-    phase_.NoteRegistration(kT0);
-    phase_.Run();
+      ASSERT_TRUE(parts_->membership.RegisterWorker(rank, "host", "cpu", kT0, false).ok());
+    parts_->phase.NoteRegistration(kT0);
+    parts_->phase.Run();
   }
 
   v1::JobConfig config_;
-  JobPhase phase_{"test-job"};
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<CheckpointScheduler> checkpoints_;
-  std::unique_ptr<Generations> generations_;
-  std::unique_ptr<JobModel> model_;
-  std::unique_ptr<JobEnding> ending_;
-  std::unique_ptr<Resharding> resharding_;
-  GlobalStep global_step_;
-  ElasticData data_;
+  std::unique_ptr<TestJobParts> parts_;
   std::unique_ptr<JobReport> report_;
 };
 
 TEST_F(JobReportTest, AWaitingJobSaysWhoItWaitsFor) {
-  ASSERT_TRUE(membership_->RegisterServer(0, "10.0.0.0:7000", kT0).ok());
-  ASSERT_TRUE(membership_->RegisterWorker(1, "host", "cpu", kT0, false).ok());
+  ASSERT_TRUE(parts_->membership.RegisterServer(0, "10.0.0.0:7000", kT0).ok());
+  ASSERT_TRUE(parts_->membership.RegisterWorker(1, "host", "cpu", kT0, false).ok());
   const v1::JobStatus status = report_->Status(false, kT0);
   EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
   EXPECT_EQ(status.message(), "waiting for shard 1 and worker 0 to register");
@@ -71,7 +60,7 @@ TEST_F(JobReportTest, AWaitingJobSaysWhoItWaitsFor) {
 
 TEST_F(JobReportTest, ARunningJobsStatusCarriesItsMembersCheckpointsAndGeneration) {
   RegisterAll();
-  checkpoints_->Start(10, {}, 8, kT0);
+  parts_->checkpoints.Start(10, {}, 8, kT0);
   const v1::JobStatus status = report_->Status(false, kT0 + absl::Seconds(5));
   EXPECT_EQ(status.job_id(), "test-job");
   EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
@@ -87,7 +76,7 @@ TEST_F(JobReportTest, ARunningJobsStatusCarriesItsMembersCheckpointsAndGeneratio
 
 TEST_F(JobReportTest, AnEndedJobSaysWhy) {
   RegisterAll();
-  phase_.End(v1::JOB_STATE_STOPPED, "asked to stop", kT0);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "asked to stop", kT0);
   EXPECT_EQ(report_->Status(false, kT0).message(), "asked to stop");
 }
 
@@ -100,7 +89,7 @@ TEST_F(JobReportTest, ThePersistedStateIsWhatATakeOverReadsBack) {
   EXPECT_EQ(state.next_checkpoint_id(), 1u);
   EXPECT_DOUBLE_EQ(state.elapsed_seconds(), 3);
   EXPECT_EQ(state.unix_time_ms(), static_cast<uint64_t>(absl::ToUnixMillis(kT0)) + 3000);
-  Membership taken_over(membership_->shard_map(), 2, absl::Seconds(1));
+  Membership taken_over(parts_->membership.shard_map(), 2, absl::Seconds(1));
   EXPECT_TRUE(taken_over.ImportFrom(state, kT0).ok());
 }
 

@@ -4,10 +4,10 @@
 // again from their steps, training is not done, no global step is known.
 #include "coordinator/roll_backs.h"
 
-#include <filesystem>
 #include <memory>
 #include <string>
 
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
 #include "gtest/gtest.h"
 
@@ -19,31 +19,23 @@ const absl::Time kNow = absl::FromUnixSeconds(1'700'000'000);
 class RollBacksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (std::filesystem::temp_directory_path() /
-             ("roll_backs_test-" + std::to_string(getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                .string();
-    config_ = TestJobConfig(1, 2, v1::MODE_ASYNC, root_);
+    config_ = TestJobConfig(1, 2, v1::MODE_ASYNC, folder_.path());
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
-    membership_ = std::make_unique<Membership>(*map, 2, absl::Seconds(1));
-    checkpoints_ = std::make_unique<CheckpointScheduler>(config_, 1);
-    generations_ = std::make_unique<Generations>(config_, Env::Default());
-    cuts_ = std::make_unique<CheckpointCuts>(config_, checkpoints_.get(), membership_.get(),
-                                             &global_step_);
-    ending_ = std::make_unique<JobEnding>(config_.job_id(), membership_.get());
-    roll_backs_ = std::make_unique<RollBacks>(RollBacks::Parts{.job_id = config_.job_id(),
-                                                               .generations = generations_.get(),
-                                                               .checkpoints = checkpoints_.get(),
-                                                               .membership = membership_.get(),
-                                                               .data = &data_,
-                                                               .ending = ending_.get(),
-                                                               .cuts = cuts_.get(),
-                                                               .global_step = &global_step_});
-    ASSERT_TRUE(membership_->RegisterServer(0, "10.0.0.1:7000", kNow).ok());
+    parts_ = std::make_unique<TestJobParts>(config_, *map);
+    roll_backs_ = std::make_unique<RollBacks>(RollBacks::Parts{
+        .job_id = config_.job_id(),
+        .generations = &parts_->generations,
+        .checkpoints = &parts_->checkpoints,
+        .membership = &parts_->membership,
+        .data = &parts_->data,
+        .ending = &parts_->ending,
+        .cuts = &parts_->cuts,
+        .global_step = &parts_->global_step});
+    ASSERT_TRUE(parts_->membership.RegisterServer(0, "10.0.0.1:7000", kNow).ok());
     for (uint32_t rank = 0; rank < 2; ++rank) {
       absl::StatusOr<Membership::Registration> r =
-          membership_->RegisterWorker(rank, "host", "cpu", kNow, /*holds_live_rank=*/false);
+          parts_->membership.RegisterWorker(rank, "host", "cpu", kNow, /*holds_live_rank=*/false);
       ASSERT_TRUE(r.ok()) << r.status();
       workers_.push_back(r->incarnation);
     }
@@ -54,46 +46,40 @@ class RollBacksTest : public ::testing::Test {
   void TrainAndFinish() {
     v1::WorkerProgress progress;
     progress.set_step(30);
-    ASSERT_TRUE(membership_->FinishWorker(0, workers_[0], progress, kNow).ok());
-    ASSERT_TRUE(ending_->NoteTrainingDone());
-    global_step_.Note(30, kNow);
+    ASSERT_TRUE(parts_->membership.FinishWorker(0, workers_[0], progress, kNow).ok());
+    ASSERT_TRUE(parts_->ending.NoteTrainingDone());
+    parts_->global_step.Note(30, kNow);
     absl::StatusOr<v1::CheckpointRequest> started =
-        cuts_->Start({.training_done = false}, kNow, "a test");
+        parts_->cuts.Start({.training_done = false}, kNow, "a test");
     ASSERT_TRUE(started.ok()) << started.status();
-    ASSERT_TRUE(checkpoints_->pending());
+    ASSERT_TRUE(parts_->checkpoints.pending());
   }
 
-  std::string root_;
+  TestFolder folder_{"roll_backs_test"};
   v1::JobConfig config_;
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<CheckpointScheduler> checkpoints_;
-  std::unique_ptr<Generations> generations_;
-  GlobalStep global_step_;
-  std::unique_ptr<CheckpointCuts> cuts_;
-  std::unique_ptr<JobEnding> ending_;
-  ElasticData data_;
+  std::unique_ptr<TestJobParts> parts_;
   std::unique_ptr<RollBacks> roll_backs_;
   std::vector<uint64_t> workers_;
 };
 
 TEST_F(RollBacksTest, ARollBackWithoutACheckpointRestartsFromTheInitialValues) {
   TrainAndFinish();
-  ASSERT_EQ(generations_->current(), 1u);
+  ASSERT_EQ(parts_->generations.current(), 1u);
   roll_backs_->Back("a test", kNow);
-  EXPECT_EQ(generations_->current(), 2u);
-  EXPECT_EQ(generations_->order().generation(), 2u);
-  EXPECT_EQ(generations_->order().checkpoint_id(), 0u);
+  EXPECT_EQ(parts_->generations.current(), 2u);
+  EXPECT_EQ(parts_->generations.order().generation(), 2u);
+  EXPECT_EQ(parts_->generations.order().checkpoint_id(), 0u);
 }
 
 TEST_F(RollBacksTest, EveryCollaboratorForgetsWhatTheJobDidSince) {
   TrainAndFinish();
   roll_backs_->Back("a test", kNow);
-  EXPECT_FALSE(checkpoints_->pending()) << "the pending checkpoint fails";
-  EXPECT_TRUE(membership_->RanksInState(v1::MEMBER_STATE_FINISHED).empty())
+  EXPECT_FALSE(parts_->checkpoints.pending()) << "the pending checkpoint fails";
+  EXPECT_TRUE(parts_->membership.RanksInState(v1::MEMBER_STATE_FINISHED).empty())
       << "the finished rank trains again";
-  EXPECT_EQ(membership_->RanksInState(v1::MEMBER_STATE_ALIVE), (std::vector<uint32_t>{0, 1}));
-  EXPECT_FALSE(ending_->training_was_done());
-  EXPECT_FALSE(global_step_.step().has_value());
+  EXPECT_EQ(parts_->membership.RanksInState(v1::MEMBER_STATE_ALIVE), (std::vector<uint32_t>{0, 1}));
+  EXPECT_FALSE(parts_->ending.training_was_done());
+  EXPECT_FALSE(parts_->global_step.step().has_value());
 }
 
 TEST_F(RollBacksTest, ToAGivenOrderSetsItsGeneration) {
@@ -102,18 +88,18 @@ TEST_F(RollBacksTest, ToAGivenOrderSetsItsGeneration) {
   cut.set_step(70);
   cut.set_generation(99);  // set here, not by the caller
   roll_backs_->To(cut, "re-sharded", kNow);
-  EXPECT_EQ(generations_->current(), 2u);
-  EXPECT_EQ(generations_->order().checkpoint_id(), 7u);
-  EXPECT_EQ(generations_->order().step(), 70u);
+  EXPECT_EQ(parts_->generations.current(), 2u);
+  EXPECT_EQ(parts_->generations.order().checkpoint_id(), 7u);
+  EXPECT_EQ(parts_->generations.order().step(), 70u);
 }
 
 TEST_F(RollBacksTest, AMembersNewerGenerationIsFollowedPastAndAnOlderOneIgnored) {
   roll_backs_->Follow(1, kNow);
-  EXPECT_EQ(generations_->current(), 1u);
+  EXPECT_EQ(parts_->generations.current(), 1u);
   roll_backs_->Follow(5, kNow);
-  EXPECT_EQ(generations_->current(), 6u);
+  EXPECT_EQ(parts_->generations.current(), 6u);
   roll_backs_->Follow(3, kNow);
-  EXPECT_EQ(generations_->current(), 6u);
+  EXPECT_EQ(parts_->generations.current(), 6u);
 }
 
 }  // namespace

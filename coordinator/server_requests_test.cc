@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
-#include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
@@ -44,22 +44,16 @@ class ServerRequestsTest : public ::testing::Test {
     config_ = Config();
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
-    phase_ = std::make_unique<JobPhase>(config_.job_id());
-    membership_ = std::make_unique<Membership>(
-        *map, JobRanks(config_), absl::Milliseconds(config_.heartbeat_timeout_ms()),
-        config_.num_workers());
-    generations_ = std::make_unique<Generations>(config_, Env::Default());
-    model_ = std::make_unique<JobModel>(config_);
-    resharding_ = std::make_unique<Resharding>(config_);
+    parts_ = std::make_unique<TestJobParts>(config_, *map);
     servers_ = std::make_unique<ServerRequests>(ServerRequests::Parts{
         .config = &config_,
         .clock = [this] { return now_; },
-        .phase = phase_.get(),
-        .membership = membership_.get(),
-        .generations = generations_.get(),
-        .model = model_.get(),
-        .resharding = resharding_.get(),
-        .waits = &waits_});
+        .phase = &parts_->phase,
+        .membership = &parts_->membership,
+        .generations = &parts_->generations,
+        .model = &parts_->model,
+        .resharding = &parts_->resharding,
+        .waits = &parts_->waits});
   }
 
   static std::string Address(uint32_t shard) {
@@ -89,18 +83,13 @@ class ServerRequestsTest : public ::testing::Test {
     absl::StatusOr<v1::ShardMap> built =
         BuildShardMap(ModelTensors(config_), 3, config_.chunk_bytes());
     ASSERT_TRUE(built.ok()) << built.status();
-    ASSERT_TRUE(membership_->Reshard(*built, {{2, standby}}, now_).ok());
+    ASSERT_TRUE(parts_->membership.Reshard(*built, {{2, standby}}, now_).ok());
   }
 
   absl::Mutex mu_;
   absl::Time now_ = kT0;
   v1::JobConfig config_;
-  std::unique_ptr<JobPhase> phase_;
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<Generations> generations_;
-  std::unique_ptr<JobModel> model_;
-  std::unique_ptr<Resharding> resharding_;
-  JobWaits waits_;
+  std::unique_ptr<TestJobParts> parts_;
   std::unique_ptr<ServerRequests> servers_;
   int reshard_ticks_ = 0;
 };
@@ -128,23 +117,23 @@ class UserModelServerRequestsTest : public ServerRequestsTest {
 // ---- Register ----
 
 TEST_F(ServerRequestsTest, AJobThatEndedTakesNoServer) {
-  phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   const absl::Status refused = Register(Request(0)).status();
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("ended"));
-  EXPECT_THAT(membership_->UnregisteredShards(), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.UnregisteredShards(), ElementsAre(0u, 1u));
 }
 
 TEST_F(UserModelServerRequestsTest, AServerWaitsUntilTheFirstWorkerDefinedTheModel) {
   const absl::Status early = Register(Request(0)).status();
   EXPECT_TRUE(absl::IsUnavailable(early)) << early;
   EXPECT_THAT(early.message(), HasSubstr("model is not defined yet"));
-  EXPECT_THAT(membership_->UnregisteredShards(), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.UnregisteredShards(), ElementsAre(0u, 1u));
 
   absl::StatusOr<std::optional<v1::ShardMap>> layout =
-      model_->Define(TestUserModel(4), v1::OPTIMIZER_UNSPECIFIED, 2);
+      parts_->model.Define(TestUserModel(4), v1::OPTIMIZER_UNSPECIFIED, 2);
   ASSERT_TRUE(layout.ok() && layout->has_value()) << layout.status();
-  membership_->SetLayout(**layout);
+  parts_->membership.SetLayout(**layout);
   absl::StatusOr<ServerRequests::Registered> r = Register(Request(0));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->shard, 0u);
@@ -161,8 +150,8 @@ TEST_F(ServerRequestsTest, AFirstRegistrationGetsAShardAndAnIncarnationAndRollsN
   EXPECT_EQ(second->shard, 1u);
   EXPECT_GT(second->incarnation, any->incarnation);
   EXPECT_EQ(second->roll_back, std::nullopt);
-  EXPECT_EQ(membership_->shard_map().shards(1).address(), Address(1));
-  EXPECT_DOUBLE_EQ(phase_->ElapsedSeconds(now_ + absl::Seconds(5)), 5.0);  // its time starts
+  EXPECT_EQ(parts_->membership.shard_map().shards(1).address(), Address(1));
+  EXPECT_DOUBLE_EQ(parts_->phase.ElapsedSeconds(now_ + absl::Seconds(5)), 5.0);  // its time starts
 }
 
 TEST_F(ServerRequestsTest, AKnownShardRegisteringAgainRollsTheJobBackOnlyWhileItRuns) {
@@ -171,7 +160,7 @@ TEST_F(ServerRequestsTest, AKnownShardRegisteringAgainRollsTheJobBackOnlyWhileIt
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   EXPECT_EQ(waiting->roll_back, std::nullopt);  // nothing trained yet
 
-  phase_->Run();
+  parts_->phase.Run();
   absl::StatusOr<ServerRequests::Registered> restarted = Register(Request(0));
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   EXPECT_GT(restarted->incarnation, waiting->incarnation);
@@ -182,7 +171,7 @@ TEST_F(ServerRequestsTest, AShardThatCannotRestoreTheOrderedCheckpointRollsTheJo
   v1::RestoreOrder order;
   order.set_checkpoint_id(3);
   order.set_step(30);
-  generations_->Next(order);
+  parts_->generations.Next(order);
   v1::RegisterServerRequest stale = Request(0);
   stale.mutable_restore_failed()->set_id(2);  // an order the job left
   absl::StatusOr<ServerRequests::Registered> ignored = Register(stale);
@@ -198,7 +187,7 @@ TEST_F(ServerRequestsTest, AShardThatCannotRestoreTheOrderedCheckpointRollsTheJo
   EXPECT_EQ(r->roll_back, std::optional<std::string>("shard 1 cannot restore checkpoint 3"));
   // Generations refuses it for the rest of the job.
   v1::CoordinatorState state;
-  generations_->ExportTo(&state);
+  parts_->generations.ExportTo(&state);
   EXPECT_THAT(state.refused_checkpoints(), ElementsAre(3u));
 }
 
@@ -209,7 +198,7 @@ TEST_F(ServerRequestsTest, TheAnswerCarriesTheConfigTheMapAndTheRestoreOrder) {
   ASSERT_TRUE(r.ok()) << r.status();
   v1::RestoreOrder order;
   order.set_checkpoint_id(3);
-  generations_->Next(order);
+  parts_->generations.Next(order);
   const ServerRegistration answer = servers_->Answer(r->shard, r->incarnation);
   EXPECT_EQ(answer.response.shard(), 1u);
   EXPECT_EQ(answer.response.incarnation(), r->incarnation);
@@ -234,10 +223,10 @@ TEST_F(StandbyServerRequestsTest, AStandbyNotTakenInByItsDeadlineIsToldItWaitsFo
   EXPECT_EQ(reshard_ticks_, 1);  // the re-sharding may have waited for it
   // It keeps its place a moment after its call ended.
   absl::MutexLock lock(&mu_);
-  const std::map<uint32_t, Membership::Endpoint> standbys = resharding_->FreshStandbys();
+  const std::map<uint32_t, Membership::Endpoint> standbys = parts_->resharding.FreshStandbys();
   ASSERT_EQ(standbys.count(2), 1u);
   EXPECT_EQ(standbys.at(2).address, Address(2));
-  EXPECT_EQ(membership_->num_shards(), 2u);
+  EXPECT_EQ(parts_->membership.num_shards(), 2u);
 }
 
 TEST_F(StandbyServerRequestsTest, AShardPastMaxServersIsOutOfRange) {
@@ -254,18 +243,18 @@ TEST_F(StandbyServerRequestsTest, AWaitingStandbyGetsItsShardOnceTheMapTakesItIn
     // hanging it.
     ASSERT_TRUE(mu_.AwaitWithTimeout(
         absl::Condition(
-            +[](Resharding* r) { return r->StandbyIncarnation(2) != 0; }, resharding_.get()),
+            +[](Resharding* r) { return r->StandbyIncarnation(2) != 0; }, &parts_->resharding),
         absl::Seconds(30)))
         << "no standby waited";
-    ReshardToThree({Address(2), resharding_->StandbyIncarnation(2)});
-    waits_.Changed();
+    ReshardToThree({Address(2), parts_->resharding.StandbyIncarnation(2)});
+    parts_->waits.Changed();
   });
   absl::StatusOr<ServerRequests::Registered> r =
       Register(Request(2), {.deadline = absl::Now() + absl::Seconds(60)});
   reshard.join();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->shard, 2u);
-  EXPECT_EQ(r->incarnation, membership_->shard_map().shards(2).incarnation());
+  EXPECT_EQ(r->incarnation, parts_->membership.shard_map().shards(2).incarnation());
   EXPECT_EQ(r->roll_back, std::nullopt);
 }
 
@@ -273,15 +262,15 @@ TEST_F(StandbyServerRequestsTest, AStandbyTakenInAfterItsCallEndedGetsItsShardWh
   EXPECT_TRUE(absl::IsUnavailable(Register(Request(2), ShortWait()).status()));
   {
     absl::MutexLock lock(&mu_);
-    ReshardToThree(resharding_->FreshStandbys().at(2));
+    ReshardToThree(parts_->resharding.FreshStandbys().at(2));
   }
-  const uint64_t taken_in = membership_->shard_map().shards(2).incarnation();
+  const uint64_t taken_in = parts_->membership.shard_map().shards(2).incarnation();
   absl::StatusOr<ServerRequests::Registered> again = Register(Request(2));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->shard, 2u);
   EXPECT_EQ(again->incarnation, taken_in);  // not a restart: no new incarnation
   EXPECT_EQ(again->roll_back, std::nullopt);
-  EXPECT_EQ(resharding_->StandbyIncarnation(2), 0u);  // its place is given up
+  EXPECT_EQ(parts_->resharding.StandbyIncarnation(2), 0u);  // its place is given up
 }
 
 }  // namespace

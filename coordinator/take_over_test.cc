@@ -3,10 +3,10 @@
 // how a state of another shard count re-shards the membership.
 #include "coordinator/take_over.h"
 
-#include <filesystem>
 #include <string>
 
 #include "checkpoint/checkpoint.h"
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
 #include "gtest/gtest.h"
 
@@ -18,21 +18,15 @@ const absl::Time kNow = absl::FromUnixSeconds(1'700'000'000);
 class TakeOverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (std::filesystem::temp_directory_path() /
-             ("take_over_test-" + std::to_string(getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                .string();
-    std::filesystem::remove_all(root_);
-    config_ = TestJobConfig(2, 1, v1::MODE_SYNC, root_);
+    config_ = TestJobConfig(2, 1, v1::MODE_SYNC, folder_.path());
     state_.mutable_config()->set_job_id(config_.job_id());
     state_.set_state(v1::JOB_STATE_RUNNING);
   }
-  void TearDown() override { std::filesystem::remove_all(root_); }
 
   // The state names checkpoint `id` as its newest, in its folder.
   void NameNewest(uint64_t id) {
     state_.mutable_last_checkpoint()->set_id(id);
-    state_.mutable_last_checkpoint()->set_dir(CheckpointFolder(root_, id));
+    state_.mutable_last_checkpoint()->set_dir(CheckpointFolder(folder_.path(), id));
   }
   void WriteManifestOf(uint64_t id, uint64_t written_id) {
     v1::CheckpointManifest manifest;
@@ -40,10 +34,10 @@ class TakeOverTest : public ::testing::Test {
     manifest.set_id(written_id);
     manifest.set_step(40);
     manifest.add_worker_steps(40);
-    ASSERT_TRUE(WriteManifest(Env::Default(), CheckpointFolder(root_, id), manifest).ok());
+    ASSERT_TRUE(WriteManifest(Env::Default(), CheckpointFolder(folder_.path(), id), manifest).ok());
   }
 
-  std::string root_;
+  TestFolder folder_{"take_over_test"};
   v1::JobConfig config_;
   v1::CoordinatorState state_;
 };

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "coordinator/testing/job_parts.h"
 #include "coordinator/testing/test_job.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -43,23 +44,17 @@ class WorkerRequestsTest : public ::testing::Test {
     config_ = Config();
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
     ASSERT_TRUE(map.ok()) << map.status();
-    phase_ = std::make_unique<JobPhase>(config_.job_id());
-    membership_ = std::make_unique<Membership>(
-        *map, JobRanks(config_), absl::Milliseconds(config_.heartbeat_timeout_ms()),
-        config_.num_workers());
-    generations_ = std::make_unique<Generations>(config_, Env::Default());
-    model_ = std::make_unique<JobModel>(config_);
-    ending_ = std::make_unique<JobEnding>(config_.job_id(), membership_.get());
+    parts_ = std::make_unique<TestJobParts>(config_, *map);
     workers_ = std::make_unique<WorkerRequests>(WorkerRequests::Parts{
         .config = &config_,
         .clock = [this] { return now_; },
-        .phase = phase_.get(),
-        .membership = membership_.get(),
-        .generations = generations_.get(),
-        .model = model_.get(),
-        .data = &data_,
-        .ending = ending_.get(),
-        .waits = &waits_});
+        .phase = &parts_->phase,
+        .membership = &parts_->membership,
+        .generations = &parts_->generations,
+        .model = &parts_->model,
+        .data = &parts_->data,
+        .ending = &parts_->ending,
+        .waits = &parts_->waits});
   }
 
   static std::string Address(uint32_t shard) {
@@ -69,7 +64,7 @@ class WorkerRequestsTest : public ::testing::Test {
     for (uint32_t s = 0; s < shards; ++s) {
       absl::MutexLock lock(&mu_);
       absl::StatusOr<Membership::Registration> r =
-          membership_->RegisterServer(s, Address(s), now_);
+          parts_->membership.RegisterServer(s, Address(s), now_);
       ASSERT_TRUE(r.ok()) << r.status();
     }
   }
@@ -96,7 +91,7 @@ class WorkerRequestsTest : public ::testing::Test {
       incarnations_.push_back(r->incarnation());
     }
     absl::MutexLock lock(&mu_);
-    phase_->Run();
+    parts_->phase.Run();
   }
   // Rank `rank` heartbeats at `step`.
   void Beat(uint32_t rank, uint64_t step) {
@@ -105,7 +100,8 @@ class WorkerRequestsTest : public ::testing::Test {
     bool revived = false;
     absl::MutexLock lock(&mu_);
     ASSERT_TRUE(
-        membership_->WorkerHeartbeat(rank, incarnations_[rank], &progress, now_, &revived).ok());
+        parts_->membership.WorkerHeartbeat(rank, incarnations_[rank], &progress, now_, &revived)
+            .ok());
   }
 
   v1::WorkerDoneRequest DoneRequest(uint32_t rank) const {
@@ -131,7 +127,7 @@ class WorkerRequestsTest : public ::testing::Test {
     request.set_job_id(config_.job_id());
     request.set_worker_rank(rank);
     request.set_incarnation(incarnations_[rank]);
-    request.set_generation(generations_->current());
+    request.set_generation(parts_->generations.current());
     request.set_want(2);
     request.set_train_examples(kTrainExamples);
     return request;
@@ -150,14 +146,14 @@ class WorkerRequestsTest : public ::testing::Test {
   v1::JobStatus Status() {
     absl::MutexLock lock(&mu_);
     v1::JobStatus status;
-    phase_->AddTo(&status, now_);
-    ending_->AddTo(&status);
-    data_.AddTo(&status);
+    parts_->phase.AddTo(&status, now_);
+    parts_->ending.AddTo(&status);
+    parts_->data.AddTo(&status);
     return status;
   }
   std::vector<uint32_t> Ranks(v1::MemberState state) {
     absl::MutexLock lock(&mu_);
-    return membership_->RanksInState(state);
+    return parts_->membership.RanksInState(state);
   }
   bool RanksAwaited() {
     absl::MutexLock lock(&mu_);
@@ -171,13 +167,7 @@ class WorkerRequestsTest : public ::testing::Test {
   absl::Mutex mu_;
   absl::Time now_ = kT0;
   v1::JobConfig config_;
-  std::unique_ptr<JobPhase> phase_;
-  std::unique_ptr<Membership> membership_;
-  std::unique_ptr<Generations> generations_;
-  std::unique_ptr<JobModel> model_;
-  ElasticData data_;
-  std::unique_ptr<JobEnding> ending_;
-  JobWaits waits_;
+  std::unique_ptr<TestJobParts> parts_;
   std::unique_ptr<WorkerRequests> workers_;
   std::vector<uint64_t> incarnations_;  // by rank, as registered
 };
@@ -206,8 +196,8 @@ TEST_F(WorkerRequestsTest, ARegistrationWaitsForTheLastShardBeforeItTakesARank) 
         absl::Condition(+[](WorkerRequests* w) { return w->waiting() > 0; }, workers_.get()),
         absl::Seconds(30)))
         << "no registration waited for the shards";
-    ASSERT_TRUE(membership_->RegisterServer(1, Address(1), now_).ok());
-    waits_.Changed();
+    ASSERT_TRUE(parts_->membership.RegisterServer(1, Address(1), now_).ok());
+    parts_->waits.Changed();
   });
   absl::StatusOr<v1::RegisterWorkerResponse> r = Register(-1);
   last_shard.join();
@@ -224,7 +214,7 @@ TEST_F(WorkerRequestsTest, ARegistrationPastItsDeadlineNamesTheMissingShardAndTa
   EXPECT_THAT(r.status().message(), HasSubstr("waiting for shard 1 to register"));
   EXPECT_EQ(Waiting(), 0);
   absl::MutexLock lock(&mu_);
-  EXPECT_THAT(membership_->UnregisteredRanks(), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.UnregisteredRanks(), ElementsAre(0u, 1u));
 }
 
 TEST_F(WorkerRequestsTest,
@@ -235,12 +225,12 @@ TEST_F(WorkerRequestsTest,
   EXPECT_EQ(Waiting(), 0);
   {
     absl::MutexLock lock(&mu_);
-    waits_.Release();
+    parts_->waits.Release();
   }
   EXPECT_EQ(Register(-1).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Waiting(), 0);
   absl::MutexLock lock(&mu_);
-  EXPECT_THAT(membership_->UnregisteredRanks(), ElementsAre(0u, 1u));
+  EXPECT_THAT(parts_->membership.UnregisteredRanks(), ElementsAre(0u, 1u));
 }
 
 TEST_F(WorkerRequestsTest, ARegisteredWorkerGetsItsRankWithTheJobConfigAndTheShardMap) {
@@ -255,7 +245,7 @@ TEST_F(WorkerRequestsTest, ARegisteredWorkerGetsItsRankWithTheJobConfigAndTheSha
   ASSERT_EQ(r->shard_map().shards_size(), 2);
   EXPECT_EQ(r->shard_map().shards(1).address(), Address(1));
   absl::MutexLock lock(&mu_);
-  EXPECT_EQ(membership_->LiveIncarnation(1), std::optional<uint64_t>(r->incarnation()));
+  EXPECT_EQ(parts_->membership.LiveIncarnation(1), std::optional<uint64_t>(r->incarnation()));
 }
 
 TEST_F(WorkerRequestsTest, ARankRefusedBecauseItIsAliveIsAwaitedUntilItRegisters) {
@@ -268,7 +258,7 @@ TEST_F(WorkerRequestsTest, ARankRefusedBecauseItIsAliveIsAwaitedUntilItRegisters
   Beat(1, 5);
   {
     absl::MutexLock lock(&mu_);
-    membership_->DetectFailures(now_);
+    parts_->membership.DetectFailures(now_);
   }
   absl::StatusOr<v1::RegisterWorkerResponse> r = Register(0);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -291,7 +281,7 @@ TEST_F(WorkerRequestsTest, ARankAwaitedWhenTheJobEndsIsToldSoAndNoLongerAwaited)
   EXPECT_EQ(Register(0).status().code(), absl::StatusCode::kAlreadyExists);
   {
     absl::MutexLock lock(&mu_);
-    phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+    parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   }
   absl::Status again = Register(0).status();
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
@@ -311,7 +301,7 @@ TEST_F(ElasticWorkerRequestsTest, ARankJoiningARunningJobStartsAtTheSlowestLiveR
   EXPECT_EQ(Status().worker_joins(), 1u);
   // It enters the quorum with its first lease, not while it loads its data.
   absl::MutexLock lock(&mu_);
-  EXPECT_THAT(membership_->live_workers().ranks, ElementsAre(0u, 1u, 2u));
+  EXPECT_THAT(parts_->membership.live_workers().ranks, ElementsAre(0u, 1u, 2u));
 }
 
 TEST_F(ElasticWorkerRequestsTest, ARankRegisteredAgainGivesBackItsEarlierIncarnationsLeases) {
@@ -340,7 +330,7 @@ TEST_F(WorkerRequestsTest, AWorkerDoneFromBeforeARollBackIsAbortedAndChangesNoth
   StartJob();
   {
     absl::MutexLock lock(&mu_);
-    generations_->Next(v1::RestoreOrder());  // generation 2
+    parts_->generations.Next(v1::RestoreOrder());  // generation 2
   }
   v1::WorkerDoneRequest request = DoneRequest(0);
   request.set_generation(1);
@@ -361,7 +351,7 @@ TEST_F(ElasticWorkerRequestsTest, ALeavingRankIsLeftAndCountedOnceThoughItsWorke
   EXPECT_EQ(Status().worker_leaves(), 1u);
   {
     absl::MutexLock lock(&mu_);
-    EXPECT_THAT(membership_->live_workers().ranks, ElementsAre(0u, 2u));
+    EXPECT_THAT(parts_->membership.live_workers().ranks, ElementsAre(0u, 2u));
   }
 }
 
@@ -383,8 +373,8 @@ TEST_F(WorkerRequestsTest, AnEvaluationIsTheJobsFinalOnlyWhenMadeWhileTrainingIs
   EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.75f);
   EXPECT_FLOAT_EQ(status.final_test_loss(), 0.5f);
   absl::MutexLock lock(&mu_);
-  ASSERT_TRUE(membership_->latest_evaluation().has_value());
-  EXPECT_FLOAT_EQ(membership_->latest_evaluation()->accuracy, 0.75f);
+  ASSERT_TRUE(parts_->membership.latest_evaluation().has_value());
+  EXPECT_FLOAT_EQ(parts_->membership.latest_evaluation()->accuracy, 0.75f);
 }
 
 TEST_F(WorkerRequestsTest, AWorkerWithoutAFinalEvaluationDeclinesItOnlyWhenTrainingIsDone) {
@@ -395,13 +385,13 @@ TEST_F(WorkerRequestsTest, AWorkerWithoutAFinalEvaluationDeclinesItOnlyWhenTrain
   EXPECT_TRUE(Done(DoneRequest(1)).ok());
   {
     absl::MutexLock lock(&mu_);
-    EXPECT_EQ(ending_->Completion(now_), std::nullopt);  // rank 1 may still evaluate
+    EXPECT_EQ(parts_->ending.Completion(now_), std::nullopt);  // rank 1 may still evaluate
   }
   v1::WorkerDoneRequest again = DoneRequest(1);
   again.set_no_final_eval(true);
   EXPECT_TRUE(Done(again).ok());
   absl::MutexLock lock(&mu_);
-  EXPECT_EQ(ending_->Completion(now_),
+  EXPECT_EQ(parts_->ending.Completion(now_),
             std::optional<std::string>("every worker finished; no final evaluation: the "
                                        "evaluating worker's program has none"));
 }
@@ -430,7 +420,7 @@ TEST_F(ElasticWorkerRequestsTest, ALeaseFromBeforeARollBackIsAborted) {
   v1::LeaseExamplesRequest request = LeaseRequest(0);  // generation 1
   {
     absl::MutexLock lock(&mu_);
-    generations_->Next(v1::RestoreOrder());  // generation 2
+    parts_->generations.Next(v1::RestoreOrder());  // generation 2
   }
   EXPECT_EQ(Lease(request).status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(Status().data().leased(), 0u);
@@ -446,7 +436,7 @@ TEST_F(ElasticWorkerRequestsTest, AJoiningRanksFirstLeaseBringsItIntoTheLiveSet)
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->blocks_size(), 2);
   absl::MutexLock lock(&mu_);
-  EXPECT_THAT(membership_->live_workers().ranks, ElementsAre(0u, 1u, 2u, 3u));
+  EXPECT_THAT(parts_->membership.live_workers().ranks, ElementsAre(0u, 1u, 2u, 3u));
 }
 
 // ---- Drain ----
@@ -457,13 +447,13 @@ TEST_F(WorkerRequestsTest, AWorkerIsDrainedOnlyFromARunningJob) {
   EXPECT_EQ(Drain(0).code(), absl::StatusCode::kFailedPrecondition);  // WAITING
   {
     absl::MutexLock lock(&mu_);
-    phase_->Run();
+    parts_->phase.Run();
   }
   EXPECT_TRUE(Drain(0).ok());
   {
     absl::MutexLock lock(&mu_);
-    EXPECT_TRUE(membership_->DrainRequested(0));
-    phase_->End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
+    EXPECT_TRUE(parts_->membership.DrainRequested(0));
+    parts_->phase.End(v1::JOB_STATE_STOPPED, "stopped by an operator", now_);
   }
   EXPECT_EQ(Drain(0).code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -482,7 +472,7 @@ TEST_F(ElasticWorkerRequestsTest, ADrainThatWouldLeaveFewerThanMinWorkersLiveIsR
   EXPECT_THAT(refused.message(), HasSubstr("fewer than the job's min_workers (2)"));
   {
     absl::MutexLock lock(&mu_);
-    EXPECT_FALSE(membership_->DrainRequested(1));
+    EXPECT_FALSE(parts_->membership.DrainRequested(1));
   }
   // Rank 2 dies: rank 1 alone stays. Rank 0 was leaving already, so asking
   // for its drain again takes nobody more away.
@@ -491,7 +481,7 @@ TEST_F(ElasticWorkerRequestsTest, ADrainThatWouldLeaveFewerThanMinWorkersLiveIsR
   Beat(1, 5);
   {
     absl::MutexLock lock(&mu_);
-    membership_->DetectFailures(now_);
+    parts_->membership.DetectFailures(now_);
   }
   EXPECT_TRUE(Drain(0).ok());
 }
