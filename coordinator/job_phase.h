@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "coordinator/membership.h"
 #include "proto/grps.pb.h"
 
 namespace grps {
@@ -33,6 +34,11 @@ class JobPhase {
   bool running() const { return state_ == v1::JOB_STATE_RUNNING; }
   // COMPLETED, STOPPED or FAILED.
   bool ended() const;
+  // RUNNING, and `membership` has no rank ALIVE and one FINISHED (RUNNING
+  // means every rank registered, so the unfinished ones are ALIVE or DEAD).
+  bool TrainingDone(const Membership& membership) const {
+    return running() && membership.TrainingOver();
+  }
   // FAILED_PRECONDITION naming the job's end, for a request an ended job
   // refuses.
   absl::Status EndedError() const;

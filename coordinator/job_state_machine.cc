@@ -301,9 +301,7 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
 }
 
 bool JobStateMachine::TrainingDoneLocked() const {
-  // RUNNING means every rank registered, so the unfinished ones are ALIVE or
-  // DEAD.
-  return phase_.running() && membership_.TrainingOver();
+  return phase_.TrainingDone(membership_);
 }
 
 absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterServer(

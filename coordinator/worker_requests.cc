@@ -93,8 +93,10 @@ absl::Status WorkerRequests::Done(const v1::WorkerDoneRequest& request, absl::Ti
   if (request.has_final_eval() && !p_.phase->ended()) {
     const Membership::Evaluation eval{request.final_test_accuracy(), request.final_test_loss()};
     p_.membership->RecordEvaluation(eval);
-    eval_note = p_.ending->RecordEvaluation(request.worker_rank(), eval, TrainingDone());
-  } else if (request.no_final_eval() && !p_.phase->ended() && TrainingDone()) {
+    eval_note = p_.ending->RecordEvaluation(request.worker_rank(), eval,
+                                            p_.phase->TrainingDone(*p_.membership));
+  } else if (request.no_final_eval() && !p_.phase->ended() &&
+             p_.phase->TrainingDone(*p_.membership)) {
     p_.ending->Decline();
     eval_note = "; its program has no final evaluation";
   }

@@ -76,8 +76,6 @@ class WorkerRequests {
   uint64_t SlowestLiveStep(uint32_t except) const;
 
   const v1::JobConfig& config() const { return *p_.config; }
-  // As JobStateMachine's: RUNNING, no rank ALIVE, one FINISHED.
-  bool TrainingDone() const { return p_.phase->running() && p_.membership->TrainingOver(); }
 
   const Parts p_;
   std::set<uint32_t> ranks_awaited_;
