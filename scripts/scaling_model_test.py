@@ -66,6 +66,20 @@ class CheckTest(unittest.TestCase):
         g = 0.017 + 2 * 23.3e6 / (0.89 * 25e6) + 2 * 262144 / (0.89 * 25e6)
         self.assertEqual(grps[5], "%.3f" % g)
 
+    def test_only_the_rounds_at_the_model_s_delay_are_read(self):
+        # cross-host-bench --delay_ms=0,2 names each job's delay; the 2 ms
+        # rows (much slower here) are another regime, not a worse round.
+        with open(self.bench, "w") as f:
+            f.write(BENCH.replace("200mbit, ", "200mbit, 0 ms, ") +
+                    "round 1, 2 workers, 200mbit, 2 ms, grps: 10.00 samples/s, 0.5000 s a step\n"
+                    "round 1, 2 workers, 200mbit, 2 ms, ddp: 10.00 samples/s, 0.4000 s a step\n")
+        r = run("--check", self.bench, "--compute_from_check")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.row(r.stdout, "grps sync")[4], "1.230")
+        self.assertEqual(self.row(r.stdout, "DDP")[4], "1.055")
+        r = run("--check", self.bench, "--delay_ms=2")
+        self.assertEqual(self.row(r.stdout, "grps sync")[4], "0.500")
+
     def test_output_without_rounds_is_refused(self):
         with open(self.bench, "w") as f:
             f.write("nothing measured\n")

@@ -118,11 +118,7 @@ run_job() {
   if [ "$place" = hosts ] && [ "$LATENCY" = relay ]; then
     # The daemons are gone, so the relays' connections have ended: stop the
     # relays and read what each carried.
-    for name in coordinator server-0 server-1; do
-      local pid_var=PID_${run//-/_}_${name//-/_}_relay
-      kill -TERM "${!pid_var}" 2>/dev/null || true
-      wait_pid "${!pid_var}" 10
-    done
+    end_relays "$run-coordinator" "$run-server-0" "$run-server-1"
     relayed=$(cat "$WORK/$run"-*-relay.log | awk '/closed:/ {s += $4 + $9} END {print s + 0}')
   fi
   local links=""

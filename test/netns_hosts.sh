@@ -158,6 +158,19 @@ wait_for_log() {
   fail "timed out waiting for '$2' in $1.log"
 }
 
+# end_relays NAME...: in relay mode, ends the relays that serve started for
+# the daemons NAME (which have exited), so that the next ones may listen on
+# the same ports; nothing otherwise.
+end_relays() {
+  [ "$LATENCY" = relay ] || return 0
+  local name pid_var
+  for name in "$@"; do
+    pid_var=PID_${name//-/_}_relay
+    kill -TERM "${!pid_var}" 2>/dev/null || true
+    wait_pid "${!pid_var}" 10
+  done
+}
+
 # serve PLACE NAME HOST PORT ADVERTISE CMD...: starts a listening daemon CMD
 # (which takes --listen and --port_file) on HOST and sets ADDRESS to the
 # address the other hosts dial. Behind a relay on hosts in relay mode, when
