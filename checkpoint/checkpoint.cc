@@ -114,10 +114,15 @@ namespace {
 // one shard: TableState.counters).
 absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t shard,
                         bool first, bool counts, const std::string& path, v1::TableState* dst) {
+  // Its own sizes first: the rows below are read by index.
+  if (absl::Status s = CheckTableState(src, src.dim(), src.optimizer_state_size()); !s.ok())
+    return absl::DataLossError(
+        absl::StrCat(path, ": sparse table '", src.name(), "': ", s.message()));
   if (first) {
     dst->set_name(src.name());
     dst->set_dim(src.dim());
     dst->set_version(src.version());
+    dst->set_clock(src.clock());
     *dst->mutable_marks() = src.marks();
     *dst->mutable_held_from() = src.held_from();
     for (int k = 0; k < src.optimizer_state_size(); ++k) dst->add_optimizer_state();
@@ -128,6 +133,7 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
                                               "' differs in dim or optimizer state from "
                                               "another shard's file"));
     dst->set_version(std::max(dst->version(), src.version()));
+    dst->set_clock(std::max(dst->clock(), src.clock()));  // rows keep their idle times
     // Each rank's mark: the lowest, so that nothing a file had not applied
     // is taken for a duplicate; none (invalid) where a file has none.
     while (dst->marks_size() < src.marks_size()) dst->add_marks();
@@ -153,6 +159,13 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
     for (int k = 0; k < src.optimizer_state_size(); ++k)
       dst->mutable_optimizer_state(k)->append(src.optimizer_state(k), at, row_bytes);
     dst->add_updates(src.updates_size() == 0 ? 0 : src.updates(i));
+    if (src.row_idle_size() != 0) dst->add_row_idle(src.row_idle(i));
+  }
+  for (int i = 0; i < src.pending_ids_size(); ++i) {
+    if (SparseShardOf(src.pending_ids(i), num_shards) != shard) continue;
+    dst->add_pending_ids(src.pending_ids(i));
+    dst->add_pending_counts(src.pending_counts(i));
+    dst->add_pending_idle(src.pending_idle(i));
   }
   return absl::OkStatus();
 }

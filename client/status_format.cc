@@ -417,7 +417,10 @@ std::string FormatSparseTables(const v1::JobStatus& status) {
                   {"version", true},
                   {"rows pushed", true},
                   {"rows pulled", true},
-                  {"hottest 1%", true}});
+                  {"hottest 1%", true},
+                  {"evicted", true},
+                  {"admitted", true},
+                  {"dropped", true}});
   // Per table, in the order first seen: each shard's row traffic.
   std::vector<std::pair<std::string, std::vector<uint64_t>>> traffic;
   for (const v1::ShardStatus& s : status.shards()) {
@@ -425,7 +428,9 @@ std::string FormatSparseTables(const v1::JobStatus& status) {
       rows.AddRow({t.name(), absl::StrCat(s.shard()), absl::StrCat(t.rows()), Mib(t.bytes()),
                    Fixed(t.bytes_per_row(), 0), absl::StrCat(t.version()),
                    absl::StrCat(t.rows_pushed()), absl::StrCat(t.rows_pulled()),
-                   absl::StrCat(Fixed(100 * t.hottest_share(), 1), "%")});
+                   absl::StrCat(Fixed(100 * t.hottest_share(), 1), "%"),
+                   absl::StrCat(t.rows_evicted()), absl::StrCat(t.rows_admitted()),
+                   absl::StrCat(t.rows_dropped())});
       auto it = std::find_if(traffic.begin(), traffic.end(),
                              [&](const auto& e) { return e.first == t.name(); });
       if (it == traffic.end()) it = traffic.insert(traffic.end(), {t.name(), {}});

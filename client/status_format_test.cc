@@ -419,6 +419,9 @@ TEST(ShardsTable, ShowsEachSparseTablePerShardAndTheSkewOfItsRowTraffic) {
     t->set_rows_pushed(traffic[shard][0]);
     t->set_rows_pulled(traffic[shard][1]);
     t->set_hottest_share(0.125);
+    t->set_rows_evicted(shard == 0 ? 777 : 0);
+    t->set_rows_admitted(shard == 0 ? 888 : 0);
+    t->set_rows_dropped(shard == 0 ? 999 : 0);
   }
   const std::string text = FormatShardsTable(s);
   const std::vector<std::vector<std::string>> tables = ShardTables(text);
@@ -429,6 +432,10 @@ TEST(ShardsTable, ShowsEachSparseTablePerShardAndTheSkewOfItsRowTraffic) {
   EXPECT_NE(shard0.find("5000"), std::string::npos) << text;
   EXPECT_NE(shard0.find("0.81"), std::string::npos) << text;   // MiB
   EXPECT_NE(shard0.find("12.5%"), std::string::npos) << text;
+  EXPECT_NE(tables[2][0].find("evicted"), std::string::npos) << text;
+  EXPECT_NE(shard0.find("777"), std::string::npos) << text;  // evicted, admitted, dropped
+  EXPECT_NE(shard0.find("888"), std::string::npos) << text;
+  EXPECT_NE(shard0.find("999"), std::string::npos) << text;
   // 9000 and 3000 rows of traffic: the busiest shard has 1.5 x the mean.
   EXPECT_NE(text.find("table embedding: row traffic skew over 2 shards 1.50"),
             std::string::npos)

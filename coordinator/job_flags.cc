@@ -87,11 +87,22 @@ ABSL_FLAG(uint64_t, embedding_rows, 0,
 ABSL_FLAG(std::string, embedding_combiner, "sum",
           "embedding model: how an example's rows are pooled, sum or mean");
 ABSL_FLAG(uint64_t, embedding_max_rows_per_shard, 0,
-          "embedding model: rows one shard may create (0 = no limit)");
+          "embedding model: rows one shard may hold (0 = no limit); past it a push is "
+          "refused, or rows leave with --embedding_eviction");
+ABSL_FLAG(std::string, embedding_eviction, "none",
+          "embedding model: past --embedding_max_rows_per_shard, none (refuse the push), lru "
+          "(the least recently updated rows leave) or lfu (the least often updated)");
+ABSL_FLAG(uint32_t, embedding_admit_after, 0,
+          "embedding model: a row is created by the K-th update naming its id; the earlier "
+          "ones are dropped (0 or 1: the first)");
+ABSL_FLAG(uint64_t, embedding_evict_after, 0,
+          "embedding model: rows not updated in this many of the table's updates on their "
+          "shard leave (0 = never)");
 ABSL_FLAG(std::string, sparse_tables, "",
-          "user model (--model=user): the job's sparse tables, NAME:ROWS:DIM[:INIT_SCALE] "
-          "separated by commas (ROWS 0: any int64 id); a worker's gt.EmbeddingBag(NAME, DIM) "
-          "reads and trains them");
+          "user model (--model=user): the job's sparse tables, "
+          "NAME:ROWS:DIM[:INIT_SCALE][:KEY=VALUE...] separated by commas (ROWS 0: any int64 "
+          "id; KEY max_rows, eviction=none|lru|lfu, admit_after or evict_after, as the "
+          "--embedding_ flags); a worker's gt.EmbeddingBag(NAME, DIM) reads and trains them");
 ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
           "use only the first N training examples (0 = all)");
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),
@@ -260,6 +271,11 @@ absl::Status SetEmbedding(v1::JobConfig* c) {
   table->set_dim(c->embedding_dim());
   table->set_rows(c->embedding_rows());
   table->set_max_rows_per_shard(absl::GetFlag(FLAGS_embedding_max_rows_per_shard));
+  table->set_admit_after(absl::GetFlag(FLAGS_embedding_admit_after));
+  table->set_evict_after_updates(absl::GetFlag(FLAGS_embedding_evict_after));
+  if (absl::Status s = SetTableOption("eviction", absl::GetFlag(FLAGS_embedding_eviction), table);
+      !s.ok())
+    return FlagError("embedding_eviction", s);
   return absl::OkStatus();
 }
 

@@ -10,7 +10,8 @@
 //   --sparse_buckets --synthetic_{train,test,vocabulary,features,zipf,
 //   margin,noise} --classes --features --train_limit --test_limit
 //   --embedding_dim --embedding_rows --embedding_combiner=sum|mean
-//   --embedding_max_rows_per_shard (the table "embedding")
+//   --embedding_max_rows_per_shard --embedding_eviction=none|lru|lfu
+//   --embedding_admit_after --embedding_evict_after (the table "embedding")
 //   --optimizer=sgd|momentum|nesterov|adam|adagrad --lr --momentum
 //   --weight_decay --warmup_steps --decay_steps --decay_rate
 //   --batch --epochs --steps --servers --workers --seed --chunk_kb

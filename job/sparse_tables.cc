@@ -73,7 +73,25 @@ absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slot
     if (!whole(slot)) return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows");
   if (state.updates_size() != 0 && static_cast<size_t>(state.updates_size()) != n)
     return bad(state.updates_size(), " update counts for ", n, " rows");
+  // A managed table's ages: within its clock, which stays far from int64's end.
+  if (state.clock() > (uint64_t{1} << 62)) return bad("a clock of ", state.clock());
+  if (state.row_idle_size() != 0 && static_cast<size_t>(state.row_idle_size()) != n)
+    return bad(state.row_idle_size(), " idle times for ", n, " rows");
+  if (state.pending_counts_size() != state.pending_ids_size() ||
+      state.pending_idle_size() != state.pending_ids_size())
+    return bad(state.pending_ids_size(), " ids waiting for admission with ",
+               state.pending_counts_size(), " counts and ", state.pending_idle_size(),
+               " idle times");
+  for (uint64_t idle : state.row_idle())
+    if (idle > state.clock()) return bad("a row idle ", idle, " updates, past the clock");
+  for (uint64_t idle : state.pending_idle())
+    if (idle > state.clock()) return bad("an id waiting ", idle, " updates, past the clock");
   return absl::OkStatus();
+}
+
+bool IsManagedTable(const v1::SparseTableSpec& spec) {
+  return spec.eviction() != v1::SparseTableSpec::EVICTION_NONE || spec.admit_after() > 1 ||
+         spec.evict_after_updates() > 0;
 }
 
 absl::Status ValidateSparseTables(const v1::JobConfig& config) {
@@ -91,6 +109,13 @@ absl::Status ValidateSparseTables(const v1::JobConfig& config) {
     if (t.dim() == 0 || t.dim() > 4096) return bad("dim must be in [1, 4096]");
     if (!(t.init_scale() >= 0 && t.init_scale() <= 1000))
       return bad("init_scale must be in [0, 1000] (0: 0.5 / sqrt(dim))");
+    if (!v1::SparseTableSpec::Eviction_IsValid(t.eviction()))
+      return bad("unknown eviction ", static_cast<int>(t.eviction()));
+    if (t.eviction() != v1::SparseTableSpec::EVICTION_NONE && t.max_rows_per_shard() == 0)
+      return bad("eviction needs max_rows_per_shard (the capacity past which rows leave)");
+    if (t.admit_after() > 1000000) return bad("admit_after must be at most 1000000");
+    if (t.evict_after_updates() > (uint64_t{1} << 40))
+      return bad("evict_after_updates must be at most 2^40");
   }
   if (config.sparse_tables_size() > 64)
     return absl::InvalidArgumentError("job config: at most 64 sparse tables");
@@ -108,22 +133,63 @@ absl::StatusOr<std::vector<v1::SparseTableSpec>> ParseSparseTables(absl::string_
   std::vector<v1::SparseTableSpec> tables;
   for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
+    // The options after the positional fields: KEY=VALUE.
+    size_t positional = 0;
+    while (positional < parts.size() && parts[positional].find('=') == absl::string_view::npos)
+      ++positional;
     v1::SparseTableSpec t;
     uint64_t rows = 0;
     uint32_t dim = 0;
     float scale = 0;
-    if (parts.size() < 3 || parts.size() > 4 || !absl::SimpleAtoi(parts[1], &rows) ||
+    if (positional < 3 || positional > 4 || !absl::SimpleAtoi(parts[1], &rows) ||
         !absl::SimpleAtoi(parts[2], &dim) ||
-        (parts.size() == 4 && !absl::SimpleAtof(parts[3], &scale)))
+        (positional == 4 && !absl::SimpleAtof(parts[3], &scale)))
       return absl::InvalidArgumentError(absl::StrCat(
-          "'", entry, "' is not NAME:ROWS:DIM[:INIT_SCALE]"));
+          "'", entry, "' is not NAME:ROWS:DIM[:INIT_SCALE][:KEY=VALUE...]"));
     t.set_name(std::string(parts[0]));
     t.set_rows(rows);
     t.set_dim(dim);
     t.set_init_scale(scale);
+    for (size_t i = positional; i < parts.size(); ++i) {
+      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(parts[i], '=');
+      if (absl::Status s = SetTableOption(kv.first, kv.second, &t); !s.ok())
+        return absl::InvalidArgumentError(absl::StrCat("'", entry, "': ", s.message()));
+    }
     tables.push_back(std::move(t));
   }
   return tables;
+}
+
+absl::Status SetTableOption(absl::string_view key, absl::string_view value,
+                            v1::SparseTableSpec* t) {
+  uint64_t n = 0;
+  if (key == "eviction") {
+    if (value == "none") {
+      t->set_eviction(v1::SparseTableSpec::EVICTION_NONE);
+    } else if (value == "lru") {
+      t->set_eviction(v1::SparseTableSpec::EVICTION_LRU);
+    } else if (value == "lfu") {
+      t->set_eviction(v1::SparseTableSpec::EVICTION_LFU);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eviction '", value, "' is not one of none, lru, lfu"));
+    }
+    return absl::OkStatus();
+  }
+  if (!absl::SimpleAtoi(value, &n))
+    return absl::InvalidArgumentError(absl::StrCat(key, "=", value, ": not a whole number"));
+  if (key == "max_rows") {
+    t->set_max_rows_per_shard(n);
+  } else if (key == "admit_after") {
+    if (n > 1000000) return absl::InvalidArgumentError("admit_after: at most 1000000");
+    t->set_admit_after(static_cast<uint32_t>(n));
+  } else if (key == "evict_after") {
+    t->set_evict_after_updates(n);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown option '", key, "' (max_rows, eviction, admit_after, evict_after)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace grps

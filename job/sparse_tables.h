@@ -45,14 +45,25 @@ absl::Status ValidateSparseTables(const v1::JobConfig& config);
 // caller names the table and the file).
 absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slots);
 
+// Whether the table manages its own rows: eviction, admit_after or
+// evict_after_updates set (server/sparse_rows.h).
+bool IsManagedTable(const v1::SparseTableSpec& spec);
+
 // The table of that name, or null.
 const v1::SparseTableSpec* FindSparseTable(const v1::JobConfig& config,
                                            std::string_view name);
 
-// "NAME:ROWS:DIM[:INIT_SCALE],...": the tables of a user model
-// (--sparse_tables). INVALID_ARGUMENT for an entry that does not parse;
-// the values are checked by ValidateSparseTables.
+// "NAME:ROWS:DIM[:INIT_SCALE][:KEY=VALUE...],...": the tables of a user
+// model (--sparse_tables), each option as SetTableOption takes it.
+// INVALID_ARGUMENT for an entry that does not parse; the values are checked
+// by ValidateSparseTables.
 absl::StatusOr<std::vector<v1::SparseTableSpec>> ParseSparseTables(absl::string_view text);
+
+// One option of a table (SparseTableSpec): max_rows=N (max_rows_per_shard),
+// eviction=none|lru|lfu, admit_after=K, evict_after=N (evict_after_updates).
+// INVALID_ARGUMENT for another key or a value that does not parse.
+absl::Status SetTableOption(absl::string_view key, absl::string_view value,
+                            v1::SparseTableSpec* t);
 
 }  // namespace grps
 

@@ -146,9 +146,11 @@ void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason
       BytesInMiB(s.bytes_out()), PeakRssMiB());
   for (const v1::SparseTableStatus& t : s.tables())
     spdlog::info("shard {} table {}: {} rows x {} ({:.1f} MiB, {:.0f} bytes a row), version "
-                 "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that",
+                 "{}, {} rows pushed, {} pulled, hottest 1% of rows {:.1f}% of that; {} rows "
+                 "evicted, {} admitted, {} row gradients dropped before admission",
                  shard, t.name(), t.rows(), t.dim(), BytesInMiB(t.bytes()), t.bytes_per_row(),
-                 t.version(), t.rows_pushed(), t.rows_pulled(), 100 * t.hottest_share());
+                 t.version(), t.rows_pushed(), t.rows_pulled(), 100 * t.hottest_share(),
+                 t.rows_evicted(), t.rows_admitted(), t.rows_dropped());
 }
 
 // The gRPC server of `service` on `listen`, started but not yet SERVING

@@ -105,6 +105,17 @@ void AddTableFamilies(const v1::ShardStatus& s, const Labels& labels, Families* 
   per_table(GaugeFamily("grps_table_hottest_share",
                         "share of the row traffic that went to the hottest 1% of rows"),
             [](const T& t) { return t.hottest_share(); });
+  per_table(CounterFamily("grps_table_rows_evicted_total",
+                          "rows that left a managed table (past its capacity, or idle)"),
+            [](const T& t) { return t.rows_evicted(); });
+  per_table(CounterFamily("grps_table_rows_admitted_total",
+                          "rows a managed table created at their admit_after-th update"),
+            [](const T& t) { return t.rows_admitted(); });
+  per_table(CounterFamily("grps_table_rows_dropped_total",
+                          "row gradients a managed table dropped before admission"),
+            [](const T& t) { return t.rows_dropped(); });
+  per_table(GaugeFamily("grps_table_pending_ids", "ids counted towards admission"),
+            [](const T& t) { return t.pending(); });
 }
 
 }  // namespace

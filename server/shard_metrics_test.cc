@@ -50,6 +50,10 @@ TEST(ShardMetrics, EachSparseTableHasItsSeriesLabelledWithShardAndTable) {
     t->set_rows_pushed(5000);
     t->set_rows_pulled(9000);
     t->set_hottest_share(0.25);
+    t->set_rows_evicted(11);
+    t->set_rows_admitted(12);
+    t->set_rows_dropped(13);
+    t->set_pending(14);
   }
   auto families = ByName(status);
   const prometheus::MetricFamily& rows = families.at("grps_table_rows");
@@ -64,6 +68,11 @@ TEST(ShardMetrics, EachSparseTableHasItsSeriesLabelledWithShardAndTable) {
   EXPECT_EQ(families.at("grps_table_rows_pulled_total").metric.at(0).counter.value, 9000);
   EXPECT_EQ(families.at("grps_table_hottest_share").metric.at(1).gauge.value, 0.25);
   EXPECT_EQ(families.at("grps_table_bytes").metric.at(0).gauge.value, 119000);
+  // A managed table's (docs/sparse.md).
+  EXPECT_EQ(families.at("grps_table_rows_evicted_total").metric.at(1).counter.value, 11);
+  EXPECT_EQ(families.at("grps_table_rows_admitted_total").metric.at(1).counter.value, 12);
+  EXPECT_EQ(families.at("grps_table_rows_dropped_total").metric.at(1).counter.value, 13);
+  EXPECT_EQ(families.at("grps_table_pending_ids").metric.at(1).gauge.value, 14);
 }
 
 TEST(ShardMetrics, TheStalenessHistogramHasTheShardsCountsAndTheirSum) {

@@ -44,6 +44,11 @@ void AddTableStatus(StoreTable& t, v1::ShardStatus* s) ABSL_EXCLUSIVE_LOCKS_REQU
   ts->set_rows_pulled(t.rows_pulled);
   ts->set_hottest_share(t.rows->hottest_share());
   ts->set_max_rows_per_shard(t.spec.max_rows_per_shard());
+  const SparseRows::Managed& managed = t.rows->managed_counts();
+  ts->set_rows_evicted(managed.evicted);
+  ts->set_rows_admitted(managed.admitted);
+  ts->set_rows_dropped(managed.dropped);
+  ts->set_pending(t.rows->pending());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,55 +53,90 @@ class SparseGradientBuffer final : public GradientBuffer {
   std::vector<float> values_;
 };
 
+// A managed table's slot that holds no row (last_).
+constexpr int64_t kFreeSlot = std::numeric_limits<int64_t>::min();
+// The ids a managed table counts towards admission at most: twice its
+// max_rows_per_shard, at least kMinPending; without one, kMaxPending.
+constexpr uint64_t kMinPending = uint64_t{1} << 16;
+constexpr uint64_t kMaxPending = uint64_t{1} << 20;
+
+// `n` less a sixteenth: what an eviction keeps of a bound of `n`.
+uint64_t LowWater(uint64_t n) { return n - n / 16; }
+
 }  // namespace
 
-SparseRows::SparseRows(const v1::SparseTableSpec& spec,
-                       const v1::OptimizerConfig& optimizer, uint64_t seed,
-                       Backend* backend)
+SparseRows::SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfig& optimizer,
+                       uint64_t seed, Backend* backend)
     : spec_(spec),
       optimizer_(optimizer),
       seed_(seed),
       backend_(backend),
       dim_(spec.dim()),
       slots_(OptimizerStateSlots(optimizer.kind())),
-      stride_(static_cast<size_t>(spec.dim()) * (1 + OptimizerStateSlots(optimizer.kind()))) {}
+      stride_(static_cast<size_t>(spec.dim()) * (1 + OptimizerStateSlots(optimizer.kind()))),
+      managed_(IsManagedTable(spec)) {}
 
 absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
   const uint64_t limit = spec_.max_rows_per_shard();
-  if (limit > 0) {
+  if (managed_) {
+    // Apply creates the rows; the eviction keeps them within the limit.
+  } else if (limit > 0) {
     uint64_t missing = 0;
     absl::flat_hash_map<int64_t, bool> counted;  // ids may repeat
     for (int64_t id : ids)
       if (!index_.contains(id) && counted.try_emplace(id, true).second) ++missing;
     if (index_.size() + missing > limit)
       return absl::FailedPreconditionError(absl::StrCat(
-          "sparse table '", spec_.name(), "' holds ", index_.size(),
-          " rows on this shard; ", missing, " more would pass its limit of ", limit,
-          " (max_rows_per_shard)"));
+          "sparse table '", spec_.name(), "' holds ", index_.size(), " rows on this shard; ",
+          missing, " more would pass its limit of ", limit, " (max_rows_per_shard)"));
   }
   if (index_.size() + ids.size() > std::numeric_limits<uint32_t>::max())
     return absl::FailedPreconditionError(absl::StrCat(
         "sparse table '", spec_.name(), "' cannot hold more than 2^32 rows per shard"));
-  for (int64_t id : ids) SlotOf(id);
+  if (!managed_)
+    for (int64_t id : ids) SlotOf(id);
   return absl::OkStatus();
 }
 
 uint32_t SparseRows::SlotOf(int64_t id) {
-  auto [it, added] = index_.try_emplace(id, static_cast<uint32_t>(updates_.size()));
+  auto [it, added] = index_.try_emplace(id, 0);
   if (!added) return it->second;
-  const uint32_t slot = it->second;
-  if (slot % kRowsPerBlock == 0)
-    blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+  uint32_t slot;
+  if (!free_.empty()) {
+    slot = free_.back();
+    free_.pop_back();
+    updates_[slot] = 0;
+    traffic_[slot] = 0;
+  } else {
+    slot = static_cast<uint32_t>(updates_.size());
+    if (slot % kRowsPerBlock == 0)
+      blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+    updates_.push_back(0);
+    traffic_.push_back(0);
+    if (managed_) {
+      slot_id_.push_back(0);
+      last_.push_back(kFreeSlot);
+    }
+  }
+  it->second = slot;
   float* row = RowAt(slot);
   InitializeSparseRow(spec_, seed_, id, row);
   std::fill(row + dim_, row + stride_, 0.0f);
-  updates_.push_back(0);
-  traffic_.push_back(0);
+  if (managed_) {
+    slot_id_[slot] = id;
+    last_[slot] = clock_;
+  }
   return slot;
 }
 
 void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (managed_ && !index_.contains(ids[i])) {
+      // Not held (not yet admitted, or evicted): what a new row would hold.
+      InitializeSparseRow(spec_, seed_, ids[i], out + i * dim_);
+      ++total_traffic_;
+      continue;
+    }
     const uint32_t slot = SlotOf(ids[i]);
     std::memcpy(out + i * dim_, RowAt(slot), dim_ * sizeof(float));
     if (traffic_[slot] != std::numeric_limits<uint32_t>::max()) ++traffic_[slot];
@@ -119,7 +155,15 @@ void SparseRows::CountPushed(absl::Span<const int64_t> ids) {
 
 void SparseRows::Apply(const GradientRef& grad, float lr) {
   for (size_t i = 0; i < grad.ids.size(); ++i) {
-    const uint32_t slot = SlotOf(grad.ids[i]);
+    uint32_t slot;
+    if (managed_) {
+      const std::optional<uint32_t> admitted = AdmittedSlot(grad.ids[i]);
+      if (!admitted.has_value()) continue;
+      slot = *admitted;
+      last_[slot] = clock_ + 1;
+    } else {
+      slot = SlotOf(grad.ids[i]);
+    }
     float* row = RowAt(slot);
     float* a = row + dim_;
     float* b = row + 2 * static_cast<size_t>(dim_);
@@ -127,14 +171,93 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     const uint32_t t = ++updates_[slot];
     ApplyOptimizerStep(optimizer_, *backend_, lr, t, row, g, a, b, dim_);
   }
+  if (!managed_) return;
+  ++clock_;
+  EvictIdle();
+  EvictPastCapacity();
+  BoundPending();
+}
+
+std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
+  if (auto it = index_.find(id); it != index_.end()) return it->second;
+  if (spec_.admit_after() > 1) {
+    Pending& p = pending_[id];
+    p.last = clock_ + 1;
+    if (++p.count < spec_.admit_after()) {
+      ++counts_.dropped;
+      return std::nullopt;
+    }
+    pending_.erase(id);
+    ++counts_.admitted;
+  }
+  return SlotOf(id);
+}
+
+void SparseRows::Remove(uint32_t slot) {
+  index_.erase(slot_id_[slot]);
+  last_[slot] = kFreeSlot;
+  traffic_[slot] = 0;
+  free_.push_back(slot);
+  ++counts_.evicted;
+}
+
+void SparseRows::EvictIdle() {
+  const uint64_t idle = spec_.evict_after_updates();
+  if (idle == 0 || clock_ % static_cast<int64_t>(std::max<uint64_t>(1, idle / 16)) != 0) return;
+  const int64_t oldest = clock_ - static_cast<int64_t>(idle);  // last update kept: >= this
+  for (uint32_t slot = 0; slot < last_.size(); ++slot)
+    if (last_[slot] != kFreeSlot && last_[slot] < oldest) Remove(slot);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.last < oldest) {
+      pending_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void SparseRows::EvictPastCapacity() {
+  const uint64_t limit = spec_.max_rows_per_shard();
+  if (spec_.eviction() == v1::SparseTableSpec::EVICTION_NONE || limit == 0 ||
+      index_.size() <= limit)
+    return;
+  // (how often, how recently, id) for LFU; (how recently, id) for LRU:
+  // the smallest leave.
+  const bool lfu = spec_.eviction() == v1::SparseTableSpec::EVICTION_LFU;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, uint32_t>> keys;
+  keys.reserve(index_.size());
+  for (uint32_t slot = 0; slot < last_.size(); ++slot) {
+    if (last_[slot] == kFreeSlot) continue;
+    keys.emplace_back(lfu ? updates_[slot] : last_[slot], lfu ? last_[slot] : 0, slot_id_[slot],
+                      slot);
+  }
+  const size_t leave = keys.size() - LowWater(limit);
+  std::nth_element(keys.begin(), keys.begin() + (leave - 1), keys.end());
+  for (size_t i = 0; i < leave; ++i) Remove(std::get<3>(keys[i]));
+}
+
+void SparseRows::BoundPending() {
+  const uint64_t rows = spec_.max_rows_per_shard();
+  const uint64_t limit = rows > 0 ? std::max(2 * rows, kMinPending) : kMaxPending;
+  if (pending_.size() <= limit) return;
+  std::vector<std::pair<int64_t, int64_t>> keys;  // (last named, id): the smallest go
+  keys.reserve(pending_.size());
+  for (const auto& [id, p] : pending_) keys.emplace_back(p.last, id);
+  const size_t leave = keys.size() - LowWater(limit);
+  std::nth_element(keys.begin(), keys.begin() + (leave - 1), keys.end());
+  for (size_t i = 0; i < leave; ++i) pending_.erase(keys[i].second);
 }
 
 uint64_t SparseRows::bytes() const {
-  const uint64_t rows = blocks_.size() * static_cast<uint64_t>(kRowsPerBlock) * stride_ * sizeof(float);
+  const uint64_t rows =
+      blocks_.size() * static_cast<uint64_t>(kRowsPerBlock) * stride_ * sizeof(float);
   const uint64_t counters = (updates_.capacity() + traffic_.capacity()) * sizeof(uint32_t);
   // A flat_hash_map slot holds the pair and one control byte.
   const uint64_t index = index_.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
-  return rows + counters + index;
+  const uint64_t managed = (slot_id_.capacity() + last_.capacity()) * sizeof(int64_t) +
+                           free_.capacity() * sizeof(uint32_t) +
+                           pending_.capacity() * (sizeof(std::pair<int64_t, Pending>) + 1);
+  return rows + counters + index + managed;
 }
 
 double SparseRows::hottest_share() const {
@@ -163,14 +286,30 @@ void SparseRows::Clear() {
   updates_.clear();
   traffic_.clear();
   total_traffic_ = 0;
+  slot_id_.clear();
+  last_.clear();
+  free_.clear();
+  clock_ = 0;
+  pending_.clear();
 }
 
 void SparseRows::Save(v1::TableState* out) const {
   const size_t n = index_.size();
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   out->set_dim(dim_);
-  out->mutable_ids()->Resize(static_cast<int>(n), 0);
-  for (const auto& [id, slot] : index_) out->set_ids(static_cast<int>(slot), id);
+  // The rows in slot order: every slot below n (an unmanaged table's are
+  // dense), or a managed table's held ones.
+  std::vector<uint32_t> slots;
+  slots.reserve(n);
+  if (managed_) {
+    for (uint32_t slot = 0; slot < last_.size(); ++slot)
+      if (last_[slot] != kFreeSlot) slots.push_back(slot);
+    for (uint32_t slot : slots) out->add_ids(slot_id_[slot]);
+  } else {
+    for (uint32_t slot = 0; slot < n; ++slot) slots.push_back(slot);
+    out->mutable_ids()->Resize(static_cast<int>(n), 0);
+    for (const auto& [id, slot] : index_) out->set_ids(static_cast<int>(slot), id);
+  }
   // Each part of a row (values, then each state slot) goes to its own field.
   std::vector<char*> parts;
   out->mutable_values()->resize(n * row_bytes);
@@ -180,12 +319,26 @@ void SparseRows::Save(v1::TableState* out) const {
     slot->resize(n * row_bytes);
     parts.push_back(slot->data());
   }
-  for (size_t slot = 0; slot < n; ++slot) {
-    const float* row = RowAt(static_cast<uint32_t>(slot));
+  for (size_t i = 0; i < n; ++i) {
+    const float* row = RowAt(slots[i]);
     for (size_t k = 0; k < parts.size(); ++k)
-      std::memcpy(parts[k] + slot * row_bytes, row + k * dim_, row_bytes);
+      std::memcpy(parts[k] + i * row_bytes, row + k * dim_, row_bytes);
+    out->add_updates(updates_[slots[i]]);
   }
-  out->mutable_updates()->Add(updates_.begin(), updates_.begin() + n);
+  if (!managed_) return;
+  out->set_clock(static_cast<uint64_t>(clock_));
+  for (uint32_t slot : slots) out->add_row_idle(static_cast<uint64_t>(clock_ - last_[slot]));
+  // Waiting ids by id: the same state saves the same bytes.
+  std::vector<int64_t> waiting;
+  waiting.reserve(pending_.size());
+  for (const auto& [id, p] : pending_) waiting.push_back(id);
+  std::sort(waiting.begin(), waiting.end());
+  for (int64_t id : waiting) {
+    const Pending& p = pending_.at(id);
+    out->add_pending_ids(id);
+    out->add_pending_counts(p.count);
+    out->add_pending_idle(static_cast<uint64_t>(clock_ - p.last));
+  }
 }
 
 absl::Status SparseRows::Load(const v1::TableState& state) {
@@ -197,12 +350,14 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   if (absl::Status s = CheckTableState(state, dim_, static_cast<int>(slots_)); !s.ok())
     return bad(s.message());
-  if (spec_.max_rows_per_shard() > 0 && n > spec_.max_rows_per_shard())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sparse table '", spec_.name(), "': the checkpoint puts ", n,
-        " rows on this shard, past its limit of ", spec_.max_rows_per_shard(),
-        " (max_rows_per_shard): restore into more shards, or raise the limit"));
+  if (!managed_ && spec_.max_rows_per_shard() > 0 && n > spec_.max_rows_per_shard())
+    return absl::FailedPreconditionError(
+        absl::StrCat("sparse table '", spec_.name(), "': the checkpoint puts ", n,
+                     " rows on this shard, past its limit of ", spec_.max_rows_per_shard(),
+                     " (max_rows_per_shard): restore into more shards, or raise the limit"));
   Clear();
+  // CheckTableState: every idle time within the clock.
+  clock_ = static_cast<int64_t>(state.clock());
   index_.reserve(n);
   updates_.reserve(n);
   traffic_.reserve(n);
@@ -210,8 +365,8 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   for (const std::string& slot : state.optimizer_state()) parts.push_back(slot.data());
   for (size_t i = 0; i < n; ++i) {
     const uint32_t slot = static_cast<uint32_t>(i);
-    if (!index_.try_emplace(state.ids(static_cast<int>(i)), slot).second)
-      return bad("row ", state.ids(static_cast<int>(i)), " appears twice");
+    const int64_t id = state.ids(static_cast<int>(i));
+    if (!index_.try_emplace(id, slot).second) return bad("row ", id, " appears twice");
     if (slot % kRowsPerBlock == 0)
       blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
     float* row = RowAt(slot);
@@ -219,7 +374,21 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
       std::memcpy(row + k * dim_, parts[k] + i * row_bytes, row_bytes);
     updates_.push_back(state.updates_size() == 0 ? 0 : state.updates(static_cast<int>(i)));
     traffic_.push_back(0);
+    if (managed_) {
+      slot_id_.push_back(id);
+      const uint64_t idle = state.row_idle_size() == 0 ? 0 : state.row_idle(static_cast<int>(i));
+      last_.push_back(clock_ - static_cast<int64_t>(idle));
+    }
   }
+  if (!managed_) return absl::OkStatus();
+  for (int i = 0; i < state.pending_ids_size(); ++i) {
+    Pending& p = pending_[state.pending_ids(i)];
+    p.count = state.pending_counts(i);
+    p.last = clock_ - static_cast<int64_t>(state.pending_idle(i));
+  }
+  // A restore into fewer shards may bring more than the capacity.
+  EvictPastCapacity();
+  BoundPending();
   return absl::OkStatus();
 }
 

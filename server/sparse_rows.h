@@ -10,6 +10,18 @@
 // moves existing rows; an id -> slot hash map finds them. bytes() counts
 // both.
 //
+// A managed table (SparseTableSpec.eviction, admit_after,
+// evict_after_updates set) manages its own rows: a pull creates none (a row
+// not held reads as its initializer's values), an update creates its rows
+// (once admitted: the admit_after-th update naming the id), and after each
+// update the rows past the capacity (least recently or least often
+// updated, ties by id) and, every few updates, those idle too long leave,
+// with the ids waiting for admission likewise. Every decision reads only
+// the sequence of updates and the table's clock (its updates here), never
+// the pulls or their timing: in sync, the same run keeps the same rows.
+// Evicting down to max_rows_per_shard - max_rows_per_shard / 16 at once
+// keeps the cost of choosing (linear in the rows) off most updates.
+//
 // Thread safety: none; the owner (a ShardStore table) calls it under the
 // table's lock.
 #ifndef GRPS_SERVER_SPARSE_ROWS_H_
@@ -17,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -34,28 +47,41 @@ class SparseRows {
 
   // `spec` and `optimizer` must be valid (ValidateJobConfig); `backend` runs
   // the optimizer updates and must outlive this.
-  SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfig& optimizer,
-             uint64_t seed, Backend* backend);
+  SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfig& optimizer, uint64_t seed,
+             Backend* backend);
   SparseRows(const SparseRows&) = delete;
   SparseRows& operator=(const SparseRows&) = delete;
 
+  // A managed table's counts since this object was made (or Cleared).
+  struct Managed {
+    uint64_t evicted = 0;   // rows that left, past the capacity or idle
+    uint64_t admitted = 0;  // rows created by their admit_after-th update
+    uint64_t dropped = 0;   // row gradients dropped before admission
+  };
+
   uint32_t dim() const { return dim_; }
   uint64_t size() const { return index_.size(); }
+  bool managed() const { return managed_; }
+  const Managed& managed_counts() const { return counts_; }
+  uint64_t pending() const { return pending_.size(); }
 
   // Creates the rows of `ids` that do not exist yet, all or none:
   // FAILED_PRECONDITION (nothing created) when that would take the shard
   // past the table's max_rows_per_shard: the table is full, and sending the
   // request again will not help (unlike RESOURCE_EXHAUSTED, which clients
-  // retry as a shard short of memory for calls). `ids` may repeat.
+  // retry as a shard short of memory for calls). `ids` may repeat. A
+  // managed table creates nothing here and is never full.
   absl::Status Ensure(absl::Span<const int64_t> ids);
 
-  // Copies the rows of `ids` (each must exist: Ensure) to out, dim floats
+  // Copies the rows of `ids` (each must exist: Ensure; in a managed table,
+  // one not held reads as its initializer's values) to out, dim floats
   // each, in order, and counts each as a pull of that row.
   void Read(absl::Span<const int64_t> ids, float* out);
 
   // One optimizer update of the gradient's rows (grad.ids distinct; rows
   // missing are created first, past any limit: Ensure decides the limit
-  // before a push is accepted) at learning rate `lr`.
+  // before a push is accepted) at learning rate `lr`. A managed table
+  // creates only the rows admitted, then evicts (above).
   void Apply(const GradientRef& grad, float lr);
 
   // Counts a push of the rows of `ids` (for hottest_share).
@@ -82,8 +108,9 @@ class SparseRows {
   // Replaces every row with the rows of `state`, exactly as Save wrote
   // them. INVALID_ARGUMENT naming the table when the state does not
   // fit (dim, sizes, optimizer slots, an id twice), FAILED_PRECONDITION when
-  // it holds more rows than max_rows_per_shard; the caller then drops this
-  // object (a failed load leaves it half filled).
+  // it holds more rows than max_rows_per_shard (a managed table evicts
+  // instead); the caller then drops this object (a failed load leaves it
+  // half filled).
   absl::Status Load(const v1::TableState& state);
 
   // A zero gradient of this table's shape, for the consistency policies.
@@ -93,13 +120,24 @@ class SparseRows {
   const float* TEST_Row(int64_t id) const;
 
  private:
-  // The slot of `id`, creating the row if needed.
+  // The slot of `id`, creating the row if needed (in a free slot first).
   uint32_t SlotOf(int64_t id);
+  // A managed table's update of row `id` (at `clock_` + 1): its slot, or
+  // none while the id waits for admission.
+  std::optional<uint32_t> AdmittedSlot(int64_t id);
+  // A managed table's evictions after an update (class comment).
+  void EvictIdle();
+  void EvictPastCapacity();
+  void BoundPending();
+  // Frees row `slot` (its id leaves the index; the slot is reused).
+  void Remove(uint32_t slot);
   float* RowAt(uint32_t slot) {
-    return blocks_[slot / kRowsPerBlock].get() + static_cast<size_t>(slot % kRowsPerBlock) * stride_;
+    return blocks_[slot / kRowsPerBlock].get() +
+           static_cast<size_t>(slot % kRowsPerBlock) * stride_;
   }
   const float* RowAt(uint32_t slot) const {
-    return blocks_[slot / kRowsPerBlock].get() + static_cast<size_t>(slot % kRowsPerBlock) * stride_;
+    return blocks_[slot / kRowsPerBlock].get() +
+           static_cast<size_t>(slot % kRowsPerBlock) * stride_;
   }
 
   const v1::SparseTableSpec spec_;
@@ -107,13 +145,26 @@ class SparseRows {
   const uint64_t seed_;
   Backend* const backend_;
   const uint32_t dim_;
-  const uint32_t slots_;   // optimizer state vectors per row (0, 1 or 2)
-  const size_t stride_;    // floats per row: values, then each state vector
+  const uint32_t slots_;  // optimizer state vectors per row (0, 1 or 2)
+  const size_t stride_;   // floats per row: values, then each state vector
+  const bool managed_;    // eviction, admit_after or evict_after_updates set
   absl::flat_hash_map<int64_t, uint32_t> index_;
   std::vector<std::unique_ptr<float[]>> blocks_;
   std::vector<uint32_t> updates_;  // by slot: the row's updates (Adam's t)
   std::vector<uint32_t> traffic_;  // by slot: pushes + pulls, saturating
   uint64_t total_traffic_ = 0;
+  // A managed table's: by slot, the row's id and the clock at its last
+  // update; the free slots; the clock; the ids waiting for admission.
+  struct Pending {
+    uint32_t count = 0;
+    int64_t last = 0;
+  };
+  std::vector<int64_t> slot_id_;
+  std::vector<int64_t> last_;
+  std::vector<uint32_t> free_;
+  int64_t clock_ = 0;
+  absl::flat_hash_map<int64_t, Pending> pending_;
+  Managed counts_;
 };
 
 }  // namespace grps

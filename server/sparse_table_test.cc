@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -302,6 +303,36 @@ TEST(SparseTable, TheRowLimitRefusesAPullOrPushThatWouldPassItAndCreatesNothing)
   EXPECT_EQ(status.rejected_pushes(), 1u);
   // Within the limit both still work.
   EXPECT_TRUE(PullRows(*store, {ids[0], ids[1]}).ok());
+}
+
+TEST(SparseTable, AManagedTablePastItsCapacityEvictsWhereAFullOneRefuses) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD, /*max_rows=*/16);
+  config.set_num_workers(1);  // async: each push at the whole lr
+  config.mutable_sparse_tables(0)->set_eviction(v1::SparseTableSpec::EVICTION_LRU);
+  std::unique_ptr<ShardStore> store = MakeStore(config);
+  const std::vector<int64_t> ids = IdsOf(0, 40);
+  // A pull creates nothing: the rows read as their initial values.
+  absl::StatusOr<ShardStore::PulledRows> pulled = PullRows(*store, ids);
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(TableStatus(store->ShardStatus()).rows(), 0u);
+  for (uint64_t step = 0; step < 4; ++step) {
+    const std::vector<int64_t> ten(ids.begin() + 10 * step, ids.begin() + 10 * step + 10);
+    absl::StatusOr<ShardStore::SparsePushResult> push = store->PushSparse(
+        Gradient(0, step, step, ten, std::vector<float>(ten.size() * kDim, 1.0f)));
+    ASSERT_TRUE(push.ok()) << push.status();
+  }
+  const v1::SparseTableStatus status = TableStatus(store->ShardStatus());
+  EXPECT_LE(status.rows(), 16u);
+  EXPECT_EQ(status.rows_evicted(), 40u - status.rows());
+  EXPECT_EQ(status.version(), 4u);
+  // The last push's rows are held, trained; the first push's left.
+  std::vector<float> trained = InitialRow(config, ids[39]);
+  for (float& v : trained) v -= kLr;
+  EXPECT_EQ(*store->TEST_ReadRow("emb", ids[39]), trained);
+  EXPECT_FALSE(store->TEST_ReadRow("emb", ids[0]).ok());
+  pulled = PullRows(*store, {ids[0]});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_EQ(FromF32Bytes(pulled->data), InitialRow(config, ids[0]));
 }
 
 TEST(SparseTable, RestoringTheInitialValuesDropsEveryRow) {
@@ -684,6 +715,69 @@ TEST_F(SparseCheckpointTest, TheStatesCountsAreConservedIntoThreeShardsOrOne) {
     std::vector<std::unique_ptr<ShardStore>> after = RestoredShards(dir, *manifest, config, shards);
     for (const std::unique_ptr<ShardStore>& store : after) ASSERT_NE(store, nullptr);
     EXPECT_EQ(StateCounts(after), counts);
+  }
+}
+
+// The table's rows of a checkpoint file, by id: each one's value and idle
+// time; and the ids waiting for admission with their counts and idle times.
+using ManagedState = std::pair<std::map<int64_t, std::pair<std::vector<float>, uint64_t>>,
+                               std::map<int64_t, std::pair<uint32_t, uint64_t>>>;
+void AddManagedState(const v1::TableState& t, ManagedState* out) {
+  const std::vector<float> values = FromF32Bytes(t.values());
+  for (int i = 0; i < t.ids_size(); ++i)
+    out->first[t.ids(i)] = {std::vector<float>(values.begin() + i * kDim,
+                                               values.begin() + (i + 1) * kDim),
+                            t.row_idle(i)};
+  for (int i = 0; i < t.pending_ids_size(); ++i)
+    out->second[t.pending_ids(i)] = {t.pending_counts(i), t.pending_idle(i)};
+}
+
+ManagedState Captured(const std::vector<std::unique_ptr<ShardStore>>& stores) {
+  ManagedState state;
+  v1::CheckpointRequest request;
+  request.set_id(9);
+  for (const std::unique_ptr<ShardStore>& store : stores) {
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        store->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (file.ok()) AddManagedState(file->tables(0), &state);
+  }
+  return state;
+}
+
+TEST_F(SparseCheckpointTest, AManagedTableRestoresItsRowsAgesAndWaitingIdsIntoThreeShardsOrOne) {
+  // Async, 1 worker, 2 shards: every push is one update of the table on
+  // each shard, so both shards' clocks are 6 and every idle time is the
+  // same on the new shards, whose clock is the largest of the files'.
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD, /*max_rows=*/64);
+  config.set_num_workers(1);
+  v1::SparseTableSpec* table = config.mutable_sparse_tables(0);
+  table->set_eviction(v1::SparseTableSpec::EVICTION_LRU);
+  table->set_admit_after(2);
+  std::vector<std::unique_ptr<ShardStore>> before;
+  for (uint32_t shard : {0u, 1u}) {
+    before.push_back(MakeStore(config, shard));
+    const std::vector<int64_t> ids = IdsOf(shard, 28);
+    for (uint64_t step = 0; step < 6; ++step) {
+      // Rows 0..(4 step + 7): the first ones often, the last four once.
+      std::vector<int64_t> some(ids.begin(), ids.begin() + 4 * step + 8);
+      ASSERT_TRUE(before[shard]
+                      ->PushSparse(Gradient(0, step, step, some,
+                                            std::vector<float>(some.size() * kDim, 0.5f)))
+                      .ok());
+    }
+  }
+  const ManagedState was = Captured(before);
+  ASSERT_FALSE(was.first.empty());
+  ASSERT_FALSE(was.second.empty());
+  const std::string dir = WriteCheckpoint(root_, config, before);
+  absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(Env::Default(), dir, "");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  for (uint32_t shards : {3u, 1u}) {
+    SCOPED_TRACE(absl::StrCat(shards, " shards"));
+    std::vector<std::unique_ptr<ShardStore>> after = RestoredShards(dir, *manifest, config, shards);
+    for (const std::unique_ptr<ShardStore>& store : after) ASSERT_NE(store, nullptr);
+    EXPECT_EQ(Captured(after), was);
   }
 }
 

@@ -10,6 +10,9 @@
 #   3. A libsvm file of 600 feature ids, hashed into a table of 500 rows
 #      with a row limit per shard: trains, and the shards hold at most the
 #      500 rows there are.
+#   4. A table that manages itself (a tenth of the ids a shard, admission at
+#      the second update, LFU eviction): trains to the end, the same in two
+#      sync runs, within its capacity, its evictions and admissions counted.
 set -euo pipefail
 BIN=${1:?usage: e2e_sparse_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -82,4 +85,27 @@ done
 grep -q "features are hashed into the table's 500 rows" "$WORK/libsvm/worker-0.log" ||
   fail "libsvm: the worker did not hash 600 features into 500 rows"
 [ "$total" -le 500 ] || fail "libsvm: the shards hold $total rows of a 500-row table"
+
+# 4. A table that manages itself: the synthetic data with skewed ids (zipf
+# 1.1, 10,000 ids), each shard holding at most 500 rows (a tenth of its
+# ids), rows admitted at their second update, the least often updated
+# leaving. Trains to the end in sync, twice to the same loss (evictions
+# depend on the updates alone), the shards never past 500 rows.
+MANAGED=(--mode=sync "${SYNTH[@]}" --synthetic_zipf=1.1 --embedding_max_rows_per_shard=500
+         --embedding_eviction=lfu --embedding_admit_after=2)
+acc=$(run managed-1 "${MANAGED[@]}")
+run managed-2 "${MANAGED[@]}" >/dev/null
+loss=()
+for r in 1 2; do loss+=("$(json 'j["final_test_loss"]' <"$WORK/managed-$r/result.json")"); done
+echo "managed table (500 rows a shard of 5,000, lfu, admitted at 2): test accuracy $acc, loss ${loss[*]}"
+[ "${loss[0]}" = "${loss[1]}" ] || fail "managed: two sync runs ended on losses ${loss[*]}"
+python3 -c "import sys; sys.exit(0 if $acc >= 0.8 else 1)" || fail "managed: accuracy $acc"
+for s in 0 1; do
+  line=$(grep -ho "table embedding: [0-9]* rows.*" "$WORK/managed-1/server-$s.log") ||
+    fail "managed: shard $s did not report its table"
+  read -r rows evicted admitted < <(sed -E 's/table embedding: ([0-9]+) rows.* ([0-9]+) rows evicted, ([0-9]+) admitted.*/\1 \2 \3/' <<<"$line")
+  echo "  shard $s: $rows rows, $evicted evicted, $admitted admitted"
+  [ "$rows" -le 500 ] && [ "$evicted" -gt 0 ] && [ "$admitted" -gt 0 ] ||
+    fail "managed: shard $s holds $rows rows, $evicted evicted, $admitted admitted"
+done
 echo "PASS"

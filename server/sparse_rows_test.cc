@@ -1,0 +1,301 @@
+// SparseRows as a managed table (SparseTableSpec.eviction, admit_after,
+// evict_after_updates): a pull creates nothing, an update creates its rows
+// once admitted, rows past the capacity or idle too long leave, chosen from
+// the updates alone (so the same updates in another order keep the same
+// rows), and a checkpoint of the table continues exactly as the table would.
+#include "server/sparse_rows.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "job/sparse_tables.h"
+#include "tensor/backend.h"
+
+namespace grps {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kDim = 2;
+constexpr uint64_t kSeed = 7;
+constexpr float kLr = 0.5f;
+
+v1::SparseTableSpec Managed(v1::SparseTableSpec::Eviction eviction, uint64_t max_rows,
+                            uint32_t admit_after = 0, uint64_t evict_after = 0) {
+  v1::SparseTableSpec spec;
+  spec.set_name("emb");
+  spec.set_dim(kDim);
+  spec.set_eviction(eviction);
+  spec.set_max_rows_per_shard(max_rows);
+  spec.set_admit_after(admit_after);
+  spec.set_evict_after_updates(evict_after);
+  return spec;
+}
+
+v1::OptimizerConfig Sgd() {
+  v1::OptimizerConfig opt;
+  opt.set_kind(v1::OPTIMIZER_SGD);
+  return opt;
+}
+
+class ManagedRowsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<SparseRows> Make(const v1::SparseTableSpec& spec,
+                                   const v1::OptimizerConfig& opt = Sgd()) {
+    return std::make_unique<SparseRows>(spec, opt, kSeed, backend_.get());
+  }
+
+  // One update of `rows`: a gradient of 1 on every element of each id.
+  static void Update(SparseRows& rows, const std::vector<int64_t>& ids) {
+    const std::vector<float> grad(ids.size() * kDim, 1.0f);
+    rows.Apply(GradientRef{grad, ids}, kLr);
+  }
+
+  static std::vector<float> Initial(const v1::SparseTableSpec& spec, int64_t id) {
+    std::vector<float> row(kDim);
+    InitializeSparseRow(spec, kSeed, id, row.data());
+    return row;
+  }
+
+  // What a checkpoint holds of the table, by id: values, updates, idle
+  // time; and the clock and the ids waiting, as saved.
+  using Rows = std::map<int64_t, std::tuple<std::vector<float>, uint32_t, uint64_t>>;
+  static Rows Saved(const SparseRows& rows, v1::TableState* state = nullptr) {
+    v1::TableState local;
+    if (state == nullptr) state = &local;
+    state->Clear();
+    rows.Save(state);
+    Rows out;
+    const float* values = reinterpret_cast<const float*>(state->values().data());
+    for (int i = 0; i < state->ids_size(); ++i)
+      out[state->ids(i)] = {std::vector<float>(values + i * kDim, values + (i + 1) * kDim),
+                            state->updates(i), state->row_idle(i)};
+    return out;
+  }
+
+  std::unique_ptr<Backend> backend_ = CreateCpuBackend();
+};
+
+TEST_F(ManagedRowsTest, APullCreatesNoRowAndReadsTheInitializersValues) {
+  const v1::SparseTableSpec spec = Managed(v1::SparseTableSpec::EVICTION_LRU, 4);
+  std::unique_ptr<SparseRows> rows = Make(spec);
+  ASSERT_TRUE(rows->Ensure({1, 2, 3, 4, 5, 6}).ok());  // never full, creates nothing
+  std::vector<float> out(2 * kDim);
+  rows->Read({5, 9}, out.data());
+  EXPECT_EQ(rows->size(), 0u);
+  EXPECT_THAT(std::vector<float>(out.begin(), out.begin() + kDim),
+              ElementsAreArray(Initial(spec, 5)));
+  EXPECT_THAT(std::vector<float>(out.begin() + kDim, out.end()),
+              ElementsAreArray(Initial(spec, 9)));
+  // An update creates the row from the same values.
+  Update(*rows, {5});
+  ASSERT_NE(rows->TEST_Row(5), nullptr);
+  EXPECT_FLOAT_EQ(rows->TEST_Row(5)[0], Initial(spec, 5)[0] - kLr);
+}
+
+TEST_F(ManagedRowsTest, PastItsCapacityTheLeastRecentlyUpdatedRowsLeave) {
+  // Capacity 16: an eviction keeps 15 (a sixteenth less).
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  for (int64_t id = 0; id < 16; ++id) Update(*rows, {id});
+  EXPECT_EQ(rows->size(), 16u);
+  EXPECT_EQ(rows->managed_counts().evicted, 0u);
+  Update(*rows, {3});    // 3 is recent again
+  Update(*rows, {100});  // 17 rows: 0, 1 leave (the oldest, 3 skipped)
+  EXPECT_EQ(rows->size(), 15u);
+  EXPECT_EQ(rows->managed_counts().evicted, 2u);
+  EXPECT_EQ(rows->TEST_Row(0), nullptr);
+  EXPECT_EQ(rows->TEST_Row(1), nullptr);
+  EXPECT_NE(rows->TEST_Row(2), nullptr);
+  EXPECT_NE(rows->TEST_Row(3), nullptr);
+  EXPECT_NE(rows->TEST_Row(100), nullptr);
+  // A row that left starts again from its initializer's values.
+  Update(*rows, {0});
+  EXPECT_FLOAT_EQ(rows->TEST_Row(0)[0],
+                  Initial(Managed(v1::SparseTableSpec::EVICTION_LRU, 16), 0)[0] - kLr);
+  for (int64_t id = 200; id < 300; ++id) {
+    Update(*rows, {id});
+    ASSERT_LE(rows->size(), 16u) << "after " << id;
+  }
+}
+
+TEST_F(ManagedRowsTest, LfuKeepsTheRowsUpdatedMostOften) {
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LFU, 16));
+  for (int round = 0; round < 3; ++round)
+    for (int64_t id = 0; id < 8; ++id) Update(*rows, {id});
+  for (int64_t id = 8; id < 40; ++id) Update(*rows, {id});
+  // The hot rows stay through 32 new ids; the new ones came and went.
+  for (int64_t id = 0; id < 8; ++id) EXPECT_NE(rows->TEST_Row(id), nullptr) << id;
+  EXPECT_NE(rows->TEST_Row(39), nullptr);  // the newest is kept
+  EXPECT_LE(rows->size(), 16u);
+  EXPECT_GT(rows->managed_counts().evicted, 0u);
+}
+
+TEST_F(ManagedRowsTest, ARowIsCreatedByItsAdmitAfterThUpdateAndEarlierOnesAreDropped) {
+  const v1::SparseTableSpec spec = Managed(v1::SparseTableSpec::EVICTION_NONE, 0, 3);
+  std::unique_ptr<SparseRows> rows = Make(spec);
+  Update(*rows, {1, 2});
+  Update(*rows, {1});
+  EXPECT_EQ(rows->size(), 0u);
+  EXPECT_EQ(rows->pending(), 2u);
+  EXPECT_EQ(rows->managed_counts().dropped, 3u);
+  Update(*rows, {1});  // the third: admitted, and this update applies
+  ASSERT_NE(rows->TEST_Row(1), nullptr);
+  EXPECT_FLOAT_EQ(rows->TEST_Row(1)[1], Initial(spec, 1)[1] - kLr);
+  EXPECT_EQ(rows->TEST_Row(2), nullptr);
+  EXPECT_EQ(rows->managed_counts().admitted, 1u);
+  EXPECT_EQ(rows->pending(), 1u);
+}
+
+TEST_F(ManagedRowsTest, RowsIdleLongerThanEvictAfterUpdatesLeave) {
+  // Checked every max(1, 4 / 16) = 1 update.
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_NONE, 0, 2, 4));
+  Update(*rows, {1});                              // waiting: 1
+  Update(*rows, {7, 8});                           // waiting: 1, 7, 8
+  Update(*rows, {7, 8});                           // 7 and 8 admitted (updated at clock 3)
+  for (int i = 0; i < 4; ++i) Update(*rows, {8});  // clock 7: 7 idle 4 updates, kept
+  EXPECT_NE(rows->TEST_Row(7), nullptr);
+  EXPECT_EQ(rows->pending(), 0u);  // 1, named at clock 1, waited past 4
+  Update(*rows, {8});              // clock 8: 7 idle 5
+  EXPECT_EQ(rows->TEST_Row(7), nullptr);
+  EXPECT_NE(rows->TEST_Row(8), nullptr);
+  EXPECT_EQ(rows->managed_counts().evicted, 1u);
+}
+
+TEST_F(ManagedRowsTest, TheSameUpdatesInAnotherOrderKeepTheSameRows) {
+  // Sync sums a step's pushes in the order they arrive: the rows kept must
+  // not depend on it. Ids 0..59 in steps of 12, capacity 20, admission 2.
+  const v1::SparseTableSpec spec = Managed(v1::SparseTableSpec::EVICTION_LRU, 20, 2, 40);
+  std::unique_ptr<SparseRows> a = Make(spec), b = Make(spec);
+  for (int step = 0; step < 30; ++step) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < 12; ++k) ids.push_back((step * 7 + k * 5) % 60);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    Update(*a, ids);
+    std::reverse(ids.begin(), ids.end());
+    Update(*b, ids);
+  }
+  EXPECT_GT(a->managed_counts().evicted, 0u);
+  EXPECT_GT(a->managed_counts().admitted, 0u);
+  EXPECT_EQ(Saved(*a), Saved(*b));
+  EXPECT_EQ(a->pending(), b->pending());
+}
+
+TEST_F(ManagedRowsTest, TheIdsWaitingForAdmissionAreBounded) {
+  // At most max(2 x max_rows_per_shard, 65536); past it the least recently
+  // named leave, down to a sixteenth less.
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 100, 2));
+  std::vector<int64_t> ids(70000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  Update(*rows, ids);
+  EXPECT_EQ(rows->pending(), 61440u);
+  std::vector<int64_t> more(4096);
+  for (size_t i = 0; i < more.size(); ++i) more[i] = 1000000 + static_cast<int64_t>(i);
+  Update(*rows, more);
+  EXPECT_EQ(rows->pending(), 65536u);  // at the bound
+  Update(*rows, {2000000, 2000001});   // past it: down to 61440 again
+  EXPECT_EQ(rows->pending(), 61440u);
+  // What left was named first: the newest's second sighting admits it, the
+  // oldest's counts as a first.
+  Update(*rows, {2000000, 0});
+  EXPECT_NE(rows->TEST_Row(2000000), nullptr);
+  EXPECT_EQ(rows->TEST_Row(0), nullptr);
+  EXPECT_EQ(rows->managed_counts().admitted, 1u);
+}
+
+TEST_F(ManagedRowsTest, ALoadedCheckpointGoesOnAsTheTableWould) {
+  v1::OptimizerConfig adam;
+  adam.set_kind(v1::OPTIMIZER_ADAM);
+  adam.set_beta1(0.9f);
+  adam.set_beta2(0.999f);
+  adam.set_epsilon(1e-8f);
+  const v1::SparseTableSpec spec = Managed(v1::SparseTableSpec::EVICTION_LFU, 16, 2, 32);
+  std::unique_ptr<SparseRows> table = Make(spec, adam);
+  auto step = [](SparseRows& rows, int s) {
+    std::vector<int64_t> ids;
+    for (int k = 0; k < 6; ++k) ids.push_back((s * 3 + k * k) % 40);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    Update(rows, ids);
+  };
+  for (int s = 0; s < 20; ++s) step(*table, s);
+  v1::TableState state;
+  const Rows at_cut = Saved(*table, &state);
+  EXPECT_GT(state.pending_ids_size(), 0);
+  EXPECT_GT(state.clock(), 0u);
+  std::unique_ptr<SparseRows> restored = Make(spec, adam);
+  ASSERT_TRUE(restored->Load(state).ok());
+  EXPECT_EQ(Saved(*restored), at_cut);
+  for (int s = 20; s < 60; ++s) {
+    step(*table, s);
+    step(*restored, s);
+  }
+  EXPECT_EQ(Saved(*restored), Saved(*table));
+  EXPECT_EQ(restored->pending(), table->pending());
+}
+
+TEST_F(ManagedRowsTest, ALoadPastTheCapacityEvicts) {
+  // A restore into fewer shards: one shard takes the rows of two.
+  const v1::SparseTableSpec big = Managed(v1::SparseTableSpec::EVICTION_LRU, 64);
+  std::unique_ptr<SparseRows> table = Make(big);
+  for (int64_t id = 0; id < 40; ++id) Update(*table, {id});
+  v1::TableState state;
+  Saved(*table, &state);
+  std::unique_ptr<SparseRows> small = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 32));
+  ASSERT_TRUE(small->Load(state).ok());
+  EXPECT_EQ(small->size(), 30u);  // 32 less a sixteenth
+  EXPECT_EQ(small->TEST_Row(9), nullptr);
+  EXPECT_NE(small->TEST_Row(10), nullptr);  // the 30 most recent stay
+}
+
+TEST_F(ManagedRowsTest, AStateWhoseAgesDoNotFitIsRefused) {
+  v1::TableState state;
+  state.set_dim(kDim);
+  state.add_ids(1);
+  state.set_values(std::string(kDim * sizeof(float), '\0'));
+  state.set_clock(3);
+  state.add_row_idle(4);  // idle longer than the table's clock
+  EXPECT_THAT(CheckTableState(state, kDim, 0).message(), HasSubstr("past the clock"));
+  state.set_row_idle(0, 2);
+  EXPECT_TRUE(CheckTableState(state, kDim, 0).ok());
+  state.add_pending_ids(5);
+  state.add_pending_counts(1);  // and no idle time
+  EXPECT_THAT(CheckTableState(state, kDim, 0).message(), HasSubstr("waiting for admission"));
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 8));
+  EXPECT_FALSE(rows->Load(state).ok());
+}
+
+TEST(ManagedTableConfig, OptionsParseAndEvictionNeedsACapacity) {
+  absl::StatusOr<std::vector<v1::SparseTableSpec>> tables = ParseSparseTables(
+      "a:0:16:max_rows=1000:eviction=lfu:admit_after=2:evict_after=50,"
+      "b:100:4:0.1");
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  ASSERT_EQ(tables->size(), 2u);
+  EXPECT_EQ((*tables)[0].max_rows_per_shard(), 1000u);
+  EXPECT_EQ((*tables)[0].eviction(), v1::SparseTableSpec::EVICTION_LFU);
+  EXPECT_EQ((*tables)[0].admit_after(), 2u);
+  EXPECT_EQ((*tables)[0].evict_after_updates(), 50u);
+  EXPECT_TRUE(IsManagedTable((*tables)[0]));
+  EXPECT_FALSE(IsManagedTable((*tables)[1]));
+  EXPECT_FLOAT_EQ((*tables)[1].init_scale(), 0.1f);
+  EXPECT_THAT(ParseSparseTables("a:0:16:eviction=fifo").status().message(),
+              HasSubstr("none, lru, lfu"));
+  EXPECT_THAT(ParseSparseTables("a:0:16:size=3").status().message(), HasSubstr("unknown option"));
+  EXPECT_FALSE(ParseSparseTables("a:0:16:max_rows=x").ok());
+  EXPECT_FALSE(ParseSparseTables("a:0:max_rows=3").ok());  // DIM missing
+
+  v1::JobConfig config;
+  *config.add_sparse_tables() = Managed(v1::SparseTableSpec::EVICTION_LRU, 0);
+  EXPECT_THAT(ValidateSparseTables(config).message(), HasSubstr("needs max_rows_per_shard"));
+  config.mutable_sparse_tables(0)->set_max_rows_per_shard(10);
+  EXPECT_TRUE(ValidateSparseTables(config).ok());
+}
+
+}  // namespace
+}  // namespace grps
