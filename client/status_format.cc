@@ -268,7 +268,12 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                             ? std::string("-")
                             : absl::StrCat(Evaluation(status.test_accuracy()),
                                            " (test loss ",
-                                           Evaluation(status.test_loss()), ")")},
+                                           Evaluation(status.test_loss()),
+                                           status.has_test_auc()
+                                               ? absl::StrCat(", AUC ",
+                                                              Evaluation(status.test_auc()))
+                                               : "",
+                                           ")")},
   };
   if (status.late_gradients() > 0 || status.too_stale() > 0)
     lines.push_back({"gradients", absl::StrCat(status.late_gradients(), " late, ",
@@ -278,7 +283,10 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
                                   "test accuracy ",
                                   Fixed(status.final_test_accuracy(), 4),
                                   ", test loss ",
-                                  Fixed(status.final_test_loss(), 4))});
+                                  Fixed(status.final_test_loss(), 4),
+                                  status.has_final_test_auc()
+                                      ? absl::StrCat(", AUC ", Fixed(status.final_test_auc(), 4))
+                                      : "")});
   if (status.worker_leaves() > 0 || status.worker_joins() > 0 ||
       status.config().max_workers() > 0)
     lines.push_back({"live set", LiveSetLine(status)});

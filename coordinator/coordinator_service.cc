@@ -187,9 +187,11 @@ grpc::Status CoordinatorService::WorkerDone(grpc::ServerContext* context,
     return member;
   if (request->has_final_eval() &&
       !(request->final_test_accuracy() >= 0 && request->final_test_accuracy() <= 1 &&
-        std::isfinite(request->final_test_loss())))
+        std::isfinite(request->final_test_loss()) &&
+        (!request->has_final_test_auc() ||
+         (request->final_test_auc() >= 0 && request->final_test_auc() <= 1))))
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "final_test_accuracy must be in [0, 1] and "
+                        "final_test_accuracy (and final_test_auc) must be in [0, 1] and "
                         "final_test_loss finite");
   if (request->leaving() && request->has_final_eval())
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

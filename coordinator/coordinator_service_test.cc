@@ -559,6 +559,36 @@ TEST_F(CoordinatorServiceTest, ReturningWorkerGetsANewIncarnation) {
   EXPECT_EQ(Status().workers(1).incarnation(), again.incarnation());
 }
 
+TEST_F(CoordinatorServiceTest, ATwoClassModelsAucReachesTheStatusAndOneOutsideZeroToOneIsRefused) {
+  StartJob(1, 1);
+  RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::WorkerDoneRequest done;
+  done.set_job_id("test-job");
+  done.set_worker_rank(0);
+  done.set_incarnation(w[0].incarnation());
+  done.mutable_progress()->set_step(10);
+  done.mutable_progress()->set_test_accuracy(0.8f);
+  done.mutable_progress()->set_test_loss(0.4f);
+  done.mutable_progress()->set_test_auc(0.85f);
+  done.set_has_final_eval(true);
+  done.set_final_test_accuracy(0.8f);
+  done.set_final_test_loss(0.4f);
+  done.set_final_test_auc(1.5f);
+  v1::WorkerDoneResponse reply;
+  EXPECT_EQ(stub_->WorkerDone(Context().get(), done, &reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  done.set_final_test_auc(0.875f);
+  ASSERT_TRUE(stub_->WorkerDone(Context().get(), done, &reply).ok());
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_COMPLETED);
+  ASSERT_TRUE(status.has_final_test_auc());
+  EXPECT_FLOAT_EQ(status.final_test_auc(), 0.875f);
+  ASSERT_TRUE(status.has_test_auc());
+  EXPECT_FLOAT_EQ(status.test_auc(), 0.875f);  // the final evaluation is the latest
+}
+
 TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
   StartJob(2, 2);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
@@ -574,6 +604,8 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
   EXPECT_FLOAT_EQ(status.final_test_accuracy(), 0.87f);
   EXPECT_FLOAT_EQ(status.final_test_loss(), 0.36f);
   EXPECT_FLOAT_EQ(status.test_accuracy(), 0.87f);
+  EXPECT_FALSE(status.has_final_test_auc());  // not a two-class model's
+  EXPECT_FALSE(status.has_test_auc());
   EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_FINISHED);
   EXPECT_TRUE(service_->WaitForEnd(absl::ZeroDuration()));
 

@@ -109,6 +109,7 @@ void JobEnding::AddTo(v1::JobStatus* status) const {
   if (final_eval_.has_value()) {
     status->set_final_test_accuracy(final_eval_->accuracy);
     status->set_final_test_loss(final_eval_->loss);
+    if (final_eval_->auc.has_value()) status->set_final_test_auc(*final_eval_->auc);
   }
 }
 

@@ -109,6 +109,11 @@ std::vector<prometheus::MetricFamily> JobMetricFamilies(const v1::JobStatus& s) 
     AddOne(families,
            GaugeFamily("grps_job_test_accuracy", "the latest evaluation's test accuracy"),
            s.test_accuracy());
+  if (s.has_test_auc())
+    AddOne(families,
+           GaugeFamily("grps_job_test_auc",
+                       "the latest evaluation's AUC (two-class models: class 1's score)"),
+           s.test_auc());
   AddOne(families,
          CounterFamily("grps_job_late_gradients_total",
                        "sync: chunk gradients that arrived after their step, over the shards"),

@@ -7,6 +7,7 @@
 //   grps_job_samples_per_second               sum over live workers
 //   grps_job_loss                             mean recent loss of live workers
 //   grps_job_test_accuracy                    latest evaluation (once there is one)
+//   grps_job_test_auc                         its AUC (two-class models)
 //   grps_job_late_gradients_total, grps_job_too_stale_total   over the shards
 //   grps_job_members{role, state}             workers and servers by state
 //   grps_job_checkpoints_completed_total

@@ -33,6 +33,7 @@ v1::JobStatus JobReport::Status(bool training_done, absl::Time now) const {
   std::optional<Membership::Evaluation> eval = membership.latest_evaluation();
   status.set_test_accuracy(eval.has_value() ? eval->accuracy : -1);
   status.set_test_loss(eval.has_value() ? eval->loss : -1);
+  if (eval.has_value() && eval->auc.has_value()) status.set_test_auc(*eval->auc);
   p_.ending->AddTo(&status);
   p_.checkpoints->AddTo(&status);
   status.set_generation(p_.generations->current());

@@ -51,6 +51,8 @@ absl::Status ValidateProgress(const v1::WorkerProgress& p) {
       p.test_accuracy() > 1)
     return absl::InvalidArgumentError(
         "progress.test_accuracy must be in [0, 1], or -1 for none");
+  if (p.has_test_auc() && !(p.test_auc() >= 0 && p.test_auc() <= 1))
+    return absl::InvalidArgumentError("progress.test_auc must be in [0, 1]");
   return absl::OkStatus();
 }
 
@@ -60,7 +62,9 @@ absl::Status ValidateProgress(const v1::WorkerProgress& p) {
 std::optional<Membership::Evaluation> EvaluationIn(const v1::WorkerProgress& p) {
   if (p.test_accuracy() < 0) return std::nullopt;
   if (p.test_accuracy() == 0 && p.test_loss() == 0) return std::nullopt;
-  return Membership::Evaluation{p.test_accuracy(), p.test_loss()};
+  Membership::Evaluation eval{p.test_accuracy(), p.test_loss(), std::nullopt};
+  if (p.has_test_auc()) eval.auc = p.test_auc();
+  return eval;
 }
 
 uint64_t MillisSince(absl::Time then, absl::Time now) {

@@ -96,6 +96,7 @@ class Membership {
   struct Evaluation {
     float accuracy = 0;
     float loss = 0;
+    std::optional<float> auc;  // two-class models
   };
 
   // `shard_map` fixes the shards (its endpoint list is rebuilt, one empty

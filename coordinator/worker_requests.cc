@@ -91,7 +91,9 @@ absl::Status WorkerRequests::Done(const v1::WorkerDoneRequest& request, absl::Ti
   p_.data->ReturnLeases(request.worker_rank());
   std::string eval_note;
   if (request.has_final_eval() && !p_.phase->ended()) {
-    const Membership::Evaluation eval{request.final_test_accuracy(), request.final_test_loss()};
+    Membership::Evaluation eval{request.final_test_accuracy(), request.final_test_loss(),
+                                std::nullopt};
+    if (request.has_final_test_auc()) eval.auc = request.final_test_auc();
     p_.membership->RecordEvaluation(eval);
     eval_note = p_.ending->RecordEvaluation(request.worker_rank(), eval,
                                             p_.phase->TrainingDone(*p_.membership));

@@ -612,6 +612,8 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
     if (result.final_test_accuracy) {
       Say(absl::StrFormat("final test loss: %.4f", *result.final_test_loss));
       Say(absl::StrFormat("final test accuracy: %.4f", *result.final_test_accuracy));
+      if (result.final_test_auc)
+        Say(absl::StrFormat("final test AUC: %.4f", *result.final_test_auc));
     } else {
       Say("final test accuracy: n/a (no worker reported a final evaluation)");
     }

@@ -104,6 +104,7 @@ RunResult ResultOf(const LaunchOptions& options,
   if (final_eval) {
     r.final_test_accuracy = final_eval->final_test_accuracy();
     r.final_test_loss = final_eval->final_test_loss();
+    if (final_eval->has_final_test_auc()) r.final_test_auc = final_eval->final_test_auc();
   }
   return r;
 }
@@ -115,6 +116,7 @@ std::string ResultJson(const RunResult& r) {
       ",\"optimizer\":", JsonString(r.optimizer), ",\"steps\":", r.steps,
       ",\"final_test_accuracy\":", JsonNumber(r.final_test_accuracy),
       ",\"final_test_loss\":", JsonNumber(r.final_test_loss),
+      ",\"final_test_auc\":", JsonNumber(r.final_test_auc),
       ",\"wall_seconds\":", JsonNumber(r.wall_seconds),
       ",\"samples_per_sec\":", JsonNumber(r.samples_per_sec),
       ",\"run_dir\":", JsonString(r.run_dir),

@@ -29,6 +29,7 @@ struct RunResult {
   uint64_t steps = 0;
   std::optional<double> final_test_accuracy;
   std::optional<double> final_test_loss;
+  std::optional<double> final_test_auc;  // two-class models
   double wall_seconds = 0;
   double samples_per_sec = 0;  // samples over all workers / wall_seconds
   std::string run_dir;
@@ -91,7 +92,8 @@ RunResult ResultOf(const LaunchOptions& options,
                    double wall_seconds);
 
 // One JSON object: {"mode", "servers", "workers", "model", "optimizer",
-// "steps", "final_test_accuracy", "final_test_loss", "wall_seconds",
+// "steps", "final_test_accuracy", "final_test_loss", "final_test_auc" (null
+// but for a two-class model's final evaluation), "wall_seconds",
 // "samples_per_sec", "run_dir", "started_unix", "workers_died",
 // "workers_restarted", "worker_leaves", "worker_joins", "backup_workers",
 // "staleness_bound",

@@ -53,10 +53,10 @@ for rank in 0 1; do
 done
 for rank in 0 1; do
   curve="$run/curve-worker-$rank.csv"
-  [ "$(head -n 1 "$curve")" = \
-    "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated" ] ||
+  header=step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated
+  [ "$(head -n 1 "$curve")" = "$header,test_auc" ] ||
     fail "$curve lacks grps-worker's header"
-  tail -n 1 "$curve" | grep -q '^30,.*,0.000000,0.000000,1$' ||
+  tail -n 1 "$curve" | grep -q '^30,.*,0.000000,0.000000,1,-1.000000$' ||
     fail "$curve's last row is not done()'s evaluation at step 30: $(tail -n 1 "$curve")"
 done
 ! grep -q "no plot" "$WORK/local-plain.log" || fail "grps-local spoke of a plot no worker could draw"

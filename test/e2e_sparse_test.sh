@@ -13,6 +13,7 @@
 #   4. A table that manages itself (a tenth of the ids a shard, admission at
 #      the second update, LFU eviction): trains to the end, the same in two
 #      sync runs, within its capacity, its evictions and admissions counted.
+#   5. Two classes: the final AUC in the result, the log and the curve.
 set -euo pipefail
 BIN=${1:?usage: e2e_sparse_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -108,4 +109,17 @@ for s in 0 1; do
   [ "$rows" -le 500 ] && [ "$evicted" -gt 0 ] && [ "$admitted" -gt 0 ] ||
     fail "managed: shard $s holds $rows rows, $evicted evicted, $admitted admitted"
 done
+
+# 5. Two classes: the evaluator's AUC (class 1's score) in the result, the
+# worker's log and its curve's last column; the test loss is the log loss.
+acc=$(run binary --mode=sync "${SYNTH[@]}" --classes=2)
+auc=$(json 'j["final_test_auc"]' <"$WORK/binary/result.json")
+echo "two classes: test accuracy $acc, AUC $auc"
+python3 -c "import sys; sys.exit(0 if 0.8 <= $auc <= 1 else 1)" || fail "binary: AUC $auc"
+grep -q "final test accuracy [0-9.]* loss [0-9.]* AUC $(printf '%.4f' "$auc")" \
+  "$WORK/binary/worker-"*.log || fail "binary: no worker logged the final AUC $auc"
+tail -qn 1 "$WORK/binary/curve-worker-"*.csv | grep -q ',0\.[0-9]*$' ||
+  fail "binary: no curve's last row has the AUC: $(tail -qn 1 "$WORK/binary/curve-worker-"*.csv)"
+[ "$(json 'j["final_test_auc"]' <"$WORK/managed-1/result.json")" = None ] ||
+  fail "managed (4 classes): the result has an AUC"
 echo "PASS"

@@ -2,10 +2,12 @@
 // --curve_csv, and grps.torch's GRPS_CURVE_CSV through _grps.CurveFile), in
 // the columns grps-local's plots and scripts/grps-compare read:
 //
-//   step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated
+//   step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated,
+//   test_auc
 //
 // elapsed_s counts from the start the caller gives; a figure not known yet
-// is -1; evaluated is 1 on a row that carries a new evaluation.
+// is -1; evaluated is 1 on a row that carries a new evaluation; test_auc is
+// a two-class model's (-1 for others).
 //
 // Thread safety: Write may be called from any thread.
 #ifndef GRPS_WORKER_CURVE_FILE_H_
@@ -32,6 +34,7 @@ struct CurveRow {
   double test_accuracy = -1;
   double test_loss = -1;
   bool evaluated = false;
+  double test_auc = -1;  // two-class models
 };
 
 class CurveFile {

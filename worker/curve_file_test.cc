@@ -29,7 +29,7 @@ TEST(CurveFile, WritesTheHeaderThenARowPerWriteAtOnce) {
   ASSERT_TRUE(curve.ok()) << curve.status();
   EXPECT_EQ(Read(path),
             "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,"
-            "evaluated\n");
+            "evaluated,test_auc\n");
   CurveRow row;
   row.step = 7;
   row.epoch = 1;
@@ -39,13 +39,14 @@ TEST(CurveFile, WritesTheHeaderThenARowPerWriteAtOnce) {
   row.test_accuracy = 0.875;
   row.test_loss = 0.25;
   row.evaluated = true;
+  row.test_auc = 0.9375;
   (*curve)->Write(row, start + absl::Seconds(3));
   // Flushed: read while the file is still open.
   EXPECT_EQ(Read(path),
             "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,"
-            "evaluated\n"
-            "7,1,2.500,1002.500,0.500000,1234.6,-1.000000,-1.000000,0\n"
-            "7,1,3.000,1003.000,0.500000,1234.6,0.875000,0.250000,1\n");
+            "evaluated,test_auc\n"
+            "7,1,2.500,1002.500,0.500000,1234.6,-1.000000,-1.000000,0,-1.000000\n"
+            "7,1,3.000,1003.000,0.500000,1234.6,0.875000,0.250000,1,0.937500\n");
   std::remove(path.c_str());
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include "worker/binary_auc.h"
+
 namespace grps {
 namespace {
 
@@ -110,11 +112,12 @@ EvalResult EmbeddingModel::Evaluate(const SparseBatch& examples,
   const int count = examples.size();
   double loss_sum = 0;
   int64_t hits = 0;
+  std::vector<float> scores;  // two classes: class 1's, every part's
   for (int first = 0; first < count; first += max_batch_) {
     const int n = std::min(max_batch_, count - first);
     ComputeBags(examples, first, n, rows);
     const EvalResult part =
-        head_.Evaluate(bags_.data(), examples.labels().data() + first, n);
+        head_.Evaluate(bags_.data(), examples.labels().data() + first, n, &scores);
     loss_sum += part.loss * n;
     hits += std::llround(part.accuracy * n);
   }
@@ -123,6 +126,9 @@ EvalResult EmbeddingModel::Evaluate(const SparseBatch& examples,
     result.loss = loss_sum / count;
     result.accuracy = static_cast<double>(hits) / count;
   }
+  if (scores.size() == static_cast<size_t>(count))
+    result.auc = BinaryAuc(scores, absl::MakeConstSpan(examples.labels().data(),
+                                                       static_cast<size_t>(count)));
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tensor/host_memory.h"
+#include "worker/binary_auc.h"
 
 namespace grps {
 
@@ -203,11 +204,13 @@ float MlpModel::ForwardBackward(const float* host_x, const int32_t* host_labels,
   return CheckedMean(sync_loss_[0], correct);
 }
 
-EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
-                              int64_t count) {
+EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels, int64_t count,
+                              std::vector<float>* class1_scores) {
   EvalResult result;
   double loss_sum = 0;
   int64_t hits = 0;
+  const bool binary = widths_.back() == 2;
+  std::vector<float> scores, logits;
   auto stage = [&](int64_t first) -> InputSlot& {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, count - first));
     return Stage(std::nullopt, host_x + first * widths_[0], host_labels + first, batch);
@@ -223,12 +226,22 @@ EvalResult MlpModel::Evaluate(const float* host_x, const int32_t* host_labels,
       int64_t correct = 0;
       loss_sum += static_cast<double>(CheckedMean(sync_loss_[0], &correct)) * batch;
       hits += correct;
+      if (binary) {
+        logits.resize(2 * static_cast<size_t>(batch));
+        backend_->CopyToHost(logits.data(), outputs_.back().f32(), logits.size() * sizeof(float));
+        for (int i = 0; i < batch; ++i) scores.push_back(logits[2 * i + 1] - logits[2 * i]);
+      }
     }
   }
   result.examples = count;
   if (count > 0) {
     result.loss = loss_sum / count;
     result.accuracy = static_cast<double>(hits) / count;
+  }
+  if (binary) {
+    result.auc = BinaryAuc(scores, absl::MakeConstSpan(host_labels, static_cast<size_t>(count)));
+    if (class1_scores != nullptr)
+      class1_scores->insert(class1_scores->end(), scores.begin(), scores.end());
   }
   return result;
 }

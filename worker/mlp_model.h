@@ -15,9 +15,12 @@ namespace grps {
 
 // Loss and accuracy over a set of examples.
 struct EvalResult {
-  double loss = 0;      // mean softmax cross-entropy
+  double loss = 0;      // mean softmax cross-entropy (for two classes: the log loss)
   double accuracy = 0;  // fraction of argmax == label
   int64_t examples = 0;
+  // Two classes: the area under the ROC curve of class 1's score
+  // (worker/binary_auc.h); -1 otherwise, or without both classes.
+  double auc = -1;
 };
 
 // Parameters live in one flat f32 array in the order of ModelTensors():
@@ -109,9 +112,11 @@ class MlpModel {
   // since (Evaluate may), at loss scale 1.
   void GetInputGradient(float* host_dx);
 
-  // Forward only, in batches of at most max_batch.
-  EvalResult Evaluate(const float* host_x, const int32_t* host_labels,
-                      int64_t count);
+  // Forward only, in batches of at most max_batch. A model of two classes
+  // also gives the AUC, and appends each example's score of class 1 (its
+  // logit less class 0's) to `class1_scores` when given.
+  EvalResult Evaluate(const float* host_x, const int32_t* host_labels, int64_t count,
+                      std::vector<float>* class1_scores = nullptr);
 
  private:
   // An input buffer on the device with its page-locked staging copy.

@@ -78,6 +78,38 @@ TEST(MlpModel, EvaluateCountsHitsAndAveragesLossOverBatches) {
   EXPECT_NEAR(r.loss, (4 * right + wrong) / 5, 1e-4);
 }
 
+TEST(MlpModel, ATwoClassModelGivesTheAucOfItsClassOneScoresOverBatches) {
+  auto backend = CreateCpuBackend();
+  // Class 1's logit is the first feature, class 0's the second: the score
+  // (their difference) is x0 - x1. Batches of 2 over 5 examples.
+  MlpModel model(backend.get(), {2, 2}, 2);
+  std::vector<float> p(2 * 2 + 2, 0.0f);
+  p[0 * 2 + 1] = 1.0f;  // W[0][1]: x0 into class 1
+  p[1 * 2 + 0] = 1.0f;  // W[1][0]: x1 into class 0
+  model.SetParameters(p.data());
+  // Scores 3, -1, 2, 0.5, -2; class 1 for the first three and the last.
+  std::vector<float> x = {3, 0, 0, 1, 2, 0, 1, 0.5f, 0, 2};
+  std::vector<int32_t> y = {1, 1, 1, 0, 1};
+  std::vector<float> scores;
+  EvalResult r = model.Evaluate(x.data(), y.data(), 5, &scores);
+  const std::vector<float> want = {3, -1, 2, 0.5f, -2};
+  ASSERT_EQ(scores.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(scores[i], want[i]) << i;
+  // The one class-0 example (0.5) is beaten by 3 and 2 of the four: 0.5.
+  EXPECT_DOUBLE_EQ(r.auc, 0.5);
+  y = {1, 0, 1, 0, 0};
+  EXPECT_DOUBLE_EQ(model.Evaluate(x.data(), y.data(), 5).auc, 1.0);
+  // More classes: no AUC, no scores.
+  MlpModel three(backend.get(), {3, 3}, 2);
+  std::vector<float> q(3 * 3 + 3, 0.0f);
+  three.SetParameters(q.data());
+  scores.clear();
+  std::vector<float> x3(6, 1.0f);
+  std::vector<int32_t> y3 = {0, 1};
+  EXPECT_EQ(three.Evaluate(x3.data(), y3.data(), 2, &scores).auc, -1);
+  EXPECT_TRUE(scores.empty());
+}
+
 TEST(MlpModel, GradientDescentLearnsASeparableProblem) {
   auto backend = CreateCpuBackend();
   MlpModel model(backend.get(), {2, 8, 2}, 64);

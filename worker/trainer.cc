@@ -169,11 +169,17 @@ void Trainer::OnEvaluation(const Evaluator::Result& result, bool final_eval) {
   session_->UpdateProgress([&](v1::WorkerProgress* progress) {
     progress->set_test_accuracy(static_cast<float>(result.eval.accuracy));
     progress->set_test_loss(static_cast<float>(result.eval.loss));
+    if (result.eval.auc >= 0) {
+      progress->set_test_auc(static_cast<float>(result.eval.auc));
+    } else {
+      progress->clear_test_auc();
+    }
     snapshot = *progress;
   });
   WriteCurveRow(result.step, snapshot, /*evaluated=*/true);
-  spdlog::info("{}test accuracy {:.4f} loss {:.4f} at step {} ({} examples)",
+  spdlog::info("{}test accuracy {:.4f} loss {:.4f}{} at step {} ({} examples)",
                final_eval ? "final " : "", result.eval.accuracy, result.eval.loss,
+               result.eval.auc >= 0 ? absl::StrFormat(" AUC %.4f", result.eval.auc) : "",
                result.step, result.eval.examples);
 }
 
@@ -187,6 +193,7 @@ void Trainer::WriteCurveRow(uint64_t step, const v1::WorkerProgress& p,
   row.samples_per_sec = p.samples_per_sec();
   row.test_accuracy = p.test_accuracy();
   row.test_loss = p.test_loss();
+  row.test_auc = p.has_test_auc() ? p.test_auc() : -1;
   row.evaluated = evaluated;
   curve_->Write(row, Now());
 }
@@ -770,6 +777,7 @@ absl::Status Trainer::EvaluateFinal(v1::WorkerDoneRequest* done) {
   done->set_has_final_eval(true);
   done->set_final_test_accuracy(static_cast<float>(result.eval.accuracy));
   done->set_final_test_loss(static_cast<float>(result.eval.loss));
+  if (result.eval.auc >= 0) done->set_final_test_auc(static_cast<float>(result.eval.auc));
   *done->mutable_progress() = session_->progress();
   return session_->ReportDone(*done);
 }

@@ -323,7 +323,7 @@ class CurveAndStraggler(unittest.TestCase):
                 with open(path) as f:
                     self.assertEqual(f.readline().strip(),
                                      "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,"
-                                     "test_accuracy,test_loss,evaluated")
+                                     "test_accuracy,test_loss,evaluated,test_auc")
                     rows.append([line.strip().split(",") for line in f])
         for r in (0, 1):
             self.assertEqual(len(rows[r]), steps + 2, rows[r])  # each step, then 2 evaluations
