@@ -1,7 +1,7 @@
 #include "worker/binary_auc.h"
 
 #include <algorithm>
-#include <numeric>
+#include <cmath>
 #include <vector>
 
 namespace grps {
@@ -10,8 +10,10 @@ double BinaryAuc(absl::Span<const float> scores, absl::Span<const int32_t> label
   if (scores.size() != labels.size()) return -1;
   std::vector<size_t> order;
   order.reserve(scores.size());
-  for (size_t i = 0; i < scores.size(); ++i)
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (std::isnan(scores[i])) return -1;  // no order (a diverged model)
     if (labels[i] == 0 || labels[i] == 1) order.push_back(i);
+  }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
   // The sum of the ranks (1-based) of class 1's examples, each run of equal
   // scores at its mean rank.

@@ -17,7 +17,7 @@ namespace grps {
 // example of class 0, a tie counting one half (the Mann-Whitney U over the
 // product of the classes' sizes). `scores` and `labels` (0 or 1; any other
 // label counts as neither) are per example. -1 when either class has no
-// example, or the sizes differ. O(n log n).
+// example, a score is NaN, or the sizes differ. O(n log n).
 double BinaryAuc(absl::Span<const float> scores, absl::Span<const int32_t> labels);
 
 }  // namespace grps

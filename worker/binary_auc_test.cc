@@ -1,5 +1,6 @@
 #include "worker/binary_auc.h"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -42,10 +43,12 @@ TEST(BinaryAuc, EqualsTheCountOverEveryPairWithManyTies) {
   EXPECT_GT(auc, 0.5);
 }
 
-TEST(BinaryAuc, IsMinusOneWithoutBothClassesAndIgnoresOtherLabels) {
+TEST(BinaryAuc, IsMinusOneWithoutBothClassesOrWithANanAndIgnoresOtherLabels) {
   EXPECT_EQ(BinaryAuc({0.1f, 0.2f}, {1, 1}), -1);
   EXPECT_EQ(BinaryAuc({}, {}), -1);
   EXPECT_EQ(BinaryAuc({0.1f}, {0, 1}), -1);  // sizes differ
+  EXPECT_EQ(BinaryAuc({0.1f, NAN, 0.3f}, {0, 1, 1}), -1);  // a diverged model's
+  EXPECT_DOUBLE_EQ(BinaryAuc({-INFINITY, INFINITY}, {0, 1}), 1.0);
   EXPECT_DOUBLE_EQ(BinaryAuc({0.1f, 0.9f, 0.0f}, {0, 1, 7}), 1.0);
 }
 
