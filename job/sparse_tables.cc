@@ -89,6 +89,9 @@ absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slot
   return absl::OkStatus();
 }
 
+// The most updates a managed table may wait for before admitting a row.
+constexpr uint32_t kMaxAdmitAfter = 1000000;
+
 bool IsManagedTable(const v1::SparseTableSpec& spec) {
   return spec.eviction() != v1::SparseTableSpec::EVICTION_NONE || spec.admit_after() > 1 ||
          spec.evict_after_updates() > 0;
@@ -113,7 +116,8 @@ absl::Status ValidateSparseTables(const v1::JobConfig& config) {
       return bad("unknown eviction ", static_cast<int>(t.eviction()));
     if (t.eviction() != v1::SparseTableSpec::EVICTION_NONE && t.max_rows_per_shard() == 0)
       return bad("eviction needs max_rows_per_shard (the capacity past which rows leave)");
-    if (t.admit_after() > 1000000) return bad("admit_after must be at most 1000000");
+    if (t.admit_after() > kMaxAdmitAfter)
+      return bad("admit_after must be at most ", kMaxAdmitAfter);
     if (t.evict_after_updates() > (uint64_t{1} << 40))
       return bad("evict_after_updates must be at most 2^40");
   }
@@ -181,7 +185,9 @@ absl::Status SetTableOption(absl::string_view key, absl::string_view value,
   if (key == "max_rows") {
     t->set_max_rows_per_shard(n);
   } else if (key == "admit_after") {
-    if (n > 1000000) return absl::InvalidArgumentError("admit_after: at most 1000000");
+    // Checked before the narrowing: a larger number must not wrap to a small one.
+    if (n > kMaxAdmitAfter)
+      return absl::InvalidArgumentError(absl::StrCat("admit_after: at most ", kMaxAdmitAfter));
     t->set_admit_after(static_cast<uint32_t>(n));
   } else if (key == "evict_after") {
     t->set_evict_after_updates(n);
