@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "client/job_client.h"
+#include "data/criteo.h"
 #include "daemon/daemon.h"
 #include "daemon/security.h"
 #include "google/protobuf/util/json_util.h"
@@ -324,9 +325,11 @@ class PyWorker {
   void Leave() { Check(Released([&] { return worker_->Leave(); })); }
 
   // `declined`: asked for the final evaluation, the program has none.
-  void Done(std::optional<float> accuracy, std::optional<float> loss, bool declined) {
+  void Done(std::optional<float> accuracy, std::optional<float> loss, std::optional<float> auc,
+            bool declined) {
     std::optional<UserWorker::Evaluation> eval;
-    if (accuracy.has_value()) eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1)};
+    if (accuracy.has_value())
+      eval = UserWorker::Evaluation{*accuracy, loss.value_or(-1), auc.value_or(-1)};
     Check(Released([&] { return worker_->Done(eval, declined); }));
   }
 
@@ -481,7 +484,8 @@ void BindCurveFile(py::module_& m) {
       .def(
           "write",
           [](grps::CurveFile& curve, uint64_t step, uint32_t epoch, double loss,
-             double samples_per_sec, double test_accuracy, double test_loss, bool evaluated) {
+             double samples_per_sec, double test_accuracy, double test_loss, bool evaluated,
+             double test_auc) {
             grps::CurveRow row;
             row.step = step;
             row.epoch = epoch;
@@ -490,10 +494,50 @@ void BindCurveFile(py::module_& m) {
             row.test_accuracy = test_accuracy;
             row.test_loss = test_loss;
             row.evaluated = evaluated;
+            row.test_auc = test_auc;
             curve.Write(row, absl::Now());
           },
           py::arg("step"), py::arg("epoch"), py::arg("loss"), py::arg("samples_per_sec"),
-          py::arg("test_accuracy"), py::arg("test_loss"), py::arg("evaluated"));
+          py::arg("test_accuracy"), py::arg("test_loss"), py::arg("evaluated"),
+          py::arg("test_auc") = -1.0);
+}
+
+void BindCriteoReader(py::module_& m) {
+  // data/criteo.h's streaming reader, for grps.criteo: next(max) is the next
+  // (labels, dense, ids) of this rank's share as numpy arrays (float32 n,
+  // float32 n x 13, int64 n x 26), or None at the end of the file.
+  py::class_<grps::CriteoReader>(m, "CriteoReader")
+      .def(py::init([](const std::string& path, uint32_t rank, uint32_t world) {
+             absl::StatusOr<grps::CriteoReader> reader =
+                 grps::CriteoReader::Open(path, rank, world);
+             if (!reader.ok()) grps::Raise(reader.status());
+             return std::move(*reader);
+           }),
+           py::arg("path"), py::arg("rank"), py::arg("world"))
+      .def(
+          "next",
+          [](grps::CriteoReader& reader, int64_t max) -> py::object {
+            if (max < 1) throw py::value_error("max must be at least 1");
+            grps::CriteoBatch batch;
+            absl::StatusOr<int64_t> n;
+            {
+              py::gil_scoped_release nogil;
+              n = reader.Next(max, &batch);
+            }
+            if (!n.ok()) grps::Raise(n.status());
+            if (*n == 0) return py::none();
+            auto copy = [](const auto& v, std::vector<py::ssize_t> shape) {
+              using T = typename std::decay_t<decltype(v)>::value_type;
+              py::array_t<T> out(shape);
+              std::copy(v.begin(), v.end(), out.mutable_data());
+              return out;
+            };
+            return py::make_tuple(copy(batch.labels, {*n}),
+                                  copy(batch.dense, {*n, grps::kCriteoDense}),
+                                  copy(batch.ids, {*n, grps::kCriteoTables}));
+          },
+          py::arg("max"))
+      .def_property_readonly("lines", &grps::CriteoReader::lines);
 }
 
 void BindWorker(py::module_& m) {
@@ -518,7 +562,8 @@ void BindWorker(py::module_& m) {
       .def("leave", &PyWorker::Leave)
       .def("first_non_finite", &PyWorker::FirstNonFinite, py::arg("grads"))
       .def("done", &PyWorker::Done, py::arg("accuracy") = py::none(),
-           py::arg("loss") = py::none(), py::arg("declined") = false)
+           py::arg("loss") = py::none(), py::arg("auc") = py::none(),
+           py::arg("declined") = false)
       .def("collective", &PyWorker::Collective, py::arg("name"), py::arg("payload"),
            py::arg("timeout_s"))
       .def("await_end", &PyWorker::AwaitEnd)
@@ -569,4 +614,5 @@ PYBIND11_MODULE(_grps, m) {
   grps::BindStraggler(m);
   grps::BindCurveFile(m);
   grps::BindWorker(m);
+  grps::BindCriteoReader(m);
 }

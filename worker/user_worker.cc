@@ -424,6 +424,11 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation, bool 
     if (evaluation.has_value()) {
       p->set_test_accuracy(evaluation->accuracy);
       p->set_test_loss(evaluation->loss);
+      if (evaluation->auc >= 0) {
+        p->set_test_auc(evaluation->auc);
+      } else {
+        p->clear_test_auc();
+      }
     }
   });
   *done.mutable_progress() = session_->progress();
@@ -431,6 +436,7 @@ absl::Status UserWorker::Done(const std::optional<Evaluation>& evaluation, bool 
     done.set_has_final_eval(true);
     done.set_final_test_accuracy(evaluation->accuracy);
     done.set_final_test_loss(evaluation->loss);
+    if (evaluation->auc >= 0) done.set_final_test_auc(evaluation->auc);
   } else if (declined) {
     done.set_no_final_eval(true);
   }

@@ -75,6 +75,7 @@ class UserWorker {
   struct Evaluation {
     float accuracy = 0;
     float loss = 0;
+    float auc = -1;  // a two-class model's test AUC; -1: none
   };
 
   // Offers `model` (DefineModel; the first offer defines the job's model),

@@ -55,16 +55,18 @@ class _Curve:
         self.path = path
         self.file = None
         self.started = time.time()
-        self.loss = self.accuracy = self.test_loss = -1.0
+        self.loss = self.accuracy = self.test_loss = self.auc = -1.0
         self.rate_from = (time.monotonic(), 0)  # (when, samples) of the rate's start
         self.rate = 0.0
 
-    def row(self, step, samples, loss=None, accuracy=None, test_loss=None):
+    def row(self, step, samples, loss=None, accuracy=None, test_loss=None, auc=None):
         if not self.path:
             return
         if loss is not None:
             self.loss = float(loss)
-        evaluated = accuracy is not None or test_loss is not None
+        evaluated = accuracy is not None or test_loss is not None or auc is not None
+        if auc is not None:
+            self.auc = float(auc)
         if accuracy is not None:
             self.accuracy = float(accuracy)
         if test_loss is not None:
@@ -76,7 +78,8 @@ class _Curve:
             self.rate_from = (now, samples)
         if self.file is None:
             self.file = _grps.CurveFile(self.path, self.started)
-        self.file.write(step, 0, self.loss, self.rate, self.accuracy, self.test_loss, evaluated)
+        self.file.write(step, 0, self.loss, self.rate, self.accuracy, self.test_loss, evaluated,
+                        self.auc)
 
 
 def _straggler_from_environment():
@@ -1574,34 +1577,47 @@ def _name_element(model, message):
     return message
 
 
-def report(loss=None, test_accuracy=None, test_loss=None):
+def report(loss=None, test_accuracy=None, test_loss=None, test_auc=None):
     """Adds the training loss to the progress grpsctl and grps-local show,
     and a row to the worker's curve (grps-local's curve-worker-<rank>.csv,
     which scripts/grps-compare reads): an evaluation row when a test
-    accuracy or loss is given."""
+    accuracy, loss or AUC (a two-class model's) is given."""
     w = _require_worker()
     if loss is not None:
         w.report_loss(float(loss))
     p = _process
-    p.curve.row(w.step_count, p.samples, loss, test_accuracy, test_loss)
+    p.curve.row(w.step_count, p.samples, loss, test_accuracy, test_loss, test_auc)
 
 
-def done(test_accuracy=None, test_loss=None, evaluate=None):
+def _check_auc(auc):
+    if auc is None:
+        return None
+    auc = float(auc)
+    if not 0.0 <= auc <= 1.0:
+        raise ValueError("test_auc %r is not in [0, 1]" % auc)
+    return auc
+
+
+def done(test_accuracy=None, test_loss=None, evaluate=None, test_auc=None):
     """This worker is done: reports its figures, then waits until the job
     ends. Every argument is optional. ``evaluate``: a function returning
-    (accuracy, loss), or a loss, run on the final weights (in the model)
-    when the coordinator asks this worker for the job's final evaluation;
-    without it, the figures given are the final ones. With no accuracy at
-    all (a regression, a language model), the job completes without a final
-    evaluation (its message says so). A program that ends without calling
-    done() is done as if it had, with no figures (a Horovod script)."""
+    (accuracy, loss), (accuracy, loss, auc), or a loss, run on the final
+    weights (in the model) when the coordinator asks this worker for the
+    job's final evaluation; without it, the figures given are the final
+    ones. ``test_auc`` (a two-class model's, in [0, 1]) goes with an
+    accuracy into the job's result (grpsctl, the result JSON). With no
+    accuracy at all (a regression, a language model), the job completes
+    without a final evaluation (its message says so). A program that ends
+    without calling done() is done as if it had, with no figures (a Horovod
+    script)."""
     p = _require_process()
     w = _require_worker()
+    test_auc = _check_auc(test_auc)
     p.finished = True
-    if test_accuracy is not None or test_loss is not None:
-        p.curve.row(w.step_count, p.samples, None, test_accuracy, test_loss)
+    if test_accuracy is not None or test_loss is not None or test_auc is not None:
+        p.curve.row(w.step_count, p.samples, None, test_accuracy, test_loss, test_auc)
     w.done(None if test_accuracy is None else float(test_accuracy),
-           None if test_loss is None else float(test_loss))
+           None if test_loss is None else float(test_loss), test_auc)
     evaluated = False
     while w.await_end():
         if evaluated:
@@ -1611,14 +1627,19 @@ def done(test_accuracy=None, test_loss=None, evaluate=None):
                 w.pull_final(p.model.flat.numpy())
                 p.model.weights_to_params()
                 figures = evaluate()
-                if isinstance(figures, (tuple, list)):
+                test_auc = None
+                if isinstance(figures, (tuple, list)) and len(figures) == 3:
+                    test_accuracy, test_loss, test_auc = figures
+                    test_auc = _check_auc(test_auc)
+                elif isinstance(figures, (tuple, list)):
                     test_accuracy, test_loss = figures
                 else:
                     test_accuracy, test_loss = None, figures
             if test_accuracy is None:
                 w.done(None, None if test_loss is None else float(test_loss), declined=True)
             else:
-                w.done(float(test_accuracy), None if test_loss is None else float(test_loss))
+                w.done(float(test_accuracy), None if test_loss is None else float(test_loss),
+                       test_auc)
         except JobEnded:
             # The job completed while this worker was asked (the figures a
             # done() carried, this one's or another rank's, were final).
