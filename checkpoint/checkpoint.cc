@@ -121,6 +121,7 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
   if (first) {
     dst->set_name(src.name());
     dst->set_dim(src.dim());
+    dst->set_state_width(src.state_width());
     dst->set_version(src.version());
     dst->set_clock(src.clock());
     *dst->mutable_marks() = src.marks();
@@ -128,7 +129,8 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
     for (int k = 0; k < src.optimizer_state_size(); ++k) dst->add_optimizer_state();
   } else {
     if (src.name() != dst->name() || src.dim() != dst->dim() ||
-        src.optimizer_state_size() != dst->optimizer_state_size())
+        src.optimizer_state_size() != dst->optimizer_state_size() ||
+        TableStateWidth(src) != TableStateWidth(*dst))
       return absl::DataLossError(absl::StrCat(path, ": sparse table '", src.name(),
                                               "' differs in dim or optimizer state from "
                                               "another shard's file"));
@@ -150,14 +152,15 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
   }
   if (counts) AddStateCounters(src.counters(), dst->mutable_counters());
   const size_t row_bytes = static_cast<size_t>(src.dim()) * sizeof(float);
+  const size_t state_bytes = static_cast<size_t>(TableStateWidth(src)) * sizeof(float);
   for (int i = 0; i < src.ids_size(); ++i) {
     const int64_t id = src.ids(i);
     if (SparseShardOf(id, num_shards) != shard) continue;
-    const size_t at = static_cast<size_t>(i) * row_bytes;
     dst->add_ids(id);
-    dst->mutable_values()->append(src.values(), at, row_bytes);
+    dst->mutable_values()->append(src.values(), static_cast<size_t>(i) * row_bytes, row_bytes);
     for (int k = 0; k < src.optimizer_state_size(); ++k)
-      dst->mutable_optimizer_state(k)->append(src.optimizer_state(k), at, row_bytes);
+      dst->mutable_optimizer_state(k)->append(src.optimizer_state(k),
+                                              static_cast<size_t>(i) * state_bytes, state_bytes);
     dst->add_updates(src.updates_size() == 0 ? 0 : src.updates(i));
     if (src.row_idle_size() != 0) dst->add_row_idle(src.row_idle(i));
   }

@@ -102,7 +102,7 @@ ABSL_FLAG(std::string, sparse_tables, "",
           "user model (--model=user): the job's sparse tables, "
           "NAME:ROWS:DIM[:INIT_SCALE][:KEY=VALUE...] separated by commas (ROWS 0: any int64 "
           "id; KEY max_rows, eviction=none|lru|lfu, admit_after or evict_after, as the "
-          "--embedding_ flags); a worker's gt.EmbeddingBag(NAME, DIM) reads and trains them");
+          "--embedding_ flags, or rowwise_adagrad=1: one AdaGrad accumulator a row); a worker's gt.EmbeddingBag(NAME, DIM) reads and trains them");
 ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
           "use only the first N training examples (0 = all)");
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),

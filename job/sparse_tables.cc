@@ -53,6 +53,14 @@ bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id) {
   return spec.rows() == 0 || (id >= 0 && static_cast<uint64_t>(id) < spec.rows());
 }
 
+uint32_t SparseStateWidth(const v1::SparseTableSpec& spec) {
+  return spec.rowwise_adagrad() ? 1 : spec.dim();
+}
+
+uint32_t TableStateWidth(const v1::TableState& state) {
+  return state.state_width() == 0 ? state.dim() : state.state_width();
+}
+
 absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slots) {
   auto bad = [&](auto... why) {
     return absl::InvalidArgumentError(absl::StrCat(why...));
@@ -69,8 +77,13 @@ absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slot
   if (state.optimizer_state_size() != slots)
     return bad(state.optimizer_state_size(), " optimizer state slots, this optimizer keeps ",
                slots, " (the same --optimizer is needed)");
+  if (state.state_width() != 0 && state.state_width() != 1 && state.state_width() != dim)
+    return bad("optimizer state of ", state.state_width(), " floats a row, neither 1 nor ", dim);
+  const size_t state_bytes = static_cast<size_t>(TableStateWidth(state)) * sizeof(float);
   for (const std::string& slot : state.optimizer_state())
-    if (!whole(slot)) return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows");
+    if (slot.size() % state_bytes != 0 || slot.size() / state_bytes != n)
+      return bad("an optimizer state slot of ", slot.size(), " bytes for ", n, " rows of ",
+                 TableStateWidth(state), " floats");
   if (state.updates_size() != 0 && static_cast<size_t>(state.updates_size()) != n)
     return bad(state.updates_size(), " update counts for ", n, " rows");
   // A managed table's ages: within its clock, which stays far from int64's end.
@@ -120,6 +133,8 @@ absl::Status ValidateSparseTables(const v1::JobConfig& config) {
       return bad("admit_after must be at most ", kMaxAdmitAfter);
     if (t.evict_after_updates() > (uint64_t{1} << 40))
       return bad("evict_after_updates must be at most 2^40");
+    if (t.rowwise_adagrad() && config.optimizer().kind() != v1::OPTIMIZER_ADAGRAD)
+      return bad("rowwise_adagrad needs the adagrad optimizer (--optimizer=adagrad)");
   }
   if (config.sparse_tables_size() > 64)
     return absl::InvalidArgumentError("job config: at most 64 sparse tables");
@@ -191,9 +206,13 @@ absl::Status SetTableOption(absl::string_view key, absl::string_view value,
     t->set_admit_after(static_cast<uint32_t>(n));
   } else if (key == "evict_after") {
     t->set_evict_after_updates(n);
+  } else if (key == "rowwise_adagrad") {
+    if (n > 1) return absl::InvalidArgumentError("rowwise_adagrad: 0 or 1");
+    t->set_rowwise_adagrad(n == 1);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown option '", key, "' (max_rows, eviction, admit_after, evict_after)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown option '", key,
+                     "' (max_rows, eviction, admit_after, evict_after, rowwise_adagrad)"));
   }
   return absl::OkStatus();
 }

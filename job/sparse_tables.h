@@ -38,9 +38,16 @@ bool SparseIdInRange(const v1::SparseTableSpec& spec, int64_t id);
 // InvalidArgument names the table and the field.
 absl::Status ValidateSparseTables(const v1::JobConfig& config);
 
+// Floats of each optimizer state slot a row of the table keeps: 1 with
+// rowwise_adagrad, else dim.
+uint32_t SparseStateWidth(const v1::SparseTableSpec& spec);
+// The same, as a checkpoint's rows of a table say (state_width; 0: dim).
+uint32_t TableStateWidth(const v1::TableState& state);
+
 // Checks that a checkpoint's rows of a table (TableState) are whole rows of
 // `dim` floats: as many values as ids times dim, `slots` optimizer state
-// slots of that size each, and no update count or one per row. The rows'
+// slots of ids times its state width (1 or dim) each, and no update count
+// or one per row. The rows'
 // ids are not looked at. INVALID_ARGUMENT says what does not fit (the
 // caller names the table and the file).
 absl::Status CheckTableState(const v1::TableState& state, uint32_t dim, int slots);

@@ -73,7 +73,9 @@ SparseRows::SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfi
       backend_(backend),
       dim_(spec.dim()),
       slots_(OptimizerStateSlots(optimizer.kind())),
-      stride_(static_cast<size_t>(spec.dim()) * (1 + OptimizerStateSlots(optimizer.kind()))),
+      state_width_(SparseStateWidth(spec)),
+      stride_(spec.dim() + static_cast<size_t>(SparseStateWidth(spec)) *
+                               OptimizerStateSlots(optimizer.kind())),
       managed_(IsManagedTable(spec)) {}
 
 absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
@@ -166,16 +168,32 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     }
     float* row = RowAt(slot);
     float* a = row + dim_;
-    float* b = row + 2 * static_cast<size_t>(dim_);
+    float* b = a + state_width_;
     const float* g = grad.values.data() + i * dim_;
     const uint32_t t = ++updates_[slot];
-    ApplyOptimizerStep(optimizer_, *backend_, lr, t, row, g, a, b, dim_);
+    if (spec_.rowwise_adagrad()) {
+      RowwiseAdagradStep(lr, row, g, a);
+    } else {
+      ApplyOptimizerStep(optimizer_, *backend_, lr, t, row, g, a, b, dim_);
+    }
   }
   if (!managed_) return;
   ++clock_;
   EvictIdle();
   EvictPastCapacity();
   BoundPending();
+}
+
+void SparseRows::RowwiseAdagradStep(float lr, float* row, const float* grad, float* accum) const {
+  const float wd = optimizer_.weight_decay();
+  double squares = 0;
+  for (uint32_t i = 0; i < dim_; ++i) {
+    const float g = grad[i] + wd * row[i];
+    squares += static_cast<double>(g) * g;
+  }
+  *accum += static_cast<float>(squares / dim_);
+  const float step = lr / (std::sqrt(*accum) + optimizer_.epsilon());
+  for (uint32_t i = 0; i < dim_; ++i) row[i] -= step * (grad[i] + wd * row[i]);
 }
 
 std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
@@ -296,7 +314,9 @@ void SparseRows::Clear() {
 void SparseRows::Save(v1::TableState* out) const {
   const size_t n = index_.size();
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  const size_t state_bytes = static_cast<size_t>(state_width_) * sizeof(float);
   out->set_dim(dim_);
+  if (state_width_ != dim_) out->set_state_width(state_width_);
   // The rows in slot order: every slot below n (an unmanaged table's are
   // dense), or a managed table's held ones.
   std::vector<uint32_t> slots;
@@ -311,18 +331,19 @@ void SparseRows::Save(v1::TableState* out) const {
     for (const auto& [id, slot] : index_) out->set_ids(static_cast<int>(slot), id);
   }
   // Each part of a row (values, then each state slot) goes to its own field.
-  std::vector<char*> parts;
   out->mutable_values()->resize(n * row_bytes);
-  parts.push_back(out->mutable_values()->data());
+  char* values = out->mutable_values()->data();
+  std::vector<char*> states;
   for (uint32_t k = 0; k < slots_; ++k) {
     std::string* slot = out->add_optimizer_state();
-    slot->resize(n * row_bytes);
-    parts.push_back(slot->data());
+    slot->resize(n * state_bytes);
+    states.push_back(slot->data());
   }
   for (size_t i = 0; i < n; ++i) {
     const float* row = RowAt(slots[i]);
-    for (size_t k = 0; k < parts.size(); ++k)
-      std::memcpy(parts[k] + i * row_bytes, row + k * dim_, row_bytes);
+    std::memcpy(values + i * row_bytes, row, row_bytes);
+    for (size_t k = 0; k < states.size(); ++k)
+      std::memcpy(states[k] + i * state_bytes, row + dim_ + k * state_width_, state_bytes);
     out->add_updates(updates_[slots[i]]);
   }
   if (!managed_) return;
@@ -350,6 +371,10 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   if (absl::Status s = CheckTableState(state, dim_, static_cast<int>(slots_)); !s.ok())
     return bad(s.message());
+  if (slots_ > 0 && TableStateWidth(state) != state_width_)
+    return bad("optimizer state of ", TableStateWidth(state), " floats a row, this table keeps ",
+               state_width_, " (rowwise_adagrad differs)");
+  const size_t state_bytes = static_cast<size_t>(state_width_) * sizeof(float);
   if (!managed_ && spec_.max_rows_per_shard() > 0 && n > spec_.max_rows_per_shard())
     return absl::FailedPreconditionError(
         absl::StrCat("sparse table '", spec_.name(), "': the checkpoint puts ", n,
@@ -361,8 +386,8 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   index_.reserve(n);
   updates_.reserve(n);
   traffic_.reserve(n);
-  std::vector<const char*> parts{state.values().data()};
-  for (const std::string& slot : state.optimizer_state()) parts.push_back(slot.data());
+  std::vector<const char*> states;
+  for (const std::string& slot : state.optimizer_state()) states.push_back(slot.data());
   for (size_t i = 0; i < n; ++i) {
     const uint32_t slot = static_cast<uint32_t>(i);
     const int64_t id = state.ids(static_cast<int>(i));
@@ -370,8 +395,9 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
     if (slot % kRowsPerBlock == 0)
       blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
     float* row = RowAt(slot);
-    for (size_t k = 0; k < parts.size(); ++k)
-      std::memcpy(row + k * dim_, parts[k] + i * row_bytes, row_bytes);
+    std::memcpy(row, state.values().data() + i * row_bytes, row_bytes);
+    for (size_t k = 0; k < states.size(); ++k)
+      std::memcpy(row + dim_ + k * state_width_, states[k] + i * state_bytes, state_bytes);
     updates_.push_back(state.updates_size() == 0 ? 0 : state.updates(static_cast<int>(i)));
     traffic_.push_back(0);
     if (managed_) {

@@ -1,6 +1,7 @@
 // SparseRows: the rows of one sparse table that one shard holds, each with
 // its row-wise optimizer state (momentum velocity, Adam's moments and update
-// count, AdaGrad's accumulator), created on first use from the table's
+// count, AdaGrad's accumulator: dim floats, or one with rowwise_adagrad),
+// created on first use from the table's
 // deterministic initializer (job/sparse_tables.h). An update touches only
 // the rows of its gradient ("lazy" optimizers: a row's state moves only when
 // the row is updated, and Adam's bias correction counts that row's own
@@ -125,6 +126,9 @@ class SparseRows {
   // A managed table's update of row `id` (at `clock_` + 1): its slot, or
   // none while the id waits for admission.
   std::optional<uint32_t> AdmittedSlot(int64_t id);
+  // One step of row-wise AdaGrad (SparseTableSpec.rowwise_adagrad) on a row
+  // and its one accumulator.
+  void RowwiseAdagradStep(float lr, float* row, const float* grad, float* accum) const;
   // A managed table's evictions after an update (class comment).
   void EvictIdle();
   void EvictPastCapacity();
@@ -145,8 +149,9 @@ class SparseRows {
   const uint64_t seed_;
   Backend* const backend_;
   const uint32_t dim_;
-  const uint32_t slots_;  // optimizer state vectors per row (0, 1 or 2)
-  const size_t stride_;   // floats per row: values, then each state vector
+  const uint32_t slots_;        // optimizer state vectors per row (0, 1 or 2)
+  const uint32_t state_width_;  // floats per state vector: dim, or 1 (row-wise AdaGrad)
+  const size_t stride_;         // floats per row: values, then each state vector
   const bool managed_;    // eviction, admit_after or evict_after_updates set
   absl::flat_hash_map<int64_t, uint32_t> index_;
   std::vector<std::unique_ptr<float[]>> blocks_;

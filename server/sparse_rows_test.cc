@@ -6,6 +6,7 @@
 #include "server/sparse_rows.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -294,6 +295,103 @@ TEST(ManagedTableConfig, OptionsParseAndEvictionNeedsACapacity) {
   *config.add_sparse_tables() = Managed(v1::SparseTableSpec::EVICTION_LRU, 0);
   EXPECT_THAT(ValidateSparseTables(config).message(), HasSubstr("needs max_rows_per_shard"));
   config.mutable_sparse_tables(0)->set_max_rows_per_shard(10);
+  EXPECT_TRUE(ValidateSparseTables(config).ok());
+}
+
+// Row-wise AdaGrad (SparseTableSpec.rowwise_adagrad): one accumulator a row,
+// grown by the mean of the gradient's squares; each value steps by
+// lr * g / (sqrt(accumulator) + epsilon).
+class RowwiseAdagradTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kWide = 4;
+  static v1::SparseTableSpec Spec(bool rowwise) {
+    v1::SparseTableSpec spec;
+    spec.set_name("emb");
+    spec.set_dim(kWide);
+    spec.set_rowwise_adagrad(rowwise);
+    return spec;
+  }
+  static v1::OptimizerConfig Adagrad() {
+    v1::OptimizerConfig opt;
+    opt.set_kind(v1::OPTIMIZER_ADAGRAD);
+    opt.set_epsilon(1e-7f);
+    return opt;
+  }
+  std::unique_ptr<SparseRows> Make(bool rowwise) {
+    return std::make_unique<SparseRows>(Spec(rowwise), Adagrad(), kSeed, backend_.get());
+  }
+  std::unique_ptr<Backend> backend_ = CreateCpuBackend();
+};
+
+TEST_F(RowwiseAdagradTest, OneAccumulatorARowStepsEveryValueAlike) {
+  std::unique_ptr<SparseRows> rows = Make(true);
+  std::vector<float> want(kWide);
+  InitializeSparseRow(Spec(true), kSeed, 3, want.data());
+  const std::vector<float> grad = {1, 2, 3, 4};
+  const std::vector<int64_t> ids = {3};
+  float accum = 0;
+  for (int update = 0; update < 2; ++update) {
+    rows->Apply(GradientRef{grad, ids}, kLr);
+    accum += (1 + 4 + 9 + 16) / 4.0f;
+    const float step = kLr / (std::sqrt(accum) + 1e-7f);
+    for (uint32_t i = 0; i < kWide; ++i) want[i] -= step * grad[i];
+    const float* row = rows->TEST_Row(3);
+    ASSERT_NE(row, nullptr);
+    for (uint32_t i = 0; i < kWide; ++i) EXPECT_FLOAT_EQ(row[i], want[i]) << update << " " << i;
+    EXPECT_FLOAT_EQ(row[kWide], accum) << "the row's one accumulator follows its values";
+  }
+}
+
+TEST_F(RowwiseAdagradTest, ARowKeepsOneFloatOfStateInMemoryAndInACheckpoint) {
+  std::unique_ptr<SparseRows> rowwise = Make(true);
+  std::unique_ptr<SparseRows> elementwise = Make(false);
+  std::vector<int64_t> ids(10000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 7919);
+  const std::vector<float> grad(ids.size() * kWide, 0.25f);
+  for (SparseRows* rows : {rowwise.get(), elementwise.get()})
+    rows->Apply(GradientRef{grad, ids}, kLr);
+  // The same rows, index and counters: the state's dim - 1 floats a row less.
+  EXPECT_GE(elementwise->bytes() - rowwise->bytes(), ids.size() * (kWide - 1) * sizeof(float));
+
+  v1::TableState state;
+  rowwise->Save(&state);
+  EXPECT_EQ(state.state_width(), 1u);
+  ASSERT_EQ(state.optimizer_state_size(), 1);
+  EXPECT_EQ(state.optimizer_state(0).size(), ids.size() * sizeof(float));
+  v1::TableState wide;
+  elementwise->Save(&wide);
+  EXPECT_EQ(wide.state_width(), 0u) << "a full-width state is saved as before";
+  EXPECT_EQ(wide.optimizer_state(0).size(), ids.size() * kWide * sizeof(float));
+
+  // A loaded table goes on exactly as the saved one.
+  std::unique_ptr<SparseRows> loaded = Make(true);
+  ASSERT_TRUE(loaded->Load(state).ok());
+  const std::vector<float> more(ids.size() * kWide, -0.5f);
+  rowwise->Apply(GradientRef{more, ids}, kLr);
+  loaded->Apply(GradientRef{more, ids}, kLr);
+  for (int64_t id : ids)
+    for (uint32_t i = 0; i <= kWide; ++i)
+      ASSERT_EQ(loaded->TEST_Row(id)[i], rowwise->TEST_Row(id)[i]) << id;
+
+  // A table of the other kind refuses the state, both ways.
+  EXPECT_THAT(Make(false)->Load(state).message(), HasSubstr("rowwise_adagrad differs"));
+  EXPECT_THAT(Make(true)->Load(wide).message(), HasSubstr("rowwise_adagrad differs"));
+  state.set_state_width(3);
+  EXPECT_THAT(Make(true)->Load(state).message(), HasSubstr("neither 1 nor 4"));
+}
+
+TEST(RowwiseAdagradConfig, AnOptionOfTheTableThatNeedsAdagrad) {
+  absl::StatusOr<std::vector<v1::SparseTableSpec>> tables =
+      ParseSparseTables("a:0:16:rowwise_adagrad=1,b:0:16:rowwise_adagrad=0");
+  ASSERT_TRUE(tables.ok()) << tables.status();
+  EXPECT_TRUE((*tables)[0].rowwise_adagrad());
+  EXPECT_FALSE((*tables)[1].rowwise_adagrad());
+  EXPECT_FALSE(ParseSparseTables("a:0:16:rowwise_adagrad=2").ok());
+  v1::JobConfig config;
+  *config.add_sparse_tables() = (*tables)[0];
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+  EXPECT_THAT(ValidateSparseTables(config).message(), HasSubstr("needs the adagrad optimizer"));
+  config.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAGRAD);
   EXPECT_TRUE(ValidateSparseTables(config).ok());
 }
 

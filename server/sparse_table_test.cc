@@ -586,12 +586,10 @@ class SparseCheckpointTest : public ::testing::Test {
   std::string root_;
 };
 
-TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOne) {
-  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM);
-  config.mutable_optimizer()->set_beta1(0.9f);
-  config.mutable_optimizer()->set_beta2(0.999f);
-  config.mutable_optimizer()->set_epsilon(1e-8f);
-  config.set_num_workers(1);
+// Two shards' rows and optimizer state under `config` (async, one worker),
+// checkpointed and restored into three shards and into one: every row the
+// same, and its next update the same as on the old shard.
+void RestoresBitForBitIntoThreeShardsOrOne(const std::string& root, v1::JobConfig config) {
   // Two shards, each with 30 rows that had from 1 to 3 updates.
   std::vector<std::unique_ptr<ShardStore>> before;
   std::vector<int64_t> all;
@@ -606,7 +604,7 @@ TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOn
       ASSERT_TRUE(before[shard]->PushSparse(Gradient(0, step, step, some, grad)).ok());
     }
   }
-  const std::string dir = WriteCheckpoint(root_, config, before);
+  const std::string dir = WriteCheckpoint(root, config, before);
   absl::StatusOr<v1::CheckpointManifest> manifest = VerifyCheckpoint(Env::Default(), dir, "");
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   EXPECT_EQ(manifest->shards(0).num_tables(), 1u);
@@ -650,6 +648,24 @@ TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOn
     EXPECT_NE(*moved.TEST_ReadRow("emb", id), *before[old_shard]->TEST_ReadRow("emb", id));
     EXPECT_EQ(*moved.TEST_ReadRow("emb", id), *twin->TEST_ReadRow("emb", id));
   }
+}
+
+TEST_F(SparseCheckpointTest, RowsAndAdamStateRestoreBitForBitIntoThreeShardsOrOne) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM);
+  config.mutable_optimizer()->set_beta1(0.9f);
+  config.mutable_optimizer()->set_beta2(0.999f);
+  config.mutable_optimizer()->set_epsilon(1e-8f);
+  config.set_num_workers(1);
+  RestoresBitForBitIntoThreeShardsOrOne(root_, config);
+}
+
+// Row-wise AdaGrad's one float of state a row moves with its row.
+TEST_F(SparseCheckpointTest, RowwiseAdagradStateRestoresBitForBitIntoThreeShardsOrOne) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAGRAD);
+  config.mutable_optimizer()->set_epsilon(1e-7f);
+  config.mutable_sparse_tables(0)->set_rowwise_adagrad(true);
+  config.set_num_workers(1);
+  RestoresBitForBitIntoThreeShardsOrOne(root_, config);
 }
 
 // The counts of the shards' states (v1::StateCounters) as their status

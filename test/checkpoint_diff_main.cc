@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "job/sparse_tables.h"
 #include "daemon/env.h"
 
 namespace grps {
@@ -76,10 +77,12 @@ using Differ = std::function<bool(const std::string&, const std::string&)>;
 std::map<int64_t, Row> RowsOf(const v1::TableState& t) {
   std::map<int64_t, Row> rows;
   const size_t bytes = static_cast<size_t>(t.dim()) * sizeof(float);
+  const size_t state_bytes = static_cast<size_t>(TableStateWidth(t)) * sizeof(float);
   for (int i = 0; i < t.ids_size(); ++i) {
     Row& row = rows[t.ids(i)];
     row.parts.push_back(t.values().substr(i * bytes, bytes));
-    for (const std::string& slot : t.optimizer_state()) row.parts.push_back(slot.substr(i * bytes, bytes));
+    for (const std::string& slot : t.optimizer_state())
+      row.parts.push_back(slot.substr(i * state_bytes, state_bytes));
     row.updates = t.updates_size() == 0 ? 0 : t.updates(i);
   }
   return rows;

@@ -114,9 +114,12 @@ def main():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--print_tables", action="store_true",
                    help="print the job's --sparse_tables for --dim and exit")
+    p.add_argument("--table_options", default="",
+                   help="with --print_tables: options for every table, e.g. "
+                        "rowwise_adagrad=1:max_rows=100000:eviction=lfu")
     args = p.parse_args()
     if args.print_tables:
-        print(table_flag(args.dim))
+        print(table_flag(args.dim, ":" + args.table_options if args.table_options else ""))
         return
     if not args.train or not args.test:
         p.error("--train and --test are needed")
