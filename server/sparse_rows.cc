@@ -86,7 +86,7 @@ absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
     uint64_t missing = 0;
     absl::flat_hash_map<int64_t, bool> counted;  // ids may repeat
     for (int64_t id : ids)
-      if (!index_.contains(id) && counted.try_emplace(id, true).second) ++missing;
+      if (!Held(id) && counted.try_emplace(id, true).second) ++missing;
     if (index_.size() + missing > limit)
       return absl::FailedPreconditionError(absl::StrCat(
           "sparse table '", spec_.name(), "' holds ", index_.size(), " rows on this shard; ",
@@ -101,39 +101,36 @@ absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
 }
 
 uint32_t SparseRows::SlotOf(int64_t id) {
-  auto [it, added] = index_.try_emplace(id, 0);
-  if (!added) return it->second;
+  if (std::optional<uint32_t> held = index_.Find(id, IdOf()); held.has_value()) return *held;
   uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
     free_.pop_back();
-    updates_[slot] = 0;
-    traffic_[slot] = 0;
   } else {
-    slot = static_cast<uint32_t>(updates_.size());
-    if (slot % kRowsPerBlock == 0)
-      blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
-    updates_.push_back(0);
-    traffic_.push_back(0);
-    if (managed_) {
-      slot_id_.push_back(0);
-      last_.push_back(kFreeSlot);
-    }
+    slot = NewSlot();
+    if (managed_) last_.push_back(kFreeSlot);
   }
-  it->second = slot;
+  MetaAt(slot) = SlotMeta{id, 0, 0};
+  index_.Insert(id, slot, IdOf());
   float* row = RowAt(slot);
   InitializeSparseRow(spec_, seed_, id, row);
   std::fill(row + dim_, row + stride_, 0.0f);
-  if (managed_) {
-    slot_id_[slot] = id;
-    last_[slot] = clock_;
+  if (managed_) last_[slot] = clock_;
+  return slot;
+}
+
+uint32_t SparseRows::NewSlot() {
+  const uint32_t slot = slots_used_++;
+  if (slot % kRowsPerBlock == 0) {
+    blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+    meta_.push_back(std::make_unique<SlotMeta[]>(kRowsPerBlock));
   }
   return slot;
 }
 
 void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (managed_ && !index_.contains(ids[i])) {
+    if (managed_ && !Held(ids[i])) {
       // Not held (not yet admitted, or evicted): what a new row would hold.
       InitializeSparseRow(spec_, seed_, ids[i], out + i * dim_);
       ++total_traffic_;
@@ -141,16 +138,16 @@ void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
     }
     const uint32_t slot = SlotOf(ids[i]);
     std::memcpy(out + i * dim_, RowAt(slot), dim_ * sizeof(float));
-    if (traffic_[slot] != std::numeric_limits<uint32_t>::max()) ++traffic_[slot];
+    CountTraffic(slot);
     ++total_traffic_;
   }
 }
 
 void SparseRows::CountPushed(absl::Span<const int64_t> ids) {
   for (int64_t id : ids) {
-    auto it = index_.find(id);
-    if (it == index_.end()) continue;
-    if (traffic_[it->second] != std::numeric_limits<uint32_t>::max()) ++traffic_[it->second];
+    const std::optional<uint32_t> slot = index_.Find(id, IdOf());
+    if (!slot.has_value()) continue;
+    CountTraffic(*slot);
     ++total_traffic_;
   }
 }
@@ -170,7 +167,7 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     float* a = row + dim_;
     float* b = a + state_width_;
     const float* g = grad.values.data() + i * dim_;
-    const uint32_t t = ++updates_[slot];
+    const uint32_t t = ++MetaAt(slot).updates;
     if (spec_.rowwise_adagrad()) {
       RowwiseAdagradStep(lr, row, g, a);
     } else {
@@ -197,7 +194,7 @@ void SparseRows::RowwiseAdagradStep(float lr, float* row, const float* grad, flo
 }
 
 std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
-  if (auto it = index_.find(id); it != index_.end()) return it->second;
+  if (std::optional<uint32_t> held = index_.Find(id, IdOf()); held.has_value()) return *held;
   if (spec_.admit_after() > 1) {
     Pending& p = pending_[id];
     p.last = clock_ + 1;
@@ -212,9 +209,9 @@ std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
 }
 
 void SparseRows::Remove(uint32_t slot) {
-  index_.erase(slot_id_[slot]);
+  index_.Erase(MetaAt(slot).id, IdOf());
   last_[slot] = kFreeSlot;
-  traffic_[slot] = 0;
+  MetaAt(slot).traffic = 0;
   free_.push_back(slot);
   ++counts_.evicted;
 }
@@ -246,8 +243,8 @@ void SparseRows::EvictPastCapacity() {
   keys.reserve(index_.size());
   for (uint32_t slot = 0; slot < last_.size(); ++slot) {
     if (last_[slot] == kFreeSlot) continue;
-    keys.emplace_back(lfu ? updates_[slot] : last_[slot], lfu ? last_[slot] : 0, slot_id_[slot],
-                      slot);
+    const SlotMeta& meta = MetaAt(slot);
+    keys.emplace_back(lfu ? meta.updates : last_[slot], lfu ? last_[slot] : 0, meta.id, slot);
   }
   const size_t leave = keys.size() - LowWater(limit);
   std::nth_element(keys.begin(), keys.begin() + (leave - 1), keys.end());
@@ -267,27 +264,26 @@ void SparseRows::BoundPending() {
 }
 
 uint64_t SparseRows::bytes() const {
-  const uint64_t rows =
-      blocks_.size() * static_cast<uint64_t>(kRowsPerBlock) * stride_ * sizeof(float);
-  const uint64_t counters = (updates_.capacity() + traffic_.capacity()) * sizeof(uint32_t);
-  // A flat_hash_map slot holds the pair and one control byte.
-  const uint64_t index = index_.capacity() * (sizeof(std::pair<int64_t, uint32_t>) + 1);
-  const uint64_t managed = (slot_id_.capacity() + last_.capacity()) * sizeof(int64_t) +
+  const uint64_t rows = blocks_.size() * static_cast<uint64_t>(kRowsPerBlock) *
+                        (stride_ * sizeof(float) + sizeof(SlotMeta));
+  const uint64_t index = index_.bytes();
+  const uint64_t managed = last_.capacity() * sizeof(int64_t) +
                            free_.capacity() * sizeof(uint32_t) +
                            pending_.capacity() * (sizeof(std::pair<int64_t, Pending>) + 1);
-  return rows + counters + index + managed;
+  return rows + index + managed;
 }
 
 double SparseRows::hottest_share() const {
-  if (total_traffic_ == 0 || traffic_.empty()) return 0;
-  const uint64_t n = traffic_.size();
+  if (total_traffic_ == 0 || slots_used_ == 0) return 0;
+  const uint64_t n = slots_used_;
   const uint64_t step = n > kHotSample ? n / kHotSample : 1;
   std::vector<uint32_t> sample;
   sample.reserve(std::min<uint64_t>(n, kHotSample + 1));
   uint64_t sampled_total = 0;
   for (uint64_t i = 0; i < n; i += step) {
-    sample.push_back(traffic_[i]);
-    sampled_total += traffic_[i];
+    const uint32_t traffic = MetaAt(static_cast<uint32_t>(i)).traffic;
+    sample.push_back(traffic);
+    sampled_total += traffic;
   }
   if (sampled_total == 0) return 0;
   const size_t top = std::max<size_t>(1, sample.size() / 100);
@@ -299,12 +295,11 @@ double SparseRows::hottest_share() const {
 }
 
 void SparseRows::Clear() {
-  index_.clear();
+  index_.Clear();
   blocks_.clear();
-  updates_.clear();
-  traffic_.clear();
+  meta_.clear();
+  slots_used_ = 0;
   total_traffic_ = 0;
-  slot_id_.clear();
   last_.clear();
   free_.clear();
   clock_ = 0;
@@ -324,12 +319,10 @@ void SparseRows::Save(v1::TableState* out) const {
   if (managed_) {
     for (uint32_t slot = 0; slot < last_.size(); ++slot)
       if (last_[slot] != kFreeSlot) slots.push_back(slot);
-    for (uint32_t slot : slots) out->add_ids(slot_id_[slot]);
   } else {
     for (uint32_t slot = 0; slot < n; ++slot) slots.push_back(slot);
-    out->mutable_ids()->Resize(static_cast<int>(n), 0);
-    for (const auto& [id, slot] : index_) out->set_ids(static_cast<int>(slot), id);
   }
+  for (uint32_t slot : slots) out->add_ids(MetaAt(slot).id);
   // Each part of a row (values, then each state slot) goes to its own field.
   out->mutable_values()->resize(n * row_bytes);
   char* values = out->mutable_values()->data();
@@ -344,7 +337,7 @@ void SparseRows::Save(v1::TableState* out) const {
     std::memcpy(values + i * row_bytes, row, row_bytes);
     for (size_t k = 0; k < states.size(); ++k)
       std::memcpy(states[k] + i * state_bytes, row + dim_ + k * state_width_, state_bytes);
-    out->add_updates(updates_[slots[i]]);
+    out->add_updates(MetaAt(slots[i]).updates);
   }
   if (!managed_) return;
   out->set_clock(static_cast<uint64_t>(clock_));
@@ -383,25 +376,21 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   Clear();
   // CheckTableState: every idle time within the clock.
   clock_ = static_cast<int64_t>(state.clock());
-  index_.reserve(n);
-  updates_.reserve(n);
-  traffic_.reserve(n);
+  index_.Reserve(n, IdOf());
   std::vector<const char*> states;
   for (const std::string& slot : state.optimizer_state()) states.push_back(slot.data());
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t slot = static_cast<uint32_t>(i);
     const int64_t id = state.ids(static_cast<int>(i));
-    if (!index_.try_emplace(id, slot).second) return bad("row ", id, " appears twice");
-    if (slot % kRowsPerBlock == 0)
-      blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+    if (Held(id)) return bad("row ", id, " appears twice");
+    const uint32_t slot = NewSlot();
+    MetaAt(slot) = SlotMeta{id, state.updates_size() == 0 ? 0 : state.updates(static_cast<int>(i)),
+                            0};
+    index_.Insert(id, slot, IdOf());
     float* row = RowAt(slot);
     std::memcpy(row, state.values().data() + i * row_bytes, row_bytes);
     for (size_t k = 0; k < states.size(); ++k)
       std::memcpy(row + dim_ + k * state_width_, states[k] + i * state_bytes, state_bytes);
-    updates_.push_back(state.updates_size() == 0 ? 0 : state.updates(static_cast<int>(i)));
-    traffic_.push_back(0);
     if (managed_) {
-      slot_id_.push_back(id);
       const uint64_t idle = state.row_idle_size() == 0 ? 0 : state.row_idle(static_cast<int>(i));
       last_.push_back(clock_ - static_cast<int64_t>(idle));
     }
@@ -423,8 +412,8 @@ std::unique_ptr<GradientBuffer> SparseRows::NewBuffer() const {
 }
 
 const float* SparseRows::TEST_Row(int64_t id) const {
-  auto it = index_.find(id);
-  return it == index_.end() ? nullptr : RowAt(it->second);
+  const std::optional<uint32_t> slot = index_.Find(id, IdOf());
+  return slot.has_value() ? RowAt(*slot) : nullptr;
 }
 
 }  // namespace grps

@@ -7,9 +7,11 @@
 // the row is updated, and Adam's bias correction counts that row's own
 // updates).
 //
-// Memory: rows live in blocks of kRowsPerBlock, so growing the table never
-// moves existing rows; an id -> slot hash map finds them. bytes() counts
-// both.
+// Memory: rows live in blocks of kRowsPerBlock (values and optimizer state
+// in one flat array, each row's id and counters in another), so growing the
+// table never moves existing rows; an open-addressing index of 4-byte slot
+// numbers finds them (row_index.h). bytes() counts all of it: with
+// row-wise AdaGrad a row of 16 costs about 90 bytes (64 of values).
 //
 // A managed table (SparseTableSpec.eviction, admit_after,
 // evict_after_updates set) manages its own rows: a pull creates none (a row
@@ -38,6 +40,7 @@
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
 #include "server/consistency_policy.h"
+#include "server/row_index.h"
 #include "tensor/backend.h"
 
 namespace grps {
@@ -121,8 +124,28 @@ class SparseRows {
   const float* TEST_Row(int64_t id) const;
 
  private:
+  // A row's id and counters, beside its values.
+  struct SlotMeta {
+    int64_t id = 0;
+    uint32_t updates = 0;  // the row's updates (Adam's t)
+    uint32_t traffic = 0;  // pushes + pulls, saturating
+  };
+
   // The slot of `id`, creating the row if needed (in a free slot first).
   uint32_t SlotOf(int64_t id);
+  // A slot past the last one (a new block when needed); its row unset.
+  uint32_t NewSlot();
+  // The index's view of the ids by slot.
+  struct IdsBySlot {
+    const SparseRows* rows;
+    int64_t operator()(uint32_t slot) const { return rows->MetaAt(slot).id; }
+  };
+  IdsBySlot IdOf() const { return IdsBySlot{this}; }
+  bool Held(int64_t id) const { return index_.Find(id, IdOf()).has_value(); }
+  void CountTraffic(uint32_t slot) {
+    uint32_t& t = MetaAt(slot).traffic;
+    if (t != UINT32_MAX) ++t;
+  }
   // A managed table's update of row `id` (at `clock_` + 1): its slot, or
   // none while the id waits for admission.
   std::optional<uint32_t> AdmittedSlot(int64_t id);
@@ -135,6 +158,10 @@ class SparseRows {
   void BoundPending();
   // Frees row `slot` (its id leaves the index; the slot is reused).
   void Remove(uint32_t slot);
+  SlotMeta& MetaAt(uint32_t slot) { return meta_[slot / kRowsPerBlock][slot % kRowsPerBlock]; }
+  const SlotMeta& MetaAt(uint32_t slot) const {
+    return meta_[slot / kRowsPerBlock][slot % kRowsPerBlock];
+  }
   float* RowAt(uint32_t slot) {
     return blocks_[slot / kRowsPerBlock].get() +
            static_cast<size_t>(slot % kRowsPerBlock) * stride_;
@@ -153,18 +180,17 @@ class SparseRows {
   const uint32_t state_width_;  // floats per state vector: dim, or 1 (row-wise AdaGrad)
   const size_t stride_;         // floats per row: values, then each state vector
   const bool managed_;    // eviction, admit_after or evict_after_updates set
-  absl::flat_hash_map<int64_t, uint32_t> index_;
+  RowIndex index_;
   std::vector<std::unique_ptr<float[]>> blocks_;
-  std::vector<uint32_t> updates_;  // by slot: the row's updates (Adam's t)
-  std::vector<uint32_t> traffic_;  // by slot: pushes + pulls, saturating
+  std::vector<std::unique_ptr<SlotMeta[]>> meta_;  // by block, as blocks_
+  uint32_t slots_used_ = 0;                         // slots handed out
   uint64_t total_traffic_ = 0;
-  // A managed table's: by slot, the row's id and the clock at its last
-  // update; the free slots; the clock; the ids waiting for admission.
+  // A managed table's: by slot, the clock at its row's last update; the
+  // free slots; the clock; the ids waiting for admission.
   struct Pending {
     uint32_t count = 0;
     int64_t last = 0;
   };
-  std::vector<int64_t> slot_id_;
   std::vector<int64_t> last_;
   std::vector<uint32_t> free_;
   int64_t clock_ = 0;

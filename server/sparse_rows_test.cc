@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -378,6 +379,34 @@ TEST_F(RowwiseAdagradTest, ARowKeepsOneFloatOfStateInMemoryAndInACheckpoint) {
   EXPECT_THAT(Make(true)->Load(wide).message(), HasSubstr("rowwise_adagrad differs"));
   state.set_state_width(3);
   EXPECT_THAT(Make(true)->Load(state).message(), HasSubstr("neither 1 nor 4"));
+}
+
+// Issue 43: a row of 16 with row-wise AdaGrad costs at most 1.5 times its
+// 64 bytes of values, everything counted (values, state, id, counters,
+// index), from 200,000 rows up (below, the last block of 4,096 rows, partly
+// filled, weighs more); 419,431 rows is just past a doubling of the index,
+// its emptiest.
+TEST(RowwiseAdagradMemory, ARowOf16CostsAtMostOneAndAHalfTimesItsValues) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend();
+  v1::SparseTableSpec spec;
+  spec.set_name("emb");
+  spec.set_dim(16);
+  spec.set_rowwise_adagrad(true);
+  v1::OptimizerConfig opt;
+  opt.set_kind(v1::OPTIMIZER_ADAGRAD);
+  for (int64_t n : {200000, 419431, 1000000}) {
+    SparseRows rows(spec, opt, kSeed, backend.get());
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[i] = i * 2 + 1;
+    const std::vector<float> grad(ids.size() * 16, 0.5f);
+    rows.Apply(GradientRef{grad, ids}, kLr);
+    ASSERT_EQ(rows.size(), static_cast<uint64_t>(n));
+    const double per_row = static_cast<double>(rows.bytes()) / n;
+    std::printf("%lld rows of 16, row-wise AdaGrad: %.1f bytes a row\n", static_cast<long long>(n),
+                per_row);
+    EXPECT_LE(per_row, 1.5 * 64) << n << " rows";
+    EXPECT_GE(per_row, 64 + 4) << n << " rows: values and accumulator at least";
+  }
 }
 
 TEST(RowwiseAdagradConfig, AnOptionOfTheTableThatNeedsAdagrad) {
