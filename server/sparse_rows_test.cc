@@ -407,6 +407,15 @@ TEST(RowwiseAdagradMemory, ARowOf16CostsAtMostOneAndAHalfTimesItsValues) {
     EXPECT_LE(per_row, 1.5 * 64) << n << " rows";
     EXPECT_GE(per_row, 64 + 4) << n << " rows: values and accumulator at least";
   }
+  // Per-element AdaGrad's 64 bytes of state a row, for comparison.
+  spec.set_rowwise_adagrad(false);
+  SparseRows rows(spec, opt, kSeed, backend.get());
+  std::vector<int64_t> ids(1000000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  rows.Apply(GradientRef{std::vector<float>(ids.size() * 16, 0.5f), ids}, kLr);
+  const double per_row = static_cast<double>(rows.bytes()) / ids.size();
+  std::printf("1000000 rows of 16, AdaGrad: %.1f bytes a row\n", per_row);
+  EXPECT_LE(per_row, 2.5 * 64);
 }
 
 TEST(RowwiseAdagradConfig, AnOptionOfTheTableThatNeedsAdagrad) {
