@@ -24,6 +24,7 @@ best any model can reach on the data (the generator's truth.json).
 
 import argparse
 import json
+import resource
 import time
 
 import numpy as np
@@ -50,10 +51,12 @@ def mlp(sizes, last_relu):
 
 
 class Dlrm(nn.Module):
-    def __init__(self, dim, bottom, top):
+    """`embedding(j, dim)`: table j's module (default: grps table C<j+1>)."""
+
+    def __init__(self, dim, bottom, top, embedding=None):
         super().__init__()
-        self.tables = nn.ModuleList(gt.Embedding("C%d" % (j + 1), dim)
-                                    for j in range(grps.criteo.TABLES))
+        embedding = embedding or (lambda j, d: gt.Embedding("C%d" % (j + 1), d))
+        self.tables = nn.ModuleList(embedding(j, dim) for j in range(grps.criteo.TABLES))
         self.bottom = mlp([grps.criteo.DENSE] + bottom + [dim], last_relu=True)
         vectors = grps.criteo.TABLES + 1
         self.pairs = torch.triu_indices(vectors, vectors, offset=1)
@@ -110,6 +113,7 @@ def main():
     p.add_argument("--top", default="64,32", help="the top MLP's hidden sizes")
     p.add_argument("--batch", type=int, default=1024, help="examples per worker per step")
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the epochs)")
     p.add_argument("--eval_every", type=int, default=0, help="steps between evaluations")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--print_tables", action="store_true",
@@ -142,7 +146,8 @@ def main():
     steps_per_epoch = (examples // gt.size()) // args.batch
     if steps_per_epoch == 0:
         p.error("fewer than --batch examples per worker")
-    total = gt.set_total_steps(args.epochs * steps_per_epoch)
+    steps = args.epochs * steps_per_epoch
+    total = gt.set_total_steps(min(steps, args.steps) if args.steps else steps)
     started = time.time()
     figures = None
     stream = None  # (epoch, this epoch's batches of this rank's share)
@@ -169,10 +174,11 @@ def main():
     figures = evaluate(model, test)
     best = truth.get("test", {})
     print("rank %d: test AUC %.4f (best %s), log loss %.4f (best %s), accuracy %.4f; "
-          "%d steps in %.1f s, %.0f examples/s"
+          "%d steps in %.1f s, %.0f examples/s; peak RSS %.0f MiB"
           % (gt.rank(), figures[2], best.get("best_auc", "?"), figures[1],
              best.get("best_logloss", "?"), figures[0], total, seconds,
-             total * args.batch / max(seconds, 1e-9)), flush=True)
+             total * args.batch / max(seconds, 1e-9),
+             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), flush=True)
     gt.done(test_accuracy=figures[0], test_loss=figures[1], test_auc=figures[2],
             evaluate=lambda: evaluate(model, test))
 

@@ -82,35 +82,58 @@ class CriteoData(unittest.TestCase):
 
 
 class DlrmExample(unittest.TestCase):
-    def test_it_learns_the_data_through_grps_and_reports_its_auc(self):
-        folder = tempfile.mkdtemp(prefix="grps-dlrm.")
-        try:
-            truth = generate(folder, ("train.tsv", 40000), ("test.tsv.gz", 5000),
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="grps-dlrm.")
+        cls.truth = generate(cls.dir, ("train.tsv", 40000), ("test.tsv.gz", 5000),
                              "--informative=50")
-            tables = subprocess.run([sys.executable, EXAMPLE, "--print_tables"],
-                                    capture_output=True, text=True, check=True).stdout.strip()
-            self.assertEqual(len(tables.split(",")), 26)
-            result = os.path.join(folder, "result.json")
-            run = subprocess.run(
-                [os.path.join(BIN, "grps-local"), "--servers=2", "--workers=2",
-                 "--optimizer=adagrad", "--lr=0.02", "--sparse_tables=" + tables,
-                 "--run_dir=" + os.path.join(folder, "run"), "--result_json=" + result,
-                 "--entry=%s %s --train %s --test %s --truth %s --batch 256 --epochs 2"
-                 % (sys.executable, EXAMPLE, os.path.join(folder, "train.tsv"),
-                    os.path.join(folder, "test.tsv.gz"), os.path.join(folder, "truth.json"))],
-                capture_output=True, text=True, timeout=240)
-            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
-            with open(result) as f:
-                r = json.load(f)
-            best = truth["test"]["best_auc"]
-            # 40,000 examples, 2 epochs: well above chance (0.5), below the
-            # truth's own ranking (about 0.91), which no model beats.
-            self.assertGreater(r["final_test_auc"], 0.75, r)
-            self.assertLess(r["final_test_auc"], best + 0.01, r)
-            self.assertEqual(r["steps"], 2 * (20000 // 256))
-            self.assertIn("final test AUC: %.4f" % r["final_test_auc"], run.stdout)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        cls.train = os.path.join(cls.dir, "train.tsv")
+        cls.test = os.path.join(cls.dir, "test.tsv.gz")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_it_learns_the_data_through_grps_and_reports_its_auc(self):
+        tables = subprocess.run([sys.executable, EXAMPLE, "--print_tables"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        self.assertEqual(len(tables.split(",")), 26)
+        result = os.path.join(self.dir, "result.json")
+        run = subprocess.run(
+            [os.path.join(BIN, "grps-local"), "--servers=2", "--workers=2",
+             "--optimizer=adagrad", "--lr=0.02", "--sparse_tables=" + tables,
+             "--run_dir=" + os.path.join(self.dir, "run"), "--result_json=" + result,
+             "--entry=%s %s --train %s --test %s --truth %s --batch 256 --epochs 2"
+             % (sys.executable, EXAMPLE, self.train, self.test,
+                os.path.join(self.dir, "truth.json"))],
+            capture_output=True, text=True, timeout=240)
+        self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+        with open(result) as f:
+            r = json.load(f)
+        best = self.truth["test"]["best_auc"]
+        # 40,000 examples, 2 epochs: well above chance (0.5), below the
+        # truth's own ranking (about 0.91), which no model beats.
+        self.assertGreater(r["final_test_auc"], 0.75, r)
+        self.assertLess(r["final_test_auc"], best + 0.01, r)
+        self.assertEqual(r["steps"], 2 * (20000 // 256))
+        self.assertIn("final test AUC: %.4f" % r["final_test_auc"], run.stdout)
+
+    def test_the_benchmark_trains_it_three_ways_and_prints_its_table(self):
+        """bench/dlrm_bench.py (scripts/dlrm-bench) in a few steps: its
+        figures mean nothing here, its table must be whole."""
+        run = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "bench", "dlrm_bench.py"), "--train", self.train,
+             "--test", self.test, "--truth", os.path.join(self.dir, "truth.json"),
+             "--steps", "4", "--batch", "64", "--bin", BIN, "--timeout_s", "180"],
+            capture_output=True, text=True, timeout=240)
+        self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+        rows = [line for line in run.stdout.splitlines() if line.startswith("| (")]
+        self.assertEqual(len(rows), 3, run.stdout)
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            self.assertGreater(float(cells[1]), 0, row)     # examples/s
+            self.assertTrue(0 <= float(cells[3]) <= 1, row)  # AUC
+            self.assertGreater(int(cells[5]), 1000, row)     # rows
 
 
 if __name__ == "__main__":
