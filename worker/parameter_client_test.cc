@@ -95,13 +95,20 @@ class FakeShard : public v1::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  // Rows of every id asked for, zeros of kTableDim floats each.
+  // Rows of every id asked for, kTableDim floats each, every one the id;
+  // the version: how many sparse pulls came before this one.
   grpc::Status PullSparse(grpc::ServerContext*, const v1::SparsePullRequest* req,
                           v1::SparsePullResponse* resp) override {
     absl::MutexLock lock(&mu_);
     sparse_ids_.insert(sparse_ids_.end(), req->ids().begin(), req->ids().end());
+    sparse_pull_sizes_.push_back(req->ids_size());
     resp->set_dtype(v1::DTYPE_F32);
-    resp->mutable_values()->assign(req->ids_size() * kTableDim * sizeof(float), '\0');
+    resp->set_version(sparse_pull_sizes_.size() - 1);
+    std::vector<float> rows;
+    rows.reserve(static_cast<size_t>(req->ids_size()) * kTableDim);
+    for (int64_t id : req->ids()) rows.insert(rows.end(), kTableDim, static_cast<float>(id));
+    resp->mutable_values()->assign(reinterpret_cast<const char*>(rows.data()),
+                                   rows.size() * sizeof(float));
     return grpc::Status::OK;
   }
 
@@ -130,6 +137,10 @@ class FakeShard : public v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     return pull_generations_;
   }
+  std::vector<int> sparse_pull_sizes() {
+    absl::MutexLock lock(&mu_);
+    return sparse_pull_sizes_;
+  }
   std::vector<int64_t> sparse_ids() {
     absl::MutexLock lock(&mu_);
     return sparse_ids_;
@@ -149,6 +160,7 @@ class FakeShard : public v1::ParameterServer::Service {
   std::vector<uint64_t> push_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pull_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> sparse_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> sparse_pull_sizes_ ABSL_GUARDED_BY(mu_);
 };
 
 // A fake shard behind its own gRPC server on a free loopback port.
@@ -643,7 +655,8 @@ TEST_F(ParameterClientTest, ASparseClientSpreadsRowsOverItsMapsShardsNotTheJobsF
   std::vector<float> rows(ids.size() * FakeShard::kTableDim, -1);
   absl::Status pulled = client.Pull("rows", ids, 0, absl::Seconds(5), rows.data());
   ASSERT_TRUE(pulled.ok()) << pulled;
-  EXPECT_EQ(rows, std::vector<float>(rows.size(), 0.0f));
+  for (size_t i = 0; i < rows.size(); ++i)
+    ASSERT_EQ(rows[i], static_cast<float>(ids[i / FakeShard::kTableDim])) << i;
   for (uint32_t s = 0; s < 3; ++s) {
     std::vector<int64_t> want;
     for (int64_t id : ids)
@@ -651,6 +664,46 @@ TEST_F(ParameterClientTest, ASparseClientSpreadsRowsOverItsMapsShardsNotTheJobsF
     EXPECT_FALSE(want.empty()) << "shard " << s;
     EXPECT_EQ(shards[s]->service->sparse_ids(), want) << "shard " << s;
   }
+}
+
+// Issue 43: a pull whose rows on a shard would pass gRPC's message limit
+// goes in parts of at most 16 MiB of reply, and every row lands in its
+// place. 2.2 million rows of 4 floats over 2 shards: about 1.1 million (17
+// MiB of reply) each, so 2 parts a shard.
+TEST_F(ParameterClientTest, APullPastTheMessageLimitGoesInPartsAndEveryRowLandsInPlace) {
+  v1::SparseTableSpec* table = config_.add_sparse_tables();
+  table->set_name("rows");
+  table->set_dim(FakeShard::kTableDim);
+  v1::ShardMap map = map_;
+  std::vector<std::unique_ptr<ServedShard>> shards;
+  for (uint32_t s = 0; s < 2; ++s) {
+    shards.push_back(Serve(s, 0));
+    ASSERT_TRUE(shards.back());
+    map.mutable_shards(s)->set_address(shards.back()->address);
+  }
+  SparseClient client(config_, map, 0, 1);
+  std::vector<int64_t> ids;
+  for (int64_t id = 2200000; id > 0; --id) ids.push_back(id);  // not in the shards' order
+  std::vector<float> rows(ids.size() * FakeShard::kTableDim, -1);
+  absl::Status pulled = client.Pull("rows", ids, 0, absl::Seconds(30), rows.data());
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  for (size_t i = 0; i < rows.size(); ++i)
+    ASSERT_EQ(rows[i], static_cast<float>(ids[i / FakeShard::kTableDim])) << i;
+  const size_t part_rows = (16 << 20) / (FakeShard::kTableDim * sizeof(float));
+  size_t all = 0;
+  for (uint32_t s = 0; s < 2; ++s) {
+    const std::vector<int> sizes = shards[s]->service->sparse_pull_sizes();
+    EXPECT_EQ(sizes.size(), 2u) << "shard " << s;
+    for (int n : sizes) {
+      EXPECT_LE(static_cast<size_t>(n), part_rows) << "shard " << s;
+      all += n;
+    }
+  }
+  EXPECT_EQ(all, ids.size());
+  // A pull with no rows still asks every shard (its version) once.
+  ASSERT_TRUE(client.Pull("rows", {}, 0, absl::Seconds(5), rows.data()).ok());
+  for (uint32_t s = 0; s < 2; ++s)
+    EXPECT_EQ(shards[s]->service->sparse_pull_sizes().back(), 0) << "shard " << s;
 }
 
 TEST_F(ParameterClientTest, AShardThatCannotUseTheLaneGetsThePushInBytesAndNoLaneAfter) {

@@ -104,17 +104,24 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   const uint32_t dim = (*t)->spec.dim();
   std::vector<std::vector<size_t>> by_shard;
   Split(ids, &by_shard);
-  // A reply gRPC could not carry is refused here, as the shard would refuse
-  // it (RESOURCE_EXHAUSTED, which callers retry as a passing shortage).
   absl::StatusOr<DType> wire = DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
   if (!wire.ok()) return wire.status();
+  // Each shard's rows go in parts whose replies stay far below gRPC's
+  // message limit (a quarter of it), all parts of all shards at once.
+  struct Part {
+    size_t shard;
+    size_t begin, end;  // into by_shard[shard]
+  };
+  const size_t part_rows = std::max<size_t>(
+      1, static_cast<size_t>(kMaxMessageBytes / 4) / (static_cast<size_t>(dim) * DTypeSize(*wire)));
+  std::vector<Part> parts;
   for (size_t s = 0; s < shards_; ++s) {
-    const uint64_t reply = static_cast<uint64_t>(by_shard[s].size()) * dim * DTypeSize(*wire);
-    if (reply + 64 > static_cast<uint64_t>(kMaxMessageBytes))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a pull of ", by_shard[s].size(), " rows of table '", table, "' from shard ", s,
-          " would be a reply of ", reply, " bytes, past the ", kMaxMessageBytes,
-          "-byte message limit; pull fewer rows at once"));
+    size_t begin = 0;
+    do {  // every shard at least once, even with no rows (its version)
+      const size_t end = std::min(by_shard[s].size(), begin + part_rows);
+      parts.push_back(Part{s, begin, end});
+      begin = end;
+    } while (begin < by_shard[s].size());
   }
   struct Call {
     grpc::ClientContext context;
@@ -123,24 +130,25 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
     grpc::Status status;
     std::shared_ptr<v1::ParameterServer::Stub> stub;
   };
-  std::vector<Call> calls(shards_);
-  std::vector<size_t> all(shards_);
-  for (size_t s = 0; s < shards_; ++s) all[s] = s;
+  std::vector<Call> calls(parts.size());
+  std::vector<size_t> all(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) all[p] = p;
   const uint32_t timeout_ms =
       static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
-  ForEachShardAtOnce(all, [&](size_t s, std::function<void()> done) {
-    Call& c = calls[s];
+  ForEachShardAtOnce(all, [&](size_t p, std::function<void()> done) {
+    Call& c = calls[p];
+    const Part& part = parts[p];
     c.request.set_job_id(config_.job_id());
     c.request.set_worker_rank(rank_);
     c.request.set_table(table);
-    for (size_t i : by_shard[s]) c.request.add_ids(ids[i]);
+    for (size_t j = part.begin; j < part.end; ++j) c.request.add_ids(ids[by_shard[part.shard][j]]);
     c.request.set_dtype(config_.wire_dtype());
     c.request.set_clock(clock);
     c.request.set_generation(generation_.load());
     c.request.set_timeout_ms(timeout_ms);
     // The call's own deadline leaves the shard time to answer after its wait.
     c.context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(10)));
-    c.stub = StubOf(s);
+    c.stub = StubOf(part.shard);
     StartUnaryCall(
         [&](grpc::ClientUnaryReactor* r) {
           c.stub->async()->PullSparse(&c.context, &c.request, &c.response, r);
@@ -150,26 +158,33 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
           done();
         });
   });
-  for (size_t s = 0; s < shards_; ++s) {
-    Call& c = calls[s];
+  // A shard's version: the lowest of its parts' (a push computed on these
+  // rows counts its staleness from the oldest).
+  std::vector<uint64_t> versions(shards_, UINT64_MAX);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    Call& c = calls[p];
+    const Part& part = parts[p];
+    const size_t s = part.shard;
     if (!c.status.ok())
       return absl::Status(ToAbsl(c.status).code(),
                           absl::StrCat("shard ", s, ": ", c.status.error_message()));
     absl::StatusOr<DType> dtype = DTypeFromWire(c.response.dtype(), true, "sparse pull reply");
     if (!dtype.ok()) return dtype.status();
-    const size_t n = by_shard[s].size() * dim;
+    const size_t rows_in_part = part.end - part.begin;
+    const size_t n = rows_in_part * dim;
     if (c.response.values().size() != n * DTypeSize(*dtype))
       return absl::InternalError(absl::StrCat("shard ", s, " sent ", c.response.values().size(),
-                                              " bytes for ", by_shard[s].size(), " rows of ",
-                                              dim));
+                                              " bytes for ", rows_in_part, " rows of ", dim));
     thread_local std::vector<float> rows;
     rows.resize(n);
     ConvertElements(c.response.values().data(), *dtype, rows.data(), DType::kF32, n);
-    for (size_t j = 0; j < by_shard[s].size(); ++j)
-      std::memcpy(out + by_shard[s][j] * dim, rows.data() + j * dim, dim * sizeof(float));
-    (*t)->versions[s].store(c.response.version());
+    for (size_t j = 0; j < rows_in_part; ++j)
+      std::memcpy(out + by_shard[s][part.begin + j] * dim, rows.data() + j * dim,
+                  dim * sizeof(float));
+    versions[s] = std::min<uint64_t>(versions[s], c.response.version());
     bytes_pulled_.fetch_add(c.response.ByteSizeLong());
   }
+  for (size_t s = 0; s < shards_; ++s) (*t)->versions[s].store(versions[s]);
   return absl::OkStatus();
 }
 

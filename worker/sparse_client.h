@@ -55,8 +55,9 @@ class SparseClient final : public SparseShards {
   // (ids.size() x dim floats, in the order of ids). `clock`: the step the
   // worker is about to compute (the shards hold the pull as the mode says),
   // at most `timeout`. Records each shard's table version for Push.
-  // NOT_FOUND for an unknown table; INVALID_ARGUMENT, sending nothing, when
-  // one shard's reply would pass the message limit; a shard's error as it is.
+  // A shard's rows go in parts of at most 16 MiB of reply each, sent at
+  // once, so a pull of any size fits gRPC's messages. NOT_FOUND for an
+  // unknown table; a shard's error as it is.
   absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
                     absl::Duration timeout, float* out) override;
 
