@@ -1586,14 +1586,18 @@ def report(loss=None, test_accuracy=None, test_loss=None, test_auc=None):
     if loss is not None:
         w.report_loss(float(loss))
     p = _process
-    p.curve.row(w.step_count, p.samples, loss, test_accuracy, test_loss, test_auc)
+    p.curve.row(w.step_count, p.samples, loss, test_accuracy, test_loss, _check_auc(test_auc))
 
 
 def _check_auc(auc):
+    """An AUC in [0, 1]; None for none (None, or a negative one: the -1 an
+    AUC of a test set with one class only comes out as)."""
     if auc is None:
         return None
     auc = float(auc)
-    if not 0.0 <= auc <= 1.0:
+    if auc < 0:
+        return None
+    if not auc <= 1.0:
         raise ValueError("test_auc %r is not in [0, 1]" % auc)
     return auc
 
