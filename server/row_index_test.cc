@@ -52,7 +52,9 @@ TEST(RowIndex, FindsWhatItHoldsThroughGrowthAndErasesAsAMapDoes) {
         auto it = want.find(probe);
         std::optional<uint32_t> got = index.Find(probe, id_of);
         ASSERT_EQ(got.has_value(), it != want.end()) << probe;
-        if (got.has_value()) ASSERT_EQ(*got, it->second);
+        if (got.has_value()) {
+          ASSERT_EQ(*got, it->second);
+        }
       }
       ASSERT_LE(index.size() * 5, index.bytes() / sizeof(uint32_t) * 4) << "load at most 4/5";
     }
