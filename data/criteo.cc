@@ -129,14 +129,17 @@ absl::StatusOr<CriteoReader> CriteoReader::Open(const std::string& path, uint32_
   return CriteoReader(std::move(*source), path, rank, world);
 }
 
-absl::StatusOr<bool> CriteoReader::Fill() {
+absl::StatusOr<std::optional<size_t>> CriteoReader::Fill() {
   while (true) {
-    if (buffer_.find('\n', pos_) != std::string::npos) return true;
+    if (size_t end = buffer_.find('\n', pos_); end != std::string::npos) return end;
     if (buffer_.size() - pos_ > kCriteoMaxLine) {
       return LineError(path_, line_ + 1,
                        absl::StrCat("line longer than ", kCriteoMaxLine, " bytes"));
     }
-    if (eof_) return pos_ < buffer_.size();
+    if (eof_) {
+      if (pos_ < buffer_.size()) return buffer_.size();
+      return std::nullopt;
+    }
     buffer_.erase(0, pos_);
     pos_ = 0;
     const size_t have = buffer_.size();
@@ -156,16 +159,15 @@ absl::StatusOr<bool> CriteoReader::Fill() {
 absl::StatusOr<int64_t> CriteoReader::Next(int64_t max, CriteoBatch* batch) {
   batch->Clear();
   while (batch->size < max) {
-    absl::StatusOr<bool> more = Fill();
+    absl::StatusOr<std::optional<size_t>> more = Fill();
     if (!more.ok()) {
       eof_ = true;
       buffer_.clear();
       pos_ = 0;
       return more.status();
     }
-    if (!*more) break;
-    size_t end = buffer_.find('\n', pos_);
-    if (end == std::string::npos) end = buffer_.size();
+    if (!more->has_value()) break;
+    const size_t end = **more;
     absl::string_view line(buffer_.data() + pos_, end - pos_);
     pos_ = std::min(end + 1, buffer_.size());
     const int64_t index = line_++;

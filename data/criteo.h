@@ -25,6 +25,7 @@
 #define GRPS_DATA_CRITEO_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,9 +85,10 @@ class CriteoReader {
  private:
   CriteoReader(ByteSource source, std::string path, uint32_t rank, uint32_t world)
       : source_(std::move(source)), path_(std::move(path)), rank_(rank), world_(world) {}
-  // Makes buffer_[pos_, end) hold a whole line (or the file's last bytes);
-  // false at the end of the file.
-  absl::StatusOr<bool> Fill();
+  // Makes buffer_ hold a whole line from pos_ (or the file's last bytes)
+  // and returns where it ends (its '\n', or buffer_.size()); none at the
+  // end of the file.
+  absl::StatusOr<std::optional<size_t>> Fill();
 
   ByteSource source_;
   std::string path_;

@@ -130,13 +130,14 @@ uint32_t SparseRows::NewSlot() {
 
 void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (managed_ && !Held(ids[i])) {
+    const std::optional<uint32_t> held = index_.Find(ids[i], IdOf());
+    if (managed_ && !held.has_value()) {
       // Not held (not yet admitted, or evicted): what a new row would hold.
       InitializeSparseRow(spec_, seed_, ids[i], out + i * dim_);
       ++total_traffic_;
       continue;
     }
-    const uint32_t slot = SlotOf(ids[i]);
+    const uint32_t slot = held.has_value() ? *held : SlotOf(ids[i]);
     std::memcpy(out + i * dim_, RowAt(slot), dim_ * sizeof(float));
     CountTraffic(slot);
     ++total_traffic_;
