@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -173,6 +174,121 @@ absl::Status MergeTable(const v1::TableState& src, uint32_t num_shards, uint32_t
   return absl::OkStatus();
 }
 
+// `deltas` (a table of successive incremental files, read from `paths`)
+// on top of `base` (the same table's state at the first one's base file),
+// in order: the rows that left go, the rows changed replace theirs or come
+// in, every other row's idle time grows by the clock's advance, and the
+// table-wide fields are the last one's. The rows are found through one
+// index and moved once, at the end, whatever the number of increments.
+absl::Status ApplyTableDeltas(const std::vector<const v1::TableState*>& deltas,
+                              const std::vector<std::string>& paths, v1::TableState* base) {
+  if (absl::Status s = CheckTableState(*base, base->dim(), base->optimizer_state_size()); !s.ok())
+    return absl::DataLossError(absl::StrCat(paths.front(), ": sparse table '", base->name(),
+                                            "': its base: ", s.message()));
+  const size_t row_bytes = static_cast<size_t>(base->dim()) * sizeof(float);
+  const size_t state_bytes = static_cast<size_t>(TableStateWidth(*base)) * sizeof(float);
+  const int slots = base->optimizer_state_size();
+  const int n = base->ids_size();
+  absl::flat_hash_map<int64_t, uint32_t> position;
+  position.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    if (!position.try_emplace(base->ids(i), static_cast<uint32_t>(i)).second)
+      return absl::DataLossError(absl::StrCat(paths.front(), ": sparse table '", base->name(),
+                                              "': its base holds row ", base->ids(i), " twice"));
+  std::vector<bool> gone(static_cast<size_t>(n), false);
+  // Every row's update count and idle time, one per row from here on.
+  std::vector<uint32_t> updates(static_cast<size_t>(n), 0);
+  for (int i = 0; i < base->updates_size(); ++i) updates[i] = base->updates(i);
+  std::vector<uint64_t> idles(base->row_idle().begin(), base->row_idle().end());
+  bool idle = base->row_idle_size() != 0;
+  uint64_t clock = base->clock();
+  std::string* values = base->mutable_values();
+  for (size_t d = 0; d < deltas.size(); ++d) {
+    const v1::TableState& delta = *deltas[d];
+    auto damaged = [&](auto... why) {
+      return absl::DataLossError(
+          absl::StrCat(paths[d], ": sparse table '", delta.name(), "': ", why...));
+    };
+    if (absl::Status s = CheckTableState(delta, delta.dim(), delta.optimizer_state_size());
+        !s.ok())
+      return damaged(s.message());
+    if (delta.name() != base->name() || delta.dim() != base->dim() ||
+        delta.optimizer_state_size() != slots || TableStateWidth(delta) != TableStateWidth(*base))
+      return damaged("does not fit the table of its base file (name, dim or optimizer state)");
+    if (delta.clock() < clock)
+      return damaged("its clock ", delta.clock(), " is behind its base's ", clock);
+    // Idle times: in both or in neither (a table with no rows has none).
+    const bool has_idle = delta.row_idle_size() != 0;
+    if (delta.ids_size() != 0 && gone.size() != 0 && has_idle != idle)
+      return damaged("idle times in one of the table and its base only");
+    if (has_idle && !idle) idles.assign(gone.size(), 0);
+    idle = idle || has_idle;
+    for (uint64_t& t : idles) t += delta.clock() - clock;
+    clock = delta.clock();
+    for (int64_t id : delta.removed_ids())
+      if (auto it = position.find(id); it != position.end()) gone[it->second] = true;
+    for (int i = 0; i < delta.ids_size(); ++i) {
+      auto [it, added] = position.try_emplace(delta.ids(i), static_cast<uint32_t>(gone.size()));
+      const size_t at = it->second;
+      if (added) {
+        base->add_ids(delta.ids(i));
+        gone.push_back(false);
+        updates.push_back(0);
+        if (idle) idles.push_back(0);
+        values->resize(values->size() + row_bytes);
+        for (int k = 0; k < slots; ++k)
+          base->mutable_optimizer_state(k)->resize(base->optimizer_state(k).size() + state_bytes);
+      }
+      gone[at] = false;  // a row that left and came back is the new one
+      values->replace(at * row_bytes, row_bytes, delta.values(),
+                      static_cast<size_t>(i) * row_bytes, row_bytes);
+      for (int k = 0; k < slots; ++k)
+        base->mutable_optimizer_state(k)->replace(at * state_bytes, state_bytes,
+                                                  delta.optimizer_state(k),
+                                                  static_cast<size_t>(i) * state_bytes,
+                                                  state_bytes);
+      updates[at] = delta.updates_size() == 0 ? 0 : delta.updates(i);
+      if (idle) idles[at] = has_idle ? delta.row_idle(i) : 0;
+    }
+  }
+  // The rows kept, in order, and the last increment's table-wide fields.
+  const v1::TableState& last = *deltas.back();
+  v1::TableState merged;
+  merged.set_name(last.name());
+  merged.set_dim(last.dim());
+  merged.set_state_width(last.state_width());
+  merged.set_version(last.version());
+  *merged.mutable_marks() = last.marks();
+  *merged.mutable_held_from() = last.held_from();
+  *merged.mutable_counters() = last.counters();
+  merged.set_clock(last.clock());
+  *merged.mutable_pending_ids() = last.pending_ids();
+  *merged.mutable_pending_counts() = last.pending_counts();
+  *merged.mutable_pending_idle() = last.pending_idle();
+  size_t kept = 0;
+  for (bool g : gone) kept += g ? 0 : 1;
+  std::string* out_values = merged.mutable_values();
+  out_values->reserve(kept * row_bytes);
+  std::vector<std::string*> out_states;
+  for (int k = 0; k < slots; ++k) {
+    out_states.push_back(merged.add_optimizer_state());
+    out_states.back()->reserve(kept * state_bytes);
+  }
+  merged.mutable_ids()->Reserve(static_cast<int>(kept));
+  merged.mutable_updates()->Reserve(static_cast<int>(kept));
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (gone[i]) continue;
+    merged.add_ids(base->ids(static_cast<int>(i)));
+    out_values->append(*values, i * row_bytes, row_bytes);
+    for (int k = 0; k < slots; ++k)
+      out_states[k]->append(base->optimizer_state(k), i * state_bytes, state_bytes);
+    merged.add_updates(updates[i]);
+    if (idle) merged.add_row_idle(idles[i]);
+  }
+  *base = std::move(merged);
+  return absl::OkStatus();
+}
+
 // LoadChunks and LoadShardState: the chunks `chunk_ids` and, when
 // `tables_for` is (num_shards, shard), the tables' rows of that shard.
 absl::StatusOr<ShardState> LoadState(Env* env, const std::string& dir,
@@ -207,7 +323,7 @@ absl::StatusOr<ShardState> LoadState(Env* env, const std::string& dir,
     if (entry == nullptr)
       return absl::DataLossError(absl::StrCat(dir, ": the manifest has no file for shard ", shard));
     absl::StatusOr<v1::ShardCheckpointFile> file =
-        ReadShardFile(env, dir, *entry, manifest.job_id(), manifest.id());
+        ReadShardState(env, dir, *entry, manifest.job_id(), manifest.id());
     if (!file.ok()) return file.status();
     for (v1::ChunkState& c : *file->mutable_chunks())
       if (wanted.count(c.chunk_id())) found[c.chunk_id()] = std::move(c);
@@ -320,6 +436,99 @@ absl::StatusOr<v1::ShardCheckpointFile> ReadShardFile(Env* env, const std::strin
   return file;
 }
 
+absl::Status ApplyShardDeltas(const std::vector<v1::ShardCheckpointFile>& deltas,
+                              const std::vector<std::string>& paths,
+                              v1::ShardCheckpointFile* base) {
+  if (deltas.empty()) return absl::OkStatus();
+  uint64_t on = base->checkpoint_id();
+  for (size_t d = 0; d < deltas.size(); ++d) {
+    const v1::ShardCheckpointFile& delta = deltas[d];
+    if (delta.base_id() == 0 || delta.base_id() != on || delta.shard() != base->shard() ||
+        delta.job_id() != base->job_id())
+      return absl::DataLossError(absl::StrCat(
+          paths[d], ": an increment of job '", delta.job_id(), "' shard ", delta.shard(),
+          " on checkpoint ", delta.base_id(), ", read on top of job '", base->job_id(),
+          "' shard ", base->shard(), " checkpoint ", on));
+    if (delta.tables_size() != base->tables_size())
+      return absl::DataLossError(absl::StrCat(paths[d], ": holds ", delta.tables_size(),
+                                              " sparse tables, its base file ",
+                                              base->tables_size()));
+    on = delta.checkpoint_id();
+  }
+  for (int t = 0; t < base->tables_size(); ++t) {
+    std::vector<const v1::TableState*> tables;
+    for (const v1::ShardCheckpointFile& delta : deltas) tables.push_back(&delta.tables(t));
+    if (absl::Status s = ApplyTableDeltas(tables, paths, base->mutable_tables(t)); !s.ok())
+      return s;
+  }
+  *base->mutable_chunks() = deltas.back().chunks();  // whole in every file
+  base->set_checkpoint_id(deltas.back().checkpoint_id());
+  return absl::OkStatus();
+}
+
+std::string CheckpointFolderBeside(const std::string& dir, uint64_t id) {
+  std::string root = dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  const size_t slash = root.rfind('/');
+  root = slash == std::string::npos ? "." : slash == 0 ? "/" : root.substr(0, slash);
+  return CheckpointFolder(root, id);
+}
+
+absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::string& dir,
+                                                       const v1::ShardCheckpoint& expected,
+                                                       absl::string_view job_id,
+                                                       uint64_t checkpoint_id) {
+  // The chain's files, the full one first, then this one.
+  struct Link {
+    std::string dir;
+    v1::ShardCheckpoint entry;
+    uint64_t id;
+  };
+  std::vector<Link> links;
+  uint64_t previous = 0;
+  for (const v1::ShardFileRef& ref : expected.chain()) {
+    if (ref.id() <= previous || ref.id() >= checkpoint_id)
+      return absl::DataLossError(absl::StrCat(
+          dir, ": the manifest's chain of shard ", expected.shard(), " names checkpoint ",
+          ref.id(), " out of order"));
+    previous = ref.id();
+    v1::ShardCheckpoint entry;
+    entry.set_shard(expected.shard());
+    entry.set_file(ref.file());
+    entry.set_bytes(ref.bytes());
+    entry.set_crc32(ref.crc32());
+    links.push_back(Link{CheckpointFolderBeside(dir, ref.id()), std::move(entry), ref.id()});
+  }
+  links.push_back(Link{dir, expected, checkpoint_id});
+  v1::ShardCheckpointFile state;
+  std::vector<v1::ShardCheckpointFile> increments;
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < links.size(); ++i) {
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        ReadShardFile(env, links[i].dir, links[i].entry, job_id, links[i].id);
+    if (!file.ok()) return file.status();
+    const std::string path = JoinPath(links[i].dir, links[i].entry.file());
+    const uint64_t base = i == 0 ? 0 : links[i - 1].id;
+    if (file->base_id() != base)
+      return absl::DataLossError(
+          absl::StrCat(path, ": ",
+                       file->base_id() == 0 ? "a full file"
+                                            : absl::StrCat("an increment on checkpoint ",
+                                                           file->base_id()),
+                       ", the manifest's chain puts it ",
+                       base == 0 ? "first" : absl::StrCat("on checkpoint ", base)));
+    if (i == 0) {
+      state = *std::move(file);
+    } else {
+      increments.push_back(*std::move(file));
+      paths.push_back(path);
+    }
+  }
+  if (absl::Status s = ApplyShardDeltas(increments, paths, &state); !s.ok()) return s;
+  state.set_base_id(0);
+  return state;
+}
+
 absl::Status WriteManifest(Env* env, const std::string& dir,
                            const v1::CheckpointManifest& manifest) {
   if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
@@ -363,7 +572,7 @@ absl::Status VerifyShardFile(Env* env, const std::string& dir,
   const v1::ShardMap& map = manifest.shard_map();
   const v1::ShardCheckpoint& shard = manifest.shards(static_cast<int>(k));
   absl::StatusOr<v1::ShardCheckpointFile> file =
-      ReadShardFile(env, dir, shard, manifest.job_id(), manifest.id());
+      ReadShardState(env, dir, shard, manifest.job_id(), manifest.id());
   if (!file.ok()) return file.status();
   // The file holds exactly the chunks the layout put on its shard, each
   // of its size: a restore can trust what it loads.

@@ -21,6 +21,16 @@
 // chunks a shard now owns from whichever files hold them, and the rows that
 // now hash to it from every file.
 //
+// Incremental checkpoints (JobConfig.checkpoint_full_every): a shard's file
+// may hold only what changed since its file of an earlier checkpoint
+// (ShardCheckpointFile.base_id: every chunk whole, each table's changed and
+// removed rows), and the manifest records the chain of files it applies on
+// top of (ShardCheckpoint.chain, the full one first), each with its size and
+// CRC-32. Every reader here reads a shard's state through its chain
+// (ReadShardState), so a restore, a re-sharding and grps-checkpoint-diff
+// see full states. An incremental checkpoint needs the folders of its chain
+// beside its own.
+//
 // A file is one protocol buffer message, so it holds at most 2 GiB: a
 // shard's part past that fails (RESOURCE_EXHAUSTED, the checkpoint is not
 // taken) and the job needs more shards.
@@ -63,6 +73,30 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(
 absl::StatusOr<v1::ShardCheckpointFile> ReadShardFile(
     Env* env, const std::string& dir, const v1::ShardCheckpoint& expected,
     absl::string_view job_id, uint64_t checkpoint_id);
+
+// Shard file `expected` of checkpoint `checkpoint_id` in `dir` as a full
+// file. An incremental one (ShardCheckpointFile.base_id) is read on top of
+// the files of its chain (ShardCheckpoint.chain: the full one, then each
+// increment, in the folders of their checkpoints beside `dir`), each checked
+// as ReadShardFile checks it. DATA_LOSS naming the file when a link is
+// damaged, out of order or not the file its successor applies on top of.
+absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::string& dir,
+                                                       const v1::ShardCheckpoint& expected,
+                                                       absl::string_view job_id,
+                                                       uint64_t checkpoint_id);
+
+// Applies incremental files `deltas` (read from `paths`), in order, on top
+// of `base`, the full state of the same shard at the first one's base
+// checkpoint (each next one's base is the one before): base becomes the full
+// state at the last one's checkpoint. DATA_LOSS naming the file when one
+// does not fit.
+absl::Status ApplyShardDeltas(const std::vector<v1::ShardCheckpointFile>& deltas,
+                              const std::vector<std::string>& paths,
+                              v1::ShardCheckpointFile* base);
+
+// The folder of checkpoint `id` beside `dir`, a checkpoint's folder
+// (".../ckpt-00000012" -> ".../ckpt-<id>").
+std::string CheckpointFolderBeside(const std::string& dir, uint64_t id);
 
 // Lowers each rank's step in `into` to that of `from` where it is lower
 // (or missing): the held steps (held_from) of several chunks or tables.

@@ -106,9 +106,16 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
     return;
   switch (report.state()) {
     case v1::CHECKPOINT_STATE_WRITTEN: {
-      if (!PlainFileName(report.file())) {
+      bool plain = PlainFileName(report.file());
+      uint64_t previous = 0;  // a chain's checkpoints: increasing, before this one
+      for (const v1::ShardFileRef& ref : report.chain()) {
+        plain = plain && PlainFileName(ref.file()) && ref.id() > previous &&
+                ref.id() < report.id();
+        previous = ref.id();
+      }
+      if (!plain) {
         EndFailed(absl::StrCat("shard ", shard,
-                               " reported its checkpoint file with a bad name"),
+                               " reported its checkpoint file (or its chain) with a bad name"),
                   now);
         return;
       }

@@ -199,6 +199,10 @@ ABSL_FLAG(uint64_t, checkpoint_every_steps, Defaults().checkpoint_every_steps(),
           "take a checkpoint every this many global steps (0 = not by steps)");
 ABSL_FLAG(uint32_t, checkpoint_every_s, Defaults().checkpoint_every_seconds(),
           "take a checkpoint every this many seconds (0 = not by time)");
+ABSL_FLAG(uint32_t, checkpoint_full_every, Defaults().checkpoint_full_every(),
+          "incremental checkpoints: after a full checkpoint, up to this many in which each "
+          "shard writes only the sparse rows changed since its previous one (dense chunks "
+          "whole), then a full one again (0 = every checkpoint full)");
 ABSL_FLAG(uint32_t, recovery_timeout_ms, Defaults().recovery_timeout_ms(),
           "a shard dead this long, or no live and no finished worker for this "
           "long, fails the job (0 = 30000)");
@@ -380,6 +384,7 @@ absl::Status SetFaultTolerance(v1::JobConfig* c) {
   c->set_checkpoint_storage(*storage);
   c->set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   c->set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
+  c->set_checkpoint_full_every(absl::GetFlag(FLAGS_checkpoint_full_every));
   c->set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));
   c->set_coordinator_timeout_ms(absl::GetFlag(FLAGS_coordinator_timeout_ms));
   return absl::OkStatus();

@@ -277,6 +277,11 @@ absl::Status ValidateFaultTolerance(const v1::JobConfig& c) {
       c.checkpoint_dir().empty())
     return Bad("checkpoint_every_steps and checkpoint_every_seconds need a "
                "checkpoint_dir");
+  if (c.checkpoint_full_every() > 0 && c.checkpoint_dir().empty())
+    return Bad("checkpoint_full_every needs a checkpoint_dir");
+  if (c.checkpoint_full_every() > 1000)
+    return Bad("checkpoint_full_every must be at most 1000 (a restore reads every file of "
+               "the chain)");
   if (c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_SHARED &&
       c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_PER_SHARD)
     return Bad("checkpoint_storage is not a storage kind");

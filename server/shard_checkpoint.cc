@@ -12,13 +12,14 @@ namespace grps {
 
 // ---- Capture ----
 
-absl::Status CheckpointCapture::Arm(const v1::CheckpointRequest& request) {
+absl::Status CheckpointCapture::Arm(const v1::CheckpointRequest& request, bool changes_only) {
   absl::MutexLock capture(&mu_);
   epoch_.fetch_add(1);
   absl::Status armed;
   for (StoreTarget* t : shard_.targets) {
     absl::MutexLock lock(&t->mu);
     t->Disarm();
+    t->capture_changes = changes_only;
     const CheckpointCut cut = t->policy->Cut(request.version(), *t);
     if (cut == CheckpointCut::kNow) {
       t->Capture();

@@ -55,7 +55,11 @@ class CheckpointCapture {
   // Copies the targets that join `request` now and arms the others, without
   // waiting; disarms an earlier capture. FAILED_PRECONDITION naming the
   // target that is past the checkpoint's version (nothing stays armed).
-  absl::Status Arm(const v1::CheckpointRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // `changes_only`: each table captures the rows changed since its previous
+  // capture (an incremental checkpoint on top of the previous one, which the
+  // caller knows to be whole and written).
+  absl::Status Arm(const v1::CheckpointRequest& request, bool changes_only = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the armed targets of checkpoint `id` and returns the shard's
   // file. ABORTED when another checkpoint has been armed since or the shard
   // was restored meanwhile, DEADLINE_EXCEEDED naming a target that has not

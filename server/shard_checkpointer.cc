@@ -42,6 +42,7 @@ void ShardCheckpointer::MaybeStart(const v1::CheckpointRequest& request) {
   if (request.id() == 0 ||
       (request.id() == last_id_ && request.coordinator_incarnation() == last_incarnation_))
     return;
+  std::vector<v1::ShardFileRef> base = IncrementalBase(request, last_id_);
   last_id_ = request.id();
   last_incarnation_ = request.coordinator_incarnation();
   v1::ShardCheckpoint report;
@@ -51,7 +52,8 @@ void ShardCheckpointer::MaybeStart(const v1::CheckpointRequest& request) {
   // Armed now, on the heartbeat thread, so that a sync cut a few steps
   // ahead is not missed; collected and written on the checkpoint thread.
   // Arming supersedes the capture in progress, whose Take then ends.
-  absl::Status armed = store_->ArmCheckpoint(request);
+  const uint64_t generation = store_->generation();
+  absl::Status armed = store_->ArmCheckpoint(request, !base.empty());
   absl::MutexLock lock(&mu_);
   const uint64_t seq = ++latest_;
   if (!armed.ok()) {
@@ -65,7 +67,20 @@ void ShardCheckpointer::MaybeStart(const v1::CheckpointRequest& request) {
   }
   report.set_state(v1::CHECKPOINT_STATE_PENDING);
   store_->SetCheckpointReport(report);
-  pending_ = Pending{request, seq};
+  pending_ = Pending{request, seq, std::move(base), generation};
+}
+
+std::vector<v1::ShardFileRef> ShardCheckpointer::IncrementalBase(
+    const v1::CheckpointRequest& request, uint64_t previous) {
+  const uint32_t every = store_->config().checkpoint_full_every();
+  absl::MutexLock lock(&mu_);
+  // chain_ holds the full file and at most `every` - 1 increments: room for one more.
+  if (every == 0 || chain_.empty() || chain_.size() > every) return {};
+  const v1::ShardFileRef& newest = chain_.back();
+  if (newest.id() != previous || newest.id() >= request.id() ||
+      chain_generation_ != store_->generation())
+    return {};
+  return chain_;
 }
 
 void ShardCheckpointer::Join() {
@@ -86,17 +101,19 @@ void ShardCheckpointer::Loop() {
       next = std::move(*pending_);
       pending_.reset();
     }
-    Take(next.request, next.seq);
+    Take(next);
   }
 }
 
-void ShardCheckpointer::Take(const v1::CheckpointRequest& request, uint64_t seq) {
+void ShardCheckpointer::Take(const Pending& pending) {
+  const v1::CheckpointRequest& request = pending.request;
   const absl::Time start = absl::Now();
   v1::ShardCheckpoint report;
   report.set_id(request.id());
   report.set_shard(store_->shard());
   absl::StatusOr<v1::ShardCheckpointFile> file =
       store_->CollectCheckpoint(request.id(), start + kCaptureTimeout);
+  if (file.ok() && !pending.base.empty()) file->set_base_id(pending.base.back().id());
   absl::StatusOr<v1::ShardCheckpoint> written =
       file.ok() ? WriteShardFile(Env::Default(),
                                  OwnCheckpointFolder(store_->config(), request.id(),
@@ -107,15 +124,21 @@ void ShardCheckpointer::Take(const v1::CheckpointRequest& request, uint64_t seq)
   if (written.ok()) {
     report = *written;
     report.set_coordinator_incarnation(request.coordinator_incarnation());
+    for (const v1::ShardFileRef& ref : pending.base) *report.add_chain() = ref;
     for (const v1::ChunkState& chunk : file->chunks())
       LowerHeldFrom(chunk.held_from(), report.mutable_held_from());
     for (const v1::TableState& table : file->tables())
       LowerHeldFrom(table.held_from(), report.mutable_held_from());
-    spdlog::info("checkpoint {}: shard {} wrote {} chunks{} ({:.2f} MiB) at versions "
+    spdlog::info("checkpoint {}: shard {} wrote {} chunks{}{} ({:.2f} MiB) at versions "
                  "{}..{} in {}",
                  request.id(), store_->shard(), report.num_chunks(),
-                 report.num_tables() > 0 ? absl::StrCat(" and ", report.num_rows(), " sparse rows")
+                 report.num_tables() > 0 ? absl::StrCat(" and ", report.num_rows(),
+                                                        pending.base.empty() ? "" : " changed",
+                                                        " sparse rows")
                                          : "",
+                 pending.base.empty()
+                     ? ""
+                     : absl::StrCat(" (incremental on checkpoint ", pending.base.back().id(), ")"),
                  BytesInMiB(report.bytes()), report.min_version(), report.max_version(),
                  absl::FormatDuration(absl::Now() - start));
   } else {
@@ -125,9 +148,21 @@ void ShardCheckpointer::Take(const v1::CheckpointRequest& request, uint64_t seq)
     spdlog::warn("checkpoint {}: shard {} failed: {}", request.id(), store_->shard(),
                  report.error());
   }
-  // A superseded checkpoint leaves the report to the newer one.
   absl::MutexLock lock(&mu_);
-  if (seq == latest_) store_->SetCheckpointReport(report);
+  // The next may apply on top of this file; after a failure, on nothing
+  // (a table's changes since its previous capture were taken here).
+  chain_.clear();
+  if (written.ok()) {
+    chain_ = pending.base;
+    v1::ShardFileRef& ref = chain_.emplace_back();
+    ref.set_id(report.id());
+    ref.set_file(report.file());
+    ref.set_bytes(report.bytes());
+    ref.set_crc32(report.crc32());
+    chain_generation_ = pending.generation;
+  }
+  // A superseded checkpoint leaves the report to the newer one.
+  if (pending.seq == latest_) store_->SetCheckpointReport(report);
 }
 
 }  // namespace grps

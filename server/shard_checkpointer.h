@@ -6,6 +6,12 @@
 // the coordinator would take the shard for dead. The outcome is reported
 // through the store's ShardStatus, the newest request's only.
 //
+// Incremental checkpoints (JobConfig.checkpoint_full_every = K > 0): a
+// checkpoint right after one this shard wrote, in the same generation,
+// captures only what changed since (CheckpointCapture::Arm), on top of the
+// chain of files that one needed, up to K in a row; any failure, restore or
+// skipped checkpoint starts again with a full file.
+//
 // Thread safety: MaybeStart is called from one thread (the heartbeat's);
 // Join from any.
 #ifndef GRPS_SERVER_SHARD_CHECKPOINTER_H_
@@ -15,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -49,10 +56,20 @@ class ShardCheckpointer {
   struct Pending {
     v1::CheckpointRequest request;
     uint64_t seq = 0;
+    // An incremental checkpoint: the files it applies on top of (the full
+    // one first); empty for a full one. The store's generation at the arm.
+    std::vector<v1::ShardFileRef> base;
+    uint64_t generation = 0;
   };
 
   void Loop();
-  void Take(const v1::CheckpointRequest& request, uint64_t seq);
+  void Take(const Pending& pending);
+  // What checkpoint `request` may apply on top of, asked right after
+  // `previous` (the request started before it): the chain of the newest
+  // file this shard wrote, when that is `previous`'s, of this generation,
+  // and the chain is shorter than the job allows; else none (a full file).
+  std::vector<v1::ShardFileRef> IncrementalBase(const v1::CheckpointRequest& request,
+                                                uint64_t previous) ABSL_LOCKS_EXCLUDED(mu_);
   // Loop's wait condition (called by Await, with mu_ held).
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pending_.has_value() || stopping_;
@@ -68,6 +85,10 @@ class ShardCheckpointer {
   uint64_t latest_ ABSL_GUARDED_BY(mu_) = 0;  // the newest request's number
   std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The newest file written and the files it applies on top of (the full
+  // one first; empty after a failure), and the generation it was cut in.
+  std::vector<v1::ShardFileRef> chain_ ABSL_GUARDED_BY(mu_);
+  uint64_t chain_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;  // last: started once the members above exist
 };
 

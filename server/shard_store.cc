@@ -650,8 +650,9 @@ absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CaptureCheckpoint(
   return CollectCheckpoint(request.id(), deadline);
 }
 
-absl::Status ShardStore::ArmCheckpoint(const v1::CheckpointRequest& request) {
-  return capture_->Arm(request);
+absl::Status ShardStore::ArmCheckpoint(const v1::CheckpointRequest& request,
+                                       bool changes_only) {
+  return capture_->Arm(request, changes_only);
 }
 
 absl::StatusOr<v1::ShardCheckpointFile> ShardStore::CollectCheckpoint(uint64_t id,

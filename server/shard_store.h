@@ -330,7 +330,8 @@ class ShardStore {
   // the others, without waiting (FAILED_PRECONDITION as above); it supersedes
   // an earlier capture, whose CollectCheckpoint then returns ABORTED.
   // CollectCheckpoint waits for the armed targets and returns the file.
-  absl::Status ArmCheckpoint(const v1::CheckpointRequest& request);
+  // `changes_only`: an incremental capture (CheckpointCapture::Arm).
+  absl::Status ArmCheckpoint(const v1::CheckpointRequest& request, bool changes_only = false);
   // `id` names the armed checkpoint to collect (ABORTED if another one has
   // been armed since).
   absl::StatusOr<v1::ShardCheckpointFile> CollectCheckpoint(uint64_t id, absl::Time deadline);

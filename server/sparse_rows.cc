@@ -116,6 +116,7 @@ uint32_t SparseRows::SlotOf(int64_t id) {
   InitializeSparseRow(spec_, seed_, id, row);
   std::fill(row + dim_, row + stride_, 0.0f);
   if (managed_) last_[slot] = clock_;
+  MarkChanged(slot);
   return slot;
 }
 
@@ -169,6 +170,7 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     float* b = a + state_width_;
     const float* g = grad.values.data() + i * dim_;
     const uint32_t t = ++MetaAt(slot).updates;
+    MarkChanged(slot);
     if (spec_.rowwise_adagrad()) {
       RowwiseAdagradStep(lr, row, g, a);
     } else {
@@ -210,6 +212,8 @@ std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
 }
 
 void SparseRows::Remove(uint32_t slot) {
+  removed_.insert(MetaAt(slot).id);
+  if (Changed(slot)) changed_[slot / 64] &= ~(uint64_t{1} << (slot % 64));
   index_.Erase(MetaAt(slot).id, IdOf());
   last_[slot] = kFreeSlot;
   MetaAt(slot).traffic = 0;
@@ -271,7 +275,9 @@ uint64_t SparseRows::bytes() const {
   const uint64_t managed = last_.capacity() * sizeof(int64_t) +
                            free_.capacity() * sizeof(uint32_t) +
                            pending_.capacity() * (sizeof(std::pair<int64_t, Pending>) + 1);
-  return rows + index + managed;
+  const uint64_t changes =
+      changed_.capacity() * sizeof(uint64_t) + removed_.capacity() * (sizeof(int64_t) + 1);
+  return rows + index + managed + changes;
 }
 
 double SparseRows::hottest_share() const {
@@ -305,24 +311,53 @@ void SparseRows::Clear() {
   free_.clear();
   clock_ = 0;
   pending_.clear();
+  ForgetChanges();
 }
 
-void SparseRows::Save(v1::TableState* out) const {
-  const size_t n = index_.size();
-  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  const size_t state_bytes = static_cast<size_t>(state_width_) * sizeof(float);
-  out->set_dim(dim_);
-  if (state_width_ != dim_) out->set_state_width(state_width_);
-  // The rows in slot order: every slot below n (an unmanaged table's are
-  // dense), or a managed table's held ones.
+std::vector<uint32_t> SparseRows::HeldSlots() const {
+  // Every slot below the row count (an unmanaged table's are dense), or a
+  // managed table's held ones.
   std::vector<uint32_t> slots;
-  slots.reserve(n);
+  slots.reserve(index_.size());
   if (managed_) {
     for (uint32_t slot = 0; slot < last_.size(); ++slot)
       if (last_[slot] != kFreeSlot) slots.push_back(slot);
   } else {
-    for (uint32_t slot = 0; slot < n; ++slot) slots.push_back(slot);
+    for (uint32_t slot = 0; slot < index_.size(); ++slot) slots.push_back(slot);
   }
+  return slots;
+}
+
+void SparseRows::Save(v1::TableState* out) const { SaveSlots(HeldSlots(), out); }
+
+void SparseRows::SaveChanged(v1::TableState* out) const {
+  std::vector<uint32_t> slots;
+  for (uint32_t word = 0; word < changed_.size(); ++word)
+    for (uint64_t bits = changed_[word]; bits != 0; bits &= bits - 1)
+      slots.push_back(word * 64 + static_cast<uint32_t>(__builtin_ctzll(bits)));
+  SaveSlots(slots, out);
+  std::vector<int64_t> removed(removed_.begin(), removed_.end());
+  std::sort(removed.begin(), removed.end());
+  for (int64_t id : removed) out->add_removed_ids(id);
+}
+
+void SparseRows::ForgetChanges() {
+  changed_.clear();
+  removed_.clear();
+}
+
+uint64_t SparseRows::changed_rows() const {
+  uint64_t n = 0;
+  for (uint64_t word : changed_) n += static_cast<uint64_t>(__builtin_popcountll(word));
+  return n;
+}
+
+void SparseRows::SaveSlots(const std::vector<uint32_t>& slots, v1::TableState* out) const {
+  const size_t n = slots.size();
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  const size_t state_bytes = static_cast<size_t>(state_width_) * sizeof(float);
+  out->set_dim(dim_);
+  if (state_width_ != dim_) out->set_state_width(state_width_);
   for (uint32_t slot : slots) out->add_ids(MetaAt(slot).id);
   // Each part of a row (values, then each state slot) goes to its own field.
   out->mutable_values()->resize(n * row_bytes);
@@ -396,7 +431,7 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
       last_.push_back(clock_ - static_cast<int64_t>(idle));
     }
   }
-  if (!managed_) return absl::OkStatus();
+  if (!managed_) return absl::OkStatus();  // nothing changed since (Clear)
   for (int i = 0; i < state.pending_ids_size(); ++i) {
     Pending& p = pending_[state.pending_ids(i)];
     p.count = state.pending_counts(i);
@@ -405,6 +440,7 @@ absl::Status SparseRows::Load(const v1::TableState& state) {
   // A restore into fewer shards may bring more than the capacity.
   EvictPastCapacity();
   BoundPending();
+  ForgetChanges();  // the loaded state is the base of what changes next
   return absl::OkStatus();
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "proto/grps.pb.h"
@@ -109,6 +110,17 @@ class SparseRows {
   // not kept.
   void Save(v1::TableState* out) const;
 
+  // Incremental checkpoints: what changed since the last ForgetChanges (or
+  // Load or Clear). SaveChanged writes as Save does, but only the rows
+  // created or updated since, and in removed_ids the ids that left since
+  // (sorted); the clock and the ids waiting for admission whole. Applied to
+  // the state saved then (checkpoint/ MergeTableDelta) it gives Save's
+  // state now. ForgetChanges starts counting again.
+  void SaveChanged(v1::TableState* out) const;
+  void ForgetChanges();
+  // The rows created or updated since (tests, logs).
+  uint64_t changed_rows() const;
+
   // Replaces every row with the rows of `state`, exactly as Save wrote
   // them. INVALID_ARGUMENT naming the table when the state does not
   // fit (dim, sizes, optimizer slots, an id twice), FAILED_PRECONDITION when
@@ -158,6 +170,18 @@ class SparseRows {
   void BoundPending();
   // Frees row `slot` (its id leaves the index; the slot is reused).
   void Remove(uint32_t slot);
+  // Marks row `slot` as created or updated (SaveChanged).
+  void MarkChanged(uint32_t slot) {
+    if (slot / 64 >= changed_.size()) changed_.resize(slot / 64 + 1, 0);
+    changed_[slot / 64] |= uint64_t{1} << (slot % 64);
+  }
+  bool Changed(uint32_t slot) const {
+    return slot / 64 < changed_.size() && (changed_[slot / 64] >> (slot % 64) & 1) != 0;
+  }
+  // The held rows' slots in slot order.
+  std::vector<uint32_t> HeldSlots() const;
+  // Save's body for the rows of `slots`.
+  void SaveSlots(const std::vector<uint32_t>& slots, v1::TableState* out) const;
   SlotMeta& MetaAt(uint32_t slot) { return meta_[slot / kRowsPerBlock][slot % kRowsPerBlock]; }
   const SlotMeta& MetaAt(uint32_t slot) const {
     return meta_[slot / kRowsPerBlock][slot % kRowsPerBlock];
@@ -196,6 +220,10 @@ class SparseRows {
   int64_t clock_ = 0;
   absl::flat_hash_map<int64_t, Pending> pending_;
   Managed counts_;
+  // Since the last ForgetChanges: by slot, one bit a row created or
+  // updated; the ids that left.
+  std::vector<uint64_t> changed_;
+  absl::flat_hash_set<int64_t> removed_;
 };
 
 }  // namespace grps

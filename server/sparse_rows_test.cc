@@ -273,6 +273,47 @@ TEST_F(ManagedRowsTest, AStateWhoseAgesDoNotFitIsRefused) {
   EXPECT_FALSE(rows->Load(state).ok());
 }
 
+TEST_F(ManagedRowsTest, SaveChangedHoldsTheRowsCreatedOrUpdatedAndTheIdsThatLeftSince) {
+  // Capacity 16 (an eviction keeps 15), LRU.
+  std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  for (int64_t id = 0; id < 10; ++id) Update(*rows, {id});
+  EXPECT_EQ(rows->changed_rows(), 10u);
+  rows->ForgetChanges();
+  EXPECT_EQ(rows->changed_rows(), 0u);
+  std::vector<float> out(kDim);
+  rows->Read({4}, out.data());  // a pull changes nothing
+  Update(*rows, {2, 5});
+  for (int64_t id = 100; id < 107; ++id) Update(*rows, {id});  // 17 rows: 0, 1 leave
+  Update(*rows, {0});                                           // 0 comes back
+  v1::TableState changed;
+  rows->SaveChanged(&changed);
+  std::vector<int64_t> ids(changed.ids().begin(), changed.ids().end());
+  std::sort(ids.begin(), ids.end());
+  EXPECT_THAT(ids, ElementsAreArray({0, 2, 5, 100, 101, 102, 103, 104, 105, 106}));
+  EXPECT_THAT(changed.removed_ids(), ElementsAreArray({0, 1}));  // 0 in both
+  EXPECT_EQ(changed.row_idle_size(), changed.ids_size());
+  EXPECT_EQ(changed.clock(), 19u);
+  // Each changed row as Save has it.
+  const Rows all = Saved(*rows);
+  const float* values = reinterpret_cast<const float*>(changed.values().data());
+  for (int i = 0; i < changed.ids_size(); ++i) {
+    const auto& [row, updates, idle] = all.at(changed.ids(i));
+    EXPECT_EQ(std::vector<float>(values + i * kDim, values + (i + 1) * kDim), row);
+    EXPECT_EQ(changed.updates(i), updates);
+    EXPECT_EQ(changed.row_idle(i), idle);
+  }
+  // A load starts from nothing changed.
+  v1::TableState state;
+  Saved(*rows, &state);
+  std::unique_ptr<SparseRows> loaded = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  ASSERT_TRUE(loaded->Load(state).ok());
+  EXPECT_EQ(loaded->changed_rows(), 0u);
+  v1::TableState none;
+  loaded->SaveChanged(&none);
+  EXPECT_EQ(none.ids_size(), 0);
+  EXPECT_EQ(none.removed_ids_size(), 0);
+}
+
 TEST(ManagedTableConfig, OptionsParseAndEvictionNeedsACapacity) {
   absl::StatusOr<std::vector<v1::SparseTableSpec>> tables = ParseSparseTables(
       "a:0:16:max_rows=1000:eviction=lfu:admit_after=2:evict_after=50,"

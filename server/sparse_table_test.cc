@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,7 @@
 #include "job/sparse_tables.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
+#include "server/shard_checkpointer.h"
 #include "server/shard_store.h"
 #include "tensor/dtype.h"
 
@@ -959,6 +961,285 @@ TEST_F(SparseCheckpointTest, AFileWithARowOfAnotherShardOrAnotherWidthIsDamaged)
   absl::Status damaged = VerifyCheckpoint(Env::Default(), dir, "").status();
   EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(damaged.message()), HasSubstr("belongs to another shard"));
+}
+
+// ---- Incremental checkpoints (JobConfig.checkpoint_full_every) ----
+
+// A table's state as a full checkpoint holds it, by id: values, optimizer
+// state, update count and idle time of each row; and the ids waiting for
+// admission with their counts and idle times; and the clock.
+struct TableRows {
+  std::map<int64_t, std::tuple<std::string, std::string, uint32_t, uint64_t>> rows;
+  std::map<int64_t, std::pair<uint32_t, uint64_t>> waiting;
+  uint64_t version = 0;
+  bool operator==(const TableRows& o) const {
+    return rows == o.rows && waiting == o.waiting && version == o.version;
+  }
+};
+void AddTableRows(const v1::TableState& t, TableRows* out) {
+  const size_t row_bytes = t.dim() * sizeof(float);
+  const size_t state_bytes = TableStateWidth(t) * sizeof(float);
+  for (int i = 0; i < t.ids_size(); ++i) {
+    std::string state;
+    for (const std::string& slot : t.optimizer_state())
+      state += slot.substr(i * state_bytes, state_bytes);
+    out->rows[t.ids(i)] = {t.values().substr(i * row_bytes, row_bytes), state,
+                           t.updates_size() == 0 ? 0 : t.updates(i),
+                           t.row_idle_size() == 0 ? 0 : t.row_idle(i)};
+  }
+  for (int i = 0; i < t.pending_ids_size(); ++i)
+    out->waiting[t.pending_ids(i)] = {t.pending_counts(i), t.pending_idle(i)};
+  out->version = std::max(out->version, t.version());
+}
+
+// Shards that take their checkpoints as grps-server does (ShardCheckpointer:
+// full, or incremental on the one before), into `root`, with the manifests
+// the coordinator would write.
+class CheckpointingShards {
+ public:
+  CheckpointingShards(const std::string& root, const v1::JobConfig& config)
+      : root_(root), config_(config) {
+    for (uint32_t shard = 0; shard < config.num_servers(); ++shard) {
+      stores.push_back(MakeStore(config, shard));
+      checkpointers_.push_back(std::make_unique<ShardCheckpointer>(stores.back().get(), ""));
+    }
+  }
+  ~CheckpointingShards() {
+    for (auto& c : checkpointers_) c->Join();
+  }
+
+  // Checkpoint `id` of every shard and its manifest; the manifest.
+  v1::CheckpointManifest Take(uint64_t id) {
+    v1::CheckpointRequest request;
+    request.set_id(id);
+    request.set_dir(CheckpointFolder(root_, id));
+    v1::CheckpointManifest manifest;
+    manifest.set_job_id(config_.job_id());
+    manifest.set_id(id);
+    *manifest.mutable_shard_map() = MapOf(config_);
+    *manifest.mutable_config() = config_;
+    for (size_t k = 0; k < stores.size(); ++k) checkpointers_[k]->MaybeStart(request);
+    for (size_t k = 0; k < stores.size(); ++k) {
+      v1::ShardCheckpoint report;
+      for (int i = 0; i < 5000; ++i) {
+        report = stores[k]->ShardStatus().checkpoint();
+        if (report.id() == id && report.state() != v1::CHECKPOINT_STATE_PENDING) break;
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      EXPECT_EQ(report.state(), v1::CHECKPOINT_STATE_WRITTEN) << report.error();
+      *manifest.add_shards() = report;
+    }
+    EXPECT_TRUE(WriteManifest(Env::Default(), request.dir(), manifest).ok());
+    return manifest;
+  }
+
+  std::vector<std::unique_ptr<ShardStore>> stores;
+
+ private:
+  const std::string root_;
+  const v1::JobConfig config_;
+  std::vector<std::unique_ptr<ShardCheckpointer>> checkpointers_;
+};
+
+// The table's rows of a full capture of `stores` now (twins of the shards
+// that checkpoint: a capture starts their changes again).
+TableRows FullCapture(const std::vector<std::unique_ptr<ShardStore>>& stores) {
+  TableRows out;
+  v1::CheckpointRequest request;
+  request.set_id(99);
+  for (const std::unique_ptr<ShardStore>& store : stores) {
+    absl::StatusOr<v1::ShardCheckpointFile> file =
+        store->CaptureCheckpoint(request, absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (file.ok()) AddTableRows(file->tables(0), &out);
+  }
+  return out;
+}
+
+// The table's rows of checkpoint `dir` restored into `shards` shards.
+TableRows Restored(const std::string& dir, const v1::CheckpointManifest& manifest,
+                   const v1::JobConfig& config, uint32_t shards) {
+  v1::JobConfig into = config;
+  into.set_num_servers(shards);
+  const v1::ShardMap map = MapOf(into);
+  TableRows out;
+  for (uint32_t k = 0; k < shards; ++k) {
+    absl::StatusOr<ShardState> state =
+        LoadShardState(Env::Default(), dir, manifest, ChunksOfShard(map, k), shards, k);
+    EXPECT_TRUE(state.ok()) << state.status();
+    if (state.ok()) AddTableRows(state->tables[0], &out);
+  }
+  return out;
+}
+
+TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
+  // A managed table (LFU, capacity 40 a shard, admission after 2 updates,
+  // Adam) over 2 shards, one async worker; a full checkpoint, then at most
+  // 3 incremental ones. Each round updates a few rows, some of them new,
+  // so rows are created, updated, evicted and come back. Twin shards take
+  // the same pushes and a full capture each round: the truth.
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM, /*max_rows=*/40);
+  config.mutable_optimizer()->set_beta1(0.9f);
+  config.mutable_optimizer()->set_beta2(0.999f);
+  config.mutable_optimizer()->set_epsilon(1e-8f);
+  config.set_num_workers(1);
+  config.set_checkpoint_dir(root_);
+  config.set_checkpoint_full_every(3);
+  v1::SparseTableSpec* table = config.mutable_sparse_tables(0);
+  table->set_eviction(v1::SparseTableSpec::EVICTION_LFU);
+  table->set_admit_after(2);
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  CheckpointingShards shards(root_, config);
+  std::vector<std::unique_ptr<ShardStore>> twins;
+  for (uint32_t k = 0; k < 2; ++k) twins.push_back(MakeStore(config, k));
+  uint64_t step = 0;
+  for (uint64_t id = 1; id <= 7; ++id) {
+    SCOPED_TRACE(absl::StrCat("checkpoint ", id));
+    for (int round = 0; round < 3; ++round, ++step) {
+      for (uint32_t k = 0; k < 2; ++k) {
+        const std::vector<int64_t> pool = IdsOf(k, 200);
+        std::vector<int64_t> ids;
+        for (int i = 0; i < 12; ++i) ids.push_back(pool[(step * 37 + i * i * 7 + i) % pool.size()]);
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        std::vector<float> grad(ids.size() * kDim);
+        for (size_t i = 0; i < grad.size(); ++i)
+          grad[i] = 0.01f * static_cast<float>((i + step) % 13) - 0.05f;
+        for (auto* store : {shards.stores[k].get(), twins[k].get()})
+          ASSERT_TRUE(store->PushSparse(Gradient(0, step, step, ids, grad)).ok());
+      }
+    }
+    const v1::CheckpointManifest manifest = shards.Take(id);
+    // Full at 1 and 5; 2..4 and 6..7 on the one before.
+    const int chain = static_cast<int>((id - 1) % 4);
+    for (const v1::ShardCheckpoint& s : manifest.shards()) {
+      ASSERT_EQ(s.chain_size(), chain);
+      for (int i = 0; i < chain; ++i) EXPECT_EQ(s.chain(i).id(), id - chain + i);
+    }
+    const TableRows truth = FullCapture(twins);
+    ASSERT_FALSE(truth.waiting.empty());
+    const std::string dir = CheckpointFolder(root_, id);
+    absl::StatusOr<v1::CheckpointManifest> verified = VerifyCheckpoint(Env::Default(), dir, "");
+    ASSERT_TRUE(verified.ok()) << verified.status();
+    for (uint32_t into : {2u, 3u, 1u}) {
+      SCOPED_TRACE(absl::StrCat(into, " shards"));
+      EXPECT_TRUE(Restored(dir, *verified, config, into) == truth);
+    }
+  }
+  for (const auto& twin : twins) EXPECT_GT(TableStatus(twin->ShardStatus()).rows_evicted(), 0u);
+}
+
+TEST_F(SparseCheckpointTest, AnIncrementAfterOnePercentOfTheRowsChangedIsUnderFivePercent) {
+  // 100,000 rows of 16 with row-wise AdaGrad on one shard; then 1,000 of
+  // them (1 %) updated.
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAGRAD);
+  config.mutable_optimizer()->set_epsilon(1e-7f);
+  config.set_num_workers(1);
+  config.set_num_servers(1);
+  config.set_checkpoint_dir(root_);
+  config.set_checkpoint_full_every(2);
+  v1::SparseTableSpec* table = config.mutable_sparse_tables(0);
+  table->set_rows(1 << 20);
+  table->set_dim(16);
+  table->set_rowwise_adagrad(true);
+  CheckpointingShards shards(root_, config);
+  ShardStore& store = *shards.stores[0];
+  auto push = [&](uint64_t step, int64_t first, int64_t n) {
+    std::vector<int64_t> ids(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = first + i * 97;  // spread over the slots
+    const std::vector<float> grad(ids.size() * 16, 0.125f);
+    ShardStore::SparseGradientPush g = Gradient(0, step, step, ids, grad);
+    ASSERT_TRUE(store.PushSparse(std::move(g)).ok());
+  };
+  for (int64_t b = 0; b < 10; ++b) push(b, b, 10000);
+  const v1::CheckpointManifest full = shards.Take(1);
+  push(10, 3, 1000);
+  const v1::CheckpointManifest delta = shards.Take(2);
+  EXPECT_EQ(full.shards(0).num_rows(), 100000u);
+  EXPECT_EQ(delta.shards(0).num_rows(), 1000u);
+  ASSERT_EQ(delta.shards(0).chain_size(), 1);
+  const double share =
+      static_cast<double>(delta.shards(0).bytes()) / static_cast<double>(full.shards(0).bytes());
+  std::printf("full %llu bytes, increment %llu bytes (%.2f%%)\n",
+              static_cast<unsigned long long>(full.shards(0).bytes()),
+              static_cast<unsigned long long>(delta.shards(0).bytes()), 100 * share);
+  EXPECT_LE(share, 0.05);
+  // And it reads back as the state now.
+  const std::string dir = CheckpointFolder(root_, 2);
+  absl::StatusOr<v1::CheckpointManifest> verified = VerifyCheckpoint(Env::Default(), dir, "");
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(Restored(dir, *verified, config, 1).rows.size(), 100000u);
+}
+
+TEST_F(SparseCheckpointTest, AnIncrementWhoseBaseIsDamagedOrMissingIsRefused) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  config.set_num_workers(1);
+  config.set_checkpoint_dir(root_);
+  config.set_checkpoint_full_every(4);
+  CheckpointingShards shards(root_, config);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    for (uint32_t k = 0; k < 2; ++k) {
+      const std::vector<int64_t> ids = IdsOf(k, 5 * id);
+      ASSERT_TRUE(shards.stores[k]
+                      ->PushSparse(Gradient(0, id - 1, id - 1, ids,
+                                            std::vector<float>(ids.size() * kDim, 0.5f)))
+                      .ok());
+    }
+    shards.Take(id);
+  }
+  const std::string dir = CheckpointFolder(root_, 3);
+  ASSERT_TRUE(VerifyCheckpoint(Env::Default(), dir, "").ok());
+  // Checkpoint 2's file of shard 1, on which 3's applies, damaged.
+  const std::string base = JoinPath(CheckpointFolder(root_, 2), ShardFileName(1));
+  {
+    absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(base);
+    ASSERT_TRUE(bytes.ok());
+    (*bytes)[bytes->size() / 2] ^= 0x20;
+    ASSERT_TRUE(WriteFileAtomically(Env::Default(), base, *bytes).ok());
+  }
+  absl::Status damaged = VerifyCheckpoint(Env::Default(), dir, "").status();
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(damaged.message()), HasSubstr("ckpt-00000002/shard-00001.ckpt"));
+  // Missing: NOT_FOUND; the newest complete checkpoint is then the full one.
+  ASSERT_TRUE(std::filesystem::remove(base));
+  EXPECT_FALSE(VerifyCheckpoint(Env::Default(), dir, "").ok());
+  absl::StatusOr<CheckpointChoice> newest = FindNewestCheckpoint(Env::Default(), root_, "");
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  ASSERT_TRUE(newest->manifest.has_value());
+  EXPECT_EQ(newest->manifest->id(), 1u);
+  EXPECT_EQ(newest->refused.size(), 2u);
+}
+
+TEST_F(SparseCheckpointTest, AfterARestoreTheNextCheckpointIsFull) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  config.set_num_workers(1);
+  config.set_checkpoint_dir(root_);
+  config.set_checkpoint_full_every(4);
+  CheckpointingShards shards(root_, config);
+  auto push = [&](uint64_t step) {
+    for (uint32_t k = 0; k < 2; ++k) {
+      const std::vector<int64_t> ids = IdsOf(k, 4);
+      ASSERT_TRUE(shards.stores[k]
+                      ->PushSparse(
+                          Gradient(0, step, step, ids, std::vector<float>(ids.size() * kDim, 0.5f)))
+                      .ok());
+    }
+  };
+  push(0);
+  EXPECT_EQ(shards.Take(1).shards(0).chain_size(), 0);
+  push(1);
+  EXPECT_EQ(shards.Take(2).shards(0).chain_size(), 1);
+  // Shard 0 rolled back to checkpoint 1: its changes since are not its
+  // file of 2's; shard 1 goes on.
+  absl::StatusOr<ShardState> state =
+      LoadShardState(Env::Default(), CheckpointFolder(root_, 1),
+                     *VerifyCheckpoint(Env::Default(), CheckpointFolder(root_, 1), ""),
+                     ChunksOfShard(MapOf(config), 0), 2, 0);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(shards.stores[0]->Restore(2, 1, state->chunks, {1}, state->tables).ok());
+  const v1::CheckpointManifest after = shards.Take(3);
+  EXPECT_EQ(after.shards(0).chain_size(), 0);
+  EXPECT_EQ(after.shards(1).chain_size(), 2);
 }
 
 TEST(SparsePlacement, IdsSpreadEvenlyOverTheShards) {

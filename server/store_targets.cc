@@ -78,7 +78,7 @@ void StoreTarget::ResetEngine(const v1::JobConfig& config,
 
 void StoreTarget::Capture() {
   captured.emplace();
-  SnapshotInto(&*captured);
+  SnapshotInto(&*captured, capture_changes);
 }
 
 bool StoreTarget::TakeCapture(v1::ShardCheckpointFile* file) {
@@ -187,7 +187,7 @@ void StoreChunk::Update(const GradientRef& grad, const UpdateStep& step) {
   optimizer->Apply(values.f32(), grad.values.data(), step, OptimizerSteps());
 }
 
-void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into) const {
+void StoreChunk::SnapshotInto(v1::ShardCheckpointFile* into, bool /*changes_only*/) {
   v1::ChunkState* out = into->add_chunks();
   out->set_chunk_id(id);
   out->set_version(version_);
@@ -238,11 +238,16 @@ void StoreTable::Update(const GradientRef& grad, const UpdateStep& step) {
   rows->Apply(grad, step.lr);
 }
 
-void StoreTable::SnapshotInto(v1::ShardCheckpointFile* into) const {
+void StoreTable::SnapshotInto(v1::ShardCheckpointFile* into, bool changes_only) {
   v1::TableState* out = into->add_tables();
   out->set_name(spec.name());
   out->set_version(version_);
-  rows->Save(out);
+  if (changes_only) {
+    rows->SaveChanged(out);
+  } else {
+    rows->Save(out);
+  }
+  rows->ForgetChanges();
   SnapshotMarks(out->mutable_marks(), out->mutable_held_from());
   SnapshotCounters(out->mutable_counters());
 }

@@ -47,9 +47,10 @@ class StoreTarget : public UpdateTarget {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Checkpoint capture: Capture keeps the state as it is now (the dedup
-  // marks as the policy's KeepMark says), TakeCapture moves a kept state into
-  // the file (false when there is none yet), Disarm forgets it and any
-  // capture armed (capture_at).
+  // marks as the policy's KeepMark says; a table's rows changed since its
+  // previous capture only when capture_changes is set), TakeCapture moves a
+  // kept state into the file (false when there is none yet), Disarm forgets
+  // it and any capture armed (capture_at).
   void Capture() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   bool TakeCapture(v1::ShardCheckpointFile* file) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Disarm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -64,6 +65,7 @@ class StoreTarget : public UpdateTarget {
   // An armed capture: the version at which Apply captures (0: none), and
   // the state captured, until collected.
   uint64_t capture_at ABSL_GUARDED_BY(mu) = 0;
+  bool capture_changes ABSL_GUARDED_BY(mu) = false;
   std::optional<v1::ShardCheckpointFile> captured ABSL_GUARDED_BY(mu);
   // A chunk of a user model's "given" tensor that has no values yet: no
   // pull is served and no gradient taken until worker rank 0's come.
@@ -77,8 +79,11 @@ class StoreTarget : public UpdateTarget {
   // The optimizer update itself.
   virtual void Update(const GradientRef& grad, const UpdateStep& step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
-  // Adds this target's state now to `into`, for a checkpoint.
-  virtual void SnapshotInto(v1::ShardCheckpointFile* into) const
+  // Adds this target's state now to `into`, for a checkpoint, and starts
+  // counting changes again: with `changes_only`, a table's rows created,
+  // updated or removed since its previous snapshot (SparseRows::SaveChanged)
+  // rather than all of them; a chunk is always whole.
+  virtual void SnapshotInto(v1::ShardCheckpointFile* into, bool changes_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
   // The dedup marks as a checkpoint keeps them (ChunkPolicy::KeepMark), and
   // the steps from which ranks must compute again.
@@ -133,7 +138,7 @@ class StoreChunk final : public StoreTarget {
  protected:
   void Update(const GradientRef& grad, const UpdateStep& step) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void SnapshotInto(v1::ShardCheckpointFile* into) const override
+  void SnapshotInto(v1::ShardCheckpointFile* into, bool changes_only) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
  private:
@@ -174,7 +179,7 @@ class StoreTable final : public StoreTarget {
  protected:
   void Update(const GradientRef& grad, const UpdateStep& step) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void SnapshotInto(v1::ShardCheckpointFile* into) const override
+  void SnapshotInto(v1::ShardCheckpointFile* into, bool changes_only) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
  private:

@@ -8,7 +8,9 @@
 #   - grps_train_bench: sync with 2 servers for 100 steps (it starts the real
 #     daemons from BIN_DIR);
 #   - bench/exit_latency: one short job;
-#   - grps_step_bench: a small GEMM and a small model's step, both ways.
+#   - grps_step_bench: a small GEMM and a small model's step, both ways;
+#   - grps_checkpoint_bench: 20,000 rows, a full checkpoint and 2 increments
+#     read back to the shard's state.
 set -euo pipefail
 BIN=${1:?usage: bench_smoke_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
@@ -46,5 +48,11 @@ grep -q "^worst:" "$WORK/exit.out" || { cat "$WORK/exit.out"; fail "exit_latency
   >"$WORK/step.out" 2>&1 || { cat "$WORK/step.out"; fail "grps_step_bench failed"; }
 grep -q "^gemm f32" "$WORK/step.out" && grep -q "synchronous .* pipelined .* ratio" "$WORK/step.out" \
   || { cat "$WORK/step.out"; fail "grps_step_bench printed no table"; }
-cat "$WORK/wire.out" "$WORK/remote.out" "$WORK/train.out" "$WORK/exit.out" "$WORK/step.out"
+"$BIN/grps_checkpoint_bench" --rows=20000 --increments=2 --dir="$WORK/ckpt" \
+  >"$WORK/checkpoint.out" 2>&1 \
+  || { cat "$WORK/checkpoint.out"; fail "grps_checkpoint_bench failed"; }
+grep -q "^3 incremental" "$WORK/checkpoint.out" && grep -q "state: yes" "$WORK/checkpoint.out" \
+  || { cat "$WORK/checkpoint.out"; fail "grps_checkpoint_bench printed no table"; }
+cat "$WORK/wire.out" "$WORK/remote.out" "$WORK/train.out" "$WORK/exit.out" "$WORK/step.out" \
+  "$WORK/checkpoint.out"
 echo "PASS"

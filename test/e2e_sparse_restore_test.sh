@@ -4,13 +4,17 @@
 # SIGKILL and a restart into another number of servers, exactly.
 #   1. Sync, synthetic sparse data, 2 servers, a checkpoint every 100 steps,
 #      undisturbed: final accuracy A, final checkpoint F.
-#   2. The same job with server 1 killed after a checkpoint: grps-local
-#      restarts it, it reloads its rows, the job rolls back to the checkpoint
-#      and completes with accuracy A exactly and a final checkpoint
-#      bit-identical to F (every chunk and every row).
-#   3. A job of 3 servers with --steps at F's step, on the undisturbed run's
-#      folder: it resumes there with nothing left to train, and its final
-#      checkpoint (rows rehashed from 2 files into 3) is bit-identical to F.
+#   2. The same job with incremental checkpoints (--checkpoint_full_every=20:
+#      each shard's file of the checkpoints after a full one holds only the
+#      rows changed since its previous one; a restore starts a full one) and
+#      server 1 killed after an incremental checkpoint: grps-local restarts
+#      it, it reloads its rows from the full file and the increments, the
+#      job rolls back to the checkpoint and completes with accuracy A exactly and a final
+#      checkpoint bit-identical to F (every chunk and every row).
+#   3. A job of 3 servers with --steps at F's step, on the disturbed run's
+#      folder (its newest checkpoint incremental): it resumes there with
+#      nothing left to train, and its final checkpoint (rows rehashed from 2
+#      chains of files into 3) is bit-identical to F.
 #   4. The same into 1 server from the 3-server job's checkpoint.
 set -euo pipefail
 BIN=${1:?usage: e2e_sparse_restore_test.sh BIN_DIR}
@@ -45,15 +49,17 @@ step=$("$BIN/grps-checkpoint-diff" --step "$final")
 [ "$step" = $STEPS ] || fail "the undisturbed run's newest checkpoint is at step $step, not $STEPS"
 grep -q "sparse rows" "$WORK/calm/server-0.log" || fail "shard 0 wrote no sparse rows"
 
-# 2. Server 1 killed after a checkpoint.
-launch killed 2 $STEPS "$WORK/killed-ckpt" "${PACE[@]}"
+# 2. Incremental checkpoints, server 1 killed after one (step 200 or later:
+# checkpoint 1, at step 100, is full, the next ones increments).
+launch killed 2 $STEPS "$WORK/killed-ckpt" "${PACE[@]}" --checkpoint_full_every=20
 for ((i = 0; i < 1200; i++)); do
   at=$(status "$WORK/killed" | json 'j.get("last_checkpoint", {}).get("step", "")' 2>/dev/null || true)
   global=$(status "$WORK/killed" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo 0)
-  [ -n "$at" ] && [ "$global" -gt "$at" ] && break
+  [ -n "$at" ] && [ "$at" -ge 200 ] && [ "$global" -gt "$at" ] && break
   sleep 0.1
 done
-[ -n "$at" ] || fail "the job completed no checkpoint before the kill"
+[ -n "$at" ] && [ "$at" -ge 200 ] \
+  || fail "the job completed no incremental checkpoint before the kill"
 victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") || fail "no grps-server child"
 kill -KILL "$victim"
 echo "killed server 1 (pid $victim) after the checkpoint at step $at"
@@ -61,28 +67,35 @@ wait_pid "$PID_killed" 200
 [ "$EXIT_CODE" = 0 ] || fail "grps-local exited with $EXIT_CODE after the kill"
 grep -q "shard 1 restored .* sparse rows from checkpoint" "$WORK/killed/server-1.restart-1.log" \
   || fail "the restarted shard did not reload its rows"
+grep -q "incremental on checkpoint" "$WORK/killed/server-1.log" \
+  || fail "shard 1 wrote no incremental checkpoint before the kill"
 calm=$(accuracy "$WORK/calm"); killed=$(accuracy "$WORK/killed")
 echo "final accuracy $killed with the kill, $calm undisturbed"
 [ "$calm" = "$killed" ] || fail "accuracy $killed differs from the undisturbed $calm"
 "$BIN/grps-checkpoint-diff" "$final" "$(newest "$WORK/killed-ckpt")" \
   || fail "the final rows differ from the undisturbed run's"
 
-# 3. Three servers, resumed at the final step with nothing left to train.
-launch three 3 "$step" "$WORK/calm-ckpt"
+# 3. Three servers, resumed at the final step with nothing left to train,
+# from the disturbed run's newest checkpoint (incremental).
+incremental=$(newest "$WORK/killed-ckpt")
+id=$((10#${incremental##*ckpt-}))
+grep -q "checkpoint $id: shard 0 wrote .*(incremental on checkpoint" "$WORK/killed/server-0.log" \
+  || fail "the disturbed run's final checkpoint $id is not incremental"
+launch three 3 "$step" "$WORK/killed-ckpt"
 wait_pid "$PID_three" 120
 [ "$EXIT_CODE" = 0 ] || fail "the 3-server job exited with $EXIT_CODE"
 grep -q "resum.*step $step" "$WORK/three/coordinator.log" \
   || fail "the 3-server job did not resume at step $step"
-from_three=$(newest "$WORK/calm-ckpt")
-[ "$from_three" != "$final" ] || fail "the 3-server job wrote no checkpoint"
+from_three=$(newest "$WORK/killed-ckpt")
+[ "$from_three" != "$incremental" ] || fail "the 3-server job wrote no checkpoint"
 "$BIN/grps-checkpoint-diff" "$final" "$from_three" \
   || fail "the rows restored into 3 servers differ from the checkpoint"
 
 # 4. One server, from the 3-server checkpoint.
-launch single 1 "$step" "$WORK/calm-ckpt"
+launch single 1 "$step" "$WORK/killed-ckpt"
 wait_pid "$PID_single" 120
 [ "$EXIT_CODE" = 0 ] || fail "the 1-server job exited with $EXIT_CODE"
-from_one=$(newest "$WORK/calm-ckpt")
+from_one=$(newest "$WORK/killed-ckpt")
 [ "$from_one" != "$from_three" ] || fail "the 1-server job wrote no checkpoint"
 "$BIN/grps-checkpoint-diff" "$final" "$from_one" \
   || fail "the rows restored from 3 servers into 1 differ from the checkpoint"
