@@ -212,7 +212,7 @@ std::optional<uint32_t> SparseRows::AdmittedSlot(int64_t id) {
 }
 
 void SparseRows::Remove(uint32_t slot) {
-  removed_.insert(MetaAt(slot).id);
+  if (track_changes_) removed_.insert(MetaAt(slot).id);
   if (Changed(slot)) changed_[slot / 64] &= ~(uint64_t{1} << (slot % 64));
   index_.Erase(MetaAt(slot).id, IdOf());
   last_[slot] = kFreeSlot;

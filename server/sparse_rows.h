@@ -111,13 +111,19 @@ class SparseRows {
   void Save(v1::TableState* out) const;
 
   // Incremental checkpoints: what changed since the last ForgetChanges (or
-  // Load or Clear). SaveChanged writes as Save does, but only the rows
+  // Load or Clear), noted only once set_track_changes(true) was called (a
+  // job of incremental checkpoints: otherwise the ids that left would pile
+  // up with nothing to take them). SaveChanged writes as Save does, but only the rows
   // created or updated since, and in removed_ids the ids that left since
   // (sorted); the clock and the ids waiting for admission whole. Applied to
   // the state saved then (checkpoint/ MergeTableDelta) it gives Save's
   // state now. ForgetChanges starts counting again.
   void SaveChanged(v1::TableState* out) const;
   void ForgetChanges();
+  void set_track_changes(bool on) {
+    track_changes_ = on;
+    ForgetChanges();
+  }
   // The rows created or updated since (tests, logs).
   uint64_t changed_rows() const;
 
@@ -172,6 +178,7 @@ class SparseRows {
   void Remove(uint32_t slot);
   // Marks row `slot` as created or updated (SaveChanged).
   void MarkChanged(uint32_t slot) {
+    if (!track_changes_) return;
     if (slot / 64 >= changed_.size()) changed_.resize(slot / 64 + 1, 0);
     changed_[slot / 64] |= uint64_t{1} << (slot % 64);
   }
@@ -222,6 +229,7 @@ class SparseRows {
   Managed counts_;
   // Since the last ForgetChanges: by slot, one bit a row created or
   // updated; the ids that left.
+  bool track_changes_ = false;
   std::vector<uint64_t> changed_;
   absl::flat_hash_set<int64_t> removed_;
 };

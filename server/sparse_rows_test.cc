@@ -276,6 +276,7 @@ TEST_F(ManagedRowsTest, AStateWhoseAgesDoNotFitIsRefused) {
 TEST_F(ManagedRowsTest, SaveChangedHoldsTheRowsCreatedOrUpdatedAndTheIdsThatLeftSince) {
   // Capacity 16 (an eviction keeps 15), LRU.
   std::unique_ptr<SparseRows> rows = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  rows->set_track_changes(true);
   for (int64_t id = 0; id < 10; ++id) Update(*rows, {id});
   EXPECT_EQ(rows->changed_rows(), 10u);
   rows->ForgetChanges();
@@ -306,12 +307,34 @@ TEST_F(ManagedRowsTest, SaveChangedHoldsTheRowsCreatedOrUpdatedAndTheIdsThatLeft
   v1::TableState state;
   Saved(*rows, &state);
   std::unique_ptr<SparseRows> loaded = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  loaded->set_track_changes(true);
   ASSERT_TRUE(loaded->Load(state).ok());
   EXPECT_EQ(loaded->changed_rows(), 0u);
   v1::TableState none;
   loaded->SaveChanged(&none);
   EXPECT_EQ(none.ids_size(), 0);
   EXPECT_EQ(none.removed_ids_size(), 0);
+}
+
+TEST_F(ManagedRowsTest, WithoutIncrementalCheckpointsNoChangesAreKept) {
+  // A table of a job with no incremental checkpoints keeps none of the ids
+  // that left (over a long run they would pile up); one of a job with
+  // them keeps every id that left since its previous checkpoint.
+  std::unique_ptr<SparseRows> plain = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  std::unique_ptr<SparseRows> tracked = Make(Managed(v1::SparseTableSpec::EVICTION_LRU, 16));
+  tracked->set_track_changes(true);
+  for (int64_t id = 0; id < 10000; ++id) {
+    Update(*plain, {id});
+    Update(*tracked, {id});
+  }
+  EXPECT_GT(plain->managed_counts().evicted, 9000u);
+  EXPECT_EQ(plain->changed_rows(), 0u);
+  v1::TableState none, all;
+  plain->SaveChanged(&none);
+  EXPECT_EQ(none.removed_ids_size(), 0);
+  tracked->SaveChanged(&all);
+  EXPECT_EQ(static_cast<uint64_t>(all.removed_ids_size()), tracked->managed_counts().evicted);
+  EXPECT_GT(tracked->bytes(), plain->bytes() + 9000 * sizeof(int64_t));
 }
 
 TEST(ManagedTableConfig, OptionsParseAndEvictionNeedsACapacity) {

@@ -212,7 +212,11 @@ StoreTable::StoreTable(uint32_t index, const v1::SparseTableSpec& spec,
 }
 
 std::unique_ptr<SparseRows> StoreTable::NewRows() const {
-  return std::make_unique<SparseRows>(spec, config_.optimizer(), config_.seed(), backend_.get());
+  auto rows =
+      std::make_unique<SparseRows>(spec, config_.optimizer(), config_.seed(), backend_.get());
+  // Incremental checkpoints take the rows changed since the previous one.
+  rows->set_track_changes(config_.checkpoint_full_every() > 0);
+  return rows;
 }
 
 std::unique_ptr<GradientBuffer> StoreTable::NewBuffer() { return rows->NewBuffer(); }
