@@ -8,7 +8,7 @@
 # shards throughout. Then the same with the embedding model (a sparse table
 # with AdaGrad): every row, with its optimizer state and update count, must
 # end bit for bit as in the fixed job (rows moved, none lost), the moving
-# job taking incremental checkpoints (its cuts read through their chains). The counts
+# job taking incremental checkpoints (its cuts mostly increments). The counts
 # the chunks' state holds (updates, pushes, duplicates, too stale) must add
 # up in the final checkpoints, every move notwithstanding: each chunk's
 # updates equal its version, and its pushes less duplicates (and too-stale
@@ -179,18 +179,30 @@ check_counts moved
 check_moves moved
 JOB_FLAGS=("${COMMON[@]}" "${SPARSE[@]}")
 job sparse-ref
-# The moved job takes incremental checkpoints every 50 steps: the cuts of
-# its moves are increments, which the new shards read through their chains.
+# The moved job takes incremental checkpoints every 50 steps: the cut of a
+# move is then mostly an increment, which the new shards read through its
+# chain.
 JOB_FLAGS+=(--checkpoint_every_steps=50 --checkpoint_full_every=1000)
 job sparse-moved reshard
 compare sparse-ref sparse-moved
 check_counts sparse-moved
 check_moves sparse-moved
 grep -q "sparse rows" "$WORK/sparse-moved-server-0.log" || fail "shard 0 restored no sparse rows"
-cut=$(grep -o "re-sharded: .* from checkpoint [0-9]*" "$WORK/sparse-moved-server-0.log" \
-  | head -n 1 | grep -o "[0-9]*$") || fail "shard 0 logged no move"
-grep -q "checkpoint $cut: shard 0 wrote .*(incremental on checkpoint" \
-  "$WORK/sparse-moved-server-0.log" || fail "the first move's cut (checkpoint $cut) was not incremental"
+grep -q "shard 0 wrote .*(incremental on checkpoint" "$WORK/sparse-moved-server-0.log" \
+  || fail "the moved job wrote no incremental checkpoint"
+# Whether a move's cut was itself an increment depends on timing (a cut asked
+# while the checkpoint before it is still being written, or after one that
+# failed, is a full one): said, not checked (sparse_table_test restores
+# chains into other shard counts deterministically).
+for cut in $(grep -o "re-sharded: .* from checkpoint [0-9]*" "$WORK/sparse-moved-server-0.log" \
+             | grep -o "[0-9]*$"); do
+  if grep -q "checkpoint $cut: shard 0 wrote .*(incremental on checkpoint" \
+       "$WORK/sparse-moved-server-0.log"; then
+    echo "sparse-moved: the cut of a move, checkpoint $cut, was incremental"
+  else
+    echo "sparse-moved: the cut of a move, checkpoint $cut, was a full one"
+  fi
+done
 # async refuses gradients staler than 1 (too_stale counts to conserve).
 for MODE in async ssp; do
   JOB_FLAGS=("${COMMON[@]}" "${DENSE[@]}")
