@@ -28,6 +28,7 @@
 #include "server/parameter_server_service.h"
 #include "server/shard_checkpointer.h"
 #include "server/shard_store.h"
+#include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 
 namespace grps {
@@ -987,6 +988,10 @@ class CheckpointingShards {
  public:
   CheckpointingShards(const std::string& root, const v1::JobConfig& config)
       : root_(root), config_(config) {
+    // spdlog's registry comes up on its first use: here, before the
+    // checkpointers' threads log (as grps-server's main logs first); two
+    // threads' first uses at once race inside the uninstrumented library.
+    spdlog::default_logger();
     for (uint32_t shard = 0; shard < config.num_servers(); ++shard) {
       stores.push_back(MakeStore(config, shard));
       checkpointers_.push_back(std::make_unique<ShardCheckpointer>(stores.back().get(), ""));
