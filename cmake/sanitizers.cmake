@@ -71,11 +71,13 @@ function(_grps_targets_below dir out)
 endfunction()
 
 # What needs every target defined: the thread-safety analysis stays off the
-# generated protobuf code (grps_proto), and in a TSan build every executable
+# generated protobuf code (grps_proto, grps_lookup_proto), and in a TSan build every executable
 # gets sanitize/tsan_absl_sync.cc's objects.
 function(grps_sanitize_targets)
   if(GRPS_THREAD_SAFETY)
-    target_compile_options(grps_proto PRIVATE -Wno-thread-safety)
+    foreach(t grps_proto grps_lookup_proto)
+      target_compile_options(${t} PRIVATE -Wno-thread-safety)
+    endforeach()
   endif()
   if(GRPS_TSAN)
     _grps_targets_below(${CMAKE_SOURCE_DIR} targets)

@@ -16,6 +16,11 @@
 // roll-back to the cut) rebuilds the store for the new map from the cut, or
 // retires a shard the new map does not have.
 //
+// grps-server --serve is the lookup service instead (lookup_service.h,
+// served_rows.h): no job, no coordinator; the rows of a job's sparse tables
+// from the checkpoints in --checkpoint_dir, for inference, until SIGINT or
+// SIGTERM (exit 0; 1 when it cannot start).
+//
 // Exit status: 0 when the job completes or is stopped, when a re-sharding
 // retires the shard, or on SIGINT/SIGTERM;
 // 1 when it cannot start (bad flags, no coordinator within a minute, an
@@ -50,10 +55,12 @@
 #include "member/member_agent.h"
 #include "member/member_flags.h"
 #include "proto/grps.grpc.pb.h"
+#include "server/lookup_service.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_metrics.h"
 #include "server/shard_agent.h"
 #include "server/shard_restore.h"
+#include "server/served_rows.h"
 #include "server/shard_store.h"
 #include "spdlog/spdlog.h"
 
@@ -75,7 +82,15 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "with per-shard checkpoint storage (the coordinator's "
           "--checkpoint_storage=per_shard): where this server keeps its shard's "
           "checkpoint files; empty: the job's --checkpoint_dir, on this server's own "
-          "volume. Must be empty or the job's folder with shared storage");
+          "volume. Must be empty or the job's folder with shared storage. With "
+          "--serve: the job's checkpoint folder (shared storage) to serve from");
+ABSL_FLAG(bool, serve, false,
+          "serve lookups of the sparse tables' rows for inference (proto/lookup.proto), "
+          "read-only, from the newest checkpoint in --checkpoint_dir, following the job's "
+          "new checkpoints as they appear (increments applied as they come); no "
+          "coordinator, no shard of a job");
+ABSL_FLAG(uint32_t, serve_poll_ms, 500,
+          "with --serve: how often to look for a newer checkpoint, in ms (1..60000)");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
           "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
@@ -153,11 +168,11 @@ void LogExit(uint32_t shard, const v1::ShardStatus& s, const std::string& reason
                  t.rows_evicted(), t.rows_admitted(), t.rows_dropped());
 }
 
-// The gRPC server of `service` on `listen`, started but not yet SERVING
+// The gRPC server of `services` on `listen`, started but not yet SERVING
 // (health check), its port written to --port_file when one is given.
 absl::StatusOr<GrpcServer> StartServer(const std::string& listen,
-                                       ParameterServerService& service) {
-  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, {&service});
+                                       const std::vector<grpc::Service*>& services) {
+  absl::StatusOr<GrpcServer> server = StartGrpcServer(listen, services);
   if (!server.ok()) return absl::Status(server.status().code(), server.status().ToString());
   server->server->GetHealthCheckService()->SetServingStatus(false);
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
@@ -255,7 +270,7 @@ int Run() {
   // away.
   ShardStores stores;
   ParameterServerService service(MemberKey(ProcessSecurity().admin_token));
-  absl::StatusOr<GrpcServer> server = StartServer(listen, service);
+  absl::StatusOr<GrpcServer> server = StartServer(listen, {&service});
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
     return 1;
@@ -318,6 +333,70 @@ int Run() {
   ExitNow(ending.exit_code);
 }
 
+// grps-server --serve: the lookup service over --checkpoint_dir, until
+// SIGINT or SIGTERM. SERVING (health check) once a checkpoint is served.
+int Serve() {
+  const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const uint32_t poll_ms = absl::GetFlag(FLAGS_serve_poll_ms);
+  if (dir.empty()) {
+    spdlog::error("--serve needs --checkpoint_dir: the job's checkpoint folder");
+    return 1;
+  }
+  if (poll_ms < 1 || poll_ms > 60000) {
+    spdlog::error("--serve_poll_ms must be within 1..60000, got {}", poll_ms);
+    return 1;
+  }
+  ServedRows rows(Env::Default(), dir);
+  LookupService service(rows);
+  absl::StatusOr<GrpcServer> server = StartServer(absl::GetFlag(FLAGS_listen), {&service});
+  if (!server.ok()) {
+    spdlog::error("{}", std::string(server.status().message()));
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags(
+      "grps-server", {std::make_shared<CollectFunction>([&rows] {
+        return LookupMetricFamilies(rows);
+      })});
+  if (!metrics.ok()) {
+    server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+    spdlog::error("{}", std::string(metrics.status().message()));
+    return 1;
+  }
+  spdlog::info("serving lookups at port {} from the checkpoints in {} (looking every {} ms)",
+               server->port, dir, poll_ms);
+  std::string last_error;
+  while (!ShutdownRequested()) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<bool> refreshed = rows.Refresh(start);
+    if (!refreshed.ok()) {
+      if (std::string error(refreshed.status().message()); error != last_error) {
+        spdlog::warn("not served: {}", error);
+        last_error = std::move(error);
+      }
+    } else if (*refreshed) {
+      const v1::LookupStatusResponse s = rows.Status();
+      uint64_t total_rows = 0;
+      for (const v1::ServedTable& t : s.tables()) total_rows += t.rows();
+      spdlog::info("serving checkpoint {} (step {}) of job {}: {} rows in {} tables; read in "
+                   "{:.3f} s, {:.3f} s after its manifest was written ({} increments applied, "
+                   "{} shard states read whole so far)",
+                   s.checkpoint_id(), s.step(), s.job_id(), total_rows, s.tables_size(),
+                   absl::ToDoubleSeconds(absl::Now() - start),
+                   (absl::ToUnixMillis(absl::Now()) - static_cast<int64_t>(
+                                                          s.written_unix_time_ms())) / 1000.0,
+                   s.increments_applied(), s.full_reads());
+      server->server->GetHealthCheckService()->SetServingStatus(true);
+    }
+    SleepUnlessShutdown(absl::Milliseconds(poll_ms));
+  }
+  server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+  const ServedRows::Counts counts = rows.counts();
+  spdlog::info("lookup service exiting: {} lookups of {} ids ({} missing) answered; peak RSS "
+               "{:.1f} MiB",
+               counts.lookups, counts.ids, counts.missing, PeakRssMiB());
+  return 0;
+}
+
 }  // namespace
 }  // namespace grps
 
@@ -325,7 +404,9 @@ int main(int argc, char** argv) {
   grps::ParseFlagsWithEnvironment(
       argc, argv,
       "grps-server --coordinator=HOST:PORT [--listen=HOST:PORT] [--shard=N] "
-      "[--port_file=PATH]\n  One parameter shard of a grps job.");
+      "[--port_file=PATH]\n  One parameter shard of a grps job.\n"
+      "grps-server --serve --checkpoint_dir=DIR [--listen=HOST:PORT]\n"
+      "  The lookup service: a job's sparse rows for inference, from its checkpoints.");
   grps::InitDaemon("server");
   grps::InstallShutdownHandlers();
   if (absl::Status s = grps::InitProcessSecurity(grps::Role::kAdmin, /*serves=*/true);
@@ -333,5 +414,5 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(s.message()));
     return 2;
   }
-  return grps::Run();
+  return absl::GetFlag(FLAGS_serve) ? grps::Serve() : grps::Run();
 }

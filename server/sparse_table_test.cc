@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -26,6 +28,7 @@
 #include "job/sparse_tables.h"
 #include "proto/grps.grpc.pb.h"
 #include "server/parameter_server_service.h"
+#include "server/served_rows.h"
 #include "server/shard_checkpointer.h"
 #include "server/shard_store.h"
 #include "spdlog/spdlog.h"
@@ -1050,43 +1053,53 @@ TableRows Restored(const std::string& dir, const v1::CheckpointManifest& manifes
   return out;
 }
 
-TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
-  // A managed table (LFU, capacity 40 a shard, admission after 2 updates,
-  // Adam) over 2 shards, one async worker; a full checkpoint, then at most
-  // 3 incremental ones. Each round updates a few rows, some of them new,
-  // so rows are created, updated, evicted and come back. Twin shards take
-  // the same pushes and a full capture each round: the truth.
+// The chain tests' job: a managed table (LFU, capacity 40 a shard,
+// admission after 2 updates, Adam) over 2 shards, one async worker; a full
+// checkpoint, then at most 3 incremental ones.
+v1::JobConfig ChainJob(const std::string& root) {
   v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM, /*max_rows=*/40);
   config.mutable_optimizer()->set_beta1(0.9f);
   config.mutable_optimizer()->set_beta2(0.999f);
   config.mutable_optimizer()->set_epsilon(1e-8f);
   config.set_num_workers(1);
-  config.set_checkpoint_dir(root_);
+  config.set_checkpoint_dir(root);
   config.set_checkpoint_full_every(3);
   v1::SparseTableSpec* table = config.mutable_sparse_tables(0);
   table->set_eviction(v1::SparseTableSpec::EVICTION_LFU);
   table->set_admit_after(2);
-  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  return config;
+}
+
+// Push `step` of the chain tests, of rank 0 to shard `k` of 2 (into each of
+// `stores`): 12 of the shard's 200 ids, so that over the rounds rows are
+// created, updated, evicted and come back.
+void PushChainRound(uint32_t k, uint64_t step, std::initializer_list<ShardStore*> stores) {
+  const std::vector<int64_t> pool = IdsOf(k, 200);
+  std::vector<int64_t> ids;
+  for (uint64_t i = 0; i < 12; ++i) ids.push_back(pool[(step * 37 + i * i * 7 + i) % pool.size()]);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<float> grad(ids.size() * kDim);
+  for (size_t i = 0; i < grad.size(); ++i)
+    grad[i] = 0.01f * static_cast<float>((i + step) % 13) - 0.05f;
+  for (ShardStore* store : stores)
+    ASSERT_TRUE(store->PushSparse(Gradient(0, step, step, ids, grad)).ok());
+}
+
+TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
+  // The chain job's rounds (PushChainRound); twin shards take the same
+  // pushes and a full capture each round: the truth.
+  const v1::JobConfig config = ChainJob(root_);
   CheckpointingShards shards(root_, config);
   std::vector<std::unique_ptr<ShardStore>> twins;
   for (uint32_t k = 0; k < 2; ++k) twins.push_back(MakeStore(config, k));
   uint64_t step = 0;
   for (uint64_t id = 1; id <= 7; ++id) {
     SCOPED_TRACE(absl::StrCat("checkpoint ", id));
-    for (int round = 0; round < 3; ++round, ++step) {
-      for (uint32_t k = 0; k < 2; ++k) {
-        const std::vector<int64_t> pool = IdsOf(k, 200);
-        std::vector<int64_t> ids;
-        for (int i = 0; i < 12; ++i) ids.push_back(pool[(step * 37 + i * i * 7 + i) % pool.size()]);
-        std::sort(ids.begin(), ids.end());
-        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-        std::vector<float> grad(ids.size() * kDim);
-        for (size_t i = 0; i < grad.size(); ++i)
-          grad[i] = 0.01f * static_cast<float>((i + step) % 13) - 0.05f;
-        for (auto* store : {shards.stores[k].get(), twins[k].get()})
-          ASSERT_TRUE(store->PushSparse(Gradient(0, step, step, ids, grad)).ok());
-      }
-    }
+    for (int round = 0; round < 3; ++round, ++step)
+      for (uint32_t k = 0; k < 2; ++k)
+        PushChainRound(k, step, {shards.stores[k].get(), twins[k].get()});
     const v1::CheckpointManifest manifest = shards.Take(id);
     // Full at 1 and 5; 2..4 and 6..7 on the one before.
     const int chain = static_cast<int>((id - 1) % 4);
@@ -1218,6 +1231,151 @@ TEST_F(SparseCheckpointTest, AfterARestoreTheNextCheckpointIsFull) {
   const v1::CheckpointManifest after = shards.Take(3);
   EXPECT_EQ(after.shards(0).chain_size(), 0);
   EXPECT_EQ(after.shards(1).chain_size(), 2);
+}
+
+// What a lookup of `ids` in the job's table answers: each row found, as its
+// bytes (the ids it says are missing are absent, and answered with zeros),
+// and the checkpoint it answers from.
+std::map<int64_t, std::string> LookedUp(const ServedRows& served,
+                                        const std::vector<int64_t>& ids,
+                                        uint64_t* checkpoint_id) {
+  v1::LookupRequest request;
+  request.set_table("emb");
+  for (int64_t id : ids) request.add_ids(id);
+  v1::LookupResponse response;
+  std::map<int64_t, std::string> rows;
+  const absl::Status s = served.Lookup(request, &response);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(response.dim(), kDim);
+  EXPECT_EQ(response.values().size(), ids.size() * kDim * sizeof(float));
+  if (!s.ok() || response.values().size() != ids.size() * kDim * sizeof(float)) return rows;
+  *checkpoint_id = response.checkpoint_id();
+  const std::set<uint32_t> missing(response.missing().begin(), response.missing().end());
+  const size_t row_bytes = kDim * sizeof(float);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string row = response.values().substr(i * row_bytes, row_bytes);
+    if (missing.count(static_cast<uint32_t>(i)) == 0)
+      rows[ids[i]] = std::move(row);
+    else
+      EXPECT_EQ(row, std::string(row_bytes, '\0')) << "id " << ids[i];
+  }
+  return rows;
+}
+
+// The values of `rows`, by id.
+std::map<int64_t, std::string> ValuesOf(const TableRows& rows) {
+  std::map<int64_t, std::string> values;
+  for (const auto& [id, row] : rows.rows) values[id] = std::get<0>(row);
+  return values;
+}
+
+TEST_F(SparseCheckpointTest, ALookupServiceServesEachCheckpointAsARestoreReadsIt) {
+  // The chain job's checkpoints (full, 3 increments, full, 2 increments),
+  // served as they appear: the first and each full one read whole, each
+  // increment applied on top of what is served; every lookup answers the
+  // rows a restore of that checkpoint reads, and the rows evicted since as
+  // missing.
+  const v1::JobConfig config = ChainJob(root_);
+  CheckpointingShards shards(root_, config);
+  ServedRows served(Env::Default(), root_);
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);
+  v1::LookupRequest request;
+  request.set_table("emb");
+  request.add_ids(1);
+  v1::LookupResponse response;
+  EXPECT_EQ(served.Lookup(request, &response).code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<bool> refreshed = served.Refresh();
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+  EXPECT_FALSE(*refreshed);
+  uint64_t step = 0, whole = 0, increments = 0;
+  for (uint64_t id = 1; id <= 7; ++id) {
+    SCOPED_TRACE(absl::StrCat("checkpoint ", id));
+    for (int round = 0; round < 3; ++round, ++step)
+      for (uint32_t k = 0; k < 2; ++k) PushChainRound(k, step, {shards.stores[k].get()});
+    const v1::CheckpointManifest manifest = shards.Take(id);
+    ((id - 1) % 4 == 0 ? whole : increments) += 2;
+    refreshed = served.Refresh();
+    ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+    EXPECT_TRUE(*refreshed);
+    const v1::LookupStatusResponse status = served.Status();
+    EXPECT_EQ(status.checkpoint_id(), id);
+    EXPECT_EQ(status.job_id(), "sparse-job");
+    EXPECT_EQ(status.full_reads(), whole);
+    EXPECT_EQ(status.increments_applied(), increments);
+    const TableRows truth = Restored(CheckpointFolder(root_, id), manifest, config, 2);
+    ASSERT_EQ(status.tables_size(), 1);
+    EXPECT_EQ(status.tables(0).rows(), truth.rows.size());
+    uint64_t answered_from = 0;
+    EXPECT_TRUE(LookedUp(served, ids, &answered_from) == ValuesOf(truth));
+    EXPECT_EQ(answered_from, id);
+  }
+  refreshed = served.Refresh();
+  ASSERT_TRUE(refreshed.ok());
+  EXPECT_FALSE(*refreshed);  // nothing newer
+
+  // The job on 3 servers from here (as after a re-sharding): checkpoint 8,
+  // full, is read whole on every shard and answered by the new placement.
+  v1::JobConfig three = config;
+  three.set_num_servers(3);
+  CheckpointingShards resharded(root_, three);
+  // Step `at` of rank 0: 20 rows a shard from id `first` on, every 7th
+  // (admitted at their second update).
+  auto push3 = [&](uint64_t at, int64_t first) {
+    for (uint32_t k = 0; k < 3; ++k) {
+      std::vector<int64_t> mine;
+      for (int64_t id = first; id < 1000 && mine.size() < 20; id += 7)
+        if (SparseShardOf(id, 3) == k) mine.push_back(id);
+      ASSERT_TRUE(resharded.stores[k]
+                      ->PushSparse(Gradient(0, at, at, mine,
+                                            std::vector<float>(mine.size() * kDim, 0.25f)))
+                      .ok());
+    }
+  };
+  for (uint64_t at = 0; at < 4; ++at) push3(at, 0);
+  const v1::CheckpointManifest eighth = resharded.Take(8);
+  refreshed = served.Refresh();
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+  EXPECT_TRUE(*refreshed);
+  EXPECT_EQ(served.Status().full_reads(), whole + 3);
+  const std::map<int64_t, std::string> at_eighth =
+      ValuesOf(Restored(CheckpointFolder(root_, 8), eighth, three, 3));
+  uint64_t answered_from = 0;
+  EXPECT_EQ(at_eighth.size(), 60u);
+  EXPECT_TRUE(LookedUp(served, ids, &answered_from) == at_eighth);
+  EXPECT_EQ(answered_from, 8u);
+
+  // Checkpoint 9, an increment, damaged: not served; 8 stays, and the
+  // error names the file.
+  for (uint64_t at = 4; at < 6; ++at) push3(at, 3);
+  const v1::CheckpointManifest ninth = resharded.Take(9);
+  ASSERT_EQ(ninth.shards(2).chain_size(), 1);
+  const std::string damaged = JoinPath(CheckpointFolder(root_, 9), ShardFileName(2));
+  {
+    absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(damaged);
+    ASSERT_TRUE(bytes.ok());
+    (*bytes)[bytes->size() / 2] ^= 0x20;
+    ASSERT_TRUE(WriteFileAtomically(Env::Default(), damaged, *bytes).ok());
+  }
+  refreshed = served.Refresh();
+  EXPECT_EQ(refreshed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(served.Status().checkpoint_id(), 8u);
+  EXPECT_THAT(served.Status().last_error(), HasSubstr("ckpt-00000009/shard-00002.ckpt"));
+  EXPECT_TRUE(LookedUp(served, ids, &answered_from) == at_eighth);
+  EXPECT_EQ(answered_from, 8u);
+
+  // What is refused: an unknown table, and a reply over 32 MiB.
+  request.set_table("nope");
+  absl::Status refused = served.Lookup(request, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("tables: emb"));
+  request.set_table("emb");
+  request.mutable_ids()->Resize(static_cast<int>(kMaxLookupReplyBytes / (kDim * 4)) + 1, 0);
+  EXPECT_EQ(served.Lookup(request, &response).code(), absl::StatusCode::kInvalidArgument);
+  // Counted: the lookups answered (one a checkpoint served, one after the
+  // damage), not those refused.
+  EXPECT_EQ(served.counts().lookups, 9u);
+  EXPECT_EQ(served.counts().ids, 9000u);
 }
 
 TEST(SparsePlacement, IdsSpreadEvenlyOverTheShards) {
