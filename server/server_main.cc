@@ -89,7 +89,7 @@ ABSL_FLAG(bool, serve, false,
           "read-only, from the newest checkpoint in --checkpoint_dir, following the job's "
           "new checkpoints as they appear (increments applied as they come); no "
           "coordinator, no shard of a job");
-ABSL_FLAG(uint32_t, serve_poll_ms, 500,
+ABSL_FLAG(uint32_t, serve_poll_ms, 200,
           "with --serve: how often to look for a newer checkpoint, in ms (1..60000)");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
           "what gRPC may hold for this server's calls at once, in MiB; a push that "
