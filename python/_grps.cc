@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "client/job_client.h"
+#include "client/lookup_client.h"
 #include "data/criteo.h"
 #include "daemon/daemon.h"
 #include "daemon/security.h"
@@ -540,6 +541,45 @@ void BindCriteoReader(py::module_& m) {
       .def_property_readonly("lines", &grps::CriteoReader::lines);
 }
 
+void BindLookupClient(py::module_& m) {
+  // client/lookup_client.h, for grps.LookupClient: lookup(table, ids) is
+  // (rows float32 n x dim, missing uint32 positions, checkpoint_id, step).
+  py::class_<grps::LookupClient>(m, "LookupClient")
+      .def(py::init([](const std::string& address, double timeout_s) {
+             return std::make_unique<grps::LookupClient>(address, absl::Seconds(timeout_s));
+           }),
+           py::arg("address"), py::arg("timeout_s") = 10.0)
+      .def(
+          "lookup",
+          [](const grps::LookupClient& client, const std::string& table,
+             const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& ids) {
+            if (ids.ndim() != 1) throw py::value_error("ids must be a 1-d array of int64");
+            const auto n = static_cast<size_t>(ids.size());
+            absl::StatusOr<grps::LookedUpRows> rows;
+            {
+              py::gil_scoped_release nogil;
+              rows = client.Lookup(table, absl::MakeConstSpan(ids.data(), n));
+            }
+            if (!rows.ok()) grps::Raise(rows.status());
+            py::array_t<float> values(
+                {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(rows->dim)});
+            std::copy(rows->values.begin(), rows->values.end(), values.mutable_data());
+            py::array_t<uint32_t> missing(static_cast<py::ssize_t>(rows->missing.size()));
+            std::copy(rows->missing.begin(), rows->missing.end(), missing.mutable_data());
+            return py::make_tuple(values, missing, rows->checkpoint_id, rows->step);
+          },
+          py::arg("table"), py::arg("ids"))
+      .def("status_json", [](const grps::LookupClient& client) {
+        absl::StatusOr<grps::v1::LookupStatusResponse> status;
+        {
+          py::gil_scoped_release nogil;
+          status = client.Status();
+        }
+        if (!status.ok()) grps::Raise(status.status());
+        return grps::AsJson(*status);
+      });
+}
+
 void BindWorker(py::module_& m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init<const std::string&,
@@ -615,4 +655,5 @@ PYBIND11_MODULE(_grps, m) {
   grps::BindCurveFile(m);
   grps::BindWorker(m);
   grps::BindCriteoReader(m);
+  grps::BindLookupClient(m);
 }
