@@ -43,7 +43,10 @@ Secrets and ConfigMaps written out as files) and mount paths in values are rewri
 them. The Secrets come from --secrets (deploy/make-secrets). While the job
 runs, every exec probe is run (it must succeed at least once) and every pod
 with prometheus.io/scrape is scraped at its annotated port and path. The
-test passes when every pod exits 0, the coordinator says the job completed,
+test passes when every pod exits 0 (a lookup service, `grps-server --serve`,
+serves until it is stopped: once every other pod has exited it must still
+run, log that it serves the job's newest checkpoint, and exit 0 on SIGTERM),
+the coordinator says the job completed,
 with at least --min_accuracy, and the checkpoint volume holds a complete
 checkpoint (with a StatefulSet scaled, every shard's file of the count it
 ends with). Every process started is ended on exit (and on this process's
@@ -1116,8 +1119,14 @@ def run(args, objects, runs):
                                      preexec_fn=_die_with_parent)
             return step, p, log
 
-        while (len(codes) < len(runner.procs) or execing is not None) \
-                and time.time() < deadline:
+        # A lookup service (`grps-server --serve`) serves until it is
+        # stopped: the run ends when every other pod has exited.
+        serving = {p.name for p, c, *_ in started if "--serve" in c["command"]}
+
+        def others_running():
+            return any(n not in codes and n not in serving for n in runner.procs)
+
+        while (others_running() or execing is not None) and time.time() < deadline:
             # The newest checkpoint, while a step or an eviction waits for one.
             newest = (checkpoint_complete(coordinator_log, True)
                       if (steps and execing is None) or (args.evict and evicted is None)
@@ -1167,6 +1176,29 @@ def run(args, objects, runs):
                 break
             time.sleep(0.1)
         wall = time.time() - begin
+        # Each lookup service: it must still run, serve the job's newest
+        # checkpoint within 10 s (its log says so), and exit 0 on SIGTERM
+        # (the Deployment scaled down, or the pod deleted).
+        newest = checkpoint_complete(coordinator_log)
+        for name in sorted(serving):
+            if name in codes or any(c != 0 for n, c in codes.items() if n not in removed):
+                continue
+            said = "serving checkpoint %s " % newest
+            for _ in range(100):
+                if newest is None or said in open(runner.logs[name], errors="replace").read():
+                    break
+                time.sleep(0.1)
+            else:
+                step_failures.append("%s never logged '%s' (the job's newest checkpoint)"
+                                     % (name, said.strip()))
+            evict_pod(runner, name, launched[name][2])
+            try:
+                codes[name] = runner.procs[name].wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            else:
+                print("%6.1f s  %s served checkpoint %s, exited %d on SIGTERM" % (
+                    time.time() - begin, name, newest, codes[name]))
         stop.set()
         if execing is not None and execing[1].poll() is None:
             execing[1].kill()

@@ -26,6 +26,9 @@
 # 0), then the StatefulSet scaled to 1. The coordinator must log both moves,
 # and the job complete with test accuracy >= 0.7 and a checkpoint of 1
 # shard.
+# The lookup overlay's pods run too: a job of sparse rows and the lookup
+# service (grps-server --serve) on its checkpoint claim; the service must
+# become ready, serve the job's newest checkpoint, and exit 0 on SIGTERM.
 # Then the torch overlay's pods run the same way, with a script of the
 # user's own given as deploy/README.md says (a ConfigMap mounted as the
 # script: here examples/torch/fashion_cnn.py, 1 epoch of 12,000 examples):
@@ -102,6 +105,18 @@ for move in "2 to 3" "3 to 1"; do
   grep -q "re-sharded from $move shards" "$WORK/pods-scaling/grps-coordinator-0.log" ||
     fail "the coordinator did not log 're-sharded from $move shards'"
 done
+
+# The lookup overlay: a job of sparse rows with incremental checkpoints on
+# a shared claim, and the lookup service (grps-server --serve) on that
+# claim, read-only (deploy/README.md, "Serving rows to inference"): the
+# service's pod must become ready (a checkpoint served) and scrapable, serve
+# the job's newest checkpoint once the job has ended, and exit 0 on SIGTERM.
+[ -s "$WORK/lookup.yaml" ] || fail "no lookup overlay in $DEPLOY/overlays"
+/usr/bin/python3 "$HERE/deploy_pods.py" --bin "$BIN" --secrets "$WORK/secrets/secrets.yaml" \
+  --examples "$EXAMPLES" --work "$WORK/pods-lookup" --run "$WORK/lookup.yaml" \
+  --timeout 150 --min_accuracy 0.5 ${GRPS_IMAGE:+--image "$GRPS_IMAGE"} &
+PIDS+=($!)
+wait $! || fail "test/deploy_pods.py on the lookup overlay failed (its FAIL lines are above)"
 
 # The torch overlay with the user's script from a ConfigMap: the overlay a
 # user writes (deploy/README.md, "Your own PyTorch script"), with
