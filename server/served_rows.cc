@@ -56,6 +56,21 @@ absl::Status CheckTable(const v1::TableState& table, const v1::SparseTableSpec& 
   return absl::OkStatus();
 }
 
+// The tables of a shard file as the job's config says they are: as many,
+// each with its name and dim and a value row per id.
+absl::Status CheckTables(const v1::ShardCheckpointFile& file, const v1::JobConfig& config) {
+  const std::string where = absl::StrCat("shard ", file.shard(), " at checkpoint ",
+                                         file.checkpoint_id());
+  if (file.tables_size() != config.sparse_tables_size())
+    return absl::DataLossError(absl::StrCat(where, ": ", file.tables_size(),
+                                            " tables where the job has ",
+                                            config.sparse_tables_size()));
+  for (int t = 0; t < file.tables_size(); ++t)
+    if (absl::Status s = CheckTable(file.tables(t), config.sparse_tables(t), where); !s.ok())
+      return s;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ServedRows::ServedRows(Env* env, std::string root) : env_(env), root_(std::move(root)) {}
@@ -80,17 +95,11 @@ void ServedRows::Put(int64_t id, const float* values, uint32_t dim, Table* table
 
 absl::StatusOr<std::unique_ptr<ServedRows::Shard>> ServedRows::ShardOf(
     const v1::ShardCheckpointFile& file, const v1::JobConfig& config) {
-  const std::string where = absl::StrCat("shard ", file.shard(), " at checkpoint ",
-                                         file.checkpoint_id());
-  if (file.tables_size() != config.sparse_tables_size())
-    return absl::DataLossError(absl::StrCat(where, ": ", file.tables_size(),
-                                            " tables where the job has ",
-                                            config.sparse_tables_size()));
+  if (absl::Status s = CheckTables(file, config); !s.ok()) return s;
   auto shard = std::make_unique<Shard>();
   shard->tables.resize(static_cast<size_t>(file.tables_size()));
   for (int t = 0; t < file.tables_size(); ++t) {
     const v1::TableState& state = file.tables(t);
-    if (absl::Status s = CheckTable(state, config.sparse_tables(t), where); !s.ok()) return s;
     Table& table = shard->tables[static_cast<size_t>(t)];
     auto id_of = [&table](uint32_t slot) { return table.ids[slot]; };
     table.index.Reserve(static_cast<uint64_t>(state.ids_size()), id_of);
@@ -99,27 +108,14 @@ absl::StatusOr<std::unique_ptr<ServedRows::Shard>> ServedRows::ShardOf(
     std::memcpy(table.values.data(), state.values().data(), state.values().size());
     for (int i = 0; i < state.ids_size(); ++i) {
       if (table.index.Find(state.ids(i), id_of).has_value())
-        return absl::DataLossError(absl::StrCat(where, ": table '", state.name(), "' holds row ",
-                                                state.ids(i), " twice"));
+        return absl::DataLossError(absl::StrCat("shard ", file.shard(), " at checkpoint ",
+                                                file.checkpoint_id(), ": table '", state.name(),
+                                                "' holds row ", state.ids(i), " twice"));
       table.ids.push_back(state.ids(i));
       table.index.Insert(state.ids(i), static_cast<uint32_t>(i), id_of);
     }
   }
   return shard;
-}
-
-absl::Status ServedRows::CheckIncrement(const v1::ShardCheckpointFile& file,
-                                        const v1::JobConfig& config) {
-  const std::string where = absl::StrCat("shard ", file.shard(), " at checkpoint ",
-                                         file.checkpoint_id());
-  if (file.tables_size() != config.sparse_tables_size())
-    return absl::DataLossError(absl::StrCat(where, ": ", file.tables_size(),
-                                            " tables where the job has ",
-                                            config.sparse_tables_size()));
-  for (int t = 0; t < file.tables_size(); ++t)
-    if (absl::Status s = CheckTable(file.tables(t), config.sparse_tables(t), where); !s.ok())
-      return s;
-  return absl::OkStatus();
 }
 
 void ServedRows::Apply(const v1::ShardCheckpointFile& increment, Shard* shard) {
@@ -160,7 +156,7 @@ absl::StatusOr<ServedRows::ShardUpdate> ServedRows::ReadShard(
         return absl::DataLossError(absl::StrCat(folder, "/", link.file(), ": applies on top of ",
                                                 "checkpoint ", file->base_id(), ", not ",
                                                 wanted[i - 1]));
-      if (absl::Status s = CheckIncrement(*file, manifest.config()); !s.ok()) return s;
+      if (absl::Status s = CheckTables(*file, manifest.config()); !s.ok()) return s;
       update.increments.push_back(*std::move(file));
     }
     return update;

@@ -101,8 +101,6 @@ class ServedRows {
                                         const std::vector<uint64_t>& applied);
   static absl::StatusOr<std::unique_ptr<Shard>> ShardOf(const v1::ShardCheckpointFile& file,
                                                         const v1::JobConfig& config);
-  static absl::Status CheckIncrement(const v1::ShardCheckpointFile& file,
-                                     const v1::JobConfig& config);
   static void Apply(const v1::ShardCheckpointFile& increment, Shard* shard);
   static void Put(int64_t id, const float* values, uint32_t dim, Table* table);
 

@@ -1087,6 +1087,16 @@ void PushChainRound(uint32_t k, uint64_t step, std::initializer_list<ShardStore*
     ASSERT_TRUE(store->PushSparse(Gradient(0, step, step, ids, grad)).ok());
 }
 
+// An async SGD job of one worker over 2 shards whose checkpoints are
+// incremental, with a full one every `full_every`.
+v1::JobConfig IncrementalJob(const std::string& root, uint32_t full_every) {
+  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
+  config.set_num_workers(1);
+  config.set_checkpoint_dir(root);
+  config.set_checkpoint_full_every(full_every);
+  return config;
+}
+
 TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
   // The chain job's rounds (PushChainRound); twin shards take the same
   // pushes and a full capture each round: the truth.
@@ -1163,10 +1173,7 @@ TEST_F(SparseCheckpointTest, AnIncrementAfterOnePercentOfTheRowsChangedIsUnderFi
 }
 
 TEST_F(SparseCheckpointTest, AnIncrementWhoseBaseIsDamagedOrMissingIsRefused) {
-  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
-  config.set_num_workers(1);
-  config.set_checkpoint_dir(root_);
-  config.set_checkpoint_full_every(4);
+  const v1::JobConfig config = IncrementalJob(root_, 4);
   CheckpointingShards shards(root_, config);
   for (uint64_t id = 1; id <= 3; ++id) {
     for (uint32_t k = 0; k < 2; ++k) {
@@ -1202,10 +1209,7 @@ TEST_F(SparseCheckpointTest, AnIncrementWhoseBaseIsDamagedOrMissingIsRefused) {
 }
 
 TEST_F(SparseCheckpointTest, AfterARestoreTheNextCheckpointIsFull) {
-  v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_SGD);
-  config.set_num_workers(1);
-  config.set_checkpoint_dir(root_);
-  config.set_checkpoint_full_every(4);
+  const v1::JobConfig config = IncrementalJob(root_, 4);
   CheckpointingShards shards(root_, config);
   auto push = [&](uint64_t step) {
     for (uint32_t k = 0; k < 2; ++k) {
