@@ -535,27 +535,45 @@ bool ShardStore::TryServe(WaitingPull& pull) {
   return true;
 }
 
-absl::StatusOr<ShardStore::PulledRows> ShardStore::PullSparse(SparsePullSpec spec) {
+namespace {
+
+// A blocking call's answer, handed over from the thread that answers it.
+// Shared with the callback: Debian's Abseil (20220623) lets a waiter return
+// from WaitForNotification while the notifying thread is still inside
+// Notify() (unlocking the Notification's own mutex), so a Notification on
+// the waiter's stack could be gone under it (ThreadSanitizer saw the
+// notifier read the stack slot the waiter's next call had reused).
+template <typename T>
+struct Answer {
   absl::Notification answered;
-  absl::StatusOr<PulledRows> out;
-  PullSparseAsync(std::move(spec), [&](absl::StatusOr<PulledRows> r) {
-    out = std::move(r);
-    answered.Notify();
+  T value;
+};
+
+// Calls `start` with a callback and waits for that callback's value.
+template <typename T, typename Start>
+T AwaitAnswer(Start start) {
+  auto answer = std::make_shared<Answer<T>>();
+  start([answer](T value) {
+    answer->value = std::move(value);
+    answer->answered.Notify();
   });
-  answered.WaitForNotification();
-  return out;
+  answer->answered.WaitForNotification();
+  return std::move(answer->value);
+}
+
+}  // namespace
+
+absl::StatusOr<ShardStore::PulledRows> ShardStore::PullSparse(SparsePullSpec spec) {
+  return AwaitAnswer<absl::StatusOr<PulledRows>>([&](auto done) {
+    PullSparseAsync(std::move(spec), std::move(done));
+  });
 }
 
 absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(
     PullSpec spec) {
-  absl::Notification answered;
-  absl::StatusOr<std::vector<PulledChunk>> out;
-  PullAsync(std::move(spec), [&](absl::StatusOr<std::vector<PulledChunk>> r) {
-    out = std::move(r);
-    answered.Notify();
+  return AwaitAnswer<absl::StatusOr<std::vector<PulledChunk>>>([&](auto done) {
+    PullAsync(std::move(spec), std::move(done));
   });
-  answered.WaitForNotification();
-  return out;
 }
 
 absl::StatusOr<std::vector<ShardStore::PulledChunk>> ShardStore::Pull(

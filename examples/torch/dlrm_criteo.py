@@ -15,7 +15,13 @@ The model (Naumov et al., 2019): the 13 dense features through a bottom
 MLP to a vector of --dim; each of the 26 categorical features through its
 own table C1..C26 (gt.Embedding, rows created on first use; ids are 32-bit
 hashes, a missing value its own id); the dot products of every pair of the
-27 vectors, beside the dense vector, through a top MLP to one logit. Each
+27 vectors, beside the dense vector, through a top MLP to one logit. With
+--first_order (the default) each row has one value more, the value's own
+weight, and the logit adds those of the example's 26 values and a linear
+term of the dense features (the wide part of Wide & Deep, a factorization
+machine's first order): what a click model's strongest signal, a value's
+own rate, needs, which the pairwise dot products alone reach only through
+the top MLP. Each
 worker streams its share of the training file (grps.criteo: lines i with
 i % workers == rank), in file order, --epochs times; the test file is read
 whole. The result: test AUC and log loss (the field's measures), beside the
@@ -53,20 +59,28 @@ def mlp(sizes, last_relu):
 class Dlrm(nn.Module):
     """`embedding(j, dim)`: table j's module (default: grps table C<j+1>)."""
 
-    def __init__(self, dim, bottom, top, embedding=None):
+    def __init__(self, dim, bottom, top, embedding=None, first_order=True):
         super().__init__()
         embedding = embedding or (lambda j, d: gt.Embedding("C%d" % (j + 1), d))
-        self.tables = nn.ModuleList(embedding(j, dim) for j in range(grps.criteo.TABLES))
+        self.dim = dim
+        # With first_order a row is its vector and then its value's weight.
+        width = dim + 1 if first_order else dim
+        self.tables = nn.ModuleList(embedding(j, width) for j in range(grps.criteo.TABLES))
         self.bottom = mlp([grps.criteo.DENSE] + bottom + [dim], last_relu=True)
+        self.linear = nn.Linear(grps.criteo.DENSE, 1) if first_order else None
         vectors = grps.criteo.TABLES + 1
         self.pairs = torch.triu_indices(vectors, vectors, offset=1)
         self.top = mlp([dim + self.pairs.shape[1]] + top + [1], last_relu=False)
 
     def forward(self, dense, ids):
         x = self.bottom(dense)
-        vectors = torch.stack([x] + [t(ids[:, j]) for j, t in enumerate(self.tables)], dim=1)
+        rows = [t(ids[:, j]) for j, t in enumerate(self.tables)]
+        vectors = torch.stack([x] + [r[:, :self.dim] for r in rows], dim=1)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
-        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+        logit = self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+        if self.linear is not None:
+            logit = logit + self.linear(dense).squeeze(1) + sum(r[:, self.dim] for r in rows)
+        return logit
 
 
 def auc(scores, labels):
@@ -109,6 +123,9 @@ def main():
     p.add_argument("--examples", type=int, default=0,
                    help="examples in the training file (default: truth.json's)")
     p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--first_order", type=int, default=1,
+                   help="1: each value's own weight and a linear term of the dense "
+                        "features in the logit (a row is --dim + 1 floats); 0: DLRM alone")
     p.add_argument("--bottom", default="64,32", help="the bottom MLP's hidden sizes")
     p.add_argument("--top", default="64,32", help="the top MLP's hidden sizes")
     p.add_argument("--batch", type=int, default=1024, help="examples per worker per step")
@@ -123,7 +140,8 @@ def main():
                         "rowwise_adagrad=1:max_rows=100000:eviction=lfu")
     args = p.parse_args()
     if args.print_tables:
-        print(table_flag(args.dim, ":" + args.table_options if args.table_options else ""))
+        print(table_flag(args.dim + (1 if args.first_order else 0),
+                         ":" + args.table_options if args.table_options else ""))
         return
     if not args.train or not args.test:
         p.error("--train and --test are needed")
@@ -136,7 +154,7 @@ def main():
     gt.init()
     torch.manual_seed(args.seed)
     sizes = lambda s: [int(v) for v in s.split(",") if v]
-    model = Dlrm(args.dim, sizes(args.bottom), sizes(args.top))
+    model = Dlrm(args.dim, sizes(args.bottom), sizes(args.top), first_order=args.first_order)
     opt = gt.DistributedOptimizer(model.named_parameters())
     gt.broadcast_parameters(model)
     test = read_all(args.test)
