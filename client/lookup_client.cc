@@ -51,7 +51,8 @@ absl::StatusOr<LookedUpRows> LookupClient::Lookup(const std::string& table,
                        ids.size(), " ids");
   rows.dim = reply.dim();
   rows.values.resize(static_cast<size_t>(ids.size()) * reply.dim());
-  std::memcpy(rows.values.data(), reply.values().data(), reply.values().size());
+  if (!reply.values().empty())  // memcpy takes no null pointer, even for no bytes
+    std::memcpy(rows.values.data(), reply.values().data(), reply.values().size());
   rows.missing.assign(reply.missing().begin(), reply.missing().end());
   rows.checkpoint_id = reply.checkpoint_id();
   rows.step = reply.step();

@@ -105,7 +105,8 @@ absl::StatusOr<std::unique_ptr<ServedRows::Shard>> ServedRows::ShardOf(
     table.index.Reserve(static_cast<uint64_t>(state.ids_size()), id_of);
     table.ids.reserve(static_cast<size_t>(state.ids_size()));
     table.values.resize(static_cast<size_t>(state.ids_size()) * state.dim());
-    std::memcpy(table.values.data(), state.values().data(), state.values().size());
+    if (!state.values().empty())  // memcpy takes no null pointer, even for no bytes
+      std::memcpy(table.values.data(), state.values().data(), state.values().size());
     for (int i = 0; i < state.ids_size(); ++i) {
       if (table.index.Find(state.ids(i), id_of).has_value())
         return absl::DataLossError(absl::StrCat("shard ", file.shard(), " at checkpoint ",
