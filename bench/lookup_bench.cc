@@ -60,10 +60,10 @@ double Quantile(std::vector<double> sorted, double q) {
 }
 
 struct Watched {
-  int checkpoints = 0;       // new checkpoints served while watching
-  double longest_wait_s = 0; // max over them of served - the previous one's ask
+  int checkpoints = 0;             // new checkpoints served while watching
+  double longest_wait_s = 0;       // max over them of served - the previous one's ask
   double longest_after_ask_s = 0;  // max of served - own ask
-  int probes_changed = 0;    // checkpoints whose probed rows differed from the one before
+  int probes_changed = 0;          // checkpoints whose probed rows differed from the one before
 };
 
 Watched Watch(const LookupClient& client, const std::string& table, double seconds) {
@@ -78,21 +78,23 @@ Watched Watch(const LookupClient& client, const std::string& table, double secon
     absl::StatusOr<v1::LookupStatusResponse> status = client.Status();
     if (status.ok() && status->checkpoint_id() != seen) {
       absl::StatusOr<LookedUpRows> rows = client.Lookup(table, ids);
-      const double after_ask =
-          (static_cast<double>(status->served_unix_time_ms()) -
-           static_cast<double>(status->asked_unix_time_ms())) / 1000;
-      std::string line = absl::StrFormat("checkpoint %d (step %d): served %.3f s after it was asked for",
-                                         status->checkpoint_id(), status->step(), after_ask);
+      const double after_ask = (static_cast<double>(status->served_unix_time_ms()) -
+                                static_cast<double>(status->asked_unix_time_ms())) /
+                               1000;
+      std::string line =
+          absl::StrFormat("checkpoint %d (step %d): served %.3f s after it was asked for",
+                          status->checkpoint_id(), status->step(), after_ask);
       if (seen != 0) {
         const double wait = (static_cast<double>(status->served_unix_time_ms()) -
-                             static_cast<double>(previous_ask_ms)) / 1000;
+                             static_cast<double>(previous_ask_ms)) /
+                            1000;
         ++w.checkpoints;
         w.longest_wait_s = std::max(w.longest_wait_s, wait);
         w.longest_after_ask_s = std::max(w.longest_after_ask_s, after_ask);
         const bool changed = rows.ok() && rows->values != previous_rows;
         if (changed) ++w.probes_changed;
-        absl::StrAppendFormat(&line, ", %.3f s after the one before was; probed rows %s",
-                              wait, changed ? "changed" : "unchanged");
+        absl::StrAppendFormat(&line, ", %.3f s after the one before was; probed rows %s", wait,
+                              changed ? "changed" : "unchanged");
       }
       std::printf("%s\n", line.c_str());
       seen = status->checkpoint_id();
@@ -125,9 +127,10 @@ int Run() {
     // What a lookup answers then.
     const int64_t id = 0;
     absl::StatusOr<LookedUpRows> rows = client.Lookup(absl::GetFlag(FLAGS_table), {&id, 1});
-    std::fprintf(stderr, "no rows served at %s: %s; a lookup: %s\n", address.c_str(),
-                 status.ok() ? "no checkpoint with sparse tables" : status.status().ToString().c_str(),
-                 rows.ok() ? "answered" : rows.status().ToString().c_str());
+    std::fprintf(
+        stderr, "no rows served at %s: %s; a lookup: %s\n", address.c_str(),
+        status.ok() ? "no checkpoint with sparse tables" : status.status().ToString().c_str(),
+        rows.ok() ? "answered" : rows.status().ToString().c_str());
     return 1;
   }
   std::string table = absl::GetFlag(FLAGS_table);
@@ -136,11 +139,12 @@ int Run() {
   Watched watched;
   if (const double s = absl::GetFlag(FLAGS_watch_s); s > 0) {
     watched = Watch(client, table, s);
-    std::printf("freshness: %d new checkpoints served in %.0f s; a change waited at most %.3f s "
-                "to be read (served - the previous checkpoint's ask), served at most %.3f s "
-                "after its own ask; probed rows changed in %d of them\n",
-                watched.checkpoints, s, watched.longest_wait_s, watched.longest_after_ask_s,
-                watched.probes_changed);
+    std::printf(
+        "freshness: %d new checkpoints served in %.0f s; a change waited at most %.3f s "
+        "to be read (served - the previous checkpoint's ask), served at most %.3f s "
+        "after its own ask; probed rows changed in %d of them\n",
+        watched.checkpoints, s, watched.longest_wait_s, watched.longest_after_ask_s,
+        watched.probes_changed);
   }
 
   const uint64_t lookups = absl::GetFlag(FLAGS_lookups);
@@ -163,9 +167,10 @@ int Run() {
           // Zipf-like by inversion of the continuous density (k + 1)^-s.
           const double u = unit(rng);
           id = skew > 0 && skew != 1
-                   ? static_cast<int64_t>(std::pow(
-                         1 + u * (std::pow(static_cast<double>(range) + 1, 1 - skew) - 1),
-                         1 / (1 - skew))) - 1
+                   ? static_cast<int64_t>(
+                         std::pow(1 + u * (std::pow(static_cast<double>(range) + 1, 1 - skew) - 1),
+                                  1 / (1 - skew))) -
+                         1
                    : static_cast<int64_t>(u * static_cast<double>(range));
           id = std::clamp<int64_t>(id, 0, static_cast<int64_t>(range) - 1);
         }
@@ -173,7 +178,8 @@ int Run() {
         absl::StatusOr<LookedUpRows> rows = client.Lookup(table, ids);
         latencies[c].push_back(Ms(absl::Now() - t0));
         if (!rows.ok()) {
-          if (failed.fetch_add(1) == 0) std::fprintf(stderr, "%s\n", rows.status().ToString().c_str());
+          if (failed.fetch_add(1) == 0)
+            std::fprintf(stderr, "%s\n", rows.status().ToString().c_str());
           continue;
         }
         dim = rows->dim;
@@ -192,22 +198,22 @@ int Run() {
   const double missing_share =
       all.empty() ? 0 : static_cast<double>(missing) / (static_cast<double>(all.size()) * batch);
   if (lookups > 0)
-    std::printf("load: %zu lookups of %u ids of table '%s' (dim %u) from %u client(s) in %.2f s: "
-                "p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms; %.0f rows/s; %.1f%% of the "
-                "ids missing; %llu failed\n",
-                all.size(), batch, table.c_str(), dim.load(), threads, seconds, p50, p90, p99,
-                max, rows_per_s, 100 * missing_share,
-                static_cast<unsigned long long>(failed.load()));
+    std::printf(
+        "load: %zu lookups of %u ids of table '%s' (dim %u) from %u client(s) in %.2f s: "
+        "p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms; %.0f rows/s; %.1f%% of the "
+        "ids missing; %llu failed\n",
+        all.size(), batch, table.c_str(), dim.load(), threads, seconds, p50, p90, p99, max,
+        rows_per_s, 100 * missing_share, static_cast<unsigned long long>(failed.load()));
   if (absl::GetFlag(FLAGS_json))
-    std::printf("{\"lookups\": %zu, \"batch\": %u, \"threads\": %u, \"seconds\": %.3f, "
-                "\"p50_ms\": %.3f, \"p90_ms\": %.3f, \"p99_ms\": %.3f, \"max_ms\": %.3f, "
-                "\"rows_per_s\": %.0f, \"missing_share\": %.4f, \"failed\": %llu, "
-                "\"checkpoints_watched\": %d, \"longest_wait_s\": %.3f, "
-                "\"longest_after_ask_s\": %.3f, \"probes_changed\": %d}\n",
-                all.size(), batch, threads, seconds, p50, p90, p99, max, rows_per_s,
-                missing_share, static_cast<unsigned long long>(failed.load()),
-                watched.checkpoints, watched.longest_wait_s, watched.longest_after_ask_s,
-                watched.probes_changed);
+    std::printf(
+        "{\"lookups\": %zu, \"batch\": %u, \"threads\": %u, \"seconds\": %.3f, "
+        "\"p50_ms\": %.3f, \"p90_ms\": %.3f, \"p99_ms\": %.3f, \"max_ms\": %.3f, "
+        "\"rows_per_s\": %.0f, \"missing_share\": %.4f, \"failed\": %llu, "
+        "\"checkpoints_watched\": %d, \"longest_wait_s\": %.3f, "
+        "\"longest_after_ask_s\": %.3f, \"probes_changed\": %d}\n",
+        all.size(), batch, threads, seconds, p50, p90, p99, max, rows_per_s, missing_share,
+        static_cast<unsigned long long>(failed.load()), watched.checkpoints, watched.longest_wait_s,
+        watched.longest_after_ask_s, watched.probes_changed);
   return failed.load() == 0 ? 0 : 1;
 }
 

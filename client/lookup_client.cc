@@ -34,12 +34,11 @@ absl::StatusOr<LookedUpRows> LookupClient::Lookup(const std::string& table,
   v1::LookupResponse reply;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-  if (grpc::Status s = stub_->Lookup(&context, request, &reply); !s.ok())
-    return Error("Lookup", s);
+  if (grpc::Status s = stub_->Lookup(&context, request, &reply); !s.ok()) return Error("Lookup", s);
   const uint64_t want = static_cast<uint64_t>(ids.size()) * reply.dim() * sizeof(float);
   auto malformed = [&](auto... why) {
-    return absl::DataLossError(absl::StrCat("Lookup to lookup service ", target_,
-                                            ": a malformed reply: ", why...));
+    return absl::DataLossError(
+        absl::StrCat("Lookup to lookup service ", target_, ": a malformed reply: ", why...));
   };
   if (reply.dim() == 0 || reply.values().size() != want)
     return malformed(reply.values().size(), " bytes of rows of dim ", reply.dim(), " for ",
@@ -47,8 +46,8 @@ absl::StatusOr<LookedUpRows> LookupClient::Lookup(const std::string& table,
   LookedUpRows rows;
   for (int i = 0; i < reply.missing_size(); ++i)
     if (reply.missing(i) >= ids.size() || (i > 0 && reply.missing(i) <= reply.missing(i - 1)))
-      return malformed("missing position ", reply.missing(i), " out of order or past ",
-                       ids.size(), " ids");
+      return malformed("missing position ", reply.missing(i), " out of order or past ", ids.size(),
+                       " ids");
   rows.dim = reply.dim();
   rows.values.resize(static_cast<size_t>(ids.size()) * reply.dim());
   if (!reply.values().empty())  // memcpy takes no null pointer, even for no bytes

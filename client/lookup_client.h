@@ -36,8 +36,7 @@ struct LookedUpRows {
 class LookupClient {
  public:
   // `target` is the service's "host:port".
-  explicit LookupClient(const std::string& target,
-                        absl::Duration rpc_timeout = absl::Seconds(10));
+  explicit LookupClient(const std::string& target, absl::Duration rpc_timeout = absl::Seconds(10));
   LookupClient(std::shared_ptr<grpc::ChannelInterface> channel, std::string target,
                absl::Duration rpc_timeout = absl::Seconds(10));
 

@@ -8,8 +8,7 @@
 
 namespace grps {
 
-grpc::Status LookupService::Lookup(grpc::ServerContext* context,
-                                   const v1::LookupRequest* request,
+grpc::Status LookupService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                    v1::LookupResponse* response) {
   if (grpc::Status s = RequireRole(*context, Role::kWorker); !s.ok()) return s;
   return ToGrpc(rows_.Lookup(*request, response));
@@ -23,8 +22,7 @@ grpc::Status LookupService::LookupStatus(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-std::vector<prometheus::MetricFamily> LookupMetricFamilies(const ServedRows& rows,
-                                                           absl::Time now) {
+std::vector<prometheus::MetricFamily> LookupMetricFamilies(const ServedRows& rows, absl::Time now) {
   const v1::LookupStatusResponse status = rows.Status();
   const ServedRows::Counts counts = rows.counts();
   std::vector<prometheus::MetricFamily> families;
@@ -43,8 +41,8 @@ std::vector<prometheus::MetricFamily> LookupMetricFamilies(const ServedRows& row
   if (status.checkpoint_id() != 0)
     gauge("grps_lookup_checkpoint_age_seconds",
           "Seconds since the checkpoint served was asked for (how old its rows may be)",
-          absl::ToDoubleSeconds(now - absl::FromUnixMillis(
-                                          static_cast<int64_t>(status.asked_unix_time_ms()))));
+          absl::ToDoubleSeconds(
+              now - absl::FromUnixMillis(static_cast<int64_t>(status.asked_unix_time_ms()))));
   families.push_back(GaugeFamily("grps_lookup_rows", "Rows served, by table"));
   for (const v1::ServedTable& table : status.tables())
     AddValue(families.back(), {{"table", table.name()}}, static_cast<double>(table.rows()));

@@ -59,8 +59,8 @@ absl::Status CheckTable(const v1::TableState& table, const v1::SparseTableSpec& 
 // The tables of a shard file as the job's config says they are: as many,
 // each with its name and dim and a value row per id.
 absl::Status CheckTables(const v1::ShardCheckpointFile& file, const v1::JobConfig& config) {
-  const std::string where = absl::StrCat("shard ", file.shard(), " at checkpoint ",
-                                         file.checkpoint_id());
+  const std::string where =
+      absl::StrCat("shard ", file.shard(), " at checkpoint ", file.checkpoint_id());
   if (file.tables_size() != config.sparse_tables_size())
     return absl::DataLossError(absl::StrCat(where, ": ", file.tables_size(),
                                             " tables where the job has ",
@@ -243,10 +243,9 @@ absl::Status ServedRows::Lookup(const v1::LookupRequest& request,
     std::vector<std::string> names;
     for (const v1::SparseTableSpec& spec : served_.config().sparse_tables())
       names.push_back(spec.name());
-    return absl::NotFoundError(absl::StrCat("no sparse table '", request.table(),
-                                            "' in job ", served_.job_id(), " (tables: ",
-                                            names.empty() ? "none" : absl::StrJoin(names, ", "),
-                                            ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no sparse table '", request.table(), "' in job ", served_.job_id(),
+                     " (tables: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
   }
   const uint32_t t = found->second;
   const uint32_t dim = served_.config().sparse_tables(static_cast<int>(t)).dim();
@@ -273,8 +272,8 @@ absl::Status ServedRows::Lookup(const v1::LookupRequest& request,
       ++missing;
       continue;
     }
-    std::memcpy(out + static_cast<size_t>(i) * dim,
-                &table.values[static_cast<size_t>(*slot) * dim], dim * sizeof(float));
+    std::memcpy(out + static_cast<size_t>(i) * dim, &table.values[static_cast<size_t>(*slot) * dim],
+                dim * sizeof(float));
   }
   lookups_.fetch_add(1, std::memory_order_relaxed);
   ids_.fetch_add(static_cast<uint64_t>(request.ids_size()), std::memory_order_relaxed);
