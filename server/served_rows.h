@@ -16,7 +16,7 @@
 // not served (the last error says why) and the one served stays.
 //
 // Rows are kept per shard of the checkpoint, as its files hold them, in flat
-// arrays with an open-addressing index (row_index.h): 4 x dim + 12 bytes and
+// arrays with an open-addressing index (row_index.h): 4 x dim + 8 bytes and
 // the index's 5-10 a row. Only the tables' values: a lookup needs no
 // optimizer state, and the dense chunks are not served.
 //
