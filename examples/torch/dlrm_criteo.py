@@ -16,12 +16,11 @@ MLP to a vector of --dim; each of the 26 categorical features through its
 own table C1..C26 (gt.Embedding, rows created on first use; ids are 32-bit
 hashes, a missing value its own id); the dot products of every pair of the
 27 vectors, beside the dense vector, through a top MLP to one logit. With
---first_order (the default) each row has one value more, the value's own
-weight, and the logit adds those of the example's 26 values and a linear
-term of the dense features (the wide part of Wide & Deep, a factorization
-machine's first order): what a click model's strongest signal, a value's
-own rate, needs, which the pairwise dot products alone reach only through
-the top MLP. Each
+--first_order 1 each row has one value more, the value's own weight, and
+the logit adds those of the example's 26 values and a linear term of the
+dense features (the wide part of Wide & Deep, a factorization machine's
+first order). Off by default: on the generator's 10,000,000 examples it
+reached test AUC 0.9081 against 0.9079 without (docs/sparse.md). Each
 worker streams its share of the training file (grps.criteo: lines i with
 i % workers == rank), in file order, --epochs times; the test file is read
 whole. The result: test AUC and log loss (the field's measures), beside the
@@ -59,7 +58,7 @@ def mlp(sizes, last_relu):
 class Dlrm(nn.Module):
     """`embedding(j, dim)`: table j's module (default: grps table C<j+1>)."""
 
-    def __init__(self, dim, bottom, top, embedding=None, first_order=True):
+    def __init__(self, dim, bottom, top, embedding=None, first_order=False):
         super().__init__()
         embedding = embedding or (lambda j, d: gt.Embedding("C%d" % (j + 1), d))
         self.dim = dim
@@ -123,7 +122,7 @@ def main():
     p.add_argument("--examples", type=int, default=0,
                    help="examples in the training file (default: truth.json's)")
     p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--first_order", type=int, default=1,
+    p.add_argument("--first_order", type=int, default=0,
                    help="1: each value's own weight and a linear term of the dense "
                         "features in the logit (a row is --dim + 1 floats); 0: DLRM alone")
     p.add_argument("--bottom", default="64,32", help="the bottom MLP's hidden sizes")
