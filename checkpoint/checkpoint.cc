@@ -474,17 +474,10 @@ std::string CheckpointFolderBeside(const std::string& dir, uint64_t id) {
   return CheckpointFolder(root, id);
 }
 
-absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::string& dir,
+absl::StatusOr<std::vector<ShardChainLink>> ShardChain(const std::string& dir,
                                                        const v1::ShardCheckpoint& expected,
-                                                       absl::string_view job_id,
                                                        uint64_t checkpoint_id) {
-  // The chain's files, the full one first, then this one.
-  struct Link {
-    std::string dir;
-    v1::ShardCheckpoint entry;
-    uint64_t id;
-  };
-  std::vector<Link> links;
+  std::vector<ShardChainLink> links;
   uint64_t previous = 0;
   for (const v1::ShardFileRef& ref : expected.chain()) {
     if (ref.id() <= previous || ref.id() >= checkpoint_id)
@@ -497,31 +490,49 @@ absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::stri
     entry.set_file(ref.file());
     entry.set_bytes(ref.bytes());
     entry.set_crc32(ref.crc32());
-    links.push_back(Link{CheckpointFolderBeside(dir, ref.id()), std::move(entry), ref.id()});
+    links.push_back(
+        ShardChainLink{CheckpointFolderBeside(dir, ref.id()), std::move(entry), ref.id()});
   }
-  links.push_back(Link{dir, expected, checkpoint_id});
+  links.push_back(ShardChainLink{dir, expected, checkpoint_id});
+  return links;
+}
+
+absl::StatusOr<v1::ShardCheckpointFile> ReadChainLink(Env* env,
+                                                      const std::vector<ShardChainLink>& chain,
+                                                      size_t i, absl::string_view job_id) {
+  const ShardChainLink& link = chain[i];
+  absl::StatusOr<v1::ShardCheckpointFile> file =
+      ReadShardFile(env, link.dir, link.entry, job_id, link.id);
+  if (!file.ok()) return file.status();
+  const uint64_t base = i == 0 ? 0 : chain[i - 1].id;
+  if (file->base_id() != base)
+    return absl::DataLossError(
+        absl::StrCat(JoinPath(link.dir, link.entry.file()), ": ",
+                     file->base_id() == 0
+                         ? "a full file"
+                         : absl::StrCat("an increment on checkpoint ", file->base_id()),
+                     ", the manifest's chain puts it ",
+                     base == 0 ? "first" : absl::StrCat("on checkpoint ", base)));
+  return file;
+}
+
+absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::string& dir,
+                                                       const v1::ShardCheckpoint& expected,
+                                                       absl::string_view job_id,
+                                                       uint64_t checkpoint_id) {
+  absl::StatusOr<std::vector<ShardChainLink>> links = ShardChain(dir, expected, checkpoint_id);
+  if (!links.ok()) return links.status();
   v1::ShardCheckpointFile state;
   std::vector<v1::ShardCheckpointFile> increments;
   std::vector<std::string> paths;
-  for (size_t i = 0; i < links.size(); ++i) {
-    absl::StatusOr<v1::ShardCheckpointFile> file =
-        ReadShardFile(env, links[i].dir, links[i].entry, job_id, links[i].id);
+  for (size_t i = 0; i < links->size(); ++i) {
+    absl::StatusOr<v1::ShardCheckpointFile> file = ReadChainLink(env, *links, i, job_id);
     if (!file.ok()) return file.status();
-    const std::string path = JoinPath(links[i].dir, links[i].entry.file());
-    const uint64_t base = i == 0 ? 0 : links[i - 1].id;
-    if (file->base_id() != base)
-      return absl::DataLossError(
-          absl::StrCat(path, ": ",
-                       file->base_id() == 0 ? "a full file"
-                                            : absl::StrCat("an increment on checkpoint ",
-                                                           file->base_id()),
-                       ", the manifest's chain puts it ",
-                       base == 0 ? "first" : absl::StrCat("on checkpoint ", base)));
     if (i == 0) {
       state = *std::move(file);
     } else {
       increments.push_back(*std::move(file));
-      paths.push_back(path);
+      paths.push_back(JoinPath((*links)[i].dir, (*links)[i].entry.file()));
     }
   }
   if (absl::Status s = ApplyShardDeltas(increments, paths, &state); !s.ok()) return s;

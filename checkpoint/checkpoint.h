@@ -85,6 +85,29 @@ absl::StatusOr<v1::ShardCheckpointFile> ReadShardState(Env* env, const std::stri
                                                        absl::string_view job_id,
                                                        uint64_t checkpoint_id);
 
+// One file of a shard's chain: its checkpoint's folder, what the manifest
+// records of it, and the checkpoint's id.
+struct ShardChainLink {
+  std::string dir;
+  v1::ShardCheckpoint entry;
+  uint64_t id = 0;
+};
+
+// The files shard file `expected` of checkpoint `checkpoint_id` in `dir`
+// stands on: its chain's (ShardCheckpoint.chain, the full one first, each in
+// its checkpoint's folder beside `dir`), then its own. DATA_LOSS when the
+// chain is out of order.
+absl::StatusOr<std::vector<ShardChainLink>> ShardChain(const std::string& dir,
+                                                       const v1::ShardCheckpoint& expected,
+                                                       uint64_t checkpoint_id);
+
+// Link `i` of `chain`, read and checked as ReadShardFile checks it, and
+// applying on the link before it (the first: a full file). DATA_LOSS naming
+// the file when it does not.
+absl::StatusOr<v1::ShardCheckpointFile> ReadChainLink(Env* env,
+                                                      const std::vector<ShardChainLink>& chain,
+                                                      size_t i, absl::string_view job_id);
+
 // Applies incremental files `deltas` (read from `paths`), in order, on top
 // of `base`, the full state of the same shard at the first one's base
 // checkpoint (each next one's base is the one before): base becomes the full

@@ -26,33 +26,16 @@ bool SameTables(const v1::JobConfig& served, const v1::JobConfig& config) {
   return true;
 }
 
-// The file of checkpoint `ids[i]` of shard `entry` (ids: the chain's, then
-// the checkpoint's own), as the manifest records it, and its folder.
-std::pair<v1::ShardCheckpoint, std::string> LinkOf(const v1::ShardCheckpoint& entry,
-                                                   const std::string& dir, size_t i) {
-  if (i == static_cast<size_t>(entry.chain_size())) return {entry, dir};
-  const v1::ShardFileRef& ref = entry.chain(static_cast<int>(i));
-  v1::ShardCheckpoint link;
-  link.set_id(ref.id());
-  link.set_shard(entry.shard());
-  link.set_file(ref.file());
-  link.set_bytes(ref.bytes());
-  link.set_crc32(ref.crc32());
-  return {link, CheckpointFolderBeside(dir, ref.id())};
-}
-
-// A table of a shard file as the job's config says it is: its name, dim and
-// a value row per id.
+// A table of a shard file as the job's config says it is: its name and dim,
+// and whole rows (CheckTableState).
 absl::Status CheckTable(const v1::TableState& table, const v1::SparseTableSpec& spec,
                         const std::string& where) {
   if (table.name() != spec.name() || table.dim() != spec.dim())
     return absl::DataLossError(absl::StrCat(where, ": table '", table.name(), "' (dim ",
                                             table.dim(), ") where the job has '", spec.name(),
                                             "' (dim ", spec.dim(), ")"));
-  if (table.values().size() != static_cast<size_t>(table.ids_size()) * table.dim() * sizeof(float))
-    return absl::DataLossError(absl::StrCat(where, ": table '", table.name(), "' has ",
-                                            table.values().size(), " bytes of values for ",
-                                            table.ids_size(), " rows of ", table.dim()));
+  if (absl::Status s = CheckTableState(table, spec.dim(), table.optimizer_state_size()); !s.ok())
+    return absl::DataLossError(absl::StrCat(where, ": table '", table.name(), "': ", s.message()));
   return absl::OkStatus();
 }
 
@@ -140,23 +123,17 @@ absl::StatusOr<ServedRows::ShardUpdate> ServedRows::ReadShard(
     const v1::CheckpointManifest& manifest, const std::string& dir, uint32_t k,
     const std::vector<uint64_t>& applied) {
   const v1::ShardCheckpoint& entry = manifest.shards(static_cast<int>(k));
-  std::vector<uint64_t> wanted;
-  for (const v1::ShardFileRef& ref : entry.chain()) wanted.push_back(ref.id());
-  wanted.push_back(manifest.id());
+  absl::StatusOr<std::vector<ShardChainLink>> chain = ShardChain(dir, entry, manifest.id());
+  if (!chain.ok()) return chain.status();
   ShardUpdate update;
-  update.applied = wanted;
+  for (const ShardChainLink& link : *chain) update.applied.push_back(link.id);
   // The files applied are the start of this chain: read only the rest.
-  if (!applied.empty() && applied.size() < wanted.size() &&
-      std::equal(applied.begin(), applied.end(), wanted.begin())) {
-    for (size_t i = applied.size(); i < wanted.size(); ++i) {
-      auto [link, folder] = LinkOf(entry, dir, i);
+  if (!applied.empty() && applied.size() < update.applied.size() &&
+      std::equal(applied.begin(), applied.end(), update.applied.begin())) {
+    for (size_t i = applied.size(); i < chain->size(); ++i) {
       absl::StatusOr<v1::ShardCheckpointFile> file =
-          ReadShardFile(env_, folder, link, manifest.job_id(), wanted[i]);
+          ReadChainLink(env_, *chain, i, manifest.job_id());
       if (!file.ok()) return file.status();
-      if (file->base_id() != wanted[i - 1])
-        return absl::DataLossError(absl::StrCat(folder, "/", link.file(), ": applies on top of ",
-                                                "checkpoint ", file->base_id(), ", not ",
-                                                wanted[i - 1]));
       if (absl::Status s = CheckTables(*file, manifest.config()); !s.ok()) return s;
       update.increments.push_back(*std::move(file));
     }
