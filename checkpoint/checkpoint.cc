@@ -16,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/util/field_mask_util.h"
 #include "job/shard_map.h"
 #include "job/sparse_tables.h"
 
@@ -371,25 +373,234 @@ std::string CheckpointFolder(absl::string_view root, uint64_t id) {
 
 std::string ShardFileName(uint32_t shard) { return absl::StrFormat("shard-%05u.ckpt", shard); }
 
-absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& dir,
-                                                   const v1::ShardCheckpointFile& file) {
-  // A message past 2 GiB does not serialize.
-  if (const size_t size = file.ByteSizeLong();
-      size > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "shard ", file.shard(), "'s part of the checkpoint is ", size >> 20,
-        " MiB, past the 2 GiB a checkpoint file may hold: spread the job over more shards"));
-  if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
-  const std::string bytes = Frame(file);
-  const std::string name = ShardFileName(file.shard());
+std::string ShardPartFileName(uint32_t shard, uint32_t part) {
+  return absl::StrFormat("shard-%05u.part-%05u", shard, part);
+}
+
+uint64_t CheckpointPartBytes(const v1::JobConfig& config) {
+  return config.checkpoint_part_kib() == 0 ? kDefaultCheckpointPartBytes
+                                           : uint64_t{config.checkpoint_part_kib()} << 10;
+}
+
+uint64_t ShardFileBytes(const v1::ShardCheckpoint& shard) {
+  uint64_t bytes = shard.bytes();
+  for (const v1::ShardFilePart& part : shard.parts()) bytes += part.bytes();
+  return bytes;
+}
+
+namespace {
+
+// A copy of `message` without the fields `drop` names (by number): every
+// other field, whichever the message has, so that one added later is kept.
+template <typename Message, typename Drop>
+Message CopyWithout(const Message& message, Drop drop) {
+  google::protobuf::FieldMask mask;
+  const google::protobuf::Descriptor* d = Message::descriptor();
+  for (int i = 0; i < d->field_count(); ++i)
+    if (!drop(d->field(i)->number())) mask.add_paths(d->field(i)->name());
+  Message out;
+  google::protobuf::util::FieldMaskUtil::MergeMessageTo(message, mask, {}, &out);
+  return out;
+}
+
+// The fields of a table's rows: a shard file with parts holds none of them,
+// a part file nothing else (but the table's name, dim and width).
+bool IsRowField(int number) {
+  using T = v1::TableState;
+  return number == T::kIdsFieldNumber || number == T::kValuesFieldNumber ||
+         number == T::kOptimizerStateFieldNumber || number == T::kUpdatesFieldNumber ||
+         number == T::kRowIdleFieldNumber;
+}
+
+// Rows [begin, end) of `table` (a shard's own, consistent) as a part holds them.
+v1::TableState RowsOf(const v1::TableState& table, int begin, int end) {
+  v1::TableState out;
+  out.set_name(table.name());
+  out.set_dim(table.dim());
+  out.set_state_width(table.state_width());
+  out.mutable_ids()->Add(table.ids().begin() + begin, table.ids().begin() + end);
+  const size_t row = static_cast<size_t>(table.dim()) * sizeof(float);
+  out.set_values(table.values().substr(begin * row, (end - begin) * row));
+  const size_t width = static_cast<size_t>(TableStateWidth(table)) * sizeof(float);
+  for (const std::string& slot : table.optimizer_state())
+    out.add_optimizer_state(slot.substr(begin * width, (end - begin) * width));
+  if (table.updates_size() > 0)
+    out.mutable_updates()->Add(table.updates().begin() + begin, table.updates().begin() + end);
+  if (table.row_idle_size() > 0)
+    out.mutable_row_idle()->Add(table.row_idle().begin() + begin,
+                                table.row_idle().begin() + end);
+  return out;
+}
+
+// The most bytes a row of `table` takes in a part file.
+uint64_t RowBytesBound(const v1::TableState& table) {
+  return 10 + uint64_t{4} * table.dim() +
+         uint64_t{4} * TableStateWidth(table) * table.optimizer_state_size() +
+         (table.updates_size() > 0 ? 5 : 0) + (table.row_idle_size() > 0 ? 10 : 0);
+}
+
+struct Written {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+// `message` framed, written atomically as `dir`/`name`.
+absl::StatusOr<Written> WriteFramedFile(Env* env, const std::string& dir, const std::string& name,
+                                        const google::protobuf::Message& message) {
+  const std::string bytes = Frame(message);
   if (absl::Status s = WriteFileAtomically(env, JoinPath(dir, name), bytes); !s.ok()) return s;
+  return Written{bytes.size(), Crc32(bytes)};
+}
+
+// `dir`/`name`, checked against the size and CRC-32 recorded, unframed into
+// `message`.
+absl::Status ReadFramedFile(Env* env, const std::string& dir, const std::string& name,
+                            uint64_t size, uint32_t crc32, google::protobuf::Message* message) {
+  if (name.empty() || name == "." || name == ".." || absl::StrContains(name, "/"))
+    return absl::DataLossError(absl::StrCat(dir, ": manifest names a bad file '", name, "'"));
+  const std::string path = JoinPath(dir, name);
+  absl::StatusOr<std::string> bytes = env->ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() != size)
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", bytes->size(), " bytes, the manifest recorded ", size));
+  if (const uint32_t crc = Crc32(*bytes); crc != crc32)
+    return absl::DataLossError(
+        absl::StrFormat("%s: CRC-32 mismatch (manifest %08x, file %08x)", path, crc32, crc));
+  return Unframe(*bytes, path, message);
+}
+
+// Appends the rows of `expected`'s parts to the tables of `file` (its
+// shard file, read and checked).
+absl::Status AppendParts(Env* env, const std::string& dir, const v1::ShardCheckpoint& expected,
+                         v1::ShardCheckpointFile* file) {
+  auto damaged = [&](const std::string& name, auto... why) {
+    return absl::DataLossError(absl::StrCat(JoinPath(dir, name), ": ", why...));
+  };
+  // Each table's rows reserved first (they may be gigabytes), as many as
+  // the parts' recorded sizes can hold.
+  std::vector<uint64_t> rows(file->tables_size(), 0);
+  for (const v1::ShardFilePart& part : expected.parts()) {
+    if (part.table() >= rows.size())
+      return damaged(part.file(), "a part of sparse table ", part.table(), ", ", expected.file(),
+                     " has ", rows.size());
+    const v1::TableState& table = file->tables(static_cast<int>(part.table()));
+    if (part.rows() > part.bytes() / (uint64_t{4} * std::max<uint32_t>(table.dim(), 1) + 1))
+      return damaged(part.file(), part.rows(), " rows recorded in ", part.bytes(), " bytes");
+    rows[part.table()] += part.rows();
+  }
+  for (int t = 0; t < file->tables_size(); ++t) {
+    v1::TableState* table = file->mutable_tables(t);
+    if (rows[t] == 0) continue;
+    const uint64_t n = rows[t] + table->ids_size();
+    table->mutable_ids()->Reserve(static_cast<int>(std::min<uint64_t>(n, INT32_MAX)));
+    table->mutable_values()->reserve(n * table->dim() * sizeof(float));
+    for (std::string& slot : *table->mutable_optimizer_state())
+      slot.reserve(n * TableStateWidth(*table) * sizeof(float));
+  }
+  for (const v1::ShardFilePart& part : expected.parts()) {
+    v1::ShardCheckpointFile rows_file;
+    if (absl::Status s =
+            ReadFramedFile(env, dir, part.file(), part.bytes(), part.crc32(), &rows_file);
+        !s.ok())
+      return s;
+    if (rows_file.job_id() != file->job_id() ||
+        rows_file.checkpoint_id() != file->checkpoint_id() ||
+        rows_file.shard() != file->shard() || rows_file.base_id() != file->base_id() ||
+        rows_file.tables_size() != 1 || rows_file.chunks_size() != 0)
+      return damaged(part.file(), "holds job '", rows_file.job_id(), "' checkpoint ",
+                     rows_file.checkpoint_id(), " shard ", rows_file.shard(), " (",
+                     rows_file.chunks_size(), " chunks, ", rows_file.tables_size(),
+                     " tables), not one table's rows of ", expected.file());
+    v1::TableState* into = file->mutable_tables(static_cast<int>(part.table()));
+    v1::TableState* from = rows_file.mutable_tables(0);
+    // Its sizes as its table's (and its ages within the table's clock).
+    from->set_clock(into->clock());
+    if (absl::Status s = CheckTableState(*from, into->dim(), into->optimizer_state_size());
+        !s.ok() || from->name() != into->name() || from->state_width() != into->state_width() ||
+        static_cast<uint64_t>(from->ids_size()) != part.rows())
+      return damaged(part.file(), "rows of sparse table '", from->name(), "' (", from->ids_size(),
+                     "; ", s.message(), ") do not fit table '", into->name(), "' of ",
+                     expected.file(), " (", part.rows(), " recorded)");
+    into->mutable_ids()->Add(from->ids().begin(), from->ids().end());
+    into->mutable_values()->append(from->values());
+    for (int k = 0; k < from->optimizer_state_size(); ++k)
+      into->mutable_optimizer_state(k)->append(from->optimizer_state(k));
+    into->mutable_updates()->Add(from->updates().begin(), from->updates().end());
+    into->mutable_row_idle()->Add(from->row_idle().begin(), from->row_idle().end());
+  }
+  // Every part's counts and ages, or none.
+  for (int t = 0; t < file->tables_size(); ++t) {
+    const v1::TableState& table = file->tables(t);
+    if (rows[t] == 0) continue;
+    if (absl::Status s = CheckTableState(table, table.dim(), table.optimizer_state_size());
+        !s.ok())
+      return damaged(expected.file(), "sparse table '", table.name(), "' with its parts: ",
+                     s.message());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& dir,
+                                                   const v1::ShardCheckpointFile& file,
+                                                   uint64_t part_bytes) {
   v1::ShardCheckpoint out;
+  const size_t size = file.ByteSizeLong();
+  // Past its part size, the file without its tables' rows, which go to
+  // parts.
+  std::optional<v1::ShardCheckpointFile> head;
+  if (size > part_bytes) {
+    head = CopyWithout(file, [](int n) { return n == v1::ShardCheckpointFile::kTablesFieldNumber; });
+    for (const v1::TableState& table : file.tables())
+      *head->add_tables() = CopyWithout(table, IsRowField);
+    for (int t = 0; t < file.tables_size(); ++t)
+      for (int k = 0; k < file.tables(t).optimizer_state_size(); ++k)
+        head->mutable_tables(t)->add_optimizer_state();
+  }
+  // A message past 2 GiB does not serialize.
+  if (const size_t framed = head.has_value() ? head->ByteSizeLong() : size;
+      framed > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shard ", file.shard(), "'s part of the checkpoint is ", framed >> 20,
+        " MiB without its sparse rows, past the 2 GiB a checkpoint file may hold: spread the "
+        "job over more shards"));
+  if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
+  if (head.has_value()) {
+    for (int t = 0; t < file.tables_size(); ++t) {
+      const v1::TableState& table = file.tables(t);
+      const int per_part = static_cast<int>(std::clamp<uint64_t>(
+          part_bytes / RowBytesBound(table), 1, std::numeric_limits<int32_t>::max()));
+      for (int begin = 0; begin < table.ids_size(); begin += per_part) {
+        const int end = begin + std::min(per_part, table.ids_size() - begin);
+        v1::ShardCheckpointFile rows = CopyWithout(
+            file, [](int n) { return n != v1::ShardCheckpointFile::kJobIdFieldNumber &&
+                                     n != v1::ShardCheckpointFile::kCheckpointIdFieldNumber &&
+                                     n != v1::ShardCheckpointFile::kShardFieldNumber &&
+                                     n != v1::ShardCheckpointFile::kBaseIdFieldNumber; });
+        *rows.add_tables() = RowsOf(table, begin, end);
+        v1::ShardFilePart& part = *out.add_parts();
+        part.set_file(ShardPartFileName(file.shard(), static_cast<uint32_t>(out.parts_size() - 1)));
+        part.set_table(static_cast<uint32_t>(t));
+        part.set_rows(static_cast<uint64_t>(end - begin));
+        absl::StatusOr<Written> written = WriteFramedFile(env, dir, part.file(), rows);
+        if (!written.ok()) return written.status();
+        part.set_bytes(written->bytes);
+        part.set_crc32(written->crc32);
+      }
+    }
+  }
+  const std::string name = ShardFileName(file.shard());
+  absl::StatusOr<Written> written =
+      WriteFramedFile(env, dir, name, head.has_value() ? *head : file);
+  if (!written.ok()) return written.status();
   out.set_id(file.checkpoint_id());
   out.set_shard(file.shard());
   out.set_state(v1::CHECKPOINT_STATE_WRITTEN);
   out.set_file(name);
-  out.set_bytes(bytes.size());
-  out.set_crc32(Crc32(bytes));
+  out.set_bytes(written->bytes);
+  out.set_crc32(written->crc32);
   out.set_num_chunks(file.chunks_size());
   out.set_num_tables(file.tables_size());
   uint64_t lo = UINT64_MAX, hi = 0, rows = 0;
@@ -412,27 +623,18 @@ absl::StatusOr<v1::ShardCheckpointFile> ReadShardFile(Env* env, const std::strin
                                                       const v1::ShardCheckpoint& expected,
                                                       absl::string_view job_id,
                                                       uint64_t checkpoint_id) {
-  if (expected.file().empty() || expected.file() == "." || expected.file() == ".." ||
-      absl::StrContains(expected.file(), "/"))
-    return absl::DataLossError(absl::StrCat(dir, ": manifest names a bad file '",
-                                            expected.file(), "'"));
-  const std::string path = JoinPath(dir, expected.file());
-  absl::StatusOr<std::string> bytes = env->ReadFile(path);
-  if (!bytes.ok()) return bytes.status();
-  if (bytes->size() != expected.bytes())
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes->size(),
-                                            " bytes, the manifest recorded ", expected.bytes()));
-  if (const uint32_t crc = Crc32(*bytes); crc != expected.crc32())
-    return absl::DataLossError(absl::StrFormat(
-        "%s: CRC-32 mismatch (manifest %08x, file %08x)", path, expected.crc32(), crc));
   v1::ShardCheckpointFile file;
-  if (absl::Status s = Unframe(*bytes, path, &file); !s.ok()) return s;
+  if (absl::Status s =
+          ReadFramedFile(env, dir, expected.file(), expected.bytes(), expected.crc32(), &file);
+      !s.ok())
+    return s;
   if ((!job_id.empty() && file.job_id() != job_id) || file.checkpoint_id() != checkpoint_id ||
       file.shard() != expected.shard())
     return absl::DataLossError(absl::StrCat(
-        path, ": holds job '", file.job_id(), "' checkpoint ", file.checkpoint_id(), " shard ",
-        file.shard(), ", the manifest expects checkpoint ", checkpoint_id, " shard ",
-        expected.shard()));
+        JoinPath(dir, expected.file()), ": holds job '", file.job_id(), "' checkpoint ",
+        file.checkpoint_id(), " shard ", file.shard(), ", the manifest expects checkpoint ",
+        checkpoint_id, " shard ", expected.shard()));
+  if (absl::Status s = AppendParts(env, dir, expected, &file); !s.ok()) return s;
   return file;
 }
 
@@ -490,6 +692,7 @@ absl::StatusOr<std::vector<ShardChainLink>> ShardChain(const std::string& dir,
     entry.set_file(ref.file());
     entry.set_bytes(ref.bytes());
     entry.set_crc32(ref.crc32());
+    *entry.mutable_parts() = ref.parts();
     links.push_back(
         ShardChainLink{CheckpointFolderBeside(dir, ref.id()), std::move(entry), ref.id()});
   }

@@ -31,9 +31,15 @@
 // see full states. An incremental checkpoint needs the folders of its chain
 // beside its own.
 //
-// A file is one protocol buffer message, so it holds at most 2 GiB: a
-// shard's part past that fails (RESOURCE_EXHAUSTED, the checkpoint is not
-// taken) and the job needs more shards.
+// A file is one protocol buffer message, so it holds at most 2 GiB. A
+// shard's file past JobConfig.checkpoint_part_kib (1 GiB) holds its chunks
+// and its tables' state but none of their rows: those are in part files
+// beside it, shard-<k>.part-<n, 5 digits>, each one table's rows in order
+// (ShardCheckpoint.parts, checked as the file is: size, CRC-32, framing,
+// job, checkpoint, shard). Every reader here reads a file with its parts
+// (ReadShardFile), so a shard's rows have no size ceiling; its dense chunks
+// past 2 GiB still fail (RESOURCE_EXHAUSTED, the checkpoint is not taken:
+// the job needs more shards).
 //
 // Thread safety: free functions, no shared state beyond the Env.
 #ifndef GRPS_CHECKPOINT_CHECKPOINT_H_
@@ -59,17 +65,33 @@ std::string CheckpointFolder(absl::string_view root, uint64_t id);
 std::string ShardFileName(uint32_t shard);
 inline constexpr char kManifestName[] = "MANIFEST";
 
+// "shard-00003.part-00001": part 1 of shard 3's file (the first is 0).
+std::string ShardPartFileName(uint32_t shard, uint32_t part);
+
+// The most a shard file holds before its rows go to parts: 1 GiB, or
+// `config`.checkpoint_part_kib KiB.
+inline constexpr uint64_t kDefaultCheckpointPartBytes = uint64_t{1} << 30;
+uint64_t CheckpointPartBytes(const v1::JobConfig& config);
+
 // Writes `file` as `dir`/ShardFileName(file.shard()) (creating `dir`), and
 // returns what the manifest records of it: id, shard, state WRITTEN, file
 // name, bytes, crc32, min/max version (over chunks and tables), the number
-// of chunks, of tables and of rows. RESOURCE_EXHAUSTED when the file would
-// pass 2 GiB.
+// of chunks, of tables and of rows. A file past `part_bytes` holds none of
+// its tables' rows: each table's go to part files of at most about
+// `part_bytes` each, written first (ShardCheckpoint.parts). RESOURCE_EXHAUSTED
+// when the file without its rows would pass 2 GiB.
 absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(
-    Env* env, const std::string& dir, const v1::ShardCheckpointFile& file);
+    Env* env, const std::string& dir, const v1::ShardCheckpointFile& file,
+    uint64_t part_bytes = kDefaultCheckpointPartBytes);
+
+// The bytes of a shard file and its parts.
+uint64_t ShardFileBytes(const v1::ShardCheckpoint& shard);
 
 // Reads and checks one shard file against what the manifest recorded (size,
-// CRC-32, framing, job id (unless empty), checkpoint id, shard). DATA_LOSS naming the file
-// and the mismatch when it is damaged; NOT_FOUND when it is missing.
+// CRC-32, framing, job id (unless empty), checkpoint id, shard), with the
+// rows of its parts (ShardCheckpoint.parts) appended to their tables, each
+// part checked so too. DATA_LOSS naming the file and the mismatch when one
+// is damaged; NOT_FOUND when one is missing.
 absl::StatusOr<v1::ShardCheckpointFile> ReadShardFile(
     Env* env, const std::string& dir, const v1::ShardCheckpoint& expected,
     absl::string_view job_id, uint64_t checkpoint_id);

@@ -47,7 +47,7 @@ void CheckpointScheduler::SetNewestComplete(const v1::CheckpointManifest& manife
   last_complete_.set_step(manifest.step());
   last_complete_.set_dir(dir);
   uint64_t bytes = 0;
-  for (const v1::ShardCheckpoint& s : manifest.shards()) bytes += s.bytes();
+  for (const v1::ShardCheckpoint& s : manifest.shards()) bytes += ShardFileBytes(s);
   last_complete_.set_bytes(bytes);
   last_complete_.set_seconds(manifest.seconds());
   last_complete_.set_unix_time_ms(manifest.unix_time_ms());
@@ -106,11 +106,16 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
     return;
   switch (report.state()) {
     case v1::CHECKPOINT_STATE_WRITTEN: {
-      bool plain = PlainFileName(report.file());
+      auto plain_parts = [](const auto& parts) {
+        return std::all_of(parts.begin(), parts.end(), [](const v1::ShardFilePart& part) {
+          return PlainFileName(part.file());
+        });
+      };
+      bool plain = PlainFileName(report.file()) && plain_parts(report.parts());
       uint64_t previous = 0;  // a chain's checkpoints: increasing, before this one
       for (const v1::ShardFileRef& ref : report.chain()) {
-        plain = plain && PlainFileName(ref.file()) && ref.id() > previous &&
-                ref.id() < report.id();
+        plain = plain && PlainFileName(ref.file()) && plain_parts(ref.parts()) &&
+                ref.id() > previous && ref.id() < report.id();
         previous = ref.id();
       }
       if (!plain) {
@@ -198,7 +203,7 @@ void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status,
   s.set_dir(pending_->request.dir());
   uint64_t bytes = 0;
   const uint64_t step = CutStep();
-  for (const auto& [shard, r] : pending_->reports) bytes += r.bytes();
+  for (const auto& [shard, r] : pending_->reports) bytes += ShardFileBytes(r);
   s.set_step(step);
   s.set_bytes(bytes);
   s.set_seconds(std::max(0.0, absl::ToDoubleSeconds(now - pending_->started)));
@@ -249,7 +254,7 @@ v1::CheckpointSummary CheckpointScheduler::pending_summary() const {
   s.set_step(pending_->request.version());
   s.set_unix_time_ms(UnixMillis(pending_->started));
   uint64_t bytes = 0;
-  for (const auto& [shard, r] : pending_->reports) bytes += r.bytes();
+  for (const auto& [shard, r] : pending_->reports) bytes += ShardFileBytes(r);
   s.set_bytes(bytes);
   return s;
 }

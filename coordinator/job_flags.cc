@@ -203,6 +203,9 @@ ABSL_FLAG(uint32_t, checkpoint_full_every, Defaults().checkpoint_full_every(),
           "incremental checkpoints: after a full checkpoint, up to this many in which each "
           "shard writes only the sparse rows changed since its previous one (dense chunks "
           "whole), then a full one again (0 = every checkpoint full)");
+ABSL_FLAG(uint32_t, checkpoint_part_kib, Defaults().checkpoint_part_kib(),
+          "a shard's file of a checkpoint holds at most this many KiB: past it, the rows of "
+          "its sparse tables go to part files beside it (0 = 1 GiB; at most 2096128)");
 ABSL_FLAG(uint32_t, recovery_timeout_ms, Defaults().recovery_timeout_ms(),
           "a shard dead this long, or no live and no finished worker for this "
           "long, fails the job (0 = 30000)");
@@ -385,6 +388,7 @@ absl::Status SetFaultTolerance(v1::JobConfig* c) {
   c->set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   c->set_checkpoint_every_seconds(absl::GetFlag(FLAGS_checkpoint_every_s));
   c->set_checkpoint_full_every(absl::GetFlag(FLAGS_checkpoint_full_every));
+  c->set_checkpoint_part_kib(absl::GetFlag(FLAGS_checkpoint_part_kib));
   c->set_recovery_timeout_ms(absl::GetFlag(FLAGS_recovery_timeout_ms));
   c->set_coordinator_timeout_ms(absl::GetFlag(FLAGS_coordinator_timeout_ms));
   return absl::OkStatus();

@@ -118,7 +118,7 @@ void ShardCheckpointer::Take(const Pending& pending) {
       file.ok() ? WriteShardFile(Env::Default(),
                                  OwnCheckpointFolder(store_->config(), request.id(),
                                                      request.dir(), own_dir_),
-                                 *file)
+                                 *file, CheckpointPartBytes(store_->config()))
                 : absl::StatusOr<v1::ShardCheckpoint>(file.status());
   CheckpointSeconds(written.ok()).Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (written.ok()) {
@@ -139,7 +139,7 @@ void ShardCheckpointer::Take(const Pending& pending) {
                  pending.base.empty()
                      ? ""
                      : absl::StrCat(" (incremental on checkpoint ", pending.base.back().id(), ")"),
-                 BytesInMiB(report.bytes()), report.min_version(), report.max_version(),
+                 BytesInMiB(ShardFileBytes(report)), report.min_version(), report.max_version(),
                  absl::FormatDuration(absl::Now() - start));
   } else {
     report.set_state(v1::CHECKPOINT_STATE_FAILED);
@@ -159,6 +159,7 @@ void ShardCheckpointer::Take(const Pending& pending) {
     ref.set_file(report.file());
     ref.set_bytes(report.bytes());
     ref.set_crc32(report.crc32());
+    *ref.mutable_parts() = report.parts();
     chain_generation_ = pending.generation;
   }
   // A superseded checkpoint leaves the report to the newer one.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
 #include "daemon/metrics.h"
 
 namespace grps {
@@ -126,8 +127,8 @@ std::vector<prometheus::MetricFamily> ShardMetricFamilies(const v1::ShardStatus&
   AddTrafficFamilies(s, labels, &families);
   AddConsistencyFamilies(s, labels, &families);
   AddGauge(&families, labels, "grps_shard_checkpoint_bytes",
-           "size of the shard's file of its newest checkpoint",
-           static_cast<double>(s.checkpoint().bytes()));
+           "size of the shard's file of its newest checkpoint (with its parts)",
+           static_cast<double>(ShardFileBytes(s.checkpoint())));
   AddTableFamilies(s, labels, &families);
   return families;
 }

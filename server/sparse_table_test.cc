@@ -1055,8 +1055,9 @@ TableRows Restored(const std::string& dir, const v1::CheckpointManifest& manifes
 
 // The chain tests' job: a managed table (LFU, capacity 40 a shard,
 // admission after 2 updates, Adam) over 2 shards, one async worker; a full
-// checkpoint, then at most 3 incremental ones.
-v1::JobConfig ChainJob(const std::string& root) {
+// checkpoint, then at most 3 incremental ones. `part_kib`: the most a
+// shard's file holds before its rows go to part files (0: 1 GiB).
+v1::JobConfig ChainJob(const std::string& root, uint32_t part_kib = 0) {
   v1::JobConfig config = SparseJob(v1::MODE_ASYNC, v1::OPTIMIZER_ADAM, /*max_rows=*/40);
   config.mutable_optimizer()->set_beta1(0.9f);
   config.mutable_optimizer()->set_beta2(0.999f);
@@ -1064,6 +1065,7 @@ v1::JobConfig ChainJob(const std::string& root) {
   config.set_num_workers(1);
   config.set_checkpoint_dir(root);
   config.set_checkpoint_full_every(3);
+  config.set_checkpoint_part_kib(part_kib);
   v1::SparseTableSpec* table = config.mutable_sparse_tables(0);
   table->set_eviction(v1::SparseTableSpec::EVICTION_LFU);
   table->set_admit_after(2);
@@ -1097,13 +1099,16 @@ v1::JobConfig IncrementalJob(const std::string& root, uint32_t full_every) {
   return config;
 }
 
-TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
-  // The chain job's rounds (PushChainRound); twin shards take the same
-  // pushes and a full capture each round: the truth.
-  const v1::JobConfig config = ChainJob(root_);
-  CheckpointingShards shards(root_, config);
+// The chain job's rounds (PushChainRound) and 7 checkpoints into `root`;
+// twin shards take the same pushes and a full capture each round: the
+// truth. Each checkpoint restores it into 2, 3 and 1 shards exactly.
+void ExpectAChainRestoresBitForBit(const std::string& root, uint32_t part_kib) {
+  const v1::JobConfig config = ChainJob(root, part_kib);
+  CheckpointingShards shards(root, config);
   std::vector<std::unique_ptr<ShardStore>> twins;
   for (uint32_t k = 0; k < 2; ++k) twins.push_back(MakeStore(config, k));
+  std::map<uint64_t, v1::CheckpointManifest> taken;
+  int split = 0;  // full files of more than one part
   uint64_t step = 0;
   for (uint64_t id = 1; id <= 7; ++id) {
     SCOPED_TRACE(absl::StrCat("checkpoint ", id));
@@ -1116,10 +1121,32 @@ TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCoun
     for (const v1::ShardCheckpoint& s : manifest.shards()) {
       ASSERT_EQ(s.chain_size(), chain);
       for (int i = 0; i < chain; ++i) EXPECT_EQ(s.chain(i).id(), id - chain + i);
+      // Split where asked: a full file's rows in parts of 14 (a row of
+      // Adam with its count and age: 73 bytes at most in a part of 1 KiB).
+      if (part_kib == 0) {
+        EXPECT_EQ(s.parts_size(), 0);
+      } else if (chain == 0 && s.num_rows() > 14) {
+        EXPECT_EQ(s.parts_size(), static_cast<int>((s.num_rows() + 13) / 14));
+        ++split;
+      }
+      uint64_t in_parts = 0;
+      for (const v1::ShardFilePart& part : s.parts()) {
+        EXPECT_LE(part.rows(), 14u);
+        in_parts += part.rows();
+      }
+      if (s.parts_size() > 0) EXPECT_EQ(in_parts, s.num_rows());
+      // A chain names the parts of each earlier file as its manifest did.
+      for (int i = 0; i < chain; ++i) {
+        const v1::ShardCheckpoint& then = taken.at(s.chain(i).id()).shards(s.shard());
+        ASSERT_EQ(s.chain(i).parts_size(), then.parts_size());
+        for (int p = 0; p < then.parts_size(); ++p)
+          EXPECT_EQ(s.chain(i).parts(p).SerializeAsString(), then.parts(p).SerializeAsString());
+      }
     }
+    taken[id] = manifest;
     const TableRows truth = Captured(twins);
     ASSERT_FALSE(truth.waiting.empty());
-    const std::string dir = CheckpointFolder(root_, id);
+    const std::string dir = CheckpointFolder(root, id);
     absl::StatusOr<v1::CheckpointManifest> verified = VerifyCheckpoint(Env::Default(), dir, "");
     ASSERT_TRUE(verified.ok()) << verified.status();
     for (uint32_t into : {2u, 3u, 1u}) {
@@ -1128,6 +1155,58 @@ TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCoun
     }
   }
   for (const auto& twin : twins) EXPECT_GT(TableStatus(twin->ShardStatus()).rows_evicted(), 0u);
+  if (part_kib > 0) EXPECT_EQ(split, 2);  // checkpoint 5's
+}
+
+TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
+  ExpectAChainRestoresBitForBit(root_, /*part_kib=*/0);
+}
+
+TEST_F(SparseCheckpointTest, RowsPastThePartSizeAreInPartFilesAndRestoreBitForBit) {
+  ExpectAChainRestoresBitForBit(root_, /*part_kib=*/1);
+}
+
+TEST_F(SparseCheckpointTest, ADamagedMissingOrMisrecordedPartIsRefusedNamingIt) {
+  const v1::JobConfig config = ChainJob(root_, /*part_kib=*/1);
+  CheckpointingShards shards(root_, config);
+  for (uint64_t step = 0; step < 12; ++step)
+    for (uint32_t k = 0; k < 2; ++k) PushChainRound(k, step, {shards.stores[k].get()});
+  const v1::CheckpointManifest manifest = shards.Take(1);
+  const std::string dir = CheckpointFolder(root_, 1);
+  ASSERT_TRUE(VerifyCheckpoint(Env::Default(), dir, "").ok());
+  ASSERT_GE(manifest.shards(1).parts_size(), 2);
+  const std::string part = JoinPath(dir, manifest.shards(1).parts(1).file());
+  EXPECT_EQ(manifest.shards(1).parts(1).file(), "shard-00001.part-00001");
+  const std::string kept = *Env::Default()->ReadFile(part);
+  auto refusal = [&] { return VerifyCheckpoint(Env::Default(), dir, "").status(); };
+
+  std::string flipped = kept;
+  flipped[flipped.size() / 2] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), part, flipped).ok());
+  EXPECT_EQ(refusal().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(refusal().message()), HasSubstr("shard-00001.part-00001: CRC-32"));
+
+  ASSERT_EQ(std::remove(part.c_str()), 0);
+  EXPECT_EQ(refusal().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(refusal().message()), HasSubstr("shard-00001.part-00001"));
+  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(Env::Default(), root_, "");
+  ASSERT_TRUE(choice.ok());
+  EXPECT_FALSE(choice->manifest.has_value());
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), part, kept).ok());
+  ASSERT_TRUE(VerifyCheckpoint(Env::Default(), dir, "").ok());
+
+  // A manifest that records a part's rows wrongly, or names shard 0's part
+  // for shard 1.
+  v1::CheckpointManifest wrong = manifest;
+  wrong.mutable_shards(1)->mutable_parts(1)->set_rows(manifest.shards(1).parts(1).rows() + 1);
+  ASSERT_TRUE(WriteManifest(Env::Default(), dir, wrong).ok());
+  EXPECT_EQ(refusal().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(refusal().message()), HasSubstr("do not fit table 'emb'"));
+  wrong = manifest;
+  *wrong.mutable_shards(1)->mutable_parts(0) = manifest.shards(0).parts(0);
+  ASSERT_TRUE(WriteManifest(Env::Default(), dir, wrong).ok());
+  EXPECT_EQ(refusal().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(refusal().message()), HasSubstr("shard-00000.part-00000: holds job"));
 }
 
 TEST_F(SparseCheckpointTest, AnIncrementAfterOnePercentOfTheRowsChangedIsUnderFivePercent) {
@@ -1278,8 +1357,9 @@ TEST_F(SparseCheckpointTest, ALookupServiceServesEachCheckpointAsARestoreReadsIt
   // served as they appear: the first and each full one read whole, each
   // increment applied on top of what is served; every lookup answers the
   // rows a restore of that checkpoint reads, and the rows evicted since as
-  // missing.
-  const v1::JobConfig config = ChainJob(root_);
+  // missing. Its files split into parts (1 KiB), as a table of more than
+  // a gigabyte a shard is.
+  const v1::JobConfig config = ChainJob(root_, /*part_kib=*/1);
   CheckpointingShards shards(root_, config);
   ServedRows served(Env::Default(), root_);
   std::vector<int64_t> ids(1000);

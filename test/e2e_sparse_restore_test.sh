@@ -6,7 +6,9 @@
 #      undisturbed: final accuracy A, final checkpoint F.
 #   2. The same job with incremental checkpoints (--checkpoint_full_every=20:
 #      each shard's file of the checkpoints after a full one holds only the
-#      rows changed since its previous one; a restore starts a full one) and
+#      rows changed since its previous one; a restore starts a full one),
+#      each shard's rows in part files of 64 KiB (--checkpoint_part_kib=64,
+#      as a shard of more than a gigabyte writes them), and
 #      server 1 killed after an incremental checkpoint: grps-local restarts
 #      it, it reloads its rows (as a rule from the full file and the
 #      increments), the job rolls back to the checkpoint and completes with
@@ -15,7 +17,7 @@
 #   3. A job of 3 servers with --steps at F's step, on the disturbed run's
 #      folder (its newest checkpoint mostly incremental): it resumes there with
 #      nothing left to train, and its final checkpoint (rows rehashed from 2
-#      chains of files into 3) is bit-identical to F.
+#      chains of files into 3; its own in parts too) is bit-identical to F.
 #   4. The same into 1 server from the 3-server job's checkpoint.
 set -euo pipefail
 BIN=${1:?usage: e2e_sparse_restore_test.sh BIN_DIR}
@@ -53,7 +55,8 @@ grep -q "sparse rows" "$WORK/calm/server-0.log" || fail "shard 0 wrote no sparse
 # 2. Incremental checkpoints, server 1 killed after one at step 200 or later
 # (checkpoint 1, at step 100, is full, the next ones increments unless one
 # fails).
-launch killed 2 $STEPS "$WORK/killed-ckpt" "${PACE[@]}" --checkpoint_full_every=20
+PARTS=(--checkpoint_part_kib=64)
+launch killed 2 $STEPS "$WORK/killed-ckpt" "${PACE[@]}" --checkpoint_full_every=20 "${PARTS[@]}"
 for ((i = 0; i < 1200; i++)); do
   at=$(status "$WORK/killed" | json 'j.get("last_checkpoint", {}).get("step", "")' 2>/dev/null || true)
   global=$(status "$WORK/killed" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo 0)
@@ -71,6 +74,9 @@ wait_pid "$PID_killed" 200
 [ "$EXIT_CODE" = 0 ] || fail "grps-local exited with $EXIT_CODE after the kill"
 grep -q "shard 1 restored .* sparse rows from checkpoint" "$WORK/killed/server-1.restart-1.log" \
   || fail "the restarted shard did not reload its rows"
+parts=$(ls "$WORK"/killed-ckpt/ckpt-*/shard-0000[01].part-* | wc -l)
+[ "$parts" -gt 2 ] || fail "the shards wrote $parts part files of 64 KiB"
+echo "$parts part files of 64 KiB"
 calm=$(accuracy "$WORK/calm"); killed=$(accuracy "$WORK/killed")
 echo "final accuracy $killed with the kill, $calm undisturbed"
 [ "$calm" = "$killed" ] || fail "accuracy $killed differs from the undisturbed $calm"
@@ -89,7 +95,7 @@ if grep -q "checkpoint $id: shard 0 wrote .*(incremental on checkpoint" \
 else
   echo "the disturbed run's final checkpoint $id is a full one"
 fi
-launch three 3 "$step" "$WORK/killed-ckpt"
+launch three 3 "$step" "$WORK/killed-ckpt" "${PARTS[@]}"
 wait_pid "$PID_three" 120
 [ "$EXIT_CODE" = 0 ] || fail "the 3-server job exited with $EXIT_CODE"
 grep -q "resum.*step $step" "$WORK/three/coordinator.log" \
