@@ -335,6 +335,7 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
   absl::MutexLock lock(&mu_);
   if (std::optional<v1::HeartbeatResponse> retired = heartbeats_.RetiredReply(request))
     return *std::move(retired);
+  if (request.restoring()) return RestoringHeartbeatLocked(request, now);
   // A member that has not followed the newest restore order yet: its
   // progress belongs to a state the job left.
   // (0: a client that does not say; taken as current.)
@@ -363,6 +364,25 @@ absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::Heartbeat(
                          }},
                     now, &response);
   if (phase_.ended()) waits_.Changed();  // a member heard the end
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> JobStateMachine::RestoringHeartbeatLocked(
+    const v1::HeartbeatRequest& request, absl::Time now) {
+  if (request.member_case() != v1::HeartbeatRequest::kServerShard)
+    return absl::InvalidArgumentError("only a server restores");
+  bool revived = false;
+  if (absl::Status s =
+          membership_.ServerAlive(request.server_shard(), request.incarnation(), now, &revived);
+      !s.ok())
+    return s;
+  if (revived)
+    spdlog::info("server of shard {} is alive again (restoring)", request.server_shard());
+  UpdateStateLocked(now);
+  if (revived) waits_.Changed();
+  v1::HeartbeatResponse response;
+  response.set_job_state(phase_.state());
+  response.set_generation(generations_.current());
   return response;
 }
 

@@ -290,6 +290,9 @@ class JobStateMachine {
   void CheckRecoveryLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Heartbeats ----
+  // A restoring server's (HeartbeatRequest.restoring): alive, nothing else.
+  absl::StatusOr<v1::HeartbeatResponse> RestoringHeartbeatLocked(
+      const v1::HeartbeatRequest& request, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the heartbeat (Heartbeats), adopting a member this coordinator
   // does not know (or a newer incarnation of one it knows) and following
   // its generation.

@@ -950,6 +950,44 @@ TEST_F(JobStateMachineTest, ShardDeadPastTheRecoveryTimeoutFailsTheJob) {
   EXPECT_EQ(reply.job_state(), v1::JOB_STATE_FAILED);
 }
 
+TEST_F(JobStateMachineTest, AServerThatSaysItIsRestoringStaysAliveAndKeepsItsLastStatus) {
+  StartJob(2, 1);
+  std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
+  std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
+  v1::HeartbeatResponse reply;
+  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 5), &reply).ok());
+  v1::HeartbeatRequest restoring;
+  restoring.set_server_shard(1);
+  restoring.set_incarnation(s[1].incarnation());
+  restoring.set_restoring(true);
+  // 40 s of a restore (the heartbeat timeout is 1 s, the recovery one 30 s).
+  for (int i = 0; i < 40; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+    ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply).ok());
+    ASSERT_TRUE(Beat(restoring, &reply).ok());
+    EXPECT_EQ(reply.job_state(), v1::JOB_STATE_RUNNING);
+    EXPECT_FALSE(reply.has_checkpoint());
+    machine_->DetectFailures();
+  }
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.shards(1).state(), v1::MEMBER_STATE_ALIVE);
+  EXPECT_EQ(status.shards(1).version(), 5u);  // the last status it sent
+  // One declared dead meanwhile is alive again at its next one.
+  clock_.Advance(absl::Seconds(2));
+  machine_->DetectFailures();
+  ASSERT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_DEAD);
+  ASSERT_TRUE(Beat(restoring, &reply).ok());
+  EXPECT_EQ(Status().shards(1).state(), v1::MEMBER_STATE_ALIVE);
+  // Only a server restores, and only the one registered.
+  restoring.set_incarnation(s[1].incarnation() + 1);
+  EXPECT_EQ(Beat(restoring, &reply).code(), absl::StatusCode::kFailedPrecondition);
+  v1::HeartbeatRequest worker = WorkerRequest(0, w[0].incarnation());
+  worker.set_restoring(true);
+  EXPECT_EQ(Beat(worker, &reply).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace grps
 

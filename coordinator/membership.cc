@@ -279,27 +279,41 @@ std::optional<uint64_t> Membership::LiveIncarnation(uint32_t rank) const {
   return workers_[rank].incarnation;
 }
 
-absl::Status Membership::ServerHeartbeat(uint32_t shard, uint64_t incarnation,
-                                         const v1::ShardStatus& status,
-                                         absl::Time now, bool* revived) {
-  *revived = false;
+absl::Status Membership::CheckServer(uint32_t shard, uint64_t incarnation) const {
   if (shard >= num_shards() || !servers_[shard].registered)
     return absl::NotFoundError(
         absl::StrCat("shard ", shard, " has no registered server; register first"));
-  Server& server = servers_[shard];
-  if (incarnation != server.incarnation)
+  if (incarnation != servers_[shard].incarnation)
     return absl::FailedPreconditionError(absl::StrCat(
         "server of shard ", shard, " has stale incarnation ", incarnation,
-        " (current ", server.incarnation, "); the shard was re-registered"));
-  if (status.staleness_histogram_size() > kMaxHistogramBuckets)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard status has more than ", kMaxHistogramBuckets,
-        " staleness histogram buckets"));
+        " (current ", servers_[shard].incarnation, "); the shard was re-registered"));
+  return absl::OkStatus();
+}
+
+absl::Status Membership::ServerAlive(uint32_t shard, uint64_t incarnation, absl::Time now,
+                                     bool* revived) {
+  *revived = false;
+  if (absl::Status s = CheckServer(shard, incarnation); !s.ok()) return s;
+  Server& server = servers_[shard];
   if (server.state == v1::MEMBER_STATE_DEAD) {
     server.state = v1::MEMBER_STATE_ALIVE;
     *revived = true;
   }
   server.last_heartbeat = now;
+  return absl::OkStatus();
+}
+
+absl::Status Membership::ServerHeartbeat(uint32_t shard, uint64_t incarnation,
+                                         const v1::ShardStatus& status,
+                                         absl::Time now, bool* revived) {
+  *revived = false;
+  if (absl::Status s = CheckServer(shard, incarnation); !s.ok()) return s;
+  if (status.staleness_histogram_size() > kMaxHistogramBuckets)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard status has more than ", kMaxHistogramBuckets,
+        " staleness histogram buckets"));
+  if (absl::Status s = ServerAlive(shard, incarnation, now, revived); !s.ok()) return s;
+  Server& server = servers_[shard];
   server.status = status;
   server.status->set_shard(shard);
   server.status->set_address(server.address);

@@ -174,6 +174,9 @@ class Membership {
   absl::Status ServerHeartbeat(uint32_t shard, uint64_t incarnation,
                                const v1::ShardStatus& status, absl::Time now,
                                bool* revived);
+  // The same for a server that is restoring (HeartbeatRequest.restoring):
+  // the heartbeat only; its last status stays.
+  absl::Status ServerAlive(uint32_t shard, uint64_t incarnation, absl::Time now, bool* revived);
 
   // Records a heartbeat and, when `progress` is set, the worker's progress.
   // Errors as for ServerHeartbeat, plus INVALID_ARGUMENT for implausible
@@ -302,6 +305,8 @@ class Membership {
                                     absl::Time now) const;
   // Checks that (rank, incarnation) names the current worker of that rank.
   absl::Status CheckWorker(uint32_t rank, uint64_t incarnation) const;
+  // The same for the server of a shard.
+  absl::Status CheckServer(uint32_t shard, uint64_t incarnation) const;
   uint64_t NextIncarnation(absl::Time now);
   // Records progress and notices a new evaluation in it.
   void RecordProgress(Worker* worker, const v1::WorkerProgress& progress);

@@ -518,6 +518,14 @@ TEST(JobConfig, DurabilitySettingsDefaultAndValidate) {
   v1::JobConfig short_recovery = DefaultJobConfig();
   short_recovery.set_recovery_timeout_ms(short_recovery.heartbeat_timeout_ms() - 1);
   EXPECT_FALSE(ValidateJobConfig(short_recovery).ok());
+
+  // A shard file's part size: up to 2047 MiB, as one message holds.
+  v1::JobConfig parts = DefaultJobConfig();
+  parts.set_checkpoint_part_kib(2047 * 1024);
+  EXPECT_TRUE(ValidateJobConfig(parts).ok());
+  parts.set_checkpoint_part_kib(2048 * 1024);
+  EXPECT_THAT(std::string(ValidateJobConfig(parts).message()),
+              ::testing::HasSubstr("checkpoint_part_kib must be at most 2096128"));
 }
 
 TEST(JobEnded, TheCoordinatorsAnswerToALateMemberIsRecognisedAndNothingElse) {

@@ -163,6 +163,7 @@ class MemberAgent {
                           absl::Duration timeout);
 
   const Identity& identity() const { return identity_; }
+  v1::Coordinator::StubInterface* coordinator() const { return coordinator_; }
 
  private:
   void Loop(const Handlers& handlers, bool obey_signals) ABSL_LOCKS_EXCLUDED(mu_);

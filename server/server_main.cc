@@ -244,10 +244,10 @@ std::unique_ptr<ShardStore> RegisterShard(v1::Coordinator::Stub& coordinator,
   std::optional<RegisteredShard> registered = RegisterAndLoad(coordinator, asked, exit_code);
   if (!registered.has_value()) return nullptr;
   *registration = registered->registration;
-  SetMemberSecret(registration->member_secret());
   absl::StatusOr<std::unique_ptr<ShardStore>> created =
       CreateStore(StoreOptionsOf(*registration, asked.address), registration->restore(),
                   std::move(registered->loaded));
+  registered->heard.reset();
   if (!created.ok()) {
     spdlog::error("invalid job from the coordinator: {}",
                   std::string(created.status().message()));

@@ -1,9 +1,11 @@
 #include "server/shard_agent.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/security.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "spdlog/spdlog.h"
@@ -77,10 +79,19 @@ std::optional<RegisteredShard> RegisterAndLoad(v1::Coordinator::StubInterface& c
       return std::nullopt;
     }
     const v1::RestoreOrder& order = registration->restore();
+    // Heard while it loads, with the secret of this registration.
+    SetMemberSecret(registration->member_secret());
+    auto heard = std::make_unique<RestoringHeartbeats>(
+        &coordinator,
+        MemberAgent::Identity{registration->config().job_id(), MemberKind::kServer,
+                              registration->shard(), registration->incarnation()},
+        registration->config());
     absl::StatusOr<ShardState> loaded =
         LoadRestore(order, registration->config(), registration->shard_map(),
                     registration->shard(), r.own_checkpoint_dir);
-    if (loaded.ok()) return RegisteredShard{std::move(*registration), std::move(*loaded)};
+    if (loaded.ok())
+      return RegisteredShard{std::move(*registration), std::move(*loaded), std::move(heard)};
+    heard.reset();
     spdlog::error("cannot restore shard {} from checkpoint {} in {}: {}", registration->shard(),
                   order.checkpoint_id(),
                   OwnCheckpointFolder(registration->config(), order.checkpoint_id(), order.dir(),
@@ -210,12 +221,15 @@ std::optional<ShardEnding> ShardAgent::FollowMap(const v1::HeartbeatResponse& re
 // A roll-back order for the shard's chunks as they are placed now: restores
 // the store in place, or refuses the order.
 std::optional<ShardEnding> ShardAgent::RollBack(const v1::RestoreOrder& order) {
-  absl::StatusOr<ShardState> states = LoadRestore(order, store().config(), store().shard_map(),
-                                                  store().shard(), options_.own_checkpoint_dir);
-  absl::Status restored =
-      states.ok() ? store().Restore(order.generation(), order.checkpoint_id(), states->chunks,
-                                    order.worker_steps(), states->tables)
-                  : states.status();
+  absl::Status restored;
+  {
+    RestoringHeartbeats heard(agent_.coordinator(), agent_.identity(), store().config());
+    absl::StatusOr<ShardState> states = LoadRestore(
+        order, store().config(), store().shard_map(), store().shard(), options_.own_checkpoint_dir);
+    restored = states.ok() ? store().Restore(order.generation(), order.checkpoint_id(),
+                                             states->chunks, order.worker_steps(), states->tables)
+                           : states.status();
+  }
   if (!restored.ok()) return RefuseRestore(order, restored);
   restore_failed_.reset();
   spdlog::info("shard {} rolled back to checkpoint {} at step {} (generation {})",
@@ -255,11 +269,14 @@ std::optional<ShardEnding> ShardAgent::Reshard(const v1::RestoreOrder& order) {
   options.shard = shard;
   options.incarnation = agent_.identity().incarnation;
   options.address = options_.address;
-  absl::StatusOr<ShardState> loaded =
-      LoadRestore(order, options.config, map_, shard, options_.own_checkpoint_dir);
-  absl::StatusOr<std::unique_ptr<ShardStore>> next =
-      loaded.ok() ? CreateStore(std::move(options), order, *std::move(loaded))
-                  : absl::StatusOr<std::unique_ptr<ShardStore>>(loaded.status());
+  absl::StatusOr<std::unique_ptr<ShardStore>> next = absl::UnknownError("not loaded");
+  {
+    RestoringHeartbeats heard(agent_.coordinator(), agent_.identity(), options.config);
+    absl::StatusOr<ShardState> loaded =
+        LoadRestore(order, options.config, map_, shard, options_.own_checkpoint_dir);
+    next = loaded.ok() ? CreateStore(std::move(options), order, *std::move(loaded))
+                       : absl::StatusOr<std::unique_ptr<ShardStore>>(loaded.status());
+  }
   if (!next.ok()) return RefuseRestore(order, next.status());
   restore_failed_.reset();
   const v1::ShardStatus restored = (*next)->ShardStatus();

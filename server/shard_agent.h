@@ -73,6 +73,8 @@ struct ShardRegistration {
 struct RegisteredShard {
   v1::RegisterServerResponse registration;
   ShardState loaded;
+  // Say the shard is restoring until the holder has built its store.
+  std::unique_ptr<RestoringHeartbeats> heard;
 };
 
 // How often a starting server reports a checkpoint it cannot load before it

@@ -184,6 +184,23 @@ TEST_F(ShardAgentTest, ARegistrationLoadsTheCheckpointItsRestoreOrderNames) {
   EXPECT_EQ(coordinator_->refused_restores(), 0);
 }
 
+TEST_F(ShardAgentTest, WhileItRestoresTheServerSaysSoEveryIntervalAndNothingElse) {
+  v1::JobConfig config = ScalingJob(1, 1, root_);
+  config.set_heartbeat_interval_ms(10);
+  StartCoordinator(config);
+  {
+    RestoringHeartbeats heard(
+        stub_.get(), MemberAgent::Identity{config.job_id(), MemberKind::kServer, 0, 7}, config);
+    for (int i = 0; i < 3000 && coordinator_->restoring_heartbeats() < 3; ++i)
+      absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(coordinator_->restoring_heartbeats(), 3);
+  EXPECT_EQ(coordinator_->heartbeats(), 0);  // no status: only that it restores
+  const int stopped = coordinator_->restoring_heartbeats();
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(coordinator_->restoring_heartbeats(), stopped);  // ended with it
+}
+
 TEST_F(ShardAgentTest, ARegistrationWhoseCheckpointCannotLoadReportsItAndTakesTheOrderBefore) {
   StartCoordinator(ScalingJob(1, 1, root_));
   v1::RestoreOrder missing;

@@ -1,5 +1,6 @@
 #include "server/shard_restore.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,16 @@ absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::
   if (absl::Status s = CheckSameTables(manifest->config(), config); !s.ok()) return s;
   return LoadShardState(Env::Default(), order.dir(), *manifest, ChunksOfShard(map, shard),
                         static_cast<uint32_t>(map.shards_size()), shard);
+}
+
+RestoringHeartbeats::RestoringHeartbeats(v1::Coordinator::StubInterface* coordinator,
+                                         const MemberAgent::Identity& member,
+                                         const v1::JobConfig& config)
+    : agent_(coordinator, member, absl::Milliseconds(config.heartbeat_interval_ms()),
+             std::max(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Seconds(1))) {
+  MemberAgent::Handlers handlers;
+  handlers.fill = [](v1::HeartbeatRequest* request) { request->set_restoring(true); };
+  agent_.Start(std::move(handlers));
 }
 
 v1::ShardCheckpoint RestoreFailure(const v1::RestoreOrder& order, uint32_t shard,

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
+#include "member/member_agent.h"
 #include "proto/grps.pb.h"
 #include "server/shard_store.h"
 
@@ -38,6 +39,21 @@ std::string OwnCheckpointFolder(const v1::JobConfig& config, uint64_t id, const 
 absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::JobConfig& config,
                                        const v1::ShardMap& map, uint32_t shard,
                                        const std::string& own_dir);
+
+// While it lives, heartbeats of `member` every heartbeat interval of
+// `config` that say only that the server is restoring
+// (HeartbeatRequest.restoring): a large table's restore outlasts the
+// heartbeat timeout, and a shard the coordinator does not hear from is
+// declared dead, then the job fails. Its replies and errors are not read.
+class RestoringHeartbeats {
+ public:
+  RestoringHeartbeats(v1::Coordinator::StubInterface* coordinator,
+                      const MemberAgent::Identity& member, const v1::JobConfig& config);
+  ~RestoringHeartbeats() { agent_.Stop(); }
+
+ private:
+  MemberAgent agent_;
+};
 
 // What a shard reports of a restore order it could not follow (`why`).
 v1::ShardCheckpoint RestoreFailure(const v1::RestoreOrder& order, uint32_t shard,

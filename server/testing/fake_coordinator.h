@@ -71,6 +71,13 @@ class FakeCoordinator final : public v1::Coordinator::Service {
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     absl::MutexLock lock(&mu_);
+    // A restoring server's says only that it is alive (as the
+    // coordinator takes it).
+    if (request->restoring()) {
+      ++restoring_heartbeats_;
+      response->set_job_state(state_);
+      return grpc::Status::OK;
+    }
     ++heartbeats_;
     last_status_ = request->shard();
     final_report_ = final_report_ || request->final_report();
@@ -95,6 +102,15 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   void TakeStandbysIn() {
     absl::MutexLock lock(&mu_);
     answer_standbys_ = false;
+  }
+  // Heartbeats that said the server is restoring, and the others.
+  int restoring_heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return restoring_heartbeats_;
+  }
+  int heartbeats() {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
   }
   int standby_answers() {
     absl::MutexLock lock(&mu_);
@@ -200,6 +216,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   bool final_report_ ABSL_GUARDED_BY(mu_) = false;
   std::string registered_address_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int restoring_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardStatus last_status_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   v1::CheckpointRequest checkpoint_ ABSL_GUARDED_BY(mu_);
