@@ -11,11 +11,11 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "google/protobuf/field_mask.pb.h"
 #include "google/protobuf/util/field_mask_util.h"
 #include "job/shard_map.h"
@@ -427,8 +427,7 @@ v1::TableState RowsOf(const v1::TableState& table, int begin, int end) {
   if (table.updates_size() > 0)
     out.mutable_updates()->Add(table.updates().begin() + begin, table.updates().begin() + end);
   if (table.row_idle_size() > 0)
-    out.mutable_row_idle()->Add(table.row_idle().begin() + begin,
-                                table.row_idle().begin() + end);
+    out.mutable_row_idle()->Add(table.row_idle().begin() + begin, table.row_idle().begin() + end);
   return out;
 }
 
@@ -505,9 +504,9 @@ absl::Status AppendParts(Env* env, const std::string& dir, const v1::ShardCheckp
         !s.ok())
       return s;
     if (rows_file.job_id() != file->job_id() ||
-        rows_file.checkpoint_id() != file->checkpoint_id() ||
-        rows_file.shard() != file->shard() || rows_file.base_id() != file->base_id() ||
-        rows_file.tables_size() != 1 || rows_file.chunks_size() != 0)
+        rows_file.checkpoint_id() != file->checkpoint_id() || rows_file.shard() != file->shard() ||
+        rows_file.base_id() != file->base_id() || rows_file.tables_size() != 1 ||
+        rows_file.chunks_size() != 0)
       return damaged(part.file(), "holds job '", rows_file.job_id(), "' checkpoint ",
                      rows_file.checkpoint_id(), " shard ", rows_file.shard(), " (",
                      rows_file.chunks_size(), " chunks, ", rows_file.tables_size(),
@@ -533,10 +532,9 @@ absl::Status AppendParts(Env* env, const std::string& dir, const v1::ShardCheckp
   for (int t = 0; t < file->tables_size(); ++t) {
     const v1::TableState& table = file->tables(t);
     if (rows[t] == 0) continue;
-    if (absl::Status s = CheckTableState(table, table.dim(), table.optimizer_state_size());
-        !s.ok())
-      return damaged(expected.file(), "sparse table '", table.name(), "' with its parts: ",
-                     s.message());
+    if (absl::Status s = CheckTableState(table, table.dim(), table.optimizer_state_size()); !s.ok())
+      return damaged(expected.file(), "sparse table '", table.name(),
+                     "' with its parts: ", s.message());
   }
   return absl::OkStatus();
 }
@@ -552,7 +550,8 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& 
   // parts.
   std::optional<v1::ShardCheckpointFile> head;
   if (size > part_bytes) {
-    head = CopyWithout(file, [](int n) { return n == v1::ShardCheckpointFile::kTablesFieldNumber; });
+    head =
+        CopyWithout(file, [](int n) { return n == v1::ShardCheckpointFile::kTablesFieldNumber; });
     for (const v1::TableState& table : file.tables())
       *head->add_tables() = CopyWithout(table, IsRowField);
     for (int t = 0; t < file.tables_size(); ++t)
@@ -574,11 +573,12 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& 
           part_bytes / RowBytesBound(table), 1, std::numeric_limits<int32_t>::max()));
       for (int begin = 0; begin < table.ids_size(); begin += per_part) {
         const int end = begin + std::min(per_part, table.ids_size() - begin);
-        v1::ShardCheckpointFile rows = CopyWithout(
-            file, [](int n) { return n != v1::ShardCheckpointFile::kJobIdFieldNumber &&
-                                     n != v1::ShardCheckpointFile::kCheckpointIdFieldNumber &&
-                                     n != v1::ShardCheckpointFile::kShardFieldNumber &&
-                                     n != v1::ShardCheckpointFile::kBaseIdFieldNumber; });
+        v1::ShardCheckpointFile rows = CopyWithout(file, [](int n) {
+          return n != v1::ShardCheckpointFile::kJobIdFieldNumber &&
+                 n != v1::ShardCheckpointFile::kCheckpointIdFieldNumber &&
+                 n != v1::ShardCheckpointFile::kShardFieldNumber &&
+                 n != v1::ShardCheckpointFile::kBaseIdFieldNumber;
+        });
         *rows.add_tables() = RowsOf(table, begin, end);
         v1::ShardFilePart& part = *out.add_parts();
         part.set_file(ShardPartFileName(file.shard(), static_cast<uint32_t>(out.parts_size() - 1)));

@@ -284,9 +284,9 @@ absl::Status Membership::CheckServer(uint32_t shard, uint64_t incarnation) const
     return absl::NotFoundError(
         absl::StrCat("shard ", shard, " has no registered server; register first"));
   if (incarnation != servers_[shard].incarnation)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "server of shard ", shard, " has stale incarnation ", incarnation,
-        " (current ", servers_[shard].incarnation, "); the shard was re-registered"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("server of shard ", shard, " has stale incarnation ", incarnation,
+                     " (current ", servers_[shard].incarnation, "); the shard was re-registered"));
   return absl::OkStatus();
 }
 
@@ -304,14 +304,13 @@ absl::Status Membership::ServerAlive(uint32_t shard, uint64_t incarnation, absl:
 }
 
 absl::Status Membership::ServerHeartbeat(uint32_t shard, uint64_t incarnation,
-                                         const v1::ShardStatus& status,
-                                         absl::Time now, bool* revived) {
+                                         const v1::ShardStatus& status, absl::Time now,
+                                         bool* revived) {
   *revived = false;
   if (absl::Status s = CheckServer(shard, incarnation); !s.ok()) return s;
   if (status.staleness_histogram_size() > kMaxHistogramBuckets)
     return absl::InvalidArgumentError(absl::StrCat(
-        "shard status has more than ", kMaxHistogramBuckets,
-        " staleness histogram buckets"));
+        "shard status has more than ", kMaxHistogramBuckets, " staleness histogram buckets"));
   if (absl::Status s = ServerAlive(shard, incarnation, now, revived); !s.ok()) return s;
   Server& server = servers_[shard];
   server.status = status;

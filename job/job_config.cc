@@ -283,8 +283,9 @@ absl::Status ValidateFaultTolerance(const v1::JobConfig& c) {
     return Bad("checkpoint_full_every must be at most 1000 (a restore reads every file of "
                "the chain)");
   if (c.checkpoint_part_kib() > 2047 * 1024)
-    return Bad("checkpoint_part_kib must be at most 2096128 (2047 MiB: a checkpoint file is "
-               "one protocol buffer message, under 2 GiB)");
+    return Bad(
+        "checkpoint_part_kib must be at most 2096128 (2047 MiB: a checkpoint file is "
+        "one protocol buffer message, under 2 GiB)");
   if (c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_SHARED &&
       c.checkpoint_storage() != v1::CHECKPOINT_STORAGE_PER_SHARD)
     return Bad("checkpoint_storage is not a storage kind");

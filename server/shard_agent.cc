@@ -224,8 +224,8 @@ std::optional<ShardEnding> ShardAgent::RollBack(const v1::RestoreOrder& order) {
   absl::Status restored;
   {
     RestoringHeartbeats heard(agent_.coordinator(), agent_.identity(), store().config());
-    absl::StatusOr<ShardState> states = LoadRestore(
-        order, store().config(), store().shard_map(), store().shard(), options_.own_checkpoint_dir);
+    absl::StatusOr<ShardState> states = LoadRestore(order, store().config(), store().shard_map(),
+                                                    store().shard(), options_.own_checkpoint_dir);
     restored = states.ok() ? store().Restore(order.generation(), order.checkpoint_id(),
                                              states->chunks, order.worker_steps(), states->tables)
                            : states.status();

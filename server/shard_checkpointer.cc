@@ -115,10 +115,10 @@ void ShardCheckpointer::Take(const Pending& pending) {
       store_->CollectCheckpoint(request.id(), start + kCaptureTimeout);
   if (file.ok() && !pending.base.empty()) file->set_base_id(pending.base.back().id());
   absl::StatusOr<v1::ShardCheckpoint> written =
-      file.ok() ? WriteShardFile(Env::Default(),
-                                 OwnCheckpointFolder(store_->config(), request.id(),
-                                                     request.dir(), own_dir_),
-                                 *file, CheckpointPartBytes(store_->config()))
+      file.ok() ? WriteShardFile(
+                      Env::Default(),
+                      OwnCheckpointFolder(store_->config(), request.id(), request.dir(), own_dir_),
+                      *file, CheckpointPartBytes(store_->config()))
                 : absl::StatusOr<v1::ShardCheckpoint>(file.status());
   CheckpointSeconds(written.ok()).Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (written.ok()) {
@@ -129,18 +129,19 @@ void ShardCheckpointer::Take(const Pending& pending) {
       LowerHeldFrom(chunk.held_from(), report.mutable_held_from());
     for (const v1::TableState& table : file->tables())
       LowerHeldFrom(table.held_from(), report.mutable_held_from());
-    spdlog::info("checkpoint {}: shard {} wrote {} chunks{}{} ({:.2f} MiB) at versions "
-                 "{}..{} in {}",
-                 request.id(), store_->shard(), report.num_chunks(),
-                 report.num_tables() > 0 ? absl::StrCat(" and ", report.num_rows(),
-                                                        pending.base.empty() ? "" : " changed",
-                                                        " sparse rows")
-                                         : "",
-                 pending.base.empty()
-                     ? ""
-                     : absl::StrCat(" (incremental on checkpoint ", pending.base.back().id(), ")"),
-                 BytesInMiB(ShardFileBytes(report)), report.min_version(), report.max_version(),
-                 absl::FormatDuration(absl::Now() - start));
+    spdlog::info(
+        "checkpoint {}: shard {} wrote {} chunks{}{} ({:.2f} MiB) at versions "
+        "{}..{} in {}",
+        request.id(), store_->shard(), report.num_chunks(),
+        report.num_tables() > 0
+            ? absl::StrCat(" and ", report.num_rows(), pending.base.empty() ? "" : " changed",
+                           " sparse rows")
+            : "",
+        pending.base.empty()
+            ? ""
+            : absl::StrCat(" (incremental on checkpoint ", pending.base.back().id(), ")"),
+        BytesInMiB(ShardFileBytes(report)), report.min_version(), report.max_version(),
+        absl::FormatDuration(absl::Now() - start));
   } else {
     report.set_state(v1::CHECKPOINT_STATE_FAILED);
     report.set_coordinator_incarnation(request.coordinator_incarnation());

@@ -39,11 +39,13 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint.h"
-#include "job/sparse_tables.h"
 #include "daemon/env.h"
+#include "job/sparse_tables.h"
 
 namespace grps {
 namespace {
@@ -67,29 +69,42 @@ absl::StatusOr<ShardState> Everything(const std::string& dir, v1::CheckpointMani
   return LoadShardState(Env::Default(), dir, *m, ids, 1, 0);
 }
 
-// One row of a table: its values, each optimizer slot's part, its updates.
-struct Row {
-  std::vector<std::string> parts;
-  uint32_t updates = 0;
-};
 // Whether two f32 arrays differ (bit for bit, or beyond a tolerance).
-using Differ = std::function<bool(const std::string&, const std::string&)>;
-std::map<int64_t, Row> RowsOf(const v1::TableState& t) {
-  std::map<int64_t, Row> rows;
-  const size_t bytes = static_cast<size_t>(t.dim()) * sizeof(float);
-  const size_t state_bytes = static_cast<size_t>(TableStateWidth(t)) * sizeof(float);
-  for (int i = 0; i < t.ids_size(); ++i) {
-    Row& row = rows[t.ids(i)];
-    row.parts.push_back(t.values().substr(i * bytes, bytes));
-    for (const std::string& slot : t.optimizer_state())
-      row.parts.push_back(slot.substr(i * state_bytes, state_bytes));
-    row.updates = t.updates_size() == 0 ? 0 : t.updates(i);
-  }
+using Differ = std::function<bool(absl::string_view, absl::string_view)>;
+
+// The rows of `t` in the order of their ids: (id, index in t). 16 bytes a
+// row, the rows themselves read in place: a table of tens of millions of
+// rows is compared within about its own size.
+std::vector<std::pair<int64_t, int>> ById(const v1::TableState& t) {
+  std::vector<std::pair<int64_t, int>> rows(t.ids_size());
+  for (int i = 0; i < t.ids_size(); ++i) rows[i] = {t.ids(i), i};
+  std::sort(rows.begin(), rows.end());
   return rows;
 }
 
+// Whether row i of x and row j of y have the same values, optimizer state
+// (`differ`) and update count.
+bool SameRow(const v1::TableState& x, int i, const v1::TableState& y, int j,
+             const Differ& differ) {
+  auto row = [](absl::string_view all, size_t width, int k) {
+    return all.substr(static_cast<size_t>(k) * width, width);
+  };
+  const size_t bytes = static_cast<size_t>(x.dim()) * sizeof(float);
+  if (x.dim() != y.dim() || x.optimizer_state_size() != y.optimizer_state_size() ||
+      TableStateWidth(x) != TableStateWidth(y) ||
+      (x.updates_size() == 0 ? 0 : x.updates(i)) != (y.updates_size() == 0 ? 0 : y.updates(j)) ||
+      differ(row(x.values(), bytes, i), row(y.values(), bytes, j)))
+    return false;
+  const size_t state_bytes = static_cast<size_t>(TableStateWidth(x)) * sizeof(float);
+  for (int k = 0; k < x.optimizer_state_size(); ++k)
+    if (differ(row(x.optimizer_state(k), state_bytes, i),
+               row(y.optimizer_state(k), state_bytes, j)))
+      return false;
+  return true;
+}
+
 // The largest |a - b| / (1e-3 + |a|) over two f32 arrays of the same size.
-double LargestDifference(const std::string& a, const std::string& b) {
+double LargestDifference(absl::string_view a, absl::string_view b) {
   const size_t n = std::min(a.size(), b.size()) / sizeof(float);
   double worst = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -114,18 +129,13 @@ std::string DiffTables(const std::vector<v1::TableState>& a, const std::vector<v
     if (x.version() != y->version())
       return "sparse table '" + x.name() + "' differs in its version (" +
              std::to_string(x.version()) + " and " + std::to_string(y->version()) + ")";
-    const std::map<int64_t, Row> rx = RowsOf(x), ry = RowsOf(*y);
-    if (rx.size() != ry.size())
-      return "sparse table '" + x.name() + "' has " + std::to_string(rx.size()) + " rows and " +
-             std::to_string(ry.size());
-    for (const auto& [id, row] : rx) {
-      auto it = ry.find(id);
-      bool same = it != ry.end() && it->second.updates == row.updates &&
-                  it->second.parts.size() == row.parts.size();
-      for (size_t k = 0; same && k < row.parts.size(); ++k)
-        same = !differ(row.parts[k], it->second.parts[k]);
-      if (!same) return "sparse table '" + x.name() + "' differs in row " + std::to_string(id);
-    }
+    if (x.ids_size() != y->ids_size())
+      return "sparse table '" + x.name() + "' has " + std::to_string(x.ids_size()) +
+             " rows and " + std::to_string(y->ids_size());
+    const std::vector<std::pair<int64_t, int>> rx = ById(x), ry = ById(*y);
+    for (size_t r = 0; r < rx.size(); ++r)
+      if (rx[r].first != ry[r].first || !SameRow(x, rx[r].second, *y, ry[r].second, differ))
+        return "sparse table '" + x.name() + "' differs in row " + std::to_string(rx[r].first);
     *rows += rx.size();
   }
   return "";
@@ -231,7 +241,7 @@ int Main(int argc, char** argv) {
   }
   double largest = 0;
   // Equal, or within the tolerance when there is one.
-  const Differ differ = [&](const std::string& u, const std::string& v) {
+  const Differ differ = [&](absl::string_view u, absl::string_view v) {
     if (tolerance < 0 || u.size() != v.size()) return u != v;
     const double d = LargestDifference(u, v);
     largest = std::max(largest, d);
