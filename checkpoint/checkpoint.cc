@@ -552,11 +552,11 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& 
   if (size > part_bytes) {
     head =
         CopyWithout(file, [](int n) { return n == v1::ShardCheckpointFile::kTablesFieldNumber; });
-    for (const v1::TableState& table : file.tables())
-      *head->add_tables() = CopyWithout(table, IsRowField);
-    for (int t = 0; t < file.tables_size(); ++t)
-      for (int k = 0; k < file.tables(t).optimizer_state_size(); ++k)
-        head->mutable_tables(t)->add_optimizer_state();
+    for (const v1::TableState& table : file.tables()) {
+      v1::TableState* state = head->add_tables();
+      *state = CopyWithout(table, IsRowField);
+      for (int k = 0; k < table.optimizer_state_size(); ++k) state->add_optimizer_state();
+    }
   }
   // A message past 2 GiB does not serialize.
   if (const size_t framed = head.has_value() ? head->ByteSizeLong() : size;
@@ -567,18 +567,20 @@ absl::StatusOr<v1::ShardCheckpoint> WriteShardFile(Env* env, const std::string& 
         "job over more shards"));
   if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
   if (head.has_value()) {
+    // What every part says of itself: the job, checkpoint, shard and base.
+    const v1::ShardCheckpointFile part_header = CopyWithout(file, [](int n) {
+      return n != v1::ShardCheckpointFile::kJobIdFieldNumber &&
+             n != v1::ShardCheckpointFile::kCheckpointIdFieldNumber &&
+             n != v1::ShardCheckpointFile::kShardFieldNumber &&
+             n != v1::ShardCheckpointFile::kBaseIdFieldNumber;
+    });
     for (int t = 0; t < file.tables_size(); ++t) {
       const v1::TableState& table = file.tables(t);
       const int per_part = static_cast<int>(std::clamp<uint64_t>(
           part_bytes / RowBytesBound(table), 1, std::numeric_limits<int32_t>::max()));
       for (int begin = 0; begin < table.ids_size(); begin += per_part) {
         const int end = begin + std::min(per_part, table.ids_size() - begin);
-        v1::ShardCheckpointFile rows = CopyWithout(file, [](int n) {
-          return n != v1::ShardCheckpointFile::kJobIdFieldNumber &&
-                 n != v1::ShardCheckpointFile::kCheckpointIdFieldNumber &&
-                 n != v1::ShardCheckpointFile::kShardFieldNumber &&
-                 n != v1::ShardCheckpointFile::kBaseIdFieldNumber;
-        });
+        v1::ShardCheckpointFile rows = part_header;
         *rows.add_tables() = RowsOf(table, begin, end);
         v1::ShardFilePart& part = *out.add_parts();
         part.set_file(ShardPartFileName(file.shard(), static_cast<uint32_t>(out.parts_size() - 1)));

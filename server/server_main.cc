@@ -309,12 +309,9 @@ int Run() {
   }
   const Attachment attachment{*server, service, attached};
   GoLive(*stores.current, attachment, registration, address);
-  const absl::Duration interval =
-      absl::Milliseconds(registration.config().heartbeat_interval_ms());
-  MemberAgent agent(coordinator.get(),
-                    {registration.config().job_id(), MemberKind::kServer, registration.shard(),
-                     registration.incarnation()},
-                    interval, std::max(interval, absl::Seconds(1)));
+  MemberAgent agent(coordinator.get(), ServerIdentity(registration),
+                    absl::Milliseconds(registration.config().heartbeat_interval_ms()),
+                    HeartbeatCallTimeout(registration.config()));
   ShardAgent::Options options;
   options.address = address;
   options.coordinator_address = coordinator_address;

@@ -81,11 +81,8 @@ std::optional<RegisteredShard> RegisterAndLoad(v1::Coordinator::StubInterface& c
     const v1::RestoreOrder& order = registration->restore();
     // Heard while it loads, with the secret of this registration.
     SetMemberSecret(registration->member_secret());
-    auto heard = std::make_unique<RestoringHeartbeats>(
-        &coordinator,
-        MemberAgent::Identity{registration->config().job_id(), MemberKind::kServer,
-                              registration->shard(), registration->incarnation()},
-        registration->config());
+    auto heard = std::make_unique<RestoringHeartbeats>(&coordinator, ServerIdentity(*registration),
+                                                       registration->config());
     absl::StatusOr<ShardState> loaded =
         LoadRestore(order, registration->config(), registration->shard_map(),
                     registration->shard(), r.own_checkpoint_dir);

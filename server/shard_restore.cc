@@ -55,11 +55,20 @@ absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::
                         static_cast<uint32_t>(map.shards_size()), shard);
 }
 
+MemberAgent::Identity ServerIdentity(const v1::RegisterServerResponse& registration) {
+  return {registration.config().job_id(), MemberKind::kServer, registration.shard(),
+          registration.incarnation()};
+}
+
+absl::Duration HeartbeatCallTimeout(const v1::JobConfig& config) {
+  return std::max(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Seconds(1));
+}
+
 RestoringHeartbeats::RestoringHeartbeats(v1::Coordinator::StubInterface* coordinator,
                                          const MemberAgent::Identity& member,
                                          const v1::JobConfig& config)
     : agent_(coordinator, member, absl::Milliseconds(config.heartbeat_interval_ms()),
-             std::max(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Seconds(1))) {
+             HeartbeatCallTimeout(config)) {
   MemberAgent::Handlers handlers;
   handlers.fill = [](v1::HeartbeatRequest* request) { request->set_restoring(true); };
   agent_.Start(std::move(handlers));

@@ -40,6 +40,12 @@ absl::StatusOr<ShardState> LoadRestore(const v1::RestoreOrder& order, const v1::
                                        const v1::ShardMap& map, uint32_t shard,
                                        const std::string& own_dir);
 
+// The member a server's registration made.
+MemberAgent::Identity ServerIdentity(const v1::RegisterServerResponse& registration);
+// A server's heartbeat deadline in a job of `config`: its heartbeat
+// interval, at least 1 s.
+absl::Duration HeartbeatCallTimeout(const v1::JobConfig& config);
+
 // While it lives, heartbeats of `member` every heartbeat interval of
 // `config` that say only that the server is restoring
 // (HeartbeatRequest.restoring): a large table's restore outlasts the

@@ -1134,7 +1134,9 @@ void ExpectAChainRestoresBitForBit(const std::string& root, uint32_t part_kib) {
         EXPECT_LE(part.rows(), 14u);
         in_parts += part.rows();
       }
-      if (s.parts_size() > 0) EXPECT_EQ(in_parts, s.num_rows());
+      if (s.parts_size() > 0) {
+        EXPECT_EQ(in_parts, s.num_rows());
+      }
       // A chain names the parts of each earlier file as its manifest did.
       for (int i = 0; i < chain; ++i) {
         const v1::ShardCheckpoint& then = taken.at(s.chain(i).id()).shards(s.shard());
@@ -1155,7 +1157,9 @@ void ExpectAChainRestoresBitForBit(const std::string& root, uint32_t part_kib) {
     }
   }
   for (const auto& twin : twins) EXPECT_GT(TableStatus(twin->ShardStatus()).rows_evicted(), 0u);
-  if (part_kib > 0) EXPECT_EQ(split, 2);  // checkpoint 5's
+  if (part_kib > 0) {
+    EXPECT_EQ(split, 2);  // checkpoint 5's
+  }
 }
 
 TEST_F(SparseCheckpointTest, AChainOfIncrementsRestoresBitForBitIntoAnyShardCount) {
