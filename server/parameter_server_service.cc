@@ -548,9 +548,17 @@ grpc::Status ParameterServerService::LoadOptimizerState(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServerService::PushSparse(
-    grpc::ServerContext* context, const v1::SparsePushRequest* request,
-    v1::SparsePushResponse* response) {
+grpc::ServerUnaryReactor* ParameterServerService::PushSparse(grpc::CallbackServerContext* context,
+                                                             const v1::SparsePushRequest* request,
+                                                             v1::SparsePushResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ServePushSparse(context, request, response));
+  return reactor;
+}
+
+grpc::Status ParameterServerService::ServePushSparse(grpc::CallbackServerContext* context,
+                                                     const v1::SparsePushRequest* request,
+                                                     v1::SparsePushResponse* response) {
   ShardStore* store = store_.load();
   if (store == nullptr) return ToGrpc(NotReady());
   absl::StatusOr<ShardStore::SparseGradientPush> push =
@@ -594,6 +602,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PullSparse(
   }
   const v1::DType wire = DTypeToWire(spec->dtype);
   spec->cancelled = reactor->cancelled();
+  spec->reply = std::move(*response->mutable_values());  // the room a pooled reply kept
   store->PullSparseAsync(std::move(*spec),
                          [reactor, response, wire](absl::StatusOr<ShardStore::PulledRows> rows) {
                            if (!rows.ok()) {

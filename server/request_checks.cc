@@ -398,9 +398,15 @@ absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
   if (absl::Status s = CheckIds(store, request.generation(), **table, request.ids(), /*distinct=*/true); !s.ok())
     return s;
   if (scratch->size() < n) scratch->resize(n);
-  ConvertElements(request.gradients().data(), *dtype, scratch->data(), DType::kF32, n);
   const absl::Span<const float> values = absl::MakeConstSpan(scratch->data(), n);
-  if (int64_t bad = FirstOutOfRange(values); bad >= 0)
+  int64_t bad;
+  if (*dtype == DType::kF32) {  // copied and checked in one pass
+    bad = CopyFirstOutOfRange(request.gradients().data(), scratch->data(), n);
+  } else {
+    ConvertElements(request.gradients().data(), *dtype, scratch->data(), DType::kF32, n);
+    bad = FirstOutOfRange(values);
+  }
+  if (bad >= 0)
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": gradient element ", bad % (*table)->dim(), " of row ",
         request.ids(static_cast<int>(bad / (*table)->dim())), " is ", values[bad],

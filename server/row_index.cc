@@ -12,26 +12,6 @@ bool Fits(uint64_t n, uint64_t capacity) { return n * 5 <= capacity * 4; }
 
 }  // namespace
 
-uint64_t RowIndex::Home(int64_t id) const {
-  // Fibonacci hashing of a mix of the id: the shard's own choice of rows
-  // (SparseShardOf, another hash of the id) leaves no pattern here.
-  uint64_t x = static_cast<uint64_t>(id) ^ 0x2545f4914f6cdd1dull;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return (x * 0x9e3779b97f4a7c15ull) >> shift_;
-}
-
-std::optional<uint32_t> RowIndex::Find(int64_t id, IdOf id_of) const {
-  if (size_ == 0) return std::nullopt;
-  const uint64_t mask = table_.size() - 1;
-  for (uint64_t i = Home(id);; i = (i + 1) & mask) {
-    const uint32_t slot = table_[i];
-    if (slot == kEmpty) return std::nullopt;
-    if (id_of(slot) == id) return slot;
-  }
-}
-
 void RowIndex::Insert(int64_t id, uint32_t slot, IdOf id_of) {
   if (!Fits(size_ + 1, table_.size()))
     Rehash(std::max<uint64_t>(kMinCapacity, table_.size() * 2), id_of);

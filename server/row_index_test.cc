@@ -76,5 +76,62 @@ TEST(RowIndex, ReserveMakesRoomWithoutLosingIds) {
   EXPECT_FALSE(index.Find(6, id_of).has_value());
 }
 
+// ForEach answers as Find does for every id of a batch, in order, also
+// while its callback inserts the ids it misses (as SparseRows creates the
+// rows of a pull) and erases others, which moves and grows the table under
+// its prefetching.
+TEST(RowIndex, ForEachAnswersAsFindWhileItsCallbackInsertsAndErases) {
+  std::vector<int64_t> id_of_slot;
+  auto id_of = [&](uint32_t slot) { return id_of_slot[slot]; };
+  auto insert = [&](RowIndex& index, int64_t id) {
+    const uint32_t slot = static_cast<uint32_t>(id_of_slot.size());
+    id_of_slot.push_back(id);
+    index.Insert(id, slot, id_of);
+    return slot;
+  };
+  RowIndex index;
+  std::map<int64_t, uint32_t> want;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 500; ++i) {
+    const int64_t id = static_cast<int64_t>(rng() % 4000);
+    if (!want.count(id)) want[id] = insert(index, id);
+  }
+  std::vector<int64_t> batch;  // repeats, misses, and ids inserted mid-batch seen again
+  for (int i = 0; i < 5000; ++i) batch.push_back(static_cast<int64_t>(rng() % 4000));
+  size_t calls = 0;
+  int erased = 0;
+  index.ForEach(
+      batch, id_of, [&](uint32_t slot) { ASSERT_LT(slot, id_of_slot.size()); },
+      [&](size_t i, std::optional<uint32_t> found) {
+        ASSERT_EQ(i, calls++);
+        auto it = want.find(batch[i]);
+        ASSERT_EQ(found.has_value(), it != want.end()) << batch[i];
+        if (found.has_value()) {
+          ASSERT_EQ(*found, it->second);
+        } else {
+          want[batch[i]] = insert(index, batch[i]);
+        }
+        if (i % 7 == 0 && !want.empty()) {  // and one leaves
+          auto gone = want.begin();
+          std::advance(gone, static_cast<long>(rng() % want.size()));
+          ASSERT_TRUE(index.Erase(gone->first, id_of));
+          want.erase(gone);
+          ++erased;
+        }
+      });
+  EXPECT_EQ(calls, batch.size());
+  EXPECT_GT(erased, 0);
+  EXPECT_EQ(index.size(), want.size());
+  RowIndex empty;
+  size_t empty_calls = 0;
+  empty.ForEach(
+      batch, id_of, [](uint32_t) { FAIL() << "nothing to prefetch"; },
+      [&](size_t, std::optional<uint32_t> found) {
+        EXPECT_FALSE(found.has_value());
+        ++empty_calls;
+      });
+  EXPECT_EQ(empty_calls, batch.size());
+}
+
 }  // namespace
 }  // namespace grps

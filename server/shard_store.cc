@@ -56,14 +56,19 @@ struct ShardStore::SparseWaiter final : Waiter {
   absl::Status ReadLocked(size_t, StoreTarget& t) override {
     StoreTable& table = static_cast<StoreTable&>(t);
     table.mu.AssertHeld();
-    if (absl::Status s = table.rows->Ensure(spec.ids); !s.ok()) return s;
+    if (absl::Status s = table.rows->CheckRoom(spec.ids); !s.ok()) return s;
     const size_t n = spec.ids.size() * table.spec.dim();
-    thread_local std::vector<float> rows;
-    rows.resize(n);
-    table.rows->Read(spec.ids, rows.data());
     pulled.version = table.version();
+    pulled.data = std::move(spec.reply);
     pulled.data.resize(n * DTypeSize(spec.dtype));
-    ConvertElements(rows.data(), DType::kF32, pulled.data.data(), spec.dtype, n);
+    if (spec.dtype == DType::kF32) {  // read into the reply's bytes (aligned as any string's)
+      table.rows->Read(spec.ids, reinterpret_cast<float*>(pulled.data.data()));
+    } else {
+      thread_local std::vector<float> rows;
+      rows.resize(n);
+      table.rows->Read(spec.ids, rows.data());
+      ConvertElements(rows.data(), DType::kF32, pulled.data.data(), spec.dtype, n);
+    }
     ++table.counters.pulls;
     table.counters.bytes_out += pulled.data.size();
     table.rows_pulled += spec.ids.size();
@@ -277,10 +282,10 @@ absl::Status ShardStore::DecideLocked(const PushAdmission::Pusher& pusher, Admit
         return s;
       if (out->duplicate[0]) return absl::OkStatus();
       // The rows' limit is decided before the push is taken: all or
-      // nothing. Ensure makes the rows it has room for; nothing after it
-      // refuses the push.
+      // nothing. Nothing after CheckRoom refuses the push; PushSparse makes
+      // the rows (TakePush) before it is accepted.
       StoreTable& table = static_cast<StoreTable&>(*out->grads[0].target);
-      if (absl::Status s = table.rows->Ensure(out->grads[0].grad.ids); !s.ok()) {
+      if (absl::Status s = table.rows->CheckRoom(out->grads[0].grad.ids); !s.ok()) {
         admission_.CountRejected(1);
         return s;
       }
@@ -342,7 +347,7 @@ absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
     if (!admitted.duplicate[0]) {
       StoreTable& table = static_cast<StoreTable&>(*admitted.grads[0].target);
       table.mu.AssertHeld();
-      table.rows->CountPushed(push.ids);
+      table.rows->TakePush(push.ids);
       table.rows_pushed += push.ids.size();
     }
     outcome = admission_.Accept(pusher, admitted.grads, admitted.duplicate,

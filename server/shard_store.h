@@ -261,19 +261,20 @@ class ShardStore {
   };
   // As Push, for one table. Also FAILED_PRECONDITION (nothing changes) when
   // the push would create rows past the table's max_rows_per_shard
-  // (SparseRows::Ensure), and NOT_FOUND for a table the job does not have.
+  // (SparseRows::CheckRoom), and NOT_FOUND for a table the job does not have.
   absl::StatusOr<SparsePushResult> PushSparse(const SparseGradientPush& push);
 
   struct SparsePullSpec : PullWait {
     std::string table;
     std::vector<int64_t> ids;  // checked by the edge; may repeat
+    std::string reply;         // becomes PulledRows.data: its room is reused
   };
   struct PulledRows {
     uint64_t version = 0;
     std::string data;  // ids.size() x dim values in the requested dtype
   };
   using SparsePullCallback = std::function<void(absl::StatusOr<PulledRows>)>;
-  // As PullAsync, for rows of one table (created on first use; as Ensure
+  // As PullAsync, for rows of one table (created on first use; as CheckRoom
   // says, FAILED_PRECONDITION past max_rows_per_shard).
   void PullSparseAsync(SparsePullSpec spec, SparsePullCallback done);
   absl::StatusOr<PulledRows> PullSparse(SparsePullSpec spec);

@@ -78,15 +78,14 @@ SparseRows::SparseRows(const v1::SparseTableSpec& spec, const v1::OptimizerConfi
                                OptimizerStateSlots(optimizer.kind())),
       managed_(IsManagedTable(spec)) {}
 
-absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
-  const uint64_t limit = spec_.max_rows_per_shard();
-  if (managed_) {
-    // Apply creates the rows; the eviction keeps them within the limit.
-  } else if (limit > 0) {
+absl::Status SparseRows::CheckRoom(absl::Span<const int64_t> ids) const {
+  // A managed table's eviction keeps its rows within the limit.
+  if (const uint64_t limit = spec_.max_rows_per_shard(); !managed_ && limit > 0) {
     uint64_t missing = 0;
-    absl::flat_hash_map<int64_t, bool> counted;  // ids may repeat
-    for (int64_t id : ids)
-      if (!Held(id) && counted.try_emplace(id, true).second) ++missing;
+    absl::flat_hash_set<int64_t> counted;  // ids may repeat
+    ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+      if (!held.has_value() && counted.insert(ids[i]).second) ++missing;
+    });
     if (index_.size() + missing > limit)
       return absl::FailedPreconditionError(absl::StrCat(
           "sparse table '", spec_.name(), "' holds ", index_.size(), " rows on this shard; ",
@@ -95,8 +94,15 @@ absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
   if (index_.size() + ids.size() > std::numeric_limits<uint32_t>::max())
     return absl::FailedPreconditionError(absl::StrCat(
         "sparse table '", spec_.name(), "' cannot hold more than 2^32 rows per shard"));
+  return absl::OkStatus();
+}
+
+absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
+  if (absl::Status s = CheckRoom(ids); !s.ok()) return s;
   if (!managed_)
-    for (int64_t id : ids) SlotOf(id);
+    ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+      if (!held.has_value()) SlotOf(ids[i]);
+    });
   return absl::OkStatus();
 }
 
@@ -130,40 +136,37 @@ uint32_t SparseRows::NewSlot() {
 }
 
 void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const std::optional<uint32_t> held = index_.Find(ids[i], IdOf());
+  ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+    ++total_traffic_;
     if (managed_ && !held.has_value()) {
       // Not held (not yet admitted, or evicted): what a new row would hold.
       InitializeSparseRow(spec_, seed_, ids[i], out + i * dim_);
-      ++total_traffic_;
-      continue;
+      return;
     }
     const uint32_t slot = held.has_value() ? *held : SlotOf(ids[i]);
     std::memcpy(out + i * dim_, RowAt(slot), dim_ * sizeof(float));
     CountTraffic(slot);
-    ++total_traffic_;
-  }
+  });
 }
 
-void SparseRows::CountPushed(absl::Span<const int64_t> ids) {
-  for (int64_t id : ids) {
-    const std::optional<uint32_t> slot = index_.Find(id, IdOf());
-    if (!slot.has_value()) continue;
-    CountTraffic(*slot);
+void SparseRows::TakePush(absl::Span<const int64_t> ids) {
+  ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+    if (managed_ && !held.has_value()) return;
+    CountTraffic(held.has_value() ? *held : SlotOf(ids[i]));
     ++total_traffic_;
-  }
+  });
 }
 
 void SparseRows::Apply(const GradientRef& grad, float lr) {
-  for (size_t i = 0; i < grad.ids.size(); ++i) {
+  ForEachSlot(grad.ids, [&](size_t i, std::optional<uint32_t> held) {
     uint32_t slot;
     if (managed_) {
-      const std::optional<uint32_t> admitted = AdmittedSlot(grad.ids[i]);
-      if (!admitted.has_value()) continue;
+      const std::optional<uint32_t> admitted = held.has_value() ? held : AdmittedSlot(grad.ids[i]);
+      if (!admitted.has_value()) return;
       slot = *admitted;
       last_[slot] = clock_ + 1;
     } else {
-      slot = SlotOf(grad.ids[i]);
+      slot = held.has_value() ? *held : SlotOf(grad.ids[i]);
     }
     float* row = RowAt(slot);
     float* a = row + dim_;
@@ -176,7 +179,7 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
     } else {
       ApplyOptimizerStep(optimizer_, *backend_, lr, t, row, g, a, b, dim_);
     }
-  }
+  });
   if (!managed_) return;
   ++clock_;
   EvictIdle();

@@ -70,17 +70,21 @@ class SparseRows {
   const Managed& managed_counts() const { return counts_; }
   uint64_t pending() const { return pending_.size(); }
 
-  // Creates the rows of `ids` that do not exist yet, all or none:
-  // FAILED_PRECONDITION (nothing created) when that would take the shard
-  // past the table's max_rows_per_shard: the table is full, and sending the
-  // request again will not help (unlike RESOURCE_EXHAUSTED, which clients
-  // retry as a shard short of memory for calls). `ids` may repeat. A
-  // managed table creates nothing here and is never full.
+  // Whether the rows of `ids` that do not exist yet fit: FAILED_PRECONDITION
+  // when creating them would take the shard past the table's
+  // max_rows_per_shard: the table is full, and sending the request again
+  // will not help (unlike RESOURCE_EXHAUSTED, which clients retry as a shard
+  // short of memory for calls). `ids` may repeat. A managed table is never
+  // full. Looks ids up only when the table has a limit.
+  absl::Status CheckRoom(absl::Span<const int64_t> ids) const;
+  // CheckRoom, then creates the rows of `ids` that do not exist yet: all or
+  // none. A managed table creates nothing here.
   absl::Status Ensure(absl::Span<const int64_t> ids);
 
-  // Copies the rows of `ids` (each must exist: Ensure; in a managed table,
-  // one not held reads as its initializer's values) to out, dim floats
-  // each, in order, and counts each as a pull of that row.
+  // Copies the rows of `ids` to out, dim floats each, in order, and counts
+  // each as a pull of that row. A row missing is created (CheckRoom says
+  // whether they fit); in a managed table, one not held reads as its
+  // initializer's values and is not created.
   void Read(absl::Span<const int64_t> ids, float* out);
 
   // One optimizer update of the gradient's rows (grad.ids distinct; rows
@@ -89,8 +93,10 @@ class SparseRows {
   // creates only the rows admitted, then evicts (above).
   void Apply(const GradientRef& grad, float lr);
 
-  // Counts a push of the rows of `ids` (for hottest_share).
-  void CountPushed(absl::Span<const int64_t> ids);
+  // A push of the rows of `ids` taken: creates those missing (CheckRoom
+  // says whether they fit; a managed table creates none here) and counts a
+  // push of each row held (for hottest_share).
+  void TakePush(absl::Span<const int64_t> ids);
 
   // Memory held by the rows: values, optimizer state, counters, the index.
   uint64_t bytes() const;
@@ -159,6 +165,21 @@ class SparseRows {
     int64_t operator()(uint32_t slot) const { return rows->MetaAt(slot).id; }
   };
   IdsBySlot IdOf() const { return IdsBySlot{this}; }
+  // Calls found(i, the slot of ids[i] if held) for each i in order, the
+  // index's entries, the rows' ids and the rows themselves prefetched ahead
+  // (RowIndex::ForEach). `found` may create and remove rows.
+  template <typename Found>
+  void ForEachSlot(absl::Span<const int64_t> ids, Found found) const {
+    index_.ForEach(
+        ids, IdOf(),
+        [this](uint32_t slot) {
+          __builtin_prefetch(&MetaAt(slot));
+          const float* row = RowAt(slot);
+          __builtin_prefetch(row);
+          __builtin_prefetch(row + stride_ - 1);
+        },
+        found);
+  }
   bool Held(int64_t id) const { return index_.Find(id, IdOf()).has_value(); }
   void CountTraffic(uint32_t slot) {
     uint32_t& t = MetaAt(slot).traffic;

@@ -450,6 +450,40 @@ TEST_F(RowwiseAdagradTest, ARowKeepsOneFloatOfStateInMemoryAndInACheckpoint) {
 // index), from 200,000 rows up (below, the last block of 4,096 rows, partly
 // filled, weighs more); 419,431 rows is just past a doubling of the index,
 // its emptiest.
+// An unmanaged table with a limit: CheckRoom decides and creates nothing;
+// Read and TakePush create the rows they miss (the store calls CheckRoom
+// first, under the same lock), each counted once as traffic.
+TEST_F(ManagedRowsTest, CheckRoomDecidesAndReadAndTakePushCreate) {
+  v1::SparseTableSpec spec;
+  spec.set_name("emb");
+  spec.set_dim(kDim);
+  spec.set_max_rows_per_shard(4);
+  std::unique_ptr<SparseRows> rows = Make(spec);
+  ASSERT_TRUE(rows->CheckRoom({1, 2, 2, 3, 3, 4}).ok()) << "4 distinct ids fit 4 rows";
+  EXPECT_EQ(rows->size(), 0u) << "CheckRoom creates nothing";
+  const absl::Status full = rows->CheckRoom({1, 2, 3, 4, 5});
+  EXPECT_EQ(full.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(full.message(), HasSubstr("5 more would pass its limit of 4"));
+
+  std::vector<float> out(3 * kDim);
+  rows->Read({1, 2, 1}, out.data());
+  EXPECT_EQ(rows->size(), 2u);
+  EXPECT_THAT(std::vector<float>(out.begin(), out.begin() + kDim),
+              ElementsAreArray(Initial(spec, 1)));
+  EXPECT_THAT(std::vector<float>(out.begin() + 2 * kDim, out.end()),
+              ElementsAreArray(Initial(spec, 1)));
+  rows->TakePush({2, 3});
+  EXPECT_EQ(rows->size(), 3u) << "the push's row 3 exists before any update";
+  EXPECT_THAT(std::vector<float>(rows->TEST_Row(3), rows->TEST_Row(3) + kDim),
+              ElementsAreArray(Initial(spec, 3)));
+  const absl::Status past = rows->CheckRoom({4, 5});
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition) << "3 held + 2 missing > 4";
+  EXPECT_TRUE(rows->CheckRoom({1, 2, 3, 4}).ok());
+  // Traffic: pulls of 1, 2, 1 and pushes of 2, 3: row 1 and row 2 each
+  // carry 2 of 5, row 3 one; the hottest row (at least one) has 2 of 5.
+  EXPECT_NEAR(rows->hottest_share(), 2.0 / 5.0, 1e-9);
+}
+
 TEST(RowwiseAdagradMemory, ARowOf16CostsAtMostOneAndAHalfTimesItsValues) {
   std::unique_ptr<Backend> backend = CreateCpuBackend();
   v1::SparseTableSpec spec;

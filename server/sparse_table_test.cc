@@ -449,6 +449,39 @@ TEST_F(SparseEdgeTest, AGoodPushAndPullRoundTripOverGrpc) {
   EXPECT_EQ(pulled.version(), 1u);
 }
 
+// The sparse calls' messages are pooled (server/message_pool.h): a call
+// that reuses a bigger call's message carries nothing of it, pull or push.
+TEST_F(SparseEdgeTest, APooledMessageCarriesNothingOfTheCallBefore) {
+  const std::vector<int64_t> many = IdsOf(0, 40);
+  v1::SparsePullResponse pulled;
+  ASSERT_TRUE(PullSparse(many, &pulled).ok());
+  ASSERT_EQ(pulled.values().size(), many.size() * kDim * sizeof(float));
+  ASSERT_TRUE(PullSparse({many[7]}, &pulled).ok());
+  ASSERT_EQ(pulled.values().size(), kDim * sizeof(float));
+  EXPECT_EQ(pulled.values(), F32Bytes(*store_->TEST_ReadRow("emb", many[7])));
+
+  v1::SparsePushRequest big = GoodPush(0);
+  big.clear_ids();
+  for (int64_t id : many) big.add_ids(id);
+  big.set_gradients(F32Bytes(std::vector<float>(many.size() * kDim, 1.0f)));
+  ASSERT_TRUE(PushSparse(big).ok());
+  std::vector<std::vector<float>> after_big;
+  for (int64_t id : many) after_big.push_back(*store_->TEST_ReadRow("emb", id));
+  const uint64_t pushed = TableStatus(store_->ShardStatus()).rows_pushed();
+  v1::SparsePushRequest small = GoodPush(1);
+  small.clear_ids();
+  small.add_ids(many[3]);
+  small.set_gradients(F32Bytes(std::vector<float>(kDim, 1.0f)));
+  ASSERT_TRUE(PushSparse(small).ok());
+  EXPECT_EQ(TableStatus(store_->ShardStatus()).rows_pushed(), pushed + 1);
+  for (size_t i = 0; i < many.size(); ++i) {
+    if (i == 3)
+      EXPECT_NE(*store_->TEST_ReadRow("emb", many[i]), after_big[i]);
+    else
+      EXPECT_EQ(*store_->TEST_ReadRow("emb", many[i]), after_big[i]) << "row " << i;
+  }
+}
+
 TEST_F(SparseEdgeTest, ARetriedPushOverGrpcIsAppliedOnce) {
   ASSERT_TRUE(PushSparse(GoodPush()).ok());
   const std::vector<float> once = *store_->TEST_ReadRow("emb", own_[0]);

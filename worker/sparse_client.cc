@@ -93,7 +93,8 @@ absl::StatusOr<SparseClient::TableState*> SparseClient::Find(const std::string& 
 
 void SparseClient::Split(absl::Span<const int64_t> ids,
                          std::vector<std::vector<size_t>>* by_shard) const {
-  by_shard->assign(shards_, {});
+  by_shard->resize(shards_);
+  for (std::vector<size_t>& rows : *by_shard) rows.clear();
   for (size_t i = 0; i < ids.size(); ++i) (*by_shard)[SparseShardOf(ids[i], shards_)].push_back(i);
 }
 
@@ -102,7 +103,7 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   absl::StatusOr<TableState*> t = Find(table);
   if (!t.ok()) return t.status();
   const uint32_t dim = (*t)->spec.dim();
-  std::vector<std::vector<size_t>> by_shard;
+  std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
   Split(ids, &by_shard);
   absl::StatusOr<DType> wire = DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
   if (!wire.ok()) return wire.status();
@@ -125,12 +126,14 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   }
   struct Call {
     grpc::ClientContext context;
-    v1::SparsePullRequest request;
-    v1::SparsePullResponse response;
     grpc::Status status;
     std::shared_ptr<v1::ParameterServer::Stub> stub;
   };
   std::vector<Call> calls(parts.size());
+  std::vector<v1::SparsePullRequest>& requests = (*t)->pull_requests;
+  std::vector<v1::SparsePullResponse>& responses = (*t)->pull_responses;
+  requests.resize(parts.size());
+  responses.resize(parts.size());
   std::vector<size_t> all(parts.size());
   for (size_t p = 0; p < parts.size(); ++p) all[p] = p;
   const uint32_t timeout_ms =
@@ -138,20 +141,25 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   ForEachShardAtOnce(all, [&](size_t p, std::function<void()> done) {
     Call& c = calls[p];
     const Part& part = parts[p];
-    c.request.set_job_id(config_.job_id());
-    c.request.set_worker_rank(rank_);
-    c.request.set_table(table);
-    for (size_t j = part.begin; j < part.end; ++j) c.request.add_ids(ids[by_shard[part.shard][j]]);
-    c.request.set_dtype(config_.wire_dtype());
-    c.request.set_clock(clock);
-    c.request.set_generation(generation_.load());
-    c.request.set_timeout_ms(timeout_ms);
+    v1::SparsePullRequest& request = requests[p];
+    request.Clear();  // keeps its ids' room
+    request.set_job_id(config_.job_id());
+    request.set_worker_rank(rank_);
+    request.set_table(table);
+    request.mutable_ids()->Resize(static_cast<int>(part.end - part.begin), 0);
+    int64_t* part_ids = request.mutable_ids()->mutable_data();
+    for (size_t j = part.begin; j < part.end; ++j)
+      part_ids[j - part.begin] = ids[by_shard[part.shard][j]];
+    request.set_dtype(config_.wire_dtype());
+    request.set_clock(clock);
+    request.set_generation(generation_.load());
+    request.set_timeout_ms(timeout_ms);
     // The call's own deadline leaves the shard time to answer after its wait.
     c.context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(10)));
     c.stub = StubOf(part.shard);
     StartUnaryCall(
         [&](grpc::ClientUnaryReactor* r) {
-          c.stub->async()->PullSparse(&c.context, &c.request, &c.response, r);
+          c.stub->async()->PullSparse(&c.context, &request, &responses[p], r);
         },
         [&c, done](grpc::Status status) {
           c.status = std::move(status);
@@ -162,27 +170,32 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   // rows counts its staleness from the oldest).
   std::vector<uint64_t> versions(shards_, UINT64_MAX);
   for (size_t p = 0; p < parts.size(); ++p) {
-    Call& c = calls[p];
+    const Call& c = calls[p];
+    const v1::SparsePullResponse& response = responses[p];
     const Part& part = parts[p];
     const size_t s = part.shard;
     if (!c.status.ok())
       return absl::Status(ToAbsl(c.status).code(),
                           absl::StrCat("shard ", s, ": ", c.status.error_message()));
-    absl::StatusOr<DType> dtype = DTypeFromWire(c.response.dtype(), true, "sparse pull reply");
+    absl::StatusOr<DType> dtype = DTypeFromWire(response.dtype(), true, "sparse pull reply");
     if (!dtype.ok()) return dtype.status();
     const size_t rows_in_part = part.end - part.begin;
     const size_t n = rows_in_part * dim;
-    if (c.response.values().size() != n * DTypeSize(*dtype))
-      return absl::InternalError(absl::StrCat("shard ", s, " sent ", c.response.values().size(),
+    if (response.values().size() != n * DTypeSize(*dtype))
+      return absl::InternalError(absl::StrCat("shard ", s, " sent ", response.values().size(),
                                               " bytes for ", rows_in_part, " rows of ", dim));
-    thread_local std::vector<float> rows;
-    rows.resize(n);
-    ConvertElements(c.response.values().data(), *dtype, rows.data(), DType::kF32, n);
+    const char* values = response.values().data();
+    thread_local std::vector<float> converted;
+    if (*dtype != DType::kF32) {
+      converted.resize(n);
+      ConvertElements(values, *dtype, converted.data(), DType::kF32, n);
+      values = reinterpret_cast<const char*>(converted.data());
+    }
     for (size_t j = 0; j < rows_in_part; ++j)
-      std::memcpy(out + by_shard[s][part.begin + j] * dim, rows.data() + j * dim,
+      std::memcpy(out + by_shard[s][part.begin + j] * dim, values + j * dim * sizeof(float),
                   dim * sizeof(float));
-    versions[s] = std::min<uint64_t>(versions[s], c.response.version());
-    bytes_pulled_.fetch_add(c.response.ByteSizeLong());
+    versions[s] = std::min<uint64_t>(versions[s], response.version());
+    bytes_pulled_.fetch_add(response.ByteSizeLong());
   }
   for (size_t s = 0; s < shards_; ++s) (*t)->versions[s].store(versions[s]);
   return absl::OkStatus();
@@ -195,11 +208,13 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
   if (!t.ok()) return t.status();
   const uint32_t dim = (*t)->spec.dim();
   const DType dtype = *DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
-  std::vector<std::vector<size_t>> by_shard;
+  std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
   Split(ids, &by_shard);
-  std::vector<v1::SparsePushRequest> requests(shards_);
+  std::vector<v1::SparsePushRequest>& requests = (*t)->push_requests;
+  requests.resize(shards_);
   for (size_t s = 0; s < shards_; ++s) {
     v1::SparsePushRequest& r = requests[s];
+    r.Clear();  // keeps its ids' and gradients' room
     r.set_job_id(config_.job_id());
     r.set_worker_rank(rank_);
     r.set_incarnation(incarnation_);
@@ -208,13 +223,19 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
     r.set_dtype(DTypeToWire(dtype));
     r.set_version((*t)->versions[s].load());
     r.set_generation(generation_.load());
+    const std::vector<size_t>& rows = by_shard[s];
+    const size_t row_bytes = dim * DTypeSize(dtype);
     std::string* bytes = r.mutable_gradients();
-    bytes->resize(by_shard[s].size() * dim * DTypeSize(dtype));
-    for (size_t j = 0; j < by_shard[s].size(); ++j) {
-      const size_t i = by_shard[s][j];
-      r.add_ids(ids[i]);
-      ConvertElements(grads + i * dim, DType::kF32, bytes->data() + j * dim * DTypeSize(dtype),
-                      dtype, dim);
+    bytes->resize(rows.size() * row_bytes);
+    r.mutable_ids()->Resize(static_cast<int>(rows.size()), 0);
+    int64_t* shard_ids = r.mutable_ids()->mutable_data();
+    char* dst = bytes->data();
+    for (size_t j = 0; j < rows.size(); ++j, dst += row_bytes) {
+      shard_ids[j] = ids[rows[j]];
+      if (dtype == DType::kF32)
+        std::memcpy(dst, grads + rows[j] * dim, row_bytes);
+      else
+        ConvertElements(grads + rows[j] * dim, DType::kF32, dst, dtype, dim);
     }
   }
   std::vector<v1::SparsePushResponse> responses(shards_);

@@ -78,11 +78,19 @@ class SparseClient final : public SparseShards {
   struct TableState {
     v1::SparseTableSpec spec;
     std::vector<std::atomic<uint64_t>> versions;  // by shard, from the last Pull
+    // Kept from call to call (a table's Pull and Push never overlap), so
+    // that their buffers are not allocated, and faulted in, every step:
+    // the ids of each shard, the messages.
+    std::vector<std::vector<size_t>> by_shard;
+    std::vector<v1::SparsePullRequest> pull_requests;    // by part
+    std::vector<v1::SparsePullResponse> pull_responses;  // by part
+    std::vector<v1::SparsePushRequest> push_requests;    // by shard
   };
   absl::StatusOr<TableState*> Find(const std::string& table);
   std::shared_ptr<v1::ParameterServer::Stub> StubOf(size_t shard) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Which shard each id goes to, and the ids of each shard in order.
+  // Which shard each id goes to: the positions in `ids` of each shard's ids,
+  // in order.
   void Split(absl::Span<const int64_t> ids, std::vector<std::vector<size_t>>* by_shard) const;
 
   const v1::JobConfig config_;
