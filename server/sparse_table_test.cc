@@ -514,6 +514,18 @@ TEST_F(SparseEdgeTest, DuplicateIdsInOnePushAreRefused) {
                 absl::StrCat("row id ", own_[0], " appears twice in one push"));
 }
 
+// An id twice is a matter of one push: the ids of one push are never
+// "twice" in the next.
+TEST_F(SparseEdgeTest, AnIdOfOnePushIsNotTwiceInTheNext) {
+  for (uint64_t step = 0; step < 5; ++step) ASSERT_TRUE(PushSparse(GoodPush(step)).ok()) << step;
+  v1::SparsePushRequest r = GoodPush(5);
+  r.add_ids(own_[1]);
+  r.set_gradients(F32Bytes(std::vector<float>((own_.size() + 1) * kDim, 1.0f)));
+  const grpc::Status s = PushSparse(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("row id ", own_[1], " appears twice")));
+}
+
 TEST_F(SparseEdgeTest, NonFiniteGradientsAreRefused) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     3e38f}) {
