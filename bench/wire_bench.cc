@@ -47,6 +47,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -705,6 +706,9 @@ bool PrintSparseTable(const std::vector<int64_t>& sparse_rows,
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As every daemon runs (InitDaemon): Abseil's lock-order graph, on by
+  // default in Debian's build, off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const std::optional<std::vector<size_t>> sizes =
       ParseList<size_t>(absl::GetFlag(FLAGS_mib), "mib", SIZE_MAX >> 20);
   const std::optional<std::vector<int64_t>> sparse_rows =
