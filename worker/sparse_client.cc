@@ -232,10 +232,7 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
     char* dst = bytes->data();
     for (size_t j = 0; j < rows.size(); ++j, dst += row_bytes) {
       shard_ids[j] = ids[rows[j]];
-      if (dtype == DType::kF32)
-        std::memcpy(dst, grads + rows[j] * dim, row_bytes);
-      else
-        ConvertElements(grads + rows[j] * dim, DType::kF32, dst, dtype, dim);
+      ConvertElements(grads + rows[j] * dim, DType::kF32, dst, dtype, dim);  // f32: a copy
     }
   }
   std::vector<v1::SparsePushResponse> responses(shards_);
