@@ -7,10 +7,12 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +49,10 @@ std::unique_ptr<ChildProcess> Shell(const std::string& name, const std::string& 
 
 class ChildProcessTest : public ::testing::Test {
  protected:
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
   std::string Log(const std::string& name) { return dir_ + "/" + name + ".log"; }
   const std::string dir_ = TempDir();
 };
