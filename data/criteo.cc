@@ -251,21 +251,38 @@ uint32_t CriteoSynth::IdOf(int table, uint64_t rank) const {
                                           (static_cast<uint64_t>(table) << 40) ^ rank));
 }
 
+double CriteoSynth::TrueLogit(const float* dense, const int64_t* ids) const {
+  double logit = options_.bias;
+  for (int k = 0; k < kCriteoDense; ++k) logit += dense_weight_[k] * (dense[k] - dense_mu_[k]);
+  for (int j = 0; j < kCriteoTables; ++j) {
+    if (ids[j] < 0 || ids[j] >= kCriteoMissingId) continue;
+    auto it = weights_[j].find(static_cast<uint32_t>(ids[j]));
+    if (it != weights_[j].end()) logit += it->second;
+  }
+  return logit;
+}
+
 double CriteoSynth::Example(uint64_t stream, uint64_t index, std::string* out) const {
   const CriteoSynthOptions& o = options_;
   Stream rng(SplitMix64(SplitMix64(o.seed) ^ (stream << 48)) ^ index);
-  double logit = o.bias;
+  // The truth is a function of what ParseCriteoLine reads (TrueLogit): a
+  // missing dense value reads as x = 0 does, a missing categorical value as
+  // kCriteoMissingId (no weight).
+  float dense[kCriteoDense];
+  int64_t ids[kCriteoTables];
   std::string fields;
   for (int k = 0; k < kCriteoDense; ++k) {
     fields.push_back('\t');
+    dense[k] = 0;
     if (rng.Uniform() < o.missing_dense) continue;
     const int64_t x = static_cast<int64_t>(std::floor(std::exp(dense_mu_[k] + 1.5 * rng.Normal())));
     absl::StrAppend(&fields, x);
-    logit += dense_weight_[k] * (std::log1p(static_cast<double>(x)) - dense_mu_[k]);
+    dense[k] = static_cast<float>(std::log1p(static_cast<double>(x)));
   }
   for (int j = 0; j < kCriteoTables; ++j) {
     fields.push_back('\t');
     const double u = rng.Uniform();
+    ids[j] = kCriteoMissingId;
     if (rng.Uniform() < o.missing_categorical) continue;
     // Rank by the inverse of the continuous power law on [1, V + 1).
     const double s1 = 1.0 - o.zipf;
@@ -275,10 +292,9 @@ double CriteoSynth::Example(uint64_t stream, uint64_t index, std::string* out) c
                                              static_cast<uint64_t>(o.vocabulary[j]) - 1);
     const uint32_t id = IdOf(j, rank);
     AppendHex8(id, &fields);
-    auto it = weights_[j].find(id);
-    if (it != weights_[j].end()) logit += it->second;
+    ids[j] = id;
   }
-  const double p = 1.0 / (1.0 + std::exp(-logit));
+  const double p = 1.0 / (1.0 + std::exp(-TrueLogit(dense, ids)));
   out->push_back(rng.Uniform() < p ? '1' : '0');
   out->append(fields);
   out->push_back('\n');

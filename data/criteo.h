@@ -108,12 +108,15 @@ class CriteoReader {
 // (the long tail that makes the tables large) carries none, so a model can
 // learn the truth from data of a size that sees each informative value
 // often. Dense feature k is floor(exp(N(dense_mu_k, 1.5^2))) with its own
-// weight N(0, dense_weight_sd^2) on log(1 + x) - dense_mu_k (a missing one
-// counts 0). An example's click
-// probability is sigmoid(bias + its values' weights + its dense terms), its
-// label a draw from it. A categorical value is missing with probability
-// missing_categorical, a dense one with missing_dense; a missing value
-// carries no weight.
+// weight N(0, dense_weight_sd^2) on log(1 + x) - dense_mu_k. An example's
+// click probability is sigmoid(bias + its values' weights + its dense
+// terms), its label a draw from it. A categorical value is missing with
+// probability missing_categorical (it carries no weight), a dense one with
+// missing_dense. The truth is a function of what ParseCriteoLine reads, so
+// that a model of those features can reach the stated best: a missing dense
+// value reads as 0, as x = 0 does, and counts as x = 0 would (a truth that
+// told the two apart would hold information the features lack: a perfect
+// learner of them fell short of such a truth's AUC by about 0.006).
 struct CriteoSynthOptions {
   uint64_t seed = 1;
   // Per table; empty: Criteo Kaggle's 26 cardinalities times 3 (about 101
@@ -141,6 +144,10 @@ class CriteoSynth {
   // returns its true click probability. Deterministic in (options, stream,
   // index).
   double Example(uint64_t stream, uint64_t index, std::string* out) const;
+
+  // The true logit of an example as ParseCriteoLine reads it: its 13 dense
+  // features and 26 ids. Example's probability is its sigmoid.
+  double TrueLogit(const float* dense, const int64_t* ids) const;
 
   const CriteoSynthOptions& options() const { return options_; }
 
