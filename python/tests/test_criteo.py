@@ -81,6 +81,43 @@ class CriteoData(unittest.TestCase):
             list(grps.criteo.batches(path, rank=1, world=1))
 
 
+class DlrmCapacity(unittest.TestCase):
+    """bench/dlrm_capacity.py: the tables of a job whose shards hold a share
+    of an unbounded run's rows (issue 43's second acceptance)."""
+
+    def test_small_tables_keep_their_rows_and_the_large_share_the_rest(self):
+        folder = tempfile.mkdtemp(prefix="grps-capacity.")
+        self.addCleanup(shutil.rmtree, folder, True)
+        logs = []
+        for shard in range(2):
+            logs.append(os.path.join(folder, "server-%d.log" % shard))
+            with open(logs[-1], "w") as f:
+                f.write("[server] [info] shard %d serving\n" % shard)
+                for table, rows in (("C1", 50), ("C2", 10000), ("C3", 300000), ("C10", 89950)):
+                    f.write("[2026-12-05] [server] [info] shard %d table %s: %d rows x 16 "
+                            "(1.0 MiB, 160 bytes a row), version 9\n" % (shard, table, rows))
+        run = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "bench", "dlrm_capacity.py"), "--share", "0.1",
+             "--keep_below", "20000", "--dim", "16", "--options", "eviction=lfu:admit_after=2"]
+            + logs, capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        # 800,000 rows in all, a budget of 80,000: C1 and C2 keep their
+        # 20,100; C3 and C10 share 59,900 of their 779,900 (7.68 %), a
+        # shard's capacity each.
+        self.assertEqual(run.stdout.strip(), ",".join([
+            "C1:0:16:eviction=lfu:admit_after=2",
+            "C2:0:16:eviction=lfu:admit_after=2",
+            "C3:0:16:max_rows=23041:eviction=lfu:admit_after=2",
+            "C10:0:16:max_rows=6908:eviction=lfu:admit_after=2"]))
+        self.assertIn("budget 80000", run.stderr)
+
+    def test_no_table_lines_is_an_error(self):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "dlrm_capacity.py"),
+                              os.devnull], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("no \"shard S table T", run.stderr)
+
+
 class DlrmExample(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
