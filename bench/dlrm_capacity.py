@@ -4,13 +4,14 @@ whose shards hold a given share of the rows an unbounded run of it held
 (issue 43's second acceptance: a capacity of 10 % of the distinct ids).
 
     /usr/bin/python3 bench/dlrm_capacity.py --share 0.1 --dim 16 \\
-        --options eviction=lfu:admit_after=2 RUN_DIR/server-*.log
+        --options admit_after=2 --capacity_options eviction=lfu RUN_DIR/server-*.log
 
 Reads each server's exit lines ("shard S table T: R rows x D ...") of the
 unbounded run. The share is of the rows of every table together: tables of
 at most --keep_below rows in all (the small vocabularies, whose every value
 is frequent) keep theirs, with no capacity; the others share what is left of
-the budget in proportion to their rows, as max_rows a shard (at least 1).
+the budget in proportion to their rows, as max_rows a shard (at least 1),
+with --capacity_options (the eviction policy, which needs a capacity).
 Every table gets --options. Prints the flag, then (on stderr) the budget and
 each capacity.
 """
@@ -31,8 +32,9 @@ def main():
     p.add_argument("--keep_below", type=int, default=20000,
                    help="tables of at most this many rows in all keep them")
     p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--options", default="eviction=lfu:admit_after=2",
-                   help="options for every table (a capacity adds max_rows=)")
+    p.add_argument("--options", default="admit_after=2", help="options for every table")
+    p.add_argument("--capacity_options", default="eviction=lfu",
+                   help="options for the tables given a capacity (with max_rows=)")
     a = p.parse_args()
     if not 0 < a.share <= 1:
         p.error("--share must be in (0, 1]")
@@ -64,7 +66,7 @@ def main():
         if t in large:
             cap = max(1, math.floor(fraction * large[t] / shards))
             held += cap * shards
-            options = "max_rows=%d%s" % (cap, ":" + options if options else "")
+            options = ":".join(o for o in ("max_rows=%d" % cap, a.capacity_options, options) if o)
             print("%s: %d rows -> %d a shard" % (t, large[t], cap), file=sys.stderr)
         else:
             held += small[t]

@@ -98,15 +98,16 @@ class DlrmCapacity(unittest.TestCase):
                             "(1.0 MiB, 160 bytes a row), version 9\n" % (shard, table, rows))
         run = subprocess.run(
             [sys.executable, os.path.join(ROOT, "bench", "dlrm_capacity.py"), "--share", "0.1",
-             "--keep_below", "20000", "--dim", "16", "--options", "eviction=lfu:admit_after=2"]
+             "--keep_below", "20000", "--dim", "16", "--options", "admit_after=2",
+             "--capacity_options", "eviction=lfu"]
             + logs, capture_output=True, text=True, timeout=60)
         self.assertEqual(run.returncode, 0, run.stderr)
         # 800,000 rows in all, a budget of 80,000: C1 and C2 keep their
         # 20,100; C3 and C10 share 59,900 of their 779,900 (7.68 %), a
         # shard's capacity each.
         self.assertEqual(run.stdout.strip(), ",".join([
-            "C1:0:16:eviction=lfu:admit_after=2",
-            "C2:0:16:eviction=lfu:admit_after=2",
+            "C1:0:16:admit_after=2",
+            "C2:0:16:admit_after=2",
             "C3:0:16:max_rows=23041:eviction=lfu:admit_after=2",
             "C10:0:16:max_rows=6908:eviction=lfu:admit_after=2"]))
         self.assertIn("budget 80000", run.stderr)
