@@ -68,6 +68,13 @@ void AppendHex8(uint32_t v, std::string* out) {
   out->append(buf, 8);
 }
 
+// A dense count as a feature: log(1 + max(x, 0)). The reader and the
+// generator's truth both use it, so that the truth is a function of what is
+// read.
+float DenseFeature(int64_t x) {
+  return static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(x, 0))));
+}
+
 }  // namespace
 
 absl::Status ParseCriteoLine(absl::string_view line, CriteoBatch* batch) {
@@ -101,7 +108,7 @@ absl::Status ParseCriteoLine(absl::string_view line, CriteoBatch* batch) {
     if (!x.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("I", k + 1, ": ", x.status().message()));
     }
-    dense[k] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(*x, 0))));
+    dense[k] = DenseFeature(*x);
   }
   int64_t ids[kCriteoTables];
   for (int j = 0; j < kCriteoTables; ++j) {
@@ -277,7 +284,7 @@ double CriteoSynth::Example(uint64_t stream, uint64_t index, std::string* out) c
     if (rng.Uniform() < o.missing_dense) continue;
     const int64_t x = static_cast<int64_t>(std::floor(std::exp(dense_mu_[k] + 1.5 * rng.Normal())));
     absl::StrAppend(&fields, x);
-    dense[k] = static_cast<float>(std::log1p(static_cast<double>(x)));
+    dense[k] = DenseFeature(x);
   }
   for (int j = 0; j < kCriteoTables; ++j) {
     fields.push_back('\t');
