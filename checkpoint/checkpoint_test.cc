@@ -1,7 +1,5 @@
 #include "checkpoint/checkpoint.h"
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <map>
 #include <string>
@@ -11,16 +9,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/shard_map.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/checkpoint_test.XXXXXX";
-  return mkdtemp(tmpl);
-}
 
 // A model of two tensors cut into 5 chunks, placed on `shards` shards.
 v1::ShardMap Layout(uint32_t shards, uint64_t chunk_bytes = 64) {
@@ -55,8 +49,6 @@ v1::ChunkState State(const v1::ChunkSpec& spec, uint64_t version) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void TearDown() override { std::filesystem::remove_all(root_); }
-
   // Writes checkpoint `id` of `map` at `version` through `env`: every shard
   // file, then the manifest. Returns the first failure.
   absl::Status Write(Env* env, uint64_t id, const v1::ShardMap& map, uint64_t version) {
@@ -114,7 +106,8 @@ class CheckpointTest : public ::testing::Test {
     EXPECT_EQ(Files(1), previous_);
   }
 
-  const std::string root_ = TempDir();
+  TempFolders temp_;
+  const std::string root_ = temp_.Make("checkpoint_test");
   std::map<std::string, std::string> previous_;
 };
 

@@ -25,6 +25,7 @@
 #include "daemon/env.h"
 #include "gtest/gtest.h"
 #include "proto/grps.grpc.pb.h"
+#include "test/temp_folders.h"
 
 extern char** environ;
 
@@ -113,14 +114,6 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
-std::string TempFolder(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/coordinator-main-", getpid(), "-", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // The TCP ports process `pid` listens on, from /proc.
 std::set<int> ListeningPorts(pid_t pid) {
   std::set<std::string> sockets;  // inodes
@@ -157,7 +150,8 @@ TEST(CoordinatorProcess, ListensOnTheAdvertisedPortOnly) {
 }
 
 TEST(CoordinatorProcess, JobCompletedPerItsStateFileExitsZeroAtOnce) {
-  const std::string dir = TempFolder("completed");
+  TempFolders temp;  // declared first: removed after the process ends
+  const std::string dir = temp.Make("coordinator-main-completed");
   v1::CoordinatorState state;
   state.mutable_config()->set_job_id("done-job");
   state.set_state(v1::JOB_STATE_COMPLETED);
@@ -171,7 +165,8 @@ TEST(CoordinatorProcess, JobCompletedPerItsStateFileExitsZeroAtOnce) {
 }
 
 TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
-  const std::string dir = TempFolder("othermodel");
+  TempFolders temp;  // declared first: removed after the process ends
+  const std::string dir = temp.Make("coordinator-main-othermodel");
   // A complete checkpoint of a one-chunk model with one shard.
   v1::ShardMap map;
   v1::TensorSpec* t = map.add_tensors();
@@ -205,7 +200,8 @@ TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
 }
 
 TEST(CoordinatorProcess, TakenBackJobWhoseShardNeverReturnsFailsWithExitOne) {
-  const std::string dir = TempFolder("takeback");
+  TempFolders temp;  // declared first: removed after the process ends
+  const std::string dir = temp.Make("coordinator-main-takeback");
   v1::CoordinatorState state;
   state.mutable_config()->set_job_id("back-job");
   state.set_state(v1::JOB_STATE_RUNNING);

@@ -5,28 +5,25 @@
 #include "coordinator/coordinator_service.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
-
-#include <filesystem>
-#include <functional>
-
-#include <unistd.h>
 
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "coordinator/example_ledger.h"
 #include "coordinator/testing/fake_clock.h"
 #include "coordinator/testing/test_job.h"
-#include "daemon/env.h"
 #include "daemon/daemon.h"
+#include "daemon/env.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "job/user_model.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
@@ -208,15 +205,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     return service_->waiting_registrations() > 0;
   }
 
-  // A fresh empty folder for this test.
-  static std::string TempFolder(const std::string& name) {
-    static int counter = 0;
-    const std::string dir = absl::StrCat(::testing::TempDir(), "/coord-", getpid(),
-                                         "-", name, "-", ++counter);
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
-  }
+  // A fresh empty folder for this test, removed after it.
+  std::string TempFolder(const std::string& name) { return temp_.Make("coord-" + name); }
 
   // What shard `shard`'s server does for `request`: writes a (small) shard
   // file with WriteShardFile (into request.dir(), or with per-shard storage
@@ -262,6 +252,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     EXPECT_TRUE(after.state_file == before.state_file) << "the state file changed";
   }
 
+  TempFolders temp_;  // first: its folders go after the service that writes there
   FakeClock clock_;
   v1::CheckpointStorage storage_ = v1::CHECKPOINT_STORAGE_SHARED;  // set before StartJob
   uint32_t max_workers_ = 0;  // set before StartJob: an elastic job

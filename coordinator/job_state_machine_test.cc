@@ -2,13 +2,10 @@
 // time moves only when a test advances it.
 #include "coordinator/job_state_machine.h"
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #include "coordinator/testing/fake_clock.h"
@@ -19,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
@@ -175,15 +173,8 @@ class JobStateMachineTest : public ::testing::Test {
     return machine_->WorkerDone(request);
   }
 
-  // A fresh empty folder for this test.
-  static std::string TempFolder(const std::string& name) {
-    static int counter = 0;
-    const std::string dir = absl::StrCat(::testing::TempDir(), "/jsm-", getpid(), "-",
-                                         name, "-", ++counter);
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
-  }
+  // A fresh empty folder for this test, removed after it.
+  std::string TempFolder(const std::string& name) { return temp_.Make("jsm-" + name); }
 
   // What shard `shard`'s server does for `request`: writes its (small) file
   // and returns the report.
@@ -198,6 +189,7 @@ class JobStateMachineTest : public ::testing::Test {
     return *written;
   }
 
+  TempFolders temp_;  // first: its folders go after the machine that writes there
   FakeClock clock_;
   v1::JobConfig config_;
   v1::ShardMap map_;

@@ -1,26 +1,19 @@
 #include "daemon/env.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <string>
 
 #include "daemon/testing/fault_injection_env.h"
 #include "gtest/gtest.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/env_test.XXXXXX";
-  return mkdtemp(tmpl);
-}
-
 class EnvTest : public ::testing::Test {
  protected:
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::vector<std::string> Entries() { return *Env::Default()->ListDir(dir_); }
-  const std::string dir_ = TempDir();
+  TempFolders temp_;
+  const std::string dir_ = temp_.Make("env_test");
   const std::string path_ = JoinPath(dir_, "file");
 };
 

@@ -6,32 +6,23 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string base = dir != nullptr ? dir : "/tmp";
-  std::string tmpl = base + "/child_process_test.XXXXXX";
-  return mkdtemp(tmpl.data());
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
@@ -49,12 +40,9 @@ std::unique_ptr<ChildProcess> Shell(const std::string& name, const std::string& 
 
 class ChildProcessTest : public ::testing::Test {
  protected:
-  void TearDown() override {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
   std::string Log(const std::string& name) { return dir_ + "/" + name + ".log"; }
-  const std::string dir_ = TempDir();
+  TempFolders temp_;
+  const std::string dir_ = temp_.Make("child_process_test");
 };
 
 TEST_F(ChildProcessTest, ReportsTheExitStatus) {

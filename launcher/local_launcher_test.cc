@@ -26,6 +26,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "proto/grps.grpc.pb.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
@@ -35,24 +36,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-// The folders TempDir made, removed when the test process exits (children
-// are forked, but leave with _exit and never run this).
-struct TempDirs {
-  ~TempDirs() {
-    std::error_code ignored;
-    for (const std::string& d : made) std::filesystem::remove_all(d, ignored);
-  }
-  std::vector<std::string> made;
-};
-
+// A new folder, removed when the test process exits (children are forked,
+// but leave with _exit and never run that).
 std::string TempDir() {
-  static TempDirs dirs;
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string base = dir != nullptr ? dir : "/tmp";
-  std::string tmpl = base + "/local_launcher_test.XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) return "";
-  dirs.made.push_back(tmpl);
-  return tmpl;
+  static TempFolders folders;
+  return folders.Make("local_launcher_test");
 }
 
 std::string ReadFile(const std::string& path) {

@@ -2,7 +2,6 @@
 // the consistency modes applied to rows as to chunks, exactly-once pushes,
 // the row limit, the network edge's refusals, each changing nothing, and
 // checkpoints of the rows restored into any number of shards.
-#include <stdlib.h>
 
 #include <cmath>
 #include <cstring>
@@ -33,6 +32,7 @@
 #include "server/shard_store.h"
 #include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
+#include "test/temp_folders.h"
 
 namespace grps {
 namespace {
@@ -628,13 +628,8 @@ std::vector<std::unique_ptr<ShardStore>> RestoredShards(const std::string& dir,
 
 class SparseCheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/sparse_checkpoint_test.XXXXXX";
-    root_ = mkdtemp(tmpl);
-  }
-  void TearDown() override { std::filesystem::remove_all(root_); }
-
-  std::string root_;
+  TempFolders temp_;
+  const std::string root_ = temp_.Make("sparse_checkpoint_test");
 };
 
 // Two shards' rows and optimizer state under `config` (async, one worker),
