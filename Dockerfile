@@ -21,15 +21,37 @@
 # /opt/grps/examples: the workers of deploy/overlays/torch run
 # `python3 SCRIPT`. The default image is as it was without it.
 #
+# The programs come from the build-source stage by default: it compiles
+# them here. GRPS_FROM=prebuilt takes them from a CMake build already made
+# instead (the build-prebuilt stage: prebuilt/ in the build context, laid
+# out as build-source's /out), so no compiler or -dev package is installed
+# and nothing is compiled. The repository is not such a context (it has no
+# prebuilt/): deploy/build-image --from-build build/bin makes one, a
+# temporary folder with this file and the CMake build's programs (stripped;
+# with --cuda the plugin, with --torch the Python package and examples/),
+# and CI builds its image so, from the CMake build it tests. The runtime
+# stage is the same either way. podman builds only the stages the target
+# needs (checked with Debian 12's podman 4.3), so only the build stage
+# GRPS_FROM names runs; so does Docker's BuildKit (its default builder),
+# but not its legacy builder (DOCKER_BUILDKIT=0), which builds every stage
+# and stops at build-prebuilt's COPY (not checked here: no Docker engine).
+#
 # scripts/check-deploy checks this file statically: the build context
 # (.dockerignore) holds every folder the CMake build reads, the targets are
-# the CMake executables (and the plugin and the extension), and every
-# command the manifests run is installed here (a Python worker's
-# interpreter and script: in the torch image).
+# the CMake executables (and the plugin and the extension), every command
+# the manifests run is installed here (a Python worker's interpreter and
+# script: in the torch image), and both build stages fill the /out folders
+# the runtime stage copies (deploy/build-image's prebuilt/ too).
 ARG DEBIAN=debian:bookworm
+# source or prebuilt. Its default is in the FROM line that uses it
+# (${GRPS_FROM:-source}), not here: buildah before 1.29 (Debian 12's podman
+# 4.3) ignores an ARG's default when it works out which stages the target
+# needs; with ARG GRPS_FROM=source, a plain `podman build .` skipped
+# build-source and then failed (build-source: image not known).
+ARG GRPS_FROM
 
-# ---- build --------------------------------------------------------------
-FROM ${DEBIAN} AS build
+# ---- build-source: the programs compiled here ---------------------------
+FROM ${DEBIAN} AS build-source
 ARG GRPS_CUDA=OFF
 ARG GRPS_TORCH=OFF
 # CUDA's version as NVIDIA's package names spell it (cuda-nvcc-13-0).
@@ -85,6 +107,15 @@ RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRPS_CUDA=$GRPS_CU
       && strip --strip-unneeded $site/grps/_grps.*.so \
       && cp -r examples /out/opt/grps/; \
     fi
+
+# ---- build-prebuilt: the programs of a CMake build already made ---------
+# prebuilt/ holds bin/, lib/ and opt/ as build-source's /out does (empty
+# folders where there is nothing: the runtime stage copies all three).
+FROM scratch AS build-prebuilt
+COPY prebuilt/ /out/
+
+# ---- build: the one GRPS_FROM names -------------------------------------
+FROM build-${GRPS_FROM:-source} AS build
 
 # ---- runtime ------------------------------------------------------------
 FROM ${DEBIAN}

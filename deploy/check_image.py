@@ -15,6 +15,14 @@
   * the torch image has what such a worker needs: the extension built, the
     interpreter, PyTorch and numpy installed in the runtime stage, pybind11
     and Python's headers in the build stage, the examples copied;
+  * its stages: build-source (compiles the programs), build-prebuilt (takes
+    them from prebuilt/ in the build context: deploy/build-image
+    --from-build), build (the one GRPS_FROM names, its default in the FROM
+    line: podman 4.3 ignores an ARG's default when it picks the stages to
+    run) and the runtime stage, which copies from build alone; both build
+    stages fill every /out folder the runtime stage copies, and
+    deploy/build-image fills prebuilt/ as build-source fills /out (the same
+    programs; the Python package and examples/ at the same places);
   * every Debian package it installs is known to apt (apt-cache show), but
     the CUDA ones, which come from NVIDIA's repository.
 
@@ -39,6 +47,11 @@ EXAMPLES_DIR = "/opt/grps/examples/"
 TORCH_BUILD_PACKAGES = ("pybind11-dev", "python3-dev")
 TORCH_RUNTIME_PACKAGES = ("python3", "python3-numpy", "python3-torch")
 TORCH_GUARD = '"$GRPS_TORCH" = ON'
+# The stages (FROM ... AS name): GRPS_FROM=source or prebuilt picks the
+# build stage the runtime stage copies from.
+SOURCE_STAGE, PREBUILT_STAGE, BUILD_STAGE = "build-source", "build-prebuilt", "build"
+BUILD_BASE = "build-${GRPS_FROM:-source}"
+PREBUILT_COPY = "COPY prebuilt/ /out/"
 
 
 def read(path):
@@ -79,14 +92,107 @@ def cmake_targets(root):
 
 
 def stages(steps):
-    """The instructions of each stage (FROM to FROM): [build, runtime]."""
+    """Each stage (FROM to FROM) as (name, base, instructions); the name is
+    its AS, "" without one."""
     out = []
     for s in steps:
-        if s.startswith("FROM "):
-            out.append([])
+        m = re.match(r"FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?\s*$", s, re.I)
+        if m:
+            out.append((m.group(2) or "", m.group(1), []))
         elif out:
-            out[-1].append(s)
+            out[-1][2].append(s)
     return out
+
+
+def stage_named(parts, name):
+    """The instructions of the stage called `name`, None without one."""
+    for n, _, steps_of in parts:
+        if n == name:
+            return steps_of
+    return None
+
+
+def out_folders(text, prefix):
+    """The folders right under `prefix` (/out/, prebuilt/) that a `mkdir -p`
+    names themselves (one that makes prefix/opt/grps only with GRPS_TORCH=ON
+    does not count for prefix/opt)."""
+    found = set()
+    for m in re.finditer(r"mkdir -p ([^&;\n]*)", text):
+        found |= set(re.findall(re.escape(prefix) + r"(\w+)(?=[\"'\s]|$)", m.group(1)))
+    return found
+
+
+def build_stage_problems(steps, build_image, installed):
+    """The stage graph: two build stages, the build stage GRPS_FROM picks,
+    and one /out layout from either (and from deploy/build-image's
+    prebuilt/)."""
+    problems = []
+    parts = stages(steps)
+    names = [n for n, _, _ in parts]
+    for name in (SOURCE_STAGE, PREBUILT_STAGE, BUILD_STAGE):
+        if name not in names:
+            problems.append("no stage %s (FROM ... AS %s)" % (name, name))
+    if problems:
+        return problems
+    if names.index(BUILD_STAGE) < max(names.index(SOURCE_STAGE), names.index(PREBUILT_STAGE)):
+        problems.append("stage %s comes before the stages it picks from" % BUILD_STAGE)
+    if names.index(BUILD_STAGE) >= len(parts) - 1:
+        problems.append("stage %s is the last: the runtime stage must be" % BUILD_STAGE)
+    # ARGs used in FROM lines must come before the first FROM; the default
+    # lives in BUILD_BASE because buildah before 1.29 does not apply an
+    # ARG's default when it works out which stages are needed.
+    first_from = next(i for i, s in enumerate(steps) if s.startswith("FROM "))
+    if "ARG GRPS_FROM" not in steps[:first_from]:
+        problems.append("no `ARG GRPS_FROM` (without a default) before the first FROM")
+    base = dict((n, b) for n, b, _ in parts)
+    if base[BUILD_STAGE] != BUILD_BASE or stage_named(parts, BUILD_STAGE):
+        problems.append("stage %s is not `FROM %s AS %s` alone"
+                        % (BUILD_STAGE, BUILD_BASE, BUILD_STAGE))
+    if base[PREBUILT_STAGE] != "scratch" or stage_named(parts, PREBUILT_STAGE) != [PREBUILT_COPY]:
+        problems.append("stage %s is not `FROM scratch` and `%s` alone"
+                        % (PREBUILT_STAGE, PREBUILT_COPY))
+    # The runtime stage copies from `build` only: a COPY from build-source
+    # would compile even with GRPS_FROM=prebuilt.
+    runtime = parts[-1][2]
+    sources = set(re.findall(r"COPY\s+--from=(\S+)", " ".join(runtime)))
+    if sources - {BUILD_STAGE}:
+        problems.append("the runtime stage copies from %s, not from %s alone"
+                        % (", ".join(sorted(sources - {BUILD_STAGE})), BUILD_STAGE))
+    needed = set(re.findall(r"COPY\s+--from=%s\s+/out/(\w+)/" % BUILD_STAGE,
+                            " ".join(runtime)))
+    if not needed:
+        problems.append("the runtime stage copies no /out/ folder from %s" % BUILD_STAGE)
+    # COPY --from fails on a folder that is not there: each build stage
+    # makes all of them, even empty.
+    made = out_folders(" ".join(stage_named(parts, SOURCE_STAGE)), "/out/")
+    for d in sorted(needed - made):
+        problems.append("stage %s does not make /out/%s (mkdir -p), which the runtime "
+                        "stage copies" % (SOURCE_STAGE, d))
+    if build_image is None:
+        return problems + ["no deploy/build-image, which fills %s's prebuilt/" % PREBUILT_STAGE]
+    for d in sorted(needed - out_folders(build_image, "prebuilt/")):
+        problems.append("deploy/build-image does not make prebuilt/%s (mkdir -p), which "
+                        "the runtime stage copies as /out/%s" % (d, d))
+    if "--build-arg GRPS_FROM=prebuilt" not in build_image:
+        problems.append("deploy/build-image --from-build does not pass "
+                        "--build-arg GRPS_FROM=prebuilt")
+    m = re.search(r"^programs=\(([^)]*)\)", build_image, re.M)
+    programs = set(m.group(1).split()) if m else set()
+    if programs != installed:
+        problems.append("deploy/build-image's programs=(%s) are not the ones %s installs (%s)"
+                        % (" ".join(sorted(programs)), SOURCE_STAGE, " ".join(sorted(installed))))
+    if not re.search(r'strip --strip-unneeded -o "\$context/prebuilt/bin/\$b"', build_image):
+        problems.append("deploy/build-image does not put the programs in prebuilt/bin/")
+    # The Python package and examples/ where build-source puts them (the
+    # runtime stage imports the one and the manifests run the other).
+    if not re.search(r"site=\$context/prebuilt/lib/python\$version/dist-packages\b",
+                     build_image) or not re.search(r'cp -r "\$pydir" "\$site/"', build_image):
+        problems.append("deploy/build-image does not put the Python package in "
+                        "prebuilt/lib/pythonX.Y/dist-packages/ (build-source's place)")
+    if not re.search(r'cp -r examples "\$context/prebuilt/opt/grps/"', build_image):
+        problems.append("deploy/build-image does not copy examples/ to prebuilt/opt/grps/ "
+                        "(the runtime stage's %s)" % EXAMPLES_DIR)
+    return problems
 
 
 def installs(steps, guard=None):
@@ -105,10 +211,12 @@ def torch_image_problems(steps, dockerfile, allowed, built):
     """What the torch image (GRPS_TORCH=ON) lacks for a Python worker."""
     problems = []
     parts = stages(steps)
-    if len(parts) != 2:
-        return ["expected two stages (build, runtime), found %d" % len(parts)]
-    for stage, steps_of, needed in (("build", parts[0], TORCH_BUILD_PACKAGES),
-                                    ("runtime", parts[1], TORCH_RUNTIME_PACKAGES)):
+    source = stage_named(parts, SOURCE_STAGE)
+    if source is None or len(parts) < 2:
+        return ["no stage %s and runtime stage after it to check the torch image in"
+                % SOURCE_STAGE]
+    for stage, steps_of, needed in ((SOURCE_STAGE, source, TORCH_BUILD_PACKAGES),
+                                    ("runtime", parts[-1][2], TORCH_RUNTIME_PACKAGES)):
         packages = installs(steps_of, TORCH_GUARD)
         for p in needed:
             if p not in packages:
@@ -116,7 +224,7 @@ def torch_image_problems(steps, dockerfile, allowed, built):
                                 % (stage, p, TORCH_GUARD))
     if "_grps" not in built:
         problems.append("GRPS_TORCH=ON does not build the extension _grps")
-    build_run = " ".join(parts[0])
+    build_run = " ".join(source)
     if not re.search(r"-DGRPS_PYTHON=\$GRPS_TORCH\b", build_run):
         problems.append("the CMake build does not get -DGRPS_PYTHON=$GRPS_TORCH")
     if not re.search(r"site=/out/lib/.*?/dist-packages .*cp -r build/python/grps \$site/",
@@ -240,6 +348,9 @@ def main():
             problems.append("%s: %s is not a program the image installs (%s)"
                             % (where, program, ", ".join(INSTALL_DIR + b for b in sorted(installed))))
 
+    build_image_path = os.path.join(root, "deploy", "build-image")
+    build_image = read(build_image_path) if os.path.isfile(build_image_path) else None
+    problems += build_stage_problems(steps, build_image, installed)
     problems += torch_image_problems(steps, dockerfile, allowed, built)
 
     # Debian packages (not the CUDA ones: NVIDIA's repository, named with $CUDA).
@@ -261,10 +372,11 @@ def main():
         return 1
     python = [argv for _, argv, _ in commands(rendered) if argv[0] == PYTHON]
     print("check_image: OK: the build context has all %d paths the CMake build reads; "
-          "it builds %s; the manifests run only what it installs (%d commands and probes, "
+          "it builds %s (stage %s; %s takes them from deploy/build-image --from-build); "
+          "the manifests run only what it installs (%d commands and probes, "
           "%d of them %s with the torch image's examples); %d Debian packages known"
-          % (len(needed), " ".join(built), len(commands(rendered)), len(python), PYTHON,
-             len(packages)))
+          % (len(needed), " ".join(built), SOURCE_STAGE, PREBUILT_STAGE,
+             len(commands(rendered)), len(python), PYTHON, len(packages)))
     return 0
 
 
