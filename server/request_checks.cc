@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "daemon/daemon.h"
 #include "job/job_config.h"
@@ -268,8 +270,6 @@ absl::StatusOr<const v1::SparseTableSpec*> CheckTable(const ShardStore& store,
 absl::Status CheckIds(const ShardStore& store, uint64_t generation,
                       const v1::SparseTableSpec& table,
                       const google::protobuf::RepeatedField<int64_t>& ids, bool distinct) {
-  absl::flat_hash_set<int64_t> seen;
-  if (distinct) seen.reserve(ids.size());
   const uint32_t shards = store.config().num_servers();
   for (int64_t id : ids) {
     if (!SparseIdInRange(table, id))
@@ -280,11 +280,13 @@ absl::Status CheckIds(const ShardStore& store, uint64_t generation,
       return NotHeld(store, generation,
                      absl::StrCat("row ", id, " of sparse table '", table.name(),
                                   "' is held by shard ", owner, ", not shard ", store.shard()));
-    if (distinct && !seen.insert(id).second)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row id ", id, " appears twice in one push to sparse table '", table.name(),
-          "' (deduplicate the ids and sum their gradients)"));
   }
+  if (!distinct) return absl::OkStatus();
+  if (const std::optional<int64_t> id = FirstRepeat(absl::MakeConstSpan(ids.data(), ids.size()));
+      id.has_value())
+    return absl::InvalidArgumentError(
+        absl::StrCat("row id ", *id, " appears twice in one push to sparse table '", table.name(),
+                     "' (deduplicate the ids and sum their gradients)"));
   return absl::OkStatus();
 }
 
@@ -322,6 +324,37 @@ absl::Status CheckStateSlot(const std::string& slot, const v1::ChunkSpec& spec, 
 }
 
 }  // namespace
+
+// A push's ids are distinct but for a faulty or hostile client, so a bitmap
+// of hashed ids (2^20 bits, this thread's, cleared by walking the ids
+// again) passes most ids on one cached bit each; only the ids whose bit was
+// already set (a few percent of 65,536 ids) are checked exactly, in a set
+// of their own. A hash set of every id cost about three times as much
+// (65,536 ids, a shard's half of a 131,072-row push: 2.7 ms against 0.85
+// here). Ids chosen to collide in the bitmap cost what that set of every id
+// costs, no more.
+std::optional<int64_t> FirstRepeat(absl::Span<const int64_t> ids) {
+  constexpr int kBits = 20;
+  thread_local std::vector<uint64_t> bitmap((size_t{1} << kBits) / 64, 0);
+  const auto bit = [](int64_t id) {
+    return static_cast<uint32_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >>
+                                 (64 - kBits));
+  };
+  absl::flat_hash_set<int64_t> candidates;
+  for (int64_t id : ids) {
+    const uint32_t b = bit(id);
+    uint64_t& word = bitmap[b / 64];
+    const uint64_t mask = uint64_t{1} << (b % 64);
+    if ((word & mask) != 0) candidates.insert(id);
+    word |= mask;
+  }
+  for (int64_t id : ids) bitmap[bit(id) / 64] = 0;
+  if (candidates.empty()) return std::nullopt;
+  absl::flat_hash_set<int64_t> seen;
+  for (int64_t id : ids)
+    if (candidates.contains(id) && !seen.insert(id).second) return id;
+  return std::nullopt;
+}
 
 absl::StatusOr<CheckedPush> CheckPush(const ShardStore& store, const v1::PushRequest& request,
                                       std::vector<ReceivedChunk>& chunks,

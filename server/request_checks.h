@@ -13,6 +13,7 @@
 #define GRPS_SERVER_REQUEST_CHECKS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ absl::StatusOr<const v1::ChunkSpec*> CheckChunk(const ShardStore& store, uint32_
 // Index of the first element of `values` that is NaN, infinite or above
 // kMaxGradientMagnitude in magnitude, or -1.
 int64_t FirstOutOfRange(absl::Span<const float> values);
+// The first id of `ids`, in order, that an earlier one equals; none when
+// they are all distinct (a sparse push's ids must be).
+std::optional<int64_t> FirstRepeat(absl::Span<const int64_t> ids);
+
 // Gradients converted to f32 live here between validation and the store.
 // One per gRPC thread, grown and reused, so a steady stream of pushes
 // allocates nothing.
