@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/coordinator_script.h"
 #include "fuzz/shard_fixture.h"
+#include "job/sparse_tables.h"
 #include "proto/grps.pb.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
@@ -235,6 +236,82 @@ void WriteBadPushes(CorpusWriter& out, const v1::PushRequest& h,
             Push(h, v1::DTYPE_F32, {Sparse(0, {0.5f, -0.5f}, {5, 1})}));
   out.Write(t, "bad_sparse_index_out_of_range",
             Push(h, v1::DTYPE_F32, {Sparse(0, {0.5f}, {kShardFuzzChunkElements})}));
+}
+
+// ---- sparse_push ------------------------------------------------------------
+
+void WriteSparsePushes(CorpusWriter& out) {
+  const std::string t = "sparse_push";
+  // Ids of the fixture's table that shard 0 holds, and one shard 1 holds.
+  std::vector<int64_t> mine;
+  int64_t theirs = -1;
+  for (int64_t id = 0; id < static_cast<int64_t>(kShardFuzzTableRows) && mine.size() < 3; ++id) {
+    if (SparseShardOf(id, 2) == 0)
+      mine.push_back(id);
+    else if (theirs < 0)
+      theirs = id;
+  }
+  auto push = [&](std::vector<int64_t> ids, v1::DType dtype, float value) {
+    v1::SparsePushRequest r;
+    r.set_job_id(kShardFuzzJobId);
+    r.set_worker_rank(0);
+    r.set_incarnation(1);
+    r.set_step(0);
+    r.set_table(kShardFuzzTable);
+    r.set_dtype(dtype);
+    r.set_generation(kShardFuzzGeneration);
+    for (int64_t id : ids) r.add_ids(id);
+    const size_t n = ids.size() * kShardFuzzTableDim;
+    std::string bytes(n * DTypeSize(*DTypeFromWire(dtype, true, "seed")), '\0');
+    const std::vector<float> values(n, value);
+    ConvertElements(values.data(), DType::kF32, bytes.data(), *DTypeFromWire(dtype, true, "seed"),
+                    n);
+    r.set_gradients(bytes);
+    return r;
+  };
+  auto write = [&](const std::string& name, const v1::SparsePushRequest& r) {
+    out.Write(t, name, r.SerializeAsString());
+  };
+  write("valid_f32_two_rows", push({mine[0], mine[1]}, v1::DTYPE_F32, 0.5f));
+  write("valid_bf16_three_rows", push(mine, v1::DTYPE_BF16, -0.25f));
+  write("valid_no_rows", push({}, v1::DTYPE_F32, 0));
+  {
+    // The ids unpacked: one varint field 6 each, as protobuf also reads.
+    v1::SparsePushRequest r = push({mine[0], mine[2]}, v1::DTYPE_F32, 1.0f);
+    const std::vector<int64_t> ids(r.ids().begin(), r.ids().end());
+    r.clear_ids();
+    std::string bytes = r.SerializeAsString();
+    for (int64_t id : ids) {
+      bytes.push_back(static_cast<char>(6 << 3));
+      for (uint64_t v = static_cast<uint64_t>(id);; v >>= 7) {
+        bytes.push_back(static_cast<char>((v & 0x7f) | (v >= 0x80 ? 0x80 : 0)));
+        if (v < 0x80) break;
+      }
+    }
+    out.Write(t, "valid_unpacked_ids", bytes);
+  }
+  write("bad_id_twice", push({mine[0], mine[0]}, v1::DTYPE_F32, 0.5f));
+  write("bad_id_of_shard_1", push({mine[0], theirs}, v1::DTYPE_F32, 0.5f));
+  write("bad_id_out_of_range",
+        push({static_cast<int64_t>(kShardFuzzTableRows)}, v1::DTYPE_F32, 0.5f));
+  write("bad_negative_id", push({-2}, v1::DTYPE_F32, 0.5f));
+  write("bad_nan", push({mine[1]}, v1::DTYPE_F32, std::numeric_limits<float>::quiet_NaN()));
+  write("bad_dtype_unspecified", push({mine[1]}, v1::DTYPE_UNSPECIFIED, 0.5f));
+  {
+    v1::SparsePushRequest r = push({mine[0], mine[1]}, v1::DTYPE_F32, 0.5f);
+    r.mutable_gradients()->resize(r.gradients().size() - 4);
+    write("bad_short_gradients", r);
+  }
+  {
+    v1::SparsePushRequest r = push({mine[0]}, v1::DTYPE_F32, 0.5f);
+    r.set_table("other");
+    write("bad_unknown_table", r);
+  }
+  {
+    std::string bytes = push(mine, v1::DTYPE_F32, 0.5f).SerializeAsString();
+    bytes.resize(bytes.size() - 3);
+    out.Write(t, "bad_truncated", bytes);
+  }
 }
 
 // ---- optimizer_state --------------------------------------------------------
@@ -808,6 +885,7 @@ int main(int argc, char** argv) {
   grps::CorpusWriter out(argv[1]);
   grps::WritePushes(out);
   grps::WritePulls(out);
+  grps::WriteSparsePushes(out);
   grps::WriteOptimizerStates(out);
   grps::WriteCoordinatorScripts(out);
   grps::WriteIdxFiles(out);

@@ -23,6 +23,11 @@ v1::JobConfig ShardFuzzConfig(v1::ConsistencyMode mode) {
   c.set_num_servers(2);
   c.set_num_workers(kShardFuzzWorkers);
   c.set_chunk_bytes(1024);
+  v1::SparseTableSpec* table = c.add_sparse_tables();  // the sparse_push target's
+  table->set_name(kShardFuzzTable);
+  table->set_dim(kShardFuzzTableDim);
+  table->set_rows(kShardFuzzTableRows);
+  table->set_max_rows_per_shard(64);
   v1::OptimizerConfig* opt = c.mutable_optimizer();
   switch (mode) {
     case v1::MODE_ASYNC:

@@ -1,14 +1,16 @@
 // The shard the server fuzz targets (push_request, pull_request,
-// optimizer_state) send their requests to, shared with the corpus generator
+// optimizer_state, sparse_push) send their requests to, shared with the corpus generator
 // that writes their seeds: a fixed, tiny layout, a fresh ShardStore per
-// call, and a way to call ParameterServerService's raw Push and Pull
-// handlers without a gRPC server.
+// call, and a way to call ParameterServerService's raw Push, Pull and
+// PushSparse handlers without a gRPC server.
 //
 // The layout: job "fuzz-job", 2 workers, 2 shards; tensor "w" [4, 6] in
 // three chunks of 8 elements (ids 0, 1, 2) and "b" [6] in one (id 3). This
 // process is shard 0, which holds chunks 0 and 2; chunks 1 and 3 are shard
-// 1's, so a request for them is a request for a chunk held elsewhere. The
-// store starts at generation 1.
+// 1's, so a request for them is a request for a chunk held elsewhere. A
+// sparse table "emb" of rows of 4 with ids in [0, 1000), hashed over both
+// shards (SparseShardOf), at most 64 rows a shard. The store starts at
+// generation 1.
 #ifndef GRPS_FUZZ_SHARD_FIXTURE_H_
 #define GRPS_FUZZ_SHARD_FIXTURE_H_
 
@@ -30,6 +32,9 @@ inline constexpr char kShardFuzzJobId[] = "fuzz-job";
 inline constexpr uint32_t kShardFuzzWorkers = 2;
 inline constexpr uint32_t kShardFuzzChunkElements = 8;  // chunks 0, 1, 2
 inline constexpr uint64_t kShardFuzzGeneration = 1;
+inline constexpr char kShardFuzzTable[] = "emb";
+inline constexpr uint32_t kShardFuzzTableDim = 4;
+inline constexpr uint64_t kShardFuzzTableRows = 1000;
 
 // Every request is tried under each mode: validation is the same, what the
 // store does with a valid request is not. Sync has one backup worker, so a

@@ -549,28 +549,47 @@ grpc::Status ParameterServerService::LoadOptimizerState(
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushSparse(grpc::CallbackServerContext* context,
-                                                             const v1::SparsePushRequest* request,
-                                                             v1::SparsePushResponse* response) {
+                                                             const grpc::ByteBuffer* request,
+                                                             grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ServePushSparse(context, request, response));
+  if (!request->Valid()) {  // as in Push
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the push's message never arrived"));
+    return reactor;
+  }
+  v1::SparsePushResponse reply;
+  grpc::Status status = ServePushSparse(context, *request, &reply);
+  if (status.ok()) {
+    bool own_buffer;
+    status =
+        grpc::SerializationTraits<v1::SparsePushResponse>::Serialize(reply, response, &own_buffer);
+  }
+  reactor->Finish(status);
   return reactor;
 }
 
 grpc::Status ParameterServerService::ServePushSparse(grpc::CallbackServerContext* context,
-                                                     const v1::SparsePushRequest* request,
+                                                     const grpc::ByteBuffer& bytes,
                                                      v1::SparsePushResponse* response) {
   ShardStore* store = store_.load();
   if (store == nullptr) return ToGrpc(NotReady());
-  absl::StatusOr<ShardStore::SparseGradientPush> push =
-      DecodeSparsePush(*store, *request, &ScratchBuffer());
+  // Kept from call to call on this thread: its ids' room is used again.
+  thread_local v1::SparsePushRequest request;
+  request.Clear();
+  SliceReader gradients;
+  absl::StatusOr<ShardStore::SparseGradientPush> push = absl::InvalidArgumentError("");
+  if (absl::Status s = DecodeSparsePushRequest(bytes, &request, &gradients); !s.ok())
+    push = absl::InvalidArgumentError(
+        absl::StrCat("sparse push is not a SparsePushRequest: ", s.message()));
+  else
+    push = DecodeSparsePush(*store, request, std::move(gradients), &ScratchBuffer());
   if (!push.ok()) {
     store->CountRejectedAtEdge(1);
     return ToGrpc(push.status());
   }
   // As Push: only the rank's registered incarnation may push as it.
-  if (grpc::Status member = CheckMemberSecret(
-          member_key_, store->config().job_id(), MemberKind::kWorker,
-          request->worker_rank(), request->incarnation(), CallerMemberSecret(*context));
+  if (grpc::Status member = CheckMemberSecret(member_key_, store->config().job_id(),
+                                              MemberKind::kWorker, request.worker_rank(),
+                                              request.incarnation(), CallerMemberSecret(*context));
       !member.ok()) {
     store->CountRejectedAtEdge(1);
     return member;
@@ -584,9 +603,9 @@ grpc::Status ParameterServerService::ServePushSparse(grpc::CallbackServerContext
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::PullSparse(
-    grpc::CallbackServerContext* context, const v1::SparsePullRequest* request,
-    v1::SparsePullResponse* response) {
+grpc::ServerUnaryReactor* ParameterServerService::PullSparse(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* request_bytes,
+                                                             grpc::ByteBuffer* response) {
   // The call may wait: its reactor hears a cancellation.
   ShardStore* store = store_.load();
   auto* reactor = new PullReactor(store);
@@ -594,24 +613,33 @@ grpc::ServerUnaryReactor* ParameterServerService::PullSparse(
     reactor->Finish(ToGrpc(NotReady()));
     return reactor;
   }
+  if (!request_bytes->Valid()) {  // as in Push
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the pull's message never arrived"));
+    return reactor;
+  }
+  v1::SparsePullRequest request;
+  if (!ParseRequest(*request_bytes, &request)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "sparse pull request is not a SparsePullRequest"));
+    return reactor;
+  }
   absl::StatusOr<ShardStore::SparsePullSpec> spec =
-      DecodeSparsePull(*store, *request, PullDeadline(CallDeadline(*context), request->timeout_ms()));
+      DecodeSparsePull(*store, request, PullDeadline(CallDeadline(*context), request.timeout_ms()));
   if (!spec.ok()) {
     reactor->Finish(ToGrpc(spec.status()));
     return reactor;
   }
   const v1::DType wire = DTypeToWire(spec->dtype);
   spec->cancelled = reactor->cancelled();
-  spec->reply = std::move(*response->mutable_values());  // the room a pooled reply kept
   store->PullSparseAsync(std::move(*spec),
                          [reactor, response, wire](absl::StatusOr<ShardStore::PulledRows> rows) {
                            if (!rows.ok()) {
                              reactor->Finish(ToGrpc(rows.status()));
                              return;
                            }
-                           response->set_values(std::move(rows->data));
-                           response->set_dtype(wire);
-                           response->set_version(rows->version);
+                           // The rows as they were read: sent from there.
+                           *response =
+                               EncodeSparsePullResponse(wire, rows->version, std::move(rows->data));
                            reactor->Finish(grpc::Status::OK);
                          });
   return reactor;

@@ -56,18 +56,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/grps.grpc.pb.h"
-#include "server/message_pool.h"
 #include "server/request_checks.h"
 #include "server/shard_store.h"
 #include "wire/shared_lane.h"
 
 namespace grps {
 
-class ParameterServerService final : public v1::ParameterServer::WithRawCallbackMethod_Push<
-                                         v1::ParameterServer::WithRawCallbackMethod_Pull<
-                                             v1::ParameterServer::WithCallbackMethod_PushSparse<
-                                                 v1::ParameterServer::WithCallbackMethod_PullSparse<
-                                                     v1::ParameterServer::Service>>>> {
+class ParameterServerService final
+    : public v1::ParameterServer::WithRawCallbackMethod_Push<
+          v1::ParameterServer::WithRawCallbackMethod_Pull<
+              v1::ParameterServer::WithRawCallbackMethod_PushSparse<
+                  v1::ParameterServer::WithRawCallbackMethod_PullSparse<
+                      v1::ParameterServer::Service>>>> {
  public:
   // A pull with timeout_ms = 0 waits until the call's own deadline, and never
   // longer than this, so that an abandoned pull does not stay a waiter.
@@ -81,14 +81,10 @@ class ParameterServerService final : public v1::ParameterServer::WithRawCallback
   // `member_key`: MemberKey(admin token), under which a push must carry its
   // rank's member secret (daemon/security.h); empty: no secret is asked for.
   explicit ParameterServerService(std::string member_key = "")
-      : member_key_(std::move(member_key)) {
-    UsePools();
-  }
+      : member_key_(std::move(member_key)) {}
   // Convenience for tests and for callers that already have the store.
   explicit ParameterServerService(ShardStore* store, std::string member_key = "")
-      : member_key_(std::move(member_key)), store_(store) {
-    UsePools();
-  }
+      : member_key_(std::move(member_key)), store_(store) {}
   ~ParameterServerService() override { StopDoorbells(); }
 
   // Serves `store` from now on. `store` is not owned and must outlive every
@@ -116,14 +112,15 @@ class ParameterServerService final : public v1::ParameterServer::WithRawCallback
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
   // Rows of a sparse table: a push, and a pull (created on first use; may
-  // wait as Pull does). Their messages come from pools (server/message_pool.h):
-  // a pull's reply is read into the room its pooled message kept.
+  // wait as Pull does), as raw bytes: a push's gradients are read straight
+  // from gRPC's slices, a pull's rows are sent from where they were read
+  // (wire/chunk_codec.h).
   grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* context,
-                                       const v1::SparsePushRequest* request,
-                                       v1::SparsePushResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PullSparse(grpc::CallbackServerContext* context,
-                                       const v1::SparsePullRequest* request,
-                                       v1::SparsePullResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::Status GetShardStatus(grpc::ServerContext* context,
                               const v1::GetShardStatusRequest* request,
                               v1::ShardStatus* response) override;
@@ -141,15 +138,9 @@ class ParameterServerService final : public v1::ParameterServer::WithRawCallback
 
  private:
   struct Doorbell;
-  // Sets the sparse methods' message allocators (constructors).
-  void UsePools() {
-    SetMessageAllocatorFor_PushSparse(&sparse_push_messages_);
-    SetMessageAllocatorFor_PullSparse(&sparse_pull_messages_);
-  }
   // PushSparse's status, before its reply is sent.
   grpc::Status ServePushSparse(grpc::CallbackServerContext* context,
-                               const v1::SparsePushRequest* request,
-                               v1::SparsePushResponse* response);
+                               const grpc::ByteBuffer& request, v1::SparsePushResponse* response);
   // Who a push comes from: a gRPC call, or a doorbell this shard serves.
   struct PushSource {
     const grpc::CallbackServerContext* context = nullptr;
@@ -199,8 +190,6 @@ class ParameterServerService final : public v1::ParameterServer::WithRawCallback
   absl::CondVar beat_wake_;
   std::thread beater_ ABSL_GUARDED_BY(doorbells_mu_);
   std::atomic<uint64_t> doorbell_pushes_{0};  // requests taken from doorbells
-  MessagePool<v1::SparsePushRequest, v1::SparsePushResponse> sparse_push_messages_;
-  MessagePool<v1::SparsePullRequest, v1::SparsePullResponse> sparse_pull_messages_;
 };
 
 }  // namespace grps

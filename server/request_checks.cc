@@ -413,7 +413,7 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
 }
 
 absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
-    const ShardStore& store, const v1::SparsePushRequest& request,
+    const ShardStore& store, const v1::SparsePushRequest& request, SliceReader gradients,
     std::vector<float>* scratch) {
   if (absl::Status s = CheckJob(store, request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckRank(store, request.worker_rank()); !s.ok()) return s;
@@ -423,23 +423,21 @@ absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
   absl::StatusOr<DType> dtype = DTypeFromWire(request.dtype(), false, what);
   if (!dtype.ok()) return dtype.status();
   const uint64_t n = static_cast<uint64_t>(request.ids_size()) * (*table)->dim();
-  if (request.gradients().size() != n * DTypeSize(*dtype))
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": expected ", n * DTypeSize(*dtype), " bytes of gradients (", request.ids_size(),
-        " rows x ", (*table)->dim(), " x ", std::string(DTypeName(*dtype)), "), got ",
-        request.gradients().size()));
+  const uint64_t gradient_bytes = gradients.left();
+  if (gradient_bytes != n * DTypeSize(*dtype))
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected ", n * DTypeSize(*dtype), " bytes of gradients (",
+                     request.ids_size(), " rows x ", (*table)->dim(), " x ",
+                     std::string(DTypeName(*dtype)), "), got ", gradient_bytes));
   if (absl::Status s = CheckIds(store, request.generation(), **table, request.ids(), /*distinct=*/true); !s.ok())
     return s;
   if (scratch->size() < n) scratch->resize(n);
   const absl::Span<const float> values = absl::MakeConstSpan(scratch->data(), n);
-  int64_t bad;
-  if (*dtype == DType::kF32) {  // copied and checked in one pass
-    bad = CopyFirstOutOfRange(request.gradients().data(), scratch->data(), n);
-  } else {
-    ConvertElements(request.gradients().data(), *dtype, scratch->data(), DType::kF32, n);
-    bad = FirstOutOfRange(values);
-  }
-  if (bad >= 0)
+  // The one copy out of gRPC's slices (f32), or the conversion from them.
+  thread_local std::string converting;
+  if (absl::Status s = ReadValues(gradients, *dtype, scratch->data(), n, &converting); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  if (const int64_t bad = FirstOutOfRange(values); bad >= 0)
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": gradient element ", bad % (*table)->dim(), " of row ",
         request.ids(static_cast<int>(bad / (*table)->dim())), " is ", values[bad],
@@ -454,7 +452,7 @@ absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
   push.base_version = request.version();
   push.ids = absl::MakeConstSpan(request.ids().data(), request.ids_size());
   push.values = values;
-  push.wire_bytes = request.gradients().size() + request.ids_size() * sizeof(int64_t);
+  push.wire_bytes = gradient_bytes + request.ids_size() * sizeof(int64_t);
   return push;
 }
 

@@ -90,10 +90,11 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
 
 // A sparse push checked (job, rank, table, dtype, size, every id in the
 // table, this shard's and once, every value in range) and turned into a
-// typed one; the values are converted to f32 into `scratch`, which must
-// outlive the result.
+// typed one. `request` holds everything but the gradients, whose bytes
+// `gradients` reads (DecodeSparsePushRequest); they are copied, as f32, into
+// `scratch`, which must outlive the result, as must `request` (the ids).
 absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
-    const ShardStore& store, const v1::SparsePushRequest& request,
+    const ShardStore& store, const v1::SparsePushRequest& request, SliceReader gradients,
     std::vector<float>* scratch);
 // A sparse pull checked as a push is (an id may come twice) and its reply
 // within the message limit.

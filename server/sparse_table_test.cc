@@ -453,9 +453,10 @@ TEST_F(SparseEdgeTest, AGoodPushAndPullRoundTripOverGrpc) {
   EXPECT_EQ(pulled.version(), 1u);
 }
 
-// The sparse calls' messages are pooled (server/message_pool.h): a call
-// that reuses a bigger call's message carries nothing of it, pull or push.
-TEST_F(SparseEdgeTest, APooledMessageCarriesNothingOfTheCallBefore) {
+// A shard decodes a sparse push into a request message its thread keeps
+// (the ids' room), and a worker sends from buffers it keeps: a call after a
+// bigger one carries nothing of it, pull or push.
+TEST_F(SparseEdgeTest, ACallCarriesNothingOfTheBiggerCallBefore) {
   const std::vector<int64_t> many = IdsOf(0, 40);
   v1::SparsePullResponse pulled;
   ASSERT_TRUE(PullSparse(many, &pulled).ok());

@@ -29,6 +29,22 @@ namespace push_response {
 constexpr uint32_t kVersions = 1, kDuplicates = 2, kLate = 3, kTooStale = 4, kChunks = 5,
                    kDoorbell = 6;
 }
+namespace sparse_push_request {
+constexpr uint32_t kJobId = 1, kWorkerRank = 2, kIncarnation = 3, kStep = 4, kTable = 5, kIds = 6,
+                   kDType = 7, kGradients = 8, kVersion = 9, kGeneration = 10;
+}
+namespace sparse_pull_response {
+constexpr uint32_t kValues = 1, kDType = 2, kVersion = 3;
+}
+
+// Appends `v` to *out as a varint.
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
 
 size_t PayloadBytes(const WireChunk& c) {
   return c.external != nullptr ? c.external_bytes : c.owned.size();
@@ -159,13 +175,7 @@ grpc::ByteBuffer EncodePushResponse(const v1::PushResponse& header, v1::DType dt
   MessageWriter w;
   if (header.versions_size() > 0) {
     std::string packed;
-    for (uint64_t v : header.versions()) {
-      while (v >= 0x80) {
-        packed.push_back(static_cast<char>((v & 0x7f) | 0x80));
-        v >>= 7;
-      }
-      packed.push_back(static_cast<char>(v));
-    }
+    for (uint64_t v : header.versions()) AppendVarint(v, &packed);
     w.String(push_response::kVersions, packed);
   }
   w.Varint(push_response::kDuplicates, header.duplicates());
@@ -278,6 +288,153 @@ absl::Status DecodePushResponse(
         if (field == push_response::kDoorbell) header->set_doorbell(v != 0);
       },
       on_chunk);
+}
+
+void PackVarints(absl::Span<const int64_t> ids, std::string* out) {
+  // At most 10 bytes an id, written in place: no growth check per byte.
+  out->resize(ids.size() * 10);
+  char* p = out->data();
+  for (int64_t id : ids) {
+    uint64_t v = static_cast<uint64_t>(id);
+    while (v >= 0x80) {
+      *p++ = static_cast<char>((v & 0x7f) | 0x80);
+      v >>= 7;
+    }
+    *p++ = static_cast<char>(v);
+  }
+  out->resize(static_cast<size_t>(p - out->data()));
+}
+
+namespace {
+
+// The varints of a packed repeated int64 field's body, appended to *ids.
+absl::Status ReadPackedVarints(SliceReader& body, google::protobuf::RepeatedField<int64_t>* ids) {
+  thread_local std::string bytes;  // the body in one piece: read with no bounds check per slice
+  bytes.resize(body.left());
+  if (absl::Status s = body.ReadBytes(bytes.data(), bytes.size()); !s.ok()) return s;
+  // A varint ends at each byte below 0x80: that many ids, if the body ends with one.
+  if (!bytes.empty() && (static_cast<uint8_t>(bytes.back()) & 0x80) != 0)
+    return absl::DataLossError("malformed message: a packed varint runs past its field");
+  const size_t count = static_cast<size_t>(std::count_if(
+      bytes.begin(), bytes.end(), [](char c) { return (static_cast<uint8_t>(c) & 0x80) == 0; }));
+  const int first = ids->size();
+  ids->Resize(first + static_cast<int>(count), 0);
+  int64_t* out = ids->mutable_data() + first;
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t v = 0;
+    int shift = 0;
+    for (;; shift += 7) {
+      if (shift > 63)
+        return absl::DataLossError("malformed message: a varint longer than 10 bytes");
+      v |= static_cast<uint64_t>(*p & 0x7f) << shift;
+      if ((*p++ & 0x80) == 0) break;
+    }
+    out[i] = static_cast<int64_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeSparsePushRequest(const v1::SparsePushRequest& header,
+                                         absl::string_view packed_ids,
+                                         absl::string_view gradients) {
+  namespace f = sparse_push_request;
+  MessageWriter w;
+  w.String(f::kJobId, header.job_id());
+  w.Varint(f::kWorkerRank, header.worker_rank());
+  w.Varint(f::kIncarnation, header.incarnation());
+  w.Varint(f::kStep, header.step());
+  w.String(f::kTable, header.table());
+  if (!packed_ids.empty()) w.ExternalBytes(f::kIds, packed_ids.data(), packed_ids.size());
+  w.Varint(f::kDType, static_cast<uint32_t>(header.dtype()));
+  if (!gradients.empty()) w.ExternalBytes(f::kGradients, gradients.data(), gradients.size());
+  w.Varint(f::kVersion, header.version());
+  w.Varint(f::kGeneration, header.generation());
+  return w.Finish();
+}
+
+absl::Status DecodeSparsePushRequest(const grpc::ByteBuffer& buffer, v1::SparsePushRequest* header,
+                                     SliceReader* gradients) {
+  namespace f = sparse_push_request;
+  *gradients = SliceReader();
+  return DecodeChunks(
+      buffer, /*chunks_field=*/0,  // none: field 0 is never valid
+      [header](uint32_t field, uint64_t v) {
+        // Narrowed as protobuf narrows a varint into a 32-bit field.
+        switch (field) {
+          case f::kWorkerRank:
+            header->set_worker_rank(static_cast<uint32_t>(v));
+            break;
+          case f::kIncarnation:
+            header->set_incarnation(v);
+            break;
+          case f::kStep:
+            header->set_step(v);
+            break;
+          case f::kIds:
+            header->add_ids(static_cast<int64_t>(v));
+            break;  // not packed
+          case f::kDType:
+            header->set_dtype(static_cast<v1::DType>(static_cast<int32_t>(v)));
+            break;
+          case f::kVersion:
+            header->set_version(v);
+            break;
+          case f::kGeneration:
+            header->set_generation(v);
+            break;
+        }
+      },
+      nullptr,
+      [header, gradients](uint32_t field, SliceReader& value) -> absl::Status {
+        switch (field) {
+          case f::kIds:
+            return ReadPackedVarints(value, header->mutable_ids());
+          case f::kGradients:
+            *gradients = value;  // the last one wins, as in protobuf
+            return absl::OkStatus();
+          case f::kJobId:
+          case f::kTable: {
+            std::string bytes(value.left(), '\0');
+            if (absl::Status s = value.ReadBytes(bytes.data(), bytes.size()); !s.ok()) return s;
+            if (field == f::kJobId)
+              header->set_job_id(std::move(bytes));
+            else
+              header->set_table(std::move(bytes));
+            return absl::OkStatus();
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+grpc::ByteBuffer EncodeSparsePullResponse(v1::DType dtype, uint64_t version, std::string values,
+                                          BufferPool* recycle) {
+  namespace f = sparse_pull_response;
+  MessageWriter w;
+  if (!values.empty()) w.OwnedBytes(f::kValues, std::move(values), recycle);
+  w.Varint(f::kDType, static_cast<uint32_t>(dtype));
+  w.Varint(f::kVersion, version);
+  return w.Finish();
+}
+
+absl::Status DecodeSparsePullResponse(const grpc::ByteBuffer& buffer,
+                                      v1::SparsePullResponse* header, SliceReader* values) {
+  namespace f = sparse_pull_response;
+  *values = SliceReader();
+  return DecodeChunks(
+      buffer, /*chunks_field=*/0,
+      [header](uint32_t field, uint64_t v) {
+        if (field == f::kDType) header->set_dtype(static_cast<v1::DType>(static_cast<int32_t>(v)));
+        if (field == f::kVersion) header->set_version(v);
+      },
+      nullptr,
+      [values](uint32_t field, SliceReader& value) -> absl::Status {
+        if (field == f::kValues) *values = value;
+        return absl::OkStatus();
+      });
 }
 
 absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,

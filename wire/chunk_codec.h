@@ -2,7 +2,11 @@
 // client and the server: the one mapping between the contract's dtype tag
 // and tensor/'s DType, push requests built straight over the gradients
 // (wire/wire_format.h), pull replies built over the values a shard read,
-// and pull replies decoded with one copy into the caller's array.
+// and pull replies decoded with one copy into the caller's array; and the
+// same for a sparse table's rows (SparsePushRequest, SparsePullResponse):
+// the gradients sent from where the worker gathered them and read in place
+// by the shard, the rows a shard read sent as they are and scattered by the
+// worker straight from gRPC's slices.
 //
 // Everything here speaks the messages of proto/grps.proto byte for byte: a
 // client or server that uses the generated protobuf classes instead talks to
@@ -107,6 +111,34 @@ absl::Status ReadValues(SliceReader& data, DType wire, float* dst, size_t n,
 // index is out of range or not above the one before.
 absl::Status ReadGradient(ReceivedChunk& chunk, DType wire, float* dst, size_t n,
                           std::string* scratch);
+
+// ---- Sparse rows ----
+
+// `ids` as the body of a packed repeated int64 field (varints), into *out
+// (replacing what it held; its room is kept).
+void PackVarints(absl::Span<const int64_t> ids, std::string* out);
+
+// A SparsePushRequest: the scalar fields of `header` (its ids and gradients
+// are ignored), `packed_ids` (PackVarints) and `gradients`. Neither is
+// copied: both must outlive the call (MessageWriter::ExternalBytes).
+grpc::ByteBuffer EncodeSparsePushRequest(const v1::SparsePushRequest& header,
+                                         absl::string_view packed_ids, absl::string_view gradients);
+
+// A SparsePushRequest: everything but its gradients into *header (ids
+// packed or not, appended to what it holds), and the gradients' bytes in
+// *gradients, read in place. DATA_LOSS for a malformed message.
+absl::Status DecodeSparsePushRequest(const grpc::ByteBuffer& buffer, v1::SparsePushRequest* header,
+                                     SliceReader* gradients);
+
+// A SparsePullResponse of `values` (taken over; given back to `recycle`
+// when gRPC is done with them, if set).
+grpc::ByteBuffer EncodeSparsePullResponse(v1::DType dtype, uint64_t version, std::string values,
+                                          BufferPool* recycle = nullptr);
+
+// A SparsePullResponse: its dtype and version into *header, its values'
+// bytes in *values, read in place. DATA_LOSS for a malformed message.
+absl::Status DecodeSparsePullResponse(const grpc::ByteBuffer& buffer,
+                                      v1::SparsePullResponse* header, SliceReader* values);
 
 // Top-k sparsification with error feedback, for one chunk of `n` elements:
 // adds `grad` into `residual`, moves the k largest |residual| elements into

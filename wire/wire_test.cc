@@ -379,6 +379,174 @@ TEST(ChunkCodec, DecodesAProtobufPushRequest) {
   EXPECT_EQ(header.SerializeAsString(), request.SerializeAsString());
 }
 
+// Ids of every varint length, negative ones (ten bytes) included.
+std::vector<int64_t> AwkwardIds() {
+  return {0, 1, 127, 128, 16383, 16384, -1, INT64_MIN, INT64_MAX, 1ll << 35, -(1ll << 40), 42};
+}
+
+TEST(SparseCodec, PushRequestIsWhatProtobufReads) {
+  const std::vector<int64_t> ids = AwkwardIds();
+  const std::vector<float> grads = Ramp(ids.size() * 4, -2);
+  v1::SparsePushRequest header;
+  header.set_job_id("job-s");
+  header.set_worker_rank(2);
+  header.set_incarnation(77);
+  header.set_step(0);  // omitted on the wire, read back as zero
+  header.set_table("emb");
+  header.set_dtype(v1::DTYPE_F32);
+  header.set_version(9);
+  header.set_generation(3);
+  std::string packed;
+  PackVarints(ids, &packed);
+  const std::string bytes(reinterpret_cast<const char*>(grads.data()),
+                          grads.size() * sizeof(float));
+  const grpc::ByteBuffer encoded = EncodeSparsePushRequest(header, packed, bytes);
+
+  v1::SparsePushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(BufferBytes(encoded)));
+  v1::SparsePushRequest expected = header;
+  for (int64_t id : ids) expected.add_ids(id);
+  expected.set_gradients(bytes);
+  EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
+  EXPECT_EQ(encoded.Length(), expected.ByteSizeLong());  // the same bytes protobuf writes
+}
+
+TEST(SparseCodec, DecodesProtobufPushRequestsPackedOrNotAcrossAnySliceBoundary) {
+  const std::vector<int64_t> ids = AwkwardIds();
+  const std::vector<float> grads = Ramp(ids.size() * 4, 5);
+  v1::SparsePushRequest message;
+  message.set_job_id("job-s");
+  message.set_worker_rank(1);
+  message.set_incarnation(5);
+  message.set_step(12);
+  message.set_table("emb");
+  message.set_dtype(v1::DTYPE_F32);
+  message.set_version(8);
+  message.set_generation(2);
+  for (int64_t id : ids) message.add_ids(id);
+  message.set_gradients(
+      std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * sizeof(float)));
+  // The same ids unpacked (one varint field each), as a proto2 writer or an
+  // old serializer may send them: protobuf reads both, so must the shard.
+  std::string unpacked = message.SerializeAsString();
+  {
+    v1::SparsePushRequest no_ids = message;
+    no_ids.clear_ids();
+    unpacked = no_ids.SerializeAsString();
+    for (int64_t id : ids) {
+      unpacked.push_back(static_cast<char>(6 << 3));  // field 6, varint
+      uint64_t v = static_cast<uint64_t>(id);
+      while (v >= 0x80) {
+        unpacked.push_back(static_cast<char>((v & 0x7f) | 0x80));
+        v >>= 7;
+      }
+      unpacked.push_back(static_cast<char>(v));
+    }
+    v1::SparsePushRequest check;
+    ASSERT_TRUE(check.ParseFromString(unpacked));
+    ASSERT_EQ(check.ids_size(), static_cast<int>(ids.size()));
+  }
+  for (const std::string& wire : {message.SerializeAsString(), unpacked}) {
+    for (size_t piece : {1, 3, 7, 64, 100000}) {
+      v1::SparsePushRequest header;
+      SliceReader gradients;
+      ASSERT_TRUE(DecodeSparsePushRequest(Sliced(wire, piece), &header, &gradients).ok()) << piece;
+      EXPECT_EQ(header.job_id(), "job-s");
+      EXPECT_EQ(header.worker_rank(), 1u);
+      EXPECT_EQ(header.incarnation(), 5u);
+      EXPECT_EQ(header.step(), 12u);
+      EXPECT_EQ(header.table(), "emb");
+      EXPECT_EQ(header.dtype(), v1::DTYPE_F32);
+      EXPECT_EQ(header.version(), 8u);
+      EXPECT_EQ(header.generation(), 2u);
+      EXPECT_EQ(std::vector<int64_t>(header.ids().begin(), header.ids().end()), ids);
+      EXPECT_TRUE(header.gradients().empty());  // read in place, not copied here
+      std::vector<float> read(grads.size());
+      ASSERT_EQ(gradients.left(), grads.size() * sizeof(float));
+      ASSERT_TRUE(gradients.ReadBytes(read.data(), gradients.left()).ok());
+      EXPECT_EQ(read, grads) << piece;
+    }
+  }
+}
+
+TEST(SparseCodec, MalformedPushRequestsAreDataLoss) {
+  v1::SparsePushRequest message;
+  message.set_table("emb");
+  message.add_ids(300);
+  message.add_ids(-5);
+  message.set_gradients(std::string(8, '\1'));
+  const std::string wire = message.SerializeAsString();
+  for (size_t cut = 1; cut < wire.size(); ++cut) {
+    v1::SparsePushRequest header;
+    SliceReader gradients;
+    const absl::Status s =
+        DecodeSparsePushRequest(Sliced(wire.substr(0, cut), 2), &header, &gradients);
+    // Every prefix either fails as protobuf's parser does, or is a shorter
+    // message protobuf reads the same way.
+    v1::SparsePushRequest protobuf;
+    if (protobuf.ParseFromString(wire.substr(0, cut))) continue;
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "cut at " << cut;
+  }
+  // A packed field whose last varint runs past the field's end.
+  std::string bad;
+  bad.push_back(static_cast<char>((6 << 3) | 2));
+  bad.push_back(2);
+  bad.push_back(static_cast<char>(0x81));
+  bad.push_back(static_cast<char>(0x82));
+  v1::SparsePushRequest header;
+  SliceReader gradients;
+  EXPECT_EQ(DecodeSparsePushRequest(Sliced(bad, 1), &header, &gradients).code(),
+            absl::StatusCode::kDataLoss);
+  // A varint of 11 bytes inside a packed field.
+  bad.clear();
+  bad.push_back(static_cast<char>((6 << 3) | 2));
+  bad.push_back(11);
+  for (int i = 0; i < 10; ++i) bad.push_back(static_cast<char>(0xff));
+  bad.push_back(1);
+  EXPECT_EQ(DecodeSparsePushRequest(Sliced(bad, 4), &header, &gradients).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(SparseCodec, PullResponseRoundTripsThroughProtobuf) {
+  const std::vector<float> rows = Ramp(48, 1);
+  const std::string bytes(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
+  BufferPool pool(1 << 20);
+  {
+    const grpc::ByteBuffer encoded = EncodeSparsePullResponse(v1::DTYPE_F32, 17, bytes, &pool);
+    v1::SparsePullResponse parsed;
+    ASSERT_TRUE(parsed.ParseFromString(BufferBytes(encoded)));
+    EXPECT_EQ(parsed.values(), bytes);
+    EXPECT_EQ(parsed.dtype(), v1::DTYPE_F32);
+    EXPECT_EQ(parsed.version(), 17u);
+  }
+  EXPECT_EQ(pool.idle_bytes(), bytes.size());  // the values went back to their pool
+
+  v1::SparsePullResponse message;
+  message.set_values(bytes);
+  message.set_dtype(v1::DTYPE_BF16);
+  message.set_version(4);
+  for (size_t piece : {1, 5, 4096}) {
+    v1::SparsePullResponse header;
+    SliceReader values;
+    ASSERT_TRUE(
+        DecodeSparsePullResponse(Sliced(message.SerializeAsString(), piece), &header, &values)
+            .ok());
+    EXPECT_EQ(header.dtype(), v1::DTYPE_BF16);
+    EXPECT_EQ(header.version(), 4u);
+    std::string read(values.left(), '\0');
+    ASSERT_TRUE(values.ReadBytes(read.data(), read.size()).ok());
+    EXPECT_EQ(read, bytes);
+  }
+  // No rows: no values field at all, as protobuf writes it.
+  v1::SparsePullResponse header;
+  SliceReader values;
+  ASSERT_TRUE(
+      DecodeSparsePullResponse(EncodeSparsePullResponse(v1::DTYPE_F32, 2, ""), &header, &values)
+          .ok());
+  EXPECT_TRUE(values.AtEnd());
+  EXPECT_EQ(header.version(), 2u);
+}
+
 TEST(BufferPool, GivesBackABufferOfTheSizeAskedForAndKeepsAtMostItsLimit) {
   BufferPool pool(100);
   std::string a = pool.Take(60);

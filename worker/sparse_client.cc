@@ -15,6 +15,12 @@
 namespace grps {
 namespace {
 
+// The methods, called with raw bytes (wire/chunk_codec.h): the gradients go
+// from where they were gathered, the rows are scattered straight from
+// gRPC's slices.
+constexpr char kPushSparseMethod[] = "/grps.v1.ParameterServer/PushSparse";
+constexpr char kPullSparseMethod[] = "/grps.v1.ParameterServer/PullSparse";
+
 // Whether a failed call is worth sending again (the shards deduplicate a
 // push sent twice). UNAVAILABLE: the shard is down or not restored yet.
 // RESOURCE_EXHAUSTED: its gRPC is short of memory for calls. CANCELLED: its
@@ -65,7 +71,7 @@ SparseClient::SparseClient(const v1::JobConfig& config, const v1::ShardMap& map,
   for (const v1::ShardEndpoint& e : map.shards()) {
     if (e.shard() >= shards_) continue;
     addresses_[e.shard()] = e.address();
-    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
+    stubs_[e.shard()] = std::make_shared<grpc::GenericStub>(MakeChannel(e.address()));
   }
 }
 
@@ -76,11 +82,11 @@ void SparseClient::UpdateShardMap(const v1::ShardMap& map) {
     // A fresh channel also for the same address: the old one may sit in
     // gRPC's reconnect backoff after the shard's process died.
     addresses_[e.shard()] = e.address();
-    stubs_[e.shard()] = v1::ParameterServer::NewStub(MakeChannel(e.address()));
+    stubs_[e.shard()] = std::make_shared<grpc::GenericStub>(MakeChannel(e.address()));
   }
 }
 
-std::shared_ptr<v1::ParameterServer::Stub> SparseClient::StubOf(size_t shard) const {
+std::shared_ptr<grpc::GenericStub> SparseClient::StubOf(size_t shard) const {
   absl::MutexLock lock(&mu_);
   return stubs_[shard];
 }
@@ -127,13 +133,13 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   struct Call {
     grpc::ClientContext context;
     grpc::Status status;
-    std::shared_ptr<v1::ParameterServer::Stub> stub;
+    std::shared_ptr<grpc::GenericStub> stub;
+    grpc::ByteBuffer request;
+    grpc::ByteBuffer reply;
   };
   std::vector<Call> calls(parts.size());
   std::vector<v1::SparsePullRequest>& requests = (*t)->pull_requests;
-  std::vector<v1::SparsePullResponse>& responses = (*t)->pull_responses;
   requests.resize(parts.size());
-  responses.resize(parts.size());
   std::vector<size_t> all(parts.size());
   for (size_t p = 0; p < parts.size(); ++p) all[p] = p;
   const uint32_t timeout_ms =
@@ -157,9 +163,18 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
     // The call's own deadline leaves the shard time to answer after its wait.
     c.context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(10)));
     c.stub = StubOf(part.shard);
+    bool own_buffer;
+    if (grpc::Status s = grpc::SerializationTraits<v1::SparsePullRequest>::Serialize(
+            request, &c.request, &own_buffer);
+        !s.ok()) {
+      c.status = std::move(s);
+      done();
+      return;
+    }
     StartUnaryCall(
         [&](grpc::ClientUnaryReactor* r) {
-          c.stub->async()->PullSparse(&c.context, &request, &responses[p], r);
+          c.stub->PrepareUnaryCall(&c.context, kPullSparseMethod, grpc::StubOptions(), &c.request,
+                                   &c.reply, r);
         },
         [&c, done](grpc::Status status) {
           c.status = std::move(status);
@@ -170,32 +185,40 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   // rows counts its staleness from the oldest).
   std::vector<uint64_t> versions(shards_, UINT64_MAX);
   for (size_t p = 0; p < parts.size(); ++p) {
-    const Call& c = calls[p];
-    const v1::SparsePullResponse& response = responses[p];
+    Call& c = calls[p];
     const Part& part = parts[p];
     const size_t s = part.shard;
     if (!c.status.ok())
       return absl::Status(ToAbsl(c.status).code(),
                           absl::StrCat("shard ", s, ": ", c.status.error_message()));
+    v1::SparsePullResponse response;  // its dtype and version
+    SliceReader values;
+    if (absl::Status st = DecodeSparsePullResponse(c.reply, &response, &values); !st.ok())
+      return absl::InternalError(absl::StrCat("shard ", s, "'s sparse pull reply: ", st.message()));
     absl::StatusOr<DType> dtype = DTypeFromWire(response.dtype(), true, "sparse pull reply");
     if (!dtype.ok()) return dtype.status();
     const size_t rows_in_part = part.end - part.begin;
     const size_t n = rows_in_part * dim;
-    if (response.values().size() != n * DTypeSize(*dtype))
-      return absl::InternalError(absl::StrCat("shard ", s, " sent ", response.values().size(),
-                                              " bytes for ", rows_in_part, " rows of ", dim));
-    const char* values = response.values().data();
-    thread_local std::vector<float> converted;
-    if (*dtype != DType::kF32) {
+    if (values.left() != n * DTypeSize(*dtype))
+      return absl::InternalError(absl::StrCat("shard ", s, " sent ", values.left(), " bytes for ",
+                                              rows_in_part, " rows of ", dim));
+    const size_t row_bytes = dim * sizeof(float);
+    const size_t* rows = by_shard[s].data() + part.begin;
+    if (*dtype == DType::kF32) {
+      // Each row from gRPC's slices to its place in `out`: the one copy.
+      for (size_t j = 0; j < rows_in_part; ++j)
+        if (absl::Status st = values.ReadBytes(out + rows[j] * dim, row_bytes); !st.ok()) return st;
+    } else {
+      thread_local std::string wire_bytes;
+      thread_local std::vector<float> converted;
       converted.resize(n);
-      ConvertElements(values, *dtype, converted.data(), DType::kF32, n);
-      values = reinterpret_cast<const char*>(converted.data());
+      if (absl::Status st = ReadValues(values, *dtype, converted.data(), n, &wire_bytes); !st.ok())
+        return st;
+      for (size_t j = 0; j < rows_in_part; ++j)
+        std::memcpy(out + rows[j] * dim, converted.data() + j * dim, row_bytes);
     }
-    for (size_t j = 0; j < rows_in_part; ++j)
-      std::memcpy(out + by_shard[s][part.begin + j] * dim, values + j * dim * sizeof(float),
-                  dim * sizeof(float));
     versions[s] = std::min<uint64_t>(versions[s], response.version());
-    bytes_pulled_.fetch_add(response.ByteSizeLong());
+    bytes_pulled_.fetch_add(c.reply.Length());
   }
   for (size_t s = 0; s < shards_; ++s) (*t)->versions[s].store(versions[s]);
   return absl::OkStatus();
@@ -210,31 +233,37 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
   const DType dtype = *DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
   std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
   Split(ids, &by_shard);
-  std::vector<v1::SparsePushRequest>& requests = (*t)->push_requests;
-  requests.resize(shards_);
+  std::vector<std::string>& packed_ids = (*t)->push_ids;
+  std::vector<std::string>& gradients = (*t)->push_gradients;
+  packed_ids.resize(shards_);
+  gradients.resize(shards_);
+  std::vector<grpc::ByteBuffer> requests(shards_);
+  thread_local std::vector<int64_t> shard_ids;
   for (size_t s = 0; s < shards_; ++s) {
-    v1::SparsePushRequest& r = requests[s];
-    r.Clear();  // keeps its ids' and gradients' room
-    r.set_job_id(config_.job_id());
-    r.set_worker_rank(rank_);
-    r.set_incarnation(incarnation_);
-    r.set_step(step);
-    r.set_table(table);
-    r.set_dtype(DTypeToWire(dtype));
-    r.set_version((*t)->versions[s].load());
-    r.set_generation(generation_.load());
+    v1::SparsePushRequest header;  // no ids, no gradients
+    header.set_job_id(config_.job_id());
+    header.set_worker_rank(rank_);
+    header.set_incarnation(incarnation_);
+    header.set_step(step);
+    header.set_table(table);
+    header.set_dtype(DTypeToWire(dtype));
+    header.set_version((*t)->versions[s].load());
+    header.set_generation(generation_.load());
     const std::vector<size_t>& rows = by_shard[s];
     const size_t row_bytes = dim * DTypeSize(dtype);
-    std::string* bytes = r.mutable_gradients();
-    bytes->resize(rows.size() * row_bytes);
-    r.mutable_ids()->Resize(static_cast<int>(rows.size()), 0);
-    int64_t* shard_ids = r.mutable_ids()->mutable_data();
-    char* dst = bytes->data();
+    // Gathered once, into buffers the request is sent from (kept for a
+    // retry, and for the next step's room).
+    gradients[s].resize(rows.size() * row_bytes);
+    shard_ids.resize(rows.size());
+    char* dst = gradients[s].data();
     for (size_t j = 0; j < rows.size(); ++j, dst += row_bytes) {
       shard_ids[j] = ids[rows[j]];
       ConvertElements(grads + rows[j] * dim, DType::kF32, dst, dtype, dim);  // f32: a copy
     }
+    PackVarints(shard_ids, &packed_ids[s]);
+    requests[s] = EncodeSparsePushRequest(header, packed_ids[s], gradients[s]);
   }
+  std::vector<grpc::ByteBuffer> replies(shards_);
   std::vector<v1::SparsePushResponse> responses(shards_);
   std::vector<grpc::Status> statuses(shards_);
   std::vector<size_t> todo(shards_);
@@ -244,14 +273,15 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
   PushOutcome outcome;
   while (true) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(shards_);
-    std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs(shards_);
+    std::vector<std::shared_ptr<grpc::GenericStub>> stubs(shards_);
     ForEachShardAtOnce(todo, [&](size_t s, std::function<void()> done) {
       contexts[s] = std::make_unique<grpc::ClientContext>();
       contexts[s]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
       stubs[s] = StubOf(s);
       StartUnaryCall(
           [&](grpc::ClientUnaryReactor* r) {
-            stubs[s]->async()->PushSparse(contexts[s].get(), &requests[s], &responses[s], r);
+            stubs[s]->PrepareUnaryCall(contexts[s].get(), kPushSparseMethod, grpc::StubOptions(),
+                                       &requests[s], &replies[s], r);
           },
           [&statuses, s, done](grpc::Status status) {
             statuses[s] = std::move(status);
@@ -260,11 +290,12 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
     });
     std::vector<size_t> again;
     for (size_t s : todo) {
-      const grpc::Status& st = statuses[s];
+      grpc::Status& st = statuses[s];
+      if (st.ok())
+        st = grpc::SerializationTraits<v1::SparsePushResponse>::Deserialize(&replies[s],
+                                                                            &responses[s]);
       if (st.ok()) {
-        // The size gRPC's serialization of the request computed and cached
-        // (ByteSizeLong would walk its ids' varints again).
-        bytes_pushed_.fetch_add(static_cast<uint64_t>(requests[s].GetCachedSize()));
+        bytes_pushed_.fetch_add(requests[s].Length());
         outcome.duplicates += responses[s].duplicate();
         outcome.late += responses[s].late();
         outcome.too_stale += responses[s].too_stale();

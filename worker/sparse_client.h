@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/grps.grpc.pb.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_shards.h"
@@ -80,15 +81,15 @@ class SparseClient final : public SparseShards {
     std::vector<std::atomic<uint64_t>> versions;  // by shard, from the last Pull
     // Kept from call to call (a table's Pull and Push never overlap), so
     // that their buffers are not allocated, and faulted in, every step:
-    // the ids of each shard, the messages.
+    // the ids of each shard, a pull's requests, a push's packed ids and
+    // gradients (sent from here: wire/chunk_codec.h).
     std::vector<std::vector<size_t>> by_shard;
-    std::vector<v1::SparsePullRequest> pull_requests;    // by part
-    std::vector<v1::SparsePullResponse> pull_responses;  // by part
-    std::vector<v1::SparsePushRequest> push_requests;    // by shard
+    std::vector<v1::SparsePullRequest> pull_requests;  // by part
+    std::vector<std::string> push_ids;                 // by shard
+    std::vector<std::string> push_gradients;           // by shard
   };
   absl::StatusOr<TableState*> Find(const std::string& table);
-  std::shared_ptr<v1::ParameterServer::Stub> StubOf(size_t shard) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<grpc::GenericStub> StubOf(size_t shard) const ABSL_LOCKS_EXCLUDED(mu_);
   // Which shard each id goes to: the positions in `ids` of each shard's ids,
   // in order.
   void Split(absl::Span<const int64_t> ids, std::vector<std::vector<size_t>>* by_shard) const;
@@ -102,7 +103,7 @@ class SparseClient final : public SparseShards {
 
   mutable absl::Mutex mu_;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // by shard
-  std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<grpc::GenericStub>> stubs_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
