@@ -638,8 +638,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PullSparse(grpc::CallbackServe
                              return;
                            }
                            // The rows as they were read: sent from there.
-                           *response =
-                               EncodeSparsePullResponse(wire, rows->version, std::move(rows->data));
+                           *response = EncodeSparsePullResponse(
+                               wire, rows->version, std::move(rows->data), &BufferPool::Default());
                            reactor->Finish(grpc::Status::OK);
                          });
   return reactor;

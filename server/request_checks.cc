@@ -10,6 +10,7 @@
 #include "job/job_config.h"
 #include "job/sparse_tables.h"
 #include "server/chunk_optimizer.h"
+#include "wire/buffer_pool.h"
 
 namespace grps {
 namespace {
@@ -480,6 +481,10 @@ absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
   spec.generation = request.generation();
   spec.deadline = deadline;
   spec.dtype = *dtype;
+  // The rows are read into room a reply before this one gave back (the
+  // service sends them with BufferPool::Default() as their recycle): no
+  // fresh pages to fault in and zero every call.
+  spec.reply = BufferPool::Default().TakeRoom(reply_bytes - 64);
   return spec;
 }
 

@@ -97,7 +97,7 @@ absl::StatusOr<ShardStore::SparseGradientPush> DecodeSparsePush(
     const ShardStore& store, const v1::SparsePushRequest& request, SliceReader gradients,
     std::vector<float>* scratch);
 // A sparse pull checked as a push is (an id may come twice) and its reply
-// within the message limit.
+// within the message limit; the spec's reply room from BufferPool::Default().
 absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
     const ShardStore& store, const v1::SparsePullRequest& request, absl::Time deadline);
 

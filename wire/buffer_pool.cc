@@ -23,7 +23,24 @@ std::string BufferPool::Take(size_t size) {
   return std::string(size, '\0');
 }
 
+size_t BufferPool::RoomFor(size_t size) {
+  if (size <= (size_t{64} << 10)) return size;
+  size_t power = size_t{1} << 16;
+  while (power * 2 <= size) power *= 2;
+  const size_t eighth = power / 8;
+  return (size + eighth - 1) / eighth * eighth;
+}
+
+std::string BufferPool::TakeRoom(size_t size) {
+  std::string buffer = Take(RoomFor(size));
+  buffer.resize(size);  // smaller: the room stays, nothing is written
+  return buffer;
+}
+
 void BufferPool::Give(std::string buffer) {
+  // Back to its full room, so that a Take of that size finds it (writes
+  // zeros past a TakeRoom buffer's bytes: at most an eighth).
+  if (buffer.size() < buffer.capacity()) buffer.resize(buffer.capacity());
   const size_t size = buffer.size();
   if (size == 0) return;
   absl::MutexLock lock(&mu_);

@@ -34,7 +34,15 @@ class BufferPool {
   // A buffer of exactly `size` bytes whose contents are unspecified (an
   // idle buffer of that size if there is one, else a new one).
   std::string Take(size_t size) ABSL_LOCKS_EXCLUDED(mu_);
-  // Hands a buffer back for a later Take of its size.
+  // The same for buffers whose sizes vary from call to call (a sparse pull's
+  // reply: its rows per shard): `size` bytes in room of RoomFor(size), so
+  // that any buffer of nearby size given back is used again.
+  std::string TakeRoom(size_t size) ABSL_LOCKS_EXCLUDED(mu_);
+  // The room TakeRoom gives `size` bytes: `size` rounded up to an eighth of
+  // its power of two (at most 1/8 more), above 64 KiB; `size` below.
+  static size_t RoomFor(size_t size);
+  // Hands a buffer back for a later Take of its size (its capacity: a
+  // TakeRoom buffer goes back to its room's size).
   void Give(std::string buffer) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t idle_bytes() const ABSL_LOCKS_EXCLUDED(mu_);

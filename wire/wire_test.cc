@@ -563,6 +563,29 @@ TEST(BufferPool, GivesBackABufferOfTheSizeAskedForAndKeepsAtMostItsLimit) {
   EXPECT_EQ(pool.idle_bytes(), 60u);
 }
 
+TEST(BufferPool, BuffersOfNearbySizesShareARoom) {
+  for (size_t size : {size_t{1}, size_t{65536}, size_t{65537}, size_t{1} << 20,
+                      (size_t{1} << 20) + 1, size_t{4194303}, size_t{123456789}}) {
+    const size_t room = BufferPool::RoomFor(size);
+    EXPECT_GE(room, size);
+    EXPECT_LE(room, size + size / 8 + 1) << size;  // at most an eighth more
+  }
+  BufferPool pool(size_t{64} << 20);
+  std::string first = pool.TakeRoom(4'000'000);
+  ASSERT_EQ(first.size(), 4'000'000u);
+  const char* room = first.data();
+  pool.Give(std::move(first));
+  EXPECT_EQ(pool.idle_bytes(), BufferPool::RoomFor(4'000'000));  // the whole room went back
+  // A reply of another number of rows, the same room: no new buffer.
+  std::string second = pool.TakeRoom(4'100'000);
+  EXPECT_EQ(second.size(), 4'100'000u);
+  EXPECT_EQ(second.data(), room);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  // A size of another room does not take it.
+  pool.Give(std::move(second));
+  EXPECT_NE(pool.TakeRoom(2'000'000).data(), room);
+}
+
 TEST(BufferPool, AnOwnedPayloadReturnsToItsPoolWhenGrpcLetsGo) {
   BufferPool pool(1 << 20);
   {
