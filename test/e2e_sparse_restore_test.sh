@@ -24,10 +24,10 @@ BIN=${1:?usage: e2e_sparse_restore_test.sh BIN_DIR}
 source "$(dirname "$0")/lib.sh"
 
 STEPS=800
-# The worker of rank 0 sleeps 3 ms after every step (it changes no value):
+# The worker of rank 0 sleeps 6 ms after every step (it changes no value):
 # the job lasts seconds whatever the machine's speed, so the kill lands
 # mid-run.
-PACE=(--straggler_rank=0 --straggle_ms=3)
+PACE=(--straggler_rank=0 --straggle_ms=6)
 MODEL=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad --lr=0.1
        --embedding_dim=16 --hidden=none --batch=32)
 
