@@ -56,8 +56,6 @@ ABSL_FLAG(int32_t, linger_ms, 3000,
 namespace grps {
 namespace {
 
-constexpr char kStateFileName[] = "coordinator.state";
-
 // The highest id of a ckpt-<id> folder under `root` (0 if none).
 uint64_t HighestCheckpointFolder(Env* env, const std::string& root) {
   absl::StatusOr<std::vector<std::string>> names = env->ListDir(root);
@@ -372,7 +370,7 @@ int Main(int argc, char** argv) {
   Env* env = Env::Default();
   const std::string state_dir = StateDir(config);
   const std::string state_path =
-      state_dir.empty() ? std::string() : JoinPath(state_dir, kStateFileName);
+      state_dir.empty() ? std::string() : JoinPath(state_dir, kCoordinatorStateFile);
   StateFileVerdict verdict = ReadStateFile(env, state_path, config);
   if (verdict.exit_code.has_value()) return *verdict.exit_code;
   if (!state_dir.empty()) {

@@ -49,7 +49,7 @@ v1::JobStatus JobReport::Status(bool training_done, absl::Time now) const {
   return status;
 }
 
-v1::CoordinatorState JobReport::State(absl::Time now) const {
+v1::CoordinatorState JobReport::State(bool training_done, absl::Time now) const {
   v1::CoordinatorState state;
   *state.mutable_config() = MemberConfig();
   p_.phase->ExportTo(&state, now);
@@ -59,6 +59,7 @@ v1::CoordinatorState JobReport::State(absl::Time now) const {
   p_.resharding->ExportTo(&state);
   p_.membership->ExportTo(&state);
   state.set_unix_time_ms(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMillis(now))));
+  if (p_.phase->ended()) *state.mutable_final_status() = Status(training_done, now);
   return state;
 }
 

@@ -46,8 +46,9 @@ class JobReport {
   v1::JobConfig MemberConfig() const;
   // The status at `now`; `training_done` as the machine derives it.
   v1::JobStatus Status(bool training_done, absl::Time now) const;
-  // The state a coordinator that takes the job over reads.
-  v1::CoordinatorState State(absl::Time now) const;
+  // The state a coordinator that takes the job over reads; once the job
+  // ended, with the status it ended with (Status's).
+  v1::CoordinatorState State(bool training_done, absl::Time now) const;
 
  private:
   // Why the job is still WAITING: the shards and ranks that never

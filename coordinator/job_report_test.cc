@@ -82,15 +82,30 @@ TEST_F(JobReportTest, AnEndedJobSaysWhy) {
 
 TEST_F(JobReportTest, ThePersistedStateIsWhatATakeOverReadsBack) {
   RegisterAll();
-  const v1::CoordinatorState state = report_->State(kT0 + absl::Seconds(3));
+  const v1::CoordinatorState state = report_->State(false, kT0 + absl::Seconds(3));
   EXPECT_EQ(state.config().job_id(), "test-job");
   EXPECT_EQ(state.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(state.has_final_status());  // the job has not ended
   EXPECT_EQ(state.shards_size(), 2);
   EXPECT_EQ(state.next_checkpoint_id(), 1u);
   EXPECT_DOUBLE_EQ(state.elapsed_seconds(), 3);
   EXPECT_EQ(state.unix_time_ms(), static_cast<uint64_t>(absl::ToUnixMillis(kT0)) + 3000);
   Membership taken_over(parts_->membership.shard_map(), 2, absl::Seconds(1));
   EXPECT_TRUE(taken_over.ImportFrom(state, kT0).ok());
+}
+
+// grps-local reads how the job ended from the state file when it did not
+// hear the coordinator's last snapshot.
+TEST_F(JobReportTest, AnEndedJobsStateCarriesTheStatusItEndedWith) {
+  RegisterAll();
+  parts_->phase.End(v1::JOB_STATE_STOPPED, "asked to stop", kT0);
+  const v1::CoordinatorState state = report_->State(false, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(state.has_final_status());
+  EXPECT_EQ(state.final_status().state(), v1::JOB_STATE_STOPPED);
+  EXPECT_EQ(state.final_status().message(), "asked to stop");
+  EXPECT_EQ(state.final_status().job_id(), "test-job");
+  EXPECT_EQ(state.final_status().SerializeAsString(),
+            report_->Status(false, kT0 + absl::Seconds(1)).SerializeAsString());
 }
 
 }  // namespace

@@ -597,7 +597,7 @@ bool JobStateMachine::EveryLiveMemberSawEndLocked(absl::Time now) const {
 v1::CoordinatorState JobStateMachine::ExportState() const {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
-  return report_.State(now);
+  return report_.State(TrainingDoneLocked(), now);
 }
 
 absl::Status JobStateMachine::PersistState(bool force) {

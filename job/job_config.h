@@ -19,6 +19,11 @@ namespace grps {
 // every 468 steps (about one epoch of the default job), batch 64, 3 epochs.
 v1::JobConfig DefaultJobConfig();
 
+// The file a coordinator keeps its job's state in, under its --state_dir
+// (CoordinatorState: what a coordinator that takes the job over reads, and
+// the status the job ended with, which grps-local reads).
+inline constexpr char kCoordinatorStateFile[] = "coordinator.state";
+
 // The sparse table the embedding model's rows live in.
 inline constexpr char kEmbeddingTable[] = "embedding";
 

@@ -273,6 +273,28 @@ void LocalLauncher::RefreshStatus() {
   if (feed_ == nullptr) return;
   if (auto latest = feed_->Latest()) latest_ = std::move(latest);
   if (auto final_eval = feed_->WithFinalEval()) final_eval_ = std::move(final_eval);
+  // A coordinator restarted near the end may finish the job and exit before
+  // the feed dials it again (gRPC waits out its reconnect backoff between
+  // refused dials): the ending snapshot is then in its state file.
+  if (coordinator().exited() && !(latest_ && JobEnded(latest_->state()))) {
+    if (std::optional<v1::JobStatus> ended = EndFromStateFile()) {
+      latest_ = std::move(ended);
+      if (latest_->has_final_eval()) final_eval_ = latest_;
+    }
+  }
+}
+
+std::optional<v1::JobStatus> LocalLauncher::EndFromStateFile() const {
+  absl::StatusOr<std::string> bytes =
+      Env::Default()->ReadFile(InDir(options_.run_dir, kCoordinatorStateFile));
+  v1::CoordinatorState state;
+  if (!bytes.ok() || !state.ParseFromString(*bytes) || !state.has_final_status() ||
+      !JobEnded(state.final_status().state()))
+    return std::nullopt;
+  // Not a file an earlier launch in this run dir left.
+  if (absl::FromUnixMillis(static_cast<int64_t>(state.unix_time_ms())) < start_)
+    return std::nullopt;
+  return state.final_status();
 }
 
 void LocalLauncher::ShowProgress(absl::Time now) {
@@ -585,6 +607,14 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
   result.started_unix = absl::ToDoubleSeconds(start_ - absl::UnixEpoch());
   result.workers_died = workers_died_;
   result.workers_restarted = workers_restarted_;
+  // Every child exited 0, yet nothing said how the job ended: the figures
+  // are those of the last status heard, not the job's last.
+  if (ok && !(latest_ && JobEnded(latest_->state())))
+    result.warnings.push_back(
+        absl::StrCat("the coordinator's ending status was not heard (neither streamed nor in ",
+                     InDir(options_.run_dir, kCoordinatorStateFile),
+                     "): the figures are those of the last status heard",
+                     latest_ ? absl::StrCat(" (", JobStateName(latest_->state()), ")") : ""));
   if (workers_died_ > 0)
     Say(absl::StrCat("workers: ", workers_died_, " died, ", workers_restarted_,
                      " restarted, of ", options_.workers));

@@ -150,8 +150,14 @@ class LocalLauncher {
   // Draws <run_dir>/curves.svg with gnuplot, if there is one; says where the
   // plot is, or why there is none. Never fails the launch.
   void PlotCurves();
-  // Takes the newest snapshots from the feed, if there is one.
+  // Takes the newest snapshots from the feed, if there is one; once the
+  // coordinator has exited, the status the job ended with from its state
+  // file when the feed did not hear it (EndFromStateFile).
   void RefreshStatus();
+  // The status the job ended with, from the coordinator's state file
+  // (CoordinatorState.final_status) written since this launch started;
+  // nullopt when there is none (a coordinator killed, or no file).
+  std::optional<v1::JobStatus> EndFromStateFile() const;
   // Redraws the bar (terminal) or prints a plain line when one is due.
   void ShowProgress(absl::Time now);
   // Prints a line of its own (ending the progress bar first, if drawn).

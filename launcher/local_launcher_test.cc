@@ -979,6 +979,65 @@ TEST_F(LaunchTest, CoordinatorKilledBySignalIsRestartedOnItsPortAndTheJobComplet
   ExpectNoFakeLeft();
 }
 
+// A coordinator restarted near the end can finish the job and exit before
+// the launcher's feed dials it again: the launcher then reads the status
+// the job ended with from the coordinator's state file.
+TEST_F(LaunchTest, AnEndTheFeedMissedIsReadFromTheCoordinatorsStateFile) {
+  ServeStatus({RunningJob()});  // the stream never says the job ended
+  v1::CoordinatorState state;
+  state.set_state(v1::JOB_STATE_COMPLETED);
+  *state.mutable_final_status() = FinishedJob();
+  // Written after this launch started (an hour from now).
+  state.set_unix_time_ms(absl::ToUnixMillis(absl::Now() + absl::Hours(1)));
+  std::ofstream(fake_dir_ + "/ended.state") << state.SerializeAsString();
+  WriteFake("grps-coordinator", std::string(kWritePort) +
+                                    "sleep 0.5\ncp \"$FAKE_DIR/ended.state\" \"" +
+                                    options_.run_dir + "/coordinator.state\"\n");
+  WriteFake("grps-server", "exec sleep 0.3\n");
+  WriteFake("grps-worker", "exec sleep 0.3\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("job completed: 50 steps per worker"));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  const auto& f = json.fields();
+  EXPECT_EQ(f.at("exit").string_value(), "ok");
+  EXPECT_EQ(f.at("steps").number_value(), 50);
+  EXPECT_NEAR(f.at("final_test_accuracy").number_value(), 0.85, 1e-6);
+  EXPECT_EQ(f.at("warnings").list_value().values_size(), 0);
+  ExpectNoFakeLeft();
+}
+
+// Every child exited 0 but nothing said how the job ended (a state file an
+// earlier launch left is not this one's): the figures are the last status
+// heard, and the result says so; --strict fails on it.
+TEST_F(LaunchTest, AnEndNeverHeardIsAWarningNotAQuietSuccess) {
+  v1::CoordinatorState state;
+  *state.mutable_final_status() = FinishedJob();
+  state.set_unix_time_ms(absl::ToUnixMillis(absl::Now() - absl::Hours(1)));
+  std::ofstream(fake_dir_ + "/old.state") << state.SerializeAsString();
+  for (bool strict : {false, true}) {
+    SCOPED_TRACE(strict ? "strict" : "not strict");
+    options_.strict = strict;
+    ServeStatus({RunningJob()});
+    WriteFake("grps-coordinator", std::string(kWritePort) +
+                                      "sleep 0.5\ncp \"$FAKE_DIR/old.state\" \"" +
+                                      options_.run_dir + "/coordinator.state\"\n");
+    WriteFake("grps-server", "exec sleep 0.3\n");
+    WriteFake("grps-worker", "exec sleep 0.3\n");
+    std::string out;
+    EXPECT_EQ(Launch(&out), strict ? kLaunchFailed : kLaunchOk) << out;
+    EXPECT_THAT(out, HasSubstr("warning: the coordinator's ending status was not heard"));
+    google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+    const auto& f = json.fields();
+    ASSERT_EQ(f.at("warnings").list_value().values_size(), 1);
+    EXPECT_THAT(f.at("warnings").list_value().values(0).string_value(),
+                HasSubstr("the figures are those of the last status heard (running)"));
+    EXPECT_EQ(f.at("final_test_accuracy").kind_case(), google::protobuf::Value::kNullValue);
+  }
+}
+
 TEST_F(LaunchTest, ServerExitingWithAnErrorFailsTheLaunchWithoutARestart) {
   ServeStatus({RunningJob()});
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
