@@ -18,8 +18,10 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,34 +72,21 @@ bool Same(const DecodedPush& a, const DecodedPush& b) {
   return a.code == b.code && differ.Compare(a.header, b.header) && a.chunks == b.chunks;
 }
 
-// Protobuf's reading of `data`, when it has one, against ours.
-void CheckAgainstProtobuf(const uint8_t* data, size_t size) {
-  v1::PushRequest parsed;
-  if (!parsed.ParseFromArray(data, static_cast<int>(size))) return;
-  // Unknown fields are skipped by both, but protobuf keeps them and writes
-  // them back, groups included (wire types 3 and 4, which no proto3 schema
-  // produces and wire/ refuses): compare the known fields.
-  parsed.DiscardUnknownFields();
-  const std::string canonical = parsed.SerializeAsString();
-  const DecodedPush ours =
-      Decode(OneSlice(reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()));
-  FUZZ_CHECK(ours.code == absl::StatusCode::kOk,
-             "protobuf's own serialization of a PushRequest does not decode");
+// What protobuf read, as Decode says it.
+DecodedPush AsProtobufReadIt(v1::PushRequest parsed) {
   DecodedPush expected;
   for (const v1::ChunkData& c : parsed.chunks())
     expected.chunks.emplace_back(c.chunk_id(), c.dtype(), c.version(), c.data(), c.indices());
   parsed.clear_chunks();
-  expected.header = parsed;
-  FUZZ_CHECK(Same(ours, expected), "DecodePushRequest and protobuf read different fields");
+  expected.header = std::move(parsed);
+  return expected;
 }
 
 void CheckReply(const ShardCallResult& result, const DecodedPush& request) {
-  if (!result.status.ok()) return;
-  FUZZ_CHECK(request.code == absl::StatusCode::kOk,
-             "a push that does not decode was accepted");
-  v1::PushResponse reply;
-  FUZZ_CHECK(reply.ParseFromString(Flatten(result.response)),
-             "the push reply is not a PushResponse");
+  const std::optional<v1::PushResponse> accepted = AcceptedReply<v1::PushResponse>(
+      result, request.code == absl::StatusCode::kOk, "push");
+  if (!accepted) return;
+  const v1::PushResponse& reply = *accepted;
   // Initial values are not a step: their reply is empty.
   const size_t versions = request.header.initial_values() ? 0 : request.chunks.size();
   FUZZ_CHECK(static_cast<size_t>(reply.versions_size()) == versions,
@@ -121,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DecodedPush whole = Decode(OneSlice(data, size));
   FUZZ_CHECK(Same(whole, Decode(sliced)),
              "DecodePushRequest reads one slice and many slices differently");
-  CheckAgainstProtobuf(data, size);
+  CheckProtobufReadsAlike<v1::PushRequest, DecodedPush>(data, size, "PushRequest", &Decode,
+                                                       &AsProtobufReadIt, &Same);
   // The pull half of a push waits at most max(1, pull_timeout_ms).
   const absl::Duration grace =
       whole.header.pull() ? GraceFor(std::max<uint32_t>(1, whole.header.pull_timeout_ms()))

@@ -18,9 +18,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "fuzz/fuzz_check.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grps.pb.h"
 #include "server/parameter_server_service.h"
@@ -84,6 +89,46 @@ grpc::ByteBuffer OneSlice(const uint8_t* data, size_t size);
 grpc::ByteBuffer ManySlices(const uint8_t* data, size_t size);
 // A ByteBuffer's bytes, joined.
 std::string Flatten(const grpc::ByteBuffer& buffer);
+
+// The contract of wire/wire_format.h ("any protobuf serializer's output is
+// read here"), for inputs protobuf parses as a `Message`: protobuf's
+// serialization of the parsed message (its known fields: protobuf keeps
+// unknown ones, groups included, which no proto3 schema produces and wire/
+// refuses) must decode, with `decode` over one slice, to what `expected`
+// makes of the parsed message (`same` compares). `what` names the message
+// in a finding. `Decoded` has the decoding's `code`.
+template <typename Message, typename Decoded>
+void CheckProtobufReadsAlike(const uint8_t* data, size_t size, const char* what,
+                             Decoded (*decode)(const grpc::ByteBuffer&),
+                             Decoded (*expected)(Message parsed),
+                             bool (*same)(const Decoded&, const Decoded&)) {
+  Message parsed;
+  if (!parsed.ParseFromArray(data, static_cast<int>(size))) return;
+  parsed.DiscardUnknownFields();
+  const std::string canonical = parsed.SerializeAsString();
+  const Decoded ours =
+      decode(OneSlice(reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()));
+  FUZZ_CHECK(ours.code == absl::StatusCode::kOk,
+             absl::StrCat("protobuf's own serialization of a ", what, " does not decode"));
+  FUZZ_CHECK(same(ours, expected(std::move(parsed))),
+             absl::StrCat("wire/ and protobuf read a ", what, " differently"));
+}
+
+// The reply of a handler that accepted a request (`result.status` OK) as a
+// `Reply`, which the contract says it is; nullopt when the handler refused
+// it. A request that did not decode (`decoded` false) must not have been
+// accepted. `what` names the request in a finding.
+template <typename Reply>
+std::optional<Reply> AcceptedReply(const ShardCallResult& result, bool decoded,
+                                   const char* what) {
+  if (!result.status.ok()) return std::nullopt;
+  FUZZ_CHECK(decoded, absl::StrCat("a ", what, " that does not decode was accepted"));
+  Reply reply;
+  FUZZ_CHECK(reply.ParseFromString(Flatten(result.response)),
+             absl::StrCat("the reply to a ", what, " is not a ",
+                          Reply::descriptor()->name()));
+  return reply;
+}
 
 }  // namespace grps
 

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "fuzz/fuzz_check.h"
 #include "fuzz/quiet_logs.h"
@@ -55,30 +56,13 @@ bool Same(const DecodedSparsePush& a, const DecodedSparsePush& b) {
          a.gradients == b.gradients;
 }
 
-// Protobuf's reading of `data`, when it has one, against ours.
-void CheckAgainstProtobuf(const uint8_t* data, size_t size) {
-  v1::SparsePushRequest parsed;
-  if (!parsed.ParseFromArray(data, static_cast<int>(size))) return;
-  parsed.DiscardUnknownFields();
-  const std::string canonical = parsed.SerializeAsString();
-  const DecodedSparsePush ours =
-      Decode(OneSlice(reinterpret_cast<const uint8_t*>(canonical.data()), canonical.size()));
-  FUZZ_CHECK(ours.code == absl::StatusCode::kOk,
-             "protobuf's own serialization of a SparsePushRequest does not decode");
+// What protobuf read, as Decode says it.
+DecodedSparsePush AsProtobufReadIt(v1::SparsePushRequest parsed) {
   DecodedSparsePush expected;
   expected.gradients = parsed.gradients();
   parsed.clear_gradients();
-  expected.header = parsed;
-  FUZZ_CHECK(Same(ours, expected), "DecodeSparsePushRequest and protobuf read different fields");
-}
-
-void CheckReply(const ShardCallResult& result, const DecodedSparsePush& request) {
-  if (!result.status.ok()) return;
-  FUZZ_CHECK(request.code == absl::StatusCode::kOk,
-             "a sparse push that does not decode was accepted");
-  v1::SparsePushResponse reply;
-  FUZZ_CHECK(reply.ParseFromString(Flatten(result.response)),
-             "the sparse push reply is not a SparsePushResponse");
+  expected.header = std::move(parsed);
+  return expected;
 }
 
 }  // namespace
@@ -91,10 +75,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DecodedSparsePush whole = Decode(OneSlice(data, size));
   FUZZ_CHECK(Same(whole, Decode(sliced)),
              "DecodeSparsePushRequest reads one slice and many slices differently");
-  CheckAgainstProtobuf(data, size);
+  CheckProtobufReadsAlike<v1::SparsePushRequest, DecodedSparsePush>(
+      data, size, "SparsePushRequest", &Decode, &AsProtobufReadIt, &Same);
   for (v1::ConsistencyMode mode : kShardFuzzModes)
-    CheckReply(
+    AcceptedReply<v1::SparsePushResponse>(
         CallShard(mode, nullptr, &ParameterServerService::PushSparse, sliced, absl::ZeroDuration()),
-        whole);
+        whole.code == absl::StatusCode::kOk, "sparse push");
   return 0;
 }
