@@ -1031,6 +1031,15 @@ def run(args, objects, runs):
         lock = threading.Lock()
         stop = threading.Event()
 
+        def exits_soon(proc, within=2.0):
+            # Whether `proc` has exited, or does within `within` seconds.
+            end = time.monotonic() + within
+            while proc.poll() is None:
+                if time.monotonic() >= end:
+                    return False
+                time.sleep(0.05)
+            return True
+
         def watch(pod, container, env, argv_of):
             # The container's probes until each has passed once, and its
             # scrape target until it has answered once, while it runs.
@@ -1046,9 +1055,11 @@ def run(args, objects, runs):
                                               container[kind].get("timeoutSeconds", 1))
                     except subprocess.TimeoutExpired:
                         ok, said = False, "timed out"
-                    if not ok and runner.procs[pod.name].poll() is not None:
+                    if not ok and exits_soon(runner.procs[pod.name]):
                         # The container exited while it was probed: the
                         # probe raced its exit, and says nothing of it.
+                        # (In the image, `podman exec` finds no container
+                        # a moment before `podman run` itself returns.)
                         with lock:
                             raced.add((pod.name, kind))
                         break
