@@ -329,6 +329,12 @@ void RunUntilTheJobEnds(const v1::JobConfig& config, CoordinatorService* service
   }
   persisting.store(false);
   persister.join();
+  // The end on disk at once, not after the linger: a coordinator killed
+  // while it lingers must not leave a state that says the job runs (a
+  // restarted one would take back a job whose members are leaving), and
+  // grps-local reads how the job ended from it.
+  if (absl::Status s = service->PersistState(/*force=*/true); !s.ok())
+    spdlog::warn("state file: {}", std::string(s.message()));
 }
 
 // Lingers so that every live daemon hears the final state from a heartbeat

@@ -270,7 +270,8 @@ const ChildProcess* LocalLauncher::EveryWorkerDead() const {
 }
 
 void LocalLauncher::RefreshStatus() {
-  if (feed_ == nullptr) return;
+  // The feed has nothing newer than the end read from the state file.
+  if (feed_ == nullptr || end_from_state_file_) return;
   if (auto latest = feed_->Latest()) latest_ = std::move(latest);
   if (auto final_eval = feed_->WithFinalEval()) final_eval_ = std::move(final_eval);
   // A coordinator restarted near the end may finish the job and exit before
@@ -280,6 +281,7 @@ void LocalLauncher::RefreshStatus() {
     if (std::optional<v1::JobStatus> ended = EndFromStateFile()) {
       latest_ = std::move(ended);
       if (latest_->has_final_eval()) final_eval_ = latest_;
+      end_from_state_file_ = true;
     }
   }
 }

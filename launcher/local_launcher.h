@@ -200,6 +200,7 @@ class LocalLauncher {
   absl::Time next_plain_line_ = absl::InfinitePast();
   std::optional<v1::JobStatus> latest_;
   std::optional<v1::JobStatus> final_eval_;
+  bool end_from_state_file_ = false;  // latest_ is EndFromStateFile's
 };
 
 }  // namespace grps
