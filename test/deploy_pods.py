@@ -1031,21 +1031,13 @@ def run(args, objects, runs):
         lock = threading.Lock()
         stop = threading.Event()
 
-        def exits_soon(proc, within=2.0):
-            # Whether `proc` has exited, or does within `within` seconds.
-            end = time.monotonic() + within
-            while proc.poll() is None:
-                if time.monotonic() >= end:
-                    return False
-                time.sleep(0.05)
-            return True
-
         def watch(pod, container, env, argv_of):
             # The container's probes until each has passed once, and its
             # scrape target until it has answered once, while it runs.
             ann = pod.annotations
             kinds = [k for k in ("startupProbe", "readinessProbe", "livenessProbe")
                      if k in container]
+            failed_at = {}  # kind: when its last probe failed
             while not stop.is_set() and runner.procs[pod.name].poll() is None:
                 for kind in kinds:
                     if probes_ok.get((pod.name, kind), (False,))[0]:
@@ -1055,14 +1047,14 @@ def run(args, objects, runs):
                                               container[kind].get("timeoutSeconds", 1))
                     except subprocess.TimeoutExpired:
                         ok, said = False, "timed out"
-                    if not ok and exits_soon(runner.procs[pod.name]):
+                    if not ok and runner.procs[pod.name].poll() is not None:
                         # The container exited while it was probed: the
                         # probe raced its exit, and says nothing of it.
-                        # (In the image, `podman exec` finds no container
-                        # a moment before `podman run` itself returns.)
                         with lock:
                             raced.add((pod.name, kind))
                         break
+                    if not ok:
+                        failed_at[kind] = time.monotonic()
                     with lock:
                         probes_ok[(pod.name, kind)] = (ok, said)
                 if ann.get("prometheus.io/scrape") == "true" and \
@@ -1079,6 +1071,15 @@ def run(args, objects, runs):
                     with lock:
                         scraped[pod.name] = (ok, said)
                 stop.wait(0.2)
+            # A probe that failed within 2 s of the exit raced it too: in the
+            # image, `podman exec` finds no container a moment before
+            # `podman run` itself returns.
+            if runner.procs[pod.name].poll() is not None:
+                for kind, at in failed_at.items():
+                    if time.monotonic() - at < 2.0 and \
+                            not probes_ok.get((pod.name, kind), (False,))[0]:
+                        with lock:
+                            raced.add((pod.name, kind))
         watchers = [threading.Thread(target=watch, args=(pod, c, env, argv_of), daemon=True)
                     for pod, c, _, env, argv_of, _ in started if pod.name not in args.held]
         for w in watchers:
