@@ -38,12 +38,17 @@ MODE=sync
 # final_checkpoint NAME: the newest checkpoint folder of run NAME.
 final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
 
-# scale NAME COORD K: re-shards run NAME to K shards and waits for it.
+# scale NAME COORD K: re-shards run NAME to K shards and waits for it. The
+# job's shard count is checked in what `grpsctl scale --wait` saw (the job's
+# status with K shards): a status read after it may come once the job ended
+# and its coordinator exited (the job runs on after the move).
 scale() {
   local name=$1 coord=$2 k=$3 before
   before=$(field_at "$coord" 'int(j.get("global_step", 0))' -1)
   "$BIN/grpsctl" --coordinator="$coord" scale --servers="$k" --wait --wait_s=60 \
     >"$WORK/$name-scale-$k.out" 2>&1 || { cat "$WORK/$name-scale-$k.out"; fail "$name: scale to $k"; }
+  grep -q "^re-sharded from [0-9]* to $k shards" "$WORK/$name-scale-$k.out" ||
+    { cat "$WORK/$name-scale-$k.out"; fail "$name: not $k shards"; }
   echo "$name: asked at global step $before: $(tail -n 1 "$WORK/$name-scale-$k.out")"
 }
 
@@ -76,10 +81,8 @@ job() {
       --shard=2
     wait_until "$coord" "int(j.get('global_step', 0)) >= 150" 60 "step 150"
     scale "$name" "$coord" 3
-    [ "$(field_at "$coord" 'len(j.get("shards", []))' 0)" = 3 ] || fail "$name: not 3 shards"
-    wait_until "$coord" "int(j.get('global_step', 0)) >= 350" 60 "step 350"
+    wait_until "$coord" "int(j.get('global_step', 0)) >= 300" 60 "step 300"
     scale "$name" "$coord" 1
-    [ "$(field_at "$coord" 'len(j.get("shards", []))' 0)" = 1 ] || fail "$name: not 1 shard"
     for s in 1 2; do
       local var=PID_${name//-/_}_server_$s
       wait_pid "${!var}" 30
