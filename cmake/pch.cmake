@@ -23,8 +23,18 @@
 option(GRPS_PCH "Precompile the headers most sources include (cmake/pch.cmake)" ON)
 # POSIX threads are a flag a precompiled header must share: every C++ source
 # compiles with -pthread (most had it from gRPC's or Abseil's targets).
+# So are the macros that change what spdlog's and fmt's headers declare:
+# every source compiles with spdlog's and fmt's definitions (else gcc
+# passes the precompiled header by and reads the headers as text, in
+# spdlog's header-only mode).
 if(GRPS_PCH)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-pthread>)
+  foreach(lib spdlog::spdlog fmt::fmt)
+    get_target_property(defs ${lib} INTERFACE_COMPILE_DEFINITIONS)
+    if(defs)
+      add_compile_definitions(${defs})
+    endif()
+  endforeach()
 endif()
 
 set(_grps_pch_headers
