@@ -4,7 +4,7 @@
 #   - The yardstick: the default job (Fashion-MNIST, the MLP, sync, 2
 #     servers) for 4 epochs with exactly 2 workers.
 #   - The same job elastic (--workers=2 --max_workers=4). At global step 300
-#     two grps-worker processes start for ranks 2 and 3 and join; at step 900
+#     two grps-worker processes start for ranks 2 and 3 and join; at step 700
 #     rank 3 is drained with `grpsctl drain` and rank 2 gets SIGTERM.
 # Checks: grps-local exits 0; the result counts 2 joins and 2 leaves; the
 # coordinator's example ledger trained every block, none refused; the
@@ -63,9 +63,11 @@ done
 ctl status | grep -q "live set .*4 of 4 ranks live; 0 left, 2 joined" \
   || fail "grpsctl status does not show 4 live ranks"
 
-# The scale-down at step 900, or 200 steps after the joins if they came late.
+# The scale-down at step 700, or 200 steps after the joins if they came late.
+# (4 workers from step 300 run out of blocks at about step 1,090: at 900, a
+# run on a loaded machine once asked after rank 3 had finished.)
 down=$(( $(global_step "$run") + 200 ))
-[ "$down" -ge 900 ] || down=900
+[ "$down" -ge 700 ] || down=700
 wait_until_step "$run" $down 120
 ctl drain 3 | grep -q "worker 3 drained" || fail "grpsctl drain 3 said otherwise"
 kill -TERM "$PID_join2"
