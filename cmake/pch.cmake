@@ -17,8 +17,9 @@
 # extension (LTO, hidden visibility), the CUDA plugin, the TSan build's
 # Abseil interposer, the generated protobuf code (the headers are made from
 # it), and any source with SKIP_PRECOMPILE_HEADERS.
-# include() this after grps_test is defined; call grps_precompile_targets()
-# after the subdirectories.
+# include() this after find_package(spdlog) (its definitions, below) and
+# cmake/sanitizers.cmake (_grps_targets_below); call
+# grps_precompile_targets() after the subdirectories.
 
 option(GRPS_PCH "Precompile the headers most sources include (cmake/pch.cmake)" ON)
 # POSIX threads are a flag a precompiled header must share: every C++ source
