@@ -52,9 +52,7 @@ set(_grps_pch_skip _grps grps_cuda grps_tsan_absl_sync grps_proto grps_lookup_pr
 # _grps_pch_host(NAME PIC|PIE [TEST]): the object library that makes one of
 # the precompiled headers.
 function(_grps_pch_host name kind)
-  set(source ${CMAKE_BINARY_DIR}/grps_pch.cc)
-  file(CONFIGURE OUTPUT ${source} CONTENT "// The headers are all it compiles (cmake/pch.cmake).\n")
-  add_library(${name} OBJECT ${source})
+  add_library(${name} OBJECT ${_grps_pch_source})
   target_link_libraries(${name} PRIVATE grps_proto spdlog::spdlog absl::status absl::statusor
                         absl::strings absl::synchronization absl::time absl::span)
   if(kind STREQUAL "PIE")
@@ -75,6 +73,11 @@ function(grps_precompile_targets)
   if(NOT GRPS_PCH)
     return()
   endif()
+  # The hosts' one source, made in the build folder (every source of the
+  # tree is listed in both builds; this one is no source of the project).
+  set(_grps_pch_source ${CMAKE_BINARY_DIR}/grps_pch.cc)
+  file(CONFIGURE OUTPUT ${_grps_pch_source}
+       CONTENT "// The headers are all it compiles (cmake/pch.cmake).\n")
   _grps_pch_host(grps_pch_lib PIC)
   _grps_pch_host(grps_pch_exe PIE)
   _grps_pch_host(grps_pch_test PIE TEST)
