@@ -1,14 +1,15 @@
 #include "daemon/daemon.h"
 
+#include <malloc.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
-#include <atomic>
 #include <thread>
 
 #include "absl/flags/parse.h"
@@ -22,12 +23,12 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "daemon/hand_over.h"
 #include "daemon/metrics.h"
 #include "daemon/refusal_log.h"
 #include "daemon/security.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -121,6 +122,21 @@ void InitDaemon(absl::string_view process_name) {
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
   spdlog::set_default_logger(logger);
   spdlog::flush_every(std::chrono::seconds(1));
+  KeepFreedMessageMemory();
+}
+
+bool KeepFreedMessageMemory() {
+#ifdef __GLIBC__
+  if (const char* tunables = std::getenv("GLIBC_TUNABLES");
+      tunables != nullptr && absl::StrContains(tunables, "glibc.malloc."))
+    return false;  // the operator's choice
+  // Each fixed value also turns off glibc's own adjustment of both.
+  // (mallopt answers 1 when it took the value.)
+  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kMaxMessageBytes) == 1;
+#else
+  return false;
+#endif
 }
 
 absl::StatusOr<GrpcServer> StartGrpcServer(

@@ -70,7 +70,30 @@ std::string FirstFlagGiven(int argc, char** argv,
 // thread of a process queued on that lock). The unit tests, which do not
 // call this, keep it; ThreadSanitizer reports lock-order inversions in the
 // daemons the e2e tests start.
+// It also calls KeepFreedMessageMemory.
 void InitDaemon(absl::string_view process_name);
+
+// Has glibc's malloc keep what a daemon frees for the next message instead
+// of giving it back to the kernel at once. By default a heap whose free top
+// passes 128 KiB (or twice the largest block that was mmapped and freed)
+// is trimmed, each thread's arena its own, and blocks over 128 KiB at first
+// are mmapped: a daemon that receives messages of megabytes (gRPC's read
+// buffers, a sparse call's rows) frees them and asks for as much a step
+// later, and each time faults the same pages in again, a fault costing
+// microseconds under a hypervisor. Here every block below 32 MiB (glibc's
+// largest threshold) comes from the heaps and a heap keeps up to
+// kMaxMessageBytes free at its top. `grps_wire_bench --sparse_rows=131072
+// --sparse_dims=16`: 1,290 page faults a step (a sparse push + pull and a
+// dense one) before, 98 after, and about a fifth less CPU a step. The cost:
+// memory one arena freed is not given back for another's, so a process's
+// peak RSS can rise by up to that much per busy arena (the same bench with
+// 64 MiB dense messages and both shards in its process: 583 MB to 948 MB;
+// docs/performance.md, "Freed memory kept"). GLIBC_TUNABLES naming any
+// glibc.malloc tunable leaves malloc as it says instead (e.g.
+// glibc.malloc.trim_threshold=131072, glibc's default). No effect where
+// malloc is not glibc's (a sanitizer's allocator). True when malloc was
+// changed.
+bool KeepFreedMessageMemory();
 
 // What gRPC may hold for a server's calls at once unless a daemon says
 // otherwise (see ServerLimits::memory_bytes).

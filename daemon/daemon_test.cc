@@ -1,7 +1,10 @@
 #include "daemon/daemon.h"
 
-#include <cstdlib>
+#include <malloc.h>
+
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -81,6 +84,41 @@ TEST(Daemon, AOneMessageCallThatFailsStillSaysItsRequestWentBeforeItEnds) {
   CheckHealth(port, std::chrono::seconds(2), &call);
   EXPECT_EQ(call.events, (std::vector<std::string>{"written", "done"}));
   EXPECT_FALSE(call.status.ok());
+}
+
+// A sanitizer's allocator stands in for glibc's malloc, whose figures the
+// next test reads.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GRPS_SANITIZER_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define GRPS_SANITIZER_MALLOC 1
+#endif
+#endif
+
+TEST(Daemon, FreedMessageMemoryStaysInTheHeapsUnlessTheOperatorTunesMalloc) {
+  ASSERT_EQ(setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072", 1), 0);
+  EXPECT_FALSE(KeepFreedMessageMemory());
+  ASSERT_EQ(unsetenv("GLIBC_TUNABLES"), 0);
+#if defined(GRPS_SANITIZER_MALLOC) || !defined(__GLIBC__)
+  GTEST_SKIP() << "malloc here is not glibc's";
+#else
+  ASSERT_TRUE(KeepFreedMessageMemory());
+  // A block below 32 MiB comes from a heap; one above it is mmapped.
+  const size_t mapped = mallinfo2().hblks;
+  char* message = static_cast<char*>(std::malloc(24 << 20));
+  ASSERT_NE(message, nullptr);
+  EXPECT_EQ(mallinfo2().hblks, mapped);
+  void* huge = std::malloc(40 << 20);
+  ASSERT_NE(huge, nullptr);
+  EXPECT_EQ(mallinfo2().hblks, mapped + 1);
+  std::free(huge);
+  // Freed, the message's 24 MiB stay at the top of the heap for the next
+  // one (glibc's default would have trimmed all but 128 KiB of them).
+  std::memset(message, 1, 24 << 20);
+  std::free(message);
+  EXPECT_GE(mallinfo2().keepcost, size_t{24} << 20);
+#endif
 }
 
 TEST(Daemon, EnvironmentSetsFlagsAndCommandLineWins) {
