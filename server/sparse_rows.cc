@@ -83,7 +83,7 @@ absl::Status SparseRows::CheckRoom(absl::Span<const int64_t> ids) const {
   if (const uint64_t limit = spec_.max_rows_per_shard(); !managed_ && limit > 0) {
     uint64_t missing = 0;
     absl::flat_hash_set<int64_t> counted;  // ids may repeat
-    ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+    ForEachSlot(ids, Reads::kMeta, [&](size_t i, std::optional<uint32_t> held) {
       if (!held.has_value() && counted.insert(ids[i]).second) ++missing;
     });
     if (index_.size() + missing > limit)
@@ -100,7 +100,7 @@ absl::Status SparseRows::CheckRoom(absl::Span<const int64_t> ids) const {
 absl::Status SparseRows::Ensure(absl::Span<const int64_t> ids) {
   if (absl::Status s = CheckRoom(ids); !s.ok()) return s;
   if (!managed_)
-    ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+    ForEachSlot(ids, Reads::kMeta, [&](size_t i, std::optional<uint32_t> held) {
       if (!held.has_value()) SlotOf(ids[i]);
     });
   return absl::OkStatus();
@@ -136,7 +136,7 @@ uint32_t SparseRows::NewSlot() {
 }
 
 void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
-  ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+  ForEachSlot(ids, Reads::kRows, [&](size_t i, std::optional<uint32_t> held) {
     ++total_traffic_;
     if (managed_ && !held.has_value()) {
       // Not held (not yet admitted, or evicted): what a new row would hold.
@@ -150,7 +150,7 @@ void SparseRows::Read(absl::Span<const int64_t> ids, float* out) {
 }
 
 void SparseRows::TakePush(absl::Span<const int64_t> ids) {
-  ForEachSlot(ids, [&](size_t i, std::optional<uint32_t> held) {
+  ForEachSlot(ids, Reads::kMeta, [&](size_t i, std::optional<uint32_t> held) {
     if (managed_ && !held.has_value()) return;
     CountTraffic(held.has_value() ? *held : SlotOf(ids[i]));
     ++total_traffic_;
@@ -158,7 +158,7 @@ void SparseRows::TakePush(absl::Span<const int64_t> ids) {
 }
 
 void SparseRows::Apply(const GradientRef& grad, float lr) {
-  ForEachSlot(grad.ids, [&](size_t i, std::optional<uint32_t> held) {
+  ForEachSlot(grad.ids, Reads::kRows, [&](size_t i, std::optional<uint32_t> held) {
     uint32_t slot;
     if (managed_) {
       const std::optional<uint32_t> admitted = held.has_value() ? held : AdmittedSlot(grad.ids[i]);

@@ -166,14 +166,18 @@ class SparseRows {
   };
   IdsBySlot IdOf() const { return IdsBySlot{this}; }
   // Calls found(i, the slot of ids[i] if held) for each i in order, the
-  // index's entries, the rows' ids and the rows themselves prefetched ahead
-  // (RowIndex::ForEach). `found` may create and remove rows.
+  // index's entries and the rows' ids (with their counts) prefetched ahead
+  // (RowIndex::ForEach), and the rows themselves where `found` reads them
+  // (kRows: not for a walk that reads only ids and counts, where those
+  // lines would be fetched for nothing). `found` may create and remove rows.
+  enum class Reads { kMeta, kRows };
   template <typename Found>
-  void ForEachSlot(absl::Span<const int64_t> ids, Found found) const {
+  void ForEachSlot(absl::Span<const int64_t> ids, Reads reads, Found found) const {
     index_.ForEach(
         ids, IdOf(),
-        [this](uint32_t slot) {
+        [this, reads](uint32_t slot) {
           __builtin_prefetch(&MetaAt(slot));
+          if (reads == Reads::kMeta) return;
           const float* row = RowAt(slot);
           __builtin_prefetch(row);
           __builtin_prefetch(row + stride_ - 1);

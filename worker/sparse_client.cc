@@ -97,11 +97,15 @@ absl::StatusOr<SparseClient::TableState*> SparseClient::Find(const std::string& 
   return absl::NotFoundError(absl::StrCat("the job has no sparse table '", table, "'"));
 }
 
-void SparseClient::Split(absl::Span<const int64_t> ids,
-                         std::vector<std::vector<size_t>>* by_shard) const {
-  by_shard->resize(shards_);
-  for (std::vector<size_t>& rows : *by_shard) rows.clear();
-  for (size_t i = 0; i < ids.size(); ++i) (*by_shard)[SparseShardOf(ids[i], shards_)].push_back(i);
+void SparseClient::Split(absl::Span<const int64_t> ids, TableState* t) const {
+  std::vector<std::vector<size_t>>& by_shard = t->by_shard;
+  if (by_shard.size() == shards_ && t->split_ids.size() == ids.size() &&
+      std::equal(ids.begin(), ids.end(), t->split_ids.begin()))
+    return;
+  t->split_ids.assign(ids.begin(), ids.end());
+  by_shard.resize(shards_);
+  for (std::vector<size_t>& rows : by_shard) rows.clear();
+  for (size_t i = 0; i < ids.size(); ++i) by_shard[SparseShardOf(ids[i], shards_)].push_back(i);
 }
 
 absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64_t> ids,
@@ -109,8 +113,8 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   absl::StatusOr<TableState*> t = Find(table);
   if (!t.ok()) return t.status();
   const uint32_t dim = (*t)->spec.dim();
-  std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
-  Split(ids, &by_shard);
+  Split(ids, *t);
+  const std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
   absl::StatusOr<DType> wire = DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
   if (!wire.ok()) return wire.status();
   // Each shard's rows go in parts whose replies stay far below gRPC's
@@ -231,8 +235,8 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
   if (!t.ok()) return t.status();
   const uint32_t dim = (*t)->spec.dim();
   const DType dtype = *DTypeFromWire(config_.wire_dtype(), true, "wire_dtype");
-  std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
-  Split(ids, &by_shard);
+  Split(ids, *t);
+  const std::vector<std::vector<size_t>>& by_shard = (*t)->by_shard;
   std::vector<std::string>& packed_ids = (*t)->push_ids;
   std::vector<std::string>& gradients = (*t)->push_gradients;
   packed_ids.resize(shards_);

@@ -84,6 +84,7 @@ class SparseClient final : public SparseShards {
     // the ids of each shard, a pull's requests, a push's packed ids and
     // gradients (sent from here: wire/chunk_codec.h).
     std::vector<std::vector<size_t>> by_shard;
+    std::vector<int64_t> split_ids;  // the ids by_shard holds the split of
     std::vector<v1::SparsePullRequest> pull_requests;  // by part
     std::vector<std::string> push_ids;                 // by shard
     std::vector<std::string> push_gradients;           // by shard
@@ -91,8 +92,9 @@ class SparseClient final : public SparseShards {
   absl::StatusOr<TableState*> Find(const std::string& table);
   std::shared_ptr<grpc::GenericStub> StubOf(size_t shard) const ABSL_LOCKS_EXCLUDED(mu_);
   // Which shard each id goes to: the positions in `ids` of each shard's ids,
-  // in order.
-  void Split(absl::Span<const int64_t> ids, std::vector<std::vector<size_t>>* by_shard) const;
+  // in order, into t->by_shard. A push of the ids its pull just split (a
+  // step's rows) finds them split already.
+  void Split(absl::Span<const int64_t> ids, TableState* t) const;
 
   const v1::JobConfig config_;
   const uint32_t rank_;
