@@ -12,6 +12,7 @@
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "data/split_mix.h"
 #include "job/sparse_tables.h"
 #include "job/user_model.h"
 
@@ -680,6 +681,22 @@ TEST(UserModel, AUserJobNeedsNoDataAndItsLayoutIsItsTensors) {
   v1::JobConfig mlp = DefaultJobConfig();
   *mlp.mutable_model_tensors() = UserModel();
   EXPECT_THAT(std::string(ValidateJobConfig(mlp).message()), HasSubstr("user model only"));
+}
+
+// A row's shard is part of every checkpoint's layout: SparseShardOf must stay
+// SplitMix64(id) mod the shard count, also where it masks for a power of two.
+TEST(SparseShardOf, IsTheIdsSplitMixHashModuloTheShardCount) {
+  std::vector<int64_t> ids = {0, 1, 2, 3, 255, 256, 1 << 20, INT64_MAX, INT64_MAX - 1};
+  uint64_t x = 7;
+  for (int i = 0; i < 1000; ++i) ids.push_back(static_cast<int64_t>((x = SplitMix64(x)) >> 1));
+  for (uint32_t shards : {1u, 2u, 3u, 4u, 5u, 7u, 8u, 16u, 64u, 100u, 1u << 31})
+    for (int64_t id : ids)
+      ASSERT_EQ(SparseShardOf(id, shards), SplitMix64(static_cast<uint64_t>(id)) % shards)
+          << "id " << id << ", " << shards << " shards";
+  // Spread: 1000 random ids over 4 shards, each with a fair share.
+  std::vector<int> count(4, 0);
+  for (int64_t id : ids) ++count[SparseShardOf(id, 4)];
+  for (int c : count) EXPECT_GT(c, 200);
 }
 
 TEST(SparseTablesFlag, ParsesNameRowsDimAndScale) {
