@@ -7,12 +7,12 @@
 #include <utility>
 #include <vector>
 
+#include "data/split_mix.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/initializer.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
-#include "data/split_mix.h"
 #include "job/sparse_tables.h"
 #include "job/user_model.h"
 

@@ -84,7 +84,7 @@ class SparseClient final : public SparseShards {
     // the ids of each shard, a pull's requests, a push's packed ids and
     // gradients (sent from here: wire/chunk_codec.h).
     std::vector<std::vector<size_t>> by_shard;
-    std::vector<int64_t> split_ids;  // the ids by_shard holds the split of
+    std::vector<int64_t> split_ids;                    // the ids by_shard holds the split of
     std::vector<v1::SparsePullRequest> pull_requests;  // by part
     std::vector<std::string> push_ids;                 // by shard
     std::vector<std::string> push_gradients;           // by shard
