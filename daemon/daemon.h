@@ -90,7 +90,7 @@ void InitDaemon(absl::string_view process_name);
 // 64 MiB dense messages and both shards in its process: 583 MB to 948 MB;
 // docs/performance.md, "Freed memory kept"). GLIBC_TUNABLES naming any
 // glibc.malloc tunable leaves malloc as it says instead (e.g.
-// glibc.malloc.trim_threshold=131072, glibc's default). No effect where
+// glibc.malloc.trim_threshold=131072, glibc's first threshold). No effect where
 // malloc is not glibc's (a sanitizer's allocator). True when malloc was
 // changed.
 bool KeepFreedMessageMemory();

@@ -684,7 +684,7 @@ TEST(UserModel, AUserJobNeedsNoDataAndItsLayoutIsItsTensors) {
 }
 
 // A row's shard is part of every checkpoint's layout: SparseShardOf must stay
-// SplitMix64(id) mod the shard count, also where it masks for a power of two.
+// SplitMix64(id) mod the shard count, whatever the count.
 TEST(SparseShardOf, IsTheIdsSplitMixHashModuloTheShardCount) {
   std::vector<int64_t> ids = {0, 1, 2, 3, 255, 256, 1 << 20, INT64_MAX, INT64_MAX - 1};
   uint64_t x = 7;
