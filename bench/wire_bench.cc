@@ -706,10 +706,9 @@ bool PrintSparseTable(const std::vector<int64_t>& sparse_rows,
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  // As every daemon runs (InitDaemon): Abseil's lock-order graph, on by
-  // default in Debian's build, off; freed memory kept for the next message.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  KeepFreedMessageMemory();
+  // As every daemon runs: Abseil's lock-order graph, on by default in
+  // Debian's build, off; freed memory kept for the next message.
+  InitDaemon("wire-bench");
   const std::optional<std::vector<size_t>> sizes =
       ParseList<size_t>(absl::GetFlag(FLAGS_mib), "mib", SIZE_MAX >> 20);
   const std::optional<std::vector<int64_t>> sparse_rows =
