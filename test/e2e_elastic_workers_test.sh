@@ -53,12 +53,7 @@ echo "ranks 2 and 3 started at global step 300; the global step then stood still
 # They join the live set once their data is loaded (seconds under a
 # sanitizer).
 for rank in 2 3; do
-  for ((i = 0; i < 1200; i++)); do
-    grep -q "worker $rank is ready to train: it joins the live set" "$run/coordinator.log" && break
-    sleep 0.1
-  done
-  grep -q "worker $rank is ready to train: it joins the live set" "$run/coordinator.log" \
-    || fail "rank $rank did not join the live set"
+  wait_for_line "$run/coordinator.log" "worker $rank is ready to train: it joins the live set" 120
 done
 ctl status | grep -q "live set .*4 of 4 ranks live; 0 left, 2 joined" \
   || fail "grpsctl status does not show 4 live ranks"

@@ -20,11 +20,7 @@ start server "$BIN/grps-server" --coordinator="$COORD" --listen=127.0.0.1:0
 start worker0 "$BIN/grps-worker" --coordinator="$COORD" --rank=0 --backend=cpu --blas_threads=1
 start worker1 "$BIN/grps-worker" --coordinator="$COORD" --rank=1 --backend=cpu --blas_threads=1
 for name in server worker0 worker1; do
-  for ((i = 0; i < 100; i++)); do
-    grep -q "not registered yet" "$WORK/$name.log" && break
-    sleep 0.1
-  done
-  grep -q "not registered yet" "$WORK/$name.log" || fail "$name was not refused first"
+  wait_for_line "$WORK/$name.log" "not registered yet" 10  # each is refused first
 done
 start coordinator "$BIN/grps-coordinator" --listen="$COORD" --mode=sync --servers=1 \
   --workers=2 --steps=100 --batch=32 --train_limit=3000 --test_limit=500 --hidden=16 \

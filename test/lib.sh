@@ -43,6 +43,17 @@ wait_for_file() {
   fail "timed out waiting for $1"
 }
 
+# wait_for_line FILE PATTERN SECONDS: waits until FILE has a line matching
+# PATTERN (grep's basic regular expression).
+wait_for_line() {
+  local i
+  for ((i = 0; i < $3 * 20; i++)); do
+    grep -q -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  fail "timed out waiting for \"$2\" in $1"
+}
+
 # wait_pid PID SECONDS: waits for one of our children to exit and sets
 # EXIT_CODE to its exit status, or to "timeout". (Not in a subshell: only
 # this shell can wait for its children.)
@@ -156,23 +167,44 @@ wait_until_step() {
 # that has trained all its steps, or whose workers all finished, stands
 # still by right: the watch ends there). Status figures reach the
 # coordinator in heartbeats, so a gap is measured to within about one
-# heartbeat interval.
+# heartbeat interval. One `grpsctl watch` streams the snapshots (every
+# 20 ms): a grpsctl and a python3 started for each sample took 0.4-1 s on
+# a loaded machine, longer than the stalls measured.
 measure_stall() {
-  local start last_change last_step step now longest=0 line
-  start=$(now_ms); last_change=$start; last_step=$(global_step "$1")
-  while now=$(now_ms); [ $((now - start)) -lt "$2" ]; do
-    line=$(status "$1" | json '"%d %d" % (int(j.get("global_step", 0)), int(j["state"] == "JOB_STATE_RUNNING" and not any(w["state"] == "MEMBER_STATE_FINISHED" for w in j["workers"])))' \
-      2>/dev/null || echo "-1 1")
-    step=${line% *}
-    [ "${line#* }" = 1 ] || { now=$last_change; break; }  # training is over
-    if [ "$step" != "$last_step" ]; then
-      [ $((now - last_change)) -gt "$longest" ] && longest=$((now - last_change))
-      last_change=$now; last_step=$step
-    fi
-    sleep 0.02
-  done
-  [ $((now - last_change)) -gt "$longest" ] && longest=$((now - last_change))
-  echo "$longest"
+  GRPS_TOKEN=$(cat "$1/token" 2>/dev/null || true) python3 - "$BIN/grpsctl" \
+    "127.0.0.1:$(cat "$1/coordinator.port")" "$2" <<'PY'
+import json, subprocess, sys, threading, time
+ctl, coordinator, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]) / 1000
+watch = subprocess.Popen([ctl, f"--coordinator={coordinator}", "--json", "--interval_ms=20",
+                          "watch"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+guard = threading.Timer(limit + 10, watch.kill)  # a watch that hangs ends too
+guard.start()
+start = last_change = now = time.monotonic()
+last_step, longest, seen = None, 0.0, 0
+try:
+    while now - start < limit:
+        line = watch.stdout.readline()
+        if not line:
+            break
+        now = time.monotonic()
+        j = json.loads(line)
+        seen += 1
+        if j["state"] != "JOB_STATE_RUNNING" or any(
+                w["state"] == "MEMBER_STATE_FINISHED" for w in j.get("workers", [])):
+            now = last_change  # training is over
+            break
+        step = int(j.get("global_step", 0))
+        if step != last_step:
+            if last_step is not None:
+                longest = max(longest, now - last_change)
+            last_change, last_step = now, step
+finally:
+    guard.cancel()
+    watch.kill()
+if not seen:
+    sys.exit("measure_stall: grpsctl watch gave no status")
+print(round(max(longest, now - last_change) * 1000))
+PY
 }
 
 # wait_worker_state RUN_DIR RANK STATE SECONDS

@@ -149,14 +149,7 @@ on() {
 }
 
 # wait_for_log NAME TEXT SECONDS: until $WORK/NAME.log contains TEXT.
-wait_for_log() {
-  local i
-  for ((i = 0; i < $3 * 10; i++)); do
-    grep -q -- "$2" "$WORK/$1.log" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "timed out waiting for '$2' in $1.log"
-}
+wait_for_log() { wait_for_line "$WORK/$1.log" "$2" "$3"; }
 
 # end_relays NAME...: in relay mode, ends the relays that serve started for
 # the daemons NAME (which have exited), so that the next ones may listen on
