@@ -344,14 +344,30 @@ absl::StatusOr<ShardStore::SparsePushResult> ShardStore::PushSparse(
             Admit(pusher, push.generation, push, Admitting::kRowGradients, &admitted);
         !s.ok())
       return s;
+    StoreTable* table = nullptr;
     if (!admitted.duplicate[0]) {
-      StoreTable& table = static_cast<StoreTable&>(*admitted.grads[0].target);
-      table.mu.AssertHeld();
-      table.rows->TakePush(push.ids);
-      table.rows_pushed += push.ids.size();
+      table = static_cast<StoreTable*>(admitted.grads[0].target);
+      table->mu.AssertHeld();
+      table->rows_pushed += push.ids.size();
+      // Async applies a push as it is taken (or refuses it as too stale,
+      // applying nothing else): Update counts its rows in the walk that
+      // updates them. Sync and ssp may apply other gradients first: the push
+      // is taken before.
+      if (config_.mode() == v1::MODE_ASYNC && !push.ids.empty()) {
+        table->accepting_ids = push.ids.data();
+        table->push_applied = false;
+      } else {
+        table->rows->TakePush(push.ids);
+      }
     }
     outcome = admission_.Accept(pusher, admitted.grads, admitted.duplicate,
                                 *admission_.live())[0];
+    if (table != nullptr) {
+      table->mu.AssertHeld();
+      if (table->accepting_ids != nullptr && !table->push_applied)
+        table->rows->TakePush(push.ids);  // too stale: taken, not applied
+      table->accepting_ids = nullptr;
+    }
   }
   admission_.RaiseIncarnation(pusher);
   pulls_.Wake();

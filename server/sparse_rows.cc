@@ -157,7 +157,7 @@ void SparseRows::TakePush(absl::Span<const int64_t> ids) {
   });
 }
 
-void SparseRows::Apply(const GradientRef& grad, float lr) {
+void SparseRows::Apply(const GradientRef& grad, float lr, bool push_taken) {
   ForEachSlot(grad.ids, Reads::kRows, [&](size_t i, std::optional<uint32_t> held) {
     uint32_t slot;
     if (managed_) {
@@ -167,6 +167,10 @@ void SparseRows::Apply(const GradientRef& grad, float lr) {
       last_[slot] = clock_ + 1;
     } else {
       slot = held.has_value() ? *held : SlotOf(grad.ids[i]);
+    }
+    if (push_taken && (held.has_value() || !managed_)) {  // as TakePush counts
+      CountTraffic(slot);
+      ++total_traffic_;
     }
     float* row = RowAt(slot);
     float* a = row + dim_;

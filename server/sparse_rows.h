@@ -90,8 +90,10 @@ class SparseRows {
   // One optimizer update of the gradient's rows (grad.ids distinct; rows
   // missing are created first, past any limit: Ensure decides the limit
   // before a push is accepted) at learning rate `lr`. A managed table
-  // creates only the rows admitted, then evicts (above).
-  void Apply(const GradientRef& grad, float lr);
+  // creates only the rows admitted, then evicts (above). With push_taken
+  // the gradient is a push applied as it is taken (async): its rows are also
+  // counted as TakePush counts them, in the same walk.
+  void Apply(const GradientRef& grad, float lr, bool push_taken = false);
 
   // A push of the rows of `ids` taken: creates those missing (CheckRoom
   // says whether they fit; a managed table creates none here) and counts a

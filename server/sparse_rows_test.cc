@@ -484,6 +484,41 @@ TEST_F(ManagedRowsTest, CheckRoomDecidesAndReadAndTakePushCreate) {
   EXPECT_NEAR(rows->hottest_share(), 2.0 / 5.0, 1e-9);
 }
 
+// In async a push is applied as it is taken (ShardStore::PushSparse):
+// Apply with push_taken counts its rows in the walk that updates them, as
+// TakePush and then Apply do in two. The same rows, values and traffic,
+// managed (capacity, admission) or not.
+TEST_F(ManagedRowsTest, AnApplyOfAPushAsItIsTakenCountsItsRowsAsTakePushDoes) {
+  v1::SparseTableSpec unmanaged;
+  unmanaged.set_name("emb");
+  unmanaged.set_dim(kDim);
+  for (const v1::SparseTableSpec& spec :
+       {unmanaged, Managed(v1::SparseTableSpec::EVICTION_LRU, 12, 2)}) {
+    SCOPED_TRACE(spec.ShortDebugString());
+    std::unique_ptr<SparseRows> two_walks = Make(spec), one_walk = Make(spec);
+    std::vector<float> out(4 * kDim);
+    for (int step = 0; step < 40; ++step) {
+      std::vector<int64_t> ids = {0, 1, 2};  // 3 hot ids and 5 of 30 cold ones
+      for (int k = 0; k < 5; ++k) ids.push_back(10 + (step * 7 + k) % 30);
+      const std::vector<float> grad(ids.size() * kDim, 0.25f * (step % 3 + 1));
+      const std::vector<int64_t> pulled = {ids[0], 39, ids[0], 7};
+      two_walks->Read(pulled, out.data());
+      one_walk->Read(pulled, out.data());
+      two_walks->TakePush(ids);
+      two_walks->Apply(GradientRef{grad, ids}, kLr);
+      one_walk->Apply(GradientRef{grad, ids}, kLr, /*push_taken=*/true);
+    }
+    v1::TableState one, two;
+    one_walk->Save(&one);
+    two_walks->Save(&two);
+    EXPECT_GT(two.ids_size(), 0);
+    EXPECT_EQ(one.SerializeAsString(), two.SerializeAsString());
+    EXPECT_GT(two_walks->hottest_share(), 0.0);
+    EXPECT_EQ(one_walk->hottest_share(), two_walks->hottest_share());
+    EXPECT_EQ(one_walk->managed_counts().evicted, two_walks->managed_counts().evicted);
+  }
+}
+
 TEST(RowwiseAdagradMemory, ARowOf16CostsAtMostOneAndAHalfTimesItsValues) {
   std::unique_ptr<Backend> backend = CreateCpuBackend();
   v1::SparseTableSpec spec;

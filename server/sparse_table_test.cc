@@ -369,6 +369,30 @@ TEST(SparseTable, TheHottestRowsShareIsReported) {
   EXPECT_NEAR(TableStatus(store->ShardStatus()).hottest_share(), 198.0 / 396.0, 1e-9);
 }
 
+// A push's rows count as its traffic once, whether the policy applies it as
+// it is taken (async: one walk over its rows) or takes it first (sync sums
+// it; ssp may apply others first).
+TEST(SparseTable, APushCountsAsTrafficOnceInEveryMode) {
+  for (v1::ConsistencyMode mode : {v1::MODE_ASYNC, v1::MODE_SYNC, v1::MODE_SSP}) {
+    SCOPED_TRACE(v1::ConsistencyMode_Name(mode));
+    const v1::JobConfig config = SparseJob(mode, v1::OPTIMIZER_SGD);
+    std::unique_ptr<ShardStore> store = MakeStore(config);
+    const std::vector<int64_t> ids = IdsOf(0, 200);
+    const std::vector<int64_t> hot = {ids[0], ids[1]};
+    const std::vector<float> grad(hot.size() * kDim, 0.5f);
+    ASSERT_TRUE(PullRows(*store, ids).ok());  // 200 rows, one pull each
+    for (uint64_t step = 0; step < 49; ++step)
+      for (uint32_t rank : {0u, 1u}) {
+        const uint64_t version = TableStatus(store->ShardStatus()).version();
+        ASSERT_TRUE(store->PushSparse(Gradient(rank, step, version, hot, grad)).ok());
+      }
+    // The hottest 1% is 2 rows with 1 pull and 98 pushes each, of 396.
+    const v1::SparseTableStatus table = TableStatus(store->ShardStatus());
+    EXPECT_NEAR(table.hottest_share(), 198.0 / 396.0, 1e-9);
+    EXPECT_EQ(table.rows(), 200u);
+  }
+}
+
 // ---- The network edge ----
 
 class SparseEdgeTest : public ::testing::Test {

@@ -239,7 +239,9 @@ void StoreTable::Reset(const v1::TableState* state, std::unique_ptr<SparseRows> 
 // A row push names no program optimizer (it has no PushRequest.optimizers):
 // the table's rows run the job's.
 void StoreTable::Update(const GradientRef& grad, const UpdateStep& step) {
-  rows->Apply(grad, step.lr);
+  const bool taken = accepting_ids != nullptr && grad.ids.data() == accepting_ids;
+  rows->Apply(grad, step.lr, taken);
+  push_applied |= taken;
 }
 
 void StoreTable::SnapshotInto(v1::ShardCheckpointFile* into, bool changes_only) {

@@ -189,6 +189,12 @@ class StoreTable final : public StoreTarget {
  public:
   std::unique_ptr<SparseRows> rows ABSL_GUARDED_BY(mu);
   uint64_t rows_pushed ABSL_GUARDED_BY(mu) = 0;  // row gradients taken
+  // The ids of the push being accepted in async mode (ShardStore::PushSparse),
+  // else null: when the policy applies that very gradient, Update counts its
+  // rows as taken (SparseRows::Apply's push_taken) and sets push_applied, so
+  // that its rows are walked once, not twice (TakePush, then Apply).
+  const int64_t* accepting_ids ABSL_GUARDED_BY(mu) = nullptr;
+  bool push_applied ABSL_GUARDED_BY(mu) = false;
   uint64_t rows_pulled ABSL_GUARDED_BY(mu) = 0;  // rows served
 };
 
