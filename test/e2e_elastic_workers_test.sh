@@ -4,7 +4,8 @@
 #   - The yardstick: the default job (Fashion-MNIST, the MLP, sync, 2
 #     servers) for 4 epochs with exactly 2 workers.
 #   - The same job elastic (--workers=2 --max_workers=4). At global step 300
-#     two grps-worker processes start for ranks 2 and 3 and join; at step 700
+#     two grps-worker processes start for ranks 2 and 3 and join (once their
+#     data is loaded: a few hundred steps later); 100 steps after they join,
 #     rank 3 is drained with `grpsctl drain` and rank 2 gets SIGTERM.
 # Checks: grps-local exits 0; the result counts 2 joins and 2 leaves; the
 # coordinator's example ledger trained every block, none refused; the
@@ -34,10 +35,11 @@ wait_pid "$PID_fixed" 300
 [ "$EXIT_CODE" = 0 ] || fail "the fixed-size job exited with $EXIT_CODE"
 
 run=$WORK/run
-# Worker 0 paced at 4 ms a step, so that the joins and the leaves land
-# mid-run on a loaded machine.
+# Worker 0 paced at 8 ms a step, so that the joins and the leaves land
+# mid-run on a loaded machine: the joiners take 2-3 s there to load their
+# data, and each status read of this script 0.4-1 s.
 start local "$BIN/grps-local" --run_dir="$run" --result_json="$run/result.json" "${common[@]}" \
-  --max_workers=4 --examples_logs --straggler_rank=0 --straggle_ms=4
+  --max_workers=4 --examples_logs --straggler_rank=0 --straggle_ms=8
 coordinator() { echo "127.0.0.1:$(cat "$run/coordinator.port")"; }
 ctl() { GRPS_TOKEN=$(cat "$run/token") "$BIN/grpsctl" --coordinator="$(coordinator)" "$@"; }
 
@@ -58,11 +60,18 @@ done
 ctl status | grep -q "live set .*4 of 4 ranks live; 0 left, 2 joined" \
   || fail "grpsctl status does not show 4 live ranks"
 
-# The scale-down at step 700, or 200 steps after the joins if they came late.
-# (4 workers from step 300 run out of blocks at about step 1,090: at 900, a
-# run on a loaded machine once asked after rank 3 had finished.)
-down=$(( $(global_step "$run") + 200 ))
-[ "$down" -ge 700 ] || down=700
+# The scale-down 100 steps after the later of the two joins (each worker
+# logs the step it joined at). From a join at step J, four workers run out
+# of the ledger's 3,748 blocks at about step J + (3748 - 2J) / 4: at least
+# 2.5 s later at 8 ms a step for any J up to 1,000, time for the status
+# reads below even on a loaded machine.
+joined=0
+for rank in 2 3; do
+  wait_for_line "$WORK/join$rank.log" "joining the others at step" 30
+  j=$(sed -n 's/.*joining the others at step \([0-9]*\).*/\1/p' "$WORK/join$rank.log" | head -1)
+  [ "$j" -gt "$joined" ] && joined=$j
+done
+down=$((joined + 100))
 wait_until_step "$run" $down 120
 ctl drain 3 | grep -q "worker 3 drained" || fail "grpsctl drain 3 said otherwise"
 kill -TERM "$PID_join2"
