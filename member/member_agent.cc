@@ -182,22 +182,27 @@ grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request,
 
 grpc::Status MemberAgent::Beat(v1::HeartbeatRequest request, v1::HeartbeatResponse* response,
                                absl::Duration timeout) {
+  grpc::ClientContext context;
+  return Call(std::move(request), response, timeout, &context);
+}
+
+grpc::Status MemberAgent::Call(v1::HeartbeatRequest request, v1::HeartbeatResponse* response,
+                               absl::Duration timeout, grpc::ClientContext* context) {
   request.set_job_id(identity_.job_id);
   if (identity_.kind == MemberKind::kWorker)
     request.set_worker_rank(identity_.index);
   else
     request.set_server_shard(identity_.index);
   request.set_incarnation(identity_.incarnation);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   // Waits for a connection (see RegisterWithRetries): a coordinator that
   // comes back is heard as soon as it listens.
-  context.set_wait_for_ready(true);
+  context->set_wait_for_ready(true);
   // Silence counts from when the answered call was sent: an answer that
   // took long does not hide the time it took, and one that arrives after
   // the coordinator went quiet cannot move the last answer past the quiet.
   const absl::Time sent = clock_();
-  grpc::Status status = coordinator_->Heartbeat(&context, request, response);
+  grpc::Status status = coordinator_->Heartbeat(context, request, response);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     last_answer_ = std::max(last_answer_, sent);
@@ -217,6 +222,10 @@ void MemberAgent::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    // The loop's heartbeat in flight ends now, not at its deadline (a
+    // coordinator that has exited would hold it there: every member's
+    // exit at the end of a job would wait for it).
+    if (loop_call_ != nullptr) loop_call_->TryCancel();
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
@@ -281,7 +290,18 @@ void MemberAgent::Loop(const Handlers& handlers, bool obey_signals) {
     v1::HeartbeatRequest request;
     if (handlers.fill) handlers.fill(&request);
     v1::HeartbeatResponse response;
-    const grpc::Status status = Beat(std::move(request), &response);
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      loop_call_ = &context;
+    }
+    const grpc::Status status = Call(std::move(request), &response, call_timeout_, &context);
+    {
+      absl::MutexLock lock(&mu_);
+      loop_call_ = nullptr;
+      if (stop_) return;  // cancelled, or answered after the holder stopped listening
+    }
     Next next = Next::kGoOn;
     if (status.ok() && handlers.on_reply) next = handlers.on_reply(response);
     if (!status.ok() && handlers.on_error) next = handlers.on_error(status);

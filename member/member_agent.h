@@ -144,7 +144,8 @@ class MemberAgent {
   // The same on a thread of the agent's own, which a signal does not stop
   // (the holder decides what a signal means, and calls Stop()).
   void Start(Handlers handlers) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends the loop at once (joins Start's thread). Idempotent.
+  // Ends the loop at once, cancelling its heartbeat in flight (joins
+  // Start's thread). Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // How long since the last heartbeat the coordinator answered was sent (or
@@ -167,6 +168,9 @@ class MemberAgent {
 
  private:
   void Loop(const Handlers& handlers, bool obey_signals) ABSL_LOCKS_EXCLUDED(mu_);
+  // Beat's call, on `context` (the loop's can be cancelled by Stop).
+  grpc::Status Call(v1::HeartbeatRequest request, v1::HeartbeatResponse* response,
+                    absl::Duration timeout, grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
 
   v1::Coordinator::StubInterface* const coordinator_;
   const Identity identity_;
@@ -177,6 +181,8 @@ class MemberAgent {
   mutable absl::Mutex mu_;
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The loop's heartbeat while it is in flight (Stop cancels it).
+  grpc::ClientContext* loop_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;  // Start's; joined by Stop
 };
 

@@ -233,6 +233,29 @@ TEST_F(MemberAgentTest, ARegistrationGivesUpAfterItsPatience) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+TEST_F(MemberAgentTest, StopCancelsAHeartbeatWaitingForAGoneCoordinator) {
+  // A coordinator that has exited (the end of a job): the next heartbeat
+  // waits for it to listen again, up to its deadline (30 s here). Stop
+  // ends that wait, so that the member's exit does not.
+  ASSERT_TRUE(Server().ok());
+  absl::StatusOr<v1::RegisterWorkerResponse> worker = Worker(0);
+  ASSERT_TRUE(worker.ok());
+  MemberAgent agent(stub_.get(),
+                    MemberAgent::Identity{"member-job", MemberKind::kWorker, worker->rank(),
+                                          worker->incarnation()},
+                    kInterval, absl::Seconds(30), [this] { return clock_.Now(); });
+  std::atomic<uint64_t> step{1};
+  std::atomic<int> replies{0}, errors{0};
+  agent.Start(Reporting(&step, &replies, &errors));
+  ASSERT_TRUE(Eventually([&] { return replies.load() > 0; }));
+  StopServing();
+  absl::SleepFor(kInterval * 10);  // the next heartbeat is in flight
+  const absl::Time start = absl::Now();
+  agent.Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(errors.load(), 0);  // a cancelled heartbeat is no error to report
+}
+
 TEST_F(MemberAgentTest, RunEndsWhenAHandlerSaysStop) {
   ASSERT_TRUE(Server().ok());
   absl::StatusOr<v1::RegisterWorkerResponse> worker = Worker(0);
