@@ -28,6 +28,10 @@ DATA=/usr/share/datasets/fashion-mnist
 
 STEPS=600
 PACE_MS=6
+# The jobs that move are paced more: two moves, each a grpsctl scale --wait
+# and a trigger after it (2 to 3.5 s apart on a loaded machine), must land
+# well before their last step (pacing changes no value).
+MOVED_PACE_MS=8
 COMMON=(--seed=7 --heartbeat_ms=100 --heartbeat_timeout_ms=1500)
 DENSE=(--batch=32 --train_limit=6000 --test_limit=1000 --hidden=64 --optimizer=sgd)
 SPARSE=(--model=embedding --data_format=synthetic --classes=4 --optimizer=adagrad --lr=0.1
@@ -38,18 +42,20 @@ MODE=sync
 # final_checkpoint NAME: the newest checkpoint folder of run NAME.
 final_checkpoint() { ls -d "$WORK/$1"/ckpt/ckpt-* | sort | tail -n 1; }
 
-# scale NAME COORD K: re-shards run NAME to K shards and waits for it. The
-# job's shard count is checked in what `grpsctl scale --wait` saw (the job's
-# status with K shards): a status read after it may come once the job ended
-# and its coordinator exited (the job runs on after the move).
+# scale NAME COORD K SNAPSHOT: re-shards run NAME to K shards and waits for
+# it; SNAPSHOT is the status (JSON) that triggered it. The job's shard count
+# is checked in what `grpsctl scale --wait` saw (the job's status with K
+# shards): a status read after it may come once the job ended and its
+# coordinator exited (the job runs on after the move).
 scale() {
-  local name=$1 coord=$2 k=$3 before
-  before=$(field_at "$coord" 'int(j.get("global_step", 0))' -1)
+  local name=$1 coord=$2 k=$3 snapshot=$4
   "$BIN/grpsctl" --coordinator="$coord" scale --servers="$k" --wait --wait_s=60 \
     >"$WORK/$name-scale-$k.out" 2>&1 || { cat "$WORK/$name-scale-$k.out"; fail "$name: scale to $k"; }
   grep -q "^re-sharded from [0-9]* to $k shards" "$WORK/$name-scale-$k.out" ||
     { cat "$WORK/$name-scale-$k.out"; fail "$name: not $k shards"; }
-  echo "$name: asked at global step $before: $(tail -n 1 "$WORK/$name-scale-$k.out")"
+  # (No python3 to read the step: the next move waits for this.)
+  [[ $snapshot =~ \"global_step\":\ *\"?([0-9]+) ]] || fail "$name: no global step in $snapshot"
+  echo "$name: asked at global step ${BASH_REMATCH[1]}: $(tail -n 1 "$WORK/$name-scale-$k.out")"
 }
 
 # job NAME [reshard]: runs the job with its daemons named NAME-*,
@@ -70,19 +76,27 @@ job() {
     start "$name-server-$s" "$BIN/grps-server" --coordinator="$coord" --listen=127.0.0.1:0 \
       --shard=$s
   done
+  local pace=$PACE_MS; [ -n "$mode" ] && pace=$MOVED_PACE_MS
   for w in 0 1; do
     start "$name-worker-$w" "$BIN/grps-worker" --coordinator="$coord" --rank=$w --backend=cpu \
-      --straggle_ms=$PACE_MS
+      --straggle_ms=$pace
   done
 
   if [ -n "$mode" ]; then
     # A standby for shard 2 before the job runs: it waits to be taken in.
     start "$name-server-2" "$BIN/grps-server" --coordinator="$coord" --listen=127.0.0.1:0 \
       --shard=2
-    wait_until "$coord" "int(j.get('global_step', 0)) >= 150" 60 "step 150"
-    scale "$name" "$coord" 3
-    wait_until "$coord" "int(j.get('global_step', 0)) >= 300" 60 "step 300"
-    scale "$name" "$coord" 1
+    # Both moves well before the job's end (600 steps at 8 ms: 5 s or more):
+    # the status is streamed, not read once a sample (a read took up to
+    # 1.5 s on a loaded machine, and the move to 1 shard was once asked at
+    # step 386, its cut some 90 steps later).
+    local snapshot
+    snapshot=$(watch_until "$coord" "int(j.get('global_step', 0)) >= 100" 60) ||
+      fail "$name: the job never reached step 100"
+    scale "$name" "$coord" 3 "$snapshot"
+    snapshot=$(watch_until "$coord" "int(j.get('global_step', 0)) >= 200" 60) ||
+      fail "$name: the job never reached step 200"
+    scale "$name" "$coord" 1 "$snapshot"
     for s in 1 2; do
       local var=PID_${name//-/_}_server_$s
       wait_pid "${!var}" 30

@@ -22,24 +22,24 @@ STEPS=1200
 PACE=(--straggler_rank=0 --straggle_ms=3)
 
 # wait_checkpoint RUN_DIR SECONDS: until a checkpoint is complete and the job
-# is past it; prints its step. On a loaded machine an fsync can stall for
-# seconds and the first checkpoint come late: once the global step is past
-# half the job the kill goes ahead anyway (prints "none"), and the job
-# rolls back to the initial values, which must give the same result too.
+# is past it; prints that status (JSON). On a loaded machine an fsync can
+# stall for seconds and the first checkpoint come late: once the global step
+# is past half the job the kill goes ahead anyway (checkpoint_step prints
+# "none"), and the job rolls back to the initial values, which must give the
+# same result too. The status is streamed: with two status reads a sample
+# (each up to 1.5 s on a loaded machine), ssp's kill, which waits for
+# async's, once came 2 s before its job's last step.
 wait_checkpoint() {
-  local i step global
-  for ((i = 0; i < $2 * 10; i++)); do
-    step=$(status "$1" | json 'j.get("last_checkpoint", {}).get("step", "")' 2>/dev/null || true)
-    global=$(status "$1" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo 0)
-    if [ -n "$step" ] && [ "$global" -gt "$step" ]; then
-      echo "$step"; return 0
-    fi
-    if [ -z "$step" ] && [ "$global" -gt $((STEPS / 2)) ]; then
-      echo "none"; return 0
-    fi
-    sleep 0.1
-  done
-  fail "no checkpoint completed in $1"
+  wait_for_file "$1/coordinator.port" "$2"
+  GRPS_TOKEN=$(cat "$1/token" 2>/dev/null || true) watch_until \
+    "127.0.0.1:$(cat "$1/coordinator.port")" \
+    "int(j.get('global_step', 0)) > (int(j['last_checkpoint']['step']) if 'step' in j.get('last_checkpoint', {}) else $((STEPS / 2)))" \
+    "$2" || fail "no checkpoint completed in $1"
+}
+# checkpoint_step STATUS: the step of the checkpoint in a wait_checkpoint
+# status, or "none", and the global step.
+checkpoint_step() {
+  json '"%s (global step %s)" % (j.get("last_checkpoint", {}).get("step", "none"), j.get("global_step", 0))' <<<"$1"
 }
 
 # The undisturbed run must stay undisturbed: a member that misses its
@@ -72,10 +72,10 @@ newest_checkpoint() { "$BIN/grps-checkpoint-diff" --newest "$1/checkpoints"; }
 # heartbeats, the restart), and the test takes half the time.
 launch calm sync
 launch killed sync
-step=$(wait_checkpoint "$WORK/killed" 120)
+snapshot=$(wait_checkpoint "$WORK/killed" 120)
 victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") || fail "no grps-server child"
 kill -KILL "$victim"
-echo "sync: killed server 1 (pid $victim) after the checkpoint at step $step"
+echo "sync: killed server 1 (pid $victim) after the checkpoint at step $(checkpoint_step "$snapshot")"
 wait_pid "$PID_calm" 200
 [ "$EXIT_CODE" = 0 ] || fail "undisturbed run: grps-local exited with $EXIT_CODE"
 wait_pid "$PID_killed" 200
@@ -96,12 +96,15 @@ fi
 # Async and ssp: the job survives the same kill (ssp's clocks start again
 # from where each worker resumes; the steps the checkpoint holds count).
 for mode in async ssp; do launch "$mode" "$mode"; done
+declare -A SNAPSHOT
 for mode in async ssp; do
-  step=$(wait_checkpoint "$WORK/$mode" 120)
+  SNAPSHOT[$mode]=$(wait_checkpoint "$WORK/$mode" 120)
   var=PID_$mode
   victim=$(child_pid "${!var}" "grps-server .*--shard=0") || fail "$mode: no grps-server child"
   kill -KILL "$victim"
-  echo "$mode: killed server 0 after the checkpoint at step $step"
+done
+for mode in async ssp; do
+  echo "$mode: killed server 0 after the checkpoint at step $(checkpoint_step "${SNAPSHOT[$mode]}")"
 done
 for mode in async ssp; do
   var=PID_$mode

@@ -217,3 +217,39 @@ wait_worker_state() {
   done
   fail "worker $2 never became $3"
 }
+
+# watch_until COORD EXPR SECONDS: streams `grpsctl watch` of the coordinator
+# at COORD (every 20 ms; $GRPS_TOKEN, when set, is its token) until EXPR, a
+# Python expression over a snapshot `j`, is True; prints that snapshot (one
+# line of JSON) and returns 0, or returns 1 after SECONDS. For a trigger
+# that must land while the job still runs: a status read per sample
+# (`wait_until`, `wait_until_step`) took 0.4-1.5 s on a loaded machine, in
+# which a job paced at a few ms a step runs hundreds of steps past it.
+watch_until() {
+  python3 - "$BIN/grpsctl" "$1" "$2" "$3" <<'PY'
+import json, subprocess, sys, threading, time
+ctl, coordinator, expr, limit = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+deadline = time.monotonic() + limit
+while time.monotonic() < deadline:
+    # A watch ends when the coordinator is not up yet (or is gone): again.
+    watch = subprocess.Popen([ctl, f"--coordinator={coordinator}", "--json", "--interval_ms=20",
+                              "watch"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    guard = threading.Timer(max(0.0, deadline - time.monotonic()), watch.kill)
+    guard.start()
+    try:
+        for line in watch.stdout:
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            if eval(expr, {"j": j}):
+                print(line.strip())
+                sys.exit(0)
+    finally:
+        guard.cancel()
+        watch.kill()
+        watch.wait()
+    time.sleep(0.1)
+sys.exit(1)
+PY
+}
