@@ -33,16 +33,19 @@ for w in 0 1; do
     --straggle_ms=$PACE_MS
 done
 
-wait_until "$COORD" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" \
-  60 "a complete checkpoint"
-old=$(field_at "$COORD" "[s['address'] for s in j['shards'] if int(s.get('shard', 0)) == 1][0]" "")
-
-step=$(field_at "$COORD" "int(j.get('global_step', 0))" -1)
-[ -n "$old" ] || fail "no address for shard 1 in the status"
+# The status is streamed and server 1 killed on the first snapshot past a
+# complete checkpoint: with two status reads after the wait's own (each up
+# to 1.5 s on a loaded machine) the kill came a few seconds before the
+# job's last step.
+snapshot=$(watch_until "$COORD" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" \
+  60) || fail "no complete checkpoint within 60 s"
 kill -KILL "$PID_server_1"
 wait "$PID_server_1" 2>/dev/null || true
+old=$(json "[s['address'] for s in j['shards'] if int(s.get('shard', 0)) == 1][0]" <<<"$snapshot" 2>/dev/null || true)
+step=$(json "int(j.get('global_step', 0))" <<<"$snapshot")
+[ -n "$old" ] || fail "no address for shard 1 in the status"
 echo "killed server 1 ($old) at global step $step of $STEPS"
-[ "$step" -lt $((STEPS - 100)) ] || fail "the kill came too late"
+[ "$step" -lt $((STEPS - 100)) ] || fail "the kill came too late: global step $step of $STEPS, the job (nearly) over"
 
 # The replacement listens on a port of its own (127.0.0.1:0: a new one).
 start server-1-moved "$BIN/grps-server" --coordinator="$COORD" --listen=127.0.0.1:0 --shard=1
