@@ -42,8 +42,7 @@ run=$WORK/killed
 # The victim is found first: the kill follows the snapshot at once.
 wait_for_file "$run/coordinator.port" 120
 victim=$(child_pid "$PID_killed" "grps-coordinator ") || fail "no coordinator child"
-snapshot=$(GRPS_TOKEN=$(cat "$run/token" 2>/dev/null || true) watch_until \
-  "127.0.0.1:$(cat "$run/coordinator.port")" \
+snapshot=$(watch_run_until "$run" \
   "int(j.get('global_step', 0)) >= 300 and (int(j.get('last_checkpoint', {}).get('id', 0)) > 0 or int(j.get('global_step', 0)) >= 500)" \
   120) || fail "the job never reached step 300"
 kill -KILL "$victim"

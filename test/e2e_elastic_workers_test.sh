@@ -126,8 +126,8 @@ start killed "$BIN/grps-local" --run_dir="$killed" --result_json="$killed/result
 # job's end, 3 ms a step.
 wait_for_file "$killed/coordinator.port" 120
 victim=$(child_pid "$PID_killed" "grps-coordinator") || fail "no coordinator child"
-snapshot=$(GRPS_TOKEN=$(cat "$killed/token") watch_until "127.0.0.1:$(cat "$killed/coordinator.port")" \
-  "int(j.get('global_step', 0)) >= 300" 120) || fail "the killed job never reached step 300"
+snapshot=$(watch_run_until "$killed" "int(j.get('global_step', 0)) >= 300" 120) ||
+  fail "the killed job never reached step 300"
 kill -KILL "$victim"
 at=$(json 'int(j.get("global_step", 0))' <<<"$snapshot")
 echo "killed the coordinator (pid $victim) at global step $at"

@@ -31,8 +31,7 @@ PACE=(--straggler_rank=0 --straggle_ms=3)
 # async's, once came 2 s before its job's last step.
 wait_checkpoint() {
   wait_for_file "$1/coordinator.port" "$2"
-  GRPS_TOKEN=$(cat "$1/token" 2>/dev/null || true) watch_until \
-    "127.0.0.1:$(cat "$1/coordinator.port")" \
+  watch_run_until "$1" \
     "int(j.get('global_step', 0)) > (int(j['last_checkpoint']['step']) if 'step' in j.get('last_checkpoint', {}) else $((STEPS / 2)))" \
     "$2" || fail "no checkpoint completed in $1"
 }

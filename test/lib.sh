@@ -253,3 +253,10 @@ while time.monotonic() < deadline:
 sys.exit(1)
 PY
 }
+
+# watch_run_until RUN_DIR EXPR SECONDS: watch_until on the coordinator of a
+# grps-local run (RUN_DIR/coordinator.port, with the run's token if any).
+watch_run_until() {
+  GRPS_TOKEN=$(cat "$1/token" 2>/dev/null || true) watch_until \
+    "127.0.0.1:$(cat "$1/coordinator.port")" "$2" "$3"
+}
