@@ -455,9 +455,13 @@ TEST_F(SecurityTest, EveryParameterServerRpcWithoutTheTokenIsUnauthenticatedAndC
     SCOPED_TRACE(token.empty() ? "no token" : "wrong token");
     auto stub = v1::ParameterServer::NewStub(
         MakeChannel(map->shards(0).address(), Caller(token), false));
-    // With rank 0's real member secret: the token is checked first.
+    // With rank 0's real member secret: the token is checked first. Each
+    // call waits for the new channel's connection (within the deadline): a
+    // TSan run once had all five calls of the second channel fail
+    // UNAVAILABLE without reaching the server, the connection not made yet.
     auto context = [&] {
       auto c = Context();
+      c->set_wait_for_ready(true);
       c->AddMetadata("grps-member-secret",
                      MemberSecret(key, "secure-job", MemberKind::kWorker, 0, 1));
       return c;
