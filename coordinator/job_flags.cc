@@ -47,13 +47,13 @@ ABSL_FLAG(std::string, hidden, absl::StrJoin(Defaults().hidden_units(), ","),
 ABSL_FLAG(std::string, dataset, Defaults().dataset().path(),
           "idx and idx-sparse: directory of IDX files "
           "({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]); csv and libsvm: the "
-          "training set's file");
+          "training set's file; criteo: the training set's TSV file (plain or gzip)");
 ABSL_FLAG(std::string, data_format, "",
-          "dataset format: idx or csv (dense models); idx-sparse, libsvm or synthetic "
-          "(the embedding model); \"\" = idx for a dense model, idx-sparse for the "
-          "embedding model");
+          "dataset format: idx or csv (dense models); idx-sparse, libsvm, synthetic or "
+          "criteo (the embedding model; criteo: a table per field, 27); \"\" = idx for a "
+          "dense model, idx-sparse for the embedding model");
 ABSL_FLAG(std::string, test_data, Defaults().dataset().test_path(),
-          "csv and libsvm: the test set's file (--dataset is the training set's)");
+          "csv, libsvm and criteo: the test set's file (--dataset is the training set's)");
 ABSL_FLAG(bool, csv_header, Defaults().dataset().csv_header(),
           "csv: the first line is a header");
 ABSL_FLAG(int32_t, csv_label_column, Defaults().dataset().csv_label_column(),
@@ -87,7 +87,7 @@ ABSL_FLAG(uint64_t, embedding_rows, 0,
 ABSL_FLAG(std::string, embedding_combiner, "sum",
           "embedding model: how an example's rows are pooled, sum or mean");
 ABSL_FLAG(uint64_t, embedding_max_rows_per_shard, 0,
-          "embedding model: rows one shard may hold (0 = no limit); past it a push is "
+          "embedding model: rows one shard may hold of a table (0 = no limit); past it a push is "
           "refused, or rows leave with --embedding_eviction");
 ABSL_FLAG(std::string, embedding_eviction, "none",
           "embedding model: past --embedding_max_rows_per_shard, none (refuse the push), lru "
@@ -273,16 +273,19 @@ absl::Status SetEmbedding(v1::JobConfig* c) {
   }
   c->set_embedding_dim(absl::GetFlag(FLAGS_embedding_dim));
   c->set_embedding_rows(absl::GetFlag(FLAGS_embedding_rows));
-  v1::SparseTableSpec* table = c->add_sparse_tables();
-  table->set_name(kEmbeddingTable);
-  table->set_dim(c->embedding_dim());
-  table->set_rows(c->embedding_rows());
-  table->set_max_rows_per_shard(absl::GetFlag(FLAGS_embedding_max_rows_per_shard));
-  table->set_admit_after(absl::GetFlag(FLAGS_embedding_admit_after));
-  table->set_evict_after_updates(absl::GetFlag(FLAGS_embedding_evict_after));
-  if (absl::Status s = SetTableOption("eviction", absl::GetFlag(FLAGS_embedding_eviction), table);
-      !s.ok())
-    return FlagError("embedding_eviction", s);
+  // One table per field of the data, each with the same shape and policies.
+  for (const std::string& name : EmbeddingTables(*c)) {
+    v1::SparseTableSpec* table = c->add_sparse_tables();
+    table->set_name(name);
+    table->set_dim(c->embedding_dim());
+    table->set_rows(c->embedding_rows());
+    table->set_max_rows_per_shard(absl::GetFlag(FLAGS_embedding_max_rows_per_shard));
+    table->set_admit_after(absl::GetFlag(FLAGS_embedding_admit_after));
+    table->set_evict_after_updates(absl::GetFlag(FLAGS_embedding_evict_after));
+    if (absl::Status s = SetTableOption("eviction", absl::GetFlag(FLAGS_embedding_eviction), table);
+        !s.ok())
+      return FlagError("embedding_eviction", s);
+  }
   return absl::OkStatus();
 }
 

@@ -5,13 +5,14 @@
 //
 //   --job_id --mode=sync|async|ssp --staleness (ssp bound)
 //   --model=mlp|softmax|embedding --hidden="256,128" ("" for none)
-//   --dataset=DIR|FILE --data_format=idx|csv|idx-sparse|libsvm|synthetic
+//   --dataset=DIR|FILE --data_format=idx|csv|idx-sparse|libsvm|synthetic|criteo
 //   --test_data --csv_header --csv_label_column --libsvm_zero_based
 //   --sparse_buckets --synthetic_{train,test,vocabulary,features,zipf,
 //   margin,noise} --classes --features --train_limit --test_limit
 //   --embedding_dim --embedding_rows --embedding_combiner=sum|mean
 //   --embedding_max_rows_per_shard --embedding_eviction=none|lru|lfu
-//   --embedding_admit_after --embedding_evict_after (the table "embedding")
+//   --embedding_admit_after --embedding_evict_after (the table "embedding";
+//   for criteo data each of the 27 tables of EmbeddingTables)
 //   --optimizer=sgd|momentum|nesterov|adam|adagrad --lr --momentum
 //   --weight_decay --warmup_steps --decay_steps --decay_rate
 //   --batch --epochs --steps --servers --workers --seed --chunk_kb
@@ -32,11 +33,10 @@
 
 namespace grps {
 
-
 // The job the flags describe, validated (ValidateJobConfig). --model=softmax
-// drops the hidden layers; --model=embedding adds the sparse table
-// "embedding" (embedding_rows x embedding_dim). InvalidArgument names the offending flag (or,
-// from ValidateJobConfig, the JobConfig field).
+// drops the hidden layers; --model=embedding adds the sparse tables of
+// EmbeddingTables (embedding_rows x embedding_dim each). InvalidArgument names the offending flag
+// (or, from ValidateJobConfig, the JobConfig field).
 absl::StatusOr<v1::JobConfig> JobConfigFromFlags();
 
 // The job flags whose value is not their default, as {name, value} sorted by

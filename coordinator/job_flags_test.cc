@@ -88,6 +88,32 @@ TEST(JobFlags, TheEmbeddingModelGetsItsTableAndReadsFashionMnistAsSparseByDefaul
   EXPECT_NE(config.status().message().find("--embedding_combiner"), std::string::npos);
 }
 
+// Criteo data: a table per field, every one of the embedding flags' shape
+// and policies.
+TEST(JobFlags, CriteoDataGetsATableAPerFieldWithTheEmbeddingFlagsPolicies) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_model, "embedding");
+  absl::SetFlag(&FLAGS_data_format, "criteo");
+  absl::SetFlag(&FLAGS_dataset, "/data/train.tsv.gz");
+  absl::SetFlag(&FLAGS_test_data, "/data/test.tsv.gz");
+  absl::SetFlag(&FLAGS_classes, 2);
+  absl::SetFlag(&FLAGS_embedding_dim, 16);
+  absl::SetFlag(&FLAGS_embedding_max_rows_per_shard, 3000);
+  absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->sparse_tables_size(), 27);
+  for (int t = 0; t < 27; ++t) {
+    EXPECT_EQ(config->sparse_tables(t).name(), EmbeddingTables(*config)[t]);
+    EXPECT_EQ(config->sparse_tables(t).dim(), 16u);
+    EXPECT_EQ(config->sparse_tables(t).max_rows_per_shard(), 3000u);
+  }
+  EXPECT_EQ(LayerWidths(*config).front(), 27 * 16);
+  // Ten classes are not a click.
+  absl::SetFlag(&FLAGS_classes, 10);
+  EXPECT_NE(JobConfigFromFlags().status().message().find("num_classes must be 2"),
+            std::string::npos);
+}
+
 TEST(JobFlags, SyntheticFlagsFillTheGeneratorsOptionsAndAreValidated) {
   absl::FlagSaver saver;
   absl::SetFlag(&FLAGS_model, "embedding");

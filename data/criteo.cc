@@ -14,6 +14,7 @@ namespace grps {
 namespace {
 
 constexpr int kFields = 1 + kCriteoDense + kCriteoTables;
+static_assert(kCriteoMissingId < kFieldValueLimit, "a Criteo id is a field's value");
 constexpr size_t kReadBytes = size_t{1} << 20;
 
 int HexDigit(char c) {
@@ -189,6 +190,42 @@ absl::StatusOr<int64_t> CriteoReader::Next(int64_t max, CriteoBatch* batch) {
     }
   }
   return batch->size;
+}
+
+absl::StatusOr<SparseDataset> ReadCriteoSparse(const std::string& path, uint64_t limit) {
+  absl::StatusOr<CriteoReader> reader = CriteoReader::Open(path, 0, 1);
+  if (!reader.ok()) return reader.status();
+  std::vector<int64_t> offsets{0};
+  std::vector<int64_t> ids;
+  std::vector<float> values;
+  std::vector<int32_t> labels;
+  CriteoBatch batch;
+  constexpr int64_t kBatch = 4096;
+  while (limit == 0 || labels.size() < limit) {
+    const int64_t want =
+        limit == 0 ? kBatch
+                   : std::min<int64_t>(kBatch, static_cast<int64_t>(limit - labels.size()));
+    absl::StatusOr<int64_t> read = reader->Next(want, &batch);
+    if (!read.ok()) return read.status();
+    if (*read == 0) break;
+    for (int64_t i = 0; i < batch.size; ++i) {
+      // Field order is id order: the categorical fields, then the dense one.
+      for (int j = 0; j < kCriteoTables; ++j) {
+        ids.push_back(FieldFeature(j, batch.ids[i * kCriteoTables + j]));
+        values.push_back(1.0f);
+      }
+      for (int k = 0; k < kCriteoDense; ++k) {
+        const float x = batch.dense[i * kCriteoDense + k];
+        if (x == 0.0f) continue;
+        ids.push_back(FieldFeature(kCriteoDenseField, k));
+        values.push_back(x);
+      }
+      offsets.push_back(static_cast<int64_t>(ids.size()));
+      labels.push_back(batch.labels[i] > 0.5f ? 1 : 0);
+    }
+  }
+  return SparseDataset::Create(2, 0, std::move(offsets), std::move(ids), std::move(values),
+                               std::move(labels));
 }
 
 std::vector<int64_t> CriteoKaggleVocabulary(int64_t scale) {

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/byte_source.h"
+#include "data/sparse_dataset.h"
 
 namespace grps {
 
@@ -99,6 +100,20 @@ class CriteoReader {
   bool eof_ = false;
   int64_t line_ = 0;
 };
+
+// The built-in embedding model's view of Criteo data: 27 fields, a table
+// each. Field j < 26 holds the example's value of C(j+1) (one id, value 1; a
+// missing one is kCriteoMissingId); field kCriteoDenseField holds the dense
+// features as ids 0..12 weighted by their transformed values (those that
+// are 0 left out), so that its table's bag is a learned linear map of them.
+inline constexpr int32_t kCriteoDenseField = kCriteoTables;
+inline constexpr int32_t kCriteoFields = kCriteoTables + 1;
+
+// Reads the whole of `path` (plain or gzip), at most `limit` examples (0: all
+// of them), into a SparseDataset of two classes with ids tagged by field
+// (FieldFeature, sparse_dataset.h) and no feature-space bound. Errors as
+// CriteoReader's.
+absl::StatusOr<SparseDataset> ReadCriteoSparse(const std::string& path, uint64_t limit = 0);
 
 // The generator's hidden model and how it draws examples. Table j's values
 // are vocabulary[j] distinct ids, drawn by rank from a power law

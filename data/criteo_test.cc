@@ -200,6 +200,45 @@ TEST(CriteoReader, RefusesOverlongLinesCutGzipAndBadRanks) {
 // The generator: deterministic, ids from a power law (the most frequent
 // values of a table are its first ranks), a click rate near the bias's, and
 // true probabilities that rank clicks far better than chance.
+// The embedding model's view: field j < 26 holds C(j+1)'s id (missing ones
+// too), field 26 the dense features that are not 0, by index, weighted by
+// their value; a limit stops the read.
+TEST(ReadCriteoSparse, GivesEachColumnAFieldAndTheDenseFeaturesOneMore) {
+  std::string text;
+  absl::StrAppend(&text, Line("1", {"0", "", "-3", "7"}, {"68fd1e64", "", "0", "ff"}), "\n");
+  absl::StrAppend(&text,
+                  Line("0", {"", "", "", "", "", "", "", "", "", "", "", "", "2"}, {"a", "a", "a"}),
+                  "\n");
+  absl::StrAppend(&text, Line("1", {}, {}), "\n");
+  const std::string path = TempPath("sparse.gz");
+  WriteFile(path, text, true);
+  absl::StatusOr<SparseDataset> data = ReadCriteoSparse(path);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->num_examples(), 3);
+  EXPECT_EQ(data->num_classes(), 2);
+  EXPECT_EQ(data->feature_space(), 0u);
+  EXPECT_THAT(data->labels(), ElementsAre(1, 0, 1));
+  absl::Span<const int64_t> ids = data->ids(0);
+  ASSERT_EQ(ids.size(), kCriteoTables + 1u);  // only I4 = 7 of the dense is not 0
+  EXPECT_EQ(ids[0], FieldFeature(0, 0x68fd1e64));
+  EXPECT_EQ(ids[1], FieldFeature(1, kCriteoMissingId));
+  EXPECT_EQ(ids[2], FieldFeature(2, 0));
+  EXPECT_EQ(ids[3], FieldFeature(3, 0xff));
+  EXPECT_EQ(ids[kCriteoTables], FieldFeature(kCriteoDenseField, 3));
+  EXPECT_FLOAT_EQ(data->values(0)[kCriteoTables], std::log1p(7.0f));
+  EXPECT_FLOAT_EQ(data->values(0)[0], 1.0f);
+  for (int64_t id : ids) EXPECT_LT(FeatureField(id), kCriteoFields);
+  ASSERT_EQ(data->ids(1).size(), kCriteoTables + 1u);
+  EXPECT_EQ(data->ids(1)[kCriteoTables], FieldFeature(kCriteoDenseField, 12));
+  EXPECT_EQ(data->ids(2).size(), static_cast<size_t>(kCriteoTables));
+  absl::StatusOr<SparseDataset> two = ReadCriteoSparse(path, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->num_examples(), 2);
+  // A malformed line names its file and line, as the reader does.
+  WriteFile(path, absl::StrCat(text, Line("2", {}, {}), "\n"), true);
+  EXPECT_THAT(std::string(ReadCriteoSparse(path).status().message()), HasSubstr(path + ":4:"));
+}
+
 TEST(CriteoSynth, DrawsAPowerLawWithAKnownModel) {
   absl::StatusOr<CriteoSynth> synth = CriteoSynth::Create(SmallOptions());
   ASSERT_TRUE(synth.ok());

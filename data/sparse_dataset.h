@@ -14,6 +14,26 @@
 
 namespace grps {
 
+// Fields: a data set whose examples carry features of several kinds, each
+// kind read through a table of its own (Criteo's 26 categorical columns),
+// tags every id with its field: FieldFeature(f, v) = f * 2^kFieldShift + v
+// for a value v in [0, 2^kFieldShift). An example's ascending ids are then
+// grouped by field, fields ascending. A data set of one field uses the
+// values themselves (field 0), so untagged data reads as one field.
+inline constexpr int kFieldShift = 40;
+inline constexpr int64_t kFieldValueLimit = int64_t{1} << kFieldShift;
+// Fields are below it, so that a tagged id stays a non-negative int64.
+inline constexpr int32_t kMaxFields = int32_t{1} << (62 - kFieldShift);
+// Requires 0 <= field < kMaxFields and 0 <= value < kFieldValueLimit.
+inline constexpr int64_t FieldFeature(int32_t field, int64_t value) {
+  return (static_cast<int64_t>(field) << kFieldShift) | value;
+}
+// Of a tagged id (>= 0).
+inline constexpr int32_t FeatureField(int64_t feature) {
+  return static_cast<int32_t>(feature >> kFieldShift);
+}
+inline constexpr int64_t FeatureValue(int64_t feature) { return feature & (kFieldValueLimit - 1); }
+
 // Example i holds the feature ids ids[offsets[i] .. offsets[i + 1]) with
 // their values at the same positions, and one label. The invariants, checked
 // once by Create and true of every SparseDataset that exists:

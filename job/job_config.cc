@@ -1,16 +1,15 @@
 #include "job/job_config.h"
 
-#include "job/user_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
+#include "data/criteo.h"
 #include "job/sparse_tables.h"
 #include "job/user_model.h"
 
@@ -65,6 +64,11 @@ uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config) {
 
 namespace {
 
+// "job config: <what>" as InvalidArgument.
+absl::Status Bad(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
+}
+
 // The data set's fields, for the model that reads it.
 absl::Status ValidateDataset(const v1::JobConfig& c) {
   if (c.model() == v1::MODEL_USER) return absl::OkStatus();  // the worker's own
@@ -74,13 +78,17 @@ absl::Status ValidateDataset(const v1::JobConfig& c) {
   const v1::DatasetConfig& d = c.dataset();
   const std::string& f = d.format();
   if (c.model() == v1::MODEL_EMBEDDING) {
-    if (f != "idx-sparse" && f != "libsvm" && f != "synthetic")
-      return bad("format must be idx-sparse, libsvm or synthetic for the embedding model");
+    if (f != "idx-sparse" && f != "libsvm" && f != "synthetic" && f != "criteo")
+      return bad(
+          "format must be idx-sparse, libsvm, synthetic or criteo for the embedding "
+          "model");
+    if (f == "criteo" && c.num_classes() != 2)
+      return Bad("num_classes must be 2 for criteo data (a click or not)");
   } else if (f != "idx" && f != "csv") {
     return bad("format must be idx or csv for a dense model (mlp, softmax)");
   }
   if (f != "synthetic" && d.path().empty()) return bad("path is empty");
-  if ((f == "csv" || f == "libsvm") && d.test_path().empty())
+  if ((f == "csv" || f == "libsvm" || f == "criteo") && d.test_path().empty())
     return bad(absl::StrCat("test_path is empty (", f, " reads the test set from it)"));
   if (d.path().size() > 4096 || d.test_path().size() > 4096)
     return bad("path and test_path must be at most 4096 bytes");
@@ -102,11 +110,6 @@ absl::Status ValidateDataset(const v1::JobConfig& c) {
   if (!(s.label_noise() >= 0 && s.label_noise() < 1))
     return bad("synthetic.label_noise must be in [0, 1)");
   return absl::OkStatus();
-}
-
-// "job config: <what>" as InvalidArgument.
-absl::Status Bad(absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("job config: ", what));
 }
 
 // The mode and the model's shape.
@@ -310,14 +313,15 @@ absl::Status ValidateEmbedding(const v1::JobConfig& c) {
       c.embedding_combiner() != v1::COMBINER_SUM &&
       c.embedding_combiner() != v1::COMBINER_MEAN)
     return Bad("embedding_combiner must be sum or mean");
-  const v1::SparseTableSpec* table = FindSparseTable(c, kEmbeddingTable);
-  if (table == nullptr)
-    return Bad(absl::StrCat("the embedding model needs the sparse table \"",
-                            kEmbeddingTable, "\""));
-  if (table->dim() != c.embedding_dim() || table->rows() != c.embedding_rows())
-    return Bad(absl::StrCat("sparse table \"", kEmbeddingTable, "\" is ", table->rows(),
-                            " rows x ", table->dim(), ", the model's embedding ",
-                            c.embedding_rows(), " x ", c.embedding_dim()));
+  for (const std::string& name : EmbeddingTables(c)) {
+    const v1::SparseTableSpec* table = FindSparseTable(c, name);
+    if (table == nullptr)
+      return Bad(absl::StrCat("the embedding model needs the sparse table \"", name, "\""));
+    if (table->dim() != c.embedding_dim() || table->rows() != c.embedding_rows())
+      return Bad(absl::StrCat("sparse table \"", name, "\" is ", table->rows(), " rows x ",
+                              table->dim(), ", the model's embedding ", c.embedding_rows(), " x ",
+                              c.embedding_dim()));
+  }
   return absl::OkStatus();
 }
 
@@ -351,9 +355,18 @@ bool IsJobEnded(const absl::Status& status) {
          absl::StrContains(status.message(), " has ended (");
 }
 
+std::vector<std::string> EmbeddingTables(const v1::JobConfig& config) {
+  if (config.dataset().format() != "criteo") return {kEmbeddingTable};
+  std::vector<std::string> tables;
+  for (int j = 1; j <= kCriteoTables; ++j) tables.push_back(absl::StrCat(kEmbeddingTable, ".C", j));
+  tables.push_back(absl::StrCat(kEmbeddingTable, ".I"));  // kCriteoDenseField
+  return tables;
+}
+
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config) {
   std::vector<int64_t> widths{config.model() == v1::MODEL_EMBEDDING
-                                  ? config.embedding_dim()
+                                  ? static_cast<int64_t>(config.embedding_dim()) *
+                                        static_cast<int64_t>(EmbeddingTables(config).size())
                                   : config.input_features()};
   if (config.model() == v1::MODEL_MLP || config.model() == v1::MODEL_EMBEDDING)
     for (uint32_t h : config.hidden_units()) widths.push_back(h);

@@ -24,8 +24,15 @@ v1::JobConfig DefaultJobConfig();
 // the status the job ended with, which grps-local reads).
 inline constexpr char kCoordinatorStateFile[] = "coordinator.state";
 
-// The sparse table the embedding model's rows live in.
+// The sparse table the embedding model's rows live in, for data of one
+// field (idx-sparse, libsvm, synthetic).
 inline constexpr char kEmbeddingTable[] = "embedding";
+
+// The sparse tables the embedding model reads, one per field of its data
+// (data/sparse_dataset.h), in field order: {kEmbeddingTable} for data of one
+// field; for criteo data (data/criteo.h, 27 fields) "embedding.C1" ..
+// "embedding.C26" and "embedding.I" (the 13 integer features).
+std::vector<std::string> EmbeddingTables(const v1::JobConfig& config);
 
 // Checks every field a daemon relies on; InvalidArgument names the field.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
@@ -49,7 +56,8 @@ uint32_t CoordinatorTimeoutMs(const v1::JobConfig& config);
 std::vector<v1::TensorSpec> ModelTensors(const v1::JobConfig& config);
 
 // Layer widths input, hidden..., classes. The embedding model's input is
-// its bag (embedding_dim): these are its dense head's widths.
+// its bags side by side (one of embedding_dim a table: EmbeddingTables);
+// these are its dense head's widths.
 std::vector<int64_t> LayerWidths(const v1::JobConfig& config);
 
 // Parsers for flag values; InvalidArgument on anything unknown.

@@ -103,7 +103,7 @@ TEST(JobConfig, TheEmbeddingModelNeedsItsTableAndASparseFormat) {
   EXPECT_NE(Refusal(c).find("needs the sparse table \"embedding\""), std::string::npos);
   c = EmbeddingJob();
   c.mutable_dataset()->set_format("idx");
-  EXPECT_NE(Refusal(c).find("idx-sparse, libsvm or synthetic"), std::string::npos);
+  EXPECT_NE(Refusal(c).find("idx-sparse, libsvm, synthetic or criteo"), std::string::npos);
   c = EmbeddingJob();
   c.set_embedding_dim(0);
   EXPECT_NE(Refusal(c).find("embedding_dim"), std::string::npos);
@@ -124,6 +124,40 @@ TEST(JobConfig, TheEmbeddingModelNeedsItsTableAndASparseFormat) {
   EXPECT_NE(Refusal(c).find("test_path"), std::string::npos);
   c.mutable_dataset()->set_test_path("/data/test.csv");
   EXPECT_TRUE(ValidateJobConfig(c).ok());
+}
+
+// Criteo data has 27 fields: a table each, named for Criteo's columns, all
+// of the model's shape; the head reads the 27 bags side by side.
+TEST(JobConfig, TheEmbeddingModelOfCriteoDataReadsATablePerField) {
+  v1::JobConfig c = EmbeddingJob();
+  c.mutable_dataset()->set_format("criteo");
+  c.mutable_dataset()->set_path("/data/train.tsv");
+  c.mutable_dataset()->set_test_path("/data/test.tsv");
+  c.set_num_classes(2);
+  const std::vector<std::string> tables = EmbeddingTables(c);
+  ASSERT_EQ(tables.size(), 27u);
+  EXPECT_EQ(tables.front(), "embedding.C1");
+  EXPECT_EQ(tables[25], "embedding.C26");
+  EXPECT_EQ(tables.back(), "embedding.I");
+  EXPECT_EQ(LayerWidths(c), (std::vector<int64_t>{27 * 8, 256, 128, 2}));
+  // The single table "embedding" is not theirs.
+  EXPECT_NE(Refusal(c).find("needs the sparse table \"embedding.C1\""), std::string::npos);
+  c.clear_sparse_tables();
+  for (const std::string& name : tables) {
+    v1::SparseTableSpec* t = c.add_sparse_tables();
+    t->set_name(name);
+    t->set_dim(8);
+    t->set_rows(1000);
+  }
+  ASSERT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  c.mutable_sparse_tables(26)->set_dim(4);
+  EXPECT_NE(Refusal(c).find("\"embedding.I\" is 1000 rows x 4"), std::string::npos);
+  c.mutable_sparse_tables(26)->set_dim(8);
+  c.set_num_classes(10);
+  EXPECT_NE(Refusal(c).find("num_classes must be 2"), std::string::npos);
+  c.set_num_classes(2);
+  c.mutable_dataset()->clear_test_path();
+  EXPECT_NE(Refusal(c).find("test_path"), std::string::npos);
 }
 
 TEST(JobConfig, SyntheticDataIsCheckedAgainstTheGeneratorsLimits) {

@@ -20,19 +20,20 @@ std::vector<int64_t> HeadWidths(int64_t embedding_dim,
 
 }  // namespace
 
-EmbeddingModel::EmbeddingModel(Backend* backend, int64_t embedding_dim,
-                               std::vector<int64_t> hidden,
-                               int64_t num_classes, EmbeddingCombiner combiner,
-                               int max_batch)
+EmbeddingModel::EmbeddingModel(Backend* backend, int64_t embedding_dim, std::vector<int64_t> hidden,
+                               int64_t num_classes, EmbeddingCombiner combiner, int max_batch,
+                               int32_t num_fields)
     : embedding_dim_(embedding_dim),
+      num_fields_(num_fields),
       combiner_(combiner),
       max_batch_(max_batch),
-      head_(backend, HeadWidths(embedding_dim, std::move(hidden), num_classes),
+      head_(backend, HeadWidths(num_fields * embedding_dim, std::move(hidden), num_classes),
             max_batch),
-      bags_(static_cast<size_t>(max_batch) * embedding_dim),
-      bag_grads_(static_cast<size_t>(max_batch) * embedding_dim),
+      bags_(static_cast<size_t>(max_batch) * num_fields * embedding_dim),
+      bag_grads_(bags_.size()),
+      field_nnz_(num_fields),
       head_grads_(backend, head_.num_parameters()) {
-  assert(embedding_dim_ >= 1 && num_classes >= 1 && max_batch_ >= 1);
+  assert(embedding_dim_ >= 1 && num_classes >= 1 && max_batch_ >= 1 && num_fields_ >= 1);
 }
 
 void EmbeddingModel::SetHeadParameters(const float* host_params) {
@@ -47,23 +48,39 @@ void EmbeddingModel::GetHeadGradients(float* host_grads) {
   std::copy(head_grads_.begin(), head_grads_.end(), host_grads);
 }
 
-void EmbeddingModel::ComputeBags(const SparseBatch& batch, int first,
-                                 int count, const float* rows) {
-  const int64_t dim = embedding_dim_;
+template <typename Visit>
+void EmbeddingModel::VisitNonzeros(const SparseBatch& batch, int first, int count, Visit visit) {
+  assert(batch.num_fields() == num_fields_);
   const std::vector<int64_t>& offsets = batch.offsets();
-  const std::vector<int32_t>& row_of = batch.rows();
+  const std::vector<int32_t>& fields = batch.fields();
   const std::vector<float>& values = batch.values();
-  std::fill(bags_.begin(), bags_.begin() + count * dim, 0.0f);
+  const bool mean = combiner_ == EmbeddingCombiner::kMean;
   for (int i = 0; i < count; ++i) {
-    float* bag = bags_.data() + i * dim;
     const int64_t begin = offsets[first + i];
     const int64_t end = offsets[first + i + 1];
+    if (mean) {
+      std::fill(field_nnz_.begin(), field_nnz_.end(), 0);
+      for (int64_t j = begin; j < end; ++j) ++field_nnz_[fields[j]];
+    }
     for (int64_t j = begin; j < end; ++j) {
-      const float w = Weight(values[j], end - begin);
-      const float* row = rows + static_cast<int64_t>(row_of[j]) * dim;
-      for (int64_t d = 0; d < dim; ++d) bag[d] += w * row[d];
+      const int32_t f = fields[j];
+      const float weight = mean ? values[j] / static_cast<float>(field_nnz_[f]) : values[j];
+      visit(i, j, f * embedding_dim_, weight);
     }
   }
+}
+
+void EmbeddingModel::ComputeBags(const SparseBatch& batch, int first, int count,
+                                 const float* rows) {
+  const int64_t dim = embedding_dim_;
+  const int64_t width = num_fields_ * dim;
+  const std::vector<int32_t>& row_of = batch.rows();
+  std::fill(bags_.begin(), bags_.begin() + count * width, 0.0f);
+  VisitNonzeros(batch, first, count, [&](int i, int64_t j, int64_t slot, float w) {
+    float* bag = bags_.data() + i * width + slot;
+    const float* row = rows + static_cast<int64_t>(row_of[j]) * dim;
+    for (int64_t d = 0; d < dim; ++d) bag[d] += w * row[d];
+  });
 }
 
 float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
@@ -74,9 +91,8 @@ float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
   const int per_pass = n / passes;
   assert(per_pass <= max_batch_);
   const int64_t dim = embedding_dim_;
-  const std::vector<int64_t>& offsets = batch.offsets();
+  const int64_t width = num_fields_ * dim;
   const std::vector<int32_t>& row_of = batch.rows();
-  const std::vector<float>& values = batch.values();
   row_grads_.assign(batch.unique_ids().size() * dim, 0.0f);
   for (int pass = 0; pass < passes; ++pass) {
     const int first = pass * per_pass;
@@ -86,17 +102,13 @@ float EmbeddingModel::ForwardBackward(const SparseBatch& batch,
     head_.StageBatch(pass, bags_.data(), batch.labels().data() + first, per_pass);
     head_.ComputeStaged(pass, pass, passes, 1.0f, head_grads_.data());
     head_.GetInputGradient(bag_grads_.data());
-    // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d bag.
-    for (int i = 0; i < per_pass; ++i) {
-      const float* bag_grad = bag_grads_.data() + i * dim;
-      const int64_t begin = offsets[first + i];
-      const int64_t end = offsets[first + i + 1];
-      for (int64_t j = begin; j < end; ++j) {
-        const float w = Weight(values[j], end - begin);
-        float* grad = row_grads_.data() + static_cast<int64_t>(row_of[j]) * dim;
-        for (int64_t d = 0; d < dim; ++d) grad[d] += w * bag_grad[d];
-      }
-    }
+    // d loss / d r_u = sum over nonzeros j with row u of w_j * d loss / d
+    // (j's field's bag).
+    VisitNonzeros(batch, first, per_pass, [&](int i, int64_t j, int64_t slot, float w) {
+      const float* bag_grad = bag_grads_.data() + i * width + slot;
+      float* grad = row_grads_.data() + static_cast<int64_t>(row_of[j]) * dim;
+      for (int64_t d = 0; d < dim; ++d) grad[d] += w * bag_grad[d];
+    });
   }
   const float loss = head_.FinishStep(correct);
   if (passes > 1) {

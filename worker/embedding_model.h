@@ -1,16 +1,18 @@
-// EmbeddingModel: a classifier over sparse features. Each example's features
-// pick rows of an embedding table (by HashFeatureId, see sparse_batch.h);
-// the rows, each weighted by its feature's value, are combined into one bag
-// of embedding_dim floats, and the bag feeds a dense head (an MlpModel of
-// widths {embedding_dim, hidden..., classes}) trained with softmax
-// cross-entropy.
+// EmbeddingModel: a classifier over sparse features of one or more fields.
+// Each example's features pick rows of their field's embedding table (by
+// HashFeatureId, see sparse_batch.h); per field, the rows, each weighted by
+// its feature's value, are combined into one bag of embedding_dim floats,
+// and the fields' bags, side by side, feed a dense head (an MlpModel of
+// widths {num_fields x embedding_dim, hidden..., classes}) trained with
+// softmax cross-entropy.
 //
-// The table lives on the parameter servers, in sparse tables keyed by int64
-// id; the model never holds it. Per step the caller pulls the rows of
-// SparseBatch::unique_ids(), passes them to ForwardBackward, and pushes
-// row_gradients() for the same ids: one row per distinct id, already summed
-// over every occurrence. The head's parameters are a flat array in
-// MlpModel's layout, so they live in the dense chunks like a dense model's.
+// The tables live on the parameter servers, in sparse tables keyed by int64
+// id; the model never holds them. Per step the caller pulls the rows of
+// SparseBatch::unique_ids() (table t's part from table t), passes them to
+// ForwardBackward, and pushes row_gradients() for the same ids: one row per
+// distinct id of a table, already summed over every occurrence. The head's
+// parameters are a flat array in MlpModel's layout, so they live in the
+// dense chunks like a dense model's.
 #ifndef GRPS_WORKER_EMBEDDING_MODEL_H_
 #define GRPS_WORKER_EMBEDDING_MODEL_H_
 
@@ -24,15 +26,16 @@
 
 namespace grps {
 
-// How an example's rows become its bag, for an example whose nonzeros j have
-// values v_j and rows r_j:
+// How an example's rows become its bag of a field, for the example's
+// nonzeros j of that field, with values v_j and rows r_j:
 enum class EmbeddingCombiner {
   kSum,   // bag = sum_j v_j r_j
-  kMean,  // bag = (1 / n) sum_j v_j r_j, n = the example's nonzero count.
-          // (Not divided by sum_j v_j: values may sum to zero.)
+  kMean,  // bag = (1 / n) sum_j v_j r_j, n = the example's nonzero count
+          // in the field (not divided by sum_j v_j: values may sum to zero).
 };
-// Under both, an example with no nonzeros gets a zero bag, so its prediction
-// is the head's response to zero; it contributes no row gradient.
+// Under both, a field without nonzeros in an example gets a zero bag (an
+// example with none at all is predicted by the head's response to zero);
+// it contributes no row gradient.
 
 // The bag runs on the host (a loop over nonzeros, cheap beside the head);
 // the head runs on the Backend, as MlpModel does.
@@ -41,16 +44,18 @@ enum class EmbeddingCombiner {
 class EmbeddingModel {
  public:
   // embedding_dim >= 1, num_classes >= 1, max_batch >= 1, hidden widths
-  // >= 1 each (none: a softmax regression on the bag). *backend must
-  // outlive the model.
-  EmbeddingModel(Backend* backend, int64_t embedding_dim,
-                 std::vector<int64_t> hidden, int64_t num_classes,
-                 EmbeddingCombiner combiner, int max_batch);
+  // >= 1 each (none: a softmax regression on the bags), num_fields >= 1
+  // (the batches' SparseBatch::num_fields()). *backend must outlive the
+  // model.
+  EmbeddingModel(Backend* backend, int64_t embedding_dim, std::vector<int64_t> hidden,
+                 int64_t num_classes, EmbeddingCombiner combiner, int max_batch,
+                 int32_t num_fields = 1);
 
   int64_t embedding_dim() const { return embedding_dim_; }
+  int32_t num_fields() const { return num_fields_; }
   EmbeddingCombiner combiner() const { return combiner_; }
   int max_batch() const { return max_batch_; }
-  // {embedding_dim, hidden..., num_classes}.
+  // {num_fields x embedding_dim, hidden..., num_classes}.
   const std::vector<int64_t>& head_widths() const { return head_.widths(); }
 
   // The dense head, exactly as MlpModel with head_widths(): the same count,
@@ -90,21 +95,23 @@ class EmbeddingModel {
   EvalResult Evaluate(const SparseBatch& examples, const float* rows);
 
  private:
+  // Calls visit(i, j, bag, weight) for every nonzero j of examples
+  // [first, first + count) of `batch`: i counts from 0 at `first`, bag is
+  // the offset of j's field's bag within example i's num_fields bags, weight
+  // j's weight in that bag.
+  template <typename Visit>
+  void VisitNonzeros(const SparseBatch& batch, int first, int count, Visit visit);
   // bags_[0, count) = the bags of examples [first, first + count).
-  void ComputeBags(const SparseBatch& batch, int first, int count,
-                   const float* rows);
-  // The weight of nonzero j, whose example has n nonzeros, in the bag.
-  float Weight(float value, int64_t n) const {
-    return combiner_ == EmbeddingCombiner::kMean ? value / static_cast<float>(n)
-                                                 : value;
-  }
+  void ComputeBags(const SparseBatch& batch, int first, int count, const float* rows);
 
   const int64_t embedding_dim_;
+  const int32_t num_fields_;
   const EmbeddingCombiner combiner_;
   const int max_batch_;
   MlpModel head_;
-  std::vector<float> bags_;       // host, max_batch x embedding_dim
-  std::vector<float> bag_grads_;  // host, max_batch x embedding_dim
+  std::vector<float> bags_;         // host, max_batch x num_fields x embedding_dim
+  std::vector<float> bag_grads_;    // host, as bags_
+  std::vector<int64_t> field_nnz_;  // scratch: one example's nonzeros per field
   std::vector<float> row_grads_;  // host, unique ids x embedding_dim
   HostArray<float> head_grads_;   // the last ForwardBackward's, page-locked
 };

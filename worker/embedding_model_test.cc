@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sparse_dataset.h"
 #include "gtest/gtest.h"
 #include "worker/mlp_model.h"
 #include "worker/sparse_batch.h"
@@ -30,8 +31,8 @@ struct Csr {
   SparseExamples view() const { return {offsets, features, values, labels}; }
 };
 
-SparseBatch Build(const Csr& csr, uint64_t table_rows = 0) {
-  auto batch = SparseBatch::Create(csr.view(), table_rows);
+SparseBatch Build(const Csr& csr, uint64_t table_rows = 0, int32_t fields = 1) {
+  auto batch = SparseBatch::Create(csr.view(), table_rows, fields);
   EXPECT_TRUE(batch.ok()) << batch.status();
   return *std::move(batch);
 }
@@ -71,8 +72,9 @@ const char* Name(EmbeddingCombiner c) {
 // the definition the gradients are checked against.
 struct ReferenceModel {
   int64_t dim;
-  std::vector<int64_t> widths;  // {dim, hidden..., classes}
+  std::vector<int64_t> widths;  // {fields x dim, hidden..., classes}
   EmbeddingCombiner combiner;
+  int32_t fields = 1;
 
   // Mean loss over `batch`; rows: unique ids x dim; head in MlpModel's layout.
   double Loss(const SparseBatch& batch, const std::vector<double>& rows,
@@ -81,12 +83,15 @@ struct ReferenceModel {
     int64_t hits = 0;
     for (int i = 0; i < batch.size(); ++i) {
       const int64_t begin = batch.offsets()[i], end = batch.offsets()[i + 1];
-      std::vector<double> h(dim, 0.0);
+      // Field f's bag is h[f * dim, (f + 1) * dim); a mean divides by the
+      // example's nonzeros of that field.
+      std::vector<double> h(fields * dim, 0.0);
       for (int64_t j = begin; j < end; ++j) {
+        const int32_t f = batch.fields()[j];
         double w = batch.values()[j];
-        if (combiner == EmbeddingCombiner::kMean) w /= (end - begin);
-        for (int64_t d = 0; d < dim; ++d)
-          h[d] += w * rows[batch.rows()[j] * dim + d];
+        if (combiner == EmbeddingCombiner::kMean)
+          w /= std::count(batch.fields().begin() + begin, batch.fields().begin() + end, f);
+        for (int64_t d = 0; d < dim; ++d) h[f * dim + d] += w * rows[batch.rows()[j] * dim + d];
       }
       size_t offset = 0;
       for (size_t l = 0; l + 1 < widths.size(); ++l) {
@@ -124,9 +129,25 @@ Csr FiveExamples() {
   return csr;
 }
 
+// The same shapes over three fields: id 7 is in fields 0 and 1, 9 in 1
+// and 2, 2 in 0 and 1 (rows of different tables); field 0 twice within the
+// first and fourth examples, an example with no features, one with field 1
+// only.
+Csr FiveExamplesOfThreeFields() {
+  auto f = [](int32_t field, int64_t id) { return FieldFeature(field, id); };
+  Csr csr;
+  csr.Add({f(0, 7), f(0, 2), f(1, 7), f(2, 3)}, {1.0f, -0.5f, 1.5f, 0.5f}, 0);
+  csr.Add({f(1, 2), f(2, 9)}, {0.75f, 1.25f}, 2);
+  csr.Add({}, {}, 1);
+  csr.Add({f(0, 4), f(0, 7), f(1, 2), f(2, 1), f(2, 9)}, {-1.0f, 0.5f, 1.0f, 2.0f, -0.5f}, 1);
+  csr.Add({f(1, 9)}, {-1.5f}, 0);
+  return csr;
+}
+
 struct GradientCase {
   EmbeddingCombiner combiner;
   std::vector<int64_t> hidden;
+  int32_t fields = 1;
 };
 
 class EmbeddingModelGradient : public testing::TestWithParam<GradientCase> {};
@@ -139,10 +160,13 @@ TEST_P(EmbeddingModelGradient, MatchesFiniteDifferencesOfTheReference) {
   const GradientCase& c = GetParam();
   const int64_t dim = 3, classes = 3;
   auto backend = CreateCpuBackend();
-  EmbeddingModel model(backend.get(), dim, c.hidden, classes, c.combiner, 8);
-  const SparseBatch batch = Build(FiveExamples());
-  ASSERT_EQ(batch.unique_ids(), (std::vector<int64_t>{1, 2, 4, 7, 9}));
-  const ReferenceModel ref{dim, model.head_widths(), c.combiner};
+  EmbeddingModel model(backend.get(), dim, c.hidden, classes, c.combiner, 8, c.fields);
+  ASSERT_EQ(model.head_widths().front(), c.fields * dim);
+  const SparseBatch batch =
+      c.fields == 1 ? Build(FiveExamples()) : Build(FiveExamplesOfThreeFields(), 0, c.fields);
+  ASSERT_EQ(batch.unique_ids(), c.fields == 1 ? (std::vector<int64_t>{1, 2, 4, 7, 9})
+                                              : (std::vector<int64_t>{2, 4, 7, 2, 7, 9, 1, 3, 9}));
+  const ReferenceModel ref{dim, model.head_widths(), c.combiner, c.fields};
 
   const std::vector<float> rows = Normal(batch.unique_ids().size() * dim, 1.0f, 1);
   const std::vector<float> head = LiveHead(model.head_widths(), 2);
@@ -179,17 +203,20 @@ TEST_P(EmbeddingModelGradient, MatchesFiniteDifferencesOfTheReference) {
   EXPECT_GE(check(p, head_grad, "head parameter"), 0.5);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EmbeddingModel, EmbeddingModelGradient,
-    testing::Values(GradientCase{EmbeddingCombiner::kSum, {}},
-                    GradientCase{EmbeddingCombiner::kSum, {4}},
-                    GradientCase{EmbeddingCombiner::kMean, {}},
-                    GradientCase{EmbeddingCombiner::kMean, {4}},
-                    GradientCase{EmbeddingCombiner::kMean, {5, 4}}),
-    [](const testing::TestParamInfo<GradientCase>& info) {
-      return std::string(Name(info.param.combiner)) + "_" +
-             std::to_string(info.param.hidden.size()) + "_hidden";
-    });
+INSTANTIATE_TEST_SUITE_P(EmbeddingModel, EmbeddingModelGradient,
+                         testing::Values(GradientCase{EmbeddingCombiner::kSum, {}},
+                                         GradientCase{EmbeddingCombiner::kSum, {4}},
+                                         GradientCase{EmbeddingCombiner::kMean, {}},
+                                         GradientCase{EmbeddingCombiner::kMean, {4}},
+                                         GradientCase{EmbeddingCombiner::kMean, {5, 4}},
+                                         GradientCase{EmbeddingCombiner::kSum, {}, 3},
+                                         GradientCase{EmbeddingCombiner::kSum, {4}, 3},
+                                         GradientCase{EmbeddingCombiner::kMean, {5, 4}, 3}),
+                         [](const testing::TestParamInfo<GradientCase>& info) {
+                           return std::string(Name(info.param.combiner)) + "_" +
+                                  std::to_string(info.param.hidden.size()) + "_hidden_" +
+                                  std::to_string(info.param.fields) + "_fields";
+                         });
 
 class EmbeddingModelCombiner : public testing::TestWithParam<EmbeddingCombiner> {
 };

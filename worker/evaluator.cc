@@ -29,20 +29,24 @@ class DenseEvalTarget : public EvalTarget {
 
 class EmbeddingEvalTarget : public EvalTarget {
  public:
-  EmbeddingEvalTarget(std::vector<int64_t> widths, EmbeddingCombiner combiner,
-                      SparseBatch test, RowReader read_rows)
+  EmbeddingEvalTarget(std::vector<int64_t> widths, EmbeddingCombiner combiner, SparseBatch test,
+                      RowReader read_rows)
       : test_(std::move(test)),
         read_rows_(std::move(read_rows)),
         backend_(CreateCpuBackend()),
-        model_(backend_.get(), widths.front(),
-               std::vector<int64_t>(widths.begin() + 1, widths.end() - 1), widths.back(),
-               combiner, kEvalBatch) {}
+        model_(backend_.get(), widths.front() / test_.num_fields(),
+               std::vector<int64_t>(widths.begin() + 1, widths.end() - 1), widths.back(), combiner,
+               kEvalBatch, test_.num_fields()) {}
 
   absl::StatusOr<EvalResult> Evaluate(uint64_t step,
                                       const std::vector<float>& weights) override {
-    rows_.resize(test_.unique_ids().size() * model_.embedding_dim());
-    if (absl::Status s = read_rows_(test_.unique_ids(), step, rows_.data()); !s.ok())
-      return s;
+    const int64_t dim = model_.embedding_dim();
+    rows_.resize(test_.unique_ids().size() * dim);
+    for (int32_t t = 0; t < test_.num_fields(); ++t) {
+      absl::Status s =
+          read_rows_(t, test_.table_ids(t), step, rows_.data() + test_.table_offsets()[t] * dim);
+      if (!s.ok()) return s;
+    }
     model_.SetHeadParameters(weights.data());
     return model_.Evaluate(test_, rows_.data());
   }

@@ -44,16 +44,16 @@ class EvalTarget {
 std::unique_ptr<EvalTarget> MakeDenseEvalTarget(std::vector<int64_t> widths,
                                                 const Dataset* test);
 
-// Reads `ids` (any ids) of the embedding table as they are at `clock` or
-// later into `out` (ids.size() x dim floats).
-using RowReader = std::function<absl::Status(absl::Span<const int64_t> ids, uint64_t clock,
-                                             float* out)>;
+// Reads `ids` (any ids) of the embedding table of field `table` as they are
+// at `clock` or later into `out` (ids.size() x dim floats).
+using RowReader = std::function<absl::Status(int32_t table, absl::Span<const int64_t> ids,
+                                             uint64_t clock, float* out)>;
 
-// An EmbeddingModel (head `widths`, whose first entry is the bag's width)
-// over `test`, whose rows it reads with `read_rows` at the step of the
-// weights: so a snapshot evaluated while training goes on pairs the head of
-// its step with rows at least as new. `test` is already hashed into the
-// table's ids.
+// An EmbeddingModel (head `widths`, whose first entry is the width of the
+// bags side by side, test.num_fields() of them) over `test`, whose rows it
+// reads with `read_rows` at the step of the weights, table by table: so a
+// snapshot evaluated while training goes on pairs the head of its step with
+// rows at least as new. `test` is already hashed into the tables' ids.
 std::unique_ptr<EvalTarget> MakeEmbeddingEvalTarget(std::vector<int64_t> widths,
                                                     EmbeddingCombiner combiner,
                                                     SparseBatch test, RowReader read_rows);

@@ -67,7 +67,7 @@ TEST(Evaluator, TheEmbeddingTargetReadsTheTestSetsRowsAtTheStepOfTheWeights) {
   std::vector<int64_t> asked;
   uint64_t asked_clock = 0;
   bool fail = false;
-  RowReader read = [&](absl::Span<const int64_t> ids, uint64_t clock,
+  RowReader read = [&](int32_t, absl::Span<const int64_t> ids, uint64_t clock,
                        float* out) -> absl::Status {
     if (fail) return absl::UnavailableError("shard 1: down");
     asked.assign(ids.begin(), ids.end());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/criteo.h"
 #include "data/csv_reader.h"
 #include "data/libsvm_reader.h"
 #include "data/sparse_features.h"
@@ -59,6 +60,10 @@ absl::StatusOr<SparseDataset> LoadSparseSplit(const v1::JobConfig& config,
     options.num_classes = classes;
     options.zero_based = d.libsvm_zero_based();
     data = ReadLibsvm(split == DatasetSplit::kTrain ? d.path() : d.test_path(), options);
+  } else if (d.format() == "criteo") {
+    // Read no further than the limit: Limit below then keeps it all.
+    data = ReadCriteoSparse(split == DatasetSplit::kTrain ? d.path() : d.test_path(),
+                            split == DatasetSplit::kTrain ? d.train_limit() : d.test_limit());
   } else {  // idx-sparse
     absl::StatusOr<Dataset> dense = LoadIdxDirectory(d.path(), split, classes);
     if (!dense.ok()) return dense.status();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sparse_dataset.h"
 #include "gtest/gtest.h"
 
 namespace grps {
@@ -157,6 +158,7 @@ struct BadInput {
   const char* what;
   void (*mutate)(Csr&);
   uint64_t table_rows;
+  int32_t fields = 1;
 };
 
 class SparseBatchRejects : public testing::TestWithParam<BadInput> {};
@@ -164,7 +166,7 @@ class SparseBatchRejects : public testing::TestWithParam<BadInput> {};
 TEST_P(SparseBatchRejects, WithInvalidArgument) {
   Csr csr = ThreeExamples();
   GetParam().mutate(csr);
-  auto batch = SparseBatch::Create(csr.view(), GetParam().table_rows);
+  auto batch = SparseBatch::Create(csr.view(), GetParam().table_rows, GetParam().fields);
   EXPECT_EQ(batch.status().code(), absl::StatusCode::kInvalidArgument)
       << GetParam().what << ": " << batch.status();
 }
@@ -173,27 +175,30 @@ INSTANTIATE_TEST_SUITE_P(
     SparseBatch, SparseBatchRejects,
     testing::Values(
         BadInput{"one offset too few", [](Csr& c) { c.offsets.pop_back(); }, 0},
-        BadInput{"one offset too many", [](Csr& c) { c.offsets.push_back(5); },
-                 0},
+        BadInput{"one offset too many", [](Csr& c) { c.offsets.push_back(5); }, 0},
         BadInput{"no offsets at all", [](Csr& c) { c.offsets.clear(); }, 0},
-        BadInput{"offsets not starting at 0", [](Csr& c) { c.offsets[0] = 1; },
-                 0},
+        BadInput{"offsets not starting at 0", [](Csr& c) { c.offsets[0] = 1; }, 0},
         BadInput{"offsets ending short of the features",
-                 [](Csr& c) { c.offsets = {0, 3, 4, 4}; }, 0},
-        BadInput{"offsets decreasing", [](Csr& c) { c.offsets = {0, 3, 2, 5}; },
+                 [](Csr& c) {
+                   c.offsets = {0, 3, 4, 4};
+                 },
                  0},
-        BadInput{"fewer values than features",
-                 [](Csr& c) { c.values.pop_back(); }, 0},
+        BadInput{"offsets decreasing",
+                 [](Csr& c) {
+                   c.offsets = {0, 3, 2, 5};
+                 },
+                 0},
+        BadInput{"fewer values than features", [](Csr& c) { c.values.pop_back(); }, 0},
         BadInput{"a NaN value", [](Csr& c) { c.values[2] = std::nanf(""); }, 0},
         BadInput{"an infinite value",
-                 [](Csr& c) {
-                   c.values[4] = -std::numeric_limits<float>::infinity();
-                 },
-                 1000},
-        BadInput{"a negative feature in identity mode",
-                 [](Csr& c) { c.features[1] = -3; }, 0},
-        BadInput{"a table too large for int64 ids", [](Csr&) {},
-                 uint64_t{1} << 63}),
+                 [](Csr& c) { c.values[4] = -std::numeric_limits<float>::infinity(); }, 1000},
+        BadInput{"a negative feature in identity mode", [](Csr& c) { c.features[1] = -3; }, 0},
+        BadInput{"a table too large for int64 ids", [](Csr&) {}, uint64_t{1} << 63},
+        BadInput{"no fields", [](Csr&) {}, 0, 0},
+        BadInput{"a feature of a field past the last",
+                 [](Csr& c) { c.features[2] = FieldFeature(3, 7); }, 0, 3},
+        BadInput{"a negative feature with several fields", [](Csr& c) { c.features[1] = -3; }, 1000,
+                 3}),
     [](const testing::TestParamInfo<BadInput>& info) {
       std::string name = info.param.what;
       for (char& ch : name) {
@@ -209,6 +214,36 @@ TEST(SparseBatch, NegativeFeaturesAreFineWhenHashed) {
   ASSERT_TRUE(batch.ok()) << batch.status();
   EXPECT_EQ(batch->unique_ids()[batch->rows()[1]],
             static_cast<int64_t>(HashFeatureId(-3, 1000)));
+}
+
+// Three fields, each its own table: the same raw id in two fields is two
+// rows, one in each table's part of unique_ids(); every table's ids are
+// sorted and distinct; each nonzero knows its field.
+TEST(SparseBatch, SeveralFieldsGiveEachTableItsOwnSortedIds) {
+  auto f = [](int32_t field, int64_t id) { return FieldFeature(field, id); };
+  Csr csr{{0, 4, 6, 6},
+          {f(0, 9), f(0, 4), f(2, 9), f(2, 9), f(0, 4), f(2, 1)},
+          {1, 2, 3, 4, 5, 6},
+          {0, 1, 0}};
+  auto batch = SparseBatch::Create(csr.view(), 0, 3);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->num_fields(), 3);
+  EXPECT_EQ(batch->unique_ids(), (std::vector<int64_t>{4, 9, 1, 9}));
+  EXPECT_EQ(batch->table_offsets(), (std::vector<int64_t>{0, 2, 2, 4}));
+  EXPECT_TRUE(batch->table_ids(1).empty());
+  EXPECT_EQ(std::vector<int64_t>(batch->table_ids(2).begin(), batch->table_ids(2).end()),
+            (std::vector<int64_t>{1, 9}));
+  EXPECT_EQ(batch->rows(), (std::vector<int32_t>{1, 0, 3, 3, 0, 2}));
+  EXPECT_EQ(batch->fields(), (std::vector<int32_t>{0, 0, 2, 2, 0, 2}));
+  // Hashed, each field's raw id is hashed on its own (not its tagged id).
+  batch = SparseBatch::Create(csr.view(), 1000, 3);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->unique_ids()[batch->rows()[2]], static_cast<int64_t>(HashFeatureId(9, 1000)));
+  EXPECT_EQ(batch->fields()[2], 2);
+  // One field reads a tagged id as a raw id: one table of all of them.
+  batch = SparseBatch::Create(csr.view(), 0);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->table_offsets(), (std::vector<int64_t>{0, 4}));
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
       next_step_(registration.start_step()),
       backend_(backend),
       options_(std::move(options)),
+      tables_(EmbeddingTables(config_)),
       clip_limits_{config_.clip_value(), config_.clip_norm()},
       scaler_(config_.compute_dtype() == v1::DTYPE_F16, config_.loss_scale()),
       metrics_(rank_),
@@ -47,11 +48,11 @@ Trainer::Trainer(v1::Coordinator::StubInterface* coordinator,
   const int batch = static_cast<int>(config_.batch_size());
   if (config_.model() == v1::MODEL_EMBEDDING) {
     embedding_ = std::make_unique<EmbeddingModel>(
-        backend, widths.front(), std::vector<int64_t>(widths.begin() + 1, widths.end() - 1),
-        widths.back(),
+        backend, config_.embedding_dim(),
+        std::vector<int64_t>(widths.begin() + 1, widths.end() - 1), widths.back(),
         config_.embedding_combiner() == v1::COMBINER_MEAN ? EmbeddingCombiner::kMean
                                                           : EmbeddingCombiner::kSum,
-        batch);
+        batch, static_cast<int32_t>(tables_.size()));
     // Set before the heartbeat thread starts, which hands them new maps;
     // both or neither (LoadData refuses to train without them).
     if (shards.sparse != nullptr && shards.eval_sparse != nullptr) {
@@ -218,7 +219,12 @@ absl::Status Trainer::LoadData() {
   if (!data.ok()) return data.status();
   spdlog::info("{}", data->description);
   hash_rows_ = FeatureHashRows(*data, config_.embedding_rows());
-  if (hash_rows_ == 0)
+  if (tables_.size() > 1)
+    spdlog::info("{} fields, a table each ({} .. {}): a field's values are {}", tables_.size(),
+                 tables_.front(), tables_.back(),
+                 hash_rows_ == 0 ? std::string("its table's row ids")
+                                 : absl::StrCat("hashed into its table's ", hash_rows_, " rows"));
+  else if (hash_rows_ == 0)
     spdlog::info("features are the table's row ids (feature space {} {})",
                  std::max(data->train.feature_space(), data->test.feature_space()),
                  config_.embedding_rows() == 0
@@ -228,21 +234,20 @@ absl::Status Trainer::LoadData() {
     spdlog::info("features are hashed into the table's {} rows", hash_rows_);
   sparse_train_ = std::move(data->train);
   sparse_test_ = std::move(data->test);
-  absl::StatusOr<SparseBatch> test = SparseBatch::Create(
-      {sparse_test_.offsets(), sparse_test_.all_ids(), sparse_test_.all_values(),
-       sparse_test_.labels()},
-      hash_rows_);
+  absl::StatusOr<SparseBatch> test =
+      SparseBatch::Create({sparse_test_.offsets(), sparse_test_.all_ids(),
+                           sparse_test_.all_values(), sparse_test_.labels()},
+                          hash_rows_, static_cast<int32_t>(tables_.size()));
   if (!test.ok()) return test.status();
   const uint32_t dim = config_.embedding_dim();
-  RowReader read_rows = [this, dim](absl::Span<const int64_t> ids, uint64_t clock,
+  RowReader read_rows = [this, dim](int32_t table, absl::Span<const int64_t> ids, uint64_t clock,
                                     float* out) -> absl::Status {
     // In pieces of about 16 MiB, far below a message's limit.
     const size_t piece = std::max<size_t>(1, (size_t{16} << 20) / (dim * sizeof(float)));
     for (size_t first = 0; first < ids.size(); first += piece) {
       const absl::Span<const int64_t> part = ids.subspan(first, piece);
       absl::Status s = session_->WaitToPull("embedding rows", clock, [&] {
-        return EvalSparse()->Pull(kEmbeddingTable, part, clock, kPullSlice,
-                                  out + first * dim);
+        return EvalSparse()->Pull(tables_[table], part, clock, kPullSlice, out + first * dim);
       });
       if (!s.ok()) return s;
     }
@@ -320,14 +325,22 @@ void Trainer::Clip(absl::Span<float> rows) {
 
 absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& batch) {
   const SparseBatch& sparse_batch = batch.sparse;
-  const std::vector<int64_t>& ids = sparse_batch.unique_ids();
-  rows_.resize(ids.size() * embedding_->embedding_dim());
-  // The rows as of this clock: the pull waits at the shards as the dense
-  // one does.
+  const int64_t dim = embedding_->embedding_dim();
+  const std::vector<int64_t>& offsets = sparse_batch.table_offsets();
+  rows_.resize(sparse_batch.unique_ids().size() * dim);
+  // The rows as of this clock, table by table: the pull waits at the shards
+  // as the dense one does.
   SparseShards& sparse = *session_->sparse();
-  if (absl::Status s = session_->WaitToPull("embedding rows", step, [&] {
-        return sparse.Pull(kEmbeddingTable, ids, step, kPullSlice, rows_.data());
-      });
+  if (absl::Status s = session_->WaitToPull(
+          "embedding rows", step,
+          [&] {
+            for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
+              absl::Status pulled = sparse.Pull(tables_[t], sparse_batch.table_ids(t), step,
+                                                kPullSlice, rows_.data() + offsets[t] * dim);
+              if (!pulled.ok()) return pulled;
+            }
+            return absl::OkStatus();
+          });
       !s.ok())
     return s;
   embedding_->SetHeadParameters(host_params_.data());
@@ -342,14 +355,15 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
     Clip(absl::MakeSpan(row_grads_));
     row_grads = row_grads_.data();
   }
-  // The rows' gradients first: this push returns at once, while the head's
-  // (in PushGradients) may wait for the next weights.
-  absl::StatusOr<SparseShards::PushOutcome> pushed =
-      session_->PushRows(kEmbeddingTable, step, ids, row_grads);
-  if (!pushed.ok()) {
+  // The rows' gradients first, a push per table: these return at once,
+  // while the head's (in PushGradients) may wait for the next weights.
+  for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
+    absl::StatusOr<SparseShards::PushOutcome> pushed = session_->PushRows(
+        tables_[t], step, sparse_batch.table_ids(t), row_grads + offsets[t] * dim);
+    if (pushed.ok()) continue;
     if (session_->Interrupted() != Interrupt::kNone) return pushed.status();
     return absl::Status(pushed.status().code(),
-                        absl::StrCat("pushing the embedding rows of step ", step, ": ",
+                        absl::StrCat("pushing the rows of ", tables_[t], " of step ", step, ": ",
                                      pushed.status().message()));
   }
   return loss;
@@ -485,7 +499,7 @@ BatchLoader<Trainer::StepBatch>::Prepare Trainer::BatchSource(const StepPlan& pl
     }
     if (absl::Status st = sparse_train_.Gather(idx, &out->raw); !st.ok()) return st;
     return out->sparse.Build({out->raw.offsets, out->raw.ids, out->raw.values, out->raw.labels},
-                             hash_rows_);
+                             hash_rows_, static_cast<int32_t>(tables_.size()));
   };
 }
 

@@ -287,13 +287,14 @@ class Trainer {
   Dataset train_;
   Dataset test_;
   // ... or the embedding model's: its dense head lives in the session's
-  // dense(), its rows in the sparse table kEmbeddingTable, read and written
+  // dense(), its rows in the sparse tables tables_, read and written
   // by the session's sparse() (the training thread's) and eval_sparse_ (the
   // evaluator's; null when sparse() is). eval_sparse_ is replaced by the
   // training thread (FollowReplacedMap) and used by the evaluator's and the
   // heartbeat's; a call on it holds its own reference, so a replaced client
   // lives until its calls returned.
   std::unique_ptr<EmbeddingModel> embedding_;
+  const std::vector<std::string> tables_;  // EmbeddingTables: one per field
   mutable absl::Mutex eval_sparse_mu_;
   std::shared_ptr<SparseShards> eval_sparse_ ABSL_GUARDED_BY(eval_sparse_mu_);
   SparseDataset sparse_train_;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "coordinator/testing/fake_clock.h"
 #include "daemon/daemon.h"
+#include "data/criteo.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -253,16 +254,23 @@ class InMemorySparseTable : public SparseShards {
     return pulls_;
   }
 
+  // The table of each of pulls(), in order.
+  std::vector<std::string> pulled_tables() const {
+    absl::MutexLock lock(&mu_);
+    return pulled_tables_;
+  }
+
   void UpdateShardMap(const v1::ShardMap&) override {}
   void set_generation(uint64_t generation) override {
     absl::MutexLock lock(&mu_);
     generation_ = generation;
   }
-  absl::Status Pull(const std::string&, absl::Span<const int64_t> ids, uint64_t clock,
+  absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
                     absl::Duration, float* out) override {
     absl::MutexLock lock(&mu_);
     log_->Add(absl::StrCat("sparse pull ", clock));
     pulls_.emplace_back(clock, std::vector<int64_t>(ids.begin(), ids.end()));
+    pulled_tables_.push_back(table);
     for (size_t i = 0; i < ids.size(); ++i)
       for (int64_t j = 0; j < dim_; ++j)
         out[i * dim_ + j] = 0.01f * static_cast<float>((ids[i] + j) % 11 - 5);
@@ -286,6 +294,7 @@ class InMemorySparseTable : public SparseShards {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<RowPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::vector<int64_t>>> pulls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> pulled_tables_ ABSL_GUARDED_BY(mu_);
 };
 
 // A coordinator that answers as the test says: heartbeats with the job's
@@ -522,7 +531,7 @@ class TrainerTest : public ::testing::Test {
     });
     clients.dense = std::move(dense);
     if (config_.model() == v1::MODEL_EMBEDDING) {
-      const int64_t dim = LayerWidths(config_).front();
+      const int64_t dim = config_.embedding_dim();
       clients.sparse = std::make_unique<InMemorySparseTable>(dim, &log_);
       clients.eval_sparse = std::make_unique<InMemorySparseTable>(dim, &log_);
     }
@@ -911,6 +920,65 @@ TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBefo
     EXPECT_EQ(pushes[s].generation, 1u);
     EXPECT_FALSE(pulls[s].second.empty());
     EXPECT_EQ(pushes[s].ids, pulls[s].second) << "step " << s;
+  }
+}
+
+// Criteo data: a table per field. Each step pulls every table's rows of its
+// batch, in field order, then pushes every table's gradients for the same
+// ids, then the head's.
+TEST_F(TrainerTest, AnEmbeddingStepOfCriteoDataPullsAndPushesEveryFieldsTable) {
+  UseEmbeddingModel();
+  // Eight examples: C1 is "a" or "b", C2 one value each, C3 missing; I1 a
+  // count or missing, the other integers 0.
+  std::string text;
+  for (int i = 0; i < 8; ++i) {
+    absl::StrAppend(&text, i % 2, "\t", i % 3 == 0 ? "" : "5", std::string(12, '\t'), "\t",
+                    i % 2 == 0 ? "a" : "b", "\t", absl::Hex(100 + i), std::string(24, '\t'), "\n");
+  }
+  const std::string path = absl::StrCat(::testing::TempDir(), "/trainer_test_criteo.tsv");
+  std::ofstream(path) << text;
+  config_.mutable_dataset()->set_format("criteo");
+  config_.mutable_dataset()->set_path(path);
+  config_.mutable_dataset()->set_test_path(path);
+  config_.set_num_classes(2);
+  config_.clear_sparse_tables();
+  const std::vector<std::string> tables = EmbeddingTables(config_);
+  ASSERT_EQ(tables.size(), 27u);
+  for (const std::string& name : tables) {
+    v1::SparseTableSpec* t = config_.add_sparse_tables();
+    t->set_name(name);
+    t->set_dim(4);
+  }
+  ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
+  config_.set_steps(2);
+  Trainer* trainer = MakeTrainer();
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+
+  std::vector<std::string> want;
+  for (int step = 0; step < 2; ++step) {
+    for (int k = 0; k < 27; ++k) want.push_back(absl::StrCat("sparse pull ", step));
+    for (int k = 0; k < 27; ++k) want.push_back(absl::StrCat("sparse push ", step));
+    want.push_back(absl::StrCat("dense push ", step));
+  }
+  EXPECT_EQ(log_.events(), want);
+  const auto pulls = table_->pulls();
+  const std::vector<std::string> pulled = table_->pulled_tables();
+  const std::vector<InMemorySparseTable::RowPush> pushes = table_->pushes();
+  ASSERT_EQ(pulls.size(), 54u);
+  ASSERT_EQ(pushes.size(), 54u);
+  for (size_t k = 0; k < 54; ++k) {
+    EXPECT_EQ(pulled[k], tables[k % 27]) << k;
+    EXPECT_EQ(pushes[k].table, tables[k % 27]) << k;
+    EXPECT_EQ(pushes[k].step, k / 27);
+    EXPECT_EQ(pushes[k].ids, pulls[k].second) << pushes[k].table;
+  }
+  // A batch of four reads one or both of C1's two values (0xa, 0xb), four of
+  // C2's, C3's missing id, and I1 (index 0) when a count was there.
+  for (size_t step = 0; step < 2; ++step) {
+    for (int64_t id : pulls[step * 27].second) EXPECT_TRUE(id == 0xa || id == 0xb) << id;
+    EXPECT_EQ(pulls[step * 27 + 1].second.size(), 4u);
+    EXPECT_EQ(pulls[step * 27 + 2].second, std::vector<int64_t>{kCriteoMissingId});
+    for (int64_t id : pulls[step * 27 + 26].second) EXPECT_EQ(id, 0);
   }
 }
 
