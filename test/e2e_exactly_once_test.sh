@@ -77,12 +77,16 @@ job() {
     # The workers talk to the proxies: the shards registered their addresses.
     [ -z "$chaos" ] || wait_until "$coord" "sorted(s.get('address') for s in j.get('shards', [])) == sorted('${PROXIES[*]}'.split())" \
       20 "the shards to register the proxies' addresses"
-    wait_until "$coord" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" \
-      60 "a complete checkpoint"
-    local victim_var=PID_${name}_server_0 argv
+    # The kill as soon as a streamed snapshot shows a complete checkpoint
+    # passed (a status read a sample took up to 1.5 s on a loaded machine:
+    # hundreds of steps). The victim's command line is read then, not
+    # before: a process just started may not have exec'd yet, and its
+    # cmdline is still this script's.
+    local victim_var=PID_${name}_server_0 argv snapshot step_at_kill
+    snapshot=$(watch_until "$coord" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j.get('global_step', 0)) > int(j['last_checkpoint'].get('step', 0))" 60) ||
+      fail "$name: timed out waiting for a complete checkpoint"
     mapfile -d '' argv <"/proc/${!victim_var}/cmdline"
-    local step_at_kill
-    step_at_kill=$(field_at "$coord" 'int(j.get("global_step", 0))' -1)
+    step_at_kill=$(json 'int(j.get("global_step", 0))' <<<"$snapshot")
     kill -KILL "${!victim_var}"
     wait "${!victim_var}" 2>/dev/null || true
     echo "$name: killed server 0 at global step $step_at_kill of $STEPS; restarting it"
