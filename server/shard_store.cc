@@ -122,8 +122,17 @@ ShardStore::ShardStore(Options options)
       num_workers_(JobRanks(config_)),
       admission_(num_workers_, config_.num_workers()),
       pulls_(options.max_waiting_pulls > 0 ? options.max_waiting_pulls
-                                           : kWaitingPullsPerWorker * std::max(1u, num_workers_),
+                                           : MaxWaitingPulls(config_, map_, shard_, num_workers_),
              absl::StrCat("shard ", shard_), [this](WaitingPull& w) { return TryServe(w); }) {}
+
+size_t ShardStore::MaxWaitingPulls(const v1::JobConfig& config, const v1::ShardMap& map,
+                                   uint32_t shard, uint32_t workers) {
+  size_t chunks = 0;
+  for (const v1::ChunkSpec& spec : map.chunks()) chunks += spec.shard() == shard ? 1 : 0;
+  const size_t per_worker = std::max(
+      kWaitingPullsPerWorker, 2 * chunks + 4 * static_cast<size_t>(config.sparse_tables_size()));
+  return per_worker * std::max(1u, workers);
+}
 
 ShardStore::~ShardStore() {
   Shutdown();

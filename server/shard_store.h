@@ -94,13 +94,21 @@ class ShardStore {
     // By rank: the step each worker resumes at (RestoreOrder.worker_steps).
     std::vector<uint64_t> resume_steps;
     // Pulls that may wait at once; more get RESOURCE_EXHAUSTED. 0:
-    // kWaitingPullsPerWorker x num_workers.
+    // MaxWaitingPulls of the config and map.
     size_t max_waiting_pulls = 0;
   };
 
-  // A worker has a few pulls in flight per shard (one per request of a few
-  // MiB); this leaves room for models of gigabytes.
+  // A worker's pull of a shard is a request per part of the shard's chunks
+  // (worker/chunk_layout.h: about 256 KiB each, a chunk of the default
+  // size), and a sparse pull a request per table (more for one of over 16
+  // MiB): a shard of 256 MiB takes 1,024 requests, all of them waiting
+  // when they ask for a step not yet complete. So each worker may have
+  // twice the shard's chunks and four times its tables waiting (a pull of
+  // the next step may come before the last one's answer is taken), and at
+  // least kWaitingPullsPerWorker; the workers together, that many each.
   static constexpr size_t kWaitingPullsPerWorker = 256;
+  static size_t MaxWaitingPulls(const v1::JobConfig& config, const v1::ShardMap& map,
+                                uint32_t shard, uint32_t workers);
 
   // One chunk's gradient, as f32 values the caller keeps alive for the call.
   struct ChunkGradient {

@@ -408,6 +408,33 @@ TEST(ShardStorePull, WaitingPullsBeyondTheLimitAreRefusedAndCancelledOnesLeave) 
   ASSERT_TRUE(answered[1].WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
+// A worker's pull of a large shard is a request per chunk (parts of about
+// 256 KiB): a shard of 600 chunks lets one worker's 600 pulls of a step not
+// yet complete wait, and twice that, before it refuses one.
+TEST(ShardStorePull, AShardOfManyChunksLetsAWorkersPullOfEveryChunkWait) {
+  EXPECT_EQ(ShardStore::MaxWaitingPulls(Config(v1::MODE_SYNC, 2), v1::ShardMap(), 0, 2),
+            2 * ShardStore::kWaitingPullsPerWorker);
+  auto store = MakeStore(Config(v1::MODE_SYNC, 1), SmallTensors(600));
+  ASSERT_EQ(store->shard_map().chunks_size(), 600);
+  std::atomic<int> refused{0};
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 1201; ++i) {
+    ShardStore::PullSpec spec;
+    spec.chunk_ids = {static_cast<uint32_t>(i % 600)};
+    spec.min_version = 1;  // not before step 0 completes
+    spec.deadline = absl::Now() + absl::Minutes(1);
+    store->PullAsync(spec, [&](absl::StatusOr<std::vector<ShardStore::PulledChunk>> r) {
+      if (absl::IsResourceExhausted(r.status())) ++refused;
+      ++answered;
+    });
+  }
+  EXPECT_EQ(store->ShardStatus().waiting_pulls(), 1200u);
+  EXPECT_EQ(refused.load(), 1);  // the 1,201st
+  store->Shutdown();
+  for (int i = 0; i < 1000 && answered.load() < 1201; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(answered.load(), 1201);
+}
+
 TEST(ShardStorePull, ConvertsToTheRequestedDType) {
   v1::JobConfig config = Config(v1::MODE_SYNC, 1);
   auto store = MakeStore(config, {Tensor("b", {4}, "zeros")});
