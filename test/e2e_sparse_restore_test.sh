@@ -57,19 +57,25 @@ grep -q "sparse rows" "$WORK/calm/server-0.log" || fail "shard 0 wrote no sparse
 # fails).
 PARTS=(--checkpoint_part_kib=64)
 launch killed 2 $STEPS "$WORK/killed-ckpt" "${PACE[@]}" --checkpoint_full_every=20 "${PARTS[@]}"
-for ((i = 0; i < 1200; i++)); do
-  at=$(status "$WORK/killed" | json 'j.get("last_checkpoint", {}).get("step", "")' 2>/dev/null || true)
-  global=$(status "$WORK/killed" | json 'int(j.get("global_step", 0))' 2>/dev/null || echo 0)
-  [ -n "$at" ] && [ "$at" -ge 200 ] && [ "$global" -gt "$at" ] \
-    && grep -q "incremental on checkpoint" "$WORK/killed/server-1.log" 2>/dev/null && break
+# The victim first; then the kill as soon as a streamed snapshot shows a
+# complete checkpoint at step 200 or later passed (a status read a sample
+# took up to 1.5 s on a loaded machine).
+wait_for_file "$WORK/killed/coordinator.port" 30
+victim=
+for ((i = 0; i < 300; i++)); do
+  victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") && break
   sleep 0.1
 done
-[ -n "$at" ] && [ "$at" -ge 200 ] || fail "the job completed no checkpoint at step 200 or later"
+[ -n "$victim" ] || fail "no grps-server child"
+snapshot=$(watch_run_until "$WORK/killed" "j.get('last_checkpoint', {}).get('state') == 'CHECKPOINT_STATE_COMPLETE' and int(j['last_checkpoint'].get('step', 0)) >= 200 and int(j.get('global_step', 0)) > int(j['last_checkpoint']['step'])" 120) ||
+  fail "the job completed no checkpoint at step 200 or later"
+kill -KILL "$victim"
+at=$(json 'int(j["last_checkpoint"]["step"])' <<<"$snapshot")
+global=$(json 'int(j.get("global_step", 0))' <<<"$snapshot")
+echo "killed server 1 (pid $victim) at step $global, after the checkpoint at step $at"
 grep -q "incremental on checkpoint" "$WORK/killed/server-1.log" \
   || fail "shard 1 wrote no incremental checkpoint before the kill"
-victim=$(child_pid "$PID_killed" "grps-server .*--shard=1") || fail "no grps-server child"
-kill -KILL "$victim"
-echo "killed server 1 (pid $victim) after the checkpoint at step $at"
+[ "$global" -lt $((STEPS - 100)) ] || fail "the kill came too late (step $global of $STEPS)"
 wait_pid "$PID_killed" 200
 [ "$EXIT_CODE" = 0 ] || fail "grps-local exited with $EXIT_CODE after the kill"
 grep -q "shard 1 restored .* sparse rows from checkpoint" "$WORK/killed/server-1.restart-1.log" \
