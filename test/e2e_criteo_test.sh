@@ -61,9 +61,9 @@ echo "managed (1,600 rows a table a shard, lfu, admitted at 2): test AUC $manage
 python3 -c "import sys; sys.exit(0 if $managed >= ${auc[sync]} - 0.02 else 1)" ||
   fail "managed: AUC $managed is more than 0.02 below the unbounded run's ${auc[sync]}"
 for s in 0 1; do
-  line=$(grep -ho "table embedding.C3: [0-9]* rows.*" "$WORK/managed/server-$s.log") ||
+  counts=$(table_counts "$WORK/managed/server-$s.log" embedding.C3) ||
     fail "managed: shard $s did not report embedding.C3"
-  read -r rows evicted admitted < <(sed -E 's/table [^:]*: ([0-9]+) rows.* ([0-9]+) rows evicted, ([0-9]+) admitted.*/\1 \2 \3/' <<<"$line")
+  read -r rows evicted admitted <<<"$counts"
   echo "  shard $s, embedding.C3: $rows rows (unbounded: $(rows_of sync "$s" embedding.C3)), $evicted evicted, $admitted admitted"
   [ "$rows" -le 1600 ] && [ "$evicted" -gt 0 ] && [ "$admitted" -gt 0 ] ||
     fail "managed: shard $s holds $rows rows of embedding.C3, $evicted evicted, $admitted admitted"

@@ -102,9 +102,9 @@ echo "managed table (500 rows a shard of 5,000, lfu, admitted at 2): test accura
 [ "${loss[0]}" = "${loss[1]}" ] || fail "managed: two sync runs ended on losses ${loss[*]}"
 python3 -c "import sys; sys.exit(0 if $acc >= 0.8 else 1)" || fail "managed: accuracy $acc"
 for s in 0 1; do
-  line=$(grep -ho "table embedding: [0-9]* rows.*" "$WORK/managed-1/server-$s.log") ||
+  counts=$(table_counts "$WORK/managed-1/server-$s.log" embedding) ||
     fail "managed: shard $s did not report its table"
-  read -r rows evicted admitted < <(sed -E 's/table embedding: ([0-9]+) rows.* ([0-9]+) rows evicted, ([0-9]+) admitted.*/\1 \2 \3/' <<<"$line")
+  read -r rows evicted admitted <<<"$counts"
   echo "  shard $s: $rows rows, $evicted evicted, $admitted admitted"
   [ "$rows" -le 500 ] && [ "$evicted" -gt 0 ] && [ "$admitted" -gt 0 ] ||
     fail "managed: shard $s holds $rows rows, $evicted evicted, $admitted admitted"

@@ -147,6 +147,15 @@ wait_until() {
   fail "timed out waiting for $4"
 }
 
+# table_counts SERVER_LOG TABLE: "ROWS EVICTED ADMITTED" of TABLE from the
+# shard's exit line ("table T: R rows x D ... E rows evicted, A admitted");
+# returns 1 when the log has no such line.
+table_counts() {
+  local line
+  line=$(grep -ho "table $2: [0-9]* rows.*" "$1") || return 1
+  sed -E 's/table [^:]*: ([0-9]+) rows.* ([0-9]+) rows evicted, ([0-9]+) admitted.*/\1 \2 \3/' <<<"$line"
+}
+
 # ---- Jobs grps-local runs in a RUN_DIR ----
 
 # now_ms: wall clock in milliseconds.
