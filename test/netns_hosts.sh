@@ -8,7 +8,11 @@
 # shaped: htb at $RATE each way, and $DELAY_MS ms one way between hosts
 # (netem where the kernel has it, else grps-delay-relay in front of each
 # listening daemon; GRPS_MH_LATENCY=netem|relay|none; DELAY_MS=0 adds no
-# delay at all: none, whatever GRPS_MH_LATENCY says).
+# delay at all: none, whatever GRPS_MH_LATENCY says). Every host's TCP uses
+# the congestion control $TCP_CC (each namespace's
+# net.ipv4.tcp_congestion_control; one this kernel allows in a namespace,
+# tcp_allowed_congestion_control) if set, else what a new namespace inherits
+# from the machine's.
 #
 # The hosts are the five coord s0 s1 w0 w1 unless the caller sets the array
 # HOSTS before sourcing (e.g. HOSTS=(coord s0 s1 s2 s3 w0 w1 w2 w3); names
@@ -22,6 +26,7 @@
 
 DELAY_MS=${DELAY_MS:-2}
 RATE=${RATE:-1gbit}
+TCP_CC=${TCP_CC:-}
 TAG=grpsmh$$
 NET=10.77.$((RANDOM % 250 + 2))
 declare -p HOSTS >/dev/null 2>&1 || HOSTS=(coord s0 s1 w0 w1)  # host i: $NET.(i+1)
@@ -77,7 +82,10 @@ case $LATENCY in
   relay) [ -x "$BIN/grps-delay-relay" ] || fail "no $BIN/grps-delay-relay (the kernel has no netem)" ;;
   *) fail "GRPS_MH_LATENCY=$LATENCY: netem, relay or none" ;;
 esac
-echo "latency: $LATENCY ($DELAY_MS ms one way unless none); bandwidth: htb $RATE per host link, each direction; ${#HOSTS[@]} hosts"
+tcp_cc_said=$TCP_CC
+[ -n "$TCP_CC" ] ||
+  tcp_cc_said="$(ip netns exec "$SWITCH" cat /proc/sys/net/ipv4/tcp_congestion_control) (a new namespace's)"
+echo "latency: $LATENCY ($DELAY_MS ms one way unless none); bandwidth: htb $RATE per host link, each direction; TCP: $tcp_cc_said; ${#HOSTS[@]} hosts"
 
 ip -n "$SWITCH" link add br0 type bridge
 ip -n "$SWITCH" link set br0 up
@@ -90,6 +98,10 @@ for h in "${HOSTS[@]}"; do
   ip -n "$SWITCH" link set "p-$h" master br0 up
   ip -n "$ns" addr add "$(addr_of "$h")/24" dev eth0
   ip -n "$ns" link set eth0 up
+  if [ -n "$TCP_CC" ]; then
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" ||
+      fail "TCP_CC=$TCP_CC: not a congestion control a namespace may use here (allowed: $(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control))"
+  fi
   for end in "$ns eth0" "$SWITCH p-$h"; do
     read -r end_ns end_dev <<<"$end"
     tc -n "$end_ns" qdisc add dev "$end_dev" root handle 1: htb default 1
