@@ -3,6 +3,7 @@
 #include "worker/chunk_layout.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -112,6 +113,17 @@ std::vector<ChunkLayout::Part> ChunkLayout::Runs(uint32_t slots, size_t max_byte
     }
   }
   return runs;
+}
+
+std::vector<size_t> ChunkLayout::BackwardOrder() const {
+  std::vector<size_t> order(parts_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto tensor = [&](size_t part) {
+    return map_.chunks(static_cast<int>(parts_[part].chunk_ids.front())).tensor_index();
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensor(a) > tensor(b); });
+  return order;
 }
 
 }  // namespace grps

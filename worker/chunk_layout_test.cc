@@ -51,6 +51,15 @@ TEST(ChunkLayout, LaysTheTensorsBackToBackAndEachChunkAtItsTensorsOffset) {
   EXPECT_EQ(layout.tensor_chunks(1), (std::vector<uint32_t>{2, 3}));
 }
 
+TEST(ChunkLayout, BackwardOrderIsTheLastTensorsPartsFirstEachTensorsInTheModelsOrder) {
+  // Three tensors of a part's worth of chunks each over 2 shards: tensor 0
+  // parts 0 and 1, tensor 1 parts 2 and 3, tensor 2 parts 4 and 5.
+  const int64_t part = ChunkLayout::kPartBytes / sizeof(float);
+  const ChunkLayout layout(MapOf({2 * part, 2 * part, 2 * part}, part, 2));
+  ASSERT_EQ(layout.parts().size(), 6u);
+  EXPECT_EQ(layout.BackwardOrder(), (std::vector<size_t>{4, 5, 2, 3, 0, 1}));
+}
+
 TEST(ChunkLayout, CutsEachShardsChunksIntoPartsOfAtMostPartBytesInTheModelsOrder) {
   // 16 chunks of 64 KiB over 2 shards: 4 to a part, each shard's parts
   // dealt over its channels, the parts ordered by their first chunk.

@@ -113,6 +113,8 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
   stubs_.resize(layout_.num_shards());
   for (const v1::ShardEndpoint& e : layout_.map().shards()) ConnectShard(e);
   epoch_ = layout_.map().epoch();
+  for (size_t part : layout_.BackwardOrder())
+    backward_order_.push_back(PushSchedule::Placed{part, layout_.parts()[part].shard});
 }
 
 ParameterClient::~ParameterClient() {
@@ -178,7 +180,11 @@ uint64_t ParameterClient::max_pulled_version() const {
 
 ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op) {
   Operation* raw = op.get();
-  raw->schedule = std::make_unique<PushSchedule>(credit_.load());
+  // A sync push whose parts start as autograd makes them ready sends each
+  // shard its parts in backward's order, the same on every worker.
+  const bool strict = raw->push && raw->staged && config_.mode() == v1::MODE_SYNC;
+  raw->schedule = std::make_unique<PushSchedule>(
+      credit_.load(), strict ? backward_order_ : std::vector<PushSchedule::Placed>{});
   Ticket ticket;
   {
     absl::MutexLock lock(&ops_mu_);
@@ -199,6 +205,10 @@ void ParameterClient::Launch(Operation* op, size_t index) {
   // A pull's request is small, its replies wait; a lane's values are not in
   // the request.
   if (!op->push || call.lane != nullptr) {
+    if (op->push) {  // the shard's next part need not wait for this one
+      op->schedule->Bypass(index);
+      Pump(op);
+    }
     StartCall(op, index);
     return;
   }

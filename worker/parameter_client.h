@@ -20,6 +20,11 @@
 // that order starts once its part before has been written to its
 // connection, with at most the credit of request bytes whose replies have
 // not come (a part ahead of all of those may pass; the credit is measured).
+// A sync push staged for autograd's hooks (StagePush) keeps a strict order
+// instead, backward's (ChunkLayout::BackwardOrder): each shard gets its
+// parts in that order from every worker, whatever each worker's hooks made
+// ready first, so a shard has every worker's copy of a part at about the
+// same time.
 // So each worker sends to every shard at once (with a shard per host, every
 // server's link is busy), the first parts reach their shards from every
 // worker at about the same time, their updates complete, and their new
@@ -319,6 +324,9 @@ class ParameterClient final : public ParameterShards {
   const ChunkLayout layout_;
   const uint32_t rank_;
   const uint64_t incarnation_;
+  // The parts in backward's order, each with its shard: a staged sync
+  // push's schedule (set in the constructor).
+  std::vector<PushSchedule::Placed> backward_order_;
   // Written by the callbacks of pulls (and fused pushes), each its own
   // chunks; two pulls in flight on this client write the same ones.
   std::vector<std::atomic<uint64_t>> chunk_version_;

@@ -173,6 +173,33 @@ struct ServedShard {
   }
 };
 
+// A part as the client cuts it (ChunkLayout): each shard's chunks in runs
+// of at most kPartBytes, in the model's order (the first chunk's).
+struct CutPart {
+  uint32_t first = 0;  // chunk id
+  size_t bytes = 0;    // values
+  std::vector<uint32_t> chunks;
+};
+std::vector<CutPart> PartsOf(const v1::ShardMap& map) {
+  std::vector<CutPart> parts;
+  for (int shard = 0; shard < map.shards_size(); ++shard) {
+    size_t bytes = ParameterClient::kPartBytes;
+    for (uint32_t id : ChunksOfShard(map, static_cast<uint32_t>(shard))) {
+      const size_t chunk = map.chunks(id).num_elements() * sizeof(float);
+      if (bytes + chunk > ParameterClient::kPartBytes) {
+        parts.push_back(CutPart{id, 0, {}});
+        bytes = 0;
+      }
+      parts.back().bytes += chunk;
+      parts.back().chunks.push_back(id);
+      bytes += chunk;
+    }
+  }
+  std::sort(parts.begin(), parts.end(),
+            [](const CutPart& a, const CutPart& b) { return a.first < b.first; });
+  return parts;
+}
+
 class ParameterClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -336,26 +363,11 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   shard0->service->HoldPushesUntil(&release);
   shard1->service->HoldPushesUntil(&release);
   ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
-  // The parts, as the client cuts them: each shard's chunks in runs of at
-  // most kPartBytes; then in the model's order, the first chunk's.
-  std::vector<std::pair<uint32_t, size_t>> parts;  // first chunk, payload bytes
-  for (uint32_t shard : {0u, 1u}) {
-    size_t bytes = ParameterClient::kPartBytes;
-    for (uint32_t id : ChunksOfShard(map_, shard)) {
-      const size_t chunk = map_.chunks(id).num_elements() * sizeof(float);
-      if (bytes + chunk > ParameterClient::kPartBytes) {
-        parts.push_back({id, 0});
-        bytes = 0;
-      }
-      parts.back().second += chunk;
-      bytes += chunk;
-    }
-  }
-  std::sort(parts.begin(), parts.end());
+  const std::vector<CutPart> parts = PartsOf(map_);
   size_t credit_parts = 0, credit = 0;
   while (credit_parts < parts.size() &&
-         credit + parts[credit_parts].second <= ParameterClient::kInFlightBytes)
-    credit += parts[credit_parts++].second;
+         credit + parts[credit_parts].bytes <= ParameterClient::kInFlightBytes)
+    credit += parts[credit_parts++].bytes;
   ASSERT_LT(credit_parts, parts.size()) << "the model must be larger than the credit";
 
   std::vector<float> grads(client.num_parameters(), 0.1f);
@@ -381,8 +393,8 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   for (uint32_t shard : {0u, 1u}) {
     SCOPED_TRACE(absl::StrCat("shard ", shard));
     std::vector<uint32_t> firsts;
-    for (const auto& [first, bytes] : parts)
-      if (map_.chunks(first).shard() == shard) firsts.push_back(first);
+    for (const CutPart& part : parts)
+      if (map_.chunks(part.first).shard() == shard) firsts.push_back(part.first);
     std::set<uint32_t> seen_firsts;
     for (const SeenPush& p : served[shard]->service->pushes()) {
       seen_firsts.insert(p.first_chunk);
@@ -432,6 +444,87 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   release_again.Notify();
   pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
+}
+
+TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrder) {
+  // Every worker sends a shard the same parts in the same order, whatever
+  // its hooks made ready first: the last tensor's parts first, a tensor's
+  // parts in the model's order. Here the hooks report the tensors in the
+  // model's order, the opposite of backward's.
+  config_.set_mode(v1::MODE_SYNC);
+  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+  config_.clear_hidden_units();
+  config_.add_hidden_units(1024);  // W1 of 3.2 MB: 13 parts, W2 and the biases in a few more
+  config_.set_chunk_bytes(256 << 10);
+  absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+  ASSERT_TRUE(map.ok()) << map.status();
+  map_ = *map;
+  absl::Notification release;
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  shard0->service->HoldPushesUntil(&release);
+  shard1->service->HoldPushesUntil(&release);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  ASSERT_LT(PartsOf(map_).size() * ParameterClient::kPartBytes, ParameterClient::kInFlightBytes)
+      << "the credit must not bind here";
+
+  // Each shard's parts in backward's order.
+  std::vector<CutPart> order = PartsOf(map_);
+  std::stable_sort(order.begin(), order.end(), [&](const CutPart& a, const CutPart& b) {
+    return map_.chunks(a.first).tensor_index() > map_.chunks(b.first).tensor_index();
+  });
+  // The parts each shard may have by now: its parts in that order up to the
+  // first one with a tensor not yet ready.
+  auto due = [&](uint32_t shard, const std::set<uint32_t>& ready) {
+    std::set<uint32_t> firsts;
+    for (const CutPart& part : order) {
+      if (map_.chunks(part.first).shard() != shard) continue;
+      for (uint32_t id : part.chunks)
+        if (ready.count(map_.chunks(id).tensor_index()) == 0) return firsts;
+      firsts.insert(part.first);
+    }
+    return firsts;
+  };
+  ServedShard* served[2] = {shard0.get(), shard1.get()};
+  auto seen = [&](uint32_t shard) {
+    std::set<uint32_t> firsts;
+    for (const SeenPush& p : served[shard]->service->pushes()) firsts.insert(p.first_chunk);
+    return firsts;
+  };
+
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::vector<float> params(client.num_parameters(), 0.0f);
+  ParameterClient::Ticket ticket =
+      client.StagePush(0, grads.data(), 1, params.data(), absl::Seconds(30));
+  std::set<uint32_t> ready;
+  bool held_back = false;  // some ready part waited for a later tensor's
+  for (int t = 0; t < map_.tensors_size(); ++t) {
+    SCOPED_TRACE(absl::StrCat("tensors 0 to ", t, " ready"));
+    ASSERT_TRUE(client.TensorReady(ticket, t).ok());
+    ready.insert(t);
+    for (uint32_t shard : {0u, 1u}) {
+      const std::set<uint32_t> want = due(shard, ready);
+      for (int i = 0; i < 500 && seen(shard).size() < want.size(); ++i)
+        absl::SleepFor(absl::Milliseconds(10));
+    }
+    absl::SleepFor(absl::Milliseconds(200));  // time for a part out of turn to show
+    for (uint32_t shard : {0u, 1u}) {
+      EXPECT_EQ(seen(shard), due(shard, ready)) << "shard " << shard;
+      size_t ready_parts = 0;
+      for (const CutPart& part : order) {
+        bool all = map_.chunks(part.first).shard() == shard;
+        for (uint32_t id : part.chunks) all = all && ready.count(map_.chunks(id).tensor_index());
+        ready_parts += all;
+      }
+      held_back = held_back || ready_parts > seen(shard).size();
+    }
+  }
+  EXPECT_TRUE(held_back) << "the model's order made no part wait: the test shows nothing";
+  release.Notify();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(seen(0).size() + seen(1).size(), order.size());
 }
 
 TEST(ParameterClientCredit, IsThreeRoundTripsOfTheMeasuredRateWithinItsBounds) {

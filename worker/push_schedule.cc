@@ -15,10 +15,31 @@ size_t PushSchedule::CreditFor(size_t bytes, absl::Duration window, absl::Durati
                                         static_cast<double>(kInFlightBytes)));
 }
 
+PushSchedule::PushSchedule(size_t credit, const std::vector<Placed>& order)
+    : credit_(credit), strict_(!order.empty()) {
+  for (const Placed& p : order) {
+    if (p.call >= place_.size()) place_.resize(p.call + 1, 0);
+    place_[p.call] = order_.size();
+    turns_[p.shard].push_back(order_.size());
+    order_.push_back(p.call);
+  }
+}
+
 void PushSchedule::Enqueue(size_t call, size_t shard, size_t bytes) {
   absl::MutexLock lock(&mu_);
-  calls_[call] = Queued{shard, bytes, absl::InfinitePast()};
-  queued_.insert(call);
+  const size_t place = Place(call);
+  calls_[place] = Queued{shard, bytes, absl::InfinitePast()};
+  queued_.insert(place);
+}
+
+void PushSchedule::Bypass(size_t call) {
+  if (!strict_) return;
+  absl::MutexLock lock(&mu_);
+  const size_t place = Place(call);
+  for (auto& [shard, turn] : turns_) {
+    auto it = std::find(turn.begin(), turn.end(), place);
+    if (it != turn.end()) turn.erase(it);
+  }
 }
 
 std::vector<size_t> PushSchedule::Start() {
@@ -28,7 +49,9 @@ std::vector<size_t> PushSchedule::Start() {
   for (auto it = queued_.begin(); it != queued_.end();) {
     const size_t next = *it;
     Queued& call = calls_[next];
-    if (writing_.count(call.shard) > 0) {
+    std::deque<size_t>* turn = strict_ ? &turns_[call.shard] : nullptr;
+    if (writing_.count(call.shard) > 0 ||
+        (turn != nullptr && !turn->empty() && turn->front() != next)) {
       ++it;
       continue;
     }
@@ -36,28 +59,31 @@ std::vector<size_t> PushSchedule::Start() {
         next > *in_flight_.begin())
       break;
     it = queued_.erase(it);
+    if (turn != nullptr && !turn->empty() && turn->front() == next) turn->pop_front();
     call.started_at = now;
     first_start_ = std::min(first_start_, now);
     writing_[call.shard] = next;
     in_flight_.insert(next);
     in_flight_bytes_ += call.bytes;
-    start.push_back(next);
+    start.push_back(CallAt(next));
   }
   return start;
 }
 
 void PushSchedule::Written(size_t call) {
   absl::MutexLock lock(&mu_);
-  auto it = calls_.find(call);
+  const size_t place = Place(call);
+  auto it = calls_.find(place);
   if (it == calls_.end()) return;
   auto writing = writing_.find(it->second.shard);
-  if (writing != writing_.end() && writing->second == call) writing_.erase(writing);
+  if (writing != writing_.end() && writing->second == place) writing_.erase(writing);
 }
 
 void PushSchedule::Replied(size_t call, bool ok) {
   absl::MutexLock lock(&mu_);
-  auto it = calls_.find(call);
-  if (it == calls_.end() || in_flight_.erase(call) == 0) return;
+  const size_t place = Place(call);
+  auto it = calls_.find(place);
+  if (it == calls_.end() || in_flight_.erase(place) == 0) return;
   in_flight_bytes_ -= it->second.bytes;
   if (ok) {
     const absl::Time now = absl::Now();

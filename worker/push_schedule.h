@@ -9,19 +9,26 @@
 //   // Its reply: schedule.Replied(c, ok), schedule.Written(c), Start().
 //   // All done: schedule.Measured() is the next push's credit, if any.
 //
-// The rules: a shard's next ready part, in the model's order (call index),
-// starts once its part before has been written to its connection, with at
-// most the credit of request bytes whose replies have not come; past the
-// credit only a part ahead of every one in flight (a sync part's reply
-// waits for every worker's push of it, and a worker whose hooks made its
-// parts ready in another order must still send the part the others wait
-// for).
+// The rules: a shard's next ready part, in the push's order, starts once its
+// part before has been written to its connection, with at most the credit
+// of request bytes whose replies have not come; past the credit only a part
+// ahead of every one in flight (a sync part's reply waits for every
+// worker's push of it, and a worker whose hooks made its parts ready in
+// another order must still send the part the others wait for). The push's
+// order is the model's (call index), or one the caller gives: then it is
+// strict, each shard's parts start in that order and no other, whenever
+// they are ready (every worker of a sync job sends a shard the same parts
+// in the same order, so the shard has every worker's copy of a part at
+// about the same time, even where each worker's autograd hooks made its
+// parts ready at its own pace; a part that does not go through the
+// schedule, a lane's, is Bypass()ed).
 //
 // Thread safety: every method may be called from any thread.
 #ifndef GRPS_WORKER_PUSH_SCHEDULE_H_
 #define GRPS_WORKER_PUSH_SCHEDULE_H_
 
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -54,13 +61,23 @@ class PushSchedule {
   // `shortest`, measures for the next one.
   static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest);
 
-  explicit PushSchedule(size_t credit) : credit_(credit) {}
+  // A call and its shard, in a strict order.
+  struct Placed {
+    size_t call = 0;
+    size_t shard = 0;
+  };
+  // `order`: every call of the push, in the order they must start (each
+  // shard's calls in it); empty: as they are ready, in index order.
+  explicit PushSchedule(size_t credit, const std::vector<Placed>& order = {});
   PushSchedule(const PushSchedule&) = delete;
   PushSchedule& operator=(const PushSchedule&) = delete;
 
   // Call `call` (its index: its place in the model's order), to `shard`,
   // of `bytes` request bytes, is ready to start.
   void Enqueue(size_t call, size_t shard, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // In a strict order: call `call` goes outside the schedule (a lane's),
+  // and its shard's next call need not wait for it.
+  void Bypass(size_t call) ABSL_LOCKS_EXCLUDED(mu_);
   // The queued calls that may start now, in order, each taken out of the
   // queue and counted as started (writing, in flight) now.
   std::vector<size_t> Start() ABSL_LOCKS_EXCLUDED(mu_);
@@ -81,9 +98,26 @@ class PushSchedule {
     absl::Time started_at;  // once started
   };
 
+  // A call's place in the push's order, and the call at a place.
+  // (A call the order lacks goes after it, unordered.)
+  size_t Place(size_t call) const {
+    if (!strict_) return call;
+    return call < place_.size() && order_[place_[call]] == call ? place_[call]
+                                                                : order_.size() + call;
+  }
+  size_t CallAt(size_t place) const {
+    if (!strict_) return place;
+    return place < order_.size() ? order_[place] : place - order_.size();
+  }
+
   mutable absl::Mutex mu_;
   const size_t credit_;
-  // Every call enqueued, by index; those ready to start; each shard's call
+  const bool strict_;
+  std::vector<size_t> order_;  // strict: the calls by place
+  std::vector<size_t> place_;  // strict: the places by call
+  // Strict: each shard's places not yet started or bypassed, in order.
+  std::map<size_t, std::deque<size_t>> turns_ ABSL_GUARDED_BY(mu_);
+  // Every call enqueued, by place; those ready to start; each shard's call
   // whose request is being written; the started calls not yet done and
   // their request bytes.
   std::map<size_t, Queued> calls_ ABSL_GUARDED_BY(mu_);

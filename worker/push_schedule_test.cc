@@ -1,5 +1,5 @@
 // PushSchedule: a shard's parts one at a time, within the credit, in the
-// model's order; and the credit a push measures for the next.
+// model's order or a strict one; and the credit a push measures for the next.
 #include "worker/push_schedule.h"
 
 #include <vector>
@@ -41,6 +41,59 @@ TEST(PushSchedule, ACallAheadOfEveryCallInFlightPassesTheCredit) {
   EXPECT_EQ(schedule.Start(), Calls{1});
   schedule.Enqueue(0, 1, 60);
   EXPECT_EQ(schedule.Start(), Calls{0});
+}
+
+// A strict order, as a staged sync push's: calls 3, 2, 1, 0 on shards 1,
+// 0, 1, 0.
+std::vector<PushSchedule::Placed> Reverse() { return {{3, 1}, {2, 0}, {1, 1}, {0, 0}}; }
+
+TEST(PushSchedule, InAStrictOrderAShardsCallsStartInThatOrderWhateverWasReadyFirst) {
+  PushSchedule schedule(1000, Reverse());
+  schedule.Enqueue(0, 0, 10);  // ready first, but shard 0's turn is call 2's
+  schedule.Enqueue(1, 1, 10);  // shard 1's turn is call 3's
+  EXPECT_EQ(schedule.Start(), Calls{});
+  schedule.Enqueue(3, 1, 10);
+  EXPECT_EQ(schedule.Start(), Calls{3});
+  schedule.Written(3);
+  EXPECT_EQ(schedule.Start(), Calls{1});  // shard 1's next; shard 0 still waits for 2
+  schedule.Enqueue(2, 0, 10);
+  EXPECT_EQ(schedule.Start(), Calls{2});
+  schedule.Written(2);
+  EXPECT_EQ(schedule.Start(), Calls{0});
+}
+
+TEST(PushSchedule, ABypassedCallDoesNotHoldItsShardsNextOne) {
+  PushSchedule schedule(1000, Reverse());
+  schedule.Enqueue(0, 0, 10);
+  EXPECT_EQ(schedule.Start(), Calls{});
+  schedule.Bypass(2);  // shard 0's call 2 went by a lane
+  EXPECT_EQ(schedule.Start(), Calls{0});
+}
+
+TEST(PushSchedule, InAStrictOrderTheCallFirstInItPassesTheCredit) {
+  // Every worker sends the same order, so the first call not done is one
+  // each worker has sent or may send: no worker waits on a full credit for
+  // a copy another cannot send.
+  PushSchedule schedule(100, Reverse());
+  schedule.Enqueue(3, 1, 60);
+  schedule.Enqueue(2, 0, 60);
+  EXPECT_EQ(schedule.Start(), Calls{3});  // 2 is past the credit
+  schedule.Replied(3, true);
+  schedule.Written(3);
+  EXPECT_EQ(schedule.Start(), Calls{2});
+  schedule.Enqueue(1, 1, 60);
+  EXPECT_EQ(schedule.Start(), Calls{});  // behind call 2, in flight, past the credit
+  schedule.Replied(2, true);
+  EXPECT_EQ(schedule.Start(), Calls{1});
+}
+
+TEST(PushSchedule, WithoutAnOrderReadyCallsGoInIndexOrder) {
+  PushSchedule schedule(1000);
+  schedule.Enqueue(3, 1, 10);
+  schedule.Enqueue(0, 0, 10);
+  EXPECT_EQ(schedule.Start(), (Calls{0, 3}));
+  schedule.Bypass(1);  // nothing to bypass without an order
+  EXPECT_EQ(schedule.Start(), Calls{});
 }
 
 TEST(PushSchedule, AFailedCallGivesItsCreditBackWithoutBeingMeasured) {
