@@ -5,6 +5,7 @@
 #include "worker/parameter_client.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -234,6 +235,27 @@ class ParameterClientTest : public ::testing::Test {
     return served;
   }
 
+  // A model of one hidden layer of `hidden` units in chunks of
+  // `chunk_bytes`, over 2 shards, as map_.
+  void UseModel(int hidden, uint64_t chunk_bytes) {
+    config_.clear_hidden_units();
+    config_.add_hidden_units(hidden);
+    config_.set_chunk_bytes(chunk_bytes);
+    absl::StatusOr<v1::ShardMap> map =
+        BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+  }
+
+  // Both shards of map_, each seeing every push at once and answering none
+  // until `release` (which must outlive them) is notified.
+  std::array<std::unique_ptr<ServedShard>, 2> ServeHeld(absl::Notification* release) {
+    std::array<std::unique_ptr<ServedShard>, 2> held = {Serve(0, 0), Serve(1, 0)};
+    for (std::unique_ptr<ServedShard>& s : held)
+      if (s != nullptr) s->service->HoldPushesUntil(release);
+    return held;
+  }
+
   // A loopback address nobody listens on: a server's port, after it stopped.
   std::string DeadAddress() {
     std::unique_ptr<ServedShard> gone = Serve(0, 0);
@@ -349,19 +371,12 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   // A model of about 26 MB: 100 parts of 256 KiB, more than the credit, sent
   // as bytes (the schedule is the network's; a lane's values are not sent).
   config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
-  config_.clear_hidden_units();
-  config_.add_hidden_units(8192);
-  config_.set_chunk_bytes(256 << 10);
-  absl::StatusOr<v1::ShardMap> map =
-      BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
-  ASSERT_TRUE(map.ok()) << map.status();
-  map_ = *map;
+  ASSERT_NO_FATAL_FAILURE(UseModel(8192, 256 << 10));
   absl::Notification release;
-  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
-  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
-  ASSERT_TRUE(shard0 && shard1);
-  shard0->service->HoldPushesUntil(&release);
-  shard1->service->HoldPushesUntil(&release);
+  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
+  ASSERT_TRUE(held[0] && held[1]);
+  ServedShard* shard0 = held[0].get();
+  ServedShard* shard1 = held[1].get();
   ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
   const std::vector<CutPart> parts = PartsOf(map_);
   size_t credit_parts = 0, credit = 0;
@@ -388,7 +403,7 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   // both shards, each shard's first ones in the model's order. (Each shard
   // goes at its own pace: one whose connection is slower to take its parts
   // leaves more of the credit to the other.)
-  ServedShard* served[2] = {shard0.get(), shard1.get()};
+  ServedShard* served[2] = {shard0, shard1};
   size_t out = 0, out_bytes = 0;
   for (uint32_t shard : {0u, 1u}) {
     SCOPED_TRACE(absl::StrCat("shard ", shard));
@@ -453,19 +468,12 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
   // model's order, the opposite of backward's.
   config_.set_mode(v1::MODE_SYNC);
   config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
-  config_.clear_hidden_units();
-  config_.add_hidden_units(1024);  // W1 of 3.2 MB: 13 parts, W2 and the biases in a few more
-  config_.set_chunk_bytes(256 << 10);
-  absl::StatusOr<v1::ShardMap> map = BuildShardMap(ModelTensors(config_), 2, config_.chunk_bytes());
-  ASSERT_TRUE(map.ok()) << map.status();
-  map_ = *map;
+  // W1 of 3.2 MB: 13 parts; W2 and the biases in a few more.
+  ASSERT_NO_FATAL_FAILURE(UseModel(1024, 256 << 10));
   absl::Notification release;
-  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
-  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
-  ASSERT_TRUE(shard0 && shard1);
-  shard0->service->HoldPushesUntil(&release);
-  shard1->service->HoldPushesUntil(&release);
-  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
+  ASSERT_TRUE(held[0] && held[1]);
+  ParameterClient client(config_, MapWith(held[0]->address, held[1]->address, 1), 0, 1);
   ASSERT_LT(PartsOf(map_).size() * ParameterClient::kPartBytes, ParameterClient::kInFlightBytes)
       << "the credit must not bind here";
 
@@ -486,7 +494,7 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
     }
     return firsts;
   };
-  ServedShard* served[2] = {shard0.get(), shard1.get()};
+  ServedShard* served[2] = {held[0].get(), held[1].get()};
   auto seen = [&](uint32_t shard) {
     std::set<uint32_t> firsts;
     for (const SeenPush& p : served[shard]->service->pushes()) firsts.insert(p.first_chunk);
