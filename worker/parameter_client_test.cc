@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -256,6 +257,16 @@ class ParameterClientTest : public ::testing::Test {
     return held;
   }
 
+  // Notifies `release` when the test leaves the scope, unless it has been: a
+  // failed assertion while pushes are held must not leave their shards'
+  // handlers, and the client's calls, waiting. (Made after the client, so
+  // that it runs before the client's destructor waits for its calls.)
+  static auto ReleasedOnExit(absl::Notification& release) {
+    return absl::MakeCleanup([&release] {
+      if (!release.HasBeenNotified()) release.Notify();
+    });
+  }
+
   // A loopback address nobody listens on: a server's port, after it stopped.
   std::string DeadAddress() {
     std::unique_ptr<ServedShard> gone = Serve(0, 0);
@@ -378,6 +389,7 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   ServedShard* shard0 = held[0].get();
   ServedShard* shard1 = held[1].get();
   ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  auto release_on_exit = ReleasedOnExit(release);
   const std::vector<CutPart> parts = PartsOf(map_);
   size_t credit_parts = 0, credit = 0;
   while (credit_parts < parts.size() &&
@@ -448,6 +460,7 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   };
   const size_t first_bytes = seen_bytes();
   absl::Notification release_again;
+  auto release_again_on_exit = ReleasedOnExit(release_again);
   shard0->service->HoldPushesUntil(&release_again);
   shard1->service->HoldPushesUntil(&release_again);
   ticket = client.PushAsync(1, grads.data(), 1, params.data(), absl::Seconds(30));
@@ -474,6 +487,7 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
   std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
   ASSERT_TRUE(held[0] && held[1]);
   ParameterClient client(config_, MapWith(held[0]->address, held[1]->address, 1), 0, 1);
+  auto release_on_exit = ReleasedOnExit(release);
   ASSERT_LT(PartsOf(map_).size() * ParameterClient::kPartBytes, ParameterClient::kInFlightBytes)
       << "the credit must not bind here";
 
