@@ -30,6 +30,17 @@ v1::DType JobWireDType(const v1::JobConfig& config) {
   return config.wire_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : config.wire_dtype();
 }
 
+// The values of the layout's largest part, in f32 (the widest wire dtype).
+size_t LargestPartBytes(const ChunkLayout& layout) {
+  size_t largest = 0;
+  for (const ChunkLayout::Part& part : layout.parts()) {
+    size_t bytes = 0;
+    for (uint32_t id : part.chunk_ids) bytes += layout.num_elements(id) * sizeof(float);
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
 }  // namespace
 
 bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
@@ -96,9 +107,8 @@ struct ParameterClient::Operation {
   }
 };
 
-ParameterClient::ParameterClient(const v1::JobConfig& config,
-                                 const v1::ShardMap& map, uint32_t rank,
-                                 uint64_t incarnation)
+ParameterClient::ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
+                                 uint32_t rank, uint64_t incarnation)
     : config_(config),
       layout_(map),
       rank_(rank),
@@ -107,7 +117,9 @@ ParameterClient::ParameterClient(const v1::JobConfig& config,
       topk_(config_.gradient_topk(), layout_),
       lanes_(config_, layout_),
       optimizer_state_(config_, layout_, rank_, incarnation_, &generation_,
-                       [this](size_t shard) { return TypedStub(shard); }) {
+                       [this](size_t shard) { return TypedStub(shard); }),
+      least_credit_(PushSchedule::LeastCredit(LargestPartBytes(layout_), layout_.num_shards())),
+      credit_(std::max(PushSchedule::kInFlightBytes, least_credit_)) {
   absl::MutexLock lock(&mu_);
   endpoints_.resize(layout_.num_shards());
   stubs_.resize(layout_.num_shards());
@@ -574,7 +586,8 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
         // A push whose every part went once through the schedule measured
         // the link; one of a few parts, of lanes, or retried did not.
         if (op->push && !retried)
-          if (std::optional<size_t> credit = op->schedule->Measured()) credit_.store(*credit);
+          if (std::optional<size_t> credit = op->schedule->Measured())
+            credit_.store(std::max(*credit, least_credit_));
         PushOutcome outcome = op->outcome;
         outcome.pulled = op->push && op->host_params != nullptr;
         for (const Call& c : op->calls) outcome.pulled = outcome.pulled && c.pulled;

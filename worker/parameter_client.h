@@ -363,7 +363,10 @@ class ParameterClient final : public ParameterShards {
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> lane_bytes_{0};
   std::atomic<uint64_t> push_calls_{0};
-  std::atomic<size_t> credit_{PushSchedule::kInFlightBytes};  // the next push's
+  // The next push's credit, and the least it may be (PushSchedule::LeastCredit
+  // of this layout's largest part).
+  const size_t least_credit_;
+  std::atomic<size_t> credit_;
   std::atomic<uint64_t> doorbell_calls_{0};
 };
 

@@ -23,6 +23,7 @@
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "job/sparse_tables.h"
+#include "worker/push_schedule.h"
 #include "worker/sparse_client.h"
 
 namespace grps {
@@ -469,6 +470,49 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_GT(seen_bytes() - first_bytes, measured / 2);
   EXPECT_LE(seen_bytes() - first_bytes, measured);
+  release_again.Notify();
+  pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+}
+
+TEST_F(ParameterClientTest, APushOfLargePartsKeepsTwoOfThemOutAShardAfterASlowPush) {
+  // Chunks of about 4 MiB (--chunk_kb=4096), a part each. A push held at its
+  // shards measures a slow link (the least credit, one part); the next one
+  // still has two parts a shard out at once.
+  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+  ASSERT_NO_FATAL_FAILURE(UseModel(8192, 4 << 20));
+  absl::Notification release;
+  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
+  ASSERT_TRUE(held[0] && held[1]);
+  ParameterClient client(config_, MapWith(held[0]->address, held[1]->address, 1), 0, 1);
+  auto release_on_exit = ReleasedOnExit(release);
+  const std::vector<CutPart> parts = PartsOf(map_);
+  ASSERT_GE(parts.size(), 6u) << "the model must have more parts than the test counts";
+  size_t largest = 0;
+  for (const CutPart& part : parts) largest = std::max(largest, part.bytes);
+  ASSERT_GT(largest, size_t{3} << 20);
+  const size_t least = PushSchedule::LeastCredit(largest, 2);
+  ASSERT_GT(least, PushSchedule::kMinCredit);
+
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::vector<float> params(client.num_parameters(), 0.0f);
+  ParameterClient::Ticket ticket =
+      client.PushAsync(0, grads.data(), 1, params.data(), absl::Seconds(30));
+  absl::SleepFor(absl::Milliseconds(300));
+  release.Notify();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_GE(client.credit(), least);
+
+  absl::Notification release_again;
+  auto release_again_on_exit = ReleasedOnExit(release_again);
+  for (auto& shard : held) shard->service->HoldPushesUntil(&release_again);
+  auto out = [&] {
+    return held[0]->service->pushes().size() + held[1]->service->pushes().size() - parts.size();
+  };
+  ticket = client.PushAsync(1, grads.data(), 1, params.data(), absl::Seconds(30));
+  for (int i = 0; i < 500 && out() < 4; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_GE(out(), 4u) << "fewer than two parts a shard out at once";
   release_again.Notify();
   pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();

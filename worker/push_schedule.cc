@@ -15,6 +15,13 @@ size_t PushSchedule::CreditFor(size_t bytes, absl::Duration window, absl::Durati
                                         static_cast<double>(kInFlightBytes)));
 }
 
+size_t PushSchedule::LeastCredit(size_t largest_part_bytes, size_t shards) {
+  // A request's header and framing beside its values: a few KiB at most.
+  constexpr size_t kRequestOverhead = size_t{16} << 10;
+  return std::max(kMinCredit,
+                  kLeastPartsPerShard * shards * (largest_part_bytes + kRequestOverhead));
+}
+
 PushSchedule::PushSchedule(size_t credit, const std::vector<Placed>& order)
     : credit_(credit), strict_(!order.empty()) {
   for (const Placed& p : order) {

@@ -60,6 +60,16 @@ class PushSchedule {
   // (its first request's start to its last reply), whose quickest part took
   // `shortest`, measures for the next one.
   static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest);
+  // The least credit of a push to `shards` shards whose largest part carries
+  // `largest_part_bytes` of values: kMinCredit, or room for kLeastPartsPerShard
+  // of those parts a shard (one going up while the one before comes back),
+  // whichever is more. Below it a push of large parts (chunks of 4 MiB:
+  // --chunk_kb=4096) has one part out at a time, measures the slow rate that
+  // gives, and keeps it: across 200 Mbit/s namespace hosts, N = 2, 16.5
+  // samples/s, 35.4 with this floor (59.3 with the default chunks of 256
+  // KiB: such parts suit fast links only; docs/performance.md).
+  static constexpr size_t kLeastPartsPerShard = 2;
+  static size_t LeastCredit(size_t largest_part_bytes, size_t shards);
 
   // A call and its shard, in a strict order.
   struct Placed {

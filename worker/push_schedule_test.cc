@@ -134,5 +134,17 @@ TEST(PushSchedule, CreditForIsThreeRoundTripsOfTheRateWithinItsBounds) {
             PushSchedule::kInFlightBytes);
 }
 
+TEST(PushSchedule, TheLeastCreditHoldsTwoOfTheLargestPartsAShard) {
+  // Parts of 256 KiB (the default): kMinCredit holds many.
+  EXPECT_EQ(PushSchedule::LeastCredit(256 << 10, 2), PushSchedule::kMinCredit);
+  EXPECT_EQ(PushSchedule::LeastCredit(256 << 10, 4), PushSchedule::kMinCredit);
+  // Chunks of 4 MiB: two of them a shard, with their headers.
+  for (size_t shards : {1, 2, 4}) {
+    const size_t least = PushSchedule::LeastCredit(4 << 20, shards);
+    EXPECT_GT(least, 2 * shards * (size_t{4} << 20)) << shards << " shards";
+    EXPECT_LT(least, 2 * shards * (size_t{4} << 20) + 2 * shards * (size_t{64} << 10));
+  }
+}
+
 }  // namespace
 }  // namespace grps
