@@ -28,6 +28,7 @@ best round's rate and lists every round's.
     scripts/torch-bench                      # the defaults: 3 rounds, about 4 to 6 minutes
     scripts/torch-bench --quick              # one round of a few steps (the ctest smoke run)
     scripts/torch-bench --steps=50 --repeat=1 --json=out.json
+    scripts/torch-bench --models=mlp --grps_flags=--chunk_kb=4096   # grps's chunks of 4 MiB
 
 Every process it starts (the ranks, the workers, the grps daemons) is ended
 by its PID when its configuration is over, also on failure, timeout, Ctrl-C
@@ -314,7 +315,7 @@ def run_grps(args, model, mode, transport, work, deadline):
     os.makedirs(barrier)
     outs = [os.path.join(work, "grps%d.json" % r) for r in range(WORKERS)]
     flags = ["--mode=" + mode, "--local_transport=" + transport, "--optimizer=sgd",
-             "--lr=%g" % args.lr, "--momentum=0", "--weight_decay=0"]
+             "--lr=%g" % args.lr, "--momentum=0", "--weight_decay=0"] + args.grps_flags.split()
     with harness.Job(servers=SERVERS, workers=WORKERS, flags=flags) as job:
         threads = {k: v for k, v in child_env(args, 1).items() if k.endswith("_THREADS")}
         for r in range(WORKERS):
@@ -404,6 +405,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.01, help="plain SGD's learning rate")
     p.add_argument("--overlap", type=int, default=1, choices=[0, 1],
                    help="grps: push each gradient from its hook (1) or all at step() (0)")
+    p.add_argument("--grps_flags", default="",
+                   help="more flags for grps's coordinator, space-separated (e.g. "
+                        "--chunk_kb=4096); the summary names them")
     p.add_argument("--json", default="", help="also write the figures to this file")
     p.add_argument("--bin", default=os.environ.get("GRPS_BIN") or os.path.join(ROOT, "build", "bin"),
                    help="the grps binaries (default $GRPS_BIN, else build/bin)")
@@ -486,7 +490,9 @@ def main():
     print(table(args, results))
     print("\n(a) is the compute-only yardstick; (c) has %d servers and %d workers of 1 torch "
           "thread; ÷ DDP is given for grps sync, which computes what DDP computes. Each "
-          "figure is the best round's; \"rounds\" lists every round's." % (SERVERS, WORKERS))
+          "figure is the best round's; \"rounds\" lists every round's.%s"
+          % (SERVERS, WORKERS, " grps's coordinator had " + args.grps_flags + "."
+             if args.grps_flags else ""))
     if args.json:
         rows = []
         for m in args.models:
