@@ -8,13 +8,13 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -249,23 +249,37 @@ class ParameterClientTest : public ::testing::Test {
     map_ = *map;
   }
 
-  // Both shards of map_, each seeing every push at once and answering none
-  // until `release` (which must outlive them) is notified.
-  std::array<std::unique_ptr<ServedShard>, 2> ServeHeld(absl::Notification* release) {
-    std::array<std::unique_ptr<ServedShard>, 2> held = {Serve(0, 0), Serve(1, 0)};
-    for (std::unique_ptr<ServedShard>& s : held)
-      if (s != nullptr) s->service->HoldPushesUntil(release);
-    return held;
-  }
-
-  // Notifies `release` when the test leaves the scope, unless it has been: a
-  // failed assertion while pushes are held must not leave their shards'
-  // handlers, and the client's calls, waiting. (Made after the client, so
-  // that it runs before the client's destructor waits for its calls.)
-  static auto ReleasedOnExit(absl::Notification& release) {
-    return absl::MakeCleanup([&release] {
-      if (!release.HasBeenNotified()) release.Notify();
-    });
+  // Both shards of map_ holding every push (seen at once, answered once
+  // released), and a client of them. Leaving, it releases every hold first
+  // (also after a failed assertion), then ends the client, then the shards:
+  // neither the shards' handlers nor the client's calls are left waiting.
+  struct Held {
+    std::deque<absl::Notification> releases;  // the last one: the hold now
+    std::array<std::unique_ptr<ServedShard>, 2> shards;
+    std::unique_ptr<ParameterClient> client;
+    ~Held() {
+      for (absl::Notification& r : releases)
+        if (!r.HasBeenNotified()) r.Notify();
+    }
+    // Every push from now on is held until Release().
+    void Hold() {
+      releases.emplace_back();
+      for (std::unique_ptr<ServedShard>& s : shards) s->service->HoldPushesUntil(&releases.back());
+    }
+    void Release() { releases.back().Notify(); }
+  };
+  // map_: a model of `hidden` units in chunks of `chunk_bytes`, its values
+  // through gRPC; its shards served into *held, holding.
+  void ServeHeld(int hidden, uint64_t chunk_bytes, std::unique_ptr<Held>* held) {
+    config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+    ASSERT_NO_FATAL_FAILURE(UseModel(hidden, chunk_bytes));
+    *held = std::make_unique<Held>();
+    Held& h = **held;
+    h.shards = {Serve(0, 0), Serve(1, 0)};
+    ASSERT_TRUE(h.shards[0] && h.shards[1]);
+    h.Hold();
+    h.client = std::make_unique<ParameterClient>(
+        config_, MapWith(h.shards[0]->address, h.shards[1]->address, 1), 0, 1);
   }
 
   // A loopback address nobody listens on: a server's port, after it stopped.
@@ -382,15 +396,11 @@ TEST_F(ParameterClientTest, AStagedPushSendsAPartOnceAllItsTensorsAreReady) {
 TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   // A model of about 26 MB: 100 parts of 256 KiB, more than the credit, sent
   // as bytes (the schedule is the network's; a lane's values are not sent).
-  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
-  ASSERT_NO_FATAL_FAILURE(UseModel(8192, 256 << 10));
-  absl::Notification release;
-  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
-  ASSERT_TRUE(held[0] && held[1]);
-  ServedShard* shard0 = held[0].get();
-  ServedShard* shard1 = held[1].get();
-  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
-  auto release_on_exit = ReleasedOnExit(release);
+  std::unique_ptr<Held> held;
+  ASSERT_NO_FATAL_FAILURE(ServeHeld(8192, 256 << 10, &held));
+  ServedShard* shard0 = held->shards[0].get();
+  ServedShard* shard1 = held->shards[1].get();
+  ParameterClient& client = *held->client;
   const std::vector<CutPart> parts = PartsOf(map_);
   size_t credit_parts = 0, credit = 0;
   while (credit_parts < parts.size() &&
@@ -438,7 +448,7 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   EXPECT_LE(out_bytes, ParameterClient::kInFlightBytes);
 
   // Answered, the rest follow: every part once.
-  release.Notify();
+  held->Release();
   absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   std::set<uint32_t> out_first;
@@ -460,17 +470,14 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
     return bytes;
   };
   const size_t first_bytes = seen_bytes();
-  absl::Notification release_again;
-  auto release_again_on_exit = ReleasedOnExit(release_again);
-  shard0->service->HoldPushesUntil(&release_again);
-  shard1->service->HoldPushesUntil(&release_again);
+  held->Hold();
   ticket = client.PushAsync(1, grads.data(), 1, params.data(), absl::Seconds(30));
   for (int i = 0; i < 500 && seen().size() < parts.size() + 4; ++i)
     absl::SleepFor(absl::Milliseconds(10));
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_GT(seen_bytes() - first_bytes, measured / 2);
   EXPECT_LE(seen_bytes() - first_bytes, measured);
-  release_again.Notify();
+  held->Release();
   pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
 }
@@ -479,13 +486,9 @@ TEST_F(ParameterClientTest, APushOfLargePartsKeepsTwoOfThemOutAShardAfterASlowPu
   // Chunks of about 4 MiB (--chunk_kb=4096), a part each. A push held at its
   // shards measures a slow link (the least credit, one part); the next one
   // still has two parts a shard out at once.
-  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
-  ASSERT_NO_FATAL_FAILURE(UseModel(8192, 4 << 20));
-  absl::Notification release;
-  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
-  ASSERT_TRUE(held[0] && held[1]);
-  ParameterClient client(config_, MapWith(held[0]->address, held[1]->address, 1), 0, 1);
-  auto release_on_exit = ReleasedOnExit(release);
+  std::unique_ptr<Held> held;
+  ASSERT_NO_FATAL_FAILURE(ServeHeld(8192, 4 << 20, &held));
+  ParameterClient& client = *held->client;
   const std::vector<CutPart> parts = PartsOf(map_);
   ASSERT_GE(parts.size(), 6u) << "the model must have more parts than the test counts";
   size_t largest = 0;
@@ -499,21 +502,20 @@ TEST_F(ParameterClientTest, APushOfLargePartsKeepsTwoOfThemOutAShardAfterASlowPu
   ParameterClient::Ticket ticket =
       client.PushAsync(0, grads.data(), 1, params.data(), absl::Seconds(30));
   absl::SleepFor(absl::Milliseconds(300));
-  release.Notify();
+  held->Release();
   absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_GE(client.credit(), least);
 
-  absl::Notification release_again;
-  auto release_again_on_exit = ReleasedOnExit(release_again);
-  for (auto& shard : held) shard->service->HoldPushesUntil(&release_again);
+  held->Hold();
   auto out = [&] {
-    return held[0]->service->pushes().size() + held[1]->service->pushes().size() - parts.size();
+    return held->shards[0]->service->pushes().size() + held->shards[1]->service->pushes().size() -
+           parts.size();
   };
   ticket = client.PushAsync(1, grads.data(), 1, params.data(), absl::Seconds(30));
   for (int i = 0; i < 500 && out() < 4; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_GE(out(), 4u) << "fewer than two parts a shard out at once";
-  release_again.Notify();
+  held->Release();
   pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
 }
@@ -524,14 +526,10 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
   // parts in the model's order. Here the hooks report the tensors in the
   // model's order, the opposite of backward's.
   config_.set_mode(v1::MODE_SYNC);
-  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
   // W1 of 3.2 MB: 13 parts; W2 and the biases in a few more.
-  ASSERT_NO_FATAL_FAILURE(UseModel(1024, 256 << 10));
-  absl::Notification release;
-  std::array<std::unique_ptr<ServedShard>, 2> held = ServeHeld(&release);
-  ASSERT_TRUE(held[0] && held[1]);
-  ParameterClient client(config_, MapWith(held[0]->address, held[1]->address, 1), 0, 1);
-  auto release_on_exit = ReleasedOnExit(release);
+  std::unique_ptr<Held> held;
+  ASSERT_NO_FATAL_FAILURE(ServeHeld(1024, 256 << 10, &held));
+  ParameterClient& client = *held->client;
   ASSERT_LT(PartsOf(map_).size() * ParameterClient::kPartBytes, ParameterClient::kInFlightBytes)
       << "the credit must not bind here";
 
@@ -552,7 +550,7 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
     }
     return firsts;
   };
-  ServedShard* served[2] = {held[0].get(), held[1].get()};
+  ServedShard* served[2] = {held->shards[0].get(), held->shards[1].get()};
   auto seen = [&](uint32_t shard) {
     std::set<uint32_t> firsts;
     for (const SeenPush& p : served[shard]->service->pushes()) firsts.insert(p.first_chunk);
@@ -587,7 +585,7 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
     }
   }
   EXPECT_TRUE(held_back) << "the model's order made no part wait: the test shows nothing";
-  release.Notify();
+  held->Release();
   absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(seen(0).size() + seen(1).size(), order.size());
