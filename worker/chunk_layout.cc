@@ -96,6 +96,12 @@ ChunkLayout::ChunkLayout(const v1::ShardMap& map) : map_(map) {
     tensor_chunks_[c.tensor_index()].push_back(c.chunk_id());
 }
 
+size_t ChunkLayout::part_bytes(size_t part) const {
+  size_t bytes = 0;
+  for (uint32_t id : parts_[part].chunk_ids) bytes += num_elements(id) * sizeof(float);
+  return bytes;
+}
+
 std::vector<ChunkLayout::Part> ChunkLayout::Runs(uint32_t slots, size_t max_bytes) const {
   std::vector<std::vector<uint32_t>> by_shard(map_.shards_size());
   for (const v1::ChunkSpec& c : map_.chunks()) by_shard[c.shard()].push_back(c.chunk_id());

@@ -76,6 +76,8 @@ class ChunkLayout {
   // (its first chunk's), so the shards take turns and every worker sends the
   // same part first.
   const std::vector<Part>& parts() const { return parts_; }
+  // The values of parts()[part], in f32 (the widest wire dtype).
+  size_t part_bytes(size_t part) const;
   // The index in parts() of the part that holds chunk `id`.
   size_t part_of(uint32_t id) const { return part_of_chunk_[id]; }
   // Indices into parts() in the order backward makes them ready: by the

@@ -85,6 +85,9 @@ TEST(ChunkLayout, AChunkLargerThanAPartTravelsAlone) {
   ASSERT_EQ(layout.parts().size(), 2u);
   EXPECT_EQ(layout.parts()[0].chunk_ids, (std::vector<uint32_t>{0}));
   EXPECT_EQ(layout.parts()[1].chunk_ids, (std::vector<uint32_t>{1, 2}));
+  // A part's values in f32.
+  EXPECT_EQ(layout.part_bytes(0), big * sizeof(float));
+  EXPECT_EQ(layout.part_bytes(1), 2 * sizeof(float));
 }
 
 TEST(ChunkLayout, RunsHoldAtMostMaxBytesOfEverySlotShardByShard) {

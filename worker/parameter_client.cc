@@ -33,11 +33,8 @@ v1::DType JobWireDType(const v1::JobConfig& config) {
 // The values of the layout's largest part, in f32 (the widest wire dtype).
 size_t LargestPartBytes(const ChunkLayout& layout) {
   size_t largest = 0;
-  for (const ChunkLayout::Part& part : layout.parts()) {
-    size_t bytes = 0;
-    for (uint32_t id : part.chunk_ids) bytes += layout.num_elements(id) * sizeof(float);
-    largest = std::max(largest, bytes);
-  }
+  for (size_t p = 0; p < layout.parts().size(); ++p)
+    largest = std::max(largest, layout.part_bytes(p));
   return largest;
 }
 

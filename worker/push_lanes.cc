@@ -92,11 +92,9 @@ std::shared_ptr<PushLane> PushLanes::Make() const {
   const size_t shards = layout_.num_shards();
   // Each shard's slots: one per part to it (at least one, as an area needs).
   std::vector<uint32_t> slots(shards, 0);
-  for (const ChunkLayout::Part& part : parts) {
-    uint64_t bytes = 0;
-    for (uint32_t id : part.chunk_ids)
-      bytes += layout_.num_elements(id) * sizeof(float);  // the widest dtype
-    bytes = (bytes + 63) / 64 * 64;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const ChunkLayout::Part& part = parts[p];
+    const uint64_t bytes = (uint64_t{layout_.part_bytes(p)} + 63) / 64 * 64;
     lane->bytes.push_back(bytes);
     lane->place.push_back(at);
     at += bytes;
