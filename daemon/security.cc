@@ -13,13 +13,14 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/daemon.h"
 #include "daemon/env.h"
-#include "grpcpp/security/auth_metadata_processor.h"
+#include "daemon/hand_over.h"
 #include "daemon/refusal_log.h"
+#include "grpcpp/security/auth_metadata_processor.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, token, "",
@@ -181,10 +182,17 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
 // nothing is shared between calls and nothing grows.
 class RoleInterceptor : public grpc::experimental::Interceptor {
  public:
+  // gRPC makes, runs and deletes an interceptor on whichever of its threads
+  // the call is on: each hands it over (daemon/hand_over.h; CI's TSan run
+  // once reported its delete on another thread than its new).
   RoleInterceptor(const TokenRoles* tokens, bool auth_enabled)
-      : tokens_(tokens), auth_enabled_(auth_enabled) {}
+      : tokens_(tokens), auth_enabled_(auth_enabled) {
+    HandOverToGrpc(this);
+  }
+  ~RoleInterceptor() override { TakeOverFromGrpc(this); }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    TakeOverFromGrpc(this);
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       std::multimap<grpc::string_ref, grpc::string_ref>* metadata =
@@ -194,6 +202,7 @@ class RoleInterceptor : public grpc::experimental::Interceptor {
       if (auth_enabled_) tokens_->RoleOfCall(*metadata, &role).IgnoreError();
       if (role != nullptr) metadata->emplace(kRoleHeader, role);
     }
+    HandOverToGrpc(this);  // Proceed may go on, and delete this, elsewhere
     methods->Proceed();
   }
 
