@@ -67,9 +67,8 @@ class ChunkLayout {
 
   // Every chunk in exactly one part: each shard's chunks in runs of at most
   // kPartBytes of f32 (the widest wire dtype; a larger chunk alone); then
-  // every part in the model's order
-  // (its first chunk's), so the shards take turns and every worker sends the
-  // same part first.
+  // every part in the model's order (its first chunk's), so the shards take
+  // turns and every worker sends the same part first.
   const std::vector<Part>& parts() const { return parts_; }
   // The values of parts()[part], in f32 (the widest wire dtype).
   size_t part_bytes(size_t part) const;
