@@ -402,5 +402,112 @@ TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {
   EXPECT_EQ(params[0], 0.0f);
 }
 
+// ssp(0) (sync's weights) over two shards with a tensor each, "a" on shard
+// 0 and "b" on shard 1: worker 0 reads clock 1 of shard 0 while shard 1's
+// step is still open (worker 1 has pushed only "a"). Worker 1 then ends
+// step 0 and pushes step 1, which shard 0 applies at once: both workers
+// have read clock 1 there. Worker 0's next pull of clock 1 reads shard 1
+// only; read again, shard 0 would give it worker 1's step 1 (a future
+// gradient, in the weights of a step that must equal sync's).
+class SspReadsOfOneClock : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = Config(v1::MODE_SSP, 2, 2);
+    config_.set_staleness_bound(0);
+    std::vector<v1::TensorSpec> tensors(2);
+    for (int t = 0; t < 2; ++t) {
+      tensors[t].set_name(t == 0 ? "a" : "b");
+      tensors[t].add_shape(kElements);
+      tensors[t].set_initializer("zeros");
+    }
+    absl::StatusOr<v1::ShardMap> map = BuildShardMap(tensors, 2, config_.chunk_bytes());
+    ASSERT_TRUE(map.ok()) << map.status();
+    map_ = *map;
+    ASSERT_EQ(map_.chunks(0).shard(), 0u);
+    ASSERT_EQ(map_.chunks(1).shard(), 1u);
+    shards_ = std::make_unique<InProcessShards>(config_, &map_);
+    shards_->SetLiveWorkers(2);
+    w0_ = std::make_unique<ParameterClient>(config_, map_, 0, 1);
+    w1_ = std::make_unique<ParameterClient>(config_, map_, 1, 1);
+    p0_.assign(2 * kElements, -7);
+    p1_.assign(2 * kElements, -7);
+    ASSERT_TRUE(w0_->Pull(0, absl::Seconds(5), p0_.data()).ok());
+    ASSERT_TRUE(w1_->Pull(0, absl::Seconds(5), p1_.data()).ok());
+  }
+
+  // Worker 1 pushes step 0's "a" (fused with the pull of clock 1): the
+  // ticket whose Wait pushes "b".
+  ParameterClient::Ticket PushOnlyA() {
+    const ParameterClient::Ticket t =
+        w1_->StagePush(0, g1_.data(), 1, p1_.data(), absl::Seconds(5));
+    EXPECT_TRUE(w1_->TensorReady(t, 0).ok());
+    return t;
+  }
+
+  // Worker 1 ends step 0 (its fused pull brings clock 1 whole) and pushes
+  // step 1, a gradient of 100.
+  void EndStep0AndPushStep1(ParameterClient::Ticket t) {
+    absl::StatusOr<ParameterClient::PushOutcome> ended = w1_->Wait(t);
+    ASSERT_TRUE(ended.ok()) << ended.status();
+    ASSERT_TRUE(ended->pulled);
+    const std::vector<float> next(2 * kElements, 100);
+    ASSERT_TRUE(w1_->Wait(w1_->PushAsync(1, next.data(), 1)).ok());
+  }
+
+  // Worker 0's weights are clock 1's, as worker 1 read them: lr 1 over 2
+  // workers, each gradient at half.
+  void ExpectClock1() {
+    for (size_t i : {size_t{0}, size_t{kElements}}) EXPECT_FLOAT_EQ(p1_[i], -(1.0f + 3.0f) / 2);
+    EXPECT_EQ(p0_, p1_);
+  }
+
+  static constexpr int64_t kElements = 1000;
+  v1::JobConfig config_;
+  v1::ShardMap map_;
+  std::unique_ptr<InProcessShards> shards_;
+  std::unique_ptr<ParameterClient> w0_, w1_;
+  std::vector<float> p0_, p1_;
+  const std::vector<float> g0_ = std::vector<float>(2 * kElements, 1);
+  const std::vector<float> g1_ = std::vector<float>(2 * kElements, 3);
+};
+
+TEST_F(SspReadsOfOneClock, APullThatTimedOutOnOneShardReadsOnlyThatShardAgain) {
+  ASSERT_TRUE(w0_->Wait(w0_->PushAsync(0, g0_.data(), 1)).ok());
+  const ParameterClient::Ticket t = PushOnlyA();
+  EXPECT_EQ(w0_->Pull(1, absl::Milliseconds(300), p0_.data()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EndStep0AndPushStep1(t);
+  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+  ExpectClock1();
+}
+
+TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
+  const ParameterClient::Ticket t = PushOnlyA();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed =
+      w0_->Wait(w0_->PushAsync(0, g0_.data(), 1, p0_.data(), absl::Milliseconds(300)));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_FALSE(pushed->pulled);
+  EndStep0AndPushStep1(t);
+  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+  ExpectClock1();
+}
+
+// Once a pull has read every part, the next pull of that clock reads them
+// all again: async's final weights (PullFinal) come after the last step's.
+TEST(WirePath, APullAfterAWholeOneOfTheSameClockReadsEveryShardAgain) {
+  v1::JobConfig config = Config(v1::MODE_ASYNC, 2, 2);
+  v1::ShardMap map = MapOf(config, 100000);
+  InProcessShards shards(config, &map);
+  shards.SetLiveWorkers(2);
+  ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
+  std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
+  ASSERT_TRUE(w0.Pull(1, absl::Seconds(5), p0.data()).ok());
+  const std::vector<float> grads(p1.size(), 2);
+  ASSERT_TRUE(w1.Wait(w1.PushAsync(0, grads.data(), 1)).ok());
+  ASSERT_TRUE(w0.Pull(1, absl::Seconds(5), p0.data()).ok());
+  EXPECT_FLOAT_EQ(p0.front(), -1);  // lr 1 over 2 workers
+  EXPECT_FLOAT_EQ(p0.back(), -1);
+}
+
 }  // namespace
 }  // namespace grps

@@ -53,7 +53,9 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
   const Part* part = nullptr;
-  bool pulled = false;  // a fused push's reply carried every chunk
+  bool pulled = false;  // its reply carried every chunk's values
+  // A pull's part read at the pull's clock already (ReadSoFar): not called.
+  bool read_before = false;
   // The lane whose place for the part this push holds, or null: bytes.
   std::shared_ptr<PushLane> lane;
   // Rung at the lane's doorbell (not called through gRPC), with this
@@ -82,6 +84,10 @@ struct ParameterClient::Operation {
   const float* host_grads = nullptr;
   DType dtype = DType::kF32;  // of the values on the wire
   float* host_params = nullptr;  // pull, fused push: where the values go
+  // The clock the values are read at (a fused push's: step + 1) and the
+  // generation the calls carry.
+  uint64_t read_clock = 0;
+  uint64_t read_generation = 0;
   absl::Time deadline;           // pull: of every attempt
   std::vector<Call> calls;       // a call's status is guarded by mu
   // A staged push (StagePush): which parts started, and how many of each
@@ -203,9 +209,11 @@ ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op)
   if (raw->staged) return ticket;  // its parts start as they are ready
   {
     std::lock_guard<std::mutex> lock(raw->mu);
-    raw->outstanding = static_cast<int>(raw->calls.size());
+    raw->outstanding = static_cast<int>(std::count_if(
+        raw->calls.begin(), raw->calls.end(), [](const Call& c) { return !c.read_before; }));
   }
-  for (size_t i = 0; i < raw->calls.size(); ++i) Launch(raw, i);
+  for (size_t i = 0; i < raw->calls.size(); ++i)
+    if (!raw->calls[i].read_before) Launch(raw, i);
   return ticket;
 }
 
@@ -331,22 +339,28 @@ ParameterClient::Ticket ParameterClient::PullAsync(uint64_t clock, absl::Duratio
                                                    float* host_params) {
   auto op = std::make_unique<Operation>();
   op->host_params = host_params;
+  op->read_clock = clock;
+  op->read_generation = generation_.load();
   op->deadline = absl::Now() + timeout + absl::Seconds(5);
   const std::vector<Part>& parts = layout_.parts();
   op->calls.resize(parts.size());
+  const std::vector<bool> read = PartsRead(clock, op->read_generation, host_params);
   for (size_t i = 0; i < parts.size(); ++i) {
+    op->calls[i].part = &parts[i];
+    if (i < read.size() && read[i]) {
+      op->calls[i].read_before = op->calls[i].pulled = true;
+      continue;
+    }
     v1::PullRequest req;
     req.set_job_id(config_.job_id());
     req.set_worker_rank(rank_);
     req.set_clock(clock);
     req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
     req.set_dtype(config_.wire_dtype());
-    req.set_generation(generation_.load());
+    req.set_generation(op->read_generation);
     for (uint32_t id : parts[i].chunk_ids) req.add_chunk_ids(id);
     bool own_buffer;
-    grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &op->calls[i].request,
-                                                          &own_buffer);
-    op->calls[i].part = &parts[i];
+    grpc::SerializationTraits<v1::PullRequest>::Serialize(req, &op->calls[i].request, &own_buffer);
   }
   return Register(std::move(op));
 }
@@ -421,6 +435,8 @@ std::unique_ptr<ParameterClient::Operation> ParameterClient::NewPush(
   if (op->optimizers != nullptr)
     for (const v1::OptimizerConfig& o : op->optimizers->optimizers) *op->header.add_optimizers() = o;
   if (pull_into != nullptr) {
+    op->read_clock = step + 1;
+    op->read_generation = op->header.generation();
     op->header.set_pull(true);
     op->header.set_pull_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(pull_timeout))));
@@ -558,9 +574,16 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
   std::unique_ptr<Operation> op = Take(ticket);
   if (op == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("ticket ", ticket, " is not in flight"));
+  absl::StatusOr<PushOutcome> outcome = AwaitOutcome(op.get(), retry);
+  NoteRead(*op);
+  return outcome;
+}
+
+absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::AwaitOutcome(
+    Operation* op, const RetryPolicy& retry) {
   if (op->staged)
     for (size_t i = 0; i < op->calls.size(); ++i)
-      if (!op->started[i]) StartStaged(op.get(), i);
+      if (!op->started[i]) StartStaged(op, i);
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   bool retried = false;
@@ -568,7 +591,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
     std::vector<size_t> again, refused;
     absl::Status first;
     {
-      AwaitCalls(op.get());
+      AwaitCalls(op);
       std::lock_guard<std::mutex> lock(op->mu);
       for (size_t i = 0; i < op->calls.size(); ++i) {
         const absl::Status& s = op->calls[i].status;
@@ -608,10 +631,34 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(
     }
     for (size_t i : again) {
       // A lane call is encoded again: on a fresh lane, or in bytes.
-      if (op->calls[i].lane != nullptr) EncodePushCall(op.get(), i);
-      StartCall(op.get(), i);
+      if (op->calls[i].lane != nullptr) EncodePushCall(op, i);
+      StartCall(op, i);
     }
   }
+}
+
+void ParameterClient::NoteRead(const Operation& op) {
+  if (op.host_params == nullptr) return;
+  std::vector<bool> read(op.calls.size());
+  for (size_t i = 0; i < read.size(); ++i) read[i] = op.calls[i].status.ok() && op.calls[i].pulled;
+  const bool all = std::all_of(read.begin(), read.end(), [](bool r) { return r; });
+  absl::MutexLock lock(&read_mu_);
+  if (all) {
+    read_.parts.clear();  // the clock's weights are whole
+    return;
+  }
+  if (read_.parts.empty() || read_.clock != op.read_clock ||
+      read_.generation != op.read_generation || read_.into != op.host_params)
+    read_ = ReadSoFar{op.read_clock, op.read_generation, op.host_params,
+                      std::vector<bool>(read.size(), false)};
+  for (size_t i = 0; i < read.size(); ++i) read_.parts[i] = read_.parts[i] || read[i];
+}
+
+std::vector<bool> ParameterClient::PartsRead(uint64_t clock, uint64_t generation,
+                                             const float* into) const {
+  absl::MutexLock lock(&read_mu_);
+  if (read_.clock != clock || read_.generation != generation || read_.into != into) return {};
+  return read_.parts;
 }
 
 absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::Wait(Ticket ticket) {

@@ -144,7 +144,9 @@ class ParameterClient final : public ParameterShards {
   // long as the job's consistency mode requires (sync: until the step this
   // worker last pushed has completed) or until `timeout` passes
   // (DEADLINE_EXCEEDED). Records each chunk's version for Push. One attempt
-  // per shard: the caller decides whether to try again.
+  // per shard: the caller decides whether to try again. After a pull, or a
+  // fused push's pull, of the same clock, generation and `host_params` that
+  // read only some parts, reads only the others (ParameterShards::Pull).
   absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params) override;
   // Pull, started: `host_params` must stay alive until Wait returns, and is
   // written (by gRPC's threads) until then.
@@ -308,6 +310,13 @@ class ParameterClient final : public ParameterShards {
   void OnCallDone(Operation* op, size_t index, grpc::Status status);
   // Waits for every call of `op`: first the rung ones, on this thread.
   void AwaitCalls(Operation* op);
+  // Wait's work on `op`, taken: its calls, their retries and its outcome.
+  absl::StatusOr<PushOutcome> AwaitOutcome(Operation* op, const RetryPolicy& retry);
+  // After `op`'s calls ended: which parts its pull (or fused pull) read,
+  // and which a pull of the same clock into the same place has left to read.
+  void NoteRead(const Operation& op) ABSL_LOCKS_EXCLUDED(read_mu_);
+  std::vector<bool> PartsRead(uint64_t clock, uint64_t generation, const float* into) const
+      ABSL_LOCKS_EXCLUDED(read_mu_);
   // Waits for the answer to rung call `index` and completes it.
   void FinishRung(Operation* op, size_t index);
   // Builds push call `index` of `op` (again: a retry), through the lane
@@ -354,6 +363,17 @@ class ParameterClient final : public ParameterShards {
   };
   mutable absl::Mutex optimizers_mu_;
   std::shared_ptr<const ProgramOptimizers> optimizers_ ABSL_GUARDED_BY(optimizers_mu_);
+
+  // The parts read into `into` at `clock` in `generation` by the pulls (and
+  // fused pulls) since the last one that read them all; empty `parts`: none.
+  struct ReadSoFar {
+    uint64_t clock = 0;
+    uint64_t generation = 0;
+    const float* into = nullptr;
+    std::vector<bool> parts;  // by part
+  };
+  mutable absl::Mutex read_mu_;
+  ReadSoFar read_ ABSL_GUARDED_BY(read_mu_);
 
   PushLanes lanes_;
   const OptimizerStateCalls optimizer_state_;  // its stubs: TypedStub

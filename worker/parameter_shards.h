@@ -78,7 +78,13 @@ class ParameterShards {
   // Fills host_params (num_parameters() floats) with the weights for
   // `clock`, the step the worker is about to compute; the shards hold the
   // pull as the mode requires, at most `timeout` (DEADLINE_EXCEEDED). One
-  // attempt: the caller decides whether to try again.
+  // attempt: the caller decides whether to try again. A pull that follows
+  // one of the same clock, generation and `host_params` that read only
+  // some of the weights (a pull or fused pull that failed or timed out in
+  // part) reads only the rest: read again, a part could hold gradients its
+  // first read let the shard apply (ssp: once every worker has read clock
+  // c, their gradients of clock c + s go in), and the weights of one clock
+  // would mix two.
   virtual absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params) = 0;
 
   // Pushes the gradient of `step` (num_parameters() floats from host_grads,
