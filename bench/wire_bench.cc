@@ -9,7 +9,7 @@
 //   - loopback TCP (Boost.Asio): the same bytes written and read back on one
 //     connection: what the kernel's loopback costs.
 // The grps figures are the real path: ParameterClient (wire/ codec, requests
-// of about 256 KiB over two channels per shard, the push schedule's) to ShardStores behind their
+// of about 256 KiB on one channel per shard, the push schedule's) to ShardStores behind their
 // gRPC servers in this process, in async mode, so each push is validated and
 // applied (SGD) on arrival and each pull is served at once:
 //   - "grps 1s", "grps 2s": every byte through gRPC (local_transport grpc),

@@ -72,13 +72,11 @@ ChunkLayout::ChunkLayout(const v1::ShardMap& map) : map_(map) {
   for (const v1::ChunkSpec& c : map_.chunks())
     shard_chunks[c.shard()].push_back(c.chunk_id());
   for (size_t shard = 0; shard < shard_chunks.size(); ++shard) {
-    int next_channel = 0;
     size_t bytes = 0;
     for (uint32_t id : shard_chunks[shard]) {
       const size_t chunk_bytes = num_elements(id) * sizeof(float);
       if (parts_.empty() || parts_.back().shard != shard || bytes + chunk_bytes > kPartBytes) {
-        parts_.push_back(Part{shard, next_channel, {}});
-        next_channel = (next_channel + 1) % kChannelsPerShard;
+        parts_.push_back(Part{shard, {}});
         bytes = 0;
       }
       parts_.back().chunk_ids.push_back(id);
@@ -111,7 +109,7 @@ std::vector<ChunkLayout::Part> ChunkLayout::Runs(uint32_t slots, size_t max_byte
     for (uint32_t id : by_shard[shard]) {
       const size_t chunk_bytes = num_elements(id) * sizeof(float) * std::max<uint32_t>(slots, 1);
       if (runs.empty() || runs.back().shard != shard || bytes + chunk_bytes > max_bytes) {
-        runs.push_back(Part{shard, 0, {}});
+        runs.push_back(Part{shard, {}});
         bytes = 0;
       }
       runs.back().chunk_ids.push_back(id);

@@ -5,8 +5,7 @@
 //   ChunkLayout layout(map);
 //   for (const ChunkLayout::Part& part : layout.parts())
 //     for (uint32_t id : part.chunk_ids)
-//       Send(part.shard, part.channel, host_grads + layout.offset(id),
-//            layout.num_elements(id));
+//       Send(part.shard, host_grads + layout.offset(id), layout.num_elements(id));
 //
 // The flat array holds the map's tensors back to back in map order; a chunk
 // covers elements [tensor_offset + chunk.offset, + chunk.num_elements).
@@ -44,14 +43,10 @@ class ChunkLayout {
   // overlap. (Across 200 Mbit/s namespace hosts, parts of 4 MiB, 1 MiB and
   // 256 KiB gave 37.5, 45.1 and 47.8 samples/s: docs/performance.md.)
   static constexpr size_t kPartBytes = size_t{256} << 10;
-  // The channels (separate TCP connections) each shard's parts are dealt
-  // over, in turn.
-  static constexpr int kChannelsPerShard = 2;
 
   // The chunks of one request: all of one shard's, or a run of them.
   struct Part {
     size_t shard = 0;
-    int channel = 0;
     std::vector<uint32_t> chunk_ids;
   };
 
@@ -71,10 +66,9 @@ class ChunkLayout {
   const std::vector<uint32_t>& tensor_chunks(size_t tensor) const { return tensor_chunks_[tensor]; }
 
   // Every chunk in exactly one part: each shard's chunks in runs of at most
-  // kPartBytes of f32 (the widest wire dtype; a larger chunk alone), dealt
-  // over the shard's channels in turn; then every part in the model's order
-  // (its first chunk's), so the shards take turns and every worker sends the
-  // same part first.
+  // kPartBytes of f32 (the widest wire dtype; a larger chunk alone); then
+  // every part in the model's order (its first chunk's), so the shards take
+  // turns and every worker sends the same part first.
   const std::vector<Part>& parts() const { return parts_; }
   // The values of parts()[part], in f32 (the widest wire dtype).
   size_t part_bytes(size_t part) const;
@@ -88,7 +82,7 @@ class ChunkLayout {
   std::vector<size_t> BackwardOrder() const;
 
   // Each shard's chunks in runs of at most `max_bytes` of `slots` f32 values
-  // per element (at least one), all on channel 0, shard by shard.
+  // per element (at least one), shard by shard.
   std::vector<Part> Runs(uint32_t slots, size_t max_bytes) const;
 
  private:

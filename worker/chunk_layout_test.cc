@@ -61,8 +61,8 @@ TEST(ChunkLayout, BackwardOrderIsTheLastTensorsPartsFirstEachTensorsInTheModelsO
 }
 
 TEST(ChunkLayout, CutsEachShardsChunksIntoPartsOfAtMostPartBytesInTheModelsOrder) {
-  // 16 chunks of 64 KiB over 2 shards: 4 to a part, each shard's parts
-  // dealt over its channels, the parts ordered by their first chunk.
+  // 16 chunks of 64 KiB over 2 shards: 4 to a part, the parts ordered by
+  // their first chunk.
   const int64_t elements = (ChunkLayout::kPartBytes / 4) / sizeof(float);
   const ChunkLayout layout(MapOf({16 * elements}, elements, 2));
   const std::vector<ChunkLayout::Part>& parts = layout.parts();
@@ -73,8 +73,6 @@ TEST(ChunkLayout, CutsEachShardsChunksIntoPartsOfAtMostPartBytesInTheModelsOrder
   EXPECT_EQ(parts[3].chunk_ids, Ids(9, 2, 4));
   EXPECT_EQ(parts[0].shard, 0u);
   EXPECT_EQ(parts[1].shard, 1u);
-  EXPECT_EQ(parts[0].channel, 0);
-  EXPECT_EQ(parts[2].channel, 1);
   EXPECT_EQ(layout.part_of(8), 2u);
   EXPECT_EQ(layout.part_of(15), 3u);
 }

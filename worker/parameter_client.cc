@@ -139,12 +139,10 @@ ParameterClient::~ParameterClient() {
 }
 
 void ParameterClient::ConnectShard(const v1::ShardEndpoint& e) {
-  // Fresh channels also for the same address: the old ones may sit in
+  // A fresh channel also for the same address: the old one may sit in
   // gRPC's reconnect backoff after the shard's process died.
   endpoints_[e.shard()] = e;
-  stubs_[e.shard()].clear();
-  for (int c = 0; c < ChunkLayout::kChannelsPerShard; ++c)
-    stubs_[e.shard()].push_back(std::make_shared<grpc::GenericStub>(MakeChannel(e.address())));
+  stubs_[e.shard()] = std::make_shared<grpc::GenericStub>(MakeChannel(e.address()));
 }
 
 absl::Status ParameterClient::CheckCompatible(const v1::ShardMap& map) const {
@@ -177,7 +175,7 @@ uint64_t ParameterClient::map_epoch() const {
 
 std::shared_ptr<grpc::GenericStub> ParameterClient::StubOf(const Part& part) const {
   absl::MutexLock lock(&mu_);
-  return stubs_[part.shard][part.channel];
+  return stubs_[part.shard];
 }
 
 uint64_t ParameterClient::min_pulled_version() const {

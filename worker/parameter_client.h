@@ -8,9 +8,16 @@
 // caller's gradient array, not copies; a pull's reply is copied once, from
 // the received slices straight into the caller's parameter array. Each
 // shard's chunks travel in parts (requests) of about kPartBytes (at most
-// kMaxRequestBytes), spread over kChannelsPerShard channels (separate TCP
-// connections), so no model is too large for gRPC's message limit
-// (worker/chunk_layout.h). The RPCs run on gRPC's callback API: no thread
+// kMaxRequestBytes), so no model is too large for gRPC's message limit
+// (worker/chunk_layout.h), all on one channel (one TCP connection) per
+// shard: a connection's bytes leave in the order they were written, so a
+// shard gets a worker's parts one after the other. (Two connections a
+// shard, each part on the next, sent two parts a shard at once, each at half
+// the rate: every part, and every update waiting for all the workers'
+// copies of it, came later. Across 200 Mbit/s namespace hosts under reno,
+// one connection gave 114 samples/s at N = 4 and 62 at N = 2 against 107 and
+// 60; on loopback no change: docs/performance.md, "One connection a
+// shard".) The RPCs run on gRPC's callback API: no thread
 // is created per call.
 //
 // The push schedule (push and pull at once; worker/push_schedule.h): a
@@ -102,12 +109,10 @@ class ParameterClient final : public ParameterShards {
   ParameterClient& operator=(const ParameterClient&) = delete;
 
   // Payload bytes per request at most (a chunk larger than this travels
-  // alone), and the channels each shard's requests are spread over.
+  // alone).
   static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
-  // A part's payload, and the channels each shard's parts are dealt over:
-  // see ChunkLayout.
+  // A part's payload: see ChunkLayout.
   static constexpr size_t kPartBytes = ChunkLayout::kPartBytes;
-  static constexpr int kChannelsPerShard = ChunkLayout::kChannelsPerShard;
   // The push schedule's credit, its bounds and how a push measures it for
   // the next one: see PushSchedule.
   static constexpr size_t kInFlightBytes = PushSchedule::kInFlightBytes;
@@ -343,9 +348,8 @@ class ParameterClient final : public ParameterShards {
 
   mutable absl::Mutex mu_;
   std::vector<v1::ShardEndpoint> endpoints_ ABSL_GUARDED_BY(mu_);
-  // By shard, then channel.
-  std::vector<std::vector<std::shared_ptr<grpc::GenericStub>>> stubs_
-      ABSL_GUARDED_BY(mu_);
+  // By shard.
+  std::vector<std::shared_ptr<grpc::GenericStub>> stubs_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex ops_mu_;

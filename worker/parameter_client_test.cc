@@ -36,6 +36,7 @@ struct SeenPush {
   bool bytes = false;
   uint32_t first_chunk = 0;  // of a held push
   size_t data_bytes = 0;     // of a held push: its chunks' values
+  std::string peer;          // the connection it came on (address:port)
 };
 
 // A shard that answers every pull with its chunks filled with `fill`, and
@@ -47,7 +48,7 @@ class FakeShard : public v1::ParameterServer::Service {
   FakeShard(const v1::ShardMap& map, uint32_t shard, float fill)
       : map_(map), shard_(shard), fill_(fill) {}
 
-  grpc::Status Push(grpc::ServerContext*, const v1::PushRequest* req,
+  grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* req,
                     v1::PushResponse* resp) override {
     {
       // A held push is seen at once and answered once released (a sync
@@ -68,6 +69,7 @@ class FakeShard : public v1::ParameterServer::Service {
     absl::MutexLock lock(&mu_);
     push_generations_.push_back(req->generation());
     SeenPush& seen = pushes_.emplace_back();
+    seen.peer = context->peer();
     seen.lane_nonce = req->has_lane() ? req->lane().nonce() : 0;
     seen.bytes = req->chunks_size() > 0;
     for (const v1::ChunkData& c : req->chunks())
@@ -935,6 +937,28 @@ TEST_F(ParameterClientTest, AJobThatAsksForGrpcSendsEveryByteInTheMessage) {
     EXPECT_TRUE(shard->service->pushes()[0].bytes);
   }
   EXPECT_EQ(client.lane_bytes(), 0u);
+}
+
+TEST_F(ParameterClientTest, EachShardGetsEveryPartOfAPushOnOneConnection) {
+  // A shard's parts leave one after the other only on one connection: on
+  // two, two of them share the link at once and both arrive late
+  // (ParameterClient's header).
+  config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
+  ASSERT_NO_FATAL_FAILURE(UseModel(1024, 16 << 10));
+  std::unique_ptr<ServedShard> shard0 = Serve(0, 0);
+  std::unique_ptr<ServedShard> shard1 = Serve(1, 0);
+  ASSERT_TRUE(shard0 && shard1);
+  ParameterClient client(config_, MapWith(shard0->address, shard1->address, 1), 0, 1);
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  for (int step = 0; step < 2; ++step)
+    ASSERT_TRUE(client.Push(step, grads.data(), 1, absl::Seconds(5)).ok());
+  for (ServedShard* shard : {shard0.get(), shard1.get()}) {
+    const std::vector<SeenPush> pushes = shard->service->pushes();
+    ASSERT_GE(pushes.size(), 2u * 4) << "at least 4 parts a push";
+    std::set<std::string> peers;
+    for (const SeenPush& p : pushes) peers.insert(p.peer);
+    EXPECT_EQ(peers.size(), 1u) << "the parts came on " << peers.size() << " connections";
+  }
 }
 
 }  // namespace
