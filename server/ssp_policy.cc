@@ -16,8 +16,10 @@
 // Pushes. A gradient of clock c is applied on arrival as in async (learning
 // rate AsyncLearningRate, staleness measured, max_staleness refused and
 // counted) once every live worker has read clock c - s; until then it is
-// held. The hold bounds reads from both sides: a worker at clock c never sees
-// updates of clocks beyond c + s. With s = 0 every worker computes clock c on
+// held. The hold bounds reads from both sides: a worker's first read at
+// clock c sees no update of clock c + s or later (a read again of the same
+// clock could: the workers' clients never read a chunk twice at one clock,
+// worker/parameter_shards.h). With s = 0 every worker computes clock c on
 // exactly the weights after clocks 0..c-1, which makes ssp(0) with SGD
 // produce the weights of sync; with large s it is async. Too-stale is judged
 // on arrival.

@@ -4,9 +4,9 @@
 // push-and-pull, and a plain protobuf client speaking the same contract.
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
-#include <functional>
 #include <thread>
 #include <vector>
 
@@ -16,10 +16,12 @@
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
+#include "job/sparse_tables.h"
 #include "proto/grps.grpc.pb.h"
 #include "test/in_process_shards.h"
 #include "wire/lane_doorbell.h"
 #include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
 
 namespace grps {
 namespace {
@@ -507,6 +509,56 @@ TEST(WirePath, APullAfterAWholeOneOfTheSameClockReadsEveryShardAgain) {
   ASSERT_TRUE(w0.Pull(1, absl::Seconds(5), p0.data()).ok());
   EXPECT_FLOAT_EQ(p0.front(), -1);  // lr 1 over 2 workers
   EXPECT_FLOAT_EQ(p0.back(), -1);
+}
+
+// The same for a sparse table's rows: worker 0's pull of clock 1 reads
+// shard 0's rows and times out on shard 1's; worker 1 ends step 0 and
+// pushes step 1, which shard 0 applies at once. The next attempt of the
+// pull, given what the first read, reads shard 1 only.
+TEST(WirePath, AnSspPullOfRowsTriedAgainReadsOnlyTheShardsItHasNotRead) {
+  v1::JobConfig config = Config(v1::MODE_SSP, 2, 2);
+  config.set_staleness_bound(0);
+  constexpr uint32_t kDim = 4;
+  v1::SparseTableSpec* table = config.add_sparse_tables();
+  table->set_name("emb");
+  table->set_dim(kDim);
+  table->set_rows(100);
+  v1::ShardMap map = MapOf(config, 10);
+  InProcessShards shards(config, &map);
+  shards.SetLiveWorkers(2);
+  SparseClient w0(config, map, 0, 1), w1(config, map, 1, 1);
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int64_t> on_shard[2];
+  for (int64_t id : ids) on_shard[SparseShardOf(id, 2)].push_back(id);
+  ASSERT_FALSE(on_shard[0].empty());
+  ASSERT_FALSE(on_shard[1].empty());
+  std::vector<float> rows0(ids.size() * kDim), rows1(ids.size() * kDim);
+  ASSERT_TRUE(w0.Pull("emb", ids, 0, absl::Seconds(5), rows0.data()).ok());
+  ASSERT_TRUE(w1.Pull("emb", ids, 0, absl::Seconds(5), rows1.data()).ok());
+  const std::vector<float> ones(ids.size() * kDim, 1);
+  ASSERT_TRUE(w0.Push("emb", 0, ids, ones.data(), ParameterClient::RetryPolicy()).ok());
+  // Worker 1's step 0, one shard at a time (a client sends to both at once).
+  auto push_step0_of_w1 = [&](size_t s) {
+    const std::vector<float> threes(on_shard[s].size() * kDim, 3);
+    ShardStore::SparseGradientPush push;
+    push.worker_rank = 1;
+    push.incarnation = 1;
+    push.table = "emb";
+    push.ids = on_shard[s];
+    push.values = threes;
+    absl::StatusOr<ShardStore::SparsePushResult> pushed = shards.store(s).PushSparse(push);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+  };
+  push_step0_of_w1(0);
+  SparseShards::PullProgress progress;
+  EXPECT_EQ(w0.Pull("emb", ids, 1, absl::Milliseconds(300), rows0.data(), &progress).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  push_step0_of_w1(1);
+  ASSERT_TRUE(w1.Pull("emb", ids, 1, absl::Seconds(5), rows1.data()).ok());
+  const std::vector<float> hundreds(ids.size() * kDim, 100);
+  ASSERT_TRUE(w1.Push("emb", 1, ids, hundreds.data(), ParameterClient::RetryPolicy()).ok());
+  ASSERT_TRUE(w0.Pull("emb", ids, 1, absl::Seconds(5), rows0.data(), &progress).ok());
+  EXPECT_EQ(rows0, rows1);  // clock 1's rows: both step-0 gradients, no step 1
 }
 
 }  // namespace

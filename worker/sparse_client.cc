@@ -109,7 +109,8 @@ void SparseClient::Split(absl::Span<const int64_t> ids, TableState* t) const {
 }
 
 absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64_t> ids,
-                                uint64_t clock, absl::Duration timeout, float* out) {
+                                uint64_t clock, absl::Duration timeout, float* out,
+                                PullProgress* progress) {
   absl::StatusOr<TableState*> t = Find(table);
   if (!t.ok()) return t.status();
   const uint32_t dim = (*t)->spec.dim();
@@ -144,11 +145,18 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
   std::vector<Call> calls(parts.size());
   std::vector<v1::SparsePullRequest>& requests = (*t)->pull_requests;
   requests.resize(parts.size());
-  std::vector<size_t> all(parts.size());
-  for (size_t p = 0; p < parts.size(); ++p) all[p] = p;
+  PullProgress own;
+  PullProgress& done = progress != nullptr ? *progress : own;
+  if (done.read.size() != parts.size()) {
+    done.read.assign(parts.size(), false);
+    done.versions.assign(parts.size(), 0);
+  }
+  std::vector<size_t> todo;
+  for (size_t p = 0; p < parts.size(); ++p)
+    if (!done.read[p]) todo.push_back(p);
   const uint32_t timeout_ms =
       static_cast<uint32_t>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
-  ForEachShardAtOnce(all, [&](size_t p, std::function<void()> done) {
+  ForEachShardAtOnce(todo, [&](size_t p, std::function<void()> call_done) {
     Call& c = calls[p];
     const Part& part = parts[p];
     v1::SparsePullRequest& request = requests[p];
@@ -172,7 +180,7 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
             request, &c.request, &own_buffer);
         !s.ok()) {
       c.status = std::move(s);
-      done();
+      call_done();
       return;
     }
     StartUnaryCall(
@@ -180,21 +188,24 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
           c.stub->PrepareUnaryCall(&c.context, kPullSparseMethod, grpc::StubOptions(), &c.request,
                                    &c.reply, r);
         },
-        [&c, done](grpc::Status status) {
+        [&c, call_done](grpc::Status status) {
           c.status = std::move(status);
-          done();
+          call_done();
         });
   });
-  // A shard's version: the lowest of its parts' (a push computed on these
-  // rows counts its staleness from the oldest).
-  std::vector<uint64_t> versions(shards_, UINT64_MAX);
-  for (size_t p = 0; p < parts.size(); ++p) {
+  // Every part that came goes into `out` (and `done`), also when others
+  // failed: the next attempt reads only those.
+  absl::Status failed;
+  for (size_t p : todo) {
     Call& c = calls[p];
     const Part& part = parts[p];
     const size_t s = part.shard;
-    if (!c.status.ok())
-      return absl::Status(ToAbsl(c.status).code(),
-                          absl::StrCat("shard ", s, ": ", c.status.error_message()));
+    if (!c.status.ok()) {
+      if (failed.ok())
+        failed = absl::Status(ToAbsl(c.status).code(),
+                              absl::StrCat("shard ", s, ": ", c.status.error_message()));
+      continue;
+    }
     v1::SparsePullResponse response;  // its dtype and version
     SliceReader values;
     if (absl::Status st = DecodeSparsePullResponse(c.reply, &response, &values); !st.ok())
@@ -221,9 +232,16 @@ absl::Status SparseClient::Pull(const std::string& table, absl::Span<const int64
       for (size_t j = 0; j < rows_in_part; ++j)
         std::memcpy(out + rows[j] * dim, converted.data() + j * dim, row_bytes);
     }
-    versions[s] = std::min<uint64_t>(versions[s], response.version());
+    done.read[p] = true;
+    done.versions[p] = response.version();
     bytes_pulled_.fetch_add(c.reply.Length());
   }
+  if (!failed.ok()) return failed;
+  // A shard's version: the lowest of its parts' (a push computed on these
+  // rows counts its staleness from the oldest).
+  std::vector<uint64_t> versions(shards_, UINT64_MAX);
+  for (size_t p = 0; p < parts.size(); ++p)
+    versions[parts[p].shard] = std::min(versions[parts[p].shard], done.versions[p]);
   for (size_t s = 0; s < shards_; ++s) (*t)->versions[s].store(versions[s]);
   return absl::OkStatus();
 }

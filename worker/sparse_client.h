@@ -58,9 +58,11 @@ class SparseClient final : public SparseShards {
   // at most `timeout`. Records each shard's table version for Push.
   // A shard's rows go in parts of at most 16 MiB of reply each, sent at
   // once, so a pull of any size fits gRPC's messages. NOT_FOUND for an
-  // unknown table; a shard's error as it is.
+  // unknown table; a shard's error as it is (the parts that came are in
+  // `out` and `progress`). `progress`: see SparseShards::Pull.
+  using SparseShards::Pull;
   absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
-                    absl::Duration timeout, float* out) override;
+                    absl::Duration timeout, float* out, PullProgress* progress) override;
 
   // PushOutcome: see SparseShards.
   // Gradients of `ids` (distinct: deduplicated by the caller, e.g.

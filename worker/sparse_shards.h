@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,11 +39,27 @@ class SparseShards {
   // The job generation every later push and pull carries.
   virtual void set_generation(uint64_t generation) = 0;
 
+  // What the attempts of one pull have read so far: the pull's parts (the
+  // client's requests of it, by index) and the table version each came
+  // with. Empty: nothing yet.
+  struct PullProgress {
+    std::vector<bool> read;
+    std::vector<uint64_t> versions;
+  };
+
   // Rows of `ids` (any ids, repeats allowed) of `table` into `out`
   // (ids.size() x dim floats, in the order of ids), as of `clock`, waiting
-  // at the shards at most `timeout`. One attempt.
-  virtual absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids,
-                            uint64_t clock, absl::Duration timeout, float* out) = 0;
+  // at the shards at most `timeout`. One attempt. With `progress` (from
+  // the attempts before of the same pull; may be null) it reads only the
+  // parts not read yet and adds those it reads: read again, a shard's rows
+  // could hold gradients its first read let the shard apply (ssp, as
+  // ParameterShards::Pull says).
+  virtual absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
+                            absl::Duration timeout, float* out, PullProgress* progress) = 0;
+  absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
+                    absl::Duration timeout, float* out) {
+    return Pull(table, ids, clock, timeout, out, nullptr);
+  }
   // Gradients of `ids` (distinct) of `table` for `step`: grads holds
   // ids.size() x dim floats. Retries per `retry`; a retry is applied once.
   virtual absl::StatusOr<PushOutcome> Push(const std::string& table, uint64_t step,

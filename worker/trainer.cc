@@ -246,8 +246,10 @@ absl::Status Trainer::LoadData() {
     const size_t piece = std::max<size_t>(1, (size_t{16} << 20) / (dim * sizeof(float)));
     for (size_t first = 0; first < ids.size(); first += piece) {
       const absl::Span<const int64_t> part = ids.subspan(first, piece);
+      SparseShards::PullProgress progress;
       absl::Status s = session_->WaitToPull("embedding rows", clock, [&] {
-        return EvalSparse()->Pull(tables_[table], part, clock, kPullSlice, out + first * dim);
+        return EvalSparse()->Pull(tables_[table], part, clock, kPullSlice, out + first * dim,
+                                  &progress);
       });
       if (!s.ok()) return s;
     }
@@ -330,17 +332,23 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   rows_.resize(sparse_batch.unique_ids().size() * dim);
   // The rows as of this clock, table by table: the pull waits at the shards
   // as the dense one does.
+  // An attempt after one that failed reads only what that one did not: a
+  // table's rows read again could hold gradients their first read let in
+  // (ssp; SparseShards::Pull).
   SparseShards& sparse = *session_->sparse();
-  if (absl::Status s = session_->WaitToPull(
-          "embedding rows", step,
-          [&] {
-            for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
-              absl::Status pulled = sparse.Pull(tables_[t], sparse_batch.table_ids(t), step,
-                                                kPullSlice, rows_.data() + offsets[t] * dim);
-              if (!pulled.ok()) return pulled;
-            }
-            return absl::OkStatus();
-          });
+  std::vector<SparseShards::PullProgress> progress(sparse_batch.num_fields());
+  if (absl::Status s =
+          session_->WaitToPull("embedding rows", step,
+                               [&] {
+                                 absl::Status failed;
+                                 for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
+                                   absl::Status pulled = sparse.Pull(
+                                       tables_[t], sparse_batch.table_ids(t), step, kPullSlice,
+                                       rows_.data() + offsets[t] * dim, &progress[t]);
+                                   if (failed.ok()) failed = pulled;
+                                 }
+                                 return failed;
+                               });
       !s.ok())
     return s;
   embedding_->SetHeadParameters(host_params_.data());

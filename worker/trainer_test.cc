@@ -265,15 +265,31 @@ class InMemorySparseTable : public SparseShards {
     absl::MutexLock lock(&mu_);
     generation_ = generation;
   }
-  absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
-                    absl::Duration, float* out) override {
+  // The next pull of `table` fails (DEADLINE_EXCEEDED: a shard's wait ran
+  // out), reading nothing.
+  void FailNextPullOf(const std::string& table) {
     absl::MutexLock lock(&mu_);
+    fail_next_ = table;
+  }
+
+  // One part a pull: an attempt whose progress says it was read reads
+  // nothing (and is not logged).
+  using SparseShards::Pull;
+  absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
+                    absl::Duration, float* out, PullProgress* progress) override {
+    absl::MutexLock lock(&mu_);
+    if (progress != nullptr && progress->read == std::vector<bool>{true}) return absl::OkStatus();
     log_->Add(absl::StrCat("sparse pull ", clock));
     pulls_.emplace_back(clock, std::vector<int64_t>(ids.begin(), ids.end()));
     pulled_tables_.push_back(table);
+    if (fail_next_ == table) {
+      fail_next_.clear();
+      return absl::DeadlineExceededError("a shard's wait ran out");
+    }
     for (size_t i = 0; i < ids.size(); ++i)
       for (int64_t j = 0; j < dim_; ++j)
         out[i * dim_ + j] = 0.01f * static_cast<float>((ids[i] + j) % 11 - 5);
+    if (progress != nullptr) *progress = PullProgress{{true}, {0}};
     return absl::OkStatus();
   }
   absl::StatusOr<PushOutcome> Push(const std::string& table, uint64_t step,
@@ -295,6 +311,7 @@ class InMemorySparseTable : public SparseShards {
   std::vector<RowPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::vector<int64_t>>> pulls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> pulled_tables_ ABSL_GUARDED_BY(mu_);
+  std::string fail_next_ ABSL_GUARDED_BY(mu_);
 };
 
 // A coordinator that answers as the test says: heartbeats with the job's
@@ -619,6 +636,34 @@ class TrainerTest : public ::testing::Test {
     ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
   }
 
+  // The embedding model on eight Criteo examples (C1 is "a" or "b", C2 one
+  // value each, C3 missing; I1 a count or missing, the other integers 0):
+  // a table per field, named in `tables`.
+  void UseCriteoTables(std::vector<std::string>* tables) {
+    UseEmbeddingModel();
+    std::string text;
+    for (int i = 0; i < 8; ++i) {
+      absl::StrAppend(&text, i % 2, "\t", i % 3 == 0 ? "" : "5", std::string(12, '\t'), "\t",
+                      i % 2 == 0 ? "a" : "b", "\t", absl::Hex(100 + i), std::string(24, '\t'),
+                      "\n");
+    }
+    const std::string path = absl::StrCat(::testing::TempDir(), "/trainer_test_criteo.tsv");
+    std::ofstream(path) << text;
+    config_.mutable_dataset()->set_format("criteo");
+    config_.mutable_dataset()->set_path(path);
+    config_.mutable_dataset()->set_test_path(path);
+    config_.set_num_classes(2);
+    config_.clear_sparse_tables();
+    *tables = EmbeddingTables(config_);
+    ASSERT_EQ(tables->size(), 27u);
+    for (const std::string& name : *tables) {
+      v1::SparseTableSpec* t = config_.add_sparse_tables();
+      t->set_name(name);
+      t->set_dim(4);
+    }
+    ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
+  }
+
   // What the clients made for re-shardings were made of and for.
   struct Connected {
     v1::ShardMap map;
@@ -927,29 +972,8 @@ TEST_F(TrainerTest, AnEmbeddingStepPullsItsBatchsRowsAndPushesTheirGradientsBefo
 // batch, in field order, then pushes every table's gradients for the same
 // ids, then the head's.
 TEST_F(TrainerTest, AnEmbeddingStepOfCriteoDataPullsAndPushesEveryFieldsTable) {
-  UseEmbeddingModel();
-  // Eight examples: C1 is "a" or "b", C2 one value each, C3 missing; I1 a
-  // count or missing, the other integers 0.
-  std::string text;
-  for (int i = 0; i < 8; ++i) {
-    absl::StrAppend(&text, i % 2, "\t", i % 3 == 0 ? "" : "5", std::string(12, '\t'), "\t",
-                    i % 2 == 0 ? "a" : "b", "\t", absl::Hex(100 + i), std::string(24, '\t'), "\n");
-  }
-  const std::string path = absl::StrCat(::testing::TempDir(), "/trainer_test_criteo.tsv");
-  std::ofstream(path) << text;
-  config_.mutable_dataset()->set_format("criteo");
-  config_.mutable_dataset()->set_path(path);
-  config_.mutable_dataset()->set_test_path(path);
-  config_.set_num_classes(2);
-  config_.clear_sparse_tables();
-  const std::vector<std::string> tables = EmbeddingTables(config_);
-  ASSERT_EQ(tables.size(), 27u);
-  for (const std::string& name : tables) {
-    v1::SparseTableSpec* t = config_.add_sparse_tables();
-    t->set_name(name);
-    t->set_dim(4);
-  }
-  ASSERT_TRUE(ValidateJobConfig(config_).ok()) << ValidateJobConfig(config_);
+  std::vector<std::string> tables;
+  ASSERT_NO_FATAL_FAILURE(UseCriteoTables(&tables));
   config_.set_steps(2);
   Trainer* trainer = MakeTrainer();
   ASSERT_TRUE(RunToEnd(trainer).ok());
@@ -980,6 +1004,22 @@ TEST_F(TrainerTest, AnEmbeddingStepOfCriteoDataPullsAndPushesEveryFieldsTable) {
     EXPECT_EQ(pulls[step * 27 + 2].second, std::vector<int64_t>{kCriteoMissingId});
     for (int64_t id : pulls[step * 27 + 26].second) EXPECT_EQ(id, 0);
   }
+}
+
+// A step's pull of its rows that fails on one table (a shard's wait ran
+// out) is tried again for that table only: the others' rows, read again,
+// could hold gradients their first read let in (ssp).
+TEST_F(TrainerTest, AStepsRowsTriedAgainAreReadOnlyForTheTableThatFailed) {
+  std::vector<std::string> tables;
+  ASSERT_NO_FATAL_FAILURE(UseCriteoTables(&tables));
+  config_.set_steps(1);
+  Trainer* trainer = MakeTrainer();
+  table_->FailNextPullOf(tables[1]);
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+  std::vector<std::string> want = tables;
+  want.push_back(tables[1]);  // its second attempt, after the other 25
+  EXPECT_EQ(table_->pulled_tables(), want);
+  EXPECT_EQ(table_->pushes().size(), 27u);
 }
 
 TEST_F(TrainerTest, AReShardingsRollBackMovesTheClientsToTheNewMapsShards) {

@@ -364,9 +364,9 @@ absl::Status UserWorker::PullRows(const std::string& table, absl::Span<const int
     // The sparse client of the map at hand (a roll-back may replace it).
     SparseShards* sparse = session_->sparse();
     const uint64_t clock = step_;
-    absl::Status s = session_->WaitToPull("rows", clock, [&] {
-      return sparse->Pull(table, ids, clock, kPullSlice, out);
-    });
+    SparseShards::PullProgress progress;  // an attempt reads what those before did not
+    absl::Status s = session_->WaitToPull(
+        "rows", clock, [&] { return sparse->Pull(table, ids, clock, kPullSlice, out, &progress); });
     if (s.ok()) return s;
     // Pushes a hook started (a program that reads rows after backward())
     // end before the roll-back's pull fills `params_`.
