@@ -9,9 +9,15 @@
 // hands it to calls TakeOverFromGrpc(object) first: a release and an
 // acquire on the object's address, the order gRPC guarantees, for that
 // object only, so a real race with any other thread is still reported.
-// Nothing outside TSan builds.
+// Nothing outside TSan builds. A server interceptor is made, run and
+// deleted on whichever of gRPC's threads its call is on: HandedOver makes
+// one that hands itself over at each.
 #ifndef GRPS_DAEMON_HAND_OVER_H_
 #define GRPS_DAEMON_HAND_OVER_H_
+
+#include <utility>
+
+#include "grpcpp/support/server_interceptor.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define GRPS_TSAN_HAND_OVER 1
@@ -44,6 +50,31 @@ inline void TakeOverFromGrpc(const void* object) {
   (void)object;
 #endif
 }
+
+// A server interceptor that does what `Hook` (a callable taking the
+// InterceptorBatchMethods*) does at each of its hook points, then proceeds;
+// handed over when made, taken over at each interception and before it is
+// deleted (in this, the most derived destructor, before any member or base
+// is touched).
+//
+//   struct Stamp { void operator()(grpc::experimental::InterceptorBatchMethods* m); };
+//   return new HandedOver<Stamp>(Stamp{...});  // CreateServerInterceptor
+template <typename Hook>
+class HandedOver final : public grpc::experimental::Interceptor {
+ public:
+  explicit HandedOver(Hook hook) : hook_(std::move(hook)) { HandOverToGrpc(this); }
+  ~HandedOver() override { TakeOverFromGrpc(this); }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    TakeOverFromGrpc(this);
+    hook_(methods);
+    HandOverToGrpc(this);  // Proceed may go on, and delete this, elsewhere
+    methods->Proceed();
+  }
+
+ private:
+  Hook hook_;
+};
 
 }  // namespace grps
 

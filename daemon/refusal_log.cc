@@ -65,34 +65,21 @@ bool RefusalLog::Note(absl::string_view method, grpc::StatusCode code,
 
 namespace {
 
-class RefusalLogInterceptor : public grpc::experimental::Interceptor {
- public:
-  // gRPC makes, runs and deletes an interceptor on whichever of its threads
-  // the call is on: each hands it over (daemon/hand_over.h).
-  explicit RefusalLogInterceptor(grpc::experimental::ServerRpcInfo* info) : info_(info) {
-    HandOverToGrpc(this);
-  }
-  ~RefusalLogInterceptor() override { TakeOverFromGrpc(this); }
+// Notes the call's status at PRE_SEND_STATUS when it is a refusal.
+struct NoteRefusal {
+  grpc::experimental::ServerRpcInfo* info;
 
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    TakeOverFromGrpc(this);
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      const grpc::Status status = methods->GetSendStatus();
-      if (IsRefusal(status.error_code())) {
-        const grpc::ServerContextBase* context = info_->server_context();
-        RefusalLog::Process().Note(info_->method() != nullptr ? info_->method() : "?",
-                                   status.error_code(),
-                                   context != nullptr ? context->peer() : std::string("?"),
-                                   status.error_message());
-      }
-    }
-    HandOverToGrpc(this);  // Proceed may go on, and delete this, elsewhere
-    methods->Proceed();
+  void operator()(grpc::experimental::InterceptorBatchMethods* methods) const {
+    if (!methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS))
+      return;
+    const grpc::Status status = methods->GetSendStatus();
+    if (!IsRefusal(status.error_code())) return;
+    const grpc::ServerContextBase* context = info->server_context();
+    RefusalLog::Process().Note(
+        info->method() != nullptr ? info->method() : "?", status.error_code(),
+        context != nullptr ? context->peer() : std::string("?"), status.error_message());
   }
-
- private:
-  grpc::experimental::ServerRpcInfo* const info_;
 };
 
 class RefusalLogInterceptorFactory
@@ -100,7 +87,7 @@ class RefusalLogInterceptorFactory
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new RefusalLogInterceptor(info);
+    return new HandedOver<NoteRefusal>(NoteRefusal{info});
   }
 };
 

@@ -47,7 +47,7 @@ ABSL_FLAG(std::string, tls_server_name, "",
 namespace grps {
 namespace {
 
-// The call's role, as RoleInterceptor writes it into the call's own metadata
+// The call's role, as GiveRole writes it into the call's own metadata
 // (a caller's header of that name is dropped first).
 constexpr char kRoleHeader[] = "grps-role";
 constexpr char kAdminRole[] = "admin";
@@ -100,7 +100,7 @@ struct TokenRoles {
   // The role of a call whose metadata carries exactly one "authorization:
   // Bearer <token>" header with one of the job's tokens; UNAUTHENTICATED,
   // saying why, otherwise. The one check the processor (which refuses) and
-  // RoleInterceptor (which tells the handlers) both apply.
+  // GiveRole (which tells the handlers) both apply.
   grpc::Status RoleOfCall(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
                           const char** role) const {
     *role = nullptr;
@@ -165,8 +165,8 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
                          kHealthPathPrefix))
       return grpc::Status::OK;
     // Nothing is written to the AuthContext: it is the connection's, shared
-    // by every call on it (RoleInterceptor gives each call its role), and
-    // the header stays in the call's metadata for RoleInterceptor to read.
+    // by every call on it (GiveRole gives each call its role), and
+    // the header stays in the call's metadata for GiveRole to read.
     const char* role = nullptr;
     return tokens.RoleOfCall(metadata, &role);
   }
@@ -180,35 +180,23 @@ class TokenProcessor : public grpc::AuthMetadataProcessor {
 // wrong token before this runs. The header lives in the call's metadata
 // map, which gRPC frees with the call, and the values are string literals:
 // nothing is shared between calls and nothing grows.
-class RoleInterceptor : public grpc::experimental::Interceptor {
- public:
-  // gRPC makes, runs and deletes an interceptor on whichever of its threads
-  // the call is on: each hands it over (daemon/hand_over.h; CI's TSan run
-  // once reported its delete on another thread than its new).
-  RoleInterceptor(const TokenRoles* tokens, bool auth_enabled)
-      : tokens_(tokens), auth_enabled_(auth_enabled) {
-    HandOverToGrpc(this);
-  }
-  ~RoleInterceptor() override { TakeOverFromGrpc(this); }
+// (HandedOver: gRPC makes, runs and deletes an interceptor on whichever of
+// its threads the call is on; CI's TSan run once reported its delete on
+// another thread than its new.)
+struct GiveRole {
+  const TokenRoles* tokens;  // owned by the factory, which outlives calls
+  bool auth_enabled;
 
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    TakeOverFromGrpc(this);
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      std::multimap<grpc::string_ref, grpc::string_ref>* metadata =
-          methods->GetRecvInitialMetadata();
-      metadata->erase(grpc::string_ref(kRoleHeader));
-      const char* role = kAdminRole;
-      if (auth_enabled_) tokens_->RoleOfCall(*metadata, &role).IgnoreError();
-      if (role != nullptr) metadata->emplace(kRoleHeader, role);
-    }
-    HandOverToGrpc(this);  // Proceed may go on, and delete this, elsewhere
-    methods->Proceed();
+  void operator()(grpc::experimental::InterceptorBatchMethods* methods) const {
+    if (!methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA))
+      return;
+    std::multimap<grpc::string_ref, grpc::string_ref>* metadata = methods->GetRecvInitialMetadata();
+    metadata->erase(grpc::string_ref(kRoleHeader));
+    const char* role = kAdminRole;
+    if (auth_enabled) tokens->RoleOfCall(*metadata, &role).IgnoreError();
+    if (role != nullptr) metadata->emplace(kRoleHeader, role);
   }
-
- private:
-  const TokenRoles* const tokens_;  // owned by the factory, which outlives calls
-  const bool auth_enabled_;
 };
 
 class RoleInterceptorFactory
@@ -219,7 +207,7 @@ class RoleInterceptorFactory
         auth_enabled_(config.auth_enabled()) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo*) override {
-    return new RoleInterceptor(&tokens_, auth_enabled_);
+    return new HandedOver<GiveRole>(GiveRole{&tokens_, auth_enabled_});
   }
 
  private:
