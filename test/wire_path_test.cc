@@ -213,13 +213,32 @@ TEST(WirePath, PushesTheShardsTookAlreadyAreRungAtTheirDoorbellsAndAppliedOnce) 
   }
 }
 
+// Two live workers' clients of a job of one tensor of `elements` on real
+// shards, each with its weights array.
+struct TwoWorkers {
+  TwoWorkers(const v1::JobConfig& job, int64_t elements)
+      : config(job),
+        map(MapOf(config, elements)),
+        shards(config, &map),
+        w0(config, map, 0, 1),
+        w1(config, map, 1, 1),
+        p0(w0.num_parameters()),
+        p1(w1.num_parameters()) {
+    shards.SetLiveWorkers(2);
+  }
+  const v1::JobConfig config;
+  v1::ShardMap map;  // the shards' addresses filled in by `shards`
+  InProcessShards shards;
+  ParameterClient w0, w1;
+  std::vector<float> p0, p1;
+};
+
 TEST(WirePath, FusedPushInSyncComesBackWithoutWeightsWhileTheStepIsOpen) {
-  v1::JobConfig config = Config(v1::MODE_SYNC, 2, 1);
-  v1::ShardMap map = MapOf(config, 1000);
-  InProcessShards shards(config, &map);
-  shards.SetLiveWorkers(2);
-  ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
-  std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
+  TwoWorkers job(Config(v1::MODE_SYNC, 2, 1), 1000);
+  ParameterClient& w0 = job.w0;
+  ParameterClient& w1 = job.w1;
+  std::vector<float>& p0 = job.p0;
+  std::vector<float>& p1 = job.p1;
   ASSERT_TRUE(w0.Pull(0, absl::Seconds(5), p0.data()).ok());
   ASSERT_TRUE(w1.Pull(0, absl::Seconds(5), p1.data()).ok());
   const std::vector<float> grads = Ramp(p0.size());
@@ -497,18 +516,13 @@ TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
 // Once a pull has read every part, the next pull of that clock reads them
 // all again: async's final weights (PullFinal) come after the last step's.
 TEST(WirePath, APullAfterAWholeOneOfTheSameClockReadsEveryShardAgain) {
-  v1::JobConfig config = Config(v1::MODE_ASYNC, 2, 2);
-  v1::ShardMap map = MapOf(config, 100000);
-  InProcessShards shards(config, &map);
-  shards.SetLiveWorkers(2);
-  ParameterClient w0(config, map, 0, 1), w1(config, map, 1, 1);
-  std::vector<float> p0(w0.num_parameters()), p1(w1.num_parameters());
-  ASSERT_TRUE(w0.Pull(1, absl::Seconds(5), p0.data()).ok());
-  const std::vector<float> grads(p1.size(), 2);
-  ASSERT_TRUE(w1.Wait(w1.PushAsync(0, grads.data(), 1)).ok());
-  ASSERT_TRUE(w0.Pull(1, absl::Seconds(5), p0.data()).ok());
-  EXPECT_FLOAT_EQ(p0.front(), -1);  // lr 1 over 2 workers
-  EXPECT_FLOAT_EQ(p0.back(), -1);
+  TwoWorkers job(Config(v1::MODE_ASYNC, 2, 2), 100000);
+  ASSERT_TRUE(job.w0.Pull(1, absl::Seconds(5), job.p0.data()).ok());
+  const std::vector<float> grads(job.p1.size(), 2);
+  ASSERT_TRUE(job.w1.Wait(job.w1.PushAsync(0, grads.data(), 1)).ok());
+  ASSERT_TRUE(job.w0.Pull(1, absl::Seconds(5), job.p0.data()).ok());
+  EXPECT_FLOAT_EQ(job.p0.front(), -1);  // lr 1 over 2 workers
+  EXPECT_FLOAT_EQ(job.p0.back(), -1);
 }
 
 // The same for a sparse table's rows: worker 0's pull of clock 1 reads

@@ -331,25 +331,21 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   const std::vector<int64_t>& offsets = sparse_batch.table_offsets();
   rows_.resize(sparse_batch.unique_ids().size() * dim);
   // The rows as of this clock, table by table: the pull waits at the shards
-  // as the dense one does.
-  // An attempt after one that failed reads only what that one did not: a
-  // table's rows read again could hold gradients their first read let in
-  // (ssp; SparseShards::Pull).
+  // as the dense one does. An attempt after one that failed reads only
+  // what that one did not: rows read again could hold gradients their
+  // first read let in (ssp; SparseShards::Pull).
   SparseShards& sparse = *session_->sparse();
   std::vector<SparseShards::PullProgress> progress(sparse_batch.num_fields());
-  if (absl::Status s =
-          session_->WaitToPull("embedding rows", step,
-                               [&] {
-                                 absl::Status failed;
-                                 for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
-                                   absl::Status pulled = sparse.Pull(
-                                       tables_[t], sparse_batch.table_ids(t), step, kPullSlice,
-                                       rows_.data() + offsets[t] * dim, &progress[t]);
-                                   if (failed.ok()) failed = pulled;
-                                 }
-                                 return failed;
-                               });
-      !s.ok())
+  auto pull_every_table = [&] {
+    absl::Status failed;
+    for (int32_t t = 0; t < sparse_batch.num_fields(); ++t) {
+      absl::Status pulled = sparse.Pull(tables_[t], sparse_batch.table_ids(t), step, kPullSlice,
+                                        rows_.data() + offsets[t] * dim, &progress[t]);
+      if (failed.ok()) failed = pulled;
+    }
+    return failed;
+  };
+  if (absl::Status s = session_->WaitToPull("embedding rows", step, pull_every_table); !s.ok())
     return s;
   embedding_->SetHeadParameters(host_params_.data());
   // accumulate_steps passes of batch_size over the step's examples.
