@@ -513,6 +513,24 @@ TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
   ExpectClock1();
 }
 
+// A whole pull of the same clock into another array (the final weights an
+// evaluation pulls, after training) does not end what this array has read:
+// its next pull still leaves shard 0 as it first read it. (The other pull
+// was a read of shard 1 too: this array's read of it is a second one.)
+TEST_F(SspReadsOfOneClock, AWholePullIntoAnotherArrayLeavesThisOnesPartsRead) {
+  ASSERT_TRUE(w0_->Wait(w0_->PushAsync(0, g0_.data(), 1)).ok());
+  const ParameterClient::Ticket t = PushOnlyA();
+  EXPECT_EQ(w0_->Pull(1, absl::Milliseconds(300), p0_.data()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EndStep0AndPushStep1(t);
+  std::vector<float> elsewhere(p0_.size());
+  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), elsewhere.data()).ok());
+  EXPECT_FLOAT_EQ(elsewhere[0], -2 - 100 / 2);  // worker 1's step 1 is in shard 0 now
+  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+  EXPECT_EQ(std::vector<float>(p0_.begin(), p0_.begin() + kElements),
+            std::vector<float>(kElements, -2));
+}
+
 // Once a pull has read every part, the next pull of that clock reads them
 // all again: async's final weights (PullFinal) come after the last step's.
 TEST(WirePath, APullAfterAWholeOneOfTheSameClockReadsEveryShardAgain) {

@@ -641,12 +641,13 @@ void ParameterClient::NoteRead(const Operation& op) {
   for (size_t i = 0; i < read.size(); ++i) read[i] = op.calls[i].status.ok() && op.calls[i].pulled;
   const bool all = std::all_of(read.begin(), read.end(), [](bool r) { return r; });
   absl::MutexLock lock(&read_mu_);
+  const bool same = !read_.parts.empty() && read_.clock == op.read_clock &&
+                    read_.generation == op.read_generation && read_.into == op.host_params;
   if (all) {
-    read_.parts.clear();  // the clock's weights are whole
+    if (same) read_.parts.clear();  // the clock's weights are whole there
     return;
   }
-  if (read_.parts.empty() || read_.clock != op.read_clock ||
-      read_.generation != op.read_generation || read_.into != op.host_params)
+  if (!same)
     read_ = ReadSoFar{op.read_clock, op.read_generation, op.host_params,
                       std::vector<bool>(read.size(), false)};
   for (size_t i = 0; i < read.size(); ++i) read_.parts[i] = read_.parts[i] || read[i];
