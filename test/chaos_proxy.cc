@@ -26,9 +26,10 @@ absl::StatusOr<std::unique_ptr<ChaosProxy>> ChaosProxy::Create(
     Options options) {
   if (options.backend.empty())
     return absl::InvalidArgumentError("chaos proxy: no backend address");
-  for (const auto& [name, p] : {std::pair{"drop_request", options.drop_request},
-                                std::pair{"drop_reply", options.drop_reply},
-                                std::pair{"duplicate", options.duplicate}}) {
+  for (const auto& [name, p] :
+       {std::pair{"drop_request", options.drop_request},
+        std::pair{"drop_reply", options.drop_reply}, std::pair{"duplicate", options.duplicate},
+        std::pair{"drop_pull_request", options.drop_pull_request}}) {
     if (absl::Status s = CheckProbability(name, p); !s.ok()) return s;
   }
   return std::unique_ptr<ChaosProxy>(new ChaosProxy(std::move(options)));
@@ -37,7 +38,8 @@ absl::StatusOr<std::unique_ptr<ChaosProxy>> ChaosProxy::Create(
 ChaosProxy::ChaosProxy(Options options)
     : options_(std::move(options)),
       stub_(v1::ParameterServer::NewStub(MakeChannel(options_.backend))),
-      rng_(options_.seed) {
+      rng_(options_.seed),
+      pull_rng_(options_.seed ^ 0x9e3779b97f4a7c15ULL) {
   echo_thread_ = std::thread([this] { EchoLoop(); });
 }
 
@@ -97,6 +99,16 @@ ChaosProxy::Decision ChaosProxy::Decide() {
     d.duplicate_delay = absl::Milliseconds(duplicate_delay_ms);
   }
   return d;
+}
+
+bool ChaosProxy::DropPullRequest() {
+  absl::MutexLock lock(&mu_);
+  if (options_.drop_pull_request <= 0 || counters_.dropped_pull_requests >= options_.max_faults)
+    return false;
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(pull_rng_) >= options_.drop_pull_request)
+    return false;
+  ++counters_.dropped_pull_requests;
+  return true;
 }
 
 template <typename Request, typename Response>
@@ -167,6 +179,11 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
   CountCall();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Owned by the completion callback, which runs exactly once.
+  if (DropPullRequest()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "chaos proxy: pull dropped before the shard"));
+    return reactor;
+  }
   grpc::ClientContext* forward =
       grpc::ClientContext::FromCallbackServerContext(*context).release();
   StartUnaryCall(

@@ -23,7 +23,15 @@
 //
 // Pulls (dense and sparse) and shard status are forwarded as they are (with
 // the caller's deadline and cancellation); a backend that is down answers
-// UNAVAILABLE through the proxy, as it would directly.
+// UNAVAILABLE through the proxy, as it would directly. One fault for dense
+// pulls, drawn from an RNG of its own (the pushes' decisions stay as the
+// seed makes them):
+//
+//   drop_pull_request  the pull is not forwarded; the client gets
+//                      UNAVAILABLE, so it pulls again. (A pull's reply is
+//                      never dropped: one the shard served counts as read
+//                      in ssp, and a worker cannot read it again without
+//                      seeing what that read let in: docs/consistency.md.)
 //
 // Thread safety: gRPC calls the handlers from many threads; counters() may
 // be called from any thread. The proxy must outlive the gRPC server that
@@ -57,6 +65,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     double drop_request = 0;  // probabilities in [0, 1]
     double drop_reply = 0;
     double duplicate = 0;
+    double drop_pull_request = 0;
     uint32_t max_delay_ms = 0;
     uint64_t max_faults = 1000;  // drops and duplicates, all together
   };
@@ -68,6 +77,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     uint64_t dropped_replies = 0;
     uint64_t duplicated = 0;  // second copies sent (their calls returned)
     uint64_t delayed = 0;     // pushes held back by a non-zero delay
+    uint64_t dropped_pull_requests = 0;  // not among `faults`; capped by max_faults too
     // Faults (drops and duplicates) decided so far; at max_faults they
     // stop. Duplicates decided but not yet sent: faults - dropped_requests
     // - dropped_replies - duplicated.
@@ -127,6 +137,8 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
 
   explicit ChaosProxy(Options options);
   Decision Decide() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the pull arriving now is dropped (counted).
+  bool DropPullRequest() ABSL_LOCKS_EXCLUDED(mu_);
   void CountCall() ABSL_LOCKS_EXCLUDED(mu_);
   void EchoLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -135,6 +147,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
 
   mutable absl::Mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 pull_rng_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<Echo> echoes_ ABSL_GUARDED_BY(mu_);  // unordered; few
   absl::CondVar echo_added_;  // an echo was queued, or stopping_ was set
