@@ -475,6 +475,17 @@ class SspReadsOfOneClock : public ::testing::Test {
     ASSERT_TRUE(w1_->Wait(w1_->PushAsync(1, next.data(), 1)).ok());
   }
 
+  // Worker 0 pushes step 0 and pulls clock 1, which reads shard 0 and
+  // times out on shard 1 (worker 1 pushed only "a"); then worker 1 ends
+  // step 0 and pushes step 1.
+  void PullThatTimesOutOnShard1ThenStep1() {
+    ASSERT_TRUE(w0_->Wait(w0_->PushAsync(0, g0_.data(), 1)).ok());
+    const ParameterClient::Ticket t = PushOnlyA();
+    EXPECT_EQ(w0_->Pull(1, absl::Milliseconds(300), p0_.data()).code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EndStep0AndPushStep1(t);
+  }
+
   // Worker 0's weights are clock 1's, as worker 1 read them: lr 1 over 2
   // workers, each gradient at half.
   void ExpectClock1() {
@@ -493,11 +504,7 @@ class SspReadsOfOneClock : public ::testing::Test {
 };
 
 TEST_F(SspReadsOfOneClock, APullThatTimedOutOnOneShardReadsOnlyThatShardAgain) {
-  ASSERT_TRUE(w0_->Wait(w0_->PushAsync(0, g0_.data(), 1)).ok());
-  const ParameterClient::Ticket t = PushOnlyA();
-  EXPECT_EQ(w0_->Pull(1, absl::Milliseconds(300), p0_.data()).code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EndStep0AndPushStep1(t);
+  ASSERT_NO_FATAL_FAILURE(PullThatTimesOutOnShard1ThenStep1());
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
   ExpectClock1();
 }
@@ -518,11 +525,7 @@ TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
 // its next pull still leaves shard 0 as it first read it. (The other pull
 // was a read of shard 1 too: this array's read of it is a second one.)
 TEST_F(SspReadsOfOneClock, AWholePullIntoAnotherArrayLeavesThisOnesPartsRead) {
-  ASSERT_TRUE(w0_->Wait(w0_->PushAsync(0, g0_.data(), 1)).ok());
-  const ParameterClient::Ticket t = PushOnlyA();
-  EXPECT_EQ(w0_->Pull(1, absl::Milliseconds(300), p0_.data()).code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EndStep0AndPushStep1(t);
+  ASSERT_NO_FATAL_FAILURE(PullThatTimesOutOnShard1ThenStep1());
   std::vector<float> elsewhere(p0_.size());
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), elsewhere.data()).ok());
   EXPECT_FLOAT_EQ(elsewhere[0], -2 - 100 / 2);  // worker 1's step 1 is in shard 0 now
