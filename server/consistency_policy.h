@@ -105,12 +105,12 @@ struct ChunkGradientMeta {
 
 // What became of an accepted gradient.
 enum class GradientFate {
-  kAggregated,  // sync: added to the open step
-  kApplied,     // async / ssp: applied now
-  kHeld,        // ssp: applied once every live worker has read its clock
-  kLateFolded,  // sync: its step completed; added to the open step
-  kLateDropped, // sync: its step completed; counted only
-  kTooStale,    // async / ssp: staler than max_staleness; counted only
+  kAggregated,   // sync: added to the open step
+  kApplied,      // async / ssp: applied now
+  kHeld,         // ssp: applied once every live worker has finished reading its clock - s
+  kLateFolded,   // sync: its step completed; added to the open step
+  kLateDropped,  // sync: its step completed; counted only
+  kTooStale,     // async / ssp: staler than max_staleness; counted only
 };
 
 bool IsLate(GradientFate fate);

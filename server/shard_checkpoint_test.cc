@@ -391,8 +391,9 @@ TEST(ShardStoreRestore, SspPullsAtTheRestoredStepAreServed) {
 
 TEST(ShardStoreRestore, SspHeldGradientIsNotInTheCheckpointAndIsAppliedAfterRestore) {
   // ssp(0), 2 workers: rank 0's step-0 gradient is held until rank 1 has
-  // read clock 0. A checkpoint now has neither the gradient nor a mark that
-  // says it was applied; after the restore the recomputed push is applied.
+  // pushed its own. A checkpoint now has neither the gradient nor a mark
+  // that says it was applied; after the restore the recomputed push is
+  // applied.
   auto store = MakeStore(SspConfig(2, 0), SmallTensors(1));
   const std::vector<float> init = Values(*store, 0);
   ASSERT_TRUE(PullAt(*store, 0, 0).ok());
@@ -412,8 +413,10 @@ TEST(ShardStoreRestore, SspHeldGradientIsNotInTheCheckpointAndIsAppliedAfterRest
   auto again = Send(*store, {0, 0, 0, {1, 1, 1, 1}});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->duplicates, 0u);
-  EXPECT_EQ(Values(*store, 0), init);  // held again, until rank 1 reads clock 0
+  EXPECT_EQ(Values(*store, 0), init);  // held again, until rank 1 pushes clock 0
   ASSERT_TRUE(PullAt(*store, 1, 0).ok());
+  EXPECT_EQ(Values(*store, 0), init);  // a read lets nothing in
+  ASSERT_TRUE(Send(*store, {1, 0, 0, {0, 0, 0, 0}}).ok());
   EXPECT_NE(Values(*store, 0), init);  // applied
 }
 

@@ -2,11 +2,11 @@
 //
 // Clocks. A worker's clock is its step (PushRequest.step / PullRequest.clock).
 // Per rank the chunk keeps the clocks it has applied (one past the newest
-// step applied) and read (the newest clock a pull was served at). A worker
-// that comes back after being declared dead, or restarts as a new
-// incarnation, rejoins at the slowest live worker's clock: its own clocks are
-// shifted by an offset fixed at its first pull, so that it neither stalls the
-// others while it catches up nor races ahead of them.
+// step applied) and finished reading (below). A worker that comes back after
+// being declared dead, or restarts as a new incarnation, rejoins at the
+// slowest live worker's clock: its own clocks are shifted by an offset fixed
+// at its first pull, so that it neither stalls the others while it catches up
+// nor races ahead of them.
 //
 // Pulls. A pull at clock c waits until every live worker has applied clock
 // c - s, i.e. the slowest live worker is at most s clocks behind. Workers
@@ -15,14 +15,17 @@
 //
 // Pushes. A gradient of clock c is applied on arrival as in async (learning
 // rate AsyncLearningRate, staleness measured, max_staleness refused and
-// counted) once every live worker has read clock c - s; until then it is
-// held. The hold bounds reads from both sides: a worker's first read at
-// clock c sees no update of clock c + s or later (a read again of the same
-// clock could: the workers' clients never read a chunk twice at one clock,
-// worker/parameter_shards.h). With s = 0 every worker computes clock c on
-// exactly the weights after clocks 0..c-1, which makes ssp(0) with SGD
-// produce the weights of sync; with large s it is async. Too-stale is judged
-// on arrival.
+// counted) once every live worker has finished reading clock c - s; until
+// then it is held. A worker has finished reading clock c once it pushes a
+// gradient of clock c (computed on what it read) or pulls clock c + 1: it
+// reads no clock up to c again. Serving a pull is not enough: its reply can
+// be lost on the way (a connection broken mid-reply), and the worker, which
+// cannot tell that from a pull the shard never saw, reads the same clock
+// again; until it pushes, it gets the same values. So every read at clock c,
+// a first one or one again, sees no update of clock c + s or later. With s =
+// 0 every worker computes clock c on exactly the weights after clocks
+// 0..c-1, which makes ssp(0) with SGD produce the weights of sync; with large
+// s it is async. Too-stale is judged on arrival.
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -42,7 +45,7 @@ class SspPolicy final : public ChunkPolicy {
         s_(config.staleness_bound()),
         workers_(JobRanks(config)),
         applied_(workers_, 0),
-        read_(workers_, -1),
+        finished_(workers_, -1),
         offset_(workers_, 0),
         rejoining_(workers_, false),
         was_live_(workers_, true),
@@ -50,10 +53,13 @@ class SspPolicy final : public ChunkPolicy {
 
   GradientFate Accept(const ChunkGradientMeta& g, const GradientRef& grad,
                       UpdateTarget& chunk, const LiveSet& live) override {
-    const uint64_t staleness = chunk.version() - g.base_version;
-    if (TooStale(config_, staleness))
-      return GradientFate::kTooStale;
+    const uint64_t staleness = chunk.version() - g.base_version;  // on arrival
     const int64_t clock = Effective(g.rank, g.clock);
+    // Its gradient of `clock` says the rank is done reading it, whatever
+    // becomes of the gradient; that may let in others' held gradients.
+    Finished(g.rank, clock);
+    ReleaseHeld(chunk, live);
+    if (TooStale(config_, staleness)) return GradientFate::kTooStale;
     if (!FenceOpen(clock, live)) {
       std::unique_ptr<GradientBuffer> copy = chunk.NewBuffer();
       copy->Add(grad);
@@ -76,22 +82,23 @@ class SspPolicy final : public ChunkPolicy {
       offset_[rank] =
           slowest != kNone && slowest > own ? slowest - own : 0;
       applied_[rank] = std::max(applied_[rank], own + offset_[rank]);
+      Finished(rank, own + offset_[rank] - 1);  // it reads nothing older
     }
     const int64_t slowest = SlowestApplied(live, kNobody);
     return slowest == kNone || slowest >= Effective(rank, clock) - s_;
   }
 
+  // A read of clock c finishes the reading of c - 1, not of c: its reply
+  // may never reach the worker.
   bool Served(uint32_t rank, uint64_t clock, UpdateTarget& chunk,
               const LiveSet& live) override {
-    read_[rank] = std::max(read_[rank], Effective(rank, clock));
+    Finished(rank, Effective(rank, clock) - 1);
     return ReleaseHeld(chunk, live);
   }
 
-  bool ServedWithoutClock(uint32_t rank, UpdateTarget& chunk,
-                          const LiveSet& live) override {
-    read_[rank] = std::max(read_[rank], applied_[rank]);
-    return ReleaseHeld(chunk, live);
-  }
+  // A read without a clock is no step of the rank's (a final-weights read,
+  // a tool's): it finishes nothing.
+  bool ServedWithoutClock(uint32_t, UpdateTarget&, const LiveSet&) override { return false; }
 
   bool LiveSetChanged(UpdateTarget& chunk, const LiveSet& live) override {
     for (uint32_t r = 0; r < workers_; ++r) {
@@ -113,9 +120,12 @@ class SspPolicy final : public ChunkPolicy {
   bool Duplicate(const ChunkGradientMeta& g, UpdateTarget& chunk,
                  const LiveSet& live) override {
     const int64_t clock = Effective(g.rank, g.clock);
-    for (const Held& h : held_)
-      if (h.rank == g.rank && h.clock <= clock) return false;  // not applied yet
-    applied_[g.rank] = std::max(applied_[g.rank], clock + 1);
+    Finished(g.rank, clock);
+    // Its first copy may still be held: then it is not applied yet.
+    const bool held = std::any_of(held_.begin(), held_.end(), [&](const Held& h) {
+      return h.rank == g.rank && h.clock <= clock;
+    });
+    if (!held) applied_[g.rank] = std::max(applied_[g.rank], clock + 1);
     return ReleaseHeld(chunk, live);
   }
 
@@ -147,8 +157,8 @@ class SspPolicy final : public ChunkPolicy {
       }
       const int64_t step = static_cast<int64_t>(resume_steps[r]);
       rejoining_[r] = false;
-      applied_[r] = step;   // clocks 0..step-1 are in the checkpoint
-      read_[r] = step - 1;  // and were computed on what it read before
+      applied_[r] = step;       // clocks 0..step-1 are in the checkpoint
+      finished_[r] = step - 1;  // and were computed on what it read before
     }
   }
 
@@ -194,10 +204,14 @@ class SspPolicy final : public ChunkPolicy {
     return slowest;
   }
 
-  // Every live worker has read clock `clock - s`.
+  void Finished(uint32_t rank, int64_t clock) {
+    finished_[rank] = std::max(finished_[rank], clock);
+  }
+
+  // Every live worker has finished reading clock `clock - s`.
   bool FenceOpen(int64_t clock, const LiveSet& live) const {
     for (uint32_t r = 0; r < workers_; ++r)
-      if (Counts(r, live) && read_[r] < clock - s_) return false;
+      if (Counts(r, live) && finished_[r] < clock - s_) return false;
     return true;
   }
 
@@ -231,7 +245,7 @@ class SspPolicy final : public ChunkPolicy {
   const uint32_t workers_;
   // By rank, in effective clocks (own clock + offset).
   std::vector<int64_t> applied_;
-  std::vector<int64_t> read_;
+  std::vector<int64_t> finished_;  // the newest clock it reads no more
   std::vector<int64_t> offset_;
   std::vector<bool> rejoining_;  // back in the live set, offset not fixed yet
   std::vector<bool> was_live_;

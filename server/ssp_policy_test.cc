@@ -38,15 +38,52 @@ TEST(SspPolicy, APullWaitsUntilTheSlowestLiveWorkerIsWithinSClocks) {
   EXPECT_TRUE(ssp.policy->ReadyToServe(0, 2, ssp.chunk, ssp.live));
 }
 
-TEST(SspPolicy, AGradientIsHeldUntilEveryLiveWorkerReadItsClockMinusS) {
+TEST(SspPolicy, AGradientIsHeldUntilEveryLiveWorkerPushedItsClockMinusS) {
   Ssp ssp(2, /*bound=*/0);
   EXPECT_EQ(ssp.Push(0, 0), GradientFate::kHeld);
   EXPECT_EQ(ssp.policy->held(), 1u);
   EXPECT_FALSE(ssp.policy->Served(0, 0, ssp.chunk, ssp.live));
+  EXPECT_FALSE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live)) << "a read's reply can be lost";
   EXPECT_TRUE(ssp.chunk.updates.empty());
-  EXPECT_TRUE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live));
-  EXPECT_EQ(ssp.chunk.updates.size(), 1u);
+  EXPECT_EQ(ssp.Push(1, 0), GradientFate::kApplied);
+  EXPECT_EQ(ssp.chunk.updates.size(), 2u);
   EXPECT_EQ(ssp.policy->held(), 0u);
+}
+
+TEST(SspPolicy, AReadAgainAfterALostReplyGetsTheSameValues) {
+  Ssp ssp(2, /*bound=*/0);
+  ssp.policy->Served(0, 0, ssp.chunk, ssp.live);
+  ssp.policy->Served(1, 0, ssp.chunk, ssp.live);  // its reply never reaches rank 1
+  EXPECT_EQ(ssp.Push(0, 0), GradientFate::kHeld);
+  const uint64_t version = ssp.chunk.version();
+  ASSERT_TRUE(ssp.policy->ReadyToServe(1, 0, ssp.chunk, ssp.live));
+  ssp.policy->Served(1, 0, ssp.chunk, ssp.live);  // rank 1 reads clock 0 again
+  EXPECT_EQ(ssp.chunk.version(), version) << "rank 1's second read saw rank 0's clock 0";
+  EXPECT_EQ(ssp.Push(1, 0), GradientFate::kApplied);
+  EXPECT_EQ(ssp.chunk.version(), version + 2);
+}
+
+TEST(SspPolicy, APullOfTheNextClockFinishesTheReadOfThisOne) {
+  Ssp ssp(2, /*bound=*/1);
+  EXPECT_EQ(ssp.Push(0, 1), GradientFate::kHeld) << "rank 1 may still read clock 0";
+  EXPECT_FALSE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live));
+  EXPECT_TRUE(ssp.policy->Served(1, 1, ssp.chunk, ssp.live));
+  EXPECT_EQ(ssp.chunk.updates.size(), 1u);
+}
+
+TEST(SspPolicy, ATooStaleGradientStillFinishesItsRanksRead) {
+  Ssp ssp(2, /*bound=*/0);
+  ssp.config.set_max_staleness(1);
+  ssp.policy = MakeSspPolicy(ssp.config);
+  EXPECT_EQ(ssp.Push(0, 0), GradientFate::kHeld);
+  EXPECT_EQ(ssp.policy->Accept({1, 1, 0, 0}, Grad({1}), ssp.chunk, ssp.live),
+            GradientFate::kApplied);
+  ASSERT_EQ(ssp.chunk.version(), 2u);
+  EXPECT_EQ(ssp.policy->Accept({0, 1, 1, 0}, Grad({1}), ssp.chunk, ssp.live),
+            GradientFate::kTooStale);
+  EXPECT_EQ(ssp.policy->Accept({1, 1, 1, 2}, Grad({1}), ssp.chunk, ssp.live),
+            GradientFate::kApplied)
+      << "rank 0's too-stale gradient of clock 1 did not finish its read of clock 1";
 }
 
 TEST(SspPolicy, AHeldGradientKeepsItsProgramsOptimizerUntilItIsApplied) {
@@ -57,11 +94,11 @@ TEST(SspPolicy, AHeldGradientKeepsItsProgramsOptimizerUntilItIsApplied) {
     program.set_learning_rate(0.8f);
     EXPECT_EQ(ssp.Push(0, 0, &program), GradientFate::kHeld);
   }
-  EXPECT_FALSE(ssp.policy->Served(0, 0, ssp.chunk, ssp.live));
-  EXPECT_TRUE(ssp.policy->Served(1, 0, ssp.chunk, ssp.live));
-  ASSERT_EQ(ssp.chunk.updates.size(), 1u);
-  ASSERT_TRUE(ssp.chunk.updates[0].optimizer.has_value());
+  EXPECT_EQ(ssp.Push(1, 0), GradientFate::kApplied);
+  ASSERT_EQ(ssp.chunk.updates.size(), 2u);
+  ASSERT_TRUE(ssp.chunk.updates[0].optimizer.has_value());  // rank 0's, released first
   EXPECT_FLOAT_EQ(ssp.chunk.updates[0].lr, 0.4f);
+  EXPECT_FALSE(ssp.chunk.updates[1].optimizer.has_value());
 }
 
 TEST(SspPolicy, ADeadWorkerHoldsNobody) {
@@ -74,12 +111,11 @@ TEST(SspPolicy, ADeadWorkerHoldsNobody) {
   EXPECT_EQ(ssp.chunk.updates.size(), 1u);
 }
 
-TEST(SspPolicy, AReadWithoutAClockCountsAtTheRanksOwnProgress) {
+TEST(SspPolicy, AReadWithoutAClockFinishesNothing) {
   Ssp ssp(2, /*bound=*/0);
-  ssp.policy->Served(0, 0, ssp.chunk, ssp.live);
   EXPECT_EQ(ssp.Push(0, 0), GradientFate::kHeld);
-  EXPECT_TRUE(ssp.policy->ServedWithoutClock(1, ssp.chunk, ssp.live));
-  EXPECT_EQ(ssp.chunk.updates.size(), 1u);
+  EXPECT_FALSE(ssp.policy->ServedWithoutClock(1, ssp.chunk, ssp.live));
+  EXPECT_EQ(ssp.policy->held(), 1u);
 }
 
 TEST(SspPolicy, AGradientStalerThanMaxStalenessIsTooStale) {

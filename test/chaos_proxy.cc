@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<ChaosProxy>> ChaosProxy::Create(
   for (const auto& [name, p] :
        {std::pair{"drop_request", options.drop_request},
         std::pair{"drop_reply", options.drop_reply}, std::pair{"duplicate", options.duplicate},
-        std::pair{"drop_pull_request", options.drop_pull_request}}) {
+        std::pair{"drop_pull_request", options.drop_pull_request},
+        std::pair{"drop_pull_reply", options.drop_pull_reply}}) {
     if (absl::Status s = CheckProbability(name, p); !s.ok()) return s;
   }
   return std::unique_ptr<ChaosProxy>(new ChaosProxy(std::move(options)));
@@ -101,14 +102,24 @@ ChaosProxy::Decision ChaosProxy::Decide() {
   return d;
 }
 
-bool ChaosProxy::DropPullRequest() {
+ChaosProxy::PullDecision ChaosProxy::DecidePull() {
   absl::MutexLock lock(&mu_);
-  if (options_.drop_pull_request <= 0 || counters_.dropped_pull_requests >= options_.max_faults)
-    return false;
-  if (std::uniform_real_distribution<double>(0.0, 1.0)(pull_rng_) >= options_.drop_pull_request)
-    return false;
-  ++counters_.dropped_pull_requests;
-  return true;
+  PullDecision d;
+  if (options_.drop_pull_request <= 0 && options_.drop_pull_reply <= 0) return d;
+  // Always two draws, as Decide's five.
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const double drop_request = unit(pull_rng_);
+  const double drop_reply = unit(pull_rng_);
+  if (drop_request < options_.drop_pull_request &&
+      counters_.dropped_pull_requests < options_.max_faults) {
+    ++counters_.dropped_pull_requests;
+    d.drop_request = true;
+  } else if (drop_reply < options_.drop_pull_reply &&
+             counters_.dropped_pull_replies < options_.max_faults) {
+    ++counters_.dropped_pull_replies;
+    d.drop_reply = true;
+  }
+  return d;
 }
 
 template <typename Request, typename Response>
@@ -179,7 +190,8 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
   CountCall();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Owned by the completion callback, which runs exactly once.
-  if (DropPullRequest()) {
+  const PullDecision decision = DecidePull();
+  if (decision.drop_request) {
     reactor->Finish(
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "chaos proxy: pull dropped before the shard"));
     return reactor;
@@ -188,8 +200,13 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
       grpc::ClientContext::FromCallbackServerContext(*context).release();
   StartUnaryCall(
       [&](grpc::ClientUnaryReactor* r) { stub_->async()->Pull(forward, request, response, r); },
-      [reactor, forward](grpc::Status status) {
+      [reactor, forward, response, drop_reply = decision.drop_reply](grpc::Status status) {
         delete forward;
+        if (drop_reply && status.ok()) {
+          response->Clear();
+          status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                "chaos proxy: pull reply dropped after the shard served it");
+        }
         reactor->Finish(status);
       });
   return reactor;

@@ -28,10 +28,11 @@
 // seed makes them):
 //
 //   drop_pull_request  the pull is not forwarded; the client gets
-//                      UNAVAILABLE, so it pulls again. (A pull's reply is
-//                      never dropped: one the shard served counts as read
-//                      in ssp, and a worker cannot read it again without
-//                      seeing what that read let in: docs/consistency.md.)
+//                      UNAVAILABLE, so it pulls again.
+//   drop_pull_reply    the pull is forwarded and served, but the client
+//                      gets UNAVAILABLE, so it pulls the same clock again
+//                      from a shard that has already served it (in ssp the
+//                      shard must answer the same values: docs/consistency.md).
 //
 // Thread safety: gRPC calls the handlers from many threads; counters() may
 // be called from any thread. The proxy must outlive the gRPC server that
@@ -66,6 +67,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     double drop_reply = 0;
     double duplicate = 0;
     double drop_pull_request = 0;
+    double drop_pull_reply = 0;
     uint32_t max_delay_ms = 0;
     uint64_t max_faults = 1000;  // drops and duplicates, all together
   };
@@ -77,7 +79,9 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     uint64_t dropped_replies = 0;
     uint64_t duplicated = 0;  // second copies sent (their calls returned)
     uint64_t delayed = 0;     // pushes held back by a non-zero delay
-    uint64_t dropped_pull_requests = 0;  // not among `faults`; capped by max_faults too
+    // Not among `faults`; each capped by max_faults too.
+    uint64_t dropped_pull_requests = 0;
+    uint64_t dropped_pull_replies = 0;
     // Faults (drops and duplicates) decided so far; at max_faults they
     // stop. Duplicates decided but not yet sent: faults - dropped_requests
     // - dropped_replies - duplicated.
@@ -137,8 +141,12 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
 
   explicit ChaosProxy(Options options);
   Decision Decide() ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the pull arriving now is dropped (counted).
-  bool DropPullRequest() ABSL_LOCKS_EXCLUDED(mu_);
+  // What happens to one dense pull, drawn when it arrives (counted).
+  struct PullDecision {
+    bool drop_request = false;
+    bool drop_reply = false;
+  };
+  PullDecision DecidePull() ABSL_LOCKS_EXCLUDED(mu_);
   void CountCall() ABSL_LOCKS_EXCLUDED(mu_);
   void EchoLoop() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -125,9 +125,14 @@ struct Outcome {
 // Trains kSteps with kWorkers workers on `data` (step s of rank r uses the
 // kBatch examples from (s * kWorkers + r) * kBatch), through a ChaosProxy in
 // front of every shard when `chaos`, and reads the final weights directly.
-// `drop_pull_request`: the proxies' (EveryFault has none).
+// The proxies' faults of pulls (EveryFault has none).
+struct PullFaults {
+  double drop_request = 0;
+  double drop_reply = 0;
+};
+
 Outcome Train(const Data& data, bool chaos, const v1::JobConfig& config,
-              double drop_pull_request = 0) {
+              PullFaults pull_faults = {}) {
   const uint32_t servers = config.num_servers();
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), servers, config.chunk_bytes());
   InProcessShards shards(config, &map);
@@ -136,7 +141,8 @@ Outcome Train(const Data& data, bool chaos, const v1::JobConfig& config,
   if (chaos) {
     for (uint32_t s = 0; s < servers; ++s) {
       ChaosProxy::Options options = EveryFault(map.shards(s).address(), /*seed=*/100 + s);
-      options.drop_pull_request = drop_pull_request;
+      options.drop_pull_request = pull_faults.drop_request;
+      options.drop_pull_reply = pull_faults.drop_reply;
       proxies.push_back(std::make_unique<ServedProxy>(std::move(options)));
       worker_map.mutable_shards(s)->set_address(proxies.back()->address());
     }
@@ -245,7 +251,10 @@ TEST(ChaosProxy, SyncTrainingThroughDropsDuplicatesAndDelaysEqualsDirectTraining
 // proxy dropped was served by the other shard: a worker that read that
 // shard again could read the other worker's next step, which the first
 // read let in (docs/consistency.md, ssp); the retry reads only the shard it
-// missed.
+// missed. A pull whose reply a proxy dropped was served by its own shard,
+// and the worker reads that shard again: the shard must answer the same
+// values, so no read lets in another worker's gradient of its clock; only
+// the reader's push of that clock does.
 TEST(ChaosProxy, SspZeroThroughDropsDuplicatesAndDelaysEndsWithSyncsWeights) {
   const Data data = MakeData(kBatch * kWorkers * kSteps);
   auto config = [](v1::ConsistencyMode mode) {
@@ -259,11 +268,15 @@ TEST(ChaosProxy, SspZeroThroughDropsDuplicatesAndDelaysEndsWithSyncsWeights) {
     return c;
   };
   const Outcome sync = Train(data, /*chaos=*/false, config(v1::MODE_SYNC));
-  const Outcome ssp = Train(data, /*chaos=*/true, config(v1::MODE_SSP), /*drop_pull_request=*/0.15);
-  uint64_t dropped_pull_requests = 0;
-  for (const ChaosProxy::Counters& c : ssp.proxies)
+  const Outcome ssp = Train(data, /*chaos=*/true, config(v1::MODE_SSP),
+                            PullFaults{/*drop_request=*/0.1, /*drop_reply=*/0.15});
+  uint64_t dropped_pull_requests = 0, dropped_pull_replies = 0;
+  for (const ChaosProxy::Counters& c : ssp.proxies) {
     dropped_pull_requests += c.dropped_pull_requests;
+    dropped_pull_replies += c.dropped_pull_replies;
+  }
   EXPECT_GT(dropped_pull_requests, 0u);
+  EXPECT_GT(dropped_pull_replies, 0u) << "no pull was read twice: the test proves nothing";
   ASSERT_EQ(ssp.weights.size(), sync.weights.size());
   double diff = 0, norm = 0;
   for (size_t i = 0; i < sync.weights.size(); ++i) {
@@ -454,6 +467,30 @@ TEST_F(ChaosProxyCounters, ADroppedReplyIsAppliedAndItsRetryIsADuplicate) {
   EXPECT_EQ(c.dropped_requests + c.duplicated, 0u);
 }
 
+TEST_F(ChaosProxyCounters, APullWhoseReplyIsDroppedWasServedByTheShard) {
+  ChaosProxy::Options o = Only(/*max_faults=*/1);
+  o.drop_pull_reply = 1.0;
+  ServedProxy proxy(o);
+  auto stub = proxy.NewStub();
+  v1::PullRequest pull;
+  pull.set_job_id(config_.job_id());
+  pull.set_timeout_ms(5000);
+  auto code = [&] {
+    v1::PullResponse pulled;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub->Pull(&context, pull, &pulled).error_code();
+  };
+  EXPECT_EQ(code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(shards_->store(0).ShardStatus().pulls(), chunks())  // counted per chunk
+      << "the shard never served the pull";
+  EXPECT_EQ(code(), grpc::StatusCode::OK);  // the cap is reached
+  const ChaosProxy::Counters c = proxy.counters();
+  EXPECT_EQ(c.dropped_pull_replies, 1u);
+  EXPECT_EQ(c.dropped_pull_requests, 0u);
+  EXPECT_EQ(shards_->store(0).ShardStatus().pulls(), 2 * chunks());
+}
+
 TEST_F(ChaosProxyCounters, ADuplicatedPushReachesTheShardTwiceAndIsAppliedOnce) {
   ChaosProxy::Options o = Only(/*max_faults=*/2);
   o.duplicate = 1.0;
@@ -550,6 +587,9 @@ TEST(ChaosProxyOptions, BadOptionsAreRefused) {
   o.duplicate = -0.1;
   EXPECT_EQ(ChaosProxy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.duplicate = 0;
+  o.drop_pull_reply = 2;
+  EXPECT_EQ(ChaosProxy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.drop_pull_reply = 0;
   EXPECT_TRUE(ChaosProxy::Create(o).ok());
 }
 

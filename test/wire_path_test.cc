@@ -426,10 +426,11 @@ TEST(WirePath, GarbagePushIsRefusedAndChangesNothing) {
 // ssp(0) (sync's weights) over two shards with a tensor each, "a" on shard
 // 0 and "b" on shard 1: worker 0 reads clock 1 of shard 0 while shard 1's
 // step is still open (worker 1 has pushed only "a"). Worker 1 then ends
-// step 0 and pushes step 1, which shard 0 applies at once: both workers
-// have read clock 1 there. Worker 0's next pull of clock 1 reads shard 1
-// only; read again, shard 0 would give it worker 1's step 1 (a future
-// gradient, in the weights of a step that must equal sync's).
+// step 0 and pushes step 1, which shard 0 holds until worker 0 pushes its
+// step 1 (worker 0's read of clock 1 does not let it in: that read's reply
+// could have been lost). Worker 0's next pull of clock 1 reads shard 1
+// only (what it read of shard 0 stays as read; no bytes come twice), and
+// its weights are clock 1's, with no gradient of step 1 in them.
 class SspReadsOfOneClock : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -486,6 +487,14 @@ class SspReadsOfOneClock : public ::testing::Test {
     EndStep0AndPushStep1(t);
   }
 
+  // Shard 0's pulls served so far (counted per chunk).
+  uint64_t Shard0Pulls() const { return shards_->store(0).ShardStatus().pulls(); }
+
+  // Worker 1's step 1 waits at shard 0 for worker 0's push of step 1.
+  void ExpectStep1HeldAtShard0() const {
+    EXPECT_EQ(shards_->store(0).ShardStatus().held_gradients(), 1u);
+  }
+
   // Worker 0's weights are clock 1's, as worker 1 read them: lr 1 over 2
   // workers, each gradient at half.
   void ExpectClock1() {
@@ -505,7 +514,10 @@ class SspReadsOfOneClock : public ::testing::Test {
 
 TEST_F(SspReadsOfOneClock, APullThatTimedOutOnOneShardReadsOnlyThatShardAgain) {
   ASSERT_NO_FATAL_FAILURE(PullThatTimesOutOnShard1ThenStep1());
+  ExpectStep1HeldAtShard0();
+  const uint64_t read = Shard0Pulls();
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again";
   ExpectClock1();
 }
 
@@ -516,22 +528,27 @@ TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_FALSE(pushed->pulled);
   EndStep0AndPushStep1(t);
+  ExpectStep1HeldAtShard0();
+  const uint64_t read = Shard0Pulls();
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again";
   ExpectClock1();
 }
 
 // A whole pull of the same clock into another array (the final weights an
 // evaluation pulls, after training) does not end what this array has read:
-// its next pull still leaves shard 0 as it first read it. (The other pull
-// was a read of shard 1 too: this array's read of it is a second one.)
+// its next pull still leaves shard 0 as it first read it. Shard 0, read
+// again by the other pull, answers clock 1's values once more.
 TEST_F(SspReadsOfOneClock, AWholePullIntoAnotherArrayLeavesThisOnesPartsRead) {
   ASSERT_NO_FATAL_FAILURE(PullThatTimesOutOnShard1ThenStep1());
   std::vector<float> elsewhere(p0_.size());
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), elsewhere.data()).ok());
-  EXPECT_FLOAT_EQ(elsewhere[0], -2 - 100 / 2);  // worker 1's step 1 is in shard 0 now
+  EXPECT_FLOAT_EQ(elsewhere[0], -2);  // clock 1's "a": worker 1's step 1 still held
+  ExpectStep1HeldAtShard0();
+  const uint64_t read = Shard0Pulls();
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
-  EXPECT_EQ(std::vector<float>(p0_.begin(), p0_.begin() + kElements),
-            std::vector<float>(kElements, -2));
+  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again into this array";
+  ExpectClock1();
 }
 
 // Once a pull has read every part, the next pull of that clock reads them
@@ -548,8 +565,8 @@ TEST(WirePath, APullAfterAWholeOneOfTheSameClockReadsEveryShardAgain) {
 
 // The same for a sparse table's rows: worker 0's pull of clock 1 reads
 // shard 0's rows and times out on shard 1's; worker 1 ends step 0 and
-// pushes step 1, which shard 0 applies at once. The next attempt of the
-// pull, given what the first read, reads shard 1 only.
+// pushes step 1, which shard 0 holds until worker 0 pushes its step 1. The
+// next attempt of the pull, given what the first read, reads shard 1 only.
 TEST(WirePath, AnSspPullOfRowsTriedAgainReadsOnlyTheShardsItHasNotRead) {
   v1::JobConfig config = Config(v1::MODE_SSP, 2, 2);
   config.set_staleness_bound(0);
@@ -592,7 +609,10 @@ TEST(WirePath, AnSspPullOfRowsTriedAgainReadsOnlyTheShardsItHasNotRead) {
   ASSERT_TRUE(w1.Pull("emb", ids, 1, absl::Seconds(5), rows1.data()).ok());
   const std::vector<float> hundreds(ids.size() * kDim, 100);
   ASSERT_TRUE(w1.Push("emb", 1, ids, hundreds.data(), ParameterClient::RetryPolicy()).ok());
+  EXPECT_EQ(shards.store(0).ShardStatus().held_gradients(), 1u);  // worker 1's step 1
+  const uint64_t read = shards.store(0).ShardStatus().pulls();
   ASSERT_TRUE(w0.Pull("emb", ids, 1, absl::Seconds(5), rows0.data(), &progress).ok());
+  EXPECT_EQ(shards.store(0).ShardStatus().pulls(), read) << "shard 0's rows were read again";
   EXPECT_EQ(rows0, rows1);  // clock 1's rows: both step-0 gradients, no step 1
 }
 

@@ -81,10 +81,10 @@ class ParameterShards {
   // attempt: the caller decides whether to try again. A pull that follows
   // one of the same clock, generation and `host_params` that read only
   // some of the weights (a pull or fused pull that failed or timed out in
-  // part) reads only the rest: read again, a part could hold gradients its
-  // first read let the shard apply (ssp: once every worker has read clock
-  // c, their gradients of clock c + s go in), and the weights of one clock
-  // would mix two.
+  // part) reads only the rest: what it read stays as read (one clock's
+  // weights; in ssp(0) the shard would answer the same, in ssp(s) what it
+  // answers again may hold later updates within the bound), and no bytes
+  // come twice.
   virtual absl::Status Pull(uint64_t clock, absl::Duration timeout, float* host_params) = 0;
 
   // Pushes the gradient of `step` (num_parameters() floats from host_grads,

@@ -51,9 +51,8 @@ class SparseShards {
   // (ids.size() x dim floats, in the order of ids), as of `clock`, waiting
   // at the shards at most `timeout`. One attempt. With `progress` (from
   // the attempts before of the same pull; may be null) it reads only the
-  // parts not read yet and adds those it reads: read again, a shard's rows
-  // could hold gradients its first read let the shard apply (ssp, as
-  // ParameterShards::Pull says).
+  // parts not read yet and adds those it reads, as ParameterShards::Pull
+  // does.
   virtual absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,
                             absl::Duration timeout, float* out, PullProgress* progress) = 0;
   absl::Status Pull(const std::string& table, absl::Span<const int64_t> ids, uint64_t clock,

@@ -332,8 +332,7 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
   rows_.resize(sparse_batch.unique_ids().size() * dim);
   // The rows as of this clock, table by table: the pull waits at the shards
   // as the dense one does. An attempt after one that failed reads only
-  // what that one did not: rows read again could hold gradients their
-  // first read let in (ssp; SparseShards::Pull).
+  // what that one did not (SparseShards::Pull).
   SparseShards& sparse = *session_->sparse();
   std::vector<SparseShards::PullProgress> progress(sparse_batch.num_fields());
   auto pull_every_table = [&] {

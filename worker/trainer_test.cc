@@ -1007,8 +1007,7 @@ TEST_F(TrainerTest, AnEmbeddingStepOfCriteoDataPullsAndPushesEveryFieldsTable) {
 }
 
 // A step's pull of its rows that fails on one table (a shard's wait ran
-// out) is tried again for that table only: the others' rows, read again,
-// could hold gradients their first read let in (ssp).
+// out) is tried again for that table only: the others' rows stay as read.
 TEST_F(TrainerTest, AStepsRowsTriedAgainAreReadOnlyForTheTableThatFailed) {
   std::vector<std::string> tables;
   ASSERT_NO_FATAL_FAILURE(UseCriteoTables(&tables));
