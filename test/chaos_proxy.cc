@@ -222,9 +222,17 @@ grpc::Status ChaosProxy::PullSparse(grpc::ServerContext* context,
                                     const v1::SparsePullRequest* request,
                                     v1::SparsePullResponse* response) {
   CountCall();
+  const PullDecision decision = DecidePull();
+  if (decision.drop_request)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "chaos proxy: sparse pull dropped before the shard");
   std::unique_ptr<grpc::ClientContext> forward =
       grpc::ClientContext::FromServerContext(*context);
-  return stub_->PullSparse(forward.get(), *request, response);
+  const grpc::Status status = stub_->PullSparse(forward.get(), *request, response);
+  if (!decision.drop_reply || !status.ok()) return status;
+  response->Clear();
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "chaos proxy: sparse pull reply dropped after the shard served it");
 }
 
 grpc::Status ChaosProxy::GetShardStatus(grpc::ServerContext* context,

@@ -23,9 +23,9 @@
 //
 // Pulls (dense and sparse) and shard status are forwarded as they are (with
 // the caller's deadline and cancellation); a backend that is down answers
-// UNAVAILABLE through the proxy, as it would directly. One fault for dense
-// pulls, drawn from an RNG of its own (the pushes' decisions stay as the
-// seed makes them):
+// UNAVAILABLE through the proxy, as it would directly. Two faults for pulls
+// (dense and sparse), drawn from an RNG of its own (the pushes' decisions
+// stay as the seed makes them):
 //
 //   drop_pull_request  the pull is not forwarded; the client gets
 //                      UNAVAILABLE, so it pulls again.
@@ -141,7 +141,7 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
 
   explicit ChaosProxy(Options options);
   Decision Decide() ABSL_LOCKS_EXCLUDED(mu_);
-  // What happens to one dense pull, drawn when it arrives (counted).
+  // What happens to one pull, drawn when it arrives (counted).
   struct PullDecision {
     bool drop_request = false;
     bool drop_reply = false;

@@ -1,5 +1,6 @@
 // grps-chaos-proxy: a ParameterServer proxy in front of one real shard that
-// drops, duplicates and delays pushes (see test/chaos_proxy.h). For fault
+// drops, duplicates and delays pushes, and drops pulls or their replies (see
+// test/chaos_proxy.h). For fault
 // drills and end-to-end tests: point the workers at the proxy (the server
 // advertises the proxy's address) and the proxy at the server. Prints its
 // counters when it stops (SIGINT/SIGTERM).
@@ -22,6 +23,9 @@ ABSL_FLAG(double, drop_reply, 0,
           "probability a push is applied but its reply dropped (the client retries)");
 ABSL_FLAG(double, duplicate, 0,
           "probability a push is sent a second time, up to max_delay_ms later");
+ABSL_FLAG(double, drop_pull_request, 0, "probability a pull is dropped before the shard");
+ABSL_FLAG(double, drop_pull_reply, 0,
+          "probability a pull is served but its reply dropped (the client pulls again)");
 ABSL_FLAG(uint32_t, max_delay_ms, 0, "each push waits a uniform 0..max_delay_ms");
 ABSL_FLAG(uint64_t, max_faults, 1000, "at most this many drops and duplicates in all");
 ABSL_FLAG(std::string, port_file, "",
@@ -31,11 +35,11 @@ namespace grps {
 namespace {
 
 std::string Describe(const ChaosProxy::Counters& c) {
-  return absl::StrCat("calls=", c.calls, " pushes=", c.pushes,
-                      " dropped_requests=", c.dropped_requests,
-                      " dropped_replies=", c.dropped_replies,
-                      " duplicated=", c.duplicated, " delayed=", c.delayed,
-                      " faults=", c.faults);
+  return absl::StrCat(
+      "calls=", c.calls, " pushes=", c.pushes, " dropped_requests=", c.dropped_requests,
+      " dropped_replies=", c.dropped_replies, " duplicated=", c.duplicated, " delayed=", c.delayed,
+      " faults=", c.faults, " dropped_pull_requests=", c.dropped_pull_requests,
+      " dropped_pull_replies=", c.dropped_pull_replies);
 }
 
 int Run() {
@@ -45,6 +49,8 @@ int Run() {
   options.drop_request = absl::GetFlag(FLAGS_drop_request);
   options.drop_reply = absl::GetFlag(FLAGS_drop_reply);
   options.duplicate = absl::GetFlag(FLAGS_duplicate);
+  options.drop_pull_request = absl::GetFlag(FLAGS_drop_pull_request);
+  options.drop_pull_reply = absl::GetFlag(FLAGS_drop_pull_reply);
   options.max_delay_ms = absl::GetFlag(FLAGS_max_delay_ms);
   options.max_faults = absl::GetFlag(FLAGS_max_faults);
   absl::StatusOr<std::unique_ptr<ChaosProxy>> proxy = ChaosProxy::Create(options);
@@ -66,11 +72,13 @@ int Run() {
       return 1;
     }
   }
-  spdlog::info("chaos proxy on port {} in front of {} (seed {}, drop_request {}, "
-               "drop_reply {}, duplicate {}, max_delay_ms {}, max_faults {})",
-               server->port, options.backend, options.seed, options.drop_request,
-               options.drop_reply, options.duplicate, options.max_delay_ms,
-               options.max_faults);
+  spdlog::info(
+      "chaos proxy on port {} in front of {} (seed {}, drop_request {}, "
+      "drop_reply {}, duplicate {}, drop_pull_request {}, drop_pull_reply {}, "
+      "max_delay_ms {}, max_faults {})",
+      server->port, options.backend, options.seed, options.drop_request, options.drop_reply,
+      options.duplicate, options.drop_pull_request, options.drop_pull_reply, options.max_delay_ms,
+      options.max_faults);
   while (!ShutdownRequested()) SleepUnlessShutdown(absl::Seconds(1));
   server->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   const std::string counters = Describe((*proxy)->counters());

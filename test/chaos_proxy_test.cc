@@ -297,22 +297,33 @@ struct SparseOutcome {
   std::vector<float> rows;  // every row of the table, id order
   uint64_t duplicates = 0;  // over the shards
   uint64_t sparse_pushes_through_proxies = 0;
+  uint64_t dropped_pull_requests = 0, dropped_pull_replies = 0;  // over the proxies
 };
 
-SparseOutcome TrainSparse(bool chaos) {
+// The chaos job's config with the table "emb" of kSparseRows rows of 8.
+v1::JobConfig SparseConfig() {
   v1::JobConfig config = Config(kWorkers, /*servers=*/2);
   v1::SparseTableSpec* table = config.add_sparse_tables();
   table->set_name("emb");
   table->set_dim(8);
   table->set_rows(kSparseRows);
+  return config;
+}
+
+// Each step every rank reads and pushes 16 distinct ids, overlapping
+// between the ranks (`same_ids`: the same ids on every rank).
+SparseOutcome TrainSparse(bool chaos, const v1::JobConfig& config = SparseConfig(),
+                          PullFaults pull_faults = {}, bool same_ids = false) {
   v1::ShardMap map = *BuildShardMap(ModelTensors(config), 2, config.chunk_bytes());
   InProcessShards shards(config, &map);
   std::vector<std::unique_ptr<ServedProxy>> proxies;
   v1::ShardMap worker_map = map;
   if (chaos) {
     for (uint32_t s = 0; s < 2; ++s) {
-      proxies.push_back(std::make_unique<ServedProxy>(
-          EveryFault(map.shards(s).address(), /*seed=*/200 + s)));
+      ChaosProxy::Options options = EveryFault(map.shards(s).address(), /*seed=*/200 + s);
+      options.drop_pull_request = pull_faults.drop_request;
+      options.drop_pull_reply = pull_faults.drop_reply;
+      proxies.push_back(std::make_unique<ServedProxy>(std::move(options)));
       worker_map.mutable_shards(s)->set_address(proxies.back()->address());
     }
   }
@@ -321,10 +332,9 @@ SparseOutcome TrainSparse(bool chaos) {
     threads.emplace_back([&, rank] {
       SparseClient client(config, worker_map, rank, /*incarnation=*/1);
       for (int step = 0; step < kSteps; ++step) {
-        // 16 distinct ids per step and rank, overlapping between the ranks.
         std::vector<int64_t> ids;
         for (int k = 0; k < 16; ++k)
-          ids.push_back((step * 37 + rank * 5 + k * 11) % kSparseRows);
+          ids.push_back((step * 37 + (same_ids ? 0 : rank * 5) + k * 11) % kSparseRows);
         std::sort(ids.begin(), ids.end());
         ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
         std::vector<float> rows(ids.size() * 8), grads(rows.size());
@@ -349,7 +359,12 @@ SparseOutcome TrainSparse(bool chaos) {
   }
   for (auto& t : threads) t.join();
   SparseOutcome out;
-  for (auto& p : proxies) out.sparse_pushes_through_proxies += Settled(*p).pushes;
+  for (auto& p : proxies) {
+    const ChaosProxy::Counters c = Settled(*p);
+    out.sparse_pushes_through_proxies += c.pushes;
+    out.dropped_pull_requests += c.dropped_pull_requests;
+    out.dropped_pull_replies += c.dropped_pull_replies;
+  }
   proxies.clear();
   SparseClient reader(config, map, 0, 1);
   std::vector<int64_t> all(kSparseRows);
@@ -359,7 +374,10 @@ SparseOutcome TrainSparse(bool chaos) {
   for (size_t s = 0; s < shards.size(); ++s) {
     const v1::ShardStatus status = shards.store(s).ShardStatus();
     out.duplicates += status.duplicate_pushes();
-    EXPECT_EQ(status.tables(0).version(), static_cast<uint64_t>(kSteps)) << "shard " << s;
+    // A version a step in sync; in ssp one a worker's push.
+    EXPECT_EQ(status.tables(0).version(),
+              static_cast<uint64_t>(kSteps) * (config.mode() == v1::MODE_SYNC ? 1 : kWorkers))
+        << "shard " << s;
   }
   return out;
 }
@@ -382,6 +400,39 @@ TEST(ChaosProxy, SparsePushesThroughDropsDuplicatesAndDelaysAreAppliedExactlyOnc
   std::vector<float> initial(8);
   InitializeSparseRow(spec, Config(kWorkers, 2).seed(), 0, initial.data());
   EXPECT_NE(std::vector<float>(direct.rows.begin(), direct.rows.begin() + 8), initial);
+}
+
+// ssp(0) of a sparse table through the same faults, and sparse pulls
+// dropped before and after the shards, ends with sync's rows (plain SGD;
+// every rank reads the same ids, so sync averages every row over both
+// ranks where ssp applies each rank's at lr / 2). A pull whose reply is
+// lost is read again, whole (this loop keeps no progress across tries):
+// the shards must answer the rows they answered before.
+TEST(ChaosProxy, SparseSspZeroThroughPullFaultsEndsWithSyncsRows) {
+  auto config = [](v1::ConsistencyMode mode) {
+    v1::JobConfig c = SparseConfig();
+    c.set_mode(mode);
+    c.set_staleness_bound(0);
+    c.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    c.mutable_optimizer()->set_momentum(0);
+    c.mutable_optimizer()->set_weight_decay(0);
+    return c;
+  };
+  const SparseOutcome sync =
+      TrainSparse(/*chaos=*/false, config(v1::MODE_SYNC), {}, /*same_ids=*/true);
+  const SparseOutcome ssp =
+      TrainSparse(/*chaos=*/true, config(v1::MODE_SSP),
+                  PullFaults{/*drop_request=*/0.1, /*drop_reply=*/0.15}, /*same_ids=*/true);
+  EXPECT_GT(ssp.dropped_pull_requests, 0u);
+  EXPECT_GT(ssp.dropped_pull_replies, 0u) << "no rows were read twice: the test proves nothing";
+  ASSERT_EQ(ssp.rows.size(), sync.rows.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < sync.rows.size(); ++i) {
+    diff += std::pow(double{ssp.rows[i]} - sync.rows[i], 2);
+    norm += std::pow(double{sync.rows[i]}, 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "ssp(0) through the proxies left sync's rows";
 }
 
 class ChaosProxyCounters : public ::testing::Test {
