@@ -183,5 +183,23 @@ TEST(SspPolicy, AWorkerBackFromTheDeadRejoinsAtTheSlowestClock) {
   EXPECT_TRUE(ssp.policy->ReadyToServe(0, 9, ssp.chunk, ssp.live));
 }
 
+// A worker back from the dead reads no clock before the one it rejoins at:
+// the others' gradients up to that clock plus s go in before its first push.
+TEST(SspPolicy, AWorkerBackFromTheDeadHoldsNoGradientOfAClockItWillNotRead) {
+  Ssp ssp(2, /*bound=*/1);
+  ssp.live.live[1] = false;
+  ssp.live.count = 1;
+  ssp.policy->LiveSetChanged(ssp.chunk, ssp.live);
+  for (uint64_t clock = 0; clock < 8; ++clock)
+    ASSERT_EQ(ssp.Push(0, clock), GradientFate::kApplied);
+  ssp.live = LiveSet::All(2);
+  ssp.policy->LiveSetChanged(ssp.chunk, ssp.live);
+  ASSERT_TRUE(ssp.policy->ReadyToServe(1, 0, ssp.chunk, ssp.live));  // rejoins at clock 8
+  EXPECT_EQ(ssp.Push(0, 8), GradientFate::kApplied);
+  EXPECT_EQ(ssp.Push(0, 9), GradientFate::kHeld) << "rank 1 may still read clock 8";
+  EXPECT_EQ(ssp.Push(1, 0), GradientFate::kApplied);  // its clock 8
+  EXPECT_EQ(ssp.policy->held(), 0u);
+}
+
 }  // namespace
 }  // namespace grps
