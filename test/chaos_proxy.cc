@@ -116,10 +116,18 @@ ChaosProxy::PullDecision ChaosProxy::DecidePull() {
     d.drop_request = true;
   } else if (drop_reply < options_.drop_pull_reply &&
              counters_.dropped_pull_replies < options_.max_faults) {
-    ++counters_.dropped_pull_replies;
-    d.drop_reply = true;
+    d.drop_reply = true;  // counted once the shard has answered OK
   }
   return d;
+}
+
+grpc::Status ChaosProxy::DropPullReply(const grpc::Status& status, const char* what) {
+  if (!status.ok()) return status;
+  absl::MutexLock lock(&mu_);
+  ++counters_.dropped_pull_replies;
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("chaos proxy: ", what, " reply dropped after the shard served it"));
 }
 
 template <typename Request, typename Response>
@@ -200,12 +208,11 @@ grpc::ServerUnaryReactor* ChaosProxy::Pull(grpc::CallbackServerContext* context,
       grpc::ClientContext::FromCallbackServerContext(*context).release();
   StartUnaryCall(
       [&](grpc::ClientUnaryReactor* r) { stub_->async()->Pull(forward, request, response, r); },
-      [reactor, forward, response, drop_reply = decision.drop_reply](grpc::Status status) {
+      [this, reactor, forward, response, drop_reply = decision.drop_reply](grpc::Status status) {
         delete forward;
-        if (drop_reply && status.ok()) {
+        if (drop_reply) {
+          status = DropPullReply(status, "pull");
           response->Clear();
-          status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                "chaos proxy: pull reply dropped after the shard served it");
         }
         reactor->Finish(status);
       });
@@ -229,10 +236,9 @@ grpc::Status ChaosProxy::PullSparse(grpc::ServerContext* context,
   std::unique_ptr<grpc::ClientContext> forward =
       grpc::ClientContext::FromServerContext(*context);
   const grpc::Status status = stub_->PullSparse(forward.get(), *request, response);
-  if (!decision.drop_reply || !status.ok()) return status;
+  if (!decision.drop_reply) return status;
   response->Clear();
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "chaos proxy: sparse pull reply dropped after the shard served it");
+  return DropPullReply(status, "sparse pull");
 }
 
 grpc::Status ChaosProxy::GetShardStatus(grpc::ServerContext* context,

@@ -29,10 +29,11 @@
 //
 //   drop_pull_request  the pull is not forwarded; the client gets
 //                      UNAVAILABLE, so it pulls again.
-//   drop_pull_reply    the pull is forwarded and served, but the client
-//                      gets UNAVAILABLE, so it pulls the same clock again
-//                      from a shard that has already served it (in ssp the
-//                      shard must answer the same values: docs/consistency.md).
+//   drop_pull_reply    the pull is forwarded and served (OK), but the
+//                      client gets UNAVAILABLE, so it pulls the same clock
+//                      again from a shard that has already served it (in
+//                      ssp the shard must answer the same values:
+//                      docs/consistency.md).
 //
 // Thread safety: gRPC calls the handlers from many threads; counters() may
 // be called from any thread. The proxy must outlive the gRPC server that
@@ -147,6 +148,9 @@ class ChaosProxy final : public v1::ParameterServer::WithCallbackMethod_Pull<
     bool drop_reply = false;
   };
   PullDecision DecidePull() ABSL_LOCKS_EXCLUDED(mu_);
+  // The status the client gets for a pull whose reply is dropped: the
+  // shard's own if it failed, else UNAVAILABLE (counted).
+  grpc::Status DropPullReply(const grpc::Status& status, const char* what) ABSL_LOCKS_EXCLUDED(mu_);
   void CountCall() ABSL_LOCKS_EXCLUDED(mu_);
   void EchoLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
