@@ -244,6 +244,29 @@ TEST(ChaosProxy, SyncTrainingThroughDropsDuplicatesAndDelaysEqualsDirectTraining
       << "training did not change the weights";
 }
 
+// `c` in `mode` with staleness 0 and plain SGD (lr 0.5): ssp(0) with it
+// ends as sync does, rounding apart.
+v1::JobConfig ZeroStalenessSgd(v1::JobConfig c, v1::ConsistencyMode mode) {
+  c.set_mode(mode);
+  c.set_staleness_bound(0);
+  c.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  c.mutable_optimizer()->set_momentum(0);
+  c.mutable_optimizer()->set_weight_decay(0);
+  return c;
+}
+
+// |a - b| / |b|, in double.
+double RelativeDistance(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff += std::pow(double{a[i]} - b[i], 2);
+    norm += std::pow(double{b[i]}, 2);
+  }
+  return std::sqrt(diff / norm);
+}
+
 // ssp with staleness 0 through the same faults, and pulls dropped too,
 // ends with sync's weights
 // (plain SGD: ssp(0) applies each worker's gradient at lr / workers where
@@ -257,19 +280,11 @@ TEST(ChaosProxy, SyncTrainingThroughDropsDuplicatesAndDelaysEqualsDirectTraining
 // the reader's push of that clock does.
 TEST(ChaosProxy, SspZeroThroughDropsDuplicatesAndDelaysEndsWithSyncsWeights) {
   const Data data = MakeData(kBatch * kWorkers * kSteps);
-  auto config = [](v1::ConsistencyMode mode) {
-    v1::JobConfig c = Config(kWorkers, 2);
-    c.set_mode(mode);
-    c.set_staleness_bound(0);
-    c.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
-    c.mutable_optimizer()->set_learning_rate(0.5f);
-    c.mutable_optimizer()->set_momentum(0);
-    c.mutable_optimizer()->set_weight_decay(0);
-    return c;
-  };
-  const Outcome sync = Train(data, /*chaos=*/false, config(v1::MODE_SYNC));
-  const Outcome ssp = Train(data, /*chaos=*/true, config(v1::MODE_SSP),
-                            PullFaults{/*drop_request=*/0.1, /*drop_reply=*/0.15});
+  const Outcome sync =
+      Train(data, /*chaos=*/false, ZeroStalenessSgd(Config(kWorkers, 2), v1::MODE_SYNC));
+  const Outcome ssp =
+      Train(data, /*chaos=*/true, ZeroStalenessSgd(Config(kWorkers, 2), v1::MODE_SSP),
+            PullFaults{/*drop_request=*/0.1, /*drop_reply=*/0.15});
   uint64_t dropped_pull_requests = 0, dropped_pull_replies = 0;
   for (const ChaosProxy::Counters& c : ssp.proxies) {
     dropped_pull_requests += c.dropped_pull_requests;
@@ -277,16 +292,10 @@ TEST(ChaosProxy, SspZeroThroughDropsDuplicatesAndDelaysEndsWithSyncsWeights) {
   }
   EXPECT_GT(dropped_pull_requests, 0u);
   EXPECT_GT(dropped_pull_replies, 0u) << "no pull was read twice: the test proves nothing";
-  ASSERT_EQ(ssp.weights.size(), sync.weights.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < sync.weights.size(); ++i) {
-    diff += std::pow(double{ssp.weights[i]} - sync.weights[i], 2);
-    norm += std::pow(double{sync.weights[i]}, 2);
-  }
-  EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "ssp(0) through the proxies left sync's weights";
+  EXPECT_LT(RelativeDistance(ssp.weights, sync.weights), 1e-5)
+      << "ssp(0) through the proxies left sync's weights";
 }
 
-// One single-worker sync shard for pushing by hand.
 // Sparse tables through the same faults: two workers train rows of a table
 // (Adam, whose per-row step count makes a row updated twice visible) in sync
 // mode with the worker's SparseClient, which retries UNAVAILABLE pushes; the
@@ -409,32 +418,18 @@ TEST(ChaosProxy, SparsePushesThroughDropsDuplicatesAndDelaysAreAppliedExactlyOnc
 // lost is read again, whole (this loop keeps no progress across tries):
 // the shards must answer the rows they answered before.
 TEST(ChaosProxy, SparseSspZeroThroughPullFaultsEndsWithSyncsRows) {
-  auto config = [](v1::ConsistencyMode mode) {
-    v1::JobConfig c = SparseConfig();
-    c.set_mode(mode);
-    c.set_staleness_bound(0);
-    c.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
-    c.mutable_optimizer()->set_learning_rate(0.5f);
-    c.mutable_optimizer()->set_momentum(0);
-    c.mutable_optimizer()->set_weight_decay(0);
-    return c;
-  };
-  const SparseOutcome sync =
-      TrainSparse(/*chaos=*/false, config(v1::MODE_SYNC), {}, /*same_ids=*/true);
+  const SparseOutcome sync = TrainSparse(
+      /*chaos=*/false, ZeroStalenessSgd(SparseConfig(), v1::MODE_SYNC), {}, /*same_ids=*/true);
   const SparseOutcome ssp =
-      TrainSparse(/*chaos=*/true, config(v1::MODE_SSP),
+      TrainSparse(/*chaos=*/true, ZeroStalenessSgd(SparseConfig(), v1::MODE_SSP),
                   PullFaults{/*drop_request=*/0.1, /*drop_reply=*/0.15}, /*same_ids=*/true);
   EXPECT_GT(ssp.dropped_pull_requests, 0u);
   EXPECT_GT(ssp.dropped_pull_replies, 0u) << "no rows were read twice: the test proves nothing";
-  ASSERT_EQ(ssp.rows.size(), sync.rows.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < sync.rows.size(); ++i) {
-    diff += std::pow(double{ssp.rows[i]} - sync.rows[i], 2);
-    norm += std::pow(double{sync.rows[i]}, 2);
-  }
-  EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "ssp(0) through the proxies left sync's rows";
+  EXPECT_LT(RelativeDistance(ssp.rows, sync.rows), 1e-5)
+      << "ssp(0) through the proxies left sync's rows";
 }
 
+// One single-worker sync shard for pushing by hand.
 class ChaosProxyCounters : public ::testing::Test {
  protected:
   void SetUp() override {
