@@ -487,12 +487,15 @@ class SspReadsOfOneClock : public ::testing::Test {
     EndStep0AndPushStep1(t);
   }
 
-  // Shard 0's pulls served so far (counted per chunk).
-  uint64_t Shard0Pulls() const { return shards_->store(0).ShardStatus().pulls(); }
-
-  // Worker 1's step 1 waits at shard 0 for worker 0's push of step 1.
-  void ExpectStep1HeldAtShard0() const {
+  // Worker 1's step 1 waits at shard 0 for worker 0's push of step 1;
+  // worker 0's next pull of clock 1 into p0_ leaves shard 0 unread (its
+  // pull counter, per chunk, stays) and gives it clock 1's weights.
+  void ExpectThePullOfClock1ReadsShard1Only() {
     EXPECT_EQ(shards_->store(0).ShardStatus().held_gradients(), 1u);
+    const uint64_t read = shards_->store(0).ShardStatus().pulls();
+    ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
+    EXPECT_EQ(shards_->store(0).ShardStatus().pulls(), read) << "shard 0 was read again";
+    ExpectClock1();
   }
 
   // Worker 0's weights are clock 1's, as worker 1 read them: lr 1 over 2
@@ -514,11 +517,7 @@ class SspReadsOfOneClock : public ::testing::Test {
 
 TEST_F(SspReadsOfOneClock, APullThatTimedOutOnOneShardReadsOnlyThatShardAgain) {
   ASSERT_NO_FATAL_FAILURE(PullThatTimesOutOnShard1ThenStep1());
-  ExpectStep1HeldAtShard0();
-  const uint64_t read = Shard0Pulls();
-  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
-  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again";
-  ExpectClock1();
+  ExpectThePullOfClock1ReadsShard1Only();
 }
 
 TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
@@ -528,11 +527,7 @@ TEST_F(SspReadsOfOneClock, APullAfterAFusedPullThatCameInPartReadsOnlyTheRest) {
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_FALSE(pushed->pulled);
   EndStep0AndPushStep1(t);
-  ExpectStep1HeldAtShard0();
-  const uint64_t read = Shard0Pulls();
-  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
-  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again";
-  ExpectClock1();
+  ExpectThePullOfClock1ReadsShard1Only();
 }
 
 // A whole pull of the same clock into another array (the final weights an
@@ -544,11 +539,7 @@ TEST_F(SspReadsOfOneClock, AWholePullIntoAnotherArrayLeavesThisOnesPartsRead) {
   std::vector<float> elsewhere(p0_.size());
   ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), elsewhere.data()).ok());
   EXPECT_FLOAT_EQ(elsewhere[0], -2);  // clock 1's "a": worker 1's step 1 still held
-  ExpectStep1HeldAtShard0();
-  const uint64_t read = Shard0Pulls();
-  ASSERT_TRUE(w0_->Pull(1, absl::Seconds(5), p0_.data()).ok());
-  EXPECT_EQ(Shard0Pulls(), read) << "shard 0 was read again into this array";
-  ExpectClock1();
+  ExpectThePullOfClock1ReadsShard1Only();
 }
 
 // Once a pull has read every part, the next pull of that clock reads them
