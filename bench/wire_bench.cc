@@ -7,18 +7,23 @@
 //     one channel, each copied once out of the received slices and nothing
 //     decoded or applied: what gRPC itself costs;
 //   - loopback TCP (Boost.Asio): the same bytes written and read back on one
-//     connection: what the kernel's loopback costs.
+//     connection ("tcp"), and written while read back ("tcp both"): what the
+//     kernel's loopback costs.
 // The grps figures are the real path: ParameterClient (wire/ codec, requests
 // of about 256 KiB on one channel per shard, the push schedule's) to ShardStores behind their
 // gRPC servers in this process, in async mode, so each push is validated and
 // applied (SGD) on arrival and each pull is served at once:
 //   - "grps 1s", "grps 2s": every byte through gRPC (local_transport grpc),
-//     a push and then a pull;
+//     a push and then a pull; "2s fused": the push fused with the pull, as a
+//     worker sends them, each part's weights coming back as later parts go
+//     up;
 //   - "shm 2s": through the worker's shared-memory lane (the default for a
 //     shard on the same machine; wire/shared_lane.h), a push fused with the
 //     pull as grps-worker sends it: the values cross no socket.
 // Each figure is the best of --reps (after one warm-up); the table ends with
-// the ratios to bare gRPC.
+// the times over bare gRPC's, and the rates against TCP's of the same
+// pattern (bare gRPC and grps 2s against a push then a pull, the fused push
+// against both ways at once).
 //
 // Across hosts (scripts/wire-cross-host runs it on two network-namespace
 // hosts): one process serves the yardsticks' peer and 2 shards (--serve),
@@ -267,7 +272,7 @@ double TcpMs(const tcp::endpoint& peer, size_t bytes, int reps, bool duplex) {
 }
 
 // The same on loopback, with the peer in this process.
-double TcpMs(size_t bytes, int reps) {
+double TcpMs(size_t bytes, int reps, bool duplex) {
   asio::io_context io;
   tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   std::thread peer([&] {
@@ -275,7 +280,7 @@ double TcpMs(size_t bytes, int reps) {
     acceptor.accept(s);
     ServeTcpConnection(s);
   });
-  const double ms = TcpMs(acceptor.local_endpoint(), bytes, reps, /*duplex=*/false);
+  const double ms = TcpMs(acceptor.local_endpoint(), bytes, reps, duplex);
   peer.join();
   return ms;
 }
@@ -345,10 +350,11 @@ v1::JobConfig WireJob(uint32_t shards, v1::LocalTransport transport) {
   return config;
 }
 
-// `transport`: the job's local_transport; shared memory is measured fused,
-// as grps-worker pushes, and must have gone through the lanes.
+// `transport`: the job's local_transport; shared memory is always measured
+// fused, as grps-worker pushes, and must have gone through the lanes; gRPC
+// a push then a pull, or fused (`fused`).
 double GrpsMs(size_t bytes, uint32_t shards, v1::LocalTransport transport, int reps,
-              std::string* error) {
+              std::string* error, bool fused = false) {
   const v1::JobConfig config = WireJob(shards, transport);
   std::unique_ptr<Shards> served = Serve(config, bytes, error);
   if (served == nullptr) return 0;
@@ -356,7 +362,7 @@ double GrpsMs(size_t bytes, uint32_t shards, v1::LocalTransport transport, int r
   absl::Status failed;
   const bool shm = transport == v1::LOCAL_TRANSPORT_SHARED_MEMORY;
   const double ms = DensePushPullMs(config, served->map, bytes / sizeof(float), reps, &step,
-                                    &failed, /*fused=*/shm);
+                                    &failed, /*fused=*/shm || fused);
   if (!failed.ok()) *error = std::string(failed.message());
   return ms;
 }
@@ -633,24 +639,34 @@ std::optional<std::vector<T>> ParseList(const std::string& text, const char* fla
 bool PrintDenseTable(const std::vector<size_t>& sizes, int reps) {
   std::printf("grps_wire_bench: push + pull, best of %d, ms (%d cores, loopback)\n\n", reps,
               UsableCores());
-  std::printf("%8s %10s %10s %10s %10s %10s %12s %12s %12s\n", "MiB", "tcp", "bare grpc",
-              "grps 1s", "grps 2s", "shm 2s", "1s / bare", "2s / bare", "shm / bare");
+  std::printf("%6s %7s %9s %10s %8s %8s %9s %7s %10s %10s %10s %9s %9s %11s\n", "MiB", "tcp",
+              "tcp both", "bare grpc", "grps 1s", "grps 2s", "2s fused", "shm 2s", "1s / bare",
+              "2s / bare", "shm / bare", "bare:tcp", "2s:tcp", "fused:both");
   bool ok = true;
   for (size_t mib : sizes) {
     const size_t bytes = mib << 20;
-    const double tcp = TcpMs(bytes, reps);
+    const double tcp = TcpMs(bytes, reps, /*duplex=*/false);
+    const double tcp_both = TcpMs(bytes, reps, /*duplex=*/true);
     const double bare = BareGrpcMs(bytes, reps);
-    std::string e1, e2, e3;
-    const double one = GrpsMs(bytes, 1, v1::LOCAL_TRANSPORT_GRPC, reps, &e1);
-    const double two = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_GRPC, reps, &e2);
-    const double shm = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_SHARED_MEMORY, reps, &e3);
-    if (!e1.empty() || !e2.empty() || !e3.empty()) {
+    std::string e[4];
+    const double one = GrpsMs(bytes, 1, v1::LOCAL_TRANSPORT_GRPC, reps, &e[0]);
+    const double two = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_GRPC, reps, &e[1]);
+    const double fused = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_GRPC, reps, &e[2], /*fused=*/true);
+    const double shm = GrpsMs(bytes, 2, v1::LOCAL_TRANSPORT_SHARED_MEMORY, reps, &e[3]);
+    if (const std::string* err = std::find_if(std::begin(e), std::end(e),
+                                              [](const std::string& s) { return !s.empty(); });
+        err != std::end(e)) {
       ok = false;
-      std::printf("%8zu failed: %s\n", mib, (!e1.empty() ? e1 : !e2.empty() ? e2 : e3).c_str());
+      std::printf("%6zu failed: %s\n", mib, err->c_str());
       continue;
     }
-    std::printf("%8zu %10.1f %10.1f %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f\n", mib, tcp, bare,
-                one, two, shm, one / bare, two / bare, shm / bare);
+    // The rates against TCP's of the same pattern: bare gRPC and grps 2s
+    // against a push then a pull, the fused push against both ways at once.
+    std::printf(
+        "%6zu %7.1f %9.1f %10.1f %8.1f %8.1f %9.1f %7.1f %10.2f %10.2f %10.2f %9.2f "
+        "%9.2f %11.2f\n",
+        mib, tcp, tcp_both, bare, one, two, fused, shm, one / bare, two / bare, shm / bare,
+        tcp / bare, tcp / two, tcp_both / fused);
     std::fflush(stdout);
   }
   return ok;
@@ -734,10 +750,14 @@ int Main(int argc, char** argv) {
   bool ok = PrintDenseTable(*sizes, reps);
   if (const uint64_t steps = absl::GetFlag(FLAGS_sync_steps); steps > 0)
     ok = PrintSyncSteps(steps) && ok;
-  std::printf("\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
-              "tcp: the same bytes written and read back on one loopback connection; "
-              "grps 1s, 2s: every byte through gRPC; shm 2s: the values through the worker's "
-              "shared-memory lane, push and pull fused.\n");
+  std::printf(
+      "\nbare grpc: one ByteBuffer each way on one channel, copied out once, nothing decoded; "
+      "tcp: the same bytes written and read back on one loopback connection (tcp "
+      "both: written while read back); grps 1s, 2s: every byte through gRPC, a push "
+      "then a pull (2s fused: the push fused with the pull, each part's weights coming "
+      "back as later parts go up); shm 2s: the values through the worker's "
+      "shared-memory lane, push and pull fused. x / bare: times; a:b: a's rate over b's "
+      "(bare grpc and grps 2s against tcp, 2s fused against tcp both).\n");
   if (!sparse_rows->empty() && !sparse_dims->empty())
     ok = PrintSparseTable(*sparse_rows, *sparse_dims, reps) && ok;
   return ok ? 0 : 1;
