@@ -151,9 +151,9 @@ class ChunkPolicy {
   }
 
   // The chunk's values were just read by `rank` in a pull without a clock
-  // (a plain read, e.g. from a client that does not send clocks). ssp takes
-  // it as a read at the rank's own progress, so such a client's pushes are
-  // not held forever. Returns true if it applied held updates.
+  // (a plain read: a tool's, a final-weights read). No mode counts it as a
+  // step's read today (ssp finishes nothing with it: its pushes do). Returns
+  // true if it applied held updates.
   virtual bool ServedWithoutClock(uint32_t rank, UpdateTarget& chunk,
                                   const LiveSet& live) {
     return false;
