@@ -10,7 +10,9 @@
 //     connection ("tcp"), and written while read back ("tcp both"): what the
 //     kernel's loopback costs.
 // The grps figures are the real path: ParameterClient (wire/ codec, requests
-// of about 256 KiB on one channel per shard, the push schedule's) to ShardStores behind their
+// of about 4 MiB to these shards on this machine, 256 KiB to another's as
+// with --remote across hosts (ChunkLayout::PartBytesFor), on one channel per
+// shard, the push schedule's) to ShardStores behind their
 // gRPC servers in this process, in async mode, so each push is validated and
 // applied (SGD) on arrival and each pull is served at once:
 //   - "grps 1s", "grps 2s": every byte through gRPC (local_transport grpc),
@@ -613,9 +615,11 @@ int MeasureRemote(const std::string& file, size_t bytes, int reps) {
   row("bare grpc: push, then pull", bare, tcp_sequential);
   row("grps 2 shards: push, then pull", grps, tcp_sequential);
   row("grps 2 shards: push fused with pull", fused, tcp_duplex);
-  std::printf("\nMB/s each way: the bytes one way over the time of the figure (a push then a "
-              "pull moves them one way after the other). The fused push: parts of about "
-              "256 KiB, each part's new weights returned as it is applied.\n");
+  std::printf(
+      "\nMB/s each way: the bytes one way over the time of the figure (a push then a "
+      "pull moves them one way after the other). The fused push: parts of about "
+      "256 KiB (4 MiB to a peer on this machine), each part's new weights returned as "
+      "it is applied.\n");
   return 0;
 }
 

@@ -143,6 +143,9 @@ ABSL_FLAG(uint64_t, seed, Defaults().seed(), "seed for initialization and shuffl
 ABSL_FLAG(uint64_t, chunk_kb, Defaults().chunk_bytes() / 1024,
           "target dense chunk size in KiB (f32): a few ms of the slowest link (256: 10 ms at "
           "200 Mbit/s; 4096 suits 10 Gbit/s, or gRPC on one machine)");
+ABSL_FLAG(uint64_t, part_kb, 0,
+          "the most KiB of values a worker sends a shard in one request (0: by the link, 4096 "
+          "to shards at an address of the worker's machine, 256 to others; docs/performance.md)");
 ABSL_FLAG(std::string, wire_dtype, DTypeFlagName(Defaults().wire_dtype()),
           "dtype of pushed gradients and pulled weights: f32, f16 or bf16");
 ABSL_FLAG(float, topk, Defaults().gradient_topk(),
@@ -345,6 +348,11 @@ absl::Status SetShapeAndGradients(v1::JobConfig* c) {
     return absl::InvalidArgumentError(
         absl::StrCat("--chunk_kb must be in [1, 65536], got ", chunk_kb));
   c->set_chunk_bytes(chunk_kb * 1024);
+  const uint64_t part_kb = absl::GetFlag(FLAGS_part_kb);
+  if (part_kb != 0 && (part_kb < 16 || part_kb > 32 * 1024))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--part_kb must be 0 (by the link) or in [16, 32768], got ", part_kb));
+  c->set_part_bytes(part_kb * 1024);
   absl::StatusOr<v1::DType> wire = ParseWireDType(absl::GetFlag(FLAGS_wire_dtype));
   if (!wire.ok()) return FlagError("wire_dtype", wire.status());
   c->set_wire_dtype(*wire);

@@ -16,6 +16,7 @@ ABSL_DECLARE_FLAG(std::string, hidden);
 ABSL_DECLARE_FLAG(std::string, mode);
 ABSL_DECLARE_FLAG(std::string, wire_dtype);
 ABSL_DECLARE_FLAG(uint64_t, chunk_kb);
+ABSL_DECLARE_FLAG(uint64_t, part_kb);
 ABSL_DECLARE_FLAG(uint32_t, batch);
 ABSL_DECLARE_FLAG(uint32_t, workers);
 ABSL_DECLARE_FLAG(float, lr);
@@ -181,6 +182,7 @@ TEST(JobFlags, FlagsSetTheirFields) {
   absl::SetFlag(&FLAGS_hidden, "32");
   absl::SetFlag(&FLAGS_wire_dtype, "bf16");
   absl::SetFlag(&FLAGS_chunk_kb, 8);
+  absl::SetFlag(&FLAGS_part_kb, 1024);
   absl::SetFlag(&FLAGS_workers, 5);
   absl::SetFlag(&FLAGS_lr, 0.5f);
   absl::StatusOr<v1::JobConfig> config = JobConfigFromFlags();
@@ -190,6 +192,7 @@ TEST(JobFlags, FlagsSetTheirFields) {
   EXPECT_EQ(config->hidden_units(0), 32u);
   EXPECT_EQ(config->wire_dtype(), v1::DTYPE_BF16);
   EXPECT_EQ(config->chunk_bytes(), 8u * 1024);
+  EXPECT_EQ(config->part_bytes(), 1024u * 1024);
   EXPECT_EQ(config->num_workers(), 5u);
   EXPECT_FLOAT_EQ(config->optimizer().learning_rate(), 0.5f);
 }
@@ -236,6 +239,12 @@ TEST(JobFlags, BadValuesNameTheirFlag) {
     absl::SetFlag(&FLAGS_chunk_kb, 0);
     EXPECT_NE(JobConfigFromFlags().status().message().find("--chunk_kb"),
               std::string::npos);
+  }
+  for (uint64_t part_kb : {uint64_t{8}, uint64_t{32769}, uint64_t{1} << 60}) {
+    absl::FlagSaver saver;
+    absl::SetFlag(&FLAGS_part_kb, part_kb);
+    EXPECT_NE(JobConfigFromFlags().status().message().find("--part_kb"), std::string::npos)
+        << part_kb;
   }
   {
     absl::FlagSaver saver;

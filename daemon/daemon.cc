@@ -1,6 +1,9 @@
 #include "daemon/daemon.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -10,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "absl/flags/parse.h"
@@ -429,6 +433,31 @@ bool IsLoopbackAddress(absl::string_view address) {
   const absl::string_view host = HostOf(address);
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" ||
          absl::StartsWith(host, "[::ffff:127.");
+}
+
+bool IsThisMachinesAddress(absl::string_view address) {
+  if (IsLoopbackAddress(address)) return true;
+  std::string host(HostOf(address));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  in_addr v4;
+  in6_addr v6;
+  const bool is_v4 = inet_pton(AF_INET, host.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return false;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool mine = false;
+  for (const ifaddrs* i = interfaces; i != nullptr && !mine; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (is_v4 && i->ifa_addr->sa_family == AF_INET)
+      mine = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr;
+    else if (is_v6 && i->ifa_addr->sa_family == AF_INET6)
+      mine = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &v6,
+                         sizeof(v6)) == 0;
+  }
+  freeifaddrs(interfaces);
+  return mine;
 }
 
 bool IsLoopbackPeer(absl::string_view peer) {

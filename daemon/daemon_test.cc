@@ -1,6 +1,10 @@
 #include "daemon/daemon.h"
 
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -10,6 +14,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
@@ -149,6 +154,36 @@ TEST(Daemon, FirstFlagGivenFindsAFlagInEverySpellingBeforeTheEndOfFlags) {
 
 TEST(Daemon, WithPortReplacesThePort) {
   EXPECT_EQ(WithPort("127.0.0.1:0", 5000), "127.0.0.1:5000");
+}
+
+// The address this machine would send from toward `peer` (a connected UDP
+// socket sends nothing), or "" without a route.
+std::string OwnAddressToward(const char* peer) {
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(9);
+  inet_pton(AF_INET, peer, &to.sin_addr);
+  sockaddr_in own{};
+  socklen_t len = sizeof(own);
+  char text[INET_ADDRSTRLEN] = "";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&own), &len) == 0)
+    inet_ntop(AF_INET, &own.sin_addr, text, sizeof(text));
+  close(fd);
+  return text;
+}
+
+TEST(Daemon, AnAddressOfThisMachineIsItsLoopbackOrOneOfItsInterfaces) {
+  for (const char* address : {"localhost:1", "127.0.0.1:0", "[::1]:5"})
+    EXPECT_TRUE(IsThisMachinesAddress(address)) << address;
+  // 192.0.2.0/24 is for documentation: no interface has it.
+  for (const char* address : {"192.0.2.1:7070", "[2001:db8::1]:1", "grps-server-0:7071", ""})
+    EXPECT_FALSE(IsThisMachinesAddress(address)) << address;
+  const std::string own = OwnAddressToward("192.0.2.1");
+  if (own.empty() || absl::StartsWith(own, "127.")) GTEST_SKIP() << "no route off this machine";
+  EXPECT_TRUE(IsThisMachinesAddress(absl::StrCat(own, ":7071"))) << own;
 }
 
 TEST(Daemon, LoopbackAddressesAndPeersAreThisMachinesOnly) {

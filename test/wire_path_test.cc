@@ -76,6 +76,32 @@ TEST(WirePath, FusedPushBringsTheWeightsOfTheNextStep) {
   EXPECT_FLOAT_EQ(pulled[1], -grads[1]);
 }
 
+// Parts by the link: a worker sends shards on its own machine (here, on
+// loopback) parts of 4 MiB, where a request costs more than its bytes, and
+// the job's part_bytes when it names a size: 16 MiB over 2 shards is 4 calls
+// a push by the link, 64 in parts of 256 KiB. Either way the same weights.
+TEST(WirePath, APushToShardsOnThisMachineGoesInPartsOf4MiBUnlessTheJobNamesASize) {
+  std::vector<float> weights[2];
+  for (const uint64_t part_bytes : {uint64_t{0}, uint64_t{256} << 10}) {
+    v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 2);
+    config.set_part_bytes(part_bytes);
+    v1::ShardMap map = MapOf(config, (int64_t{16} << 20) / sizeof(float));
+    InProcessShards shards(config, &map);
+    shards.SetLiveWorkers(1);
+    ParameterClient client(config, map, 0, 1);
+    std::vector<float>& params = weights[part_bytes == 0 ? 0 : 1];
+    params.assign(client.num_parameters(), -7);
+    const std::vector<float> grads = Ramp(params.size());
+    absl::StatusOr<ParameterClient::PushOutcome> pushed =
+        client.Wait(client.PushAsync(0, grads.data(), 1, params.data(), absl::Seconds(5)));
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    ASSERT_TRUE(pushed->pulled);
+    EXPECT_EQ(client.traffic().push_calls, part_bytes == 0 ? 4u : 64u)
+        << "part_bytes " << part_bytes;
+  }
+  EXPECT_EQ(weights[0], weights[1]);
+}
+
 // Two workers' fused pushes for `steps` sync steps through 2 real shards,
 // with the job's `transport` and wire `dtype`: the weights each worker ends
 // with (both must agree), and the bytes that went through lanes.

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/daemon.h"
 #include "job/shard_map.h"
 
 namespace grps {
@@ -60,7 +61,20 @@ absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMa
   return MapFit::kSameLayout;
 }
 
-ChunkLayout::ChunkLayout(const v1::ShardMap& map) : map_(map) {
+std::vector<size_t> ChunkLayout::PartBytesFor(const v1::JobConfig& config,
+                                              const v1::ShardMap& map) {
+  std::vector<size_t> bytes(map.shards_size(), config.part_bytes());
+  if (config.part_bytes() != 0) return bytes;
+  for (const v1::ShardEndpoint& e : map.shards())
+    if (e.shard() < bytes.size())
+      bytes[e.shard()] = IsThisMachinesAddress(e.address()) ? kLocalPartBytes : kPartBytes;
+  for (size_t& b : bytes)
+    if (b == 0) b = kPartBytes;
+  return bytes;
+}
+
+ChunkLayout::ChunkLayout(const v1::ShardMap& map, std::vector<size_t> part_bytes) : map_(map) {
+  part_bytes.resize(map_.shards_size(), kPartBytes);
   std::vector<int64_t> tensor_offset;
   for (const v1::TensorSpec& t : map_.tensors()) {
     tensor_offset.push_back(num_params_);
@@ -75,7 +89,8 @@ ChunkLayout::ChunkLayout(const v1::ShardMap& map) : map_(map) {
     size_t bytes = 0;
     for (uint32_t id : shard_chunks[shard]) {
       const size_t chunk_bytes = num_elements(id) * sizeof(float);
-      if (parts_.empty() || parts_.back().shard != shard || bytes + chunk_bytes > kPartBytes) {
+      if (parts_.empty() || parts_.back().shard != shard ||
+          bytes + chunk_bytes > part_bytes[shard]) {
         parts_.push_back(Part{shard, {}});
         bytes = 0;
       }

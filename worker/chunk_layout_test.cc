@@ -77,6 +77,36 @@ TEST(ChunkLayout, CutsEachShardsChunksIntoPartsOfAtMostPartBytesInTheModelsOrder
   EXPECT_EQ(layout.part_of(15), 3u);
 }
 
+TEST(ChunkLayout, EachShardsPartsHoldAtMostThatShardsPartBytes) {
+  // 16 chunks of 64 KiB over 2 shards: shard 0's 8 in parts of 256 KiB,
+  // shard 1's in one of 1 MiB.
+  const int64_t elements = (size_t{64} << 10) / sizeof(float);
+  const ChunkLayout layout(MapOf({16 * elements}, elements, 2),
+                           {size_t{256} << 10, size_t{1} << 20});
+  const std::vector<ChunkLayout::Part>& parts = layout.parts();
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].chunk_ids, Ids(0, 2, 4));
+  EXPECT_EQ(parts[1].chunk_ids, Ids(1, 2, 8));
+  EXPECT_EQ(parts[2].chunk_ids, Ids(8, 2, 4));
+  EXPECT_EQ(parts[1].shard, 1u);
+}
+
+// Chosen by the link: parts of 4 MiB to a shard at an address of this
+// machine, of 256 KiB to any other; the job's part_bytes, when set, for
+// every shard.
+TEST(ChunkLayout, PartBytesAreTheJobsOrChosenByWhereTheShardIs) {
+  v1::ShardMap map = MapOf({16}, 4, 3);
+  map.mutable_shards(0)->set_address("127.0.0.1:7070");
+  map.mutable_shards(1)->set_address("192.0.2.1:7070");  // documentation: no interface
+  map.mutable_shards(2)->set_address("[::1]:7070");
+  v1::JobConfig config;
+  EXPECT_EQ(ChunkLayout::PartBytesFor(config, map),
+            (std::vector<size_t>{ChunkLayout::kLocalPartBytes, ChunkLayout::kPartBytes,
+                                 ChunkLayout::kLocalPartBytes}));
+  config.set_part_bytes(size_t{64} << 10);
+  EXPECT_EQ(ChunkLayout::PartBytesFor(config, map), std::vector<size_t>(3, size_t{64} << 10));
+}
+
 TEST(ChunkLayout, AChunkLargerThanAPartTravelsAlone) {
   const int64_t big = ChunkLayout::kPartBytes / sizeof(float) + 1;
   const ChunkLayout layout(MapOf({big, 1, 1}, big, 1));

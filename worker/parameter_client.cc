@@ -113,7 +113,7 @@ struct ParameterClient::Operation {
 ParameterClient::ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
                                  uint32_t rank, uint64_t incarnation)
     : config_(config),
-      layout_(map),
+      layout_(map, ChunkLayout::PartBytesFor(config, map)),
       rank_(rank),
       incarnation_(incarnation),
       chunk_version_(layout_.num_chunks()),

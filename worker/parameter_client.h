@@ -7,9 +7,10 @@
 // The wire (wire/chunk_codec.h): a push's f32 payloads are slices over the
 // caller's gradient array, not copies; a pull's reply is copied once, from
 // the received slices straight into the caller's parameter array. Each
-// shard's chunks travel in parts (requests) of about kPartBytes (at most
-// kMaxRequestBytes), so no model is too large for gRPC's message limit
-// (worker/chunk_layout.h), all on one channel (one TCP connection) per
+// shard's chunks travel in parts (requests) of about kPartBytes, or
+// kLocalPartBytes to a shard on the worker's machine, or the job's
+// part_bytes (at most kMaxRequestBytes), so no model is too large for gRPC's
+// message limit (worker/chunk_layout.h), all on one channel (one TCP connection) per
 // shard: a connection's bytes leave in the order they were written, so a
 // shard gets a worker's parts one after the other. (Two connections a
 // shard, each part on the next, sent two parts a shard at once, each at half

@@ -213,6 +213,9 @@ class ParameterClientTest : public ::testing::Test {
     config_.set_num_servers(2);
     config_.set_num_workers(1);
     config_.set_chunk_bytes(1024);
+    // Parts as a worker cuts them to a shard on another machine: these
+    // shards are on loopback, where by the link they would be of 4 MiB.
+    config_.set_part_bytes(ParameterClient::kPartBytes);
     // A model of 26,000 parameters: each shard's chunks are one part.
     config_.clear_hidden_units();
     config_.add_hidden_units(32);
