@@ -300,7 +300,7 @@ TEST(WirePath, TicketsOfOneClientRunConcurrentlyAndEachIsWaitedOnce) {
 }
 
 // A shard of 80 MiB is more than one gRPC message may carry (64 MiB): it
-// travels as many requests of at most kMaxRequestBytes.
+// travels as many requests, a chunk of 8 MiB each.
 TEST(WirePath, AShardLargerThanTheMessageLimitTrains) {
   v1::JobConfig config = Config(v1::MODE_ASYNC, 1, 1);
   config.set_chunk_bytes(8 << 20);

@@ -7,9 +7,9 @@
 // The wire (wire/chunk_codec.h): a push's f32 payloads are slices over the
 // caller's gradient array, not copies; a pull's reply is copied once, from
 // the received slices straight into the caller's parameter array. Each
-// shard's chunks travel in parts (requests) of about kPartBytes, or
+// shard's chunks travel in parts (requests) of at most kPartBytes, or
 // kLocalPartBytes to a shard on the worker's machine, or the job's
-// part_bytes (at most kMaxRequestBytes), so no model is too large for gRPC's
+// part_bytes (a larger chunk alone), so no model is too large for gRPC's
 // message limit (worker/chunk_layout.h), all on one channel (one TCP connection) per
 // shard: a connection's bytes leave in the order they were written, so a
 // shard gets a worker's parts one after the other. (Two connections a
@@ -109,9 +109,6 @@ class ParameterClient final : public ParameterShards {
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
 
-  // Payload bytes per request at most (a chunk larger than this travels
-  // alone).
-  static constexpr size_t kMaxRequestBytes = size_t{4} << 20;
   // A part's payload: see ChunkLayout.
   static constexpr size_t kPartBytes = ChunkLayout::kPartBytes;
   // The push schedule's credit, its bounds and how a push measures it for
