@@ -63,13 +63,11 @@ absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMa
 
 std::vector<size_t> ChunkLayout::PartBytesFor(const v1::JobConfig& config,
                                               const v1::ShardMap& map) {
-  std::vector<size_t> bytes(map.shards_size(), config.part_bytes());
-  if (config.part_bytes() != 0) return bytes;
+  if (config.part_bytes() != 0) return std::vector<size_t>(map.shards_size(), config.part_bytes());
+  std::vector<size_t> bytes(map.shards_size(), kPartBytes);
   for (const v1::ShardEndpoint& e : map.shards())
-    if (e.shard() < bytes.size())
-      bytes[e.shard()] = IsThisMachinesAddress(e.address()) ? kLocalPartBytes : kPartBytes;
-  for (size_t& b : bytes)
-    if (b == 0) b = kPartBytes;
+    if (e.shard() < bytes.size() && IsThisMachinesAddress(e.address()))
+      bytes[e.shard()] = kLocalPartBytes;
   return bytes;
 }
 
