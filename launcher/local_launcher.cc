@@ -430,15 +430,17 @@ std::optional<int> LocalLauncher::StartMembers() {
 void LocalLauncher::SayWhereMetricsAre() {
   const std::string targets_path = InDir(options_.run_dir, "prometheus-targets.json");
   const std::vector<MetricsTarget> targets = MetricsTargets(options_);
-  if (absl::Status s = WriteFileAtomically(Env::Default(), targets_path,
-                                           PrometheusTargetsJson(targets, options_.job_id));
-      !s.ok())
-    Say(absl::StrCat("grps-local: ", s.message()));
   std::vector<std::string> lines;
   for (const MetricsTarget& t : targets)
     lines.push_back(absl::StrCat("  ", t.daemon, ": http://", t.address, "/metrics"));
   Say(absl::StrCat("metrics (Prometheus; scrape targets in ", targets_path, "):\n",
                    absl::StrJoin(lines, "\n")));
+  // Written after the list is printed (and flushed), so that whoever sees the file can
+  // read the printed list too.
+  if (absl::Status s = WriteFileAtomically(Env::Default(), targets_path,
+                                           PrometheusTargetsJson(targets, options_.job_id));
+      !s.ok())
+    Say(absl::StrCat("grps-local: ", s.message()));
 }
 
 std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {

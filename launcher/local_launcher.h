@@ -121,7 +121,7 @@ class LocalLauncher {
   // One look at every child: deals with each death (restart, or the end
   // of the launch); `all_exited` says whether none runs any more.
   std::optional<int> HandleExitedChildren(bool* all_exited);
-  // Prints each daemon's /metrics address and writes them, as Prometheus
+  // Prints each daemon's /metrics address, then writes them, as Prometheus
   // file_sd targets, to <run_dir>/prometheus-targets.json.
   void SayWhereMetricsAre();
   // Starts `spec`'s program as a child in `role` (`index`: shard or rank);
