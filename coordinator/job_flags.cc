@@ -349,9 +349,9 @@ absl::Status SetShapeAndGradients(v1::JobConfig* c) {
         absl::StrCat("--chunk_kb must be in [1, 65536], got ", chunk_kb));
   c->set_chunk_bytes(chunk_kb * 1024);
   const uint64_t part_kb = absl::GetFlag(FLAGS_part_kb);
-  if (part_kb != 0 && (part_kb < 16 || part_kb > 32 * 1024))
+  if (part_kb != 0 && (part_kb < 16 || part_kb > 16 * 1024))
     return absl::InvalidArgumentError(
-        absl::StrCat("--part_kb must be 0 (by the link) or in [16, 32768], got ", part_kb));
+        absl::StrCat("--part_kb must be 0 (by the link) or in [16, 16384], got ", part_kb));
   c->set_part_bytes(part_kb * 1024);
   absl::StatusOr<v1::DType> wire = ParseWireDType(absl::GetFlag(FLAGS_wire_dtype));
   if (!wire.ok()) return FlagError("wire_dtype", wire.status());

@@ -240,7 +240,7 @@ TEST(JobFlags, BadValuesNameTheirFlag) {
     EXPECT_NE(JobConfigFromFlags().status().message().find("--chunk_kb"),
               std::string::npos);
   }
-  for (uint64_t part_kb : {uint64_t{8}, uint64_t{32769}, uint64_t{1} << 60}) {
+  for (uint64_t part_kb : {uint64_t{8}, uint64_t{16385}, uint64_t{1} << 60}) {
     absl::FlagSaver saver;
     absl::SetFlag(&FLAGS_part_kb, part_kb);
     EXPECT_NE(JobConfigFromFlags().status().message().find("--part_kb"), std::string::npos)

@@ -230,8 +230,10 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
                "the files of every old shard (docs/elasticity.md)");
   if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
     return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
-  if (c.part_bytes() != 0 && (c.part_bytes() < (16u << 10) || c.part_bytes() > (32u << 20)))
-    return Bad("part_bytes must be 0 (by the link) or in [16 KiB, 32 MiB]");
+  // At most 16 MiB: a top-k part carries an index beside each value it
+  // keeps, twice its f32 values at most, within a message's 64 MiB.
+  if (c.part_bytes() != 0 && (c.part_bytes() < (16u << 10) || c.part_bytes() > (16u << 20)))
+    return Bad("part_bytes must be 0 (by the link) or in [16 KiB, 16 MiB]");
   if (c.wire_dtype() != v1::DTYPE_F32 && c.wire_dtype() != v1::DTYPE_F16 &&
       c.wire_dtype() != v1::DTYPE_BF16)
     return Bad("wire_dtype must be f32, f16 or bf16");

@@ -53,12 +53,12 @@ TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
   c.set_late_gradients(static_cast<v1::LateGradientPolicy>(7));
   EXPECT_FALSE(ValidateJobConfig(c).ok());
   // A part: 0 (by the link) or a size a request carries.
-  for (uint64_t part : {uint64_t{0}, uint64_t{16} << 10, uint64_t{32} << 20}) {
+  for (uint64_t part : {uint64_t{0}, uint64_t{16} << 10, uint64_t{16} << 20}) {
     c = DefaultJobConfig();
     c.set_part_bytes(part);
     EXPECT_TRUE(ValidateJobConfig(c).ok()) << part;
   }
-  for (uint64_t part : {uint64_t{1}, (uint64_t{16} << 10) - 1, (uint64_t{32} << 20) + 1}) {
+  for (uint64_t part : {uint64_t{1}, (uint64_t{16} << 10) - 1, (uint64_t{16} << 20) + 1}) {
     c = DefaultJobConfig();
     c.set_part_bytes(part);
     s = ValidateJobConfig(c);
