@@ -64,11 +64,17 @@ absl::StatusOr<MapFit> FitShardMap(const v1::ShardMap& layout, const v1::ShardMa
 std::vector<size_t> ChunkLayout::PartBytesFor(const v1::JobConfig& config,
                                               const v1::ShardMap& map) {
   if (config.part_bytes() != 0) return std::vector<size_t>(map.shards_size(), config.part_bytes());
-  std::vector<size_t> bytes(map.shards_size(), kPartBytes);
-  for (const v1::ShardEndpoint& e : map.shards())
-    if (e.shard() < bytes.size() && IsThisMachinesAddress(e.address()))
-      bytes[e.shard()] = kLocalPartBytes;
+  const std::vector<bool> local = OnThisMachine(map);
+  std::vector<size_t> bytes(map.shards_size());
+  for (size_t s = 0; s < bytes.size(); ++s) bytes[s] = local[s] ? kLocalPartBytes : kPartBytes;
   return bytes;
+}
+
+std::vector<bool> ChunkLayout::OnThisMachine(const v1::ShardMap& map) {
+  std::vector<bool> local(map.shards_size(), false);
+  for (const v1::ShardEndpoint& e : map.shards())
+    if (e.shard() < local.size() && IsThisMachinesAddress(e.address())) local[e.shard()] = true;
+  return local;
 }
 
 ChunkLayout::ChunkLayout(const v1::ShardMap& map, std::vector<size_t> part_bytes) : map_(map) {
@@ -111,6 +117,13 @@ size_t ChunkLayout::part_bytes(size_t part) const {
   size_t bytes = 0;
   for (uint32_t id : parts_[part].chunk_ids) bytes += num_elements(id) * sizeof(float);
   return bytes;
+}
+
+std::vector<size_t> ChunkLayout::LargestPartBytes() const {
+  std::vector<size_t> largest(num_shards(), 0);
+  for (size_t p = 0; p < parts_.size(); ++p)
+    largest[parts_[p].shard] = std::max(largest[parts_[p].shard], part_bytes(p));
+  return largest;
 }
 
 std::vector<ChunkLayout::Part> ChunkLayout::Runs(uint32_t slots, size_t max_bytes) const {

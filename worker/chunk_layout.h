@@ -52,6 +52,9 @@ class ChunkLayout {
   // `map` by where its endpoint is: kLocalPartBytes at an address of this
   // machine (IsThisMachinesAddress), kPartBytes elsewhere.
   static std::vector<size_t> PartBytesFor(const v1::JobConfig& config, const v1::ShardMap& map);
+  // By shard of `map`: whether its endpoint is at an address of this
+  // machine (IsThisMachinesAddress).
+  static std::vector<bool> OnThisMachine(const v1::ShardMap& map);
 
   // The chunks of one request: all of one shard's, or a run of them.
   struct Part {
@@ -82,6 +85,8 @@ class ChunkLayout {
   const std::vector<Part>& parts() const { return parts_; }
   // The values of parts()[part], in f32 (the widest wire dtype).
   size_t part_bytes(size_t part) const;
+  // By shard: the values of its largest part, in f32.
+  std::vector<size_t> LargestPartBytes() const;
   // The index in parts() of the part that holds chunk `id`.
   size_t part_of(uint32_t id) const { return part_of_chunk_[id]; }
   // Indices into parts() in the order backward makes them ready: by the

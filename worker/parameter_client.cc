@@ -30,12 +30,14 @@ v1::DType JobWireDType(const v1::JobConfig& config) {
   return config.wire_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : config.wire_dtype();
 }
 
-// The values of the layout's largest part, in f32 (the widest wire dtype).
-size_t LargestPartBytes(const ChunkLayout& layout) {
-  size_t largest = 0;
-  for (size_t p = 0; p < layout.parts().size(); ++p)
-    largest = std::max(largest, layout.part_bytes(p));
-  return largest;
+// PushSchedule::LeastCredit of the shards whose `local` is `on_this_machine`.
+size_t LeastCreditOf(const ChunkLayout& layout, const std::vector<bool>& local,
+                     bool on_this_machine) {
+  const std::vector<size_t> largest = layout.LargestPartBytes();
+  std::vector<size_t> these;
+  for (size_t s = 0; s < largest.size(); ++s)
+    if ((s < local.size() && local[s]) == on_this_machine) these.push_back(largest[s]);
+  return PushSchedule::LeastCredit(these);
 }
 
 }  // namespace
@@ -111,7 +113,8 @@ struct ParameterClient::Operation {
 };
 
 ParameterClient::ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
-                                 uint32_t rank, uint64_t incarnation)
+                                 uint32_t rank, uint64_t incarnation,
+                                 std::optional<std::vector<bool>> on_this_machine)
     : config_(config),
       layout_(map, ChunkLayout::PartBytesFor(config, map)),
       rank_(rank),
@@ -121,7 +124,11 @@ ParameterClient::ParameterClient(const v1::JobConfig& config, const v1::ShardMap
       lanes_(config_, layout_),
       optimizer_state_(config_, layout_, rank_, incarnation_, &generation_,
                        [this](size_t shard) { return TypedStub(shard); }),
-      least_credit_(PushSchedule::LeastCredit(LargestPartBytes(layout_), layout_.num_shards())),
+      local_shards_(on_this_machine.has_value() ? *std::move(on_this_machine)
+                                                : ChunkLayout::OnThisMachine(layout_.map())),
+      local_credit_(
+          std::max(PushSchedule::kInFlightBytes, LeastCreditOf(layout_, local_shards_, true))),
+      least_credit_(LeastCreditOf(layout_, local_shards_, false)),
       credit_(std::max(PushSchedule::kInFlightBytes, least_credit_)) {
   absl::MutexLock lock(&mu_);
   endpoints_.resize(layout_.num_shards());
@@ -197,7 +204,8 @@ ParameterClient::Ticket ParameterClient::Register(std::unique_ptr<Operation> op)
   // shard its parts in backward's order, the same on every worker.
   const bool strict = raw->push && raw->staged && config_.mode() == v1::MODE_SYNC;
   raw->schedule = std::make_unique<PushSchedule>(
-      credit_.load(), strict ? backward_order_ : std::vector<PushSchedule::Placed>{});
+      PushSchedule::Credits{credit_.load(), local_credit_, local_shards_},
+      strict ? backward_order_ : std::vector<PushSchedule::Placed>{});
   Ticket ticket;
   {
     absl::MutexLock lock(&ops_mu_);

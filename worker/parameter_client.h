@@ -27,7 +27,8 @@
 // the request go out one at a time per shard: a shard's next ready part in
 // that order starts once its part before has been written to its
 // connection, with at most the credit of request bytes whose replies have
-// not come (a part ahead of all of those may pass; the credit is measured).
+// not come (a part ahead of all of those may pass; the credit is measured),
+// one credit for the network and one for the shards on this machine.
 // A sync push staged for autograd's hooks (StagePush) keeps a strict order
 // instead, backward's (ChunkLayout::BackwardOrder): each shard gets its
 // parts in that order from every worker, whatever each worker's hooks made
@@ -64,6 +65,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -103,8 +105,13 @@ namespace grps {
 class ParameterClient final : public ParameterShards {
  public:
   // `map` must be valid (ValidateShardMap) with every endpoint set.
-  ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map,
-                  uint32_t rank, uint64_t incarnation);
+  // `on_this_machine`, by shard: whether the push schedule counts it on
+  // this machine's link rather than the network's; by default, whether its
+  // address is this machine's (ChunkLayout::OnThisMachine). (A test plays a
+  // shard of another machine on loopback.)
+  ParameterClient(const v1::JobConfig& config, const v1::ShardMap& map, uint32_t rank,
+                  uint64_t incarnation,
+                  std::optional<std::vector<bool>> on_this_machine = std::nullopt);
   ~ParameterClient() override;
   ParameterClient(const ParameterClient&) = delete;
   ParameterClient& operator=(const ParameterClient&) = delete;
@@ -118,8 +125,10 @@ class ParameterClient final : public ParameterShards {
   static size_t CreditFor(size_t bytes, absl::Duration window, absl::Duration shortest) {
     return PushSchedule::CreditFor(bytes, window, shortest);
   }
-  // The credit of the next push (for tests and the docs' figures).
+  // The network credit of the next push, and the credit of the link to the
+  // shards on this machine (for tests and the docs' figures).
   size_t credit() const { return credit_.load(); }
+  size_t local_credit() const { return local_credit_; }
   // The deadline of one push attempt (a gRPC call, or a doorbell's ring).
   static constexpr absl::Duration kPushCallTimeout = absl::Seconds(30);
 
@@ -385,8 +394,13 @@ class ParameterClient final : public ParameterShards {
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> lane_bytes_{0};
   std::atomic<uint64_t> push_calls_{0};
-  // The next push's credit, and the least it may be (PushSchedule::LeastCredit
-  // of this layout's largest part).
+  // The push schedule's links (PushSchedule::Credits): by shard, whether it
+  // is on this machine, and that link's credit (fixed: kInFlightBytes, or
+  // two of each local shard's largest parts). The network's credit of the
+  // next push, and the least it may be (two of each other shard's largest
+  // parts: PushSchedule::LeastCredit).
+  const std::vector<bool> local_shards_;
+  const size_t local_credit_;
   const size_t least_credit_;
   std::atomic<size_t> credit_;
   std::atomic<uint64_t> doorbell_calls_{0};

@@ -275,7 +275,10 @@ class ParameterClientTest : public ::testing::Test {
   };
   // map_: a model of `hidden` units in chunks of `chunk_bytes`, its values
   // through gRPC; its shards served into *held, holding.
-  void ServeHeld(int hidden, uint64_t chunk_bytes, std::unique_ptr<Held>* held) {
+  // The client counts both shards on the network's link unless
+  // `on_this_machine` says otherwise (they are on loopback).
+  void ServeHeld(int hidden, uint64_t chunk_bytes, std::unique_ptr<Held>* held,
+                 std::vector<bool> on_this_machine = {false, false}) {
     config_.set_local_transport(v1::LOCAL_TRANSPORT_GRPC);
     ASSERT_NO_FATAL_FAILURE(UseModel(hidden, chunk_bytes));
     *held = std::make_unique<Held>();
@@ -284,7 +287,7 @@ class ParameterClientTest : public ::testing::Test {
     ASSERT_TRUE(h.shards[0] && h.shards[1]);
     h.Hold();
     h.client = std::make_unique<ParameterClient>(
-        config_, MapWith(h.shards[0]->address, h.shards[1]->address, 1), 0, 1);
+        config_, MapWith(h.shards[0]->address, h.shards[1]->address, 1), 0, 1, on_this_machine);
   }
 
   // A loopback address nobody listens on: a server's port, after it stopped.
@@ -487,6 +490,39 @@ TEST_F(ParameterClientTest, APushSendsItsPartsInTheModelsOrderWithinItsCredit) {
   ASSERT_TRUE(pushed.ok()) << pushed.status();
 }
 
+TEST_F(ParameterClientTest, PartsToAShardOnThisMachineTakeNothingOfTheNetworksCredit) {
+  // The model of about 26 MB again, more than one credit holds; shard 0 on
+  // this machine, shard 1 across the network. Each shard's parts fit its
+  // link's credit, so while no reply comes every part is out: the
+  // loopback's parts do not hold the network's back (with one credit for
+  // both, about 16 MiB of them would be).
+  std::unique_ptr<Held> held;
+  ASSERT_NO_FATAL_FAILURE(ServeHeld(8192, 256 << 10, &held, {true, false}));
+  ParameterClient& client = *held->client;
+  const std::vector<CutPart> parts = PartsOf(map_);
+  size_t total = 0, by_shard[2] = {0, 0};
+  for (const CutPart& part : parts) {
+    total += part.bytes;
+    by_shard[map_.chunks(part.first).shard()] += part.bytes + (size_t{16} << 10);
+  }
+  ASSERT_GT(total, ParameterClient::kInFlightBytes) << "the model must be larger than a credit";
+  ASSERT_LT(by_shard[0], client.local_credit());
+  ASSERT_LT(by_shard[1], client.credit());
+
+  std::vector<float> grads(client.num_parameters(), 0.1f);
+  std::vector<float> params(client.num_parameters(), 0.0f);
+  ParameterClient::Ticket ticket =
+      client.PushAsync(0, grads.data(), 1, params.data(), absl::Seconds(30));
+  auto out = [&] {
+    return held->shards[0]->service->pushes().size() + held->shards[1]->service->pushes().size();
+  };
+  for (int i = 0; i < 1000 && out() < parts.size(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(out(), parts.size()) << "parts held back with no reply come";
+  held->Release();
+  absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+}
+
 TEST_F(ParameterClientTest, APushOfLargePartsKeepsTwoOfThemOutAShardAfterASlowPush) {
   // Chunks of about 4 MiB (--chunk_kb=4096), a part each. A push held at its
   // shards measures a slow link (the least credit, one part); the next one
@@ -499,7 +535,7 @@ TEST_F(ParameterClientTest, APushOfLargePartsKeepsTwoOfThemOutAShardAfterASlowPu
   size_t largest = 0;
   for (const CutPart& part : parts) largest = std::max(largest, part.bytes);
   ASSERT_GT(largest, size_t{3} << 20);
-  const size_t least = PushSchedule::LeastCredit(largest, 2);
+  const size_t least = PushSchedule::LeastCredit({largest, largest});
   ASSERT_GT(least, PushSchedule::kMinCredit);
 
   std::vector<float> grads(client.num_parameters(), 0.1f);

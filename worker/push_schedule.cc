@@ -2,6 +2,7 @@
 #include "worker/push_schedule.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace grps {
 
@@ -15,15 +16,18 @@ size_t PushSchedule::CreditFor(size_t bytes, absl::Duration window, absl::Durati
                                         static_cast<double>(kInFlightBytes)));
 }
 
-size_t PushSchedule::LeastCredit(size_t largest_part_bytes, size_t shards) {
+size_t PushSchedule::LeastCredit(const std::vector<size_t>& largest_part_bytes) {
   // A request's header and framing beside its values: a few KiB at most.
   constexpr size_t kRequestOverhead = size_t{16} << 10;
-  return std::max(kMinCredit,
-                  kLeastPartsPerShard * shards * (largest_part_bytes + kRequestOverhead));
+  size_t least = 0;
+  for (size_t bytes : largest_part_bytes) least += kLeastPartsPerShard * (bytes + kRequestOverhead);
+  return std::max(kMinCredit, least);
 }
 
-PushSchedule::PushSchedule(size_t credit, const std::vector<Placed>& order)
-    : credit_(credit), strict_(!order.empty()) {
+PushSchedule::PushSchedule(Credits credits, const std::vector<Placed>& order)
+    : local_shards_(std::move(credits.local_shards)), strict_(!order.empty()) {
+  links_[kNetwork].credit = credits.network;
+  links_[kLocal].credit = credits.local;
   for (const Placed& p : order) {
     if (p.call >= place_.size()) place_.resize(p.call + 1, 0);
     place_[p.call] = order_.size();
@@ -53,25 +57,32 @@ std::vector<size_t> PushSchedule::Start() {
   std::vector<size_t> start;
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  for (auto it = queued_.begin(); it != queued_.end();) {
+  // A link whose credit a call did not fit: its later calls wait too.
+  bool full[2] = {false, false};
+  for (auto it = queued_.begin(); it != queued_.end() && !(full[kNetwork] && full[kLocal]);) {
     const size_t next = *it;
     Queued& call = calls_[next];
+    const size_t l = LinkOf(call.shard);
+    Link& link = links_[l];
     std::deque<size_t>* turn = strict_ ? &turns_[call.shard] : nullptr;
-    if (writing_.count(call.shard) > 0 ||
+    if (full[l] || writing_.count(call.shard) > 0 ||
         (turn != nullptr && !turn->empty() && turn->front() != next)) {
       ++it;
       continue;
     }
-    if (!in_flight_.empty() && in_flight_bytes_ + call.bytes > credit_ &&
-        next > *in_flight_.begin())
-      break;
+    if (!link.in_flight.empty() && link.in_flight_bytes + call.bytes > link.credit &&
+        next > *link.in_flight.begin()) {
+      full[l] = true;
+      ++it;
+      continue;
+    }
     it = queued_.erase(it);
     if (turn != nullptr && !turn->empty() && turn->front() == next) turn->pop_front();
     call.started_at = now;
-    first_start_ = std::min(first_start_, now);
+    if (l == kNetwork) first_start_ = std::min(first_start_, now);
     writing_[call.shard] = next;
-    in_flight_.insert(next);
-    in_flight_bytes_ += call.bytes;
+    link.in_flight.insert(next);
+    link.in_flight_bytes += call.bytes;
     start.push_back(CallAt(next));
   }
   return start;
@@ -90,9 +101,12 @@ void PushSchedule::Replied(size_t call, bool ok) {
   absl::MutexLock lock(&mu_);
   const size_t place = Place(call);
   auto it = calls_.find(place);
-  if (it == calls_.end() || in_flight_.erase(place) == 0) return;
-  in_flight_bytes_ -= it->second.bytes;
-  if (ok) {
+  if (it == calls_.end()) return;
+  const size_t l = LinkOf(it->second.shard);
+  Link& link = links_[l];
+  if (link.in_flight.erase(place) == 0) return;
+  link.in_flight_bytes -= it->second.bytes;
+  if (ok && l == kNetwork) {
     const absl::Time now = absl::Now();
     shortest_ = std::min(shortest_, now - it->second.started_at);
     last_reply_ = now;

@@ -69,7 +69,22 @@ class PushSchedule {
   // samples/s, 35.4 with this floor (59.3 with the default chunks of 256
   // KiB: such parts suit fast links only; docs/performance.md).
   static constexpr size_t kLeastPartsPerShard = 2;
-  static size_t LeastCredit(size_t largest_part_bytes, size_t shards);
+  // `largest_part_bytes`: each shard's largest part (of the shards a credit
+  // covers); room for kLeastPartsPerShard of each, at least kMinCredit.
+  static size_t LeastCredit(const std::vector<size_t>& largest_part_bytes);
+
+  // Two links, a credit each: the network's (`credit`, what Measured()
+  // measures), and this machine's, to the shards at an address of the
+  // worker's own machine (`local[shard]`; `local_credit`). A local shard's
+  // parts do not cross the network: they neither take its credit nor count
+  // in its measure (a worker beside one shard of several on its host would
+  // otherwise hold its network parts back while its local ones are out, and
+  // measure the loopback's rate for the network).
+  struct Credits {
+    size_t network = kInFlightBytes;
+    size_t local = kInFlightBytes;
+    std::vector<bool> local_shards;  // by shard; missing: the network's
+  };
 
   // A call and its shard, in a strict order.
   struct Placed {
@@ -78,7 +93,9 @@ class PushSchedule {
   };
   // `order`: every call of the push, in the order they must start (each
   // shard's calls in it); empty: as they are ready, in index order.
-  explicit PushSchedule(size_t credit, const std::vector<Placed>& order = {});
+  explicit PushSchedule(size_t credit, const std::vector<Placed>& order = {})
+      : PushSchedule(Credits{credit, credit, {}}, order) {}
+  PushSchedule(Credits credits, const std::vector<Placed>& order);
   PushSchedule(const PushSchedule&) = delete;
   PushSchedule& operator=(const PushSchedule&) = delete;
 
@@ -94,11 +111,12 @@ class PushSchedule {
   // The request of started call `call` has been written to its connection
   // (or the call ended): its shard's next call may start.
   void Written(size_t call) ABSL_LOCKS_EXCLUDED(mu_);
-  // Started call `call` ended; its bytes leave the credit. `ok`: its reply
-  // came, and counts toward the measure.
+  // Started call `call` ended; its bytes leave its link's credit. `ok`: its
+  // reply came, and (a network part's) counts toward the measure.
   void Replied(size_t call, bool ok) ABSL_LOCKS_EXCLUDED(mu_);
-  // The credit this push measured for the next one (CreditFor), once its
-  // replies brought at least kMinCredit request bytes; none before.
+  // The network credit this push measured for the next one (CreditFor),
+  // once its network parts' replies brought at least kMinCredit request
+  // bytes; none before.
   std::optional<size_t> Measured() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -107,6 +125,17 @@ class PushSchedule {
     size_t bytes = 0;
     absl::Time started_at;  // once started
   };
+  // A link's calls started and not yet done, and their request bytes.
+  struct Link {
+    size_t credit = 0;
+    std::set<size_t> in_flight;
+    size_t in_flight_bytes = 0;
+  };
+  static constexpr size_t kNetwork = 0;
+  static constexpr size_t kLocal = 1;
+  size_t LinkOf(size_t shard) const {
+    return shard < local_shards_.size() && local_shards_[shard] ? kLocal : kNetwork;
+  }
 
   // A call's place in the push's order, and the call at a place.
   // (A call the order lacks goes after it, unordered.)
@@ -121,22 +150,21 @@ class PushSchedule {
   }
 
   mutable absl::Mutex mu_;
-  const size_t credit_;
+  const std::vector<bool> local_shards_;
   const bool strict_;
   std::vector<size_t> order_;  // strict: the calls by place
   std::vector<size_t> place_;  // strict: the places by call
   // Strict: each shard's places not yet started or bypassed, in order.
   std::map<size_t, std::deque<size_t>> turns_ ABSL_GUARDED_BY(mu_);
   // Every call enqueued, by place; those ready to start; each shard's call
-  // whose request is being written; the started calls not yet done and
-  // their request bytes.
+  // whose request is being written; each link's started calls.
   std::map<size_t, Queued> calls_ ABSL_GUARDED_BY(mu_);
   std::set<size_t> queued_ ABSL_GUARDED_BY(mu_);
   std::map<size_t, size_t> writing_ ABSL_GUARDED_BY(mu_);  // shard -> call
-  std::set<size_t> in_flight_ ABSL_GUARDED_BY(mu_);
-  size_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // What the schedule measures: its first call's start, its last reply,
-  // its quickest call, and the request bytes of its replies.
+  Link links_[2] ABSL_GUARDED_BY(mu_);                     // kNetwork, kLocal
+  // What the schedule measures, of its network calls: the first one's
+  // start, the last reply, the quickest call, and the request bytes of
+  // their replies.
   absl::Time first_start_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time last_reply_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration shortest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();

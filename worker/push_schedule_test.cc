@@ -2,6 +2,7 @@
 // model's order or a strict one; and the credit a push measures for the next.
 #include "worker/push_schedule.h"
 
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -134,16 +135,86 @@ TEST(PushSchedule, CreditForIsThreeRoundTripsOfTheRateWithinItsBounds) {
             PushSchedule::kInFlightBytes);
 }
 
-TEST(PushSchedule, TheLeastCreditHoldsTwoOfTheLargestPartsAShard) {
+TEST(PushSchedule, TheLeastCreditHoldsTwoOfEachShardsLargestParts) {
+  constexpr size_t kKiB = 1024, kMiB = kKiB * kKiB;
   // Parts of 256 KiB (the default): kMinCredit holds many.
-  EXPECT_EQ(PushSchedule::LeastCredit(256 << 10, 2), PushSchedule::kMinCredit);
-  EXPECT_EQ(PushSchedule::LeastCredit(256 << 10, 4), PushSchedule::kMinCredit);
+  EXPECT_EQ(PushSchedule::LeastCredit({256 * kKiB, 256 * kKiB}), PushSchedule::kMinCredit);
+  EXPECT_EQ(PushSchedule::LeastCredit(std::vector<size_t>(4, 256 * kKiB)),
+            PushSchedule::kMinCredit);
+  EXPECT_EQ(PushSchedule::LeastCredit({}), PushSchedule::kMinCredit);
   // Chunks of 4 MiB: two of them a shard, with their headers.
   for (size_t shards : {1, 2, 4}) {
-    const size_t least = PushSchedule::LeastCredit(4 << 20, shards);
-    EXPECT_GT(least, 2 * shards * (size_t{4} << 20)) << shards << " shards";
-    EXPECT_LT(least, 2 * shards * (size_t{4} << 20) + 2 * shards * (size_t{64} << 10));
+    const size_t least = PushSchedule::LeastCredit(std::vector<size_t>(shards, 4 * kMiB));
+    EXPECT_GT(least, 2 * shards * 4 * kMiB) << shards << " shards";
+    EXPECT_LT(least, 2 * shards * 4 * kMiB + 2 * shards * 64 * kKiB);
   }
+  // Each shard its own: one of 4 MiB parts beside three of 256 KiB needs
+  // room for two of each, not eight of 4 MiB.
+  const size_t mixed = PushSchedule::LeastCredit({4 * kMiB, 256 * kKiB, 256 * kKiB, 256 * kKiB});
+  EXPECT_GT(mixed, 2 * 4 * kMiB + 3 * 2 * 256 * kKiB);
+  EXPECT_LT(mixed, 2 * 4 * kMiB + 3 * 2 * 256 * kKiB + 8 * 64 * kKiB);
+}
+
+// Shard 0 on this machine, shard 1 across the network: 100 bytes of credit
+// each.
+PushSchedule::Credits TwoLinks() { return {100, 100, {true, false}}; }
+
+TEST(PushSchedule, EachLinkHasACreditOfItsOwn) {
+  PushSchedule schedule(TwoLinks(), {});
+  for (size_t call = 0; call < 6; ++call) schedule.Enqueue(call, call % 2, 40);
+  // Two calls of 40 a link: the loopback's do not take the network's credit.
+  EXPECT_EQ(schedule.Start(), (Calls{0, 1}));
+  schedule.Written(0);
+  schedule.Written(1);
+  EXPECT_EQ(schedule.Start(), (Calls{2, 3}));
+  schedule.Written(2);
+  schedule.Written(3);
+  EXPECT_EQ(schedule.Start(), Calls{});  // a third of 40 fits neither credit
+  // A reply frees its own link's credit only.
+  schedule.Replied(1, true);
+  EXPECT_EQ(schedule.Start(), Calls{5});
+  schedule.Written(5);
+  schedule.Replied(0, true);
+  EXPECT_EQ(schedule.Start(), Calls{4});
+}
+
+TEST(PushSchedule, AFullLinkHoldsBackNoCallOfTheOther) {
+  // The network's credit is spent; the loopback's later calls still go.
+  PushSchedule schedule(TwoLinks(), {});
+  schedule.Enqueue(0, 1, 90);
+  schedule.Enqueue(1, 1, 90);
+  schedule.Enqueue(2, 0, 90);
+  EXPECT_EQ(schedule.Start(), (Calls{0, 2}));
+  schedule.Written(0);
+  schedule.Written(2);
+  EXPECT_EQ(schedule.Start(), Calls{});
+  schedule.Enqueue(3, 0, 5);
+  EXPECT_EQ(schedule.Start(), Calls{3});
+}
+
+TEST(PushSchedule, OnlyTheNetworksCallsAreMeasured) {
+  // The loopback's replies, however many bytes, measure nothing.
+  const size_t bytes = PushSchedule::kMinCredit;
+  PushSchedule::Credits credits = TwoLinks();
+  credits.network = credits.local = 4 * bytes;
+  {
+    PushSchedule schedule(credits, {});
+    schedule.Enqueue(0, /*shard=*/0, bytes);
+    schedule.Enqueue(1, /*shard=*/0, bytes);
+    EXPECT_EQ(schedule.Start(), Calls{0});
+    schedule.Written(0);
+    EXPECT_EQ(schedule.Start(), Calls{1});
+    schedule.Written(1);
+    schedule.Replied(0, true);
+    schedule.Replied(1, true);
+    EXPECT_EQ(schedule.Measured(), std::nullopt);
+  }
+  PushSchedule schedule(credits, {});
+  schedule.Enqueue(0, /*shard=*/1, bytes);
+  EXPECT_EQ(schedule.Start(), Calls{0});
+  schedule.Written(0);
+  schedule.Replied(0, true);
+  EXPECT_NE(schedule.Measured(), std::nullopt);
 }
 
 }  // namespace
