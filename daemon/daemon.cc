@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -440,11 +441,20 @@ bool IsThisMachinesAddress(absl::string_view address) {
   std::string host(HostOf(address));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
+  // An IPv4 address written as IPv6 is compared as IPv4.
+  if (absl::StartsWithIgnoreCase(host, "::ffff:") && host.find('.') != std::string::npos)
+    host = host.substr(7);
   in_addr v4;
   in6_addr v6;
   const bool is_v4 = inet_pton(AF_INET, host.c_str(), &v4) == 1;
   const bool is_v6 = !is_v4 && inet_pton(AF_INET6, host.c_str(), &v6) == 1;
-  if (!is_v4 && !is_v6) return false;
+  if (!is_v4 && !is_v6) {
+    // A name: this machine's own (what a server listening on every
+    // interface advertises), not resolved.
+    char name[256] = {};
+    return !host.empty() && gethostname(name, sizeof(name) - 1) == 0 &&
+           absl::EqualsIgnoreCase(host, name);
+  }
   ifaddrs* interfaces = nullptr;
   if (getifaddrs(&interfaces) != 0) return false;
   bool mine = false;

@@ -257,9 +257,10 @@ absl::Status RetryTransient(const Backoff& policy,
 // Whether "host:port" names this machine's loopback (localhost, 127.x,
 // [::1], [::ffff:127.x]).
 bool IsLoopbackAddress(absl::string_view address);
-// Whether "host:port" names this machine: its loopback, or a numeric IPv4
-// or IPv6 address one of its interfaces has now (getifaddrs). A host name
-// other than localhost is not resolved: false.
+// Whether "host:port" names this machine: its loopback, a numeric IPv4 or
+// IPv6 address one of its interfaces has now (getifaddrs), or its own host
+// name (gethostname: what a server listening on every interface
+// advertises). Another host name is not resolved: false.
 bool IsThisMachinesAddress(absl::string_view address);
 // Whether a gRPC peer string ("ipv4:127.0.0.1:5000", "ipv6:%5B::1%5D:5000",
 // "unix:...") is a caller on this machine's loopback or a Unix socket.

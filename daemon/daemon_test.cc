@@ -181,9 +181,15 @@ TEST(Daemon, AnAddressOfThisMachineIsItsLoopbackOrOneOfItsInterfaces) {
   // 192.0.2.0/24 is for documentation: no interface has it.
   for (const char* address : {"192.0.2.1:7070", "[2001:db8::1]:1", "grps-server-0:7071", ""})
     EXPECT_FALSE(IsThisMachinesAddress(address)) << address;
+  // Its own name, as a server on every interface advertises it.
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  EXPECT_TRUE(IsThisMachinesAddress(absl::StrCat(name, ":7071"))) << name;
+  EXPECT_FALSE(IsThisMachinesAddress(absl::StrCat(name, "-other:7071"))) << name;
   const std::string own = OwnAddressToward("192.0.2.1");
   if (own.empty() || absl::StartsWith(own, "127.")) GTEST_SKIP() << "no route off this machine";
   EXPECT_TRUE(IsThisMachinesAddress(absl::StrCat(own, ":7071"))) << own;
+  EXPECT_TRUE(IsThisMachinesAddress(absl::StrCat("[::ffff:", own, "]:7071"))) << own;
 }
 
 TEST(Daemon, LoopbackAddressesAndPeersAreThisMachinesOnly) {
