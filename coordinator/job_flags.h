@@ -15,7 +15,7 @@
 //   for criteo data each of the 27 tables of EmbeddingTables)
 //   --optimizer=sgd|momentum|nesterov|adam|adagrad --lr --momentum
 //   --weight_decay --warmup_steps --decay_steps --decay_rate
-//   --batch --epochs --steps --servers --workers --seed --chunk_kb
+//   --batch --epochs --steps --servers --workers --seed --chunk_kb --part_kb
 //   --wire_dtype=f32|f16|bf16 --eval_every --heartbeat_ms
 //   --heartbeat_timeout_ms --max_staleness --staleness_aware_lr
 //   --backup_workers --late_gradients
