@@ -344,9 +344,9 @@ absl::Status SetShapeAndGradients(v1::JobConfig* c) {
   c->set_max_servers(absl::GetFlag(FLAGS_max_servers));
   c->set_seed(absl::GetFlag(FLAGS_seed));
   const uint64_t chunk_kb = absl::GetFlag(FLAGS_chunk_kb);
-  if (chunk_kb == 0 || chunk_kb > 64 * 1024)
+  if (chunk_kb == 0 || chunk_kb > 16 * 1024)
     return absl::InvalidArgumentError(
-        absl::StrCat("--chunk_kb must be in [1, 65536], got ", chunk_kb));
+        absl::StrCat("--chunk_kb must be in [1, 16384], got ", chunk_kb));
   c->set_chunk_bytes(chunk_kb * 1024);
   const uint64_t part_kb = absl::GetFlag(FLAGS_part_kb);
   if (part_kb != 0 && (part_kb < 16 || part_kb > 16 * 1024))

@@ -240,6 +240,11 @@ TEST(JobFlags, BadValuesNameTheirFlag) {
     EXPECT_NE(JobConfigFromFlags().status().message().find("--chunk_kb"),
               std::string::npos);
   }
+  {
+    absl::FlagSaver saver;
+    absl::SetFlag(&FLAGS_chunk_kb, 16385);  // a chunk that no message could carry whole
+    EXPECT_NE(JobConfigFromFlags().status().message().find("--chunk_kb"), std::string::npos);
+  }
   for (uint64_t part_kb : {uint64_t{8}, uint64_t{16385}, uint64_t{1} << 60}) {
     absl::FlagSaver saver;
     absl::SetFlag(&FLAGS_part_kb, part_kb);

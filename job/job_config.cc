@@ -228,8 +228,13 @@ absl::Status ValidateSize(const v1::JobConfig& c) {
   if (c.max_servers() > 0 && c.checkpoint_storage() == v1::CHECKPOINT_STORAGE_PER_SHARD)
     return Bad("max_servers needs shared checkpoint storage: a shard of the new map reads "
                "the files of every old shard (docs/elasticity.md)");
-  if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (64u << 20))
-    return Bad("chunk_bytes must be in [1 KiB, 64 MiB]");
+  // At most 16 MiB: a chunk goes whole in one message (a pull's reply, a
+  // top-k push of twice its values, two optimizer slots of its state), and
+  // every message stays under the 64 MiB limit. (A chunk of 64 MiB was
+  // accepted, and its pull was refused for size on every try: the job hung
+  // at step 0.)
+  if (c.chunk_bytes() < 1024 || c.chunk_bytes() > (16u << 20))
+    return Bad("chunk_bytes must be in [1 KiB, 16 MiB]");
   // At most 16 MiB: a top-k part carries an index beside each value it
   // keeps, twice its f32 values at most, within a message's 64 MiB.
   if (c.part_bytes() != 0 && (c.part_bytes() < (16u << 10) || c.part_bytes() > (16u << 20)))

@@ -52,6 +52,18 @@ TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
   c = DefaultJobConfig();
   c.set_late_gradients(static_cast<v1::LateGradientPolicy>(7));
   EXPECT_FALSE(ValidateJobConfig(c).ok());
+  // A chunk: whole in one message, whatever it carries beside its values.
+  for (uint64_t chunk : {uint64_t{1} << 10, uint64_t{16} << 20}) {
+    c = DefaultJobConfig();
+    c.set_chunk_bytes(chunk);
+    EXPECT_TRUE(ValidateJobConfig(c).ok()) << chunk;
+  }
+  for (uint64_t chunk : {uint64_t{1023}, (uint64_t{16} << 20) + 1, uint64_t{64} << 20}) {
+    c = DefaultJobConfig();
+    c.set_chunk_bytes(chunk);
+    s = ValidateJobConfig(c);
+    EXPECT_NE(s.message().find("chunk_bytes"), std::string::npos) << chunk;
+  }
   // A part: 0 (by the link) or a size a request carries.
   for (uint64_t part : {uint64_t{0}, uint64_t{16} << 10, uint64_t{16} << 20}) {
     c = DefaultJobConfig();
