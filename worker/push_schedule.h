@@ -73,11 +73,11 @@ class PushSchedule {
   // covers); room for kLeastPartsPerShard of each, at least kMinCredit.
   static size_t LeastCredit(const std::vector<size_t>& largest_part_bytes);
 
-  // Two links, a credit each: the network's (`credit`, what Measured()
-  // measures), and this machine's, to the shards at an address of the
-  // worker's own machine (`local[shard]`; `local_credit`). A local shard's
-  // parts do not cross the network: they neither take its credit nor count
-  // in its measure (a worker beside one shard of several on its host would
+  // Two links, a credit each: the network's (`network`, what Measured()
+  // measures), and this machine's (`local`), to the shards at an address of
+  // the worker's own machine (`local_shards[shard]`). A local shard's parts
+  // do not cross the network: they neither take its credit nor count in its
+  // measure (a worker beside one shard of several on its host would
   // otherwise hold its network parts back while its local ones are out, and
   // measure the loopback's rate for the network).
   struct Credits {
