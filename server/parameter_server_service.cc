@@ -519,7 +519,7 @@ grpc::Status ParameterServerService::GetOptimizerState(
   const uint32_t slots = OptimizerStateSlots(store->config().optimizer().kind());
   for (const v1::ChunkSpec* spec : *specs) bytes += spec->num_elements() * sizeof(float) * slots;
   if (bytes + 64 * specs->size() > static_cast<uint64_t>(kMaxMessageBytes))
-    return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+    return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
         "the optimizer state of ", specs->size(), " chunks is ", bytes, " bytes, above the ",
         kMaxMessageBytes, "-byte message limit; ask for fewer chunks per call")));
   absl::StatusOr<v1::GetOptimizerStateResponse> state =

@@ -401,10 +401,12 @@ absl::StatusOr<ShardStore::PullSpec> DecodePull(const ShardStore& store,
     // Payload plus a generous allowance for the framing of each chunk.
     reply_bytes += (*chunk)->num_elements() * DTypeSize(*dtype) + 32;
   }
+  // The caller's error, never a busy shard's: INVALID_ARGUMENT, which no
+  // client retries (a RESOURCE_EXHAUSTED pull is waited out).
   if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
-        "-byte message limit; pull fewer chunks per call"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
+                     "-byte message limit; pull fewer chunks per call"));
   spec.min_version = request.min_version();
   if (request.has_clock()) spec.clock = request.clock();
   spec.generation = request.generation();
@@ -467,10 +469,10 @@ absl::StatusOr<ShardStore::SparsePullSpec> DecodeSparsePull(
   if (!dtype.ok()) return dtype.status();
   const uint64_t reply_bytes =
       static_cast<uint64_t>(request.ids_size()) * (*table)->dim() * DTypeSize(*dtype) + 64;
-  if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "sparse pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
-        "-byte message limit; pull fewer rows per call"));
+  if (reply_bytes > static_cast<uint64_t>(kMaxMessageBytes))  // as DecodePull's
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse pull reply of ", reply_bytes, " bytes exceeds the ", kMaxMessageBytes,
+                     "-byte message limit; pull fewer rows per call"));
   if (absl::Status s = CheckIds(store, request.generation(), **table, request.ids(), /*distinct=*/false); !s.ok())
     return s;
   ShardStore::SparsePullSpec spec;

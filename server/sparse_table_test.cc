@@ -631,6 +631,17 @@ TEST_F(SparseEdgeTest, AnOtherJobOrAnUnknownRankIsRefused) {
   ExpectRefused(r, grpc::StatusCode::INVALID_ARGUMENT, "unknown worker rank 7");
 }
 
+TEST_F(SparseEdgeTest, APullWhoseReplyNoMessageCarriesIsInvalidArgument) {
+  // The caller's to cut smaller: not RESOURCE_EXHAUSTED, which a worker
+  // waits out as a busy shard's (a job whose every pull was refused so hung).
+  const std::vector<int64_t> many(kMaxMessageBytes / (kDim * sizeof(float)) + 1, own_[0]);
+  v1::SparsePullResponse pulled;
+  const grpc::Status s = PullSparse(many, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("pull fewer rows per call"));
+  EXPECT_EQ(TableStatus(store_->ShardStatus()).rows(), 0u);
+}
+
 TEST_F(SparseEdgeTest, APullPastTheRowLimitIsFailedPreconditionAndCreatesNothing) {
   std::vector<int64_t> many = IdsOf(0, 101);
   v1::SparsePullResponse pulled;
