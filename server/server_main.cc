@@ -92,8 +92,9 @@ ABSL_FLAG(bool, serve, false,
 ABSL_FLAG(uint32_t, serve_poll_ms, 200,
           "with --serve: how often to look for a newer checkpoint, in ms (1..60000)");
 ABSL_FLAG(uint32_t, grpc_memory_mib, 0,
-          "what gRPC may hold for this server's calls at once, in MiB; a push that "
-          "would go past it is refused with RESOURCE_EXHAUSTED while it arrives. "
+          "what gRPC may hold for this server's calls at once, in MiB, at least 64 (a "
+          "message of the port's largest must fit); a push that would go past it is "
+          "refused with RESOURCE_EXHAUSTED while it arrives, and sent again. "
           "0: derived from the shard (64 MiB + 4 x workers x its largest push)");
 
 namespace grps {
@@ -231,6 +232,15 @@ absl::Status CheckRunFlags() {
   if (absl::GetFlag(FLAGS_shard) < -1)
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard must be -1 (any) or a shard index, got ", absl::GetFlag(FLAGS_shard)));
+  // Below one message of the port's largest, a push gRPC refuses for memory
+  // would be refused every time it is sent again, and the job would wait at
+  // its first step for ever (a 1 MiB quota and 4 MiB chunks did, saying
+  // nothing).
+  if (const uint32_t mib = absl::GetFlag(FLAGS_grpc_memory_mib);
+      mib > 0 && size_t{mib} << 20 < size_t{kMaxMessageBytes})
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--grpc_memory_mib must be 0 (derived from the shard) or at least ", kMaxMessageBytes >> 20,
+        " (one message of the largest a server takes), got ", mib));
   return absl::OkStatus();
 }
 

@@ -41,6 +41,10 @@ refused 2 "--metrics_listen is not used by grpsctl" grpsctl --metrics_listen=127
 refused 2 "--tls_client_auth is not used by grpsctl" grpsctl --notls_client_auth status
 refused 2 "--tls_server_name is not used by grps-coordinator" grps-coordinator \
   --tls_server_name=grps
+# A quota one message could not fit in: every retry of it refused, the job
+# waiting at its first step for ever.
+refused 1 "--grpc_memory_mib must be 0 (derived from the shard) or at least 64" grps-server \
+  --coordinator=127.0.0.1:9 --grpc_memory_mib=63
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"

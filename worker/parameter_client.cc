@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon.h"
+#include "spdlog/spdlog.h"
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 #include "worker/part_codec.h"
@@ -564,6 +565,10 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
 
 namespace {
 
+// How long a push's calls are sent again before the worker says so (and
+// then as often).
+constexpr absl::Duration kSayRetriesAfter = absl::Seconds(10);
+
 // Whether a failed push is worth sending again. UNAVAILABLE: the shard is
 // down or not restored to this generation yet. RESOURCE_EXHAUSTED, for a
 // push gRPC can carry at all: the shard's gRPC is short of memory for calls
@@ -593,6 +598,10 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::AwaitOutcome(
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   bool retried = false;
+  // Since when this push's calls have been sent again, and when that was
+  // last said: a retry that never ends is told, not waited out silently.
+  std::optional<absl::Time> retrying_since;
+  absl::Time said = absl::InfinitePast();
   while (true) {
     std::vector<size_t> again, refused;
     absl::Status first;
@@ -623,7 +632,16 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::AwaitOutcome(
     if (!first.ok()) return first;
     if (!again.empty()) {
       absl::Status unavailable = op->calls[again.front()].status;
-      if (absl::Now() + backoff > give_up) return unavailable;
+      const absl::Time now = absl::Now();
+      if (now + backoff > give_up) return unavailable;
+      if (!retrying_since.has_value()) retrying_since = now;
+      if (now - *retrying_since >= kSayRetriesAfter && now - said >= kSayRetriesAfter) {
+        spdlog::warn("a push of step {} to shard {} has been refused for {} and is sent again: {}",
+                     op->header.step(), op->calls[again.front()].part->shard,
+                     absl::FormatDuration(absl::Trunc(now - *retrying_since, absl::Seconds(1))),
+                     std::string(unavailable.ToString()));
+        said = now;
+      }
       if (!SleepUnlessStopped(backoff, retry.stop))
         return absl::CancelledError(
             absl::StrCat("gave up retrying (", unavailable.message(), ")"));
