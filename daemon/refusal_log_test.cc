@@ -1,45 +1,20 @@
 #include "daemon/refusal_log.h"
 
-#include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "daemon/daemon.h"
 #include "daemon/security.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "test/captured_log.h"
 
 namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Captures what the default logger writes while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
-  }
-  ~CapturedLog() { spdlog::set_default_logger(previous_); }
-
-  std::vector<std::string> Lines() {
-    spdlog::default_logger()->flush();
-    std::vector<std::string> lines;
-    for (absl::string_view line : absl::StrSplit(out_.str(), '\n', absl::SkipEmpty()))
-      lines.emplace_back(line);
-    return lines;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 TEST(RefusalLog, OneLinePerKindPerIntervalAndTheNextSaysHowManyWereNotLogged) {
   CapturedLog log;

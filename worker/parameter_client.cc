@@ -53,6 +53,16 @@ bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop) {
   }
 }
 
+void RetryNotice::Refused(absl::string_view what, const absl::Status& why) {
+  const absl::Time now = now_();
+  if (!since_.has_value()) since_ = now;
+  if (now - *since_ < kSayAfter || now - said_ < kSayAfter) return;
+  spdlog::warn("{} has been refused for {} and is sent again: {}", std::string(what),
+               absl::FormatDuration(absl::Trunc(now - *since_, absl::Seconds(1))),
+               std::string(why.ToString()));
+  said_ = now;
+}
+
 // One call of an operation: a request to one shard, its reply, its status.
 struct ParameterClient::Call {
   const Part* part = nullptr;
@@ -565,10 +575,6 @@ void ParameterClient::EncodePushCall(Operation* op, size_t index) {
 
 namespace {
 
-// How long a push's calls are sent again before the worker says so (and
-// then as often).
-constexpr absl::Duration kSayRetriesAfter = absl::Seconds(10);
-
 // Whether a failed push is worth sending again. UNAVAILABLE: the shard is
 // down or not restored to this generation yet. RESOURCE_EXHAUSTED, for a
 // push gRPC can carry at all: the shard's gRPC is short of memory for calls
@@ -598,10 +604,7 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::AwaitOutcome(
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   bool retried = false;
-  // Since when this push's calls have been sent again, and when that was
-  // last said: a retry that never ends is told, not waited out silently.
-  std::optional<absl::Time> retrying_since;
-  absl::Time said = absl::InfinitePast();
+  RetryNotice notice;
   while (true) {
     std::vector<size_t> again, refused;
     absl::Status first;
@@ -632,16 +635,10 @@ absl::StatusOr<ParameterClient::PushOutcome> ParameterClient::AwaitOutcome(
     if (!first.ok()) return first;
     if (!again.empty()) {
       absl::Status unavailable = op->calls[again.front()].status;
-      const absl::Time now = absl::Now();
-      if (now + backoff > give_up) return unavailable;
-      if (!retrying_since.has_value()) retrying_since = now;
-      if (now - *retrying_since >= kSayRetriesAfter && now - said >= kSayRetriesAfter) {
-        spdlog::warn("a push of step {} to shard {} has been refused for {} and is sent again: {}",
-                     op->header.step(), op->calls[again.front()].part->shard,
-                     absl::FormatDuration(absl::Trunc(now - *retrying_since, absl::Seconds(1))),
-                     std::string(unavailable.ToString()));
-        said = now;
-      }
+      if (absl::Now() + backoff > give_up) return unavailable;
+      notice.Refused(absl::StrCat("a push of step ", op->header.step(), " to shard ",
+                                  op->calls[again.front()].part->shard),
+                     unavailable);
       if (!SleepUnlessStopped(backoff, retry.stop))
         return absl::CancelledError(
             absl::StrCat("gave up retrying (", unavailable.message(), ")"));

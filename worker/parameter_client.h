@@ -66,12 +66,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -409,6 +411,24 @@ class ParameterClient final : public ParameterShards {
 // Sleeps `d` in short slices; returns false (early) once `stop` (may be
 // null) or a signal says to give up. The clients' retry backoff.
 bool SleepUnlessStopped(absl::Duration d, const std::function<bool()>& stop);
+
+// Tells of a call that is being sent again: once it has been refused for
+// kSayAfter, and as often after, a warning says what and why (a push a
+// shard refuses every time is told, not waited out silently).
+class RetryNotice {
+ public:
+  static constexpr absl::Duration kSayAfter = absl::Seconds(10);
+  explicit RetryNotice(std::function<absl::Time()> now = [] { return absl::Now(); })
+      : now_(std::move(now)) {}
+  // `what` (e.g. "a push of step 3 to shard 1") was refused with `why` and
+  // will be sent again.
+  void Refused(absl::string_view what, const absl::Status& why);
+
+ private:
+  const std::function<absl::Time()> now_;
+  std::optional<absl::Time> since_;
+  absl::Time said_ = absl::InfinitePast();
+};
 
 }  // namespace grps
 

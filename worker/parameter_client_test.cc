@@ -16,18 +16,23 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/daemon.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
 #include "job/sparse_tables.h"
+#include "test/captured_log.h"
 #include "worker/push_schedule.h"
 #include "worker/sparse_client.h"
 
 namespace grps {
 namespace {
+
+using ::testing::HasSubstr;
 
 // What a shard saw of a push: the lane it named (nonce 0: none) and whether
 // its chunks carried their values as bytes.
@@ -630,6 +635,31 @@ TEST_F(ParameterClientTest, AStagedSyncPushSendsEachShardItsPartsInBackwardsOrde
   absl::StatusOr<ParameterClient::PushOutcome> pushed = client.Wait(ticket, {});
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(seen(0).size() + seen(1).size(), order.size());
+}
+
+TEST(RetryNotice, SaysWhatIsSentAgainOnceItHasBeenRefusedForTenSecondsAndEveryTenAfter) {
+  CapturedLog log;
+  absl::Time now = absl::UnixEpoch();
+  RetryNotice notice([&] { return now; });
+  const absl::Status refused = absl::ResourceExhaustedError("Received RST_STREAM");
+  // Refused every 2 s (the backoff's most) for 35 s: said at 10, 20 and 30.
+  for (int i = 0; i <= 17; ++i, now += absl::Seconds(2))
+    notice.Refused("a push of step 0 to shard 1", refused);
+  const std::vector<std::string> lines = log.Lines();
+  ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
+  EXPECT_THAT(lines[0], HasSubstr("[warning] a push of step 0 to shard 1 has been refused for 10s "
+                                  "and is sent again: RESOURCE_EXHAUSTED: Received RST_STREAM"));
+  EXPECT_THAT(lines[1], HasSubstr("refused for 20s"));
+  EXPECT_THAT(lines[2], HasSubstr("refused for 30s"));
+}
+
+TEST(RetryNotice, SaysNothingOfARefusalThatEndsWithinTenSeconds) {
+  CapturedLog log;
+  absl::Time now = absl::UnixEpoch();
+  RetryNotice notice([&] { return now; });
+  for (int i = 0; i < 5; ++i, now += absl::Seconds(2))
+    notice.Refused("a push", absl::UnavailableError("shard restarting"));
+  EXPECT_TRUE(log.Lines().empty());
 }
 
 TEST(ParameterClientCredit, IsThreeRoundTripsOfTheMeasuredRateWithinItsBounds) {

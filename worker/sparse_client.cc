@@ -293,6 +293,7 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
   const absl::Time give_up = absl::Now() + retry.retry_for;
   absl::Duration backoff = retry.initial_backoff;
   PushOutcome outcome;
+  RetryNotice notice;
   while (true) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(shards_);
     std::vector<std::shared_ptr<grpc::GenericStub>> stubs(shards_);
@@ -333,6 +334,8 @@ absl::StatusOr<SparseClient::PushOutcome> SparseClient::Push(
     if (absl::Now() + backoff > give_up)
       return absl::Status(ToAbsl(first).code(),
                           absl::StrCat("shard ", again.front(), ": ", first.error_message()));
+    notice.Refused(absl::StrCat("a push of table '", table, "' to shard ", again.front()),
+                   ToAbsl(first));
     if (!SleepUnlessStopped(backoff, retry.stop))
       return absl::CancelledError(
           absl::StrCat("gave up retrying (", first.error_message(), ")"));
