@@ -104,7 +104,8 @@ ABSL_FLAG(std::string, sparse_tables, "",
           "id; KEY max_rows, eviction=none|lru|lfu, admit_after or evict_after, as the "
           "--embedding_ flags, or rowwise_adagrad=1: one AdaGrad accumulator a row); a worker's gt.EmbeddingBag(NAME, DIM) reads and trains them");
 ABSL_FLAG(uint64_t, train_limit, Defaults().dataset().train_limit(),
-          "use only the first N training examples (0 = all)");
+          "use only the first N training examples (0 = all); at least a step's for "
+          "each worker (workers x batch x accumulate_steps)");
 ABSL_FLAG(uint64_t, test_limit, Defaults().dataset().test_limit(),
           "use only the first N test examples (0 = all)");
 ABSL_FLAG(std::string, optimizer, grps::OptimizerName(Defaults().optimizer().kind()),
@@ -166,14 +167,15 @@ ABSL_FLAG(std::string, compute_dtype, DTypeFlagName(Defaults().compute_dtype()),
           "bf16 or f16 (mixed precision: the servers keep f32 weights; f16 scales "
           "the loss dynamically)");
 ABSL_FLAG(float, loss_scale, Defaults().loss_scale(),
-          "f16 compute: the initial loss scale (0 = 65536); it halves when a "
-          "gradient overflows and doubles after 2000 finite steps");
+          "f16 compute: the initial loss scale, 0 (65536) or in [1, 2^24]; it halves "
+          "when a gradient overflows and doubles after 2000 finite steps");
 ABSL_FLAG(uint32_t, eval_every, Defaults().eval_every_steps(),
           "evaluate test accuracy every this many steps (0 = only at the end)");
 ABSL_FLAG(uint32_t, heartbeat_ms, Defaults().heartbeat_interval_ms(),
           "heartbeat interval of every daemon, in ms");
 ABSL_FLAG(uint32_t, heartbeat_timeout_ms, Defaults().heartbeat_timeout_ms(),
-          "a member silent this long (ms) is declared dead");
+          "a member silent this long (ms) is declared dead; at least 3 x --heartbeat_ms "
+          "and 100");
 ABSL_FLAG(uint32_t, max_staleness, Defaults().max_staleness(),
           "async and ssp: reject gradients staler than this (0 = no limit)");
 ABSL_FLAG(bool, staleness_aware_lr, Defaults().staleness_aware_lr(),

@@ -140,6 +140,17 @@ absl::Status ValidateModel(const v1::JobConfig& c) {
     return Bad("input_features must be in [1, 2^24]");
   if (c.num_classes() < 2 || c.num_classes() > 100000)
     return Bad("num_classes must be in [2, 100000]");
+  // What the shards hold, bounded as a user model's is (16 GiB of f32): a
+  // 65536 x 65536 layer was taken, and its worker grew past the machine's
+  // memory until the kernel killed it. (Each width is at most 2^24 here:
+  // no product overflows.)
+  const std::vector<int64_t> widths = LayerWidths(c);
+  uint64_t elements = 0;
+  for (size_t l = 0; l + 1 < widths.size(); ++l)
+    elements += static_cast<uint64_t>(widths[l] + 1) * static_cast<uint64_t>(widths[l + 1]);
+  if (elements > kMaxUserModelElements)
+    return Bad(absl::StrCat("the model has ", elements,
+                            " parameters, past the 2^32 (16 GiB of f32) the shards hold"));
   return absl::OkStatus();
 }
 
@@ -265,8 +276,13 @@ absl::Status ValidateGradients(const v1::JobConfig& c) {
   if ((c.compute_dtype() == v1::DTYPE_F16 || c.compute_dtype() == v1::DTYPE_BF16) &&
       c.model() == v1::MODEL_EMBEDDING)
     return Bad("compute_dtype f16 and bf16 apply to dense models (mlp, softmax) only");
-  if (!(c.loss_scale() >= 0) || !std::isfinite(c.loss_scale()) || c.loss_scale() > 16777216)
-    return Bad("loss_scale must be in [0, 2^24] (0: 65536)");
+  // Below 1 a scale shrinks the f16 gradients it exists to keep from
+  // underflowing (1e-5 was taken, and the job ended worse than untrained).
+  if (!(c.loss_scale() == 0 || c.loss_scale() >= 1) || !std::isfinite(c.loss_scale()) ||
+      c.loss_scale() > 16777216)
+    return Bad("loss_scale must be 0 (65536) or in [1, 2^24]");
+  if (c.loss_scale() != 0 && c.compute_dtype() != v1::DTYPE_F16)
+    return Bad("loss_scale applies to compute_dtype f16 only (f32 and bf16 need no scale)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
     return Bad("backup_workers applies to sync mode only");
   if (c.backup_workers() >= c.num_workers())
@@ -275,14 +291,33 @@ absl::Status ValidateGradients(const v1::JobConfig& c) {
       c.late_gradients() != v1::LATE_GRADIENTS_FOLD &&
       c.late_gradients() != v1::LATE_GRADIENTS_DROP)
     return Bad("late_gradients must be fold or drop");
+  // Every worker's examples must hold a step's (Trainer::PlanSteps): with
+  // train_limit 3 and 4 workers of batch 1, rank 3 had none and failed at
+  // its start, and the job failed or went on without it, by the timing.
+  const uint64_t limit = c.dataset().train_limit();
+  if (c.model() != v1::MODEL_USER && limit > 0) {
+    const uint64_t each = IsElastic(c) ? limit : limit / c.num_workers();
+    if (each < StepExamples(c))
+      return Bad(absl::StrCat("dataset.train_limit ", limit, " gives ",
+                              IsElastic(c) ? "the job" : "each worker", " ", each,
+                              " examples, fewer than one step's ", StepExamples(c),
+                              " (batch_size x accumulate_steps)"));
+  }
   return absl::OkStatus();
 }
 
 // Heartbeats, timeouts and checkpoints: how the job survives faults.
 absl::Status ValidateFaultTolerance(const v1::JobConfig& c) {
+  // A member is dead after kLeastHeartbeatsMissed intervals without a word,
+  // and never sooner than kLeastHeartbeatTimeoutMs: a heartbeat of 1 ms
+  // and a timeout of 2 ms was taken, and its members were declared dead 71
+  // times in a short sync job, which then ended on other weights.
   if (c.heartbeat_interval_ms() == 0 ||
-      c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms())
-    return Bad("heartbeat_timeout_ms must exceed heartbeat_interval_ms > 0");
+      c.heartbeat_timeout_ms() < kLeastHeartbeatsMissed * uint64_t{c.heartbeat_interval_ms()} ||
+      c.heartbeat_timeout_ms() < kLeastHeartbeatTimeoutMs)
+    return Bad(absl::StrCat("heartbeat_timeout_ms must be at least ", kLeastHeartbeatsMissed,
+                            " x heartbeat_interval_ms (> 0) and at least ",
+                            kLeastHeartbeatTimeoutMs));
   if (c.checkpoint_dir().size() > 4096)
     return Bad("checkpoint_dir must be at most 4096 bytes");
   if ((c.checkpoint_every_steps() > 0 || c.checkpoint_every_seconds() > 0) &&

@@ -34,6 +34,11 @@ inline constexpr char kEmbeddingTable[] = "embedding";
 // "embedding.C26" and "embedding.I" (the 13 integer features).
 std::vector<std::string> EmbeddingTables(const v1::JobConfig& config);
 
+// The fewest heartbeat intervals a member may miss before it is dead, and
+// the shortest heartbeat timeout, in ms (ValidateJobConfig).
+inline constexpr uint32_t kLeastHeartbeatsMissed = 3;
+inline constexpr uint32_t kLeastHeartbeatTimeoutMs = 100;
+
 // Checks every field a daemon relies on; InvalidArgument names the field.
 absl::Status ValidateJobConfig(const v1::JobConfig& config);
 

@@ -78,6 +78,103 @@ TEST(JobConfig, RejectsEachBrokenFieldWithItsName) {
   }
 }
 
+// Each refusal below was once taken, and the job that followed hung, died
+// or trained to nonsense (a probe of grps-local's flags at their edges).
+TEST(JobConfig, ValuesAJobCouldNotSurviveAreRefusedAtTheStart) {
+  auto refused = [](const std::function<void(v1::JobConfig*)>& change, const std::string& says) {
+    v1::JobConfig c = DefaultJobConfig();
+    change(&c);
+    const absl::Status s = ValidateJobConfig(c);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(says));
+  };
+  auto taken = [](const std::function<void(v1::JobConfig*)>& change) {
+    v1::JobConfig c = DefaultJobConfig();
+    change(&c);
+    EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
+  };
+  // A loss scale below 1 (f16 gradients underflowed; worse than untrained),
+  // or for a compute dtype that scales nothing.
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_compute_dtype(v1::DTYPE_F16);
+        c->set_loss_scale(1e-5f);
+      },
+      "loss_scale must be 0 (65536) or in [1, 2^24]");
+  refused([](v1::JobConfig* c) { c->set_loss_scale(1024); }, "compute_dtype f16 only");
+  taken([](v1::JobConfig* c) {
+    c->set_compute_dtype(v1::DTYPE_F16);
+    c->set_loss_scale(1);
+  });
+  // Members declared dead for a heartbeat 1 ms late.
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_heartbeat_interval_ms(1);
+        c->set_heartbeat_timeout_ms(2);
+      },
+      "heartbeat_timeout_ms must be at least 3 x heartbeat_interval_ms (> 0) and at least 100");
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_heartbeat_interval_ms(100);
+        c->set_heartbeat_timeout_ms(299);
+      },
+      "heartbeat_timeout_ms");
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_heartbeat_interval_ms(10);
+        c->set_heartbeat_timeout_ms(99);
+      },
+      "heartbeat_timeout_ms");
+  taken([](v1::JobConfig* c) {
+    c->set_heartbeat_interval_ms(10);
+    c->set_heartbeat_timeout_ms(100);
+  });
+  // A model the shards cannot hold (65536 x 65536: the worker was killed
+  // for memory).
+  refused(
+      [](v1::JobConfig* c) {
+        c->clear_hidden_units();
+        c->add_hidden_units(65536);
+        c->add_hidden_units(65536);
+      },
+      "parameters, past the 2^32");
+  taken([](v1::JobConfig* c) {
+    c->clear_hidden_units();
+    c->add_hidden_units(65536);
+    c->add_hidden_units(4096);
+  });
+  // A worker with fewer examples than a step's (it failed at its start; the
+  // job failed or went on without it, by the timing).
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_num_workers(4);
+        c->set_batch_size(1);
+        c->mutable_dataset()->set_train_limit(3);
+      },
+      "dataset.train_limit 3 gives each worker 0 examples, fewer than one step's 1");
+  refused(
+      [](v1::JobConfig* c) {
+        c->set_num_workers(2);
+        c->set_batch_size(32);
+        c->set_accumulate_steps(2);
+        c->mutable_dataset()->set_train_limit(127);
+      },
+      "fewer than one step's 64");
+  taken([](v1::JobConfig* c) {
+    c->set_num_workers(2);
+    c->set_batch_size(32);
+    c->set_accumulate_steps(2);
+    c->mutable_dataset()->set_train_limit(128);
+  });
+  // An elastic job's workers lease the whole set: a step's examples in all.
+  taken([](v1::JobConfig* c) {
+    c->set_num_workers(4);
+    c->set_max_workers(4);
+    c->set_batch_size(1);
+    c->mutable_dataset()->set_train_limit(3);
+  });
+}
+
 TEST(JobConfig, MlpTensorsFollowLayerWidths) {
   v1::JobConfig c = DefaultJobConfig();
   std::vector<v1::TensorSpec> t = ModelTensors(c);
