@@ -72,6 +72,13 @@ TEST_F(RecoveryTest, AShardDeadForTheRecoveryTimeoutFailsTheJob) {
             "shard 0 has been dead for 10s and no server took it over");
 }
 
+TEST_F(RecoveryTest, ATimeUnderASecondIsSaidInMilliseconds) {
+  config_.set_recovery_timeout_ms(250);
+  Beat(kT0 + absl::Milliseconds(1300), {}, /*shard0_silent=*/true);
+  EXPECT_EQ(Failure(kT0 + absl::Milliseconds(1300)),
+            "shard 0 has been dead for 300ms and no server took it over");
+}
+
 TEST_F(RecoveryTest, NoWorkerForTheRecoveryTimeoutFailsTheJob) {
   Beat(kT0 + absl::Seconds(2), {0, 1}, false);  // both dead
   EXPECT_FALSE(Failure(kT0 + absl::Seconds(2)).has_value());

@@ -14,8 +14,11 @@
 
 namespace grps {
 
-// "30s", "1m5s": a duration in whole seconds.
+// "30s", "1m5s": a duration in whole seconds; under a second, in whole
+// milliseconds ("250ms", not "0").
 inline std::string WholeSeconds(absl::Duration d) {
+  if (d < absl::Seconds(1))
+    return absl::FormatDuration(absl::Milliseconds(absl::ToInt64Milliseconds(d)));
   return absl::FormatDuration(absl::Seconds(absl::ToInt64Seconds(d)));
 }
 
