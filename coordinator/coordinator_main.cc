@@ -379,9 +379,14 @@ int Main(int argc, char** argv) {
       state_dir.empty() ? std::string() : JoinPath(state_dir, kCoordinatorStateFile);
   StateFileVerdict verdict = ReadStateFile(env, state_path, config);
   if (verdict.exit_code.has_value()) return *verdict.exit_code;
-  if (!state_dir.empty()) {
-    if (absl::Status s = env->CreateDir(state_dir); !s.ok()) {
-      spdlog::error("--state_dir: {}", std::string(s.message()));
+  // Folders this process writes, checked before the job starts: a
+  // checkpoint folder it could not create was found only at the final
+  // checkpoint, retried for a minute, and the job "completed" without it.
+  for (const auto& [flag, dir] : {std::pair<const char*, std::string>{"state_dir", state_dir},
+                                  {"checkpoint_dir", config.checkpoint_dir()}}) {
+    if (dir.empty()) continue;
+    if (absl::Status s = CreateWritableDir(env, dir); !s.ok()) {
+      spdlog::error("--{}: cannot write in {}: {}", flag, dir, std::string(s.message()));
       return 1;
     }
   }

@@ -178,4 +178,16 @@ absl::Status WriteFileAtomically(Env* env, const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status CreateWritableDir(Env* env, const std::string& dir) {
+  if (absl::Status s = env->CreateDir(dir); !s.ok()) return s;
+  const std::string probe = JoinPath(dir, absl::StrCat(".grps-write-check.", ::getpid()));
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(probe);
+  if (!file.ok()) return file.status();
+  absl::Status written = (*file)->Append("grps");
+  written.Update((*file)->Close());
+  file->reset();
+  written.Update(env->RemoveFile(probe));
+  return written;
+}
+
 }  // namespace grps

@@ -68,6 +68,11 @@ class Env {
 absl::Status WriteFileAtomically(Env* env, const std::string& path,
                                  absl::string_view contents);
 
+// `dir` made (mkdir -p) and a file written in it and removed: OK when this
+// process can write there, else the status names the step that failed. For
+// a daemon's folders at its start, not at the first checkpoint.
+absl::Status CreateWritableDir(Env* env, const std::string& dir);
+
 // "<dir>/<name>" (one slash).
 std::string JoinPath(absl::string_view dir, absl::string_view name);
 

@@ -84,5 +84,21 @@ TEST_F(EnvTest, MissingFileIsNotFoundAndCreateDirMakesParents) {
   EXPECT_TRUE(Env::Default()->FileExists(deep));
 }
 
+TEST_F(EnvTest, AWritableDirIsMadeAndLeftEmpty) {
+  const std::string deep = JoinPath(dir_, "a/b");
+  ASSERT_TRUE(CreateWritableDir(Env::Default(), deep).ok());
+  EXPECT_TRUE(Env::Default()->ListDir(deep)->empty());
+}
+
+TEST_F(EnvTest, ADirThatCannotBeMadeOrWrittenIsRefused) {
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path_, "a file, not a folder").ok());
+  EXPECT_FALSE(CreateWritableDir(Env::Default(), JoinPath(path_, "sub")).ok());
+  FaultInjectionEnv env(Env::Default());
+  env.FailWritesAfter(0);
+  const std::string dir = JoinPath(dir_, "full");
+  EXPECT_FALSE(CreateWritableDir(&env, dir).ok());
+  EXPECT_TRUE(Env::Default()->ListDir(dir)->empty());  // the probe is gone
+}
+
 }  // namespace
 }  // namespace grps
