@@ -15,6 +15,7 @@
 #include "tensor/dtype.h"
 #include "wire/chunk_codec.h"
 #include "worker/job_data.h"
+#include "worker/parameter_client.h"
 #include "spdlog/spdlog.h"
 
 namespace grps {
@@ -617,8 +618,13 @@ absl::StatusOr<bool> Trainer::TrainStep(TrainLoop* loop) {
   NoteTrained(step, **examples);
   const absl::Time step_end = ReportStep(step, loop->total, loop->plan, (*examples)->epoch, *loss,
                                          *pushed, step_start, &loop->stats);
+  // An injected straggler's sleep ends when the worker is to leave or stop
+  // (a sleep of 100 s outlived grps-local's 5 s after its SIGTERM).
   if (options_.straggler.active())
-    SleepUnlessShutdown(options_.straggler.AfterStep(step_end - step_start));
+    SleepUnlessStopped(options_.straggler.AfterStep(step_end - step_start), [this] {
+      return session_->LeaveRequested() ||
+             session_->Interrupted() != WorkerSession::Interrupt::kNone;
+    });
   ++loop->step;
   if (session_->FollowTheWeights(&loop->step)) {
     if (pushed->pulled) loop->pulled_for = loop->step;

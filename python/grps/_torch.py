@@ -1161,7 +1161,10 @@ class _JobOptimizer:
         if p.straggler is not None:
             now = time.monotonic()
             if p.last_step_end is not None:
-                time.sleep(p.straggler.after_step(now - p.last_step_end))
+                # In slices: a worker asked to leave (SIGTERM) stops sleeping.
+                until = now + p.straggler.after_step(now - p.last_step_end)
+                while time.monotonic() < until and not p.worker.leave_requested():
+                    time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         p.last_step_end = time.monotonic()
         self.last_outcome = outcome
         self.last_early = len(early)  # parameters whose hooks pushed them
