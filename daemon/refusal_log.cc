@@ -65,16 +65,25 @@ bool RefusalLog::Note(absl::string_view method, grpc::StatusCode code,
 
 namespace {
 
-// Notes the call's status at PRE_SEND_STATUS when it is a refusal.
+// Notes the call's status at PRE_SEND_STATUS when it is a refusal of a
+// request that arrived.
 struct NoteRefusal {
   grpc::experimental::ServerRpcInfo* info;
+  // The call's message never came: its caller cancelled it first (a member
+  // stopping its heartbeats cancels the one in flight), and the INTERNAL
+  // "Couldn't initialize byte buffer reader" a service of grps's answers
+  // then is no fault of a request. (gRPC's own health service parses its
+  // requests itself and answers such a call INVALID_ARGUMENT: still noted.)
+  bool no_message = false;
 
-  void operator()(grpc::experimental::InterceptorBatchMethods* methods) const {
-    if (!methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS))
-      return;
+  void operator()(grpc::experimental::InterceptorBatchMethods* methods) {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr)
+      no_message = true;
+    if (!methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) return;
     const grpc::Status status = methods->GetSendStatus();
-    if (!IsRefusal(status.error_code())) return;
+    if (!IsRefusal(status.error_code()) || no_message) return;
     const grpc::ServerContextBase* context = info->server_context();
     RefusalLog::Process().Note(
         info->method() != nullptr ? info->method() : "?", status.error_code(),
