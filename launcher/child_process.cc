@@ -182,13 +182,15 @@ std::vector<std::string> StopChildren(
   absl::Time deadline = absl::Now() + grace;
   for (const auto& child : children)
     if (child->running()) child->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  // Every SIGKILL first, then the reaping: the kernel tears them down
+  // together, not one after the other.
   std::vector<std::string> killed;
   for (const auto& child : children) {
     if (!child->running()) continue;
     killed.push_back(child->name());
     child->Signal(SIGKILL);
-    child->WaitFor(absl::InfiniteDuration());
   }
+  for (const auto& child : children) child->WaitFor(absl::InfiniteDuration());
   return killed;
 }
 

@@ -99,8 +99,8 @@ constexpr char kUsage[] =
     "torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, the same;\n"
     "PYTHONPATH finds the build tree's grps package): a PyTorch script that\n"
     "calls grps.torch.init() (docs/pytorch.md). The job's model is theirs\n"
-    "(--model=user; a built-in --model is refused); they write no curves and\n"
-    "serve no metrics.\n"
+    "(--model=user; a built-in --model is refused, and so is --model=user\n"
+    "without --entry); they write no curves and serve no metrics.\n"
     "\n"
     "A worker that dies does not fail the job (the others go on); --strict\n"
     "makes it, --restart_workers=N restarts dead workers. A crashed server or\n"
@@ -156,23 +156,32 @@ absl::StatusOr<std::optional<LaunchOptions::MetricsPorts>> MetricsPortsFromFlag(
   return LaunchOptions::MetricsPorts{listen.substr(0, colon), port};
 }
 
-// With --entry the workers are the user's program, which defines the
-// model: the job's --model is "user" (set here unless given, so the
-// coordinator is started with it); a built-in model given is refused.
+// The job's model is one its workers train. With --entry the workers are
+// the user's program, which defines the model: the job's --model is "user"
+// (set here unless given, so the coordinator is started with it); a
+// built-in model given is refused. Without --entry they are grps-worker,
+// which trains only built-in models: --model=user is refused (the servers
+// would wait for good for a worker to define the model).
 // `model_given`: --model was on the command line or in GRPS_MODEL.
-absl::Status SetEntryModel(bool model_given) {
-  if (absl::GetFlag(FLAGS_entry).empty()) return absl::OkStatus();
+absl::Status SetModelForWorkers(bool model_given) {
   absl::CommandLineFlag* model = absl::FindCommandLineFlag("model");
   if (model == nullptr) return absl::InternalError("no --model flag is linked in");
+  const std::string value = model->CurrentValue();
+  const absl::StatusOr<v1::ModelKind> kind = ParseModel(value);
+  const bool user_model = kind.ok() && *kind == v1::MODEL_USER;
+  if (absl::GetFlag(FLAGS_entry).empty()) {
+    if (!user_model) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "--model=user is the model of your own program, run as the workers with "
+        "--entry=CMD (docs/pytorch.md), and there is no --entry: grps-worker trains "
+        "only a built-in model. Give --entry, or drop --model=user");
+  }
   if (model_given) {
-    const std::string value = model->CurrentValue();
-    if (absl::StatusOr<v1::ModelKind> kind = ParseModel(value);
-        kind.ok() && *kind == v1::MODEL_USER)
-      return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--entry runs your own program as the workers, and the model is the one it "
-        "defines (--model=user); --model=", value,
-        " is a model grps-worker trains: drop --model, or drop --entry"));
+    if (user_model) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--entry runs your own program as the workers, and the model is the one it "
+                     "defines (--model=user); --model=",
+                     value, " is a model grps-worker trains: drop --model, or drop --entry"));
   }
   std::string error;
   if (!model->ParseFrom("user", &error))
@@ -183,7 +192,7 @@ absl::Status SetEntryModel(bool model_given) {
 // The job (validated here, so a bad flag fails before any daemon starts) and
 // the launcher's own settings.
 absl::StatusOr<LaunchOptions> OptionsFromFlags(bool model_given) {
-  if (absl::Status s = SetEntryModel(model_given); !s.ok()) return s;
+  if (absl::Status s = SetModelForWorkers(model_given); !s.ok()) return s;
   absl::StatusOr<v1::JobConfig> job = JobConfigFromFlags();
   if (!job.ok()) return job.status();
   LaunchOptions options;

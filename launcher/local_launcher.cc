@@ -242,8 +242,7 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
   // The coordinator waits for every worker to register before the job runs;
   // one that dies before then (most likely a bad flag or a missing file)
   // leaves the job waiting for good.
-  if (!latest_ || latest_->state() == v1::JOB_STATE_WAITING ||
-      latest_->state() == v1::JOB_STATE_UNSPECIFIED)
+  if (!JobStarted())
     return absl::FailedPreconditionError(absl::StrCat(
         dead.name(), " ", dead.DescribeExit(),
         " before the job started; the job cannot start without it"));
@@ -257,6 +256,37 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
                    " workers",
                    options_.restart_workers > 0 && !job_ended ? " (no restarts left)" : ""));
   return absl::OkStatus();
+}
+
+bool LocalLauncher::JobStarted() const {
+  return latest_ && latest_->state() != v1::JOB_STATE_WAITING &&
+         latest_->state() != v1::JOB_STATE_UNSPECIFIED;
+}
+
+absl::Status LocalLauncher::OnWorkerExited0(size_t child_index) {
+  // Counted before the refresh, so that latest_ is at least that snapshot.
+  const uint64_t snapshots = feed_->count();
+  RefreshStatus();
+  if (JobStarted() || coordinator().exited()) {
+    death_handled_[child_index] = true;  // it finished its part
+    exited_0_at_snapshot_.erase(child_index);
+    return absl::OkStatus();
+  }
+  // The snapshot after the one at hand may have been on its way when the
+  // worker exited; the one after that was built since.
+  const uint64_t seen_at = exited_0_at_snapshot_.try_emplace(child_index, snapshots).first->second;
+  if (snapshots < seen_at + 2) return absl::OkStatus();  // looked at again next time
+  death_handled_[child_index] = true;
+  const ChildProcess& worker = *children_[child_index];
+  const uint32_t rank = child_index_[child_index];
+  const bool registered = std::any_of(
+      latest_->workers().begin(), latest_->workers().end(), [rank](const v1::WorkerStatus& w) {
+        return w.rank() == rank && w.state() != v1::MEMBER_STATE_UNSPECIFIED;
+      });
+  return absl::FailedPreconditionError(
+      absl::StrCat(worker.name(), " ", worker.DescribeExit(), " before ",
+                   registered ? "the job started" : "it joined the job",
+                   " (it trained nothing); the job cannot start without it"));
 }
 
 const ChildProcess* LocalLauncher::EveryWorkerDead() const {
@@ -404,18 +434,21 @@ std::optional<int> LocalLauncher::StartCoordinator() {
 
 std::optional<int> LocalLauncher::StartMembers() {
   const std::string& address = coordinator_address_;
+  // Asked before each start: a launch of many members takes a while to
+  // start them all (each start waits for its exec).
   for (uint32_t shard = 0; shard < options_.servers + options_.standby_servers; ++shard) {
-    if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer,
-                                    shard);
+    if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
+    if (absl::Status s = StartChild(ServerSpec(options_, shard, address), Role::kServer, shard);
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
     if (shard >= options_.servers) standbys_.push_back(children_.size() - 1);
   }
-  for (uint32_t rank = 0; rank < options_.workers; ++rank)
-    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address), Role::kWorker,
-                                    rank);
+  for (uint32_t rank = 0; rank < options_.workers; ++rank) {
+    if (interrupted_()) return Finish("interrupted", "interrupted", nullptr);
+    if (absl::Status s = StartChild(WorkerSpec(options_, rank, address), Role::kWorker, rank);
         !s.ok())
       return Finish("failed", std::string(s.message()), nullptr);
+  }
   Say(absl::StrCat("started ", options_.servers, " servers",
                    options_.standby_servers > 0
                        ? absl::StrCat(" (and ", options_.standby_servers, " standing by)")
@@ -456,6 +489,9 @@ std::optional<int> LocalLauncher::HandleExitedChildren(bool* all_exited) {
       if (absl::Status s = OnServerRetired(i); !s.ok())
         return Finish("failed", std::string(s.message()), &child);
       *all_exited = false;
+    } else if (child.succeeded() && !death_handled_[i] && child_role_[i] == Role::kWorker) {
+      if (absl::Status s = OnWorkerExited0(i); !s.ok())
+        return Finish("failed", std::string(s.message()), &child);
     } else if (!child.succeeded() && !death_handled_[i]) {
       if (options_.strict)
         return Finish("failed", absl::StrCat(child.name(), " ", child.DescribeExit()),

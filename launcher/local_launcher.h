@@ -25,7 +25,8 @@
 // runs is not a job failure: the coordinator declares it dead after the
 // heartbeat timeout and the job goes on with the others. (Before the job
 // runs, the coordinator waits for every worker to register, so a worker that
-// dies then, with no restart left, fails the launch.) The launcher says so on a line of its
+// dies then, with no restart left, fails the launch; so does one that exits
+// 0 then, having trained nothing.) The launcher says so on a line of its
 // own and, while LaunchOptions::restart_workers allows, starts the worker
 // again with the same rank (it rejoins through the coordinator; its log is
 // worker-<rank>.restart-<n>.log). LaunchOptions::strict restores the rule
@@ -40,8 +41,8 @@
 //     signal), every worker died with no restart left, the job failed or was
 //     stopped (e.g. by `grpsctl stop`), or the timeout passed: says why,
 //     prints the tail of the failed child's log, stops the others, returns 1;
-//   - interrupted (SIGINT/SIGTERM to the launcher): stops the children,
-//     returns 130.
+//   - interrupted (SIGINT/SIGTERM to the launcher), even while it still
+//     starts them: stops the children, returns 130.
 // Stopping means SIGTERM to each child, up to 5 s, then SIGKILL; every child
 // is reaped before Run returns, and a launcher that dies takes its children
 // with it (see child_process.h).
@@ -57,6 +58,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,6 +146,14 @@ class LocalLauncher {
   // fails) if the restart could not be started, or if the worker died with
   // no restart left before the job started running.
   absl::Status OnWorkerDied(size_t child_index);
+  // A worker child exited 0. Once the job started, it finished its part.
+  // Before, it quit without training, and the coordinator would wait for
+  // it for good: an error (the launch fails; no restart, which would quit
+  // the same way). Which of the two only a snapshot built after the exit
+  // tells: until the feed brought one, the worker is left for the next look.
+  absl::Status OnWorkerExited0(size_t child_index);
+  // The feed has shown the job past WAITING: running, or ended.
+  bool JobStarted() const;
   // When no worker is running or has finished (every rank's newest child
   // died), the last of them; otherwise null.
   const ChildProcess* EveryWorkerDead() const;
@@ -190,6 +200,10 @@ class LocalLauncher {
   // children_, exited.
   std::vector<size_t> worker_child_;
   std::vector<uint32_t> worker_restarts_;
+  // Workers (by index in children_) that exited 0 while the job had not
+  // started as far as the feed said, each with the feed's snapshot count
+  // then (OnWorkerExited0).
+  std::map<size_t, uint64_t> exited_0_at_snapshot_;
   uint32_t workers_died_ = 0;
   uint32_t workers_restarted_ = 0;
   bool bar_drawn_ = false;

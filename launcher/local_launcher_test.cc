@@ -1071,6 +1071,27 @@ TEST_F(LaunchTest, InterruptStopsEveryChildAndReturns130) {
             "interrupted");
 }
 
+TEST_F(LaunchTest, InterruptWhileStartingMembersStartsNoMoreAndStopsThoseStarted) {
+  ServeStatus({RunningJob()});
+  options_.workers = 50;
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  WriteFake("grps-worker", "exec sleep 30\n");
+  // The launcher creates a child's log before it starts it.
+  const std::string third_workers_log = options_.run_dir + "/worker-2.log";
+
+  std::string out;
+  EXPECT_EQ(Launch(&out, [&] { return std::filesystem::exists(third_workers_log); }),
+            kLaunchInterrupted)
+      << out;
+  EXPECT_FALSE(std::filesystem::exists(options_.run_dir + "/worker-3.log")) << out;
+  EXPECT_THAT(out, HasSubstr("stopping 6 processes"));  // coordinator, 2 servers, 3 workers
+  EXPECT_THAT(out, Not(HasSubstr("started 2 servers")));
+  ExpectNoFakeLeft();
+  EXPECT_EQ(ParseJson(ReadFile(options_.result_json)).fields().at("exit").string_value(),
+            "interrupted");
+}
+
 TEST_F(LaunchTest, ChildIgnoringSigtermIsKilledAfterTheGrace) {
   ServeStatus({RunningJob()});
   options_.stop_grace = absl::Milliseconds(500);
@@ -1347,6 +1368,60 @@ TEST_F(LaunchTest, WorkerDeadBeforeTheJobStartsFailsTheLaunch) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_THAT(out, HasSubstr("worker-1 exited with status 1 before the job started"));
   EXPECT_THAT(out, HasSubstr("unknown flag"));
+  ExpectNoFakeLeft();
+}
+
+// A job still waiting for its members: none has registered.
+v1::JobStatus WaitingJob() {
+  v1::JobStatus s = RunningJob();
+  s.set_state(v1::JOB_STATE_WAITING);
+  s.set_global_step(0);
+  for (v1::WorkerStatus& w : *s.mutable_workers()) {
+    w.clear_state();
+    w.clear_progress();
+  }
+  return s;
+}
+
+// The coordinator would wait for it for good: servers and workers "waiting
+// for members" forever.
+TEST_F(LaunchTest, EntryWorkerExiting0BeforeItJoinedFailsTheLaunchNamingIt) {
+  ServeStatus({WaitingJob()});
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 30\n");
+  WriteFake("grps-server", "exec sleep 30\n");
+  const std::string program = fake_dir_ + "/train";
+  std::ofstream(program) << kEntryProgram
+                         << "if [ \"$GRPS_RANK\" = 1 ]; then echo 'nothing to do'; exit 0; fi\n"
+                            "exec sleep 30\n";
+  chmod(program.c_str(), 0755);
+  options_.entry = program;
+
+  absl::Time start = absl::Now();
+  std::string out;
+  EXPECT_EQ(Launch(&out), kLaunchFailed) << out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(out, HasSubstr("grps-local: worker-1 exited with status 0 before it joined the "
+                             "job (it trained nothing); the job cannot start without it"));
+  EXPECT_THAT(out, HasSubstr("nothing to do"));  // the tail of its log
+  EXPECT_THAT(out, Not(HasSubstr("worker-0 exited")));
+  ExpectNoFakeLeft();
+  google::protobuf::Struct json = ParseJson(ReadFile(options_.result_json));
+  EXPECT_EQ(json.fields().at("exit").string_value(), "failed");
+  EXPECT_THAT(json.fields().at("error").string_value(), HasSubstr("worker-1"));
+}
+
+// A short job: the workers trained and exited 0 while the newest snapshot the
+// launcher had still said "waiting"; the next ones show the job ran.
+TEST_F(LaunchTest, WorkerExiting0BeforeTheFeedShowedTheJobRunningFinishedItsPart) {
+  ServeStatus({WaitingJob(), RunningJob(), FinishedJob()}, absl::Milliseconds(300));
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1.5\n");
+  WriteFake("grps-server", "exec sleep 1\n");
+  WriteFake("grps-worker", "exit 0\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, Not(HasSubstr("before it joined")));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
   ExpectNoFakeLeft();
 }
 

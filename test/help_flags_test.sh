@@ -30,9 +30,11 @@ expect grpsctl coordinator json token
 expect grps-local servers workers mode run_dir result_json checkpoint_storage metrics_listen entry
 
 # refused EXIT MESSAGE BINARY ARG...: BINARY ARG... exits EXIT saying MESSAGE.
+# Bounded: a grps-local that starts the job instead is stopped (SIGTERM; it
+# stops what it started) and the check fails, rather than the test hanging.
 refused() {
   local want=$1 message=$2 out code=0; shift 2
-  out=$("$BIN/$1" "${@:2}" 2>&1) || code=$?
+  out=$(timeout 20 "$BIN/$1" "${@:2}" 2>&1) || code=$?
   [ "$code" = "$want" ] || fail "$* exited $code, not $want: $out"
   grep -qF -- "$message" <<<"$out" || fail "$* did not say '$message': $out"
   echo "$*: exit $code, $(head -1 <<<"$out")"
@@ -56,7 +58,13 @@ refused 2 "--model=mlp is a model grps-worker trains" grps-local --entry=true --
   --run_dir="$WORK/c"
 GRPS_MODEL=softmax refused 2 "--model=softmax is a model grps-worker trains" grps-local \
   --entry=true --run_dir="$WORK/d"
-for dir in a b c d; do
+# Without --entry the workers are grps-worker, which trains only built-in
+# models: --model=user is refused (the servers would wait for good for a
+# worker to define the model).
+refused 2 "--model=user is the model of your own program, run as the workers with --entry" \
+  grps-local --model=user --run_dir="$WORK/e"
+GRPS_MODEL=user refused 2 "there is no --entry" grps-local --run_dir="$WORK/f"
+for dir in a b c d e f; do
   [ ! -e "$WORK/$dir" ] || fail "grps-local started a job it refused ($dir)"
 done
 echo PASS
