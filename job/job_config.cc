@@ -509,8 +509,11 @@ absl::StatusOr<v1::OptimizerKind> ParseOptimizer(absl::string_view name) {
 
 absl::StatusOr<std::vector<uint32_t>> ParseHiddenUnits(absl::string_view csv) {
   std::vector<uint32_t> units;
-  if (absl::StripAsciiWhitespace(csv) == "none") return units;
-  for (absl::string_view part : absl::StrSplit(csv, ',', absl::SkipWhitespace())) {
+  // "" and "none": no hidden layer. An empty width between commas is a
+  // typo, not "none" ("--hidden=," trained softmax regression, silently).
+  const absl::string_view stripped = absl::StripAsciiWhitespace(csv);
+  if (stripped.empty() || stripped == "none") return units;
+  for (absl::string_view part : absl::StrSplit(csv, ',')) {
     uint32_t v = 0;
     if (!absl::SimpleAtoi(part, &v) || v == 0)
       return absl::InvalidArgumentError(

@@ -309,6 +309,9 @@ TEST(JobConfig, ParsersNameTheAllowedValues) {
   EXPECT_TRUE(ParseHiddenUnits("")->empty());
   EXPECT_TRUE(ParseHiddenUnits("none")->empty());
   EXPECT_FALSE(ParseHiddenUnits("none,4").ok());
+  // An empty width is a typo, not "none".
+  for (const char* typo : {",", "64,,32", "64,", " , "})
+    EXPECT_FALSE(ParseHiddenUnits(typo).ok()) << typo;
   EXPECT_EQ(*ParseOptimizer("adam"), v1::OPTIMIZER_ADAM);
 }
 
