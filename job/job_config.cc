@@ -285,6 +285,9 @@ absl::Status ValidateGradients(const v1::JobConfig& c) {
     return Bad("loss_scale applies to compute_dtype f16 only (f32 and bf16 need no scale)");
   if (c.backup_workers() > 0 && c.mode() != v1::MODE_SYNC)
     return Bad("backup_workers applies to sync mode only");
+  // A sync step's gradients are all of its version: nothing is stale.
+  if ((c.max_staleness() > 0 || c.staleness_aware_lr()) && c.mode() == v1::MODE_SYNC)
+    return Bad("max_staleness and staleness_aware_lr apply to async and ssp modes only");
   if (c.backup_workers() >= c.num_workers())
     return Bad("backup_workers must be less than num_workers");
   if (c.late_gradients() != v1::LATE_GRADIENTS_UNSPECIFIED &&

@@ -129,6 +129,14 @@ TEST(JobConfig, ValuesAJobCouldNotSurviveAreRefusedAtTheStart) {
     c->set_heartbeat_interval_ms(10);
     c->set_heartbeat_timeout_ms(100);
   });
+  // Staleness rules in a mode where nothing is stale (silently ignored).
+  refused([](v1::JobConfig* c) { c->set_max_staleness(4); }, "apply to async and ssp");
+  refused([](v1::JobConfig* c) { c->set_staleness_aware_lr(true); }, "apply to async and ssp");
+  taken([](v1::JobConfig* c) {
+    c->set_mode(v1::MODE_ASYNC);
+    c->set_max_staleness(4);
+    c->set_staleness_aware_lr(true);
+  });
   // A model the shards cannot hold (65536 x 65536: the worker was killed
   // for memory).
   refused(
