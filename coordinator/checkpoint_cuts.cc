@@ -29,15 +29,16 @@ absl::StatusOr<uint64_t> CheckpointCuts::Join(const Job& job, absl::Time now,
   return started->id();
 }
 
-absl::StatusOr<v1::CheckpointRequest> CheckpointCuts::Start(const Job& job, absl::Time now,
-                                                            absl::string_view why) {
+absl::StatusOr<v1::CheckpointRequest> CheckpointCuts::StartAt(const Job& job, absl::Time now,
+                                                              absl::string_view why,
+                                                              uint64_t not_before) {
   std::vector<uint32_t> not_alive;
   for (const v1::ShardStatus& shard : membership_->ShardStatuses(now))
     if (shard.state() != v1::MEMBER_STATE_ALIVE) not_alive.push_back(shard.shard());
   if (!not_alive.empty())
-    return absl::UnavailableError(absl::StrCat(
-        Members("shard", not_alive), not_alive.size() == 1 ? " is" : " are",
-        " not alive; a checkpoint needs every shard"));
+    return absl::UnavailableError(absl::StrCat(Members("shard", not_alive),
+                                               not_alive.size() == 1 ? " is" : " are",
+                                               " not alive; a checkpoint needs every shard"));
   uint64_t version = 0;
   std::vector<uint64_t> worker_steps;
   if (mode_ == v1::MODE_SYNC) {
@@ -47,24 +48,25 @@ absl::StatusOr<v1::CheckpointRequest> CheckpointCuts::Start(const Job& job, absl
     // old), nor, after a take-over, while the step moves at a rate not yet
     // measured over a whole window (the margin would be a guess: a first
     // estimate of 100 ms, as the members reconnect, made a cut at 424 while
-    // a shard was at 425). Once training is done, the finished workers'
-    // step is the cut.
+    // a shard was at 425; Tick waits so for a periodic cut as the job
+    // starts too). Once training is done, the finished workers' step is
+    // the cut.
     if (!job.training_done) {
-      if (const std::vector<uint32_t> unheard = membership_->LiveShardsUnheard();
-          !unheard.empty())
-        return absl::UnavailableError(absl::StrCat("waiting for the version of ",
-                                                   Members("shard", unheard)));
+      if (const std::vector<uint32_t> unheard = membership_->LiveShardsUnheard(); !unheard.empty())
+        return absl::UnavailableError(
+            absl::StrCat("waiting for the version of ", Members("shard", unheard)));
       if (job.taken_over && !global_step_->RateMeasured() &&
           now - global_step_->moved() < absl::Seconds(1))
         return absl::UnavailableError("measuring the step rate since the take-over");
     }
     version = SyncVersion(job);
+    if (!job.training_done && not_before > version) version = not_before;
   } else {
     for (const v1::WorkerStatus& w : membership_->WorkerStatuses(now))
       worker_steps.push_back(w.progress().step());
   }
-  v1::CheckpointRequest request = scheduler_->Start(
-      version, std::move(worker_steps), global_step_->step().value_or(0), now);
+  v1::CheckpointRequest request =
+      scheduler_->Start(version, std::move(worker_steps), global_step_->step().value_or(0), now);
   spdlog::info("checkpoint {} ({}) asked of {} shards{}", request.id(), std::string(why),
                membership_->num_shards(),
                mode_ == v1::MODE_SYNC ? absl::StrCat(" at step ", version)
@@ -72,10 +74,18 @@ absl::StatusOr<v1::CheckpointRequest> CheckpointCuts::Start(const Job& job, absl
   return request;
 }
 
-uint64_t CheckpointCuts::SyncVersion(const Job& job) const {
-  const std::vector<uint64_t> versions = membership_->LiveShardVersions();
+uint64_t CheckpointCuts::HighestShardVersion() const {
   uint64_t highest = 0;
-  for (uint64_t v : versions) highest = std::max(highest, v);
+  for (uint64_t v : membership_->LiveShardVersions()) highest = std::max(highest, v);
+  return highest;
+}
+
+double CheckpointCuts::StepsPerHeartbeat() const {
+  return global_step_->FastestRecentRate() * heartbeat_interval_ms_ / 1000.0;
+}
+
+uint64_t CheckpointCuts::SyncVersion(const Job& job) const {
+  const uint64_t highest = HighestShardVersion();
   if (job.training_done) {
     // Every step is done: the shards are at (or about to report) the
     // finished workers' step count, and stay there.
@@ -83,10 +93,10 @@ uint64_t CheckpointCuts::SyncVersion(const Job& job) const {
   }
   // Ahead of every shard by what they may do before they hear the request
   // (about one heartbeat interval each way), more after failures.
-  const double per_interval = global_step_->FastestRecentRate() * heartbeat_interval_ms_ / 1000.0;
   // Versions reach the coordinator a heartbeat late and the request reaches
   // the shards a heartbeat later: three intervals of steps, and some slack.
-  uint64_t margin = std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * per_interval)) + 2);
+  uint64_t margin =
+      std::max<uint64_t>(4, static_cast<uint64_t>(std::ceil(3 * StepsPerHeartbeat())) + 2);
   margin <<= std::min<uint32_t>(scheduler_->consecutive_failures(), 4);
   uint64_t version = highest + margin;
   const uint64_t total = MaxWorkerTotal();
@@ -107,11 +117,42 @@ bool CheckpointCuts::Tick(const Job& job, bool training, absl::Time now) {
     spdlog::warn("checkpoint {} failed: {}", id, scheduler_->SummaryOf(id).error());
     failed = true;
   }
-  if (!training || !scheduler_->Due(global_step_->step().value_or(0), now)) return failed;
-  absl::StatusOr<v1::CheckpointRequest> request = Start(job, now, "periodic");
+  if (!training) return failed;
+  uint64_t step = global_step_->step().value_or(0);
+  uint64_t at = 0;
+  if (mode_ == v1::MODE_SYNC) {
+    // This tick the cut can be at `earliest` or later; the next tick (a
+    // heartbeat interval on, give or take) about an interval's steps
+    // further. A step due within two intervals' steps is asked for now, and
+    // cut at exactly that step (with one, the ticks' jitter made a cut due
+    // at 4000 miss it and fall at 4039).
+    const uint64_t earliest = SyncVersion(job);
+    step = earliest + static_cast<uint64_t>(std::ceil(2 * StepsPerHeartbeat()));
+    const uint64_t due = scheduler_->NextStepDue();
+    at = due >= earliest && due <= step ? due : earliest;
+  }
+  if (!scheduler_->Due(step, now)) return failed;
+  if (mode_ == v1::MODE_SYNC) {
+    if (!global_step_->RateMeasured() && now - global_step_->moved() < absl::Seconds(1)) {
+      // The step moves, at a rate not measured yet: with no estimate as the
+      // workers started, the least margin made a cut at 244 while a shard
+      // was at 530. (A step that stands still needs no rate.)
+      spdlog::debug("periodic checkpoint not asked for: measuring the step rate");
+      return failed;
+    }
+    if (HighestShardVersion() <= scheduler_->last_step()) {
+      spdlog::debug("periodic checkpoint not asked for: no shard is past step {} yet",
+                    scheduler_->last_step());
+      return failed;
+    }
+    if (const uint64_t total = MaxWorkerTotal(); total > 0 && at >= total) {
+      spdlog::debug("periodic checkpoint not asked for: the final one is cut at step {}", total);
+      return failed;
+    }
+  }
+  absl::StatusOr<v1::CheckpointRequest> request = StartAt(job, now, "periodic", at);
   if (!request.ok())
-    spdlog::debug("periodic checkpoint not asked for: {}",
-                  std::string(request.status().message()));
+    spdlog::debug("periodic checkpoint not asked for: {}", std::string(request.status().message()));
   return failed;
 }
 
@@ -127,9 +168,8 @@ bool CheckpointCuts::FinalSettled(const Job& job, absl::Time now) {
     // A sync checkpoint asked for at a step the shards will not reach now.
     if (scheduler_->pending() && mode_ == v1::MODE_SYNC &&
         scheduler_->pending_summary().step() > SyncVersion(job))
-      scheduler_->Fail(absl::StrCat("training ended before step ",
-                                    scheduler_->pending_summary().step()),
-                       now);
+      scheduler_->Fail(
+          absl::StrCat("training ended before step ", scheduler_->pending_summary().step()), now);
     // One in progress was cut before the last updates: let it end, then
     // take the final one.
     if (scheduler_->pending()) return now >= final_deadline_ && settle();

@@ -47,14 +47,24 @@ class CheckpointCuts {
   // before every live shard said its version or while the step rate since
   // a take-over is not measured yet.
   absl::StatusOr<v1::CheckpointRequest> Start(const Job& job, absl::Time now,
-                                              absl::string_view why);
+                                              absl::string_view why) {
+    return StartAt(job, now, why, 0);
+  }
   // The pending checkpoint's id, or, with none pending, the id of one asked
   // for now (Start's refusals).
   absl::StatusOr<uint64_t> Join(const Job& job, absl::Time now, absl::string_view why);
   // The version a sync checkpoint asked for now should have.
   uint64_t SyncVersion(const Job& job) const;
   // Fails a pending checkpoint past its timeout (true if so) and, while the
-  // job trains (`training`), asks for a periodic one when it is due.
+  // job trains (`training`), asks for a periodic one when it is due. A sync
+  // one by steps is asked for early enough to be cut exactly
+  // checkpoint_every_steps past the last cut, unless the shards are already
+  // too close to that step (a job that does that many steps faster than a
+  // checkpoint is cut and written): then it is cut as soon as it can be, a
+  // margin ahead of them. No periodic sync cut is asked for while the step
+  // moves at a rate not measured yet (as the job starts), before a shard
+  // has passed the last cut (nothing new to save), nor at the last step
+  // (the final checkpoint is cut there).
   bool Tick(const Job& job, bool training, absl::Time now);
 
   // Training is done: the final checkpoint has completed, failed, was not
@@ -65,6 +75,15 @@ class CheckpointCuts {
   void ForgetFinal();
 
  private:
+  // Start's work; a sync cut while training is at `not_before` when that is
+  // further than SyncVersion (the caller keeps it below the last step).
+  absl::StatusOr<v1::CheckpointRequest> StartAt(const Job& job, absl::Time now,
+                                                absl::string_view why, uint64_t not_before);
+  // The highest version a live shard reported.
+  uint64_t HighestShardVersion() const;
+  // The steps the job may do in a heartbeat interval, at the fastest rate
+  // measured lately.
+  double StepsPerHeartbeat() const;
   // Sync with final versions that differ: why no cut at `step` can
   // complete; "" otherwise.
   std::string SplitShards(const Job& job, uint64_t step) const;

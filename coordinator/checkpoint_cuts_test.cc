@@ -57,6 +57,20 @@ class CheckpointCutsTest : public ::testing::Test {
     bool revived = false;
     ASSERT_TRUE(membership_->ServerHeartbeat(s, servers_[s], status, kT0 + at, &revived).ok());
   }
+  // Both shards at `version` at kT0 + `at`, as the global step sees it.
+  void Steps(uint64_t version, absl::Duration at) {
+    Version(0, version, at);
+    Version(1, version, at);
+    global_step_.Note(version, kT0 + at);
+  }
+  // Periodic checkpoints every `steps` steps and/or `seconds` seconds.
+  void Periodic(uint64_t steps, uint32_t seconds) {
+    config_.set_checkpoint_every_steps(steps);
+    config_.set_checkpoint_every_seconds(seconds);
+    scheduler_ = std::make_unique<CheckpointScheduler>(config_, 2);
+    cuts_ = std::make_unique<CheckpointCuts>(config_, scheduler_.get(), membership_.get(),
+                                             &global_step_);
+  }
   // The worker at `step` of `total`.
   void Worker(uint64_t step, uint64_t total) {
     v1::WorkerProgress progress;
@@ -113,6 +127,80 @@ TEST_F(CheckpointCutsTest, AfterATakeOverASyncCutWaitsForTheStepRate) {
   EXPECT_TRUE(cuts_->Start(taken_over, kT0 + absl::Seconds(1), "test").ok());
 }
 
+TEST_F(CheckpointCutsTest, AsTrainingStartsAPeriodicSyncCutWaitsForTheStepRate) {
+  // The shards stand at 0 while the workers start; the step moves at 100 a
+  // second from about 1 s in. Cut before a whole window measured that, the
+  // margin would be a fraction of what it needs (the least one, with no
+  // rate at all), and the shards past the cut before they hear of it.
+  Make(v1::MODE_SYNC);
+  Periodic(10, 0);
+  Worker(0, 1000);
+  global_step_.Restart(kT0);  // the job runs
+  Steps(0, absl::ZeroDuration());
+  Steps(0, absl::Milliseconds(600));
+  Steps(40, absl::Milliseconds(1100));  // moving for part of the window: 80 a second
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Milliseconds(1200));
+  EXPECT_FALSE(scheduler_->pending());
+  Steps(90, absl::Milliseconds(1600));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Milliseconds(1600));
+  ASSERT_TRUE(scheduler_->pending());
+  EXPECT_EQ(scheduler_->pending_summary().step(), 90u + 32);  // 3 intervals of 10 steps, and 2
+}
+
+TEST_F(CheckpointCutsTest, APeriodicSyncCutByStepsIsAskedForEarlyAndCutAtExactlyTheDueStep) {
+  // 100 steps a second, 10 a heartbeat interval: a cut asked for now is at
+  // least 32 steps ahead of the shards; every 200 steps.
+  Make(v1::MODE_SYNC);
+  Periodic(200, 0);
+  Worker(0, 1000);
+  Steps(0, absl::ZeroDuration());
+  Steps(50, absl::Milliseconds(500));
+  Steps(100, absl::Seconds(1));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Seconds(1));
+  EXPECT_FALSE(scheduler_->pending());  // 132 at the soonest: 200 can wait
+  Steps(150, absl::Milliseconds(1500));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Milliseconds(1500));
+  ASSERT_TRUE(scheduler_->pending());  // 182 at the soonest: 200 is asked for now
+  EXPECT_EQ(scheduler_->pending_summary().step(), 200u);
+}
+
+TEST_F(CheckpointCutsTest, APeriodicSyncCutTooLateForTheDueStepIsCutAMarginAheadOfTheShards) {
+  Make(v1::MODE_SYNC);
+  Periodic(100, 0);
+  Worker(0, 1000);
+  Steps(0, absl::ZeroDuration());
+  Steps(50, absl::Milliseconds(500));
+  Steps(100, absl::Seconds(1));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(scheduler_->pending());
+  EXPECT_EQ(scheduler_->pending_summary().step(), 100u + 32);
+  EXPECT_EQ(scheduler_->NextStepDue(), 232u);
+}
+
+TEST_F(CheckpointCutsTest, NoPeriodicSyncCutBeforeAShardIsPastTheLastOne) {
+  // Every second; the shards stand at step 0 (the workers are loading).
+  Make(v1::MODE_SYNC);
+  Periodic(0, 1);
+  Steps(0, absl::ZeroDuration());
+  cuts_->Tick(training_, /*training=*/true, kT0);
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Seconds(2));
+  EXPECT_FALSE(scheduler_->pending());
+  Steps(1, absl::Seconds(3));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Seconds(5));
+  EXPECT_TRUE(scheduler_->pending());
+}
+
+TEST_F(CheckpointCutsTest, NoPeriodicSyncCutAtTheLastStepWhereTheFinalOneIsCut) {
+  Make(v1::MODE_SYNC);
+  Periodic(100, 0);
+  Worker(10, 120);
+  Steps(0, absl::ZeroDuration());
+  Steps(50, absl::Milliseconds(500));
+  Steps(100, absl::Seconds(1));
+  cuts_->Tick(training_, /*training=*/true, kT0 + absl::Seconds(1));
+  EXPECT_FALSE(scheduler_->pending());  // 132 at the soonest: past the last step, 120
+}
+
 TEST_F(CheckpointCutsTest, ACutNeedsEveryShardAlive) {
   Make(v1::MODE_ASYNC);
   Version(0, 10, absl::Seconds(2));
@@ -149,8 +237,8 @@ TEST_F(CheckpointCutsTest, ACheckpointPastItsTimeoutFailsAndOnlyATrainingJobIsCu
   Make(v1::MODE_ASYNC);
   config_.set_checkpoint_every_steps(1);
   scheduler_ = std::make_unique<CheckpointScheduler>(config_, 2);
-  cuts_ = std::make_unique<CheckpointCuts>(config_, scheduler_.get(), membership_.get(),
-                                           &global_step_);
+  cuts_ =
+      std::make_unique<CheckpointCuts>(config_, scheduler_.get(), membership_.get(), &global_step_);
   global_step_.Note(5, kT0);
   EXPECT_FALSE(cuts_->Tick(training_, /*training=*/false, kT0));
   EXPECT_FALSE(scheduler_->pending());
@@ -199,8 +287,8 @@ TEST_F(CheckpointCutsTest, WithoutACheckpointFolderTheFinalCheckpointIsSettled) 
   Make(v1::MODE_SYNC);
   config_.clear_checkpoint_dir();
   scheduler_ = std::make_unique<CheckpointScheduler>(config_, 2);
-  cuts_ = std::make_unique<CheckpointCuts>(config_, scheduler_.get(), membership_.get(),
-                                           &global_step_);
+  cuts_ =
+      std::make_unique<CheckpointCuts>(config_, scheduler_.get(), membership_.get(), &global_step_);
   EXPECT_TRUE(cuts_->FinalSettled(done_, kT0));
   EXPECT_FALSE(cuts_->Tick(training_, true, kT0));
 }

@@ -17,8 +17,7 @@ constexpr size_t kMaxError = 1024;
 
 // A shard's file name must name a file inside the checkpoint's folder.
 bool PlainFileName(absl::string_view name) {
-  if (name.empty() || name.size() > kMaxFileName || name == "." || name == "..")
-    return false;
+  if (name.empty() || name.size() > kMaxFileName || name == "." || name == "..") return false;
   for (char c : name)
     if (c == '/' || c < 0x21 || c > 0x7e) return false;
   return true;
@@ -30,8 +29,7 @@ uint64_t UnixMillis(absl::Time t) {
 
 }  // namespace
 
-CheckpointScheduler::CheckpointScheduler(const v1::JobConfig& config,
-                                         uint32_t num_shards)
+CheckpointScheduler::CheckpointScheduler(const v1::JobConfig& config, uint32_t num_shards)
     : root_(config.checkpoint_dir()),
       mode_(config.mode()),
       every_steps_(config.checkpoint_every_steps()),
@@ -40,8 +38,7 @@ CheckpointScheduler::CheckpointScheduler(const v1::JobConfig& config,
       job_id_(config.job_id()) {}
 
 void CheckpointScheduler::SetNewestComplete(const v1::CheckpointManifest& manifest,
-                                            const std::string& dir,
-                                            uint64_t completed) {
+                                            const std::string& dir, uint64_t completed) {
   last_complete_.set_id(manifest.id());
   last_complete_.set_state(v1::CHECKPOINT_STATE_COMPLETE);
   last_complete_.set_step(manifest.step());
@@ -62,20 +59,18 @@ void CheckpointScheduler::SetNextId(uint64_t id) {
   if (!pending_.has_value()) next_id_ = std::max(next_id_, id);
 }
 
-bool CheckpointScheduler::Due(uint64_t global_step, absl::Time now) {
+bool CheckpointScheduler::Due(uint64_t step, absl::Time now) {
   if (!enabled() || pending_.has_value()) return false;
   if (last_time_ == absl::InfinitePast()) last_time_ = now;
   if (now < retry_after_) return false;
-  if (consecutive_failures_ > 0 && (every_steps_ > 0 || every_ > absl::ZeroDuration()))
-    return true;
-  if (every_steps_ > 0 && global_step >= last_step_ + every_steps_) return true;
+  if (consecutive_failures_ > 0 && (every_steps_ > 0 || every_ > absl::ZeroDuration())) return true;
+  if (every_steps_ > 0 && step >= NextStepDue()) return true;
   return every_ > absl::ZeroDuration() && now - last_time_ >= every_;
 }
 
 v1::CheckpointRequest CheckpointScheduler::Start(uint64_t version,
                                                  std::vector<uint64_t> worker_steps,
-                                                 uint64_t global_step,
-                                                 absl::Time now) {
+                                                 uint64_t global_step, absl::Time now) {
   Pending p;
   p.request.set_id(next_id_++);
   p.request.set_dir(CheckpointFolder(root_, p.request.id()));
@@ -85,22 +80,19 @@ v1::CheckpointRequest CheckpointScheduler::Start(uint64_t version,
   p.started = now;
   pending_ = std::move(p);
   last_time_ = now;
-  last_step_ = std::max(last_step_, global_step);
+  last_step_ = std::max(last_step_, mode_ == v1::MODE_SYNC ? version : global_step);
   return pending_->request;
 }
 
-std::optional<v1::CheckpointRequest> CheckpointScheduler::RequestFor(
-    uint32_t shard) const {
-  if (!pending_.has_value() || pending_->writing ||
-      pending_->reports.count(shard) > 0)
+std::optional<v1::CheckpointRequest> CheckpointScheduler::RequestFor(uint32_t shard) const {
+  if (!pending_.has_value() || pending_->writing || pending_->reports.count(shard) > 0)
     return std::nullopt;
   return pending_->request;
 }
 
 void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& report,
                                  absl::Time now) {
-  if (!pending_.has_value() || pending_->writing ||
-      report.id() != pending_->request.id() ||
+  if (!pending_.has_value() || pending_->writing || report.id() != pending_->request.id() ||
       report.coordinator_incarnation() != pending_->request.coordinator_incarnation() ||
       shard >= num_shards_ || pending_->reports.count(shard) > 0)
     return;
@@ -127,9 +119,8 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
       if (mode_ == v1::MODE_SYNC && report.num_chunks() + report.num_tables() > 0 &&
           (report.min_version() != pending_->request.version() ||
            report.max_version() != pending_->request.version())) {
-        EndFailed(absl::StrCat("shard ", shard, " wrote versions ",
-                               report.min_version(), "..", report.max_version(),
-                               ", not ", pending_->request.version()),
+        EndFailed(absl::StrCat("shard ", shard, " wrote versions ", report.min_version(), "..",
+                               report.max_version(), ", not ", pending_->request.version()),
                   now);
         return;
       }
@@ -140,9 +131,7 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
       return;
     }
     case v1::CHECKPOINT_STATE_FAILED:
-      EndFailed(absl::StrCat("shard ", shard, ": ",
-                             report.error().substr(0, kMaxError)),
-                now);
+      EndFailed(absl::StrCat("shard ", shard, ": ", report.error().substr(0, kMaxError)), now);
       return;
     default:
       return;  // PENDING or unset: not reported yet
@@ -151,8 +140,7 @@ void CheckpointScheduler::Report(uint32_t shard, const v1::ShardCheckpoint& repo
 
 std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
     const v1::ShardMap& shard_map, const v1::JobConfig& config, absl::Time now) {
-  if (!pending_.has_value() || pending_->writing ||
-      pending_->reports.size() != num_shards_)
+  if (!pending_.has_value() || pending_->writing || pending_->reports.size() != num_shards_)
     return std::nullopt;
   pending_->writing = true;
   v1::CheckpointManifest m;
@@ -164,15 +152,13 @@ std::optional<v1::CheckpointManifest> CheckpointScheduler::TakeManifestToWrite(
   for (const auto& [shard, r] : pending_->reports) *m.add_shards() = r;
   *m.mutable_shard_map() = shard_map;
   *m.mutable_config() = config;
-  if (config.mode() == v1::MODE_SYNC)
-    pending_->worker_steps.assign(JobRanks(config), step);
+  if (config.mode() == v1::MODE_SYNC) pending_->worker_steps.assign(JobRanks(config), step);
   // ssp: a rank whose gradient a shard held at the cut computes it again.
   for (const auto& [shard, r] : pending_->reports)
     for (const auto& [rank, held] : r.held_from())
       if (rank < pending_->worker_steps.size())
         pending_->worker_steps[rank] = std::min(pending_->worker_steps[rank], held);
-  m.mutable_worker_steps()->Add(pending_->worker_steps.begin(),
-                                pending_->worker_steps.end());
+  m.mutable_worker_steps()->Add(pending_->worker_steps.begin(), pending_->worker_steps.end());
   m.set_unix_time_ms(UnixMillis(now));
   m.set_seconds(std::max(0.0, absl::ToDoubleSeconds(now - pending_->started)));
   return m;
@@ -188,10 +174,8 @@ uint64_t CheckpointScheduler::CutStep() const {
   return step == std::numeric_limits<uint64_t>::max() ? 0 : step;
 }
 
-void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status,
-                                      absl::Time now) {
-  if (!pending_.has_value() || !pending_->writing || pending_->request.id() != id)
-    return;
+void CheckpointScheduler::FinishWrite(uint64_t id, const absl::Status& status, absl::Time now) {
+  if (!pending_.has_value() || !pending_->writing || pending_->request.id() != id) return;
   if (!status.ok()) {
     pending_->writing = false;
     EndFailed(absl::StrCat("writing the manifest: ", status.message()), now);
@@ -221,8 +205,7 @@ void CheckpointScheduler::Fail(absl::string_view error, absl::Time now) {
 }
 
 bool CheckpointScheduler::TimedOut(absl::Time now) const {
-  return pending_.has_value() && !pending_->writing &&
-         now - pending_->started > kTimeout;
+  return pending_.has_value() && !pending_->writing && now - pending_->started > kTimeout;
 }
 
 void CheckpointScheduler::EndFailed(std::string error, absl::Time now) {
@@ -239,9 +222,10 @@ void CheckpointScheduler::EndFailed(std::string error, absl::Time now) {
   // The first retry goes at once (a sync cut that a shard had passed costs
   // nothing, and the caller asks with a larger margin); then 1 s, 2 s, 4 s
   // ... up to 64 s: a shard that cannot write is not asked every second.
-  retry_after_ = consecutive_failures_ == 1
-                     ? now
-                     : now + kRetryBackoff * (1 << std::min<uint32_t>(consecutive_failures_ - 2, 6));
+  retry_after_ =
+      consecutive_failures_ == 1
+          ? now
+          : now + kRetryBackoff * (1 << std::min<uint32_t>(consecutive_failures_ - 2, 6));
   pending_.reset();
 }
 

@@ -51,26 +51,35 @@ class CheckpointScheduler {
   // The newest complete checkpoint is `manifest` (in `dir`): a job resumed
   // from it, or a coordinator that took the job back. Periodic rules count
   // from its step.
-  void SetNewestComplete(const v1::CheckpointManifest& manifest,
-                         const std::string& dir, uint64_t completed);
+  void SetNewestComplete(const v1::CheckpointManifest& manifest, const std::string& dir,
+                         uint64_t completed);
   // The asking coordinator's incarnation, put in every request; a report
   // that names another is not an answer to this coordinator's request.
-  void set_coordinator_incarnation(uint64_t incarnation) {
-    coordinator_incarnation_ = incarnation;
-  }
+  void set_coordinator_incarnation(uint64_t incarnation) { coordinator_incarnation_ = incarnation; }
   // Ids below this are never handed out (folders that exist already).
   void SetNextId(uint64_t id);
   uint64_t next_id() const { return next_id_; }
 
-  // A periodic checkpoint is due: enabled, none pending, and
-  // checkpoint_every_steps global steps since the last one asked for (or
-  // the resumed step), or checkpoint_every_seconds since then (or since the
-  // first call).
-  bool Due(uint64_t global_step, absl::Time now);
+  // A periodic checkpoint is due: enabled, none pending, and `step` has
+  // reached NextStepDue(), or checkpoint_every_seconds have passed since the
+  // last one was asked for (or since the first call). In async and ssp mode
+  // `step` is the global step; in sync mode it is the furthest step a cut
+  // asked for now may be at, so that the cut can be asked for before the
+  // shards pass NextStepDue() and be at exactly that step.
+  bool Due(uint64_t step, absl::Time now);
+  // The step the next checkpoint by steps is due at (0: not by steps):
+  // checkpoint_every_steps past the last one asked for (or the resumed
+  // checkpoint) — past its cut in sync mode, past the global step it was
+  // asked at in async and ssp mode.
+  uint64_t NextStepDue() const { return every_steps_ > 0 ? last_step_ + every_steps_ : 0; }
+  // The step the periodic rule counts from: the last checkpoint's cut (sync)
+  // or global step (async, ssp) when it was asked for, or the resumed one.
+  uint64_t last_step() const { return last_step_; }
 
   // Asks for checkpoint next_id() at `version` (sync: a step boundary;
   // async/ssp: 0) with the workers' resume steps. Requires enabled() and
-  // none pending. `global_step` is noted for the periodic rule.
+  // none pending. The periodic rule counts from `version` in sync mode and
+  // from `global_step` otherwise.
   v1::CheckpointRequest Start(uint64_t version, std::vector<uint64_t> worker_steps,
                               uint64_t global_step, absl::Time now);
 
@@ -86,8 +95,9 @@ class CheckpointScheduler {
   // When every shard has reported WRITTEN and no one is writing it yet: the
   // manifest to write (the checkpoint is then "writing"). `shard_map` and
   // `config` are recorded in it.
-  std::optional<v1::CheckpointManifest> TakeManifestToWrite(
-      const v1::ShardMap& shard_map, const v1::JobConfig& config, absl::Time now);
+  std::optional<v1::CheckpointManifest> TakeManifestToWrite(const v1::ShardMap& shard_map,
+                                                            const v1::JobConfig& config,
+                                                            absl::Time now);
   // The manifest write of checkpoint `id` ended with `status`.
   void FinishWrite(uint64_t id, const absl::Status& status, absl::Time now);
 
@@ -151,8 +161,8 @@ class CheckpointScheduler {
   v1::CheckpointSummary last_failed_;
   uint64_t completed_ = 0;
   uint32_t consecutive_failures_ = 0;
-  // Periodic rule anchors: the step and time of the last checkpoint asked
-  // for; no periodic checkpoint before retry_after_.
+  // Periodic rule anchors: the step (sync: the cut) and time of the last
+  // checkpoint asked for; no periodic checkpoint before retry_after_.
   uint64_t last_step_ = 0;
   absl::Time last_time_ = absl::InfinitePast();
   absl::Time retry_after_ = absl::InfinitePast();

@@ -86,6 +86,30 @@ TEST(CheckpointScheduler, DueEveryNGlobalSteps) {
   EXPECT_FALSE(s.Due(1000, kT0));  // one at a time
 }
 
+TEST(CheckpointScheduler, InSyncModeTheNextCheckpointByStepsIsDueNStepsPastTheLastCut) {
+  // Asked for at global step 100, cut at 150: the next is due at 250, the
+  // step CheckpointCuts is to cut it at.
+  CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
+  s.Start(150, {}, 100, kT0);
+  s.Report(0, Written(1, 0, 150), kT0);
+  ASSERT_TRUE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0).has_value());
+  s.FinishWrite(1, absl::OkStatus(), kT0);
+  EXPECT_EQ(s.NextStepDue(), 250u);
+  EXPECT_FALSE(s.Due(249, kT0));
+  EXPECT_TRUE(s.Due(250, kT0));
+}
+
+TEST(CheckpointScheduler, InAsyncModeTheNextCheckpointByStepsIsDueNGlobalStepsPastTheLastAsked) {
+  CheckpointScheduler s(Config(v1::MODE_ASYNC), 1);
+  s.Start(0, {100}, 100, kT0);
+  s.Report(0, Written(1, 0, 103), kT0);
+  ASSERT_TRUE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_ASYNC), kT0).has_value());
+  s.FinishWrite(1, absl::OkStatus(), kT0);
+  EXPECT_EQ(s.NextStepDue(), 200u);
+  EXPECT_FALSE(s.Due(199, kT0));
+  EXPECT_TRUE(s.Due(200, kT0));
+}
+
 TEST(CheckpointScheduler, RequestGoesToEachShardUntilItReports) {
   CheckpointScheduler s(Config(v1::MODE_SYNC), 2);
   v1::CheckpointRequest r = s.Start(10, {}, 8, kT0);
@@ -95,8 +119,7 @@ TEST(CheckpointScheduler, RequestGoesToEachShardUntilItReports) {
   s.Report(0, Written(1, 0, 10), kT0);
   EXPECT_FALSE(s.RequestFor(0).has_value());
   EXPECT_TRUE(s.RequestFor(1).has_value());
-  EXPECT_FALSE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0)
-                   .has_value());
+  EXPECT_FALSE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0).has_value());
   s.Report(1, Written(1, 1, 10), kT0);
   std::optional<v1::CheckpointManifest> m =
       s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0 + absl::Seconds(1));
@@ -183,8 +206,7 @@ TEST(CheckpointScheduler, TimesOutAndAFailedManifestWriteFails) {
   s.Fail("timed out", kT0);
   s.Start(10, {}, 8, kT0);
   s.Report(0, Written(2, 0, 10), kT0);
-  ASSERT_TRUE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0)
-                  .has_value());
+  ASSERT_TRUE(s.TakeManifestToWrite(v1::ShardMap(), Config(v1::MODE_SYNC), kT0).has_value());
   s.Fail("ignored while writing", kT0);
   EXPECT_TRUE(s.pending());
   s.FinishWrite(2, absl::UnavailableError("disk full"), kT0);

@@ -40,11 +40,9 @@ class CoordinatorServiceTest : public ::testing::Test {
     if (server_.server != nullptr) server_.server->Shutdown();
   }
 
-  void StartJob(uint32_t servers, uint32_t workers,
-                v1::ConsistencyMode mode = v1::MODE_SYNC,
+  void StartJob(uint32_t servers, uint32_t workers, v1::ConsistencyMode mode = v1::MODE_SYNC,
                 const std::string& checkpoint_dir = "",
-                const std::function<void(CoordinatorService*)>& before_serving =
-                    nullptr) {
+                const std::function<void(CoordinatorService*)>& before_serving = nullptr) {
     config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
     config_.set_checkpoint_storage(storage_);
     config_.set_max_workers(max_workers_);
@@ -53,20 +51,17 @@ class CoordinatorServiceTest : public ::testing::Test {
     ASSERT_TRUE(map.ok()) << map.status();
     map_ = *map;
     CoordinatorOptions options;
-    if (!checkpoint_dir.empty())
-      options.state_path = JoinPath(checkpoint_dir, "coordinator.state");
+    if (!checkpoint_dir.empty()) options.state_path = JoinPath(checkpoint_dir, "coordinator.state");
     service_ = std::make_unique<CoordinatorService>(
         config_, *map, [this] { return clock_.Now(); }, options);
     if (before_serving) before_serving(service_.get());
     absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = v1::Coordinator::NewStub(
-        MakeChannel(WithPort("127.0.0.1:0", server_.port)));
+    stub_ = v1::Coordinator::NewStub(MakeChannel(WithPort("127.0.0.1:0", server_.port)));
   }
 
-  static std::unique_ptr<grpc::ClientContext> Context(
-      absl::Duration timeout = absl::Seconds(10)) {
+  static std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     return context;
@@ -113,10 +108,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     return out;
   }
 
-  grpc::Status WorkerBeat(uint32_t rank, uint64_t incarnation,
-                          const v1::WorkerProgress& progress,
-                          v1::HeartbeatResponse* response,
-                          uint64_t map_epoch = ~0ull) {
+  grpc::Status WorkerBeat(uint32_t rank, uint64_t incarnation, const v1::WorkerProgress& progress,
+                          v1::HeartbeatResponse* response, uint64_t map_epoch = ~0ull) {
     v1::HeartbeatRequest request;
     request.set_job_id("test-job");
     request.set_worker_rank(rank);
@@ -126,8 +119,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     return stub_->Heartbeat(Context().get(), request, response);
   }
 
-  grpc::Status ServerBeat(uint32_t shard, uint64_t incarnation,
-                          v1::HeartbeatResponse* response,
+  grpc::Status ServerBeat(uint32_t shard, uint64_t incarnation, v1::HeartbeatResponse* response,
                           const v1::ShardStatus& status = v1::ShardStatus(),
                           bool final_report = false) {
     v1::HeartbeatRequest request;
@@ -140,8 +132,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     return stub_->Heartbeat(Context().get(), request, response);
   }
 
-  grpc::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step,
-                    bool final_eval = false) {
+  grpc::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step, bool final_eval = false) {
     v1::WorkerDoneRequest request;
     request.set_job_id("test-job");
     request.set_worker_rank(rank);
@@ -158,23 +149,21 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   v1::JobStatus Status() {
     v1::JobStatus status;
-    grpc::Status st = stub_->GetJobStatus(Context().get(), v1::GetJobStatusRequest(),
-                                          &status);
+    grpc::Status st = stub_->GetJobStatus(Context().get(), v1::GetJobStatusRequest(), &status);
     EXPECT_TRUE(st.ok()) << st.error_message();
     return status;
   }
 
   // A shard's checkpoint report may complete a checkpoint, whose manifest
   // the service writes on a thread of its own: waits for that too.
-  grpc::Status Beat(const v1::HeartbeatRequest& request,
-                    v1::HeartbeatResponse* response) {
+  grpc::Status Beat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
     grpc::Status s = stub_->Heartbeat(Context().get(), request, response);
     if (request.shard().has_checkpoint()) service_->WaitForManifestWrites();
     return s;
   }
 
-  static v1::HeartbeatRequest ServerRequest(uint32_t shard, uint64_t incarnation,
-                                            uint64_t version, uint64_t generation = 0) {
+  static v1::HeartbeatRequest ServerRequest(uint32_t shard, uint64_t incarnation, uint64_t version,
+                                            uint64_t generation = 0) {
     v1::HeartbeatRequest request;
     request.set_job_id("test-job");
     request.set_server_shard(shard);
@@ -213,14 +202,12 @@ class CoordinatorServiceTest : public ::testing::Test {
   // What shard `shard`'s server does for `request`: writes a (small) shard
   // file with WriteShardFile (into request.dir(), or with per-shard storage
   // into the checkpoint's folder under `own_root`), and returns the report.
-  v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request,
-                                     uint32_t shard, uint64_t version,
-                                     const std::string& own_root = "") {
+  v1::ShardCheckpoint WriteFakeShard(const v1::CheckpointRequest& request, uint32_t shard,
+                                     uint64_t version, const std::string& own_root = "") {
     const v1::ShardCheckpointFile file = FakeShardFile(map_, request.id(), shard, version);
-    absl::StatusOr<v1::ShardCheckpoint> written =
-        WriteShardFile(Env::Default(),
-                       own_root.empty() ? request.dir() : CheckpointFolder(own_root, request.id()),
-                       file);
+    absl::StatusOr<v1::ShardCheckpoint> written = WriteShardFile(
+        Env::Default(), own_root.empty() ? request.dir() : CheckpointFolder(own_root, request.id()),
+        file);
     EXPECT_TRUE(written.ok()) << written.status();
     if (!written.ok()) return v1::ShardCheckpoint();
     written->set_coordinator_incarnation(request.coordinator_incarnation());
@@ -257,7 +244,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   TempFolders temp_;  // first: its folders go after the service that writes there
   FakeClock clock_;
   v1::CheckpointStorage storage_ = v1::CHECKPOINT_STORAGE_SHARED;  // set before StartJob
-  uint32_t max_workers_ = 0;  // set before StartJob: an elastic job
+  uint32_t max_workers_ = 0;                       // set before StartJob: an elastic job
   std::function<void(v1::JobConfig*)> configure_;  // set before StartJob: edits the job
   v1::ShardMap map_;
   v1::JobConfig config_;
@@ -293,8 +280,7 @@ TEST_F(CoordinatorServiceTest, ServersAndWorkersGetSlotsInRegistrationOrder) {
   EXPECT_EQ(fetched.SerializeAsString(), map.SerializeAsString());
 
   v1::RegisterWorkerResponse extra;
-  EXPECT_EQ(RegisterWorker(-1, &extra).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(RegisterWorker(-1, &extra).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
 TEST_F(CoordinatorServiceTest, RegisterWorkerBlocksUntilEveryShardRegisters) {
@@ -423,13 +409,10 @@ TEST_F(CoordinatorServiceTest, MalformedHeartbeatsGetClearErrors) {
   // Without an incarnation a member cannot be adopted: register first.
   EXPECT_EQ(WorkerBeat(0, 0, v1::WorkerProgress(), &reply).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(ServerBeat(0, 0, &reply).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(ServerBeat(3, 1, &reply).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ServerBeat(0, 0, &reply).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ServerBeat(3, 1, &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::RegisterServerResponse bad;
-  EXPECT_EQ(RegisterServer(-1, "no-port", &bad).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RegisterServer(-1, "no-port", &bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(CoordinatorServiceTest, HeartbeatsReportStateLiveWorkersAndNewerMaps) {
@@ -451,15 +434,13 @@ TEST_F(CoordinatorServiceTest, HeartbeatsReportStateLiveWorkersAndNewerMaps) {
   // The member knew map epoch 0: it gets the current map.
   EXPECT_EQ(reply.shard_map().shards(1).address(), "127.0.0.1:7001");
   const uint64_t map_epoch = reply.shard_map().epoch();
-  ASSERT_TRUE(
-      WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
   EXPECT_FALSE(reply.has_shard_map());
 
   // A server restarting elsewhere changes the map; members learn it.
   v1::RegisterServerResponse moved;
   ASSERT_TRUE(RegisterServer(1, "127.0.0.1:7101", &moved).ok());
-  ASSERT_TRUE(
-      WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
+  ASSERT_TRUE(WorkerBeat(0, w[0].incarnation(), v1::WorkerProgress(), &reply, map_epoch).ok());
   ASSERT_TRUE(reply.has_shard_map());
   EXPECT_GT(reply.shard_map().epoch(), map_epoch);
   EXPECT_EQ(reply.shard_map().shards(1).address(), "127.0.0.1:7101");
@@ -622,8 +603,7 @@ TEST_F(CoordinatorServiceTest, JobCompletesWhenEveryWorkerIsDone) {
   EXPECT_TRUE(service_->EveryLiveMemberSawEnd());
 
   v1::RegisterWorkerResponse late;
-  EXPECT_EQ(RegisterWorker(-1, &late).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(RegisterWorker(-1, &late).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(CoordinatorServiceTest, AnEvaluatorWhoseProgramHasNoEvaluationCompletesTheJobWithoutOne) {
@@ -957,8 +937,8 @@ TEST_F(HostileLeaseTest, ARefusedFirstLeaseSizesNoLedgerAndMarksNoRankReady) {
   // 2,100 examples and a report of block 2^64 - 1, from rank 0 and from the
   // joiner: before, the first sized the ledger at 2,100's shape and the
   // second made rank 2 ready, though both were refused.
-  for (auto [rank, incarnation] : {std::pair<uint32_t, uint64_t>{0, workers_[0].incarnation()},
-                                   {2, joiner_.incarnation()}}) {
+  for (auto [rank, incarnation] :
+       {std::pair<uint32_t, uint64_t>{0, workers_[0].incarnation()}, {2, joiner_.incarnation()}}) {
     v1::LeaseExamplesRequest r = Lease(rank, incarnation, 2100, 1);
     r.add_trained()->set_block(~uint64_t{0});
     grpc::Status st = Call(r, &reply);
@@ -1205,10 +1185,9 @@ TEST_F(CoordinatorServiceTest, CheckpointJobWithoutCheckpointDirIsFailedPrecondi
 TEST_F(CoordinatorServiceTest, CheckpointJobBeforeTheJobRunsIsFailedPrecondition) {
   StartJob(1, 1, v1::MODE_SYNC, TempFolder("notrunning"));
   v1::CheckpointJobResponse response;
-  EXPECT_EQ(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(),
-                                 &response)
-                .error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(
+      stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &response).error_code(),
+      grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(CoordinatorServiceTest,
@@ -1222,8 +1201,7 @@ TEST_F(CoordinatorServiceTest,
   ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 8), &r1).ok());
 
   v1::CheckpointJobResponse asked;
-  ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked)
-                  .ok());
+  ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
   EXPECT_EQ(asked.checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
 
   ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 8), &r0).ok());
@@ -1238,19 +1216,16 @@ TEST_F(CoordinatorServiceTest,
 
   // Shard 0 wrote its file: not a checkpoint yet.
   v1::HeartbeatRequest beat0 = ServerRequest(0, s[0].incarnation(), request.version());
-  *beat0.mutable_shard()->mutable_checkpoint() =
-      WriteFakeShard(request, 0, request.version());
+  *beat0.mutable_shard()->mutable_checkpoint() = WriteFakeShard(request, 0, request.version());
   ASSERT_TRUE(Beat(beat0, &r0).ok());
   EXPECT_FALSE(r0.has_checkpoint());  // reported: no longer asked
-  absl::StatusOr<CheckpointChoice> choice =
-      FindNewestCheckpoint(Env::Default(), dir, "test-job");
+  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(Env::Default(), dir, "test-job");
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_FALSE(choice->manifest.has_value());
   EXPECT_EQ(Status().pending_checkpoint().state(), v1::CHECKPOINT_STATE_PENDING);
 
   v1::HeartbeatRequest beat1 = ServerRequest(1, s[1].incarnation(), request.version());
-  *beat1.mutable_shard()->mutable_checkpoint() =
-      WriteFakeShard(request, 1, request.version());
+  *beat1.mutable_shard()->mutable_checkpoint() = WriteFakeShard(request, 1, request.version());
   ASSERT_TRUE(Beat(beat1, &r1).ok());
   choice = FindNewestCheckpoint(Env::Default(), dir, "test-job");
   ASSERT_TRUE(choice.ok()) << choice.status();
@@ -1269,9 +1244,7 @@ TEST_F(CoordinatorServiceTest,
   wait.set_wait(true);
   v1::CheckpointJobResponse waited;
   grpc::Status wait_status;
-  std::thread waiter([&] {
-    wait_status = stub_->CheckpointJob(Context().get(), wait, &waited);
-  });
+  std::thread waiter([&] { wait_status = stub_->CheckpointJob(Context().get(), wait, &waited); });
   v1::CheckpointRequest second;
   while (!second.id()) {  // polls until the checkpoint has been asked for
     ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 20), &r0).ok());
@@ -1317,13 +1290,11 @@ TEST_F(CoordinatorServiceTest, ResumedJobHandsOutRestoreOrdersAndStartSteps) {
   EXPECT_EQ(w[1].start_step(), 59u);
   EXPECT_EQ(w[0].generation(), 2u);
   v1::HeartbeatResponse reply;
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 120, /*generation=*/2), &reply)
-                  .ok());
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 120, /*generation=*/2), &reply).ok());
   EXPECT_EQ(reply.generation(), 2u);
   EXPECT_FALSE(reply.has_restore());
   // A member still in the job's first generation is told what to restore.
-  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 0, /*generation=*/1), &reply)
-                  .ok());
+  ASSERT_TRUE(Beat(ServerRequest(1, s[1].incarnation(), 0, /*generation=*/1), &reply).ok());
   EXPECT_EQ(reply.restore().checkpoint_id(), 4u);
   EXPECT_EQ(Status().last_checkpoint().id(), 4u);
 }
@@ -1356,8 +1327,7 @@ TEST_F(CoordinatorServiceTest, SyncServerRestartRollsBackAndFinishedRanksTrainAg
   EXPECT_EQ(status.generation(), 2u);
   EXPECT_EQ(status.workers(0).state(), v1::MEMBER_STATE_ALIVE);
   v1::HeartbeatResponse reply;
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 30, /*generation=*/1), &reply)
-                  .ok());
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 30, /*generation=*/1), &reply).ok());
   EXPECT_EQ(reply.generation(), 2u);
   EXPECT_EQ(reply.restore().generation(), 2u);
   EXPECT_THAT(reply.live_workers(), ElementsAre(0, 1));
@@ -1417,8 +1387,7 @@ TEST_F(CoordinatorServiceTest, TakenOverStateAnswersTheOldMembersAndTheJobComple
   ASSERT_TRUE(reply.has_checkpoint());
   EXPECT_EQ(reply.checkpoint().version(), 10u);
   v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), 10);
-  *written.mutable_shard()->mutable_checkpoint() =
-      WriteFakeShard(reply.checkpoint(), 0, 10);
+  *written.mutable_shard()->mutable_checkpoint() = WriteFakeShard(reply.checkpoint(), 0, 10);
   ASSERT_TRUE(Beat(written, &reply).ok());
   ASSERT_TRUE(Done(0, w[0].incarnation(), 10, /*final_eval=*/true).ok());
   status = Status();
@@ -1531,8 +1500,7 @@ TEST_F(CoordinatorServiceTest, CoordinatorWithoutStateAdoptsMembersFromHeartbeat
   EXPECT_GT(again.incarnation(), 1'600'000'000'002u);
 }
 
-TEST_F(CoordinatorServiceTest,
-       PeriodicCheckpointByStepsAndARestartRollsBackToTheNewestComplete) {
+TEST_F(CoordinatorServiceTest, PeriodicCheckpointByStepsAndARestartRollsBackToTheNewestComplete) {
   const std::string dir = TempFolder("periodic");
   StartJob(1, 2, v1::MODE_SYNC, dir);
   // Periodic rule: every 10 global steps (the config is the service's copy;
@@ -1552,19 +1520,22 @@ TEST_F(CoordinatorServiceTest,
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
   v1::HeartbeatResponse reply;
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 9), &reply).ok());
+  // The step moves a step a second (each a second after the last, no cut
+  // waits for its rate to be measured).
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+  clock_.Advance(absl::Seconds(1));
   service_->DetectFailures();
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 9), &reply).ok());
-  EXPECT_FALSE(reply.has_checkpoint());  // 9 < 10 steps
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 5), &reply).ok());
+  EXPECT_FALSE(reply.has_checkpoint());  // 5 + the least margin, 4: step 10 can wait
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 6), &reply).ok());
+  clock_.Advance(absl::Seconds(1));
   service_->DetectFailures();
-  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 10), &reply).ok());
+  ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 6), &reply).ok());
   ASSERT_TRUE(reply.has_checkpoint());
   const v1::CheckpointRequest request = reply.checkpoint();
-  EXPECT_GE(request.version(), 12u);  // at least a margin of 2 ahead
+  EXPECT_EQ(request.version(), 10u);  // asked for in time to cut at exactly step 10
   v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), request.version());
-  *written.mutable_shard()->mutable_checkpoint() =
-      WriteFakeShard(request, 0, request.version());
+  *written.mutable_shard()->mutable_checkpoint() = WriteFakeShard(request, 0, request.version());
   ASSERT_TRUE(Beat(written, &reply).ok());
   EXPECT_EQ(Status().last_checkpoint().id(), request.id());
 
@@ -1599,17 +1570,14 @@ TEST_F(CoordinatorServiceTest, AsyncCheckpointRecordsEachWorkersStepAtTheRequest
   p.set_step(35);
   ASSERT_TRUE(WorkerBeat(1, w[1].incarnation(), p, &reply).ok());
   v1::CheckpointJobResponse asked;
-  ASSERT_TRUE(
-      stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+  ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
   ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), 60), &reply).ok());
   ASSERT_TRUE(reply.has_checkpoint());
   EXPECT_EQ(reply.checkpoint().version(), 0u);
   v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), 68);
-  *written.mutable_shard()->mutable_checkpoint() =
-      WriteFakeShard(reply.checkpoint(), 0, 68);
+  *written.mutable_shard()->mutable_checkpoint() = WriteFakeShard(reply.checkpoint(), 0, 68);
   ASSERT_TRUE(Beat(written, &reply).ok());
-  absl::StatusOr<CheckpointChoice> choice =
-      FindNewestCheckpoint(Env::Default(), dir, "test-job");
+  absl::StatusOr<CheckpointChoice> choice = FindNewestCheckpoint(Env::Default(), dir, "test-job");
   ASSERT_TRUE(choice.ok() && choice->manifest.has_value());
   EXPECT_EQ(choice->manifest->step(), 68u);
   EXPECT_THAT(choice->manifest->worker_steps(), ElementsAre(33, 35));
@@ -1632,14 +1600,12 @@ TEST_F(CoordinatorServiceTest, ARollBackRefusesADamagedNewestCheckpointAndUsesTh
   std::vector<v1::CheckpointRequest> taken;
   for (uint64_t version : {10u, 20u}) {
     v1::CheckpointJobResponse asked;
-    ASSERT_TRUE(
-        stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+    ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
     ASSERT_TRUE(Beat(ServerRequest(0, s[0].incarnation(), version), &reply).ok());
     ASSERT_TRUE(reply.has_checkpoint());
     taken.push_back(reply.checkpoint());
     v1::HeartbeatRequest written = ServerRequest(0, s[0].incarnation(), version);
-    *written.mutable_shard()->mutable_checkpoint() =
-        WriteFakeShard(reply.checkpoint(), 0, version);
+    *written.mutable_shard()->mutable_checkpoint() = WriteFakeShard(reply.checkpoint(), 0, version);
     ASSERT_TRUE(Beat(written, &reply).ok());
     ASSERT_EQ(Status().last_checkpoint().id(), taken.back().id());
   }
@@ -1665,7 +1631,8 @@ TEST_F(CoordinatorServiceTest, ARollBackRefusesADamagedNewestCheckpointAndUsesTh
   EXPECT_EQ(state.restore().checkpoint_id(), taken[0].id());
 }
 
-TEST_F(CoordinatorServiceTest, PerShardStorageKeepsManifestsAndFallsBackFromACheckpointAShardCannotLoad) {
+TEST_F(CoordinatorServiceTest,
+       PerShardStorageKeepsManifestsAndFallsBackFromACheckpointAShardCannotLoad) {
   // Each shard's files on its own volume, the manifests on the coordinator's.
   storage_ = v1::CHECKPOINT_STORAGE_PER_SHARD;
   const std::string dir = TempFolder("per-shard");
@@ -1677,8 +1644,7 @@ TEST_F(CoordinatorServiceTest, PerShardStorageKeepsManifestsAndFallsBackFromAChe
   std::vector<uint64_t> taken;
   for (uint64_t version : {10u, 20u}) {
     v1::CheckpointJobResponse asked;
-    ASSERT_TRUE(
-        stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
+    ASSERT_TRUE(stub_->CheckpointJob(Context().get(), v1::CheckpointJobRequest(), &asked).ok());
     for (uint32_t k = 0; k < 2; ++k) {
       ASSERT_TRUE(Beat(ServerRequest(k, s[k].incarnation(), version), &reply).ok());
       ASSERT_TRUE(reply.has_checkpoint());

@@ -202,7 +202,9 @@ ABSL_FLAG(std::string, local_transport,
           "shm (through the worker's shared-memory lane, where the shard can map it; "
           "gRPC messages otherwise) or grpc (every byte through gRPC)");
 ABSL_FLAG(uint64_t, checkpoint_every_steps, Defaults().checkpoint_every_steps(),
-          "take a checkpoint every this many global steps (0 = not by steps)");
+          "take a checkpoint every this many global steps (0 = not by steps); one is in "
+          "flight at a time, so a fast job gets one per checkpoint's round trip (about 2 s; "
+          "docs/durability.md)");
 ABSL_FLAG(uint32_t, checkpoint_every_s, Defaults().checkpoint_every_seconds(),
           "take a checkpoint every this many seconds (0 = not by time)");
 ABSL_FLAG(uint32_t, checkpoint_full_every, Defaults().checkpoint_full_every(),

@@ -167,10 +167,11 @@ absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state, absl::
   checkpoints_.TakeOver(state, newest);
   resharding_.TakeOver(state);
   global_step_.Restart(now);
-  spdlog::info("took over job {} at generation {} from {} ({}, {} checkpoints complete, "
-               "next id {})",
-               config_.job_id(), generations_.current(), std::string(from),
-               JobStateName(phase_.state()), checkpoints_.completed(), checkpoints_.next_id());
+  spdlog::info(
+      "took over job {} at generation {} from {} ({}, {} checkpoints complete, "
+      "next id {})",
+      config_.job_id(), generations_.current(), std::string(from), JobStateName(phase_.state()),
+      checkpoints_.completed(), checkpoints_.next_id());
   return absl::OkStatus();
 }
 
@@ -292,7 +293,8 @@ bool JobStateMachine::PublishReshardLocked(const v1::CheckpointManifest& manifes
 void JobStateMachine::NoteGlobalStepLocked(absl::Time now) {
   const std::vector<uint64_t> versions = membership_.LiveShardVersions();
   if (versions.empty()) return;
-  global_step_.Note(*std::min_element(versions.begin(), versions.end()), now);
+  const auto [lowest, highest] = std::minmax_element(versions.begin(), versions.end());
+  global_step_.Note(*lowest, *highest, now);
 }
 
 void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
@@ -300,9 +302,7 @@ void JobStateMachine::CheckRecoveryLocked(absl::Time now) {
     EndLocked(v1::JOB_STATE_FAILED, *std::move(failed), now);
 }
 
-bool JobStateMachine::TrainingDoneLocked() const {
-  return phase_.TrainingDone(membership_);
-}
+bool JobStateMachine::TrainingDoneLocked() const { return phase_.TrainingDone(membership_); }
 
 absl::StatusOr<JobStateMachine::ServerRegistration> JobStateMachine::RegisterServer(
     const v1::RegisterServerRequest& request) {

@@ -27,8 +27,7 @@ using ::testing::HasSubstr;
 class JobStateMachineTest : public ::testing::Test {
  protected:
   // A job of `servers` shards and `workers` ranks, heartbeat timeout 1 s.
-  void StartJob(uint32_t servers, uint32_t workers,
-                v1::ConsistencyMode mode = v1::MODE_SYNC,
+  void StartJob(uint32_t servers, uint32_t workers, v1::ConsistencyMode mode = v1::MODE_SYNC,
                 const std::string& checkpoint_dir = "") {
     config_ = TestJobConfig(servers, workers, mode, checkpoint_dir);
     absl::StatusOr<v1::ShardMap> map = TestShardMap(config_);
@@ -40,17 +39,15 @@ class JobStateMachineTest : public ::testing::Test {
   std::unique_ptr<JobStateMachine> NewMachine() {
     JobStateMachine::Options options;
     options.reconnect_backoff = absl::Seconds(1);
-    return std::make_unique<JobStateMachine>(config_, map_, [this] { return clock_.Now(); },
-                                             options);
+    return std::make_unique<JobStateMachine>(
+        config_, map_, [this] { return clock_.Now(); }, options);
   }
 
-  JobStateMachine::ServerRegistration RegisterServer(int32_t shard,
-                                                     const std::string& address) {
+  JobStateMachine::ServerRegistration RegisterServer(int32_t shard, const std::string& address) {
     v1::RegisterServerRequest request;
     request.set_address(address);
     request.set_requested_shard(shard);
-    absl::StatusOr<JobStateMachine::ServerRegistration> reg =
-        machine_->RegisterServer(request);
+    absl::StatusOr<JobStateMachine::ServerRegistration> reg = machine_->RegisterServer(request);
     EXPECT_TRUE(reg.ok()) << reg.status();
     return reg.ok() ? *reg : JobStateMachine::ServerRegistration();
   }
@@ -111,16 +108,14 @@ class JobStateMachineTest : public ::testing::Test {
     return reply.status();
   }
 
-  absl::Status WorkerBeat(uint32_t rank, uint64_t incarnation,
-                          const v1::WorkerProgress& progress,
+  absl::Status WorkerBeat(uint32_t rank, uint64_t incarnation, const v1::WorkerProgress& progress,
                           v1::HeartbeatResponse* response) {
     v1::HeartbeatRequest request = WorkerRequest(rank, incarnation);
     *request.mutable_progress() = progress;
     return Beat(request, response);
   }
 
-  absl::Status ServerBeat(uint32_t shard, uint64_t incarnation,
-                          v1::HeartbeatResponse* response,
+  absl::Status ServerBeat(uint32_t shard, uint64_t incarnation, v1::HeartbeatResponse* response,
                           const v1::ShardStatus& status = v1::ShardStatus(),
                           bool final_report = false) {
     v1::HeartbeatRequest request = ServerRequest(shard, incarnation);
@@ -137,8 +132,8 @@ class JobStateMachineTest : public ::testing::Test {
     return reply.ok() ? *reply : v1::HeartbeatResponse();
   }
 
-  absl::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step,
-                    bool final_eval = false, uint64_t generation = 0) {
+  absl::Status Done(uint32_t rank, uint64_t incarnation, uint64_t step, bool final_eval = false,
+                    uint64_t generation = 0) {
     v1::WorkerDoneRequest request;
     request.set_worker_rank(rank);
     request.set_incarnation(incarnation);
@@ -200,8 +195,7 @@ TEST_F(JobStateMachineTest, JobRunsOnceEveryShardAndEveryRankRegistered) {
   StartJob(2, 2);
   EXPECT_EQ(machine_->state(), v1::JOB_STATE_WAITING);
   RegisterServer(1, "127.0.0.1:7001");
-  EXPECT_EQ(machine_->Status().message(),
-            "waiting for shard 0 and workers 0, 1 to register");
+  EXPECT_EQ(machine_->Status().message(), "waiting for shard 0 and workers 0, 1 to register");
   RegisterServer(0, "127.0.0.1:7000");
   ASSERT_TRUE(RegisterWorker(0).ok());
   EXPECT_EQ(machine_->state(), v1::JOB_STATE_WAITING);
@@ -412,11 +406,11 @@ TEST_F(JobStateMachineTest, ACheckpointIsAskedOfEveryShardAndCompletesOnceAllWro
 
 TEST_F(JobStateMachineTest, ACheckpointNeedsACheckpointDirARunningJobAndEveryShardAlive) {
   StartJob(1, 1);
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
   StartJob(2, 1, v1::MODE_SYNC, TempFolder("refused"));
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(machine_->CheckpointJob(false, JobStateMachine::Wait()).status()));
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   std::vector<v1::RegisterWorkerResponse> w = RegisterAllWorkers();
   clock_.Advance(absl::Milliseconds(800));
@@ -463,18 +457,25 @@ TEST_F(JobStateMachineTest, AfterATakeOverASyncCutIsAskedAheadOfTheShardsVersion
   Beat(ServerRequest(1, s[1].incarnation(), 411));
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   EXPECT_THAT(asked.status().message(), HasSubstr("measuring the step rate"));
+  // The first whole window (400 -> 440 of the highest version) may have
+  // begun where the step stood: the rate is measured by the next one.
   clock_.Advance(absl::Milliseconds(300));
   Beat(ServerRequest(0, s[0].incarnation(), 440));
   Beat(ServerRequest(1, s[1].incarnation(), 441));
   asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
+  EXPECT_THAT(asked.status().message(), HasSubstr("measuring the step rate"));
+  clock_.Advance(absl::Milliseconds(500));
+  Beat(ServerRequest(0, s[0].incarnation(), 480));
+  Beat(ServerRequest(1, s[1].incarnation(), 481));
+  asked = machine_->CheckpointJob(false, JobStateMachine::Wait());
   ASSERT_TRUE(asked.ok()) << asked.status();
   const v1::CheckpointRequest request =
-      Beat(ServerRequest(0, s[0].incarnation(), 441)).checkpoint();
+      Beat(ServerRequest(0, s[0].incarnation(), 481)).checkpoint();
   EXPECT_EQ(request.id(), asked->id());
   // Ahead of every shard by more than the bare margin (4 steps, what the
-  // 100 ms first estimate gave): the global step (the lowest version heard)
-  // went 400 -> 411 over the 500 ms window, 22 steps a second.
-  EXPECT_EQ(request.version(), 441u + 9u);
+  // 100 ms first estimate gave): the highest version went 440 -> 480 over
+  // the 500 ms window, 80 steps a second, 8 an interval: 3 x 8 and 2.
+  EXPECT_EQ(request.version(), 481u + 26u);
 }
 
 // The python_worker drill's failed cuts: the rate measured last (a slow
@@ -492,8 +493,7 @@ TEST_F(JobStateMachineTest, ASyncCutsMarginFollowsTheHighestRecentStepRate) {
   clock_.Advance(absl::Milliseconds(500));
   Beat(ServerRequest(0, s[0].incarnation(), 52));  // 4 steps a second
   ASSERT_TRUE(machine_->CheckpointJob(false, JobStateMachine::Wait()).ok());
-  const v1::CheckpointRequest request =
-      Beat(ServerRequest(0, s[0].incarnation(), 52)).checkpoint();
+  const v1::CheckpointRequest request = Beat(ServerRequest(0, s[0].incarnation(), 52)).checkpoint();
   // Three heartbeat intervals at 100 steps a second, and 2 of slack.
   EXPECT_EQ(request.version(), 52u + 32u);
 }
@@ -759,7 +759,7 @@ TEST_F(JobStateMachineTest, EvaluateFinalWaitsUntilServersHeardTheFinalLiveSet) 
   EXPECT_TRUE(reply.live_workers().empty());  // the final live set
   EXPECT_FALSE(evaluate_final());
   ASSERT_TRUE(ServerBeat(0, s[0].incarnation(), &reply).ok());  // applied it
-  EXPECT_FALSE(evaluate_final());  // shard 1 has not
+  EXPECT_FALSE(evaluate_final());                               // shard 1 has not
   ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
   EXPECT_FALSE(evaluate_final());
   ASSERT_TRUE(ServerBeat(1, s[1].incarnation(), &reply).ok());
@@ -884,8 +884,7 @@ TEST_F(JobStateMachineTest, JobCompletesWhenTheFinalEvaluationArrives) {
   EXPECT_TRUE(machine_->EveryLiveMemberSawEnd());
 }
 
-TEST_F(JobStateMachineTest,
-       JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
+TEST_F(JobStateMachineTest, JobWhoseWorkersAllDiedKeepsRunningUntilTheRecoveryTimeoutThenFails) {
   StartJob(1, 2);
   std::vector<v1::RegisterServerResponse> s = RegisterAllServers();
   RegisterAllWorkers();
@@ -910,8 +909,7 @@ TEST_F(JobStateMachineTest,
   machine_->DetectFailures();
   status = Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(status.message().find("every worker died before finishing"),
-            std::string::npos)
+  EXPECT_NE(status.message().find("every worker died before finishing"), std::string::npos)
       << status.message();
 }
 
@@ -1066,8 +1064,9 @@ TEST_F(UserModelTest, TheDefiningOfferSetsTheOptimizerKindItsServersKeepStateFor
   ASSERT_TRUE(machine_->TakeOver(state, "state").ok());
   EXPECT_EQ(machine_->JobConfig().optimizer().kind(), v1::OPTIMIZER_ADAM);
   StartUserJob();
-  EXPECT_EQ(machine_->DefineModel(TestUserModel(4), static_cast<v1::OptimizerKind>(42)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      machine_->DefineModel(TestUserModel(4), static_cast<v1::OptimizerKind>(42)).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(UserModelTest, AnOptimizerOnTheWorkersNeedsAJobWithoutSparseTables) {
@@ -1129,8 +1128,8 @@ class ElasticJobTest : public JobStateMachineTest {
 
   absl::StatusOr<v1::LeaseExamplesResponse> Lease(
       uint32_t rank, uint64_t incarnation, uint32_t want,
-      const std::vector<std::pair<uint64_t, uint64_t>>& trained = {},
-      uint64_t generation = 0, uint64_t train_examples = kTrainExamples) {
+      const std::vector<std::pair<uint64_t, uint64_t>>& trained = {}, uint64_t generation = 0,
+      uint64_t train_examples = kTrainExamples) {
     v1::LeaseExamplesRequest request;
     request.set_job_id("test-job");
     request.set_worker_rank(rank);
@@ -1281,8 +1280,7 @@ TEST_F(ElasticJobTest, ARankRegisteredBeforeTheJobRunsIsNoJoinAndIsLiveAtOnce) {
   ASSERT_TRUE(last.ok()) << last.status();
   ASSERT_EQ(machine_->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Status().worker_joins(), 0u);
-  EXPECT_THAT(Beat(WorkerRequest(1, last->incarnation())).live_workers(),
-              ElementsAre(0u, 1u, 3u));
+  EXPECT_THAT(Beat(WorkerRequest(1, last->incarnation())).live_workers(), ElementsAre(0u, 1u, 3u));
 }
 
 TEST_F(ElasticJobTest, LeasesAreCappedByAFairShareOfWhatIsLeftOverTheLiveWorkers) {
@@ -1322,7 +1320,8 @@ TEST_F(ElasticJobTest, LeaseExamplesIsRefusedToAnIncarnationThatIsNotLive) {
     return Lease(rank, incarnation, 1).status().code();
   };
   EXPECT_EQ(code(0, w[0].incarnation() + 1000), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(code(2, w[0].incarnation()), absl::StatusCode::kFailedPrecondition);  // never registered
+  EXPECT_EQ(code(2, w[0].incarnation()),
+            absl::StatusCode::kFailedPrecondition);  // never registered
   EXPECT_EQ(code(9, w[0].incarnation()), absl::StatusCode::kFailedPrecondition);  // out of range
   ASSERT_TRUE(Leave(1, w[1].incarnation(), 3).ok());
   EXPECT_EQ(code(1, w[1].incarnation()), absl::StatusCode::kFailedPrecondition);  // left
@@ -1553,7 +1552,7 @@ class ReshardTest : public JobStateMachineTest {
 
   // A standby's registration for `shard`, waiting up to `patience`.
   absl::StatusOr<JobStateMachine::ServerRegistration> Standby(uint32_t shard,
-                                                             absl::Duration patience) {
+                                                              absl::Duration patience) {
     v1::RegisterServerRequest request;
     request.set_address(absl::StrCat("127.0.0.1:", 7000 + shard));
     request.set_requested_shard(static_cast<int32_t>(shard));
@@ -1606,8 +1605,7 @@ TEST_F(ReshardTest, ScaleServersNeedsMaxServersAndACountInRange) {
 
 TEST_F(ReshardTest, AStandbyWaitsUntilTheJobScalesAndAShardPastMaxServersIsRefused) {
   StartScalableJob(2, 3);
-  absl::StatusOr<JobStateMachine::ServerRegistration> early =
-      Standby(2, absl::Milliseconds(400));
+  absl::StatusOr<JobStateMachine::ServerRegistration> early = Standby(2, absl::Milliseconds(400));
   ASSERT_TRUE(absl::IsUnavailable(early.status())) << early.status();
   EXPECT_THAT(early.status().message(), HasSubstr("standby:"));
   EXPECT_THAT(early.status().message(), HasSubstr("grpsctl scale --servers 3"));
