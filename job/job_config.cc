@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "data/criteo.h"
+#include "job/shard_map.h"
 #include "job/sparse_tables.h"
 #include "job/user_model.h"
 
@@ -144,10 +145,8 @@ absl::Status ValidateModel(const v1::JobConfig& c) {
   // 65536 x 65536 layer was taken, and its worker grew past the machine's
   // memory until the kernel killed it. (Each width is at most 2^24 here:
   // no product overflows.)
-  const std::vector<int64_t> widths = LayerWidths(c);
   uint64_t elements = 0;
-  for (size_t l = 0; l + 1 < widths.size(); ++l)
-    elements += static_cast<uint64_t>(widths[l] + 1) * static_cast<uint64_t>(widths[l + 1]);
+  for (const v1::TensorSpec& t : ModelTensors(c)) elements += NumElements(t);
   if (elements > kMaxUserModelElements)
     return Bad(absl::StrCat("the model has ", elements,
                             " parameters, past the 2^32 (16 GiB of f32) the shards hold"));
