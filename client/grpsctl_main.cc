@@ -86,44 +86,6 @@ int Fail(const absl::Status& status) {
   return kExitError;
 }
 
-// Checks flag names and values before absl parses them, so that a usage
-// mistake exits 2 (absl's own parser would exit 1). Returns the problem, or
-// an empty string.
-std::string CheckCommandLine(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg.size() < 2 || arg[0] != '-') continue;
-    size_t start = arg[1] == '-' ? 2 : 1;
-    size_t eq = arg.find('=');
-    std::string name = arg.substr(start, eq == std::string::npos ? eq : eq - start);
-    for (char& c : name)
-      if (c == '-') c = '_';
-    // absl's own flags (--help, --helpfull, --flagfile, ...) are not in the
-    // registry.
-    if (name.rfind("help", 0) == 0 || name == "version" || name == "flagfile" ||
-        name == "fromenv" || name == "tryfromenv" || name == "undefok" ||
-        name == "only_check_args")
-      continue;
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && name.rfind("no", 0) == 0 && eq == std::string::npos) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) continue;
-    }
-    if (flag == nullptr) return absl::StrCat("unknown flag ", arg);
-    if (eq == std::string::npos) {
-      if (flag->IsOfType<bool>()) continue;
-      if (i + 1 >= argc) return absl::StrCat("flag ", arg, " needs a value");
-      ++i;
-      continue;
-    }
-    std::string error;
-    if (!flag->ParseFrom(arg.substr(eq + 1), &error))
-      return absl::StrCat("bad value for --", name, ": ", error);
-  }
-  return "";
-}
-
 // Prints one JSON document on stdout.
 int PrintJson(const google::protobuf::Message& message) {
   absl::StatusOr<std::string> json = ToJson(message);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -26,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/hand_over.h"
@@ -91,6 +93,57 @@ absl::Status SetFlagsFromEnvironment() {
   return absl::OkStatus();
 }
 
+std::string CheckCommandLine(int argc, char** argv) {
+  // Names --undefok lets be unknown (absl ignores them).
+  std::vector<std::string> undefok;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg(argv[i]);
+    if (arg == "--") break;
+    if (absl::ConsumePrefix(&arg, "--undefok=") || absl::ConsumePrefix(&arg, "-undefok="))
+      for (absl::string_view name : absl::StrSplit(arg, ',', absl::SkipEmpty()))
+        undefok.emplace_back(name);
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    size_t start = arg[1] == '-' ? 2 : 1;
+    size_t eq = arg.find('=');
+    std::string name = arg.substr(start, eq == std::string::npos ? eq : eq - start);
+    for (char& c : name)
+      if (c == '-') c = '_';
+    // absl's own flags (--help, --helpfull, --flagfile, ...) are not in the
+    // registry.
+    if (name.rfind("help", 0) == 0 || name == "version" || name == "flagfile" ||
+        name == "fromenv" || name == "tryfromenv" || name == "undefok" || name == "only_check_args")
+      continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && name.rfind("no", 0) == 0 && eq == std::string::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) {
+      const bool ok = absl::c_linear_search(undefok, name) ||
+                      (name.rfind("no", 0) == 0 && absl::c_linear_search(undefok, name.substr(2)));
+      if (ok) continue;
+      return absl::StrCat("unknown flag ", arg);
+    }
+    if (eq == std::string::npos && flag->IsOfType<bool>()) continue;
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];  // --name VALUE
+    } else {
+      return absl::StrCat("flag ", arg, " needs a value");
+    }
+    // Parsed into the flag itself (absl's own parse sets it again).
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) return absl::StrCat("bad value for --", name, ": ", error);
+  }
+  return "";
+}
+
 std::vector<char*> ParseFlagsWithEnvironment(
     int argc, char** argv, absl::string_view usage,
     std::initializer_list<absl::string_view> unused_flags) {
@@ -102,7 +155,7 @@ std::vector<char*> ParseFlagsWithEnvironment(
   absl::SetFlagsUsageConfig(usage_config);
   if (absl::Status s = SetFlagsFromEnvironment(); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    std::exit(1);
+    std::exit(2);
   }
   // Accept --result-json as well as --result_json.
   for (int i = 1; i < argc; ++i) {
@@ -116,6 +169,10 @@ std::vector<char*> ParseFlagsWithEnvironment(
     const absl::string_view program(argv[0]);
     std::fprintf(stderr, "error: --%s is not used by %s\n", unused.c_str(),
                  std::string(program.substr(program.rfind('/') + 1)).c_str());
+    std::exit(2);
+  }
+  if (const std::string problem = CheckCommandLine(argc, argv); !problem.empty()) {
+    std::fprintf(stderr, "error: %s\n", problem.c_str());
     std::exit(2);
   }
   return absl::ParseCommandLine(argc, argv);

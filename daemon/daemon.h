@@ -45,7 +45,8 @@ absl::Status SetFlagsFromEnvironment();
 
 // Sets every registered absl flag `name` from the environment variable
 // GRPS_<NAME> (upper case) when it is set, then parses the command line, which
-// wins. Exits 1 with a clear message on a malformed value (from either).
+// wins. Exits 2 (a usage error) with a clear message on a malformed value
+// (from either) or an unknown flag.
 // Returns the positional arguments (argv[0] first).
 //
 // `unused_flags` names flags linked into the binary (from a library it
@@ -56,6 +57,12 @@ absl::Status SetFlagsFromEnvironment();
 std::vector<char*> ParseFlagsWithEnvironment(
     int argc, char** argv, absl::string_view usage,
     std::initializer_list<absl::string_view> unused_flags = {});
+
+// Checks the flag names and values of argv[1..argc) (up to "--") before
+// absl parses them, so that a usage mistake exits 2 (absl's own parser exits
+// 1). Returns the problem ("unknown flag --x", "bad value for --x: ..."), or
+// "" if there is none. Sets the flags whose values it checked.
+std::string CheckCommandLine(int argc, char** argv);
 
 // The first of `flags` that argv[1..argc) sets (--name, --name=V, --noname,
 // single dash too; none after "--"), or "" if none does.

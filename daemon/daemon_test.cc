@@ -21,6 +21,7 @@
 
 ABSL_FLAG(int, daemon_test_port, 1, "a flag for the test");
 ABSL_FLAG(std::string, daemon_test_name, "none", "a flag for the test");
+ABSL_FLAG(bool, daemon_test_switch, false, "a flag for the test");
 
 namespace grps {
 namespace {
@@ -150,6 +151,25 @@ TEST(Daemon, FirstFlagGivenFindsAFlagInEverySpellingBeforeTheEndOfFlags) {
   EXPECT_EQ(given({"prog", "--tls_client_auth"}), "tls_client_auth");
   EXPECT_EQ(given({"prog", "--metrics_listener=x", "--nometrics", "status"}), "");
   EXPECT_EQ(given({"prog", "--", "--metrics_listen=:9"}), "");
+}
+
+TEST(Daemon, CheckCommandLineNamesAnUnknownFlagOrABadValueInEverySpelling) {
+  auto problem = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return CheckCommandLine(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(problem({"prog", "--daemon_test_port=8", "-daemon-test-name", "x", "pos"}), "");
+  EXPECT_EQ(problem({"prog", "--daemon_test_switch", "--nodaemon_test_switch", "--help"}), "");
+  EXPECT_EQ(problem({"prog", "--", "--no_such_flag=1"}), "");
+  EXPECT_EQ(problem({"prog", "--no_such_flag=1"}), "unknown flag --no_such_flag=1");
+  EXPECT_EQ(problem({"prog", "--nodaemon_test_port"}), "unknown flag --nodaemon_test_port");
+  EXPECT_EQ(problem({"prog", "--undefok=no_such_flag,other", "--no_such_flag=1"}), "");
+  EXPECT_TRUE(absl::StartsWith(problem({"prog", "--daemon_test_port=abc"}),
+                               "bad value for --daemon_test_port: "));
+  EXPECT_TRUE(absl::StartsWith(problem({"prog", "--daemon_test_port", "abc"}),
+                               "bad value for --daemon_test_port: "));
+  EXPECT_EQ(problem({"prog", "--daemon_test_port"}), "flag --daemon_test_port needs a value");
 }
 
 TEST(Daemon, WithPortReplacesThePort) {

@@ -47,6 +47,13 @@ refused 2 "--tls_server_name is not used by grps-coordinator" grps-coordinator \
 # waiting at its first step for ever.
 refused 1 "--grpc_memory_mib must be 0 (derived from the shard) or at least 64" grps-server \
   --coordinator=127.0.0.1:9 --grpc_memory_mib=63
+# A malformed value or an unknown flag is a usage error (exit 2), on the
+# command line or in a GRPS_<FLAG> variable; absl's own parser exits 1.
+refused 2 "bad value for --workers" grps-local --workers=abc
+refused 2 "bad value for --shard" grps-server --shard two
+refused 2 "unknown flag --no_such_flag" grps-coordinator --no_such_flag=1
+refused 2 "unknown flag --no_such_flag" grpsctl --no_such_flag status
+GRPS_RANK=many refused 2 "GRPS_RANK=many" grps-worker --coordinator=127.0.0.1:9
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"
