@@ -218,14 +218,23 @@ absl::Status LocalLauncher::OnServerRetired(size_t child_index) {
 }
 
 absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
-  death_handled_[child_index] = true;
   const ChildProcess& dead = *children_[child_index];
   const uint32_t rank = child_index_[child_index];
-  ++workers_died_;
   // A worker that dies after the job ended has nothing left to rejoin.
   const bool job_ended =
       coordinator().exited() || (latest_ && JobEnded(latest_->state()));
-  if (workers_restarted_ < options_.restart_workers && !job_ended) {
+  const bool restart = workers_restarted_ < options_.restart_workers && !job_ended;
+  // The coordinator waits for every worker to register before the job runs;
+  // one that dies before then (most likely a bad flag or a missing file)
+  // leaves the job waiting for good.
+  std::optional<bool> started;
+  if (!restart) {
+    started = JobStartedWhenItExited(child_index);
+    if (!started) return absl::OkStatus();  // looked at again next time
+  }
+  death_handled_[child_index] = true;
+  ++workers_died_;
+  if (restart) {
     ++workers_restarted_;
     ++worker_restarts_[rank];
     ChildSpec spec = WorkerSpec(options_, rank, coordinator_address_);
@@ -239,10 +248,7 @@ absl::Status LocalLauncher::OnWorkerDied(size_t child_index) {
                      spec.log_path));
     return StartChild(spec, Role::kWorker, rank);
   }
-  // The coordinator waits for every worker to register before the job runs;
-  // one that dies before then (most likely a bad flag or a missing file)
-  // leaves the job waiting for good.
-  if (!JobStarted())
+  if (!*started)
     return absl::FailedPreconditionError(absl::StrCat(
         dead.name(), " ", dead.DescribeExit(),
         " before the job started; the job cannot start without it"));
@@ -263,20 +269,27 @@ bool LocalLauncher::JobStarted() const {
          latest_->state() != v1::JOB_STATE_UNSPECIFIED;
 }
 
-absl::Status LocalLauncher::OnWorkerExited0(size_t child_index) {
+std::optional<bool> LocalLauncher::JobStartedWhenItExited(size_t child_index) {
   // Counted before the refresh, so that latest_ is at least that snapshot.
   const uint64_t snapshots = feed_->count();
   RefreshStatus();
   if (JobStarted() || coordinator().exited()) {
-    death_handled_[child_index] = true;  // it finished its part
-    exited_0_at_snapshot_.erase(child_index);
-    return absl::OkStatus();
+    exited_at_snapshot_.erase(child_index);
+    return true;
   }
   // The snapshot after the one at hand may have been on its way when the
   // worker exited; the one after that was built since.
-  const uint64_t seen_at = exited_0_at_snapshot_.try_emplace(child_index, snapshots).first->second;
-  if (snapshots < seen_at + 2) return absl::OkStatus();  // looked at again next time
+  const uint64_t seen_at = exited_at_snapshot_.try_emplace(child_index, snapshots).first->second;
+  if (snapshots < seen_at + 2) return std::nullopt;
+  exited_at_snapshot_.erase(child_index);
+  return false;
+}
+
+absl::Status LocalLauncher::OnWorkerExited0(size_t child_index) {
+  const std::optional<bool> started = JobStartedWhenItExited(child_index);
+  if (!started) return absl::OkStatus();  // looked at again next time
   death_handled_[child_index] = true;
+  if (*started) return absl::OkStatus();  // it finished its part
   const ChildProcess& worker = *children_[child_index];
   const uint32_t rank = child_index_[child_index];
   const bool registered = std::any_of(

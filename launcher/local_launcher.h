@@ -144,16 +144,20 @@ class LocalLauncher {
   // A worker child has exited non-zero or by a signal (not strict): says so,
   // and restarts it if restarts are left. Returns an error (the launch
   // fails) if the restart could not be started, or if the worker died with
-  // no restart left before the job started running.
+  // no restart left before the job started running (JobStartedWhenItExited:
+  // until that is known, the worker is left for the next look).
   absl::Status OnWorkerDied(size_t child_index);
   // A worker child exited 0. Once the job started, it finished its part.
   // Before, it quit without training, and the coordinator would wait for
   // it for good: an error (the launch fails; no restart, which would quit
-  // the same way). Which of the two only a snapshot built after the exit
-  // tells: until the feed brought one, the worker is left for the next look.
+  // the same way). Which of the two: JobStartedWhenItExited.
   absl::Status OnWorkerExited0(size_t child_index);
   // The feed has shown the job past WAITING: running, or ended.
   bool JobStarted() const;
+  // Whether the job had started when worker child `child_index` exited, as
+  // only a snapshot built after the exit tells (the feed may not have shown
+  // a job that runs yet); nullopt until the feed brought one.
+  std::optional<bool> JobStartedWhenItExited(size_t child_index);
   // When no worker is running or has finished (every rank's newest child
   // died), the last of them; otherwise null.
   const ChildProcess* EveryWorkerDead() const;
@@ -200,10 +204,10 @@ class LocalLauncher {
   // children_, exited.
   std::vector<size_t> worker_child_;
   std::vector<uint32_t> worker_restarts_;
-  // Workers (by index in children_) that exited 0 while the job had not
+  // Workers (by index in children_) that exited while the job had not
   // started as far as the feed said, each with the feed's snapshot count
-  // then (OnWorkerExited0).
-  std::map<size_t, uint64_t> exited_0_at_snapshot_;
+  // then (JobStartedWhenItExited).
+  std::map<size_t, uint64_t> exited_at_snapshot_;
   uint32_t workers_died_ = 0;
   uint32_t workers_restarted_ = 0;
   bool bar_drawn_ = false;

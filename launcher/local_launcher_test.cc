@@ -1425,6 +1425,23 @@ TEST_F(LaunchTest, WorkerExiting0BeforeTheFeedShowedTheJobRunningFinishedItsPart
   ExpectNoFakeLeft();
 }
 
+// worker-1 died at its fifth step, while the newest snapshot the launcher
+// had still said "waiting": the next ones show the job ran, and it goes on
+// with the other worker (it was failed "before the job started").
+TEST_F(LaunchTest, WorkerDyingBeforeTheFeedShowedTheJobRunningLeavesTheJobGoingOn) {
+  ServeStatus({WaitingJob(), RunningJob(), FinishedJob()}, absl::Milliseconds(300));
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1.5\n");
+  WriteFake("grps-server", "exec sleep 1\n");
+  WriteFake("grps-worker", "if [ \"$id\" = worker-1 ]; then exit 1; fi\nexec sleep 1\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("worker-1 exited with status 1; the job goes on with 1 of 2"));
+  EXPECT_THAT(out, Not(HasSubstr("before the job started")));
+  EXPECT_EQ(Lines(out).back(), "final test accuracy: 0.8500");
+  ExpectNoFakeLeft();
+}
+
 TEST_F(LaunchTest, DeadServerFailsTheLaunchEvenWithRestarts) {
   ServeStatus({RunningJob()});
   options_.restart_workers = 3;
