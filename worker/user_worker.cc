@@ -121,7 +121,10 @@ UserWorker::UserWorker(std::unique_ptr<v1::Coordinator::Stub> stub,
   }
 }
 
-UserWorker::~UserWorker() { session_.reset(); }
+UserWorker::~UserWorker() {
+  AbandonStep();  // no call of a staged step outlives the worker (nor writes in its params)
+  session_.reset();
+}
 
 void UserWorker::FollowReplacedMap(const v1::ShardMap& map) {
   // The clients replaced go now: Step's calls through them have returned.

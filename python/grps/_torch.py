@@ -172,7 +172,12 @@ def _done_at_exit():
     figures. One that ends by an exception it did not catch is not: its
     rank dies, as a crashed worker's does."""
     p = _process
-    if p is None or p.worker is None or p.finished or hasattr(sys, "last_type"):
+    if p is None or p.worker is None or p.finished:
+        return
+    if hasattr(sys, "last_type"):
+        # The parts backward() pushed early may still be pulling weights
+        # into the model: they end before Python frees it.
+        p.worker.abandon_step()
         return
     try:
         done()
@@ -1621,6 +1626,9 @@ def done(test_accuracy=None, test_loss=None, evaluate=None, test_auc=None):
     w = _require_worker()
     test_auc = _check_auc(test_auc)
     p.finished = True
+    # A backward() after the last step(): the step is not this rank's, and
+    # its parts pushed early end before the rank is done.
+    w.abandon_step()
     if test_accuracy is not None or test_loss is not None or test_auc is not None:
         p.curve.row(w.step_count, p.samples, None, test_accuracy, test_loss, test_auc)
     w.done(None if test_accuracy is None else float(test_accuracy),

@@ -93,6 +93,18 @@ class BadInput(unittest.TestCase):
             self.assertIn("EARLY 1: 0 of 7 parameters", log)
             self.assertNotIn("Error", log)
 
+    def test_an_exception_between_backward_and_step_ends_the_worker_as_its_own(self):
+        # With overlap on, backward() started the step's pushes, each pulling
+        # the next weights into the model: they end before Python frees it
+        # (the worker died of a corrupted heap, "malloc(): unaligned tcache
+        # chunk detected", SIGABRT, in place of the program's exit status).
+        with Job(servers=1, workers=1, flags=FLAGS) as job:
+            job.worker("raising_worker.py", rank=0)
+            self.assertEqual(job.wait("worker0", 120), 1, job.logs())
+            log = job.log("worker0")
+            self.assertIn("RuntimeError: raised between backward() and step()", log)
+            self.assertNotIn("malloc", log)
+
     def test_parameters_of_the_wrong_dtype_or_device_are_refused_before_joining(self):
         out = subprocess.run([sys.executable, "probe.py", "local"], cwd=HERE, timeout=60,
                              capture_output=True, text=True,
