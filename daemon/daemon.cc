@@ -25,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -81,6 +82,46 @@ std::string FirstFlagGiven(int argc, char** argv,
   return "";
 }
 
+absl::Status CheckAddressPort(absl::string_view address, AddressUse use) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return absl::OkStatus();
+  absl::string_view digits = address.substr(colon + 1);
+  const bool negative = absl::ConsumePrefix(&digits, "-");
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit))
+    return absl::OkStatus();
+  // Past its leading zeros, a port of more than 5 digits is out of range
+  // (and may be out of an int's).
+  while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+  const int lowest = use == AddressUse::kListen ? 0 : 1;
+  int port = 0;
+  if (!negative && digits.size() <= 5 && absl::SimpleAtoi(digits, &port) && port >= lowest &&
+      port <= 65535)
+    return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the port of ", address, " must be ", lowest, "-65535",
+                   use == AddressUse::kListen ? " (0 picks a free one)" : ""));
+}
+
+std::optional<AddressUse> AddressUseOfFlag(absl::string_view name) {
+  if (name == "listen" || absl::EndsWith(name, "_listen")) return AddressUse::kListen;
+  if (name == "coordinator" || name == "address" || absl::EndsWith(name, "_address"))
+    return AddressUse::kDial;
+  return std::nullopt;
+}
+
+namespace {
+
+// "" unless `flag`, a HOST:PORT flag (AddressUseOfFlag) set to `value`, has
+// a port out of range; then why.
+std::string CheckAddressFlag(const absl::CommandLineFlag& flag, absl::string_view value) {
+  const std::optional<AddressUse> use = AddressUseOfFlag(flag.Name());
+  if (!use.has_value() || !flag.IsOfType<std::string>()) return "";
+  const absl::Status s = CheckAddressPort(value, *use);
+  return s.ok() ? "" : std::string(s.message());
+}
+
+}  // namespace
+
 absl::Status SetFlagsFromEnvironment() {
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     std::string env = absl::StrCat("GRPS_", absl::AsciiStrToUpper(name));
@@ -88,6 +129,8 @@ absl::Status SetFlagsFromEnvironment() {
     if (value == nullptr) continue;
     std::string error;
     if (!flag->ParseFrom(value, &error))
+      return absl::InvalidArgumentError(absl::StrCat(env, "=", value, ": ", error));
+    if (error = CheckAddressFlag(*flag, value); !error.empty())
       return absl::InvalidArgumentError(absl::StrCat(env, "=", value, ": ", error));
   }
   return absl::OkStatus();
@@ -140,6 +183,8 @@ std::string CheckCommandLine(int argc, char** argv) {
     // Parsed into the flag itself (absl's own parse sets it again).
     std::string error;
     if (!flag->ParseFrom(value, &error)) return absl::StrCat("bad value for --", name, ": ", error);
+    if (error = CheckAddressFlag(*flag, value); !error.empty())
+      return absl::StrCat("bad value for --", name, ": ", error);
   }
   return "";
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,13 +41,33 @@ inline constexpr int kStreamWindowBytes = 4 << 20;
 
 // Sets every linked flag named by a GRPS_<FLAG> variable (a process that
 // has no command line of its own: the grps Python package).
-// INVALID_ARGUMENT naming the variable whose value does not parse.
+// INVALID_ARGUMENT naming the variable whose value does not parse (or holds
+// a port out of range, see AddressUseOfFlag).
 absl::Status SetFlagsFromEnvironment();
+
+// How a HOST:PORT flag's address is used: listened on (port 0 picks a free
+// one) or dialled.
+enum class AddressUse { kListen, kDial };
+
+// OK unless the port of `address` ("host:port", "[v6]:port", or a gRPC target
+// such as "dns:///host:port") is outside 0-65535, or is 0 to dial:
+// INVALID_ARGUMENT saying the range. gRPC keeps only the low 16 bits of a
+// larger port (127.0.0.1:99999 is 127.0.0.1:34463). An address without a
+// numeric port ("unix:/path", "[::1]") is left to gRPC.
+absl::Status CheckAddressPort(absl::string_view address, AddressUse use);
+
+// Which flags hold a HOST:PORT, by name: --listen and --*_listen are
+// listened on, --coordinator, --address and --*_address dialled; the
+// others none. Their values are checked with CheckAddressPort where
+// flags are set (SetFlagsFromEnvironment, CheckCommandLine), so every
+// binary refuses a bad port the same way.
+std::optional<AddressUse> AddressUseOfFlag(absl::string_view name);
 
 // Sets every registered absl flag `name` from the environment variable
 // GRPS_<NAME> (upper case) when it is set, then parses the command line, which
 // wins. Exits 2 (a usage error) with a clear message on a malformed value
-// (from either) or an unknown flag.
+// (from either; a port out of range included, see AddressUseOfFlag) or an
+// unknown flag.
 // Returns the positional arguments (argv[0] first).
 //
 // `unused_flags` names flags linked into the binary (from a library it

@@ -22,6 +22,8 @@
 ABSL_FLAG(int, daemon_test_port, 1, "a flag for the test");
 ABSL_FLAG(std::string, daemon_test_name, "none", "a flag for the test");
 ABSL_FLAG(bool, daemon_test_switch, false, "a flag for the test");
+ABSL_FLAG(std::string, daemon_test_listen, "", "a HOST:PORT to listen on, for the test");
+ABSL_FLAG(std::string, daemon_test_address, "", "a HOST:PORT to dial, for the test");
 
 namespace grps {
 namespace {
@@ -170,6 +172,57 @@ TEST(Daemon, CheckCommandLineNamesAnUnknownFlagOrABadValueInEverySpelling) {
   EXPECT_TRUE(absl::StartsWith(problem({"prog", "--daemon_test_port", "abc"}),
                                "bad value for --daemon_test_port: "));
   EXPECT_EQ(problem({"prog", "--daemon_test_port"}), "flag --daemon_test_port needs a value");
+}
+
+TEST(Daemon, APortPastSixteenBitsIsRefusedNotWrapped) {
+  for (const char* address : {"127.0.0.1:0", "127.0.0.1:65535", "[::1]:7070", "0.0.0.0:00080",
+                              "dns:///grps-0:7070", "unix:/tmp/grps.sock", "[::1]", "localhost"})
+    EXPECT_TRUE(CheckAddressPort(address, AddressUse::kListen).ok()) << address;
+  for (const char* address : {"127.0.0.1:65536", "127.0.0.1:99999", "[::1]:99999",
+                              "h:99999999999999999999", "h:-1", "dns:///grps-0:70000"}) {
+    const absl::Status s = CheckAddressPort(address, AddressUse::kListen);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << address;
+    EXPECT_EQ(s.message(),
+              absl::StrCat("the port of ", address, " must be 0-65535 (0 picks a free one)"));
+  }
+  // Port 0 means "pick one" only to a listener: nothing can be dialled there.
+  EXPECT_TRUE(CheckAddressPort("127.0.0.1:1", AddressUse::kDial).ok());
+  EXPECT_EQ(CheckAddressPort("127.0.0.1:0", AddressUse::kDial).message(),
+            "the port of 127.0.0.1:0 must be 1-65535");
+  EXPECT_FALSE(CheckAddressPort("127.0.0.1:99999", AddressUse::kDial).ok());
+}
+
+TEST(Daemon, AddressFlagsAreKnownByTheirNames) {
+  for (const char* name : {"listen", "metrics_listen", "health_listen"})
+    EXPECT_EQ(AddressUseOfFlag(name), AddressUse::kListen) << name;
+  for (const char* name : {"coordinator", "address", "advertise_address"})
+    EXPECT_EQ(AddressUseOfFlag(name), AddressUse::kDial) << name;
+  for (const char* name : {"coordinator_timeout_ms", "listener", "port_file", "advertise_host"})
+    EXPECT_FALSE(AddressUseOfFlag(name).has_value()) << name;
+}
+
+TEST(Daemon, AnAddressFlagWithAPortOutOfRangeIsAUsageError) {
+  auto problem = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return CheckCommandLine(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(
+      problem({"prog", "--daemon_test_listen=127.0.0.1:0", "--daemon_test_address=127.0.0.1:7070"}),
+      "");
+  EXPECT_EQ(problem({"prog", "--daemon_test_listen=127.0.0.1:99999"}),
+            "bad value for --daemon_test_listen: the port of 127.0.0.1:99999 must be 0-65535 "
+            "(0 picks a free one)");
+  EXPECT_EQ(problem({"prog", "--daemon_test_address", "127.0.0.1:0"}),
+            "bad value for --daemon_test_address: the port of 127.0.0.1:0 must be 1-65535");
+  // The same from the environment (the Python package's only way in).
+  setenv("GRPS_DAEMON_TEST_ADDRESS", "127.0.0.1:70000", 1);
+  const absl::Status s = SetFlagsFromEnvironment();
+  unsetenv("GRPS_DAEMON_TEST_ADDRESS");
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(),
+            "GRPS_DAEMON_TEST_ADDRESS=127.0.0.1:70000: the port of "
+            "127.0.0.1:70000 must be 1-65535");
 }
 
 TEST(Daemon, WithPortReplacesThePort) {

@@ -54,6 +54,13 @@ refused 2 "bad value for --shard" grps-server --shard two
 refused 2 "unknown flag --no_such_flag" grps-coordinator --no_such_flag=1
 refused 2 "unknown flag --no_such_flag" grpsctl --no_such_flag status
 GRPS_RANK=many refused 2 "GRPS_RANK=many" grps-worker --coordinator=127.0.0.1:9
+# A port past 65535 is refused, not wrapped to its low 16 bits (99999 was
+# 34463); port 0 is one to listen on, not to dial.
+refused 2 "bad value for --listen: the port of 127.0.0.1:99999 must be 0-65535" \
+  grps-coordinator --listen=127.0.0.1:99999
+refused 2 "bad value for --coordinator: the port of 127.0.0.1:99999 must be 1-65535" \
+  grpsctl --coordinator=127.0.0.1:99999 status
+GRPS_COORDINATOR=127.0.0.1:0 refused 2 "GRPS_COORDINATOR=127.0.0.1:0: the port" grps-worker
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"
