@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/field_mask.pb.h"
 #include "google/protobuf/util/field_mask_util.h"
 #include "job/shard_map.h"
@@ -370,6 +371,34 @@ void LowerHeldFrom(const google::protobuf::Map<uint32_t, uint64_t>& from,
 std::string CheckpointFolder(absl::string_view root, uint64_t id) {
   return JoinPath(root, absl::StrFormat("%s%08u", kFolderPrefix, id));
 }
+
+namespace {
+
+// The id of a checkpoint folder's name ("ckpt-00000007": 7); nullopt for any
+// other name.
+std::optional<uint64_t> CheckpointIdOfFolder(const std::string& name) {
+  uint64_t id = 0;
+  const std::string digits = name.substr(std::min(name.size(), std::strlen(kFolderPrefix)));
+  if (!absl::StartsWith(name, kFolderPrefix) || digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(digits, &id) || name != CheckpointFolder("", id))
+    return std::nullopt;
+  return id;
+}
+
+// The highest id of the checkpoint folders in `root`, complete or not;
+// nullopt when it has none (or cannot be listed).
+std::optional<uint64_t> NewestCheckpointFolder(Env* env, const std::string& root) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(root);
+  if (!names.ok()) return std::nullopt;
+  std::optional<uint64_t> newest;
+  for (const std::string& name : *names)
+    if (const std::optional<uint64_t> id = CheckpointIdOfFolder(name))
+      newest = std::max(newest.value_or(0), *id);
+  return newest;
+}
+
+}  // namespace
 
 std::string ShardFileName(uint32_t shard) { return absl::StrFormat("shard-%05u.ckpt", shard); }
 
@@ -755,10 +784,17 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(Env* env, const std::string&
   const std::string path = JoinPath(dir, kManifestName);
   absl::StatusOr<std::string> bytes = env->ReadFile(path);
   if (!bytes.ok()) {
-    if (absl::IsNotFound(bytes.status()))
-      return absl::NotFoundError(absl::StrCat(dir, ": no ", kManifestName,
-                                              " (an incomplete checkpoint)"));
-    return bytes.status();
+    if (!absl::IsNotFound(bytes.status())) return bytes.status();
+    if (!env->FileExists(dir)) return absl::NotFoundError(absl::StrCat(dir, ": no such folder"));
+    // A checkpoint_dir given where one of its checkpoints was meant.
+    if (const std::optional<uint64_t> newest = NewestCheckpointFolder(env, dir))
+      return absl::NotFoundError(
+          absl::StrCat(dir,
+                       ": a folder of checkpoints (a checkpoint_dir), not a checkpoint; its "
+                       "newest is ",
+                       CheckpointFolder(dir, *newest)));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no ", kManifestName, " (an incomplete checkpoint)"));
   }
   v1::CheckpointManifest manifest;
   if (absl::Status s = Unframe(*bytes, path, &manifest); !s.ok()) return s;
@@ -856,15 +892,8 @@ absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env, const std::strin
     return names.status();
   }
   std::map<uint64_t, std::string, std::greater<uint64_t>> folders;
-  for (const std::string& name : *names) {
-    uint64_t id = 0;
-    const std::string digits = name.substr(std::min(name.size(), std::strlen(kFolderPrefix)));
-    if (!absl::StartsWith(name, kFolderPrefix) || digits.empty() ||
-        !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
-        !absl::SimpleAtoi(digits, &id) || name != CheckpointFolder("", id).substr(0))
-      continue;
-    folders[id] = name;
-  }
+  for (const std::string& name : *names)
+    if (const std::optional<uint64_t> id = CheckpointIdOfFolder(name)) folders[*id] = name;
   for (const auto& [id, name] : folders) {
     const std::string dir = JoinPath(root, name);
     if (std::find(refused.begin(), refused.end(), id) != refused.end()) {
@@ -886,29 +915,39 @@ absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(Env* env, const std::strin
   return choice;
 }
 
-absl::Status CheckSameChunks(const v1::ShardMap& saved, const v1::ShardMap& current) {
-  auto differ = [](auto... why) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint's model is cut differently from this job's: ", why...,
-        " (same --model, --hidden and --chunk_kb are needed)"));
+absl::Status CheckSameChunks(const v1::ShardMap& saved, const v1::ShardMap& current,
+                             absl::string_view saved_name, absl::string_view current_name) {
+  auto differ = [&](auto... why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the model is cut differently: ", why...,
+                     " (the same --model, --hidden and --chunk_kb are needed)"));
+  };
+  auto shape = [](const v1::TensorSpec& t) {
+    return t.shape().empty() ? std::string("a scalar") : absl::StrJoin(t.shape(), "x");
   };
   if (saved.tensors_size() != current.tensors_size())
-    return differ(saved.tensors_size(), " tensors against ", current.tensors_size());
+    return differ(saved.tensors_size(), " tensors in ", saved_name, " and ", current.tensors_size(),
+                  " in ", current_name);
   for (int t = 0; t < saved.tensors_size(); ++t) {
     const v1::TensorSpec& a = saved.tensors(t);
     const v1::TensorSpec& b = current.tensors(t);
-    if (a.name() != b.name() || a.shape_size() != b.shape_size() ||
-        !std::equal(a.shape().begin(), a.shape().end(), b.shape().begin()))
-      return differ("tensor ", t, " is ", a.name(), " there and ", b.name(), " here, or its shape differs");
+    if (a.name() != b.name())
+      return differ("tensor ", t, " is ", a.name(), " in ", saved_name, " and ", b.name(), " in ",
+                    current_name);
+    if (shape(a) != shape(b))
+      return differ("tensor ", t, " ", a.name(), " is ", shape(a), " in ", saved_name, " and ",
+                    shape(b), " in ", current_name);
   }
   if (saved.chunks_size() != current.chunks_size())
-    return differ(saved.chunks_size(), " chunks against ", current.chunks_size());
+    return differ(saved.chunks_size(), " chunks in ", saved_name, " and ", current.chunks_size(),
+                  " in ", current_name);
   for (int c = 0; c < saved.chunks_size(); ++c) {
     const v1::ChunkSpec& a = saved.chunks(c);
     const v1::ChunkSpec& b = current.chunks(c);
     if (a.chunk_id() != b.chunk_id() || a.tensor_index() != b.tensor_index() ||
         a.offset() != b.offset() || a.num_elements() != b.num_elements())
-      return differ("chunk ", c, " differs");
+      return differ("chunk ", c, " holds other elements in ", saved_name, " than in ",
+                    current_name);
   }
   return absl::OkStatus();
 }

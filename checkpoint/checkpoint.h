@@ -153,8 +153,9 @@ void LowerHeldFrom(const google::protobuf::Map<uint32_t, uint64_t>& from,
 absl::Status WriteManifest(Env* env, const std::string& dir,
                            const v1::CheckpointManifest& manifest);
 
-// Reads `dir`/MANIFEST and checks its framing. NOT_FOUND when missing,
-// DATA_LOSS when damaged.
+// Reads `dir`/MANIFEST and checks its framing. NOT_FOUND when missing (the
+// message says whether `dir` is missing too, or is a checkpoint_dir, naming
+// its newest checkpoint folder), DATA_LOSS when damaged.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(Env* env,
                                                     const std::string& dir);
 
@@ -204,9 +205,13 @@ absl::StatusOr<CheckpointChoice> FindNewestCheckpoint(
 
 // FAILED_PRECONDITION unless `saved` and `current` cut the same tensors into
 // the same chunks (names, shapes, chunk ids, offsets, sizes); the shard
-// assignment and endpoints may differ.
-absl::Status CheckSameChunks(const v1::ShardMap& saved,
-                             const v1::ShardMap& current);
+// assignment and endpoints may differ. The message says what differs, naming
+// the sides `saved_name` and `current_name` ("tensor 2 dense_1/weight is
+// 128x256 in the checkpoint and 64x256 in this job's model"); a caller that
+// compares two checkpoints names them its own way.
+absl::Status CheckSameChunks(const v1::ShardMap& saved, const v1::ShardMap& current,
+                             absl::string_view saved_name = "the checkpoint",
+                             absl::string_view current_name = "this job's model");
 
 // Per-shard storage: FAILED_PRECONDITION unless `saved` and `current` have
 // as many shards and put every chunk on the same shard (the shard's own

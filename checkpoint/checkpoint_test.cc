@@ -15,6 +15,7 @@ namespace grps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A model of two tensors cut into 5 chunks, placed on `shards` shards.
 v1::ShardMap Layout(uint32_t shards, uint64_t chunk_bytes = 64) {
@@ -219,6 +220,23 @@ TEST_F(CheckpointTest, MissingManifestMeansIncomplete) {
   ExpectFallsBackToTheFirst("no MANIFEST (an incomplete checkpoint)");
 }
 
+TEST_F(CheckpointTest, AFolderThatDoesNotExistIsSaidToBeMissingNotIncomplete) {
+  const std::string missing = JoinPath(root_, "nothing-here");
+  absl::StatusOr<v1::CheckpointManifest> m = VerifyCheckpoint(Env::Default(), missing, "");
+  EXPECT_TRUE(absl::IsNotFound(m.status())) << m.status();
+  EXPECT_EQ(m.status().message(), missing + ": no such folder");
+}
+
+TEST_F(CheckpointTest, ACheckpointDirGivenForACheckpointIsSaidToBeOneAndNamesItsNewest) {
+  WriteTwo();
+  absl::StatusOr<v1::CheckpointManifest> m = VerifyCheckpoint(Env::Default(), root_, "");
+  EXPECT_TRUE(absl::IsNotFound(m.status())) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("a checkpoint_dir"));
+  EXPECT_THAT(std::string(m.status().message()),
+              HasSubstr("its newest is " + CheckpointFolder(root_, 2)));
+  EXPECT_THAT(std::string(m.status().message()), Not(HasSubstr("incomplete")));
+}
+
 TEST_F(CheckpointTest, MissingShardFileIsRefused) {
   WriteTwo();
   ASSERT_TRUE(Env::Default()->RemoveFile(ShardPath(2, 1)).ok());
@@ -257,6 +275,42 @@ TEST_F(CheckpointTest, ADifferentChunkLayoutIsRefused) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("--chunk_kb"));
   EXPECT_TRUE(CheckSameChunks(Layout(2), Layout(5)).ok());
+}
+
+// A model of two tensors, "dense_0/weight" 4x8 and `name` of `shape`, on
+// one shard.
+v1::ShardMap TwoTensors(const std::string& name, std::vector<int64_t> shape) {
+  v1::TensorSpec a, b;
+  a.set_name("dense_0/weight");
+  a.add_shape(4);
+  a.add_shape(8);
+  b.set_name(name);
+  for (int64_t d : shape) b.add_shape(d);
+  return *BuildShardMap({a, b}, 1, 1 << 20);
+}
+
+TEST_F(CheckpointTest, ATensorOfAnotherShapeIsRefusedNamingBothShapes) {
+  absl::Status s = CheckSameChunks(TwoTensors("dense_1/weight", {128, 256}),
+                                   TwoTensors("dense_1/weight", {64, 256}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("tensor 1 dense_1/weight is 128x256 in the checkpoint and 64x256 in "
+                        "this job's model"));
+  // A caller comparing two checkpoints names the sides itself.
+  s = CheckSameChunks(TwoTensors("dense_1/weight", {128, 256}),
+                      TwoTensors("dense_1/weight", {128, 256, 2}), "DIR_A", "DIR_B");
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("tensor 1 dense_1/weight is 128x256 in DIR_A and 128x256x2 in DIR_B"));
+}
+
+TEST_F(CheckpointTest, ATensorOfAnotherNameIsRefusedNamingBothNames) {
+  absl::Status s =
+      CheckSameChunks(TwoTensors("dense_1/weight", {8, 8}), TwoTensors("embedding/weight", {8, 8}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("tensor 1 is dense_1/weight in the checkpoint and embedding/weight in "
+                        "this job's model"));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("x8")));
 }
 
 TEST_F(CheckpointTest, PerShardStorageChecksTheManifestAloneThenEachShardItsOwnFile) {

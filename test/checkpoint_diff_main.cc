@@ -235,7 +235,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(s->status().message()).c_str());
       return 1;
     }
-  if (absl::Status s = CheckSameChunks(ma.shard_map(), mb.shard_map()); !s.ok()) {
+  if (absl::Status s = CheckSameChunks(ma.shard_map(), mb.shard_map(), argv[1], argv[2]); !s.ok()) {
     std::fprintf(stderr, "grps-checkpoint-diff: %s\n", std::string(s.message()).c_str());
     return 1;
   }
