@@ -292,7 +292,7 @@ std::string FormatJobHeader(const v1::JobStatus& status, int64_t now_unix_ms) {
     lines.push_back({"live set", LiveSetLine(status)});
   if (status.data().total_blocks() > 0) lines.push_back({"data", DataLine(status.data())});
   if (status.config().max_servers() > 0) lines.push_back({"servers", ServersLine(status)});
-  if (status.generation() > 0)
+  if (status.generation() > 1)  // a job starts at generation 1
     lines.push_back({"generation", absl::StrCat(status.generation(),
                                                 " (resumed or rolled back from a "
                                                 "checkpoint)")});

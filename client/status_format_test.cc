@@ -564,6 +564,8 @@ TEST(StatusFormat, HeaderShowsCheckpointsGenerationAndARestartedCoordinator) {
   v1::JobStatus s = RunningJob();
   EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "checkpoints"), "");
   EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "generation"), "");
+  s.set_generation(1);  // every job's first: nothing resumed or rolled back
+  EXPECT_EQ(LineStartingWith(FormatJobHeader(s), "generation"), "");
   s.set_checkpoints_completed(3);
   s.mutable_last_checkpoint()->set_id(3);
   s.mutable_last_checkpoint()->set_step(400);

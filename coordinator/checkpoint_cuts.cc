@@ -158,8 +158,10 @@ bool CheckpointCuts::Tick(const Job& job, bool training, absl::Time now) {
 
 bool CheckpointCuts::FinalSettled(const Job& job, absl::Time now) {
   if (!scheduler_->enabled() || final_settled_) return true;
-  auto settle = [this] {
+  // Without the final checkpoint (`why`), which the job's status warns of.
+  auto settle = [this](std::string why = "") {
     final_settled_ = true;
+    scheduler_->set_final_missing(std::move(why));
     return true;
   };
   if (final_deadline_ == absl::InfiniteFuture())
@@ -172,14 +174,19 @@ bool CheckpointCuts::FinalSettled(const Job& job, absl::Time now) {
           absl::StrCat("training ended before step ", scheduler_->pending_summary().step()), now);
     // One in progress was cut before the last updates: let it end, then
     // take the final one.
-    if (scheduler_->pending()) return now >= final_deadline_ && settle();
+    if (scheduler_->pending())
+      return now >= final_deadline_ &&
+             settle(absl::StrCat("checkpoint ", scheduler_->pending_summary().id(),
+                                 " was still in progress after ",
+                                 WholeSeconds(CheckpointScheduler::kTimeout)));
+    if (now < final_retry_at_) return now >= final_deadline_ && settle(final_error_);
     absl::StatusOr<v1::CheckpointRequest> request = Start(job, now, "final");
     if (!request.ok()) {
       if (absl::IsUnavailable(request.status()) && now < final_deadline_)
         return false;  // a shard is not alive right now; try again
       spdlog::warn("job {}: no final checkpoint: {}", job_id_,
                    std::string(request.status().message()));
-      return settle();
+      return settle(std::string(request.status().message()));
     }
     final_id_ = request->id();
   }
@@ -189,14 +196,22 @@ bool CheckpointCuts::FinalSettled(const Job& job, absl::Time now) {
     if (const std::string split = SplitShards(job, summary.step()); !split.empty()) {
       scheduler_->Fail(split, now);
       spdlog::warn("job {}: no final checkpoint: {}", job_id_, split);
-      return settle();
+      return settle(split);
     }
     if (now < final_deadline_) return false;
     spdlog::warn("job {}: the final checkpoint {} did not complete in {}; ending without it",
                  job_id_, final_id_, WholeSeconds(CheckpointScheduler::kTimeout));
-  } else if (summary.state() == v1::CHECKPOINT_STATE_FAILED && now < final_deadline_) {
-    // Try again (with a fresh id) until the deadline.
+    return settle(absl::StrCat("checkpoint ", final_id_, " did not complete in ",
+                               WholeSeconds(CheckpointScheduler::kTimeout)));
+  }
+  if (summary.state() == v1::CHECKPOINT_STATE_FAILED) {
+    if (now >= final_deadline_) return settle(summary.error());
+    // Try again (with a fresh id) until the deadline, a retry's pause
+    // apart: a failure that lasts (a folder gone) is not asked again and
+    // again.
     final_id_ = 0;
+    final_retry_at_ = now + CheckpointScheduler::kRetryBackoff;
+    final_error_ = summary.error();
     return false;
   }
   return settle();
@@ -206,6 +221,9 @@ void CheckpointCuts::ForgetFinal() {
   final_id_ = 0;
   final_settled_ = false;
   final_deadline_ = absl::InfiniteFuture();
+  final_retry_at_ = absl::InfinitePast();
+  final_error_.clear();
+  scheduler_->set_final_missing("");
 }
 
 std::string CheckpointCuts::SplitShards(const Job& job, uint64_t step) const {

@@ -102,6 +102,10 @@ class CheckpointCuts {
   uint64_t final_id_ = 0;
   bool final_settled_ = false;
   absl::Time final_deadline_ = absl::InfiniteFuture();
+  // No final checkpoint is asked for again before this (one failed, with
+  // final_error_).
+  absl::Time final_retry_at_ = absl::InfinitePast();
+  std::string final_error_;
 };
 
 }  // namespace grps

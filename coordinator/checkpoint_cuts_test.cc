@@ -8,6 +8,7 @@
 #include "coordinator/checkpoint_cuts.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -267,6 +268,64 @@ TEST_F(CheckpointCutsTest, TheFinalCheckpointIsAskedForOnceAndSettlesWhenItCompl
   cuts_->ForgetFinal();
   scheduler_->Fail("test", kT0);
   EXPECT_FALSE(cuts_->FinalSettled(done_, kT0 + CheckpointScheduler::kTimeout));
+}
+
+// Its folder turned into a file: every try fails at once. Tried again a
+// retry's pause apart (not 600 times in its minute), and the job ends
+// warning that its final weights are not on disk.
+TEST_F(CheckpointCutsTest, AFinalCheckpointThatKeepsFailingIsTriedOnceASecondAndWarnedOf) {
+  Make(v1::MODE_ASYNC);
+  uint64_t asked = 0;
+  absl::Time now = kT0;
+  for (; now < kT0 + CheckpointScheduler::kTimeout; now += absl::Milliseconds(100)) {
+    if (cuts_->FinalSettled(done_, now)) break;
+    if (scheduler_->pending()) {
+      ++asked;
+      scheduler_->Fail("shard 0: cannot create folder /ck/ckpt-00000004: Not a directory", now);
+    }
+  }
+  EXPECT_FALSE(cuts_->FinalSettled(done_, now - absl::Milliseconds(100)));
+  EXPECT_TRUE(cuts_->FinalSettled(done_, now));
+  const int64_t tries = CheckpointScheduler::kTimeout / CheckpointScheduler::kRetryBackoff;
+  EXPECT_GE(asked, 2u);
+  EXPECT_LE(asked, static_cast<uint64_t>(tries) + 1);
+  v1::JobStatus status;
+  scheduler_->AddTo(&status);
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_EQ(status.warnings(0),
+            "no final checkpoint (shard 0: cannot create folder /ck/ckpt-00000004: Not a "
+            "directory): the final weights are not on disk; the job has no checkpoint");
+  // A roll-back: training is not done any more, nor the warning said.
+  cuts_->ForgetFinal();
+  status.Clear();
+  scheduler_->AddTo(&status);
+  EXPECT_EQ(status.warnings_size(), 0);
+}
+
+TEST_F(CheckpointCutsTest, AFinalCheckpointThatCompletesLeavesNoWarning) {
+  Make(v1::MODE_ASYNC);
+  EXPECT_FALSE(cuts_->FinalSettled(done_, kT0));
+  scheduler_->Fail("a shard could not write", kT0);
+  EXPECT_FALSE(cuts_->FinalSettled(done_, kT0));
+  EXPECT_FALSE(cuts_->FinalSettled(done_, kT0 + CheckpointScheduler::kRetryBackoff));
+  ASSERT_TRUE(scheduler_->pending());
+  const uint64_t id = scheduler_->pending_summary().id();
+  v1::ShardCheckpoint written;
+  written.set_id(id);
+  written.set_state(v1::CHECKPOINT_STATE_WRITTEN);
+  for (uint32_t s = 0; s < 2; ++s) {
+    written.set_shard(s);
+    written.set_file("shard-" + std::to_string(s) + ".ckpt");
+    scheduler_->Report(s, written, kT0 + absl::Seconds(2));
+  }
+  std::optional<v1::CheckpointManifest> manifest =
+      scheduler_->TakeManifestToWrite(membership_->shard_map(), config_, kT0 + absl::Seconds(2));
+  ASSERT_TRUE(manifest.has_value());
+  scheduler_->FinishWrite(id, absl::OkStatus(), kT0 + absl::Seconds(2));
+  EXPECT_TRUE(cuts_->FinalSettled(done_, kT0 + absl::Seconds(3)));
+  v1::JobStatus status;
+  scheduler_->AddTo(&status);
+  EXPECT_EQ(status.warnings_size(), 0);
 }
 
 TEST_F(CheckpointCutsTest, AFinalSyncCutTheShardsNeverReachIsGivenUpAtOnce) {

@@ -257,6 +257,7 @@ void CheckpointScheduler::TakeOver(const v1::CoordinatorState& state,
   if (newest.has_value())
     SetNewestComplete(*newest, state.last_checkpoint().dir(), state.checkpoints_completed());
   SetNextId(state.next_checkpoint_id());
+  warnings_.assign(state.checkpoint_warnings().begin(), state.checkpoint_warnings().end());
 }
 
 void CheckpointScheduler::AddTo(v1::JobStatus* status) const {
@@ -264,12 +265,20 @@ void CheckpointScheduler::AddTo(v1::JobStatus* status) const {
   if (v1::CheckpointSummary pending = pending_summary(); pending.id() > 0)
     *status->mutable_pending_checkpoint() = std::move(pending);
   status->set_checkpoints_completed(completed_);
+  for (const std::string& warning : warnings_) status->add_warnings(warning);
+  if (!final_missing_.empty())
+    status->add_warnings(absl::StrCat(
+        "no final checkpoint (", final_missing_, "): the final weights are not on disk; ",
+        last_complete_.id() > 0 ? absl::StrCat("the newest checkpoint is ", last_complete_.id(),
+                                               " at step ", last_complete_.step())
+                                : std::string("the job has no checkpoint")));
 }
 
 void CheckpointScheduler::ExportTo(v1::CoordinatorState* state) const {
   state->set_next_checkpoint_id(next_id_);
   if (last_complete_.id() > 0) *state->mutable_last_checkpoint() = last_complete_;
   state->set_checkpoints_completed(completed_);
+  for (const std::string& warning : warnings_) state->add_checkpoint_warnings(warning);
 }
 
 }  // namespace grps

@@ -106,6 +106,14 @@ class CheckpointScheduler {
   // The pending checkpoint is older than kTimeout and not being written.
   bool TimedOut(absl::Time now) const;
 
+  // A warning the job's status carries from now on, and a coordinator that
+  // takes the job over: what the job's resume refused.
+  void AddWarning(std::string warning) { warnings_.push_back(std::move(warning)); }
+  // Why the job ends without its final checkpoint ("" once it has one, or
+  // may still get one): a warning while set, which names the newest
+  // complete checkpoint, if any.
+  void set_final_missing(std::string why) { final_missing_ = std::move(why); }
+
   // Summaries for JobStatus: the newest complete one (id 0 if none), the
   // pending one or else the last failed one (id 0 if none).
   const v1::CheckpointSummary& last_complete() const { return last_complete_; }
@@ -125,8 +133,8 @@ class CheckpointScheduler {
   // from its manifest (`newest`, nullopt when it cannot be read).
   void TakeOver(const v1::CoordinatorState& state,
                 const std::optional<v1::CheckpointManifest>& newest);
-  // The newest complete, the pending (or last failed) checkpoint and the
-  // count completed into a status.
+  // The newest complete, the pending (or last failed) checkpoint, the count
+  // completed and the warnings into a status.
   void AddTo(v1::JobStatus* status) const;
   // The next id, the newest complete checkpoint and the count completed
   // into a persisted state (what SetNextId and SetNewestComplete take).
@@ -161,6 +169,8 @@ class CheckpointScheduler {
   v1::CheckpointSummary last_failed_;
   uint64_t completed_ = 0;
   uint32_t consecutive_failures_ = 0;
+  std::vector<std::string> warnings_;
+  std::string final_missing_;
   // Periodic rule anchors: the step (sync: the cut) and time of the last
   // checkpoint asked for; no periodic checkpoint before retry_after_.
   uint64_t last_step_ = 0;

@@ -259,6 +259,31 @@ TEST(CheckpointScheduler, ATakenOverSchedulerGoesOnFromTheExportedIdAndNewestChe
   EXPECT_EQ(blind.last_complete().id(), 0u);
 }
 
+TEST(CheckpointScheduler, AResumesWarningsStayInTheStatusAndATakenOverJobs) {
+  CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
+  s.AddWarning("1 checkpoint in /ck refused (ckpt-00000004: ...): the job started from step 0");
+  s.set_final_missing("checkpoint 5 did not complete in 1m");
+  v1::JobStatus status;
+  s.AddTo(&status);
+  ASSERT_EQ(status.warnings_size(), 2);
+  EXPECT_EQ(status.warnings(0),
+            "1 checkpoint in /ck refused (ckpt-00000004: ...): the job started from step 0");
+  EXPECT_EQ(status.warnings(1),
+            "no final checkpoint (checkpoint 5 did not complete in 1m): the final weights are "
+            "not on disk; the job has no checkpoint");
+  // The final one's is in the final status a taken-over job keeps; the
+  // resume's goes on with the job.
+  v1::CoordinatorState state;
+  s.ExportTo(&state);
+  CheckpointScheduler next(Config(v1::MODE_SYNC), 1);
+  next.TakeOver(state, std::nullopt);
+  status.Clear();
+  next.AddTo(&status);
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_EQ(status.warnings(0),
+            "1 checkpoint in /ck refused (ckpt-00000004: ...): the job started from step 0");
+}
+
 TEST(CheckpointScheduler, NoCheckpointYetLeavesTheSummariesOut) {
   CheckpointScheduler s(Config(v1::MODE_SYNC), 1);
   v1::JobStatus status;

@@ -133,10 +133,39 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
   }
   for (const std::string& refused : choice->refused)
     spdlog::warn("checkpoint refused: {}", refused);
+  // Checkpoints refused: the job's status warns of the steps they held.
+  auto warn = [&](const std::string& warning) {
+    spdlog::warn("job {}: {}", config.job_id(), warning);
+    service->AddCheckpointWarning(warning);
+  };
+  const size_t refused = choice->refused.size();
+  const std::string refused_what =
+      refused == 0 ? ""
+                   : absl::StrCat(refused, " checkpoint", refused == 1 ? "" : "s", " in ",
+                                  config.checkpoint_dir(), " refused (", choice->refused.front(),
+                                  refused == 1 ? "" : ", ...", ")");
   if (!choice->manifest.has_value()) {
-    spdlog::info("no complete checkpoint in {}; job {} starts from step 0",
-                 config.checkpoint_dir(), config.job_id());
+    if (refused > 0) {
+      warn(absl::StrCat(refused_what, ": the job started from step 0"));
+    } else {
+      spdlog::info("no checkpoint in {}; job {} starts from step 0", config.checkpoint_dir(),
+                   config.job_id());
+    }
     return std::nullopt;
+  }
+  // Every rank is past the job's last step: there is nothing to train, and
+  // the job would report a model of fewer steps than it holds.
+  const auto& steps = choice->manifest->worker_steps();
+  if (config.steps() > 0 && !steps.empty() &&
+      *std::min_element(steps.begin(), steps.end()) > config.steps()) {
+    std::fprintf(stderr,
+                 "grps-coordinator: checkpoint %s is at step %llu, past this job's --steps=%llu: "
+                 "nothing is left to train; give --steps above it, or another "
+                 "--checkpoint_dir\n",
+                 choice->dir.c_str(),
+                 static_cast<unsigned long long>(*std::min_element(steps.begin(), steps.end())),
+                 static_cast<unsigned long long>(config.steps()));
+    return 2;
   }
   // A user model's layout is the checkpoint's, cut as this job cuts.
   v1::ShardMap layout = map;
@@ -146,10 +175,7 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
     if (built.ok()) layout = std::move(*built);
   }
   if (absl::Status s = CheckSameChunks(choice->manifest->shard_map(), layout); !s.ok()) {
-    std::fprintf(stderr,
-                 "grps-coordinator: checkpoint %s was cut from another model or "
-                 "chunk size than this job's (%s); use the same --model, "
-                 "--hidden and --chunk_kb, or another --checkpoint_dir\n",
+    std::fprintf(stderr, "grps-coordinator: checkpoint %s: %s; or use another --checkpoint_dir\n",
                  choice->dir.c_str(), std::string(s.message()).c_str());
     return 2;
   }
@@ -182,6 +208,9 @@ std::optional<int> ResumeFromCheckpoint(Env* env, const v1::JobConfig& config,
                  OptimizerName(config.optimizer().kind()).c_str());
     return 2;
   }
+  if (refused > 0)
+    warn(absl::StrCat(refused_what, ": the job resumed from checkpoint ", choice->manifest->id(),
+                      " at step ", choice->manifest->step()));
   spdlog::info("job {} resumes from checkpoint {} of job {} in {} (step {}, {} shards then, "
                "{} now)",
                config.job_id(), choice->manifest->id(), choice->manifest->job_id(), choice->dir,

@@ -1,5 +1,6 @@
 // The grps-coordinator process: its exit codes, its port file, and how it
 // lingers after the job ends until the servers have heard.
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -47,7 +48,8 @@ std::string CoordinatorBinary() {
 // A grps-coordinator child process; killed if the test leaves it running.
 class CoordinatorProcess {
  public:
-  explicit CoordinatorProcess(std::vector<std::string> flags) {
+  // With `stderr_path`, its standard error goes to that file.
+  explicit CoordinatorProcess(std::vector<std::string> flags, const std::string& stderr_path = "") {
     static int counter = 0;
     port_file_ = absl::StrCat(::testing::TempDir(), "/coordinator-", getpid(), "-",
                               ++counter, ".port");
@@ -58,8 +60,13 @@ class CoordinatorProcess {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0)
-      pid_ = -1;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (!stderr_path.empty())
+      posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
   }
   ~CoordinatorProcess() {
     if (pid_ > 0 && !exit_code_.has_value()) {
@@ -164,10 +171,9 @@ TEST(CoordinatorProcess, JobCompletedPerItsStateFileExitsZeroAtOnce) {
   EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 0);
 }
 
-TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
-  TempFolders temp;  // declared first: removed after the process ends
-  const std::string dir = temp.Make("coordinator-main-othermodel");
-  // A complete checkpoint of a one-chunk model with one shard.
+// A complete checkpoint (id 1, job "other-job") in `dir` of a one-chunk
+// model with one shard, its ranks at `step`.
+void WriteOneChunkCheckpoint(const std::string& dir, uint64_t step) {
   v1::ShardMap map;
   v1::TensorSpec* t = map.add_tensors();
   t->set_name("other/weight");
@@ -182,21 +188,78 @@ TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
   chunk->set_num_elements(4);
   chunk->set_values(std::string(16, '\0'));
   const std::string ckpt = CheckpointFolder(dir, 1);
-  absl::StatusOr<v1::ShardCheckpoint> written =
-      WriteShardFile(Env::Default(), ckpt, file);
+  absl::StatusOr<v1::ShardCheckpoint> written = WriteShardFile(Env::Default(), ckpt, file);
   ASSERT_TRUE(written.ok()) << written.status();
   v1::CheckpointManifest manifest;
   manifest.set_job_id("other-job");
   manifest.set_id(1);
   manifest.set_mode(v1::MODE_SYNC);
+  manifest.set_step(step);
+  manifest.add_worker_steps(step);
   *manifest.add_shards() = *written;
   *manifest.mutable_shard_map() = map;
   ASSERT_TRUE(WriteManifest(Env::Default(), ckpt, manifest).ok());
+}
 
-  CoordinatorProcess p({"--job_id=other-job", "--servers=1", "--workers=1",
-                        "--checkpoint_dir=" + dir});
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(CoordinatorProcess, CheckpointOfAnotherModelExitsTwo) {
+  TempFolders temp;  // declared first: removed after the process ends
+  const std::string dir = temp.Make("coordinator-main-othermodel");
+  WriteOneChunkCheckpoint(dir, 0);
+  const std::string err = JoinPath(dir, "stderr");
+  CoordinatorProcess p(
+      {"--job_id=other-job", "--servers=1", "--workers=1", "--checkpoint_dir=" + dir}, err);
   ASSERT_TRUE(p.started());
   EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 2);
+  EXPECT_TRUE(absl::StrContains(ReadAll(err),
+                                "the model is cut differently: 1 tensors in the "
+                                "checkpoint and 6 in this job's model"))
+      << ReadAll(err);
+}
+
+// The job would report a model of 300 steps that has 600.
+TEST(CoordinatorProcess, ACheckpointPastTheJobsLastStepExitsTwoSayingSo) {
+  TempFolders temp;
+  const std::string dir = temp.Make("coordinator-main-paststeps");
+  WriteOneChunkCheckpoint(dir, 600);
+  const std::string err = JoinPath(dir, "stderr");
+  CoordinatorProcess p({"--job_id=other-job", "--servers=1", "--workers=1", "--steps=300",
+                        "--checkpoint_dir=" + dir},
+                       err);
+  ASSERT_TRUE(p.started());
+  EXPECT_EQ(p.ExitCode(absl::Seconds(20)), 2);
+  EXPECT_TRUE(absl::StrContains(ReadAll(err), "is at step 600, past this job's --steps=300"))
+      << ReadAll(err);
+}
+
+// Every checkpoint in the folder damaged: the job starts from step 0, and
+// its status says what was lost (it said so in an info line only).
+TEST(CoordinatorProcess, EveryCheckpointRefusedAtTheResumeIsAWarningOfTheJob) {
+  TempFolders temp;
+  const std::string dir = temp.Make("coordinator-main-refused");
+  WriteOneChunkCheckpoint(dir, 600);
+  std::ofstream(JoinPath(CheckpointFolder(dir, 1), "MANIFEST"), std::ios::trunc)
+      << "not a manifest";
+  CoordinatorProcess p(
+      {"--job_id=refused-job", "--servers=1", "--workers=1", "--checkpoint_dir=" + dir});
+  ASSERT_TRUE(p.started());
+  std::optional<int> port = p.WaitForPort(absl::Seconds(20));
+  ASSERT_TRUE(port.has_value());
+  auto stub = v1::Coordinator::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
+  v1::JobStatus status;
+  ASSERT_TRUE(stub->GetJobStatus(Context().get(), v1::GetJobStatusRequest(), &status).ok());
+  ASSERT_EQ(status.warnings_size(), 1);
+  EXPECT_TRUE(absl::StartsWith(status.warnings(0),
+                               absl::StrCat("1 checkpoint in ", dir, " refused (ckpt-00000001: ")))
+      << status.warnings(0);
+  EXPECT_TRUE(absl::EndsWith(status.warnings(0), "): the job started from step 0"))
+      << status.warnings(0);
 }
 
 TEST(CoordinatorProcess, TakenBackJobWhoseShardNeverReturnsFailsWithExitOne) {

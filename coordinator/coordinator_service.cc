@@ -364,6 +364,10 @@ void CoordinatorService::SetNextCheckpointId(uint64_t id) {
   machine_.SetNextCheckpointId(id);
 }
 
+void CoordinatorService::AddCheckpointWarning(std::string warning) {
+  machine_.AddCheckpointWarning(std::move(warning));
+}
+
 absl::Status CoordinatorService::TakeOver(const v1::CoordinatorState& state,
                                           absl::string_view from) {
   return machine_.TakeOver(state, from);

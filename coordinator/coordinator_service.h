@@ -63,6 +63,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // ---- Before serving (from the hosting process, once); see JobStateMachine ----
   void ResumeFrom(const v1::CheckpointManifest& manifest, const std::string& dir);
   void SetNextCheckpointId(uint64_t id);
+  void AddCheckpointWarning(std::string warning);
   absl::Status TakeOver(const v1::CoordinatorState& state, absl::string_view from);
 
   // ---- RPCs (see proto/grps.proto) ----

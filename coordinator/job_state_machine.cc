@@ -143,6 +143,11 @@ void JobStateMachine::SetNextCheckpointId(uint64_t id) {
   checkpoints_.SetNextId(id);
 }
 
+void JobStateMachine::AddCheckpointWarning(std::string warning) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_.AddWarning(std::move(warning));
+}
+
 absl::Status JobStateMachine::TakeOver(const v1::CoordinatorState& state, absl::string_view from) {
   const absl::Time now = clock_();
   if (absl::Status s = CheckTakeOver(state, config_.job_id(), from); !s.ok()) return s;

@@ -140,6 +140,9 @@ class JobStateMachine {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Checkpoint ids below `id` are taken.
   void SetNextCheckpointId(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A warning the job's status carries from now on (what its resume refused;
+  // CheckpointScheduler::AddWarning).
+  void AddCheckpointWarning(std::string warning) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the job back from a persisted state of this job whose state is
   // WAITING or RUNNING (INVALID_ARGUMENT otherwise, nothing changes). Every
   // member counts as heartbeating now, and none is declared dead before the
