@@ -224,6 +224,9 @@ absl::StatusOr<SparseDataset> ReadCriteoSparse(const std::string& path, uint64_t
       labels.push_back(batch.labels[i] > 0.5f ? 1 : 0);
     }
   }
+  // A job given no examples would train or evaluate on nothing and report
+  // figures of nothing (a test loss and accuracy of 0).
+  if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no examples"));
   return SparseDataset::Create(2, 0, std::move(offsets), std::move(ids), std::move(values),
                                std::move(labels));
 }

@@ -112,7 +112,8 @@ inline constexpr int32_t kCriteoFields = kCriteoTables + 1;
 // Reads the whole of `path` (plain or gzip), at most `limit` examples (0: all
 // of them), into a SparseDataset of two classes with ids tagged by field
 // (FieldFeature, sparse_dataset.h) and no feature-space bound. Errors as
-// CriteoReader's.
+// CriteoReader's, and InvalidArgument "PATH holds no examples" for a file
+// without any (as ReadLibsvm's).
 absl::StatusOr<SparseDataset> ReadCriteoSparse(const std::string& path, uint64_t limit = 0);
 
 // The generator's hidden model and how it draws examples. Table j's values

@@ -239,6 +239,19 @@ TEST(ReadCriteoSparse, GivesEachColumnAFieldAndTheDenseFeaturesOneMore) {
   EXPECT_THAT(std::string(ReadCriteoSparse(path).status().message()), HasSubstr(path + ":4:"));
 }
 
+// An empty file would give a job that "completes" with figures of no
+// examples: it is refused by name, as the libsvm reader refuses one.
+TEST(ReadCriteoSparse, RefusesAFileWithNoExamplesNamingIt) {
+  for (bool gzip : {false, true}) {
+    const std::string path = TempPath(gzip ? "empty.tsv.gz" : "empty.tsv");
+    WriteFile(path, "", gzip);
+    absl::StatusOr<SparseDataset> data = ReadCriteoSparse(path);
+    ASSERT_FALSE(data.ok()) << path;
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(data.status().message(), path + " holds no examples");
+  }
+}
+
 TEST(CriteoSynth, DrawsAPowerLawWithAKnownModel) {
   absl::StatusOr<CriteoSynth> synth = CriteoSynth::Create(SmallOptions());
   ASSERT_TRUE(synth.ok());

@@ -542,6 +542,10 @@ def _join(named_parameters, optimizer_kind=""):
     p.worker = _grps.Worker(p.coordinator, model.spec(), p.requested_rank,
                             p.register_timeout_s, p.job_id, optimizer_kind)
     p.model = model
+    # The job's tables are known now: a module of another dim is refused
+    # before its first forward.
+    for table in p.tables:
+        table._check_dim(p.worker.tables)
     if p.declared_steps is not None:
         p.worker.set_total_steps(p.declared_steps)
     if p.pending:
@@ -780,11 +784,31 @@ def _op_of(average, op):
     return op
 
 
+def _check_bool_reduction(tensors, op, prescale_factor, postscale_factor):
+    """Raises TypeError, before any worker waits on the collective, for a
+    reduction of bool tensors that has no bool meaning."""
+    if not any(t.dtype == torch.bool for t in tensors):
+        return
+    # As torch.distributed's all_reduce refuses ReduceOp.AVG of bools: a
+    # mean of truth values is not a truth value.
+    if op is Average:
+        raise TypeError("allreduce: op=gt.Average of a bool tensor (a mean of truth values is "
+                        "not one): use op=gt.Sum or gt.Max (any rank's True) or gt.Min or "
+                        "gt.Product (every rank's True), or allreduce a float tensor")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise TypeError("allreduce: prescale_factor and postscale_factor scale numbers, not "
+                        "the truth values of a bool tensor")
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Each tensor of `tensors` reduced over the job's live workers (op:
     Average, the default, Sum, Min, Max or Product), as new tensors on the
-    tensors' devices. For metrics and small tensors (at most 4 MiB a call):
+    tensors' devices. Bool tensors reduce as torch.distributed reduces them:
+    Sum and Max are a logical or, Min and Product a logical and; Average,
+    and a prescale or postscale factor, of a bool tensor raise TypeError
+    (pass op=gt.Sum, or a float tensor for a fraction of the ranks).
+    For metrics and small tensors (at most 4 MiB a call):
     they travel through the job's coordinator; the model's gradients go to
     the servers through the optimizer. Every live worker must make the same
     calls in the same order (calls pair up by name and order); a worker that
@@ -797,6 +821,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
                                   "job's live workers")
     op = _op_of(average, op)
     tensors = list(tensors)
+    _check_bool_reduction(tensors, op, prescale_factor, postscale_factor)
     scaled = [t.detach() * prescale_factor if prescale_factor != 1.0 else t.detach()
               for t in tensors]
     name = "grps.allreduce." + (name or "noname")
@@ -1677,6 +1702,11 @@ def state_dict(checkpoint=None):
             for name, t, at in zip(m.names, m.params, m.offsets)}
 
 
+# The dtypes a sparse table's ids may have (nn.Embedding takes int32 and
+# int64; any integer names a row exactly).
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 class _SparseTable(torch.nn.Module):
     """Rows of a grps sparse table: the rows a batch reads are pulled, their
     gradients pushed at the optimizer's step."""
@@ -1687,11 +1717,30 @@ class _SparseTable(torch.nn.Module):
         self.dim = int(dim)
         self._pending = []  # (unique ids, rows tensor with grad) of this step
         p = _require_process()
+        if p.worker is not None:
+            self._check_dim(p.worker.tables)
         p.tables.append(self)
 
+    def _check_dim(self, job_tables):
+        """Raises ValueError if the job's table of this name has rows of
+        another dim. `job_tables`: the job's (name, rows, dim), known once
+        the worker joined; checked then (or here, for a module made after),
+        not at the first forward. A name the job lacks is the pull's to say."""
+        for name, rows, dim in job_tables:
+            if name == self.table and dim != self.dim:
+                raise ValueError("gt.%s(%r, %d): table %r has rows of %d floats "
+                                 "(--sparse_tables %s:%d:%d)"
+                                 % (type(self).__name__, self.table, self.dim, name, dim, name,
+                                    rows, dim))
+
     def _rows(self, ids):
-        """The rows of `ids` (any shape, int64) as a leaf tensor that trains,
-        and the inverse map from ids to them."""
+        """The rows of `ids` (any shape, an integer dtype) as a leaf tensor
+        that trains, and the inverse map from ids to them."""
+        if ids.dtype not in _ID_DTYPES:
+            # nn.Embedding's kind of error: a float id is no row, and
+            # rounding it would read a row the program did not name.
+            raise RuntimeError("gt.%s(%r, %d): ids must be of an integer dtype, not %s"
+                               % (type(self).__name__, self.table, self.dim, ids.dtype))
         w = _require_worker()
         _begin(_require_process())
         flat_ids = ids.reshape(-1).to(torch.int64).cpu()

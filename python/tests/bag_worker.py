@@ -15,6 +15,7 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--mode", default="mean")
 parser.add_argument("--out", default="")
 parser.add_argument("--pace_ms", type=float, default=0, help="sleep after each step")
+parser.add_argument("--dim", type=int, default=DIM, help="the bag's dim (the table's: DIM)")
 args = parser.parse_args()
 
 gt.init()
@@ -24,7 +25,7 @@ class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = head()
-        self.bag = gt.EmbeddingBag("t", DIM, mode=args.mode)
+        self.bag = gt.EmbeddingBag("t", args.dim, mode=args.mode)
 
     def forward(self, ids):
         return self.fc(self.bag(ids))

@@ -9,7 +9,7 @@ hvd.allreduce, and no done(): the script just ends.
 Each rank starts from weights and a buffer of its own seed: the broadcasts
 make them rank 0's. Writes to --out (per rank) its final state dict, its
 last loss and the averaged one, and prints "COLLECTIVES OK" once the other
-collectives gave what they should.
+collectives gave what they should (bool reductions included).
 """
 
 import argparse
@@ -54,6 +54,16 @@ def dataset(n):
     x = torch.randn(n, 20, generator=g)
     y = (x[:, :4].argmax(1) + (x[:, 4] > 1).long()) % 4
     return torch.utils.data.TensorDataset(x, y)
+
+
+def refuses_with_type_error(call):
+    """Whether call() raises TypeError (each rank raises before the
+    collective, so the ranks' calls stay paired)."""
+    try:
+        call()
+    except TypeError:
+        return True
+    return False
 
 
 def main():
@@ -103,6 +113,18 @@ def main():
     checks = {
         "sum": float(hvd.allreduce(torch.tensor([r + 1.0]), op=hvd.Sum)) == n * (n + 1) / 2,
         "max": float(hvd.allreduce(torch.tensor(float(r)), op=hvd.Max)) == n - 1,
+        # Bools reduce as torch.distributed's do: Sum and Max are "any rank",
+        # Min and Product "every rank"; their mean is no truth value.
+        "bool_sum": hvd.allreduce(torch.tensor([r == 0, True]), op=hvd.Sum).tolist() ==
+        [True, True],
+        "bool_max": hvd.allreduce(torch.tensor([r == 0, False]), op=hvd.Max).tolist() ==
+        [True, False],
+        "bool_min": hvd.allreduce(torch.tensor([r == 0, True]), op=hvd.Min).tolist() ==
+        [n == 1, True],
+        "bool_product": hvd.allreduce(torch.tensor([r == 0, True]), op=hvd.Product).tolist() ==
+        [n == 1, True],
+        "bool_average_refused": refuses_with_type_error(
+            lambda: hvd.allreduce(torch.tensor([r == 0, True]), op=hvd.Average)),
         "allgather": hvd.allgather(torch.full((r + 1, 2), r)).tolist() ==
         [[i, i] for i in range(n) for _ in range(i + 1)],
         "allgather_object": hvd.allgather_object({"rank": r}) == [{"rank": i} for i in range(n)],

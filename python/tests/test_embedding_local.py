@@ -1,12 +1,16 @@
 """gt.Embedding and gt.EmbeddingBag compute what nn.Embedding and
 nn.EmbeddingBag compute (forward and the rows' gradients), with the rows
-given locally instead of pulled (no job)."""
+given locally instead of pulled (no job); they refuse what nn.Embedding
+refuses (ids that are not integers), and a dim other than their table's as
+soon as the job's tables are known."""
 
+import re
 import unittest
 
 import torch
 import torch.nn as nn
 
+import grps._torch
 import grps.torch as gt
 
 
@@ -25,6 +29,12 @@ def local(module, table):
 class Pushed:
     def push_rows(self, table, ids, grads):
         self.ids, self.grads = torch.from_numpy(ids.copy()), torch.from_numpy(grads.copy())
+
+
+class JoinedWorker:
+    """What a module made after the worker joined sees of the job: its
+    sparse tables, as --sparse_tables=t:100:4 declares them."""
+    tables = [("t", 100, 4)]
 
 
 class LocalRows(unittest.TestCase):
@@ -71,6 +81,32 @@ class LocalRows(unittest.TestCase):
         dense = torch.zeros_like(theirs.weight)
         dense[pushed.ids] = pushed.grads
         self.assertTrue(torch.allclose(dense, theirs.weight.grad, atol=1e-5))
+
+    def test_ids_of_a_non_integer_dtype_are_refused_naming_it(self):
+        # nn.Embedding raises RuntimeError for these; truncating 1.5 to row
+        # 1 would read a row the program did not name.
+        for dtype in (torch.float32, torch.float64, torch.bool, torch.complex64):
+            ids = torch.ones(2, dtype=dtype)
+            with self.assertRaises(RuntimeError):
+                nn.Embedding(4, 3)(ids)
+            pattern = r"gt.Embedding\('t', 3\): ids must be of an integer dtype, not " + \
+                re.escape(str(dtype))
+            with self.assertRaisesRegex(RuntimeError, pattern):
+                gt.Embedding("t", 3)(ids)
+            with self.assertRaisesRegex(RuntimeError, re.escape(str(dtype))):
+                gt.EmbeddingBag("t", 3)(ids.reshape(1, 2))
+
+    def test_a_dim_other_than_the_tables_is_refused_when_made_after_the_worker_joined(self):
+        process = grps._torch._process
+        process.worker = JoinedWorker()
+        try:
+            with self.assertRaisesRegex(ValueError, re.escape(
+                    "gt.Embedding('t', 8): table 't' has rows of 4 floats "
+                    "(--sparse_tables t:100:4)")):
+                gt.Embedding("t", 8)
+            gt.Embedding("t", 4)  # the table's dim
+        finally:
+            process.worker = None
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ sparse table; 2 workers in sync with SGD end with the rows and head of one
 PyTorch process (nn.EmbeddingBag, the whole batch) started from the same
 rows. A job whose servers re-shard 2 -> 3 while they train (--max_servers)
 ends with the rows and head of the undisturbed job, bit for bit: a row pull
-or push that the re-sharding's roll-back ends is taken in the library."""
+or push that the re-sharding's roll-back ends is taken in the library. A
+bag whose dim is not its table's is refused as the worker joins."""
 
 import shutil
 import tempfile
@@ -44,6 +45,18 @@ class SparseFromPyTorch(unittest.TestCase):
 
     def test_sum_bags(self):
         self.check("sum")
+
+    def test_a_bag_of_another_dim_than_its_table_is_refused_when_the_worker_joins(self):
+        flags = ["--mode=sync", "--optimizer=sgd", "--lr=%g" % LR, "--sparse_tables=t:0:4"]
+        with Job(servers=1, workers=1, flags=flags) as job:
+            job.worker("bag_worker.py", ["--steps", "3", "--dim", "8"], rank=0)
+            self.assertEqual(job.wait("worker0", 120), 1, job.logs())
+            log = job.log("worker0")
+        self.assertIn("ValueError: gt.EmbeddingBag('t', 8): table 't' has rows of 4 floats "
+                      "(--sparse_tables t:0:4)", log)
+        # Raised by the call that joined, before any forward pass.
+        self.assertIn("gt.DistributedOptimizer(", log)
+        self.assertNotIn("forward", log)
 
     def run_paced(self, steps, reshard=False):
         """2 workers, sync, `steps` paced steps; with `reshard`, the servers
