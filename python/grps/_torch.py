@@ -1158,12 +1158,12 @@ class _JobOptimizer:
         if self._probing:
             self._decide(self._marks, self._synchronized)
             self._marks = {}
-        self._passes = [0] * len(model.params)
+        passes, self._passes = self._passes, [0] * len(model.params)
         self._early, self._refused, self._synchronized = set(), None, False
         if refused is not None:
             self._abandon()
             raise ValueError(refused)
-        self._check_unchanged(early)
+        self._check_unchanged(early, passes)
         model.grads_from_params(self.backward_passes_per_step, skip=early)
         # Checked before anything more is pushed, the rows of the sparse tables too.
         at = p.worker.first_non_finite(model.grads.numpy())
@@ -1365,12 +1365,22 @@ class _JobOptimizer:
         self._process.worker.abandon_step()
         self._model.weights_to_params()
 
-    def _check_unchanged(self, early):
+    def _check_unchanged(self, early, passes):
         """A gradient pushed by its hook that the program changed before
-        step() (clipping, unscaling) would train with the old one: refused."""
+        step() (clipping, unscaling, another backward(): `passes`, the hook
+        calls by parameter) would train with the old one: refused."""
         model = self._model
         with torch.no_grad():
             for i in early:
+                if passes[i] > self.backward_passes_per_step:
+                    self._abandon()
+                    raise Error("backward() made the gradient of parameter '%s' %d times "
+                                "before step(), %d a step: the first was pushed as it was "
+                                "made (overlap on). To discard a backward() (zero_grad(), "
+                                "then backward() again), use "
+                                "gt.DistributedOptimizer(..., overlap=False); to accumulate "
+                                "passes, backward_passes_per_step"
+                                % (model.names[i], passes[i], self.backward_passes_per_step))
                 if not self._same_grad(i):
                     self._abandon()
                     raise Error("the gradient of parameter '%s' changed between backward() "

@@ -21,6 +21,9 @@ parser.add_argument("--nan_at", type=int, default=-1,
                     help="before this step, try steps with a NaN gradient (refused)")
 parser.add_argument("--clip_at", type=int, default=-1,
                     help="at this step, clip the gradients between backward() and step()")
+parser.add_argument("--discard_at", type=int, default=-1,
+                    help="at this step, run a backward() whose gradients are discarded "
+                         "(zero_grad(), then the step's own backward())")
 parser.add_argument("--clip_every", type=int, default=0,
                     help="1: clip the gradients between backward() and step() at every step")
 parser.add_argument("--overlap", default="", choices=["", "auto", "0", "1"],
@@ -82,10 +85,17 @@ while gt.step() < args.steps:
         poisoned_step()
     if args.pace_ms:
         time.sleep(args.pace_ms / 1000.0)
+    if step == args.discard_at:
+        x, y = batch(step + 1, gt.rank() * share, per_pass)
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
     opt.zero_grad()
     for k in range(args.passes):
         x, y = batch(step, gt.rank() * share + k * per_pass, per_pass)
         F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+    if step == args.discard_at:
+        args.discard_at = -1  # once
+        attempt("DISCARD", lambda: opt.step(samples=share), refusal=gt.Error)
+        continue  # the step again, its pushed gradients deduplicated
     if step == args.clip_at:
         args.clip_at = -1  # once
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)

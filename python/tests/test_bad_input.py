@@ -80,6 +80,20 @@ class BadInput(unittest.TestCase):
             self.assertIn("changed between backward() and step()", clip)
             self.assertIn("overlap=False", clip)
 
+    def test_a_backward_run_again_before_step_is_refused_saying_so(self):
+        # A backward() whose gradients the program discards (zero_grad(),
+        # then the step's own backward()): with overlap on, the first one's
+        # were pushed as they were made. Refused, saying what happened (it
+        # was called a change "to clip or unscale"); the worker goes on.
+        with Job(servers=1, workers=1, flags=FLAGS) as job:
+            job.worker("odd_cnn_worker.py", ["--steps", "4", "--discard_at", "2",
+                                             "--overlap", "1"], rank=0)
+            self.assertEqual(job.wait("worker0", 120), 0, job.logs())
+            discard = line(job.log("worker0"), "DISCARD")
+            self.assertIn("Error: backward() made the gradient of parameter '", discard)
+            self.assertIn("2 times before step(), 1 a step", discard)
+            self.assertIn("overlap=False", discard)
+
     def test_a_program_that_clips_every_step_keeps_auto_overlap_off(self):
         # clip_grad_norm_ between backward() and step() in the first step (it
         # clips nothing here, but changes the gradients in place): "auto"
