@@ -261,10 +261,30 @@ class TokenInterceptorFactory
 
 }  // namespace
 
+absl::Status CheckToken(absl::string_view token, absl::string_view flag) {
+  if (token.size() > kMaxTokenBytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " is ", token.size(), " bytes, past the ", kMaxTokenBytes,
+                     " a call's headers carry"));
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " holds byte ", i, " of value ", static_cast<int>(c),
+          c == '\n' || c == '\r' ? " (a line end: a token read from a file keeps its last one; "
+                                   "strip it)"
+                                   : "",
+          ": a token is printable ASCII (it travels in a call's header)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(Role own_role) {
   SecurityConfig config;
   config.admin_token = absl::GetFlag(FLAGS_token);
   config.worker_token = absl::GetFlag(FLAGS_worker_token);
+  if (absl::Status s = CheckToken(config.admin_token, "token"); !s.ok()) return s;
+  if (absl::Status s = CheckToken(config.worker_token, "worker_token"); !s.ok()) return s;
   if (!config.admin_token.empty() && config.admin_token == config.worker_token)
     return absl::InvalidArgumentError(
         "--token and --worker_token must differ (the roles would be one)");

@@ -68,10 +68,21 @@ struct SecurityConfig {
   bool tls_enabled() const { return !tls_ca_pem.empty() || !tls_cert_pem.empty(); }
 };
 
+// The most bytes a token may have: it travels in every call's headers
+// (gRPC refuses headers past 8 KiB in all).
+inline constexpr size_t kMaxTokenBytes = 4096;
+
+// OK unless `token` (the value of --`flag`) cannot travel in a call's
+// header: past kMaxTokenBytes, or a byte that is not printable ASCII (a
+// line end, a UTF-8 letter). gRPC aborts the process that sends such a
+// header. INVALID_ARGUMENT naming the flag and the byte.
+absl::Status CheckToken(absl::string_view token, absl::string_view flag);
+
 // Reads the security flags (--token, --worker_token, --tls_cert, --tls_key,
 // --tls_ca, --tls_client_auth, --tls_server_name, or their GRPS_* variables)
 // and the files they name. A process of `own_role` presents its role's token
-// (a worker: --worker_token, or --token when that is unset).
+// (a worker: --worker_token, or --token when that is unset). Each token is
+// checked (CheckToken).
 absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(Role own_role);
 
 // SecurityConfigFromFlags, then SetProcessSecurity: what every main does

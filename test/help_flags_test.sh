@@ -61,6 +61,11 @@ refused 2 "bad value for --listen: the port of 127.0.0.1:99999 must be 0-65535" 
 refused 2 "bad value for --coordinator: the port of 127.0.0.1:99999 must be 1-65535" \
   grpsctl --coordinator=127.0.0.1:99999 status
 GRPS_COORDINATOR=127.0.0.1:0 refused 2 "GRPS_COORDINATOR=127.0.0.1:0: the port" grps-worker
+# A token gRPC cannot send in a header: every client aborted (SIGABRT).
+GRPS_TOKEN=$'abc\n' refused 2 "--token holds byte 3 of value 10 (a line end" grpsctl \
+  --coordinator=127.0.0.1:9 status
+GRPS_WORKER_TOKEN=$'w\r' refused 2 "--worker_token holds byte 1" grps-worker \
+  --coordinator=127.0.0.1:9
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"

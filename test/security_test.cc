@@ -510,6 +510,22 @@ TEST(SecurityConfigTest, ATokenWithoutTlsIsOnlyServedOnLoopback) {
       << server.status();
 }
 
+// gRPC aborts a process whose call carries a header value it refuses (every
+// client died of SIGABRT with GRPS_TOKEN=$'abc\n'): refused where tokens are read.
+TEST(SecurityConfigTest, ATokenThatCannotTravelInAHeaderIsRefusedNamingTheFlag) {
+  EXPECT_TRUE(CheckToken("a token with spaces~", "token").ok());
+  EXPECT_TRUE(CheckToken(std::string(kMaxTokenBytes, 'a'), "token").ok());
+  const absl::Status newline = CheckToken("abc\n", "token");
+  EXPECT_TRUE(absl::IsInvalidArgument(newline));
+  EXPECT_NE(newline.message().find("--token holds byte 3 of value 10 (a line end"),
+            std::string::npos)
+      << newline;
+  EXPECT_NE(CheckToken("t\xc3\xb6k", "worker_token").message().find("--worker_token holds byte 1"),
+            std::string::npos);
+  EXPECT_NE(CheckToken(std::string(kMaxTokenBytes + 1, 'a'), "token").message().find("4097 bytes"),
+            std::string::npos);
+}
+
 // TLS: a job served with the test CA's server certificate.
 class TlsTest : public ::testing::Test {
  protected:
