@@ -280,9 +280,15 @@ absl::StatusOr<GrpcServer> StartGrpcServer(
   interceptors.push_back(MakeRpcMetricsInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   result.server = builder.BuildAndStart();
+  // gRPC logs why above (its own words): a key that does not match its
+  // certificate fails here too, not when the files are read.
   if (result.server == nullptr || result.port == 0)
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, " (port in use?)"));
+        absl::StrCat("cannot listen on ", address,
+                     security.tls_cert_pem.empty()
+                         ? " (port in use?)"
+                         : " (port in use, or --tls_cert and --tls_key refused: a key of another "
+                           "certificate; gRPC's line above says which)"));
   return result;
 }
 

@@ -259,6 +259,7 @@ absl::Status SetSecurity(LaunchOptions* options) {
   absl::StatusOr<SecurityConfig> security = SecurityConfigFromFlags(Role::kAdmin);
   if (!security.ok()) return security.status();
   if (absl::GetFlag(FLAGS_auth)) {
+    options->token_generated = security->admin_token.empty();
     if (security->admin_token.empty()) security->admin_token = RandomHexToken();
     if (security->worker_token.empty()) security->worker_token = RandomHexToken();
     options->token = security->admin_token;

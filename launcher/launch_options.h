@@ -58,6 +58,7 @@ struct LaunchOptions {
   // to every daemon as they are.
   std::string token;
   std::string worker_token;
+  bool token_generated = false;  // not given (GRPS_TOKEN): made for the job
   std::vector<std::string> tls_flags;
   // With a value, every daemon serves Prometheus metrics on `host`: the
   // coordinator at `first_port`, server s at first_port + 1 + s, worker r

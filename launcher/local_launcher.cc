@@ -387,7 +387,8 @@ std::optional<int> LocalLauncher::PrepareRunDir() {
           {InDir(options_.run_dir, "worker_token"), options_.worker_token}})
       if (absl::Status s = WriteSecretFile(file, token + "\n"); !s.ok())
         return Finish("failed", std::string(s.message()), nullptr);
-    std::fprintf(out_, "auth: every RPC needs the job's token, generated for it: %s%s\n",
+    std::fprintf(out_, "auth: every RPC needs the job's token, %s: %s%s\n",
+                 options_.token_generated ? "generated for it" : "given in GRPS_TOKEN",
                  path.c_str(), options_.tls_flags.empty() ? "" : " (and TLS)");
   } else {
     std::fprintf(out_, "auth: off (--noauth): anyone who can reach the ports may act "
@@ -436,12 +437,17 @@ std::optional<int> LocalLauncher::StartCoordinator() {
     absl::SleepFor(kSupervisePeriod);
   }
   coordinator_address_ = absl::StrCat("127.0.0.1:", coordinator_port_);
+  // The TLS files grpsctl needs to call it too (the job's own certificate is
+  // its client certificate under mutual TLS); --tls_client_auth is a
+  // server's.
+  std::string tls;
+  for (const std::string& flag : options_.tls_flags)
+    if (!absl::StartsWith(flag, "--tls_client_auth")) absl::StrAppend(&tls, flag, " ");
   Say(absl::StrCat("coordinator: ", coordinator_address_, "   (",
                    options_.token.empty()
                        ? ""
-                       : absl::StrCat("GRPS_TOKEN=$(cat ", InDir(options_.run_dir, "token"),
-                                      ") "),
-                   "grpsctl --coordinator=", coordinator_address_, " status)"));
+                       : absl::StrCat("GRPS_TOKEN=$(cat ", InDir(options_.run_dir, "token"), ") "),
+                   "grpsctl --coordinator=", coordinator_address_, " ", tls, "status)"));
   return std::nullopt;
 }
 

@@ -835,6 +835,28 @@ TEST_F(LaunchTest, CompletedJobPrintsRunDirFirstAndFinalAccuracyLast) {
   ExpectNoFakeLeft();
 }
 
+// The grpsctl line it prints works as printed under TLS (it left out the
+// TLS files: "Socket closed"), and a token the user gave is not said to
+// be generated.
+TEST_F(LaunchTest, TheGrpsctlLineNamesTheTlsFilesAndAGivenTokenIsSaidToBeGiven) {
+  ServeStatus({RunningJob(), FinishedJob()});
+  options_.token = "given-token";
+  options_.worker_token = "worker-token";
+  options_.tls_flags = {"--tls_cert=/c.pem", "--tls_key=/k.pem", "--tls_ca=/ca.pem",
+                        "--tls_client_auth"};
+  WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");
+  WriteFake("grps-server", "exec sleep 0.5\n");
+  WriteFake("grps-worker", "exec sleep 0.5\n");
+
+  std::string out;
+  ASSERT_EQ(Launch(&out), kLaunchOk) << out;
+  EXPECT_THAT(out, HasSubstr("auth: every RPC needs the job's token, given in GRPS_TOKEN: "));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("grpsctl --coordinator=127.0.0.1:", server_.port,
+                                          " --tls_cert=/c.pem --tls_key=/k.pem "
+                                          "--tls_ca=/ca.pem status)")));
+  ExpectNoFakeLeft();
+}
+
 TEST_F(LaunchTest, CompletedJobWritesTheResultJson) {
   ServeStatus({RunningJob(), FinishedJob()});
   WriteFake("grps-coordinator", std::string(kWritePort) + "exec sleep 1\n");

@@ -562,6 +562,18 @@ class TlsTest : public ::testing::Test {
   GrpcServer server_;
 };
 
+// gRPC refuses the pair only when the port is made: the message said
+// "port in use?".
+TEST_F(TlsTest, AKeyOfAnotherCertificateIsSaidToBeOneWhenThePortCannotBeMade) {
+  SecurityConfig served = Served();
+  served.tls_cert_pem = Pem("server.pem");
+  served.tls_key_pem = Pem("client-key.pem");
+  absl::StatusOr<GrpcServer> server = StartGrpcServer("127.0.0.1:0", {}, served);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("--tls_cert and --tls_key refused"), std::string::npos)
+      << server.status();
+}
+
 TEST_F(TlsTest, AClientTrustingAnotherCaCannotConnect) {
   Serve(false);
   SecurityConfig caller = Caller(kAdmin);
