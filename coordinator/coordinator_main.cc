@@ -430,7 +430,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Serving> serving = StartServing(env, config, map, &service);
   if (!serving.ok()) {
     spdlog::error("{}", std::string(serving.status().message()));
-    return 1;
+    return ExitCodeOf(serving.status());
   }
 
   RunUntilTheJobEnds(config, &service);

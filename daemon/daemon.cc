@@ -66,6 +66,8 @@ std::string FolderAndFile(absl::string_view filename) {
 
 }  // namespace
 
+int ExitCodeOf(const absl::Status& status) { return absl::IsInvalidArgument(status) ? 2 : 1; }
+
 std::string FirstFlagGiven(int argc, char** argv,
                            std::initializer_list<absl::string_view> flags) {
   for (int i = 1; i < argc; ++i) {

@@ -85,6 +85,11 @@ std::vector<char*> ParseFlagsWithEnvironment(
 // "" if there is none. Sets the flags whose values it checked.
 std::string CheckCommandLine(int argc, char** argv);
 
+// The exit status of a daemon that cannot start for `status`: 2 for
+// INVALID_ARGUMENT (a flag or a file the operator gave: a usage error, as
+// every binary's help says), 1 for anything else (a port in use).
+int ExitCodeOf(const absl::Status& status);
+
 // The first of `flags` that argv[1..argc) sets (--name, --name=V, --noname,
 // single dash too; none after "--"), or "" if none does.
 std::string FirstFlagGiven(int argc, char** argv,

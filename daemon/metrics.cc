@@ -156,6 +156,12 @@ absl::Status CheckAddress(const std::string& address) {
       !absl::ascii_isdigit(static_cast<unsigned char>(address.back())))
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address '", address, "' is not host:port"));
+  // "::1:0" would be served, and printed as the URL http://::1:0/metrics.
+  const std::string host = address.substr(0, colon);
+  if (host.find(':') != std::string::npos && !(host.front() == '[' && host.back() == ']'))
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
+                                                   "': an IPv6 host goes in brackets ([", host,
+                                                   "]:", address.substr(colon + 1), ")"));
   return absl::OkStatus();
 }
 

@@ -109,12 +109,14 @@ TEST(MetricsEndpoint, AnswersWhatIsNotAScrapeWithAnErrorAndGoesOnServing) {
 }
 
 TEST(MetricsEndpoint, RefusesWhatIsNotHostAndPortAndAPortInUse) {
-  for (const std::string bad : {"", "9464", ":9464", "127.0.0.1:", "127.0.0.1:70000",
-                                "127.0.0.1:9464,9465", "127.0.0.1:9464s", "127.0.0.1:x",
-                                "127.0.0.1: 9464"}) {
+  for (const std::string bad :
+       {"", "9464", ":9464", "127.0.0.1:", "127.0.0.1:70000", "127.0.0.1:9464,9465",
+        "127.0.0.1:9464s", "127.0.0.1:x", "127.0.0.1: 9464", "::1:0"}) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(bad);
     EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+  EXPECT_EQ(MetricsEndpoint::Start("::1:0").status().message(),
+            "metrics address '::1:0': an IPv6 host goes in brackets ([::1]:0)");
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> first =
       MetricsEndpoint::Start("127.0.0.1:0");
   ASSERT_TRUE(first.ok()) << first.status();

@@ -283,7 +283,7 @@ int Run() {
   absl::StatusOr<GrpcServer> server = StartServer(listen, {&service});
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
-    return 1;
+    return ExitCodeOf(server.status());
   }
   const std::string address = AdvertisedAddress(listen, server->port);
   auto stop_server = [&] {
@@ -299,7 +299,7 @@ int Run() {
   if (!metrics.ok()) {
     stop_server();
     spdlog::error("{}", std::string(metrics.status().message()));
-    return 1;
+    return ExitCodeOf(metrics.status());
   }
 
   std::unique_ptr<v1::Coordinator::Stub> coordinator =
@@ -347,18 +347,18 @@ int Serve() {
   const uint32_t poll_ms = absl::GetFlag(FLAGS_serve_poll_ms);
   if (dir.empty()) {
     spdlog::error("--serve needs --checkpoint_dir: the job's checkpoint folder");
-    return 1;
+    return 2;
   }
   if (poll_ms < 1 || poll_ms > 60000) {
     spdlog::error("--serve_poll_ms must be within 1..60000, got {}", poll_ms);
-    return 1;
+    return 2;
   }
   ServedRows rows(Env::Default(), dir);
   LookupService service(rows);
   absl::StatusOr<GrpcServer> server = StartServer(absl::GetFlag(FLAGS_listen), {&service});
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
-    return 1;
+    return ExitCodeOf(server.status());
   }
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags(
       "grps-server", {std::make_shared<CollectFunction>([&rows] {
@@ -367,7 +367,7 @@ int Serve() {
   if (!metrics.ok()) {
     server->server->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
     spdlog::error("{}", std::string(metrics.status().message()));
-    return 1;
+    return ExitCodeOf(metrics.status());
   }
   spdlog::info("serving lookups at port {} from the checkpoints in {} (looking every {} ms)",
                server->port, dir, poll_ms);

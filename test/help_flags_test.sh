@@ -66,6 +66,12 @@ GRPS_TOKEN=$'abc\n' refused 2 "--token holds byte 3 of value 10 (a line end" grp
   --coordinator=127.0.0.1:9 status
 GRPS_WORKER_TOKEN=$'w\r' refused 2 "--worker_token holds byte 1" grps-worker \
   --coordinator=127.0.0.1:9
+# Flags that do not go together, or a bad metrics address, found as the
+# daemon starts serving: usage errors too (they exited 1).
+refused 2 "--tls_ca without --tls_cert" grps-coordinator --listen=127.0.0.1:0 \
+  --tls_ca="$(dirname "$0")/testdata/tls/ca.pem"
+refused 2 "metrics address '127.0.0.1' is not host:port" grps-server \
+  --coordinator=127.0.0.1:9 --metrics_listen=127.0.0.1
 WORK=$(mktemp -d /tmp/grps-flags.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 refused 2 "learning_rate must be a positive number" grps-local --lr=-1 --run_dir="$WORK/a"

@@ -174,12 +174,12 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags("grps-worker");
   if (!metrics.ok()) {
     spdlog::error("{}", std::string(metrics.status().message()));
-    return 1;
+    return ExitCodeOf(metrics.status());
   }
   absl::StatusOr<std::optional<GrpcServer>> health = StartHealth();
   if (!health.ok()) {
     spdlog::error("{}", std::string(health.status().message()));
-    return 1;
+    return ExitCodeOf(health.status());
   }
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(absl::GetFlag(FLAGS_coordinator)));
