@@ -34,12 +34,19 @@ void AddTrafficFamilies(const v1::ShardStatus& s, const Labels& labels, Families
   AddGauge(families, labels, "grps_shard_doorbells",
            "workers whose shared-memory lane doorbell the shard serves", s.doorbells());
   AddCounter(families, labels, "grps_shard_doorbell_pushes_total",
-             "pushes taken from lane doorbells instead of gRPC calls (also in pushes_total)",
+             "push requests taken from lane doorbells instead of gRPC calls (their chunks are "
+             "in pushes_total)",
              s.doorbell_pushes());
-  AddCounter(families, labels, "grps_shard_pushes_total", "push requests", s.pushes());
-  AddCounter(families, labels, "grps_shard_pulls_total", "pull requests", s.pulls());
+  AddCounter(families, labels, "grps_shard_pushes_total",
+             "chunk gradients pushed: a push counts once per chunk or table of the shard it "
+             "carries",
+             s.pushes());
+  AddCounter(families, labels, "grps_shard_pulls_total",
+             "chunks read by pulls: a pull counts once per chunk or table of the shard it reads",
+             s.pulls());
   AddCounter(families, labels, "grps_shard_duplicate_pushes_total",
-             "retried pushes answered from the record, not applied again", s.duplicate_pushes());
+             "chunk gradients of retried pushes answered from the record, not applied again",
+             s.duplicate_pushes());
   AddCounter(families, labels, "grps_shard_rejected_pushes_total",
              "chunk gradients refused (invalid, or staler than max_staleness)",
              s.rejected_pushes());
