@@ -31,8 +31,9 @@ std::unique_ptr<grpc::ClientContext> JobClient::UnaryContext() const {
 absl::Status JobClient::Error(const char* call, const grpc::Status& status) const {
   absl::Status s = ToAbsl(status);
   if (s.code() == absl::StatusCode::kUnavailable)
-    return absl::UnavailableError(absl::StrCat("cannot reach coordinator ", target_,
-                                               " (", call, "): ", s.message()));
+    return absl::UnavailableError(absl::StrCat("cannot reach coordinator ", target_, " (", call,
+                                               "): ", s.message(),
+                                               TlsHint(s.message(), ProcessSecurity())));
   return absl::Status(s.code(), absl::StrCat(call, " to coordinator ", target_,
                                              ": ", s.message()));
 }

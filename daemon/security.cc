@@ -322,6 +322,16 @@ absl::Status InitProcessSecurity(Role own_role, bool serves) {
   return absl::OkStatus();
 }
 
+std::string TlsHint(absl::string_view error, const SecurityConfig& caller) {
+  if (!absl::StrContains(error, "Socket closed")) return "";
+  if (!caller.tls_enabled())
+    return " (a server that speaks TLS closes a plaintext connection: give --tls_ca)";
+  if (caller.tls_cert_pem.empty())
+    return " (a server that requires client certificates closes a connection without one: "
+           "give --tls_cert and --tls_key)";
+  return "";
+}
+
 void SetProcessSecurity(SecurityConfig config) {
   MutableProcessSecurity() = std::move(config);
 }

@@ -90,6 +90,12 @@ absl::StatusOr<SecurityConfig> SecurityConfigFromFlags(Role own_role);
 // authentication is off.
 absl::Status InitProcessSecurity(Role own_role, bool serves);
 
+// What a failed call's `error` may mean about TLS, for the message that
+// reports it ("" when nothing): a server that speaks TLS closes a plaintext
+// connection, and one that requires client certificates a connection
+// without one, and the caller sees only "Socket closed".
+std::string TlsHint(absl::string_view error, const SecurityConfig& caller);
+
 // The settings StartGrpcServer and MakeChannel use when given none. Set once
 // at start-up, before any server or channel exists (not thread-safe
 // against concurrent readers).

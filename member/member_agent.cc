@@ -80,7 +80,8 @@ absl::Status RegisterRound(const RegisterOptions& options,
     } else if (!s.ok()) {
       ++log->failures;
       if (absl::Now() >= log->say_again) {
-        spdlog::warn("not registered yet ({}); retrying", std::string(s.message()));
+        spdlog::warn("not registered yet ({}{}); retrying", std::string(s.message()),
+                     TlsHint(s.message(), ProcessSecurity()));
         log->say_again = absl::Now() + kSayAgainAfter;
       }
     }

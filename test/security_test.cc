@@ -1,17 +1,19 @@
 // Authentication, roles, member secrets and TLS, over real gRPC on
 // 127.0.0.1: a coordinator and a shard served with a job's tokens, called by
 // clients holding the admin token, the worker token, a wrong one or none.
+#include "daemon/security.h"
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator_service.h"
 #include "daemon/daemon.h"
 #include "daemon/env.h"
-#include "daemon/security.h"
 #include "gtest/gtest.h"
 #include "job/job_config.h"
 #include "job/shard_map.h"
@@ -587,16 +589,27 @@ TEST_F(TlsTest, AClientTrustingAnotherCaCannotConnect) {
   EXPECT_EQ(Status(caller).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
-TEST_F(TlsTest, APlaintextClientCannotTalkToATlsPort) {
+// The caller sees "Socket closed" and nothing about TLS: the hint says it.
+TEST_F(TlsTest, APlaintextClientCannotTalkToATlsPortAndIsToldWhy) {
   Serve(false);
-  EXPECT_EQ(Status(Caller(kAdmin)).error_code(), grpc::StatusCode::UNAVAILABLE);
+  const grpc::Status s = Status(Caller(kAdmin));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(TlsHint(s.error_message(), Caller(kAdmin)),
+            " (a server that speaks TLS closes a plaintext connection: give --tls_ca)")
+      << s.error_message();
+  EXPECT_EQ(TlsHint("failed to connect: Connection refused", Caller(kAdmin)), "");
 }
 
 TEST_F(TlsTest, MutualTlsRefusesAClientWithoutACertificate) {
   Serve(true);
   SecurityConfig caller = Caller(kAdmin);
   caller.tls_ca_pem = Pem("ca.pem");
-  EXPECT_EQ(Status(caller).error_code(), grpc::StatusCode::UNAVAILABLE);
+  const grpc::Status refused = Status(caller);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  if (absl::StrContains(refused.error_message(), "Socket closed"))
+    EXPECT_EQ(TlsHint(refused.error_message(), caller),
+              " (a server that requires client certificates closes a connection without one: "
+              "give --tls_cert and --tls_key)");
   caller.tls_cert_pem = Pem("client.pem");
   caller.tls_key_pem = Pem("client-key.pem");
   grpc::Status s = Status(caller);
