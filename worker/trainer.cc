@@ -777,11 +777,14 @@ absl::Status Trainer::FinishAndWait() {
                "through shared-memory lanes; {} of {} push calls rung at lane doorbells",
                dense.bytes_pushed / kMiB, dense.bytes_pulled / kMiB, dense.lane_bytes / kMiB,
                dense.doorbell_calls, dense.push_calls);
-  absl::StatusOr<bool> final_turn = session_->AwaitEndOrFinalEvaluation();
-  if (!final_turn.ok()) return final_turn.status();
-  if (!*final_turn) return absl::OkStatus();
-  if (absl::Status s = EvaluateFinal(&done); !s.ok()) return s;
-  return session_->AwaitEnd();
+  // Asked again when a rank came back after this one's evaluation and
+  // training was done again: the evaluation it gave is not final any more.
+  while (true) {
+    absl::StatusOr<bool> final_turn = session_->AwaitEndOrFinalEvaluation();
+    if (!final_turn.ok()) return final_turn.status();
+    if (!*final_turn) return absl::OkStatus();
+    if (absl::Status s = EvaluateFinal(&done); !s.ok()) return s;
+  }
 }
 
 absl::Status Trainer::EvaluateFinal(v1::WorkerDoneRequest* done) {

@@ -347,6 +347,14 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     final_evaluation_ = true;
   }
+  // As AskForFinalEvaluation; the first evaluation is not final: a rank
+  // came back and training was done again, and the coordinator asks again
+  // two heartbeats after it stopped asking.
+  void AskForFinalEvaluationTwice() {
+    absl::MutexLock lock(&mu_);
+    final_evaluation_ = true;
+    evaluations_wanted_ = 2;
+  }
   // The job failed for `reason`, as heartbeats and the job status say.
   void FailTheJob(std::string reason) {
     absl::MutexLock lock(&mu_);
@@ -409,6 +417,10 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     response->set_job_state(state_);
     if (map_.epoch() > request->shard_map_epoch()) *response->mutable_shard_map() = map_;
     if (final_evaluation_) response->set_evaluator_rank(0);
+    if (ask_again_at_ > 0 && heartbeats_ >= ask_again_at_) {
+      evaluate_final_ = true;
+      ask_again_at_ = 0;
+    }
     response->set_evaluate_final(evaluate_final_);
     if (restore_.generation() > request->generation()) *response->mutable_restore() = restore_;
     return grpc::Status::OK;
@@ -419,9 +431,12 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     ++done_calls_;
     if (!answering_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone");
     done_.push_back(*request);
-    if (final_evaluation_ && !request->has_final_eval())
+    if (final_evaluation_ && !request->has_final_eval()) {
       evaluate_final_ = true;
-    else if (!keep_running_ && state_ == v1::JOB_STATE_RUNNING)
+    } else if (request->has_final_eval() && --evaluations_wanted_ > 0) {
+      evaluate_final_ = false;
+      ask_again_at_ = heartbeats_ + 2;
+    } else if (!keep_running_ && state_ == v1::JOB_STATE_RUNNING)
       state_ = v1::JOB_STATE_COMPLETED;
     return grpc::Status::OK;
   }
@@ -449,6 +464,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   int refused_heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   bool final_evaluation_ ABSL_GUARDED_BY(mu_) = false;
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
+  int evaluations_wanted_ ABSL_GUARDED_BY(mu_) = 1;
+  int ask_again_at_ ABSL_GUARDED_BY(mu_) = 0;  // heartbeats; 0: not
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::string reason_ ABSL_GUARDED_BY(mu_);
   v1::RestoreOrder restore_ ABSL_GUARDED_BY(mu_);
@@ -880,6 +897,20 @@ TEST_F(TrainerTest, TheEvaluatorEvaluatesTheFinalWeightsAndReportsThem) {
   EXPECT_GT(done[1].final_test_loss(), 0.0f);
   // The final weights are those of clock `total`, pulled after training.
   EXPECT_EQ(shards_->pulls().back(), 6u);
+}
+
+// A drained rank came back while the evaluator evaluated, and training was
+// done again: the coordinator asks again. The evaluator ignored the second
+// request, and the job waited for good.
+TEST_F(TrainerTest, TheEvaluatorAskedAgainAfterItsEvaluationEvaluatesAgain) {
+  coordinator_.AskForFinalEvaluationTwice();
+  Trainer* trainer = MakeTrainer();
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+  const std::vector<v1::WorkerDoneRequest> done = coordinator_.done_reports();
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_FALSE(done[0].has_final_eval());
+  EXPECT_TRUE(done[1].has_final_eval());
+  EXPECT_TRUE(done[2].has_final_eval());
 }
 
 TEST_F(TrainerTest, ARollBackResumesAtTheOrdersStepInItsGeneration) {

@@ -116,7 +116,7 @@ std::optional<uint32_t> WorkerSession::evaluator_rank() const {
 
 bool WorkerSession::asked_for_final_evaluation() const {
   absl::MutexLock lock(&mu_);
-  return evaluate_final_ && evaluator_rank_ == rank_;
+  return evaluate_final_ && evaluator_rank_ == rank_ && evaluation_wanted_again_;
 }
 
 v1::JobState WorkerSession::job_state() const {
@@ -323,6 +323,7 @@ void WorkerSession::OnHeartbeatReply(const v1::HeartbeatResponse& resp) {
   evaluator_rank_.reset();
   if (resp.has_evaluator_rank()) evaluator_rank_ = resp.evaluator_rank();
   evaluate_final_ = resp.evaluate_final();
+  if (!evaluate_final_) evaluation_wanted_again_ = true;
   if (resp.drain() && !drain_) {
     drain_ = true;
     spdlog::info("drained by an operator: leaving the job after the step in progress");
@@ -559,6 +560,7 @@ absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
     finished_ = true;
+    if (done.has_final_eval() || done.no_final_eval()) evaluation_wanted_again_ = false;
     return st;
   }
   if (Interrupted() != Interrupt::kNone) return absl::OkStatus();

@@ -233,8 +233,10 @@ class WorkerSession {
                                                     std::string payload,
                                                     absl::Duration timeout);
   // After ReportDone: waits until the job ends, a roll-back comes, or the
-  // coordinator asks this rank for the final evaluation (true); the
-  // coordinator's silence past coordinator_timeout_ms is an error.
+  // coordinator asks this rank for the final evaluation (true): again after
+  // one was reported (ReportDone with has_final_eval or no_final_eval) only
+  // once a reply stopped asking in between. The coordinator's silence past
+  // coordinator_timeout_ms is an error.
   absl::StatusOr<bool> AwaitEndOrFinalEvaluation();
   // As AwaitEndOrFinalEvaluation, without stopping for the final evaluation
   // (after it was reported): OK once an interrupt ends the wait.
@@ -313,6 +315,10 @@ class WorkerSession {
   v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
+  // No final evaluation was reported, or a heartbeat reply since said the
+  // coordinator no longer asks for one: a request now is a new one (training
+  // done again after a rank came back; the last evaluation is not final).
+  bool evaluation_wanted_again_ ABSL_GUARDED_BY(mu_) = true;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // WorkerDone answered
   bool drain_ ABSL_GUARDED_BY(mu_) = false;     // a heartbeat reply said drain
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);

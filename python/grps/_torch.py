@@ -1668,10 +1668,9 @@ def done(test_accuracy=None, test_loss=None, evaluate=None, test_auc=None):
         p.curve.row(w.step_count, p.samples, None, test_accuracy, test_loss, test_auc)
     w.done(None if test_accuracy is None else float(test_accuracy),
            None if test_loss is None else float(test_loss), test_auc)
-    evaluated = False
+    # Asked again only after a rank came back and training was done again
+    # (the evaluation given before is not final any more).
     while w.await_end():
-        if evaluated:
-            continue
         try:
             if evaluate is not None:
                 w.pull_final(p.model.flat.numpy())
@@ -1694,7 +1693,6 @@ def done(test_accuracy=None, test_loss=None, evaluate=None, test_auc=None):
             # The job completed while this worker was asked (the figures a
             # done() carried, this one's or another rank's, were final).
             return
-        evaluated = True
 
 
 def state_dict(checkpoint=None):
