@@ -6,13 +6,16 @@ namespace grps {
 
 absl::StatusOr<std::unique_ptr<CurveFile>> CurveFile::Create(const std::string& path,
                                                              absl::Time start) {
-  FILE* file = std::fopen(path.c_str(), "w");
+  // Appended to: a worker started again for its rank adds its rows to its
+  // predecessor's (their unix_time orders them), which a new file lost.
+  FILE* file = std::fopen(path.c_str(), "a");
   if (file == nullptr)
     return absl::FailedPreconditionError(absl::StrCat("cannot write the curve ", path));
-  std::fputs(
-      "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated,"
-      "test_auc\n",
-      file);
+  if (std::ftell(file) == 0)
+    std::fputs(
+        "step,epoch,elapsed_s,unix_time,loss,samples_per_sec,test_accuracy,test_loss,evaluated,"
+        "test_auc\n",
+        file);
   std::fflush(file);
   return std::unique_ptr<CurveFile>(new CurveFile(file, start));
 }

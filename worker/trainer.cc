@@ -376,7 +376,10 @@ absl::StatusOr<float> Trainer::EmbeddingStep(uint64_t step, const StepBatch& bat
 absl::Status Trainer::Run() {
   if (absl::Status s = LoadData(); !s.ok()) return s;
   if (!options_.examples_log.empty()) {
-    examples_log_ = std::fopen(options_.examples_log.c_str(), "w");
+    // Appended to: a worker started again for its rank adds its steps to
+    // its predecessor's, which a new file lost (the epoch's examples then
+    // looked untrained).
+    examples_log_ = std::fopen(options_.examples_log.c_str(), "a");
     if (examples_log_ == nullptr)
       return absl::FailedPreconditionError(
           absl::StrCat("cannot write the examples log ", options_.examples_log));

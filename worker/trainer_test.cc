@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -600,8 +601,10 @@ class TrainerTest : public ::testing::Test {
 
   // A trainer registered at `start_step` on shards at `version`, whose
   // InMemoryShards stays reachable through shards_.
-  Trainer* MakeTrainer(uint64_t start_step = 0, uint64_t version = 0) {
+  Trainer* MakeTrainer(uint64_t start_step = 0, uint64_t version = 0,
+                       const std::string& examples_log = "") {
     TrainerOptions options;
+    options.examples_log = examples_log;
     options.clock = [this] { return clock_.Now(); };
     options.connect_shards = connect_;
     TrainerShards clients = InMemoryClients(version);
@@ -897,6 +900,24 @@ TEST_F(TrainerTest, TheEvaluatorEvaluatesTheFinalWeightsAndReportsThem) {
   EXPECT_GT(done[1].final_test_loss(), 0.0f);
   // The final weights are those of clock `total`, pulled after training.
   EXPECT_EQ(shards_->pulls().back(), 6u);
+}
+
+// A worker started again for its rank (restart 2 at step 3) adds its steps
+// to the log its predecessor wrote: a new file lost them, and the epoch's
+// examples looked untrained.
+TEST_F(TrainerTest, TheExamplesLogOfARankStartedAgainKeepsItsPredecessorsSteps) {
+  const std::string path = ::testing::TempDir() + "/trainer_test_examples.log";
+  { std::ofstream(path, std::ios::trunc) << "0 0 1000 5 6\n1 0 1001 7 8\n2 0 1002 9 10\n"; }
+  Trainer* trainer = MakeTrainer(/*start_step=*/3, /*version=*/3, path);
+  ASSERT_TRUE(RunToEnd(trainer).ok());
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 6u);  // the predecessor's 3 steps, then steps 3, 4 and 5
+  EXPECT_EQ(lines[0], "0 0 1000 5 6");
+  EXPECT_TRUE(absl::StartsWith(lines[3], "3 ")) << lines[3];
+  EXPECT_TRUE(absl::StartsWith(lines[5], "5 ")) << lines[5];
+  std::remove(path.c_str());
 }
 
 // A drained rank came back while the evaluator evaluated, and training was

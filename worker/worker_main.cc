@@ -40,9 +40,12 @@ ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
 ABSL_FLAG(int, blas_threads, 0,
           "OpenBLAS threads of the cpu backend (0: one per usable core); set it "
           "when several workers share a machine's cores");
-ABSL_FLAG(std::string, curve_csv, "", "write the training curve to this CSV");
+ABSL_FLAG(std::string, curve_csv, "",
+          "write the training curve to this CSV (appended to: a worker started again for its "
+          "rank adds its rows)");
 ABSL_FLAG(std::string, examples_log, "",
-          "write each trained step (step, epoch, Unix ms, example indices) to this file, a line per step");
+          "write each trained step (step, epoch, Unix ms, example indices) to this file, a line "
+          "per step (appended to: a worker started again for its rank adds its steps)");
 ABSL_FLAG(double, straggle_factor, 1.0,
           "experiments: make this worker F times slower (after each step it "
           "sleeps F - 1 times its own step time); 1 = no slowdown");
