@@ -560,7 +560,11 @@ absl::Status WorkerSession::ReportDone(v1::WorkerDoneRequest done) {
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
     finished_ = true;
-    if (done.has_final_eval() || done.no_final_eval()) evaluation_wanted_again_ = false;
+    // An answer to the request (a first report's figures, made before any
+    // request, answer none).
+    if ((done.has_final_eval() || done.no_final_eval()) && evaluate_final_ &&
+        evaluator_rank_ == rank_)
+      evaluation_wanted_again_ = false;
     return st;
   }
   if (Interrupted() != Interrupt::kNone) return absl::OkStatus();

@@ -315,9 +315,10 @@ class WorkerSession {
   v1::JobState job_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_RUNNING;
   std::optional<uint32_t> evaluator_rank_ ABSL_GUARDED_BY(mu_);
   bool evaluate_final_ ABSL_GUARDED_BY(mu_) = false;
-  // No final evaluation was reported, or a heartbeat reply since said the
-  // coordinator no longer asks for one: a request now is a new one (training
-  // done again after a rank came back; the last evaluation is not final).
+  // No final evaluation was reported while asked for one, or a heartbeat
+  // reply since said the coordinator no longer asks: a request now is a new
+  // one (training done again after a rank came back; the last evaluation is
+  // not final).
   bool evaluation_wanted_again_ ABSL_GUARDED_BY(mu_) = true;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // WorkerDone answered
   bool drain_ ABSL_GUARDED_BY(mu_) = false;     // a heartbeat reply said drain
