@@ -690,14 +690,17 @@ int LocalLauncher::Finish(const std::string& exit, const std::string& error,
     // may be a restarted rank's, past or short of the job's.
     const std::string shard_steps =
         options_.entry.empty() || !latest_ ? "" : ShardStepsText(*latest_);
-    Say(absl::StrCat("job completed: ",
-                     shard_steps.empty() ? absl::StrCat(result.steps, " steps per worker")
-                                         : shard_steps,
-                     ", ",
-                     result.workers, " workers, ", result.servers, " servers, ",
-                     HumanDuration(wall), " wall, ",
-                     absl::StrFormat("%.1f", result.samples_per_sec),
-                     " samples/s (all workers)"));
+    // An elastic job's ranks train what the ledger leases them: no count
+    // is every worker's, and a rank that joined is one more.
+    const std::string rank_steps = latest_ ? RankStepsText(*latest_) : "";
+    Say(absl::StrCat(
+        "job completed: ",
+        !rank_steps.empty() ? rank_steps
+        : shard_steps.empty()
+            ? absl::StrCat(result.steps, " steps per worker, ", result.workers, " workers")
+            : absl::StrCat(shard_steps, ", ", result.workers, " workers"),
+        ", ", result.servers, " servers, ", HumanDuration(wall), " wall, ",
+        absl::StrFormat("%.1f", result.samples_per_sec), " samples/s (all workers)"));
     if (result.final_test_accuracy) {
       Say(absl::StrFormat("final test loss: %.4f", *result.final_test_loss));
       Say(absl::StrFormat("final test accuracy: %.4f", *result.final_test_accuracy));

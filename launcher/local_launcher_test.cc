@@ -453,6 +453,24 @@ TEST(EntryProgressOf, AJobWhoseStepsNoOneSaidHasNoTotal) {
   EXPECT_THAT(ProgressLine(p, std::nullopt), HasSubstr("ETA ?"));
 }
 
+// An elastic async job said "730 steps per worker, 2 workers": the mean
+// over ranks that trained 400, 2331 and 80 steps, without the one that
+// joined.
+TEST(RankStepsText, AnElasticJobsLineSaysEachRanksStepsAndTheRanksThatJoined) {
+  v1::JobStatus s;
+  s.mutable_config()->set_num_workers(2);
+  EXPECT_EQ(RankStepsText(s), "");  // not elastic
+  s.mutable_config()->set_max_workers(3);
+  EXPECT_EQ(RankStepsText(s), "");  // no rank trained
+  for (const auto& [rank, step] : std::vector<std::pair<uint32_t, uint64_t>>{
+           {0, 400}, {1, 2331}, {2, 80}, {1, 12}}) {  // rank 1's first incarnation died at 12
+    v1::WorkerStatus* w = s.add_workers();
+    w->set_rank(rank);
+    w->mutable_progress()->set_step(step);
+  }
+  EXPECT_EQ(RankStepsText(s), "3 ranks trained 2811 steps (rank 0: 400, rank 1: 2331, rank 2: 80)");
+}
+
 TEST(ShardStepsText, SaysTheShardsFinalVersionAndWhetherTheyAgree) {
   v1::JobStatus s = EntryJobWithARestartedRank(v1::JOB_STATE_COMPLETED);
   EXPECT_EQ(ShardStepsText(s), "1961 steps (every shard at version 1961)");

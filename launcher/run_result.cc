@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +37,23 @@ std::string ShardStepsText(const v1::JobStatus& status) {
   if (status.config().mode() == v1::MODE_SYNC)
     return absl::StrCat(versions[0], " steps (every shard at version ", versions[0], ")");
   return absl::StrCat("every shard at version ", versions[0], " (a version a gradient)");
+}
+
+std::string RankStepsText(const v1::JobStatus& status) {
+  if (status.config().max_workers() == 0) return "";
+  std::map<uint32_t, uint64_t> by_rank;  // a rank's newest incarnation's step
+  for (const v1::WorkerStatus& w : status.workers())
+    if (w.progress().step() > 0)
+      by_rank[w.rank()] = std::max(by_rank[w.rank()], w.progress().step());
+  if (by_rank.empty()) return "";
+  uint64_t all = 0;
+  std::vector<std::string> each;
+  for (const auto& [rank, step] : by_rank) {
+    all += step;
+    each.push_back(absl::StrCat("rank ", rank, ": ", step));
+  }
+  return absl::StrCat(by_rank.size(), by_rank.size() == 1 ? " rank" : " ranks", " trained ", all,
+                      " steps (", absl::StrJoin(each, ", "), ")");
 }
 
 RunResult ResultOf(const LaunchOptions& options,

@@ -84,6 +84,12 @@ JobProgress EntryProgressOf(const v1::JobStatus& status);
 // 1872, 1873: they differ". Empty when no shard reported a version.
 std::string ShardStepsText(const v1::JobStatus& status);
 
+// What an elastic job's closing line says of its steps (its ranks train
+// what the example ledger leases them, a rank that joined included): "3
+// ranks trained 2811 steps (rank 0: 400, rank 1: 2331, rank 2: 80)". Empty
+// for a job that is not elastic (max_workers 0) or when no rank trained.
+std::string RankStepsText(const v1::JobStatus& status);
+
 // Fills the job's figures from the launch options, then from the newest
 // snapshot (`latest`) and the one with the final evaluation, when there are.
 RunResult ResultOf(const LaunchOptions& options,
