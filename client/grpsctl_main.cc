@@ -247,19 +247,32 @@ int Scale(const JobClient& client) {
   while (absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(200));
     absl::StatusOr<v1::JobStatus> status = client.GetStatus();
+    // A call the coordinator dropped while it moved the job: asked again.
+    if (!status.ok() &&
+        (absl::IsCancelled(status.status()) || absl::IsUnavailable(status.status())))
+      continue;
     if (!status.ok()) return Fail(status.status());
     const v1::ReshardProgress& r = status->reshard();
-    if (r.target_servers() == 0 && status->config().num_servers() == servers) {
-      if (r.completed() == asked->completed()) {  // asked back to where it was
+    const JobClient::ScaleWait wait =
+        JobClient::JudgeScaleWait(*status, servers, asked->completed());
+    switch (wait.outcome) {
+      case JobClient::ScaleWait::kSuperseded:
+        return Fail(absl::FailedPreconditionError(absl::StrCat(
+            "another scale asked for ", wait.other, " shards meanwhile; the job ",
+            r.target_servers() != 0 ? "moves there" : "moved there", ", not to ", servers)));
+      case JobClient::ScaleWait::kAskedBack:
         std::printf("the job has %u shards\n", servers);
         return 0;
-      }
-      std::printf("re-sharded from %u to %u shards at step %llu (%s after it was asked for); "
-                  "shard map epoch %llu\n",
-                  r.last_from(), r.last_to(), static_cast<unsigned long long>(r.last_step()),
-                  HumanDuration(r.last_seconds()).c_str(),
-                  static_cast<unsigned long long>(status->map_epoch()));
-      return 0;
+      case JobClient::ScaleWait::kDone:
+        std::printf(
+            "re-sharded from %u to %u shards at step %llu (%s after it was asked for); "
+            "shard map epoch %llu\n",
+            r.last_from(), r.last_to(), static_cast<unsigned long long>(r.last_step()),
+            HumanDuration(r.last_seconds()).c_str(),
+            static_cast<unsigned long long>(status->map_epoch()));
+        return 0;
+      case JobClient::ScaleWait::kUnderWay:
+        break;
     }
     if (status->state() != v1::JOB_STATE_RUNNING && status->state() != v1::JOB_STATE_WAITING)
       return Fail(absl::FailedPreconditionError(

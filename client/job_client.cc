@@ -38,6 +38,23 @@ absl::Status JobClient::Error(const char* call, const grpc::Status& status) cons
                                              ": ", s.message()));
 }
 
+JobClient::ScaleWait JobClient::JudgeScaleWait(const v1::JobStatus& status, uint32_t servers,
+                                               uint64_t completed) {
+  const v1::ReshardProgress& r = status.reshard();
+  ScaleWait wait;
+  const uint32_t now = status.config().num_servers();
+  if (r.target_servers() != 0 && r.target_servers() != servers) {
+    wait.outcome = ScaleWait::kSuperseded;
+    wait.other = r.target_servers();
+  } else if (r.target_servers() == 0 && r.completed() > completed && now != servers) {
+    wait.outcome = ScaleWait::kSuperseded;
+    wait.other = now;
+  } else if (r.target_servers() == 0 && now == servers) {
+    wait.outcome = r.completed() == completed ? ScaleWait::kAskedBack : ScaleWait::kDone;
+  }
+  return wait;
+}
+
 absl::StatusOr<v1::JobStatus> JobClient::GetStatus() const {
   auto context = UnaryContext();
   v1::JobStatus reply;

@@ -66,6 +66,17 @@ class JobClient {
   // max_servers); returns the move's progress as the coordinator took it.
   absl::StatusOr<v1::ReshardProgress> ScaleServers(uint32_t num_servers) const;
 
+  // Where a move to `servers` shards, asked for when the job had completed
+  // `completed` re-shardings, stands in `status` (grpsctl scale --wait):
+  // done, asked back to where the job was, moving to `other` shards that
+  // another scale asked for meanwhile (or moved there), or still under way.
+  struct ScaleWait {
+    enum Outcome { kUnderWay, kDone, kAskedBack, kSuperseded } outcome = kUnderWay;
+    uint32_t other = 0;  // kSuperseded: the count the move goes (or went) to
+  };
+  static ScaleWait JudgeScaleWait(const v1::JobStatus& status, uint32_t servers,
+                                  uint64_t completed);
+
   // Asks for a checkpoint now (or joins the one in progress). With `wait`,
   // returns once it is complete or failed, waiting up to `wait_timeout`
   // (DEADLINE_EXCEEDED after); otherwise once it is asked for.

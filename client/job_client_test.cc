@@ -240,6 +240,29 @@ TEST(JobClient, UnreachableCoordinatorFailsFastWithUnavailableNamingTheTarget) {
                      }).ok());
 }
 
+// Two scales at once: the later one's count is where the move goes. The
+// earlier caller was told "GetJobStatus ...: CANCELLED" or waited out its
+// --wait_s; it is told that another scale superseded it.
+TEST(JobClient, AScaleWaitSeesItsMoveDoneAskedBackOrSupersededByAnother) {
+  v1::JobStatus s;
+  s.mutable_config()->set_num_servers(2);
+  s.mutable_reshard()->set_target_servers(3);
+  using Wait = JobClient::ScaleWait;
+  EXPECT_EQ(JobClient::JudgeScaleWait(s, 3, 0).outcome, Wait::kUnderWay);
+  Wait other = JobClient::JudgeScaleWait(s, 1, 0);  // asked for 1; another asked for 3
+  EXPECT_EQ(other.outcome, Wait::kSuperseded);
+  EXPECT_EQ(other.other, 3u);
+  s.mutable_reshard()->set_target_servers(0);
+  s.mutable_reshard()->set_completed(1);
+  s.mutable_config()->set_num_servers(3);
+  EXPECT_EQ(JobClient::JudgeScaleWait(s, 3, 0).outcome, Wait::kDone);
+  other = JobClient::JudgeScaleWait(s, 1, 0);  // the job moved to 3
+  EXPECT_EQ(other.outcome, Wait::kSuperseded);
+  EXPECT_EQ(other.other, 3u);
+  // Asked back to where the job was: no move was made.
+  EXPECT_EQ(JobClient::JudgeScaleWait(s, 3, 1).outcome, Wait::kAskedBack);
+}
+
 TEST(JobClient, JobEndedOnlyForTerminalStates) {
   EXPECT_FALSE(JobEnded(v1::JOB_STATE_WAITING));
   EXPECT_FALSE(JobEnded(v1::JOB_STATE_RUNNING));
